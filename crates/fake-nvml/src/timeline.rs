@@ -14,22 +14,32 @@ use crate::size::Size;
 
 /// The kind of value a timeline carries: bytes (`Size`) or a plain count (`Number`).
 pub trait TimelineValue: Copy + Default + fmt::Debug + for<'de> Deserialize<'de> {
+    /// The value as answered (whole units).
     fn to_u64(self) -> u64;
+    /// The value for rates, which may be fractional (`rate_per_s = 0.2` degrees).
+    fn to_f64(self) -> f64;
 }
 
 impl TimelineValue for Size {
     fn to_u64(self) -> u64 {
         self.0
     }
+    fn to_f64(self) -> f64 {
+        self.0 as f64
+    }
 }
 
-/// A non-negative number: percent, degrees Celsius, milliwatts, MHz. Floats are rounded,
-/// so `utilization_gpu = 37.5` is accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Number(pub u64);
+/// A non-negative number: percent, degrees Celsius, milliwatts, MHz. Fractions are kept
+/// (a ramp may rise 0.2 degrees per second) and rounded when a value is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Number(pub f64);
 
 impl TimelineValue for Number {
     fn to_u64(self) -> u64 {
+        // `as` saturates, so a huge number answers u64::MAX rather than wrapping.
+        self.0.round() as u64
+    }
+    fn to_f64(self) -> f64 {
         self.0
     }
 }
@@ -43,17 +53,17 @@ impl<'de> Deserialize<'de> for Number {
                 f.write_str("a non-negative number")
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Number, E> {
-                u64::try_from(v)
-                    .map(Number)
-                    .map_err(|_| E::custom(format!("{v} is negative")))
+                if v < 0 {
+                    return Err(E::custom(format!("{v} is negative")));
+                }
+                Ok(Number(v as f64))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Number, E> {
-                Ok(Number(v))
+                Ok(Number(v as f64))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
                 if v.is_finite() && v >= 0.0 {
-                    // `as` saturates at u64::MAX, which is what a huge float should mean here.
-                    Ok(Number(v.round() as u64))
+                    Ok(Number(v))
                 } else {
                     Err(E::custom(format!("{v} is not a non-negative number")))
                 }
@@ -101,7 +111,7 @@ impl<V: TimelineValue> Timeline<V> {
                 max,
             } => {
                 // f64 -> u64 `as` saturates, so a long-running ramp cannot wrap around.
-                let grown = (rate_per_s.to_u64() as f64 * t) as u64;
+                let grown = (rate_per_s.to_f64() * t) as u64;
                 let value = from.to_u64().saturating_add(grown);
                 match max {
                     Some(max) => value.min(max.to_u64()),
@@ -360,6 +370,10 @@ mod tests {
         let n: N = toml::from_str("u = { steps = { values = [0, 50, 100], every_s = 1 } }")
             .expect("steps of numbers");
         assert_eq!(n.u.at(1.5), 50);
+        let n: N = toml::from_str("u = { ramp = { from = 38, rate_per_s = 0.2, max = 64 } }")
+            .expect("fractional rate");
+        assert_eq!(n.u.at(10.0), 40);
+        assert_eq!(n.u.at(1000.0), 64);
         assert!(toml::from_str::<N>("u = -3").is_err());
         assert!(
             toml::from_str::<N>("u = \"5\"").is_err(),
