@@ -172,7 +172,7 @@ fn every_example_scenario_loads() {
             }
         }
     }
-    assert_eq!(seen, 12, "all example scenarios were tried");
+    assert!(seen >= 12, "all example scenarios were tried, found {seen}");
 }
 
 #[test]
