@@ -1,0 +1,121 @@
+//! The seam between vramctl and a source of GPU readings.
+//!
+//! [`NvmlBackend`](nvml::NvmlBackend) reads the driver through NVML; tests drive the same
+//! code through the fake `libnvidia-ml` (`crates/fake-nvml`), so there is one real
+//! implementation and no in-process mock that could drift from it. A replay backend over a
+//! recorded history implements the same trait.
+//!
+//! Contract (checked by [`contract`]'s tests against every implementation):
+//! - a value a device cannot report is `None` with its reason in `missing`, never 0;
+//! - one device failing never fails the others;
+//! - UUIDs are well formed and unique;
+//! - where v2 memory is reported, `used + reserved + free == total`.
+
+use std::path::PathBuf;
+
+use crate::types::{DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice};
+
+pub mod nvml;
+
+/// The library could not be loaded or NVML could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InitError {
+    /// `dlopen` failed: no driver installed, or a wrong `--nvml-lib` path.
+    #[error("cannot load the NVML library '{}': {reason}", path.display())]
+    LibraryNotLoaded {
+        /// The path or name that was tried.
+        path: PathBuf,
+        /// The loader's message.
+        reason: String,
+    },
+    /// The library loaded but `nvmlInit` failed.
+    #[error("NVML did not start ({}): {reason}", path.display())]
+    InitFailed {
+        /// The library that was loaded.
+        path: PathBuf,
+        /// NVML's answer.
+        reason: String,
+        /// What the user can do about it.
+        hint: &'static str,
+    },
+}
+
+impl InitError {
+    /// One line saying what to do about it.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            Self::LibraryNotLoaded { .. } => {
+                "install the NVIDIA driver (it ships libnvidia-ml.so.1), or point --nvml-lib / \
+                 VRAMCTL_NVML_LIB at the library"
+            }
+            Self::InitFailed { hint, .. } => hint,
+        }
+    }
+}
+
+/// A device-level failure: the whole device could not be read this time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The GPU has fallen off the bus.
+    #[error("GPU lost: {0}")]
+    Lost(String),
+    /// Any other failure to reach the device.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The devices a backend sees.
+#[derive(Debug, Clone, Default)]
+pub struct Enumeration {
+    /// Devices that could be opened, in index order.
+    pub devices: Vec<DeviceInfo>,
+    /// Devices that were counted but could not be opened.
+    pub unopened: Vec<UnopenedDevice>,
+}
+
+/// A source of GPU readings.
+///
+/// The required surface is small on purpose: enumerate once, read each device every tick.
+pub trait Backend: Send {
+    /// Versions of the driver stack.
+    fn driver(&mut self) -> DriverInfo;
+
+    /// Devices visible now with their static facts. Called rarely; the sampler caches it.
+    ///
+    /// # Errors
+    /// Only when the device list itself cannot be read; one bad device lands in
+    /// [`Enumeration::unopened`] instead.
+    fn enumerate(&mut self) -> Result<Enumeration, DeviceError>;
+
+    /// How many devices the driver counts now (cheap; the sampler asks every tick to notice
+    /// a device appearing or vanishing).
+    ///
+    /// # Errors
+    /// When the driver cannot be asked.
+    fn device_count(&mut self) -> Result<u32, DeviceError>;
+
+    /// One reading of one device. Fields the device cannot report are `None`.
+    ///
+    /// # Errors
+    /// When the device as a whole cannot be reached (lost, not found).
+    fn read(&mut self, device: &DeviceInfo) -> Result<DeviceReading, DeviceError>;
+
+    /// Full hardware diagnostics of one device (`vramctl info`).
+    ///
+    /// # Errors
+    /// When the device as a whole cannot be reached.
+    fn diagnostics(&mut self, device: &DeviceInfo) -> Result<DeviceDiagnostics, DeviceError>;
+
+    /// The process name the driver knows for `pid`, used when /proc cannot see the process.
+    fn process_name(&mut self, _pid: u32) -> Option<String> {
+        None
+    }
+}
+
+// The contract tests point the fake library at scenarios through the environment
+// (`std::env::set_var` is unsafe since edition 2024); a lock serialises them.
+#[cfg(test)]
+#[allow(unsafe_code)]
+pub(crate) mod contract;

@@ -1,0 +1,25 @@
+//! vramctl's core: the project's types, the GPU backend seam and its NVML implementation,
+//! the sampler, and /proc enrichment.
+//!
+//! Data flows one way (see `ARCHITECTURE.md`):
+//!
+//! ```text
+//! backend ──▶ sampler ──▶ store ──▶ analysis ──▶ frontends
+//! ```
+//!
+//! Only [`backend::nvml`] names `nvml_wrapper`; everything else speaks [`types`]. A value a
+//! device cannot report is `None`, never 0. Time is injected through [`clock::Clock`] so that
+//! nothing above the backend needs a wall clock in tests.
+#![warn(missing_docs)]
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+pub mod backend;
+pub mod clock;
+pub mod procinfo;
+pub mod sampler;
+pub mod sanity;
+pub mod types;
+
+pub use backend::nvml::NvmlBackend;
+pub use backend::{Backend, DeviceError, InitError};
+pub use sampler::Sampler;

@@ -1,0 +1,191 @@
+//! Checks on what the driver answers, before anything believes it.
+//!
+//! Drivers have returned garbage: when the `_v3` process struct grew on R535 without a
+//! version bump, nvitop users saw PIDs `0` and `4294967295` (which become `kill(0)` and
+//! `kill(-1)` if cast to `pid_t`), and `u64::MAX` memory is a known driver bug. Such an
+//! entry is dropped, logged, and listed in [`DeviceReading::dropped`] so that output can say
+//! what was ignored and why.
+
+use crate::types::{DeviceReading, Dropped, Field, Unavailable};
+
+/// The kernel's ceiling on PIDs when `/proc/sys/kernel/pid_max` cannot be read (the largest
+/// value Linux allows on 64-bit).
+pub const PID_MAX_LIMIT: u32 = 4_194_304;
+
+/// Limits a reading is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SanityLimits {
+    /// Largest PID this kernel hands out.
+    pub pid_max: u32,
+}
+
+impl SanityLimits {
+    /// Reads `pid_max` from this machine's kernel.
+    pub fn from_system() -> Self {
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(PID_MAX_LIMIT);
+        Self { pid_max }
+    }
+}
+
+/// Drops the entries of `reading` that cannot be true.
+pub fn sanitize(reading: &mut DeviceReading, limits: SanityLimits) {
+    if let Some(memory) = reading.memory {
+        let figures = [
+            memory.total_bytes,
+            memory.used_bytes,
+            memory.reserved_bytes,
+            memory.free_bytes,
+        ];
+        let why = if figures.contains(&u64::MAX) {
+            Some("a memory figure is 2^64-1, a known driver bug".to_owned())
+        } else if memory.used_bytes > memory.total_bytes {
+            Some(format!(
+                "used {} bytes is more than the total {} bytes",
+                memory.used_bytes, memory.total_bytes
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            tracing::warn!(reason = %why, "Dropped the device memory reading.");
+            reading.memory = None;
+            reading
+                .missing
+                .insert(Field::Memory, Unavailable::Insane(why));
+        }
+    }
+    let total = reading.memory.map(|m| m.total_bytes);
+    if let Some(processes) = reading.processes.as_mut() {
+        processes.retain(|p| {
+            let why = pid_problem(p.pid, limits).or_else(|| match (p.used_bytes, total) {
+                (Some(used), Some(total)) if used > total => Some(format!(
+                    "{used} bytes is more than the device's {total} bytes"
+                )),
+                _ => None,
+            });
+            match why {
+                None => true,
+                Some(reason) => {
+                    tracing::warn!(pid = p.pid, reason = %reason, "Dropped a process entry.");
+                    reading.dropped.push(Dropped {
+                        field: Field::Process,
+                        what: format!("pid {}", p.pid),
+                        reason,
+                    });
+                    false
+                }
+            }
+        });
+    }
+    if let Some(activity) = reading.process_activity.as_mut() {
+        activity.retain(|a| pid_problem(a.pid, limits).is_none());
+    }
+}
+
+fn pid_problem(pid: u32, limits: SanityLimits) -> Option<String> {
+    if pid == 0 {
+        Some("pid 0 is not a process (kill(0) would signal our own process group)".into())
+    } else if pid > limits.pid_max {
+        Some(format!(
+            "pid {pid} is above this kernel's pid_max {}",
+            limits.pid_max
+        ))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{MemoryReading, ProcessKind, ProcessUsage};
+
+    const LIMITS: SanityLimits = SanityLimits { pid_max: 32_768 };
+
+    fn process(pid: u32, used: Option<u64>) -> ProcessUsage {
+        ProcessUsage {
+            pid,
+            used_bytes: used,
+            kind: ProcessKind::Compute,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    fn memory(total: u64, used: u64) -> MemoryReading {
+        MemoryReading {
+            total_bytes: total,
+            used_bytes: used,
+            reserved_bytes: 0,
+            free_bytes: total.saturating_sub(used),
+        }
+    }
+
+    #[test]
+    fn bad_pids_and_memory_are_dropped_with_reasons() {
+        let mut reading = DeviceReading {
+            memory: Some(memory(1000, 500)),
+            processes: Some(vec![
+                process(0, Some(1)),
+                process(u32::MAX, Some(1)),
+                process(40_000, Some(1)),
+                process(100, Some(2000)),
+                process(101, None),
+                process(102, Some(100)),
+            ]),
+            ..DeviceReading::default()
+        };
+        sanitize(&mut reading, LIMITS);
+        let kept: Vec<u32> = reading
+            .processes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(kept, vec![101, 102]);
+        assert_eq!(reading.dropped.len(), 4);
+        assert!(reading.dropped[0].reason.contains("pid 0"));
+        assert!(reading.dropped[1].reason.contains("pid_max"));
+        assert!(reading.dropped[3].reason.contains("more than the device"));
+    }
+
+    #[test]
+    fn absurd_device_memory_is_dropped() {
+        let mut reading = DeviceReading {
+            memory: Some(memory(1000, 2000)),
+            ..Default::default()
+        };
+        sanitize(&mut reading, LIMITS);
+        assert_eq!(reading.memory, None);
+        assert!(matches!(
+            reading.missing.get(&Field::Memory),
+            Some(Unavailable::Insane(_))
+        ));
+
+        let mut reading = DeviceReading {
+            memory: Some(MemoryReading {
+                free_bytes: u64::MAX,
+                ..memory(1000, 10)
+            }),
+            ..Default::default()
+        };
+        sanitize(&mut reading, LIMITS);
+        assert_eq!(reading.memory, None);
+    }
+
+    #[test]
+    fn a_sane_reading_is_untouched() {
+        let mut reading = DeviceReading {
+            memory: Some(memory(1000, 500)),
+            processes: Some(vec![process(1234, Some(400))]),
+            ..DeviceReading::default()
+        };
+        let before = reading.clone();
+        sanitize(&mut reading, LIMITS);
+        assert_eq!(reading, before);
+    }
+}
