@@ -1,0 +1,78 @@
+//! One module per command; each exposes `run`. Shared here: opening the backend and
+//! choosing devices.
+
+pub mod info;
+pub mod status;
+
+use anyhow::{Context, bail};
+use vramctl_core::types::DeviceInfo;
+use vramctl_core::{NvmlBackend, Sampler};
+
+use crate::cli::{Cli, Command, GlobalArgs};
+use crate::exit::Exit;
+
+/// Runs the command the user chose.
+pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
+    match &cli.command {
+        Command::Status(args) => status::run(&cli.global, args),
+        Command::Info(args) => info::run(&cli.global, args),
+    }
+}
+
+/// Loads NVML and enumerates the GPUs (one NVML session for the whole process).
+pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<Sampler<NvmlBackend>> {
+    let backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
+    Sampler::new(backend).context("cannot list the GPUs")
+}
+
+/// Devices chosen with `--gpu` (index or UUID); all when none was given.
+#[derive(Debug, Clone, Default)]
+pub struct GpuFilter {
+    selectors: Vec<String>,
+}
+
+impl GpuFilter {
+    /// Checks every selector names one of `devices`.
+    ///
+    /// # Errors
+    /// A selector that matches no device, with the devices that exist.
+    pub fn new(
+        selectors: &[String],
+        devices: &[std::sync::Arc<DeviceInfo>],
+    ) -> anyhow::Result<Self> {
+        for selector in selectors {
+            if !devices.iter().any(|d| selector_matches(selector, d)) {
+                let known: Vec<String> = devices
+                    .iter()
+                    .map(|d| format!("{} ({})", d.index, d.uuid))
+                    .collect();
+                bail!(
+                    "no GPU matches '{selector}'; use an index or UUID of: {}",
+                    if known.is_empty() {
+                        "none found".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                );
+            }
+        }
+        Ok(Self {
+            selectors: selectors.to_vec(),
+        })
+    }
+
+    /// Whether `device` was chosen.
+    pub fn matches(&self, device: &DeviceInfo) -> bool {
+        self.selectors.is_empty() || self.selectors.iter().any(|s| selector_matches(s, device))
+    }
+}
+
+fn selector_matches(selector: &str, device: &DeviceInfo) -> bool {
+    let selector = selector.trim();
+    selector.parse::<u32>().is_ok_and(|i| i == device.index)
+        || device.uuid.eq_ignore_ascii_case(selector)
+        || device.mig_instances.iter().any(|m| m.uuid.eq_ignore_ascii_case(selector))
+        // A UUID prefix of at least 8 characters after `GPU-`, as people paste them short.
+        || (selector.len() >= 12
+            && device.uuid.to_ascii_lowercase().starts_with(&selector.to_ascii_lowercase()))
+}

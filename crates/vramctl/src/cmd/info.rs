@@ -1,0 +1,411 @@
+//! `vramctl info`: hardware diagnostics per device, like GPU-Z's Graphics Card tab.
+//!
+//! Everything comes from NVML at the time of the call; what NVML does not report is shown
+//! as not reported with the driver's reason, never guessed. Derived figures (memory and
+//! PCIe bandwidth) are computed only from reported inputs.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::Context;
+use serde::Serialize;
+use vramctl_core::types::{DeviceDiagnostics, DriverInfo, MigInstanceInfo, Unavailable};
+
+use super::{GpuFilter, open_sampler};
+use crate::cli::{GlobalArgs, InfoArgs};
+use crate::exit::Exit;
+use crate::output::style::{Styles, paint};
+use crate::output::units;
+
+/// Version of the JSON below.
+pub const SCHEMA: u32 = 1;
+
+#[derive(Debug, Serialize)]
+struct InfoReport {
+    schema: u32,
+    driver: DriverInfo,
+    devices: Vec<DeviceInfoReport>,
+    unopened: Vec<UnopenedInfo>,
+}
+
+#[derive(Debug, Serialize)]
+struct UnopenedInfo {
+    index: u32,
+    reason: String,
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceInfoReport {
+    index: u32,
+    uuid: String,
+    name: Option<String>,
+    pci_bus_id: Option<String>,
+    minor_number: Option<u32>,
+    /// `ok`, `lost` or `error`.
+    state: &'static str,
+    error: Option<String>,
+    #[serde(flatten)]
+    diagnostics: Option<DeviceDiagnostics>,
+    memory_bandwidth_bytes_per_sec: Option<u64>,
+    pcie_current_bytes_per_sec: Option<u64>,
+    pcie_max_bytes_per_sec: Option<u64>,
+    mig_instances: Vec<MigInstanceInfo>,
+}
+
+/// Runs `info`.
+pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
+    let mut sampler = open_sampler(global)?;
+    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let driver = (**sampler.driver()).clone();
+    let unopened = sampler.tick().unopened;
+    let devices = sampler
+        .diagnostics()
+        .into_iter()
+        .filter(|(info, _)| filter.matches(info))
+        .map(|(info, result)| {
+            let (state, error, diagnostics) = match result {
+                Ok(d) => ("ok", None, Some(d)),
+                Err(vramctl_core::DeviceError::Lost(e)) => ("lost", Some(e), None),
+                Err(e) => ("error", Some(e.to_string()), None),
+            };
+            DeviceInfoReport {
+                index: info.index,
+                uuid: info.uuid.clone(),
+                name: info.name.clone(),
+                pci_bus_id: info.pci_bus_id.clone(),
+                minor_number: info.minor_number,
+                state,
+                error,
+                memory_bandwidth_bytes_per_sec: diagnostics
+                    .as_ref()
+                    .and_then(DeviceDiagnostics::memory_bandwidth_bytes_per_sec),
+                pcie_current_bytes_per_sec: diagnostics
+                    .as_ref()
+                    .and_then(DeviceDiagnostics::pcie_current_bytes_per_sec),
+                pcie_max_bytes_per_sec: diagnostics
+                    .as_ref()
+                    .and_then(DeviceDiagnostics::pcie_max_bytes_per_sec),
+                diagnostics,
+                mig_instances: info.mig_instances.clone(),
+            }
+        })
+        .collect();
+    let report = InfoReport {
+        schema: SCHEMA,
+        driver,
+        devices,
+        unopened: unopened
+            .iter()
+            .map(|u| UnopenedInfo {
+                index: u.index,
+                reason: u.reason.to_string(),
+            })
+            .collect(),
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report).context("cannot write JSON")?;
+        writeln!(out).context("cannot write to stdout")?;
+    } else {
+        for line in render(&report, &Styles::for_stdout(global.color)) {
+            writeln!(out, "{line}").context("cannot write to stdout")?;
+        }
+    }
+    out.flush().context("cannot write to stdout")?;
+    Ok(Exit::Ok)
+}
+
+/// Formats one value, or "not reported (why)".
+struct Fields<'a> {
+    missing: &'a BTreeMap<String, Unavailable>,
+    lines: Vec<String>,
+}
+
+impl Fields<'_> {
+    fn section(&mut self, title: &str, styles: &Styles) {
+        self.lines
+            .push(format!("  {}", paint(styles.heading, title)));
+    }
+
+    fn row(&mut self, label: &str, value: String) {
+        self.lines.push(format!("    {label:<22}{value}"));
+    }
+
+    /// `value` when present, else why the keys it depends on are missing.
+    fn opt(&mut self, label: &str, value: Option<String>, keys: &[&str]) {
+        let text = value.unwrap_or_else(|| self.why(keys));
+        self.row(label, text);
+    }
+
+    fn why(&self, keys: &[&str]) -> String {
+        let reasons: Vec<String> = keys
+            .iter()
+            .filter_map(|k| self.missing.get(*k).map(|why| format!("{k}: {why}")))
+            .collect();
+        if reasons.is_empty() {
+            "not reported".into()
+        } else {
+            format!("not reported ({})", reasons.join("; "))
+        }
+    }
+}
+
+fn yes_no(value: bool) -> &'static str {
+    if value { "enabled" } else { "disabled" }
+}
+
+fn render(report: &InfoReport, styles: &Styles) -> Vec<String> {
+    let mut lines = Vec::new();
+    for device in &report.devices {
+        lines.push(paint(
+            styles.heading,
+            &format!(
+                "GPU {}  {}",
+                device.index,
+                device.name.as_deref().unwrap_or("(name not reported)")
+            ),
+        ));
+        let Some(d) = &device.diagnostics else {
+            lines.push(format!(
+                "  {}",
+                paint(
+                    styles.bad,
+                    &format!(
+                        "{}: {}",
+                        device.state,
+                        device.error.as_deref().unwrap_or("")
+                    )
+                )
+            ));
+            lines.push(String::new());
+            continue;
+        };
+        let mut f = Fields {
+            missing: &d.missing,
+            lines: Vec::new(),
+        };
+        f.section("Identity", styles);
+        f.row("UUID", device.uuid.clone());
+        f.opt("Serial", d.serial.clone(), &["serial"]);
+        f.opt("VBIOS", d.vbios_version.clone(), &["vbios_version"]);
+        f.opt(
+            "Board part number",
+            d.board_part_number.clone(),
+            &["board_part_number"],
+        );
+        f.opt("PCI bus id", device.pci_bus_id.clone(), &["pci"]);
+        f.opt(
+            "PCI device id",
+            d.pci_device_id.map(|id| match d.pci_subsystem_id {
+                Some(sub) => format!("0x{id:08X} (subsystem 0x{sub:08X})"),
+                None => format!("0x{id:08X}"),
+            }),
+            &["pci"],
+        );
+        f.opt("Brand", d.brand.clone(), &["brand"]);
+        f.opt("Architecture", d.architecture.clone(), &["architecture"]);
+        f.opt(
+            "Compute capability",
+            d.compute_capability.map(|c| c.to_string()),
+            &["compute_capability"],
+        );
+        if let Some(minor) = device.minor_number {
+            f.row("Device node", format!("/dev/nvidia{minor}"));
+        }
+
+        f.section("Memory", styles);
+        f.opt(
+            "Total",
+            d.memory
+                .map(|m| format!("{} ({} bytes)", units::bytes(m.total_bytes), m.total_bytes)),
+            &["memory"],
+        );
+        f.opt(
+            "Used / reserved",
+            d.memory.map(|m| {
+                format!(
+                    "{} used, {} reserved, {} free",
+                    units::bytes(m.used_bytes),
+                    units::bytes(m.reserved_bytes),
+                    units::bytes(m.free_bytes)
+                )
+            }),
+            &["memory"],
+        );
+        f.opt(
+            "Bus width",
+            d.memory_bus_width_bits.map(|b| format!("{b} bit")),
+            &["memory_bus_width"],
+        );
+        f.opt(
+            "Max memory clock",
+            d.max_memory_clock_mhz.map(|c| format!("{c} MHz")),
+            &["max_memory_clock"],
+        );
+        f.opt(
+            "Memory clock now",
+            d.memory_clock_mhz.map(|c| format!("{c} MHz")),
+            &["memory_clock"],
+        );
+        f.opt(
+            "Bandwidth",
+            device.memory_bandwidth_bytes_per_sec.map(|bw| {
+                format!(
+                    "{} theoretical (2 × {} MHz × {} bit / 8)",
+                    units::rate(bw),
+                    d.max_memory_clock_mhz.unwrap_or_default(),
+                    d.memory_bus_width_bits.unwrap_or_default()
+                )
+            }),
+            &["memory_bus_width", "max_memory_clock"],
+        );
+        f.opt(
+            "BAR1",
+            d.bar1_total_bytes.map(|total| {
+                format!(
+                    "{} total, {} used",
+                    units::bytes(total),
+                    units::opt_bytes(d.bar1_used_bytes)
+                )
+            }),
+            &["bar1"],
+        );
+        f.opt(
+            "ECC",
+            d.ecc_enabled.map(|on| match d.ecc_pending {
+                Some(pending) if pending != on => {
+                    format!("{} (pending: {})", yes_no(on), yes_no(pending))
+                }
+                _ => yes_no(on).to_owned(),
+            }),
+            &["ecc_mode"],
+        );
+        let count = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        if d.ecc_corrected_volatile.is_some() || d.ecc_corrected_aggregate.is_some() {
+            f.row(
+                "ECC errors",
+                format!(
+                    "volatile {} corrected / {} uncorrected, aggregate {} / {}",
+                    count(d.ecc_corrected_volatile),
+                    count(d.ecc_uncorrected_volatile),
+                    count(d.ecc_corrected_aggregate),
+                    count(d.ecc_uncorrected_aggregate)
+                ),
+            );
+        } else {
+            f.opt("ECC errors", None, &["ecc_corrected_volatile"]);
+        }
+
+        f.section("PCIe", styles);
+        f.opt(
+            "Link now",
+            d.pcie_gen_current.zip(d.pcie_width_current).map(|(g, w)| {
+                let bw = device
+                    .pcie_current_bytes_per_sec
+                    .map(units::rate)
+                    .unwrap_or_default();
+                format!("gen {g} ×{w}, {bw} per direction")
+            }),
+            &["pcie_gen_current", "pcie_width_current"],
+        );
+        f.opt(
+            "Link max",
+            d.pcie_gen_max.zip(d.pcie_width_max).map(|(g, w)| {
+                let bw = device
+                    .pcie_max_bytes_per_sec
+                    .map(units::rate)
+                    .unwrap_or_default();
+                format!("gen {g} ×{w}, {bw} per direction")
+            }),
+            &["pcie_gen_max", "pcie_width_max"],
+        );
+
+        f.section("Modes", styles);
+        f.opt(
+            "Persistence",
+            d.persistence_mode.map(|p| yes_no(p).to_owned()),
+            &["persistence_mode"],
+        );
+        f.opt("Compute mode", d.compute_mode.clone(), &["compute_mode"]);
+        f.opt(
+            "MIG",
+            d.mig_current.map(|on| match d.mig_pending {
+                Some(pending) if pending != on => {
+                    format!("{} (pending: {})", yes_no(on), yes_no(pending))
+                }
+                _ => yes_no(on).to_owned(),
+            }),
+            &["mig_mode"],
+        );
+        for mig in &device.mig_instances {
+            let ids = match (mig.gpu_instance_id, mig.compute_instance_id) {
+                (Some(gi), Some(ci)) => format!("GI {gi} CI {ci}  "),
+                _ => String::new(),
+            };
+            f.row(
+                "  instance",
+                format!("{ids}{}  {}", mig.name.as_deref().unwrap_or("?"), mig.uuid),
+            );
+        }
+        f.opt(
+            "Performance state",
+            d.performance_state.clone(),
+            &["performance_state"],
+        );
+
+        f.section("Power and temperature", styles);
+        f.opt(
+            "Power limit",
+            d.power_limit_mw.map(|p| {
+                let mut text = units::watts(p);
+                if let Some(e) = d.enforced_power_limit_mw {
+                    text.push_str(&format!(", enforced {}", units::watts(e)));
+                }
+                if let Some(def) = d.default_power_limit_mw {
+                    text.push_str(&format!(", default {}", units::watts(def)));
+                }
+                text
+            }),
+            &["power_limit"],
+        );
+        f.opt(
+            "Temperature",
+            d.temperature_c.map(|t| format!("{t}°C")),
+            &["temperature"],
+        );
+        let thresholds: Vec<String> = [
+            ("slowdown", d.temperature_slowdown_c),
+            ("shutdown", d.temperature_shutdown_c),
+            ("GPU max", d.temperature_gpu_max_c),
+            ("memory max", d.temperature_memory_max_c),
+        ]
+        .iter()
+        .filter_map(|(name, t)| t.map(|t| format!("{name} {t}°C")))
+        .collect();
+        f.opt(
+            "Thresholds",
+            (!thresholds.is_empty()).then(|| thresholds.join(", ")),
+            &["temperature_slowdown", "temperature_shutdown"],
+        );
+        lines.append(&mut f.lines);
+        lines.push(String::new());
+    }
+    for unopened in &report.unopened {
+        lines.push(paint(
+            styles.bad,
+            &format!(
+                "GPU {}  could not be opened: {}",
+                unopened.index, unopened.reason
+            ),
+        ));
+        lines.push(String::new());
+    }
+    let v = |s: &Option<String>| s.clone().unwrap_or_else(|| "not reported".into());
+    lines.push(format!(
+        "Driver {} · NVML {} · CUDA driver {}",
+        v(&report.driver.driver_version),
+        v(&report.driver.nvml_version),
+        v(&report.driver.cuda_driver_version)
+    ));
+    lines
+}

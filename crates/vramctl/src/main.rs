@@ -1,0 +1,74 @@
+//! `vramctl`: parse the command line, run one command, map the outcome to an exit code.
+//!
+//! Module map: `cli` (flags as typed), `cmd/*` (one file per command), `output/*` (units,
+//! tables, styles shared by the commands), `exit` (exit codes and error classes).
+
+mod cli;
+mod cmd;
+mod exit;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::Cli;
+use crate::exit::Exit;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => {
+            // --help and --version are "errors" that print to stdout and succeed.
+            let _ = err.print();
+            return Exit::Ok.into();
+        }
+        Err(err) => {
+            eprintln!("vramctl: error: {}", usage_error_line(&err));
+            return Exit::Usage.into();
+        }
+    };
+    init_logging(cli.global.verbose);
+    match cmd::run(&cli) {
+        Ok(exit) => exit.into(),
+        Err(err) => {
+            let exit = exit::classify(&err);
+            if exit != Exit::Ok {
+                // One line, so scripts and logs keep the whole story together.
+                match exit::hint(&err) {
+                    Some(hint) => eprintln!("vramctl: error: {err:#}; {hint}"),
+                    None => eprintln!("vramctl: error: {err:#}"),
+                }
+            }
+            exit.into()
+        }
+    }
+}
+
+/// clap's first line (`unexpected argument '--foo' found`) with a pointer to `--help`,
+/// instead of its multi-line usage block: errors are one line.
+fn usage_error_line(err: &clap::Error) -> String {
+    let text = err.to_string();
+    let first = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("invalid command line")
+        .trim_start_matches("error: ")
+        .trim();
+    format!("{first}; see 'vramctl --help'")
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "error",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VRAMCTL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

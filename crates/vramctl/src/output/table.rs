@@ -1,0 +1,96 @@
+//! Aligned text columns, measured in characters so that `°C` and `█` line up.
+
+/// Where a column's text sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// Text and names.
+    Left,
+    /// Numbers.
+    Right,
+}
+
+/// A table of text cells. The last column is never padded (commands can be long).
+#[derive(Debug, Clone)]
+pub struct Table {
+    headers: Vec<String>,
+    aligns: Vec<Align>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these columns.
+    pub fn new(columns: &[(&str, Align)]) -> Self {
+        Self {
+            headers: columns.iter().map(|(h, _)| (*h).to_owned()).collect(),
+            aligns: columns.iter().map(|(_, a)| *a).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row; missing cells are empty.
+    pub fn push(&mut self, row: Vec<String>) {
+        self.rows.push(row);
+    }
+
+    /// The table as lines, each prefixed with `indent`.
+    pub fn render(&self, indent: &str) -> Vec<String> {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String]| -> String {
+            let mut out = String::from(indent);
+            for (i, (width, align)) in widths.iter().zip(&self.aligns).enumerate() {
+                let cell = cells.get(i).map_or("", String::as_str);
+                let pad = width.saturating_sub(cell.chars().count());
+                let last = i + 1 == columns;
+                match align {
+                    Align::Right => {
+                        out.push_str(&" ".repeat(pad));
+                        out.push_str(cell);
+                    }
+                    Align::Left => {
+                        out.push_str(cell);
+                        if !last {
+                            out.push_str(&" ".repeat(pad));
+                        }
+                    }
+                }
+                if !last {
+                    out.push_str("  ");
+                }
+            }
+            out.trim_end().to_owned()
+        };
+        let mut lines = vec![line(&self.headers)];
+        lines.extend(self.rows.iter().map(|r| line(r)));
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align() {
+        let mut t = Table::new(&[
+            ("PID", Align::Right),
+            ("USER", Align::Left),
+            ("COMMAND", Align::Left),
+        ]);
+        t.push(vec!["7".into(), "alice".into(), "python train.py".into()]);
+        t.push(vec!["31001".into(), "bob".into(), "x".into()]);
+        assert_eq!(
+            t.render("  "),
+            vec![
+                "    PID  USER   COMMAND",
+                "      7  alice  python train.py",
+                "  31001  bob    x",
+            ]
+        );
+    }
+}

@@ -1,0 +1,76 @@
+//! Running `vramctl` from a clean environment against a fake NVML scenario.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+/// `target/<profile>/deps/libfake_nvml.so` (cargo builds it because this crate
+/// dev-depends on fake-nvml).
+pub fn fake_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    for candidate in [
+        deps.join("libfake_nvml.so"),
+        deps.join("../libfake_nvml.so"),
+    ] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("libfake_nvml.so not found beside {}", deps.display());
+}
+
+/// An example scenario shipped in `examples/scenarios/`.
+pub fn scenario(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/scenarios")
+        .join(name)
+}
+
+/// `vramctl` with nothing from the caller's environment, on the fake library, with the
+/// fake's clock stopped at `t = 0` unless the test moves it.
+pub fn vramctl(scenario_path: &Path) -> Command {
+    Command::from_std(vramctl_std(scenario_path))
+}
+
+/// The same as [`vramctl`], as a plain `std::process::Command` (for piping and spawning).
+pub fn vramctl_std(scenario_path: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("vramctl"));
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("VRAMCTL_NVML_LIB", fake_library())
+        .env("FAKE_NVML_SCENARIO", scenario_path)
+        .env("FAKE_NVML_TIME", "0")
+        .env("NO_COLOR", "1");
+    cmd
+}
+
+/// `vramctl` on a shipped example scenario.
+pub fn vramctl_on(name: &str) -> Command {
+    vramctl(&scenario(name))
+}
+
+/// Stdout of a successful run, as text.
+pub fn stdout_of(cmd: &mut Command) -> String {
+    let output = cmd.output().expect("run vramctl");
+    assert!(
+        output.status.success(),
+        "vramctl failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8 stdout")
+}
+
+/// Parsed JSON stdout of a successful run.
+pub fn json_of(cmd: &mut Command) -> serde_json::Value {
+    serde_json::from_str(&stdout_of(cmd)).expect("valid JSON")
+}
+
+/// insta settings that hide what changes between runs (wall-clock times).
+pub fn redactions() -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]");
+    settings.set_prepend_module_to_snapshot(false);
+    settings
+}

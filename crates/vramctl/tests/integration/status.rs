@@ -1,0 +1,314 @@
+//! `vramctl status` against fake scenarios and real processes.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use serde_json::Value;
+
+use crate::harness::{json_of, redactions, scenario, stdout_of, vramctl, vramctl_on, vramctl_std};
+
+fn devices(report: &Value) -> &Vec<Value> {
+    report["devices"].as_array().expect("devices array")
+}
+
+#[test]
+fn idle_h200_table() {
+    let out = stdout_of(vramctl_on("h200-idle.toml").arg("status"));
+    redactions().bind(|| insta::assert_snapshot!("status_idle_h200", out));
+}
+
+#[test]
+fn idle_h200_json() {
+    let report = json_of(vramctl_on("h200-idle.toml").args(["status", "--json"]));
+    assert_eq!(report["schema"], 1);
+    let gpu = &devices(&report)[0];
+    let memory = &gpu["memory"];
+    // The real H200's idle figures, v2 accounting.
+    assert_eq!(memory["total_bytes"], 150_754_820_096_u64);
+    assert_eq!(memory["reserved_bytes"], 644_939_776_u64);
+    assert_eq!(memory["used_bytes"], 0);
+    assert_eq!(gpu["processes"], serde_json::json!([]));
+    redactions().bind(|| insta::assert_json_snapshot!("status_idle_h200_json", report));
+}
+
+#[test]
+fn training_mix_lists_holders_biggest_first_and_unaccounted() {
+    let report = json_of(vramctl_on("h200-training.toml").args(["status", "--json"]));
+    let gpu = &devices(&report)[0];
+    let processes = gpu["processes"].as_array().unwrap();
+    assert!(processes.len() >= 4);
+    let sizes: Vec<u64> = processes
+        .iter()
+        .map(|p| p["used_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        sizes.windows(2).all(|w| w[0] >= w[1]),
+        "sorted by memory: {sizes:?}"
+    );
+    let sum: u64 = sizes.iter().sum();
+    let used = gpu["memory"]["used_bytes"].as_u64().unwrap();
+    assert_eq!(gpu["unaccounted_bytes"].as_u64().unwrap(), used - sum);
+    assert!(
+        used > sum,
+        "the scenario has memory no process accounts for"
+    );
+    // Fictional PIDs are not in this namespace: the driver's name is shown instead.
+    assert_eq!(processes[0]["visible"], false);
+    assert!(
+        processes[0]["command"]
+            .as_str()
+            .unwrap()
+            .starts_with("python")
+    );
+}
+
+#[test]
+fn eight_gpus_with_thirty_processes_each() {
+    let report = json_of(vramctl_on("eight-gpus-30-procs.toml").args(["status", "--json"]));
+    let gpus = devices(&report);
+    assert_eq!(gpus.len(), 8);
+    for gpu in gpus {
+        assert_eq!(gpu["state"], "ok");
+        assert_eq!(
+            gpu["processes"].as_array().unwrap().len(),
+            30,
+            "GPU {}",
+            gpu["index"]
+        );
+    }
+    let out = stdout_of(vramctl_on("eight-gpus-30-procs.toml").arg("status"));
+    assert_eq!(out.lines().filter(|l| l.starts_with("GPU ")).count(), 8);
+}
+
+#[test]
+fn mig_instances_sit_under_their_gpu() {
+    let report = json_of(vramctl_on("mig.toml").args(["status", "--json"]));
+    let gpu = &devices(&report)[0];
+    let instances = gpu["mig_instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 3);
+    for instance in instances {
+        assert!(instance["uuid"].as_str().unwrap().starts_with("MIG-"));
+        assert!(instance["memory"]["total_bytes"].as_u64().unwrap() > 0);
+        let gi = &instance["gpu_instance_id"];
+        let inside = gpu["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| &p["gpu_instance_id"] == gi);
+        assert!(inside.count() >= 1, "instance {gi} has its processes");
+    }
+    assert!(
+        devices(&report)[1]["mig_instances"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let out = stdout_of(vramctl_on("mig.toml").arg("status"));
+    redactions().bind(|| insta::assert_snapshot!("status_mig", out));
+}
+
+#[test]
+fn a_gpu_lost_midway_is_reported_while_the_other_keeps_reporting() {
+    // Before the loss (t = 5) both answer; after it (t = 20) GPU 1 is lost from the start.
+    let before = json_of(
+        vramctl_on("fault-gpu-lost.toml")
+            .env("FAKE_NVML_TIME", "5")
+            .args(["status", "--json"]),
+    );
+    assert!(devices(&before).iter().all(|d| d["state"] == "ok"));
+
+    // A watch that crosses t = 10: the same session sees GPU 1 go.
+    let dir = tempfile::tempdir().unwrap();
+    let stepped = dir.path().join("lost.toml");
+    let text = std::fs::read_to_string(scenario("fault-gpu-lost.toml")).unwrap();
+    // A table header after the [[gpu]] arrays starts a new table; before them it would
+    // capture the top-level keys.
+    std::fs::write(&stepped, format!("{text}\n{}", step_clock(4.0))).unwrap();
+    let out = stdout_of(
+        vramctl(&stepped)
+            .env_remove("FAKE_NVML_TIME")
+            .args(["status", "--json", "--watch", "0.05", "--count", "5"]),
+    );
+    let reports: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 5, "one NDJSON object per refresh");
+    let first = &reports[0];
+    let last = &reports[4];
+    assert_eq!(devices(first)[1]["state"], "ok");
+    assert_eq!(devices(last)[1]["state"], "lost");
+    assert!(
+        devices(last)[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("fell off the bus")
+    );
+    assert_eq!(devices(last)[0]["state"], "ok");
+    assert!(devices(last)[0]["memory"]["used_bytes"].as_u64().unwrap() > 0);
+}
+
+/// A `[clock]` table that moves the fake's time by `step_s` at each sample.
+fn step_clock(step_s: f64) -> String {
+    format!("[clock]\nmode = \"step\"\nstep_s = {step_s}\n")
+}
+
+#[test]
+fn unsupported_fields_are_null_with_reasons() {
+    let report = json_of(vramctl_on("fault-not-supported.toml").args(["status", "--json"]));
+    let igpu = &devices(&report)[1];
+    assert_eq!(igpu["memory"], Value::Null);
+    assert_eq!(igpu["power_mw"], Value::Null);
+    assert_eq!(igpu["missing"]["memory"], "not supported");
+    assert_eq!(igpu["missing"]["power"], "not supported");
+    // The healthy GPU beside it reports everything.
+    assert!(devices(&report)[0]["power_mw"].as_u64().is_some());
+}
+
+#[test]
+fn no_permission_for_processes_is_said() {
+    let report = json_of(vramctl_on("fault-no-permission.toml").args(["status", "--json"]));
+    let gpu = &devices(&report)[0];
+    assert_eq!(gpu["processes"], Value::Null);
+    assert_eq!(gpu["missing"]["compute_processes"], "no permission");
+    assert_eq!(
+        gpu["unaccounted_bytes"],
+        Value::Null,
+        "unknown, not all of it"
+    );
+    let out = stdout_of(vramctl_on("fault-no-permission.toml").arg("status"));
+    assert!(out.contains("compute_processes (no permission)"), "{out}");
+}
+
+#[test]
+fn absurd_answers_are_dropped_with_reasons() {
+    let report = json_of(vramctl_on("fault-absurd.toml").args(["status", "--json"]));
+    let gpus = devices(&report);
+    let pids: Vec<u64> = gpus[0]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert!(!pids.contains(&0));
+    assert!(!pids.contains(&4_294_967_295));
+    let dropped = gpus[0]["dropped"].as_array().unwrap();
+    assert!(dropped.iter().any(|d| d["what"] == "pid 0"));
+    assert!(dropped.iter().any(|d| d["what"] == "pid 4294967295"));
+    // NVML's "not available" memory is unknown, not dropped.
+    assert!(
+        gpus[0]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["used_bytes"].is_null())
+    );
+    // used > total and u64::MAX: the memory reading is dropped, the device still listed.
+    for gpu in &gpus[1..] {
+        assert_eq!(gpu["memory"], Value::Null);
+        assert!(
+            gpu["missing"]["memory"]
+                .as_str()
+                .unwrap()
+                .starts_with("dropped:")
+        );
+    }
+    let out = stdout_of(vramctl_on("fault-absurd.toml").arg("status"));
+    redactions().bind(|| insta::assert_snapshot!("status_absurd", out));
+}
+
+#[test]
+fn r535_struct_drift_never_yields_pid_0_or_minus_1() {
+    let report = json_of(vramctl_on("fault-r535-stride.toml").args(["status", "--json"]));
+    for gpu in devices(&report) {
+        for p in gpu["processes"].as_array().into_iter().flatten() {
+            let pid = p["pid"].as_u64().unwrap();
+            assert!(pid > 0 && pid <= 4_194_304, "pid {pid}");
+        }
+    }
+}
+
+#[test]
+fn gpu_filter_by_index_and_uuid() {
+    let by_index = json_of(vramctl_on("mig.toml").args(["status", "--json", "--gpu", "1"]));
+    assert_eq!(devices(&by_index).len(), 1);
+    let uuid = devices(&by_index)[0]["uuid"].as_str().unwrap().to_owned();
+    let by_uuid = json_of(vramctl_on("mig.toml").args(["status", "--json", "--gpu", &uuid]));
+    assert_eq!(devices(&by_uuid)[0]["index"], 1);
+}
+
+#[test]
+fn a_real_process_shows_its_user_and_command_and_leaves_when_it_exits() {
+    let mut child = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("real.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[[gpu]]
+name = "NVIDIA H200"
+uuid = "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2"
+memory_total = "141 GiB"
+[[gpu.process]]
+pid = {}
+real = true
+name = "sleep"
+memory = "3 GiB"
+"#,
+            child.id()
+        ),
+    )
+    .unwrap();
+    let report = json_of(vramctl(&path).args(["status", "--json"]));
+    let p = &devices(&report)[0]["processes"][0];
+    assert_eq!(p["pid"], child.id());
+    assert_eq!(p["visible"], true);
+    assert_eq!(p["command"], "sleep 300");
+    let me = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    assert_eq!(p["user"], String::from_utf8_lossy(&me.stdout).trim());
+    assert_eq!(devices(&report)[0]["memory"]["used_bytes"], 3_u64 << 30);
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let report = json_of(vramctl(&path).args(["status", "--json"]));
+    assert_eq!(devices(&report)[0]["processes"], serde_json::json!([]));
+    assert_eq!(
+        devices(&report)[0]["memory"]["used_bytes"],
+        0,
+        "the driver freed its memory"
+    );
+}
+
+#[test]
+fn closing_the_pipe_is_not_an_error() {
+    let mut child = vramctl_std(&scenario("eight-gpus-30-procs.toml"))
+        .args(["status", "--json", "--watch", "0.05"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut first = String::new();
+    BufReader::new(stdout).read_line(&mut first).unwrap();
+    assert!(first.starts_with("{\"schema\":1"));
+    // The reader is gone (stdout dropped); the next write fails with EPIPE.
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,0 +1,188 @@
+//! Bad input: unknown flags, missing or broken libraries, malformed scenarios. Each gets one
+//! line on stderr and its documented exit code, never a panic.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+use crate::harness::{scenario, vramctl, vramctl_on};
+
+fn stderr_lines(output: &std::process::Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn unknown_flag_is_one_line_and_exit_2() {
+    let output = vramctl_on("h200-idle.toml")
+        .args(["status", "--frobnicate"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let lines = stderr_lines(&output);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("vramctl: error: unexpected argument '--frobnicate'"),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn no_command_is_one_line_and_exit_2() {
+    let output = vramctl_on("h200-idle.toml").output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let lines = stderr_lines(&output);
+    assert_eq!(
+        lines,
+        [
+            "vramctl: error: 'vramctl' requires a subcommand but one was not provided; see 'vramctl --help'"
+        ]
+    );
+}
+
+#[test]
+fn help_documents_exit_codes() {
+    vramctl_on("h200-idle.toml")
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("3  no usable NVIDIA driver"));
+}
+
+#[test]
+fn missing_library_is_exit_3_with_what_to_do() {
+    let output = vramctl_on("h200-idle.toml")
+        .env("VRAMCTL_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let lines = stderr_lines(&output);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("'/nonexistent/libnvidia-ml.so.1'"),
+        "{lines:?}"
+    );
+    assert!(lines[0].contains("install the NVIDIA driver"), "{lines:?}");
+}
+
+#[test]
+fn default_library_missing_is_exit_3() {
+    // No VRAMCTL_NVML_LIB: the real libnvidia-ml.so.1, absent on CI machines. On a GPU
+    // machine this test is meaningless, so it only checks when the library is absent.
+    let mut cmd = Command::cargo_bin("vramctl").unwrap();
+    cmd.env_clear().arg("info");
+    let output = cmd.output().unwrap();
+    if output.status.code() == Some(3) {
+        assert!(String::from_utf8_lossy(&output.stderr).contains("libnvidia-ml.so.1"));
+    } else {
+        assert!(
+            output.status.success(),
+            "a driver is installed here, so info must work"
+        );
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_library_is_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("libnvidia-ml.so.1");
+    std::fs::write(&bogus, "not an ELF file").unwrap();
+    let output = vramctl_on("h200-idle.toml")
+        .arg("--nvml-lib")
+        .arg(&bogus)
+        .arg("info")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    assert_eq!(stderr_lines(&output).len(), 1);
+}
+
+#[test]
+fn a_library_without_nvml_is_exit_3() {
+    let output = vramctl_on("h200-idle.toml")
+        .args(["--nvml-lib", "libc.so.6", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let lines = stderr_lines(&output);
+    assert!(lines[0].contains("nvmlInit_v2"), "{lines:?}");
+    assert!(lines[0].contains("not an NVML library"), "{lines:?}");
+}
+
+#[test]
+fn malformed_scenario_fails_init_with_one_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[gpu]]\nname = 3\n").unwrap();
+    let output = vramctl(&bad).arg("status").output().unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let lines = stderr_lines(&output);
+    // One line from the fake library (naming the file) and one from vramctl.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("fake-nvml: ") && l.contains("bad.toml")),
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("vramctl: error:"))
+            .count(),
+        1,
+        "{lines:?}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("panicked"));
+}
+
+#[test]
+fn driver_not_loaded_says_so() {
+    let output = vramctl_on("fault-driver-not-loaded.toml")
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let lines = stderr_lines(&output);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("modprobe nvidia"), "{lines:?}");
+}
+
+#[test]
+fn version_mismatch_says_to_reboot() {
+    let output = vramctl_on("fault-version-mismatch.toml")
+        .arg("info")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("version"), "{text}");
+    assert!(text.contains("reboot"), "{text}");
+}
+
+#[test]
+fn unknown_gpu_selector_is_exit_2() {
+    let output = vramctl_on("h200-idle.toml")
+        .args(["status", "--gpu", "7"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let lines = stderr_lines(&output);
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].contains("no GPU matches '7'"), "{lines:?}");
+}
+
+#[test]
+fn bad_watch_interval_is_exit_2() {
+    vramctl_on("h200-idle.toml")
+        .args(["status", "--watch", "0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--watch '0'"));
+}
+
+#[test]
+fn scenario_path_example_exists() {
+    assert!(scenario("h200-idle.toml").exists());
+}
