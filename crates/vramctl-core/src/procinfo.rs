@@ -9,6 +9,28 @@ use std::collections::HashMap;
 use procfs::process::Process;
 use serde::{Deserialize, Serialize};
 
+/// Who a process is, across PID reuse and reboots: `(boot id, pid, start time)`.
+///
+/// A PID alone names "whatever has this number now"; the start time (clock ticks after
+/// boot, field 22 of /proc/PID/stat) tells a reused PID apart, and the boot id makes the
+/// pair unique across reboots when it is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ProcessIdentity {
+    /// `/proc/sys/kernel/random/boot_id` of the boot the process ran in.
+    pub boot_id: String,
+    /// PID in this namespace.
+    pub pid: u32,
+    /// Start time in clock ticks after boot.
+    pub start_time_ticks: u64,
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), or `None` where /proc lacks it.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
 /// A process as /proc describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessDetails {
@@ -89,6 +111,12 @@ mod tests {
         assert!(me.start_time_ticks.is_some());
         assert!(me.uid.is_some());
         assert!(!me.command.is_empty());
+    }
+
+    #[test]
+    fn boot_id_is_a_uuid() {
+        let id = boot_id().expect("linux has a boot id");
+        assert_eq!(id.len(), 36, "{id}");
     }
 
     #[test]
