@@ -7,8 +7,8 @@
 //! merging of process lists and sanity checks. The goal is a tick within 2× the raw calls.
 //!
 //! Run on the fake with 8 GPUs × 30 processes (what CI machines can do):
-//!   FAKE_NVML_SCENARIO=examples/scenarios/eight-gpus-30-procs.toml FAKE_NVML_TIME=0 \
-//!   VRAMCTL_NVML_LIB=target/release/libfake_nvml.so cargo bench -p vramctl-core --bench sample
+//!   FAKE_NVML_SCENARIO=$PWD/examples/scenarios/eight-gpus-30-procs.toml FAKE_NVML_TIME=0 \
+//!   VRAMCTL_NVML_LIB=$PWD/target/release/libfake_nvml.so cargo bench -p vramctl-core --bench sample
 //! and on a GPU machine without VRAMCTL_NVML_LIB (the real libnvidia-ml.so.1).
 #![allow(missing_docs, clippy::unwrap_used, clippy::print_stdout)]
 
