@@ -21,8 +21,17 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
 
 /// Loads NVML and enumerates the GPUs (one NVML session for the whole process).
 pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<Sampler<NvmlBackend>> {
+    let started = std::time::Instant::now();
     let backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
-    Sampler::new(backend).context("cannot list the GPUs")
+    let loaded = started.elapsed();
+    let sampler = Sampler::new(backend).context("cannot list the GPUs")?;
+    tracing::debug!(
+        nvml_init_ms = loaded.as_secs_f64() * 1e3,
+        enumerate_ms = (started.elapsed() - loaded).as_secs_f64() * 1e3,
+        devices = sampler.devices().len(),
+        "Started NVML."
+    );
+    Ok(sampler)
 }
 
 /// Devices chosen with `--gpu` (index or UUID); all when none was given.
