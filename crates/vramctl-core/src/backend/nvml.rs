@@ -69,25 +69,27 @@ impl NvmlBackend {
     /// [`InitError::InitFailed`] when `nvmlInit` fails, each with a hint for the user.
     pub fn open(library: Option<&Path>) -> Result<Self, InitError> {
         let path = library.map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), Path::to_path_buf);
-        let nvml = Nvml::builder()
-            .lib_path(OsStr::new(path.as_os_str()))
-            .init()
-            .map_err(|err| match err {
-                NvmlError::LibloadingError(load) => InitError::LibraryNotLoaded {
-                    path: path.clone(),
-                    reason: strip_path(&load.to_string(), &path),
-                },
-                NvmlError::FailedToLoadSymbol(symbol) => InitError::InitFailed {
-                    path: path.clone(),
-                    reason: strip_path(&symbol, &path),
-                    hint: "this is not an NVML library; point --nvml-lib at libnvidia-ml.so.1",
-                },
-                other => InitError::InitFailed {
-                    path: path.clone(),
-                    reason: describe(&other),
-                    hint: init_hint(&other),
-                },
-            })?;
+        let nvml = timed("dlopen+nvmlInit_v2", || {
+            Nvml::builder()
+                .lib_path(OsStr::new(path.as_os_str()))
+                .init()
+        })
+        .map_err(|err| match err {
+            NvmlError::LibloadingError(load) => InitError::LibraryNotLoaded {
+                path: path.clone(),
+                reason: strip_path(&load.to_string(), &path),
+            },
+            NvmlError::FailedToLoadSymbol(symbol) => InitError::InitFailed {
+                path: path.clone(),
+                reason: strip_path(&symbol, &path),
+                hint: "this is not an NVML library; point --nvml-lib at libnvidia-ml.so.1",
+            },
+            other => InitError::InitFailed {
+                path: path.clone(),
+                reason: describe(&other),
+                hint: init_hint(&other),
+            },
+        })?;
         Ok(Self {
             nvml,
             library: path,
@@ -108,15 +110,19 @@ impl NvmlBackend {
     }
 
     fn open_device(&mut self, index: u32) -> Result<DeviceInfo, Unavailable> {
-        let device = self
-            .nvml
-            .device_by_index(index)
-            .map_err(|e| unavailable(&e))?;
-        let uuid = device.uuid().map_err(|e| unavailable(&e))?;
-        let name = device.name().ok();
-        let pci_bus_id = device.pci_info().ok().map(|pci| pci.bus_id);
-        let minor_number = device.minor_number().ok();
-        let mig_enabled = device.mig_mode().ok().map(|mode| mode.current == 1);
+        let device = timed("nvmlDeviceGetHandleByIndex_v2", || {
+            self.nvml.device_by_index(index)
+        })
+        .map_err(|e| unavailable(&e))?;
+        let uuid = timed("nvmlDeviceGetUUID", || device.uuid()).map_err(|e| unavailable(&e))?;
+        let name = timed("nvmlDeviceGetName", || device.name()).ok();
+        let pci_bus_id = timed("nvmlDeviceGetPciInfo_v3", || device.pci_info())
+            .ok()
+            .map(|pci| pci.bus_id);
+        let minor_number = timed("nvmlDeviceGetMinorNumber", || device.minor_number()).ok();
+        let mig_enabled = timed("nvmlDeviceGetMigMode", || device.mig_mode())
+            .ok()
+            .map(|mode| mode.current == 1);
         let mut slots = Vec::new();
         let mut mig_instances = Vec::new();
         if mig_enabled == Some(true) {
@@ -155,9 +161,16 @@ impl NvmlBackend {
 impl Backend for NvmlBackend {
     fn driver(&mut self) -> DriverInfo {
         DriverInfo {
-            driver_version: self.nvml.sys_driver_version().ok(),
-            nvml_version: self.nvml.sys_nvml_version().ok(),
-            cuda_driver_version: self.nvml.sys_cuda_driver_version().ok().map(|v| {
+            driver_version: timed("nvmlSystemGetDriverVersion", || {
+                self.nvml.sys_driver_version()
+            })
+            .ok(),
+            nvml_version: timed("nvmlSystemGetNVMLVersion", || self.nvml.sys_nvml_version()).ok(),
+            cuda_driver_version: timed("nvmlSystemGetCudaDriverVersion_v2", || {
+                self.nvml.sys_cuda_driver_version()
+            })
+            .ok()
+            .map(|v| {
                 // NVML encodes 13.0 as 13000.
                 format!("{}.{}", v / 1000, (v % 1000) / 10)
             }),
@@ -165,7 +178,7 @@ impl Backend for NvmlBackend {
     }
 
     fn device_count(&mut self) -> Result<u32, DeviceError> {
-        self.nvml.device_count().map_err(device_error)
+        timed("nvmlDeviceGetCount_v2", || self.nvml.device_count()).map_err(device_error)
     }
 
     fn enumerate(&mut self) -> Result<Enumeration, DeviceError> {
@@ -386,6 +399,15 @@ impl Backend for NvmlBackend {
             .ok()
             .filter(|name| !name.is_empty())
     }
+}
+
+/// Runs one NVML call and logs its duration at trace level (`VRAMCTL_LOG=trace`): start-up
+/// cost is dominated by a few first calls, and this is how we find which.
+fn timed<T>(call: &'static str, f: impl FnOnce() -> T) -> T {
+    let started = std::time::Instant::now();
+    let result = f();
+    tracing::trace!(call, us = started.elapsed().as_micros(), "NVML call.");
+    result
 }
 
 /// Calls that ask NVML for its process list retry when processes appeared between the

@@ -110,7 +110,13 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
     loop {
         let started = Instant::now();
         let snapshot = sampler.tick();
+        let sampled = started.elapsed();
         let report = build(&snapshot, &filter, &mut sampler, &mut procs);
+        tracing::debug!(
+            tick_ms = sampled.as_secs_f64() * 1e3,
+            proc_ms = (started.elapsed() - sampled).as_secs_f64() * 1e3,
+            "Sampled."
+        );
         let mut out = stdout.lock();
         if args.json {
             serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
