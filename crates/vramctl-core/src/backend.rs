@@ -79,8 +79,16 @@ pub struct Enumeration {
 ///
 /// The required surface is small on purpose: enumerate once, read each device every tick.
 pub trait Backend: Send {
-    /// Versions of the driver stack.
+    /// Versions of the driver stack (cheap: read once at start-up).
     fn driver(&mut self) -> DriverInfo;
+
+    /// The CUDA driver API version as `major.minor`, e.g. `13.0`.
+    ///
+    /// Separate from [`driver`](Backend::driver) because NVML answers it by loading the CUDA
+    /// driver library, which is slow; only commands that show it ask.
+    fn cuda_driver_version(&mut self) -> Option<String> {
+        None
+    }
 
     /// Devices visible now with their static facts. Called rarely; the sampler caches it.
     ///

@@ -69,8 +69,6 @@ pub struct DriverInfo {
     pub driver_version: Option<String>,
     /// NVML library version, e.g. `13.580.159.04`.
     pub nvml_version: Option<String>,
-    /// CUDA driver API version as `major.minor`, e.g. `13.0`.
-    pub cuda_driver_version: Option<String>,
 }
 
 /// Static facts about a device, read once per session.

@@ -166,15 +166,16 @@ impl Backend for NvmlBackend {
             })
             .ok(),
             nvml_version: timed("nvmlSystemGetNVMLVersion", || self.nvml.sys_nvml_version()).ok(),
-            cuda_driver_version: timed("nvmlSystemGetCudaDriverVersion_v2", || {
-                self.nvml.sys_cuda_driver_version()
-            })
-            .ok()
-            .map(|v| {
-                // NVML encodes 13.0 as 13000.
-                format!("{}.{}", v / 1000, (v % 1000) / 10)
-            }),
         }
+    }
+
+    fn cuda_driver_version(&mut self) -> Option<String> {
+        timed("nvmlSystemGetCudaDriverVersion_v2", || {
+            self.nvml.sys_cuda_driver_version()
+        })
+        .ok()
+        // NVML encodes 13.0 as 13000.
+        .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
     }
 
     fn device_count(&mut self) -> Result<u32, DeviceError> {

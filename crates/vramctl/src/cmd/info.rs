@@ -9,6 +9,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl_core::Backend;
 use vramctl_core::types::{DeviceDiagnostics, DriverInfo, MigInstanceInfo, Unavailable};
 
 use super::{GpuFilter, open_sampler};
@@ -24,6 +25,8 @@ pub const SCHEMA: u32 = 1;
 struct InfoReport {
     schema: u32,
     driver: DriverInfo,
+    /// CUDA driver API version, `major.minor`.
+    cuda_driver_version: Option<String>,
     devices: Vec<DeviceInfoReport>,
     unopened: Vec<UnopenedInfo>,
 }
@@ -57,6 +60,7 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let mut sampler = open_sampler(global)?;
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
     let driver = (**sampler.driver()).clone();
+    let cuda_driver_version = sampler.backend_mut().cuda_driver_version();
     let unopened = sampler.tick().unopened;
     let devices = sampler
         .diagnostics()
@@ -93,6 +97,7 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let report = InfoReport {
         schema: SCHEMA,
         driver,
+        cuda_driver_version,
         devices,
         unopened: unopened
             .iter()
@@ -405,7 +410,7 @@ fn render(report: &InfoReport, styles: &Styles) -> Vec<String> {
         "Driver {} · NVML {} · CUDA driver {}",
         v(&report.driver.driver_version),
         v(&report.driver.nvml_version),
-        v(&report.driver.cuda_driver_version)
+        v(&report.cuda_driver_version)
     ));
     lines
 }

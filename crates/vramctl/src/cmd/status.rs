@@ -297,9 +297,6 @@ fn render(report: &StatusReport, styles: &Styles) -> Vec<String> {
     if let Some(v) = &report.driver.driver_version {
         header.push(format!("driver {v}"));
     }
-    if let Some(v) = &report.driver.cuda_driver_version {
-        header.push(format!("CUDA {v}"));
-    }
     header.push(report.taken_at.clone());
     lines.push(paint(styles.dim, &header.join(" · ")));
     if report.devices.is_empty() && report.unopened.is_empty() {
