@@ -113,6 +113,20 @@ fn register_font() -> anyhow::Result<()> {
     }
 }
 
+/// More panels than this make an image tens of thousands of pixels tall that no viewer
+/// shows at a glance (and a PNG buffer of hundreds of megabytes).
+pub const MAX_PANELS: usize = 64;
+
+fn check_size(chart: &Chart) -> anyhow::Result<()> {
+    if chart.panels.len() > MAX_PANELS {
+        bail!(
+            "cannot draw {} devices in one chart (at most {MAX_PANELS}); pick devices with --gpu",
+            chart.panels.len()
+        );
+    }
+    Ok(())
+}
+
 /// Draws `chart` to `path`, as PNG or SVG by the file's extension.
 pub fn render(chart: &Chart, path: &Path) -> anyhow::Result<()> {
     let extension = path
@@ -137,6 +151,7 @@ pub fn render(chart: &Chart, path: &Path) -> anyhow::Result<()> {
 
 /// The chart as an SVG document.
 pub fn render_svg(chart: &Chart) -> anyhow::Result<String> {
+    check_size(chart)?;
     register_font()?;
     let mut svg = String::new();
     {
@@ -148,6 +163,7 @@ pub fn render_svg(chart: &Chart) -> anyhow::Result<String> {
 
 /// The chart as a PNG file's bytes.
 pub fn render_png(chart: &Chart) -> anyhow::Result<Vec<u8>> {
+    check_size(chart)?;
     register_font()?;
     let (width, height) = chart.size_px();
     let len = usize::try_from(u64::from(width) * u64::from(height) * 3)
@@ -462,6 +478,18 @@ mod tests {
     }
 
     #[test]
+    fn too_many_panels_is_an_error_not_a_huge_allocation() {
+        let many = chart(
+            (0..=MAX_PANELS)
+                .map(|i| panel(&format!("GPU {i}"), Vec::new()))
+                .collect(),
+        );
+        let err = render_png(&many).unwrap_err();
+        assert!(format!("{err:#}").contains("--gpu"), "{err:#}");
+        assert!(render_svg(&many).is_err());
+    }
+
+    #[test]
     fn unwritable_path_is_an_error_with_the_path() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("missing").join("chart.svg");
@@ -721,5 +749,43 @@ mod tests {
         let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
         render(&chart, &target.join("chart-sample.png")).unwrap();
         render(&chart, &target.join("chart-sample.svg")).unwrap();
+        let edges = Chart {
+            title: "edge cases".to_owned(),
+            time_zone: TimeZone::UTC,
+            panels: vec![
+                panel("no series", Vec::new()),
+                panel(
+                    "one point",
+                    vec![series(
+                        "used",
+                        SeriesKind::Device,
+                        vec![(T0, Some(5 * GIB))],
+                    )],
+                ),
+                Panel {
+                    ceiling_bytes: None,
+                    ..panel(
+                        "small, no total",
+                        vec![series(
+                            "tiny [1]",
+                            SeriesKind::Process,
+                            vec![(T0, Some(3 * MIB)), (T0 + 50_000, Some(300 * MIB))],
+                        )],
+                    )
+                },
+                Panel {
+                    ceiling_bytes: Some(GIB),
+                    ..panel(
+                        "huge",
+                        vec![series(
+                            "used",
+                            SeriesKind::Device,
+                            vec![(T0, Some(u64::MAX)), (T0 + 60_000, Some(u64::MAX / 2))],
+                        )],
+                    )
+                },
+            ],
+        };
+        render(&edges, &target.join("chart-sample-edges.png")).unwrap();
     }
 }

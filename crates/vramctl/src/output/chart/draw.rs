@@ -223,7 +223,9 @@ fn draw_panel<DB: DrawingBackend>(
         };
         for run in runs_of(device) {
             let points = to_values(&run, &memory);
-            plot.draw(&Polygon::new(area_polygon(&points), color.mix(0.07)))?;
+            if points.len() > 1 {
+                plot.draw(&Polygon::new(area_polygon(&points), color.mix(0.07)))?;
+            }
             draw_run(&plot, points, color.stroke_width(3))?;
         }
     }
@@ -277,12 +279,14 @@ fn draw_panel<DB: DrawingBackend>(
 fn summary(devices: &[&ChartSeries], ceiling: Option<u64>) -> Option<String> {
     let peak = devices.first().and_then(|d| peak(d))?;
     Some(match ceiling {
-        Some(total) => format!(
+        // A share only where it means something: a device cannot use more than it has.
+        Some(total) if peak <= total && total > 0 => format!(
             "peak {} of {} ({}%)",
             format_bytes(peak),
             format_bytes(total),
             crate::output::units::percent(peak, total).unwrap_or(0)
         ),
+        Some(total) => format!("peak {} of {}", format_bytes(peak), format_bytes(total)),
         None => format!("peak {}", format_bytes(peak)),
     })
 }

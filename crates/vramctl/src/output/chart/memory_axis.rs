@@ -85,18 +85,14 @@ impl MemoryAxis {
             .map(|m| m * magnitude)
             .find(|step| top / step <= max_ticks as f64)
             .unwrap_or(10.0 * magnitude);
-        // Enough decimals to tell ticks apart: 0.25 needs 2, 20 needs none.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let decimals = if step >= 1.0 {
-            0
-        } else {
-            let digits = (-step.log10()).ceil().max(0.0) as usize;
-            if (step * 10f64.powi(digits as i32)).fract() > 1e-9 {
-                digits + 1
-            } else {
-                digits
-            }
-        };
+        // Enough decimals to show the step exactly: 0.25 needs 2, 2.5 needs 1, 20 none.
+        let decimals = (0..=6)
+            .find(|&d| {
+                let scaled = step * 10f64.powi(d);
+                (scaled - scaled.round()).abs() < 1e-6 * scaled.max(1.0)
+            })
+            .and_then(|d| usize::try_from(d).ok())
+            .unwrap_or(6);
         Self {
             unit,
             top,
@@ -195,6 +191,9 @@ mod tests {
 
         let axis = MemoryAxis::plan(1.0 * GIB, 5);
         assert_eq!(labels(&axis)[1], "0.25 GiB");
+
+        let axis = MemoryAxis::plan(10.0 * GIB, 5);
+        assert_eq!(labels(&axis)[..3], ["0", "2.5 GiB", "5.0 GiB"]);
     }
 
     #[test]
@@ -207,6 +206,7 @@ mod tests {
         #[allow(clippy::cast_precision_loss)]
         let axis = MemoryAxis::plan(u64::MAX as f64, 5);
         assert_eq!(axis.unit.name, "EiB");
+        assert_eq!(labels(&axis), ["0", "5 EiB", "10 EiB", "15 EiB"]);
         assert!(axis.value(u64::MAX) <= axis.top());
         assert!((2..=6).contains(&axis.ticks().count()));
     }
