@@ -694,6 +694,44 @@ mod tests {
     }
 
     #[test]
+    fn every_family_is_documented() {
+        let docs = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/metrics.md"
+        ))
+        .expect("docs/metrics.md");
+        for family in FAMILIES {
+            let name = family.sample_name();
+            assert!(
+                docs.contains(&format!("| `{name}` |")),
+                "{name} is missing from the tables in docs/metrics.md"
+            );
+        }
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        for family in FAMILIES {
+            let name = family.sample_name();
+            assert!(name.starts_with("vramctl_"), "{name}");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{name}"
+            );
+            match family.kind {
+                Kind::Counter => assert!(name.ends_with("_total"), "{name}"),
+                Kind::Info => assert!(name.ends_with("_info"), "{name}"),
+                Kind::Gauge => assert!(!name.ends_with("_total"), "{name}"),
+            }
+            // Units in names: base units only.
+            for wrong in ["_mib", "_kb", "_milliwatts", "_percent", "_ms"] {
+                assert!(!name.contains(wrong), "{name}");
+            }
+        }
+    }
+
+    #[test]
     fn accept_header_picks_the_format() {
         let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
                           version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";

@@ -588,6 +588,68 @@ fn alert_rules_pass_promtool() {
     );
 }
 
+/// Every `vramctl_…` name the deploy files use is a documented metric, and every
+/// dashboard query is valid PromQL (checked by promtool as recording rules).
+#[test]
+fn dashboard_and_rules_use_documented_metrics() {
+    let docs = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md"),
+    )
+    .expect("docs");
+    let dashboard_text =
+        std::fs::read_to_string(deploy("grafana/vramctl-dashboard.json")).expect("dashboard");
+    let rules_text =
+        std::fs::read_to_string(deploy("prometheus/vramctl-alerts.yml")).expect("rules");
+    for text in [&dashboard_text, &rules_text] {
+        for (start, _) in text.match_indices("vramctl_") {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                docs.contains(&format!("`{name}`")),
+                "{name} is used in deploy/ but not documented in docs/metrics.md"
+            );
+        }
+    }
+    let Some(promtool) = prometheus_tool("promtool") else {
+        return;
+    };
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard_text).expect("json");
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    let mut count = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .expect("expr")
+                .replace("$instance", ".*")
+                .replace("$gpu", ".*")
+                .replace("$topk", "10");
+            rules.push_str(&format!(
+                "      - record: dashboard:query{count}\n        expr: {}\n",
+                serde_json::Value::String(expr)
+            ));
+            count += 1;
+        }
+    }
+    assert!(count > 15, "{count} queries");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dashboard-rules.yml");
+    std::fs::write(&path, rules).expect("write");
+    let check = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&path)
+        .output()
+        .expect("promtool");
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
 // --- end to end: a real Prometheus ------------------------------------------------------
 
 /// The shipped rules with every range and `for:` shortened, so they fire within seconds
