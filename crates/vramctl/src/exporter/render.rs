@@ -358,7 +358,7 @@ fn render_devices(
             f.row(&d.labels(), *dropped as u64);
         }
     });
-    render_mig(out, &devices);
+    render_mig(out, devices);
     let empty = ProcessLabels::default();
     let rows: Vec<ProcessRow<'_>> = exported
         .iter()
