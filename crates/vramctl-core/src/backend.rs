@@ -38,6 +38,8 @@ pub enum InitError {
         reason: String,
         /// What the user can do about it.
         hint: &'static str,
+        /// A short, fixed name of the failure (see [`InitError::code`]).
+        code: &'static str,
     },
 }
 
@@ -50,6 +52,16 @@ impl InitError {
                  VRAMCTL_NVML_LIB at the library"
             }
             Self::InitFailed { hint, .. } => hint,
+        }
+    }
+
+    /// A short, fixed name for the failure, from a small set, fit for a metric label:
+    /// `library_not_loaded`, `not_nvml`, `driver_not_loaded`, `version_mismatch`,
+    /// `no_permission`, `library_not_found`, `other`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::LibraryNotLoaded { .. } => "library_not_loaded",
+            Self::InitFailed { code, .. } => code,
         }
     }
 }

@@ -99,6 +99,68 @@ impl ProcReader {
     }
 }
 
+/// The container id and Kubernetes pod UID of `pid`, from `/proc/PID/cgroup`.
+///
+/// `(None, None)` for a process outside any container, or one not visible here. The
+/// container id is the 64-hex-digit id runtimes put in the cgroup path (Docker,
+/// containerd, CRI-O); the pod UID is the one in a kubepods cgroup, with systemd's `_`
+/// turned back into `-` (join it with kube-state-metrics' `kube_pod_info{uid}` for a name).
+// (serve, issue 7; `procs` and `store` add cgroup parsing too: the lead dedupes at merge.)
+pub fn cgroup_container_and_pod(pid: u32) -> (Option<String>, Option<String>) {
+    match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+        Ok(text) => parse_cgroup_container_and_pod(&text),
+        Err(_) => (None, None),
+    }
+}
+
+/// [`cgroup_container_and_pod`] on the text of a `/proc/PID/cgroup` file.
+pub fn parse_cgroup_container_and_pod(text: &str) -> (Option<String>, Option<String>) {
+    let mut container = None;
+    let mut pod = None;
+    for line in text.lines() {
+        // `hierarchy-id:controllers:path`; the path may itself contain ':'.
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        for part in path.split('/') {
+            if pod.is_none() {
+                pod = pod_uid(part);
+            }
+            if container.is_none() {
+                container = container_id(part);
+            }
+        }
+        if container.is_some() && pod.is_some() {
+            break;
+        }
+    }
+    (container, pod)
+}
+
+/// `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid with _>.slice` (systemd).
+fn pod_uid(part: &str) -> Option<String> {
+    let start = part.rfind("pod")? + 3;
+    let rest = part[start..].trim_end_matches(".slice");
+    let uid: String = rest
+        .chars()
+        .map(|c| if c == '_' { '-' } else { c })
+        .collect();
+    let is_uuid = uid.len() == 36
+        && uid.chars().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    is_uuid.then_some(uid)
+}
+
+/// The last run of exactly 64 hex digits in a path component
+/// (`docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`, `<id>`).
+fn container_id(part: &str) -> Option<String> {
+    let part = part.trim_end_matches(".scope");
+    let id = part.rsplit(['-', ':']).next()?;
+    (id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit())).then(|| id.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +186,56 @@ mod tests {
         let mut reader = ProcReader::new();
         assert_eq!(reader.details(u32::MAX), None);
         assert_eq!(reader.details(0), None);
+    }
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::*;
+
+    const ID: &str = "3f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+
+    #[test]
+    fn kubernetes_systemd_driver() {
+        let text = format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/\
+             kubepods-burstable-pod1f2e3d4c_5b6a_7980_a1b2_c3d4e5f60718.slice/\
+             cri-containerd-{ID}.scope\n"
+        );
+        assert_eq!(
+            parse_cgroup_container_and_pod(&text),
+            (
+                Some(ID.to_owned()),
+                Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718".to_owned())
+            )
+        );
+    }
+
+    #[test]
+    fn kubernetes_cgroupfs_driver_v1() {
+        let text = format!(
+            "12:memory:/kubepods/besteffort/pod1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718/{ID}\n\
+             1:name=systemd:/kubepods/besteffort/pod1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718/{ID}\n"
+        );
+        let (container, pod) = parse_cgroup_container_and_pod(&text);
+        assert_eq!(container.as_deref(), Some(ID));
+        assert_eq!(pod.as_deref(), Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718"));
+    }
+
+    #[test]
+    fn docker_without_kubernetes() {
+        let text = format!("0::/system.slice/docker-{ID}.scope\n");
+        assert_eq!(
+            parse_cgroup_container_and_pod(&text),
+            (Some(ID.to_owned()), None)
+        );
+    }
+
+    #[test]
+    fn host_process_has_neither() {
+        let text = "0::/user.slice/user-1000.slice/session-3.scope\n";
+        assert_eq!(parse_cgroup_container_and_pod(text), (None, None));
+        assert_eq!(parse_cgroup_container_and_pod(""), (None, None));
+        assert_eq!(cgroup_container_and_pod(u32::MAX), (None, None));
     }
 }

@@ -67,6 +67,16 @@ impl<B: Backend> Sampler<B> {
         &self.driver
     }
 
+    /// Asks the driver for the CUDA driver version and adds it to [`driver`](Self::driver)
+    /// for the snapshots that follow (slow: NVML loads the CUDA library to answer).
+    pub fn read_cuda_driver_version(&mut self) {
+        let cuda_driver_version = self.backend.cuda_driver_version();
+        self.driver = Arc::new(DriverInfo {
+            cuda_driver_version,
+            ..(*self.driver).clone()
+        });
+    }
+
     /// The backend, for calls the sampler does not make itself.
     pub fn backend_mut(&mut self) -> &mut B {
         &mut self.backend

@@ -69,6 +69,12 @@ pub struct DriverInfo {
     pub driver_version: Option<String>,
     /// NVML library version, e.g. `13.580.159.04`.
     pub nvml_version: Option<String>,
+    /// CUDA driver API version as `major.minor`, e.g. `13.0`. Only read on request
+    /// ([`Sampler::read_cuda_driver_version`](crate::Sampler::read_cuda_driver_version)):
+    /// NVML answers it by loading the CUDA driver library, which is slow. Left out of JSON
+    /// when it was not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver_version: Option<String>,
 }
 
 /// Static facts about a device, read once per session.

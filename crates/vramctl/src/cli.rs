@@ -57,6 +57,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Hardware diagnostics per device (memory bus and bandwidth, PCIe, ECC, versions)
     Info(InfoArgs),
+    /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +89,45 @@ pub struct InfoArgs {
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
     pub gpu: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (use 0.0.0.0:9835 to be scraped from other hosts)
+    #[arg(
+        long,
+        visible_alias = "web.listen-address",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:9835"
+    )]
+    pub listen: String,
+
+    /// Seconds between samples of the GPUs (a scrape serves the latest sample)
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub interval: f64,
+
+    /// Per-process series per GPU, biggest holders first; the rest are counted in
+    /// vramctl_device_process_series_dropped
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub max_process_series: usize,
+
+    /// Where process labels come from: proc (user, command, container, pod), nvml (the
+    /// driver's process name only), none (PID only)
+    #[arg(long, value_enum, value_name = "SOURCE", default_value_t = crate::exporter::metadata::DetailsSource::Proc)]
+    pub process_details: crate::exporter::metadata::DetailsSource,
+
+    /// Seconds over which vramctl_device_memory_used_max_bytes keeps the peak (at least
+    /// the scrape interval, so no spike falls between scrapes)
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub peak_window: f64,
+
+    /// TLS and basic auth settings, in Prometheus exporter-toolkit's web config format
+    #[arg(long = "web.config.file", value_name = "PATH")]
+    pub web_config_file: Option<PathBuf>,
+
+    /// Requests served at once; more get 503
+    #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
+    pub max_requests: usize,
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! choosing devices.
 
 pub mod info;
+pub mod serve;
 pub mod status;
 
 use anyhow::{Context, bail};
@@ -16,6 +17,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
     match &cli.command {
         Command::Status(args) => status::run(&cli.global, args),
         Command::Info(args) => info::run(&cli.global, args),
+        Command::Serve(args) => serve::run(&cli.global, args),
     }
 }
 

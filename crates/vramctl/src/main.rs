@@ -6,6 +6,7 @@
 mod cli;
 mod cmd;
 mod exit;
+mod exporter;
 mod output;
 
 use std::process::ExitCode;

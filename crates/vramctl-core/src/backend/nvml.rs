@@ -83,11 +83,13 @@ impl NvmlBackend {
                 path: path.clone(),
                 reason: strip_path(&symbol, &path),
                 hint: "this is not an NVML library; point --nvml-lib at libnvidia-ml.so.1",
+                code: "not_nvml",
             },
             other => InitError::InitFailed {
                 path: path.clone(),
                 reason: describe(&other),
                 hint: init_hint(&other),
+                code: init_code(&other),
             },
         })?;
         Ok(Self {
@@ -166,6 +168,8 @@ impl Backend for NvmlBackend {
             })
             .ok(),
             nvml_version: timed("nvmlSystemGetNVMLVersion", || self.nvml.sys_nvml_version()).ok(),
+            // Slow to read (NVML loads libcuda); see `cuda_driver_version`.
+            cuda_driver_version: None,
         }
     }
 
@@ -532,6 +536,16 @@ fn describe(err: &NvmlError) -> String {
 fn strip_path(message: &str, path: &Path) -> String {
     let prefix = format!("{}: ", path.display());
     message.strip_prefix(&prefix).unwrap_or(message).to_owned()
+}
+
+fn init_code(err: &NvmlError) -> &'static str {
+    match err {
+        NvmlError::DriverNotLoaded => "driver_not_loaded",
+        NvmlError::LibRmVersionMismatch => "version_mismatch",
+        NvmlError::NoPermission => "no_permission",
+        NvmlError::LibraryNotFound => "library_not_found",
+        _ => "other",
+    }
 }
 
 fn init_hint(err: &NvmlError) -> &'static str {

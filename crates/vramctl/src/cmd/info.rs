@@ -9,7 +9,6 @@ use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::Backend;
 use vramctl_core::types::{DeviceDiagnostics, DriverInfo, MigInstanceInfo, Unavailable};
 
 use super::{GpuFilter, open_sampler};
@@ -25,8 +24,6 @@ pub const SCHEMA: u32 = 1;
 struct InfoReport {
     schema: u32,
     driver: DriverInfo,
-    /// CUDA driver API version, `major.minor`.
-    cuda_driver_version: Option<String>,
     devices: Vec<DeviceInfoReport>,
     unopened: Vec<UnopenedInfo>,
 }
@@ -59,8 +56,8 @@ struct DeviceInfoReport {
 pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let mut sampler = open_sampler(global)?;
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    sampler.read_cuda_driver_version();
     let driver = (**sampler.driver()).clone();
-    let cuda_driver_version = sampler.backend_mut().cuda_driver_version();
     let unopened = sampler.tick().unopened;
     let devices = sampler
         .diagnostics()
@@ -97,7 +94,6 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let report = InfoReport {
         schema: SCHEMA,
         driver,
-        cuda_driver_version,
         devices,
         unopened: unopened
             .iter()
@@ -410,7 +406,7 @@ fn render(report: &InfoReport, styles: &Styles) -> Vec<String> {
         "Driver {} · NVML {} · CUDA driver {}",
         v(&report.driver.driver_version),
         v(&report.driver.nvml_version),
-        v(&report.cuda_driver_version)
+        v(&report.driver.cuda_driver_version)
     ));
     lines
 }

@@ -22,7 +22,7 @@ fn h200_facts_and_derived_bandwidth() {
     );
     assert_eq!(gpu["ecc_enabled"], true);
     assert_eq!(gpu["mig_current"], false);
-    assert_eq!(report["cuda_driver_version"], "13.0");
+    assert_eq!(report["driver"]["cuda_driver_version"], "13.0");
     insta::with_settings!({prepend_module_to_snapshot => false}, {
         insta::assert_json_snapshot!("info_h200_json", report);
     });

@@ -3,5 +3,6 @@
 
 mod harness;
 mod info;
+mod serve;
 mod status;
 mod usage;

@@ -1,0 +1,96 @@
+//! `vramctl serve`: the Prometheus exporter daemon (see `exporter` for its shape).
+//!
+//! Starts the sampler thread, waits for its first collection, then serves HTTP(S) until
+//! SIGTERM or SIGINT. NVML failing to start is not an error here: the exporter serves
+//! `vramctl_nvml_up 0` and keeps retrying. Bad flags, an unreadable web config or an
+//! address in use are errors (exit 2) before anything is served.
+
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::cli::{GlobalArgs, ServeArgs};
+use crate::exit::Exit;
+use crate::exporter::cache::Cache;
+use crate::exporter::daemon::{Collector, CollectorConfig};
+use crate::exporter::render::RenderOptions;
+use crate::exporter::server::{self, ServerSettings};
+use crate::exporter::webconfig::WebConfig;
+
+/// Runs `serve` until a termination signal.
+pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
+    let interval = seconds("--interval", args.interval, 0.05)?;
+    let peak_window = seconds("--peak-window", args.peak_window, 0.0)?;
+    if peak_window < interval {
+        bail!(
+            "--peak-window '{}' is shorter than --interval '{}'; make it at least the \
+             scrape interval",
+            args.peak_window,
+            args.interval
+        );
+    }
+    if args.max_requests == 0 {
+        bail!("--web.max-requests '0' would refuse every request; use 1 or more");
+    }
+    let web = match &args.web_config_file {
+        Some(path) => WebConfig::load(path)?,
+        None => WebConfig::plain(),
+    };
+    if web.auth.is_some() && web.tls.is_none() {
+        tracing::warn!("Basic auth without TLS sends passwords in the clear.");
+    }
+    let listener = std::net::TcpListener::bind(args.listen.as_str()).with_context(|| {
+        format!(
+            "cannot listen on '{}'; choose another address with --listen",
+            args.listen
+        )
+    })?;
+    let address = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+
+    let cache = Arc::new(Cache::new());
+    let collector = Collector::new(
+        CollectorConfig {
+            library: global.nvml_lib.clone(),
+            interval,
+            peak_window,
+            details: args.process_details,
+            render: RenderOptions {
+                max_process_series: args.max_process_series,
+            },
+        },
+        Arc::clone(&cache),
+    );
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+    let sampler = collector
+        .spawn(stop_rx, Some(ready_tx))
+        .context("cannot start the sampler thread")?;
+    // Serve only once there is something to serve; tests and scripts read this line.
+    let _ = ready_rx.recv();
+    let scheme = if web.tls.is_some() { "https" } else { "http" };
+    eprintln!("vramctl: serving {scheme}://{address}/metrics");
+
+    let settings = ServerSettings {
+        web,
+        max_requests: args.max_requests,
+        stale_after: (interval * 5).max(Duration::from_secs(10)),
+    };
+    let served = server::serve(listener, cache, settings, server::termination());
+    let _ = stop_tx.send(());
+    if sampler.join().is_err() {
+        tracing::error!("The sampler thread panicked.");
+    }
+    served.context("the HTTP server failed")?;
+    Ok(Exit::Ok)
+}
+
+fn seconds(flag: &str, value: f64, min: f64) -> anyhow::Result<Duration> {
+    if value.is_finite() && value >= min && value <= 86_400.0 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        bail!("{flag} '{value}' is not a number of seconds between {min} and 86400")
+    }
+}

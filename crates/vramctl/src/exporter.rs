@@ -1,0 +1,32 @@
+//! The Prometheus exporter behind `vramctl serve`.
+//!
+//! ```text
+//!  sampler thread (std)                         HTTP thread (tokio, current-thread)
+//!  ┌──────────────────────────────┐            ┌─────────────────────────────────┐
+//!  │ NvmlSource::sample           │            │ accept ─▶ TLS? ─▶ hyper http1    │
+//!  │   (init with backoff, tick)  │            │   /metrics: auth, then the       │
+//!  │ MetadataCache (/proc)        │  publish   │   cached bytes + the sample age  │
+//!  │ Stats (errors, peaks)        │ ─────────▶ │   /healthz: sampler heartbeat    │
+//!  │ render() × 2 formats         │   Cache    │ never calls NVML                 │
+//!  └──────────────────────────────┘            └─────────────────────────────────┘
+//! ```
+//!
+//! Why this shape: a scrape must never wait on the driver (a hung NVML call would hang
+//! Prometheus' scrape too), so the sampler runs on its own interval and renders the
+//! exposition text once per tick; a scrape copies cached bytes and appends one dynamic
+//! line, the age of that sample, so a stuck sampler is visible. The async runtime stays in
+//! this module (`server`); the rest of vramctl is threads and channels.
+//!
+//! Consumers of a tick (see [`daemon`]): the metrics cache now; the history recorder
+//! (`serve --record`) and the leak/idle tracker plug into the same loop once the store and
+//! analysis layers land.
+
+pub mod auth;
+pub mod cache;
+pub mod daemon;
+pub mod metadata;
+pub mod render;
+pub mod server;
+pub mod source;
+pub mod stats;
+pub mod webconfig;

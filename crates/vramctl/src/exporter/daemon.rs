@@ -1,0 +1,235 @@
+//! The sampler thread: one collection per `--interval`, whatever NVML does.
+//!
+//! Each tick, in order:
+//! 1. [`NvmlSource::sample`]: a snapshot, or none while NVML is down (init retried with
+//!    backoff);
+//! 2. [`Stats::observe`]: error counters and the used-memory peak window;
+//! 3. [`MetadataCache::update`]: user, command, container and pod labels from /proc;
+//! 4. the [`TickConsumer`]s, in the order added: the history recorder (`serve --record`)
+//!    and the leak/idle tracker plug in here. A tracker's verdicts go into
+//!    [`Collector::verdicts_mut`] before rendering;
+//! 5. [`render`] in both formats, published to the [`Cache`] that scrapes read.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use vramctl_core::types::Snapshot;
+
+use super::cache::{Cache, Published};
+use super::metadata::{DetailsSource, MetadataCache, ProcessMetadata};
+use super::render::{Format, ProcessVerdicts, RenderOptions, render};
+use super::source::NvmlSource;
+use super::stats::Stats;
+
+/// Something that receives every snapshot on the sampler thread, after the process labels
+/// are known and before the metrics are rendered. Must not block: hand slow work (a
+/// database write) to a thread of its own.
+pub trait TickConsumer: Send {
+    /// Called once per tick in which NVML answered.
+    fn on_snapshot(
+        &mut self,
+        snapshot: &Arc<Snapshot>,
+        metadata: &ProcessMetadata,
+        verdicts: &mut ProcessVerdicts,
+    );
+}
+
+/// How the sampler thread collects.
+#[derive(Debug, Clone)]
+pub struct CollectorConfig {
+    /// `--nvml-lib`.
+    pub library: Option<std::path::PathBuf>,
+    /// `--interval`.
+    pub interval: Duration,
+    /// `--peak-window`.
+    pub peak_window: Duration,
+    /// `--process-details`.
+    pub details: DetailsSource,
+    /// `--max-process-series`.
+    pub render: RenderOptions,
+}
+
+/// Everything the sampler thread owns.
+pub struct Collector {
+    config: CollectorConfig,
+    source: NvmlSource,
+    metadata: MetadataCache,
+    stats: Stats,
+    verdicts: ProcessVerdicts,
+    consumers: Vec<Box<dyn TickConsumer>>,
+    cache: Arc<Cache>,
+}
+
+impl std::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector")
+            .field("config", &self.config)
+            .field("source", &self.source)
+            .field("consumers", &self.consumers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Collector {
+    /// A collector publishing into `cache`. NVML is opened on the first tick.
+    pub fn new(config: CollectorConfig, cache: Arc<Cache>) -> Self {
+        Self {
+            source: NvmlSource::new(config.library.clone(), config.interval),
+            metadata: MetadataCache::new(config.details),
+            stats: Stats::new(config.peak_window),
+            verdicts: ProcessVerdicts::new(),
+            consumers: Vec::new(),
+            cache,
+            config,
+        }
+    }
+
+    /// Adds a consumer of every snapshot (the recorder, the leak/idle tracker).
+    #[allow(
+        dead_code,
+        reason = "the plug-in point of `serve --record` and the leak/idle tracker"
+    )]
+    pub fn add_consumer(&mut self, consumer: Box<dyn TickConsumer>) {
+        self.consumers.push(consumer);
+    }
+
+    /// One tick: sample, enrich, hand to the consumers, render, publish.
+    pub fn collect_once(&mut self, now: Instant) {
+        let started = Instant::now();
+        let snapshot = self.source.sample(now, &mut self.stats).map(Arc::new);
+        let empty = ProcessMetadata::default();
+        let metadata = match &snapshot {
+            Some(snapshot) => {
+                self.stats.observe(snapshot);
+                let source = &mut self.source;
+                self.metadata
+                    .update(snapshot, &mut |pid| source.process_name(pid))
+            }
+            None => &empty,
+        };
+        if let Some(snapshot) = &snapshot {
+            for consumer in &mut self.consumers {
+                consumer.on_snapshot(snapshot, metadata, &mut self.verdicts);
+            }
+        }
+        self.stats.samples_total += 1;
+        self.stats.sample_duration = started.elapsed();
+        let render_one = |format| {
+            Bytes::from(render(
+                snapshot.as_deref(),
+                metadata,
+                &self.verdicts,
+                &self.stats,
+                &self.config.render,
+                format,
+            ))
+        };
+        let published = Published {
+            prometheus: render_one(Format::Prometheus),
+            openmetrics: render_one(Format::OpenMetrics),
+            at: Instant::now(),
+        };
+        self.cache.publish(published);
+    }
+
+    /// Collects every `interval` until `stop` receives a message or its sender is dropped;
+    /// `ready` hears once the first collection is published.
+    pub fn run(mut self, stop: &Receiver<()>, mut ready: Option<SyncSender<()>>) {
+        let interval = self.config.interval;
+        let mut next = Instant::now();
+        loop {
+            self.collect_once(Instant::now());
+            if let Some(ready) = ready.take() {
+                let _ = ready.send(());
+            }
+            next += interval;
+            let now = Instant::now();
+            if next < now {
+                // A tick slower than the interval (a slow driver): skip, do not catch up.
+                next = now + interval;
+            }
+            match stop.recv_timeout(next - now) {
+                Err(RecvTimeoutError::Timeout) => {}
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Runs [`Collector::run`] on a thread of its own.
+    ///
+    /// # Errors
+    /// When the thread cannot be started.
+    pub fn spawn(
+        self,
+        stop: Receiver<()>,
+        ready: Option<SyncSender<()>>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("vramctl-sampler".into())
+            .spawn(move || self.run(&stop, ready))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    struct Forward(mpsc::Sender<usize>);
+
+    impl TickConsumer for Forward {
+        fn on_snapshot(
+            &mut self,
+            snapshot: &Arc<Snapshot>,
+            _: &ProcessMetadata,
+            _: &mut ProcessVerdicts,
+        ) {
+            let _ = self.0.send(snapshot.devices.len());
+        }
+    }
+
+    fn config() -> CollectorConfig {
+        CollectorConfig {
+            library: Some("/nonexistent/libnvidia-ml.so.1".into()),
+            interval: Duration::from_secs(1),
+            peak_window: Duration::from_secs(60),
+            details: DetailsSource::None,
+            render: RenderOptions {
+                max_process_series: 20,
+            },
+        }
+    }
+
+    #[test]
+    fn nvml_down_still_publishes_and_skips_consumers() {
+        let cache = Arc::new(Cache::new());
+        let mut collector = Collector::new(config(), Arc::clone(&cache));
+        let (tx, rx) = mpsc::channel();
+        collector.add_consumer(Box::new(Forward(tx)));
+        assert!(cache.latest().is_none());
+        collector.collect_once(Instant::now());
+        let published = cache.latest().expect("published");
+        let text = String::from_utf8(published.prometheus.to_vec()).expect("utf-8");
+        assert!(text.contains("vramctl_nvml_up 0\n"), "{text}");
+        assert!(text.contains("vramctl_samples_total 1\n"));
+        assert!(rx.try_recv().is_err(), "no snapshot, no consumer call");
+    }
+
+    #[test]
+    fn run_stops_when_told() {
+        let cache = Arc::new(Cache::new());
+        let (stop_tx, stop_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let handle = Collector::new(config(), Arc::clone(&cache))
+            .spawn(stop_rx, Some(ready_tx))
+            .expect("thread");
+        ready_rx.recv().expect("the first tick is announced");
+        stop_tx.send(()).expect("send");
+        handle.join().expect("joined");
+        assert!(cache.latest().is_some(), "the first tick happens at once");
+    }
+}

@@ -1,0 +1,894 @@
+//! The exposition text: a pure function of one snapshot and what the sampler thread knows
+//! about it. No clock, no I/O; rendered once per tick and served from the cache.
+//!
+//! Two formats from the same rows: Prometheus text 0.0.4 (the default) and OpenMetrics
+//! 1.0.0 (when the scrape's `Accept` asks for it, as Prometheus does). They differ in the
+//! `# TYPE` name of counters and info metrics and in the final `# EOF`, which the server
+//! appends after the one dynamic line (see [`render_tail`]).
+//!
+//! Every family is listed in [`FAMILIES`] and documented in `docs/metrics.md` (a test
+//! checks that). A family without samples is left out entirely.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use vramctl_core::types::{DeviceInfo, DeviceState, ProcessUsage, Snapshot};
+
+use super::metadata::{ProcessLabels, ProcessMetadata};
+use super::stats::{ERROR_KINDS, Stats};
+
+/// Exposition format of a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `text/plain; version=0.0.4`.
+    Prometheus,
+    /// `application/openmetrics-text; version=1.0.0`.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The `Content-Type` of a response in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Self::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// OpenMetrics when the `Accept` header lists it with a non-zero quality, as
+    /// Prometheus' scrapes do; the Prometheus text format otherwise.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        let Some(accept) = accept else {
+            return Self::Prometheus;
+        };
+        let wants_openmetrics = accept.split(',').any(|range| {
+            let mut params = range.split(';').map(str::trim);
+            let media = params.next().unwrap_or_default();
+            media.eq_ignore_ascii_case("application/openmetrics-text")
+                && params.all(|p| {
+                    p.strip_prefix("q=")
+                        .is_none_or(|q| q.parse::<f32>().is_ok_and(|q| q > 0.0))
+                })
+        });
+        if wants_openmetrics {
+            Self::OpenMetrics
+        } else {
+            Self::Prometheus
+        }
+    }
+}
+
+/// Prometheus metric type of a family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A value that goes up and down.
+    Gauge,
+    /// A count that only rises; samples are named `<name>_total`.
+    Counter,
+    /// A constant 1 carrying labels; samples are named `<name>_info`.
+    Info,
+}
+
+/// One metric family.
+#[derive(Debug)]
+pub struct Family {
+    /// Name without the `_total` / `_info` sample suffix.
+    pub name: &'static str,
+    /// Type.
+    pub kind: Kind,
+    /// The `# HELP` text.
+    pub help: &'static str,
+}
+
+impl Family {
+    /// The name samples carry.
+    pub fn sample_name(&self) -> String {
+        match self.kind {
+            Kind::Gauge => self.name.to_owned(),
+            Kind::Counter => format!("{}_total", self.name),
+            Kind::Info => format!("{}_info", self.name),
+        }
+    }
+}
+
+macro_rules! families {
+    ($($ident:ident = $name:literal, $kind:ident, $help:literal;)*) => {
+        $(
+            #[doc = $help]
+            pub const $ident: Family = Family { name: $name, kind: Kind::$kind, help: $help };
+        )*
+        /// Every family the exporter can emit, in output order.
+        #[cfg(test)]
+        pub const FAMILIES: &[&Family] = &[$(&$ident),*];
+    };
+}
+
+families! {
+    BUILD = "vramctl_build", Info, "vramctl's version.";
+    NVML_UP = "vramctl_nvml_up", Gauge, "1 when NVML is initialised, 0 while it is not (init is retried with backoff).";
+    NVML_INIT_FAILURES = "vramctl_nvml_init_failures", Counter, "Failed NVML init attempts, by reason.";
+    SAMPLES = "vramctl_samples", Counter, "Collections the sampler has made (one per --interval).";
+    SAMPLE_DURATION = "vramctl_sample_duration_seconds", Gauge, "Time the last collection took (NVML and /proc); a scrape only copies its rendered result.";
+    LAST_SAMPLE_TIMESTAMP = "vramctl_last_sample_timestamp_seconds", Gauge, "Unix time of the last GPU snapshot.";
+    COLLECTION_ERRORS = "vramctl_collection_errors", Counter, "Errors while reading a device, by kind (gpu_lost, device_error, no_permission, nvml_error, insane_value).";
+    DRIVER = "vramctl_driver", Info, "Driver, NVML and CUDA driver versions.";
+    DEVICE = "vramctl_device", Info, "Static facts about a GPU.";
+    DEVICE_UP = "vramctl_device_up", Gauge, "1 when the GPU answered this collection, 0 when it is lost or failed.";
+    MEMORY_TOTAL = "vramctl_device_memory_total_bytes", Gauge, "Installed GPU memory.";
+    MEMORY_USED = "vramctl_device_memory_used_bytes", Gauge, "GPU memory in use (NVML v2 used, nvidia-smi's Used).";
+    MEMORY_RESERVED = "vramctl_device_memory_reserved_bytes", Gauge, "GPU memory reserved by the driver and firmware.";
+    MEMORY_FREE = "vramctl_device_memory_free_bytes", Gauge, "GPU memory neither used nor reserved.";
+    MEMORY_USED_MAX = "vramctl_device_memory_used_max_bytes", Gauge, "Highest used GPU memory seen by the sampler over the peak window (--peak-window), so spikes between scrapes show.";
+    MEMORY_UNACCOUNTED = "vramctl_device_memory_unaccounted_bytes", Gauge, "Used GPU memory that no listed process accounts for.";
+    UTILIZATION = "vramctl_device_utilization_ratio", Gauge, "Fraction of the driver's sample period in which a kernel ran (0 to 1).";
+    MEMORY_UTILIZATION = "vramctl_device_memory_utilization_ratio", Gauge, "Fraction of the driver's sample period in which device memory was read or written (0 to 1).";
+    TEMPERATURE = "vramctl_device_temperature_celsius", Gauge, "GPU core temperature.";
+    POWER = "vramctl_device_power_watts", Gauge, "Power draw of the board.";
+    PROCESSES = "vramctl_device_processes", Gauge, "Processes holding memory on the GPU.";
+    PROCESS_SERIES_DROPPED = "vramctl_device_process_series_dropped", Gauge, "Processes with memory on the GPU left out of the per-process series by --max-process-series (the smallest holders).";
+    MIG_MEMORY_TOTAL = "vramctl_mig_memory_total_bytes", Gauge, "Memory of a MIG device.";
+    MIG_MEMORY_USED = "vramctl_mig_memory_used_bytes", Gauge, "Memory in use on a MIG device.";
+    MIG_MEMORY_FREE = "vramctl_mig_memory_free_bytes", Gauge, "Free memory of a MIG device.";
+    PROCESS_MEMORY = "vramctl_process_memory_used_bytes", Gauge, "GPU memory a process holds, as the driver attributes it (top --max-process-series per GPU).";
+    PROCESS_LEAK = "vramctl_process_leak", Gauge, "1 when the leak analysis judges the process's memory to be leaking, else 0.";
+    PROCESS_LEAK_SLOPE = "vramctl_process_leak_slope_bytes_per_second", Gauge, "Growth of the process's memory that the leak analysis measured.";
+    PROCESS_IDLE = "vramctl_process_idle_seconds", Gauge, "How long the process has held memory without using the GPU, per the idle analysis.";
+    LAST_SAMPLE_AGE = "vramctl_last_sample_age_seconds", Gauge, "Seconds since the sampler last published, at the time of this scrape.";
+}
+
+/// What the leak and idle analysis says about one process. Filled by the analysis tracker
+/// (not wired yet: the map stays empty and these families stay out of the output).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcessVerdict {
+    /// Whether the process is leaking; `None` when the analysis has no verdict yet.
+    pub leaking: Option<bool>,
+    /// The growth the analysis measured, bytes per second.
+    pub leak_slope_bytes_per_second: Option<f64>,
+    /// How long the process has held memory while idle.
+    pub idle_seconds: Option<f64>,
+}
+
+/// Verdicts by (GPU UUID, PID).
+pub type ProcessVerdicts = HashMap<(String, u32), ProcessVerdict>;
+
+/// Settings of the rendering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Per-process series per GPU, biggest holders first.
+    pub max_process_series: usize,
+}
+
+/// The exposition text of one collection, without the dynamic tail.
+///
+/// `snapshot` is `None` while NVML is down: then only the exporter's own families appear.
+pub fn render(
+    snapshot: Option<&Snapshot>,
+    metadata: &ProcessMetadata,
+    verdicts: &ProcessVerdicts,
+    stats: &Stats,
+    options: &RenderOptions,
+    format: Format,
+) -> String {
+    let mut out = Out {
+        text: String::with_capacity(4096),
+        format,
+    };
+    out.family(&BUILD, |f| {
+        f.row(&[("version", env!("CARGO_PKG_VERSION"))], 1u64)
+    });
+    out.family(&NVML_UP, |f| f.row(&[], u64::from(stats.nvml_up)));
+    out.family(&NVML_INIT_FAILURES, |f| {
+        for (reason, n) in &stats.nvml_init_failures {
+            f.row(&[("reason", reason)], *n);
+        }
+    });
+    out.family(&SAMPLES, |f| f.row(&[], stats.samples_total));
+    out.family(&SAMPLE_DURATION, |f| {
+        f.row(&[], stats.sample_duration.as_secs_f64());
+    });
+    out.family(&LAST_SAMPLE_TIMESTAMP, |f| {
+        if let Some(ms) = stats.last_snapshot_unix_ms {
+            f.row(&[], ms as f64 / 1000.0);
+        }
+    });
+    out.family(&COLLECTION_ERRORS, |f| {
+        for ((index, uuid), counts) in &stats.errors {
+            let gpu = index.to_string();
+            for (kind, n) in ERROR_KINDS.iter().zip(counts) {
+                f.row(&[("gpu", &gpu), ("uuid", uuid), ("kind", kind)], *n);
+            }
+        }
+    });
+    if let Some(snapshot) = snapshot {
+        render_devices(&mut out, snapshot, metadata, verdicts, stats, options);
+    }
+    out.text
+}
+
+/// The part of a response computed per scrape: the age of the cached sample, and
+/// OpenMetrics' closing `# EOF`.
+pub fn render_tail(age: Duration, format: Format) -> String {
+    let mut out = Out {
+        text: String::with_capacity(160),
+        format,
+    };
+    out.family(&LAST_SAMPLE_AGE, |f| f.row(&[], age.as_secs_f64()));
+    if format == Format::OpenMetrics {
+        out.text.push_str("# EOF\n");
+    }
+    out.text
+}
+
+fn render_devices(
+    out: &mut Out,
+    snapshot: &Snapshot,
+    metadata: &ProcessMetadata,
+    verdicts: &ProcessVerdicts,
+    stats: &Stats,
+    options: &RenderOptions,
+) {
+    let driver = &snapshot.driver;
+    out.family(&DRIVER, |f| {
+        f.row(
+            &[
+                (
+                    "driver_version",
+                    driver.driver_version.as_deref().unwrap_or(""),
+                ),
+                ("nvml_version", driver.nvml_version.as_deref().unwrap_or("")),
+                (
+                    "cuda_driver_version",
+                    driver.cuda_driver_version.as_deref().unwrap_or(""),
+                ),
+            ],
+            1u64,
+        );
+    });
+    let devices: Vec<Device<'_>> = snapshot
+        .devices
+        .iter()
+        .map(|d| Device {
+            gpu: d.info.index.to_string(),
+            info: &d.info,
+            state: &d.state,
+        })
+        .collect();
+    out.family(&DEVICE, |f| {
+        for d in &devices {
+            let mig = match d.info.mig_enabled {
+                Some(true) => "enabled",
+                Some(false) => "disabled",
+                None => "",
+            };
+            f.row(
+                &[
+                    ("gpu", &d.gpu),
+                    ("uuid", &d.info.uuid),
+                    ("name", d.info.name.as_deref().unwrap_or("")),
+                    ("pci_bus_id", d.info.pci_bus_id.as_deref().unwrap_or("")),
+                    ("mig_mode", mig),
+                ],
+                1u64,
+            );
+        }
+    });
+    out.family(&DEVICE_UP, |f| {
+        for d in &devices {
+            let up = matches!(d.state, DeviceState::Ok(_));
+            f.row(&d.labels(), u64::from(up));
+        }
+        for unopened in &snapshot.unopened {
+            f.row(&[("gpu", &unopened.index.to_string()), ("uuid", "")], 0u64);
+        }
+    });
+    let devices = devices.as_slice();
+    let memory = |pick: fn(&vramctl_core::types::MemoryReading) -> u64| {
+        move |f: &mut Rows<'_>| {
+            for d in devices {
+                if let Some(m) = d.reading().and_then(|r| r.memory) {
+                    f.row(&d.labels(), pick(&m));
+                }
+            }
+        }
+    };
+    out.family(&MEMORY_TOTAL, memory(|m| m.total_bytes));
+    out.family(&MEMORY_USED, memory(|m| m.used_bytes));
+    out.family(&MEMORY_RESERVED, memory(|m| m.reserved_bytes));
+    out.family(&MEMORY_FREE, memory(|m| m.free_bytes));
+    out.family(&MEMORY_USED_MAX, |f| {
+        for d in devices {
+            if d.reading().and_then(|r| r.memory).is_some() {
+                if let Some(peak) = stats.peak_used_bytes(&d.info.uuid) {
+                    f.row(&d.labels(), peak);
+                }
+            }
+        }
+    });
+    out.family(&MEMORY_UNACCOUNTED, |f| {
+        for d in devices {
+            if let Some(bytes) = d.reading().and_then(|r| r.unaccounted_bytes()) {
+                f.row(&d.labels(), bytes);
+            }
+        }
+    });
+    let ratio = |pick: fn(&vramctl_core::types::DeviceReading) -> Option<u32>| {
+        move |f: &mut Rows<'_>| {
+            for d in devices {
+                if let Some(percent) = d.reading().and_then(pick) {
+                    f.row(&d.labels(), f64::from(percent) / 100.0);
+                }
+            }
+        }
+    };
+    out.family(&UTILIZATION, ratio(|r| r.utilization_gpu_percent));
+    out.family(&MEMORY_UTILIZATION, ratio(|r| r.utilization_memory_percent));
+    out.family(&TEMPERATURE, |f| {
+        for d in devices {
+            if let Some(c) = d.reading().and_then(|r| r.temperature_c) {
+                f.row(&d.labels(), c);
+            }
+        }
+    });
+    out.family(&POWER, |f| {
+        for d in devices {
+            if let Some(mw) = d.reading().and_then(|r| r.power_mw) {
+                f.row(&d.labels(), f64::from(mw) / 1000.0);
+            }
+        }
+    });
+    out.family(&PROCESSES, |f| {
+        for d in devices {
+            if let Some(list) = d.reading().and_then(|r| r.processes.as_ref()) {
+                f.row(&d.labels(), list.len() as u64);
+            }
+        }
+    });
+    // The processes that get series: per GPU the biggest known holders, up to the cap.
+    let exported: Vec<(&Device<'_>, Vec<&ProcessUsage>, usize)> = devices
+        .iter()
+        .filter_map(|d| {
+            let list = d.reading()?.processes.as_ref()?;
+            let (top, dropped) = top_processes(list, options.max_process_series);
+            Some((d, top, dropped))
+        })
+        .collect();
+    out.family(&PROCESS_SERIES_DROPPED, |f| {
+        for (d, _, dropped) in &exported {
+            f.row(&d.labels(), *dropped as u64);
+        }
+    });
+    render_mig(out, devices);
+    let empty = ProcessLabels::default();
+    let rows: Vec<ProcessRow<'_>> = exported
+        .iter()
+        .flat_map(|(d, top, _)| {
+            top.iter().map(|p| ProcessRow {
+                device: d,
+                process: p,
+                pid: p.pid.to_string(),
+                mig_uuid: mig_uuid_of(d.info, p),
+                labels: metadata.get(p.pid).unwrap_or(&empty),
+            })
+        })
+        .collect();
+    out.family(&PROCESS_MEMORY, |f| {
+        for row in &rows {
+            if let Some(used) = row.process.used_bytes {
+                f.row(&row.labels(), used);
+            }
+        }
+    });
+    let verdict =
+        |row: &ProcessRow<'_>| verdicts.get(&(row.device.info.uuid.clone(), row.process.pid));
+    out.family(&PROCESS_LEAK, |f| {
+        for row in &rows {
+            if let Some(leaking) = verdict(row).and_then(|v| v.leaking) {
+                f.row(&row.labels(), u64::from(leaking));
+            }
+        }
+    });
+    out.family(&PROCESS_LEAK_SLOPE, |f| {
+        for row in &rows {
+            if let Some(slope) = verdict(row).and_then(|v| v.leak_slope_bytes_per_second) {
+                f.row(&row.labels(), slope);
+            }
+        }
+    });
+    out.family(&PROCESS_IDLE, |f| {
+        for row in &rows {
+            if let Some(idle) = verdict(row).and_then(|v| v.idle_seconds) {
+                f.row(&row.labels(), idle);
+            }
+        }
+    });
+}
+
+fn render_mig(out: &mut Out, devices: &[Device<'_>]) {
+    let mig = |pick: fn(&vramctl_core::types::MemoryReading) -> u64| {
+        move |f: &mut Rows<'_>| {
+            for d in devices {
+                let Some(reading) = d.reading() else { continue };
+                for instance in &d.info.mig_instances {
+                    let Some(memory) = reading
+                        .mig
+                        .iter()
+                        .find(|m| m.uuid == instance.uuid)
+                        .and_then(|m| m.memory)
+                    else {
+                        continue;
+                    };
+                    let gi = instance
+                        .gpu_instance_id
+                        .map(|i| i.to_string())
+                        .unwrap_or_default();
+                    let ci = instance
+                        .compute_instance_id
+                        .map(|i| i.to_string())
+                        .unwrap_or_default();
+                    f.row(
+                        &[
+                            ("gpu", &d.gpu),
+                            ("uuid", &d.info.uuid),
+                            ("mig_uuid", &instance.uuid),
+                            ("gpu_instance", &gi),
+                            ("compute_instance", &ci),
+                        ],
+                        pick(&memory),
+                    );
+                }
+            }
+        }
+    };
+    out.family(&MIG_MEMORY_TOTAL, mig(|m| m.total_bytes));
+    out.family(&MIG_MEMORY_USED, mig(|m| m.used_bytes));
+    out.family(&MIG_MEMORY_FREE, mig(|m| m.free_bytes));
+}
+
+/// The `limit` biggest holders with known memory (ties by PID), and how many with known
+/// memory were left out. A process whose memory the driver does not report gets no series.
+fn top_processes(list: &[ProcessUsage], limit: usize) -> (Vec<&ProcessUsage>, usize) {
+    let mut known: Vec<&ProcessUsage> = list.iter().filter(|p| p.used_bytes.is_some()).collect();
+    known.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
+    let dropped = known.len().saturating_sub(limit);
+    known.truncate(limit);
+    (known, dropped)
+}
+
+fn mig_uuid_of<'a>(info: &'a DeviceInfo, process: &ProcessUsage) -> Option<&'a str> {
+    let gi = process.gpu_instance_id?;
+    info.mig_instances
+        .iter()
+        .find(|m| {
+            m.gpu_instance_id == Some(gi)
+                && (process.compute_instance_id.is_none()
+                    || m.compute_instance_id == process.compute_instance_id)
+        })
+        .map(|m| m.uuid.as_str())
+}
+
+struct Device<'a> {
+    gpu: String,
+    info: &'a DeviceInfo,
+    state: &'a DeviceState,
+}
+
+impl Device<'_> {
+    fn labels(&self) -> [(&str, &str); 2] {
+        [("gpu", &self.gpu), ("uuid", &self.info.uuid)]
+    }
+
+    fn reading(&self) -> Option<&vramctl_core::types::DeviceReading> {
+        match self.state {
+            DeviceState::Ok(reading) => Some(reading),
+            DeviceState::Lost { .. } | DeviceState::Error { .. } => None,
+        }
+    }
+}
+
+struct ProcessRow<'a> {
+    device: &'a Device<'a>,
+    process: &'a ProcessUsage,
+    pid: String,
+    mig_uuid: Option<&'a str>,
+    labels: &'a ProcessLabels,
+}
+
+impl ProcessRow<'_> {
+    fn labels(&self) -> Vec<(&str, &str)> {
+        let mut labels = vec![
+            ("gpu", self.device.gpu.as_str()),
+            ("uuid", &self.device.info.uuid),
+        ];
+        if let Some(mig) = self.mig_uuid {
+            labels.push(("mig_uuid", mig));
+        }
+        labels.extend([
+            ("pid", self.pid.as_str()),
+            ("command", self.labels.command.as_deref().unwrap_or("")),
+            ("user", self.labels.user.as_deref().unwrap_or("")),
+            ("container", self.labels.container.as_deref().unwrap_or("")),
+            ("pod", self.labels.pod.as_deref().unwrap_or("")),
+        ]);
+        labels
+    }
+}
+
+/// A sample value: integers print exactly, the rest as decimals.
+enum Value {
+    Int(u64),
+    Float(f64),
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Self {
+        Self::Int(v)
+    }
+}
+
+impl From<u32> for Value {
+    fn from(v: u32) -> Self {
+        Self::Int(u64::from(v))
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Self::Float(v)
+    }
+}
+
+struct Out {
+    text: String,
+    format: Format,
+}
+
+impl Out {
+    /// Writes `family`'s header before its first row; nothing when `rows` writes none.
+    fn family(&mut self, family: &'static Family, rows: impl FnOnce(&mut Rows<'_>)) {
+        let sample_name = family.sample_name();
+        let mut writer = Rows {
+            out: self,
+            family,
+            sample_name,
+            started: false,
+        };
+        rows(&mut writer);
+    }
+}
+
+struct Rows<'a> {
+    out: &'a mut Out,
+    family: &'static Family,
+    sample_name: String,
+    started: bool,
+}
+
+impl Rows<'_> {
+    fn row(&mut self, labels: &[(&str, &str)], value: impl Into<Value>) {
+        let text = &mut self.out.text;
+        if !self.started {
+            self.started = true;
+            let (type_name, type_word) = match (self.out.format, self.family.kind) {
+                (Format::Prometheus, Kind::Gauge | Kind::Info) => {
+                    (self.sample_name.as_str(), "gauge")
+                }
+                (Format::Prometheus, Kind::Counter) => (self.sample_name.as_str(), "counter"),
+                (Format::OpenMetrics, Kind::Gauge) => (self.family.name, "gauge"),
+                (Format::OpenMetrics, Kind::Counter) => (self.family.name, "counter"),
+                (Format::OpenMetrics, Kind::Info) => (self.family.name, "info"),
+            };
+            let _ = writeln!(text, "# HELP {type_name} {}", escape_help(self.family.help));
+            let _ = writeln!(text, "# TYPE {type_name} {type_word}");
+        }
+        text.push_str(&self.sample_name);
+        // An empty label is the same as an absent one to Prometheus; leaving it out keeps
+        // the text short.
+        let mut first = true;
+        for (name, value) in labels.iter().filter(|(_, v)| !v.is_empty()) {
+            text.push(if first { '{' } else { ',' });
+            first = false;
+            text.push_str(name);
+            text.push_str("=\"");
+            escape_label_into(text, value);
+            text.push('"');
+        }
+        if !first {
+            text.push('}');
+        }
+        text.push(' ');
+        match value.into() {
+            Value::Int(v) => {
+                let _ = write!(text, "{v}");
+            }
+            Value::Float(v) if v.is_finite() => {
+                let _ = write!(text, "{v}");
+            }
+            Value::Float(v) if v.is_nan() => text.push_str("NaN"),
+            Value::Float(v) => text.push_str(if v > 0.0 { "+Inf" } else { "-Inf" }),
+        }
+        text.push('\n');
+    }
+}
+
+fn escape_help(help: &str) -> String {
+    help.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn escape_label_into(text: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => text.push_str("\\\\"),
+            '"' => text.push_str("\\\""),
+            '\n' => text.push_str("\\n"),
+            c => text.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use vramctl_core::types::{
+        DeviceReading, DeviceSnapshot, DriverInfo, MemoryReading, ProcessKind,
+    };
+
+    use super::*;
+
+    fn process(pid: u32, used: Option<u64>) -> ProcessUsage {
+        ProcessUsage {
+            pid,
+            used_bytes: used,
+            kind: ProcessKind::Compute,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    fn snapshot(processes: Vec<ProcessUsage>) -> Snapshot {
+        Snapshot {
+            taken_at_unix_ms: 1_700_000_000_000,
+            driver: Arc::new(DriverInfo {
+                driver_version: Some("580.159.04".into()),
+                nvml_version: None,
+                cuda_driver_version: Some("13.0".into()),
+            }),
+            devices: vec![DeviceSnapshot {
+                info: Arc::new(DeviceInfo {
+                    index: 0,
+                    uuid: "GPU-a".into(),
+                    name: Some("NVIDIA H200".into()),
+                    pci_bus_id: None,
+                    minor_number: Some(0),
+                    mig_enabled: Some(false),
+                    mig_instances: Vec::new(),
+                }),
+                state: DeviceState::Ok(DeviceReading {
+                    memory: Some(MemoryReading {
+                        total_bytes: 1000,
+                        used_bytes: 600,
+                        reserved_bytes: 10,
+                        free_bytes: 390,
+                    }),
+                    utilization_gpu_percent: Some(45),
+                    processes: Some(processes),
+                    ..DeviceReading::default()
+                }),
+            }],
+            unopened: Vec::new(),
+        }
+    }
+
+    fn stats() -> Stats {
+        let mut stats = Stats::new(Duration::from_secs(60));
+        stats.nvml_up = true;
+        stats.samples_total = 1;
+        stats
+    }
+
+    fn options(max: usize) -> RenderOptions {
+        RenderOptions {
+            max_process_series: max,
+        }
+    }
+
+    #[test]
+    fn every_family_is_documented() {
+        let docs = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/metrics.md"
+        ))
+        .expect("docs/metrics.md");
+        for family in FAMILIES {
+            let name = family.sample_name();
+            assert!(
+                docs.contains(&format!("| `{name}` |")),
+                "{name} is missing from the tables in docs/metrics.md"
+            );
+        }
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        for family in FAMILIES {
+            let name = family.sample_name();
+            assert!(name.starts_with("vramctl_"), "{name}");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{name}"
+            );
+            match family.kind {
+                Kind::Counter => assert!(name.ends_with("_total"), "{name}"),
+                Kind::Info => assert!(name.ends_with("_info"), "{name}"),
+                Kind::Gauge => assert!(!name.ends_with("_total"), "{name}"),
+            }
+            // Units in names: base units only.
+            for wrong in ["_mib", "_kb", "_milliwatts", "_percent", "_ms"] {
+                assert!(!name.contains(wrong), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn accept_header_picks_the_format() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                          version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(Format::negotiate(Some(prometheus)), Format::OpenMetrics);
+        assert_eq!(Format::negotiate(Some("text/plain")), Format::Prometheus);
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text; q=0, text/plain")),
+            Format::Prometheus
+        );
+    }
+
+    #[test]
+    fn processes_beyond_the_cap_are_counted_not_exported() {
+        let list = vec![
+            process(10, Some(100)),
+            process(11, Some(300)),
+            process(12, Some(200)),
+            process(13, None),
+        ];
+        let text = render(
+            Some(&snapshot(list)),
+            &ProcessMetadata::default(),
+            &ProcessVerdicts::new(),
+            &stats(),
+            &options(2),
+            Format::Prometheus,
+        );
+        assert!(text.contains(
+            "vramctl_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",pid=\"11\"} 300\n"
+        ));
+        assert!(text.contains("pid=\"12\"} 200\n"));
+        assert!(!text.contains("pid=\"10\""), "{text}");
+        assert!(
+            !text.contains("pid=\"13\""),
+            "unknown memory gets no series"
+        );
+        assert!(
+            text.contains("vramctl_device_process_series_dropped{gpu=\"0\",uuid=\"GPU-a\"} 1\n")
+        );
+        assert!(text.contains("vramctl_device_processes{gpu=\"0\",uuid=\"GPU-a\"} 4\n"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut metadata = ProcessMetadata::default();
+        metadata.insert(
+            10,
+            ProcessLabels {
+                command: Some("python -c \"print('a\\b')\"\nx".into()),
+                user: Some("alice".into()),
+                container: None,
+                pod: None,
+            },
+        );
+        let text = render(
+            Some(&snapshot(vec![process(10, Some(1))])),
+            &metadata,
+            &ProcessVerdicts::new(),
+            &stats(),
+            &options(20),
+            Format::Prometheus,
+        );
+        assert!(
+            text.contains(r#"command="python -c \"print('a\\b')\"\nx",user="alice"} 1"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn openmetrics_names_counters_by_family_and_ends_in_eof() {
+        let text = render(
+            None,
+            &ProcessMetadata::default(),
+            &ProcessVerdicts::new(),
+            &stats(),
+            &options(20),
+            Format::OpenMetrics,
+        ) + &render_tail(Duration::from_millis(250), Format::OpenMetrics);
+        assert!(
+            text.contains("# TYPE vramctl_samples counter\nvramctl_samples_total 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE vramctl_build info\nvramctl_build_info{version="));
+        assert!(
+            text.ends_with("vramctl_last_sample_age_seconds 0.25\n# EOF\n"),
+            "{text}"
+        );
+        let plain = render_tail(Duration::from_secs(2), Format::Prometheus);
+        assert!(plain.contains("# TYPE vramctl_last_sample_age_seconds gauge\n"));
+        assert!(!plain.contains("EOF"));
+    }
+
+    #[test]
+    fn nvml_down_shows_only_the_exporter() {
+        let mut stats = Stats::new(Duration::from_secs(60));
+        stats.init_failed("driver_not_loaded");
+        let text = render(
+            None,
+            &ProcessMetadata::default(),
+            &ProcessVerdicts::new(),
+            &stats,
+            &options(20),
+            Format::Prometheus,
+        );
+        assert!(text.contains("vramctl_nvml_up 0\n"));
+        assert!(
+            text.contains("vramctl_nvml_init_failures_total{reason=\"driver_not_loaded\"} 1\n")
+        );
+        assert!(!text.contains("vramctl_device"));
+    }
+
+    #[test]
+    fn verdicts_appear_only_for_exported_processes_that_have_one() {
+        let list = vec![process(10, Some(100)), process(11, Some(50))];
+        let mut verdicts = ProcessVerdicts::new();
+        verdicts.insert(
+            ("GPU-a".into(), 10),
+            ProcessVerdict {
+                leaking: Some(true),
+                leak_slope_bytes_per_second: Some(1_048_576.0),
+                idle_seconds: None,
+            },
+        );
+        verdicts.insert(
+            ("GPU-a".into(), 11),
+            ProcessVerdict {
+                leaking: Some(false),
+                leak_slope_bytes_per_second: None,
+                idle_seconds: Some(120.0),
+            },
+        );
+        let text = render(
+            Some(&snapshot(list.clone())),
+            &ProcessMetadata::default(),
+            &verdicts,
+            &stats(),
+            &options(1),
+            Format::Prometheus,
+        );
+        assert!(text.contains("vramctl_process_leak{gpu=\"0\",uuid=\"GPU-a\",pid=\"10\"} 1\n"));
+        assert!(text.contains("vramctl_process_leak_slope_bytes_per_second{gpu=\"0\",uuid=\"GPU-a\",pid=\"10\"} 1048576\n"));
+        assert!(
+            !text.contains("vramctl_process_idle_seconds"),
+            "pid 11 is beyond the cap"
+        );
+        let without = render(
+            Some(&snapshot(list)),
+            &ProcessMetadata::default(),
+            &ProcessVerdicts::new(),
+            &stats(),
+            &options(20),
+            Format::Prometheus,
+        );
+        assert!(
+            !without.contains("vramctl_process_leak"),
+            "no verdicts, no family"
+        );
+    }
+}

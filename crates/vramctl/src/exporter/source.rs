@@ -1,0 +1,151 @@
+//! NVML for a daemon: a failed init is a state, not an exit.
+//!
+//! A driver upgrade without a reboot (`version_mismatch`), a module not loaded yet at boot,
+//! a container started before the toolkit mounted the library: the daemon keeps serving
+//! `vramctl_nvml_up 0` and retries with exponential backoff, from one sampling interval up
+//! to [`MAX_BACKOFF`]. It never caches a failure for good.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use vramctl_core::types::Snapshot;
+use vramctl_core::{Backend, NvmlBackend, Sampler};
+
+use super::stats::Stats;
+
+/// Longest wait between two init attempts.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// The sampler, once NVML is up.
+pub struct NvmlSource {
+    library: Option<PathBuf>,
+    sampler: Option<Sampler<NvmlBackend>>,
+    first_backoff: Duration,
+    backoff: Duration,
+    next_attempt: Option<Instant>,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("library", &self.library)
+            .field("up", &self.sampler.is_some())
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlSource {
+    /// A source that loads `library` (the default NVML library when `None`) on its first
+    /// [`sample`](Self::sample), retrying after `first_backoff`, doubling.
+    pub fn new(library: Option<PathBuf>, first_backoff: Duration) -> Self {
+        let first_backoff = first_backoff.max(Duration::from_millis(10));
+        Self {
+            library,
+            sampler: None,
+            first_backoff,
+            backoff: first_backoff,
+            next_attempt: None,
+        }
+    }
+
+    /// One snapshot, or `None` while NVML is down. Tries to start NVML when an attempt is
+    /// due at `now`; counts failures in `stats`.
+    pub fn sample(&mut self, now: Instant, stats: &mut Stats) -> Option<Snapshot> {
+        if self.sampler.is_none() && self.next_attempt.is_none_or(|at| now >= at) {
+            self.try_open(now, stats);
+        }
+        stats.nvml_up = self.sampler.is_some();
+        self.sampler.as_mut().map(Sampler::tick)
+    }
+
+    /// The name the driver knows for `pid` (when /proc cannot see it).
+    pub fn process_name(&mut self, pid: u32) -> Option<String> {
+        self.sampler.as_mut()?.backend_mut().process_name(pid)
+    }
+
+    /// When the next init attempt is due, while NVML is down.
+    #[cfg(test)]
+    pub fn next_attempt(&self) -> Option<Instant> {
+        self.sampler
+            .is_none()
+            .then_some(self.next_attempt)
+            .flatten()
+    }
+
+    fn try_open(&mut self, now: Instant, stats: &mut Stats) {
+        let outcome = NvmlBackend::open(self.library.as_deref())
+            .map_err(|err| (err.code(), format!("{err}; {}", err.hint())))
+            .and_then(|backend| {
+                Sampler::new(backend).map_err(|err| ("enumeration_failed", err.to_string()))
+            });
+        match outcome {
+            Ok(mut sampler) => {
+                // Once per NVML session: slow (NVML loads libcuda), and it does not change.
+                sampler.read_cuda_driver_version();
+                tracing::info!(devices = sampler.devices().len(), "NVML is up.");
+                self.sampler = Some(sampler);
+                self.backoff = self.first_backoff;
+                self.next_attempt = None;
+            }
+            Err((code, message)) => {
+                stats.init_failed(code);
+                tracing::warn!(
+                    reason = code,
+                    retry_in_s = self.backoff.as_secs_f64(),
+                    error = %message,
+                    "NVML did not start; retrying."
+                );
+                self.next_attempt = Some(now + self.backoff);
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_retried_with_doubling_backoff() {
+        let mut source = NvmlSource::new(
+            Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
+            Duration::from_secs(1),
+        );
+        let mut stats = Stats::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        assert!(source.sample(t0, &mut stats).is_none());
+        assert!(!stats.nvml_up);
+        assert_eq!(stats.nvml_init_failures.get("library_not_loaded"), Some(&1));
+        assert_eq!(source.next_attempt(), Some(t0 + Duration::from_secs(1)));
+        // Not due yet: no new attempt.
+        assert!(
+            source
+                .sample(t0 + Duration::from_millis(500), &mut stats)
+                .is_none()
+        );
+        assert_eq!(stats.nvml_init_failures.get("library_not_loaded"), Some(&1));
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(source.sample(t1, &mut stats).is_none());
+        assert_eq!(stats.nvml_init_failures.get("library_not_loaded"), Some(&2));
+        assert_eq!(source.next_attempt(), Some(t1 + Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn the_backoff_stops_growing_at_the_cap() {
+        let mut source = NvmlSource::new(
+            Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
+            Duration::from_secs(100),
+        );
+        let mut stats = Stats::new(Duration::from_secs(60));
+        let mut now = Instant::now();
+        for _ in 0..5 {
+            source.sample(now, &mut stats);
+            now = source.next_attempt().expect("still down");
+        }
+        let before = source.next_attempt().expect("down");
+        source.sample(before, &mut stats);
+        assert_eq!(source.next_attempt(), Some(before + MAX_BACKOFF));
+    }
+}

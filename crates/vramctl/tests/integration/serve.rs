@@ -1,0 +1,921 @@
+//! `vramctl serve`: the real binary on the fake NVML, scraped over loopback, checked by
+//! Prometheus' own tools (`promtool`, and a real Prometheus server end to end).
+//!
+//! promtool and prometheus come from Debian's `prometheus` package, which `.ci/run`
+//! installs. A test that needs them fails when they are missing, unless
+//! `VRAMCTL_SKIP_PROMETHEUS=1` is set (for developers without the package; CI never sets it).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::harness::{scenario, vramctl_std};
+
+/// A running `vramctl serve`, killed on drop.
+struct Served {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `vramctl serve` on a free loopback port and waits for its "serving" line (it
+/// prints it once the first sample is cached).
+fn serve(mut cmd: Command, args: &[&str]) -> Served {
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start vramctl serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
+    let addr = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let status = child.wait().expect("wait");
+            panic!("vramctl serve exited ({status}) before serving: {seen:?}");
+        };
+        seen.push(line.clone());
+        if let Some(rest) = line.strip_prefix("vramctl: serving ") {
+            let hostport = rest
+                .trim_start_matches("https://")
+                .trim_start_matches("http://")
+                .trim_end_matches("/metrics");
+            break hostport.parse().expect("address");
+        }
+    };
+    // Keep draining stderr so the daemon never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Served { child, addr }
+}
+
+fn serve_scenario(name: &str, args: &[&str]) -> Served {
+    serve(vramctl_std(&scenario(name)), args)
+}
+
+/// A parsed HTTP response.
+struct Response {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+fn request_text(path: &str, extra_headers: &[(&str, &str)]) -> String {
+    let mut text = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in extra_headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    text.push_str("\r\n");
+    text
+}
+
+fn parse_response(raw: &[u8]) -> Response {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a complete response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    Response {
+        status,
+        headers: head.to_ascii_lowercase(),
+        body: body.to_owned(),
+    }
+}
+
+/// Plain HTTP GET with `Connection: close`.
+fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .write_all(request_text(path, headers).as_bytes())
+        .expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    parse_response(&raw)
+}
+
+/// `promtool` or `prometheus`, or `None` when the developer opted out.
+fn prometheus_tool(name: &str) -> Option<PathBuf> {
+    if std::env::var_os("VRAMCTL_SKIP_PROMETHEUS").is_some_and(|v| v == "1") {
+        eprintln!("skipped: VRAMCTL_SKIP_PROMETHEUS=1");
+        return None;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file());
+    match found {
+        Some(tool) => Some(tool),
+        None => panic!(
+            "'{name}' is not installed: apt-get install prometheus (Debian), or set \
+             VRAMCTL_SKIP_PROMETHEUS=1 to skip the tests that need it"
+        ),
+    }
+}
+
+fn promtool_check_metrics(promtool: &Path, text: &str) {
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("feed promtool");
+    let output = child.wait_with_output().expect("promtool");
+    assert!(
+        output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+        "promtool check metrics failed:\n{}{}\n--- input ---\n{text}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// insta settings hiding what changes between runs: durations, times, the version.
+fn exposition_redactions() -> insta::Settings {
+    let mut settings = crate::harness::redactions();
+    settings.add_filter(
+        r"(?m)^(vramctl_(?:sample_duration_seconds|last_sample_timestamp_seconds|last_sample_age_seconds)) \S+$",
+        "$1 [VALUE]",
+    );
+    settings.add_filter(
+        r#"vramctl_build_info\{version="[^"]*"\}"#,
+        r#"vramctl_build_info{version="[VERSION]"}"#,
+    );
+    settings
+}
+
+/// Scrapes a scenario once (a long interval: exactly one sample), lints both formats and
+/// returns the Prometheus text.
+fn scrape_scenario(name: &str, env: &[(&str, &str)], args: &[&str]) -> Option<String> {
+    let promtool = prometheus_tool("promtool")?;
+    let mut cmd = vramctl_std(&scenario(name));
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let mut all_args = vec![
+        "--interval",
+        "3600",
+        "--peak-window",
+        "3600",
+        "--process-details",
+        "nvml",
+    ];
+    all_args.extend_from_slice(args);
+    let served = serve(cmd, &all_args);
+    let text = get(served.addr, "/metrics", &[]);
+    assert_eq!(text.status, 200, "{}", text.body);
+    assert!(
+        text.headers
+            .contains("content-type: text/plain; version=0.0.4")
+    );
+    promtool_check_metrics(&promtool, &text.body);
+    let om = get(
+        served.addr,
+        "/metrics",
+        &[(
+            "Accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;q=0.5",
+        )],
+    );
+    assert!(
+        om.headers
+            .contains("content-type: application/openmetrics-text; version=1.0.0")
+    );
+    assert!(om.body.ends_with("\n# EOF\n"), "{}", om.body);
+    assert_eq!(om.body.matches("# EOF").count(), 1);
+    Some(text.body)
+}
+
+#[test]
+fn idle_h200() {
+    let Some(text) = scrape_scenario("h200-idle.toml", &[], &[]) else {
+        return;
+    };
+    exposition_redactions().bind(|| insta::assert_snapshot!("serve_idle_h200", text));
+}
+
+#[test]
+fn training_h200_with_unaccounted_memory() {
+    let Some(text) = scrape_scenario("h200-training.toml", &[], &[]) else {
+        return;
+    };
+    exposition_redactions().bind(|| insta::assert_snapshot!("serve_training_h200", text));
+}
+
+#[test]
+fn mig() {
+    let Some(text) = scrape_scenario("mig.toml", &[], &[]) else {
+        return;
+    };
+    exposition_redactions().bind(|| insta::assert_snapshot!("serve_mig", text));
+}
+
+/// At t = 20 the GPU was lost before the exporter enumerated it: it is known by its index
+/// only (`device_up 0`, errors counted); the end-to-end test covers a GPU lost midway.
+#[test]
+fn gpu_lost() {
+    let Some(text) = scrape_scenario("fault-gpu-lost.toml", &[("FAKE_NVML_TIME", "20")], &[])
+    else {
+        return;
+    };
+    exposition_redactions().bind(|| insta::assert_snapshot!("serve_gpu_lost", text));
+}
+
+#[test]
+fn not_supported() {
+    let Some(text) = scrape_scenario("fault-not-supported.toml", &[], &[]) else {
+        return;
+    };
+    exposition_redactions().bind(|| insta::assert_snapshot!("serve_not_supported", text));
+}
+
+#[test]
+fn absurd_values_are_dropped_and_counted() {
+    let Some(text) = scrape_scenario("fault-absurd.toml", &[], &[]) else {
+        return;
+    };
+    assert!(text.contains("kind=\"insane_value\"} "), "{text}");
+    assert!(
+        !text.contains("18446744073709551615"),
+        "u64::MAX never reaches Prometheus"
+    );
+    assert!(!text.contains("pid=\"0\""), "{text}");
+}
+
+#[test]
+fn nvml_down_keeps_serving() {
+    let Some(text) = scrape_scenario("fault-driver-not-loaded.toml", &[], &[]) else {
+        return;
+    };
+    exposition_redactions().bind(|| insta::assert_snapshot!("serve_driver_not_loaded", text));
+}
+
+#[test]
+fn eight_gpus_by_thirty_processes_are_capped_per_gpu() {
+    let Some(text) = scrape_scenario(
+        "eight-gpus-30-procs.toml",
+        &[],
+        &["--max-process-series", "20"],
+    ) else {
+        return;
+    };
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("vramctl_process_memory_used_bytes{"))
+        .count();
+    assert_eq!(series, 8 * 20);
+    for gpu in 0..8 {
+        assert!(
+            text.contains(&format!("vramctl_device_processes{{gpu=\"{gpu}\",")),
+            "{text}"
+        );
+    }
+    let dropped: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("vramctl_device_process_series_dropped{"))
+        .collect();
+    assert_eq!(dropped.len(), 8);
+    assert!(dropped.iter().all(|l| l.ends_with(" 10")), "{dropped:?}");
+}
+
+#[test]
+fn nvml_init_is_retried_until_it_works() {
+    // fault-init-recovers fails its first 3 inits; with a 50 ms interval the backoff
+    // (50, 100, 200 ms) reaches the 4th attempt in well under a second.
+    let served = serve(
+        vramctl_std(&scenario("fault-init-recovers.toml")),
+        &["--interval", "0.05", "--process-details", "none"],
+    );
+    let first = get(served.addr, "/metrics", &[]);
+    assert!(first.body.contains("vramctl_nvml_up 0\n"), "{}", first.body);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = get(served.addr, "/metrics", &[]);
+        if now.body.contains("vramctl_nvml_up 1\n") {
+            assert!(
+                now.body
+                    .contains("vramctl_nvml_init_failures_total{reason=\"driver_not_loaded\"} 3\n"),
+                "{}",
+                now.body
+            );
+            assert!(now.body.contains("vramctl_device_up{"), "{}", now.body);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "NVML never came up:\n{}",
+            now.body
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn read_only_endpoints() {
+    let served = serve_scenario("h200-idle.toml", &["--process-details", "none"]);
+    assert_eq!(get(served.addr, "/healthz", &[]).status, 200);
+    assert_eq!(get(served.addr, "/nope", &[]).status, 404);
+    let mut stream = TcpStream::connect(served.addr).expect("connect");
+    stream
+        .write_all(
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    let response = parse_response(&raw);
+    assert_eq!(response.status, 405);
+    assert!(response.headers.contains("allow: get, head"));
+}
+
+#[test]
+fn a_silent_client_does_not_block_others() {
+    let served = serve_scenario("h200-idle.toml", &["--process-details", "none"]);
+    // One connection that never sends, one that sends half a request and stops.
+    let _silent = TcpStream::connect(served.addr).expect("connect");
+    let mut half = TcpStream::connect(served.addr).expect("connect");
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .expect("send");
+    let response = get(served.addr, "/metrics", &[]);
+    assert_eq!(response.status, 200);
+    assert!(response.body.contains("vramctl_device_up{"));
+}
+
+#[test]
+fn bad_flags_and_configs_are_one_line_errors() {
+    let out = vramctl_std(&scenario("h200-idle.toml"))
+        .args(["serve", "--interval", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("vramctl: error: --interval '0'"),
+        "{stderr}"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("web.yml");
+    std::fs::write(&config, "basic_auth_users:\n  alice: hunter2\n").expect("write");
+    let out = vramctl_std(&scenario("h200-idle.toml"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--web.config.file"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not a bcrypt hash"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = vramctl_std(&scenario("h200-idle.toml"))
+        .args(["serve", "--listen", &addr])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen on"));
+}
+
+// --- TLS and basic auth ----------------------------------------------------------------
+
+struct TlsSetup {
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+    client: Arc<rustls::ClientConfig>,
+}
+
+/// A self-signed certificate for localhost/127.0.0.1, made now (no key is committed), and
+/// a web config with TLS and one user `prometheus` / `s3cret` (bcrypt cost 6).
+fn tls_setup(with_auth: bool) -> TlsSetup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("certificate");
+    std::fs::write(dir.path().join("cert.pem"), cert.cert.pem()).expect("write");
+    std::fs::write(dir.path().join("key.pem"), cert.key_pair.serialize_pem()).expect("write");
+    let mut text = "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n".to_owned();
+    if with_auth {
+        let hash = bcrypt::hash("s3cret", 6).expect("hash");
+        text.push_str(&format!("basic_auth_users:\n  prometheus: {hash}\n"));
+    }
+    let config = dir.path().join("web.yml");
+    std::fs::write(&config, text).expect("write");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    TlsSetup {
+        _dir: dir,
+        config,
+        client: Arc::new(client),
+    }
+}
+
+fn get_tls(
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Response {
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let conn = rustls::ClientConnection::new(Arc::clone(client), name).expect("tls client");
+    let tcp = TcpStream::connect(addr).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(request_text(path, headers).as_bytes())
+        .expect("send");
+    let mut raw = Vec::new();
+    // The server may close without close_notify after `Connection: close`; what was read
+    // before that is the whole response.
+    let _ = tls.read_to_end(&mut raw);
+    parse_response(&raw)
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+fn serve_tls(setup: &TlsSetup) -> Served {
+    serve(
+        vramctl_std(&scenario("h200-idle.toml")),
+        &[
+            "--process-details",
+            "none",
+            "--web.config.file",
+            setup.config.to_str().expect("utf-8 path"),
+        ],
+    )
+}
+
+#[test]
+fn tls_serves_metrics_and_plain_http_gets_nothing() {
+    let setup = tls_setup(false);
+    let served = serve_tls(&setup);
+    let response = get_tls(served.addr, &setup.client, "/metrics", &[]);
+    assert_eq!(response.status, 200);
+    assert!(response.body.contains("vramctl_nvml_up 1\n"));
+    // A plain-text request to the TLS port is not answered with metrics.
+    let mut stream = TcpStream::connect(served.addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .write_all(request_text("/metrics", &[]).as_bytes())
+        .expect("send");
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    assert!(!String::from_utf8_lossy(&raw).contains("vramctl_nvml_up"));
+}
+
+#[test]
+fn basic_auth_over_tls() {
+    let setup = tls_setup(true);
+    let served = serve_tls(&setup);
+    let right = basic("prometheus", "s3cret");
+    let ok = get_tls(
+        served.addr,
+        &setup.client,
+        "/metrics",
+        &[("Authorization", &right)],
+    );
+    assert_eq!(ok.status, 200);
+    assert!(ok.body.contains("vramctl_device_up{"));
+    // Cached now: the same credentials pass again.
+    let again = get_tls(
+        served.addr,
+        &setup.client,
+        "/metrics",
+        &[("Authorization", &right)],
+    );
+    assert_eq!(again.status, 200);
+    for (label, header) in [
+        ("no credentials", None),
+        ("wrong password", Some(basic("prometheus", "guess"))),
+        ("unknown user", Some(basic("mallory", "s3cret"))),
+        ("not basic", Some("Bearer s3cret".to_owned())),
+    ] {
+        let headers: Vec<(&str, &str)> = header
+            .as_deref()
+            .map(|h| vec![("Authorization", h)])
+            .unwrap_or_default();
+        let response = get_tls(served.addr, &setup.client, "/metrics", &headers);
+        assert_eq!(response.status, 401, "{label}");
+        assert!(
+            response.headers.contains("www-authenticate: basic"),
+            "{label}"
+        );
+        assert!(!response.body.contains("vramctl_"), "{label}");
+    }
+    // Health is behind the same gate, as with exporter-toolkit.
+    assert_eq!(
+        get_tls(served.addr, &setup.client, "/healthz", &[]).status,
+        401
+    );
+}
+
+#[test]
+fn a_client_that_never_handshakes_does_not_block_tls_scrapes() {
+    let setup = tls_setup(false);
+    let served = serve_tls(&setup);
+    let _silent = TcpStream::connect(served.addr).expect("connect");
+    let mut garbage = TcpStream::connect(served.addr).expect("connect");
+    garbage.write_all(&[0x16, 0x03, 0x01]).expect("send");
+    let response = get_tls(served.addr, &setup.client, "/metrics", &[]);
+    assert_eq!(response.status, 200);
+}
+
+// --- alert rules -----------------------------------------------------------------------
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy")
+        .join(path)
+}
+
+#[test]
+fn alert_rules_pass_promtool() {
+    let Some(promtool) = prometheus_tool("promtool") else {
+        return;
+    };
+    let check = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(deploy("prometheus/vramctl-alerts.yml"))
+        .output()
+        .expect("promtool");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let test = Command::new(&promtool)
+        .args(["test", "rules"])
+        .arg(deploy("prometheus/vramctl-alerts.test.yml"))
+        .output()
+        .expect("promtool");
+    assert!(
+        test.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
+}
+
+/// Every `vramctl_…` name the deploy files use is a documented metric, and every
+/// dashboard query is valid PromQL (checked by promtool as recording rules).
+#[test]
+fn dashboard_and_rules_use_documented_metrics() {
+    let docs = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md"),
+    )
+    .expect("docs");
+    let dashboard_text =
+        std::fs::read_to_string(deploy("grafana/vramctl-dashboard.json")).expect("dashboard");
+    let rules_text =
+        std::fs::read_to_string(deploy("prometheus/vramctl-alerts.yml")).expect("rules");
+    for text in [&dashboard_text, &rules_text] {
+        for (start, _) in text.match_indices("vramctl_") {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                docs.contains(&format!("`{name}`")),
+                "{name} is used in deploy/ but not documented in docs/metrics.md"
+            );
+        }
+    }
+    let Some(promtool) = prometheus_tool("promtool") else {
+        return;
+    };
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard_text).expect("json");
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    let mut count = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .expect("expr")
+                .replace("$instance", ".*")
+                .replace("$gpu", ".*")
+                .replace("$topk", "10");
+            rules.push_str(&format!(
+                "      - record: dashboard:query{count}\n        expr: {}\n",
+                serde_json::Value::String(expr)
+            ));
+            count += 1;
+        }
+    }
+    assert!(count > 15, "{count} queries");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dashboard-rules.yml");
+    std::fs::write(&path, rules).expect("write");
+    let check = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&path)
+        .output()
+        .expect("promtool");
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+// --- end to end: a real Prometheus ------------------------------------------------------
+
+/// The shipped rules with every range and `for:` shortened, so they fire within seconds
+/// on a 200 ms scrape. Every duration is replaced (checked), so the expressions tested are
+/// exactly the shipped ones.
+fn fast_rules() -> String {
+    let text = std::fs::read_to_string(deploy("prometheus/vramctl-alerts.yml")).expect("rules");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    // `[30m]` → `[3s]`
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open..];
+        let close = after.find(']').expect("closed range");
+        let inner = &after[1..close];
+        let is_duration = inner.len() > 1
+            && inner[..inner.len() - 1].chars().all(|c| c.is_ascii_digit())
+            && inner.ends_with(['s', 'm', 'h', 'd']);
+        out.push_str(if is_duration {
+            "[3s]"
+        } else {
+            &after[..=close]
+        });
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    let out: Vec<String> = out
+        .lines()
+        .map(|line| match line.trim_start().strip_prefix("for: ") {
+            Some(_) => format!("{}for: 1s", &line[..line.len() - line.trim_start().len()]),
+            None => line.to_owned(),
+        })
+        .collect();
+    let out = out.join("\n");
+    assert!(!out.contains("for: 5m") && !out.contains("[30m]"), "{out}");
+    out
+}
+
+struct Prometheus {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+fn start_prometheus(binary: &Path, dir: &Path, target: SocketAddr) -> Prometheus {
+    std::fs::write(dir.join("rules.yml"), fast_rules()).expect("rules");
+    let config = format!(
+        "global:\n  scrape_interval: 200ms\n  scrape_timeout: 200ms\n  evaluation_interval: 200ms\n\
+         rule_files: [rules.yml]\n\
+         scrape_configs:\n  - job_name: vramctl\n    static_configs:\n      - targets: ['{target}']\n"
+    );
+    std::fs::write(dir.join("prometheus.yml"), config).expect("config");
+    let port = free_port();
+    let child = Command::new(binary)
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).expect("log file"))
+        .spawn()
+        .expect("start prometheus");
+    let prometheus = Prometheus {
+        child,
+        base: format!("127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = TcpStream::connect(&prometheus.base)
+            .ok()
+            .map(|_| get(prometheus.base.parse().expect("addr"), "/-/ready", &[]).status);
+        if ready == Some(200) {
+            return prometheus;
+        }
+        assert!(Instant::now() < deadline, "prometheus did not get ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Result vector of an instant query.
+fn query(prometheus: &Prometheus, promql: &str) -> Vec<serde_json::Value> {
+    let path = format!("/api/v1/query?query={}", percent_encode(promql));
+    let response = get(prometheus.base.parse().expect("addr"), &path, &[]);
+    assert_eq!(response.status, 200, "{}", response.body);
+    let json: serde_json::Value = serde_json::from_str(&response.body).expect("json");
+    json["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Waits until `check` holds for the query's result (bounded).
+fn eventually(
+    prometheus: &Prometheus,
+    promql: &str,
+    what: &str,
+    check: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let result = query(prometheus, promql);
+        if check(&result) {
+            return result;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never held; last: {result:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn label<'a>(series: &'a serde_json::Value, name: &str) -> &'a str {
+    series["metric"][name].as_str().unwrap_or("")
+}
+
+#[test]
+fn end_to_end_with_a_real_prometheus() {
+    let Some(prometheus_binary) = prometheus_tool("prometheus") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Step clock: each sample (every 100 ms) moves the fake's time 1 s, so ten fake
+    // seconds pass per real second. The leaker grows 100 MiB per fake second; the
+    // short-lived process ends at fake 20 s (2 s in); GPU 1 is lost at fake 40 s.
+    let scenario_text = r#"
+driver_version = "580.159.04"
+[clock]
+mode = "step"
+step_s = 1.0
+
+[[gpu]]
+name = "NVIDIA H200"
+uuid = "GPU-e2e00000-0000-0000-0000-000000000000"
+memory_total = 150754820096
+memory_reserved = 644939776
+utilization_gpu = 50
+
+[[gpu.process]]
+pid = 31001
+name = "python leaky.py"
+memory = { ramp = { from = "1 GiB", rate_per_s = "100 MiB", max = "120 GiB" } }
+
+[[gpu.process]]
+pid = 31002
+name = "python steady.py"
+memory = "4 GiB"
+
+[[gpu.process]]
+pid = 31003
+name = "python short.py"
+memory = "2 GiB"
+end_s = 20.0
+
+[[gpu]]
+name = "NVIDIA H200"
+uuid = "GPU-e2e11111-1111-1111-1111-111111111111"
+memory_total = 150754820096
+memory_reserved = 644939776
+utilization_gpu = 50
+lost_at_s = 40.0
+
+[[gpu.process]]
+pid = 31004
+name = "python other.py"
+memory = "8 GiB"
+"#;
+    let scenario_path = dir.path().join("e2e.toml");
+    std::fs::write(&scenario_path, scenario_text).expect("scenario");
+    let mut cmd = vramctl_std(&scenario_path);
+    // The harness stops the fake's clock; this test needs the scenario's step clock.
+    cmd.env_remove("FAKE_NVML_TIME");
+    let served = serve(
+        cmd,
+        &[
+            "--interval",
+            "0.1",
+            "--process-details",
+            "nvml",
+            "--peak-window",
+            "1",
+        ],
+    );
+    let prometheus = start_prometheus(&prometheus_binary, dir.path(), served.addr);
+
+    eventually(
+        &prometheus,
+        "up{job=\"vramctl\"}",
+        "the target is up",
+        |r| r.len() == 1 && r[0]["value"][1] == "1",
+    );
+    // The leak alert fires for the leaker, and only for it.
+    let firing = eventually(
+        &prometheus,
+        "ALERTS{alertname=\"VramctlProcessMemoryLeak\",alertstate=\"firing\"}",
+        "the leak alert fires",
+        |r| !r.is_empty(),
+    );
+    assert!(
+        firing.iter().all(|a| label(a, "pid") == "31001"),
+        "only the leaker: {firing:?}"
+    );
+    assert_eq!(label(&firing[0], "command"), "python leaky.py");
+    // GPU 1 is lost: device_up 0 and the alert fires; GPU 0 still reports.
+    eventually(
+        &prometheus,
+        "ALERTS{alertname=\"VramctlGpuDown\",alertstate=\"firing\"}",
+        "the GPU-down alert fires",
+        |r| r.len() == 1 && label(&r[0], "uuid") == "GPU-e2e11111-1111-1111-1111-111111111111",
+    );
+    let up = query(&prometheus, "vramctl_device_up");
+    assert_eq!(up.len(), 2, "{up:?}");
+    // The lost GPU's and the ended process's series are gone (stale), the others remain.
+    let processes = eventually(
+        &prometheus,
+        "vramctl_process_memory_used_bytes",
+        "ended processes disappear",
+        |r| {
+            r.iter()
+                .all(|s| !["31003", "31004"].contains(&label(s, "pid")))
+        },
+    );
+    let mut pids: Vec<&str> = processes.iter().map(|s| label(s, "pid")).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, ["31001", "31002"]);
+    let memory = query(&prometheus, "vramctl_device_memory_used_bytes");
+    assert_eq!(memory.len(), 1, "only GPU 0 reports memory: {memory:?}");
+    let errors = query(
+        &prometheus,
+        "vramctl_collection_errors_total{kind=\"gpu_lost\"} > 0",
+    );
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    // Nothing that should stay quiet fired.
+    let others = query(
+        &prometheus,
+        "ALERTS{alertstate=\"firing\",alertname!~\"VramctlProcessMemoryLeak|VramctlGpuDown\"}",
+    );
+    assert!(others.is_empty(), "{others:?}");
+}
