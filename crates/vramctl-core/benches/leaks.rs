@@ -1,0 +1,3 @@
+//! Placeholder, filled in below.
+#![allow(missing_docs)]
+fn main() {}
