@@ -58,6 +58,9 @@ pub(crate) struct Point {
     pub max: u64,
     pub last: u64,
     pub count: u32,
+    /// Largest fall from a higher value to a later lower one inside the span (0 for a
+    /// single sample: the order of a downsampled sample's min and max is unknown).
+    pub drop: u64,
 }
 
 impl Point {
@@ -69,10 +72,15 @@ impl Point {
             max: s.high(),
             last: s.bytes,
             count: 1,
+            drop: 0,
         }
     }
 
     fn merge(&mut self, later: &Self) {
+        self.drop = self
+            .drop
+            .max(later.drop)
+            .max(self.max.saturating_sub(later.min));
         self.t_last = later.t_last;
         self.min = self.min.min(later.min);
         self.max = self.max.max(later.max);

@@ -139,38 +139,49 @@ fn release_threshold(cfg: &LeakConfig, peak: u64) -> u64 {
     cfg.min_release_bytes.max(frac)
 }
 
-/// Drops from the running peak; one per peak (the peak restarts after each drop).
+/// A release is a drop that happens within this time: the allocator handing segments
+/// back at once, not a slow decline.
+const RELEASE_WINDOW_MS: i64 = 5000;
+
+/// Drops of at least the release threshold from the highest point of the last
+/// `RELEASE_WINDOW_MS` (a sliding maximum that restarts after each release, so one drop
+/// counts once).
 fn find_releases(points: &[Point], cfg: &LeakConfig) -> Releases {
     let mut times = Vec::new();
     let mut cycles = Vec::new();
-    let Some(first) = points.first() else {
-        return Releases {
-            times,
-            cycle_ms: None,
-            period_ms: None,
-        };
-    };
-    let mut peak = first.max;
-    // Lowest point of the current cycle before its peak: where the cycle began.
-    let mut low = first.min;
-    let mut low_t = first.t();
-    for p in &points[1..] {
-        if peak.saturating_sub(p.min) >= release_threshold(cfg, peak) {
-            let t = p.t();
+    let mut window: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    // Lowest point since the last release: where the current cycle began.
+    let mut low = u64::MAX;
+    let mut low_t = points.first().map_or(0, Point::t);
+    for (i, p) in points.iter().enumerate() {
+        let t = p.t();
+        while window
+            .front()
+            .is_some_and(|&j| points[j].t() <= t - RELEASE_WINDOW_MS)
+        {
+            window.pop_front();
+        }
+        // A bucket that spans a release holds its largest fall itself.
+        let peak = window.front().map_or(0, |&j| points[j].max);
+        let fall = peak.saturating_sub(p.min);
+        let released = (fall > 0 && fall >= release_threshold(cfg, peak))
+            || (p.drop > 0 && p.drop >= release_threshold(cfg, p.max));
+        if released {
             times.push(t);
             cycles.push(t - low_t);
-            peak = p.last;
+            window.clear();
             low = p.last;
             low_t = t;
             continue;
         }
-        if p.max > peak {
-            peak = p.max;
-        }
         if p.min < low {
             low = p.min;
-            low_t = p.t();
+            low_t = t;
         }
+        while window.back().is_some_and(|&j| points[j].max <= p.max) {
+            window.pop_back();
+        }
+        window.push_back(i);
     }
     let period_ms = if times.len() >= 2 {
         let mut gaps: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
@@ -178,11 +189,7 @@ fn find_releases(points: &[Point], cfg: &LeakConfig) -> Releases {
     } else {
         None
     };
-    let cycle_ms = if let Some(period) = period_ms {
-        Some(period)
-    } else {
-        cycles.first().copied()
-    };
+    let cycle_ms = period_ms.or_else(|| cycles.first().copied());
     Releases {
         times,
         cycle_ms,
