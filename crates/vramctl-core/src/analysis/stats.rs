@@ -45,16 +45,6 @@ pub fn median_in_place(values: &mut [f64]) -> Option<f64> {
     Some(f64::midpoint(lower, upper))
 }
 
-/// Median absolute deviation from the median (not scaled).
-pub fn mad(values: &[f64]) -> Option<f64> {
-    let mut v = values.to_vec();
-    let m = median_in_place(&mut v)?;
-    for x in &mut v {
-        *x = (*x - m).abs();
-    }
-    median_in_place(&mut v)
-}
-
 /// Result of a Mann–Kendall test for an upward trend.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct MannKendall {
@@ -327,7 +317,6 @@ mod tests {
         assert_eq!(median_in_place(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
         assert_eq!(median_in_place(&mut []), None);
         assert_eq!(median_in_place(&mut [1.0, f64::NAN]), None);
-        assert_eq!(mad(&[1.0, 1.0, 2.0, 2.0, 4.0, 6.0, 9.0]), Some(1.0));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! 3. **retained** R(t) = min F over [t, now]: what the process never gave back from t on.
 //!    R is non-decreasing; noise and releases do not move it.
 //! 4. **plateau** at t: R(t) − R(t − plateau) ≤ tol, with tol = max(step tolerance,
-//!    4 σ̂) and σ̂ = 1.4826·MAD(ΔF)/√2 (noise of the floor).
+//!    4 σ̂) and σ̂ from the falls of the floor (`noise_tolerance`).
 //! 5. **warm-up** lasts from the process start to the first plateau (at most `max_warmup`,
 //!    at least `min_warmup`).
 //! 6. **regions**: the current growth episode (since the last plateau), and everything
@@ -52,9 +52,10 @@ pub struct TrendTest {
     pub net_growth_bytes: i64,
     /// Times the retained memory rose since onset (the allocator's steps).
     pub rises: u32,
-    /// Median time between rises (0 with fewer than two).
+    /// Median time between steps (rises not far below the median rise; 0 with fewer than
+    /// two).
     pub median_rise_gap_sec: f64,
-    /// From onset to the last rise: how long the growth itself has gone on.
+    /// From onset to the last step: how long the growth itself has gone on.
     pub growth_span_sec: f64,
     /// The rises, merged when less than a second apart, are equal in size (±10 %) and
     /// come at a steady rhythm (±25 %): the same allocation kept again and again.
@@ -228,9 +229,24 @@ fn retained(f: &[u64]) -> Vec<u64> {
     r
 }
 
+/// Noise tolerance of the floor: `max(step_tolerance_bytes, 4 σ̂)`.
+///
+/// Growth moves the floor up, so only its falls measure noise: for symmetric noise of
+/// standard deviation σ, the differences ΔF are ~N(0, 2σ²) and the upper quartile of
+/// max(−ΔF, 0) is 0.6745·σ√2. A staircase or a ramp has no falls and gets the plain step
+/// tolerance; a leak with the odd release keeps it too (three quarters of its falls are 0).
 fn noise_tolerance(f: &[u64], cfg: &LeakConfig) -> u64 {
-    let diffs: Vec<f64> = f.windows(2).map(|w| w[1] as f64 - w[0] as f64).collect();
-    let sigma = stats::mad(&diffs).map_or(0.0, |m| 1.4826 * m / std::f64::consts::SQRT_2);
+    let mut falls: Vec<f64> = f
+        .windows(2)
+        .map(|w| w[0].saturating_sub(w[1]) as f64)
+        .collect();
+    let sigma = if falls.is_empty() {
+        0.0
+    } else {
+        let k = (falls.len() * 3 / 4).min(falls.len() - 1);
+        let (_, q, _) = falls.select_nth_unstable_by(k, f64::total_cmp);
+        *q / (0.6745 * std::f64::consts::SQRT_2)
+    };
     cfg.step_tolerance_bytes.max((4.0 * sigma) as u64)
 }
 
@@ -283,16 +299,23 @@ impl Series<'_> {
             .filter(|&k| self.r[k] > self.r[k - 1].saturating_add(self.eps))
             .map(|k| (self.times[k], self.r[k] - self.r[k - 1]))
             .collect();
-        let rise_times: Vec<i64> = rises.iter().map(|r| r.0).collect();
-        let growth_span_ms = rise_times.last().map_or(0, |&t| t - self.times[onset]);
-        let mut gaps: Vec<f64> = rise_times
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as f64)
+        // A blip far smaller than the typical step is not a step of the staircase (a late
+        // 16 MiB segment after 400 MiB steps must not stretch the growth).
+        let mut sizes: Vec<f64> = rises.iter().map(|r| r.1 as f64).collect();
+        let median_size = stats::median_in_place(&mut sizes).unwrap_or(0.0);
+        let steps: Vec<(i64, u64)> = rises
+            .iter()
+            .copied()
+            .filter(|r| r.1 as f64 >= SMALL_RISE_FRACTION * median_size)
             .collect();
+        let last_step = steps.last().map(|r| r.0);
+        let growth_span_ms = last_step.map_or(0, |t| t - self.times[onset]);
+        let mut gaps: Vec<f64> = steps.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
         let median_gap = stats::median_in_place(&mut gaps).unwrap_or(0.0);
         let stall_ms = (ms(self.cfg.plateau) as f64).max(self.cfg.stall_factor * median_gap) as i64;
         let recent = index_at(&self.times, now - stall_ms).map_or(onset, |k| k.max(onset));
-        let still_growing = self.r[n - 1].saturating_sub(self.r[recent]) > self.tol;
+        let still_growing = self.r[n - 1].saturating_sub(self.r[recent]) > self.tol
+            && last_step.is_some_and(|t| now - t <= stall_ms);
         let onset_t = self.times[onset];
         let releases = self.release_times.iter().filter(|&&t| t > onset_t).count();
         let flat = growth <= i64::try_from(self.tol).unwrap_or(i64::MAX);
@@ -306,10 +329,10 @@ impl Series<'_> {
             duration_sec: (now - onset_t) as f64 / 1000.0,
             slope_bytes_per_sec: slope,
             net_growth_bytes: growth,
-            rises: u32::try_from(rise_times.len()).unwrap_or(u32::MAX),
+            rises: u32::try_from(rises.len()).unwrap_or(u32::MAX),
             growth_span_sec: growth_span_ms as f64 / 1000.0,
             median_rise_gap_sec: median_gap / 1000.0,
-            regular_steps: regular(&rises),
+            regular_steps: regular(&steps),
             still_growing,
             stall_window_sec: stall_ms as f64 / 1000.0,
             releases: u32::try_from(releases).unwrap_or(u32::MAX),
@@ -486,6 +509,8 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
     }
 }
 
+/// Rises smaller than this fraction of the median rise are blips, not steps.
+const SMALL_RISE_FRACTION: f64 = 0.25;
 /// Rises closer than this are one step (a step can straddle two samples).
 const STEP_MERGE_MS: i64 = 1000;
 /// Step sizes within this fraction of their median are equal.

@@ -370,8 +370,8 @@ fn trace(name: &str, s: LabeledSeries) -> LabeledTrace {
 
 /// `leak_graph.py`: training plus a validation pass whose graph is kept after `warmup_s`
 /// (~4 MiB of 512 KiB activations per step, 4 steps per second ≈ 16 MB/s).
-pub fn leak_graph(duration_s: i64, seed: u64) -> LabeledTrace {
-    let mut sim = Sim::new(seed, 100);
+pub fn leak_graph(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let mut model = Mlp::new(&mut sim, 2048, 4);
     let mut kept = Vec::new();
@@ -400,8 +400,8 @@ pub fn leak_graph(duration_s: i64, seed: u64) -> LabeledTrace {
 }
 
 /// `leak_staircase.py`: 1 GiB at start, then 256 MiB every 8 s from 30 s on.
-pub fn leak_staircase(duration_s: i64, seed: u64) -> LabeledTrace {
-    let mut sim = Sim::new(seed, 100);
+pub fn leak_staircase(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let _base = sim.alloc.alloc(GIB);
     let mut next = 30_000;
@@ -423,8 +423,8 @@ pub fn leak_staircase(duration_s: i64, seed: u64) -> LabeledTrace {
 }
 
 /// `leak_fast.py`: inference that keeps every 32 MiB output after 60 s (≈134 MB/s).
-pub fn leak_fast(duration_s: i64, seed: u64) -> LabeledTrace {
-    let mut sim = Sim::new(seed, 100);
+pub fn leak_fast(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let _weights: Vec<u64> = (0..2)
         .flat_map(|_| [sim.alloc.alloc(4096 * 4096 * 4), sim.alloc.alloc(4096 * 4)])
@@ -459,8 +459,8 @@ pub fn leak_fast(duration_s: i64, seed: u64) -> LabeledTrace {
 }
 
 /// `dyn_shapes.py`: training on random batch sizes whose maximum grows over 90 s.
-pub fn dyn_shapes(duration_s: i64, seed: u64) -> LabeledTrace {
-    let mut sim = Sim::new(seed, 100);
+pub fn dyn_shapes(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let mut model = Mlp::new(&mut sim, 2048, 6);
     while sim.t_ms < duration_s * 1000 {
@@ -480,8 +480,8 @@ pub fn dyn_shapes(duration_s: i64, seed: u64) -> LabeledTrace {
 
 /// `sawtooth_infer.py`: 2 GiB of weights; per request 8 × 512 MiB built over 2 s, held
 /// 2 s, freed with `empty_cache`, then 3 s idle.
-pub fn sawtooth_infer(duration_s: i64, seed: u64) -> LabeledTrace {
-    let mut sim = Sim::new(seed, 100);
+pub fn sawtooth_infer(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let _weights = sim.alloc.alloc(2 * GIB);
     while sim.t_ms < duration_s * 1000 {
@@ -504,8 +504,8 @@ pub fn sawtooth_infer(duration_s: i64, seed: u64) -> LabeledTrace {
 }
 
 /// `steady_train.py`: an MLP 4096×8 trained on a fixed batch.
-pub fn steady_train(duration_s: i64, seed: u64) -> LabeledTrace {
-    let mut sim = Sim::new(seed, 100);
+pub fn steady_train(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let mut model = Mlp::new(&mut sim, 4096, 8);
     while sim.t_ms < duration_s * 1000 {
@@ -522,8 +522,8 @@ pub fn steady_train(duration_s: i64, seed: u64) -> LabeledTrace {
 
 /// `idle_holder.py`: 12 GiB, a few seconds of matmuls, then sleep; with CPU time and
 /// device utilization (alone on the device) as evidence.
-pub fn idle_holder(duration_s: i64, seed: u64) -> LabeledTrace {
-    let mut sim = Sim::new(seed, 100);
+pub fn idle_holder(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let _held = sim.alloc.alloc(12 * GIB);
     let _a = sim.alloc.alloc(8192 * 8192 * 4);
@@ -543,16 +543,21 @@ pub fn idle_holder(duration_s: i64, seed: u64) -> LabeledTrace {
     )
 }
 
-/// All seven, as the lead will record them (`DURATION` = `duration_s`).
+/// All seven, as the lead will record them (`DURATION` = `duration_s`), at 10 Hz.
 pub fn workloads(duration_s: i64, seed: u64) -> Vec<LabeledTrace> {
+    workloads_at(duration_s, seed, 100)
+}
+
+/// All seven, sampled every `interval_ms`.
+pub fn workloads_at(duration_s: i64, seed: u64, interval_ms: i64) -> Vec<LabeledTrace> {
     vec![
-        leak_graph(duration_s, seed),
-        leak_staircase(duration_s, seed + 1),
-        leak_fast(duration_s, seed + 2),
-        dyn_shapes(duration_s, seed + 3),
-        sawtooth_infer(duration_s, seed + 4),
-        steady_train(duration_s, seed + 5),
-        idle_holder(duration_s, seed + 6),
+        leak_graph(duration_s, seed, interval_ms),
+        leak_staircase(duration_s, seed + 1, interval_ms),
+        leak_fast(duration_s, seed + 2, interval_ms),
+        dyn_shapes(duration_s, seed + 3, interval_ms),
+        sawtooth_infer(duration_s, seed + 4, interval_ms),
+        steady_train(duration_s, seed + 5, interval_ms),
+        idle_holder(duration_s, seed + 6, interval_ms),
     ]
 }
 
