@@ -88,7 +88,7 @@ impl Default for LeakConfig {
             idle_for: Duration::from_secs(30 * 60),
             cpu_idle_fraction: 0.01,
             max_evidence_gap: Duration::from_secs(60),
-            max_test_points: 256,
+            max_test_points: 128,
             tail_points: 600,
             head_points: 512,
         }

@@ -3,8 +3,10 @@
 //! Pushing a sample is O(1) amortised (it goes into the bounded [`Tiered`] series). The
 //! full analysis — the same one [`analyze`](super::analyze) runs — is re-run only when it
 //! can matter: when the memory level or the activity evidence changed, at most once per
-//! `RECHECK_MIN_MS` of sample time, and otherwise every `RECHECK_MAX_MS` so that verdicts
-//! that change with time alone (a plateau reached, an idle span long enough) are seen.
+//! `RECHECK_MIN_MS` of sample time (`RECHECK_MAX_MS` once the verdict is `leak`,
+//! `sawtooth` or `idle-holder`, which only a plateau or new activity can end), and
+//! otherwise every `RECHECK_MAX_MS` so that verdicts that change with time alone (a
+//! plateau reached, an idle span long enough) are seen.
 //! `docs/benchmarks.md` (issue 4) has the measured cost per sample.
 
 use serde::Serialize;
@@ -84,11 +86,22 @@ impl ProcessTracker {
             self.dirty = true;
             self.last_level = Some(sample.bytes);
         }
+        // While a verdict is settled (a confirmed leak keeps changing the level), only
+        // time can change it: the plateau that ends a leak takes 20 s to show.
+        let settled = matches!(
+            self.verdict(),
+            Some(Verdict::Leak | Verdict::Sawtooth | Verdict::IdleHolder)
+        );
+        let min_ms = if settled {
+            RECHECK_MAX_MS
+        } else {
+            RECHECK_MIN_MS
+        };
         let due = match self.last_analysis_ms {
             None => true,
             Some(last) => {
                 let since = sample.t_unix_ms - last;
-                (self.dirty && since >= RECHECK_MIN_MS) || since >= RECHECK_MAX_MS
+                (self.dirty && since >= min_ms) || since >= RECHECK_MAX_MS
             }
         };
         if !due {

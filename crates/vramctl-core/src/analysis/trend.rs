@@ -286,8 +286,9 @@ impl Series<'_> {
         Some(self.r[i].saturating_sub(self.r[j]) <= self.tol)
     }
 
-    /// The numbers of the region that starts at point `from`.
-    fn region(&self, from: usize, with_test: bool) -> TrendTest {
+    /// The numbers of the region that starts at point `from`, without the trend test
+    /// (`add_tests`), and the index of its onset.
+    fn region(&self, from: usize) -> (TrendTest, usize) {
         let n = self.times.len();
         let base = self.r[from];
         // R is non-decreasing: the points at the base level are a prefix of the region.
@@ -318,16 +319,10 @@ impl Series<'_> {
             && last_step.is_some_and(|t| now - t <= stall_ms);
         let onset_t = self.times[onset];
         let releases = self.release_times.iter().filter(|&&t| t > onset_t).count();
-        let flat = growth <= i64::try_from(self.tol).unwrap_or(i64::MAX);
-        let (slope, mk) = if with_test && !flat {
-            (self.slope(onset), Some(self.mann_kendall(onset)))
-        } else {
-            (0.0, None)
-        };
-        TrendTest {
+        let region = TrendTest {
             from_unix_ms: onset_t,
             duration_sec: (now - onset_t) as f64 / 1000.0,
-            slope_bytes_per_sec: slope,
+            slope_bytes_per_sec: 0.0,
             net_growth_bytes: growth,
             rises: u32::try_from(rises.len()).unwrap_or(u32::MAX),
             growth_span_sec: growth_span_ms as f64 / 1000.0,
@@ -336,8 +331,20 @@ impl Series<'_> {
             still_growing,
             stall_window_sec: stall_ms as f64 / 1000.0,
             releases: u32::try_from(releases).unwrap_or(u32::MAX),
-            mann_kendall: mk,
+            mann_kendall: None,
+        };
+        (region, onset)
+    }
+
+    /// Runs the Theil–Sen slope and the Mann–Kendall test on a region (O(m²), m ≤
+    /// `max_test_points`); a region flat within the noise tolerance is not tested.
+    fn add_tests(&self, region: &mut TrendTest, onset: usize) {
+        let flat = region.net_growth_bytes <= i64::try_from(self.tol).unwrap_or(i64::MAX);
+        if region.mann_kendall.is_some() || flat {
+            return;
         }
+        region.slope_bytes_per_sec = self.slope(onset);
+        region.mann_kendall = Some(self.mann_kendall(onset));
     }
 
     /// Indices from `from` thinned to at most `max` points evenly spread in time.
@@ -440,8 +447,11 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
             .or_else(|| (now >= deadline).then_some(deadline))
     };
 
-    // 6: regions.
+    // 6: regions. The trend tests are the costly part: run them only on a region that
+    // could be a leak or is reported as growing.
     let index_from = |t: i64| s.times.partition_point(|&x| x < t).min(n - 1);
+    let judge =
+        |region: &TrendTest, settled: bool| checks_for(region, cfg, settled, inputs.free_bytes);
     let (decision_region, checks, verdict) = match settled_unix_ms {
         Some(settled) => {
             let since = index_from(settled);
@@ -449,33 +459,43 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
             let last_quiet = (since..n)
                 .rev()
                 .find(|&i| quiet[i] == Some(true) && s.times[i] - plateau_ms >= settled);
-            let episode = match last_quiet {
-                Some(i) if i == n - 1 => None,
-                Some(i) => Some(s.region(i, true)),
-                None => None,
+            let mut episode = match last_quiet {
+                Some(i) if i < n - 1 => Some(s.region(i)),
+                _ => None,
             };
-            let whole = s.region(since, true);
-            let judge = |region: &TrendTest| checks_for(region, cfg, true, inputs.free_bytes);
-            let episode_checks = episode.as_ref().map(&judge);
-            let whole_checks = judge(&whole);
-            let episode = episode.zip(episode_checks);
+            if let Some((ep, k)) = &mut episode {
+                if could_fire(ep, cfg) || growing(ep, s.tol) {
+                    s.add_tests(ep, *k);
+                }
+            }
+            let episode = episode.map(|(ep, _)| {
+                let c = judge(&ep, true);
+                (ep, c)
+            });
             match episode {
                 Some((ep, c)) if fires(&c) => (ep, c, MemoryVerdict::Leak(LeakRule::AfterPlateau)),
-                _ if fires(&whole_checks) => (
-                    whole,
-                    whole_checks,
-                    MemoryVerdict::Leak(LeakRule::SinceWarmUp),
-                ),
-                Some((ep, c)) if growing(&ep, s.tol) => (ep, c, MemoryVerdict::Growing),
-                _ if last_quiet.is_none() && growing(&whole, s.tol) => {
-                    (whole, whole_checks, MemoryVerdict::Growing)
+                episode => {
+                    let (mut whole, k) = s.region(since);
+                    let growing_whole = last_quiet.is_none() && growing(&whole, s.tol);
+                    if could_fire(&whole, cfg) || growing_whole {
+                        s.add_tests(&mut whole, k);
+                    }
+                    let wc = judge(&whole, true);
+                    match episode {
+                        _ if fires(&wc) => (whole, wc, MemoryVerdict::Leak(LeakRule::SinceWarmUp)),
+                        Some((ep, c)) if growing(&ep, s.tol) => (ep, c, MemoryVerdict::Growing),
+                        _ if growing_whole => (whole, wc, MemoryVerdict::Growing),
+                        _ => (whole, wc, quiet_verdict(&releases, ongoing, cfg)),
+                    }
                 }
-                _ => (whole, whole_checks, quiet_verdict(&releases, ongoing, cfg)),
             }
         }
         None => {
-            let whole = s.region(0, true);
-            let c = checks_for(&whole, cfg, false, inputs.free_bytes);
+            let (mut whole, k) = s.region(0);
+            if could_fire(&whole, cfg) || growing(&whole, s.tol) {
+                s.add_tests(&mut whole, k);
+            }
+            let c = judge(&whole, false);
             let verdict = if fires(&c) && c.urgent && whole.releases == 0 {
                 MemoryVerdict::Leak(LeakRule::UrgentInWarmUp)
             } else if growing(&whole, s.tol) {
@@ -587,6 +607,13 @@ fn checks_for(
         still_growing: region.still_growing,
         urgent,
     }
+}
+
+/// The gates that need no trend test: enough growth, long enough, still going.
+fn could_fire(region: &TrendTest, cfg: &LeakConfig) -> bool {
+    region.net_growth_bytes >= i64::try_from(cfg.min_growth_bytes).unwrap_or(i64::MAX)
+        && region.growth_span_sec >= cfg.min_leak_duration.as_secs_f64()
+        && region.still_growing
 }
 
 /// The gates every leak rule shares.
