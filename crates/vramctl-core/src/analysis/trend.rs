@@ -283,7 +283,11 @@ impl Series<'_> {
             return None;
         }
         let j = index_at(&self.times, start)?;
-        Some(self.r[i].saturating_sub(self.r[j]) <= self.tol)
+        // Old points are time buckets wider than the plateau: there the tolerance is a
+        // rate (tol per plateau), or a slow leak would look like endless growth.
+        let span = (self.times[i] - self.times[j]) as f64;
+        let allowed = self.tol as f64 * (span / ms(self.cfg.plateau) as f64).max(1.0);
+        Some(self.r[i].saturating_sub(self.r[j]) as f64 <= allowed)
     }
 
     /// The numbers of the region that starts at point `from`, without the trend test
