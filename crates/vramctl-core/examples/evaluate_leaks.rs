@@ -8,8 +8,9 @@
 //! - `synthetic`: the seven workloads of `scripts/workloads/` on a model of the caching
 //!   allocator (`--seeds N`, `--duration S`, `--interval-ms MS` vary them);
 //! - `fixture:TRACE.json:LABELS.jsonl`: the H200 fixture format;
-//! - `status:STATUS.ndjson:LABELS.jsonl`: `vramctl status --json --watch 0.1` output and
-//!   the workloads' `labels.jsonl`;
+//! - `status:STATUS.ndjson:LABELS.jsonl[:CPU.jsonl]`: `vramctl status --json --watch 0.1`
+//!   output, the workloads' `labels.jsonl` and optionally the CPU times that
+//!   `scripts/record-leak-traces.sh` records;
 //! - `FILE.json`: a labeled trace in the documented format (`docs/leaks.md`).
 //!
 //! Options: `--idle-for S` (default 60: the recordings are minutes long), `--json` (one
@@ -110,8 +111,13 @@ fn load(input: &str, o: &Options) -> Result<Vec<LabeledTrace>, String> {
         )?]);
     }
     if let Some(rest) = input.strip_prefix("status:") {
-        let (ndjson, labels) = rest.split_once(':').ok_or("status:NDJSON:LABELS")?;
-        return readers::read_status_ndjson(ndjson, &read(ndjson)?, &read(labels)?);
+        let parts: Vec<&str> = rest.split(':').collect();
+        let (ndjson, labels, cpu) = match parts.as_slice() {
+            [n, l] => (*n, *l, None),
+            [n, l, c] => (*n, *l, Some(read(c)?)),
+            _ => return Err("status:NDJSON:LABELS[:CPU]".to_owned()),
+        };
+        return readers::read_status_ndjson(ndjson, &read(ndjson)?, &read(labels)?, cpu.as_deref());
     }
     let trace: LabeledTrace =
         serde_json::from_str(&read(input)?).map_err(|e| format!("'{input}': {e}"))?;

@@ -2,13 +2,14 @@
 //! - the H200 fixture (`trace-hold-leak-steady.json`: `roles` and a 10 Hz `trace`);
 //! - `vramctl status --json --watch 0.1` NDJSON (schema 1) plus the workloads'
 //!   `labels.jsonl` (`{"t": unix_s, "pid": N, "role": "...", "event": "start" |
-//!   "leak_start" | "idle_start" | "end"}`).
+//!   "leak_start" | "idle_start" | "end"}`), and optionally `cpu.jsonl` (`{"t": unix_s,
+//!   "pid": N, "cpu_time_ms": N}`, from `scripts/record-leak-traces.sh`).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use vramctl_core::analysis::{DeviceActivitySample, Sample};
+use vramctl_core::analysis::{CpuSample, DeviceActivitySample, Sample};
 
 use super::labeled::{Label, LabeledSeries, LabeledTrace};
 
@@ -56,6 +57,30 @@ fn label_for(pid: u32, events: &[LabelEvent]) -> (String, Label, Option<i64>) {
         Label::NotLeak
     };
     (role, label, at("start"))
+}
+
+#[derive(Debug, Deserialize)]
+struct CpuLine {
+    t: f64,
+    pid: u32,
+    cpu_time_ms: u64,
+}
+
+/// `cpu.jsonl` → CPU samples per PID.
+pub fn parse_cpu(text: &str) -> Result<BTreeMap<u32, Vec<CpuSample>>, String> {
+    let mut per_pid: BTreeMap<u32, Vec<CpuSample>> = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let c: CpuLine =
+            serde_json::from_str(line).map_err(|e| format!("cpu line {}: {e}", i + 1))?;
+        per_pid.entry(c.pid).or_default().push(CpuSample {
+            t_unix_ms: secs_to_ms(c.t),
+            cpu_time_ms: c.cpu_time_ms,
+        });
+    }
+    Ok(per_pid)
 }
 
 #[derive(Debug, Deserialize)]
@@ -171,8 +196,10 @@ pub fn read_status_ndjson(
     name: &str,
     ndjson: &str,
     labels: &str,
+    cpu: Option<&str>,
 ) -> Result<Vec<LabeledTrace>, String> {
     let events = parse_labels(labels)?;
+    let mut cpu = cpu.map(parse_cpu).transpose()?.unwrap_or_default();
     let mut devices: BTreeMap<String, DeviceAcc> = BTreeMap::new();
     for (i, line) in ndjson.lines().enumerate() {
         if line.trim().is_empty() {
@@ -233,7 +260,7 @@ pub fn read_status_ndjson(
                         samples,
                         sm: Vec::new(),
                         device: acc.util.clone(),
-                        cpu: Vec::new(),
+                        cpu: cpu.remove(&pid).unwrap_or_default(),
                     }
                 })
                 .collect();
@@ -259,7 +286,8 @@ mod tests {
         let labels = r#"{"t": 1795982400.0, "pid": 7, "role": "leak-fast", "event": "start"}
 {"t": 1795982400.05, "pid": 7, "role": "leak-fast", "event": "leak_start"}
 "#;
-        let traces = read_status_ndjson("run", ndjson, labels).unwrap();
+        let cpu = r#"{"t": 1795982400.0, "pid": 7, "cpu_time_ms": 10}"#;
+        let traces = read_status_ndjson("run", ndjson, labels, Some(cpu)).unwrap();
         assert_eq!(traces.len(), 1);
         let t = &traces[0];
         assert_eq!(t.capacity_bytes, Some(100));
@@ -279,16 +307,19 @@ mod tests {
         assert_eq!(s.samples.len(), 2);
         assert_eq!(s.samples[1].bytes, 40);
         assert_eq!(s.device[1].processes_on_device, 2);
+        assert_eq!(s.cpu.len(), 1);
+        assert_eq!(s.cpu[0].cpu_time_ms, 10);
     }
 
     #[test]
     fn malformed_input_is_an_error_not_a_panic() {
-        assert!(read_status_ndjson("x", "{not json", "").is_err());
+        assert!(read_status_ndjson("x", "{not json", "", None).is_err());
         assert!(
             read_status_ndjson(
                 "x",
                 r#"{"schema":2,"taken_at":"2026-01-01T00:00:00Z","devices":[]}"#,
-                ""
+                "",
+                None
             )
             .is_err()
         );
@@ -296,11 +327,13 @@ mod tests {
             read_status_ndjson(
                 "x",
                 r#"{"schema":1,"taken_at":"yesterday","devices":[]}"#,
-                ""
+                "",
+                None
             )
             .is_err()
         );
         assert!(parse_labels("{\"t\": 1}").is_err());
+        assert!(parse_cpu("{\"t\": 1, \"pid\": 2}").is_err());
         assert!(read_fixture("[]", "", 0).is_err());
     }
 }
