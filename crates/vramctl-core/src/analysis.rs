@@ -653,6 +653,17 @@ mod tests {
             Sample::new(T0 + 2, u64::MAX),
         ]);
         assert!(r.samples == 3);
+        // At both ends of the time range, with memory near u64::MAX, rising or falling.
+        let edge = series::MAX_ABS_T_MS;
+        let rising: Vec<Sample> = (0..300)
+            .map(|i| Sample::new(-edge + i * 1000, u64::MAX / 2 + i as u64 * GIB))
+            .collect();
+        let r = run(&rising);
+        assert!(r.net_growth_bytes > 0, "{}", r.explanation);
+        let falling: Vec<Sample> = (0..300)
+            .map(|i| Sample::new(edge - 300_000 + i * 1000, u64::MAX - i as u64 * GIB))
+            .collect();
+        assert_eq!(run(&falling).verdict, Verdict::Stable);
     }
 
     #[test]

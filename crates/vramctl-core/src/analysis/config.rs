@@ -7,6 +7,9 @@ use super::AnalysisError;
 const MIB: u64 = 1024 * 1024;
 const GIB: u64 = 1024 * MIB;
 
+/// Longest duration a threshold may have (keeps time arithmetic far from overflow).
+const MAX_DURATION: Duration = Duration::from_secs(30 * 365 * 86_400);
+
 /// Every threshold the verdicts use. `Default` gives the documented values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeakConfig {
@@ -117,6 +120,21 @@ impl LeakConfig {
         if !(self.cpu_idle_fraction >= 0.0 && self.cpu_idle_fraction.is_finite()) {
             return bad("the CPU idle fraction must be a non-negative number");
         }
+        let durations = [
+            self.min_leak_duration,
+            self.min_irregular_duration,
+            self.coarse_step_gap,
+            self.plateau,
+            self.min_warmup,
+            self.max_warmup,
+            self.urgent_time_to_full,
+            self.max_floor_window,
+            self.idle_for,
+            self.max_evidence_gap,
+        ];
+        if durations.iter().any(|d| *d > MAX_DURATION) {
+            return bad("durations must be shorter than 30 years");
+        }
         if self.plateau.is_zero() {
             return bad("the plateau must be longer than 0 s");
         }
@@ -163,6 +181,11 @@ mod tests {
         assert!(cfg.validate().is_err());
         let cfg = LeakConfig {
             plateau: Duration::ZERO,
+            ..LeakConfig::default()
+        };
+        assert!(cfg.validate().is_err());
+        let cfg = LeakConfig {
+            idle_for: Duration::MAX,
             ..LeakConfig::default()
         };
         assert!(cfg.validate().is_err());

@@ -17,6 +17,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::series::MAX_ABS_T_MS;
+
 /// Per-process SM activity, where the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SmSample {
@@ -170,7 +172,7 @@ impl IdleFold {
     }
 
     pub fn push_sm(&mut self, s: SmSample) {
-        if self.last_sm.is_some_and(|p| s.t_unix_ms <= p) {
+        if self.last_sm.is_some_and(|p| s.t_unix_ms <= p) || s.t_unix_ms.abs() > MAX_ABS_T_MS {
             return;
         }
         self.sources |= Evidence::ProcessSm.bit();
@@ -185,7 +187,7 @@ impl IdleFold {
     }
 
     pub fn push_device(&mut self, s: DeviceActivitySample) {
-        if self.last_device.is_some_and(|p| s.t_unix_ms <= p) {
+        if self.last_device.is_some_and(|p| s.t_unix_ms <= p) || s.t_unix_ms.abs() > MAX_ABS_T_MS {
             return;
         }
         let interval = Self::covered(self.last_device, s.t_unix_ms, self.max_gap_ms);
@@ -205,6 +207,9 @@ impl IdleFold {
     }
 
     pub fn push_cpu(&mut self, s: CpuSample) {
+        if s.t_unix_ms.abs() > MAX_ABS_T_MS {
+            return;
+        }
         let Some(prev) = self.last_cpu else {
             self.last_cpu = Some(s);
             self.sources |= Evidence::CpuTime.bit();

@@ -94,6 +94,10 @@ impl Point {
     }
 }
 
+/// Timestamps beyond ±2^53 ms (±285,000 years) are not times; ignoring them keeps every
+/// difference of times far from overflow.
+pub(crate) const MAX_ABS_T_MS: i64 = 1 << 53;
+
 /// Width of the first head buckets; doubled whenever the head is full.
 const INITIAL_BUCKET_MS: i64 = 1000;
 
@@ -130,9 +134,12 @@ impl Tiered {
         }
     }
 
-    /// Adds a sample; one not later than the previous one is ignored (and counted).
+    /// Adds a sample; one not later than the previous one, or with an impossible
+    /// timestamp, is ignored (and counted).
     pub fn push(&mut self, sample: &Sample) -> bool {
-        if self.last_t.is_some_and(|t| sample.t_unix_ms <= t) {
+        if self.last_t.is_some_and(|t| sample.t_unix_ms <= t)
+            || sample.t_unix_ms.abs() > MAX_ABS_T_MS
+        {
             self.ignored += 1;
             return false;
         }
