@@ -7,6 +7,8 @@
 //! Inputs (any number; none = the synthetic suite):
 //! - `synthetic`: the seven workloads of `scripts/workloads/` on a model of the caching
 //!   allocator (`--seeds N`, `--duration S`, `--interval-ms MS` vary them);
+//! - `extras`: harder cases on the same model (training with a first eval pass, variable
+//!   inference requests, a model loaded after 30 s, a 2 MB/s leak);
 //! - `fixture:TRACE.json:LABELS.jsonl`: the H200 fixture format;
 //! - `status:STATUS.ndjson:LABELS.jsonl[:CPU.jsonl]`: `vramctl status --json --watch 0.1`
 //!   output, the workloads' `labels.jsonl` and optionally the CPU times that
@@ -96,6 +98,16 @@ fn load(input: &str, o: &Options) -> Result<Vec<LabeledTrace>, String> {
         let mut traces = Vec::new();
         for seed in 0..o.seeds {
             for mut t in synth::workloads_at(o.duration_s, 1 + seed * 10, o.interval_ms) {
+                t.name = format!("{} s{seed}", t.name);
+                traces.push(t);
+            }
+        }
+        return Ok(traces);
+    }
+    if input == "extras" {
+        let mut traces = Vec::new();
+        for seed in 0..o.seeds {
+            for mut t in synth::extras(o.duration_s, 100 + seed * 10, o.interval_ms) {
                 t.name = format!("{} s{seed}", t.name);
                 traces.push(t);
             }

@@ -555,6 +555,12 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
         assert!(!r.trend.regular_steps);
         assert!(!r.checks.persistent);
+        assert!(r.checks.irregular_staircase);
+        assert!(
+            r.explanation.contains("28 s of irregular steps"),
+            "{}",
+            r.explanation
+        );
         // Once it stops for long enough, it is stable.
         let s = series(1200, 100, |t| {
             GIB + steps

@@ -123,8 +123,13 @@ pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
         Verdict::Growing => {
             let why = if !report.checks.settled {
                 "still warming up".to_owned()
+            } else if report.checks.irregular_staircase {
+                format!(
+                    "{} of irregular steps, as warm-up with growing shapes makes; not yet a leak",
+                    duration(r.growth_span_sec)
+                )
             } else if !report.checks.persistent {
-                format!("only {} of growth so far", duration(r.duration_sec))
+                format!("only {} of growth so far", duration(r.growth_span_sec))
             } else if !report.checks.material {
                 "too little growth yet for a leak".to_owned()
             } else {

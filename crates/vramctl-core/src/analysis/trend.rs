@@ -92,6 +92,9 @@ pub struct LeakChecks {
     pub persistent: bool,
     /// Still rising at the end.
     pub still_growing: bool,
+    /// Growth long enough, but in coarse irregular steps for less than
+    /// `min_irregular_duration`: what holds back `persistent` (dynamic shapes warm up so).
+    pub irregular_staircase: bool,
     /// The device is full within `urgent_time_to_full` at this slope.
     pub urgent: bool,
 }
@@ -600,14 +603,17 @@ fn checks_for(
         && region.slope_bytes_per_sec >= cfg.min_slope_bytes_per_sec;
     let urgent = time_to_full(free, region.slope_bytes_per_sec)
         .is_some_and(|eta| eta < cfg.urgent_time_to_full.as_secs_f64());
+    let long_enough = region.growth_span_sec >= cfg.min_leak_duration.as_secs_f64();
+    let irregular_staircase = long_enough
+        && region.median_rise_gap_sec > cfg.coarse_step_gap.as_secs_f64()
+        && !region.regular_steps
+        && region.growth_span_sec < cfg.min_irregular_duration.as_secs_f64();
     LeakChecks {
         settled,
         significant: region.p_value() < cfg.alpha,
         material,
-        persistent: region.growth_span_sec >= cfg.min_leak_duration.as_secs_f64()
-            && (region.median_rise_gap_sec <= cfg.coarse_step_gap.as_secs_f64()
-                || region.regular_steps
-                || region.growth_span_sec >= cfg.min_irregular_duration.as_secs_f64()),
+        persistent: long_enough && !irregular_staircase,
+        irregular_staircase,
         still_growing: region.still_growing,
         urgent,
     }

@@ -543,6 +543,129 @@ pub fn idle_holder(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace
     )
 }
 
+/// Harder cases beyond the seven scripts. Not a leak: training whose first eval pass (at
+/// 60 s) caches 1 GiB more, then repeats every 60 s reusing it.
+pub fn train_with_eval(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let mut model = Mlp::new(&mut sim, 4096, 4);
+    let mut next_eval = 60_000;
+    while sim.t_ms < duration_s * 1000 {
+        if sim.t_ms >= next_eval {
+            let mut cache = Vec::new();
+            for _ in 0..8 {
+                cache.push(sim.alloc.alloc(128 * MIB));
+                sim.wait(375);
+            }
+            for b in cache {
+                sim.alloc.free(b);
+            }
+            next_eval += 60_000;
+        }
+        let input = sim.alloc.alloc(512 * 4096 * 4);
+        model.train_step(&mut sim, 512);
+        sim.alloc.free(input);
+        sim.wait(150);
+    }
+    trace(
+        "train_with_eval",
+        series("train_with_eval", "train-eval", Label::NotLeak, sim, false),
+    )
+}
+
+/// Not a leak: an inference server with requests of random size (1–6 GiB, built over
+/// 1–3 s, held 1–2 s, released with `empty_cache`, 1–4 s apart).
+pub fn infer_variable(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let _weights = sim.alloc.alloc(4 * GIB);
+    while sim.t_ms < duration_s * 1000 {
+        let chunks = sim.rng().range(2, 12);
+        let build_ms = sim.rng().range(1000, 3000);
+        let mut kv = Vec::new();
+        for _ in 0..chunks {
+            kv.push(sim.alloc.alloc(512 * MIB));
+            sim.wait(build_ms / chunks);
+        }
+        let hold = sim.rng().range(1000, 2000);
+        sim.wait(hold);
+        for b in kv {
+            sim.alloc.free(b);
+        }
+        sim.alloc.empty_cache();
+        let pause = sim.rng().range(1000, 4000);
+        sim.wait(pause);
+    }
+    trace(
+        "infer_variable",
+        series(
+            "infer_variable",
+            "infer-variable",
+            Label::NotLeak,
+            sim,
+            false,
+        ),
+    )
+}
+
+/// Not a leak: 30 s of data preparation holding only the context, then 20 GiB of weights
+/// loaded in 5 s, then steady inference.
+pub fn late_model_load(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    sim.wait(30_000);
+    let mut weights = Vec::new();
+    for _ in 0..20 {
+        weights.push(sim.alloc.alloc(GIB));
+        sim.wait(250);
+    }
+    while sim.t_ms < duration_s * 1000 {
+        let x = sim.alloc.alloc(64 * MIB);
+        let y = sim.alloc.alloc(64 * MIB);
+        sim.alloc.free(x);
+        sim.alloc.free(y);
+        sim.wait(200);
+    }
+    trace(
+        "late_model_load",
+        series("late_model_load", "late-load", Label::NotLeak, sim, false),
+    )
+}
+
+/// A slow leak: ~2 MB/s of 512 KiB tensors (small pool, 2 MiB segments) after 60 s.
+pub fn leak_slow(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let mut model = Mlp::new(&mut sim, 1024, 4);
+    let mut kept = Vec::new();
+    let mut leak_start = None;
+    while sim.t_ms < duration_s * 1000 {
+        model.train_step(&mut sim, 128);
+        if sim.t_ms >= 60_000 {
+            leak_start.get_or_insert(T0 + sim.t_ms);
+            kept.push(sim.alloc.alloc(512 * KIB));
+        }
+        sim.wait(250);
+    }
+    let label = Label::Leak {
+        leak_start_unix_ms: leak_start.unwrap_or(T0 + 60_000),
+    };
+    trace(
+        "leak_slow",
+        series("leak_slow", "leak-slow", label, sim, false),
+    )
+}
+
+/// The harder cases, sampled every `interval_ms`.
+pub fn extras(duration_s: i64, seed: u64, interval_ms: i64) -> Vec<LabeledTrace> {
+    vec![
+        train_with_eval(duration_s, seed, interval_ms),
+        infer_variable(duration_s, seed + 1, interval_ms),
+        late_model_load(duration_s, seed + 2, interval_ms),
+        leak_slow(duration_s, seed + 3, interval_ms),
+    ]
+}
+
 /// All seven, as the lead will record them (`DURATION` = `duration_s`), at 10 Hz.
 pub fn workloads(duration_s: i64, seed: u64) -> Vec<LabeledTrace> {
     workloads_at(duration_s, seed, 100)

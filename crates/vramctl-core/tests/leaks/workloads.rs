@@ -92,6 +92,30 @@ fn synthetic_workloads_at_1_hz() {
 }
 
 #[test]
+fn harder_synthetic_cases() {
+    let mut outcomes = Vec::new();
+    for trace in synth::extras(300, 100, 100) {
+        outcomes.extend(evaluate(&trace, &cfg()));
+    }
+    println!("{}", render(&outcomes));
+    for o in &outcomes {
+        match o.role.as_str() {
+            "leak-slow" => {
+                // 2 MB/s needs 64 s to grow 128 MiB: found, later than the 10 MB/s goal.
+                assert_eq!(o.class, Class::Found);
+                assert!(o.delay_sec.expect("delay") < 70.0);
+            }
+            "infer-variable" => assert_eq!(o.final_verdict, Some(Verdict::Sawtooth)),
+            _ => assert_eq!(o.final_verdict, Some(Verdict::Stable)),
+        }
+        assert!(o.label == Label::NotLeak || o.class == Class::Found);
+        if o.label == Label::NotLeak {
+            assert_eq!(o.first_leak_unix_ms, None, "{}: {:?}", o.trace, o.changes);
+        }
+    }
+}
+
+#[test]
 fn h200_fixture_live() {
     let outcomes = evaluate(&fixture(), &cfg());
     println!("{}", render(&outcomes));
