@@ -740,6 +740,38 @@ mod tests {
     }
 
     #[test]
+    fn tracker_reports_an_idle_holder_once_idle_long_enough() {
+        let cfg = LeakConfig {
+            idle_for: Duration::from_secs(120),
+            ..LeakConfig::default()
+        };
+        let mut tracker = ProcessTracker::new(ctx(), cfg).unwrap();
+        let mut changes = Vec::new();
+        for i in 0..400 {
+            let t = T0 + i * 1000;
+            // Busy alone on the device for a minute, then 0 %.
+            let util = if i < 60 { 80 } else { 0 };
+            tracker.push_device(DeviceActivitySample {
+                t_unix_ms: t,
+                utilization_gpu_percent: util,
+                processes_on_device: 1,
+            });
+            if let Some(c) = tracker.push(Sample::new(t, 12 * GIB)) {
+                changes.push((c.at_unix_ms - T0, c.to));
+            }
+        }
+        let (at, verdict) = *changes.last().unwrap();
+        assert_eq!(verdict, Verdict::IdleHolder);
+        // Idle from 59 s; idle_for 120 s; the periodic re-check comes within 5 s.
+        assert!((179_000..=185_000).contains(&at), "{at}");
+        let r = tracker.report().unwrap();
+        assert_eq!(r.idle.evidence, vec![Evidence::DeviceUtilization]);
+        assert_eq!(r.idle.last_active_unix_ms, Some(T0 + 59_000));
+        // Fewer analyses than samples: activity that goes on does not trigger one.
+        assert!(tracker.analyses() < 120, "{}", tracker.analyses());
+    }
+
+    #[test]
     fn tracker_and_batch_agree() {
         let s = series(2000, 100, |t| {
             GIB + granule(((t - 60_000).max(0) as f64) * 30e3)

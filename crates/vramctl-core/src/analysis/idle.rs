@@ -287,10 +287,21 @@ impl IdleFold {
         }
     }
 
-    /// The report as of `now` (the end of the memory series).
+    /// What changes when the evidence changes the picture (an idle span begins or ends),
+    /// not when it merely goes on (a busy process stays busy, an idle one idle).
+    pub fn state_key(&self) -> (Option<i64>, bool) {
+        (self.span.map(|s| s.from), self.last_active.is_some())
+    }
+
+    /// The report as of `now` (the end of the memory series); evidence after `now` is
+    /// not counted.
     pub fn report(&self, now: i64) -> IdleReport {
         let current = self
             .span
+            .map(|s| Span {
+                to: s.to.min(now),
+                ..s
+            })
             .filter(|s| now - s.to <= self.max_gap_ms && s.to > s.from);
         let mut periods = self.periods.clone();
         if let Some(s) = current.filter(|s| s.to - s.from >= self.idle_for_ms) {

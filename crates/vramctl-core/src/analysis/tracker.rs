@@ -2,7 +2,8 @@
 //!
 //! Pushing a sample is O(1) amortised (it goes into the bounded [`Tiered`] series). The
 //! full analysis — the same one [`analyze`](super::analyze) runs — is re-run only when it
-//! can matter: when the memory level or the activity evidence changed, at most once per
+//! can matter: when the memory level changed or the activity evidence changed the picture
+//! (an idle span began or ended, not merely went on), at most once per
 //! `RECHECK_MIN_MS` of sample time (`RECHECK_MAX_MS` once the verdict is `leak`,
 //! `sawtooth` or `idle-holder`, which only a plateau or new activity can end), and
 //! otherwise every `RECHECK_MAX_MS` so that verdicts that change with time alone (a
@@ -119,20 +120,23 @@ impl ProcessTracker {
 
     /// Adds a per-process SM activity sample.
     pub fn push_sm(&mut self, sample: SmSample) {
+        let before = self.idle.state_key();
         self.idle.push_sm(sample);
-        self.dirty = true;
+        self.dirty |= self.idle.state_key() != before;
     }
 
     /// Adds a device utilization sample.
     pub fn push_device(&mut self, sample: DeviceActivitySample) {
+        let before = self.idle.state_key();
         self.idle.push_device(sample);
-        self.dirty = true;
+        self.dirty |= self.idle.state_key() != before;
     }
 
     /// Adds a CPU time sample.
     pub fn push_cpu(&mut self, sample: CpuSample) {
+        let before = self.idle.state_key();
         self.idle.push_cpu(sample);
-        self.dirty = true;
+        self.dirty |= self.idle.state_key() != before;
     }
 
     /// Updates the device's free memory (for the time to full).
