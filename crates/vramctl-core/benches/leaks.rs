@@ -4,7 +4,8 @@
 //!   8 GPUs × 30 processes (240 series of 86,400 samples: steady after warm-up, sawtooth,
 //!   slow leaks, staircase leaks, noise). Goal: under 1 s.
 //! - `tracker_push_*`: live mode, one sample pushed into a `ProcessTracker` (amortised,
-//!   the re-analyses included) for a flat process, a leaking one and a sawtooth. 240
+//!   the re-analyses included) for a flat process, a leaking one, a sawtooth, and a busy
+//!   one with its device and CPU evidence pushed every tick. 240
 //!   series at 10 Hz are 2,400 pushes a second; under 1 % of a core is 4.2 µs per push.
 //!
 //!   cargo bench -p vramctl-core --bench leaks
@@ -15,7 +16,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use vramctl_core::analysis::{
-    ActivityInputs, LeakConfig, ProcessTracker, Sample, SeriesContext, analyze,
+    ActivityInputs, CpuSample, DeviceActivitySample, LeakConfig, ProcessTracker, Sample,
+    SeriesContext, analyze,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -125,6 +127,40 @@ fn bench(c: &mut Criterion) {
             });
         });
     }
+
+    // A busy process with its evidence pushed every tick (device alone at 70 %, CPU time
+    // rising): what `leaks --watch` does for every process.
+    let push_busy = |tracker: &mut ProcessTracker| {
+        for (i, s) in flat.iter().enumerate() {
+            let t = s.t_unix_ms;
+            tracker.push_device(DeviceActivitySample {
+                t_unix_ms: t,
+                utilization_gpu_percent: 70,
+                processes_on_device: 1,
+            });
+            tracker.push_cpu(CpuSample {
+                t_unix_ms: t,
+                cpu_time_ms: i as u64 * 90,
+            });
+            black_box(tracker.push(*s));
+        }
+    };
+    let mut tracker = ProcessTracker::new(ctx(), cfg.clone()).unwrap();
+    push_busy(&mut tracker);
+    println!(
+        "busy with evidence: {} analyses for {} samples, final verdict {:?}",
+        tracker.analyses(),
+        flat.len(),
+        tracker.verdict()
+    );
+    group.throughput(criterion::Throughput::Elements(flat.len() as u64));
+    group.bench_function("tracker_push_1h_10hz_busy_with_evidence", |b| {
+        b.iter(|| {
+            let mut tracker = ProcessTracker::new(ctx(), cfg.clone()).unwrap();
+            push_busy(&mut tracker);
+            tracker.analyses()
+        });
+    });
     group.finish();
 }
 
