@@ -1,0 +1,821 @@
+//! Leak and idle-holder verdicts from a memory series: pure functions, no clock, no I/O.
+//!
+//! A process's NVML memory is its CUDA context plus its caching allocator's reserved
+//! cache, in 2 MiB / 20 MiB granules. Such a series rises in steps while the cache warms
+//! up and then plateaus once it covers the peak; it drops when the program releases the
+//! cache (`empty_cache`). So a rise is not a leak: a **leak** is growth of the memory the
+//! process *retains* that goes on after warm-up (or that fills the device within minutes).
+//! `docs/leaks.md` gives the method, its formulas and thresholds, and its known limits.
+//!
+//! Entry points:
+//! - [`analyze`]: one series (and its activity evidence) → [`SeriesReport`].
+//! - [`ProcessTracker`]: the same analysis fed one sample at a time, reporting a
+//!   [`VerdictChange`] when the verdict changes (`leaks --watch`).
+//!
+//! Every report carries the numbers behind its verdict (slope, significance, onset,
+//! growth, time to full, the gates that passed) and a one-line explanation.
+
+mod config;
+mod explain;
+mod idle;
+mod series;
+pub(crate) mod stats;
+mod tracker;
+mod trend;
+
+use serde::Serialize;
+
+pub use config::LeakConfig;
+pub use explain::{ExplainStyle, explain, utc_clock};
+pub use idle::{CpuSample, DeviceActivitySample, Evidence, IdlePeriod, IdleReport, SmSample};
+pub use series::Sample;
+pub use stats::MannKendall;
+pub use tracker::{ProcessTracker, VerdictChange};
+pub use trend::{LeakChecks, LeakRule, TrendTest};
+
+use config::ms;
+use idle::IdleFold;
+use series::Tiered;
+use trend::{MemoryVerdict, TrendInputs};
+
+/// What the analysis concludes about one series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// The retained memory keeps growing after warm-up (or fills the device within
+    /// minutes).
+    Leak,
+    /// Growing, but still warming up or without enough evidence for a leak yet.
+    Growing,
+    /// No growth of the retained memory.
+    Stable,
+    /// Allocates and frees in cycles (e.g. inference with cache release); the floor is
+    /// stable.
+    Sawtooth,
+    /// Holds at least `min_idle_bytes` and has not used the GPU for `idle_for`.
+    IdleHolder,
+}
+
+impl Verdict {
+    /// The name used in human output and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Leak => "leak",
+            Self::Growing => "growing",
+            Self::Stable => "stable",
+            Self::Sawtooth => "sawtooth",
+            Self::IdleHolder => "idle-holder",
+        }
+    }
+}
+
+/// Whether the process is still warming up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Before the first plateau (and within `max_warmup` of the start).
+    WarmUp,
+    /// After it.
+    Settled,
+}
+
+/// What the analysis needs to know besides the samples.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeriesContext {
+    /// The device's (or MIG instance's) total memory.
+    pub capacity_bytes: Option<u64>,
+    /// The device's free memory now: time to full = free / slope.
+    pub free_bytes: Option<u64>,
+    /// When the process started (from /proc, or when the store first saw it). `None`:
+    /// assume it started at the first sample, so growth at the start counts as warm-up.
+    pub process_start_unix_ms: Option<i64>,
+    /// The device as the user knows it (`GPU 0`), for the explanation.
+    pub device_label: Option<String>,
+}
+
+/// Activity evidence for the idle-holder verdict; every slice may be empty.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ActivityInputs<'a> {
+    /// Per-process SM activity, where the driver reports it.
+    pub process_sm: &'a [SmSample],
+    /// The device's utilization, with the number of processes on it at each time.
+    pub device: &'a [DeviceActivitySample],
+    /// The process's cumulative CPU time.
+    pub cpu: &'a [CpuSample],
+}
+
+/// Everything the analysis found about one series, with the numbers behind the verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeriesReport {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// One line for humans, e.g. `leaks 38 MB/s since 14:02:10 UTC (…); at this rate GPU 0
+    /// is full in 6 min`.
+    pub explanation: String,
+    /// The leak rule that fired, for `leak`.
+    pub rule: Option<LeakRule>,
+    /// First and last sample used.
+    pub first_unix_ms: i64,
+    /// Last sample: the time the verdict speaks for.
+    pub last_unix_ms: i64,
+    /// Samples used.
+    pub samples: u64,
+    /// Samples ignored because they were not later than the one before.
+    pub ignored_samples: u64,
+    /// Gaps marked in the series.
+    pub gaps: u32,
+    /// Memory at the last sample.
+    pub current_bytes: u64,
+    /// Highest memory seen.
+    pub peak_bytes: u64,
+    /// The floor (memory held through a whole allocate/free cycle) at the last sample.
+    pub floor_bytes: u64,
+    /// Where the judged growth started (`leak`, `growing`); `None` otherwise. What
+    /// `vramctl plot` marks as the leak onset.
+    pub onset_unix_ms: Option<i64>,
+    /// Growth of the retained memory over the judged region.
+    pub net_growth_bytes: i64,
+    /// Theil–Sen slope over the judged region.
+    pub slope_bytes_per_sec: f64,
+    /// One-sided Mann–Kendall p-value of "no upward trend" (1 when the region is flat).
+    pub p_value: f64,
+    /// Seconds until the device is full at this slope (`leak`, `growing`, with free memory
+    /// known).
+    pub time_to_full_sec: Option<f64>,
+    /// Warm-up or settled.
+    pub phase: Phase,
+    /// When warm-up ended.
+    pub settled_unix_ms: Option<i64>,
+    /// The numbers of the judged region.
+    pub trend: TrendTest,
+    /// The gates of the leak rules on that region.
+    pub checks: LeakChecks,
+    /// Drops that count as releases.
+    pub releases: u32,
+    /// Median time between releases.
+    pub release_period_ms: Option<i64>,
+    /// Window of the floor (0 without an ongoing sawtooth).
+    pub floor_window_ms: i64,
+    /// Rises smaller than this are noise.
+    pub noise_tolerance_bytes: u64,
+    /// Idle evidence and idle periods.
+    pub idle: IdleReport,
+}
+
+/// Why no report could be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AnalysisError {
+    /// The series has no usable sample.
+    #[error("the series has no samples; record some first")]
+    NoSamples,
+    /// A threshold is out of range.
+    #[error("invalid leak analysis setting: {0}")]
+    InvalidConfig(String),
+}
+
+/// Analyses one series with its activity evidence.
+///
+/// Samples must be in time order; one not later than its predecessor is ignored (and
+/// counted in `ignored_samples`). Cost: O(n) to fold the samples into at most
+/// `tail_points + head_points` points, then O(m²) with m ≤ `max_test_points` for the tests.
+///
+/// # Errors
+/// [`AnalysisError::NoSamples`] for an empty series, [`AnalysisError::InvalidConfig`] for
+/// bad thresholds.
+pub fn analyze(
+    samples: &[Sample],
+    activity: &ActivityInputs<'_>,
+    ctx: &SeriesContext,
+    cfg: &LeakConfig,
+) -> Result<SeriesReport, AnalysisError> {
+    cfg.validate()?;
+    let mut series = Tiered::new(cfg.tail_points, cfg.head_points);
+    for s in samples {
+        series.push(s);
+    }
+    let mut idle = IdleFold::new(
+        ms(cfg.max_evidence_gap),
+        ms(cfg.idle_for),
+        cfg.cpu_idle_fraction,
+    );
+    fold_activity(&mut idle, activity);
+    report(&series, &idle, ctx, cfg).ok_or(AnalysisError::NoSamples)
+}
+
+/// Feeds the three sources to the fold in time order.
+fn fold_activity(idle: &mut IdleFold, activity: &ActivityInputs<'_>) {
+    let (mut a, mut b, mut c) = (0, 0, 0);
+    loop {
+        let ta = activity.process_sm.get(a).map(|s| s.t_unix_ms);
+        let tb = activity.device.get(b).map(|s| s.t_unix_ms);
+        let tc = activity.cpu.get(c).map(|s| s.t_unix_ms);
+        let next = [ta, tb, tc].into_iter().flatten().min();
+        let Some(t) = next else { break };
+        if ta == Some(t) {
+            idle.push_sm(activity.process_sm[a]);
+            a += 1;
+        } else if tb == Some(t) {
+            idle.push_device(activity.device[b]);
+            b += 1;
+        } else {
+            idle.push_cpu(activity.cpu[c]);
+            c += 1;
+        }
+    }
+}
+
+/// The report for the current state of a series; `None` when it has no sample.
+pub(crate) fn report(
+    series: &Tiered,
+    idle: &IdleFold,
+    ctx: &SeriesContext,
+    cfg: &LeakConfig,
+) -> Option<SeriesReport> {
+    let points = series.points();
+    let last = *series.last()?;
+    let first = series.first_t()?;
+    let trend = trend::analyze(
+        &points,
+        TrendInputs {
+            process_start_unix_ms: ctx.process_start_unix_ms,
+            free_bytes: ctx.free_bytes,
+        },
+        cfg,
+    );
+    let idle_report = idle.report(last.t_last);
+    let idle_holder = idle_report
+        .idle_sec
+        .is_some_and(|s| s >= cfg.idle_for.as_secs_f64())
+        && last.last >= cfg.min_idle_bytes;
+    let (verdict, rule) = match trend.verdict {
+        MemoryVerdict::Leak(rule) => (Verdict::Leak, Some(rule)),
+        _ if idle_holder => (Verdict::IdleHolder, None),
+        MemoryVerdict::Growing => (Verdict::Growing, None),
+        MemoryVerdict::Sawtooth => (Verdict::Sawtooth, None),
+        MemoryVerdict::Stable => (Verdict::Stable, None),
+    };
+    let mut report = SeriesReport {
+        verdict,
+        explanation: String::new(),
+        rule,
+        first_unix_ms: first,
+        last_unix_ms: last.t_last,
+        samples: series.accepted,
+        ignored_samples: series.ignored,
+        gaps: series.gaps,
+        current_bytes: last.last,
+        peak_bytes: series.peak,
+        floor_bytes: trend.floor_bytes,
+        onset_unix_ms: trend.onset_unix_ms,
+        net_growth_bytes: trend.region.net_growth_bytes,
+        slope_bytes_per_sec: trend.region.slope_bytes_per_sec,
+        p_value: trend.region.p_value(),
+        time_to_full_sec: trend.time_to_full_sec,
+        phase: if trend.settled_unix_ms.is_some() {
+            Phase::Settled
+        } else {
+            Phase::WarmUp
+        },
+        settled_unix_ms: trend.settled_unix_ms,
+        trend: trend.region,
+        checks: trend.checks,
+        releases: trend.releases,
+        release_period_ms: trend.release_period_ms,
+        floor_window_ms: trend.floor_window_ms,
+        noise_tolerance_bytes: trend.noise_tolerance_bytes,
+        idle: idle_report,
+    };
+    let device = ctx.device_label.as_deref().unwrap_or("the device");
+    report.explanation = explain(
+        &report,
+        &ExplainStyle {
+            device,
+            time: &utc_clock,
+        },
+    );
+    Some(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+    const GIB: u64 = 1024 * MIB;
+    const T0: i64 = 1_700_000_000_000;
+
+    /// `n` samples `dt_ms` apart, memory from `f(ms since start)`.
+    fn series(n: i64, dt_ms: i64, f: impl Fn(i64) -> u64) -> Vec<Sample> {
+        (0..n)
+            .map(|i| Sample::new(T0 + i * dt_ms, f(i * dt_ms)))
+            .collect()
+    }
+
+    fn ctx() -> SeriesContext {
+        SeriesContext {
+            capacity_bytes: Some(141 * GIB),
+            free_bytes: Some(100 * GIB),
+            process_start_unix_ms: Some(T0),
+            device_label: Some("GPU 0".to_owned()),
+        }
+    }
+
+    fn run(samples: &[Sample]) -> SeriesReport {
+        analyze(
+            samples,
+            &ActivityInputs::default(),
+            &ctx(),
+            &LeakConfig::default(),
+        )
+        .unwrap()
+    }
+
+    /// Granular like NVML: rounded down to 2 MiB.
+    fn granule(bytes: f64) -> u64 {
+        (bytes.max(0.0) as u64) / (2 * MIB) * (2 * MIB)
+    }
+
+    /// Deterministic noise in [-1, 1].
+    fn noise(i: i64) -> f64 {
+        let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+        let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        ((x >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+    }
+
+    #[test]
+    fn empty_series_is_an_error() {
+        let e = analyze(
+            &[],
+            &ActivityInputs::default(),
+            &ctx(),
+            &LeakConfig::default(),
+        );
+        assert_eq!(e, Err(AnalysisError::NoSamples));
+        let bad = LeakConfig {
+            alpha: 2.0,
+            ..LeakConfig::default()
+        };
+        let e = analyze(
+            &series(3, 100, |_| 1),
+            &ActivityInputs::default(),
+            &ctx(),
+            &bad,
+        );
+        assert!(matches!(e, Err(AnalysisError::InvalidConfig(_))));
+    }
+
+    #[test]
+    fn single_sample_has_nothing_to_judge() {
+        let r = run(&[Sample::new(T0, 3 * GIB)]);
+        assert_eq!(r.verdict, Verdict::Stable);
+        assert_eq!(r.samples, 1);
+        assert_eq!(r.onset_unix_ms, None);
+        assert!(r.explanation.contains("single sample"), "{}", r.explanation);
+    }
+
+    #[test]
+    fn flat_is_stable() {
+        let r = run(&series(300, 1000, |_| 6 * GIB));
+        assert_eq!(r.verdict, Verdict::Stable);
+        assert_eq!(r.p_value, 1.0);
+        assert_eq!(r.slope_bytes_per_sec, 0.0);
+        assert_eq!(r.onset_unix_ms, None);
+        assert_eq!(r.time_to_full_sec, None);
+        assert_eq!(r.phase, Phase::Settled);
+        assert_eq!(
+            r.explanation,
+            "stable at 6.0 GiB after warm-up ended at 22:13:20 UTC"
+        );
+    }
+
+    #[test]
+    fn ramp_after_a_plateau_is_a_leak_with_its_numbers() {
+        // 60 s flat, then 16 MB/s (in 2 MiB granules) for 60 s, at 100 ms.
+        let rate = 16e6;
+        let s = series(1200, 100, |t| {
+            GIB + granule(((t - 60_000).max(0) as f64 / 1000.0) * rate)
+        });
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.rule, Some(LeakRule::AfterPlateau));
+        let onset = r.onset_unix_ms.unwrap() - T0;
+        assert!((59_000..=61_000).contains(&onset), "onset {onset}");
+        assert!(
+            (r.slope_bytes_per_sec / rate - 1.0).abs() < 0.05,
+            "{}",
+            r.slope_bytes_per_sec
+        );
+        let expected = rate * 60.0;
+        assert!((r.net_growth_bytes as f64 / expected - 1.0).abs() < 0.05);
+        assert!(r.p_value < 1e-6);
+        let eta = r.time_to_full_sec.unwrap();
+        assert!((eta - 100.0 * GIB as f64 / rate).abs() / eta < 0.05);
+        assert!(r.checks.significant && r.checks.material && r.checks.persistent);
+        assert!(
+            r.explanation.starts_with("leaks 16 MB/s since 22:14:"),
+            "{}",
+            r.explanation
+        );
+        assert!(
+            r.explanation.contains("GPU 0 is full in 1 h 5"),
+            "{}",
+            r.explanation
+        );
+    }
+
+    #[test]
+    fn a_leak_is_flagged_within_30_s_of_its_start_at_10_hz() {
+        // 10 MB/s, the goal's slowest leak: replay sample by sample.
+        let rate = 10e6;
+        let s = series(1500, 100, |t| {
+            GIB + granule(((t - 60_000).max(0) as f64 / 1000.0) * rate)
+        });
+        let mut tracker = ProcessTracker::new(ctx(), LeakConfig::default()).unwrap();
+        let mut flagged = None;
+        for sample in &s {
+            if let Some(change) = tracker.push(*sample) {
+                if change.to == Verdict::Leak && flagged.is_none() {
+                    flagged = Some(change.at_unix_ms - T0 - 60_000);
+                }
+            }
+        }
+        let delay = flagged.expect("flagged");
+        assert!(delay <= 30_000, "delay {delay} ms");
+    }
+
+    #[test]
+    fn growth_from_the_start_is_warm_up_unless_it_fills_the_device_soon() {
+        // 20 MB/s from the first sample for 60 s: warm-up, with 100 GiB free.
+        let s = series(600, 100, |t| granule(t as f64 / 1000.0 * 20e6));
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
+        assert_eq!(r.phase, Phase::WarmUp);
+        assert!(
+            r.explanation.contains("still warming up"),
+            "{}",
+            r.explanation
+        );
+        // The same with 1 GiB free: full in under a minute, so it is a leak now.
+        let c = SeriesContext {
+            free_bytes: Some(GIB),
+            ..ctx()
+        };
+        let r = analyze(&s, &ActivityInputs::default(), &c, &LeakConfig::default()).unwrap();
+        assert_eq!(r.verdict, Verdict::Leak);
+        assert_eq!(r.rule, Some(LeakRule::UrgentInWarmUp));
+        assert!(
+            r.explanation.contains("from its start"),
+            "{}",
+            r.explanation
+        );
+        // Without free memory known there is no time to full and no urgency.
+        let c = SeriesContext {
+            free_bytes: None,
+            ..ctx()
+        };
+        let r = analyze(&s, &ActivityInputs::default(), &c, &LeakConfig::default()).unwrap();
+        assert_eq!(r.verdict, Verdict::Growing);
+        assert_eq!(r.time_to_full_sec, None);
+    }
+
+    #[test]
+    fn warm_up_that_goes_on_too_long_is_judged() {
+        // 1 MB/s from the start for 20 min: past max_warmup (10 min) it is a leak.
+        let s = series(1200, 1000, |t| GIB + granule(t as f64 / 1000.0 * 1e6));
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.rule, Some(LeakRule::SinceWarmUp));
+        assert_eq!(r.settled_unix_ms, Some(T0 + 600_000));
+    }
+
+    #[test]
+    fn warm_up_steps_that_stop_are_stable() {
+        // Context, weights, optimizer state, a few cache steps, then a plateau.
+        let steps = [
+            (0, 580 * MIB),
+            (300, 2 * GIB),
+            (2000, 3 * GIB),
+            (5000, 3 * GIB + 40 * MIB),
+        ];
+        let s = series(600, 500, |t| {
+            steps
+                .iter()
+                .rev()
+                .find(|(at, _)| t >= *at)
+                .map_or(0, |(_, v)| *v)
+        });
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Stable, "{}", r.explanation);
+        assert_eq!(r.settled_unix_ms, Some(T0 + 5000));
+    }
+
+    #[test]
+    fn a_regular_staircase_after_a_plateau_is_a_leak() {
+        // 256 MiB every 8 s from 30 s on (leak_staircase.py), seen at 10 Hz.
+        let s = |until_ms: i64| {
+            series(until_ms / 100, 100, |t| {
+                let steps = if t < 30_000 {
+                    0
+                } else {
+                    (t - 30_000) / 8000 + 1
+                };
+                GIB + 580 * MIB + steps as u64 * 256 * MIB
+            })
+        };
+        let r = run(&s(55_000));
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert!(r.trend.regular_steps);
+        assert_eq!(r.trend.rises, 4);
+        // Two steps are not enough evidence yet.
+        let r = run(&s(40_000));
+        assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
+    }
+
+    #[test]
+    fn an_irregular_short_staircase_is_not_a_leak_yet() {
+        // Growing shapes: steps of different sizes at uneven times after a plateau.
+        let steps = [
+            (30_000, 270),
+            (35_000, 300),
+            (41_600, 350),
+            (51_000, 380),
+            (58_000, 420),
+        ];
+        let s = series(700, 100, |t| {
+            GIB + steps
+                .iter()
+                .filter(|(at, _)| t >= *at)
+                .map(|(_, m)| m * MIB)
+                .sum::<u64>()
+        });
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
+        assert!(!r.trend.regular_steps);
+        assert!(!r.checks.persistent);
+        assert!(r.checks.irregular_staircase);
+        assert!(
+            r.explanation.contains("28 s of irregular steps"),
+            "{}",
+            r.explanation
+        );
+        // Once it stops for long enough, it is stable.
+        let s = series(1200, 100, |t| {
+            GIB + steps
+                .iter()
+                .filter(|(at, _)| t >= *at)
+                .map(|(_, m)| m * MIB)
+                .sum::<u64>()
+        });
+        assert_eq!(run(&s).verdict, Verdict::Stable);
+    }
+
+    #[test]
+    fn a_sawtooth_is_not_a_leak() {
+        // 2 GiB weights; 4 GiB built over 2 s, held 2 s, released, 3 s low; period 7 s.
+        let saw = |t: i64| {
+            let phase = t % 7000;
+            let kv = if phase < 2000 {
+                phase / 250 + 1
+            } else if phase < 4000 {
+                8
+            } else {
+                0
+            };
+            580 * MIB + 2 * GIB + kv as u64 * 512 * MIB
+        };
+        let r = run(&series(3000, 100, saw));
+        assert_eq!(r.verdict, Verdict::Sawtooth, "{}", r.explanation);
+        assert!(r.releases >= 40);
+        assert_eq!(
+            r.release_period_ms.map(|p| (p + 50) / 100 * 100),
+            Some(7000)
+        );
+        assert_eq!(r.floor_bytes, 580 * MIB + 2 * GIB);
+        // The same with a floor that rises 64 MiB per cycle after a minute is a leak.
+        let rising = |t: i64| saw(t) + ((t - 60_000).max(0) / 7000) as u64 * 64 * MIB;
+        let r = run(&series(3000, 100, rising));
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+    }
+
+    #[test]
+    fn noise_is_not_a_leak_but_a_ramp_in_noise_is() {
+        // ±64 MiB of jitter around 8 GiB (many small allocate/free cycles).
+        let jitter = |i: i64| (noise(i) * 64.0 * MIB as f64) as i64;
+        let s: Vec<Sample> = (0..3000)
+            .map(|i| Sample::new(T0 + i * 100, (8 * GIB as i64 + jitter(i)) as u64))
+            .collect();
+        let r = run(&s);
+        assert_ne!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert!(r.noise_tolerance_bytes > 4 * MIB);
+        // 20 MB/s after 2 min, in the same noise.
+        let s: Vec<Sample> = (0..3000)
+            .map(|i| {
+                let t = i * 100;
+                let ramp = ((t - 120_000).max(0) as f64 / 1000.0 * 20e6) as i64;
+                Sample::new(T0 + t, (8 * GIB as i64 + jitter(i) + ramp) as u64)
+            })
+            .collect();
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        let onset = r.onset_unix_ms.unwrap() - T0;
+        assert!((100_000..=140_000).contains(&onset), "onset {onset}");
+    }
+
+    #[test]
+    fn gaps_do_not_break_a_leak() {
+        let mut s = series(1200, 100, |t| {
+            GIB + granule(((t - 30_000).max(0)) as f64 * 20e3)
+        });
+        // The recorder was down for 10 minutes; the leak went on meanwhile.
+        let after: Vec<Sample> = (0..300)
+            .map(|i| {
+                let t = 720_000 + i * 100;
+                let mut x = Sample::new(T0 + t, GIB + granule((t - 30_000) as f64 * 20e3));
+                x.gap_before = i == 0;
+                x
+            })
+            .collect();
+        s.extend(after);
+        let r = run(&s);
+        assert_eq!(r.gaps, 1);
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+    }
+
+    #[test]
+    fn huge_values_do_not_overflow() {
+        let top = u64::MAX - 10 * GIB;
+        let r = run(&series(600, 100, |_| top));
+        assert_eq!(r.verdict, Verdict::Stable);
+        let r = run(&series(600, 100, |t| {
+            top + granule((t - 20_000).max(0) as f64 * 1e4)
+        }));
+        assert!(r.net_growth_bytes > 0);
+        let r = run(&[
+            Sample::new(T0, u64::MAX),
+            Sample::new(T0 + 1, 0),
+            Sample::new(T0 + 2, u64::MAX),
+        ]);
+        assert!(r.samples == 3);
+        // At both ends of the time range, with memory near u64::MAX, rising or falling.
+        let edge = series::MAX_ABS_T_MS;
+        let rising: Vec<Sample> = (0..300)
+            .map(|i| Sample::new(-edge + i * 1000, u64::MAX / 2 + i as u64 * GIB))
+            .collect();
+        let r = run(&rising);
+        assert!(r.net_growth_bytes > 0, "{}", r.explanation);
+        let falling: Vec<Sample> = (0..300)
+            .map(|i| Sample::new(edge - 300_000 + i * 1000, u64::MAX - i as u64 * GIB))
+            .collect();
+        assert_eq!(run(&falling).verdict, Verdict::Stable);
+    }
+
+    #[test]
+    fn decreasing_is_stable() {
+        let r = run(&series(600, 1000, |t| 20 * GIB - granule(t as f64 * 1e4)));
+        assert_eq!(r.verdict, Verdict::Stable, "{}", r.explanation);
+        assert!(r.net_growth_bytes <= 0);
+    }
+
+    #[test]
+    fn samples_out_of_order_are_ignored_and_counted() {
+        let mut s = series(100, 100, |_| GIB);
+        s.insert(50, Sample::new(T0, 99 * GIB));
+        s.push(Sample::new(T0 + 9_900, 99 * GIB));
+        let r = run(&s);
+        assert_eq!(r.ignored_samples, 2);
+        assert_eq!(r.peak_bytes, GIB);
+    }
+
+    #[test]
+    fn slow_leaks_show_over_hours() {
+        // 2 MiB every 40 s (52 kB/s, 4.3 GiB a day), sampled every second for 6 h.
+        let r = run(&series(6 * 3600, 1000, |t| {
+            4 * GIB + (t / 40_000) as u64 * 2 * MIB
+        }));
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        // 256 MiB every 10 min for 6 h.
+        let r = run(&series(6 * 3600, 1000, |t| {
+            4 * GIB + (t / 600_000) as u64 * 256 * MIB
+        }));
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+    }
+
+    #[test]
+    fn idle_holder_needs_memory_and_evidence() {
+        let cfg = LeakConfig {
+            idle_for: Duration::from_secs(600),
+            ..LeakConfig::default()
+        };
+        let s = series(1800, 1000, |_| 12 * GIB);
+        let cpu: Vec<CpuSample> = (0..1800)
+            .map(|i| CpuSample {
+                t_unix_ms: T0 + i * 1000,
+                cpu_time_ms: 7_000 + if i < 300 { i as u64 * 900 } else { 270_000 },
+            })
+            .collect();
+        let activity = ActivityInputs {
+            cpu: &cpu,
+            ..ActivityInputs::default()
+        };
+        let r = analyze(&s, &activity, &ctx(), &cfg).unwrap();
+        assert_eq!(r.verdict, Verdict::IdleHolder, "{}", r.explanation);
+        assert_eq!(r.idle.idle_since_unix_ms, Some(T0 + 300_000));
+        assert_eq!(r.idle.evidence, vec![Evidence::CpuTime]);
+        assert_eq!(r.idle.periods.len(), 1);
+        assert_eq!(
+            r.explanation,
+            "holds 12.0 GiB and has been idle for 25 min (evidence: CPU time)"
+        );
+        // Below min_idle_bytes it is just stable.
+        let small = series(1800, 1000, |_| 512 * MIB);
+        let r = analyze(&small, &activity, &ctx(), &cfg).unwrap();
+        assert_eq!(r.verdict, Verdict::Stable);
+        // Without evidence nothing is claimed.
+        let r = analyze(&s, &ActivityInputs::default(), &ctx(), &cfg).unwrap();
+        assert_eq!(r.verdict, Verdict::Stable);
+        assert_eq!(r.idle.sources, Vec::<Evidence>::new());
+    }
+
+    #[test]
+    fn tracker_reports_an_idle_holder_once_idle_long_enough() {
+        let cfg = LeakConfig {
+            idle_for: Duration::from_secs(120),
+            ..LeakConfig::default()
+        };
+        let mut tracker = ProcessTracker::new(ctx(), cfg).unwrap();
+        let mut changes = Vec::new();
+        for i in 0..400 {
+            let t = T0 + i * 1000;
+            // Busy alone on the device for a minute, then 0 %.
+            let util = if i < 60 { 80 } else { 0 };
+            tracker.push_device(DeviceActivitySample {
+                t_unix_ms: t,
+                utilization_gpu_percent: util,
+                processes_on_device: 1,
+            });
+            if let Some(c) = tracker.push(Sample::new(t, 12 * GIB)) {
+                changes.push((c.at_unix_ms - T0, c.to));
+            }
+        }
+        let (at, verdict) = *changes.last().unwrap();
+        assert_eq!(verdict, Verdict::IdleHolder);
+        // Idle from 59 s; idle_for 120 s; the periodic re-check comes within 5 s.
+        assert!((179_000..=185_000).contains(&at), "{at}");
+        let r = tracker.report().unwrap();
+        assert_eq!(r.idle.evidence, vec![Evidence::DeviceUtilization]);
+        assert_eq!(r.idle.last_active_unix_ms, Some(T0 + 59_000));
+        // Fewer analyses than samples: activity that goes on does not trigger one.
+        assert!(tracker.analyses() < 120, "{}", tracker.analyses());
+    }
+
+    #[test]
+    fn tracker_and_batch_agree() {
+        let s = series(2000, 100, |t| {
+            GIB + granule(((t - 60_000).max(0) as f64) * 30e3)
+        });
+        let mut tracker = ProcessTracker::new(ctx(), LeakConfig::default()).unwrap();
+        let mut changes = Vec::new();
+        for x in &s {
+            if let Some(c) = tracker.push(*x) {
+                changes.push(c.to);
+            }
+        }
+        assert_eq!(changes.first(), Some(&Verdict::Stable));
+        assert_eq!(changes.last(), Some(&Verdict::Leak));
+        let live = tracker.analyze_now().unwrap().clone();
+        let batch = run(&s);
+        assert_eq!(live, batch);
+        // Far fewer analyses than samples.
+        assert!(tracker.analyses() < 300, "{}", tracker.analyses());
+    }
+
+    #[test]
+    fn report_serializes_with_the_documented_names() {
+        let r = run(&series(600, 100, |t| {
+            GIB + granule(((t - 20_000).max(0) as f64) * 50e3)
+        }));
+        let json = serde_json::to_value(&r).unwrap();
+        for key in [
+            "verdict",
+            "explanation",
+            "slope_bytes_per_sec",
+            "p_value",
+            "onset_unix_ms",
+            "net_growth_bytes",
+            "time_to_full_sec",
+            "idle",
+            "checks",
+            "trend",
+        ] {
+            assert!(json.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(json["verdict"], "leak");
+        assert_eq!(
+            serde_json::to_value(Verdict::IdleHolder).unwrap(),
+            "idle-holder"
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! The one-line human explanation of a verdict, built from the report's numbers.
+//!
+//! The analysis has no clock and no time zone: times default to UTC (`14:02:10 UTC`), and
+//! a frontend that wants local time passes its own formatter in [`ExplainStyle`].
+
+use super::{SeriesReport, Verdict};
+use crate::analysis::trend::LeakRule;
+
+/// How to name the device and print times.
+pub struct ExplainStyle<'a> {
+    /// The device as the user knows it, e.g. `GPU 0`.
+    pub device: &'a str,
+    /// Formats milliseconds since the Unix epoch as a clock time.
+    pub time: &'a dyn Fn(i64) -> String,
+}
+
+/// `HH:MM:SS UTC` of a Unix time in milliseconds.
+pub fn utc_clock(t_unix_ms: i64) -> String {
+    let secs = t_unix_ms.div_euclid(1000).rem_euclid(86_400);
+    format!(
+        "{:02}:{:02}:{:02} UTC",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// Bytes in binary units with one decimal: `6.2 GiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Signed bytes: `+1.5 GiB`, `-200.0 MiB`.
+fn signed_bytes(n: i64) -> String {
+    let sign = if n < 0 { "-" } else { "+" };
+    format!("{sign}{}", bytes(n.unsigned_abs()))
+}
+
+/// A rate in decimal units with two or three significant digits: `38 MB/s`, `2.5 GB/s`.
+pub fn rate(bytes_per_sec: f64) -> String {
+    const UNITS: [&str; 5] = ["B/s", "kB/s", "MB/s", "GB/s", "TB/s"];
+    let mut value = bytes_per_sec.abs();
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    let sign = if bytes_per_sec < 0.0 { "-" } else { "" };
+    if value >= 10.0 {
+        format!("{sign}{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{sign}{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// A duration in the two largest units: `45 s`, `6 min`, `3 h 2 min`, `2 d 5 h`.
+pub fn duration(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "an unknown time".to_owned();
+    }
+    let s = secs.round() as u64;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", (secs / 60.0).round() as u64),
+        3600..86_400 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+fn p_value(p: f64) -> String {
+    if p < 0.001 {
+        "p < 0.001".to_owned()
+    } else {
+        format!("p = {p:.3}")
+    }
+}
+
+/// The explanation line of a report.
+pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
+    if report.samples < 2 {
+        return format!(
+            "holds {} in a single sample; nothing to judge yet",
+            bytes(report.current_bytes)
+        );
+    }
+    let r = &report.trend;
+    let since = report
+        .onset_unix_ms
+        .map_or_else(String::new, |t| format!(" since {}", (style.time)(t)));
+    let full = report.time_to_full_sec.map_or_else(String::new, |eta| {
+        format!(
+            "; at this rate {} is full in {}",
+            style.device,
+            duration(eta)
+        )
+    });
+    match report.verdict {
+        Verdict::Leak => {
+            let from_start = if report.rule == Some(LeakRule::UrgentInWarmUp) {
+                ", from its start"
+            } else {
+                ""
+            };
+            format!(
+                "leaks {}{since}{from_start} ({} in {}, {}){full}",
+                rate(r.slope_bytes_per_sec),
+                signed_bytes(r.net_growth_bytes),
+                duration(r.duration_sec),
+                p_value(r.p_value()),
+            )
+        }
+        Verdict::Growing => {
+            let why = if !report.checks.settled {
+                "still warming up".to_owned()
+            } else if report.checks.irregular_staircase {
+                format!(
+                    "{} of irregular steps, as warm-up with growing shapes makes; not yet a leak",
+                    duration(r.growth_span_sec)
+                )
+            } else if !report.checks.persistent {
+                format!("only {} of growth so far", duration(r.growth_span_sec))
+            } else if !report.checks.material {
+                "too little growth yet for a leak".to_owned()
+            } else {
+                format!("not yet significant ({})", p_value(r.p_value()))
+            };
+            format!(
+                "growing {}{since} ({}); {why}{full}",
+                rate(r.slope_bytes_per_sec),
+                signed_bytes(r.net_growth_bytes),
+            )
+        }
+        Verdict::Stable => {
+            let settled = report.settled_unix_ms.map_or_else(String::new, |t| {
+                format!(" after warm-up ended at {}", (style.time)(t))
+            });
+            format!("stable at {}{settled}", bytes(report.current_bytes))
+        }
+        Verdict::Sawtooth => {
+            let every = report.release_period_ms.map_or_else(String::new, |p| {
+                format!(" every {}", duration(p as f64 / 1000.0))
+            });
+            format!(
+                "allocates and frees: {} releases{every}, peak {}, floor steady at {}",
+                report.releases,
+                bytes(report.peak_bytes),
+                bytes(report.floor_bytes),
+            )
+        }
+        Verdict::IdleHolder => {
+            let idle = &report.idle;
+            let evidence: Vec<&str> = idle.evidence.iter().map(|e| e.describe()).collect();
+            format!(
+                "holds {} and has been idle for {} (evidence: {})",
+                bytes(report.current_bytes),
+                duration(idle.idle_sec.unwrap_or(0.0)),
+                evidence.join(", ")
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(6 * 1024 * 1024 * 1024 + 200 * 1024 * 1024), "6.2 GiB");
+        assert_eq!(bytes(u64::MAX), "16384.0 PiB");
+        assert_eq!(rate(38e6), "38 MB/s");
+        assert_eq!(rate(2.5e9), "2.5 GB/s");
+        assert_eq!(rate(-840.0), "-840 B/s");
+        assert_eq!(duration(45.2), "45 s");
+        assert_eq!(duration(359.0), "6 min");
+        assert_eq!(duration(3.0 * 3600.0 + 125.0), "3 h 2 min");
+        assert_eq!(duration(2.0 * 86_400.0 + 5.0 * 3600.0), "2 d 5 h");
+        assert_eq!(duration(f64::NAN), "an unknown time");
+        assert_eq!(utc_clock(1_700_000_000_000), "22:13:20 UTC");
+        assert_eq!(utc_clock(-1000), "23:59:59 UTC");
+        assert_eq!(signed_bytes(-1024), "-1.0 KiB");
+    }
+}

@@ -1,0 +1,448 @@
+//! Idle-holder evidence: when did the process last use the GPU, and since when has every
+//! source we have said it was idle?
+//!
+//! Three sources, in the order we trust them:
+//! - **process SM activity** from `nvmlDeviceGetProcessUtilization`, where the driver
+//!   reports it (often it does not: on the H200 it mostly answered NOT_FOUND even for busy
+//!   processes, so a missing sample is never taken as idleness);
+//! - **device utilization**: 0 % means every process on the device was idle; above 0 %
+//!   it proves activity only when the process is alone on the device;
+//! - **CPU time** from /proc: launching GPU work takes CPU, so a process that used at most
+//!   `cpu_idle_fraction` of a core did not keep the GPU busy. A busy CPU proves nothing.
+//!
+//! Each sample covers the time since the previous sample of its source. The fold keeps the
+//! current idle span (covered by idle evidence without a hole and with no activity in it)
+//! and the closed spans at least `idle_for` long, so the batch analysis and the incremental
+//! tracker are the same code.
+
+use serde::{Deserialize, Serialize};
+
+use super::series::MAX_ABS_T_MS;
+
+/// Per-process SM activity, where the driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmSample {
+    /// When it was read.
+    pub t_unix_ms: i64,
+    /// SM utilisation of the process over the driver's sample window, percent.
+    pub sm_percent: u32,
+}
+
+/// The device's utilization and how many processes held memory on it at that time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceActivitySample {
+    /// When it was read.
+    pub t_unix_ms: i64,
+    /// `utilization.gpu`: percent of time a kernel ran.
+    pub utilization_gpu_percent: u32,
+    /// Processes the driver listed on the device at that time (the analysed one included).
+    pub processes_on_device: u32,
+}
+
+/// The process's cumulative CPU time (user + system) from /proc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuSample {
+    /// When it was read.
+    pub t_unix_ms: i64,
+    /// `(utime + stime) × 1000 / ticks_per_second`.
+    pub cpu_time_ms: u64,
+}
+
+/// Where a piece of evidence came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Evidence {
+    /// NVML per-process SM utilisation.
+    ProcessSm,
+    /// Device utilisation (0 % for everyone, or the process alone on the device).
+    DeviceUtilization,
+    /// CPU time from /proc.
+    CpuTime,
+}
+
+impl Evidence {
+    /// Human name for explanations.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::ProcessSm => "per-process SM activity",
+            Self::DeviceUtilization => "device utilization",
+            Self::CpuTime => "CPU time",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        match self {
+            Self::ProcessSm => 1,
+            Self::DeviceUtilization => 2,
+            Self::CpuTime => 4,
+        }
+    }
+
+    fn all_in(bits: u8) -> Vec<Self> {
+        [Self::ProcessSm, Self::DeviceUtilization, Self::CpuTime]
+            .into_iter()
+            .filter(|e| bits & e.bit() != 0)
+            .collect()
+    }
+}
+
+/// A stretch of time in which the process did not use the GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdlePeriod {
+    /// Start, milliseconds since the Unix epoch.
+    pub from_unix_ms: i64,
+    /// End (the last evidence of idleness).
+    pub to_unix_ms: i64,
+    /// The sources that showed it idle.
+    pub evidence: Vec<Evidence>,
+}
+
+/// What the activity evidence says at the end of the series.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IdleReport {
+    /// Start of the current idle span; `None` when the process is active or there is no
+    /// evidence either way.
+    pub idle_since_unix_ms: Option<i64>,
+    /// Length of the current idle span in seconds.
+    pub idle_sec: Option<f64>,
+    /// The sources that showed the current span idle.
+    pub evidence: Vec<Evidence>,
+    /// Last time a source showed GPU activity.
+    pub last_active_unix_ms: Option<i64>,
+    /// The sources that had any sample at all.
+    pub sources: Vec<Evidence>,
+    /// Idle spans at least `idle_for` long (closed ones and the current one), oldest first:
+    /// what `vramctl plot` draws as idle spans.
+    pub periods: Vec<IdlePeriod>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    Active,
+    Idle(Evidence),
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    from: i64,
+    to: i64,
+    evidence: u8,
+}
+
+/// Most closed periods kept (the oldest are dropped first).
+const MAX_PERIODS: usize = 256;
+
+/// The fold over activity samples.
+#[derive(Debug, Clone)]
+pub(crate) struct IdleFold {
+    max_gap_ms: i64,
+    idle_for_ms: i64,
+    cpu_idle_fraction: f64,
+    last_sm: Option<i64>,
+    last_device: Option<i64>,
+    last_cpu: Option<CpuSample>,
+    last_active: Option<i64>,
+    span: Option<Span>,
+    periods: Vec<IdlePeriod>,
+    sources: u8,
+}
+
+impl IdleFold {
+    pub fn new(max_gap_ms: i64, idle_for_ms: i64, cpu_idle_fraction: f64) -> Self {
+        Self {
+            max_gap_ms,
+            idle_for_ms,
+            cpu_idle_fraction,
+            last_sm: None,
+            last_device: None,
+            last_cpu: None,
+            last_active: None,
+            span: None,
+            periods: Vec::new(),
+            sources: 0,
+        }
+    }
+
+    /// The interval a sample covers: since the previous sample of its source, unless that
+    /// is too long ago (then the time between is unknown and the sample covers nothing).
+    fn covered(previous: Option<i64>, t: i64, max_gap_ms: i64) -> Option<(i64, i64)> {
+        let prev = previous?;
+        (t > prev && t - prev <= max_gap_ms).then_some((prev, t))
+    }
+
+    pub fn push_sm(&mut self, s: SmSample) {
+        if self.last_sm.is_some_and(|p| s.t_unix_ms <= p) || s.t_unix_ms.abs() > MAX_ABS_T_MS {
+            return;
+        }
+        self.sources |= Evidence::ProcessSm.bit();
+        let interval = Self::covered(self.last_sm, s.t_unix_ms, self.max_gap_ms);
+        self.last_sm = Some(s.t_unix_ms);
+        let state = if s.sm_percent > 0 {
+            State::Active
+        } else {
+            State::Idle(Evidence::ProcessSm)
+        };
+        self.apply(interval, s.t_unix_ms, state);
+    }
+
+    pub fn push_device(&mut self, s: DeviceActivitySample) {
+        if self.last_device.is_some_and(|p| s.t_unix_ms <= p) || s.t_unix_ms.abs() > MAX_ABS_T_MS {
+            return;
+        }
+        let interval = Self::covered(self.last_device, s.t_unix_ms, self.max_gap_ms);
+        self.last_device = Some(s.t_unix_ms);
+        let state = if s.utilization_gpu_percent == 0 {
+            State::Idle(Evidence::DeviceUtilization)
+        } else if s.processes_on_device == 1 {
+            State::Active
+        } else {
+            // Busy, but someone else may be the one computing.
+            State::Unknown
+        };
+        if !matches!(state, State::Unknown) {
+            self.sources |= Evidence::DeviceUtilization.bit();
+        }
+        self.apply(interval, s.t_unix_ms, state);
+    }
+
+    pub fn push_cpu(&mut self, s: CpuSample) {
+        if s.t_unix_ms.abs() > MAX_ABS_T_MS {
+            return;
+        }
+        let Some(prev) = self.last_cpu else {
+            self.last_cpu = Some(s);
+            self.sources |= Evidence::CpuTime.bit();
+            return;
+        };
+        if s.t_unix_ms <= prev.t_unix_ms {
+            return;
+        }
+        self.last_cpu = Some(s);
+        // The counter is cumulative, so it bridges gaps in sampling; going backwards means
+        // it is not the same process, and the interval says nothing.
+        let state = match s.cpu_time_ms.checked_sub(prev.cpu_time_ms) {
+            Some(used) => {
+                let wall = (s.t_unix_ms - prev.t_unix_ms) as f64;
+                if (used as f64) <= self.cpu_idle_fraction * wall {
+                    State::Idle(Evidence::CpuTime)
+                } else {
+                    State::Unknown
+                }
+            }
+            None => State::Unknown,
+        };
+        self.apply(Some((prev.t_unix_ms, s.t_unix_ms)), s.t_unix_ms, state);
+    }
+
+    fn apply(&mut self, interval: Option<(i64, i64)>, t: i64, state: State) {
+        match state {
+            State::Active => {
+                self.last_active = Some(self.last_active.map_or(t, |a| a.max(t)));
+                if let Some(span) = self.span.take() {
+                    let from = interval.map_or(t, |(f, _)| f);
+                    self.close(Span {
+                        to: span.to.min(from),
+                        ..span
+                    });
+                }
+            }
+            State::Idle(evidence) => {
+                let Some((from, to)) = interval else { return };
+                let from = self.last_active.map_or(from, |a| from.max(a));
+                if from >= to {
+                    return;
+                }
+                match self.span {
+                    Some(ref mut span) if from <= span.to => {
+                        span.to = span.to.max(to);
+                        span.evidence |= evidence.bit();
+                    }
+                    _ => {
+                        if let Some(old) = self.span.take() {
+                            self.close(old);
+                        }
+                        self.span = Some(Span {
+                            from,
+                            to,
+                            evidence: evidence.bit(),
+                        });
+                    }
+                }
+            }
+            State::Unknown => {}
+        }
+    }
+
+    fn close(&mut self, span: Span) {
+        if span.to - span.from >= self.idle_for_ms {
+            if self.periods.len() == MAX_PERIODS {
+                self.periods.remove(0);
+            }
+            self.periods.push(IdlePeriod {
+                from_unix_ms: span.from,
+                to_unix_ms: span.to,
+                evidence: Evidence::all_in(span.evidence),
+            });
+        }
+    }
+
+    /// What changes when the evidence changes the picture (an idle span begins or ends),
+    /// not when it merely goes on (a busy process stays busy, an idle one idle).
+    pub fn state_key(&self) -> (Option<i64>, bool) {
+        (self.span.map(|s| s.from), self.last_active.is_some())
+    }
+
+    /// The report as of `now` (the end of the memory series); evidence after `now` is
+    /// not counted.
+    pub fn report(&self, now: i64) -> IdleReport {
+        let current = self
+            .span
+            .map(|s| Span {
+                to: s.to.min(now),
+                ..s
+            })
+            .filter(|s| now - s.to <= self.max_gap_ms && s.to > s.from);
+        let mut periods = self.periods.clone();
+        if let Some(s) = current.filter(|s| s.to - s.from >= self.idle_for_ms) {
+            periods.push(IdlePeriod {
+                from_unix_ms: s.from,
+                to_unix_ms: s.to,
+                evidence: Evidence::all_in(s.evidence),
+            });
+        }
+        IdleReport {
+            idle_since_unix_ms: current.map(|s| s.from),
+            idle_sec: current.map(|s| (s.to - s.from) as f64 / 1000.0),
+            evidence: current.map_or_else(Vec::new, |s| Evidence::all_in(s.evidence)),
+            last_active_unix_ms: self.last_active,
+            sources: Evidence::all_in(self.sources),
+            periods,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000;
+
+    fn fold() -> IdleFold {
+        IdleFold::new(60_000, 30 * MIN, 0.01)
+    }
+
+    #[test]
+    fn cpu_time_alone_proves_idleness() {
+        let mut f = fold();
+        for i in 0..=40 {
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * MIN,
+                cpu_time_ms: 5000,
+            });
+        }
+        let r = f.report(40 * MIN);
+        assert_eq!(r.idle_since_unix_ms, Some(0));
+        assert_eq!(r.idle_sec, Some(2400.0));
+        assert_eq!(r.evidence, vec![Evidence::CpuTime]);
+        assert_eq!(r.periods.len(), 1);
+    }
+
+    #[test]
+    fn a_busy_cpu_proves_nothing() {
+        let mut f = fold();
+        for i in 0..=40 {
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * MIN,
+                cpu_time_ms: (i as u64) * 30_000,
+            });
+        }
+        let r = f.report(40 * MIN);
+        assert_eq!(r.idle_since_unix_ms, None);
+        assert_eq!(r.last_active_unix_ms, None);
+    }
+
+    #[test]
+    fn device_activity_counts_only_when_alone() {
+        let mut f = fold();
+        // Busy device, shared: unknown. Then the other process leaves and it is still busy:
+        // our process is active. Then 0 %: idle.
+        for i in 0..10 {
+            f.push_device(DeviceActivitySample {
+                t_unix_ms: i * 1000,
+                utilization_gpu_percent: 70,
+                processes_on_device: 2,
+            });
+        }
+        assert_eq!(f.report(9000).last_active_unix_ms, None);
+        f.push_device(DeviceActivitySample {
+            t_unix_ms: 10_000,
+            utilization_gpu_percent: 70,
+            processes_on_device: 1,
+        });
+        for i in 11..20 {
+            f.push_device(DeviceActivitySample {
+                t_unix_ms: i * 1000,
+                utilization_gpu_percent: 0,
+                processes_on_device: 3,
+            });
+        }
+        let r = f.report(19_000);
+        assert_eq!(r.last_active_unix_ms, Some(10_000));
+        assert_eq!(r.idle_since_unix_ms, Some(10_000));
+        assert_eq!(r.evidence, vec![Evidence::DeviceUtilization]);
+    }
+
+    #[test]
+    fn activity_from_any_gpu_source_ends_the_span() {
+        let mut f = IdleFold::new(60_000, 5_000, 0.01);
+        for i in 0..=20 {
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * 1000,
+                cpu_time_ms: 0,
+            });
+            if i == 12 {
+                f.push_sm(SmSample {
+                    t_unix_ms: i * 1000,
+                    sm_percent: 30,
+                });
+            }
+        }
+        let r = f.report(20_000);
+        assert_eq!(r.idle_since_unix_ms, Some(12_000));
+        assert_eq!(r.last_active_unix_ms, Some(12_000));
+        // The closed 0–12 s span was long enough to be a period.
+        assert_eq!(r.periods.len(), 2);
+        assert_eq!(r.periods[0].from_unix_ms, 0);
+        assert_eq!(r.periods[0].to_unix_ms, 12_000);
+    }
+
+    #[test]
+    fn holes_in_the_evidence_restart_the_span() {
+        let mut f = IdleFold::new(5_000, 1_000, 0.01);
+        for t in [0, 1000, 2000, 3000, 60_000, 61_000, 62_000] {
+            f.push_sm(SmSample {
+                t_unix_ms: t,
+                sm_percent: 0,
+            });
+        }
+        let r = f.report(62_000);
+        assert_eq!(r.idle_since_unix_ms, Some(60_000));
+        // Evidence that stopped long before the end is not current.
+        assert_eq!(f.report(200_000).idle_since_unix_ms, None);
+    }
+
+    #[test]
+    fn a_counter_that_goes_backwards_is_not_evidence() {
+        let mut f = fold();
+        f.push_cpu(CpuSample {
+            t_unix_ms: 0,
+            cpu_time_ms: 10_000,
+        });
+        f.push_cpu(CpuSample {
+            t_unix_ms: 60_000,
+            cpu_time_ms: 10,
+        });
+        assert_eq!(f.report(60_000).idle_since_unix_ms, None);
+    }
+}
