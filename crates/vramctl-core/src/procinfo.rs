@@ -99,6 +99,88 @@ impl ProcReader {
     }
 }
 
+/// Start time and CPU time of a process, from one read of `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTime {
+    /// Start time in clock ticks after boot (field 22): with the boot id, the identity.
+    pub start_time_ticks: u64,
+    /// User plus system CPU time in clock ticks (fields 14 and 15).
+    pub cpu_ticks: u64,
+}
+
+/// Start time and CPU time of `pid`, or `None` when it is not visible here.
+///
+/// Reads `/proc/PID/stat` directly (one `read`, no allocation beyond the buffer): the
+/// recorder calls it for every GPU process, so it stays cheap.
+pub fn cpu_time_ticks(pid: u32) -> Option<CpuTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_times(&stat)
+}
+
+/// Fields 14, 15 and 22 of a `/proc/PID/stat` line. The command (field 2) may hold spaces
+/// and parentheses, so fields are counted after its last `)`.
+fn parse_stat_times(stat: &str) -> Option<CpuTime> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3 (state); field N is at index N - 3.
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
+    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
+    let start_time_ticks: u64 = fields.get(22 - 3)?.parse().ok()?;
+    Some(CpuTime {
+        start_time_ticks,
+        cpu_ticks: utime.saturating_add(stime),
+    })
+}
+
+/// Container id and Kubernetes pod UID of `pid`, read from `/proc/PID/cgroup`.
+///
+/// `(None, None)` for a process outside any container, or one not visible here.
+pub fn cgroup_ids(pid: u32) -> (Option<String>, Option<String>) {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_or((None, None), |text| parse_cgroup(&text))
+}
+
+/// Finds a container id (64 hex digits: Docker, containerd, CRI-O, Podman) and a pod UID
+/// (`pod<uid>`, with `_` for `-` under the systemd cgroup driver) in cgroup paths such as
+/// `0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c…_….slice/cri-containerd-<id>.scope`
+/// or `12:memory:/docker/<id>`.
+fn parse_cgroup(text: &str) -> (Option<String>, Option<String>) {
+    let mut container = None;
+    let mut pod = None;
+    for line in text.lines() {
+        // hierarchy-id:controllers:path
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        for part in path.split('/') {
+            let part = part.trim_end_matches(".scope").trim_end_matches(".slice");
+            if pod.is_none() {
+                if let Some(at) = part.rfind("pod") {
+                    let uid = part[at + 3..].replace('_', "-");
+                    if is_uuid(&uid) {
+                        pod = Some(uid);
+                    }
+                }
+            }
+            if container.is_none() {
+                let id = part.rsplit(['-', ':']).next().unwrap_or(part);
+                if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    container = Some(id.to_owned());
+                }
+            }
+        }
+    }
+    (container, pod)
+}
+
+fn is_uuid(text: &str) -> bool {
+    text.len() == 36
+        && text.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +206,60 @@ mod tests {
         let mut reader = ProcReader::new();
         assert_eq!(reader.details(u32::MAX), None);
         assert_eq!(reader.details(0), None);
+    }
+
+    #[test]
+    fn our_cpu_time_is_read() {
+        let me = cpu_time_ticks(std::process::id()).expect("we exist");
+        let details = ProcReader::new().details(std::process::id()).expect("we exist");
+        assert_eq!(Some(me.start_time_ticks), details.start_time_ticks);
+        assert_eq!(cpu_time_ticks(u32::MAX), None);
+    }
+
+    #[test]
+    fn stat_with_parentheses_in_the_command() {
+        let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 1 0 \
+                    987654 1000 100 18446744073709551615";
+        assert_eq!(
+            parse_stat_times(stat),
+            Some(CpuTime {
+                start_time_ticks: 987_654,
+                cpu_ticks: 280
+            })
+        );
+        assert_eq!(parse_stat_times("12 (x) S 1"), None);
+    }
+
+    #[test]
+    fn kubernetes_systemd_driver_cgroup() {
+        let text = "0::/kubepods.slice/kubepods-burstable.slice/\
+                    kubepods-burstable-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/\
+                    cri-containerd-4c0ffee01234567890abcdef1234567890abcdef1234567890abcdef12345678.scope\n";
+        assert_eq!(
+            parse_cgroup(text),
+            (
+                Some("4c0ffee01234567890abcdef1234567890abcdef1234567890abcdef12345678".into()),
+                Some("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b".into())
+            )
+        );
+    }
+
+    #[test]
+    fn docker_cgroupfs_and_plain_host() {
+        let docker = "12:memory:/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n";
+        assert_eq!(
+            parse_cgroup(docker).0.as_deref(),
+            Some("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+        );
+        let pod = "0::/kubepods/besteffort/pod6f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/\
+                   89abcdef0123456789abcdef0123456789abcdef0123456789abcdef01234567\n";
+        assert_eq!(
+            parse_cgroup(pod).1.as_deref(),
+            Some("6f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b")
+        );
+        assert_eq!(
+            parse_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n"),
+            (None, None)
+        );
     }
 }
