@@ -158,3 +158,60 @@ fn outcome_json(outcome: &AuditOutcome) -> String {
     // Serialising a plain enum of strings and integers cannot fail.
     serde_json::to_string(outcome).unwrap_or_else(|_| "{\"outcome\":\"pending\"}".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> AuditRecord {
+        AuditRecord {
+            at_unix_ms: 1_764_441_091_000,
+            actor_uid: 0,
+            actor_user: Some("root".into()),
+            action: "kill".into(),
+            target: ProcessIdentity {
+                boot_id: "b0".into(),
+                pid: 4242,
+                start_time_ticks: 987_654,
+            },
+            target_command: "python leak.py".into(),
+            target_user: Some("alice".into()),
+            signal: "SIGTERM".into(),
+            reason: "vramctl kill 4242".into(),
+            outcome: AuditOutcome::Pending,
+        }
+    }
+
+    #[test]
+    fn pending_then_outcome_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let mut store = Store::open(&path, OpenMode::ReadWrite).unwrap();
+        let id = store.append_audit(&record()).unwrap();
+        drop(store);
+        let mut store = Store::open(&path, OpenMode::ReadWrite).unwrap();
+        let rows = store.audit_rows(TimeRange::ALL).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].record, record());
+        let exited = AuditOutcome::Exited {
+            freed_bytes: 6 << 30,
+            after_ms: 120,
+        };
+        store.set_audit_outcome(id, &exited).unwrap();
+        let rows = store.audit_rows(TimeRange::ALL).unwrap();
+        assert_eq!(rows[0].record.outcome, exited);
+        assert!(rows[0].updated_ms.is_some());
+        assert!(store.set_audit_outcome(id + 1, &exited).is_err());
+        let sync: i64 = store.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        assert_eq!(sync, 1, "back to NORMAL for samples");
+    }
+
+    #[test]
+    fn read_only_refuses_audit_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        Store::open(&path, OpenMode::ReadWrite).unwrap();
+        let mut store = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        assert!(store.append_audit(&record()).is_err());
+    }
+}

@@ -475,3 +475,134 @@ fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::writer::tests::{GIB, T0, tick};
+
+    fn temp() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/history.db");
+        (dir, path)
+    }
+
+    #[test]
+    fn created_reopened_and_read_only() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        store.close().unwrap();
+        let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        assert_eq!(reader.devices().unwrap().len(), 1);
+        assert_eq!(reader.integrity_check().unwrap(), vec!["ok".to_owned()]);
+        let again = Store::open(&path, OpenMode::Append).unwrap();
+        drop(again);
+    }
+
+    #[test]
+    fn missing_file_read_only_is_not_found() {
+        let (_dir, path) = temp();
+        let err = Store::open(&path, OpenMode::ReadOnly).unwrap_err();
+        assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+        assert!(err.hint().unwrap().contains("vramctl record"));
+    }
+
+    #[test]
+    fn a_text_file_is_not_ours() {
+        let (dir, _) = temp();
+        let path = dir.path().join("notes.txt");
+        std::fs::write(&path, "hello, this is not a database at all, not even close\n".repeat(100)).unwrap();
+        for mode in [OpenMode::ReadOnly, OpenMode::Append] {
+            let err = Store::open(&path, mode).unwrap_err();
+            assert!(matches!(err, StoreError::NotOurs { .. }), "{err}");
+            assert!(err.to_string().contains("is not a vramctl history"), "{err}");
+        }
+        assert!(std::fs::read_to_string(&path).unwrap().starts_with("hello"), "left untouched");
+    }
+
+    #[test]
+    fn another_sqlite_database_is_not_ours() {
+        let (dir, _) = temp();
+        let path = dir.path().join("other.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        drop(conn);
+        let err = Store::open(&path, OpenMode::Append).unwrap_err();
+        assert!(matches!(err, StoreError::NotOurs { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_untouched() {
+        let (_dir, path) = temp();
+        Store::open(&path, OpenMode::Append).unwrap();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute("INSERT INTO schema_version VALUES (99, 0)", []).unwrap();
+        drop(conn);
+        for mode in [OpenMode::ReadOnly, OpenMode::ReadWrite, OpenMode::Append] {
+            let err = Store::open(&path, mode).unwrap_err();
+            assert!(
+                matches!(err, StoreError::NewerSchema { found: 99, supported: 1, .. }),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_damaged_file_is_corrupt() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        for i in 0..200 {
+            store.append(&tick(T0 + i * 1000, GIB * (i as u64 % 7), &[(7, GIB)])).unwrap();
+        }
+        store.close().unwrap();
+        // Overwrite the middle of the file (past the header and schema) with garbage.
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() > 3 * 4096, "{}", bytes.len());
+        for b in &mut bytes[2 * 4096..3 * 4096] {
+            *b = 0xA5;
+        }
+        std::fs::write(&path, bytes).unwrap();
+        let err = Store::open(&path, OpenMode::Append).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_second_writer_is_refused_with_the_holder() {
+        let (_dir, path) = temp();
+        let _first = Store::open(&path, OpenMode::Append).unwrap();
+        let err = Store::open(&path, OpenMode::Append).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("already recording"), "{text}");
+        assert!(text.contains(&format!("PID {}", std::process::id())), "{text}");
+        // Readers and the audit log are not blocked.
+        Store::open(&path, OpenMode::ReadOnly).unwrap();
+        Store::open(&path, OpenMode::ReadWrite).unwrap();
+    }
+
+    #[test]
+    fn disk_full_loses_nothing_written_and_recovers() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        let pages = store.size_bytes().unwrap() / 4096;
+        store.set_max_page_count(pages).unwrap();
+        let mut t = T0;
+        let err = loop {
+            t += 1000;
+            let pids: Vec<(u32, u64)> = (0..50).map(|p| (1000 + p + (t / 1000 % 1000) as u32 * 50, GIB)).collect();
+            match store.append(&tick(t, GIB, &pids)) {
+                Ok(()) => continue,
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, StoreError::DiskFull { .. }), "{err}");
+        assert!(err.is_transient_write_failure());
+        let written = store.tick_count(crate::model::TimeRange::ALL).unwrap();
+        assert_eq!(written, u64::try_from((t - T0) / 1000).unwrap(), "every tick before the failure is there");
+        store.set_max_page_count(1 << 30).unwrap();
+        store.append(&tick(t, GIB, &[(7, GIB)])).unwrap();
+        assert_eq!(store.tick_count(crate::model::TimeRange::ALL).unwrap(), written + 1);
+        assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
+    }
+}

@@ -427,3 +427,41 @@ mod tests {
         assert!(msg("raw").contains("NAME=DURATION"));
     }
 }
+
+#[cfg(test)]
+mod maintenance_tests {
+    use super::*;
+    use crate::model::{Metric, Point};
+    use crate::writer::tests::{GIB, T0, tick};
+
+    #[test]
+    fn downsampled_buckets_keep_the_spike_and_raw_is_pruned() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.set_key_interval_ms(10_000);
+        // 5 minutes at 1 s: 1 GiB, with one 9 GiB spike at 2:30.
+        let start = T0 - T0.rem_euclid(MINUTE);
+        for i in 0..300 {
+            let used = if i == 150 { 9 * GIB } else { GIB };
+            store.append(&tick(start + i * 1000, used, &[(5, used)])).unwrap();
+        }
+        let retention: Retention = "raw=2m,1m=forever".parse().unwrap();
+        let now = start + 300 * 1000;
+        let report = store.maintain(&retention, now).unwrap();
+        assert_eq!(report.buckets_written, 5);
+        assert!(report.frames_deleted >= 170, "{report:?}");
+        let d = store.devices().unwrap()[0].id;
+        let pts = store.device_metric(d, Metric::UsedBytes, TimeRange::ALL).unwrap();
+        let buckets: Vec<&Point> = pts.iter().filter(|p| p.span_ms > 0).collect();
+        assert!(!buckets.is_empty());
+        let spike = buckets.iter().find(|p| p.unix_ms == start + 2 * MINUTE).expect("bucket 2");
+        assert_eq!((spike.min, spike.max, spike.last), (GIB, 9 * GIB, GIB));
+        // The recent part is still raw, and times never go backwards.
+        assert!(pts.iter().any(|p| p.span_ms == 0));
+        assert!(pts.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms), "{pts:?}");
+        // Running again is idempotent.
+        let again = store.maintain(&retention, now).unwrap();
+        assert_eq!(again.buckets_written, 0);
+        let procs = store.processes_in(TimeRange::ALL).unwrap();
+        assert_eq!(procs.len(), 1);
+    }
+}
