@@ -110,7 +110,7 @@ impl State {
         self.entries.clear();
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 }
@@ -212,7 +212,7 @@ fn bad_frame() -> StoreError {
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -220,7 +220,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn get_varint(data: &[u8], pos: &mut usize) -> Result<u64, StoreError> {
+pub(crate) fn get_varint(data: &[u8], pos: &mut usize) -> Result<u64, StoreError> {
     let mut v: u64 = 0;
     let mut shift = 0;
     loop {

@@ -71,6 +71,7 @@ mod model;
 mod query;
 mod retention;
 mod schema;
+mod snapshot;
 mod writer;
 
 pub use audit::AuditRow;
@@ -85,4 +86,5 @@ pub use model::{
 pub use query::{Frame, SeriesRef, downsample};
 pub use retention::{Maintenance, Retention, parse_duration_ms};
 pub use schema::CURRENT as SCHEMA_VERSION;
+pub use snapshot::device_samples;
 pub use writer::DEFAULT_KEY_INTERVAL_MS;

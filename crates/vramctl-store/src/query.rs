@@ -36,9 +36,44 @@ pub struct Frame<'a> {
     pub span_ms: i64,
     state: &'a State,
     catalog: &'a Catalog,
+    observed: Option<&'a [u8]>,
 }
 
 impl Frame<'_> {
+    /// Whether this frame observed `device_id`'s metrics and its process list. Recorded
+    /// frames observe everything; an imported log may have had only some devices, or only
+    /// processes, at this time (the other values are carried over from before).
+    pub fn observed(&self, device_id: i64) -> (bool, bool) {
+        let Some(data) = self.observed else {
+            return (true, true);
+        };
+        let mut pos = 0;
+        while pos < data.len() {
+            let Ok(v) = codec::get_varint(data, &mut pos) else {
+                break;
+            };
+            if i64::try_from(v >> 2).ok() == Some(device_id) {
+                return (v & 2 != 0, v & 1 != 0);
+            }
+        }
+        (false, false)
+    }
+
+    /// Whether this frame observed every device (see [`Frame::observed`]).
+    pub fn observed_all(&self) -> bool {
+        self.observed.is_none()
+    }
+
+    /// Every series' entry, by series id.
+    pub(crate) fn state(&self) -> &State {
+        self.state
+    }
+
+    /// The raw `observed` list, for a lossless export.
+    pub(crate) fn observed_raw(&self) -> Option<&[u8]> {
+        self.observed
+    }
+
     /// Every present series and its entry.
     pub fn iter(&self) -> impl Iterator<Item = (SeriesRef, Entry)> + '_ {
         self.state.iter().filter_map(|(id, entry)| {
@@ -171,36 +206,31 @@ impl Store {
             .map_err(&err)?
             .collect::<Result<_, _>>()
             .map_err(&err)?;
-        // Finest first: raw, then each rollup resolution ascending. Each tier covers
-        // [lower, upper): `lower` is where it starts, rounded up to a bucket of the next
-        // coarser tier (that bucket holds the frames before it); the coarsest reaches back
-        // to the beginning.
-        let mut tiers: Vec<(Tier, i64)> = Vec::new();
+        // Finest first: raw, then each rollup resolution ascending. Each tier covers from
+        // its oldest data up to where the finer one starts; a bucket is used only if it
+        // ends by then, so no time is covered twice. The coarsest reaches back to the start.
+        let mut tiers: Vec<(Tier, i64, i64)> = Vec::new();
         if let Some(start) = raw_start {
-            tiers.push((Tier::Raw, start));
+            tiers.push((Tier::Raw, start, 0));
         }
-        tiers.extend(rollups.iter().map(|&(res, start)| (Tier::Rollup(res), start)));
+        tiers.extend(rollups.iter().map(|&(res, start)| (Tier::Rollup(res), start, res)));
         let mut parts = Vec::new();
         let mut upper = i64::MAX;
-        for (i, &(tier, start)) in tiers.iter().enumerate() {
-            let lower = match tiers.get(i + 1) {
-                Some(&(Tier::Rollup(coarser), _)) => {
-                    start.div_euclid(coarser) * coarser
-                        + if start.rem_euclid(coarser) == 0 { 0 } else { coarser }
-                }
-                _ => i64::MIN,
-            };
-            if lower >= upper {
-                continue;
-            }
+        let last = tiers.len().saturating_sub(1);
+        for (i, &(tier, start, res)) in tiers.iter().enumerate() {
+            let lower = if i == last { i64::MIN } else { start };
+            // Bucket starts allowed: those whose bucket ends by `upper`.
+            let top = if upper == i64::MAX { i64::MAX - 1 } else { upper - res.max(1) };
             let part = TimeRange {
                 from_ms: lower.max(range.from_ms),
-                to_ms: (upper - 1).min(range.to_ms),
+                to_ms: top.min(range.to_ms),
             };
             if part.from_ms <= part.to_ms {
                 parts.push((tier, part));
             }
-            upper = lower;
+            if lower < upper {
+                upper = lower;
+            }
         }
         parts.reverse();
         Ok(parts)
@@ -216,13 +246,14 @@ impl Store {
         let (key_sql, rows_sql, res) = match tier {
             Tier::Raw => (
                 "SELECT max(t_ms) FROM frame WHERE key = 1 AND t_ms <= ?1",
-                "SELECT t_ms, key, data FROM frame WHERE t_ms >= ?1 AND t_ms <= ?2 ORDER BY t_ms",
+                "SELECT t_ms, key, data, observed FROM frame WHERE t_ms >= ?1 AND t_ms <= ?2 \
+                 ORDER BY t_ms",
                 0,
             ),
             Tier::Rollup(res) => (
                 "SELECT max(t_ms) FROM rollup WHERE res_ms = ?2 AND key = 1 AND t_ms <= ?1",
-                "SELECT t_ms, key, data FROM rollup WHERE res_ms = ?3 AND t_ms >= ?1 AND t_ms <= ?2 \
-                 ORDER BY t_ms",
+                "SELECT t_ms, key, data, NULL FROM rollup WHERE res_ms = ?3 AND t_ms >= ?1 \
+                 AND t_ms <= ?2 ORDER BY t_ms",
                 res,
             ),
         };
@@ -263,11 +294,15 @@ impl Store {
                 other => other,
             })?;
             if t >= range.from_ms {
+                let observed = row.get_ref(3).map_err(&err)?.as_blob_or_null().map_err(|e| {
+                    StoreError::sqlite(&self.path, "cannot read samples", e.into())
+                })?;
                 visit(&Frame {
                     t_ms: t,
                     span_ms: res,
                     state: &state,
                     catalog: &self.catalog,
+                    observed,
                 });
             }
         }
@@ -420,6 +455,23 @@ impl Store {
                 .optional()
             })
             .map_err(self.err("cannot read a process"))
+    }
+
+    /// Every stored process, by id.
+    pub(crate) fn all_processes(&self) -> Result<std::collections::HashMap<i64, ProcessRecord>, StoreError> {
+        let err = self.err("cannot read processes");
+        let ids: Vec<i64> = self
+            .conn
+            .prepare("SELECT id FROM process")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(&err)?;
+        let mut out = std::collections::HashMap::with_capacity(ids.len());
+        for id in ids {
+            if let Some(p) = self.process(id)? {
+                out.insert(id, p);
+            }
+        }
+        Ok(out)
     }
 
     /// Gaps overlapping `range`, oldest first.

@@ -70,10 +70,13 @@ CREATE TABLE series (
 
 -- Raw samples: one row per tick, the changed values encoded compactly (codec.rs). `key`
 -- frames hold every value; a reader starts from the last key frame at or before its range.
+-- `observed` is NULL when the tick looked at every device (the recorder); an import that
+-- saw only some devices lists them (varints: device_id << 2 | metrics << 1 | processes).
 CREATE TABLE frame (
     t_ms INTEGER PRIMARY KEY,
     key INTEGER NOT NULL,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    observed BLOB
 ) STRICT;
 
 -- Downsampled buckets (min/max/last per series) of resolution res_ms, same encoding.

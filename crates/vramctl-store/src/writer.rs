@@ -28,8 +28,15 @@ pub(crate) struct Writer {
     last_key_ms: Option<i64>,
     key_interval_ms: i64,
     processes: HashMap<ProcessKey, i64>,
+    /// Process ids of the PIDs on a GPU after the last tick: a tick names a process's
+    /// identity only when it first appears (or its CPU time is read).
+    pids: HashMap<u32, i64>,
     open_gaps: HashMap<GapKey, (i64, String)>,
     buf: Vec<u8>,
+    /// Per rollup resolution: the last imported bucket's state and key time.
+    rollups: HashMap<i64, (State, Option<i64>)>,
+    /// Frames imported in the open import transaction.
+    batched: u32,
 }
 
 impl Store {
@@ -78,8 +85,11 @@ impl Store {
             last_key_ms: None,
             key_interval_ms,
             processes: HashMap::new(),
+            pids: HashMap::new(),
             open_gaps: HashMap::new(),
             buf: Vec::new(),
+            rollups: HashMap::new(),
+            batched: 0,
         });
         Ok(session_id)
     }
@@ -123,6 +133,7 @@ impl Store {
             // The transaction rolled back: forget ids handed out inside it.
             if let Some(w) = self.writer.as_mut() {
                 w.processes.clear();
+                w.pids.clear();
             }
             let _ = self.load_catalog();
         }
@@ -159,6 +170,7 @@ impl Store {
         } else {
             closes.push((None, None));
         }
+        let mut pids_now: HashMap<u32, i64> = HashMap::new();
         let metas: HashMap<u32, &ProcessMeta> =
             tick.processes.iter().map(|p| (p.meta.key.pid, &p.meta)).collect();
         for dev in &tick.devices {
@@ -203,16 +215,25 @@ impl Store {
                             closes.push(gap);
                             let mut keep = HashSet::new();
                             for p in list {
-                                let fallback = ProcessMeta {
-                                    key: ProcessKey {
-                                        pid: p.pid,
-                                        ..ProcessKey::default()
-                                    },
-                                    ..ProcessMeta::default()
+                                let pid = match (metas.get(&p.pid), w.pids.get(&p.pid)) {
+                                    (Some(meta), _) => {
+                                        ensure_process(&tx, &mut w.processes, meta, t)
+                                            .map_err(err.clone())?
+                                    }
+                                    (None, Some(&id)) => id,
+                                    (None, None) => {
+                                        let bare = ProcessMeta {
+                                            key: ProcessKey {
+                                                pid: p.pid,
+                                                ..ProcessKey::default()
+                                            },
+                                            ..ProcessMeta::default()
+                                        };
+                                        ensure_process(&tx, &mut w.processes, &bare, t)
+                                            .map_err(err.clone())?
+                                    }
                                 };
-                                let meta = metas.get(&p.pid).copied().unwrap_or(&fallback);
-                                let pid = ensure_process(&tx, &mut w.processes, meta, t)
-                                    .map_err(err.clone())?;
+                                pids_now.insert(p.pid, pid);
                                 let s = ensure_series(
                                     &tx,
                                     catalog,
@@ -250,6 +271,7 @@ impl Store {
                 continue;
             };
             let pid = ensure_process(&tx, &mut w.processes, &sample.meta, t).map_err(err.clone())?;
+            pids_now.entry(sample.meta.key.pid).or_insert(pid);
             let s = ensure_series(&tx, catalog, Metric::ProcessCpuTicks, None, Some(pid))
                 .map_err(err.clone())?;
             new.set(s, Some(Entry::Value(cpu)));
@@ -264,8 +286,9 @@ impl Store {
             .last_key_ms
             .is_none_or(|last| t.saturating_sub(last) >= w.key_interval_ms);
         codec::encode(&w.state, &new, key, &mut w.buf);
-        tx.prepare_cached("INSERT INTO frame (t_ms, key, data) VALUES (?1, ?2, ?3)")
-            .and_then(|mut s| s.execute(params![t, key, w.buf]))
+        let observed = observed_devices(tick, &new, catalog);
+        tx.prepare_cached("INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![t, key, w.buf, observed]))
             .map_err(err.clone())?;
 
         // Processes that left, and at key frames every present one: remember when last seen.
@@ -319,6 +342,11 @@ impl Store {
             w.last_key_ms = Some(t);
         }
         w.open_gaps = open_gaps;
+        // Keep the PIDs still on a GPU (a device not observed this tick keeps its own).
+        for (pid, id) in pids_now {
+            w.pids.insert(pid, id);
+        }
+        w.pids.retain(|_, id| on_gpu.contains(id));
         Ok(())
     }
 
@@ -344,6 +372,153 @@ impl Store {
                 ],
             )
             .map_err(self.err("cannot write a gap"))?;
+        Ok(())
+    }
+}
+
+/// `None` when the tick looked at every device (the usual case, free to store); else which
+/// devices it observed, so an export writes rows only where the source had them.
+fn observed_devices(tick: &TickSample, new: &State, catalog: &Catalog) -> Option<Vec<u8>> {
+    if tick.unavailable.is_some() {
+        return None;
+    }
+    let mut flags: Vec<(i64, bool, bool)> = Vec::with_capacity(tick.devices.len());
+    for d in &tick.devices {
+        let id = catalog.device_ids.get(&d.device.uuid).copied()?;
+        let (m, p) = match &d.state {
+            DeviceSampleState::Unreadable(_) => (true, true),
+            DeviceSampleState::Read { metrics, processes } => {
+                (!metrics.is_empty(), !matches!(processes, ProcessList::NotObserved))
+            }
+        };
+        flags.push((id, m, p));
+    }
+    let all_full = flags.iter().all(|&(_, m, p)| m && p);
+    let present: HashSet<i64> = new
+        .iter()
+        .filter_map(|(s, _)| catalog.series(s)?.device)
+        .collect();
+    if all_full && present.iter().all(|d| flags.iter().any(|f| f.0 == *d)) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (id, m, p) in flags {
+        let id = u64::try_from(id).unwrap_or(0);
+        codec::put_varint(&mut out, id << 2 | u64::from(m) << 1 | u64::from(p));
+    }
+    Some(out)
+}
+
+/// The lossless NDJSON import writes frames as they were exported.
+impl Store {
+    pub(crate) fn import_device(&mut self, meta: &DeviceMeta, t: i64) -> Result<i64, StoreError> {
+        self.begin_import_batch()?;
+        ensure_device(&self.conn, &mut self.catalog, meta, t).map_err(self.err("cannot import"))
+    }
+
+    pub(crate) fn import_process(&mut self, meta: &ProcessMeta) -> Result<i64, StoreError> {
+        self.begin_import_batch()?;
+        let Some(w) = self.writer.as_mut() else {
+            return Err(StoreError::Unwritable {
+                path: self.path.clone(),
+                detail: "no session".into(),
+            });
+        };
+        ensure_process(&self.conn, &mut w.processes, meta, 0)
+            .map_err(|e| StoreError::sqlite(&self.path, "cannot import", e))
+    }
+
+    pub(crate) fn import_series(
+        &mut self,
+        metric: Metric,
+        device: Option<i64>,
+        process: Option<i64>,
+    ) -> Result<u32, StoreError> {
+        self.begin_import_batch()?;
+        ensure_series(&self.conn, &mut self.catalog, metric, device, process)
+            .map_err(self.err("cannot import"))
+    }
+
+    fn begin_import_batch(&mut self) -> Result<(), StoreError> {
+        if self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("BEGIN")
+                .map_err(self.err("cannot import"))?;
+        }
+        Ok(())
+    }
+
+    /// Commits the open import transaction.
+    pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
+        if !self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("COMMIT")
+                .map_err(self.err("cannot import"))?;
+        }
+        if let Some(w) = self.writer.as_mut() {
+            w.batched = 0;
+        }
+        Ok(())
+    }
+
+    /// Writes a frame whose full state is known (raw when `span_ms == 0`, else a bucket).
+    pub(crate) fn put_frame(
+        &mut self,
+        t: i64,
+        span_ms: i64,
+        state: &State,
+        observed: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        self.begin_import_batch()?;
+        let path = self.path.clone();
+        let err = move |e| StoreError::sqlite(&path, "cannot import", e);
+        let Some(w) = self.writer.as_mut() else {
+            return Ok(());
+        };
+        if span_ms == 0 {
+            if let Some(last) = w.last_t_ms.filter(|&l| t <= l) {
+                return Err(StoreError::OutOfOrder { at_ms: t, last_ms: last });
+            }
+            let key = w
+                .last_key_ms
+                .is_none_or(|last| t.saturating_sub(last) >= w.key_interval_ms);
+            codec::encode(&w.state, state, key, &mut w.buf);
+            self.conn
+                .prepare_cached("INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)")
+                .and_then(|mut s| s.execute(params![t, key, w.buf, observed]))
+                .map_err(err)?;
+            w.state.clone_from(state);
+            w.last_t_ms = Some(t);
+            if key {
+                w.last_key_ms = Some(t);
+            }
+        } else {
+            let (prev, last_key) = w.rollups.entry(span_ms).or_default();
+            let key = last_key.is_none_or(|k| t - k >= 60 * span_ms);
+            codec::encode(prev, state, key, &mut w.buf);
+            self.conn
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO rollup (res_ms, t_ms, key, data) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .and_then(|mut s| s.execute(params![span_ms, t, key, w.buf]))
+                .map_err(err.clone())?;
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO rollup_state (res_ms, done_until_ms) VALUES (?1, ?2) \
+                     ON CONFLICT (res_ms) DO UPDATE SET \
+                     done_until_ms = max(done_until_ms, excluded.done_until_ms)",
+                )
+                .and_then(|mut s| s.execute(params![span_ms, t + span_ms]))
+                .map_err(err)?;
+            prev.clone_from(state);
+            if key {
+                *last_key = Some(t);
+            }
+        }
+        w.batched += 1;
+        if w.batched >= 1000 {
+            self.flush_import()?;
+        }
         Ok(())
     }
 }
