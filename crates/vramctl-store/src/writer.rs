@@ -416,7 +416,12 @@ impl Store {
         ensure_device(&self.conn, &mut self.catalog, meta, t).map_err(self.err("cannot import"))
     }
 
-    pub(crate) fn import_process(&mut self, meta: &ProcessMeta) -> Result<i64, StoreError> {
+    pub(crate) fn import_process(
+        &mut self,
+        meta: &ProcessMeta,
+        first_seen_ms: i64,
+        last_seen_ms: i64,
+    ) -> Result<i64, StoreError> {
         self.begin_import_batch()?;
         let Some(w) = self.writer.as_mut() else {
             return Err(StoreError::Unwritable {
@@ -424,8 +429,15 @@ impl Store {
                 detail: "no session".into(),
             });
         };
-        ensure_process(&self.conn, &mut w.processes, meta, 0)
-            .map_err(|e| StoreError::sqlite(&self.path, "cannot import", e))
+        let id = ensure_process(&self.conn, &mut w.processes, meta, first_seen_ms)
+            .map_err(|e| StoreError::sqlite(&self.path, "cannot import", e))?;
+        self.conn
+            .execute(
+                "UPDATE process SET last_seen_ms = max(last_seen_ms, ?1) WHERE id = ?2",
+                params![last_seen_ms, id],
+            )
+            .map_err(self.err("cannot import"))?;
+        Ok(id)
     }
 
     pub(crate) fn import_series(

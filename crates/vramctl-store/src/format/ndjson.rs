@@ -211,7 +211,7 @@ pub(crate) fn import(
     rows: &mut Rows<'_>,
 ) -> Result<u64, ImportError> {
     let mut devices: HashMap<i64, i64> = HashMap::new();
-    let mut processes: HashMap<i64, ProcessMeta> = HashMap::new();
+    let mut processes: HashMap<i64, (ProcessMeta, i64, i64)> = HashMap::new();
     let mut process_ids: HashMap<i64, i64> = HashMap::new();
     let mut series: HashMap<u64, u32> = HashMap::new();
     let mut state = State::default();
@@ -281,7 +281,11 @@ pub(crate) fn import(
                     container_id: opt_str("container_id"),
                     pod_uid: opt_str("pod_uid"),
                 };
-                processes.insert(int("ref")?, meta);
+                let seen = (
+                    v.get("first_seen_ms").and_then(Value::as_i64).unwrap_or(0),
+                    v.get("last_seen_ms").and_then(Value::as_i64).unwrap_or(0),
+                );
+                processes.insert(int("ref")?, (meta, seen.0, seen.1));
             }
             "series" => {
                 let metric = need("metric")?
@@ -296,7 +300,7 @@ pub(crate) fn import(
                 };
                 let process = match v.get("process").and_then(Value::as_i64) {
                     Some(r) => {
-                        let meta = processes.get(&r).ok_or_else(|| {
+                        let (meta, first_seen, last_seen) = processes.get(&r).ok_or_else(|| {
                             rows.fatal(line_no, format!("series names process {r}, not declared before"))
                         })?;
                         let id = match process_ids.get(&r) {
@@ -309,7 +313,7 @@ pub(crate) fn import(
                                     })?;
                                     began = true;
                                 }
-                                let id = store.import_process(meta)?;
+                                let id = store.import_process(meta, *first_seen, *last_seen)?;
                                 process_ids.insert(r, id);
                                 id
                             }

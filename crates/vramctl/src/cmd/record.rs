@@ -220,10 +220,11 @@ impl Recorder<'_> {
             }
             None => TickSample {
                 at_unix_ms: now,
-                unavailable: Some(format!(
-                    "NVML did not start: {}",
-                    self.init_error.as_deref().unwrap_or("unknown error")
-                )),
+                unavailable: Some(
+                    self.init_error
+                        .clone()
+                        .unwrap_or_else(|| "NVML did not start".into()),
+                ),
                 ..TickSample::default()
             },
         };
@@ -458,5 +459,12 @@ fn write_loop(
     if let Some((from, to, _)) = failing {
         tracing::warn!(from_ms = from, to_ms = to, "Stopped while writes were failing; those samples are lost.");
     }
-    store.close()
+    match store.close() {
+        // What was committed is in the WAL, which the next open replays.
+        Err(err) if err.is_transient_write_failure() => {
+            tracing::warn!(error = %err, "Could not checkpoint the database on the way out.");
+            Ok(())
+        }
+        other => other,
+    }
 }
