@@ -211,7 +211,9 @@ mod tests {
     #[test]
     fn our_cpu_time_is_read() {
         let me = cpu_time_ticks(std::process::id()).expect("we exist");
-        let details = ProcReader::new().details(std::process::id()).expect("we exist");
+        let details = ProcReader::new()
+            .details(std::process::id())
+            .expect("we exist");
         assert_eq!(Some(me.start_time_ticks), details.start_time_ticks);
         assert_eq!(cpu_time_ticks(u32::MAX), None);
     }
@@ -246,7 +248,8 @@ mod tests {
 
     #[test]
     fn docker_cgroupfs_and_plain_host() {
-        let docker = "12:memory:/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n";
+        let docker =
+            "12:memory:/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n";
         assert_eq!(
             parse_cgroup(docker).0.as_deref(),
             Some("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")

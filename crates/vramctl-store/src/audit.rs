@@ -202,7 +202,10 @@ mod tests {
         assert_eq!(rows[0].record.outcome, exited);
         assert!(rows[0].updated_ms.is_some());
         assert!(store.set_audit_outcome(id + 1, &exited).is_err());
-        let sync: i64 = store.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        let sync: i64 = store
+            .conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(sync, 1, "back to NORMAL for samples");
     }
 

@@ -306,12 +306,21 @@ mod tests {
         assert!(apply(&mut s, &[0x80], true).is_err());
         assert!(apply(&mut s, &[0x00], true).is_err()); // value missing
         assert!(apply(&mut s, &[0xff; 11], true).is_err());
-        assert!(apply(&mut s, &[0x05, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], true).is_err());
+        assert!(
+            apply(
+                &mut s,
+                &[0x05, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+                true
+            )
+            .is_err()
+        );
     }
 
     #[test]
     fn merge_keeps_the_spike() {
-        let e = Entry::Value(5).merge(Entry::Value(9)).merge(Entry::Value(5));
+        let e = Entry::Value(5)
+            .merge(Entry::Value(9))
+            .merge(Entry::Value(5));
         assert_eq!(
             e,
             Entry::Range {

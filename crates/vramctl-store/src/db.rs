@@ -512,13 +512,23 @@ mod tests {
     fn a_text_file_is_not_ours() {
         let (dir, _) = temp();
         let path = dir.path().join("notes.txt");
-        std::fs::write(&path, "hello, this is not a database at all, not even close\n".repeat(100)).unwrap();
+        std::fs::write(
+            &path,
+            "hello, this is not a database at all, not even close\n".repeat(100),
+        )
+        .unwrap();
         for mode in [OpenMode::ReadOnly, OpenMode::Append] {
             let err = Store::open(&path, mode).unwrap_err();
             assert!(matches!(err, StoreError::NotOurs { .. }), "{err}");
-            assert!(err.to_string().contains("is not a vramctl history"), "{err}");
+            assert!(
+                err.to_string().contains("is not a vramctl history"),
+                "{err}"
+            );
         }
-        assert!(std::fs::read_to_string(&path).unwrap().starts_with("hello"), "left untouched");
+        assert!(
+            std::fs::read_to_string(&path).unwrap().starts_with("hello"),
+            "left untouched"
+        );
     }
 
     #[test]
@@ -537,12 +547,20 @@ mod tests {
         let (_dir, path) = temp();
         Store::open(&path, OpenMode::Append).unwrap();
         let conn = Connection::open(&path).unwrap();
-        conn.execute("INSERT INTO schema_version VALUES (99, 0)", []).unwrap();
+        conn.execute("INSERT INTO schema_version VALUES (99, 0)", [])
+            .unwrap();
         drop(conn);
         for mode in [OpenMode::ReadOnly, OpenMode::ReadWrite, OpenMode::Append] {
             let err = Store::open(&path, mode).unwrap_err();
             assert!(
-                matches!(err, StoreError::NewerSchema { found: 99, supported: 1, .. }),
+                matches!(
+                    err,
+                    StoreError::NewerSchema {
+                        found: 99,
+                        supported: 1,
+                        ..
+                    }
+                ),
                 "{err}"
             );
         }
@@ -553,7 +571,9 @@ mod tests {
         let (_dir, path) = temp();
         let mut store = Store::open(&path, OpenMode::Append).unwrap();
         for i in 0..200 {
-            store.append(&tick(T0 + i * 1000, GIB * (i as u64 % 7), &[(7, GIB)])).unwrap();
+            store
+                .append(&tick(T0 + i * 1000, GIB * (i as u64 % 7), &[(7, GIB)]))
+                .unwrap();
         }
         store.close().unwrap();
         // Overwrite the middle of the file (past the header and schema) with garbage.
@@ -574,7 +594,10 @@ mod tests {
         let err = Store::open(&path, OpenMode::Append).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("already recording"), "{text}");
-        assert!(text.contains(&format!("PID {}", std::process::id())), "{text}");
+        assert!(
+            text.contains(&format!("PID {}", std::process::id())),
+            "{text}"
+        );
         // Readers and the audit log are not blocked.
         Store::open(&path, OpenMode::ReadOnly).unwrap();
         Store::open(&path, OpenMode::ReadWrite).unwrap();
@@ -590,7 +613,9 @@ mod tests {
         let mut t = T0;
         let err = loop {
             t += 1000;
-            let pids: Vec<(u32, u64)> = (0..50).map(|p| (1000 + p + (t / 1000 % 1000) as u32 * 50, GIB)).collect();
+            let pids: Vec<(u32, u64)> = (0..50)
+                .map(|p| (1000 + p + (t / 1000 % 1000) as u32 * 50, GIB))
+                .collect();
             match store.append(&tick(t, GIB, &pids)) {
                 Ok(()) => continue,
                 Err(e) => break e,
@@ -599,10 +624,17 @@ mod tests {
         assert!(matches!(err, StoreError::DiskFull { .. }), "{err}");
         assert!(err.is_transient_write_failure());
         let written = store.tick_count(crate::model::TimeRange::ALL).unwrap();
-        assert_eq!(written, u64::try_from((t - T0) / 1000).unwrap(), "every tick before the failure is there");
+        assert_eq!(
+            written,
+            u64::try_from((t - T0) / 1000).unwrap(),
+            "every tick before the failure is there"
+        );
         store.set_max_page_count(1 << 30).unwrap();
         store.append(&tick(t, GIB, &[(7, GIB)])).unwrap();
-        assert_eq!(store.tick_count(crate::model::TimeRange::ALL).unwrap(), written + 1);
+        assert_eq!(
+            store.tick_count(crate::model::TimeRange::ALL).unwrap(),
+            written + 1
+        );
         assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
     }
 }

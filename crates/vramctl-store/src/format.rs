@@ -160,7 +160,9 @@ impl ImportError {
     /// What to do about it.
     pub fn hint(&self) -> Option<&'static str> {
         match self {
-            Self::Bad(_) => Some("fix or remove the line, or import without --strict to skip bad rows"),
+            Self::Bad(_) => {
+                Some("fix or remove the line, or import without --strict to skip bad rows")
+            }
             Self::Unknown { .. } => Some("name the format with --format"),
             Self::Overlap { .. } => Some("import into a new database with --db"),
             Self::Store(e) => e.hint(),
@@ -227,17 +229,28 @@ pub fn sniff(path: &Path, text: &str, columns: Option<&[String]>) -> Result<Form
         if value.get("devices").is_some() && value.get("schema").is_some() {
             return Ok(Format::StatusJson);
         }
-        return Err(unknown("JSON that is neither 'vramctl export' nor 'vramctl status --json'"));
+        return Err(unknown(
+            "JSON that is neither 'vramctl export' nor 'vramctl status --json'",
+        ));
     }
-    let fields: Vec<String> = first.split(',').map(|f| f.trim().to_ascii_lowercase()).collect();
+    let fields: Vec<String> = first
+        .split(',')
+        .map(|f| f.trim().to_ascii_lowercase())
+        .collect();
     if fields.first().is_some_and(|f| f == "date") {
         return Ok(Format::Gpuz);
     }
     let names: Vec<String> = match columns {
-        Some(cols) if smi::looks_like_data(first) => cols.iter().map(|c| c.trim().to_ascii_lowercase()).collect(),
+        Some(cols) if smi::looks_like_data(first) => {
+            cols.iter().map(|c| c.trim().to_ascii_lowercase()).collect()
+        }
         _ => fields,
     };
-    let has = |n: &str| names.iter().any(|f| f == n || f.starts_with(&format!("{n} [")));
+    let has = |n: &str| {
+        names
+            .iter()
+            .any(|f| f == n || f.starts_with(&format!("{n} [")))
+    };
     if has("pid") || has("used_gpu_memory") || has("used_memory") || has("process_name") {
         return Ok(Format::SmiApps);
     }
@@ -256,7 +269,10 @@ pub fn sniff(path: &Path, text: &str, columns: Option<&[String]>) -> Result<Form
             "it has no header line (written with 'noheader'?); pass the column list with --columns",
         ));
     }
-    Err(unknown(&format!("its first line '{}' is not a known header", truncate(first, 60))))
+    Err(unknown(&format!(
+        "its first line '{}' is not a known header",
+        truncate(first, 60)
+    )))
 }
 
 pub(crate) fn truncate(text: &str, n: usize) -> String {
@@ -386,7 +402,11 @@ pub fn import_files(
 /// Folds `other` (same time) into `into`.
 fn merge(into: &mut TickSample, other: TickSample) {
     for dev in other.devices {
-        match into.devices.iter_mut().find(|d| d.device.uuid == dev.device.uuid) {
+        match into
+            .devices
+            .iter_mut()
+            .find(|d| d.device.uuid == dev.device.uuid)
+        {
             None => into.devices.push(dev),
             Some(existing) => merge_device(existing, dev),
         }

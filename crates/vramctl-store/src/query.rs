@@ -13,8 +13,7 @@ use crate::codec::{self, Entry, State};
 use crate::db::{Catalog, Store};
 use crate::error::StoreError;
 use crate::model::{
-    DeviceMeta, DeviceRecord, Gap, Metric, Point, ProcessKey, ProcessMeta, ProcessRecord,
-    TimeRange,
+    DeviceMeta, DeviceRecord, Gap, Metric, Point, ProcessKey, ProcessMeta, ProcessRecord, TimeRange,
 };
 
 /// One series as a frame names it.
@@ -163,9 +162,11 @@ impl Store {
             .map_err(self.err("cannot read the time range"))?;
         let (roll_min, roll_max): (Option<i64>, Option<i64>) = self
             .conn
-            .query_row("SELECT min(t_ms), max(t_ms + res_ms - 1) FROM rollup", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(
+                "SELECT min(t_ms), max(t_ms + res_ms - 1) FROM rollup",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .map_err(self.err("cannot read the time range"))?;
         let min = [raw_min, roll_min].into_iter().flatten().min();
         let max = [raw_max, roll_max].into_iter().flatten().max();
@@ -213,14 +214,22 @@ impl Store {
         if let Some(start) = raw_start {
             tiers.push((Tier::Raw, start, 0));
         }
-        tiers.extend(rollups.iter().map(|&(res, start)| (Tier::Rollup(res), start, res)));
+        tiers.extend(
+            rollups
+                .iter()
+                .map(|&(res, start)| (Tier::Rollup(res), start, res)),
+        );
         let mut parts = Vec::new();
         let mut upper = i64::MAX;
         let last = tiers.len().saturating_sub(1);
         for (i, &(tier, start, res)) in tiers.iter().enumerate() {
             let lower = if i == last { i64::MIN } else { start };
             // Bucket starts allowed: those whose bucket ends by `upper`.
-            let top = if upper == i64::MAX { i64::MAX - 1 } else { upper - res.max(1) };
+            let top = if upper == i64::MAX {
+                i64::MAX - 1
+            } else {
+                upper - res.max(1)
+            };
             let part = TimeRange {
                 from_ms: lower.max(range.from_ms),
                 to_ms: top.min(range.to_ms),
@@ -278,9 +287,11 @@ impl Store {
         while let Some(row) = rows.next().map_err(&err)? {
             let t: i64 = row.get(0).map_err(&err)?;
             let key: bool = row.get(1).map_err(&err)?;
-            let data = row.get_ref(2).map_err(&err)?.as_blob().map_err(|e| {
-                StoreError::sqlite(&self.path, "cannot read samples", e.into())
-            })?;
+            let data = row
+                .get_ref(2)
+                .map_err(&err)?
+                .as_blob()
+                .map_err(|e| StoreError::sqlite(&self.path, "cannot read samples", e.into()))?;
             if !key && !keyed {
                 // Data before the first key frame (cut by retention) cannot be decoded.
                 continue;
@@ -294,9 +305,11 @@ impl Store {
                 other => other,
             })?;
             if t >= range.from_ms {
-                let observed = row.get_ref(3).map_err(&err)?.as_blob_or_null().map_err(|e| {
-                    StoreError::sqlite(&self.path, "cannot read samples", e.into())
-                })?;
+                let observed = row
+                    .get_ref(3)
+                    .map_err(&err)?
+                    .as_blob_or_null()
+                    .map_err(|e| StoreError::sqlite(&self.path, "cannot read samples", e.into()))?;
                 visit(&Frame {
                     t_ms: t,
                     span_ms: res,
@@ -458,7 +471,9 @@ impl Store {
     }
 
     /// Every stored process, by id.
-    pub(crate) fn all_processes(&self) -> Result<std::collections::HashMap<i64, ProcessRecord>, StoreError> {
+    pub(crate) fn all_processes(
+        &self,
+    ) -> Result<std::collections::HashMap<i64, ProcessRecord>, StoreError> {
         let err = self.err("cannot read processes");
         let ids: Vec<i64> = self
             .conn

@@ -107,7 +107,8 @@ impl FromStr for Retention {
                 tiers.push((res, keep(value.trim())?));
             }
         }
-        let raw_keep_ms = raw.ok_or_else(|| bad("it does not say how long to keep raw samples (raw=...)".into()))?;
+        let raw_keep_ms = raw
+            .ok_or_else(|| bad("it does not say how long to keep raw samples (raw=...)".into()))?;
         tiers.sort_by_key(|&(res, _)| res);
         let mut finer_keep = raw_keep_ms;
         let mut finer_res = 1;
@@ -210,12 +211,15 @@ impl Store {
     /// (`None`: raw).
     fn roll_up(&mut self, finer: Option<i64>, res: i64, now_ms: i64) -> Result<u64, StoreError> {
         let source_start: Option<i64> = match finer {
-            None => self.conn.query_row("SELECT min(t_ms) FROM frame", [], |r| r.get(0)),
-            Some(f) => self.conn.query_row(
-                "SELECT min(t_ms) FROM rollup WHERE res_ms = ?1",
-                [f],
-                |r| r.get(0),
-            ),
+            None => self
+                .conn
+                .query_row("SELECT min(t_ms) FROM frame", [], |r| r.get(0)),
+            Some(f) => {
+                self.conn
+                    .query_row("SELECT min(t_ms) FROM rollup WHERE res_ms = ?1", [f], |r| {
+                        r.get(0)
+                    })
+            }
         }
         .map_err(self.err("cannot read the rollup source"))?;
         let Some(source_start) = source_start else {
@@ -389,7 +393,9 @@ impl Store {
         .map_err(&err)?;
         let Some(key) = key else { return Ok(0) };
         let n = match tier {
-            None => self.conn.execute("DELETE FROM frame WHERE t_ms < ?1", [key]),
+            None => self
+                .conn
+                .execute("DELETE FROM frame WHERE t_ms < ?1", [key]),
             Some(res) => self.conn.execute(
                 "DELETE FROM rollup WHERE res_ms = ?1 AND t_ms < ?2",
                 [res, key],
@@ -410,7 +416,11 @@ mod tests {
         assert_eq!(parse_duration_ms("1.5s"), Ok(1500));
         assert_eq!(parse_duration_ms("24h"), Ok(86_400_000));
         assert_eq!(parse_duration_ms("50ms"), Ok(50));
-        assert!(parse_duration_ms("10").unwrap_err().contains("no known unit"));
+        assert!(
+            parse_duration_ms("10")
+                .unwrap_err()
+                .contains("no known unit")
+        );
         assert!(parse_duration_ms("ten m").is_err());
     }
 
@@ -422,7 +432,11 @@ mod tests {
         assert_eq!(r.tiers, vec![(MINUTE, Some(30 * DAY)), (HOUR, None)]);
         let msg = |s: &str| s.parse::<Retention>().unwrap_err().to_string();
         assert!(msg("1m=30d").contains("raw="), "{}", msg("1m=30d"));
-        assert!(msg("raw=30s,1m=1d").contains("at least"), "{}", msg("raw=30s,1m=1d"));
+        assert!(
+            msg("raw=30s,1m=1d").contains("at least"),
+            "{}",
+            msg("raw=30s,1m=1d")
+        );
         assert!(msg("raw=1d,1m=30d,90s=40d").contains("multiple"));
         assert!(msg("raw").contains("NAME=DURATION"));
     }
@@ -442,7 +456,9 @@ mod maintenance_tests {
         let start = T0 - T0.rem_euclid(MINUTE);
         for i in 0..300 {
             let used = if i == 150 { 9 * GIB } else { GIB };
-            store.append(&tick(start + i * 1000, used, &[(5, used)])).unwrap();
+            store
+                .append(&tick(start + i * 1000, used, &[(5, used)]))
+                .unwrap();
         }
         let retention: Retention = "raw=2m,1m=forever".parse().unwrap();
         let now = start + 300 * 1000;
@@ -450,14 +466,22 @@ mod maintenance_tests {
         assert_eq!(report.buckets_written, 5);
         assert!(report.frames_deleted >= 170, "{report:?}");
         let d = store.devices().unwrap()[0].id;
-        let pts = store.device_metric(d, Metric::UsedBytes, TimeRange::ALL).unwrap();
+        let pts = store
+            .device_metric(d, Metric::UsedBytes, TimeRange::ALL)
+            .unwrap();
         let buckets: Vec<&Point> = pts.iter().filter(|p| p.span_ms > 0).collect();
         assert!(!buckets.is_empty());
-        let spike = buckets.iter().find(|p| p.unix_ms == start + 2 * MINUTE).expect("bucket 2");
+        let spike = buckets
+            .iter()
+            .find(|p| p.unix_ms == start + 2 * MINUTE)
+            .expect("bucket 2");
         assert_eq!((spike.min, spike.max, spike.last), (GIB, 9 * GIB, GIB));
         // The recent part is still raw, and times never go backwards.
         assert!(pts.iter().any(|p| p.span_ms == 0));
-        assert!(pts.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms), "{pts:?}");
+        assert!(
+            pts.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms),
+            "{pts:?}"
+        );
         // Running again is idempotent.
         let again = store.maintain(&retention, now).unwrap();
         assert_eq!(again.buckets_written, 0);

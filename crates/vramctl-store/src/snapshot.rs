@@ -48,25 +48,46 @@ pub fn device_samples(snapshot: &Snapshot) -> Vec<DeviceSample> {
         };
         let memory = reading.memory;
         let mut metrics = vec![
-            (Metric::UsedBytes, value(memory.map(|m| m.used_bytes), Field::Memory)),
-            (Metric::ReservedBytes, value(memory.map(|m| m.reserved_bytes), Field::Memory)),
-            (Metric::FreeBytes, value(memory.map(|m| m.free_bytes), Field::Memory)),
-            (Metric::TotalBytes, value(memory.map(|m| m.total_bytes), Field::Memory)),
+            (
+                Metric::UsedBytes,
+                value(memory.map(|m| m.used_bytes), Field::Memory),
+            ),
+            (
+                Metric::ReservedBytes,
+                value(memory.map(|m| m.reserved_bytes), Field::Memory),
+            ),
+            (
+                Metric::FreeBytes,
+                value(memory.map(|m| m.free_bytes), Field::Memory),
+            ),
+            (
+                Metric::TotalBytes,
+                value(memory.map(|m| m.total_bytes), Field::Memory),
+            ),
         ];
         metrics.extend([
             (
                 Metric::UtilizationGpuPercent,
-                value(reading.utilization_gpu_percent.map(u64::from), Field::Utilization),
+                value(
+                    reading.utilization_gpu_percent.map(u64::from),
+                    Field::Utilization,
+                ),
             ),
             (
                 Metric::UtilizationMemoryPercent,
-                value(reading.utilization_memory_percent.map(u64::from), Field::Utilization),
+                value(
+                    reading.utilization_memory_percent.map(u64::from),
+                    Field::Utilization,
+                ),
             ),
             (
                 Metric::TemperatureC,
                 value(reading.temperature_c.map(u64::from), Field::Temperature),
             ),
-            (Metric::PowerMw, value(reading.power_mw.map(u64::from), Field::Power)),
+            (
+                Metric::PowerMw,
+                value(reading.power_mw.map(u64::from), Field::Power),
+            ),
         ]);
         let processes = match &reading.processes {
             Some(list) => ProcessList::Observed(
@@ -114,7 +135,10 @@ pub fn device_samples(snapshot: &Snapshot) -> Vec<DeviceSample> {
                 state: DeviceSampleState::Read {
                     metrics: vec![
                         (Metric::UsedBytes, value(memory.map(|m| m.used_bytes))),
-                        (Metric::ReservedBytes, value(memory.map(|m| m.reserved_bytes))),
+                        (
+                            Metric::ReservedBytes,
+                            value(memory.map(|m| m.reserved_bytes)),
+                        ),
                         (Metric::FreeBytes, value(memory.map(|m| m.free_bytes))),
                         (Metric::TotalBytes, value(memory.map(|m| m.total_bytes))),
                     ],

@@ -171,8 +171,11 @@ impl Store {
             closes.push((None, None));
         }
         let mut pids_now: HashMap<u32, i64> = HashMap::new();
-        let metas: HashMap<u32, &ProcessMeta> =
-            tick.processes.iter().map(|p| (p.meta.key.pid, &p.meta)).collect();
+        let metas: HashMap<u32, &ProcessMeta> = tick
+            .processes
+            .iter()
+            .map(|p| (p.meta.key.pid, &p.meta))
+            .collect();
         for dev in &tick.devices {
             let d = ensure_device(&tx, catalog, &dev.device, t).map_err(err.clone())?;
             match &dev.state {
@@ -270,7 +273,8 @@ impl Store {
             let Some(cpu) = sample.cpu_ticks else {
                 continue;
             };
-            let pid = ensure_process(&tx, &mut w.processes, &sample.meta, t).map_err(err.clone())?;
+            let pid =
+                ensure_process(&tx, &mut w.processes, &sample.meta, t).map_err(err.clone())?;
             pids_now.entry(sample.meta.key.pid).or_insert(pid);
             let s = ensure_series(&tx, catalog, Metric::ProcessCpuTicks, None, Some(pid))
                 .map_err(err.clone())?;
@@ -387,9 +391,10 @@ fn observed_devices(tick: &TickSample, new: &State, catalog: &Catalog) -> Option
         let id = catalog.device_ids.get(&d.device.uuid).copied()?;
         let (m, p) = match &d.state {
             DeviceSampleState::Unreadable(_) => (true, true),
-            DeviceSampleState::Read { metrics, processes } => {
-                (!metrics.is_empty(), !matches!(processes, ProcessList::NotObserved))
-            }
+            DeviceSampleState::Read { metrics, processes } => (
+                !metrics.is_empty(),
+                !matches!(processes, ProcessList::NotObserved),
+            ),
         };
         flags.push((id, m, p));
     }
@@ -489,14 +494,19 @@ impl Store {
         };
         if span_ms == 0 {
             if let Some(last) = w.last_t_ms.filter(|&l| t <= l) {
-                return Err(StoreError::OutOfOrder { at_ms: t, last_ms: last });
+                return Err(StoreError::OutOfOrder {
+                    at_ms: t,
+                    last_ms: last,
+                });
             }
             let key = w
                 .last_key_ms
                 .is_none_or(|last| t.saturating_sub(last) >= w.key_interval_ms);
             codec::encode(&w.state, state, key, &mut w.buf);
             self.conn
-                .prepare_cached("INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)")
+                .prepare_cached(
+                    "INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)",
+                )
                 .and_then(|mut s| s.execute(params![t, key, w.buf, observed]))
                 .map_err(err)?;
             w.state.clone_from(state);
@@ -762,7 +772,10 @@ pub(crate) mod tests {
                     ),
                 },
             }],
-            processes: procs.iter().map(|&(pid, _)| process(pid, 1000 + u64::from(pid))).collect(),
+            processes: procs
+                .iter()
+                .map(|&(pid, _)| process(pid, 1000 + u64::from(pid)))
+                .collect(),
         }
     }
 
@@ -788,19 +801,49 @@ pub(crate) mod tests {
         let pts = store.device_metric(d, Metric::UsedBytes, all).unwrap();
         assert_eq!(
             values(&pts),
-            used.iter().enumerate().map(|(i, u)| (1000 * i as i64, u * GIB)).collect::<Vec<_>>()
+            used.iter()
+                .enumerate()
+                .map(|(i, u)| (1000 * i as i64, u * GIB))
+                .collect::<Vec<_>>()
         );
         // A range starting between key frames decodes from the key frame before it.
-        let mid = TimeRange { from_ms: T0 + 4000, to_ms: T0 + 5000 };
-        assert_eq!(values(&store.device_metric(d, Metric::UsedBytes, mid).unwrap()), vec![(4000, 2 * GIB), (5000, 3 * GIB)]);
+        let mid = TimeRange {
+            from_ms: T0 + 4000,
+            to_ms: T0 + 5000,
+        };
+        assert_eq!(
+            values(&store.device_metric(d, Metric::UsedBytes, mid).unwrap()),
+            vec![(4000, 2 * GIB), (5000, 3 * GIB)]
+        );
         let procs = store.processes_in(all).unwrap();
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0].0.meta.key.pid, 10);
         assert_eq!(procs[0].0.meta.user.as_deref(), Some("alice"));
-        assert_eq!(procs[0].0.last_seen_ms, T0 + 5000, "left at the tick it vanished");
+        assert_eq!(
+            procs[0].0.last_seen_ms,
+            T0 + 5000,
+            "left at the tick it vanished"
+        );
         let mem = store.process_memory(procs[0].0.id, d, all).unwrap();
-        assert_eq!(values(&mem), vec![(0, GIB), (1000, GIB), (2000, 2 * GIB), (3000, 2 * GIB), (4000, 2 * GIB)]);
-        assert!(store.processes_in(TimeRange { from_ms: T0 + 5000, to_ms: T0 + 9000 }).unwrap().is_empty());
+        assert_eq!(
+            values(&mem),
+            vec![
+                (0, GIB),
+                (1000, GIB),
+                (2000, 2 * GIB),
+                (3000, 2 * GIB),
+                (4000, 2 * GIB)
+            ]
+        );
+        assert!(
+            store
+                .processes_in(TimeRange {
+                    from_ms: T0 + 5000,
+                    to_ms: T0 + 9000
+                })
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -810,12 +853,20 @@ pub(crate) mod tests {
             store.append(&tick(T0 + i * 1000, GIB, &[])).unwrap();
         }
         let d = store.devices().unwrap()[0].id;
-        assert!(store.device_metric(d, Metric::PowerMw, TimeRange::ALL).unwrap().is_empty());
+        assert!(
+            store
+                .device_metric(d, Metric::PowerMw, TimeRange::ALL)
+                .unwrap()
+                .is_empty()
+        );
         let gaps = store.gaps(TimeRange::ALL).unwrap();
         assert_eq!(gaps.len(), 1, "{gaps:?}");
         assert_eq!(gaps[0].metric, Some(Metric::PowerMw));
         assert_eq!(gaps[0].reason, "not supported");
-        assert_eq!((gaps[0].from_ms, gaps[0].to_ms, gaps[0].open), (T0, T0 + 2000, true));
+        assert_eq!(
+            (gaps[0].from_ms, gaps[0].to_ms, gaps[0].open),
+            (T0, T0 + 2000, true)
+        );
     }
 
     #[test]
@@ -830,7 +881,9 @@ pub(crate) mod tests {
         store.append(&lost2).unwrap();
         store.append(&tick(T0 + 3000, 2 * GIB, &[])).unwrap();
         let d = store.devices().unwrap()[0].id;
-        let pts = store.device_metric(d, Metric::UsedBytes, TimeRange::ALL).unwrap();
+        let pts = store
+            .device_metric(d, Metric::UsedBytes, TimeRange::ALL)
+            .unwrap();
         assert_eq!(values(&pts), vec![(0, GIB), (3000, 2 * GIB)]);
         let gaps: Vec<_> = store
             .gaps(TimeRange::ALL)
@@ -840,7 +893,10 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(gaps.len(), 1);
         assert_eq!(gaps[0].reason, "GPU lost");
-        assert_eq!((gaps[0].from_ms, gaps[0].to_ms, gaps[0].open), (T0 + 1000, T0 + 3000, false));
+        assert_eq!(
+            (gaps[0].from_ms, gaps[0].to_ms, gaps[0].open),
+            (T0 + 1000, T0 + 3000, false)
+        );
         assert_eq!(gaps[0].device_uuid.as_deref(), Some("GPU-a"));
     }
 
@@ -861,7 +917,13 @@ pub(crate) mod tests {
         assert_eq!(all.len(), 1);
         assert!(all[0].reason.contains("driver not loaded"));
         let d = store.devices().unwrap()[0].id;
-        assert_eq!(store.device_metric(d, Metric::UsedBytes, TimeRange::ALL).unwrap().len(), 2);
+        assert_eq!(
+            store
+                .device_metric(d, Metric::UsedBytes, TimeRange::ALL)
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[test]

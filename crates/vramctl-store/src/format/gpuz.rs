@@ -25,7 +25,10 @@ const MIB: f64 = 1_048_576.0;
 
 fn column(name: &str) -> Option<Metric> {
     let lower = name.to_ascii_lowercase();
-    let base = lower.split_once(" [").map_or(lower.as_str(), |(n, _)| n).trim();
+    let base = lower
+        .split_once(" [")
+        .map_or(lower.as_str(), |(n, _)| n)
+        .trim();
     Some(match base {
         "memory used" | "memory used (dedicated)" => Metric::UsedBytes,
         "gpu load" => Metric::UtilizationGpuPercent,
@@ -56,7 +59,10 @@ pub(crate) fn parse(
     };
     let names: Vec<&str> = fields(header);
     if names.first().map(|n| n.eq_ignore_ascii_case("date")) != Some(true) {
-        return Err(rows.fatal(header_line, "the first column is not 'Date'; is this a GPU-Z sensor log?"));
+        return Err(rows.fatal(
+            header_line,
+            "the first column is not 'Date'; is this a GPU-Z sensor log?",
+        ));
     }
     let columns: Vec<Option<Metric>> = names.iter().skip(1).map(|n| column(n)).collect();
     for (name, col) in names.iter().skip(1).zip(&columns) {
@@ -67,7 +73,8 @@ pub(crate) fn parse(
     let device = DeviceMeta {
         uuid: format!(
             "GPUZ-{}",
-            path.file_name().map_or_else(|| "log".into(), |f| f.to_string_lossy())
+            path.file_name()
+                .map_or_else(|| "log".into(), |f| f.to_string_lossy())
         ),
         ..DeviceMeta::default()
     };
@@ -76,7 +83,14 @@ pub(crate) fn parse(
         rows.read += 1;
         let values = fields(line);
         if values.len() != names.len() {
-            rows.bad(line_no, format!("{} fields where the header has {} (truncated line?)", values.len(), names.len()))?;
+            rows.bad(
+                line_no,
+                format!(
+                    "{} fields where the header has {} (truncated line?)",
+                    values.len(),
+                    names.len()
+                ),
+            )?;
             continue;
         }
         let at = match jiff::civil::DateTime::strptime("%Y-%m-%d %H:%M:%S", values[0])
@@ -85,12 +99,21 @@ pub(crate) fn parse(
         {
             Some(z) => z.timestamp().as_millisecond(),
             None => {
-                rows.bad(line_no, format!("'{}' is not a time like 2026-11-29 20:31:31", truncate(values[0], 30)))?;
+                rows.bad(
+                    line_no,
+                    format!(
+                        "'{}' is not a time like 2026-11-29 20:31:31",
+                        truncate(values[0], 30)
+                    ),
+                )?;
                 continue;
             }
         };
         if ticks.last().is_some_and(|t| at <= t.at_unix_ms) {
-            rows.bad(line_no, format!("time '{}' is not after the previous row's", values[0]))?;
+            rows.bad(
+                line_no,
+                format!("time '{}' is not after the previous row's", values[0]),
+            )?;
             continue;
         }
         let mut metrics = Vec::new();
@@ -102,7 +125,11 @@ pub(crate) fn parse(
                 continue;
             }
             let Ok(x) = raw.parse::<f64>() else {
-                error = Some(format!("{}: '{}' is not a number", metric.name(), truncate(raw, 30)));
+                error = Some(format!(
+                    "{}: '{}' is not a number",
+                    metric.name(),
+                    truncate(raw, 30)
+                ));
                 break;
             };
             if !x.is_finite() || x < 0.0 {

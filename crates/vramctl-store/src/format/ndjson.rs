@@ -228,7 +228,10 @@ pub(crate) fn import(
         }
         rows.read += 1;
         let v: Value = serde_json::from_str(line).map_err(|e| {
-            rows.fatal(line_no, format!("not JSON ({e}); the export is truncated or damaged"))
+            rows.fatal(
+                line_no,
+                format!("not JSON ({e}); the export is truncated or damaged"),
+            )
         })?;
         let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
         let need = |field: &str| -> Result<&Value, ImportError> {
@@ -259,7 +262,10 @@ pub(crate) fn import(
                 let meta = DeviceMeta {
                     uuid: opt_str("uuid")
                         .ok_or_else(|| rows.fatal(line_no, "a device without 'uuid'"))?,
-                    index: v.get("index").and_then(Value::as_u64).and_then(|i| u32::try_from(i).ok()),
+                    index: v
+                        .get("index")
+                        .and_then(Value::as_u64)
+                        .and_then(|i| u32::try_from(i).ok()),
                     name: opt_str("name"),
                     pci_bus_id: opt_str("pci_bus_id"),
                     parent_uuid: opt_str("parent_uuid"),
@@ -275,7 +281,10 @@ pub(crate) fn import(
                             .map_err(|_| rows.fatal(line_no, "'pid' out of range"))?,
                         start_time_ticks: v.get("start_time_ticks").and_then(Value::as_u64),
                     },
-                    uid: v.get("uid").and_then(Value::as_u64).and_then(|u| u32::try_from(u).ok()),
+                    uid: v
+                        .get("uid")
+                        .and_then(Value::as_u64)
+                        .and_then(|u| u32::try_from(u).ok()),
                     user: opt_str("user"),
                     command: opt_str("command"),
                     container_id: opt_str("container_id"),
@@ -294,14 +303,20 @@ pub(crate) fn import(
                     .ok_or_else(|| rows.fatal(line_no, "unknown 'metric'"))?;
                 let device = match v.get("device").and_then(Value::as_i64) {
                     Some(r) => Some(*devices.get(&r).ok_or_else(|| {
-                        rows.fatal(line_no, format!("series names device {r}, not declared before"))
+                        rows.fatal(
+                            line_no,
+                            format!("series names device {r}, not declared before"),
+                        )
                     })?),
                     None => None,
                 };
                 let process = match v.get("process").and_then(Value::as_i64) {
                     Some(r) => {
                         let (meta, first_seen, last_seen) = processes.get(&r).ok_or_else(|| {
-                            rows.fatal(line_no, format!("series names process {r}, not declared before"))
+                            rows.fatal(
+                                line_no,
+                                format!("series names process {r}, not declared before"),
+                            )
                         })?;
                         let id = match process_ids.get(&r) {
                             Some(id) => *id,
@@ -349,19 +364,41 @@ pub(crate) fn import(
                     .ok_or_else(|| rows.fatal(line_no, "'values' is not a list"))?;
                 for item in values {
                     let parts = item.as_array().map(Vec::as_slice).unwrap_or(&[]);
-                    let id = parts.first().and_then(Value::as_u64).and_then(|r| series.get(&r)).copied().ok_or_else(|| {
-                        rows.fatal(line_no, format!("value '{}' names no declared series", truncate(&item.to_string(), 40)))
-                    })?;
+                    let id = parts
+                        .first()
+                        .and_then(Value::as_u64)
+                        .and_then(|r| series.get(&r))
+                        .copied()
+                        .ok_or_else(|| {
+                            rows.fatal(
+                                line_no,
+                                format!(
+                                    "value '{}' names no declared series",
+                                    truncate(&item.to_string(), 40)
+                                ),
+                            )
+                        })?;
                     let num = |j: usize| parts.get(j).and_then(Value::as_u64);
                     let entry = match parts.len() {
                         1 => None,
                         2 if parts[1].is_null() => Some(Entry::Unknown),
-                        2 => Some(Entry::Value(num(1).ok_or_else(|| rows.fatal(line_no, "a value is not a number"))?)),
+                        2 => {
+                            Some(Entry::Value(num(1).ok_or_else(|| {
+                                rows.fatal(line_no, "a value is not a number")
+                            })?))
+                        }
                         4 => match (num(1), num(2), num(3)) {
-                            (Some(min), Some(max), Some(last)) => Some(Entry::Range { min, max, last }),
+                            (Some(min), Some(max), Some(last)) => {
+                                Some(Entry::Range { min, max, last })
+                            }
                             _ => return Err(rows.fatal(line_no, "a bucket is not three numbers")),
                         },
-                        _ => return Err(rows.fatal(line_no, "a value is not [ref], [ref, v] or [ref, min, max, last]")),
+                        _ => {
+                            return Err(rows.fatal(
+                                line_no,
+                                "a value is not [ref], [ref, v] or [ref, min, max, last]",
+                            ));
+                        }
                     };
                     state.set(id, entry);
                 }
@@ -371,11 +408,22 @@ pub(crate) fn import(
                         let mut out = Vec::new();
                         for o in list {
                             let o = o.as_array().map(Vec::as_slice).unwrap_or(&[]);
-                            let d = o.first().and_then(Value::as_i64).and_then(|r| devices.get(&r)).copied()
-                                .ok_or_else(|| rows.fatal(line_no, "'observed' names no declared device"))?;
+                            let d = o
+                                .first()
+                                .and_then(Value::as_i64)
+                                .and_then(|r| devices.get(&r))
+                                .copied()
+                                .ok_or_else(|| {
+                                    rows.fatal(line_no, "'observed' names no declared device")
+                                })?;
                             let m = o.get(1).and_then(Value::as_bool).unwrap_or(false);
                             let p = o.get(2).and_then(Value::as_bool).unwrap_or(false);
-                            codec::put_varint(&mut out, u64::try_from(d).unwrap_or(0) << 2 | u64::from(m) << 1 | u64::from(p));
+                            codec::put_varint(
+                                &mut out,
+                                u64::try_from(d).unwrap_or(0) << 2
+                                    | u64::from(m) << 1
+                                    | u64::from(p),
+                            );
                         }
                         Some(out)
                     }
@@ -392,19 +440,26 @@ pub(crate) fn import(
             }
             "gap" => gaps.push(Gap {
                 device_uuid: opt_str("device"),
-                metric: v.get("metric").and_then(Value::as_str).and_then(Metric::from_name),
+                metric: v
+                    .get("metric")
+                    .and_then(Value::as_str)
+                    .and_then(Metric::from_name),
                 from_ms: int("from_ms")?,
                 to_ms: int("to_ms")?,
                 open: false,
                 reason: opt_str("reason").unwrap_or_default(),
             }),
             "audit" => {
-                let record: AuditRecord = serde_json::from_value(v.clone())
-                    .map_err(|e| rows.fatal(line_no, format!("an audit line that does not parse: {e}")))?;
+                let record: AuditRecord = serde_json::from_value(v.clone()).map_err(|e| {
+                    rows.fatal(line_no, format!("an audit line that does not parse: {e}"))
+                })?;
                 audits.push(record);
             }
             other => {
-                rows.bad(line_no, format!("unknown line type '{}'", truncate(other, 20)))?;
+                rows.bad(
+                    line_no,
+                    format!("unknown line type '{}'", truncate(other, 20)),
+                )?;
             }
         }
     }
@@ -422,7 +477,10 @@ pub(crate) fn import(
 ///
 /// # Errors
 /// With `strict`, the first bad line.
-pub(crate) fn parse_status(text: &str, rows: &mut Rows<'_>) -> Result<Vec<TickSample>, ImportError> {
+pub(crate) fn parse_status(
+    text: &str,
+    rows: &mut Rows<'_>,
+) -> Result<Vec<TickSample>, ImportError> {
     let mut ticks: Vec<TickSample> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line_no = i + 1;
@@ -432,7 +490,10 @@ pub(crate) fn parse_status(text: &str, rows: &mut Rows<'_>) -> Result<Vec<TickSa
         rows.read += 1;
         match status_tick(line) {
             Ok(tick) => {
-                if ticks.last().is_some_and(|t| tick.at_unix_ms <= t.at_unix_ms) {
+                if ticks
+                    .last()
+                    .is_some_and(|t| tick.at_unix_ms <= t.at_unix_ms)
+                {
                     rows.bad(line_no, "its time is not after the previous line's")?;
                     continue;
                 }
@@ -463,12 +524,18 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
         at_unix_ms: at,
         ..TickSample::default()
     };
-    let devices = v.get("devices").and_then(Value::as_array).ok_or("no 'devices' list")?;
+    let devices = v
+        .get("devices")
+        .and_then(Value::as_array)
+        .ok_or("no 'devices' list")?;
     for d in devices {
         let s = |f: &str| d.get(f).and_then(Value::as_str).map(str::to_owned);
         let meta = DeviceMeta {
             uuid: s("uuid").ok_or("a device without 'uuid'")?,
-            index: d.get("index").and_then(Value::as_u64).and_then(|i| u32::try_from(i).ok()),
+            index: d
+                .get("index")
+                .and_then(Value::as_u64)
+                .and_then(|i| u32::try_from(i).ok()),
             name: s("name"),
             pci_bus_id: s("pci_bus_id"),
             parent_uuid: None,
@@ -481,21 +548,37 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                 .to_owned()
         };
         let state = match s("state").as_deref() {
-            Some("lost") => DeviceSampleState::Unreadable(format!("GPU lost: {}", s("error").unwrap_or_default())),
-            Some("error") => DeviceSampleState::Unreadable(s("error").unwrap_or_else(|| "error".into())),
+            Some("lost") => DeviceSampleState::Unreadable(format!(
+                "GPU lost: {}",
+                s("error").unwrap_or_default()
+            )),
+            Some("error") => {
+                DeviceSampleState::Unreadable(s("error").unwrap_or_else(|| "error".into()))
+            }
             _ => {
                 let memory = d.get("memory").filter(|m| !m.is_null());
                 let mem = |f: &str| memory.and_then(|m| m.get(f)).and_then(Value::as_u64);
-                let obs = |v: Option<u64>, field: &str| v.map_or_else(|| Observed::Missing(missing(field)), Observed::Value);
+                let obs = |v: Option<u64>, field: &str| {
+                    v.map_or_else(|| Observed::Missing(missing(field)), Observed::Value)
+                };
                 let num = |f: &str| d.get(f).and_then(Value::as_u64);
                 let metrics = vec![
                     (Metric::UsedBytes, obs(mem("used_bytes"), "memory")),
                     (Metric::ReservedBytes, obs(mem("reserved_bytes"), "memory")),
                     (Metric::FreeBytes, obs(mem("free_bytes"), "memory")),
                     (Metric::TotalBytes, obs(mem("total_bytes"), "memory")),
-                    (Metric::UtilizationGpuPercent, obs(num("utilization_gpu_percent"), "utilization")),
-                    (Metric::UtilizationMemoryPercent, obs(num("utilization_memory_percent"), "utilization")),
-                    (Metric::TemperatureC, obs(num("temperature_c"), "temperature")),
+                    (
+                        Metric::UtilizationGpuPercent,
+                        obs(num("utilization_gpu_percent"), "utilization"),
+                    ),
+                    (
+                        Metric::UtilizationMemoryPercent,
+                        obs(num("utilization_memory_percent"), "utilization"),
+                    ),
+                    (
+                        Metric::TemperatureC,
+                        obs(num("temperature_c"), "temperature"),
+                    ),
                     (Metric::PowerMw, obs(num("power_mw"), "power")),
                 ];
                 let processes = match d.get("processes").and_then(Value::as_array) {
@@ -516,9 +599,19 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                             if !tick.processes.iter().any(|x| x.meta.key.pid == pid) {
                                 tick.processes.push(ProcessSample {
                                     meta: ProcessMeta {
-                                        key: ProcessKey { boot_id: None, pid, start_time_ticks: None },
-                                        user: p.get("user").and_then(Value::as_str).map(str::to_owned),
-                                        command: p.get("command").and_then(Value::as_str).map(str::to_owned),
+                                        key: ProcessKey {
+                                            boot_id: None,
+                                            pid,
+                                            start_time_ticks: None,
+                                        },
+                                        user: p
+                                            .get("user")
+                                            .and_then(Value::as_str)
+                                            .map(str::to_owned),
+                                        command: p
+                                            .get("command")
+                                            .and_then(Value::as_str)
+                                            .map(str::to_owned),
                                         ..ProcessMeta::default()
                                     },
                                     cpu_ticks: None,
@@ -531,7 +624,10 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                 DeviceSampleState::Read { metrics, processes }
             }
         };
-        tick.devices.push(DeviceSample { device: meta, state });
+        tick.devices.push(DeviceSample {
+            device: meta,
+            state,
+        });
     }
     Ok(tick)
 }

@@ -128,7 +128,12 @@ fn header<'a>(
 fn lines(text: &str) -> Vec<(usize, &str)> {
     text.lines()
         .enumerate()
-        .map(|(i, l)| (i + 1, l.trim_start_matches('\u{feff}').trim_end_matches('\r')))
+        .map(|(i, l)| {
+            (
+                i + 1,
+                l.trim_start_matches('\u{feff}').trim_end_matches('\r'),
+            )
+        })
         .filter(|(_, l)| !l.trim().is_empty())
         .collect()
 }
@@ -187,8 +192,12 @@ fn missing_text(reason: Option<&str>) -> &'static str {
 /// nvidia-smi's local timestamp in `tz`.
 fn timestamp(field: &str, tz: &TimeZone) -> Result<i64, String> {
     let field = field.trim();
-    let dt = jiff::civil::DateTime::strptime("%Y/%m/%d %H:%M:%S%.f", field)
-        .map_err(|_| format!("'{}' is not a time like 2026/11/29 20:31:31.715", truncate(field, 40)))?;
+    let dt = jiff::civil::DateTime::strptime("%Y/%m/%d %H:%M:%S%.f", field).map_err(|_| {
+        format!(
+            "'{}' is not a time like 2026/11/29 20:31:31.715",
+            truncate(field, 40)
+        )
+    })?;
     dt.to_zoned_datetime(tz.clone())
         .map(|z| z.timestamp().as_millisecond())
         .map_err(|e| format!("'{field}' is not a time in the given zone: {e}"))
@@ -232,7 +241,10 @@ pub(crate) fn parse_gpu(
     );
     let header_line = lines.first().map_or(1, |l| l.0);
     if !columns.contains(&GpuColumn::Timestamp) {
-        return Err(rows.fatal(header_line, "no 'timestamp' column; add timestamp to --query-gpu"));
+        return Err(rows.fatal(
+            header_line,
+            "no 'timestamp' column; add timestamp to --query-gpu",
+        ));
     }
     let header_text = (start == 1).then(|| lines[0].1);
     let mut ticks: Vec<TickSample> = Vec::new();
@@ -246,7 +258,11 @@ pub(crate) fn parse_gpu(
         if fields.len() != columns.len() {
             rows.bad(
                 line_no,
-                format!("{} fields where the header has {} (truncated or mixed file?)", fields.len(), columns.len()),
+                format!(
+                    "{} fields where the header has {} (truncated or mixed file?)",
+                    fields.len(),
+                    columns.len()
+                ),
             )?;
             continue;
         }
@@ -295,14 +311,26 @@ pub(crate) fn parse_gpu(
                 processes: ProcessList::NotObserved,
             },
         };
-        let stamp = fields[columns.iter().position(|c| *c == GpuColumn::Timestamp).unwrap_or(0)];
+        let stamp = fields[columns
+            .iter()
+            .position(|c| *c == GpuColumn::Timestamp)
+            .unwrap_or(0)];
         match ticks.last_mut() {
-            Some(tick) if stamp == last_stamp && !tick.devices.iter().any(|d| d.device.uuid == device.device.uuid) => {
+            Some(tick)
+                if stamp == last_stamp
+                    && !tick
+                        .devices
+                        .iter()
+                        .any(|d| d.device.uuid == device.device.uuid) =>
+            {
                 tick.devices.push(device);
             }
             _ => {
                 if ticks.last().is_some_and(|t| at <= t.at_unix_ms) {
-                    rows.bad(line_no, format!("time '{stamp}' is not after the previous row's"))?;
+                    rows.bad(
+                        line_no,
+                        format!("time '{stamp}' is not after the previous row's"),
+                    )?;
                     continue;
                 }
                 ticks.push(TickSample {
@@ -338,10 +366,16 @@ pub(crate) fn parse_apps(
     );
     let header_line = lines.first().map_or(1, |l| l.0);
     if !columns.contains(&AppColumn::Timestamp) {
-        return Err(rows.fatal(header_line, "no 'timestamp' column; add timestamp to --query-compute-apps"));
+        return Err(rows.fatal(
+            header_line,
+            "no 'timestamp' column; add timestamp to --query-compute-apps",
+        ));
     }
     if !columns.contains(&AppColumn::Pid) {
-        return Err(rows.fatal(header_line, "no 'pid' column; add pid to --query-compute-apps"));
+        return Err(rows.fatal(
+            header_line,
+            "no 'pid' column; add pid to --query-compute-apps",
+        ));
     }
     if !columns.contains(&AppColumn::GpuUuid) && !columns.contains(&AppColumn::GpuBusId) {
         return Err(rows.fatal(
@@ -364,7 +398,11 @@ pub(crate) fn parse_apps(
         if fields.len() != columns.len() {
             rows.bad(
                 line_no,
-                format!("{} fields where the header has {} (truncated, or a comma in a process name?)", fields.len(), columns.len()),
+                format!(
+                    "{} fields where the header has {} (truncated, or a comma in a process name?)",
+                    fields.len(),
+                    columns.len()
+                ),
             )?;
             continue;
         }
@@ -401,7 +439,9 @@ pub(crate) fn parse_apps(
             rows.bad(line_no, e)?;
             continue;
         }
-        let (Some(at), Some(pid)) = (at, pid) else { continue };
+        let (Some(at), Some(pid)) = (at, pid) else {
+            continue;
+        };
         let meta = DeviceMeta {
             uuid: device_uuid(uuid.as_deref(), bus.as_deref(), None),
             index: None,
@@ -409,11 +449,18 @@ pub(crate) fn parse_apps(
             pci_bus_id: bus,
             parent_uuid: None,
         };
-        gpus.entry(meta.uuid.clone()).or_insert_with(|| meta.clone());
-        let stamp = fields[columns.iter().position(|c| *c == AppColumn::Timestamp).unwrap_or(0)];
+        gpus.entry(meta.uuid.clone())
+            .or_insert_with(|| meta.clone());
+        let stamp = fields[columns
+            .iter()
+            .position(|c| *c == AppColumn::Timestamp)
+            .unwrap_or(0)];
         if stamp != last_stamp || ticks.is_empty() {
             if ticks.last().is_some_and(|t| at <= t.at_unix_ms) {
-                rows.bad(line_no, format!("time '{stamp}' is not after the previous row's"))?;
+                rows.bad(
+                    line_no,
+                    format!("time '{stamp}' is not after the previous row's"),
+                )?;
                 continue;
             }
             ticks.push(TickSample {
@@ -422,7 +469,9 @@ pub(crate) fn parse_apps(
             });
             stamp.clone_into(&mut last_stamp);
         }
-        let Some(tick) = ticks.last_mut() else { continue };
+        let Some(tick) = ticks.last_mut() else {
+            continue;
+        };
         let process = ProcessOnDevice {
             pid,
             used_bytes: used.flatten(),
@@ -537,7 +586,8 @@ pub enum ExportError {
 pub const DEFAULT_GPU_COLUMNS: &str = "timestamp, index, name, uuid, pci.bus_id, memory.total [MiB], memory.reserved [MiB], memory.used [MiB], memory.free [MiB], utilization.gpu [%], utilization.memory [%], temperature.gpu, power.draw [W]";
 
 /// Default `--query-compute-apps` columns of [`export_apps`].
-pub const DEFAULT_APP_COLUMNS: &str = "timestamp, gpu_name, gpu_bus_id, gpu_uuid, pid, process_name, used_gpu_memory [MiB]";
+pub const DEFAULT_APP_COLUMNS: &str =
+    "timestamp, gpu_name, gpu_bus_id, gpu_uuid, pid, process_name, used_gpu_memory [MiB]";
 
 fn header_name(name: &str) -> String {
     let unit = match name {
@@ -561,13 +611,21 @@ fn format_value(metric: Metric, v: u64, units: bool) -> String {
         Metric::PowerMw => (format!("{}.{:02}", v / 1000, (v % 1000) / 10), " W"),
         _ => (v.to_string(), ""),
     };
-    if units { format!("{number}{unit}") } else { number }
+    if units {
+        format!("{number}{unit}")
+    } else {
+        number
+    }
 }
 
 fn format_time(unix_ms: i64, tz: &TimeZone) -> String {
     jiff::Timestamp::from_millisecond(unix_ms).map_or_else(
         |_| unix_ms.to_string(),
-        |t| t.to_zoned_datetime(tz.clone()).strftime(TIME_FORMAT).to_string(),
+        |t| {
+            t.to_zoned_datetime(tz.clone())
+                .strftime(TIME_FORMAT)
+                .to_string()
+        },
     )
 }
 
@@ -578,7 +636,9 @@ impl GapIndex {
     fn load(store: &Store, range: TimeRange) -> Result<Self, StoreError> {
         let mut map: HashMap<(String, i64), Vec<(i64, i64, String)>> = HashMap::new();
         for gap in store.gaps(range)? {
-            let Some(uuid) = gap.device_uuid else { continue };
+            let Some(uuid) = gap.device_uuid else {
+                continue;
+            };
             map.entry((uuid, gap.metric.map_or(-1, Metric::code)))
                 .or_default()
                 .push((gap.from_ms, gap.to_ms, gap.reason));
@@ -610,7 +670,11 @@ pub fn export_gpu(
     tz: &TimeZone,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
-    let names: Vec<String> = columns.split(',').map(column_name).filter(|n| !n.is_empty()).collect();
+    let names: Vec<String> = columns
+        .split(',')
+        .map(column_name)
+        .filter(|n| !n.is_empty())
+        .collect();
     let cols: Vec<GpuColumn> = names.iter().map(|n| gpu_column(n)).collect();
     if let Some(GpuColumn::Ignored(n)) = cols.iter().find(|c| matches!(c, GpuColumn::Ignored(_))) {
         return Err(ExportError::Column(n.clone()));
@@ -643,21 +707,32 @@ pub fn export_gpu(
                 })
             };
             let any = Metric::DEVICE.iter().any(|m| value_of(*m).is_some());
-            if !any && gaps.reason(&d.meta.uuid, Metric::UsedBytes, frame.t_ms).is_none() {
+            if !any
+                && gaps
+                    .reason(&d.meta.uuid, Metric::UsedBytes, frame.t_ms)
+                    .is_none()
+            {
                 continue;
             }
             let fields: Vec<String> = cols
                 .iter()
                 .map(|c| match c {
                     GpuColumn::Timestamp => format_time(frame.t_ms, tz),
-                    GpuColumn::Index => d.meta.index.map_or_else(|| "[N/A]".into(), |i| i.to_string()),
+                    GpuColumn::Index => d
+                        .meta
+                        .index
+                        .map_or_else(|| "[N/A]".into(), |i| i.to_string()),
                     GpuColumn::Uuid => d.meta.uuid.clone(),
                     GpuColumn::Name => d.meta.name.clone().unwrap_or_else(|| "[N/A]".into()),
-                    GpuColumn::PciBusId => d.meta.pci_bus_id.clone().unwrap_or_else(|| "[N/A]".into()),
-                    GpuColumn::Value(m) => match value_of(*m).and_then(crate::Entry::min_max_last) {
-                        Some((_, _, last)) => format_value(*m, last, style.units),
-                        None => missing_text(gaps.reason(&d.meta.uuid, *m, frame.t_ms)).into(),
-                    },
+                    GpuColumn::PciBusId => {
+                        d.meta.pci_bus_id.clone().unwrap_or_else(|| "[N/A]".into())
+                    }
+                    GpuColumn::Value(m) => {
+                        match value_of(*m).and_then(crate::Entry::min_max_last) {
+                            Some((_, _, last)) => format_value(*m, last, style.units),
+                            None => missing_text(gaps.reason(&d.meta.uuid, *m, frame.t_ms)).into(),
+                        }
+                    }
                     GpuColumn::Ignored(_) => String::new(),
                 })
                 .collect();
@@ -687,7 +762,11 @@ pub fn export_apps(
     tz: &TimeZone,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
-    let names: Vec<String> = columns.split(',').map(column_name).filter(|n| !n.is_empty()).collect();
+    let names: Vec<String> = columns
+        .split(',')
+        .map(column_name)
+        .filter(|n| !n.is_empty())
+        .collect();
     let cols: Vec<AppColumn> = names.iter().map(|n| app_column(n)).collect();
     if let Some(AppColumn::Ignored(n)) = cols.iter().find(|c| matches!(c, AppColumn::Ignored(_))) {
         return Err(ExportError::Column(n.clone()));
@@ -703,7 +782,12 @@ pub fn export_apps(
         .collect();
     let mut order: Vec<(i64, Option<u32>)> = devices.iter().map(|(id, m)| (*id, m.index)).collect();
     order.sort_by_key(|&(id, index)| (index.unwrap_or(u32::MAX), id));
-    let rank = |d: i64| order.iter().position(|(id, _)| *id == d).unwrap_or(usize::MAX);
+    let rank = |d: i64| {
+        order
+            .iter()
+            .position(|(id, _)| *id == d)
+            .unwrap_or(usize::MAX)
+    };
     // (time, device, process, bytes) in output order.
     let mut lines: Vec<(i64, i64, i64, Option<u64>)> = Vec::new();
     store.scan(range, |frame| {
@@ -715,7 +799,9 @@ pub fn export_apps(
             if s.metric != Metric::ProcessUsedBytes {
                 continue;
             }
-            let (Some(d), Some(p)) = (s.device_id, s.process_id) else { continue };
+            let (Some(d), Some(p)) = (s.device_id, s.process_id) else {
+                continue;
+            };
             if frame.observed(d).1 {
                 lines.push((frame.t_ms, d, p, entry.min_max_last().map(|v| v.2)));
             }
@@ -741,8 +827,12 @@ pub fn export_apps(
             .iter()
             .map(|c| match c {
                 AppColumn::Timestamp => format_time(t, tz),
-                AppColumn::GpuName => meta.and_then(|m| m.name.clone()).unwrap_or_else(|| "[N/A]".into()),
-                AppColumn::GpuBusId => meta.and_then(|m| m.pci_bus_id.clone()).unwrap_or_else(|| "[N/A]".into()),
+                AppColumn::GpuName => meta
+                    .and_then(|m| m.name.clone())
+                    .unwrap_or_else(|| "[N/A]".into()),
+                AppColumn::GpuBusId => meta
+                    .and_then(|m| m.pci_bus_id.clone())
+                    .unwrap_or_else(|| "[N/A]".into()),
                 AppColumn::GpuUuid => meta.map_or_else(|| "[N/A]".into(), |m| m.uuid.clone()),
                 AppColumn::Pid => pid.to_string(),
                 AppColumn::ProcessName => command.clone().unwrap_or_else(|| "[N/A]".into()),
@@ -765,16 +855,35 @@ mod tests {
 
     #[test]
     fn values_units_and_missing() {
-        assert_eq!(value("1234 MiB", Metric::UsedBytes), Ok(Observed::Value(1234 * MIB)));
-        assert_eq!(value("1234", Metric::UsedBytes), Ok(Observed::Value(1234 * MIB)));
-        assert_eq!(value("71.48 W", Metric::PowerMw), Ok(Observed::Value(71_480)));
-        assert_eq!(value("45 %", Metric::UtilizationGpuPercent), Ok(Observed::Value(45)));
-        assert_eq!(value("[N/A]", Metric::PowerMw), Ok(Observed::Missing("N/A".into())));
+        assert_eq!(
+            value("1234 MiB", Metric::UsedBytes),
+            Ok(Observed::Value(1234 * MIB))
+        );
+        assert_eq!(
+            value("1234", Metric::UsedBytes),
+            Ok(Observed::Value(1234 * MIB))
+        );
+        assert_eq!(
+            value("71.48 W", Metric::PowerMw),
+            Ok(Observed::Value(71_480))
+        );
+        assert_eq!(
+            value("45 %", Metric::UtilizationGpuPercent),
+            Ok(Observed::Value(45))
+        );
+        assert_eq!(
+            value("[N/A]", Metric::PowerMw),
+            Ok(Observed::Missing("N/A".into()))
+        );
         assert_eq!(
             value("[Not Supported]", Metric::PowerMw),
             Ok(Observed::Missing("not supported".into()))
         );
-        assert!(value("lots", Metric::UsedBytes).unwrap_err().contains("'lots' is not a number"));
+        assert!(
+            value("lots", Metric::UsedBytes)
+                .unwrap_err()
+                .contains("'lots' is not a number")
+        );
         assert_eq!(format_value(Metric::PowerMw, 71_480, true), "71.48 W");
         assert_eq!(format_value(Metric::PowerMw, 125_000, false), "125.00");
     }
@@ -791,8 +900,20 @@ mod tests {
 
     #[test]
     fn csv_styles() {
-        assert_eq!("csv".parse(), Ok(CsvStyle { header: true, units: true }));
-        assert_eq!("csv,noheader,nounits".parse(), Ok(CsvStyle { header: false, units: false }));
+        assert_eq!(
+            "csv".parse(),
+            Ok(CsvStyle {
+                header: true,
+                units: true
+            })
+        );
+        assert_eq!(
+            "csv,noheader,nounits".parse(),
+            Ok(CsvStyle {
+                header: false,
+                units: false
+            })
+        );
         assert!("tsv".parse::<CsvStyle>().is_err());
     }
 }

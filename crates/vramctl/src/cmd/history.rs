@@ -13,8 +13,8 @@ use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl_store::{
-    DeviceRecord, Gap, Metric, OpenMode, ProcessRecord, Store, TimeRange,
-    format::rfc3339, parse_duration_ms,
+    DeviceRecord, Gap, Metric, OpenMode, ProcessRecord, Store, TimeRange, format::rfc3339,
+    parse_duration_ms,
 };
 
 use super::db_path;
@@ -55,9 +55,15 @@ pub fn parse_when(text: &str, now_ms: i64, tz: &TimeZone) -> anyhow::Result<i64>
     if let Ok(t) = text.parse::<jiff::Timestamp>() {
         return Ok(t.as_millisecond());
     }
-    for format in ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"] {
+    for format in [
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%d",
+    ] {
         let parsed = if format == "%Y-%m-%d" {
-            jiff::civil::Date::strptime(format, text).map(|d| d.to_datetime(jiff::civil::Time::midnight()))
+            jiff::civil::Date::strptime(format, text)
+                .map(|d| d.to_datetime(jiff::civil::Time::midnight()))
         } else {
             jiff::civil::DateTime::strptime(format, text)
         };
@@ -68,11 +74,16 @@ pub fn parse_when(text: &str, now_ms: i64, tz: &TimeZone) -> anyhow::Result<i64>
                 .map_err(|e| anyhow!("'{text}' does not exist in that time zone: {e}"));
         }
     }
-    bail!("'{text}' is not a time; use a duration back from now (10m, 24h), 'all', RFC 3339, or 'YYYY-MM-DD HH:MM'")
+    bail!(
+        "'{text}' is not a time; use a duration back from now (10m, 24h), 'all', RFC 3339, or 'YYYY-MM-DD HH:MM'"
+    )
 }
 
 /// Devices matching `--gpu` selectors (index, UUID or a UUID prefix of 8+ characters).
-pub fn select_devices(devices: Vec<DeviceRecord>, selectors: &[String]) -> anyhow::Result<Vec<DeviceRecord>> {
+pub fn select_devices(
+    devices: Vec<DeviceRecord>,
+    selectors: &[String],
+) -> anyhow::Result<Vec<DeviceRecord>> {
     if selectors.is_empty() {
         return Ok(devices);
     }
@@ -81,7 +92,10 @@ pub fn select_devices(devices: Vec<DeviceRecord>, selectors: &[String]) -> anyho
         sel.parse::<u32>().is_ok_and(|i| Some(i) == d.meta.index)
             || d.meta.uuid.eq_ignore_ascii_case(sel)
             || (sel.len() >= 12
-                && d.meta.uuid.to_ascii_lowercase().starts_with(&sel.to_ascii_lowercase()))
+                && d.meta
+                    .uuid
+                    .to_ascii_lowercase()
+                    .starts_with(&sel.to_ascii_lowercase()))
     };
     for sel in selectors {
         if !devices.iter().any(|d| matches(sel, d)) {
@@ -94,7 +108,11 @@ pub fn select_devices(devices: Vec<DeviceRecord>, selectors: &[String]) -> anyho
                 .collect();
             bail!(
                 "no recorded GPU matches '{sel}'; recorded: {}",
-                if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
             );
         }
     }
@@ -175,7 +193,11 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let gaps: Vec<Gap> = store
         .gaps(range)?
         .into_iter()
-        .filter(|g| g.device_uuid.as_ref().is_none_or(|u| devices.iter().any(|d| &d.meta.uuid == u)))
+        .filter(|g| {
+            g.device_uuid
+                .as_ref()
+                .is_none_or(|u| devices.iter().any(|d| &d.meta.uuid == u))
+        })
         .collect();
     let show_devices = args.pid.is_empty();
 
@@ -193,11 +215,11 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let mut proc_rows: BTreeMap<(i64, i64), Agg> = BTreeMap::new();
     let mut failure: Option<anyhow::Error> = None;
     let flush = |t: i64,
-                     span: i64,
-                     dev_rows: &mut BTreeMap<i64, DeviceRow>,
-                     proc_rows: &mut BTreeMap<(i64, i64), Agg>,
-                     out: &mut dyn Write,
-                     sink: &mut dyn Sink|
+                 span: i64,
+                 dev_rows: &mut BTreeMap<i64, DeviceRow>,
+                 proc_rows: &mut BTreeMap<(i64, i64), Agg>,
+                 out: &mut dyn Write,
+                 sink: &mut dyn Sink|
      -> anyhow::Result<()> {
         for (d, row) in std::mem::take(dev_rows) {
             if let Some(dev) = by_id.get(&d) {
@@ -216,26 +238,44 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
             return;
         }
         let (b, span) = if step_ms > 0 {
-            (frame.t_ms.div_euclid(step_ms) * step_ms, step_ms.max(frame.span_ms))
+            (
+                frame.t_ms.div_euclid(step_ms) * step_ms,
+                step_ms.max(frame.span_ms),
+            )
         } else {
             (frame.t_ms, frame.span_ms)
         };
         if let Some((prev, prev_span)) = bucket.filter(|(prev, _)| *prev != b) {
-            if let Err(e) = flush(prev, prev_span, &mut dev_rows, &mut proc_rows, &mut out, sink.as_mut()) {
+            if let Err(e) = flush(
+                prev,
+                prev_span,
+                &mut dev_rows,
+                &mut proc_rows,
+                &mut out,
+                sink.as_mut(),
+            ) {
                 failure = Some(e);
                 return;
             }
         }
         bucket = Some((b, span));
         for (s, entry) in frame.iter() {
-            let Some(v) = entry.min_max_last() else { continue };
-            let Some(d) = s.device_id.filter(|d| by_id.contains_key(d)) else { continue };
+            let Some(v) = entry.min_max_last() else {
+                continue;
+            };
+            let Some(d) = s.device_id.filter(|d| by_id.contains_key(d)) else {
+                continue;
+            };
             match (s.metric, s.process_id) {
                 (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => {
                     proc_rows
                         .entry((p, d))
                         .and_modify(|a| a.add(v))
-                        .or_insert(Agg { min: v.0, max: v.1, last: v.2 });
+                        .or_insert(Agg {
+                            min: v.0,
+                            max: v.1,
+                            last: v.2,
+                        });
                 }
                 (m, None) if show_devices => {
                     dev_rows
@@ -244,7 +284,11 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
                         .values
                         .entry(m)
                         .and_modify(|a| a.add(v))
-                        .or_insert(Agg { min: v.0, max: v.1, last: v.2 });
+                        .or_insert(Agg {
+                            min: v.0,
+                            max: v.1,
+                            last: v.2,
+                        });
                 }
                 _ => {}
             }
@@ -254,7 +298,14 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         return Err(e);
     }
     if let Some((b, span)) = bucket {
-        flush(b, span, &mut dev_rows, &mut proc_rows, &mut out, sink.as_mut())?;
+        flush(
+            b,
+            span,
+            &mut dev_rows,
+            &mut proc_rows,
+            &mut out,
+            sink.as_mut(),
+        )?;
     }
     sink.end(&mut out, &gaps, range, step_ms, &devices)?;
     out.flush().context("cannot write to stdout")?;
@@ -313,8 +364,21 @@ fn csv_field(text: &str) -> String {
 
 impl Sink for Csv {
     fn begin(&mut self, out: &mut dyn Write) -> anyhow::Result<()> {
-        let mut header = vec!["time", "unix_ms", "span_ms", "gpu_uuid", "gpu_index", "pid", "user", "command"];
-        header.extend(["process_used_bytes", "process_used_bytes_min", "process_used_bytes_max"]);
+        let mut header = vec![
+            "time",
+            "unix_ms",
+            "span_ms",
+            "gpu_uuid",
+            "gpu_index",
+            "pid",
+            "user",
+            "command",
+        ];
+        header.extend([
+            "process_used_bytes",
+            "process_used_bytes_min",
+            "process_used_bytes_max",
+        ]);
         header.extend(DEVICE_METRICS.iter().map(|m| m.name()));
         header.push("used_bytes_max");
         writeln!(out, "{}", header.join(",")).context("cannot write to stdout")
@@ -329,27 +393,64 @@ impl Sink for Csv {
         let mut f: Vec<String> = Vec::with_capacity(20);
         match row {
             Row::Device(t, span, dev, values) => {
-                f.extend([rfc3339(t), t.to_string(), span.to_string(), dev.meta.uuid.clone(), opt(dev.meta.index)]);
+                f.extend([
+                    rfc3339(t),
+                    t.to_string(),
+                    span.to_string(),
+                    dev.meta.uuid.clone(),
+                    opt(dev.meta.index),
+                ]);
                 f.extend(std::iter::repeat_n(String::new(), 6));
                 for m in DEVICE_METRICS {
-                    f.push(values.values.get(&m).map_or_else(String::new, |a| a.last.to_string()));
+                    f.push(
+                        values
+                            .values
+                            .get(&m)
+                            .map_or_else(String::new, |a| a.last.to_string()),
+                    );
                 }
-                f.push(values.values.get(&Metric::UsedBytes).map_or_else(String::new, |a| a.max.to_string()));
+                f.push(
+                    values
+                        .values
+                        .get(&Metric::UsedBytes)
+                        .map_or_else(String::new, |a| a.max.to_string()),
+                );
             }
             Row::Process(t, span, p, dev, agg) => {
                 let proc = processes.get(&p);
-                f.extend([rfc3339(t), t.to_string(), span.to_string(), dev.meta.uuid.clone(), opt(dev.meta.index)]);
+                f.extend([
+                    rfc3339(t),
+                    t.to_string(),
+                    span.to_string(),
+                    dev.meta.uuid.clone(),
+                    opt(dev.meta.index),
+                ]);
                 f.push(proc.map_or_else(String::new, |p| p.meta.key.pid.to_string()));
-                f.push(csv_field(proc.and_then(|p| p.meta.user.as_deref()).unwrap_or("")));
-                f.push(csv_field(proc.and_then(|p| p.meta.command.as_deref()).unwrap_or("")));
-                f.extend([agg.last.to_string(), agg.min.to_string(), agg.max.to_string()]);
+                f.push(csv_field(
+                    proc.and_then(|p| p.meta.user.as_deref()).unwrap_or(""),
+                ));
+                f.push(csv_field(
+                    proc.and_then(|p| p.meta.command.as_deref()).unwrap_or(""),
+                ));
+                f.extend([
+                    agg.last.to_string(),
+                    agg.min.to_string(),
+                    agg.max.to_string(),
+                ]);
                 f.extend(std::iter::repeat_n(String::new(), DEVICE_METRICS.len() + 1));
             }
         }
         writeln!(out, "{}", f.join(",")).context("cannot write to stdout")
     }
 
-    fn end(&mut self, _: &mut dyn Write, _: &[Gap], _: TimeRange, _: i64, _: &[DeviceRecord]) -> anyhow::Result<()> {
+    fn end(
+        &mut self,
+        _: &mut dyn Write,
+        _: &[Gap],
+        _: TimeRange,
+        _: i64,
+        _: &[DeviceRecord],
+    ) -> anyhow::Result<()> {
         Ok(())
     }
 }
@@ -437,22 +538,30 @@ impl Sink for Json {
                 for m in DEVICE_METRICS {
                     sample.insert(m.name(), values.values.get(&m).map(|a| a.last).into());
                 }
-                sample.insert("used_bytes_max", values.values.get(&Metric::UsedBytes).map(|a| a.max).into());
+                sample.insert(
+                    "used_bytes_max",
+                    values.values.get(&Metric::UsedBytes).map(|a| a.max).into(),
+                );
                 entry.samples.push(sample);
             }
             Row::Process(t, span, p, dev, agg) => {
-                let Some(proc) = processes.get(&p) else { return Ok(()) };
-                let entry = self.processes.entry((p, dev.id)).or_insert_with(|| JsonProcess {
-                    pid: proc.meta.key.pid,
-                    boot_id: proc.meta.key.boot_id.clone(),
-                    start_time_ticks: proc.meta.key.start_time_ticks,
-                    user: proc.meta.user.clone(),
-                    command: proc.meta.command.clone(),
-                    container_id: proc.meta.container_id.clone(),
-                    pod_uid: proc.meta.pod_uid.clone(),
-                    gpu_uuid: dev.meta.uuid.clone(),
-                    samples: Vec::new(),
-                });
+                let Some(proc) = processes.get(&p) else {
+                    return Ok(());
+                };
+                let entry = self
+                    .processes
+                    .entry((p, dev.id))
+                    .or_insert_with(|| JsonProcess {
+                        pid: proc.meta.key.pid,
+                        boot_id: proc.meta.key.boot_id.clone(),
+                        start_time_ticks: proc.meta.key.start_time_ticks,
+                        user: proc.meta.user.clone(),
+                        command: proc.meta.command.clone(),
+                        container_id: proc.meta.container_id.clone(),
+                        pod_uid: proc.meta.pod_uid.clone(),
+                        gpu_uuid: dev.meta.uuid.clone(),
+                        samples: Vec::new(),
+                    });
                 entry.samples.push(JsonProcessSample {
                     t: rfc3339(t),
                     unix_ms: t,
@@ -546,14 +655,18 @@ impl TableSink {
                 } else {
                     "%Y-%m-%d %H:%M:%S"
                 };
-                ts.to_zoned_datetime(self.tz.clone()).strftime(format).to_string()
+                ts.to_zoned_datetime(self.tz.clone())
+                    .strftime(format)
+                    .to_string()
             },
         )
     }
 }
 
 fn gpu_label(dev: &DeviceRecord) -> String {
-    dev.meta.index.map_or_else(|| dev.meta.uuid.clone(), |i| i.to_string())
+    dev.meta
+        .index
+        .map_or_else(|| dev.meta.uuid.clone(), |i| i.to_string())
 }
 
 impl Sink for TableSink {
@@ -573,7 +686,8 @@ impl Sink for TableSink {
                     used.map_or_else(|| "-".into(), |a| units::bytes(a.last)),
                     used.map_or_else(|| "-".into(), |a| units::bytes(a.max)),
                     v(Metric::TotalBytes).map_or_else(|| "-".into(), |a| units::bytes(a.last)),
-                    v(Metric::UtilizationGpuPercent).map_or_else(|| "-".into(), |a| format!("{}%", a.last)),
+                    v(Metric::UtilizationGpuPercent)
+                        .map_or_else(|| "-".into(), |a| format!("{}%", a.last)),
                     v(Metric::TemperatureC).map_or_else(|| "-".into(), |a| format!("{}°C", a.last)),
                     v(Metric::PowerMw).map_or_else(
                         || "-".into(),
@@ -588,10 +702,12 @@ impl Sink for TableSink {
                     self.time(t),
                     gpu_label(dev),
                     proc.map_or_else(|| "?".into(), |p| p.meta.key.pid.to_string()),
-                    proc.and_then(|p| p.meta.user.clone()).unwrap_or_else(|| "-".into()),
+                    proc.and_then(|p| p.meta.user.clone())
+                        .unwrap_or_else(|| "-".into()),
                     units::bytes(agg.last),
                     units::bytes(agg.max),
-                    proc.and_then(|p| p.meta.command.clone()).unwrap_or_else(|| "-".into()),
+                    proc.and_then(|p| p.meta.command.clone())
+                        .unwrap_or_else(|| "-".into()),
                 ]);
                 self.process_rows += 1;
             }
@@ -607,11 +723,16 @@ impl Sink for TableSink {
         step_ms: i64,
         devices: &[DeviceRecord],
     ) -> anyhow::Result<()> {
-        let w = |out: &mut dyn Write, line: &str| writeln!(out, "{line}").context("cannot write to stdout");
+        let w = |out: &mut dyn Write, line: &str| {
+            writeln!(out, "{line}").context("cannot write to stdout")
+        };
         let step = if step_ms == 0 {
             "every sample".to_owned()
         } else {
-            format!("buckets of {} (USED is the last value, PEAK the highest)", human_ms(step_ms))
+            format!(
+                "buckets of {} (USED is the last value, PEAK the highest)",
+                human_ms(step_ms)
+            )
         };
         if self.device_rows == 0 && self.process_rows == 0 {
             w(out, "no samples in this range")?;
@@ -642,10 +763,17 @@ impl Sink for TableSink {
                         .find(|d| &d.meta.uuid == u)
                         .map_or_else(|| u.clone(), |d| format!("GPU {}", gpu_label(d))),
                 };
-                let what = g.metric.map_or_else(String::new, |m| format!(" {}", m.name()));
+                let what = g
+                    .metric
+                    .map_or_else(String::new, |m| format!(" {}", m.name()));
                 w(
                     out,
-                    &format!("  {} → {}  {who}{what}: {}", self.time(g.from_ms), self.time(g.to_ms), g.reason),
+                    &format!(
+                        "  {} → {}  {who}{what}: {}",
+                        self.time(g.from_ms),
+                        self.time(g.to_ms),
+                        g.reason
+                    ),
                 )?;
             }
         }
@@ -672,9 +800,17 @@ mod tests {
         let now = 1_795_984_291_715;
         assert_eq!(parse_when("10m", now, &tz).unwrap(), now - 600_000);
         assert_eq!(parse_when("all", now, &tz).unwrap(), i64::MIN);
-        assert_eq!(parse_when("2026-11-29T20:31:31.715Z", now, &tz).unwrap(), now);
-        assert_eq!(parse_when("2026-11-29 20:31", now, &tz).unwrap(), 1_795_984_260_000);
-        let err = parse_when("last tuesday", now, &tz).unwrap_err().to_string();
+        assert_eq!(
+            parse_when("2026-11-29T20:31:31.715Z", now, &tz).unwrap(),
+            now
+        );
+        assert_eq!(
+            parse_when("2026-11-29 20:31", now, &tz).unwrap(),
+            1_795_984_260_000
+        );
+        let err = parse_when("last tuesday", now, &tz)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("'last tuesday' is not a time"), "{err}");
     }
 

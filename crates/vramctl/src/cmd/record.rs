@@ -57,8 +57,7 @@ enum Msg {
 
 /// Runs `record`.
 pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
-    let interval_ms = parse_duration_ms(&args.interval)
-        .map_err(|e| anyhow!("--interval: {e}"))?;
+    let interval_ms = parse_duration_ms(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
     if interval_ms < MIN_INTERVAL_MS {
         bail!(
             "--interval '{}' is shorter than {MIN_INTERVAL_MS}ms; use 50ms or more",
@@ -141,7 +140,9 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
                 // Deadlines from the start, so the interval does not drift.
                 let next = started
                     + Duration::from_millis(
-                        u64::try_from(interval_ms).unwrap_or(1000).saturating_mul(ticks),
+                        u64::try_from(interval_ms)
+                            .unwrap_or(1000)
+                            .saturating_mul(ticks),
                     );
                 let wait = next.saturating_duration_since(Instant::now());
                 match signals.recv_timeout(wait) {
@@ -231,7 +232,11 @@ impl Recorder<'_> {
         // The store needs strictly increasing times; a wall clock stepped back (NTP) must
         // not lose the samples.
         if let Some(last) = self.last_t_ms.filter(|&l| tick.at_unix_ms <= l) {
-            tracing::warn!(now = tick.at_unix_ms, last, "The clock went backwards; keeping times increasing.");
+            tracing::warn!(
+                now = tick.at_unix_ms,
+                last,
+                "The clock went backwards; keeping times increasing."
+            );
             tick.at_unix_ms = last + 1;
         }
         self.last_t_ms = Some(tick.at_unix_ms);
@@ -347,7 +352,8 @@ impl Procs {
             .collect();
         on_gpu.sort_unstable();
         on_gpu.dedup();
-        self.known.retain(|pid, _| on_gpu.binary_search(pid).is_ok());
+        self.known
+            .retain(|pid, _| on_gpu.binary_search(pid).is_ok());
         let mut out = Vec::new();
         for pid in on_gpu {
             let due = self
@@ -359,7 +365,10 @@ impl Procs {
             }
             let cpu = procinfo::cpu_time_ticks(pid);
             let start = cpu.map(|c| c.start_time_ticks);
-            let is_new = self.known.get(&pid).is_none_or(|k| k.start_time_ticks != start);
+            let is_new = self
+                .known
+                .get(&pid)
+                .is_none_or(|k| k.start_time_ticks != start);
             self.known.insert(
                 pid,
                 Known {
@@ -439,15 +448,13 @@ fn write_loop(
                             }
                         }
                     }
-                    Err(err) if err.is_transient_write_failure() => {
-                        match &mut failing {
-                            None => {
-                                tracing::error!(error = %err, hint = err.hint().unwrap_or(""), "Cannot write samples; will keep retrying.");
-                                failing = Some((t, t, err.to_string()));
-                            }
-                            Some((_, to, _)) => *to = t,
+                    Err(err) if err.is_transient_write_failure() => match &mut failing {
+                        None => {
+                            tracing::error!(error = %err, hint = err.hint().unwrap_or(""), "Cannot write samples; will keep retrying.");
+                            failing = Some((t, t, err.to_string()));
                         }
-                    }
+                        Some((_, to, _)) => *to = t,
+                    },
                     Err(err) => {
                         tracing::error!(error = %err, "Cannot write samples; stopping.");
                         return Err(err);
@@ -457,7 +464,11 @@ fn write_loop(
         }
     }
     if let Some((from, to, _)) = failing {
-        tracing::warn!(from_ms = from, to_ms = to, "Stopped while writes were failing; those samples are lost.");
+        tracing::warn!(
+            from_ms = from,
+            to_ms = to,
+            "Stopped while writes were failing; those samples are lost."
+        );
     }
     match store.close() {
         // What was committed is in the WAL, which the next open replays.

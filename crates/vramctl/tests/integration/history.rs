@@ -15,7 +15,9 @@ const T0: i64 = 1_795_984_291_000;
 const MIB: u64 = 1 << 20;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/import")
+        .join(name)
 }
 
 /// A one-GPU scenario on the fake's step clock (t = 0, 1, 2 … per sample).
@@ -89,7 +91,13 @@ fn record_then_export_gives_the_scenario_values() {
     ok(&record(&write_scenario(dir.path(), ""), &db, 5));
 
     let apps = stdout_of(on_db(&db).args([
-        "export", "--format", "smi-apps", "--tz", "UTC", "--query", "timestamp,pid,used_gpu_memory",
+        "export",
+        "--format",
+        "smi-apps",
+        "--tz",
+        "UTC",
+        "--query",
+        "timestamp,pid,used_gpu_memory",
     ]));
     // The fake's step clock counts the enumeration's device-count call too, so sample k
     // sees t = k + 1: the leak at 2..6 GiB, the holder until t = 3.
@@ -106,28 +114,50 @@ timestamp, pid, used_gpu_memory [MiB]
     assert_eq!(apps, expected);
 
     let gpu = stdout_of(on_db(&db).args([
-        "export", "--format", "smi-gpu", "--tz", "UTC", "--csv-format", "csv,nounits",
-        "--query", "timestamp,memory.used,memory.reserved,utilization.gpu,power.draw",
+        "export",
+        "--format",
+        "smi-gpu",
+        "--tz",
+        "UTC",
+        "--csv-format",
+        "csv,nounits",
+        "--query",
+        "timestamp,memory.used,memory.reserved,utilization.gpu,power.draw",
     ]));
-    let used: Vec<&str> = gpu.lines().skip(1).map(|l| l.split(", ").nth(1).unwrap()).collect();
+    let used: Vec<&str> = gpu
+        .lines()
+        .skip(1)
+        .map(|l| l.split(", ").nth(1).unwrap())
+        .collect();
     assert_eq!(used, ["8192", "9216", "4096", "5120", "6144"]);
-    assert!(gpu.lines().nth(1).unwrap().ends_with(", 615, 20, 250.00"), "{gpu}");
+    assert!(
+        gpu.lines().nth(1).unwrap().ends_with(", 615, 20, 250.00"),
+        "{gpu}"
+    );
 
-    let table = stdout_of(on_db(&db).args(["history", "--since", "all", "--tz", "UTC", "--step", "raw"]));
+    let table =
+        stdout_of(on_db(&db).args(["history", "--since", "all", "--tz", "UTC", "--step", "raw"]));
     // The fictional PIDs are near pid_max so that no real process has them; if one does,
     // its user and command would show, so only then is the snapshot left out.
     if !Path::new("/proc/32701").exists() && !Path::new("/proc/32702").exists() {
         redactions().bind(|| insta::assert_snapshot!("history_record_round_trip", table));
     }
 
-    let json: Value = serde_json::from_str(&stdout_of(
-        on_db(&db).args(["history", "--since", "all", "--format", "json", "--pid", "32701"]),
-    ))
+    let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args([
+        "history", "--since", "all", "--format", "json", "--pid", "32701",
+    ])))
     .unwrap();
     assert_eq!(json["schema"], 1);
-    assert_eq!(json["devices"], serde_json::json!([]), "--pid hides device rows");
+    assert_eq!(
+        json["devices"],
+        serde_json::json!([]),
+        "--pid hides device rows"
+    );
     let samples = json["processes"][0]["samples"].as_array().unwrap();
-    let bytes: Vec<u64> = samples.iter().map(|s| s["used_bytes"].as_u64().unwrap()).collect();
+    let bytes: Vec<u64> = samples
+        .iter()
+        .map(|s| s["used_bytes"].as_u64().unwrap())
+        .collect();
     assert_eq!(bytes, [2048, 3072, 4096, 5120, 6144].map(|m| m * MIB));
 }
 
@@ -143,21 +173,34 @@ memory_total = 150754820096
 lost_at_s = 2.0
 "#;
     ok(&record(&write_scenario(dir.path(), lost), &db, 5));
-    let json: Value = serde_json::from_str(&stdout_of(
-        on_db(&db).args(["history", "--since", "all", "--format", "json", "--gpu", "1"]),
-    ))
+    let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args([
+        "history", "--since", "all", "--format", "json", "--gpu", "1",
+    ])))
     .unwrap();
     let samples = json["devices"][0]["samples"].as_array().unwrap();
     // Sample 0 sees t = 1 (see the round-trip test); from t = 2 the GPU is lost.
     assert_eq!(samples.len(), 1, "before the loss only: {samples:?}");
-    assert_eq!(samples[0]["used_bytes"], 0, "an idle GPU reads 0, a lost one nothing");
+    assert_eq!(
+        samples[0]["used_bytes"], 0,
+        "an idle GPU reads 0, a lost one nothing"
+    );
     let gaps = json["gaps"].as_array().unwrap();
-    let gap = gaps.iter().find(|g| g["metric"].is_null()).expect("a device gap");
-    assert!(gap["reason"].as_str().unwrap().starts_with("GPU lost"), "{gap}");
+    let gap = gaps
+        .iter()
+        .find(|g| g["metric"].is_null())
+        .expect("a device gap");
+    assert!(
+        gap["reason"].as_str().unwrap().starts_with("GPU lost"),
+        "{gap}"
+    );
     assert_eq!(gap["from"], "2026-11-29T20:31:32.000Z");
     assert_eq!(gap["to"], "2026-11-29T20:31:35.000Z");
     // Power is "not supported" on that GPU: a gap, not zeros.
-    assert!(gaps.iter().any(|g| g["metric"] == "power_mw" && g["reason"] == "not supported"), "{gaps:?}");
+    assert!(
+        gaps.iter()
+            .any(|g| g["metric"] == "power_mw" && g["reason"] == "not supported"),
+        "{gaps:?}"
+    );
 }
 
 #[test]
@@ -167,14 +210,21 @@ fn nvml_init_failure_is_retried_with_backoff_and_recorded_as_a_gap() {
     let output = record(&scenario("fault-init-recovers.toml"), &db, 10);
     ok(&output);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(stderr.matches("NVML did not start; retrying").count(), 3, "{stderr}");
+    assert_eq!(
+        stderr.matches("NVML did not start; retrying").count(),
+        3,
+        "{stderr}"
+    );
     let json: Value = serde_json::from_str(&stdout_of(
         on_db(&db).args(["history", "--since", "all", "--format", "json"]),
     ))
     .unwrap();
     let gap = &json["gaps"][0];
     let reason = gap["reason"].as_str().unwrap();
-    assert!(reason.starts_with("NVML did not start") && reason.contains("not loaded"), "{gap}");
+    assert!(
+        reason.starts_with("NVML did not start") && reason.contains("not loaded"),
+        "{gap}"
+    );
     assert!(gap["gpu_uuid"].is_null());
     // Attempts at t = 0, 1 (after 1 s), 3 (after 2 s) fail; t = 7 (after 4 s) succeeds.
     assert_eq!(gap["from"], "2026-11-29T20:31:31.000Z");
@@ -240,14 +290,22 @@ fn sigkill_50_times_loses_nothing_committed_and_never_corrupts() {
     let mut store = Store::open(&db, OpenMode::Append).expect("reopens (quick_check passes)");
     assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
     for t in &committed {
-        let range = TimeRange { from_ms: *t, to_ms: *t };
-        assert_eq!(store.tick_count(range).unwrap(), 1, "committed tick {t} is there");
+        let range = TimeRange {
+            from_ms: *t,
+            to_ms: *t,
+        };
+        assert_eq!(
+            store.tick_count(range).unwrap(),
+            1,
+            "committed tick {t} is there"
+        );
     }
     // Every stored tick has all 8 GPUs (no partial tick), and memory decodes.
     let mut frames = 0;
     store
         .scan(TimeRange::ALL, |frame| {
-            let gpus: std::collections::HashSet<i64> = frame.iter().filter_map(|(s, _)| s.device_id).collect();
+            let gpus: std::collections::HashSet<i64> =
+                frame.iter().filter_map(|(s, _)| s.device_id).collect();
             assert_eq!(gpus.len(), 8, "tick at {}", frame.t_ms);
             frames += 1;
         })
@@ -267,7 +325,10 @@ fn a_second_recorder_on_the_same_database_is_refused() {
     first.wait().unwrap();
     assert_eq!(second.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&second.stderr);
-    assert!(stderr.contains("another vramctl is already recording into"), "{stderr}");
+    assert!(
+        stderr.contains("another vramctl is already recording into"),
+        "{stderr}"
+    );
     assert!(stderr.contains(&format!("PID {}", first.id())), "{stderr}");
 }
 
@@ -286,7 +347,14 @@ fn sigterm_flushes_and_exits_0() {
     assert!(rest.contains("Stopping on a signal."), "{rest}");
     let store = Store::open(&db, OpenMode::ReadOnly).unwrap();
     assert!(store.last_sample_ms().unwrap().unwrap() >= last);
-    assert!(!dir.path().join("h.db-wal").exists() || std::fs::metadata(dir.path().join("h.db-wal")).unwrap().len() == 0, "checkpointed");
+    assert!(
+        !dir.path().join("h.db-wal").exists()
+            || std::fs::metadata(dir.path().join("h.db-wal"))
+                .unwrap()
+                .len()
+                == 0,
+        "checkpointed"
+    );
 }
 
 fn nix_kill(pid: u32, signal: &str) {
@@ -305,20 +373,38 @@ fn disk_full_keeps_recording_and_loses_nothing_written() {
         .env_remove("FAKE_NVML_TIME")
         .arg("--db")
         .arg(&db)
-        .args(["record", "--interval", "1s", "--ticks", "40", "--max-db-pages", "30"])
+        .args([
+            "record",
+            "--interval",
+            "1s",
+            "--ticks",
+            "40",
+            "--max-db-pages",
+            "30",
+        ])
         .args(["--simulated-clock", &T0.to_string()])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "keeps running, then stops normally: {stderr}");
-    assert!(stderr.contains("Cannot write samples; will keep retrying"), "{stderr}");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "keeps running, then stops normally: {stderr}"
+    );
+    assert!(
+        stderr.contains("Cannot write samples; will keep retrying"),
+        "{stderr}"
+    );
     assert!(stderr.contains("is full"), "{stderr}");
     let store = Store::open(&db, OpenMode::Append).unwrap();
     assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
     let kept = store.tick_count(TimeRange::ALL).unwrap();
     assert!(kept > 0 && kept < 40, "{kept}");
     // The ticks kept are the first ones, without holes.
-    assert_eq!(store.last_sample_ms().unwrap(), Some(T0 + (kept as i64 - 1) * 1000));
+    assert_eq!(
+        store.last_sample_ms().unwrap(),
+        Some(T0 + (kept as i64 - 1) * 1000)
+    );
 }
 
 /// Makes `path` unwritable even for root (`chattr +i`); `false` where the filesystem or
@@ -345,9 +431,19 @@ fn a_read_only_database_is_a_clear_error_and_stays_intact() {
         // No CAP_LINUX_IMMUTABLE here: permission bits stop everyone but root, so run the
         // recorder as nobody (setpriv) against a file only root may write.
         std::fs::set_permissions(&db, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let probe = std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c"])
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+            ])
             .arg(format!("echo x >> '{}'", db.display()))
             .status()
             .expect("setpriv (util-linux) to run as nobody");
@@ -361,17 +457,33 @@ fn a_read_only_database_is_a_clear_error_and_stays_intact() {
     let output = cmd
         .arg("--db")
         .arg(&db)
-        .args(["record", "--ticks", "2", "--simulated-clock", &(T0 + 60_000).to_string()])
+        .args([
+            "record",
+            "--ticks",
+            "2",
+            "--simulated-clock",
+            &(T0 + 60_000).to_string(),
+        ])
         .output()
         .unwrap();
     if immutable {
-        let _ = std::process::Command::new("chattr").arg("-i").arg(&db).status();
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&db)
+            .status();
     }
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("cannot write the history database"), "{stderr}");
+    assert!(
+        stderr.contains("cannot write the history database"),
+        "{stderr}"
+    );
     assert!(stderr.contains("permissions"), "hint: {stderr}");
-    assert_eq!(std::fs::read(&db).unwrap(), before, "nothing written, nothing lost");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "nothing written, nothing lost"
+    );
 }
 
 #[test]
@@ -388,21 +500,45 @@ fn nvidia_smi_logs_import_and_export_back_identically() {
         .unwrap();
     ok(&output);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("(smi-gpu)") && stderr.contains("(smi-apps)"), "{stderr}");
+    assert!(
+        stderr.contains("(smi-gpu)") && stderr.contains("(smi-apps)"),
+        "{stderr}"
+    );
     let gpu_text = std::fs::read_to_string(&gpu_log).unwrap();
     let header = gpu_text.lines().next().unwrap();
-    let exported = stdout_of(on_db(&db).args(["export", "--format", "smi-gpu", "--tz", "UTC", "--query", header]));
+    let exported = stdout_of(on_db(&db).args([
+        "export", "--format", "smi-gpu", "--tz", "UTC", "--query", header,
+    ]));
     assert_eq!(exported, gpu_text);
     let apps_text = std::fs::read_to_string(&apps_log).unwrap();
     let header = apps_text.lines().next().unwrap();
-    let exported = stdout_of(on_db(&db).args(["export", "--format", "smi-apps", "--tz", "UTC", "--query", header]));
+    let exported = stdout_of(on_db(&db).args([
+        "export", "--format", "smi-apps", "--tz", "UTC", "--query", header,
+    ]));
     assert_eq!(exported, apps_text);
     // The [N/A] power sample is a gap with its reason, not a zero.
-    let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args(["history", "--since", "all", "--format", "json"]))).unwrap();
-    assert!(json["gaps"].as_array().unwrap().iter().any(|g| g["metric"] == "power_mw" && g["reason"] == "N/A"));
+    let json: Value = serde_json::from_str(&stdout_of(
+        on_db(&db).args(["history", "--since", "all", "--format", "json"]),
+    ))
+    .unwrap();
+    assert!(
+        json["gaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["metric"] == "power_mw" && g["reason"] == "N/A")
+    );
     // The leak's last value, 92074 MiB.
-    let leak = json["processes"].as_array().unwrap().iter().find(|p| p["pid"] == 457).unwrap();
-    assert_eq!(leak["samples"].as_array().unwrap().last().unwrap()["used_bytes"], 92_074 * MIB);
+    let leak = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == 457)
+        .unwrap();
+    assert_eq!(
+        leak["samples"].as_array().unwrap().last().unwrap()["used_bytes"],
+        92_074 * MIB
+    );
 }
 
 #[test]
@@ -410,14 +546,26 @@ fn ndjson_export_is_lossless() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.db"), dir.path().join("b.db"));
     ok(&record(&write_scenario(dir.path(), ""), &a, 5));
-    ok(&on_db(&a).args(["import", "--tz", "UTC"]).arg(fixture("smi-apps-h200.csv")).output().unwrap());
+    ok(&on_db(&a)
+        .args(["import", "--tz", "UTC"])
+        .arg(fixture("smi-apps-h200.csv"))
+        .output()
+        .unwrap());
     let first = dir.path().join("a.ndjson");
-    ok(&on_db(&a).args(["export", "-o"]).arg(&first).output().unwrap());
+    ok(&on_db(&a)
+        .args(["export", "-o"])
+        .arg(&first)
+        .output()
+        .unwrap());
     ok(&on_db(&b).arg("import").arg(&first).output().unwrap());
     let again = stdout_of(on_db(&b).arg("export"));
     let strip = |s: &str| s.lines().skip(1).map(str::to_owned).collect::<Vec<_>>();
-    assert_eq!(strip(&again), strip(&std::fs::read_to_string(&first).unwrap()));
-    let csv = |db: &Path| stdout_of(on_db(db).args(["history", "--since", "all", "--format", "csv"]));
+    assert_eq!(
+        strip(&again),
+        strip(&std::fs::read_to_string(&first).unwrap())
+    );
+    let csv =
+        |db: &Path| stdout_of(on_db(db).args(["history", "--since", "all", "--format", "csv"]));
     assert_eq!(csv(&a), csv(&b));
 }
 
@@ -426,14 +574,24 @@ fn status_watch_output_imports() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
     let sc = write_scenario(dir.path(), "");
-    let watch = stdout_of(vramctl(&sc).env_remove("FAKE_NVML_TIME").args(["status", "--json", "--watch", "0.05", "--count", "3"]));
+    let watch = stdout_of(
+        vramctl(&sc)
+            .env_remove("FAKE_NVML_TIME")
+            .args(["status", "--json", "--watch", "0.05", "--count", "3"]),
+    );
     let file = dir.path().join("watch.ndjson");
     std::fs::write(&file, watch).unwrap();
     let output = on_db(&db).arg("import").arg(&file).output().unwrap();
     ok(&output);
     assert!(String::from_utf8_lossy(&output.stderr).contains("(status-json)"));
-    let csv = stdout_of(on_db(&db).args(["history", "--since", "all", "--format", "csv", "--pid", "32701"]));
-    let bytes: Vec<&str> = csv.lines().skip(1).map(|l| l.split(',').nth(8).unwrap()).collect();
+    let csv = stdout_of(on_db(&db).args([
+        "history", "--since", "all", "--format", "csv", "--pid", "32701",
+    ]));
+    let bytes: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(8).unwrap())
+        .collect();
     assert_eq!(bytes.len(), 3, "{csv}");
 }
 
@@ -441,7 +599,11 @@ fn status_watch_output_imports() {
 fn gpuz_sensor_log_imports_in_mib() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    let output = on_db(&db).args(["import", "--tz", "UTC"]).arg(fixture("gpuz-sensor-log.txt")).output().unwrap();
+    let output = on_db(&db)
+        .args(["import", "--tz", "UTC"])
+        .arg(fixture("gpuz-sensor-log.txt"))
+        .output()
+        .unwrap();
     ok(&output);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("(gpuz)"), "{stderr}");
@@ -450,7 +612,11 @@ fn gpuz_sensor_log_imports_in_mib() {
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     assert_eq!(row[0], "2026-11-29T20:40:00.000Z");
     assert_eq!(row[11], (812 * MIB).to_string(), "{csv}");
-    let peak: Vec<u64> = csv.lines().skip(1).map(|l| l.split(',').nth(11).unwrap().parse().unwrap()).collect();
+    let peak: Vec<u64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(11).unwrap().parse().unwrap())
+        .collect();
     assert_eq!(peak.iter().max(), Some(&(9004 * MIB)));
 }
 
@@ -468,13 +634,27 @@ fn bad_rows_are_reported_by_file_and_line_and_skipped_or_rejected() {
     let bad = dir.path().join("bad.csv");
     std::fs::write(&bad, lines.join("\n")).unwrap();
 
-    let output = on_db(&db).args(["import", "--tz", "UTC"]).arg(&bad).output().unwrap();
+    let output = on_db(&db)
+        .args(["import", "--tz", "UTC"])
+        .arg(&bad)
+        .output()
+        .unwrap();
     ok(&output);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let file = bad.display().to_string();
-    assert!(stderr.contains(&format!("{file}:4: memory_used_bytes") ) || stderr.contains(&format!("{file}:4: used_bytes: 'lots MiB' is not a number")), "{stderr}");
-    assert!(stderr.contains(&format!("{file}:6: 3 fields where the header has 13")), "{stderr}");
-    assert!(stderr.contains(&format!("{file}:{}:", last + 1)), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{file}:4: memory_used_bytes"))
+            || stderr.contains(&format!("{file}:4: used_bytes: 'lots MiB' is not a number")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{file}:6: 3 fields where the header has 13")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{file}:{}:", last + 1)),
+        "{stderr}"
+    );
     assert!(stderr.contains("3 bad rows skipped"), "{stderr}");
 
     let strict = vramctl(&scenario("h200-idle.toml"))
@@ -486,10 +666,17 @@ fn bad_rows_are_reported_by_file_and_line_and_skipped_or_rejected() {
         .unwrap();
     assert_eq!(strict.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&strict.stderr);
-    assert!(stderr.starts_with(&format!("vramctl: error: {file}:4: ")), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("vramctl: error: {file}:4: ")),
+        "{stderr}"
+    );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     let store = Store::open(&dir.path().join("strict.db"), OpenMode::ReadOnly).unwrap();
-    assert_eq!(store.last_sample_ms().unwrap(), None, "strict wrote nothing");
+    assert_eq!(
+        store.last_sample_ms().unwrap(),
+        None,
+        "strict wrote nothing"
+    );
 }
 
 #[test]
@@ -503,7 +690,10 @@ fn wrong_format_flag_and_unknown_files_are_clear_errors() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("smi-gpu-h200.csv:1: the first column is not 'Date'"), "{stderr}");
+    assert!(
+        stderr.contains("smi-gpu-h200.csv:1: the first column is not 'Date'"),
+        "{stderr}"
+    );
 
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "dear diary\n").unwrap();
@@ -515,17 +705,28 @@ fn wrong_format_flag_and_unknown_files_are_clear_errors() {
 
     let noheader = dir.path().join("noheader.csv");
     let text = std::fs::read_to_string(fixture("smi-gpu-h200.csv")).unwrap();
-    std::fs::write(&noheader, text.lines().skip(1).collect::<Vec<_>>().join("\n")).unwrap();
+    std::fs::write(
+        &noheader,
+        text.lines().skip(1).collect::<Vec<_>>().join("\n"),
+    )
+    .unwrap();
     let output = on_db(&db).arg("import").arg(&noheader).output().unwrap();
     assert!(String::from_utf8_lossy(&output.stderr).contains("--columns"));
     let columns = text.lines().next().unwrap();
-    ok(&on_db(&db).args(["import", "--tz", "UTC", "--columns", columns]).arg(&noheader).output().unwrap());
+    ok(&on_db(&db)
+        .args(["import", "--tz", "UTC", "--columns", columns])
+        .arg(&noheader)
+        .output()
+        .unwrap());
 }
 
 #[test]
 fn history_of_a_missing_database_says_how_to_start() {
     let dir = tempfile::tempdir().unwrap();
-    let output = on_db(&dir.path().join("none.db")).arg("history").output().unwrap();
+    let output = on_db(&dir.path().join("none.db"))
+        .arg("history")
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no history database at"), "{stderr}");
@@ -538,7 +739,13 @@ fn default_database_follows_xdg_state_home() {
     let sc = write_scenario(dir.path(), "");
     let output = vramctl(&sc)
         .env("XDG_STATE_HOME", dir.path())
-        .args(["record", "--ticks", "1", "--simulated-clock", &T0.to_string()])
+        .args([
+            "record",
+            "--ticks",
+            "1",
+            "--simulated-clock",
+            &T0.to_string(),
+        ])
         .output()
         .unwrap();
     ok(&output);
