@@ -470,8 +470,9 @@ impl Store {
             .map_err(self.err("cannot read a process"))
     }
 
-    /// Every stored process, by id.
-    pub(crate) fn all_processes(
+    /// Every stored process, by id (one query, no decoding; `processes_in` narrows to a
+    /// range but decodes it).
+    pub fn all_processes(
         &self,
     ) -> Result<std::collections::HashMap<i64, ProcessRecord>, StoreError> {
         let err = self.err("cannot read processes");

@@ -13,6 +13,9 @@ use crate::db::Store;
 use crate::error::StoreError;
 use crate::model::TimeRange;
 
+/// Receives each frame's time and its (series id, entry) pairs.
+type FrameVisitor<'a> = dyn FnMut(i64, &mut dyn Iterator<Item = (u32, codec::Entry)>) + 'a;
+
 /// Key frame every this many buckets in a rollup tier.
 const ROLLUP_KEY_EVERY: i64 = 60;
 
@@ -68,7 +71,7 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
         }
     };
     let ms = (value * unit_ms).round();
-    if !ms.is_finite() || ms < 0.0 || ms > 1e17 {
+    if !ms.is_finite() || !(0.0..=1e17).contains(&ms) {
         return Err(format!("'{text}' is out of range"));
     }
     // Checked above: finite, non-negative, far below i64::MAX.
@@ -321,7 +324,7 @@ impl Store {
         &self,
         tier: Option<i64>,
         range: TimeRange,
-        visit: &mut dyn FnMut(i64, &mut dyn Iterator<Item = (u32, codec::Entry)>),
+        visit: &mut FrameVisitor<'_>,
     ) -> Result<(), StoreError> {
         let err = self.err("cannot read samples");
         let start: Option<i64> = match tier {

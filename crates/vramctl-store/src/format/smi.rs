@@ -103,8 +103,8 @@ pub(crate) fn looks_like_data(line: &str) -> bool {
 }
 
 /// The header's column names, and the line where data starts (0-based).
-fn header<'a>(
-    lines: &[(usize, &'a str)],
+fn header(
+    lines: &[(usize, &str)],
     options: &ImportOptions,
     rows: &Rows<'_>,
 ) -> Result<(Vec<String>, usize), ImportError> {
@@ -630,11 +630,14 @@ fn format_time(unix_ms: i64, tz: &TimeZone) -> String {
 }
 
 /// Gaps by (device UUID, metric code or -1 for the whole device).
-struct GapIndex(HashMap<(String, i64), Vec<(i64, i64, String)>>);
+/// (from, to, reason) per (device UUID, metric code).
+type GapMap = HashMap<(String, i64), Vec<(i64, i64, String)>>;
+
+struct GapIndex(GapMap);
 
 impl GapIndex {
     fn load(store: &Store, range: TimeRange) -> Result<Self, StoreError> {
-        let mut map: HashMap<(String, i64), Vec<(i64, i64, String)>> = HashMap::new();
+        let mut map: GapMap = HashMap::new();
         for gap in store.gaps(range)? {
             let Some(uuid) = gap.device_uuid else {
                 continue;
@@ -788,13 +791,20 @@ pub fn export_apps(
             .position(|(id, _)| *id == d)
             .unwrap_or(usize::MAX)
     };
-    // (time, device, process, bytes) in output order.
-    let mut lines: Vec<(i64, i64, i64, Option<u64>)> = Vec::new();
+    let processes: HashMap<i64, (u32, Option<String>)> = store
+        .all_processes()?
+        .into_iter()
+        .map(|(id, r)| (id, (r.meta.key.pid, r.meta.command)))
+        .collect();
+    let mut written = 0;
+    let mut failure: Option<std::io::Error> = None;
+    // (device, process, bytes) of one frame, in output order.
+    let mut rows: Vec<(i64, i64, Option<u64>)> = Vec::new();
     store.scan(range, |frame| {
-        if frame.span_ms > 0 {
+        if frame.span_ms > 0 || failure.is_some() {
             return;
         }
-        let start = lines.len();
+        rows.clear();
         for (s, entry) in frame.iter() {
             if s.metric != Metric::ProcessUsedBytes {
                 continue;
@@ -803,48 +813,46 @@ pub fn export_apps(
                 continue;
             };
             if frame.observed(d).1 {
-                lines.push((frame.t_ms, d, p, entry.min_max_last().map(|v| v.2)));
+                rows.push((d, p, entry.min_max_last().map(|v| v.2)));
             }
         }
         // By device; within a device, in the order processes were first seen (stable sort).
-        lines[start..].sort_by_key(|l| rank(l.1));
-    })?;
-    let mut processes: HashMap<i64, (u32, Option<String>)> = HashMap::new();
-    for (_, _, p, _) in &lines {
-        if !processes.contains_key(p) {
-            let record = store.process(*p)?;
-            processes.insert(
-                *p,
-                record.map_or((0, None), |r| (r.meta.key.pid, r.meta.command)),
-            );
+        rows.sort_by_key(|r| rank(r.0));
+        let time = format_time(frame.t_ms, tz);
+        for &(d, p, used) in &rows {
+            let meta = devices.get(&d);
+            let (pid, command) = processes
+                .get(&p)
+                .map_or((0, None), |(pid, c)| (*pid, c.as_deref()));
+            let fields: Vec<String> = cols
+                .iter()
+                .map(|c| match c {
+                    AppColumn::Timestamp => time.clone(),
+                    AppColumn::GpuName => meta
+                        .and_then(|m| m.name.clone())
+                        .unwrap_or_else(|| "[N/A]".into()),
+                    AppColumn::GpuBusId => meta
+                        .and_then(|m| m.pci_bus_id.clone())
+                        .unwrap_or_else(|| "[N/A]".into()),
+                    AppColumn::GpuUuid => meta.map_or_else(|| "[N/A]".into(), |m| m.uuid.clone()),
+                    AppColumn::Pid => pid.to_string(),
+                    AppColumn::ProcessName => command.unwrap_or("[N/A]").to_owned(),
+                    AppColumn::UsedMemory => used.map_or_else(
+                        || "[N/A]".into(),
+                        |v| format_value(Metric::ProcessUsedBytes, v, style.units),
+                    ),
+                    AppColumn::Ignored(_) => String::new(),
+                })
+                .collect();
+            if let Err(e) = writeln!(out, "{}", fields.join(", ")) {
+                failure = Some(e);
+                return;
+            }
+            written += 1;
         }
-    }
-    let mut written = 0;
-    for (t, d, p, used) in lines {
-        let meta = devices.get(&d);
-        let (pid, command) = processes.get(&p).cloned().unwrap_or((0, None));
-        let fields: Vec<String> = cols
-            .iter()
-            .map(|c| match c {
-                AppColumn::Timestamp => format_time(t, tz),
-                AppColumn::GpuName => meta
-                    .and_then(|m| m.name.clone())
-                    .unwrap_or_else(|| "[N/A]".into()),
-                AppColumn::GpuBusId => meta
-                    .and_then(|m| m.pci_bus_id.clone())
-                    .unwrap_or_else(|| "[N/A]".into()),
-                AppColumn::GpuUuid => meta.map_or_else(|| "[N/A]".into(), |m| m.uuid.clone()),
-                AppColumn::Pid => pid.to_string(),
-                AppColumn::ProcessName => command.clone().unwrap_or_else(|| "[N/A]".into()),
-                AppColumn::UsedMemory => used.map_or_else(
-                    || "[N/A]".into(),
-                    |v| format_value(Metric::ProcessUsedBytes, v, style.units),
-                ),
-                AppColumn::Ignored(_) => String::new(),
-            })
-            .collect();
-        writeln!(out, "{}", fields.join(", "))?;
-        written += 1;
+    })?;
+    if let Some(e) = failure {
+        return Err(e.into());
     }
     Ok(written)
 }

@@ -184,12 +184,12 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         None => 0,
     };
     let by_id: HashMap<i64, &DeviceRecord> = devices.iter().map(|d| (d.id, d)).collect();
-    let mut processes: HashMap<i64, ProcessRecord> = HashMap::new();
-    for (p, _) in store.processes_in(range)? {
-        if args.pid.is_empty() || args.pid.contains(&p.meta.key.pid) {
-            processes.insert(p.id, p);
-        }
-    }
+    // All processes by id (one query); those outside the range simply never appear.
+    let processes: HashMap<i64, ProcessRecord> = store
+        .all_processes()?
+        .into_iter()
+        .filter(|(_, p)| args.pid.is_empty() || args.pid.contains(&p.meta.key.pid))
+        .collect();
     let gaps: Vec<Gap> = store
         .gaps(range)?
         .into_iter()

@@ -51,7 +51,7 @@ end_s = 3.0
 {extra_gpu}"#
     );
     let path = dir.join("scenario.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, text).expect("write the scenario");
     path
 }
 
@@ -65,7 +65,7 @@ fn record(scenario: &Path, db: &Path, ticks: u64) -> std::process::Output {
         .args(["record", "--interval", "1s", "--ticks", &ticks.to_string()])
         .args(["--simulated-clock", &T0.to_string()])
         .output()
-        .unwrap()
+        .expect("run vramctl")
 }
 
 fn ok(output: &std::process::Output) -> String {
@@ -75,7 +75,7 @@ fn ok(output: &std::process::Output) -> String {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    String::from_utf8(output.stdout.clone()).unwrap()
+    String::from_utf8(output.stdout.clone()).expect("utf-8 stdout")
 }
 
 fn on_db(db: &Path) -> assert_cmd::Command {
@@ -265,7 +265,7 @@ fn spawn_recorder(scenario: &Path, db: &Path, start: i64, interval: &str) -> Chi
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap()
+        .expect("start the recorder")
 }
 
 #[test]
@@ -361,7 +361,7 @@ fn nix_kill(pid: u32, signal: &str) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .status()
-        .unwrap();
+        .expect("run kill");
     assert!(status.success());
 }
 
