@@ -168,8 +168,24 @@ pub fn encode(prev: &State, cur: &State, key: bool, out: &mut Vec<u8>) {
 /// # Errors
 /// [`StoreError::Corrupt`] when the bytes are not a frame.
 pub fn apply(state: &mut State, data: &[u8], key: bool) -> Result<(), StoreError> {
+    apply_tracked(state, data, key, None)
+}
+
+/// [`apply`], also listing in `touched` the series a delta frame named (cleared first).
+///
+/// # Errors
+/// As [`apply`].
+pub fn apply_tracked(
+    state: &mut State,
+    data: &[u8],
+    key: bool,
+    mut touched: Option<&mut Vec<u32>>,
+) -> Result<(), StoreError> {
     if key {
         state.clear();
+    }
+    if let Some(t) = touched.as_deref_mut() {
+        t.clear();
     }
     let mut pos = 0;
     let mut id: u64 = 0;
@@ -201,6 +217,9 @@ pub fn apply(state: &mut State, data: &[u8], key: bool) -> Result<(), StoreError
             _ => Some(Entry::Unknown),
         };
         state.set(series, entry);
+        if let Some(t) = touched.as_deref_mut() {
+            t.push(series);
+        }
     }
     Ok(())
 }

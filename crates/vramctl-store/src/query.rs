@@ -36,9 +36,41 @@ pub struct Frame<'a> {
     state: &'a State,
     catalog: &'a Catalog,
     observed: Option<&'a [u8]>,
+    /// Series this frame changed, or `None` when anything may have (a key frame, the
+    /// first frame of a scan or of a tier).
+    changed: Option<&'a [u32]>,
 }
 
 impl Frame<'_> {
+    /// Every present series by id, with its entry (cheaper than [`Frame::iter`] when the
+    /// caller resolves ids itself with [`Frame::series`]).
+    pub fn entries(&self) -> impl Iterator<Item = (u32, Entry)> + '_ {
+        self.state.iter()
+    }
+
+    /// The series with this id.
+    pub fn series(&self, id: u32) -> Option<SeriesRef> {
+        let k = self.catalog.series(id)?;
+        Some(SeriesRef {
+            metric: k.metric,
+            device_id: k.device,
+            process_id: k.process,
+        })
+    }
+
+    /// The entry of series `id`, if present.
+    pub fn entry(&self, id: u32) -> Option<Entry> {
+        self.state.get(id)
+    }
+
+    /// The series whose entry this frame changed (appeared, changed value, or gone) since
+    /// the previous frame of the same scan; `None` when that is not known (key frames,
+    /// the first frame): then treat every present series as changed. Lets a reader that
+    /// aggregates over many frames touch only what moved.
+    pub fn changed(&self) -> Option<&[u32]> {
+        self.changed
+    }
+
     /// Whether this frame observed `device_id`'s metrics and its process list. Recorded
     /// frames observe everything; an imported log may have had only some devices, or only
     /// processes, at this time (the other values are carried over from before).
@@ -284,6 +316,8 @@ impl Store {
         .map_err(&err)?;
         let mut state = State::default();
         let mut keyed = false;
+        let mut touched: Vec<u32> = Vec::new();
+        let mut first_visit = true;
         while let Some(row) = rows.next().map_err(&err)? {
             let t: i64 = row.get(0).map_err(&err)?;
             let key: bool = row.get(1).map_err(&err)?;
@@ -297,13 +331,15 @@ impl Store {
                 continue;
             }
             keyed = true;
-            codec::apply(&mut state, data, key).map_err(|e| match e {
-                StoreError::Corrupt { detail, .. } => StoreError::Corrupt {
-                    path: Some(self.path.clone()),
-                    detail: format!("{detail} (at {t} ms)"),
+            codec::apply_tracked(&mut state, data, key, Some(&mut touched)).map_err(
+                |e| match e {
+                    StoreError::Corrupt { detail, .. } => StoreError::Corrupt {
+                        path: Some(self.path.clone()),
+                        detail: format!("{detail} (at {t} ms)"),
+                    },
+                    other => other,
                 },
-                other => other,
-            })?;
+            )?;
             if t >= range.from_ms {
                 let observed = row
                     .get_ref(3)
@@ -316,7 +352,9 @@ impl Store {
                     state: &state,
                     catalog: &self.catalog,
                     observed,
+                    changed: (!key && !first_visit).then_some(touched.as_slice()),
                 });
+                first_visit = false;
             }
         }
         Ok(())

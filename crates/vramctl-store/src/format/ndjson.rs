@@ -79,6 +79,7 @@ pub fn export(
     let mut last_key = i64::MIN;
     let mut frames = 0u64;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut ids: Vec<u32> = Vec::new();
     let mut failure: Option<std::io::Error> = None;
     store.scan(range, |frame| {
         if failure.is_some() {
@@ -91,10 +92,16 @@ pub fn export(
         }
         let state = frame.state();
         buf.clear();
-        // Declarations of the series (and their processes) this frame uses first.
+        // The ids to look at: what the frame changed, or everything (key frames, the first).
         let n = state.len().max(prev.len());
-        for i in 0..n {
-            let Ok(id) = u32::try_from(i) else { break };
+        ids.clear();
+        match frame.changed().filter(|_| !key) {
+            Some(changed) => ids.extend_from_slice(changed),
+            None => ids.extend((0..n).filter_map(|i| u32::try_from(i).ok())),
+        }
+        // Declarations of the series (and their processes) this frame uses first.
+        for &id in &ids {
+            let i = usize::try_from(id).unwrap_or(usize::MAX);
             let now = state.get(id);
             if now.is_none() || declared_series.get(i).copied().unwrap_or(false) {
                 continue;
@@ -135,8 +142,7 @@ pub fn export(
             key
         );
         let mut first = true;
-        for i in 0..n {
-            let Ok(id) = u32::try_from(i) else { break };
+        for &id in &ids {
             let now = state.get(id);
             if (!key && now == prev.get(id)) || (key && now.is_none()) {
                 continue;
@@ -171,7 +177,13 @@ pub fn export(
         if let Err(e) = out.write_all(&buf) {
             failure = Some(e);
         }
-        prev.clone_from(state);
+        if frame.changed().is_some() && !key {
+            for &id in &ids {
+                prev.set(id, state.get(id));
+            }
+        } else {
+            prev.clone_from(state);
+        }
         frames += 1;
     })?;
     if let Some(e) = failure {

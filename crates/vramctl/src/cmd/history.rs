@@ -13,7 +13,7 @@ use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl_store::{
-    DeviceRecord, Gap, Metric, OpenMode, ProcessRecord, Store, TimeRange, format::rfc3339,
+    DeviceRecord, Entry, Gap, Metric, OpenMode, ProcessRecord, Store, TimeRange, format::rfc3339,
     parse_duration_ms,
 };
 
@@ -138,6 +138,17 @@ impl Agg {
     }
 }
 
+/// What a series is to this query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A metric of a shown device.
+    Device(i64, Metric),
+    /// A shown process's memory on a shown device: (process, device).
+    Process(i64, i64),
+    /// Not asked for.
+    Skip,
+}
+
 /// A device row: its metrics over one bucket.
 #[derive(Debug, Clone, Default)]
 struct DeviceRow {
@@ -209,24 +220,40 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         HistoryFormat::Table => Box::new(TableSink::new(tz.clone(), step_ms)),
     };
     sink.begin(&mut out)?;
-    // Bucket state: per device, per (process, device).
+    // Per series id: what it is to this query (resolved once), and its bucket so far.
+    // A frame only moves the series it changed, so within a bucket only those are merged;
+    // a new bucket starts from every present series.
+    let mut roles: Vec<Option<Role>> = Vec::new();
+    let mut aggs: Vec<Option<Agg>> = Vec::new();
     let mut bucket: Option<(i64, i64)> = None;
-    let mut dev_rows: BTreeMap<i64, DeviceRow> = BTreeMap::new();
-    let mut proc_rows: BTreeMap<(i64, i64), Agg> = BTreeMap::new();
     let mut failure: Option<anyhow::Error> = None;
     let flush = |t: i64,
                  span: i64,
-                 dev_rows: &mut BTreeMap<i64, DeviceRow>,
-                 proc_rows: &mut BTreeMap<(i64, i64), Agg>,
+                 roles: &[Option<Role>],
+                 aggs: &mut Vec<Option<Agg>>,
                  out: &mut dyn Write,
                  sink: &mut dyn Sink|
      -> anyhow::Result<()> {
-        for (d, row) in std::mem::take(dev_rows) {
-            if let Some(dev) = by_id.get(&d) {
-                sink.row(out, Row::Device(t, span, dev, &row), &processes)?;
+        let mut dev_rows: BTreeMap<i64, DeviceRow> = BTreeMap::new();
+        let mut proc_rows: BTreeMap<(i64, i64), Agg> = BTreeMap::new();
+        for (id, agg) in aggs.iter_mut().enumerate() {
+            let Some(agg) = agg.take() else { continue };
+            match roles.get(id).copied().flatten() {
+                Some(Role::Device(d, m)) => {
+                    dev_rows.entry(d).or_default().values.insert(m, agg);
+                }
+                Some(Role::Process(p, d)) => {
+                    proc_rows.insert((p, d), agg);
+                }
+                Some(Role::Skip) | None => {}
             }
         }
-        for ((p, d), agg) in std::mem::take(proc_rows) {
+        for (d, row) in &dev_rows {
+            if let Some(dev) = by_id.get(d) {
+                sink.row(out, Row::Device(t, span, dev, row), &processes)?;
+            }
+        }
+        for ((p, d), agg) in proc_rows {
             if let Some(dev) = by_id.get(&d) {
                 sink.row(out, Row::Process(t, span, p, dev, agg), &processes)?;
             }
@@ -245,67 +272,62 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         } else {
             (frame.t_ms, frame.span_ms)
         };
-        if let Some((prev, prev_span)) = bucket.filter(|(prev, _)| *prev != b) {
-            if let Err(e) = flush(
-                prev,
-                prev_span,
-                &mut dev_rows,
-                &mut proc_rows,
-                &mut out,
-                sink.as_mut(),
-            ) {
+        let new_bucket = bucket.is_none_or(|(prev, _)| prev != b);
+        if let Some((prev, prev_span)) = bucket.filter(|_| new_bucket) {
+            if let Err(e) = flush(prev, prev_span, &roles, &mut aggs, &mut out, sink.as_mut()) {
                 failure = Some(e);
                 return;
             }
         }
         bucket = Some((b, span));
-        for (s, entry) in frame.iter() {
-            let Some(v) = entry.min_max_last() else {
-                continue;
-            };
-            let Some(d) = s.device_id.filter(|d| by_id.contains_key(d)) else {
-                continue;
-            };
-            match (s.metric, s.process_id) {
-                (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => {
-                    proc_rows
-                        .entry((p, d))
-                        .and_modify(|a| a.add(v))
-                        .or_insert(Agg {
-                            min: v.0,
-                            max: v.1,
-                            last: v.2,
-                        });
-                }
-                (m, None) if show_devices => {
-                    dev_rows
-                        .entry(d)
-                        .or_default()
-                        .values
-                        .entry(m)
-                        .and_modify(|a| a.add(v))
-                        .or_insert(Agg {
-                            min: v.0,
-                            max: v.1,
-                            last: v.2,
-                        });
-                }
-                _ => {}
+        let mut merge = |id: u32| {
+            let i = usize::try_from(id).unwrap_or(usize::MAX);
+            if i >= roles.len() {
+                roles.resize(i + 1, None);
+                aggs.resize(i + 1, None);
             }
+            let role = *roles[i].get_or_insert_with(|| {
+                let Some(s) = frame.series(id) else {
+                    return Role::Skip;
+                };
+                let Some(d) = s.device_id.filter(|d| by_id.contains_key(d)) else {
+                    return Role::Skip;
+                };
+                match (s.metric, s.process_id) {
+                    (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => {
+                        Role::Process(p, d)
+                    }
+                    (m, None) if show_devices => Role::Device(d, m),
+                    _ => Role::Skip,
+                }
+            });
+            if role == Role::Skip {
+                return;
+            }
+            let Some(v) = frame.entry(id).and_then(Entry::min_max_last) else {
+                return;
+            };
+            match &mut aggs[i] {
+                Some(a) => a.add(v),
+                slot @ None => {
+                    *slot = Some(Agg {
+                        min: v.0,
+                        max: v.1,
+                        last: v.2,
+                    });
+                }
+            }
+        };
+        match frame.changed().filter(|_| !new_bucket) {
+            Some(changed) => changed.iter().for_each(|&id| merge(id)),
+            None => frame.entries().for_each(|(id, _)| merge(id)),
         }
     })?;
     if let Some(e) = failure {
         return Err(e);
     }
     if let Some((b, span)) = bucket {
-        flush(
-            b,
-            span,
-            &mut dev_rows,
-            &mut proc_rows,
-            &mut out,
-            sink.as_mut(),
-        )?;
+        flush(b, span, &roles, &mut aggs, &mut out, sink.as_mut())?;
     }
     sink.end(&mut out, &gaps, range, step_ms, &devices)?;
     out.flush().context("cannot write to stdout")?;

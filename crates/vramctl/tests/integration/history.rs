@@ -159,6 +159,48 @@ timestamp, pid, used_gpu_memory [MiB]
         .map(|s| s["used_bytes"].as_u64().unwrap())
         .collect();
     assert_eq!(bytes, [2048, 3072, 4096, 5120, 6144].map(|m| m * MIB));
+
+    // 2 s buckets keep last, min and max of each bucket.
+    let csv = stdout_of(on_db(&db).args([
+        "history", "--since", "all", "--format", "csv", "--pid", "32701", "--step", "2s",
+    ]));
+    let buckets: Vec<(String, String, String, String)> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (
+                f[0].to_owned(),
+                f[8].to_owned(),
+                f[9].to_owned(),
+                f[10].to_owned(),
+            )
+        })
+        .collect();
+    let mib = |m: u64| (m * MIB).to_string();
+    assert_eq!(
+        buckets,
+        [
+            (
+                "2026-11-29T20:31:30.000Z".to_owned(),
+                mib(2048),
+                mib(2048),
+                mib(2048)
+            ),
+            (
+                "2026-11-29T20:31:32.000Z".to_owned(),
+                mib(4096),
+                mib(3072),
+                mib(4096)
+            ),
+            (
+                "2026-11-29T20:31:34.000Z".to_owned(),
+                mib(6144),
+                mib(5120),
+                mib(6144)
+            ),
+        ]
+    );
 }
 
 #[test]
