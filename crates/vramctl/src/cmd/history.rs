@@ -843,3 +843,206 @@ mod tests {
         assert_eq!(nice_step(86_400_000 / 30), 3_600_000);
     }
 }
+
+/// One panel of a memory chart, in the renderer's terms but without naming it
+/// (`output/chart.rs` maps it one to one: `plot` is the only caller).
+// `vramctl plot` (cmd/plot.rs) is wired when the renderer (branch `plot`) is merged here.
+#[cfg_attr(not(test), allow(dead_code))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlotPanel {
+    /// `GPU 0  NVIDIA H200  GPU-7778da7f…`.
+    pub title: String,
+    /// Installed memory, drawn as the ceiling.
+    pub ceiling_bytes: Option<u64>,
+    /// Device memory used: `(unix ms, bytes)`, `None` where a gap breaks the line.
+    pub device: Vec<(i64, Option<u64>)>,
+    /// Per process: a label (`4242 alice python train.py`) and its points.
+    pub processes: Vec<(String, Vec<(i64, Option<u64>)>)>,
+    /// Gaps on this device: `(from ms, to ms, reason)`.
+    pub gaps: Vec<(i64, i64, String)>,
+}
+
+/// Memory per device and per process for a chart of at most about `max_points` points a
+/// series: bucketed by a round step, each bucket drawn at its highest value so a spike
+/// stays visible; a bucket where a series is absent between two present ones is a `None`
+/// (a break in the line, never a drop to zero).
+///
+/// # Errors
+/// When the store fails.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn plot_panels(
+    store: &mut Store,
+    range: TimeRange,
+    devices: &[DeviceRecord],
+    pids: &[u32],
+    max_points: i64,
+) -> anyhow::Result<Vec<PlotPanel>> {
+    let (lo, hi) = store.time_bounds()?.unwrap_or((0, 0));
+    let span = range.to_ms.min(hi).saturating_sub(range.from_ms.max(lo));
+    let step = nice_step(span / max_points.max(1)).max(1);
+    let processes: HashMap<i64, ProcessRecord> = store
+        .all_processes()?
+        .into_iter()
+        .filter(|(_, p)| pids.is_empty() || pids.contains(&p.meta.key.pid))
+        .collect();
+    let wanted: HashMap<i64, &DeviceRecord> = devices.iter().map(|d| (d.id, d)).collect();
+    // Bucket times in order, and per (device, process or None) the max per bucket.
+    let mut buckets: Vec<i64> = Vec::new();
+    let mut peaks: BTreeMap<(i64, Option<i64>), BTreeMap<i64, u64>> = BTreeMap::new();
+    let mut totals: HashMap<i64, u64> = HashMap::new();
+    store.scan(range, |frame| {
+        let b = frame.t_ms.div_euclid(step) * step;
+        if buckets.last() != Some(&b) {
+            buckets.push(b);
+        }
+        for (s, e) in frame.iter() {
+            let Some(d) = s.device_id.filter(|d| wanted.contains_key(d)) else {
+                continue;
+            };
+            let Some((_, max, last)) = e.min_max_last() else {
+                continue;
+            };
+            let key = match (s.metric, s.process_id) {
+                (Metric::UsedBytes, None) => (d, None),
+                (Metric::TotalBytes, None) => {
+                    totals.insert(d, last);
+                    continue;
+                }
+                (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => (d, Some(p)),
+                _ => continue,
+            };
+            let peak = peaks.entry(key).or_default().entry(b).or_insert(0);
+            *peak = (*peak).max(max);
+        }
+    })?;
+    let line = |values: &BTreeMap<i64, u64>| -> Vec<(i64, Option<u64>)> {
+        let (Some(first), Some(last)) = (values.keys().next(), values.keys().next_back()) else {
+            return Vec::new();
+        };
+        buckets
+            .iter()
+            .filter(|b| (*first..=*last).contains(*b))
+            .map(|b| (*b, values.get(b).copied()))
+            .collect()
+    };
+    let gaps = store.gaps(range)?;
+    let mut panels = Vec::new();
+    for dev in devices {
+        let title = format!(
+            "GPU {}  {}  {}",
+            gpu_label(dev),
+            dev.meta.name.as_deref().unwrap_or(""),
+            dev.meta.uuid
+        );
+        let device = peaks.get(&(dev.id, None)).map(line).unwrap_or_default();
+        let mut procs = Vec::new();
+        for ((d, p), values) in &peaks {
+            let (Some(p), true) = (p, *d == dev.id) else {
+                continue;
+            };
+            let Some(record) = processes.get(p) else {
+                continue;
+            };
+            let label = format!(
+                "{} {} {}",
+                record.meta.key.pid,
+                record.meta.user.as_deref().unwrap_or("-"),
+                record.meta.command.as_deref().unwrap_or("")
+            );
+            procs.push((label.trim_end().to_owned(), line(values)));
+        }
+        let dev_gaps = gaps
+            .iter()
+            .filter(|g| {
+                g.device_uuid.as_ref().is_none_or(|u| *u == dev.meta.uuid)
+                    && matches!(g.metric, None | Some(Metric::UsedBytes))
+            })
+            .map(|g| (g.from_ms, g.to_ms, g.reason.clone()))
+            .collect();
+        if device.is_empty() && procs.is_empty() {
+            continue;
+        }
+        panels.push(PlotPanel {
+            title: title.replace("    ", "  "),
+            ceiling_bytes: totals.get(&dev.id).copied(),
+            device,
+            processes: procs,
+            gaps: dev_gaps,
+        });
+    }
+    Ok(panels)
+}
+
+#[cfg(test)]
+mod plot_tests {
+    use vramctl_store::{
+        DeviceMeta, DeviceSample, DeviceSampleState, Observed, OpenMode, ProcessList,
+        ProcessOnDevice, TickSample,
+    };
+
+    use super::*;
+
+    fn tick(t: i64, used: Option<u64>) -> TickSample {
+        TickSample {
+            at_unix_ms: t,
+            devices: vec![DeviceSample {
+                device: DeviceMeta {
+                    uuid: "GPU-a".into(),
+                    index: Some(0),
+                    name: Some("NVIDIA H200".into()),
+                    ..DeviceMeta::default()
+                },
+                state: match used {
+                    Some(u) => DeviceSampleState::Read {
+                        metrics: vec![
+                            (Metric::UsedBytes, Observed::Value(u)),
+                            (Metric::TotalBytes, Observed::Value(100)),
+                        ],
+                        processes: ProcessList::Observed(vec![ProcessOnDevice {
+                            pid: 7,
+                            used_bytes: Some(u),
+                            sm_percent: None,
+                        }]),
+                    },
+                    None => DeviceSampleState::Unreadable("GPU lost".into()),
+                },
+            }],
+            ..TickSample::default()
+        }
+    }
+
+    #[test]
+    fn gaps_break_lines_and_spikes_survive_bucketing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        let t0 = 1_795_984_200_000; // on a minute boundary
+        // 0..59 s: 10, with a spike of 90 at 30 s; 60..119 s: lost; 120..179 s: 20.
+        for i in 0..180 {
+            let used = match i {
+                30 => Some(90),
+                0..60 => Some(10),
+                60..120 => None,
+                _ => Some(20),
+            };
+            store.append(&tick(t0 + i * 1000, used)).unwrap();
+        }
+        let devices = store.devices().unwrap();
+        let panels = plot_panels(&mut store, TimeRange::ALL, &devices, &[], 3).unwrap();
+        assert_eq!(panels.len(), 1);
+        let p = &panels[0];
+        assert_eq!(p.ceiling_bytes, Some(100));
+        assert_eq!(
+            p.device,
+            vec![
+                (t0, Some(90)),
+                (t0 + 60_000, None),
+                (t0 + 120_000, Some(20))
+            ]
+        );
+        assert_eq!(p.processes.len(), 1);
+        assert!(p.processes[0].0.starts_with("7 "), "{:?}", p.processes[0].0);
+        assert_eq!(p.gaps.len(), 1);
+        assert_eq!(p.gaps[0].2, "GPU lost");
+    }
+}
