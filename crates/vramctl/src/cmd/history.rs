@@ -844,6 +844,9 @@ mod tests {
     }
 }
 
+/// `(unix ms, bytes)`; `None` breaks the line.
+pub type PlotPoint = (i64, Option<u64>);
+
 /// One panel of a memory chart, in the renderer's terms but without naming it
 /// (`output/chart.rs` maps it one to one: `plot` is the only caller).
 // `vramctl plot` (cmd/plot.rs) is wired when the renderer (branch `plot`) is merged here.
@@ -854,10 +857,10 @@ pub struct PlotPanel {
     pub title: String,
     /// Installed memory, drawn as the ceiling.
     pub ceiling_bytes: Option<u64>,
-    /// Device memory used: `(unix ms, bytes)`, `None` where a gap breaks the line.
-    pub device: Vec<(i64, Option<u64>)>,
+    /// Device memory used, `None` where a gap breaks the line.
+    pub device: Vec<PlotPoint>,
     /// Per process: a label (`4242 alice python train.py`) and its points.
-    pub processes: Vec<(String, Vec<(i64, Option<u64>)>)>,
+    pub processes: Vec<(String, Vec<PlotPoint>)>,
     /// Gaps on this device: `(from ms, to ms, reason)`.
     pub gaps: Vec<(i64, i64, String)>,
 }
@@ -915,7 +918,7 @@ pub fn plot_panels(
             *peak = (*peak).max(max);
         }
     })?;
-    let line = |values: &BTreeMap<i64, u64>| -> Vec<(i64, Option<u64>)> {
+    let line = |values: &BTreeMap<i64, u64>| -> Vec<PlotPoint> {
         let (Some(first), Some(last)) = (values.keys().next(), values.keys().next_back()) else {
             return Vec::new();
         };
