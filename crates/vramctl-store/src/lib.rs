@@ -45,11 +45,13 @@
 //! | [`Store::time_bounds`] | oldest and newest stored time |
 //! | [`Store::device_metric`] | one device metric over a [`TimeRange`] as [`Point`]s |
 //! | [`Store::processes_in`] | processes holding memory in a range, with identity/metadata ([`ProcessRecord`]) and their devices |
+//! | [`Store::all_processes`], [`Store::process`] | process rows by id, without decoding samples |
 //! | [`Store::process_memory`] | a process's memory on a device: `(unix_ms, bytes)` points (`min`/`max`/`last`; equal for raw samples, a bucket's extremes when downsampled) |
 //! | [`Store::process_cpu`] | a process's cumulative CPU time (clock ticks) |
 //! | [`Store::gaps`] | [`Gap`]s overlapping a range, with reasons |
-//! | [`Store::scan`] | every series at every stored time (what `history` and `export` use) |
-//! | [`Store::audit_rows`] | the audit log |
+//! | [`Store::scan`] | every series at every stored time (what `history` and `export` use); [`Frame::changed`] says which series a frame changed, so aggregating readers touch only those |
+//! | [`Store::append_audit`], [`Store::set_audit_outcome`], [`Store::audit_rows`] | the audit log of signals (`synchronous=FULL`) |
+//! | [`Store::open_in_memory`] + [`format::import_files`] | analyse a log file without touching the disk |
 //! | [`downsample`] | re-bucket points for display, keeping min/max/last |
 //!
 //! Points are dense: one per stored tick while the series is present (a value that did not
@@ -57,7 +59,7 @@
 //!
 //! # Formats
 //!
-//! [`format`] reads nvidia-smi CSV logs, GPU-Z sensor logs and vramctl's NDJSON into ticks,
+//! [`mod@format`] reads nvidia-smi CSV logs, GPU-Z sensor logs and vramctl's NDJSON into ticks,
 //! and writes NDJSON (lossless) and nvidia-smi-style CSV.
 #![warn(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]

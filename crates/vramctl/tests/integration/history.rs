@@ -798,7 +798,10 @@ fn default_database_follows_xdg_state_home() {
 fn a_real_process_is_recorded_with_its_identity_and_cpu_time() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let sc = dir.path().join("real.toml");
     std::fs::write(
         &sc,
@@ -822,10 +825,16 @@ fn a_real_process_is_recorded_with_its_identity_and_cpu_time() {
     assert!(p.meta.key.start_time_ticks.is_some(), "{p:?}");
     assert_eq!(p.meta.command.as_deref(), Some("sleep 30"));
     assert!(p.meta.user.is_some());
-    let mem = store.process_memory(p.id, devices[0], TimeRange::ALL).unwrap();
+    let mem = store
+        .process_memory(p.id, devices[0], TimeRange::ALL)
+        .unwrap();
     assert_eq!(mem.iter().map(|m| m.last).collect::<Vec<_>>(), [5 << 30; 3]);
     let cpu = store.process_cpu(p.id, TimeRange::ALL).unwrap();
-    assert_eq!(cpu.len(), 3, "CPU time read at first sight, carried between reads");
+    assert_eq!(
+        cpu.len(),
+        3,
+        "CPU time read at first sight, carried between reads"
+    );
 }
 
 #[test]
@@ -837,20 +846,38 @@ fn the_recorder_downsamples_and_prunes_by_retention() {
         .env_remove("FAKE_NVML_TIME")
         .arg("--db")
         .arg(&db)
-        .args(["record", "--interval", "1s", "--ticks", "300", "--retain", "raw=2m,1m=forever"])
+        .args([
+            "record",
+            "--interval",
+            "1s",
+            "--ticks",
+            "300",
+            "--retain",
+            "raw=2m,1m=forever",
+        ])
         .args(["--simulated-clock", &(T0 - T0 % 60_000).to_string()])
         .output()
         .unwrap();
     ok(&output);
     let mut store = Store::open(&db, OpenMode::ReadOnly).unwrap();
-    assert!(store.tick_count(TimeRange::ALL).unwrap() < 300, "raw samples were pruned");
+    assert!(
+        store.tick_count(TimeRange::ALL).unwrap() < 300,
+        "raw samples were pruned"
+    );
     let d = store.devices().unwrap()[0].id;
     let points = store
         .device_metric(d, vramctl_store::Metric::UsedBytes, TimeRange::ALL)
         .unwrap();
     let first = points.first().unwrap();
-    assert_eq!(first.unix_ms, T0 - T0 % 60_000, "history still starts at the beginning");
+    assert_eq!(
+        first.unix_ms,
+        T0 - T0 % 60_000,
+        "history still starts at the beginning"
+    );
     assert_eq!(first.span_ms, 60_000, "as a 1-minute bucket");
-    assert!(points.iter().any(|p| p.span_ms == 0), "recent samples are raw");
+    assert!(
+        points.iter().any(|p| p.span_ms == 0),
+        "recent samples are raw"
+    );
     assert!(points.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms));
 }
