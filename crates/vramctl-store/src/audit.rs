@@ -70,7 +70,7 @@ impl Store {
             return Err(StoreError::Sqlite {
                 path: self.path.clone(),
                 what: "cannot update the audit log",
-                source: rusqlite::Error::QueryReturnedNoRows,
+                cause: rusqlite::Error::QueryReturnedNoRows,
             });
         }
         Ok(())

@@ -90,10 +90,10 @@ impl Store {
         }
         if !exists {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+                std::fs::create_dir_all(dir).map_err(|cause| StoreError::Io {
                     path: dir.to_path_buf(),
                     what: "cannot create the directory",
-                    source,
+                    cause,
                 })?;
             }
         }
@@ -426,10 +426,10 @@ fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
     let path = PathBuf::from(name);
     let io = |what: &'static str, path: &Path| {
         let path = path.to_path_buf();
-        move |source| StoreError::Io {
+        move |cause| StoreError::Io {
             path: path.clone(),
             what,
-            source,
+            cause,
         }
     };
     let file = std::fs::OpenOptions::new()
@@ -438,7 +438,21 @@ fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(io("cannot open the lock file", &path))?;
+        .map_err(|cause| match cause.kind() {
+            // The lock file lives beside the database: a directory we cannot write is an
+            // unwritable database (SQLite needs it for the -wal and -shm files too).
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                StoreError::Unwritable {
+                    path: db.to_path_buf(),
+                    detail: format!("cannot create '{}': {cause}", path.display()),
+                }
+            }
+            _ => StoreError::Io {
+                path: path.clone(),
+                what: "cannot open the lock file",
+                cause,
+            },
+        })?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(mut locked) => {
             locked.set_len(0).map_err(io("cannot write", &path))?;
@@ -455,7 +469,7 @@ fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
             Err(StoreError::Io {
                 path: db.to_path_buf(),
                 what: "another vramctl is already recording into",
-                source: std::io::Error::new(
+                cause: std::io::Error::new(
                     std::io::ErrorKind::WouldBlock,
                     if holder.is_empty() {
                         format!("it holds '{}'; stop it first", path.display())
@@ -471,7 +485,7 @@ fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
         Err((_, errno)) => Err(StoreError::Io {
             path,
             what: "cannot lock",
-            source: std::io::Error::from(errno),
+            cause: std::io::Error::from(errno),
         }),
     }
 }

@@ -72,24 +72,25 @@ pub enum StoreError {
         why: String,
     },
     /// Any other SQLite failure.
-    #[error("{what} in '{}': {source}", path.display())]
+    // The cause is in the message, not in the error chain, so `{:#}` does not say it twice.
+    #[error("{what} in '{}': {cause}", path.display())]
     Sqlite {
         /// The database (`:memory:` for an in-memory one).
         path: PathBuf,
         /// What was being done.
         what: &'static str,
         /// SQLite's error.
-        source: rusqlite::Error,
+        cause: rusqlite::Error,
     },
     /// A filesystem error outside SQLite (creating the directory, the lock file).
-    #[error("{what} '{}': {source}", path.display())]
+    #[error("{what} '{}': {cause}", path.display())]
     Io {
         /// The path involved.
         path: PathBuf,
         /// What was being done.
         what: &'static str,
         /// The system's error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -142,7 +143,7 @@ impl StoreError {
             _ => Self::Sqlite {
                 path,
                 what,
-                source: err,
+                cause: err,
             },
         }
     }
@@ -153,8 +154,8 @@ impl StoreError {
     pub fn is_transient_write_failure(&self) -> bool {
         match self {
             Self::DiskFull { .. } | Self::Unwritable { .. } => true,
-            Self::Sqlite { source, .. } => matches!(
-                source.sqlite_error_code(),
+            Self::Sqlite { cause, .. } => matches!(
+                cause.sqlite_error_code(),
                 Some(
                     rusqlite::ErrorCode::DatabaseBusy
                         | rusqlite::ErrorCode::DatabaseLocked

@@ -120,12 +120,12 @@ pub struct ImportReport {
 #[non_exhaustive]
 pub enum ImportError {
     /// The file could not be read.
-    #[error("cannot read '{}': {source}", path.display())]
+    #[error("cannot read '{}': {cause}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// The system's error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A row is bad and `strict` was asked, or the file is unusable from its first line.
     #[error("{0}")]
@@ -300,9 +300,9 @@ pub fn import_files(
     let mut pieces: Vec<(i64, usize, usize, TickSample)> = Vec::new();
     let mut ndjson_files = Vec::new();
     for (file_index, path) in paths.iter().enumerate() {
-        let bytes = std::fs::read(path).map_err(|source| ImportError::Read {
+        let bytes = std::fs::read(path).map_err(|cause| ImportError::Read {
             path: path.clone(),
-            source,
+            cause,
         })?;
         // GPU-Z writes Windows-1252 (°C as one byte); everything else is UTF-8.
         let text = match String::from_utf8(bytes) {
