@@ -353,7 +353,14 @@ pub fn import_files(
             read: 0,
             ignored: Vec::new(),
         };
-        report.ticks += ndjson::import(store, &text, &mut rows)?;
+        // One transaction per file: a file that fails half-way leaves nothing behind.
+        match ndjson::import(store, &text, &mut rows) {
+            Ok(frames) => report.ticks += frames,
+            Err(err) => {
+                store.rollback_import();
+                return Err(err);
+            }
+        }
         report.rows += rows.read;
         report.skipped.extend(rows.skipped);
     }

@@ -35,8 +35,6 @@ pub(crate) struct Writer {
     buf: Vec<u8>,
     /// Per rollup resolution: the last imported bucket's state and key time.
     rollups: HashMap<i64, (State, Option<i64>)>,
-    /// Frames imported in the open import transaction.
-    batched: u32,
 }
 
 impl Store {
@@ -89,7 +87,6 @@ impl Store {
             open_gaps: HashMap::new(),
             buf: Vec::new(),
             rollups: HashMap::new(),
-            batched: 0,
         });
         Ok(session_id)
     }
@@ -465,15 +462,22 @@ impl Store {
         Ok(())
     }
 
+    /// Abandons the open import transaction: nothing of the file stays.
+    pub(crate) fn rollback_import(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        // Ids and states handed out inside it are void.
+        self.writer = None;
+        let _ = self.load_catalog();
+    }
+
     /// Commits the open import transaction.
     pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
         if !self.conn.is_autocommit() {
             self.conn
                 .execute_batch("COMMIT")
                 .map_err(self.err("cannot import"))?;
-        }
-        if let Some(w) = self.writer.as_mut() {
-            w.batched = 0;
         }
         Ok(())
     }
@@ -536,10 +540,6 @@ impl Store {
             if key {
                 *last_key = Some(t);
             }
-        }
-        w.batched += 1;
-        if w.batched >= 1000 {
-            self.flush_import()?;
         }
         Ok(())
     }

@@ -881,3 +881,29 @@ fn the_recorder_downsamples_and_prunes_by_retention() {
     );
     assert!(points.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms));
 }
+
+#[test]
+fn a_truncated_export_is_rejected_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    ok(&record(&write_scenario(dir.path(), ""), &a, 5));
+    let full = stdout_of(on_db(&a).arg("export"));
+    // Cut in the middle of the last frame line.
+    let cut = &full[..full.rfind("{\"type\":\"frame\"").unwrap() + 30];
+    let file = dir.path().join("cut.ndjson");
+    std::fs::write(&file, cut).unwrap();
+    let output = on_db(&b).arg("import").arg(&file).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let line = cut.lines().count();
+    assert!(
+        stderr.contains(&format!("cut.ndjson:{line}: not JSON")),
+        "{stderr}"
+    );
+    let store = Store::open(&b, OpenMode::ReadOnly).unwrap();
+    assert_eq!(
+        store.last_sample_ms().unwrap(),
+        None,
+        "nothing of it was kept"
+    );
+}
