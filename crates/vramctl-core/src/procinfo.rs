@@ -99,66 +99,86 @@ impl ProcReader {
     }
 }
 
-/// The container id and Kubernetes pod UID of `pid`, from `/proc/PID/cgroup`.
-///
-/// `(None, None)` for a process outside any container, or one not visible here. The
-/// container id is the 64-hex-digit id runtimes put in the cgroup path (Docker,
-/// containerd, CRI-O); the pod UID is the one in a kubepods cgroup, with systemd's `_`
-/// turned back into `-` (join it with kube-state-metrics' `kube_pod_info{uid}` for a name).
-// (serve, issue 7; `procs` and `store` add cgroup parsing too: the lead dedupes at merge.)
-pub fn cgroup_container_and_pod(pid: u32) -> (Option<String>, Option<String>) {
-    match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
-        Ok(text) => parse_cgroup_container_and_pod(&text),
-        Err(_) => (None, None),
-    }
+/// Start time and CPU time of a process, from one read of `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTime {
+    /// Start time in clock ticks after boot (field 22): with the boot id, the identity.
+    pub start_time_ticks: u64,
+    /// User plus system CPU time in clock ticks (fields 14 and 15).
+    pub cpu_ticks: u64,
 }
 
-/// [`cgroup_container_and_pod`] on the text of a `/proc/PID/cgroup` file.
-pub fn parse_cgroup_container_and_pod(text: &str) -> (Option<String>, Option<String>) {
+/// Start time and CPU time of `pid`, or `None` when it is not visible here.
+///
+/// Reads `/proc/PID/stat` directly (one `read`, no allocation beyond the buffer): the
+/// recorder calls it for every GPU process, so it stays cheap.
+pub fn cpu_time_ticks(pid: u32) -> Option<CpuTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_times(&stat)
+}
+
+/// Fields 14, 15 and 22 of a `/proc/PID/stat` line. The command (field 2) may hold spaces
+/// and parentheses, so fields are counted after its last `)`.
+fn parse_stat_times(stat: &str) -> Option<CpuTime> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3 (state); field N is at index N - 3.
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
+    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
+    let start_time_ticks: u64 = fields.get(22 - 3)?.parse().ok()?;
+    Some(CpuTime {
+        start_time_ticks,
+        cpu_ticks: utime.saturating_add(stime),
+    })
+}
+
+/// Container id and Kubernetes pod UID of `pid`, read from `/proc/PID/cgroup`.
+///
+/// `(None, None)` for a process outside any container, or one not visible here.
+pub fn cgroup_ids(pid: u32) -> (Option<String>, Option<String>) {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_or((None, None), |text| parse_cgroup(&text))
+}
+
+/// Finds a container id (64 hex digits: Docker, containerd, CRI-O, Podman) and a pod UID
+/// (`pod<uid>`, with `_` for `-` under the systemd cgroup driver) in cgroup paths such as
+/// `0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c…_….slice/cri-containerd-<id>.scope`
+/// or `12:memory:/docker/<id>`.
+fn parse_cgroup(text: &str) -> (Option<String>, Option<String>) {
     let mut container = None;
     let mut pod = None;
     for line in text.lines() {
-        // `hierarchy-id:controllers:path`; the path may itself contain ':'.
+        // hierarchy-id:controllers:path
         let Some(path) = line.splitn(3, ':').nth(2) else {
             continue;
         };
         for part in path.split('/') {
+            let part = part.trim_end_matches(".scope").trim_end_matches(".slice");
             if pod.is_none() {
-                pod = pod_uid(part);
+                if let Some(at) = part.rfind("pod") {
+                    let uid = part[at + 3..].replace('_', "-");
+                    if is_uuid(&uid) {
+                        pod = Some(uid);
+                    }
+                }
             }
             if container.is_none() {
-                container = container_id(part);
+                let id = part.rsplit(['-', ':']).next().unwrap_or(part);
+                if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    container = Some(id.to_owned());
+                }
             }
-        }
-        if container.is_some() && pod.is_some() {
-            break;
         }
     }
     (container, pod)
 }
 
-/// `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid with _>.slice` (systemd).
-fn pod_uid(part: &str) -> Option<String> {
-    let start = part.rfind("pod")? + 3;
-    let rest = part[start..].trim_end_matches(".slice");
-    let uid: String = rest
-        .chars()
-        .map(|c| if c == '_' { '-' } else { c })
-        .collect();
-    let is_uuid = uid.len() == 36
-        && uid.chars().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => c == '-',
-            _ => c.is_ascii_hexdigit(),
-        });
-    is_uuid.then_some(uid)
-}
-
-/// The last run of exactly 64 hex digits in a path component
-/// (`docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`, `<id>`).
-fn container_id(part: &str) -> Option<String> {
-    let part = part.trim_end_matches(".scope");
-    let id = part.rsplit(['-', ':']).next()?;
-    (id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit())).then(|| id.to_owned())
+fn is_uuid(text: &str) -> bool {
+    text.len() == 36
+        && text.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
 }
 
 #[cfg(test)]
@@ -187,6 +207,64 @@ mod tests {
         assert_eq!(reader.details(u32::MAX), None);
         assert_eq!(reader.details(0), None);
     }
+
+    #[test]
+    fn our_cpu_time_is_read() {
+        let me = cpu_time_ticks(std::process::id()).expect("we exist");
+        let details = ProcReader::new()
+            .details(std::process::id())
+            .expect("we exist");
+        assert_eq!(Some(me.start_time_ticks), details.start_time_ticks);
+        assert_eq!(cpu_time_ticks(u32::MAX), None);
+    }
+
+    #[test]
+    fn stat_with_parentheses_in_the_command() {
+        let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 1 0 \
+                    987654 1000 100 18446744073709551615";
+        assert_eq!(
+            parse_stat_times(stat),
+            Some(CpuTime {
+                start_time_ticks: 987_654,
+                cpu_ticks: 280
+            })
+        );
+        assert_eq!(parse_stat_times("12 (x) S 1"), None);
+    }
+
+    #[test]
+    fn kubernetes_systemd_driver_cgroup() {
+        let text = "0::/kubepods.slice/kubepods-burstable.slice/\
+                    kubepods-burstable-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/\
+                    cri-containerd-4c0ffee01234567890abcdef1234567890abcdef1234567890abcdef12345678.scope\n";
+        assert_eq!(
+            parse_cgroup(text),
+            (
+                Some("4c0ffee01234567890abcdef1234567890abcdef1234567890abcdef12345678".into()),
+                Some("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b".into())
+            )
+        );
+    }
+
+    #[test]
+    fn docker_cgroupfs_and_plain_host() {
+        let docker =
+            "12:memory:/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n";
+        assert_eq!(
+            parse_cgroup(docker).0.as_deref(),
+            Some("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+        );
+        let pod = "0::/kubepods/besteffort/pod6f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/\
+                   89abcdef0123456789abcdef0123456789abcdef0123456789abcdef01234567\n";
+        assert_eq!(
+            parse_cgroup(pod).1.as_deref(),
+            Some("6f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b")
+        );
+        assert_eq!(
+            parse_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n"),
+            (None, None)
+        );
+    }
 }
 
 #[cfg(test)]
@@ -203,7 +281,7 @@ mod cgroup_tests {
              cri-containerd-{ID}.scope\n"
         );
         assert_eq!(
-            parse_cgroup_container_and_pod(&text),
+            parse_cgroup(&text),
             (
                 Some(ID.to_owned()),
                 Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718".to_owned())
@@ -217,7 +295,7 @@ mod cgroup_tests {
             "12:memory:/kubepods/besteffort/pod1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718/{ID}\n\
              1:name=systemd:/kubepods/besteffort/pod1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718/{ID}\n"
         );
-        let (container, pod) = parse_cgroup_container_and_pod(&text);
+        let (container, pod) = parse_cgroup(&text);
         assert_eq!(container.as_deref(), Some(ID));
         assert_eq!(pod.as_deref(), Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718"));
     }
@@ -225,17 +303,14 @@ mod cgroup_tests {
     #[test]
     fn docker_without_kubernetes() {
         let text = format!("0::/system.slice/docker-{ID}.scope\n");
-        assert_eq!(
-            parse_cgroup_container_and_pod(&text),
-            (Some(ID.to_owned()), None)
-        );
+        assert_eq!(parse_cgroup(&text), (Some(ID.to_owned()), None));
     }
 
     #[test]
     fn host_process_has_neither() {
         let text = "0::/user.slice/user-1000.slice/session-3.scope\n";
-        assert_eq!(parse_cgroup_container_and_pod(text), (None, None));
-        assert_eq!(parse_cgroup_container_and_pod(""), (None, None));
-        assert_eq!(cgroup_container_and_pod(u32::MAX), (None, None));
+        assert_eq!(parse_cgroup(text), (None, None));
+        assert_eq!(parse_cgroup(""), (None, None));
+        assert_eq!(cgroup_ids(u32::MAX), (None, None));
     }
 }

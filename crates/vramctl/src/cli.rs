@@ -38,6 +38,10 @@ pub struct GlobalArgs {
     /// Log more to stderr (-v info, -vv debug, -vvv trace); VRAMCTL_LOG overrides
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+
+    /// History database [default: $XDG_STATE_HOME/vramctl/history.db]
+    #[arg(long, global = true, env = "VRAMCTL_DB", value_name = "PATH")]
+    pub db: Option<PathBuf>,
 }
 
 /// When to colour output.
@@ -59,6 +63,14 @@ pub enum Command {
     Info(InfoArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
     Serve(ServeArgs),
+    /// Sample every GPU and process on an interval into the history database
+    Record(RecordArgs),
+    /// Show recorded samples per device and per process
+    History(HistoryArgs),
+    /// Write the history out as NDJSON (lossless) or nvidia-smi-style CSV
+    Export(ExportArgs),
+    /// Read nvidia-smi CSV logs, GPU-Z sensor logs or vramctl NDJSON into the history
+    Import(ImportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -128,6 +140,162 @@ pub struct ServeArgs {
     /// Requests served at once; more get 503
     #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
     pub max_requests: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Time between samples (e.g. 1s, 500ms; at least 50ms)
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub interval: String,
+
+    /// Stop after this long (e.g. 10m); default: until SIGINT or SIGTERM
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<String>,
+
+    /// How long to keep raw samples and downsampled buckets (e.g. raw=24h,1m=30d,1h=forever)
+    #[arg(long, default_value = "raw=24h,1m=30d", value_name = "SPEC")]
+    pub retain: String,
+
+    /// Append logs to this file instead of stderr
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+
+    /// Test only: stop after N samples
+    #[arg(long, hide = true, value_name = "N")]
+    pub ticks: Option<u64>,
+
+    /// Test only: time starts at this Unix time in ms and moves by --interval per sample,
+    /// without waiting
+    #[arg(long, hide = true, value_name = "UNIX_MS")]
+    pub simulated_clock: Option<i64>,
+
+    /// Test only: limit the database to N pages (PRAGMA max_page_count), to reach a "disk
+    /// full" without a small filesystem
+    #[arg(long, hide = true, value_name = "N")]
+    pub max_db_pages: Option<u64>,
+}
+
+/// Output formats of `history`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HistoryFormat {
+    /// Aligned tables
+    Table,
+    /// One CSV row per device or process and time
+    Csv,
+    /// One JSON document (schema in docs/json.md)
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Start: a duration back from now (10m, 24h) or a time (RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]' local)
+    #[arg(long, default_value = "1h", value_name = "WHEN")]
+    pub since: String,
+
+    /// End (same forms as --since); default: now
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+
+    /// Only these devices (index or UUID; repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    pub gpu: Vec<String>,
+
+    /// Only these processes (PIDs; repeat or separate with commas); hides device rows
+    #[arg(long, value_delimiter = ',', value_name = "PID")]
+    pub pid: Vec<u32>,
+
+    /// Bucket length (e.g. 10s, 1m), or 'raw' for every sample; default: raw for csv and
+    /// json, and for the table about 30 rows per series
+    #[arg(long, value_name = "DURATION")]
+    pub step: Option<String>,
+
+    /// Output format
+    #[arg(long, value_enum, default_value_t = HistoryFormat::Table)]
+    pub format: HistoryFormat,
+
+    /// Time zone for the table's times (e.g. UTC, Europe/Paris); default: the system's
+    #[arg(long, value_name = "TZ")]
+    pub tz: Option<String>,
+}
+
+/// Formats `export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// vramctl's NDJSON: every value, losslessly (re-import gives the same history)
+    Ndjson,
+    /// Like `nvidia-smi --query-gpu=... --format=csv`
+    SmiGpu,
+    /// Like `nvidia-smi --query-compute-apps=... --format=csv`
+    SmiApps,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Output format
+    #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
+    pub format: ExportFormat,
+
+    /// Start (as for history); default: the beginning
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+
+    /// End (as for history); default: now
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+
+    /// Write here instead of stdout
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// CSV columns, as for nvidia-smi --query-gpu / --query-compute-apps
+    #[arg(long, value_name = "LIST")]
+    pub query: Option<String>,
+
+    /// CSV variant, as for nvidia-smi --format (csv, csv,noheader, csv,nounits, ...)
+    #[arg(long, default_value = "csv", value_name = "FORMAT")]
+    pub csv_format: String,
+
+    /// Time zone of CSV timestamps (nvidia-smi writes local time); default: the system's
+    #[arg(long, value_name = "TZ")]
+    pub tz: Option<String>,
+}
+
+/// Formats `import` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ImportFormat {
+    /// Guess from the content
+    Auto,
+    /// nvidia-smi --query-gpu=... --format=csv
+    SmiGpu,
+    /// nvidia-smi --query-compute-apps=... --format=csv
+    SmiApps,
+    /// GPU-Z's sensor log
+    Gpuz,
+    /// vramctl export, or vramctl status --json --watch
+    Ndjson,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// Files to read (merged by time)
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+
+    /// Format of the files
+    #[arg(long, value_enum, default_value_t = ImportFormat::Auto)]
+    pub format: ImportFormat,
+
+    /// Reject the whole import at the first bad row instead of skipping it
+    #[arg(long)]
+    pub strict: bool,
+
+    /// Time zone of timestamps without one (nvidia-smi, GPU-Z write local time); default: the system's
+    #[arg(long, value_name = "TZ")]
+    pub tz: Option<String>,
+
+    /// Column names of a CSV written with 'noheader' (the --query-gpu / --query-compute-apps list)
+    #[arg(long, value_name = "LIST")]
+    pub columns: Option<String>,
 }
 
 #[cfg(test)]

@@ -1,7 +1,11 @@
 //! One module per command; each exposes `run`. Shared here: opening the backend and
 //! choosing devices.
 
+pub mod export;
+pub mod history;
+pub mod import;
 pub mod info;
+pub mod record;
 pub mod serve;
 pub mod status;
 
@@ -18,7 +22,29 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Status(args) => status::run(&cli.global, args),
         Command::Info(args) => info::run(&cli.global, args),
         Command::Serve(args) => serve::run(&cli.global, args),
+        Command::Record(args) => record::run(&cli.global, args),
+        Command::History(args) => history::run(&cli.global, args),
+        Command::Export(args) => export::run(&cli.global, args),
+        Command::Import(args) => import::run(&cli.global, args),
     }
+}
+
+/// The history database: `--db` / `VRAMCTL_DB`, else `$XDG_STATE_HOME/vramctl/history.db`,
+/// else `~/.local/state/vramctl/history.db`.
+pub fn db_path(global: &GlobalArgs) -> anyhow::Result<std::path::PathBuf> {
+    if let Some(path) = &global.db {
+        return Ok(path.clone());
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|home| std::path::PathBuf::from(home).join(".local/state"))
+        })
+        .context("cannot find where to keep the history; set --db or VRAMCTL_DB")?;
+    Ok(state.join("vramctl/history.db"))
 }
 
 /// Loads NVML and enumerates the GPUs (one NVML session for the whole process).

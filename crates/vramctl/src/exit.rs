@@ -52,9 +52,21 @@ pub fn classify(err: &anyhow::Error) -> Exit {
 
 /// What the user can do about an error, when we know.
 pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
-    err.chain()
-        .find_map(|cause| cause.downcast_ref::<InitError>())
-        .map(InitError::hint)
+    err.chain().find_map(|cause| {
+        cause
+            .downcast_ref::<InitError>()
+            .map(InitError::hint)
+            .or_else(|| {
+                cause
+                    .downcast_ref::<vramctl_store::StoreError>()
+                    .and_then(vramctl_store::StoreError::hint)
+            })
+            .or_else(|| {
+                cause
+                    .downcast_ref::<vramctl_store::format::ImportError>()
+                    .and_then(vramctl_store::format::ImportError::hint)
+            })
+    })
 }
 
 #[cfg(test)]

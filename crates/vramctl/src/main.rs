@@ -29,7 +29,15 @@ fn main() -> ExitCode {
             return Exit::Usage.into();
         }
     };
-    init_logging(cli.global.verbose);
+    // The recorder is a daemon: it says what it does at info level, and may log to a file.
+    let (default_level, log_file) = match &cli.command {
+        cli::Command::Record(args) => ("info", args.log_file.as_deref()),
+        _ => ("error", None),
+    };
+    if let Err(err) = init_logging(cli.global.verbose, default_level, log_file) {
+        eprintln!("vramctl: error: {err:#}");
+        return Exit::Usage.into();
+    }
     match cmd::run(&cli) {
         Ok(exit) => exit.into(),
         Err(err) => {
@@ -59,17 +67,34 @@ fn usage_error_line(err: &clap::Error) -> String {
     format!("{first}; see 'vramctl --help'")
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(
+    verbose: u8,
+    default_level: &str,
+    log_file: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
     let default = match verbose {
-        0 => "error",
+        0 => default_level,
         1 => "info",
         2 => "debug",
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("VRAMCTL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match log_file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open the log file '{}'", path.display()))?;
+            builder
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
+        }
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
 }

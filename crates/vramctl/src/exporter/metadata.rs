@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use vramctl_core::procinfo::{ProcReader, cgroup_container_and_pod};
+use vramctl_core::procinfo::{ProcReader, cgroup_ids};
 use vramctl_core::types::Snapshot;
 
 /// Longest `command` label, in characters; longer command lines end in `…`. Prometheus'
@@ -148,7 +148,7 @@ impl MetadataCache {
             },
             DetailsSource::Proc => match self.procs.details(pid) {
                 Some(details) => {
-                    let (container, pod) = cgroup_container_and_pod(pid);
+                    let (container, pod) = cgroup_ids(pid);
                     ProcessLabels {
                         command: Some(truncate_command(&details.command)),
                         user: details.user.or_else(|| details.uid.map(|u| u.to_string())),

@@ -2,6 +2,7 @@
 //! library and real processes. Each module covers one command.
 
 mod harness;
+mod history;
 mod info;
 mod serve;
 mod status;

@@ -1,0 +1,654 @@
+//! Opening a history database: checks that it is ours, current and whole; the pragmas; the
+//! lock that keeps a second writer of samples out.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use crate::error::StoreError;
+use crate::model::{DeviceMeta, Metric};
+use crate::schema;
+use crate::writer::Writer;
+
+/// How a database is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Queries only; the file must exist. No integrity check (it would read the whole
+    /// file on every `history`), only the identity and version checks.
+    ReadOnly,
+    /// Queries and audit rows (`kill`, `reap`); creates the file. Samples cannot be
+    /// appended, so this does not conflict with a running recorder.
+    ReadWrite,
+    /// The one writer of samples (`record`, `import`): creates the file, runs
+    /// `PRAGMA quick_check`, and holds an exclusive lock on `<db>.lock` until dropped.
+    Append,
+}
+
+/// A series: one metric of a device, of a process on a device, or of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SeriesKey {
+    pub metric: Metric,
+    pub device: Option<i64>,
+    pub process: Option<i64>,
+}
+
+/// Devices and series by id, loaded from the database and extended as they are created.
+#[derive(Debug, Default)]
+pub(crate) struct Catalog {
+    /// Index = series id (ids start at 1; slot 0 is unused).
+    pub series: Vec<Option<SeriesKey>>,
+    pub series_ids: HashMap<SeriesKey, u32>,
+    pub device_ids: HashMap<String, i64>,
+    pub devices: HashMap<i64, DeviceMeta>,
+}
+
+impl Catalog {
+    pub fn series(&self, id: u32) -> Option<SeriesKey> {
+        self.series
+            .get(usize::try_from(id).ok()?)
+            .copied()
+            .flatten()
+    }
+}
+
+/// A vramctl history database. See the crate docs for the model and the API.
+pub struct Store {
+    pub(crate) conn: Connection,
+    pub(crate) path: PathBuf,
+    pub(crate) mode: OpenMode,
+    pub(crate) catalog: Catalog,
+    pub(crate) writer: Option<Writer>,
+    /// Held while open in [`OpenMode::Append`]; the OS releases it if we die.
+    _lock: Option<nix::fcntl::Flock<File>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or, unless read-only, creates) the history at `path`.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] (read-only, no file), [`StoreError::NotOurs`] (another
+    /// kind of file), [`StoreError::NewerSchema`], [`StoreError::Corrupt`] (quick check
+    /// failed), [`StoreError::Unwritable`] (permissions, read-only filesystem), and for
+    /// [`OpenMode::Append`] an [`StoreError::Io`] naming the recorder that holds the lock.
+    pub fn open(path: &Path, mode: OpenMode) -> Result<Self, StoreError> {
+        let exists = path.exists();
+        if mode == OpenMode::ReadOnly && !exists {
+            return Err(StoreError::NotFound {
+                path: path.to_path_buf(),
+            });
+        }
+        if !exists {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|cause| StoreError::Io {
+                    path: dir.to_path_buf(),
+                    what: "cannot create the directory",
+                    cause,
+                })?;
+            }
+        }
+        let lock = if mode == OpenMode::Append {
+            Some(lock(path)?)
+        } else {
+            None
+        };
+        let flags = match mode {
+            OpenMode::ReadOnly => OpenFlags::SQLITE_OPEN_READ_ONLY,
+            OpenMode::ReadWrite | OpenMode::Append => {
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+            }
+        } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags)
+            .map_err(|e| StoreError::sqlite(path, "cannot open", e))?;
+        let mut store = Self {
+            conn,
+            path: path.to_path_buf(),
+            mode,
+            catalog: Catalog::default(),
+            writer: None,
+            _lock: lock,
+        };
+        store.prepare()?;
+        Ok(store)
+    }
+
+    /// A store that lives in memory only (for analysing an imported file without touching
+    /// the disk). It accepts samples like [`OpenMode::Append`].
+    ///
+    /// # Errors
+    /// Only if SQLite cannot allocate it.
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        let path = PathBuf::from(":memory:");
+        let conn = Connection::open_in_memory()
+            .map_err(|e| StoreError::sqlite(&path, "cannot open", e))?;
+        let mut store = Self {
+            conn,
+            path,
+            mode: OpenMode::Append,
+            catalog: Catalog::default(),
+            writer: None,
+            _lock: None,
+        };
+        store.prepare()?;
+        Ok(store)
+    }
+
+    /// The file this store reads (`:memory:` for an in-memory one).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn err(&self, what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        move |e| StoreError::sqlite(&self.path, what, e)
+    }
+
+    fn prepare(&mut self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let sql = |what: &'static str| {
+            let path = path.clone();
+            move |e| StoreError::sqlite(&path, what, e)
+        };
+        let conn = &self.conn;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql("cannot configure"))?;
+        let writable = self.mode != OpenMode::ReadOnly;
+        if writable && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            // SQLite quietly falls back to read-only when the file is write-protected.
+            return Err(StoreError::Unwritable {
+                path: self.path.clone(),
+                detail: "the file is read-only".into(),
+            });
+        }
+        let app_id: i32 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(sql("cannot read the header"))?;
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+            .map_err(sql("cannot read the schema"))?;
+        let fresh = app_id == 0 && tables == 0;
+        if !fresh && app_id != schema::APPLICATION_ID {
+            return Err(StoreError::NotOurs {
+                path: self.path.clone(),
+                detail: if app_id == 0 {
+                    format!("a SQLite database with {tables} other objects")
+                } else {
+                    format!("a SQLite database with application id {app_id:#x}")
+                },
+            });
+        }
+        if fresh && !writable {
+            return Err(StoreError::NotOurs {
+                path: self.path.clone(),
+                detail: "an empty file".into(),
+            });
+        }
+        if writable {
+            if fresh {
+                // Must precede the first table to take effect.
+                conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL;")
+                    .map_err(sql("cannot configure"))?;
+            }
+            let journal: String = conn
+                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                .map_err(sql("cannot switch to WAL"))?;
+            if journal != "wal" && journal != "memory" {
+                return Err(StoreError::Unwritable {
+                    path: self.path.clone(),
+                    detail: format!("SQLite could not use WAL mode (it answered '{journal}')"),
+                });
+            }
+            conn.execute_batch(
+                "PRAGMA synchronous = NORMAL;
+                 PRAGMA foreign_keys = ON;
+                 PRAGMA journal_size_limit = 67108864;",
+            )
+            .map_err(sql("cannot configure"))?;
+        }
+        if self.mode == OpenMode::Append && !fresh {
+            let check: String = conn
+                .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+                .map_err(sql("cannot check"))?;
+            if check != "ok" {
+                return Err(StoreError::Corrupt {
+                    path: Some(self.path.clone()),
+                    detail: check,
+                });
+            }
+        }
+        let version: i64 = if fresh {
+            0
+        } else {
+            conn.query_row("SELECT max(version) FROM schema_version", [], |r| {
+                r.get::<_, Option<i64>>(0)
+            })
+            .optional()
+            .map_err(sql("cannot read the schema version"))?
+            .flatten()
+            .unwrap_or(0)
+        };
+        if version > schema::CURRENT {
+            return Err(StoreError::NewerSchema {
+                path: self.path.clone(),
+                found: version,
+                supported: schema::CURRENT,
+            });
+        }
+        if version < schema::CURRENT {
+            if !writable {
+                return Err(StoreError::Unwritable {
+                    path: self.path.clone(),
+                    detail: format!(
+                        "its schema {version} needs an upgrade to {}, which a read-only open \
+                         cannot do",
+                        schema::CURRENT
+                    ),
+                });
+            }
+            self.migrate(version)?;
+        }
+        self.load_catalog()
+    }
+
+    fn migrate(&mut self, from: i64) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let sql = |what: &'static str| {
+            let path = path.clone();
+            move |e| StoreError::sqlite(&path, what, e)
+        };
+        let now = jiff::Timestamp::now().as_millisecond();
+        for version in from..schema::CURRENT {
+            let tx = self.conn.transaction().map_err(sql("cannot migrate"))?;
+            let step = usize::try_from(version).unwrap_or(usize::MAX);
+            let Some(ddl) = schema::MIGRATIONS.get(step) else {
+                break;
+            };
+            tx.execute_batch(ddl).map_err(sql("cannot migrate"))?;
+            tx.execute(
+                "INSERT INTO schema_version (version, applied_at_ms) VALUES (?1, ?2)",
+                (version + 1, now),
+            )
+            .map_err(sql("cannot migrate"))?;
+            if version == 0 {
+                tx.execute_batch(&format!(
+                    "PRAGMA application_id = {};",
+                    schema::APPLICATION_ID
+                ))
+                .map_err(sql("cannot migrate"))?;
+            }
+            tx.commit().map_err(sql("cannot migrate"))?;
+            tracing::info!(version = version + 1, path = %self.path.display(), "Upgraded the history schema.");
+        }
+        Ok(())
+    }
+
+    /// (Re)reads devices and series, which another process may have added since.
+    pub(crate) fn load_catalog(&mut self) -> Result<(), StoreError> {
+        let mut catalog = Catalog::default();
+        let err = |e| StoreError::sqlite(&self.path, "cannot read the catalog", e);
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, uuid, idx, name, pci_bus_id, parent_uuid FROM device ORDER BY id",
+            )
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    DeviceMeta {
+                        uuid: r.get(1)?,
+                        index: r.get(2)?,
+                        name: r.get(3)?,
+                        pci_bus_id: r.get(4)?,
+                        parent_uuid: r.get(5)?,
+                    },
+                ))
+            })
+            .map_err(err)?;
+        for row in rows {
+            let (id, meta) = row.map_err(err)?;
+            catalog.device_ids.insert(meta.uuid.clone(), id);
+            catalog.devices.insert(id, meta);
+        }
+        drop(stmt);
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id, metric, device_id, process_id FROM series ORDER BY id")
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                ))
+            })
+            .map_err(err)?;
+        for row in rows {
+            let (id, metric, device, process) = row.map_err(err)?;
+            let (Ok(id), Some(metric)) = (u32::try_from(id), Metric::from_code(metric)) else {
+                // A metric from a newer build of the same schema version: skip it.
+                continue;
+            };
+            let key = SeriesKey {
+                metric,
+                device,
+                process,
+            };
+            let slot = usize::try_from(id).unwrap_or(0);
+            if catalog.series.len() <= slot {
+                catalog.series.resize(slot + 1, None);
+            }
+            catalog.series[slot] = Some(key);
+            catalog.series_ids.insert(key, id);
+        }
+        drop(stmt);
+        self.catalog = catalog;
+        Ok(())
+    }
+
+    /// `PRAGMA integrity_check`: the full check (reads every page), for tests and on demand.
+    ///
+    /// # Errors
+    /// When the check cannot run.
+    pub fn integrity_check(&self) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("PRAGMA integrity_check")
+            .map_err(self.err("cannot check"))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(self.err("cannot check"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(self.err("cannot check"))
+    }
+
+    /// Bytes the database occupies (pages × page size; the WAL not included).
+    ///
+    /// # Errors
+    /// When SQLite cannot be asked.
+    pub fn size_bytes(&self) -> Result<u64, StoreError> {
+        let pages: i64 = self
+            .conn
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .map_err(self.err("cannot measure"))?;
+        let size: i64 = self
+            .conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(self.err("cannot measure"))?;
+        Ok(u64::try_from(pages * size).unwrap_or(0))
+    }
+
+    /// Limits the database to `pages` pages (`PRAGMA max_page_count`): past it, writes fail
+    /// as on a full disk. For tests of the disk-full path where no small filesystem can be
+    /// mounted.
+    ///
+    /// # Errors
+    /// When SQLite cannot be asked.
+    pub fn set_max_page_count(&self, pages: u64) -> Result<(), StoreError> {
+        self.conn
+            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
+            .map_err(self.err("cannot configure"))
+    }
+
+    /// Checkpoints the WAL into the database and truncates it, and runs `PRAGMA optimize`.
+    /// The recorder calls it when it stops.
+    ///
+    /// # Errors
+    /// When SQLite fails.
+    pub fn close(self) -> Result<(), StoreError> {
+        if self.mode != OpenMode::ReadOnly {
+            self.conn
+                .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA optimize;")
+                .map_err(self.err("cannot checkpoint"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Takes the writer lock `<db>.lock` (flock, released by the OS if we die) and writes our
+/// PID into it so the next one can say who holds it.
+fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
+    use std::io::{Read, Seek, Write};
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |cause| StoreError::Io {
+            path: path.clone(),
+            what,
+            cause,
+        }
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|cause| match cause.kind() {
+            // The lock file lives beside the database: a directory we cannot write is an
+            // unwritable database (SQLite needs it for the -wal and -shm files too).
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                StoreError::Unwritable {
+                    path: db.to_path_buf(),
+                    detail: format!("cannot create '{}': {cause}", path.display()),
+                }
+            }
+            _ => StoreError::Io {
+                path: path.clone(),
+                what: "cannot open the lock file",
+                cause,
+            },
+        })?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut locked) => {
+            locked.set_len(0).map_err(io("cannot write", &path))?;
+            locked
+                .seek(std::io::SeekFrom::Start(0))
+                .map_err(io("cannot write", &path))?;
+            write!(locked, "{}", std::process::id()).map_err(io("cannot write", &path))?;
+            Ok(locked)
+        }
+        Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            Err(StoreError::Io {
+                path: db.to_path_buf(),
+                what: "another vramctl is already recording into",
+                cause: std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    if holder.is_empty() {
+                        format!("it holds '{}'; stop it first", path.display())
+                    } else {
+                        format!(
+                            "PID {holder} holds '{}'; stop it first or use another --db",
+                            path.display()
+                        )
+                    },
+                ),
+            })
+        }
+        Err((_, errno)) => Err(StoreError::Io {
+            path,
+            what: "cannot lock",
+            cause: std::io::Error::from(errno),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::writer::tests::{GIB, T0, tick};
+
+    fn temp() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/history.db");
+        (dir, path)
+    }
+
+    #[test]
+    fn created_reopened_and_read_only() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        store.close().unwrap();
+        let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        assert_eq!(reader.devices().unwrap().len(), 1);
+        assert_eq!(reader.integrity_check().unwrap(), vec!["ok".to_owned()]);
+        let again = Store::open(&path, OpenMode::Append).unwrap();
+        drop(again);
+    }
+
+    #[test]
+    fn missing_file_read_only_is_not_found() {
+        let (_dir, path) = temp();
+        let err = Store::open(&path, OpenMode::ReadOnly).unwrap_err();
+        assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+        assert!(err.hint().unwrap().contains("vramctl record"));
+    }
+
+    #[test]
+    fn a_text_file_is_not_ours() {
+        let (dir, _) = temp();
+        let path = dir.path().join("notes.txt");
+        std::fs::write(
+            &path,
+            "hello, this is not a database at all, not even close\n".repeat(100),
+        )
+        .unwrap();
+        for mode in [OpenMode::ReadOnly, OpenMode::Append] {
+            let err = Store::open(&path, mode).unwrap_err();
+            assert!(matches!(err, StoreError::NotOurs { .. }), "{err}");
+            assert!(
+                err.to_string().contains("is not a vramctl history"),
+                "{err}"
+            );
+        }
+        assert!(
+            std::fs::read_to_string(&path).unwrap().starts_with("hello"),
+            "left untouched"
+        );
+    }
+
+    #[test]
+    fn another_sqlite_database_is_not_ours() {
+        let (dir, _) = temp();
+        let path = dir.path().join("other.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        drop(conn);
+        let err = Store::open(&path, OpenMode::Append).unwrap_err();
+        assert!(matches!(err, StoreError::NotOurs { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_untouched() {
+        let (_dir, path) = temp();
+        Store::open(&path, OpenMode::Append).unwrap();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute("INSERT INTO schema_version VALUES (99, 0)", [])
+            .unwrap();
+        drop(conn);
+        for mode in [OpenMode::ReadOnly, OpenMode::ReadWrite, OpenMode::Append] {
+            let err = Store::open(&path, mode).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    StoreError::NewerSchema {
+                        found: 99,
+                        supported: 1,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_damaged_file_is_corrupt() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        for i in 0..200 {
+            store
+                .append(&tick(T0 + i * 1000, GIB * (i as u64 % 7), &[(7, GIB)]))
+                .unwrap();
+        }
+        store.close().unwrap();
+        // Overwrite the middle of the file (past the header and schema) with garbage.
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() > 3 * 4096, "{}", bytes.len());
+        for b in &mut bytes[2 * 4096..3 * 4096] {
+            *b = 0xA5;
+        }
+        std::fs::write(&path, bytes).unwrap();
+        let err = Store::open(&path, OpenMode::Append).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_second_writer_is_refused_with_the_holder() {
+        let (_dir, path) = temp();
+        let _first = Store::open(&path, OpenMode::Append).unwrap();
+        let err = Store::open(&path, OpenMode::Append).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("already recording"), "{text}");
+        assert!(
+            text.contains(&format!("PID {}", std::process::id())),
+            "{text}"
+        );
+        // Readers and the audit log are not blocked.
+        Store::open(&path, OpenMode::ReadOnly).unwrap();
+        Store::open(&path, OpenMode::ReadWrite).unwrap();
+    }
+
+    #[test]
+    fn disk_full_loses_nothing_written_and_recovers() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        let pages = store.size_bytes().unwrap() / 4096;
+        store.set_max_page_count(pages).unwrap();
+        let mut t = T0;
+        let err = loop {
+            t += 1000;
+            let pids: Vec<(u32, u64)> = (0..50)
+                .map(|p| (1000 + p + (t / 1000 % 1000) as u32 * 50, GIB))
+                .collect();
+            match store.append(&tick(t, GIB, &pids)) {
+                Ok(()) => continue,
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, StoreError::DiskFull { .. }), "{err}");
+        assert!(err.is_transient_write_failure());
+        let written = store.tick_count(crate::model::TimeRange::ALL).unwrap();
+        assert_eq!(
+            written,
+            u64::try_from((t - T0) / 1000).unwrap(),
+            "every tick before the failure is there"
+        );
+        store.set_max_page_count(1 << 30).unwrap();
+        store.append(&tick(t, GIB, &[(7, GIB)])).unwrap();
+        assert_eq!(
+            store.tick_count(crate::model::TimeRange::ALL).unwrap(),
+            written + 1
+        );
+        assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
+    }
+}

@@ -1,0 +1,128 @@
+//! The schema and its migrations.
+//!
+//! A history file is recognised by SQLite's `application_id` (the four bytes `VRMC`) and its
+//! schema version by the `schema_version` table. Each migration moves the schema one version
+//! up inside one transaction; a file with a version newer than [`CURRENT`] is refused, never
+//! touched.
+
+/// `PRAGMA application_id` of a vramctl history: `VRMC`.
+pub const APPLICATION_ID: i32 = 0x5652_4D43;
+
+/// The schema version this build writes.
+pub const CURRENT: i64 = 1;
+
+/// Migration `i` moves version `i` to `i + 1` (version 0 is the empty file).
+pub const MIGRATIONS: [&str; 1] = [V1];
+
+const V1: &str = "
+CREATE TABLE schema_version (
+    version INTEGER NOT NULL,
+    applied_at_ms INTEGER NOT NULL
+) STRICT;
+
+-- One row per recorder run or import: where the data came from.
+CREATE TABLE session (
+    id INTEGER PRIMARY KEY,
+    started_ms INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    host TEXT,
+    boot_id TEXT,
+    interval_ms INTEGER,
+    vramctl_version TEXT NOT NULL,
+    driver_version TEXT,
+    cuda_version TEXT
+) STRICT;
+
+CREATE TABLE device (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    idx INTEGER,
+    name TEXT,
+    pci_bus_id TEXT,
+    parent_uuid TEXT,
+    first_seen_ms INTEGER NOT NULL
+) STRICT;
+
+-- Identity (boot_id, pid, start_time_ticks): a reused PID is a new row. Imports know only
+-- the PID, so boot_id and start_time_ticks may be NULL.
+CREATE TABLE process (
+    id INTEGER PRIMARY KEY,
+    boot_id TEXT,
+    pid INTEGER NOT NULL,
+    start_time_ticks INTEGER,
+    uid INTEGER,
+    user TEXT,
+    command TEXT,
+    container_id TEXT,
+    pod_uid TEXT,
+    first_seen_ms INTEGER NOT NULL,
+    last_seen_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX process_pid ON process (pid);
+
+-- A series is one metric of one device, of one process on one device, or of one process.
+CREATE TABLE series (
+    id INTEGER PRIMARY KEY,
+    metric INTEGER NOT NULL,
+    device_id INTEGER REFERENCES device (id),
+    process_id INTEGER REFERENCES process (id)
+) STRICT;
+
+-- Raw samples: one row per tick, the changed values encoded compactly (codec.rs). `key`
+-- frames hold every value; a reader starts from the last key frame at or before its range.
+-- `observed` is NULL when the tick looked at every device (the recorder); an import that
+-- saw only some devices lists them (varints: device_id << 2 | metrics << 1 | processes).
+CREATE TABLE frame (
+    t_ms INTEGER PRIMARY KEY,
+    key INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    observed BLOB
+) STRICT;
+
+-- Downsampled buckets (min/max/last per series) of resolution res_ms, same encoding.
+CREATE TABLE rollup (
+    res_ms INTEGER NOT NULL,
+    t_ms INTEGER NOT NULL,
+    key INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (res_ms, t_ms)
+) STRICT, WITHOUT ROWID;
+
+-- How far each resolution has been rolled up.
+CREATE TABLE rollup_state (
+    res_ms INTEGER PRIMARY KEY,
+    done_until_ms INTEGER NOT NULL
+) STRICT;
+
+-- Stretches without data and why. device_id NULL: every device; metric NULL: the whole
+-- device. to_ms moves forward every tick while open.
+CREATE TABLE gap (
+    id INTEGER PRIMARY KEY,
+    device_id INTEGER REFERENCES device (id),
+    metric INTEGER,
+    from_ms INTEGER NOT NULL,
+    to_ms INTEGER NOT NULL,
+    open INTEGER NOT NULL,
+    reason TEXT NOT NULL
+) STRICT;
+CREATE INDEX gap_to ON gap (to_ms);
+
+-- Every signal kill/reap decided to send, written (synchronous=FULL) before it is sent.
+CREATE TABLE audit (
+    id INTEGER PRIMARY KEY,
+    at_ms INTEGER NOT NULL,
+    actor_uid INTEGER NOT NULL,
+    actor_user TEXT,
+    action TEXT NOT NULL,
+    boot_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    start_time_ticks INTEGER NOT NULL,
+    target_command TEXT NOT NULL,
+    target_user TEXT,
+    signal TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    updated_ms INTEGER
+) STRICT;
+CREATE INDEX audit_at ON audit (at_ms);
+";

@@ -1,0 +1,962 @@
+//! Appending ticks: one transaction per tick, only what changed, gaps with their reasons.
+
+use std::collections::{HashMap, HashSet};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::codec::{self, Entry, State};
+use crate::db::{Catalog, OpenMode, SeriesKey, Store};
+use crate::error::StoreError;
+use crate::model::{
+    DeviceMeta, DeviceSampleState, Gap, Metric, Observed, ProcessKey, ProcessList, ProcessMeta,
+    SessionInfo, TickSample,
+};
+
+/// How often a key frame (every value, not only the changes) is written by default. A
+/// reader decodes at most this much before its range starts.
+pub const DEFAULT_KEY_INTERVAL_MS: i64 = 60_000;
+
+/// Gap scope: (device id or all, metric code or the whole device).
+type GapKey = (Option<i64>, Option<i64>);
+
+/// The writer's memory of what it wrote last.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub session_id: i64,
+    pub state: State,
+    pub last_t_ms: Option<i64>,
+    last_key_ms: Option<i64>,
+    key_interval_ms: i64,
+    processes: HashMap<ProcessKey, i64>,
+    /// Process ids of the PIDs on a GPU after the last tick: a tick names a process's
+    /// identity only when it first appears (or its CPU time is read).
+    pids: HashMap<u32, i64>,
+    open_gaps: HashMap<GapKey, (i64, String)>,
+    buf: Vec<u8>,
+    /// Per rollup resolution: the last imported bucket's state and key time.
+    rollups: HashMap<i64, (State, Option<i64>)>,
+}
+
+impl Store {
+    /// Starts a session (a recorder run, an import): the next frame is a key frame, and
+    /// gaps left open by a previous writer that died are closed where they were last seen.
+    ///
+    /// # Errors
+    /// When the store was not opened for appending, or SQLite fails.
+    pub fn begin_session(&mut self, info: &SessionInfo) -> Result<i64, StoreError> {
+        if self.mode != OpenMode::Append {
+            return Err(StoreError::Unwritable {
+                path: self.path.clone(),
+                detail: "opened without the writer lock (this is a bug in vramctl)".into(),
+            });
+        }
+        let now = jiff::Timestamp::now().as_millisecond();
+        let conn = &self.conn;
+        let err = |e| StoreError::sqlite(&self.path, "cannot start a session", e);
+        conn.execute("UPDATE gap SET open = 0 WHERE open = 1", [])
+            .map_err(err)?;
+        conn.execute(
+            "INSERT INTO session (started_ms, source, host, boot_id, interval_ms, vramctl_version, \
+             driver_version, cuda_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                now,
+                info.source,
+                info.host,
+                info.boot_id,
+                info.interval_ms,
+                env!("CARGO_PKG_VERSION"),
+                info.driver_version,
+                info.cuda_version
+            ],
+        )
+        .map_err(err)?;
+        let session_id = conn.last_insert_rowid();
+        let last_t_ms = last_frame_ms(conn).map_err(err)?;
+        let key_interval_ms = self
+            .writer
+            .as_ref()
+            .map_or(DEFAULT_KEY_INTERVAL_MS, |w| w.key_interval_ms);
+        self.writer = Some(Writer {
+            session_id,
+            state: State::default(),
+            last_t_ms,
+            last_key_ms: None,
+            key_interval_ms,
+            processes: HashMap::new(),
+            pids: HashMap::new(),
+            open_gaps: HashMap::new(),
+            buf: Vec::new(),
+            rollups: HashMap::new(),
+        });
+        Ok(session_id)
+    }
+
+    /// The session [`Store::begin_session`] started, if any.
+    pub fn session_id(&self) -> Option<i64> {
+        self.writer.as_ref().map(|w| w.session_id)
+    }
+
+    /// Sets how often a key frame is written (default [`DEFAULT_KEY_INTERVAL_MS`]).
+    pub fn set_key_interval_ms(&mut self, ms: i64) {
+        if let Some(w) = self.writer.as_mut() {
+            w.key_interval_ms = ms.max(1);
+        }
+    }
+
+    /// Time of the newest stored tick.
+    ///
+    /// # Errors
+    /// When SQLite fails.
+    pub fn last_sample_ms(&self) -> Result<Option<i64>, StoreError> {
+        last_frame_ms(&self.conn).map_err(self.err("cannot read the last sample"))
+    }
+
+    /// Appends one tick in one transaction (`synchronous=NORMAL`: an application crash
+    /// loses nothing committed; a power cut may lose the last moments).
+    ///
+    /// # Errors
+    /// [`StoreError::OutOfOrder`] when `tick` is not after the last stored tick;
+    /// [`StoreError::DiskFull`] / [`StoreError::Unwritable`] when the write fails (nothing
+    /// of this tick is kept, nothing earlier is lost, and a later call may succeed).
+    pub fn append(&mut self, tick: &TickSample) -> Result<(), StoreError> {
+        if self.writer.is_none() {
+            self.begin_session(&SessionInfo {
+                source: "api".into(),
+                ..SessionInfo::default()
+            })?;
+        }
+        let result = self.append_inner(tick);
+        if result.is_err() {
+            // The transaction rolled back: forget ids handed out inside it.
+            if let Some(w) = self.writer.as_mut() {
+                w.processes.clear();
+                w.pids.clear();
+            }
+            let _ = self.load_catalog();
+        }
+        result
+    }
+
+    fn append_inner(&mut self, tick: &TickSample) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let err = move |e| StoreError::sqlite(&path, "cannot write a sample", e);
+        let Self {
+            conn,
+            catalog,
+            writer,
+            ..
+        } = self;
+        let Some(w) = writer.as_mut() else {
+            return Ok(());
+        };
+        let t = tick.at_unix_ms;
+        if let Some(last) = w.last_t_ms.filter(|&last| t <= last) {
+            return Err(StoreError::OutOfOrder {
+                at_ms: t,
+                last_ms: last,
+            });
+        }
+        let tx = conn.unchecked_transaction().map_err(err.clone())?;
+        let mut new = w.state.clone();
+        let mut opens: Vec<(GapKey, String)> = Vec::new();
+        let mut closes: Vec<GapKey> = Vec::new();
+
+        if let Some(reason) = &tick.unavailable {
+            new.clear();
+            opens.push(((None, None), reason.clone()));
+        } else {
+            closes.push((None, None));
+        }
+        let mut pids_now: HashMap<u32, i64> = HashMap::new();
+        let metas: HashMap<u32, &ProcessMeta> = tick
+            .processes
+            .iter()
+            .map(|p| (p.meta.key.pid, &p.meta))
+            .collect();
+        for dev in &tick.devices {
+            let d = ensure_device(&tx, catalog, &dev.device, t).map_err(err.clone())?;
+            match &dev.state {
+                DeviceSampleState::Unreadable(reason) => {
+                    remove_where(&mut new, catalog, |k| k.device == Some(d));
+                    opens.push(((Some(d), None), reason.clone()));
+                }
+                DeviceSampleState::Read { metrics, processes } => {
+                    closes.push((Some(d), None));
+                    for (metric, observed) in metrics {
+                        let s = ensure_series(&tx, catalog, *metric, Some(d), None)
+                            .map_err(err.clone())?;
+                        let gap = (Some(d), Some(metric.code()));
+                        match observed {
+                            Observed::Value(v) => {
+                                new.set(s, Some(Entry::Value(*v)));
+                                closes.push(gap);
+                            }
+                            Observed::Missing(reason) => {
+                                new.set(s, None);
+                                opens.push((gap, reason.clone()));
+                            }
+                        }
+                    }
+                    let per_process = |k: &SeriesKey| {
+                        k.device == Some(d)
+                            && matches!(
+                                k.metric,
+                                Metric::ProcessUsedBytes | Metric::ProcessSmPercent
+                            )
+                    };
+                    let gap = (Some(d), Some(Metric::ProcessUsedBytes.code()));
+                    match processes {
+                        ProcessList::NotObserved => {}
+                        ProcessList::Missing(reason) => {
+                            remove_where(&mut new, catalog, per_process);
+                            opens.push((gap, reason.clone()));
+                        }
+                        ProcessList::Observed(list) => {
+                            closes.push(gap);
+                            let mut keep = HashSet::new();
+                            for p in list {
+                                let pid = match (metas.get(&p.pid), w.pids.get(&p.pid)) {
+                                    (Some(meta), _) => {
+                                        ensure_process(&tx, &mut w.processes, meta, t)
+                                            .map_err(err.clone())?
+                                    }
+                                    (None, Some(&id)) => id,
+                                    (None, None) => {
+                                        let bare = ProcessMeta {
+                                            key: ProcessKey {
+                                                pid: p.pid,
+                                                ..ProcessKey::default()
+                                            },
+                                            ..ProcessMeta::default()
+                                        };
+                                        ensure_process(&tx, &mut w.processes, &bare, t)
+                                            .map_err(err.clone())?
+                                    }
+                                };
+                                pids_now.insert(p.pid, pid);
+                                let s = ensure_series(
+                                    &tx,
+                                    catalog,
+                                    Metric::ProcessUsedBytes,
+                                    Some(d),
+                                    Some(pid),
+                                )
+                                .map_err(err.clone())?;
+                                new.set(s, Some(p.used_bytes.map_or(Entry::Unknown, Entry::Value)));
+                                keep.insert(s);
+                                if let Some(sm) = p.sm_percent {
+                                    let s = ensure_series(
+                                        &tx,
+                                        catalog,
+                                        Metric::ProcessSmPercent,
+                                        Some(d),
+                                        Some(pid),
+                                    )
+                                    .map_err(err.clone())?;
+                                    new.set(s, Some(Entry::Value(u64::from(sm))));
+                                    keep.insert(s);
+                                }
+                            }
+                            remove_where(&mut new, catalog, |k| per_process(k))
+                                .into_iter()
+                                .filter(|(s, _)| keep.contains(s))
+                                .for_each(|(s, e)| new.set(s, Some(e)));
+                        }
+                    }
+                }
+            }
+        }
+        for sample in &tick.processes {
+            let Some(cpu) = sample.cpu_ticks else {
+                continue;
+            };
+            let pid =
+                ensure_process(&tx, &mut w.processes, &sample.meta, t).map_err(err.clone())?;
+            pids_now.entry(sample.meta.key.pid).or_insert(pid);
+            let s = ensure_series(&tx, catalog, Metric::ProcessCpuTicks, None, Some(pid))
+                .map_err(err.clone())?;
+            new.set(s, Some(Entry::Value(cpu)));
+        }
+        // A process's CPU time is kept only while it holds GPU memory somewhere.
+        let on_gpu = processes_with(&new, catalog, Metric::ProcessUsedBytes);
+        remove_where(&mut new, catalog, |k| {
+            k.metric == Metric::ProcessCpuTicks && k.process.is_some_and(|p| !on_gpu.contains(&p))
+        });
+
+        let key = w
+            .last_key_ms
+            .is_none_or(|last| t.saturating_sub(last) >= w.key_interval_ms);
+        codec::encode(&w.state, &new, key, &mut w.buf);
+        let observed = observed_devices(tick, &new, catalog);
+        tx.prepare_cached("INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![t, key, w.buf, observed]))
+            .map_err(err.clone())?;
+
+        // Processes that left, and at key frames every present one: remember when last seen.
+        let before = processes_with(&w.state, catalog, Metric::ProcessUsedBytes);
+        let mut seen: Vec<i64> = before.difference(&on_gpu).copied().collect();
+        if key {
+            seen.extend(on_gpu.iter().copied());
+        }
+        for id in seen {
+            tx.prepare_cached("UPDATE process SET last_seen_ms = ?1 WHERE id = ?2")
+                .and_then(|mut s| s.execute(params![t, id]))
+                .map_err(err.clone())?;
+        }
+
+        let mut open_gaps = w.open_gaps.clone();
+        for (scope, reason) in &opens {
+            match open_gaps.get(scope) {
+                Some((_, same)) if same == reason => {}
+                existing => {
+                    if let Some((id, _)) = existing {
+                        close_gap(&tx, *id, t).map_err(err.clone())?;
+                    }
+                    tx.prepare_cached(
+                        "INSERT INTO gap (device_id, metric, from_ms, to_ms, open, reason) \
+                         VALUES (?1, ?2, ?3, ?3, 1, ?4)",
+                    )
+                    .and_then(|mut s| s.execute(params![scope.0, scope.1, t, reason]))
+                    .map_err(err.clone())?;
+                    open_gaps.insert(*scope, (tx.last_insert_rowid(), reason.clone()));
+                }
+            }
+        }
+        for scope in &closes {
+            if opens.iter().any(|(s, _)| s == scope) {
+                continue;
+            }
+            if let Some((id, _)) = open_gaps.remove(scope) {
+                close_gap(&tx, id, t).map_err(err.clone())?;
+            }
+        }
+        if !open_gaps.is_empty() {
+            tx.prepare_cached("UPDATE gap SET to_ms = ?1 WHERE open = 1")
+                .and_then(|mut s| s.execute([t]))
+                .map_err(err.clone())?;
+        }
+        tx.commit().map_err(err)?;
+
+        w.state = new;
+        w.last_t_ms = Some(t);
+        if key {
+            w.last_key_ms = Some(t);
+        }
+        w.open_gaps = open_gaps;
+        // Keep the PIDs still on a GPU (a device not observed this tick keeps its own).
+        for (pid, id) in pids_now {
+            w.pids.insert(pid, id);
+        }
+        w.pids.retain(|_, id| on_gpu.contains(id));
+        Ok(())
+    }
+
+    /// Records a gap that is already over (ticks the recorder dropped or failed to write).
+    ///
+    /// # Errors
+    /// When SQLite fails.
+    pub fn record_gap(&mut self, gap: &Gap) -> Result<(), StoreError> {
+        let device = gap
+            .device_uuid
+            .as_ref()
+            .and_then(|u| self.catalog.device_ids.get(u).copied());
+        self.conn
+            .execute(
+                "INSERT INTO gap (device_id, metric, from_ms, to_ms, open, reason) \
+                 VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                params![
+                    device,
+                    gap.metric.map(Metric::code),
+                    gap.from_ms,
+                    gap.to_ms,
+                    gap.reason
+                ],
+            )
+            .map_err(self.err("cannot write a gap"))?;
+        Ok(())
+    }
+}
+
+/// `None` when the tick looked at every device (the usual case, free to store); else which
+/// devices it observed, so an export writes rows only where the source had them.
+fn observed_devices(tick: &TickSample, new: &State, catalog: &Catalog) -> Option<Vec<u8>> {
+    if tick.unavailable.is_some() {
+        return None;
+    }
+    let mut flags: Vec<(i64, bool, bool)> = Vec::with_capacity(tick.devices.len());
+    for d in &tick.devices {
+        let id = catalog.device_ids.get(&d.device.uuid).copied()?;
+        let (m, p) = match &d.state {
+            DeviceSampleState::Unreadable(_) => (true, true),
+            DeviceSampleState::Read { metrics, processes } => (
+                !metrics.is_empty(),
+                !matches!(processes, ProcessList::NotObserved),
+            ),
+        };
+        flags.push((id, m, p));
+    }
+    let all_full = flags.iter().all(|&(_, m, p)| m && p);
+    let present: HashSet<i64> = new
+        .iter()
+        .filter_map(|(s, _)| catalog.series(s)?.device)
+        .collect();
+    if all_full && present.iter().all(|d| flags.iter().any(|f| f.0 == *d)) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (id, m, p) in flags {
+        let id = u64::try_from(id).unwrap_or(0);
+        codec::put_varint(&mut out, id << 2 | u64::from(m) << 1 | u64::from(p));
+    }
+    Some(out)
+}
+
+/// The lossless NDJSON import writes frames as they were exported.
+impl Store {
+    pub(crate) fn import_device(&mut self, meta: &DeviceMeta, t: i64) -> Result<i64, StoreError> {
+        self.begin_import_batch()?;
+        ensure_device(&self.conn, &mut self.catalog, meta, t).map_err(self.err("cannot import"))
+    }
+
+    pub(crate) fn import_process(
+        &mut self,
+        meta: &ProcessMeta,
+        first_seen_ms: i64,
+        last_seen_ms: i64,
+    ) -> Result<i64, StoreError> {
+        self.begin_import_batch()?;
+        let Some(w) = self.writer.as_mut() else {
+            return Err(StoreError::Unwritable {
+                path: self.path.clone(),
+                detail: "no session".into(),
+            });
+        };
+        let id = ensure_process(&self.conn, &mut w.processes, meta, first_seen_ms)
+            .map_err(|e| StoreError::sqlite(&self.path, "cannot import", e))?;
+        self.conn
+            .execute(
+                "UPDATE process SET last_seen_ms = max(last_seen_ms, ?1) WHERE id = ?2",
+                params![last_seen_ms, id],
+            )
+            .map_err(self.err("cannot import"))?;
+        Ok(id)
+    }
+
+    pub(crate) fn import_series(
+        &mut self,
+        metric: Metric,
+        device: Option<i64>,
+        process: Option<i64>,
+    ) -> Result<u32, StoreError> {
+        self.begin_import_batch()?;
+        ensure_series(&self.conn, &mut self.catalog, metric, device, process)
+            .map_err(self.err("cannot import"))
+    }
+
+    fn begin_import_batch(&mut self) -> Result<(), StoreError> {
+        if self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("BEGIN")
+                .map_err(self.err("cannot import"))?;
+        }
+        Ok(())
+    }
+
+    /// Abandons the open import transaction: nothing of the file stays.
+    pub(crate) fn rollback_import(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        // Ids and states handed out inside it are void.
+        self.writer = None;
+        let _ = self.load_catalog();
+    }
+
+    /// Commits the open import transaction.
+    pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
+        if !self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("COMMIT")
+                .map_err(self.err("cannot import"))?;
+        }
+        Ok(())
+    }
+
+    /// Writes a frame whose full state is known (raw when `span_ms == 0`, else a bucket).
+    pub(crate) fn put_frame(
+        &mut self,
+        t: i64,
+        span_ms: i64,
+        state: &State,
+        observed: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        self.begin_import_batch()?;
+        let path = self.path.clone();
+        let err = move |e| StoreError::sqlite(&path, "cannot import", e);
+        let Some(w) = self.writer.as_mut() else {
+            return Ok(());
+        };
+        if span_ms == 0 {
+            if let Some(last) = w.last_t_ms.filter(|&l| t <= l) {
+                return Err(StoreError::OutOfOrder {
+                    at_ms: t,
+                    last_ms: last,
+                });
+            }
+            let key = w
+                .last_key_ms
+                .is_none_or(|last| t.saturating_sub(last) >= w.key_interval_ms);
+            codec::encode(&w.state, state, key, &mut w.buf);
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .and_then(|mut s| s.execute(params![t, key, w.buf, observed]))
+                .map_err(err)?;
+            w.state.clone_from(state);
+            w.last_t_ms = Some(t);
+            if key {
+                w.last_key_ms = Some(t);
+            }
+        } else {
+            let (prev, last_key) = w.rollups.entry(span_ms).or_default();
+            let key = last_key.is_none_or(|k| t - k >= 60 * span_ms);
+            codec::encode(prev, state, key, &mut w.buf);
+            self.conn
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO rollup (res_ms, t_ms, key, data) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .and_then(|mut s| s.execute(params![span_ms, t, key, w.buf]))
+                .map_err(err.clone())?;
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO rollup_state (res_ms, done_until_ms) VALUES (?1, ?2) \
+                     ON CONFLICT (res_ms) DO UPDATE SET \
+                     done_until_ms = max(done_until_ms, excluded.done_until_ms)",
+                )
+                .and_then(|mut s| s.execute(params![span_ms, t + span_ms]))
+                .map_err(err)?;
+            prev.clone_from(state);
+            if key {
+                *last_key = Some(t);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn last_frame_ms(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    conn.query_row("SELECT max(t_ms) FROM frame", [], |r| r.get(0))
+        .optional()
+        .map(Option::flatten)
+}
+
+fn close_gap(conn: &Connection, id: i64, t: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached("UPDATE gap SET open = 0, to_ms = ?1 WHERE id = ?2")?
+        .execute(params![t, id])
+        .map(|_| ())
+}
+
+/// Removes the series matching `pred` from `state`, returning what was removed.
+fn remove_where(
+    state: &mut State,
+    catalog: &Catalog,
+    pred: impl Fn(&SeriesKey) -> bool,
+) -> Vec<(u32, Entry)> {
+    let doomed: Vec<(u32, Entry)> = state
+        .iter()
+        .filter(|(s, _)| catalog.series(*s).is_some_and(|k| pred(&k)))
+        .collect();
+    for (s, _) in &doomed {
+        state.set(*s, None);
+    }
+    doomed
+}
+
+fn processes_with(state: &State, catalog: &Catalog, metric: Metric) -> HashSet<i64> {
+    state
+        .iter()
+        .filter_map(|(s, _)| catalog.series(s))
+        .filter(|k| k.metric == metric)
+        .filter_map(|k| k.process)
+        .collect()
+}
+
+fn ensure_device(
+    conn: &Connection,
+    catalog: &mut Catalog,
+    meta: &DeviceMeta,
+    t: i64,
+) -> rusqlite::Result<i64> {
+    if let Some(&id) = catalog.device_ids.get(&meta.uuid) {
+        if catalog.devices.get(&id) != Some(meta) {
+            // An index or name learned later (or changed across a reboot): keep the newest,
+            // but never forget a fact for one this tick does not know.
+            let mut merged = catalog.devices.get(&id).cloned().unwrap_or_default();
+            merged.index = meta.index.or(merged.index);
+            merged.name = meta.name.clone().or(merged.name);
+            merged.pci_bus_id = meta.pci_bus_id.clone().or(merged.pci_bus_id);
+            merged.parent_uuid = meta.parent_uuid.clone().or(merged.parent_uuid);
+            merged.uuid.clone_from(&meta.uuid);
+            conn.prepare_cached(
+                "UPDATE device SET idx = ?1, name = ?2, pci_bus_id = ?3, parent_uuid = ?4 \
+                 WHERE id = ?5",
+            )?
+            .execute(params![
+                merged.index,
+                merged.name,
+                merged.pci_bus_id,
+                merged.parent_uuid,
+                id
+            ])?;
+            catalog.devices.insert(id, merged);
+        }
+        return Ok(id);
+    }
+    conn.prepare_cached(
+        "INSERT INTO device (uuid, idx, name, pci_bus_id, parent_uuid, first_seen_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        meta.uuid,
+        meta.index,
+        meta.name,
+        meta.pci_bus_id,
+        meta.parent_uuid,
+        t
+    ])?;
+    let id = conn.last_insert_rowid();
+    catalog.device_ids.insert(meta.uuid.clone(), id);
+    catalog.devices.insert(id, meta.clone());
+    Ok(id)
+}
+
+fn ensure_series(
+    conn: &Connection,
+    catalog: &mut Catalog,
+    metric: Metric,
+    device: Option<i64>,
+    process: Option<i64>,
+) -> rusqlite::Result<u32> {
+    let key = SeriesKey {
+        metric,
+        device,
+        process,
+    };
+    if let Some(&id) = catalog.series_ids.get(&key) {
+        return Ok(id);
+    }
+    conn.prepare_cached("INSERT INTO series (metric, device_id, process_id) VALUES (?1, ?2, ?3)")?
+        .execute(params![metric.code(), device, process])?;
+    let id = u32::try_from(conn.last_insert_rowid())
+        .map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, conn.last_insert_rowid()))?;
+    let slot = usize::try_from(id).unwrap_or(usize::MAX);
+    if catalog.series.len() <= slot {
+        catalog.series.resize(slot + 1, None);
+    }
+    catalog.series[slot] = Some(key);
+    catalog.series_ids.insert(key, id);
+    Ok(id)
+}
+
+fn ensure_process(
+    conn: &Connection,
+    known: &mut HashMap<ProcessKey, i64>,
+    meta: &ProcessMeta,
+    t: i64,
+) -> rusqlite::Result<i64> {
+    if let Some(&id) = known.get(&meta.key) {
+        return Ok(id);
+    }
+    let key = &meta.key;
+    // Across sessions only a full identity names the same process; a bare PID (an import,
+    // a process outside our PID namespace) starts a new row in each session.
+    let existing = if key.boot_id.is_some() && key.start_time_ticks.is_some() {
+        conn.prepare_cached(
+            "SELECT id FROM process WHERE pid = ?1 AND boot_id = ?2 AND start_time_ticks = ?3",
+        )?
+        .query_row(
+            params![key.pid, key.boot_id, key.start_time_ticks.map(to_i64)],
+            |r| r.get(0),
+        )
+        .optional()?
+    } else {
+        None
+    };
+    let id = match existing {
+        Some(id) => id,
+        None => {
+            conn.prepare_cached(
+                "INSERT INTO process (boot_id, pid, start_time_ticks, uid, user, command, \
+                 container_id, pod_uid, first_seen_ms, last_seen_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+            )?
+            .execute(params![
+                key.boot_id,
+                key.pid,
+                key.start_time_ticks.map(to_i64),
+                meta.uid,
+                meta.user,
+                meta.command,
+                meta.container_id,
+                meta.pod_uid,
+                t
+            ])?;
+            conn.last_insert_rowid()
+        }
+    };
+    known.insert(key.clone(), id);
+    Ok(id)
+}
+
+pub(crate) fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::{DeviceSample, ProcessOnDevice, ProcessSample, TimeRange};
+
+    pub const T0: i64 = 1_764_441_091_000;
+    pub const GIB: u64 = 1 << 30;
+
+    pub fn gpu(uuid: &str, index: u32) -> DeviceMeta {
+        DeviceMeta {
+            uuid: uuid.into(),
+            index: Some(index),
+            name: Some("NVIDIA H200".into()),
+            pci_bus_id: None,
+            parent_uuid: None,
+        }
+    }
+
+    pub fn process(pid: u32, start: u64) -> ProcessSample {
+        ProcessSample {
+            meta: ProcessMeta {
+                key: ProcessKey {
+                    boot_id: Some("b0".into()),
+                    pid,
+                    start_time_ticks: Some(start),
+                },
+                user: Some("alice".into()),
+                command: Some(format!("python job{pid}.py")),
+                ..ProcessMeta::default()
+            },
+            cpu_ticks: None,
+        }
+    }
+
+    /// One GPU with `used` bytes and the processes `(pid, bytes)`.
+    pub fn tick(t: i64, used: u64, procs: &[(u32, u64)]) -> TickSample {
+        TickSample {
+            at_unix_ms: t,
+            unavailable: None,
+            devices: vec![DeviceSample {
+                device: gpu("GPU-a", 0),
+                state: DeviceSampleState::Read {
+                    metrics: vec![
+                        (Metric::UsedBytes, Observed::Value(used)),
+                        (Metric::TotalBytes, Observed::Value(141 * GIB)),
+                        (Metric::PowerMw, Observed::Missing("not supported".into())),
+                    ],
+                    processes: ProcessList::Observed(
+                        procs
+                            .iter()
+                            .map(|&(pid, b)| ProcessOnDevice {
+                                pid,
+                                used_bytes: Some(b),
+                                sm_percent: None,
+                            })
+                            .collect(),
+                    ),
+                },
+            }],
+            processes: procs
+                .iter()
+                .map(|&(pid, _)| process(pid, 1000 + u64::from(pid)))
+                .collect(),
+        }
+    }
+
+    fn values(points: &[crate::model::Point]) -> Vec<(i64, u64)> {
+        points.iter().map(|p| (p.unix_ms - T0, p.last)).collect()
+    }
+
+    #[test]
+    fn round_trip_dense_points_from_change_only_frames() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.begin_session(&SessionInfo::default()).unwrap();
+        store.set_key_interval_ms(3000);
+        let used = [1, 1, 2, 2, 2, 3, 3];
+        for (i, u) in used.iter().enumerate() {
+            let t = T0 + 1000 * i as i64;
+            let procs: Vec<(u32, u64)> = if i < 5 { vec![(10, u * GIB)] } else { vec![] };
+            store.append(&tick(t, u * GIB, &procs)).unwrap();
+        }
+        let devices = store.devices().unwrap();
+        assert_eq!(devices.len(), 1);
+        let d = devices[0].id;
+        let all = TimeRange::ALL;
+        let pts = store.device_metric(d, Metric::UsedBytes, all).unwrap();
+        assert_eq!(
+            values(&pts),
+            used.iter()
+                .enumerate()
+                .map(|(i, u)| (1000 * i as i64, u * GIB))
+                .collect::<Vec<_>>()
+        );
+        // A range starting between key frames decodes from the key frame before it.
+        let mid = TimeRange {
+            from_ms: T0 + 4000,
+            to_ms: T0 + 5000,
+        };
+        assert_eq!(
+            values(&store.device_metric(d, Metric::UsedBytes, mid).unwrap()),
+            vec![(4000, 2 * GIB), (5000, 3 * GIB)]
+        );
+        let procs = store.processes_in(all).unwrap();
+        assert_eq!(procs.len(), 1);
+        assert_eq!(procs[0].0.meta.key.pid, 10);
+        assert_eq!(procs[0].0.meta.user.as_deref(), Some("alice"));
+        assert_eq!(
+            procs[0].0.last_seen_ms,
+            T0 + 5000,
+            "left at the tick it vanished"
+        );
+        let mem = store.process_memory(procs[0].0.id, d, all).unwrap();
+        assert_eq!(
+            values(&mem),
+            vec![
+                (0, GIB),
+                (1000, GIB),
+                (2000, 2 * GIB),
+                (3000, 2 * GIB),
+                (4000, 2 * GIB)
+            ]
+        );
+        assert!(
+            store
+                .processes_in(TimeRange {
+                    from_ms: T0 + 5000,
+                    to_ms: T0 + 9000
+                })
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn missing_values_are_gaps_not_zeros() {
+        let mut store = Store::open_in_memory().unwrap();
+        for i in 0..3 {
+            store.append(&tick(T0 + i * 1000, GIB, &[])).unwrap();
+        }
+        let d = store.devices().unwrap()[0].id;
+        assert!(
+            store
+                .device_metric(d, Metric::PowerMw, TimeRange::ALL)
+                .unwrap()
+                .is_empty()
+        );
+        let gaps = store.gaps(TimeRange::ALL).unwrap();
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert_eq!(gaps[0].metric, Some(Metric::PowerMw));
+        assert_eq!(gaps[0].reason, "not supported");
+        assert_eq!(
+            (gaps[0].from_ms, gaps[0].to_ms, gaps[0].open),
+            (T0, T0 + 2000, true)
+        );
+    }
+
+    #[test]
+    fn a_lost_device_stops_its_series_and_opens_a_gap_until_it_returns() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.append(&tick(T0, GIB, &[(10, GIB)])).unwrap();
+        let mut lost = tick(T0 + 1000, 0, &[]);
+        lost.devices[0].state = DeviceSampleState::Unreadable("GPU lost".into());
+        store.append(&lost).unwrap();
+        let mut lost2 = lost.clone();
+        lost2.at_unix_ms = T0 + 2000;
+        store.append(&lost2).unwrap();
+        store.append(&tick(T0 + 3000, 2 * GIB, &[])).unwrap();
+        let d = store.devices().unwrap()[0].id;
+        let pts = store
+            .device_metric(d, Metric::UsedBytes, TimeRange::ALL)
+            .unwrap();
+        assert_eq!(values(&pts), vec![(0, GIB), (3000, 2 * GIB)]);
+        let gaps: Vec<_> = store
+            .gaps(TimeRange::ALL)
+            .unwrap()
+            .into_iter()
+            .filter(|g| g.metric.is_none())
+            .collect();
+        assert_eq!(gaps.len(), 1);
+        assert_eq!(gaps[0].reason, "GPU lost");
+        assert_eq!(
+            (gaps[0].from_ms, gaps[0].to_ms, gaps[0].open),
+            (T0 + 1000, T0 + 3000, false)
+        );
+        assert_eq!(gaps[0].device_uuid.as_deref(), Some("GPU-a"));
+    }
+
+    #[test]
+    fn nvml_down_is_one_gap_for_everything() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.append(&tick(T0, GIB, &[])).unwrap();
+        store
+            .append(&TickSample {
+                at_unix_ms: T0 + 1000,
+                unavailable: Some("NVML did not start: driver not loaded".into()),
+                ..TickSample::default()
+            })
+            .unwrap();
+        store.append(&tick(T0 + 2000, GIB, &[])).unwrap();
+        let gaps = store.gaps(TimeRange::ALL).unwrap();
+        let all: Vec<_> = gaps.iter().filter(|g| g.device_uuid.is_none()).collect();
+        assert_eq!(all.len(), 1);
+        assert!(all[0].reason.contains("driver not loaded"));
+        let d = store.devices().unwrap()[0].id;
+        assert_eq!(
+            store
+                .device_metric(d, Metric::UsedBytes, TimeRange::ALL)
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn pid_reuse_is_a_new_process() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.append(&tick(T0, GIB, &[(10, GIB)])).unwrap();
+        let mut reused = tick(T0 + 1000, GIB, &[(10, GIB)]);
+        reused.processes[0].meta.key.start_time_ticks = Some(99_999);
+        store.append(&reused).unwrap();
+        assert_eq!(store.processes_in(TimeRange::ALL).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn out_of_order_ticks_are_refused() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.append(&tick(T0, GIB, &[])).unwrap();
+        let err = store.append(&tick(T0, GIB, &[])).unwrap_err();
+        assert!(matches!(err, StoreError::OutOfOrder { .. }), "{err}");
+    }
+
+    #[test]
+    fn cpu_time_carries_over_between_reads_and_ends_with_the_process() {
+        let mut store = Store::open_in_memory().unwrap();
+        let mut a = tick(T0, GIB, &[(10, GIB)]);
+        a.processes[0].cpu_ticks = Some(100);
+        store.append(&a).unwrap();
+        store.append(&tick(T0 + 1000, GIB, &[(10, GIB)])).unwrap();
+        let mut c = tick(T0 + 2000, GIB, &[(10, GIB)]);
+        c.processes[0].cpu_ticks = Some(250);
+        store.append(&c).unwrap();
+        store.append(&tick(T0 + 3000, GIB, &[])).unwrap();
+        let p = store.processes_in(TimeRange::ALL).unwrap()[0].0.id;
+        let cpu = store.process_cpu(p, TimeRange::ALL).unwrap();
+        assert_eq!(values(&cpu), vec![(0, 100), (1000, 100), (2000, 250)]);
+    }
+}

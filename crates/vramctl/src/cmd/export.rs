@@ -1,0 +1,60 @@
+//! `vramctl export`: the history as vramctl NDJSON (lossless: `import` gives the same
+//! history back) or as nvidia-smi-style CSV (`--format smi-gpu`, `smi-apps`).
+
+use std::io::Write;
+
+use anyhow::{Context, anyhow};
+use vramctl_store::format::{ndjson, smi};
+use vramctl_store::{OpenMode, Store, TimeRange};
+
+use super::db_path;
+use super::history::{parse_when, time_zone};
+use crate::cli::{ExportArgs, ExportFormat, GlobalArgs};
+use crate::exit::Exit;
+
+/// Runs `export`.
+pub fn run(global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<Exit> {
+    let tz = time_zone(args.tz.as_deref())?;
+    let now = jiff::Timestamp::now().as_millisecond();
+    let range = TimeRange {
+        from_ms: match &args.since {
+            Some(s) => parse_when(s, now, &tz).context("--since")?,
+            None => i64::MIN,
+        },
+        to_ms: match &args.until {
+            Some(u) => parse_when(u, now, &tz).context("--until")?,
+            None => i64::MAX,
+        },
+    };
+    let style: smi::CsvStyle = args
+        .csv_format
+        .parse()
+        .map_err(|e| anyhow!("--csv-format: {e}"))?;
+    if args.query.is_some() && args.format == ExportFormat::Ndjson {
+        anyhow::bail!("--query chooses CSV columns; use it with --format smi-gpu or smi-apps");
+    }
+    let mut store = Store::open(&db_path(global)?, OpenMode::ReadOnly)?;
+    let sink: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create '{}'", path.display()))?,
+        ),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, sink);
+    match args.format {
+        ExportFormat::Ndjson => {
+            ndjson::export(&mut store, range, &mut out)?;
+        }
+        ExportFormat::SmiGpu => {
+            let columns = args.query.as_deref().unwrap_or(smi::DEFAULT_GPU_COLUMNS);
+            smi::export_gpu(&mut store, range, columns, style, &tz, &mut out)?;
+        }
+        ExportFormat::SmiApps => {
+            let columns = args.query.as_deref().unwrap_or(smi::DEFAULT_APP_COLUMNS);
+            smi::export_apps(&mut store, range, columns, style, &tz, &mut out)?;
+        }
+    }
+    out.flush().context("cannot write the export")?;
+    Ok(Exit::Ok)
+}

@@ -1,0 +1,1051 @@
+//! `vramctl history`: recorded samples per device and per process.
+//!
+//! One pass over the store (`Store::scan`): rows are aggregated into `--step` buckets on the
+//! fly (min, max and last, so a spike inside a bucket shows as its max) and written as they
+//! complete, so `--format csv` streams any range in constant memory. The table picks a step
+//! giving about 30 rows per series; CSV and JSON default to every sample. JSON (schema 1,
+//! docs/json.md) is one document, built in memory: use a step or CSV for long raw ranges.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+
+use anyhow::{Context, anyhow, bail};
+use jiff::tz::TimeZone;
+use serde::Serialize;
+use vramctl_store::{
+    DeviceRecord, Entry, Gap, Metric, OpenMode, ProcessRecord, Store, TimeRange, format::rfc3339,
+    parse_duration_ms,
+};
+
+use super::db_path;
+use crate::cli::{GlobalArgs, HistoryArgs, HistoryFormat};
+use crate::exit::Exit;
+use crate::output::table::{Align, Table};
+use crate::output::units;
+
+/// Version of the JSON below.
+pub const SCHEMA: u32 = 1;
+
+/// Rows a table shows per series when no `--step` is given.
+const TABLE_ROWS: i64 = 30;
+
+/// `--tz`, or the system's zone.
+pub fn time_zone(tz: Option<&str>) -> anyhow::Result<TimeZone> {
+    match tz {
+        None => Ok(TimeZone::system()),
+        Some(name) => TimeZone::get(name).map_err(|e| {
+            anyhow!("unknown time zone '{name}' ({e}); use a name like UTC or Europe/Paris")
+        }),
+    }
+}
+
+/// `--since` / `--until`: `all`, a duration back from `now_ms` (`10m`), RFC 3339, or a local
+/// `YYYY-MM-DD HH:MM[:SS]` in `tz`.
+pub fn parse_when(text: &str, now_ms: i64, tz: &TimeZone) -> anyhow::Result<i64> {
+    let text = text.trim();
+    if text == "all" {
+        return Ok(i64::MIN);
+    }
+    if text == "now" {
+        return Ok(now_ms);
+    }
+    if let Ok(ago) = parse_duration_ms(text) {
+        return Ok(now_ms.saturating_sub(ago));
+    }
+    if let Ok(t) = text.parse::<jiff::Timestamp>() {
+        return Ok(t.as_millisecond());
+    }
+    for format in [
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%d",
+    ] {
+        let parsed = if format == "%Y-%m-%d" {
+            jiff::civil::Date::strptime(format, text)
+                .map(|d| d.to_datetime(jiff::civil::Time::midnight()))
+        } else {
+            jiff::civil::DateTime::strptime(format, text)
+        };
+        if let Ok(dt) = parsed {
+            return dt
+                .to_zoned_datetime(tz.clone())
+                .map(|z| z.timestamp().as_millisecond())
+                .map_err(|e| anyhow!("'{text}' does not exist in that time zone: {e}"));
+        }
+    }
+    bail!(
+        "'{text}' is not a time; use a duration back from now (10m, 24h), 'all', RFC 3339, or 'YYYY-MM-DD HH:MM'"
+    )
+}
+
+/// Devices matching `--gpu` selectors (index, UUID or a UUID prefix of 8+ characters).
+pub fn select_devices(
+    devices: Vec<DeviceRecord>,
+    selectors: &[String],
+) -> anyhow::Result<Vec<DeviceRecord>> {
+    if selectors.is_empty() {
+        return Ok(devices);
+    }
+    let matches = |sel: &str, d: &DeviceRecord| {
+        let sel = sel.trim();
+        sel.parse::<u32>().is_ok_and(|i| Some(i) == d.meta.index)
+            || d.meta.uuid.eq_ignore_ascii_case(sel)
+            || (sel.len() >= 12
+                && d.meta
+                    .uuid
+                    .to_ascii_lowercase()
+                    .starts_with(&sel.to_ascii_lowercase()))
+    };
+    for sel in selectors {
+        if !devices.iter().any(|d| matches(sel, d)) {
+            let known: Vec<String> = devices
+                .iter()
+                .map(|d| match d.meta.index {
+                    Some(i) => format!("{i} ({})", d.meta.uuid),
+                    None => d.meta.uuid.clone(),
+                })
+                .collect();
+            bail!(
+                "no recorded GPU matches '{sel}'; recorded: {}",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            );
+        }
+    }
+    Ok(devices
+        .into_iter()
+        .filter(|d| selectors.iter().any(|s| matches(s, d)))
+        .collect())
+}
+
+/// One bucket (or sample) of one metric.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Agg {
+    min: u64,
+    max: u64,
+    last: u64,
+}
+
+impl Agg {
+    fn add(&mut self, e: (u64, u64, u64)) {
+        self.min = self.min.min(e.0);
+        self.max = self.max.max(e.1);
+        self.last = e.2;
+    }
+}
+
+/// What a series is to this query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A metric of a shown device.
+    Device(i64, Metric),
+    /// A shown process's memory on a shown device: (process, device).
+    Process(i64, i64),
+    /// Not asked for.
+    Skip,
+}
+
+/// A device row: its metrics over one bucket.
+#[derive(Debug, Clone, Default)]
+struct DeviceRow {
+    values: BTreeMap<Metric, Agg>,
+}
+
+/// What the scan produces: completed rows in time order.
+enum Row<'a> {
+    Device(i64, i64, &'a DeviceRecord, &'a DeviceRow),
+    Process(i64, i64, i64, &'a DeviceRecord, Agg),
+}
+
+/// Runs `history`.
+pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
+    let tz = time_zone(args.tz.as_deref())?;
+    let now = jiff::Timestamp::now().as_millisecond();
+    let range = TimeRange {
+        from_ms: parse_when(&args.since, now, &tz).context("--since")?,
+        to_ms: match &args.until {
+            Some(u) => parse_when(u, now, &tz).context("--until")?,
+            None => i64::MAX,
+        },
+    };
+    if range.from_ms > range.to_ms {
+        bail!("--since '{}' is after --until", args.since);
+    }
+    let mut store = Store::open(&db_path(global)?, OpenMode::ReadOnly)?;
+    let devices = select_devices(store.devices()?, &args.gpu)?;
+    let bounds = store.time_bounds()?;
+    let step_ms = match args.step.as_deref() {
+        Some("raw") => 0,
+        Some(s) => {
+            let ms = parse_duration_ms(s).map_err(|e| anyhow!("--step: {e}"))?;
+            if ms <= 0 {
+                bail!("--step '{s}' must be longer than 0");
+            }
+            ms
+        }
+        None if args.format == HistoryFormat::Table => {
+            let (lo, hi) = bounds.unwrap_or((0, 0));
+            let span = range.to_ms.min(hi).saturating_sub(range.from_ms.max(lo));
+            nice_step(span / TABLE_ROWS)
+        }
+        None => 0,
+    };
+    let by_id: HashMap<i64, &DeviceRecord> = devices.iter().map(|d| (d.id, d)).collect();
+    // All processes by id (one query); those outside the range simply never appear.
+    let processes: HashMap<i64, ProcessRecord> = store
+        .all_processes()?
+        .into_iter()
+        .filter(|(_, p)| args.pid.is_empty() || args.pid.contains(&p.meta.key.pid))
+        .collect();
+    let gaps: Vec<Gap> = store
+        .gaps(range)?
+        .into_iter()
+        .filter(|g| {
+            g.device_uuid
+                .as_ref()
+                .is_none_or(|u| devices.iter().any(|d| &d.meta.uuid == u))
+        })
+        .collect();
+    let show_devices = args.pid.is_empty();
+
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut sink: Box<dyn Sink> = match args.format {
+        HistoryFormat::Csv => Box::new(Csv::new()),
+        HistoryFormat::Json => Box::new(Json::default()),
+        HistoryFormat::Table => Box::new(TableSink::new(tz.clone(), step_ms)),
+    };
+    sink.begin(&mut out)?;
+    // Per series id: what it is to this query (resolved once), and its bucket so far.
+    // A frame only moves the series it changed, so within a bucket only those are merged;
+    // a new bucket starts from every present series.
+    let mut roles: Vec<Option<Role>> = Vec::new();
+    let mut aggs: Vec<Option<Agg>> = Vec::new();
+    let mut bucket: Option<(i64, i64)> = None;
+    let mut failure: Option<anyhow::Error> = None;
+    let flush = |t: i64,
+                 span: i64,
+                 roles: &[Option<Role>],
+                 aggs: &mut Vec<Option<Agg>>,
+                 out: &mut dyn Write,
+                 sink: &mut dyn Sink|
+     -> anyhow::Result<()> {
+        let mut dev_rows: BTreeMap<i64, DeviceRow> = BTreeMap::new();
+        let mut proc_rows: BTreeMap<(i64, i64), Agg> = BTreeMap::new();
+        for (id, agg) in aggs.iter_mut().enumerate() {
+            let Some(agg) = agg.take() else { continue };
+            match roles.get(id).copied().flatten() {
+                Some(Role::Device(d, m)) => {
+                    dev_rows.entry(d).or_default().values.insert(m, agg);
+                }
+                Some(Role::Process(p, d)) => {
+                    proc_rows.insert((p, d), agg);
+                }
+                Some(Role::Skip) | None => {}
+            }
+        }
+        for (d, row) in &dev_rows {
+            if let Some(dev) = by_id.get(d) {
+                sink.row(out, Row::Device(t, span, dev, row), &processes)?;
+            }
+        }
+        for ((p, d), agg) in proc_rows {
+            if let Some(dev) = by_id.get(&d) {
+                sink.row(out, Row::Process(t, span, p, dev, agg), &processes)?;
+            }
+        }
+        Ok(())
+    };
+    store.scan(range, |frame| {
+        if failure.is_some() {
+            return;
+        }
+        let (b, span) = if step_ms > 0 {
+            (
+                frame.t_ms.div_euclid(step_ms) * step_ms,
+                step_ms.max(frame.span_ms),
+            )
+        } else {
+            (frame.t_ms, frame.span_ms)
+        };
+        let new_bucket = bucket.is_none_or(|(prev, _)| prev != b);
+        if let Some((prev, prev_span)) = bucket.filter(|_| new_bucket) {
+            if let Err(e) = flush(prev, prev_span, &roles, &mut aggs, &mut out, sink.as_mut()) {
+                failure = Some(e);
+                return;
+            }
+        }
+        bucket = Some((b, span));
+        let mut merge = |id: u32| {
+            let i = usize::try_from(id).unwrap_or(usize::MAX);
+            if i >= roles.len() {
+                roles.resize(i + 1, None);
+                aggs.resize(i + 1, None);
+            }
+            let role = *roles[i].get_or_insert_with(|| {
+                let Some(s) = frame.series(id) else {
+                    return Role::Skip;
+                };
+                let Some(d) = s.device_id.filter(|d| by_id.contains_key(d)) else {
+                    return Role::Skip;
+                };
+                match (s.metric, s.process_id) {
+                    (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => {
+                        Role::Process(p, d)
+                    }
+                    (m, None) if show_devices => Role::Device(d, m),
+                    _ => Role::Skip,
+                }
+            });
+            if role == Role::Skip {
+                return;
+            }
+            let Some(v) = frame.entry(id).and_then(Entry::min_max_last) else {
+                return;
+            };
+            match &mut aggs[i] {
+                Some(a) => a.add(v),
+                slot @ None => {
+                    *slot = Some(Agg {
+                        min: v.0,
+                        max: v.1,
+                        last: v.2,
+                    });
+                }
+            }
+        };
+        match frame.changed().filter(|_| !new_bucket) {
+            Some(changed) => changed.iter().for_each(|&id| merge(id)),
+            None => frame.entries().for_each(|(id, _)| merge(id)),
+        }
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some((b, span)) = bucket {
+        flush(b, span, &roles, &mut aggs, &mut out, sink.as_mut())?;
+    }
+    sink.end(&mut out, &gaps, range, step_ms, &devices)?;
+    out.flush().context("cannot write to stdout")?;
+    Ok(Exit::Ok)
+}
+
+/// A round step near `ms`: 1s, 2s, 5s, 10s, 15s, 30s, 1m, 2m, 5m, 10m, 15m, 30m, 1h, …
+fn nice_step(ms: i64) -> i64 {
+    const STEPS: [i64; 16] = [
+        1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000, 600_000, 900_000,
+        1_800_000, 3_600_000, 7_200_000, 21_600_000, 86_400_000,
+    ];
+    if ms <= 1_000 {
+        return 0;
+    }
+    STEPS.into_iter().find(|&s| s >= ms).unwrap_or(86_400_000)
+}
+
+trait Sink {
+    fn begin(&mut self, _out: &mut dyn Write) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn row(
+        &mut self,
+        out: &mut dyn Write,
+        row: Row<'_>,
+        processes: &HashMap<i64, ProcessRecord>,
+    ) -> anyhow::Result<()>;
+    fn end(
+        &mut self,
+        out: &mut dyn Write,
+        gaps: &[Gap],
+        range: TimeRange,
+        step_ms: i64,
+        devices: &[DeviceRecord],
+    ) -> anyhow::Result<()>;
+}
+
+const DEVICE_METRICS: [Metric; 8] = Metric::DEVICE;
+
+struct Csv;
+
+impl Csv {
+    fn new() -> Self {
+        Self
+    }
+}
+
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"', '\n']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_owned()
+    }
+}
+
+impl Sink for Csv {
+    fn begin(&mut self, out: &mut dyn Write) -> anyhow::Result<()> {
+        let mut header = vec![
+            "time",
+            "unix_ms",
+            "span_ms",
+            "gpu_uuid",
+            "gpu_index",
+            "pid",
+            "user",
+            "command",
+        ];
+        header.extend([
+            "process_used_bytes",
+            "process_used_bytes_min",
+            "process_used_bytes_max",
+        ]);
+        header.extend(DEVICE_METRICS.iter().map(|m| m.name()));
+        header.push("used_bytes_max");
+        writeln!(out, "{}", header.join(",")).context("cannot write to stdout")
+    }
+
+    fn row(
+        &mut self,
+        out: &mut dyn Write,
+        row: Row<'_>,
+        processes: &HashMap<i64, ProcessRecord>,
+    ) -> anyhow::Result<()> {
+        let mut f: Vec<String> = Vec::with_capacity(20);
+        match row {
+            Row::Device(t, span, dev, values) => {
+                f.extend([
+                    rfc3339(t),
+                    t.to_string(),
+                    span.to_string(),
+                    dev.meta.uuid.clone(),
+                    opt(dev.meta.index),
+                ]);
+                f.extend(std::iter::repeat_n(String::new(), 6));
+                for m in DEVICE_METRICS {
+                    f.push(
+                        values
+                            .values
+                            .get(&m)
+                            .map_or_else(String::new, |a| a.last.to_string()),
+                    );
+                }
+                f.push(
+                    values
+                        .values
+                        .get(&Metric::UsedBytes)
+                        .map_or_else(String::new, |a| a.max.to_string()),
+                );
+            }
+            Row::Process(t, span, p, dev, agg) => {
+                let proc = processes.get(&p);
+                f.extend([
+                    rfc3339(t),
+                    t.to_string(),
+                    span.to_string(),
+                    dev.meta.uuid.clone(),
+                    opt(dev.meta.index),
+                ]);
+                f.push(proc.map_or_else(String::new, |p| p.meta.key.pid.to_string()));
+                f.push(csv_field(
+                    proc.and_then(|p| p.meta.user.as_deref()).unwrap_or(""),
+                ));
+                f.push(csv_field(
+                    proc.and_then(|p| p.meta.command.as_deref()).unwrap_or(""),
+                ));
+                f.extend([
+                    agg.last.to_string(),
+                    agg.min.to_string(),
+                    agg.max.to_string(),
+                ]);
+                f.extend(std::iter::repeat_n(String::new(), DEVICE_METRICS.len() + 1));
+            }
+        }
+        writeln!(out, "{}", f.join(",")).context("cannot write to stdout")
+    }
+
+    fn end(
+        &mut self,
+        _: &mut dyn Write,
+        _: &[Gap],
+        _: TimeRange,
+        _: i64,
+        _: &[DeviceRecord],
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+#[derive(Debug, Serialize)]
+struct JsonDoc {
+    schema: u32,
+    from: Option<String>,
+    to: Option<String>,
+    step_ms: i64,
+    devices: Vec<JsonDevice>,
+    processes: Vec<JsonProcess>,
+    gaps: Vec<JsonGap>,
+}
+
+#[derive(Debug, Serialize)]
+struct JsonDevice {
+    uuid: String,
+    index: Option<u32>,
+    name: Option<String>,
+    samples: Vec<BTreeMap<&'static str, serde_json::Value>>,
+}
+
+#[derive(Debug, Serialize)]
+struct JsonProcess {
+    pid: u32,
+    boot_id: Option<String>,
+    start_time_ticks: Option<u64>,
+    user: Option<String>,
+    command: Option<String>,
+    container_id: Option<String>,
+    pod_uid: Option<String>,
+    gpu_uuid: String,
+    samples: Vec<JsonProcessSample>,
+}
+
+#[derive(Debug, Serialize)]
+struct JsonProcessSample {
+    t: String,
+    unix_ms: i64,
+    span_ms: i64,
+    used_bytes: u64,
+    used_bytes_min: u64,
+    used_bytes_max: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct JsonGap {
+    gpu_uuid: Option<String>,
+    metric: Option<&'static str>,
+    from: String,
+    to: String,
+    reason: String,
+}
+
+#[derive(Default)]
+struct Json {
+    devices: BTreeMap<i64, JsonDevice>,
+    processes: BTreeMap<(i64, i64), JsonProcess>,
+}
+
+impl Sink for Json {
+    fn row(
+        &mut self,
+        _out: &mut dyn Write,
+        row: Row<'_>,
+        processes: &HashMap<i64, ProcessRecord>,
+    ) -> anyhow::Result<()> {
+        match row {
+            Row::Device(t, span, dev, values) => {
+                let entry = self.devices.entry(dev.id).or_insert_with(|| JsonDevice {
+                    uuid: dev.meta.uuid.clone(),
+                    index: dev.meta.index,
+                    name: dev.meta.name.clone(),
+                    samples: Vec::new(),
+                });
+                let mut sample = BTreeMap::new();
+                sample.insert("t", rfc3339(t).into());
+                sample.insert("unix_ms", t.into());
+                sample.insert("span_ms", span.into());
+                for m in DEVICE_METRICS {
+                    sample.insert(m.name(), values.values.get(&m).map(|a| a.last).into());
+                }
+                sample.insert(
+                    "used_bytes_max",
+                    values.values.get(&Metric::UsedBytes).map(|a| a.max).into(),
+                );
+                entry.samples.push(sample);
+            }
+            Row::Process(t, span, p, dev, agg) => {
+                let Some(proc) = processes.get(&p) else {
+                    return Ok(());
+                };
+                let entry = self
+                    .processes
+                    .entry((p, dev.id))
+                    .or_insert_with(|| JsonProcess {
+                        pid: proc.meta.key.pid,
+                        boot_id: proc.meta.key.boot_id.clone(),
+                        start_time_ticks: proc.meta.key.start_time_ticks,
+                        user: proc.meta.user.clone(),
+                        command: proc.meta.command.clone(),
+                        container_id: proc.meta.container_id.clone(),
+                        pod_uid: proc.meta.pod_uid.clone(),
+                        gpu_uuid: dev.meta.uuid.clone(),
+                        samples: Vec::new(),
+                    });
+                entry.samples.push(JsonProcessSample {
+                    t: rfc3339(t),
+                    unix_ms: t,
+                    span_ms: span,
+                    used_bytes: agg.last,
+                    used_bytes_min: agg.min,
+                    used_bytes_max: agg.max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn end(
+        &mut self,
+        out: &mut dyn Write,
+        gaps: &[Gap],
+        range: TimeRange,
+        step_ms: i64,
+        _devices: &[DeviceRecord],
+    ) -> anyhow::Result<()> {
+        let doc = JsonDoc {
+            schema: SCHEMA,
+            from: (range.from_ms != i64::MIN).then(|| rfc3339(range.from_ms)),
+            to: (range.to_ms != i64::MAX).then(|| rfc3339(range.to_ms)),
+            step_ms,
+            devices: std::mem::take(&mut self.devices).into_values().collect(),
+            processes: std::mem::take(&mut self.processes).into_values().collect(),
+            gaps: gaps
+                .iter()
+                .map(|g| JsonGap {
+                    gpu_uuid: g.device_uuid.clone(),
+                    metric: g.metric.map(Metric::name),
+                    from: rfc3339(g.from_ms),
+                    to: rfc3339(g.to_ms),
+                    reason: g.reason.clone(),
+                })
+                .collect(),
+        };
+        serde_json::to_writer_pretty(&mut *out, &doc).context("cannot write JSON")?;
+        writeln!(out).context("cannot write to stdout")
+    }
+}
+
+struct TableSink {
+    tz: TimeZone,
+    step_ms: i64,
+    devices: Table,
+    processes: Table,
+    device_rows: usize,
+    process_rows: usize,
+}
+
+impl TableSink {
+    fn new(tz: TimeZone, step_ms: i64) -> Self {
+        Self {
+            tz,
+            step_ms,
+            devices: Table::new(&[
+                ("TIME", Align::Left),
+                ("GPU", Align::Right),
+                ("USED", Align::Right),
+                ("PEAK", Align::Right),
+                ("TOTAL", Align::Right),
+                ("UTIL", Align::Right),
+                ("TEMP", Align::Right),
+                ("POWER", Align::Left),
+            ]),
+            processes: Table::new(&[
+                ("TIME", Align::Left),
+                ("GPU", Align::Right),
+                ("PID", Align::Right),
+                ("USER", Align::Left),
+                ("USED", Align::Right),
+                ("PEAK", Align::Right),
+                ("COMMAND", Align::Left),
+            ]),
+            device_rows: 0,
+            process_rows: 0,
+        }
+    }
+
+    fn time(&self, t: i64) -> String {
+        jiff::Timestamp::from_millisecond(t).map_or_else(
+            |_| t.to_string(),
+            |ts| {
+                let format = if self.step_ms > 0 && self.step_ms % 60_000 == 0 {
+                    "%Y-%m-%d %H:%M"
+                } else if self.step_ms == 0 {
+                    "%Y-%m-%d %H:%M:%S%.3f"
+                } else {
+                    "%Y-%m-%d %H:%M:%S"
+                };
+                ts.to_zoned_datetime(self.tz.clone())
+                    .strftime(format)
+                    .to_string()
+            },
+        )
+    }
+}
+
+fn gpu_label(dev: &DeviceRecord) -> String {
+    dev.meta
+        .index
+        .map_or_else(|| dev.meta.uuid.clone(), |i| i.to_string())
+}
+
+impl Sink for TableSink {
+    fn row(
+        &mut self,
+        _out: &mut dyn Write,
+        row: Row<'_>,
+        processes: &HashMap<i64, ProcessRecord>,
+    ) -> anyhow::Result<()> {
+        match row {
+            Row::Device(t, _, dev, values) => {
+                let v = |m: Metric| values.values.get(&m).copied();
+                let used = v(Metric::UsedBytes);
+                self.devices.push(vec![
+                    self.time(t),
+                    gpu_label(dev),
+                    used.map_or_else(|| "-".into(), |a| units::bytes(a.last)),
+                    used.map_or_else(|| "-".into(), |a| units::bytes(a.max)),
+                    v(Metric::TotalBytes).map_or_else(|| "-".into(), |a| units::bytes(a.last)),
+                    v(Metric::UtilizationGpuPercent)
+                        .map_or_else(|| "-".into(), |a| format!("{}%", a.last)),
+                    v(Metric::TemperatureC).map_or_else(|| "-".into(), |a| format!("{}°C", a.last)),
+                    v(Metric::PowerMw).map_or_else(
+                        || "-".into(),
+                        |a| units::watts(u32::try_from(a.last).unwrap_or(u32::MAX)),
+                    ),
+                ]);
+                self.device_rows += 1;
+            }
+            Row::Process(t, _, p, dev, agg) => {
+                let proc = processes.get(&p);
+                self.processes.push(vec![
+                    self.time(t),
+                    gpu_label(dev),
+                    proc.map_or_else(|| "?".into(), |p| p.meta.key.pid.to_string()),
+                    proc.and_then(|p| p.meta.user.clone())
+                        .unwrap_or_else(|| "-".into()),
+                    units::bytes(agg.last),
+                    units::bytes(agg.max),
+                    proc.and_then(|p| p.meta.command.clone())
+                        .unwrap_or_else(|| "-".into()),
+                ]);
+                self.process_rows += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn end(
+        &mut self,
+        out: &mut dyn Write,
+        gaps: &[Gap],
+        _range: TimeRange,
+        step_ms: i64,
+        devices: &[DeviceRecord],
+    ) -> anyhow::Result<()> {
+        let w = |out: &mut dyn Write, line: &str| {
+            writeln!(out, "{line}").context("cannot write to stdout")
+        };
+        let step = if step_ms == 0 {
+            "every sample".to_owned()
+        } else {
+            format!(
+                "buckets of {} (USED is the last value, PEAK the highest)",
+                human_ms(step_ms)
+            )
+        };
+        if self.device_rows == 0 && self.process_rows == 0 {
+            w(out, "no samples in this range")?;
+        }
+        if self.device_rows > 0 {
+            w(out, &format!("devices, {step}"))?;
+            for line in self.devices.render("  ") {
+                w(out, &line)?;
+            }
+        }
+        if self.process_rows > 0 {
+            if self.device_rows > 0 {
+                w(out, "")?;
+            }
+            w(out, &format!("processes, {step}"))?;
+            for line in self.processes.render("  ") {
+                w(out, &line)?;
+            }
+        }
+        if !gaps.is_empty() {
+            w(out, "")?;
+            w(out, "gaps (nothing recorded, and why)")?;
+            for g in gaps {
+                let who = match &g.device_uuid {
+                    None => "all GPUs".to_owned(),
+                    Some(u) => devices
+                        .iter()
+                        .find(|d| &d.meta.uuid == u)
+                        .map_or_else(|| u.clone(), |d| format!("GPU {}", gpu_label(d))),
+                };
+                let what = g
+                    .metric
+                    .map_or_else(String::new, |m| format!(" {}", m.name()));
+                w(
+                    out,
+                    &format!(
+                        "  {} → {}  {who}{what}: {}",
+                        self.time(g.from_ms),
+                        self.time(g.to_ms),
+                        g.reason
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn human_ms(ms: i64) -> String {
+    for (unit, len) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+        if ms % len == 0 {
+            return format!("{}{unit}", ms / len);
+        }
+    }
+    format!("{ms}ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn when_forms() {
+        let tz = TimeZone::UTC;
+        let now = 1_795_984_291_715;
+        assert_eq!(parse_when("10m", now, &tz).unwrap(), now - 600_000);
+        assert_eq!(parse_when("all", now, &tz).unwrap(), i64::MIN);
+        assert_eq!(
+            parse_when("2026-11-29T20:31:31.715Z", now, &tz).unwrap(),
+            now
+        );
+        assert_eq!(
+            parse_when("2026-11-29 20:31", now, &tz).unwrap(),
+            1_795_984_260_000
+        );
+        let err = parse_when("last tuesday", now, &tz)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'last tuesday' is not a time"), "{err}");
+    }
+
+    #[test]
+    fn steps_are_round() {
+        assert_eq!(nice_step(500), 0);
+        assert_eq!(nice_step(20_000), 30_000);
+        assert_eq!(nice_step(86_400_000 / 30), 3_600_000);
+    }
+}
+
+/// `(unix ms, bytes)`; `None` breaks the line.
+pub type PlotPoint = (i64, Option<u64>);
+
+/// One panel of a memory chart, in the renderer's terms but without naming it
+/// (`output/chart.rs` maps it one to one: `plot` is the only caller).
+// `vramctl plot` (cmd/plot.rs) is wired when the renderer (branch `plot`) is merged here.
+#[cfg_attr(not(test), allow(dead_code))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlotPanel {
+    /// `GPU 0  NVIDIA H200  GPU-7778da7f…`.
+    pub title: String,
+    /// Installed memory, drawn as the ceiling.
+    pub ceiling_bytes: Option<u64>,
+    /// Device memory used, `None` where a gap breaks the line.
+    pub device: Vec<PlotPoint>,
+    /// Per process: a label (`4242 alice python train.py`) and its points.
+    pub processes: Vec<(String, Vec<PlotPoint>)>,
+    /// Gaps on this device: `(from ms, to ms, reason)`.
+    pub gaps: Vec<(i64, i64, String)>,
+}
+
+/// Memory per device and per process for a chart of at most about `max_points` points a
+/// series: bucketed by a round step, each bucket drawn at its highest value so a spike
+/// stays visible; a bucket where a series is absent between two present ones is a `None`
+/// (a break in the line, never a drop to zero).
+///
+/// # Errors
+/// When the store fails.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn plot_panels(
+    store: &mut Store,
+    range: TimeRange,
+    devices: &[DeviceRecord],
+    pids: &[u32],
+    max_points: i64,
+) -> anyhow::Result<Vec<PlotPanel>> {
+    let (lo, hi) = store.time_bounds()?.unwrap_or((0, 0));
+    let span = range.to_ms.min(hi).saturating_sub(range.from_ms.max(lo));
+    let step = nice_step(span / max_points.max(1)).max(1);
+    let processes: HashMap<i64, ProcessRecord> = store
+        .all_processes()?
+        .into_iter()
+        .filter(|(_, p)| pids.is_empty() || pids.contains(&p.meta.key.pid))
+        .collect();
+    let wanted: HashMap<i64, &DeviceRecord> = devices.iter().map(|d| (d.id, d)).collect();
+    // Bucket times in order, and per (device, process or None) the max per bucket.
+    let mut buckets: Vec<i64> = Vec::new();
+    let mut peaks: BTreeMap<(i64, Option<i64>), BTreeMap<i64, u64>> = BTreeMap::new();
+    let mut totals: HashMap<i64, u64> = HashMap::new();
+    store.scan(range, |frame| {
+        let b = frame.t_ms.div_euclid(step) * step;
+        if buckets.last() != Some(&b) {
+            buckets.push(b);
+        }
+        for (s, e) in frame.iter() {
+            let Some(d) = s.device_id.filter(|d| wanted.contains_key(d)) else {
+                continue;
+            };
+            let Some((_, max, last)) = e.min_max_last() else {
+                continue;
+            };
+            let key = match (s.metric, s.process_id) {
+                (Metric::UsedBytes, None) => (d, None),
+                (Metric::TotalBytes, None) => {
+                    totals.insert(d, last);
+                    continue;
+                }
+                (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => (d, Some(p)),
+                _ => continue,
+            };
+            let peak = peaks.entry(key).or_default().entry(b).or_insert(0);
+            *peak = (*peak).max(max);
+        }
+    })?;
+    let line = |values: &BTreeMap<i64, u64>| -> Vec<PlotPoint> {
+        let (Some(first), Some(last)) = (values.keys().next(), values.keys().next_back()) else {
+            return Vec::new();
+        };
+        buckets
+            .iter()
+            .filter(|b| (*first..=*last).contains(*b))
+            .map(|b| (*b, values.get(b).copied()))
+            .collect()
+    };
+    let gaps = store.gaps(range)?;
+    let mut panels = Vec::new();
+    for dev in devices {
+        let title = format!(
+            "GPU {}  {}  {}",
+            gpu_label(dev),
+            dev.meta.name.as_deref().unwrap_or(""),
+            dev.meta.uuid
+        );
+        let device = peaks.get(&(dev.id, None)).map(line).unwrap_or_default();
+        let mut procs = Vec::new();
+        for ((d, p), values) in &peaks {
+            let (Some(p), true) = (p, *d == dev.id) else {
+                continue;
+            };
+            let Some(record) = processes.get(p) else {
+                continue;
+            };
+            let label = format!(
+                "{} {} {}",
+                record.meta.key.pid,
+                record.meta.user.as_deref().unwrap_or("-"),
+                record.meta.command.as_deref().unwrap_or("")
+            );
+            procs.push((label.trim_end().to_owned(), line(values)));
+        }
+        let dev_gaps = gaps
+            .iter()
+            .filter(|g| {
+                g.device_uuid.as_ref().is_none_or(|u| *u == dev.meta.uuid)
+                    && matches!(g.metric, None | Some(Metric::UsedBytes))
+            })
+            .map(|g| (g.from_ms, g.to_ms, g.reason.clone()))
+            .collect();
+        if device.is_empty() && procs.is_empty() {
+            continue;
+        }
+        panels.push(PlotPanel {
+            title: title.replace("    ", "  "),
+            ceiling_bytes: totals.get(&dev.id).copied(),
+            device,
+            processes: procs,
+            gaps: dev_gaps,
+        });
+    }
+    Ok(panels)
+}
+
+#[cfg(test)]
+mod plot_tests {
+    use vramctl_store::{
+        DeviceMeta, DeviceSample, DeviceSampleState, Observed, OpenMode, ProcessList,
+        ProcessOnDevice, TickSample,
+    };
+
+    use super::*;
+
+    fn tick(t: i64, used: Option<u64>) -> TickSample {
+        TickSample {
+            at_unix_ms: t,
+            devices: vec![DeviceSample {
+                device: DeviceMeta {
+                    uuid: "GPU-a".into(),
+                    index: Some(0),
+                    name: Some("NVIDIA H200".into()),
+                    ..DeviceMeta::default()
+                },
+                state: match used {
+                    Some(u) => DeviceSampleState::Read {
+                        metrics: vec![
+                            (Metric::UsedBytes, Observed::Value(u)),
+                            (Metric::TotalBytes, Observed::Value(100)),
+                        ],
+                        processes: ProcessList::Observed(vec![ProcessOnDevice {
+                            pid: 7,
+                            used_bytes: Some(u),
+                            sm_percent: None,
+                        }]),
+                    },
+                    None => DeviceSampleState::Unreadable("GPU lost".into()),
+                },
+            }],
+            ..TickSample::default()
+        }
+    }
+
+    #[test]
+    fn gaps_break_lines_and_spikes_survive_bucketing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        let t0 = 1_795_984_200_000; // on a minute boundary
+        // 0..59 s: 10, with a spike of 90 at 30 s; 60..119 s: lost; 120..179 s: 20.
+        for i in 0..180 {
+            let used = match i {
+                30 => Some(90),
+                0..60 => Some(10),
+                60..120 => None,
+                _ => Some(20),
+            };
+            store.append(&tick(t0 + i * 1000, used)).unwrap();
+        }
+        let devices = store.devices().unwrap();
+        let panels = plot_panels(&mut store, TimeRange::ALL, &devices, &[], 3).unwrap();
+        assert_eq!(panels.len(), 1);
+        let p = &panels[0];
+        assert_eq!(p.ceiling_bytes, Some(100));
+        assert_eq!(
+            p.device,
+            vec![
+                (t0, Some(90)),
+                (t0 + 60_000, None),
+                (t0 + 120_000, Some(20))
+            ]
+        );
+        assert_eq!(p.processes.len(), 1);
+        assert!(p.processes[0].0.starts_with("7 "), "{:?}", p.processes[0].0);
+        assert_eq!(p.gaps.len(), 1);
+        assert_eq!(p.gaps[0].2, "GPU lost");
+    }
+}
