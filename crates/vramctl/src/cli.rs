@@ -57,6 +57,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Hardware diagnostics per device (memory bus and bandwidth, PCIe, ECC, versions)
     Info(InfoArgs),
+    /// Live terminal UI: GPUs, processes, memory trends; --replay browses a recording
+    Top(TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +89,29 @@ pub struct InfoArgs {
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
     pub gpu: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Keys: ? in the UI lists them. Logs (-v) go to stderr: redirect it \
+                        (2>top.log) to keep them off the screen."
+)]
+pub struct TopArgs {
+    /// Seconds between samples (at least 0.1)
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub interval: f64,
+
+    /// Only these devices (index or UUID; repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    pub gpu: Vec<String>,
+
+    /// Disable every action (kill); for shared screens
+    #[arg(long)]
+    pub readonly: bool,
+
+    /// Browse a recording (the history database) instead of sampling now
+    #[arg(long, value_name = "DB")]
+    pub replay: Option<PathBuf>,
 }
 
 #[cfg(test)]

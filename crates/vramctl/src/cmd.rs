@@ -3,6 +3,7 @@
 
 pub mod info;
 pub mod status;
+pub mod top;
 
 use anyhow::{Context, bail};
 use vramctl_core::types::DeviceInfo;
@@ -16,6 +17,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
     match &cli.command {
         Command::Status(args) => status::run(&cli.global, args),
         Command::Info(args) => info::run(&cli.global, args),
+        Command::Top(args) => top::run(&cli.global, args),
     }
 }
 
