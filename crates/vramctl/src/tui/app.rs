@@ -802,7 +802,14 @@ impl App {
             }
             _ => return,
         }
+        let before = self.selected.clone();
         self.arrange();
+        // The selected process was filtered out: start from the best match, not from
+        // wherever its old place lands.
+        if before.is_some_and(|k| !self.rows.iter().any(|r| r.key.pid == k.pid)) {
+            self.select_index(Some(0));
+            self.scroll = 0;
+        }
     }
 
     // ----- mouse --------------------------------------------------------------------
@@ -904,6 +911,7 @@ impl App {
         Some(KillTarget {
             pid,
             start_time_ticks: host.and_then(|h| h.start_time_ticks),
+            started_at_unix_ms: host.and_then(|h| h.started_at_unix_ms),
             user: row.user.clone(),
             command: row.command.clone(),
             memory,

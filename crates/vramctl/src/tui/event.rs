@@ -260,6 +260,7 @@ mod tests {
         let target = KillTarget {
             pid: 5,
             start_time_ticks: Some(3),
+            started_at_unix_ms: None,
             user: None,
             command: "x".into(),
             memory: vec![],

@@ -32,6 +32,8 @@ pub struct KillTarget {
     pub pid: u32,
     /// Start time (clock ticks after boot) when last seen; `None` if /proc did not show it.
     pub start_time_ticks: Option<u64>,
+    /// Start as wall-clock time, when known.
+    pub started_at_unix_ms: Option<i64>,
     /// User, when known.
     pub user: Option<String>,
     /// Command line or driver name.
@@ -226,7 +228,8 @@ pub struct RecordingKiller {
 }
 
 impl RecordingKiller {
-    /// Plans everything (start time 1000, started at 0 ms) and answers `outcome` to kills.
+    /// Plans everything as the target says (start time 1000 if it has none) and answers
+    /// `outcome` to kills.
     pub fn new(outcome: KillOutcome) -> Self {
         Self {
             calls: Arc::default(),
@@ -247,7 +250,7 @@ impl Killer for RecordingKiller {
         Ok(KillPlan {
             target: target.clone(),
             start_time_ticks: target.start_time_ticks.unwrap_or(1000),
-            started_at_unix_ms: Some(0),
+            started_at_unix_ms: target.started_at_unix_ms,
             user: target.user.clone(),
             command: target.command.clone(),
             signal: "SIGTERM".to_owned(),
@@ -271,6 +274,7 @@ mod tests {
         KillTarget {
             pid,
             start_time_ticks: None,
+            started_at_unix_ms: None,
             user: Some("alice".into()),
             command: "python train.py".into(),
             memory: vec![],

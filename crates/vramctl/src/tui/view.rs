@@ -283,6 +283,43 @@ fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
     }
 }
 
+/// `text` cut into lines of at most `width` characters, at spaces where it can.
+pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let mut word = word.to_owned();
+        loop {
+            let len = line.chars().count();
+            let wlen = word.chars().count();
+            let sep = usize::from(len > 0);
+            if len + sep + wlen <= width {
+                if sep == 1 {
+                    line.push(' ');
+                }
+                line.push_str(&word);
+                break;
+            }
+            if len > 0 {
+                lines.push(std::mem::take(&mut line));
+                continue;
+            }
+            // A word longer than the line: cut it.
+            let head: String = word.chars().take(width).collect();
+            word = word.chars().skip(width).collect();
+            lines.push(head);
+            if word.is_empty() {
+                break;
+            }
+        }
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
 /// One line for the result of a kill.
 pub fn kill_result_text(result: &KillResult) -> String {
     match result {
@@ -321,5 +358,20 @@ pub fn kill_result_text(result: &KillResult) -> String {
         }
         KillResult::Refused(reason) => format!("refused: {reason}"),
         KillResult::Failed(reason) => format!("failed: {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_at_spaces_and_cut_long_words() {
+        assert_eq!(
+            wrap("sends SIGTERM then SIGKILL", 13),
+            ["sends SIGTERM", "then SIGKILL"]
+        );
+        assert_eq!(wrap("abcdefghij", 4), ["abcd", "efgh", "ij"]);
+        assert_eq!(wrap("", 4), [""]);
     }
 }

@@ -158,17 +158,16 @@ fn draw_line(
             }
         }
         Line::Mig(device, mig) => {
-            let ids = match (mig.gpu_instance_id, mig.compute_instance_id) {
-                (Some(gi), Some(ci)) => format!("GI{gi} CI{ci}"),
-                (Some(gi), None) => format!("GI{gi}"),
-                _ => String::new(),
-            };
-            let name = mig
+            // `g2 3g.71gb`: the instance as the GPU column names it, and its profile.
+            let gi = mig
+                .gpu_instance_id
+                .map_or_else(|| "g?".to_owned(), |gi| format!("g{gi}"));
+            let profile = mig
                 .name
                 .as_deref()
                 .and_then(|n| n.rsplit(' ').next())
                 .unwrap_or("MIG");
-            let label = format!(" └ {:<13}", format::fit(&format!("{name} {ids}"), 13));
+            let label = format!(" └ {:<14}", format::fit(&format!("{gi} {profile}"), 13));
             let x = put(buf, x, y, right, &[(&label, t.dim())]);
             let memory = device
                 .reading()
@@ -176,7 +175,9 @@ fn draw_line(
                 .and_then(|m| m.memory)
                 .ok_or_else(|| "not reported".to_owned());
             let key = SeriesKey::Device(mig.uuid.clone());
-            draw_memory(app, memory, "", &key, x, y, right, bar_w, spark_w, buf);
+            // No gauges of their own: blank, so the sparklines line up with the GPUs'.
+            let blank = " ".repeat(22);
+            draw_memory(app, memory, &blank, &key, x, y, right, bar_w, spark_w, buf);
         }
     }
 }

@@ -229,9 +229,14 @@ pub fn draw_dialog(app: &App, screen: Rect, buf: &mut Buffer) {
         }
     };
     for (text, style) in &status {
-        if y < inner.bottom() {
-            put(buf, inner.x, y, inner.right(), &[(text, *style)]);
-            y += 1;
+        for line in super::wrap(
+            text.trim_start(),
+            usize::from(inner.width.saturating_sub(2)),
+        ) {
+            if y + 1 < inner.bottom() {
+                put(buf, inner.x + 1, y, inner.right(), &[(&line, *style)]);
+                y += 1;
+            }
         }
     }
     let footer_y = area.bottom().saturating_sub(2);

@@ -225,7 +225,9 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
                     _ => t.text(),
                 };
                 lines.push(vec![label("verdict"), (v.kind.as_str().to_owned(), style)]);
-                lines.push(vec![(v.summary.clone(), t.text())]);
+                for line in super::wrap(&v.summary, usize::from(inner.width)) {
+                    lines.push(vec![(line, t.text())]);
+                }
                 for (name, value) in &v.numbers {
                     lines.push(vec![
                         (format!("  {name:<14} "), t.dim()),
