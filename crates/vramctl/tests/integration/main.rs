@@ -4,4 +4,5 @@
 mod harness;
 mod info;
 mod status;
+mod top;
 mod usage;
