@@ -38,9 +38,6 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
             db.display()
         );
     }
-    if !std::io::stdout().is_terminal() {
-        bail!("vramctl top needs a terminal; for plain output use 'vramctl status --watch 1'");
-    }
     let color = match global.color {
         ColorChoice::Always => true,
         ColorChoice::Never => false,
@@ -63,6 +60,10 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 .collect::<BTreeSet<String>>(),
         )
     };
+
+    if !std::io::stdout().is_terminal() {
+        bail!("vramctl top needs a terminal; for plain output use 'vramctl status --watch 1'");
+    }
 
     let mut app = App::new(AppConfig {
         live_interval: Some(interval),

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::fake_library;
+use predicates::str::contains;
+
+use crate::harness::{fake_library, vramctl_on};
 
 /// How long a screen may take to show what is expected.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -148,6 +150,37 @@ fn table_rows(screen: &str) -> Vec<(u32, String)> {
 
 fn pid_order(screen: &str) -> Vec<u32> {
     table_rows(screen).into_iter().map(|(p, _)| p).collect()
+}
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    for (args, message) in [
+        (
+            &["top", "--interval", "0"][..],
+            "--interval '0' is not a number of seconds",
+        ),
+        (
+            &["top", "--interval", "nan"][..],
+            "--interval 'NaN' is not a number of seconds",
+        ),
+        (&["top", "--replay", "x.db"][..], "cannot replay 'x.db'"),
+        (&["top", "--gpu", "9"][..], "no GPU matches '9'"),
+        // Not a terminal (the test's pipe): says what to use instead.
+        (
+            &["top"][..],
+            "vramctl top needs a terminal; for plain output use",
+        ),
+    ] {
+        vramctl_on("h200-idle.toml")
+            .args(args)
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(contains(message))
+            .stderr(predicates::function::function(|e: &str| {
+                e.lines().count() == 1
+            }));
+    }
 }
 
 #[test]

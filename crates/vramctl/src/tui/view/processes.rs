@@ -191,10 +191,12 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
                 (format!("{state}  parent {parent}"), t.text()),
             ]);
         }
-        None => lines.push(vec![(
-            "not visible in this PID namespace: /proc has no such process".to_owned(),
-            t.warn(),
-        )]),
+        None => {
+            let text = "not visible in this PID namespace: /proc has no such process";
+            for line in super::wrap(text, usize::from(inner.width)) {
+                lines.push(vec![(line, t.warn())]);
+            }
+        }
     }
     if row.holds_gpu() {
         let delta = row.delta_per_min.map_or_else(
