@@ -325,6 +325,39 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     );
     tmux.keys(&["x"]);
 
+    // The real process: the dialog shows who it is (checked against /proc) and its memory;
+    // confirming reaches the killer, which in this build refuses. Once the safe signal
+    // path is wired, this is where the process gets killed and its 2 GiB freed.
+    let real_index = by_pid
+        .iter()
+        .position(|&p| p == real_pid)
+        .expect("the real PID");
+    tmux.keys(&["g"]);
+    for _ in 0..real_index {
+        tmux.keys(&["Down"]);
+    }
+    tmux.keys(&["K"]);
+    let screen = tmux.wait_for("the confirmation", |s| s.contains("kill this process?"));
+    for expected in [
+        format!("PID      {real_pid}"),
+        "command  sleep 300".to_owned(),
+        "memory   GPU 0 2.0G".to_owned(),
+        "start time".to_owned(),
+    ] {
+        assert!(
+            screen.contains(&expected),
+            "'{expected}' missing:\n{screen}"
+        );
+    }
+    tmux.keys(&["y"]);
+    let screen = tmux.wait_for("the kill result", |s| s.contains("kill: not done"));
+    assert!(screen.contains("not available in this build"), "{screen}");
+    assert!(
+        Path::new(&format!("/proc/{real_pid}")).exists(),
+        "nothing was signalled"
+    );
+    tmux.keys(&["x"]);
+
     // Quit: the terminal is given back as it was.
     tmux.keys(&["q"]);
     let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
