@@ -251,6 +251,111 @@ fn replay_at_a_cursor() {
     insta::assert_snapshot!("replay_at_cursor", frame(&app));
 }
 
+/// A real H200 recording (45 s at 10 Hz, three PyTorch processes: an idle holder, a leak,
+/// a steady trainer; `crates/vramctl-core/tests/data/h200/`) browsed in replay, the cursor
+/// 40 s in, the leaking process selected with its detail pane open.
+#[test]
+fn replay_of_a_real_h200_trace() {
+    use vramctl_core::types::{
+        DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading,
+        ProcessKind, ProcessUsage, Snapshot,
+    };
+
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../vramctl-core/tests/data/h200/trace-hold-leak-steady.json"
+    );
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let roles: Vec<(u32, String)> = trace["roles"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(role, pid)| (u32::try_from(pid.as_u64().unwrap()).unwrap(), role.clone()))
+        .collect();
+    let info = Arc::new(DeviceInfo {
+        index: 0,
+        uuid: "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2".into(),
+        name: Some("NVIDIA H200".into()),
+        pci_bus_id: None,
+        minor_number: Some(0),
+        mig_enabled: Some(false),
+        mig_instances: vec![],
+    });
+    let driver = Arc::new(DriverInfo {
+        driver_version: Some("580.159.04".into()),
+        nvml_version: None,
+    });
+    let u = |v: &serde_json::Value| v.as_u64().unwrap();
+    let observations: Vec<Observation> = trace["trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            #[allow(clippy::cast_possible_truncation)]
+            let t_ms = (s["t"].as_f64().unwrap() * 1000.0).round() as i64;
+            let processes = s["procs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| ProcessUsage {
+                    pid: u32::try_from(u(&p[0])).unwrap(),
+                    used_bytes: Some(u(&p[1])),
+                    kind: ProcessKind::Compute,
+                    gpu_instance_id: None,
+                    compute_instance_id: None,
+                })
+                .collect();
+            let mut o = Observation::bare(Snapshot {
+                taken_at_unix_ms: super::fixtures::T0_MS + t_ms,
+                driver: Arc::clone(&driver),
+                devices: vec![DeviceSnapshot {
+                    info: Arc::clone(&info),
+                    state: DeviceState::Ok(DeviceReading {
+                        memory: Some(MemoryReading {
+                            total_bytes: u(&s["total"]),
+                            used_bytes: u(&s["used"]),
+                            reserved_bytes: u(&s["reserved"]),
+                            free_bytes: u(&s["free"]),
+                        }),
+                        utilization_gpu_percent: Some(u32::try_from(u(&s["util_gpu"])).unwrap()),
+                        utilization_memory_percent: Some(u32::try_from(u(&s["util_mem"])).unwrap()),
+                        processes: Some(processes),
+                        ..DeviceReading::default()
+                    }),
+                }],
+                unopened: vec![],
+            });
+            for (pid, role) in &roles {
+                let command = format!("python3 workloads/{role}.py");
+                o.hosts
+                    .insert(*pid, super::fixtures::host(*pid, 1, "ubuntu", &command));
+            }
+            o
+        })
+        .collect();
+    let recording = MemoryReplay::new(observations);
+    let mut app = App::new(AppConfig {
+        live_interval: None,
+        ..AppConfig::default()
+    });
+    app.update(Event::Resize(120, 40));
+    app.update(key(KeyCode::Char('z')));
+    let seek = super::replay::Seek::AtOrBefore(super::fixtures::T0_MS + 40_000);
+    let frame_data = seek_frame(&recording, seek, app.zoom.span_ms(), 512).unwrap();
+    app.update(Event::Replay(Box::new(frame_data)));
+    // The leak holds the most memory by now; it is the first row.
+    let leak = roles.iter().find(|(_, r)| r == "leak").unwrap().0;
+    assert_eq!(app.rows[0].key.pid, leak);
+    let delta = app.rows[0].delta_per_min.unwrap();
+    assert!(
+        delta > 50 << 30,
+        "the leak grew > 50 GiB in the last minute: {delta}"
+    );
+    app.update(key(KeyCode::Enter));
+    insta::assert_snapshot!("replay_h200_trace", frame(&app));
+}
+
 #[test]
 fn no_color_draws_no_colour_and_color_does() {
     let observations = from_scenario("h200-training.toml", &every_10s(60));

@@ -191,21 +191,20 @@ impl Series {
     }
 }
 
-/// Change per minute over the last minute of `points` (oldest first) up to `now_ms`:
-/// `(last - first) / elapsed`, over the samples of the minute before the last one.
-/// `None` with fewer than two samples in that minute or less than a second between them.
+/// Memory now minus memory a minute ago, from `points` (oldest first): the change over the
+/// last minute of samples, or since the first sample when they span less than a minute. Not
+/// extrapolated: ten seconds of samples are not multiplied into a minute's worth. `None`
+/// with fewer than two samples in that minute.
 pub fn change_per_minute(points: &[Point]) -> Option<i64> {
     let last = *points.last()?;
     let first = points
         .iter()
         .find(|p| p.t_ms >= last.t_ms - 60_000)
         .copied()?;
-    let elapsed_ms = last.t_ms - first.t_ms;
-    if elapsed_ms < 1_000 {
+    if first.t_ms == last.t_ms {
         return None;
     }
-    let delta = i128::from(last.bytes) - i128::from(first.bytes);
-    i64::try_from(delta * 60_000 / i128::from(elapsed_ms)).ok()
+    i64::try_from(i128::from(last.bytes) - i128::from(first.bytes)).ok()
 }
 
 /// At most `buckets` points over `[from_ms, to_ms]`, each the highest value of its slice of
@@ -468,20 +467,12 @@ mod tests {
         // +1 MiB every 10 s for 2 minutes: 6 MiB per minute.
         let pts: Vec<Point> = (0..=12).map(|i| p(i * 10, (i as u64) << 20)).collect();
         assert_eq!(change_per_minute(&pts), Some(6 << 20));
-        // Falling.
+        // Less than a minute of samples: the change so far, not scaled up to a minute.
         let pts = vec![p(0, 10 << 20), p(30, 7 << 20)];
-        assert_eq!(change_per_minute(&pts), Some(-(6 << 20)));
+        assert_eq!(change_per_minute(&pts), Some(-(3 << 20)));
         // Too little to say.
         assert_eq!(change_per_minute(&[p(0, 5)]), None);
         assert_eq!(change_per_minute(&[]), None);
-        let close = [
-            Point { t_ms: 0, bytes: 1 },
-            Point {
-                t_ms: 500,
-                bytes: 9,
-            },
-        ];
-        assert_eq!(change_per_minute(&close), None);
     }
 
     #[test]

@@ -51,7 +51,10 @@ const HELP: &[(&str, &str)] = &[
         "flags:",
         "L leak  I idle holder  Z zombie  H not visible here",
     ),
-    ("Δ/MIN:", "memory change per minute over the last minute"),
+    (
+        "Δ/MIN:",
+        "memory now minus a minute ago (or since top first saw it)",
+    ),
     (
         "IDLE:",
         "time since it last used the GPU (≥: since top saw it)",
