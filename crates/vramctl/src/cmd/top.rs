@@ -106,6 +106,9 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 Effect::Kill(plan) => {
                     let _ = actions.send(ActionRequest::Kill(plan));
                 }
+                Effect::MemoryOutcome { plan, freed_bytes } => {
+                    let _ = actions.send(ActionRequest::MemoryOutcome { plan, freed_bytes });
+                }
                 Effect::Seek(seek) => {
                     if let Some(replay) = &replay {
                         let window_ms = app.zoom.span_ms();

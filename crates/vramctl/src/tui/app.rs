@@ -71,6 +71,14 @@ pub enum Effect {
     Plan(KillTarget),
     /// Carry out this kill (action worker).
     Kill(KillPlan),
+    /// Tell the killer (for its audit record) whether the memory was released:
+    /// `Some(bytes)` freed, `None` still listed by the driver (action worker).
+    MemoryOutcome {
+        /// The kill.
+        plan: KillPlan,
+        /// Bytes the process held that the driver no longer lists.
+        freed_bytes: Option<u64>,
+    },
     /// Move the replay cursor (replay thread).
     Seek(Seek),
     /// Load older history (history loader).
@@ -219,6 +227,8 @@ pub struct App {
     pub help: bool,
     /// The kill dialog.
     pub dialog: Option<KillDialog>,
+    /// The dialog of a kill in flight was put away (`Esc`); its result goes to the footer.
+    pub dialog_hidden: bool,
     /// A one-line message for the footer.
     pub message: Option<String>,
     /// The sampler stopped (live mode).
@@ -266,6 +276,7 @@ impl App {
             detail: false,
             help: false,
             dialog: None,
+            dialog_hidden: false,
             message: None,
             sampler_error: None,
             devices: config.devices,
@@ -329,7 +340,9 @@ impl App {
                 } else {
                     self.sampler_error = None;
                     self.observe(obs, true);
-                    self.history_effects()
+                    let mut effects = self.history_effects();
+                    effects.extend(self.verify_kill());
+                    effects
                 }
             }
             Event::SamplerStopped(reason) => {
@@ -356,10 +369,7 @@ impl App {
                 self.on_kill_planned(result);
                 Vec::new()
             }
-            Event::KillFinished { plan, outcome } => {
-                self.on_kill_finished(plan, outcome);
-                Vec::new()
-            }
+            Event::KillFinished { plan, outcome } => self.on_kill_finished(plan, outcome),
         };
         self.keep_selection_visible();
         effects
@@ -378,7 +388,6 @@ impl App {
         self.track_activity(&obs);
         self.latest = Some(obs);
         self.rebuild_rows();
-        self.verify_kill();
     }
 
     fn track_activity(&mut self, obs: &Observation) {
@@ -714,7 +723,7 @@ impl App {
             }
             return Vec::new();
         }
-        if self.dialog.is_some() {
+        if self.dialog.is_some() && !self.dialog_hidden {
             return self.dialog_key(&key);
         }
         if self.filter_editing {
@@ -818,10 +827,10 @@ impl App {
         let at = Position::new(mouse.column, mouse.row);
         let areas = view::layout(self);
         match mouse.kind {
-            MouseEventKind::ScrollDown if self.dialog.is_none() && !self.help => {
+            MouseEventKind::ScrollDown if !self.dialog_shown() && !self.help => {
                 self.move_selection(1);
             }
-            MouseEventKind::ScrollUp if self.dialog.is_none() && !self.help => {
+            MouseEventKind::ScrollUp if !self.dialog_shown() && !self.help => {
                 self.move_selection(-1);
             }
             MouseEventKind::Down(MouseButton::Left) => {
@@ -829,7 +838,7 @@ impl App {
                     self.help = false;
                     return Vec::new();
                 }
-                if self.dialog.is_some() {
+                if self.dialog.is_some() && !self.dialog_hidden {
                     return self.dialog_click(at);
                 }
                 if let Some(table) = areas.table {
@@ -872,6 +881,10 @@ impl App {
         }
         if self.readonly {
             self.message = Some(READONLY_REASON.to_owned());
+            return Vec::new();
+        }
+        if self.dialog.is_some() {
+            self.message = Some("a kill is still in progress; wait for its result".into());
             return Vec::new();
         }
         let Some(target) = self.kill_target() else {
@@ -937,10 +950,16 @@ impl App {
                 _ => {}
             },
             KillDialog::Finished { .. } => self.dialog = None,
-            KillDialog::Planning(_) | KillDialog::InProgress(_) | KillDialog::Verifying { .. } => {
+            KillDialog::Planning(_) => {
+                if matches!(key.code, KeyCode::Esc | KeyCode::Char('q' | 'n')) {
+                    // Nothing was sent; the plan's answer is dropped when it comes.
+                    self.dialog = None;
+                }
+            }
+            KillDialog::InProgress(_) | KillDialog::Verifying { .. } => {
                 if matches!(key.code, KeyCode::Esc | KeyCode::Char('q')) {
                     // The kill goes on; its result lands in the footer.
-                    self.dialog = None;
+                    self.dialog_hidden = true;
                 }
             }
         }
@@ -1000,8 +1019,12 @@ impl App {
         });
     }
 
-    fn on_kill_finished(&mut self, plan: KillPlan, outcome: KillOutcome) {
+    fn on_kill_finished(&mut self, plan: KillPlan, outcome: KillOutcome) -> Vec<Effect> {
         let pid = plan.target.pid;
+        let ours = matches!(&self.dialog, Some(KillDialog::InProgress(p)) if p.target.pid == pid);
+        if !ours {
+            return Vec::new();
+        }
         let next = match outcome {
             KillOutcome::Exited { escalated, .. } => KillDialog::Verifying {
                 plan,
@@ -1026,27 +1049,43 @@ impl App {
                 result: KillResult::Failed(reason),
             },
         };
-        let showing =
-            matches!(&self.dialog, Some(KillDialog::InProgress(p)) if p.target.pid == pid);
-        if showing {
-            self.dialog = Some(next);
-            self.verify_kill();
-        } else if let KillDialog::Finished { result, .. } = &next {
-            self.message = Some(format!("kill {pid}: {}", view::kill_result_text(result)));
-        } else {
-            self.message = Some(format!("process {pid} exited"));
+        self.dialog = Some(next);
+        let effects: Vec<Effect> = self.verify_kill().into_iter().collect();
+        self.footer_if_hidden();
+        effects
+    }
+
+    /// Whether the kill dialog is on screen.
+    pub fn dialog_shown(&self) -> bool {
+        self.dialog.is_some() && !self.dialog_hidden
+    }
+
+    /// A finished kill whose dialog was put away: its result goes to the footer.
+    fn footer_if_hidden(&mut self) {
+        if !self.dialog_hidden {
+            return;
+        }
+        if let Some(KillDialog::Finished { target, result }) = &self.dialog {
+            self.message = Some(format!(
+                "kill {}: {}",
+                target.pid,
+                view::kill_result_text(result)
+            ));
+            self.dialog = None;
+            self.dialog_hidden = false;
         }
     }
 
     /// After the process exited: once the driver no longer lists it, its memory is free.
-    fn verify_kill(&mut self) {
+    /// Returns the outcome for the killer's audit record once it is known.
+    fn verify_kill(&mut self) -> Option<Effect> {
         let Some(KillDialog::Verifying {
             plan,
             escalated,
             samples,
         }) = &mut self.dialog
         else {
-            return;
+            return None;
         };
         let pid = plan.target.pid;
         let listed = self.latest.as_ref().is_some_and(|obs| {
@@ -1056,7 +1095,8 @@ impl App {
                     .is_some_and(|ps| ps.iter().any(|p| p.pid == pid))
             })
         });
-        if !listed {
+        let plan = plan.clone();
+        let effect = if !listed {
             let per_gpu = plan.target.memory.clone();
             let total_bytes = per_gpu.iter().filter_map(|m| m.used_bytes).sum();
             self.dialog = Some(KillDialog::Finished {
@@ -1067,14 +1107,25 @@ impl App {
                     escalated: *escalated,
                 },
             });
+            Some(Effect::MemoryOutcome {
+                plan,
+                freed_bytes: Some(total_bytes),
+            })
         } else if *samples >= VERIFY_SAMPLES {
             self.dialog = Some(KillDialog::Finished {
                 target: plan.target.clone(),
                 result: KillResult::StillListed,
             });
+            Some(Effect::MemoryOutcome {
+                plan,
+                freed_bytes: None,
+            })
         } else {
             *samples += 1;
-        }
+            None
+        };
+        self.footer_if_hidden();
+        effect
     }
 }
 
@@ -1427,11 +1478,21 @@ mod tests {
             app.dialog,
             Some(KillDialog::Verifying { samples: 2, .. })
         ));
-        app.update(Event::Sample(obs(
+        let effects = app.update(Event::Sample(obs(
             2,
             vec![gpu(0, 140 * GIB, 3 * GIB, &[(202, 2 * GIB), (303, GIB)])],
             vec![],
         )));
+        assert!(
+            effects.iter().any(|e| matches!(
+                e,
+                Effect::MemoryOutcome {
+                    freed_bytes: Some(b),
+                    ..
+                } if *b == 3 * GIB
+            )),
+            "{effects:?}"
+        );
         let Some(KillDialog::Finished {
             result: KillResult::Freed { total_bytes, .. },
             ..
@@ -1468,6 +1529,48 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_hidden_kill_reports_in_the_footer_and_blocks_another() {
+        let mut app = live();
+        app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
+        app.update(key(KeyCode::Char('K')));
+        let plan = crate::tui::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
+            .plan(&app.kill_target().unwrap())
+            .unwrap();
+        app.update(Event::KillPlanned(Ok(plan.clone())));
+        app.update(key(KeyCode::Char('y')));
+        app.update(key(KeyCode::Esc));
+        assert!(!app.dialog_shown());
+        // Keys work on the table again; a second kill waits for the first.
+        app.update(key(KeyCode::Down));
+        assert_eq!(app.selected_row().map(|r| r.key.pid), Some(202));
+        assert!(app.update(key(KeyCode::Char('K'))).is_empty());
+        assert!(
+            app.message
+                .as_deref()
+                .unwrap()
+                .contains("still in progress")
+        );
+        app.update(Event::KillFinished {
+            plan,
+            outcome: KillOutcome::Exited {
+                escalated: true,
+                after_ms: 10_000,
+            },
+        });
+        let effects = app.update(Event::Sample(obs(
+            1,
+            vec![gpu(0, 140 * GIB, 3 * GIB, &[(202, 2 * GIB), (303, GIB)])],
+            vec![],
+        )));
+        assert_eq!(effects.len(), 1, "{effects:?}");
+        assert_eq!(app.dialog, None);
+        assert_eq!(
+            app.message.as_deref(),
+            Some("kill 101: exited (after SIGKILL); freed 3.0G (GPU 0 3.0G)")
+        );
     }
 
     #[test]

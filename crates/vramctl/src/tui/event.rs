@@ -126,6 +126,13 @@ pub enum ActionRequest {
     Plan(KillTarget),
     /// Carry out this plan.
     Kill(KillPlan),
+    /// Report what became of the memory (no answer is sent).
+    MemoryOutcome {
+        /// The kill.
+        plan: KillPlan,
+        /// Bytes freed, or `None` when still listed.
+        freed_bytes: Option<u64>,
+    },
 }
 
 /// Runs kills off the UI thread (a kill waits for the process to exit).
@@ -143,6 +150,10 @@ pub fn spawn_actions(
                     ActionRequest::Kill(plan) => {
                         let outcome = actions.kill(&plan);
                         Event::KillFinished { plan, outcome }
+                    }
+                    ActionRequest::MemoryOutcome { plan, freed_bytes } => {
+                        actions.memory_outcome(&plan, freed_bytes);
+                        continue;
                     }
                 };
                 if tx.send(event).is_err() {
@@ -269,16 +280,26 @@ mod tests {
         let Ok(Event::KillPlanned(Ok(plan))) = rx.recv() else {
             panic!("expected a plan");
         };
-        req.send(ActionRequest::Kill(plan)).unwrap();
+        req.send(ActionRequest::Kill(plan.clone())).unwrap();
         let Ok(Event::KillFinished { outcome, .. }) = rx.recv() else {
             panic!("expected a result");
         };
         assert_eq!(outcome, KillOutcome::AlreadyGone);
+        req.send(ActionRequest::MemoryOutcome {
+            plan,
+            freed_bytes: Some(1),
+        })
+        .unwrap();
         drop(req);
         handle.join().unwrap();
+        assert!(rx.try_recv().is_err(), "a memory outcome has no answer");
         assert_eq!(
             *calls.lock().unwrap(),
-            [KillerCall::Plan(5), KillerCall::Kill(5)]
+            [
+                KillerCall::Plan(5),
+                KillerCall::Kill(5),
+                KillerCall::MemoryOutcome(5, Some(1)),
+            ]
         );
     }
 }

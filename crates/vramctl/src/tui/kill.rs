@@ -104,6 +104,11 @@ pub trait Killer: Send {
 
     /// Signals the planned process, waits for it, and says what happened.
     fn kill(&mut self, plan: &KillPlan) -> KillOutcome;
+
+    /// What became of the memory after the process exited, as the UI saw it in the samples
+    /// that followed: `Some(bytes)` released, `None` still listed by the driver. For the
+    /// audit record of the kill.
+    fn memory_outcome(&mut self, _plan: &KillPlan, _freed_bytes: Option<u64>) {}
 }
 
 /// The reason every action gives in a read-only session.
@@ -148,6 +153,13 @@ impl Actions {
             };
         }
         self.killer.kill(plan)
+    }
+
+    /// [`Killer::memory_outcome`] (a read-only session killed nothing to report on).
+    pub fn memory_outcome(&mut self, plan: &KillPlan, freed_bytes: Option<u64>) {
+        if !self.readonly {
+            self.killer.memory_outcome(plan, freed_bytes);
+        }
     }
 }
 
@@ -214,6 +226,8 @@ pub enum KillerCall {
     Plan(u32),
     /// `kill` for this PID.
     Kill(u32),
+    /// `memory_outcome` for this PID.
+    MemoryOutcome(u32, Option<u64>),
 }
 
 /// A test double: records its calls and answers what it was told to.
@@ -263,6 +277,12 @@ impl Killer for RecordingKiller {
             calls.push(KillerCall::Kill(plan.target.pid));
         }
         self.outcome.clone()
+    }
+
+    fn memory_outcome(&mut self, plan: &KillPlan, freed_bytes: Option<u64>) {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.push(KillerCall::MemoryOutcome(plan.target.pid, freed_bytes));
+        }
     }
 }
 

@@ -140,7 +140,7 @@ pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
     if app.help {
         overlay::draw_help(app, area, buf);
     }
-    if app.dialog.is_some() {
+    if app.dialog_shown() {
         overlay::draw_dialog(app, area, buf);
     }
 }

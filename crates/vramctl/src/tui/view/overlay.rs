@@ -92,7 +92,7 @@ fn dialog_area(screen: Rect) -> Rect {
 
 /// The kill and cancel buttons of the confirmation, for mouse clicks.
 pub fn dialog_buttons(app: &App) -> Option<(Rect, Rect)> {
-    if !matches!(app.dialog, Some(KillDialog::Confirm { .. })) {
+    if app.dialog_hidden || !matches!(app.dialog, Some(KillDialog::Confirm { .. })) {
         return None;
     }
     let area = dialog_area(Rect::new(0, 0, app.size.0, app.size.1));
