@@ -308,6 +308,15 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     tmux.keys(&["?"]);
     tmux.wait_for("the help closed", |s| !s.contains("keys (any key closes)"));
 
+    // Resize below the minimum and back.
+    tmux.run(&["resize-window", "-t", SESSION, "-x", "70", "-y", "20"]);
+    tmux.wait_for("the too-small message", |s| s.contains("terminal too small: 70×20"));
+    tmux.run(&["resize-window", "-t", SESSION, "-x", "80", "-y", "24"]);
+    let screen = tmux.wait_for("the 80x24 layout", |s| table_rows(s).len() == 5);
+    assert!(screen.lines().all(|l| l.chars().count() <= 80), "{screen}");
+    tmux.run(&["resize-window", "-t", SESSION, "-x", "120", "-y", "40"]);
+    tmux.wait_for("the 120x40 layout", |s| s.contains("memory used · last"));
+
     // Kill is not wired yet: the dialog checks the process and refuses to signal it.
     let fictional = by_pid
         .iter()
