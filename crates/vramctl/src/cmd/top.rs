@@ -14,6 +14,7 @@ use anyhow::{Context, bail};
 use vramctl::tui::app::{App, AppConfig, Effect, TICK_MS};
 use vramctl::tui::event::{
     ActionRequest, Event, HistoryRequest, ReplayRequest, spawn_actions, spawn_input, spawn_sampler,
+    spawn_signals,
 };
 use vramctl::tui::kill::{Actions, UnwiredKiller};
 use vramctl::tui::terminal::TerminalGuard;
@@ -91,6 +92,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
     let size = terminal.size().context("cannot read the terminal size")?;
     app.update(Event::Resize(size.width, size.height));
     spawn_input(tx.clone()).context("cannot start the input thread")?;
+    spawn_signals(tx.clone()).context("cannot watch for termination signals")?;
     drop(tx);
 
     let tick = Duration::from_millis(u64::try_from(TICK_MS).unwrap_or(200));

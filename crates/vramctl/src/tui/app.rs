@@ -345,6 +345,10 @@ impl App {
                     effects
                 }
             }
+            Event::Terminate(_) => {
+                self.quit = true;
+                vec![Effect::Quit]
+            }
             Event::SamplerStopped(reason) => {
                 self.sampler_error = Some(reason);
                 Vec::new()
@@ -1189,6 +1193,13 @@ mod tests {
 
     fn order(app: &App) -> Vec<u32> {
         app.rows.iter().map(|r| r.key.pid).collect()
+    }
+
+    #[test]
+    fn a_termination_signal_quits() {
+        let mut app = live();
+        assert_eq!(app.update(Event::Terminate(15)), [Effect::Quit]);
+        assert!(app.quit);
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub enum Event {
     ReplayFailed(String),
     /// The kill target was checked: the plan to confirm, or why not.
     KillPlanned(Result<KillPlan, String>),
+    /// A signal asked the program to end (SIGTERM, SIGHUP, SIGQUIT).
+    Terminate(i32),
     /// The kill was carried out.
     KillFinished {
         /// What was planned.
@@ -77,6 +79,22 @@ pub fn spawn_input(tx: Sender<Event>) -> std::io::Result<JoinHandle<()>> {
                     }
                 };
                 if tx.send(event).is_err() {
+                    return;
+                }
+            }
+        })
+}
+
+/// Turns SIGTERM, SIGHUP and SIGQUIT into [`Event::Terminate`], so that the loop ends and
+/// gives the terminal back instead of the process dying in raw mode.
+pub fn spawn_signals(tx: Sender<Event>) -> std::io::Result<JoinHandle<()>> {
+    use signal_hook::consts::{SIGHUP, SIGQUIT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGQUIT])?;
+    std::thread::Builder::new()
+        .name("top-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if tx.send(Event::Terminate(signal)).is_err() {
                     return;
                 }
             }

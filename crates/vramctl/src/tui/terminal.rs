@@ -1,6 +1,7 @@
 //! The terminal, always given back: raw mode, the alternate screen and mouse capture are
 //! undone when the [`TerminalGuard`] drops (normal exit and `?` errors) and by a panic
 //! hook (a panic on any thread), whichever comes first; undoing twice is harmless.
+//! Termination signals become an event that ends the loop (`event::spawn_signals`).
 
 use std::io::{Stdout, Write};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -183,17 +183,102 @@ fn bad_flags_are_one_line_errors() {
     }
 }
 
+/// Runs `top` on `scenario` (TOML text) in a 120×40 tmux pane. The pane runs a script: top
+/// with a clean environment, then prints its exit status and the tty modes, then waits (so
+/// the pane stays to be read).
+fn launch(dir: &Path, scenario: &str) -> Tmux {
+    let scenario_path = dir.join("scenario.toml");
+    std::fs::write(&scenario_path, scenario).expect("write scenario");
+    let binary = assert_cmd::cargo::cargo_bin("vramctl");
+    let script = format!(
+        "env -i PATH=\"$PATH\" TERM=\"$TERM\" VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' \
+         FAKE_NVML_TIME=0 NO_COLOR=1 '{}' top --interval 0.2\n\
+         echo \"vramctl exited $?\"\n\
+         echo \"stty: $(stty -a | tr '\\n' ' ')\"\n\
+         read _\n",
+        fake_library().display(),
+        scenario_path.display(),
+        binary.display(),
+    );
+    let script_path = dir.join("run.sh");
+    std::fs::write(&script_path, script).expect("write script");
+    Tmux::start(dir, &format!("sh '{}'", script_path.display()), 120, 40)
+}
+
+/// After top exited: the tty is back in cooked mode with echo; the alternate screen, mouse
+/// capture and the hidden cursor are undone. Returns the screen.
+fn assert_terminal_restored(tmux: &Tmux) -> String {
+    let screen = tmux.wait_for("the stty line", |s| s.contains("stty: "));
+    let stty = screen
+        .lines()
+        .skip_while(|l| !l.starts_with("stty: "))
+        .collect::<Vec<_>>()
+        .join(" ");
+    for setting in [" icanon", " echo ", " isig", " icrnl"] {
+        assert!(stty.contains(setting), "'{setting}' not restored: {stty}");
+    }
+    assert_eq!(
+        tmux.format("#{alternate_on}"),
+        "0",
+        "left the alternate screen"
+    );
+    assert_eq!(tmux.format("#{mouse_any_flag}"), "0", "mouse capture off");
+    assert_eq!(tmux.format("#{cursor_flag}"), "1", "cursor visible");
+    screen
+}
+
+/// Whether to skip a tmux test: only when tmux is missing and `VRAMCTL_SKIP_TMUX=1`;
+/// missing without it fails.
+fn skip_without_tmux() -> bool {
+    if tmux_available() {
+        return false;
+    }
+    if std::env::var("VRAMCTL_SKIP_TMUX").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: tmux is not installed and VRAMCTL_SKIP_TMUX=1");
+        return true;
+    }
+    panic!(
+        "tmux is not installed: install it (apt-get install tmux; .ci/run does) or set \
+         VRAMCTL_SKIP_TMUX=1 to skip this test"
+    );
+}
+
+#[test]
+fn sigterm_ends_top_with_the_terminal_given_back() {
+    if skip_without_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid = free_pids(1)[0];
+    let scenario = format!(
+        "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\n\
+         memory_total = 150754820096\n\n[[gpu.process]]\npid = {pid}\nname = \"x\"\n\
+         memory = \"1 GiB\"\n"
+    );
+    let tmux = launch(dir.path(), &scenario);
+    tmux.wait_for("the table", |s| table_rows(s).len() == 1);
+    // The pane's shell runs the script; top is its only child.
+    let shell = tmux.format("#{pane_pid}");
+    let output = Command::new("ps")
+        .args(["-o", "pid=", "--ppid", &shell])
+        .output()
+        .expect("ps");
+    let top_pid = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert!(top_pid.parse::<u32>().is_ok(), "top's PID: '{top_pid}'");
+    let status = Command::new("kill")
+        .args(["-TERM", &top_pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+    assert!(screen.contains("vramctl exited 0"), "{screen}");
+    assert_terminal_restored(&tmux);
+}
+
 #[test]
 fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
-    if !tmux_available() {
-        if std::env::var("VRAMCTL_SKIP_TMUX").is_ok_and(|v| v == "1") {
-            eprintln!("skipped: tmux is not installed and VRAMCTL_SKIP_TMUX=1");
-            return;
-        }
-        panic!(
-            "tmux is not installed: install it (apt-get install tmux; .ci/run does) or set \
-             VRAMCTL_SKIP_TMUX=1 to skip this test"
-        );
+    if skip_without_tmux() {
+        return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
     // A real process holding "GPU memory" in the fake, and four fictional ones.
@@ -226,30 +311,7 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     scenario.push_str(&format!(
         "\n[[gpu.process]]\npid = {real_pid}\nreal = true\nmemory = \"2 GiB\"\n"
     ));
-    let scenario_path = dir.path().join("scenario.toml");
-    std::fs::write(&scenario_path, scenario).expect("write scenario");
-
-    // The pane runs this script: top with a clean environment, then what the terminal
-    // looks like afterwards, then waits (so the pane stays to be read).
-    let binary = assert_cmd::cargo::cargo_bin("vramctl");
-    let script = format!(
-        "env -i PATH=\"$PATH\" TERM=\"$TERM\" VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' \
-         FAKE_NVML_TIME=0 NO_COLOR=1 '{}' top --interval 0.2\n\
-         echo \"vramctl exited $?\"\n\
-         echo \"stty: $(stty -a | tr '\\n' ' ')\"\n\
-         read _\n",
-        fake_library().display(),
-        scenario_path.display(),
-        binary.display(),
-    );
-    let script_path = dir.path().join("run.sh");
-    std::fs::write(&script_path, script).expect("write script");
-    let tmux = Tmux::start(
-        dir.path(),
-        &format!("sh '{}'", script_path.display()),
-        120,
-        40,
-    );
+    let tmux = launch(dir.path(), &scenario);
 
     // Everything shows, biggest holder first.
     let screen = tmux.wait_for("the five processes", |s| table_rows(s).len() == 5);
@@ -310,7 +372,9 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
 
     // Resize below the minimum and back.
     tmux.run(&["resize-window", "-t", SESSION, "-x", "70", "-y", "20"]);
-    tmux.wait_for("the too-small message", |s| s.contains("terminal too small: 70×20"));
+    tmux.wait_for("the too-small message", |s| {
+        s.contains("terminal too small: 70×20")
+    });
     tmux.run(&["resize-window", "-t", SESSION, "-x", "80", "-y", "24"]);
     let screen = tmux.wait_for("the 80x24 layout", |s| table_rows(s).len() == 5);
     assert!(screen.lines().all(|l| l.chars().count() <= 80), "{screen}");
@@ -371,22 +435,7 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     tmux.keys(&["q"]);
     let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
     assert!(screen.contains("vramctl exited 0"), "{screen}");
-    let screen = tmux.wait_for("the stty line", |s| s.contains("stty: "));
-    let stty = screen
-        .lines()
-        .skip_while(|l| !l.starts_with("stty: "))
-        .collect::<Vec<_>>()
-        .join(" ");
-    for setting in [" icanon", " echo ", " isig", " icrnl"] {
-        assert!(stty.contains(setting), "'{setting}' not restored: {stty}");
-    }
-    assert_eq!(
-        tmux.format("#{alternate_on}"),
-        "0",
-        "left the alternate screen"
-    );
-    assert_eq!(tmux.format("#{mouse_any_flag}"), "0", "mouse capture off");
-    assert_eq!(tmux.format("#{cursor_flag}"), "1", "cursor visible");
+    let screen = assert_terminal_restored(&tmux);
     assert!(
         !screen.contains("COMMAND"),
         "no UI left on the screen: {screen}"
