@@ -586,6 +586,19 @@ impl App {
         self.scroll = self.scroll.min(max_scroll);
     }
 
+    /// The chart window changed: load what it now covers (a replay reloads the frame).
+    fn zoom_effects(&mut self) -> Vec<Effect> {
+        let now = self.now_ms();
+        match (&mut self.mode, now) {
+            (Mode::Replay(r), Some(now)) => {
+                r.waiting = true;
+                vec![Effect::Seek(Seek::AtOrBefore(now))]
+            }
+            (Mode::Replay(_), None) => Vec::new(),
+            (Mode::Live { .. }, _) => self.history_effects(),
+        }
+    }
+
     fn history_effects(&mut self) -> Vec<Effect> {
         if !self.history_source {
             return Vec::new();
@@ -633,6 +646,9 @@ impl App {
         };
         let t = obs.taken_at_unix_ms();
         if now == Some(t) {
+            // The same moment again (a zoom): only the chart window changed.
+            self.loaded = Some(frame.history);
+            self.rebuild_rows();
             return Vec::new();
         }
         let contiguous = matches!(frame.seek, Seek::After(_)) || r.playing;
@@ -776,11 +792,11 @@ impl App {
             }
             KeyCode::Char('z') => {
                 self.zoom = self.zoom.zoom_in();
-                return self.history_effects();
+                return self.zoom_effects();
             }
             KeyCode::Char('Z') => {
                 self.zoom = self.zoom.zoom_out();
-                return self.history_effects();
+                return self.zoom_effects();
             }
             KeyCode::Char('K') | KeyCode::Delete | KeyCode::F(9) => return self.ask_kill(),
             _ => {}
@@ -1585,6 +1601,25 @@ mod tests {
     }
 
     #[test]
+    fn dialog_buttons_answer_clicks() {
+        let mut app = live();
+        app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
+        app.update(key(KeyCode::Char('K')));
+        let plan = crate::tui::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
+            .plan(&app.kill_target().unwrap())
+            .unwrap();
+        app.update(Event::KillPlanned(Ok(plan.clone())));
+        let (kill, cancel) = view::dialog_buttons(&app).unwrap();
+        let mut cancelled = app.clone();
+        assert!(cancelled.update(click(cancel.x + 1, cancel.y)).is_empty());
+        assert_eq!(cancelled.dialog, None);
+        // A click elsewhere does nothing; on the kill button it kills.
+        assert!(app.update(click(0, 0)).is_empty());
+        assert!(app.dialog_shown());
+        assert_eq!(app.update(click(kill.x + 1, kill.y)), [Effect::Kill(plan)]);
+    }
+
+    #[test]
     fn refusals_end_the_dialog_with_the_reason() {
         let mut app = live();
         app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
@@ -1715,6 +1750,21 @@ mod tests {
         assert_eq!(app.chart_points(&key101).len(), 20);
         let row = app.rows.iter().find(|r| r.key.pid == 101).unwrap();
         assert_eq!(row.delta_per_min, Some(i64::try_from(600 * MIB).unwrap()));
+        // Zooming out reloads the frame with the wider window.
+        app.update(key(KeyCode::Char('z')));
+        let e = app.update(key(KeyCode::Char('z')));
+        assert_eq!(e, [Effect::Seek(Seek::AtOrBefore(T0_MS + 190_000))]);
+        serve(&mut app, &rec, e);
+        assert_eq!(
+            app.chart_points(&key101).len(),
+            7,
+            "the last minute: 130..190 s"
+        );
+        let e = app.update(key(KeyCode::Char('Z')));
+        serve(&mut app, &rec, e);
+        let e = app.update(key(KeyCode::Char('Z')));
+        serve(&mut app, &rec, e);
+        assert_eq!(app.chart_points(&key101).len(), 20);
         // Past the end: a message, the frame stays.
         let e = app.update(key(KeyCode::Right));
         serve(&mut app, &rec, e);
