@@ -71,6 +71,7 @@ pub fn host(pid: u32, ppid: u32, user: &str, command: &str) -> HostProcess {
         start_time_ticks: Some(u64::from(pid) * 10),
         started_at_unix_ms: Some(T0_MS - 3_600_000),
         cpu_percent: Some(12.0),
+        cpu_time_ms: Some(90_000),
     }
 }
 

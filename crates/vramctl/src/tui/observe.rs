@@ -64,6 +64,8 @@ pub struct HostProcess {
     pub started_at_unix_ms: Option<i64>,
     /// CPU use since the previous observation, in percent of one core.
     pub cpu_percent: Option<f32>,
+    /// Cumulative user + system CPU time (what the idle analysis takes as evidence).
+    pub cpu_time_ms: Option<u64>,
 }
 
 impl HostProcess {
@@ -231,6 +233,10 @@ impl HostReader {
             start_time_ticks: Some(stat.start_time_ticks),
             started_at_unix_ms,
             cpu_percent,
+            cpu_time_ms: u64::try_from(
+                u128::from(stat.cpu_ticks) * 1000 / u128::from(self.ticks_per_second),
+            )
+            .ok(),
         })
     }
 }
@@ -288,6 +294,7 @@ mod tests {
         assert!(!host.command.is_empty());
         assert!(host.start_time_ticks.is_some());
         assert_eq!(host.cpu_percent, None, "no CPU figure from one reading");
+        assert!(host.cpu_time_ms.is_some());
         // The parent chain is there for the tree view.
         let parent = host.ppid.expect("we have a parent");
         if parent > 1 {

@@ -490,6 +490,7 @@ mod tests {
                 start_time_ticks: Some(1),
                 started_at_unix_ms: None,
                 cpu_percent: None,
+                cpu_time_ms: None,
             },
         )
     }
