@@ -63,6 +63,8 @@ pub enum Command {
     Info(InfoArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
     Serve(ServeArgs),
+    /// Live terminal UI: GPUs, processes, memory trends; --replay browses a recording
+    Top(TopArgs),
     /// Sample every GPU and process on an interval into the history database
     Record(RecordArgs),
     /// Show recorded samples per device and per process
@@ -296,6 +298,29 @@ pub struct ImportArgs {
     /// Column names of a CSV written with 'noheader' (the --query-gpu / --query-compute-apps list)
     #[arg(long, value_name = "LIST")]
     pub columns: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Keys: ? in the UI lists them. Logs (-v) go to stderr: redirect it \
+                        (2>top.log) to keep them off the screen."
+)]
+pub struct TopArgs {
+    /// Seconds between samples (at least 0.1)
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub interval: f64,
+
+    /// Only these devices (index or UUID; repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    pub gpu: Vec<String>,
+
+    /// Disable every action (kill); for shared screens
+    #[arg(long)]
+    pub readonly: bool,
+
+    /// Browse a recording (the history database) instead of sampling now
+    #[arg(long, value_name = "DB")]
+    pub replay: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod info;
 pub mod record;
 pub mod serve;
 pub mod status;
+pub mod top;
 
 use anyhow::{Context, bail};
 use vramctl_core::types::DeviceInfo;
@@ -26,6 +27,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::History(args) => history::run(&cli.global, args),
         Command::Export(args) => export::run(&cli.global, args),
         Command::Import(args) => import::run(&cli.global, args),
+        Command::Top(args) => top::run(&cli.global, args),
     }
 }
 

@@ -6,4 +6,5 @@ mod history;
 mod info;
 mod serve;
 mod status;
+mod top;
 mod usage;

@@ -1,0 +1,7 @@
+//! The parts of `vramctl` that are a library as well as a binary: the terminal UI of
+//! `vramctl top`, so that its frames can be rendered by a benchmark
+//! (`benches/top_frame.rs`) and by tests without a terminal.
+//!
+//! The binary (`main.rs`) holds the command line and every other command.
+
+pub mod tui;

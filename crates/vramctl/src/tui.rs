@@ -1,0 +1,35 @@
+//! `vramctl top`: the live terminal UI, and the browser of a recording (`--replay`).
+//!
+//! State, events and drawing are kept apart (the ratatui "Elm" pattern, as gitui and bottom
+//! do it):
+//!
+//! - [`event`]: one [`Event`](event::Event) enum for everything the UI reacts to — keys,
+//!   mouse, resize, ticks, a new [`Observation`](observe::Observation) from the sampler
+//!   thread, history and replay frames, kill results — and the threads that produce them.
+//!   The sampler thread owns the NVML backend; nothing else calls it.
+//! - [`app`]: the state, changed only by [`App::update`](app::App::update), which returns
+//!   the [`Effect`](app::Effect)s (kill, seek, load history) for the loop to carry out.
+//! - [`view`]: pure drawing from `&App` into a ratatui buffer; no I/O, no clock.
+//!
+//! The seams that later work plugs into (see each module): [`history::HistorySource`] (the
+//! store's long history for the charts), [`replay::ReplaySource`] (a recording to browse),
+//! [`verdict::Judge`] (leak and idle verdicts from the analysis), [`kill::Killer`] (the safe
+//! kill path).
+
+pub mod app;
+pub mod event;
+pub mod format;
+pub mod history;
+pub mod kill;
+pub mod observe;
+pub mod replay;
+pub mod table;
+pub mod terminal;
+pub mod theme;
+pub mod verdict;
+pub mod view;
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod frames;

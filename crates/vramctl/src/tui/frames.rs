@@ -1,0 +1,384 @@
+//! Whole frames, rendered with ratatui's `TestBackend` and snapshotted (insta): what a
+//! person would see in each situation. States come from the example scenarios through the
+//! real sampler on the fake NVML library (`fixtures::from_scenario`), with made-up /proc
+//! facts so frames do not depend on the machine running them.
+
+use std::sync::Arc;
+
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyEventState, KeyModifiers};
+use ratatui::style::Color;
+
+use super::app::{App, AppConfig, KillDialog, KillResult};
+use super::event::Event;
+use super::fixtures::from_scenario;
+use super::kill::{KillOutcome, Killer, RecordingKiller};
+use super::observe::Observation;
+use super::replay::{MemoryReplay, seek_frame};
+use super::verdict::{ProcessVerdict, VerdictKind};
+use super::view;
+
+fn key(code: KeyCode) -> Event {
+    Event::Key(KeyEvent {
+        code,
+        modifiers: KeyModifiers::NONE,
+        kind: KeyEventKind::Press,
+        state: KeyEventState::NONE,
+    })
+}
+
+fn live(width: u16, height: u16) -> App {
+    let mut app = App::new(AppConfig::default());
+    app.update(Event::Resize(width, height));
+    app
+}
+
+fn feed(app: &mut App, observations: &[Arc<Observation>]) {
+    for o in observations {
+        app.update(Event::Sample(Arc::clone(o)));
+    }
+}
+
+fn frame(app: &App) -> TestBackend {
+    let mut terminal = Terminal::new(TestBackend::new(app.size.0, app.size.1)).unwrap();
+    terminal.draw(|f| view::render(app, f)).unwrap();
+    terminal.backend().clone()
+}
+
+/// Seconds 0, 10, ..., `until`.
+fn every_10s(until: u32) -> Vec<f64> {
+    (0..=until / 10).map(|i| f64::from(i * 10)).collect()
+}
+
+#[test]
+fn idle_machine() {
+    let mut app = live(120, 40);
+    feed(&mut app, &from_scenario("h200-idle.toml", &[0.0, 1.0]));
+    insta::assert_snapshot!("idle_machine", frame(&app));
+}
+
+#[test]
+fn eight_gpus_thirty_processes() {
+    let mut app = live(120, 40);
+    feed(
+        &mut app,
+        &from_scenario("eight-gpus-30-procs.toml", &every_10s(90)),
+    );
+    assert_eq!(app.rows.len(), 240);
+    insta::assert_snapshot!("eight_gpus_thirty_processes", frame(&app));
+}
+
+#[test]
+fn eight_gpus_at_80x24() {
+    let mut app = live(80, 24);
+    feed(
+        &mut app,
+        &from_scenario("eight-gpus-30-procs.toml", &every_10s(90)),
+    );
+    insta::assert_snapshot!("eight_gpus_80x24", frame(&app));
+}
+
+#[test]
+fn one_gpu_at_80x24_with_chart() {
+    let mut app = live(80, 24);
+    feed(
+        &mut app,
+        &from_scenario("h200-training.toml", &every_10s(240)),
+    );
+    insta::assert_snapshot!("training_80x24", frame(&app));
+}
+
+#[test]
+fn too_small() {
+    let mut app = live(79, 30);
+    feed(&mut app, &from_scenario("h200-idle.toml", &[0.0]));
+    insta::assert_snapshot!("too_small_79x30", frame(&app));
+    app.update(Event::Resize(100, 23));
+    insta::assert_snapshot!("too_small_100x23", frame(&app));
+    // Still answers keys.
+    app.update(key(KeyCode::Char('q')));
+    assert!(app.quit);
+}
+
+#[test]
+fn mig() {
+    let mut app = live(120, 40);
+    feed(&mut app, &from_scenario("mig.toml", &[0.0]));
+    insta::assert_snapshot!("mig", frame(&app));
+}
+
+#[test]
+fn lost_gpu() {
+    let mut app = live(120, 40);
+    feed(
+        &mut app,
+        &from_scenario("fault-gpu-lost.toml", &[0.0, 5.0, 12.0]),
+    );
+    insta::assert_snapshot!("lost_gpu", frame(&app));
+}
+
+/// h200-training over four minutes, with a hand-made leak verdict on the leaker (24177) —
+/// the shape the analysis will hand over — and its detail pane open.
+#[test]
+fn leak_flagged_with_its_numbers() {
+    let mut observations = from_scenario("h200-training.toml", &every_10s(240));
+    let last = observations.pop().unwrap();
+    let mut last = (*last).clone();
+    let uuid = last.snapshot.devices[0].info.uuid.clone();
+    last.verdicts.insert(
+        24177,
+        &uuid,
+        ProcessVerdict {
+            kind: VerdictKind::Leak,
+            summary: "leaks 32.0 MiB/s since 21:00:10 UTC; GPU 0 is full in 52 min".into(),
+            numbers: vec![
+                ("slope".into(), "32.0 MiB/s".into()),
+                ("p-value".into(), "< 0.001 (Mann-Kendall)".into()),
+                ("onset".into(), "21:00:10 UTC".into()),
+                ("time to full".into(), "52 min".into()),
+            ],
+        },
+    );
+    let mut app = live(120, 40);
+    app.analysis = true;
+    feed(&mut app, &observations);
+    feed(&mut app, &[Arc::new(last)]);
+    let leaker = app.rows.iter().position(|r| r.key.pid == 24177).unwrap();
+    for _ in 0..leaker {
+        app.update(key(KeyCode::Down));
+    }
+    app.update(key(KeyCode::Enter));
+    assert_eq!(app.selected_row().unwrap().flags.text(), "L");
+    insta::assert_snapshot!("leak_flagged", frame(&app));
+}
+
+#[test]
+fn kill_dialog_confirm_and_result() {
+    let mut app = live(120, 40);
+    feed(
+        &mut app,
+        &from_scenario("h200-training.toml", &every_10s(60)),
+    );
+    app.update(key(KeyCode::Char('K')));
+    insta::assert_snapshot!("kill_dialog_checking", frame(&app));
+    let mut killer = RecordingKiller::new(KillOutcome::AlreadyGone);
+    let plan = killer.plan(&app.kill_target().unwrap()).unwrap();
+    app.update(Event::KillPlanned(Ok(plan.clone())));
+    insta::assert_snapshot!("kill_dialog_confirm", frame(&app));
+    app.update(key(KeyCode::Char('y')));
+    app.update(Event::KillFinished {
+        plan: plan.clone(),
+        outcome: KillOutcome::Exited {
+            escalated: false,
+            after_ms: 300,
+        },
+    });
+    // The next sample no longer lists it.
+    let mut gone = (*from_scenario("h200-training.toml", &[70.0])[0]).clone();
+    let snapshot = Arc::make_mut(&mut gone.snapshot);
+    if let vramctl_core::types::DeviceState::Ok(r) = &mut snapshot.devices[0].state {
+        r.processes
+            .as_mut()
+            .unwrap()
+            .retain(|p| p.pid != plan.target.pid);
+    }
+    app.update(Event::Sample(Arc::new(gone)));
+    assert!(matches!(
+        app.dialog,
+        Some(KillDialog::Finished {
+            result: KillResult::Freed { .. },
+            ..
+        })
+    ));
+    insta::assert_snapshot!("kill_dialog_freed", frame(&app));
+}
+
+#[test]
+fn kill_refused() {
+    let mut app = live(120, 40);
+    feed(&mut app, &from_scenario("h200-training.toml", &[0.0]));
+    app.update(key(KeyCode::Char('K')));
+    app.update(Event::KillPlanned(Err(
+        "process 24210 belongs to bob; only root may signal other users' processes".into(),
+    )));
+    insta::assert_snapshot!("kill_refused", frame(&app));
+}
+
+#[test]
+fn help_overlay() {
+    let mut app = live(120, 40);
+    feed(&mut app, &from_scenario("h200-training.toml", &[0.0]));
+    app.update(key(KeyCode::Char('?')));
+    insta::assert_snapshot!("help", frame(&app));
+}
+
+#[test]
+fn tree_and_filter() {
+    let mut app = live(120, 40);
+    feed(
+        &mut app,
+        &from_scenario("eight-gpus-30-procs.toml", &[0.0, 10.0]),
+    );
+    app.update(key(KeyCode::Char('t')));
+    app.update(key(KeyCode::Char('/')));
+    for c in "gpu 2".chars() {
+        app.update(key(KeyCode::Char(c)));
+    }
+    insta::assert_snapshot!("tree_filtered_typing", frame(&app));
+}
+
+#[test]
+fn replay_at_a_cursor() {
+    let recording = MemoryReplay::new(
+        from_scenario("h200-training.toml", &every_10s(600))
+            .into_iter()
+            .map(|o| (*o).clone())
+            .collect(),
+    );
+    let mut app = App::new(AppConfig {
+        live_interval: None,
+        ..AppConfig::default()
+    });
+    app.update(Event::Resize(120, 40));
+    app.start();
+    // Cursor at 5 minutes in, as the replay thread answers a seek.
+    let t = super::fixtures::T0_MS + 300_000;
+    let seek = super::replay::Seek::AtOrBefore(t);
+    let frame_data = seek_frame(&recording, seek, app.zoom.span_ms(), 512).unwrap();
+    app.update(Event::Replay(Box::new(frame_data)));
+    assert_eq!(app.now_ms(), Some(t));
+    insta::assert_snapshot!("replay_at_cursor", frame(&app));
+}
+
+/// A real H200 recording (45 s at 10 Hz, three PyTorch processes: an idle holder, a leak,
+/// a steady trainer; `crates/vramctl-core/tests/data/h200/`) browsed in replay, the cursor
+/// 40 s in, the leaking process selected with its detail pane open.
+#[test]
+fn replay_of_a_real_h200_trace() {
+    use vramctl_core::types::{
+        DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading,
+        ProcessKind, ProcessUsage, Snapshot,
+    };
+
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../vramctl-core/tests/data/h200/trace-hold-leak-steady.json"
+    );
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let roles: Vec<(u32, String)> = trace["roles"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(role, pid)| (u32::try_from(pid.as_u64().unwrap()).unwrap(), role.clone()))
+        .collect();
+    let info = Arc::new(DeviceInfo {
+        index: 0,
+        uuid: "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2".into(),
+        name: Some("NVIDIA H200".into()),
+        pci_bus_id: None,
+        minor_number: Some(0),
+        mig_enabled: Some(false),
+        mig_instances: vec![],
+    });
+    let driver = Arc::new(DriverInfo {
+        driver_version: Some("580.159.04".into()),
+        nvml_version: None,
+        cuda_driver_version: None,
+    });
+    let u = |v: &serde_json::Value| v.as_u64().unwrap();
+    let observations: Vec<Observation> = trace["trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            #[allow(clippy::cast_possible_truncation)]
+            let t_ms = (s["t"].as_f64().unwrap() * 1000.0).round() as i64;
+            let processes = s["procs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| ProcessUsage {
+                    pid: u32::try_from(u(&p[0])).unwrap(),
+                    used_bytes: Some(u(&p[1])),
+                    kind: ProcessKind::Compute,
+                    gpu_instance_id: None,
+                    compute_instance_id: None,
+                })
+                .collect();
+            let mut o = Observation::bare(Snapshot {
+                taken_at_unix_ms: super::fixtures::T0_MS + t_ms,
+                driver: Arc::clone(&driver),
+                devices: vec![DeviceSnapshot {
+                    info: Arc::clone(&info),
+                    state: DeviceState::Ok(DeviceReading {
+                        memory: Some(MemoryReading {
+                            total_bytes: u(&s["total"]),
+                            used_bytes: u(&s["used"]),
+                            reserved_bytes: u(&s["reserved"]),
+                            free_bytes: u(&s["free"]),
+                        }),
+                        utilization_gpu_percent: Some(u32::try_from(u(&s["util_gpu"])).unwrap()),
+                        utilization_memory_percent: Some(u32::try_from(u(&s["util_mem"])).unwrap()),
+                        processes: Some(processes),
+                        ..DeviceReading::default()
+                    }),
+                }],
+                unopened: vec![],
+            });
+            for (pid, role) in &roles {
+                let command = format!("python3 workloads/{role}.py");
+                o.hosts
+                    .insert(*pid, super::fixtures::host(*pid, 1, "ubuntu", &command));
+            }
+            o
+        })
+        .collect();
+    let recording = MemoryReplay::new(observations);
+    let mut app = App::new(AppConfig {
+        live_interval: None,
+        ..AppConfig::default()
+    });
+    app.update(Event::Resize(120, 40));
+    app.update(key(KeyCode::Char('z')));
+    let seek = super::replay::Seek::AtOrBefore(super::fixtures::T0_MS + 40_000);
+    let frame_data = seek_frame(&recording, seek, app.zoom.span_ms(), 512).unwrap();
+    app.update(Event::Replay(Box::new(frame_data)));
+    // The leak holds the most memory by now; it is the first row.
+    let leak = roles.iter().find(|(_, r)| r == "leak").unwrap().0;
+    assert_eq!(app.rows[0].key.pid, leak);
+    let delta = app.rows[0].delta_per_min.unwrap();
+    assert!(
+        delta > 50 << 30,
+        "the leak grew > 50 GiB in the last minute: {delta}"
+    );
+    app.update(key(KeyCode::Enter));
+    insta::assert_snapshot!("replay_h200_trace", frame(&app));
+}
+
+#[test]
+fn no_color_draws_no_colour_and_color_does() {
+    let observations = from_scenario("h200-training.toml", &every_10s(60));
+    for color in [false, true] {
+        let mut app = App::new(AppConfig {
+            color,
+            ..AppConfig::default()
+        });
+        app.update(Event::Resize(120, 40));
+        feed(&mut app, &observations);
+        app.update(key(KeyCode::Char('?')));
+        let backend = frame(&app);
+        let coloured = backend
+            .buffer()
+            .content()
+            .iter()
+            .filter(|c| c.fg != Color::Reset || c.bg != Color::Reset)
+            .count();
+        if color {
+            assert!(coloured > 100, "{coloured}");
+        } else {
+            assert_eq!(coloured, 0);
+        }
+    }
+}

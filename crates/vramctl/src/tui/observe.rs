@@ -1,0 +1,316 @@
+//! What the UI shows for one moment: a GPU [`Snapshot`] joined with what /proc says about
+//! its processes (and their parents, for the tree view), plus the verdicts of the
+//! analysis. Built off the UI thread by [`HostReader`] (live) or read from a recording
+//! (replay), so drawing never touches /proc or NVML.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use procfs::process::Process;
+use serde::{Deserialize, Serialize};
+use vramctl_core::procinfo::ProcReader;
+use vramctl_core::types::Snapshot;
+
+use super::verdict::Verdicts;
+
+/// One moment as the UI shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// What the GPUs said.
+    pub snapshot: Arc<Snapshot>,
+    /// Every GPU process visible in this PID namespace, and their ancestors (up to, not
+    /// including, PID 1), by PID.
+    pub hosts: BTreeMap<u32, HostProcess>,
+    /// The driver's process names for GPU processes /proc cannot see (another PID
+    /// namespace).
+    pub driver_names: BTreeMap<u32, String>,
+    /// Leak and idle verdicts, per process and device (empty until the analysis is wired).
+    pub verdicts: Verdicts,
+}
+
+impl Observation {
+    /// An observation with nothing known about the processes beyond the snapshot.
+    pub fn bare(snapshot: Snapshot) -> Self {
+        Self {
+            snapshot: Arc::new(snapshot),
+            hosts: BTreeMap::new(),
+            driver_names: BTreeMap::new(),
+            verdicts: Verdicts::default(),
+        }
+    }
+
+    /// When the snapshot was taken.
+    pub fn taken_at_unix_ms(&self) -> i64 {
+        self.snapshot.taken_at_unix_ms
+    }
+}
+
+/// A process as /proc described it at the moment of the observation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostProcess {
+    /// PID in our namespace.
+    pub pid: u32,
+    /// Parent PID.
+    pub ppid: Option<u32>,
+    /// User name (or uid as text when the user database does not know it).
+    pub user: Option<String>,
+    /// Command line, or `[comm]`.
+    pub command: String,
+    /// State letter (`R`, `S`, `D`, `Z`, ...).
+    pub state: Option<char>,
+    /// Start time in clock ticks after boot: with the PID, who the process is.
+    pub start_time_ticks: Option<u64>,
+    /// Start as wall-clock time.
+    pub started_at_unix_ms: Option<i64>,
+    /// CPU use since the previous observation, in percent of one core.
+    pub cpu_percent: Option<f32>,
+    /// Cumulative user + system CPU time (what the idle analysis takes as evidence).
+    pub cpu_time_ms: Option<u64>,
+}
+
+impl HostProcess {
+    /// Exited and waiting for its parent to reap it.
+    pub fn is_zombie(&self) -> bool {
+        matches!(self.state, Some('Z' | 'X' | 'x'))
+    }
+}
+
+/// What stays the same for a process for its whole life (read once per identity).
+#[derive(Debug, Clone)]
+struct Known {
+    start_time_ticks: u64,
+    user: Option<String>,
+    command: String,
+}
+
+/// Joins snapshots with /proc, cheaply enough to run every second for hundreds of
+/// processes: one read of `/proc/PID/stat` per process per tick; the user and the command
+/// line are read once per process identity (PID + start time).
+#[derive(Debug)]
+pub struct HostReader {
+    procs: ProcReader,
+    known: HashMap<u32, Known>,
+    /// `(start time, cpu ticks, at unix ms)` at the previous observation.
+    cpu: HashMap<u32, (u64, u64, i64)>,
+    ticks_per_second: u64,
+    boot_unix_ms: Option<i64>,
+}
+
+impl Default for HostReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The fields of `/proc/PID/stat` the UI needs.
+struct Stat {
+    ppid: Option<u32>,
+    state: char,
+    start_time_ticks: u64,
+    cpu_ticks: u64,
+}
+
+fn read_stat(pid: u32) -> Option<Stat> {
+    let stat = Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()?;
+    Some(Stat {
+        ppid: u32::try_from(stat.ppid).ok(),
+        state: stat.state,
+        start_time_ticks: stat.starttime,
+        cpu_ticks: stat.utime.saturating_add(stat.stime),
+    })
+}
+
+impl HostReader {
+    /// A reader with empty caches.
+    pub fn new() -> Self {
+        let boot_unix_ms = procfs::boot_time_secs()
+            .ok()
+            .and_then(|s| i64::try_from(s).ok())
+            .map(|s| s.saturating_mul(1000));
+        Self {
+            procs: ProcReader::new(),
+            known: HashMap::new(),
+            cpu: HashMap::new(),
+            ticks_per_second: procfs::ticks_per_second().max(1),
+            boot_unix_ms,
+        }
+    }
+
+    /// The snapshot joined with /proc. `driver_name` is asked for GPU processes /proc
+    /// cannot see (it calls the backend, on the sampler's thread).
+    pub fn observe(
+        &mut self,
+        snapshot: Snapshot,
+        mut driver_name: impl FnMut(u32) -> Option<String>,
+    ) -> Observation {
+        let at_ms = snapshot.taken_at_unix_ms;
+        let mut gpu_pids: Vec<u32> = snapshot
+            .devices
+            .iter()
+            .filter_map(|d| d.reading())
+            .flat_map(|r| r.processes.iter().flatten().map(|p| p.pid))
+            .collect();
+        gpu_pids.sort_unstable();
+        gpu_pids.dedup();
+
+        let mut hosts = BTreeMap::new();
+        let mut driver_names = BTreeMap::new();
+        for &pid in &gpu_pids {
+            let mut next = Some(pid);
+            // Walk up to the first ancestor already seen; depth-limited against cycles.
+            for _ in 0..64 {
+                let Some(pid) = next.filter(|&p| p > 1 && !hosts.contains_key(&p)) else {
+                    break;
+                };
+                let Some(host) = self.host(pid, at_ms) else {
+                    break;
+                };
+                next = host.ppid;
+                hosts.insert(pid, host);
+            }
+            if !hosts.contains_key(&pid) {
+                if let Some(name) = driver_name(pid) {
+                    driver_names.insert(pid, name);
+                }
+            }
+        }
+        self.known.retain(|pid, _| hosts.contains_key(pid));
+        self.cpu.retain(|pid, _| hosts.contains_key(pid));
+        Observation {
+            snapshot: Arc::new(snapshot),
+            hosts,
+            driver_names,
+            verdicts: Verdicts::default(),
+        }
+    }
+
+    fn host(&mut self, pid: u32, at_ms: i64) -> Option<HostProcess> {
+        let stat = read_stat(pid)?;
+        let known = match self.known.get(&pid) {
+            Some(k) if k.start_time_ticks == stat.start_time_ticks => k.clone(),
+            _ => {
+                // A new process, or a new one under a reused PID.
+                let details = self.procs.details(pid)?;
+                let known = Known {
+                    start_time_ticks: stat.start_time_ticks,
+                    user: details
+                        .user
+                        .clone()
+                        .or_else(|| details.uid.map(|u| u.to_string())),
+                    command: details.command,
+                };
+                self.known.insert(pid, known.clone());
+                known
+            }
+        };
+        let cpu_percent = match self.cpu.get(&pid) {
+            Some(&(start, ticks, then)) if start == stat.start_time_ticks && at_ms > then => {
+                let used = stat.cpu_ticks.saturating_sub(ticks);
+                #[allow(clippy::cast_precision_loss)]
+                let pct = used as f64 / self.ticks_per_second as f64 * 1000.0
+                    / (at_ms - then) as f64
+                    * 100.0;
+                #[allow(clippy::cast_possible_truncation)]
+                Some(pct as f32)
+            }
+            _ => None,
+        };
+        self.cpu
+            .insert(pid, (stat.start_time_ticks, stat.cpu_ticks, at_ms));
+        let started_at_unix_ms = self.boot_unix_ms.and_then(|boot| {
+            let after = i64::try_from(
+                u128::from(stat.start_time_ticks) * 1000 / u128::from(self.ticks_per_second),
+            )
+            .ok()?;
+            boot.checked_add(after)
+        });
+        Some(HostProcess {
+            pid,
+            ppid: stat.ppid,
+            user: known.user,
+            command: known.command,
+            state: Some(stat.state),
+            start_time_ticks: Some(stat.start_time_ticks),
+            started_at_unix_ms,
+            cpu_percent,
+            cpu_time_ms: u64::try_from(
+                u128::from(stat.cpu_ticks) * 1000 / u128::from(self.ticks_per_second),
+            )
+            .ok(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use vramctl_core::types::{
+        DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessKind,
+        ProcessUsage,
+    };
+
+    use super::*;
+
+    fn snapshot_with(pids: &[u32], at_ms: i64) -> Snapshot {
+        let processes = pids
+            .iter()
+            .map(|&pid| ProcessUsage {
+                pid,
+                used_bytes: Some(1 << 20),
+                kind: ProcessKind::Compute,
+                gpu_instance_id: None,
+                compute_instance_id: None,
+            })
+            .collect();
+        Snapshot {
+            taken_at_unix_ms: at_ms,
+            driver: Arc::new(DriverInfo::default()),
+            devices: vec![DeviceSnapshot {
+                info: Arc::new(DeviceInfo {
+                    index: 0,
+                    uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+                    name: None,
+                    pci_bus_id: None,
+                    minor_number: None,
+                    mig_enabled: None,
+                    mig_instances: Vec::new(),
+                }),
+                state: DeviceState::Ok(DeviceReading {
+                    processes: Some(processes),
+                    ..DeviceReading::default()
+                }),
+            }],
+            unopened: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn our_process_and_its_parents_are_seen() {
+        let me = std::process::id();
+        let mut reader = HostReader::new();
+        let obs = reader.observe(snapshot_with(&[me], 1_000), |_| None);
+        let host = obs.hosts.get(&me).expect("we are visible");
+        assert!(!host.command.is_empty());
+        assert!(host.start_time_ticks.is_some());
+        assert_eq!(host.cpu_percent, None, "no CPU figure from one reading");
+        assert!(host.cpu_time_ms.is_some());
+        // The parent chain is there for the tree view.
+        let parent = host.ppid.expect("we have a parent");
+        if parent > 1 {
+            assert!(obs.hosts.contains_key(&parent));
+        }
+        let obs = reader.observe(snapshot_with(&[me], 2_000), |_| None);
+        assert!(obs.hosts[&me].cpu_percent.is_some());
+    }
+
+    #[test]
+    fn invisible_processes_get_the_driver_name() {
+        // Above pid_max: never a process here.
+        let pid = 4_194_305;
+        let mut reader = HostReader::new();
+        let obs = reader.observe(snapshot_with(&[pid], 0), |p| Some(format!("name of {p}")));
+        assert!(!obs.hosts.contains_key(&pid));
+        assert_eq!(obs.driver_names[&pid], "name of 4194305");
+    }
+}

@@ -1,0 +1,254 @@
+//! The process table and the detail pane of the selected process.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::Style;
+use ratatui::text::Span;
+use ratatui::widgets::{Block, Widget};
+
+use super::{chart, put};
+use crate::tui::app::App;
+use crate::tui::format;
+use crate::tui::history::SeriesKey;
+use crate::tui::table::{Column, Idle, Row, column_spans};
+
+fn cell(row: &Row, column: Column) -> String {
+    match column {
+        Column::Pid => row.key.pid.to_string(),
+        Column::User => row.user.clone().unwrap_or_else(|| "-".to_owned()),
+        Column::Gpu => row.gpu.clone(),
+        Column::Memory => {
+            if row.holds_gpu() {
+                format::opt_bytes(row.used_bytes)
+            } else {
+                String::new()
+            }
+        }
+        Column::Delta => row
+            .delta_per_min
+            .map_or_else(|| "-".to_owned(), format::signed_bytes),
+        Column::Cpu => row
+            .cpu_percent
+            .map_or_else(|| "-".to_owned(), |c| format!("{c:.0}")),
+        Column::Idle => match row.idle {
+            None => "-".to_owned(),
+            Some(Idle::Active) => "0s".to_owned(),
+            Some(Idle::For(ms)) => format::duration_ms(ms),
+            Some(Idle::AtLeast(ms)) => format!("≥{}", format::duration_ms(ms)),
+        },
+        Column::Flags => row.flags.text(),
+        Column::Command => format!("{}{}", row.tree_prefix, row.command),
+    }
+}
+
+fn aligned(text: &str, width: u16, right: bool) -> String {
+    let w = usize::from(width);
+    let text = format::fit(text, w);
+    if right {
+        format!("{text:>w$}")
+    } else {
+        format!("{text:<w$}")
+    }
+}
+
+pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
+    let t = app.theme;
+    let spans = column_spans(area.width);
+    // Header, with the sort column marked.
+    buf.set_style(Rect::new(area.x, area.y, area.width, 1), t.header());
+    for &(column, x, w) in &spans {
+        let mut title = column.title().to_owned();
+        if column == app.view.sort {
+            title.push(if app.view.descending { '▼' } else { '▲' });
+        }
+        let text = aligned(&title, w, column.right_aligned());
+        buf.set_stringn(area.x + x, area.y, &text, usize::from(w), t.header());
+    }
+    if app.view.tree {
+        let mark = " tree ";
+        let x = area.right().saturating_sub(6);
+        buf.set_stringn(x, area.y, mark, 6, t.header());
+    }
+
+    let body = Rect::new(
+        area.x,
+        area.y + 1,
+        area.width,
+        area.height.saturating_sub(1),
+    );
+    if app.rows.is_empty() {
+        let text = if app.latest.is_none() {
+            "waiting for the first sample…".to_owned()
+        } else if !app.view.filter.is_empty() {
+            format!("no process matches '{}'", app.view.filter)
+        } else {
+            "no process holds GPU memory".to_owned()
+        };
+        if body.height > 0 {
+            put(buf, body.x + 1, body.y, body.right(), &[(&text, t.dim())]);
+        }
+        return;
+    }
+    let selected = app.selected_index();
+    for (i, row) in app
+        .rows
+        .iter()
+        .enumerate()
+        .skip(app.scroll)
+        .take(usize::from(body.height))
+    {
+        let y = body.y + u16::try_from(i - app.scroll).unwrap_or(0);
+        let base = if row.holds_gpu() { t.text() } else { t.dim() };
+        for &(column, x, w) in &spans {
+            let style = cell_style(app, row, column, base);
+            let text = aligned(&cell(row, column), w, column.right_aligned());
+            buf.set_stringn(area.x + x, y, &text, usize::from(w), style);
+        }
+        if selected == Some(i) {
+            buf.set_style(Rect::new(area.x, y, area.width, 1), t.selected());
+        }
+    }
+}
+
+fn cell_style(app: &App, row: &Row, column: Column, base: Style) -> Style {
+    let t = app.theme;
+    match column {
+        Column::Flags if row.flags.leak || row.flags.zombie => t.bad(),
+        Column::Flags if row.flags.idle_holder => t.warn(),
+        Column::Delta => match row.delta_per_min {
+            Some(d) if d > 0 => t.warn(),
+            Some(d) if d < 0 => t.good(),
+            _ => base,
+        },
+        Column::Pid | Column::User | Column::Idle | Column::Cpu | Column::Gpu => {
+            if row.holds_gpu() { base } else { t.dim() }
+        }
+        _ => base,
+    }
+}
+
+pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
+    let t = app.theme;
+    let Some(row) = app.selected_row() else {
+        return;
+    };
+    let Some(obs) = &app.latest else {
+        return;
+    };
+    let pid = row.key.pid;
+    let host = obs.hosts.get(&pid);
+    let chart_w = area.width * 11 / 20;
+    let chart_area = Rect::new(area.x, area.y, chart_w, area.height);
+    let text_area = Rect::new(area.x + chart_w, area.y, area.width - chart_w, area.height);
+
+    match &row.key.uuid {
+        Some(uuid) => {
+            let key = SeriesKey::Process {
+                uuid: uuid.clone(),
+                pid,
+            };
+            let title = format!(" PID {pid} on GPU {} · last {} ", row.gpu, app.zoom.label());
+            chart::draw_series(app, &title, &app.chart_points(&key), None, chart_area, buf);
+        }
+        None => {
+            let block = Block::bordered()
+                .border_style(t.dim())
+                .title(Span::styled(format!(" PID {pid} "), t.heading()));
+            let inner = block.inner(chart_area);
+            block.render(chart_area, buf);
+            put(
+                buf,
+                inner.x + 1,
+                inner.y,
+                inner.right(),
+                &[("holds no GPU memory (a parent in the tree)", t.dim())],
+            );
+        }
+    }
+
+    let block = Block::bordered()
+        .border_style(t.dim())
+        .title(Span::styled(" process ", t.heading()));
+    let inner = block.inner(text_area);
+    block.render(text_area, buf);
+    let mut lines: Vec<Vec<(String, Style)>> = Vec::new();
+    let label = |s: &str| (format!("{s:<8} "), t.dim());
+    lines.push(vec![label("command"), (row.command.clone(), t.text())]);
+    lines.push(vec![
+        label("user"),
+        (row.user.clone().unwrap_or_else(|| "-".into()), t.text()),
+    ]);
+    match host {
+        Some(h) => {
+            let started = h
+                .started_at_unix_ms
+                .map_or_else(|| "-".to_owned(), format::datetime_utc);
+            lines.push(vec![label("started"), (started, t.text())]);
+            let state = h.state.map_or_else(|| "-".to_owned(), |c| c.to_string());
+            let parent = h.ppid.map_or_else(|| "-".to_owned(), |p| p.to_string());
+            lines.push(vec![
+                label("state"),
+                (format!("{state}  parent {parent}"), t.text()),
+            ]);
+        }
+        None => {
+            let text = "not visible in this PID namespace: /proc has no such process";
+            for line in super::wrap(text, usize::from(inner.width)) {
+                lines.push(vec![(line, t.warn())]);
+            }
+        }
+    }
+    if row.holds_gpu() {
+        let delta = row.delta_per_min.map_or_else(
+            || "-".to_owned(),
+            |d| format!("{}/min", format::signed_bytes(d)),
+        );
+        lines.push(vec![
+            label("memory"),
+            (
+                format!(
+                    "{} on GPU {}  Δ {delta}",
+                    format::opt_bytes(row.used_bytes),
+                    row.gpu
+                ),
+                t.text(),
+            ),
+        ]);
+        let verdict = row
+            .key
+            .uuid
+            .as_deref()
+            .and_then(|uuid| obs.verdicts.get(pid, uuid));
+        match verdict {
+            Some(v) => {
+                let style = match v.kind {
+                    crate::tui::verdict::VerdictKind::Leak => t.bad(),
+                    crate::tui::verdict::VerdictKind::IdleHolder => t.warn(),
+                    _ => t.text(),
+                };
+                lines.push(vec![label("verdict"), (v.kind.as_str().to_owned(), style)]);
+                for line in super::wrap(&v.summary, usize::from(inner.width)) {
+                    lines.push(vec![(line, t.text())]);
+                }
+                for (name, value) in &v.numbers {
+                    lines.push(vec![
+                        (format!("  {name:<14} "), t.dim()),
+                        (value.clone(), t.text()),
+                    ]);
+                }
+            }
+            None if app.analysis => {
+                lines.push(vec![label("verdict"), ("none yet".to_owned(), t.dim())]);
+            }
+            None => lines.push(vec![
+                label("verdict"),
+                ("none: the leak analysis is not running".to_owned(), t.dim()),
+            ]),
+        }
+    }
+    for (i, line) in lines.iter().take(usize::from(inner.height)).enumerate() {
+        let y = inner.y + u16::try_from(i).unwrap_or(0);
+        let segments: Vec<(&str, Style)> = line.iter().map(|(s, st)| (s.as_str(), *st)).collect();
+        put(buf, inner.x, y, inner.right(), &segments);
+    }
+}
