@@ -10,7 +10,9 @@
 //! Entry points:
 //! - [`analyze`]: one series (and its activity evidence) → [`SeriesReport`].
 //! - [`ProcessTracker`]: the same analysis fed one sample at a time, reporting a
-//!   [`VerdictChange`] when the verdict changes (`leaks --watch`).
+//!   [`VerdictChange`] when the verdict changes.
+//! - [`live::FleetTracker`]: every process on every GPU, fed one
+//!   [`Snapshot`](crate::types::Snapshot) at a time (`leaks --watch`, `serve`, `top`).
 //!
 //! Every report carries the numbers behind its verdict (slope, significance, onset,
 //! growth, time to full, the gates that passed) and a one-line explanation.
@@ -18,6 +20,7 @@
 mod config;
 mod explain;
 mod idle;
+pub mod live;
 mod series;
 pub(crate) mod stats;
 mod tracker;
