@@ -9,8 +9,11 @@
 //!
 //! Entry points:
 //! - [`analyze`]: one series (and its activity evidence) → [`SeriesReport`].
+//! - [`SeriesFold`]: the same batch analysis fed one sample at a time (long histories).
 //! - [`ProcessTracker`]: the same analysis fed one sample at a time, reporting a
-//!   [`VerdictChange`] when the verdict changes (`leaks --watch`).
+//!   [`VerdictChange`] when the verdict changes.
+//! - [`live::FleetTracker`]: every process on every GPU, fed one
+//!   [`Snapshot`](crate::types::Snapshot) at a time (`leaks --watch`, `serve`, `top`).
 //!
 //! Every report carries the numbers behind its verdict (slope, significance, onset,
 //! growth, time to full, the gates that passed) and a one-line explanation.
@@ -18,6 +21,7 @@
 mod config;
 mod explain;
 mod idle;
+pub mod live;
 mod series;
 pub(crate) mod stats;
 mod tracker;
@@ -189,18 +193,77 @@ pub fn analyze(
     ctx: &SeriesContext,
     cfg: &LeakConfig,
 ) -> Result<SeriesReport, AnalysisError> {
-    cfg.validate()?;
-    let mut series = Tiered::new(cfg.tail_points, cfg.head_points);
+    let mut fold = SeriesFold::new(cfg.clone())?;
     for s in samples {
-        series.push(s);
+        fold.push(s);
     }
-    let mut idle = IdleFold::new(
-        ms(cfg.max_evidence_gap),
-        ms(cfg.idle_for),
-        cfg.cpu_idle_fraction,
-    );
-    fold_activity(&mut idle, activity);
-    report(&series, &idle, ctx, cfg).ok_or(AnalysisError::NoSamples)
+    fold_activity(&mut fold.idle, activity);
+    fold.report(ctx)
+}
+
+/// The batch analysis fed one sample at a time, for histories too long to hold in memory
+/// (`leaks --db` on a day of 240 series): samples and evidence are folded as they come
+/// (O(1) each, at most `tail_points + head_points` points kept) and [`SeriesFold::report`]
+/// runs the analysis once, on demand. Unlike [`ProcessTracker`] it never re-analyses on
+/// its own. Pushing the same samples and evidence (each source in time order) gives the
+/// report [`analyze`] gives.
+#[derive(Debug, Clone)]
+pub struct SeriesFold {
+    cfg: LeakConfig,
+    series: Tiered,
+    idle: IdleFold,
+}
+
+impl SeriesFold {
+    /// An empty fold.
+    ///
+    /// # Errors
+    /// [`AnalysisError::InvalidConfig`] for bad thresholds.
+    pub fn new(cfg: LeakConfig) -> Result<Self, AnalysisError> {
+        cfg.validate()?;
+        Ok(Self {
+            series: Tiered::new(cfg.tail_points, cfg.head_points),
+            idle: IdleFold::new(
+                ms(cfg.max_evidence_gap),
+                ms(cfg.idle_for),
+                cfg.cpu_idle_fraction,
+            ),
+            cfg,
+        })
+    }
+
+    /// Adds a memory sample; `false` when it was ignored (not later than the previous one).
+    pub fn push(&mut self, sample: &Sample) -> bool {
+        self.series.push(sample)
+    }
+
+    /// Adds a per-process SM activity sample.
+    pub fn push_sm(&mut self, sample: SmSample) {
+        self.idle.push_sm(sample);
+    }
+
+    /// Adds a device utilization sample.
+    pub fn push_device(&mut self, sample: DeviceActivitySample) {
+        self.idle.push_device(sample);
+    }
+
+    /// Adds a CPU time sample.
+    pub fn push_cpu(&mut self, sample: CpuSample) {
+        self.idle.push_cpu(sample);
+    }
+
+    /// Time of the last accepted memory sample.
+    pub fn last_unix_ms(&self) -> Option<i64> {
+        self.series.last().map(|p| p.t_last)
+    }
+
+    /// The report on everything pushed so far.
+    ///
+    /// # Errors
+    /// [`AnalysisError::NoSamples`] when no memory sample was accepted.
+    pub fn report(&self, ctx: &SeriesContext) -> Result<SeriesReport, AnalysisError> {
+        report(&self.series, &self.idle, ctx, &self.cfg).ok_or(AnalysisError::NoSamples)
+    }
 }
 
 /// Feeds the three sources to the fold in time order.
@@ -790,6 +853,72 @@ mod tests {
         assert_eq!(live, batch);
         // Far fewer analyses than samples.
         assert!(tracker.analyses() < 300, "{}", tracker.analyses());
+    }
+
+    #[test]
+    fn a_fold_fed_interleaved_equals_the_batch() {
+        // A sawtooth holder with all three kinds of evidence, interleaved per tick as a
+        // store scan delivers them.
+        let s = series(3000, 1000, |t| {
+            4 * GIB + if (t / 1000) % 60 < 30 { GIB } else { 0 }
+        });
+        let sm: Vec<SmSample> = (0..3000)
+            .step_by(7)
+            .map(|i| SmSample {
+                t_unix_ms: T0 + i * 1000,
+                sm_percent: u32::from(i < 1000),
+            })
+            .collect();
+        let device: Vec<DeviceActivitySample> = (0..3000)
+            .map(|i| DeviceActivitySample {
+                t_unix_ms: T0 + i * 1000,
+                utilization_gpu_percent: if i < 1500 { 30 } else { 0 },
+                processes_on_device: 2,
+            })
+            .collect();
+        let cpu: Vec<CpuSample> = (0..3000)
+            .step_by(10)
+            .map(|i| CpuSample {
+                t_unix_ms: T0 + i * 1000,
+                cpu_time_ms: u64::try_from(i.min(2000)).unwrap() * 500,
+            })
+            .collect();
+        let cfg = LeakConfig {
+            idle_for: Duration::from_secs(600),
+            ..LeakConfig::default()
+        };
+        let batch = analyze(
+            &s,
+            &ActivityInputs {
+                process_sm: &sm,
+                device: &device,
+                cpu: &cpu,
+            },
+            &ctx(),
+            &cfg,
+        )
+        .unwrap();
+        let mut fold = SeriesFold::new(cfg).unwrap();
+        for (i, sample) in s.iter().enumerate() {
+            let t = sample.t_unix_ms;
+            sm.iter()
+                .filter(|x| x.t_unix_ms == t)
+                .for_each(|x| fold.push_sm(*x));
+            fold.push_device(device[i]);
+            cpu.iter()
+                .filter(|x| x.t_unix_ms == t)
+                .for_each(|x| fold.push_cpu(*x));
+            assert!(fold.push(sample));
+        }
+        assert_eq!(fold.last_unix_ms(), Some(T0 + 2_999_000));
+        assert_eq!(fold.report(&ctx()).unwrap(), batch);
+        assert_eq!(batch.verdict, Verdict::IdleHolder, "{}", batch.explanation);
+        assert_eq!(
+            SeriesFold::new(LeakConfig::default())
+                .unwrap()
+                .report(&ctx()),
+            Err(AnalysisError::NoSamples)
+        );
     }
 
     #[test]
