@@ -142,6 +142,15 @@ pub struct ServeArgs {
     /// Requests served at once; more get 503
     #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
     pub max_requests: usize,
+
+    /// Also record history, as `vramctl record` does, into DB (default: --db, VRAMCTL_DB or
+    /// $XDG_STATE_HOME/vramctl/history.db)
+    #[arg(long, value_name = "DB", num_args = 0..=1)]
+    pub record: Option<Option<PathBuf>>,
+
+    /// With --record: how long to keep raw samples and downsampled buckets
+    #[arg(long, default_value = "raw=24h,1m=30d", value_name = "SPEC")]
+    pub retain: String,
 }
 
 #[derive(Debug, Args)]

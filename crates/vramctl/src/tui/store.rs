@@ -1,0 +1,712 @@
+//! The history store behind `top`: the charts' past before `top` started (live, when a
+//! recorder's database is there), and a recording to browse (`top --replay DB`).
+//!
+//! One [`StoreSource`] serves both seams: [`HistorySource`] (series over a window, read in
+//! one pass over the stored frames for every series asked) and [`ReplaySource`] (the
+//! moment at or around a time, rebuilt as an [`Observation`] from the stored frame: device
+//! readings, processes with the user and command line the recorder saw, CPU use, gaps as
+//! lost or unreadable devices and as missing values with their reasons).
+//!
+//! Processes are matched by identity, not by PID alone: a process series is that of the
+//! stored process with the same PID and start time (and, live, the same boot); a PID
+//! without a known start time (another PID namespace) is the latest stored process under
+//! that PID that lived in the window. So an earlier process under a reused PID never lends
+//! its history to a new one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vramctl_core::types::{
+    DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, Field, MemoryReading,
+    MigInstanceInfo, MigReading, ProcessActivity, ProcessKind, ProcessUsage, Snapshot, Unavailable,
+};
+use vramctl_store::{
+    DEFAULT_KEY_INTERVAL_MS, DeviceRecord, Entry, Gap, Metric, OpenMode, ProcessRecord, SeriesRef,
+    Store, StoreError, TimeRange,
+};
+
+use super::history::{HistoryChunk, HistorySource, Point, SeriesKey, Starts};
+use super::observe::{HostProcess, Observation};
+use super::replay::ReplaySource;
+
+/// CPU use at a cursor is the average over this long before it (the recorder reads CPU
+/// time every 10 s, so a shorter span would mostly see no change).
+const CPU_WINDOW_MS: i64 = 60_000;
+/// Below this span of CPU readings no CPU use is shown.
+const CPU_MIN_SPAN_MS: i64 = 20_000;
+
+/// A history database, read-only, for the charts and for replay.
+pub struct StoreSource {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for StoreSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSource").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    store: Store,
+    /// Live: only processes of this boot can be the ones on screen.
+    boot_id: Option<String>,
+    devices: Vec<DeviceRecord>,
+    processes: HashMap<i64, ProcessRecord>,
+    ticks_per_second: u64,
+}
+
+impl StoreSource {
+    /// Opens the database at `path` read-only (a running recorder is not disturbed).
+    /// `boot_id`: live, the current boot's (processes of other boots are not the ones on
+    /// screen); replay, `None`.
+    ///
+    /// # Errors
+    /// When it cannot be opened: missing, not a vramctl history, newer, unreadable.
+    pub fn open(path: &Path, boot_id: Option<String>) -> Result<Self, StoreError> {
+        Ok(Self::new(Store::open(path, OpenMode::ReadOnly)?, boot_id))
+    }
+
+    /// A source over an open store.
+    pub fn new(store: Store, boot_id: Option<String>) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                store,
+                boot_id,
+                devices: Vec::new(),
+                processes: HashMap::new(),
+                ticks_per_second: procfs::ticks_per_second().max(1),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while reading leaves nothing half-changed that matters: caches only.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The recorded GPUs (not MIG instances), as `--gpu` matches them.
+    ///
+    /// # Errors
+    /// When the database cannot be read.
+    pub fn gpus(&self) -> Result<Vec<Arc<DeviceInfo>>, String> {
+        let mut inner = self.lock();
+        inner.refresh_devices()?;
+        Ok(inner
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.meta.parent_uuid.is_none())
+            .map(|(i, d)| Arc::new(inner.device_info(d, i)))
+            .collect())
+    }
+}
+
+fn text(err: &StoreError) -> String {
+    err.to_string()
+}
+
+/// The value of an entry for a chart (a bucket's highest) and for a reading (its last).
+fn highest(entry: Entry) -> Option<u64> {
+    entry.min_max_last().map(|(_, max, _)| max)
+}
+
+fn last(entry: Entry) -> Option<u64> {
+    entry.min_max_last().map(|(_, _, last)| last)
+}
+
+impl Inner {
+    fn refresh_devices(&mut self) -> Result<(), String> {
+        self.devices = self.store.devices().map_err(|e| text(&e))?;
+        Ok(())
+    }
+
+    fn device_id(&mut self, uuid: &str) -> Result<Option<i64>, String> {
+        let find = |devices: &[DeviceRecord]| {
+            devices
+                .iter()
+                .find(|d| d.meta.uuid.eq_ignore_ascii_case(uuid))
+                .map(|d| d.id)
+        };
+        if let Some(id) = find(&self.devices) {
+            return Ok(Some(id));
+        }
+        // A recorder may have added it since.
+        self.refresh_devices()?;
+        Ok(find(&self.devices))
+    }
+
+    fn process(&mut self, id: i64) -> Result<Option<&ProcessRecord>, String> {
+        if !self.processes.contains_key(&id) {
+            match self.store.process(id).map_err(|e| text(&e))? {
+                Some(record) => {
+                    self.processes.insert(id, record);
+                }
+                None => return Ok(None),
+            }
+        }
+        Ok(self.processes.get(&id))
+    }
+
+    /// The stored process that `pid` (started at `start`, when known) is in `[from, to]`.
+    fn resolve(
+        &self,
+        pid: u32,
+        start: Option<u64>,
+        from: i64,
+        to: i64,
+    ) -> Result<Option<i64>, String> {
+        let candidates = self.store.processes_with_pid(pid).map_err(|e| text(&e))?;
+        let same_boot = |p: &&ProcessRecord| match (&self.boot_id, &p.meta.key.boot_id) {
+            (Some(ours), Some(theirs)) => ours == theirs,
+            _ => true,
+        };
+        // `last_seen` is written at key frames, so it can lag by one key interval.
+        let lived_in_window = |p: &&ProcessRecord| {
+            p.first_seen_ms <= to && p.last_seen_ms.saturating_add(DEFAULT_KEY_INTERVAL_MS) >= from
+        };
+        if let Some(start) = start {
+            if let Some(p) = candidates
+                .iter()
+                .filter(same_boot)
+                .find(|p| p.meta.key.start_time_ticks == Some(start))
+            {
+                return Ok(Some(p.id));
+            }
+        }
+        // No start time on one side (another PID namespace, an imported log): the latest
+        // process under this PID that lived in the window. Never one whose known start
+        // time says it is another process.
+        Ok(candidates
+            .iter()
+            .filter(same_boot)
+            .filter(lived_in_window)
+            .filter(|p| start.is_none() || p.meta.key.start_time_ticks.is_none())
+            .max_by_key(|p| (p.first_seen_ms, p.id))
+            .map(|p| p.id))
+    }
+
+    /// The stored series each key stands for in `[from, to]`.
+    fn wanted(
+        &mut self,
+        keys: &[SeriesKey],
+        starts: &Starts,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(SeriesKey, SeriesRef)>, String> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let series = match key {
+                SeriesKey::Device(uuid) => self.device_id(uuid)?.map(|d| SeriesRef {
+                    metric: Metric::UsedBytes,
+                    device_id: Some(d),
+                    process_id: None,
+                }),
+                SeriesKey::Process { uuid, pid } => match self.device_id(uuid)? {
+                    Some(d) => self
+                        .resolve(*pid, starts.get(pid).copied(), from, to)?
+                        .map(|p| SeriesRef {
+                            metric: Metric::ProcessUsedBytes,
+                            device_id: Some(d),
+                            process_id: Some(p),
+                        }),
+                    None => None,
+                },
+            };
+            if let Some(series) = series {
+                out.push((key.clone(), series));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Points of every wanted series in one pass over `[from, to]`: at most `max_points`
+    /// per series, each the highest value of its slice of the window (memory peaks are what
+    /// people look for) at the time of the slice's first stored sample. A slice without
+    /// samples gives no point, so a gap stays a gap.
+    fn series(
+        &mut self,
+        keys: &[SeriesKey],
+        starts: &Starts,
+        from: i64,
+        to: i64,
+        max_points: usize,
+    ) -> Result<HashMap<SeriesKey, Vec<Point>>, String> {
+        let wanted = self.wanted(keys, starts, from, to)?;
+        let mut out: Vec<Vec<Point>> = vec![Vec::new(); wanted.len()];
+        if wanted.is_empty() || to < from {
+            return Ok(HashMap::new());
+        }
+        let slices = i128::try_from(max_points.max(1)).unwrap_or(i128::MAX);
+        let span = i128::from(to - from).max(1);
+        let slice_of = |t: i64| (i128::from(t - from) * slices / span).min(slices - 1);
+        // Series ids (per frame) to indices into `wanted`, learnt as they appear.
+        let mut index: HashMap<u32, Option<usize>> = HashMap::new();
+        let mut value: Vec<Option<u64>> = vec![None; wanted.len()];
+        let mut last_slice: Vec<Option<i128>> = vec![None; wanted.len()];
+        self.store
+            .scan(
+                TimeRange {
+                    from_ms: from,
+                    to_ms: to,
+                },
+                |frame| {
+                    let mut resolve = |id: u32| {
+                        *index.entry(id).or_insert_with(|| {
+                            let s = frame.series(id)?;
+                            wanted.iter().position(|(_, w)| *w == s)
+                        })
+                    };
+                    match frame.changed() {
+                        Some(changed) => {
+                            for &id in changed {
+                                if let Some(i) = resolve(id) {
+                                    value[i] = frame.entry(id).and_then(highest);
+                                }
+                            }
+                        }
+                        None => {
+                            for (i, (_, series)) in wanted.iter().enumerate() {
+                                value[i] = frame.get(*series).and_then(highest);
+                            }
+                        }
+                    }
+                    let slice = slice_of(frame.t_ms);
+                    for (i, v) in value.iter().enumerate() {
+                        let Some(bytes) = *v else {
+                            continue;
+                        };
+                        if last_slice[i] == Some(slice) {
+                            if let Some(p) = out[i].last_mut() {
+                                p.bytes = p.bytes.max(bytes);
+                            }
+                        } else {
+                            last_slice[i] = Some(slice);
+                            out[i].push(Point {
+                                t_ms: frame.t_ms,
+                                bytes,
+                            });
+                        }
+                    }
+                },
+            )
+            .map_err(|e| text(&e))?;
+        Ok(wanted
+            .into_iter()
+            .zip(out)
+            .map(|((key, _), points)| (key, points))
+            .collect())
+    }
+
+    fn device_info(&self, d: &DeviceRecord, position: usize) -> DeviceInfo {
+        let children: Vec<&DeviceRecord> = self
+            .devices
+            .iter()
+            .filter(|c| c.meta.parent_uuid.as_deref() == Some(d.meta.uuid.as_str()))
+            .collect();
+        DeviceInfo {
+            index: d
+                .meta
+                .index
+                .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
+            uuid: d.meta.uuid.clone(),
+            name: d.meta.name.clone(),
+            pci_bus_id: d.meta.pci_bus_id.clone(),
+            minor_number: None,
+            mig_enabled: (!children.is_empty()).then_some(true),
+            mig_instances: children
+                .iter()
+                .map(|c| MigInstanceInfo {
+                    uuid: c.meta.uuid.clone(),
+                    name: c.meta.name.clone(),
+                    gpu_instance_id: None,
+                    compute_instance_id: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// The recorded moment at stored time `t` (a sample, or a bucket's start).
+    fn observation_at(&mut self, t: i64) -> Result<Option<Observation>, String> {
+        // One pass over the minute before `t`: the state at `t`, and the first CPU-time
+        // reading of each process in that minute (for its CPU use).
+        let mut at: Option<Vec<(SeriesRef, Entry)>> = None;
+        let mut cpu_first: HashMap<i64, (i64, u64)> = HashMap::new();
+        let mut cpu_ids: HashMap<u32, Option<i64>> = HashMap::new();
+        self.store
+            .scan(
+                TimeRange {
+                    from_ms: t.saturating_sub(CPU_WINDOW_MS),
+                    to_ms: t,
+                },
+                |frame| {
+                    for (id, entry) in frame.entries() {
+                        let process = *cpu_ids.entry(id).or_insert_with(|| {
+                            frame
+                                .series(id)
+                                .filter(|s| s.metric == Metric::ProcessCpuTicks)
+                                .and_then(|s| s.process_id)
+                        });
+                        if let (Some(p), Some(v)) = (process, last(entry)) {
+                            cpu_first.entry(p).or_insert((frame.t_ms, v));
+                        }
+                    }
+                    if frame.t_ms == t {
+                        at = Some(frame.iter().collect());
+                    }
+                },
+            )
+            .map_err(|e| text(&e))?;
+        let Some(entries) = at else {
+            return Ok(None);
+        };
+        let gaps = self
+            .store
+            .gaps(TimeRange {
+                from_ms: t,
+                to_ms: t,
+            })
+            .map_err(|e| text(&e))?;
+        let gaps: Vec<Gap> = gaps
+            .into_iter()
+            .filter(|g| g.from_ms <= t && (g.open || t < g.to_ms))
+            .collect();
+        if entries.iter().any(|(s, _)| {
+            s.device_id
+                .is_some_and(|d| !self.devices.iter().any(|r| r.id == d))
+        }) {
+            self.refresh_devices()?;
+        }
+
+        // Values by device, and by process on a device.
+        let mut by_device: BTreeMap<i64, HashMap<Metric, Entry>> = BTreeMap::new();
+        let mut by_process: BTreeMap<(i64, i64), HashMap<Metric, Entry>> = BTreeMap::new();
+        let mut cpu_now: HashMap<i64, u64> = HashMap::new();
+        for (series, entry) in &entries {
+            match (series.device_id, series.process_id) {
+                (Some(d), None) => {
+                    by_device
+                        .entry(d)
+                        .or_default()
+                        .insert(series.metric, *entry);
+                }
+                (Some(d), Some(p)) => {
+                    by_process
+                        .entry((d, p))
+                        .or_default()
+                        .insert(series.metric, *entry);
+                }
+                (None, Some(p)) if series.metric == Metric::ProcessCpuTicks => {
+                    if let Some(v) = last(*entry) {
+                        cpu_now.insert(p, v);
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        // Who the processes are.
+        let process_ids: Vec<i64> = {
+            let mut ids: Vec<i64> = by_process.keys().map(|&(_, p)| p).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let mut pids: HashMap<i64, u32> = HashMap::new();
+        let mut hosts = BTreeMap::new();
+        let mut driver_names = BTreeMap::new();
+        let tps = self.ticks_per_second;
+        for id in process_ids {
+            let Some(record) = self.process(id)?.cloned() else {
+                continue;
+            };
+            let pid = record.meta.key.pid;
+            pids.insert(id, pid);
+            let command = record.meta.command.clone();
+            if record.meta.key.start_time_ticks.is_none() {
+                // The recorder could not see it in /proc (another PID namespace, or an
+                // imported log): only the driver's name, if any.
+                if let Some(name) = command {
+                    driver_names.insert(pid, name);
+                }
+                continue;
+            }
+            let cpu_ticks = cpu_now.get(&id).copied();
+            let cpu_percent = match (cpu_first.get(&id), cpu_ticks) {
+                (Some(&(t0, v0)), Some(v1)) if t - t0 >= CPU_MIN_SPAN_MS && v1 >= v0 => {
+                    #[allow(clippy::cast_precision_loss)]
+                    let pct = (v1 - v0) as f64 / tps as f64 * 1000.0 / (t - t0) as f64 * 100.0;
+                    #[allow(clippy::cast_possible_truncation)]
+                    Some(pct as f32)
+                }
+                _ => None,
+            };
+            hosts.insert(
+                pid,
+                HostProcess {
+                    pid,
+                    ppid: None,
+                    user: record
+                        .meta
+                        .user
+                        .clone()
+                        .or_else(|| record.meta.uid.map(|u| u.to_string())),
+                    command: command.unwrap_or_else(|| "-".to_owned()),
+                    state: None,
+                    start_time_ticks: record.meta.key.start_time_ticks,
+                    started_at_unix_ms: None,
+                    cpu_percent,
+                    cpu_time_ms: cpu_ticks
+                        .and_then(|c| u64::try_from(u128::from(c) * 1000 / u128::from(tps)).ok()),
+                },
+            );
+        }
+
+        // The devices, MIG instances under their GPU.
+        let global_gap = gaps
+            .iter()
+            .find(|g| g.device_uuid.is_none() && g.metric.is_none());
+        let mut devices = Vec::new();
+        for (position, record) in self.devices.iter().enumerate() {
+            if record.meta.parent_uuid.is_some() || record.first_seen_ms > t {
+                continue;
+            }
+            let info = Arc::new(self.device_info(record, position));
+            let device_gap = gaps.iter().find(|g| {
+                g.metric.is_none()
+                    && g.device_uuid
+                        .as_deref()
+                        .is_some_and(|u| u.eq_ignore_ascii_case(&record.meta.uuid))
+            });
+            let metrics = by_device.get(&record.id);
+            let state = match (metrics, device_gap, global_gap) {
+                (None, Some(gap), _) | (None, None, Some(gap)) => {
+                    if gap.reason.starts_with("GPU lost") {
+                        DeviceState::Lost {
+                            reason: gap
+                                .reason
+                                .strip_prefix("GPU lost: ")
+                                .unwrap_or(&gap.reason)
+                                .to_owned(),
+                        }
+                    } else {
+                        DeviceState::Error {
+                            reason: gap.reason.clone(),
+                        }
+                    }
+                }
+                // Not recorded at this time (another session's device).
+                (None, None, None) => continue,
+                (Some(metrics), _, _) => DeviceState::Ok(self.reading(
+                    record,
+                    metrics,
+                    &by_device,
+                    &by_process,
+                    &pids,
+                    &gaps,
+                )),
+            };
+            devices.push(DeviceSnapshot { info, state });
+        }
+        Ok(Some(Observation {
+            snapshot: Arc::new(Snapshot {
+                taken_at_unix_ms: t,
+                driver: Arc::new(DriverInfo::default()),
+                devices,
+                unopened: Vec::new(),
+            }),
+            hosts,
+            driver_names,
+            verdicts: super::verdict::Verdicts::default(),
+        }))
+    }
+
+    fn reading(
+        &self,
+        record: &DeviceRecord,
+        metrics: &HashMap<Metric, Entry>,
+        by_device: &BTreeMap<i64, HashMap<Metric, Entry>>,
+        by_process: &BTreeMap<(i64, i64), HashMap<Metric, Entry>>,
+        pids: &HashMap<i64, u32>,
+        gaps: &[Gap],
+    ) -> DeviceReading {
+        let value = |m: Metric| metrics.get(&m).copied().and_then(last);
+        let small = |m: Metric| value(m).and_then(|v| u32::try_from(v).ok());
+        let mut missing = BTreeMap::new();
+        for gap in gaps.iter().filter(|g| {
+            g.device_uuid
+                .as_deref()
+                .is_some_and(|u| u.eq_ignore_ascii_case(&record.meta.uuid))
+        }) {
+            let field = match gap.metric {
+                Some(
+                    Metric::UsedBytes
+                    | Metric::ReservedBytes
+                    | Metric::FreeBytes
+                    | Metric::TotalBytes,
+                ) => Field::Memory,
+                Some(Metric::UtilizationGpuPercent | Metric::UtilizationMemoryPercent) => {
+                    Field::Utilization
+                }
+                Some(Metric::TemperatureC) => Field::Temperature,
+                Some(Metric::PowerMw) => Field::Power,
+                Some(Metric::ProcessUsedBytes) => Field::ComputeProcesses,
+                _ => continue,
+            };
+            missing.insert(field, Unavailable::from(gap.reason.clone()));
+        }
+        let processes_missing = missing.contains_key(&Field::ComputeProcesses);
+        let mut processes = Vec::new();
+        let mut activity = Vec::new();
+        for (&(d, p), values) in by_process.range((record.id, i64::MIN)..=(record.id, i64::MAX)) {
+            debug_assert_eq!(d, record.id);
+            let (Some(&pid), Some(entry)) = (pids.get(&p), values.get(&Metric::ProcessUsedBytes))
+            else {
+                continue;
+            };
+            processes.push(ProcessUsage {
+                pid,
+                used_bytes: last(*entry),
+                kind: ProcessKind::Compute,
+                gpu_instance_id: None,
+                compute_instance_id: None,
+            });
+            if let Some(sm) = values
+                .get(&Metric::ProcessSmPercent)
+                .copied()
+                .and_then(last)
+                .and_then(|v| u32::try_from(v).ok())
+            {
+                activity.push(ProcessActivity {
+                    pid,
+                    sm_percent: sm,
+                    memory_percent: 0,
+                });
+            }
+        }
+        processes.sort_by_key(|p| p.pid);
+        let mig = self
+            .devices
+            .iter()
+            .filter(|c| c.meta.parent_uuid.as_deref() == Some(record.meta.uuid.as_str()))
+            .map(|c| MigReading {
+                uuid: c.meta.uuid.clone(),
+                memory: by_device.get(&c.id).and_then(memory_of),
+            })
+            .collect();
+        DeviceReading {
+            memory: memory_of(metrics),
+            utilization_gpu_percent: small(Metric::UtilizationGpuPercent),
+            utilization_memory_percent: small(Metric::UtilizationMemoryPercent),
+            temperature_c: small(Metric::TemperatureC),
+            power_mw: small(Metric::PowerMw),
+            processes: (!processes_missing).then_some(processes),
+            // Which processes ran is known only where the recording has activity samples;
+            // with none at this moment, idle cannot be told from not reported.
+            process_activity: (!activity.is_empty()).then_some(activity),
+            mig,
+            missing,
+            dropped: Vec::new(),
+        }
+    }
+}
+
+/// Memory figures from stored values. NVML reports all four; an imported log may lack the
+/// reservation or free memory, which `total = reserved + used + free` then gives.
+fn memory_of(metrics: &HashMap<Metric, Entry>) -> Option<MemoryReading> {
+    let value = |m: Metric| metrics.get(&m).copied().and_then(last);
+    let used = value(Metric::UsedBytes)?;
+    let total = value(Metric::TotalBytes)?;
+    let (reserved, free) = match (value(Metric::ReservedBytes), value(Metric::FreeBytes)) {
+        (Some(r), Some(f)) => (r, f),
+        (Some(r), None) => (r, total.saturating_sub(used + r)),
+        (None, Some(f)) => (total.saturating_sub(used + f), f),
+        (None, None) => (0, total.saturating_sub(used)),
+    };
+    Some(MemoryReading {
+        total_bytes: total,
+        used_bytes: used,
+        reserved_bytes: reserved,
+        free_bytes: free,
+    })
+}
+
+impl HistorySource for StoreSource {
+    fn points(
+        &self,
+        key: &SeriesKey,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: usize,
+    ) -> Result<Vec<Point>, String> {
+        let mut series = self.lock().series(
+            std::slice::from_ref(key),
+            &Starts::new(),
+            from_ms,
+            to_ms,
+            max_points,
+        )?;
+        Ok(series.remove(key).unwrap_or_default())
+    }
+
+    fn load(
+        &self,
+        keys: &[SeriesKey],
+        starts: &Starts,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: usize,
+    ) -> HistoryChunk {
+        let series = match self.lock().series(keys, starts, from_ms, to_ms, max_points) {
+            Ok(series) => series,
+            Err(reason) => {
+                tracing::warn!(%reason, "Could not load history from the store.");
+                HashMap::new()
+            }
+        };
+        HistoryChunk {
+            from_ms,
+            to_ms,
+            series,
+            starts: starts.clone(),
+        }
+    }
+}
+
+impl ReplaySource for StoreSource {
+    fn range(&self) -> Result<Option<(i64, i64)>, String> {
+        let inner = self.lock();
+        let first = inner.store.time_after(i64::MIN).map_err(|e| text(&e))?;
+        let last = inner
+            .store
+            .time_at_or_before(i64::MAX)
+            .map_err(|e| text(&e))?;
+        Ok(first.zip(last))
+    }
+
+    fn at_or_before(&self, t_ms: i64) -> Result<Option<Observation>, String> {
+        let mut inner = self.lock();
+        let mut t = t_ms;
+        // A stored time that cannot be decoded (before the first key frame that retention
+        // left) is skipped for the one before it.
+        while let Some(found) = inner.store.time_at_or_before(t).map_err(|e| text(&e))? {
+            if let Some(obs) = inner.observation_at(found)? {
+                return Ok(Some(obs));
+            }
+            t = found - 1;
+        }
+        Ok(None)
+    }
+
+    fn after(&self, t_ms: i64) -> Result<Option<Observation>, String> {
+        let mut inner = self.lock();
+        let mut t = t_ms;
+        while let Some(found) = inner.store.time_after(t).map_err(|e| text(&e))? {
+            if let Some(obs) = inner.observation_at(found)? {
+                return Ok(Some(obs));
+            }
+            t = found;
+        }
+        Ok(None)
+    }
+}
