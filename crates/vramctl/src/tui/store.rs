@@ -371,10 +371,12 @@ impl Inner {
             .into_iter()
             .filter(|g| g.from_ms <= t && (g.open || t < g.to_ms))
             .collect();
-        if entries.iter().any(|(s, _)| {
-            s.device_id
-                .is_some_and(|d| !self.devices.iter().any(|r| r.id == d))
-        }) {
+        if self.devices.is_empty()
+            || entries.iter().any(|(s, _)| {
+                s.device_id
+                    .is_some_and(|d| !self.devices.iter().any(|r| r.id == d))
+            })
+        {
             self.refresh_devices()?;
         }
 
@@ -467,6 +469,7 @@ impl Inner {
             .iter()
             .find(|g| g.device_uuid.is_none() && g.metric.is_none());
         let mut devices = Vec::new();
+        let no_values = HashMap::new();
         for (position, record) in self.devices.iter().enumerate() {
             if record.meta.parent_uuid.is_some() || record.first_seen_ms > t {
                 continue;
@@ -478,34 +481,40 @@ impl Inner {
                         .as_deref()
                         .is_some_and(|u| u.eq_ignore_ascii_case(&record.meta.uuid))
             });
-            let metrics = by_device.get(&record.id);
-            let state = match (metrics, device_gap, global_gap) {
-                (None, Some(gap), _) | (None, None, Some(gap)) => {
-                    if gap.reason.starts_with("GPU lost") {
-                        DeviceState::Lost {
-                            reason: gap
-                                .reason
-                                .strip_prefix("GPU lost: ")
-                                .unwrap_or(&gap.reason)
-                                .to_owned(),
-                        }
-                    } else {
-                        DeviceState::Error {
+            // A device whose every value is missing has no series, only metric gaps
+            // (which stay open while the whole device is unreadable, so they come last).
+            let only_gaps = gaps.iter().any(|g| {
+                g.metric.is_some()
+                    && g.device_uuid
+                        .as_deref()
+                        .is_some_and(|u| u.eq_ignore_ascii_case(&record.meta.uuid))
+            });
+            let metrics = match (by_device.get(&record.id), device_gap.or(global_gap)) {
+                (Some(metrics), _) => metrics,
+                (None, Some(gap)) => {
+                    let state = match gap.reason.strip_prefix("GPU lost") {
+                        Some(rest) => DeviceState::Lost {
+                            reason: rest.trim_start_matches(": ").to_owned(),
+                        },
+                        None => DeviceState::Error {
                             reason: gap.reason.clone(),
-                        }
-                    }
+                        },
+                    };
+                    devices.push(DeviceSnapshot { info, state });
+                    continue;
                 }
+                (None, None) if only_gaps => &no_values,
                 // Not recorded at this time (another session's device).
-                (None, None, None) => continue,
-                (Some(metrics), _, _) => DeviceState::Ok(self.reading(
-                    record,
-                    metrics,
-                    &by_device,
-                    &by_process,
-                    &pids,
-                    &gaps,
-                )),
+                (None, None) => continue,
             };
+            let state = DeviceState::Ok(self.reading(
+                record,
+                metrics,
+                &by_device,
+                &by_process,
+                &pids,
+                &gaps,
+            ));
             devices.push(DeviceSnapshot { info, state });
         }
         Ok(Some(Observation {
@@ -708,5 +717,354 @@ impl ReplaySource for StoreSource {
             t = found;
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vramctl_store::{
+        DeviceMeta, DeviceSample, DeviceSampleState, Observed, ProcessKey, ProcessList,
+        ProcessMeta, ProcessOnDevice, ProcessSample, TickSample,
+    };
+
+    use super::*;
+    use crate::tui::fixtures::{T0_MS, from_scenario, recorded};
+    use crate::tui::replay::{Seek, seek_frame};
+
+    /// What a recording cannot give back, removed from an observation: the driver's
+    /// versions, which list a process came from, MIG instance ids, /proc facts other than
+    /// identity, user, command and CPU time, processes that hold no GPU memory (tree
+    /// parents), reasons the recorder does not keep, and CPU use (computed over a minute
+    /// in replay). Activity lists that are empty cannot be told from none.
+    fn recordable(obs: &Observation) -> Observation {
+        let mut snapshot = (*obs.snapshot).clone();
+        snapshot.driver = Arc::new(DriverInfo::default());
+        snapshot.unopened.clear();
+        let mut on_gpu = Vec::new();
+        for device in &mut snapshot.devices {
+            let mut info = (*device.info).clone();
+            info.minor_number = None;
+            info.mig_enabled = (!info.mig_instances.is_empty()).then_some(true);
+            for mig in &mut info.mig_instances {
+                mig.gpu_instance_id = None;
+                mig.compute_instance_id = None;
+            }
+            device.info = Arc::new(info);
+            if let DeviceState::Ok(reading) = &mut device.state {
+                for p in reading.processes.iter_mut().flatten() {
+                    p.kind = ProcessKind::Compute;
+                    p.gpu_instance_id = None;
+                    p.compute_instance_id = None;
+                    on_gpu.push(p.pid);
+                }
+                if let Some(list) = &mut reading.processes {
+                    list.sort_by_key(|p| p.pid);
+                }
+                if let Some(list) = &mut reading.process_activity {
+                    for a in list.iter_mut() {
+                        a.memory_percent = 0;
+                    }
+                    // Activity of a process that holds no memory here is not recorded.
+                    let pids: Vec<u32> =
+                        reading.processes.iter().flatten().map(|p| p.pid).collect();
+                    list.retain(|a| pids.contains(&a.pid));
+                    list.sort_by_key(|a| a.pid);
+                }
+                if reading.process_activity.as_ref().is_some_and(Vec::is_empty) {
+                    reading.process_activity = None;
+                }
+                reading.dropped.clear();
+                reading.missing.retain(|field, _| {
+                    matches!(
+                        field,
+                        Field::Memory
+                            | Field::Utilization
+                            | Field::Temperature
+                            | Field::Power
+                            | Field::ComputeProcesses
+                    )
+                });
+            }
+        }
+        let hosts = obs
+            .hosts
+            .iter()
+            .filter(|(pid, _)| on_gpu.contains(pid))
+            .map(|(pid, h)| {
+                let mut h = h.clone();
+                h.ppid = None;
+                h.state = None;
+                h.started_at_unix_ms = None;
+                h.cpu_percent = None;
+                (*pid, h)
+            })
+            .collect();
+        Observation {
+            snapshot: Arc::new(snapshot),
+            hosts,
+            driver_names: obs.driver_names.clone(),
+            verdicts: super::super::verdict::Verdicts::default(),
+        }
+    }
+
+    fn without_cpu_use(mut obs: Observation) -> Observation {
+        for h in obs.hosts.values_mut() {
+            h.cpu_percent = None;
+        }
+        obs
+    }
+
+    #[test]
+    fn every_recorded_moment_comes_back_as_it_was_seen() {
+        for (scenario, times) in [
+            ("h200-training.toml", vec![0.0, 10.0, 20.0, 130.0]),
+            ("mig.toml", vec![0.0, 1.0]),
+            ("fault-gpu-lost.toml", vec![0.0, 5.0, 12.0, 13.0]),
+            ("fault-not-supported.toml", vec![0.0, 1.0]),
+            ("eight-gpus-30-procs.toml", vec![0.0, 1.0, 2.0]),
+        ] {
+            let observations = from_scenario(scenario, &times);
+            let source = StoreSource::new(recorded(&observations), None);
+            let first = observations[0].taken_at_unix_ms();
+            let last = observations[observations.len() - 1].taken_at_unix_ms();
+            assert_eq!(source.range().unwrap(), Some((first, last)), "{scenario}");
+            for obs in &observations {
+                let t = obs.taken_at_unix_ms();
+                let back = source.at_or_before(t).unwrap().expect("a moment");
+                assert_eq!(
+                    without_cpu_use(back),
+                    recordable(obs),
+                    "{scenario} at {} s",
+                    (t - T0_MS) / 1000
+                );
+            }
+            assert!(source.at_or_before(first - 1).unwrap().is_none());
+            assert!(source.after(last).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn seeks_land_on_recorded_moments() {
+        let observations = from_scenario("h200-training.toml", &[0.0, 10.0, 20.0]);
+        let source = StoreSource::new(recorded(&observations), None);
+        let at = |o: Option<Observation>| o.map(|o| (o.taken_at_unix_ms() - T0_MS) / 1000);
+        assert_eq!(at(source.at_or_before(T0_MS + 15_000).unwrap()), Some(10));
+        assert_eq!(at(source.after(T0_MS + 10_000).unwrap()), Some(20));
+        assert_eq!(at(source.after(i64::MIN).unwrap()), Some(0));
+        assert_eq!(at(source.at_or_before(i64::MAX).unwrap()), Some(20));
+        let frame = seek_frame(&source, Seek::Before(T0_MS + 10_000), 60_000, 100).unwrap();
+        assert_eq!(frame.observation.map(|o| o.taken_at_unix_ms()), Some(T0_MS));
+        assert_eq!(frame.range, Some((T0_MS, T0_MS + 20_000)));
+    }
+
+    #[test]
+    fn chart_series_are_the_recorded_values_and_keep_peaks_when_thinned() {
+        let times: Vec<f64> = (0..=120).map(f64::from).collect();
+        let observations = from_scenario("h200-training.toml", &times);
+        let source = StoreSource::new(recorded(&observations), None);
+        let last = &observations[observations.len() - 1];
+        let keys = crate::tui::replay::keys_of(last);
+        let starts = last.starts();
+        let (from, to) = (T0_MS, T0_MS + 120_000);
+        let chunk = source.load(&keys, &starts, from, to, 1000);
+        for key in &keys {
+            let expected: Vec<Point> = observations
+                .iter()
+                .filter_map(|o| {
+                    let bytes = o.snapshot.devices.iter().find_map(|d| {
+                        let r = d.reading()?;
+                        match key {
+                            SeriesKey::Device(u) if *u == d.info.uuid => {
+                                r.memory.map(|m| m.used_bytes)
+                            }
+                            SeriesKey::Process { uuid, pid } if *uuid == d.info.uuid => r
+                                .processes
+                                .iter()
+                                .flatten()
+                                .find(|p| p.pid == *pid)
+                                .and_then(|p| p.used_bytes),
+                            _ => None,
+                        }
+                    })?;
+                    Some(Point {
+                        t_ms: o.taken_at_unix_ms(),
+                        bytes,
+                    })
+                })
+                .collect();
+            assert_eq!(chunk.series.get(key), Some(&expected), "{key:?}");
+        }
+        // Thinned to 10 points: each the highest of its slice.
+        let thin = source.load(&keys, &starts, from, to, 10);
+        let device = &keys[0];
+        let full = &chunk.series[device];
+        let points = &thin.series[device];
+        assert_eq!(points.len(), 10);
+        assert_eq!(
+            points.iter().map(|p| p.bytes).max(),
+            full.iter().map(|p| p.bytes).max()
+        );
+        assert_eq!(
+            source.points(device, from, to, 1000).unwrap(),
+            *full,
+            "one series alone is the same"
+        );
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpu_tick(t: i64, procs: &[(u32, u64, u64, Option<u64>)]) -> TickSample {
+        TickSample {
+            at_unix_ms: t,
+            unavailable: None,
+            devices: vec![DeviceSample {
+                device: DeviceMeta {
+                    uuid: "GPU-a".into(),
+                    index: Some(0),
+                    name: Some("NVIDIA H200".into()),
+                    pci_bus_id: None,
+                    parent_uuid: None,
+                },
+                state: DeviceSampleState::Read {
+                    metrics: vec![
+                        (
+                            Metric::UsedBytes,
+                            Observed::Value(procs.iter().map(|p| p.1).sum()),
+                        ),
+                        (Metric::TotalBytes, Observed::Value(100 * GIB)),
+                        (Metric::PowerMw, Observed::Missing("not supported".into())),
+                    ],
+                    processes: ProcessList::Observed(
+                        procs
+                            .iter()
+                            .map(|&(pid, bytes, _, _)| ProcessOnDevice {
+                                pid,
+                                used_bytes: Some(bytes),
+                                sm_percent: None,
+                            })
+                            .collect(),
+                    ),
+                },
+            }],
+            processes: procs
+                .iter()
+                .map(|&(pid, _, start, cpu)| ProcessSample {
+                    meta: ProcessMeta {
+                        key: ProcessKey {
+                            boot_id: Some("boot-1".into()),
+                            pid,
+                            start_time_ticks: Some(start),
+                        },
+                        user: Some("alice".into()),
+                        command: Some(format!("python job{start}.py")),
+                        ..ProcessMeta::default()
+                    },
+                    cpu_ticks: cpu,
+                })
+                .collect(),
+        }
+    }
+
+    /// PID 7 is one process (start 100) for 10 s, nothing for 10 s, then another (start
+    /// 200) for 10 s.
+    fn reused_pid() -> Store {
+        let mut store = Store::open_in_memory().unwrap();
+        for s in 0..30 {
+            let t = T0_MS + s * 1000;
+            let procs: &[(u32, u64, u64, Option<u64>)] = match s {
+                0..10 => &[(7, GIB, 100, None)],
+                10..20 => &[],
+                _ => &[(7, 5 * GIB, 200, None)],
+            };
+            store.append(&gpu_tick(t, procs)).unwrap();
+        }
+        store
+    }
+
+    #[test]
+    fn a_process_series_is_that_of_the_same_process_not_of_its_pid() {
+        let key = SeriesKey::Process {
+            uuid: "GPU-a".into(),
+            pid: 7,
+        };
+        let load = |source: &StoreSource, starts: &[(u32, u64)], from_s: i64, to_s: i64| {
+            let starts: Starts = starts.iter().copied().collect();
+            source
+                .load(
+                    std::slice::from_ref(&key),
+                    &starts,
+                    T0_MS + from_s * 1000,
+                    T0_MS + to_s * 1000,
+                    100,
+                )
+                .series
+                .get(&key)
+                .map(|p| p.iter().map(|p| p.bytes / GIB).collect::<Vec<_>>())
+        };
+        let live = StoreSource::new(reused_pid(), Some("boot-1".into()));
+        assert_eq!(load(&live, &[(7, 200)], 0, 29), Some(vec![5; 10]));
+        assert_eq!(load(&live, &[(7, 100)], 0, 29), Some(vec![1; 10]));
+        // A process the store never saw has no past, even under a known PID.
+        assert_eq!(load(&live, &[(7, 300)], 0, 29), None);
+        // Without a start time (another namespace): the latest that lived in the window.
+        assert_eq!(load(&live, &[], 0, 29), Some(vec![5; 10]));
+        assert_eq!(load(&live, &[], 0, 12), Some(vec![1; 10]));
+        // Another boot's process with the same PID and start time is not this one.
+        let other_boot = StoreSource::new(reused_pid(), Some("boot-2".into()));
+        assert_eq!(load(&other_boot, &[(7, 200)], 0, 29), None);
+    }
+
+    #[test]
+    fn replay_shows_cpu_use_over_the_minute_before_the_cursor() {
+        let tps = procfs::ticks_per_second().max(1);
+        let mut store = Store::open_in_memory().unwrap();
+        // CPU time read every 10 s: half a core.
+        for s in 0..=90 {
+            let cpu = (s % 10 == 0).then(|| u64::try_from(s).unwrap() * tps / 2);
+            store
+                .append(&gpu_tick(T0_MS + s * 1000, &[(7, GIB, 100, cpu)]))
+                .unwrap();
+        }
+        let source = StoreSource::new(store, None);
+        let at = |s: i64| source.at_or_before(T0_MS + s * 1000).unwrap().unwrap();
+        let host = |o: &Observation| o.hosts[&7].clone();
+        assert_eq!(host(&at(5)).cpu_percent, None, "too little to say");
+        let pct = host(&at(90)).cpu_percent.unwrap();
+        assert!((pct - 50.0).abs() < 0.5, "{pct}");
+        assert_eq!(host(&at(90)).cpu_time_ms, Some(45_000));
+        assert_eq!(host(&at(90)).command, "python job100.py");
+        assert_eq!(host(&at(90)).user.as_deref(), Some("alice"));
+        // Power was recorded as not supported: missing with its reason, not zero.
+        let obs = at(90);
+        let reading = obs.snapshot.devices[0].reading().unwrap();
+        assert_eq!(reading.power_mw, None);
+        assert_eq!(
+            reading.missing.get(&Field::Power),
+            Some(&Unavailable::NotSupported)
+        );
+    }
+
+    #[test]
+    fn nvml_down_shows_every_known_gpu_as_unreadable_with_the_reason() {
+        let mut store = Store::open_in_memory().unwrap();
+        store
+            .append(&gpu_tick(T0_MS, &[(7, GIB, 100, None)]))
+            .unwrap();
+        store
+            .append(&TickSample {
+                at_unix_ms: T0_MS + 1000,
+                unavailable: Some("NVML did not start: driver not loaded".into()),
+                ..TickSample::default()
+            })
+            .unwrap();
+        let source = StoreSource::new(store, None);
+        let obs = source.at_or_before(T0_MS + 1000).unwrap().unwrap();
+        assert_eq!(
+            obs.snapshot.devices[0].state,
+            DeviceState::Error {
+                reason: "NVML did not start: driver not loaded".into()
+            }
+        );
+        assert!(obs.hosts.is_empty());
     }
 }
