@@ -148,9 +148,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DB", num_args = 0..=1)]
     pub record: Option<Option<PathBuf>>,
 
-    /// With --record: how long to keep raw samples and downsampled buckets
-    #[arg(long, default_value = "raw=24h,1m=30d", value_name = "SPEC")]
-    pub retain: String,
+    /// With --record: how long to keep raw samples and downsampled buckets [default:
+    /// raw=24h,1m=30d]
+    #[arg(long, value_name = "SPEC")]
+    pub retain: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -50,9 +50,18 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         tracing::warn!("Basic auth without TLS sends passwords in the clear.");
     }
     // The database first: a second recorder is refused before anything listens.
-    let recorder = match &args.record {
-        Some(db) => Some(open_recorder(global, args, db.as_deref(), interval)?),
-        None => None,
+    let recorder = match (&args.record, &args.retain) {
+        (Some(db), retain) => Some(open_recorder(
+            global,
+            db.as_deref(),
+            retain.as_deref().unwrap_or(DEFAULT_RETAIN),
+            interval,
+            args.process_details,
+        )?),
+        (None, Some(retain)) => {
+            bail!("--retain '{retain}' applies to recorded history; add --record")
+        }
+        (None, None) => None,
     };
     let listener = std::net::TcpListener::bind(args.listen.as_str()).with_context(|| {
         format!(
@@ -104,14 +113,18 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     Ok(Exit::Ok)
 }
 
+/// Retention of `serve --record` when `--retain` is not given (as for `vramctl record`).
+const DEFAULT_RETAIN: &str = "raw=24h,1m=30d";
+
 /// Opens the history for `--record` (taking the single-writer lock) and starts its writer.
 fn open_recorder(
     global: &GlobalArgs,
-    args: &ServeArgs,
     db: Option<&std::path::Path>,
+    retain: &str,
     interval: Duration,
+    details: DetailsSource,
 ) -> anyhow::Result<HistoryRecorder> {
-    let retention: Retention = args.retain.parse()?;
+    let retention: Retention = retain.parse()?;
     let path = match db {
         Some(path) => path.to_path_buf(),
         None => db_path(global)?,
@@ -119,15 +132,12 @@ fn open_recorder(
     let mut store = Store::open(&path, OpenMode::Append)?;
     let interval_ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
     store.begin_session(&session("serve", interval_ms))?;
-    tracing::info!(db = %path.display(), interval_ms, retain = %args.retain, "Recording.");
+    tracing::info!(db = %path.display(), interval_ms, retain, "Recording.");
     eprintln!("vramctl: recording history into {}", path.display());
     let feed = StoreFeed::start(store, retention, channel_capacity(interval_ms), false)?;
     // Only with /proc labels is /proc read for identities: with `nvml` or `none` the daemon
     // may run without the host's PID namespace, where /proc numbers other processes.
-    let procs = Procs::new(
-        procinfo::boot_id(),
-        args.process_details == DetailsSource::Proc,
-    );
+    let procs = Procs::new(procinfo::boot_id(), details == DetailsSource::Proc);
     Ok(HistoryRecorder::new(feed, procs))
 }
 

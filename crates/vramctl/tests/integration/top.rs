@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use predicates::str::contains;
 
-use crate::harness::{fake_library, vramctl_on};
+use crate::harness::{fake_library, free_pids, vramctl_on};
 
 /// How long a screen may take to show what is expected.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -120,19 +120,6 @@ fn tmux_available() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-/// `n` PIDs no process has now (so /proc does not name a fictional GPU process).
-fn free_pids(n: usize) -> Vec<u32> {
-    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(32_768);
-    (300..pid_max)
-        .rev()
-        .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-        .take(n)
-        .collect()
 }
 
 /// The rows of the process table on `screen`: `(pid, rest of the line)`.
