@@ -65,7 +65,8 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
             replay = Some(requests);
             AppConfig {
                 live_interval: None,
-                readonly: true,
+                // Actions are off in a replay whatever this says.
+                readonly: args.readonly,
                 color,
                 devices,
                 history_source: false,

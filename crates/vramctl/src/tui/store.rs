@@ -240,10 +240,13 @@ impl Inner {
         let slices = i128::try_from(max_points.max(1)).unwrap_or(i128::MAX);
         let span = i128::from(to - from).max(1);
         let slice_of = |t: i64| (i128::from(t - from) * slices / span).min(slices - 1);
-        // Series ids (per frame) to indices into `wanted`, learnt as they appear.
-        let mut index: HashMap<u32, Option<usize>> = HashMap::new();
+        // Series ids (small and dense) to indices into `wanted`, learnt as they appear: a
+        // vector, as this is looked up for every changed value of every frame.
+        let mut index: Vec<Option<Option<usize>>> = Vec::new();
         let mut value: Vec<Option<u64>> = vec![None; wanted.len()];
         let mut last_slice: Vec<Option<i128>> = vec![None; wanted.len()];
+        let mut slice_now: Option<i128> = None;
+        let mut touched: Vec<usize> = Vec::new();
         self.store
             .scan(
                 TimeRange {
@@ -252,28 +255,48 @@ impl Inner {
                 },
                 |frame| {
                     let mut resolve = |id: u32| {
-                        *index.entry(id).or_insert_with(|| {
-                            let s = frame.series(id)?;
-                            wanted.iter().position(|(_, w)| *w == s)
-                        })
+                        let slot = usize::try_from(id).unwrap_or(usize::MAX);
+                        if let Some(Some(known)) = index.get(slot) {
+                            return *known;
+                        }
+                        let found = frame
+                            .series(id)
+                            .and_then(|s| wanted.iter().position(|(_, w)| *w == s));
+                        if slot < 1 << 24 {
+                            if index.len() <= slot {
+                                index.resize(slot + 1, None);
+                            }
+                            index[slot] = Some(found);
+                        }
+                        found
                     };
+                    touched.clear();
                     match frame.changed() {
                         Some(changed) => {
                             for &id in changed {
                                 if let Some(i) = resolve(id) {
                                     value[i] = frame.entry(id).and_then(highest);
+                                    touched.push(i);
                                 }
                             }
                         }
                         None => {
                             for (i, (_, series)) in wanted.iter().enumerate() {
                                 value[i] = frame.get(*series).and_then(highest);
+                                touched.push(i);
                             }
                         }
                     }
+                    // A new slice gives every present series a point; within a slice only
+                    // the series that changed can raise its highest value.
                     let slice = slice_of(frame.t_ms);
-                    for (i, v) in value.iter().enumerate() {
-                        let Some(bytes) = *v else {
+                    if slice_now != Some(slice) {
+                        slice_now = Some(slice);
+                        touched.clear();
+                        touched.extend(0..wanted.len());
+                    }
+                    for &i in &touched {
+                        let Some(bytes) = value[i] else {
                             continue;
                         };
                         if last_slice[i] == Some(slice) {
