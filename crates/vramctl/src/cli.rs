@@ -328,7 +328,8 @@ pub struct TopArgs {
     #[arg(long)]
     pub readonly: bool,
 
-    /// Browse a recording (the history database) instead of sampling now
+    /// Browse a recording (a history database: vramctl record, serve --record, import)
+    /// instead of sampling now; live, the charts' past comes from --db when it exists
     #[arg(long, value_name = "DB")]
     pub replay: Option<PathBuf>,
 }
