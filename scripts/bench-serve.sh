@@ -10,6 +10,8 @@
 #   3. daemon CPU over 60 s at --interval 1 with one scrape per second (utime+stime from
 #      /proc/PID/stat), and with no scrapes;
 #   4. RSS (VmRSS, VmHWM) at the end.
+# SERVE_ARGS adds flags to `vramctl serve`, e.g. SERVE_ARGS="--record OUTDIR/history.db"
+# to measure the daemon recording history too.
 # Needs wrk (Debian: apt-get install wrk) and curl. Loopback only; stops by itself.
 set -euo pipefail
 vramctl=$(realpath "$1"); fake=$(realpath "$2"); out=$3
@@ -19,7 +21,8 @@ export VRAMCTL_NVML_LIB="$fake"
 export FAKE_NVML_SCENARIO="$here/examples/scenarios/eight-gpus-30-procs.toml"
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 2; }
 
-"$vramctl" serve --listen 127.0.0.1:0 --interval 1 2> "$out/serve.log" &
+# shellcheck disable=SC2086 # SERVE_ARGS is a list of flags
+"$vramctl" serve --listen 127.0.0.1:0 --interval 1 ${SERVE_ARGS:-} 2> "$out/serve.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q serving "$out/serve.log" 2>/dev/null && break; sleep 0.1; done
@@ -57,3 +60,4 @@ measure() { # $1 label, $2 seconds, $3 scrape every second (1/0)
 measure "1 s interval, 1 scrape/s" 60 1 | tee -a "$out/summary.txt"
 measure "1 s interval, no scrapes" 60 0 | tee -a "$out/summary.txt"
 grep -E "VmRSS|VmHWM" "/proc/$pid/status" | tee -a "$out/summary.txt"
+echo "serve flags: --interval 1 ${SERVE_ARGS:-}" >> "$out/summary.txt"

@@ -557,6 +557,92 @@ impl Store {
         rows.collect::<Result<_, _>>().map_err(&err)
     }
 
+    /// The latest stored time at or before `t_ms`: a sample, or a bucket's start where
+    /// only downsampled buckets remain (the times [`Store::scan`] visits). `None` before
+    /// the first. For browsing a recording sample by sample.
+    ///
+    /// # Errors
+    /// When SQLite fails.
+    pub fn time_at_or_before(&self, t_ms: i64) -> Result<Option<i64>, StoreError> {
+        let err = self.err("cannot read sample times");
+        let mut best: Option<i64> = None;
+        for (tier, part) in self.tiers(TimeRange::ALL)? {
+            if part.from_ms > t_ms {
+                continue;
+            }
+            let to = part.to_ms.min(t_ms);
+            let found: Option<i64> = match tier {
+                Tier::Raw => self.conn.query_row(
+                    "SELECT max(t_ms) FROM frame WHERE t_ms >= ?1 AND t_ms <= ?2",
+                    [part.from_ms, to],
+                    |r| r.get(0),
+                ),
+                Tier::Rollup(res) => self.conn.query_row(
+                    "SELECT max(t_ms) FROM rollup WHERE res_ms = ?3 AND t_ms >= ?1 AND t_ms <= ?2",
+                    [part.from_ms, to, res],
+                    |r| r.get(0),
+                ),
+            }
+            .map_err(&err)?;
+            best = best.max(found);
+        }
+        Ok(best)
+    }
+
+    /// The earliest stored time after `t_ms` (see [`Store::time_at_or_before`]).
+    ///
+    /// # Errors
+    /// When SQLite fails.
+    pub fn time_after(&self, t_ms: i64) -> Result<Option<i64>, StoreError> {
+        let err = self.err("cannot read sample times");
+        let mut best: Option<i64> = None;
+        for (tier, part) in self.tiers(TimeRange::ALL)? {
+            if part.to_ms <= t_ms {
+                continue;
+            }
+            let from = part.from_ms.max(t_ms.saturating_add(1));
+            let found: Option<i64> = match tier {
+                Tier::Raw => self.conn.query_row(
+                    "SELECT min(t_ms) FROM frame WHERE t_ms >= ?1 AND t_ms <= ?2",
+                    [from, part.to_ms],
+                    |r| r.get(0),
+                ),
+                Tier::Rollup(res) => self.conn.query_row(
+                    "SELECT min(t_ms) FROM rollup WHERE res_ms = ?3 AND t_ms >= ?1 AND t_ms <= ?2",
+                    [from, part.to_ms, res],
+                    |r| r.get(0),
+                ),
+            }
+            .map_err(&err)?;
+            best = match (best, found) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok(best)
+    }
+
+    /// Every stored process that had this PID (several when the PID was reused, or on
+    /// other boots), oldest first, without decoding samples.
+    ///
+    /// # Errors
+    /// When SQLite fails.
+    pub fn processes_with_pid(&self, pid: u32) -> Result<Vec<ProcessRecord>, StoreError> {
+        let err = self.err("cannot read processes");
+        let ids: Vec<i64> = self
+            .conn
+            .prepare_cached("SELECT id FROM process WHERE pid = ?1 ORDER BY first_seen_ms, id")
+            .and_then(|mut s| s.query_map([pid], |r| r.get(0))?.collect())
+            .map_err(&err)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(p) = self.process(id)? {
+                out.push(p);
+            }
+        }
+        Ok(out)
+    }
+
     /// Number of stored raw frames (ticks) in `range`.
     ///
     /// # Errors
@@ -599,4 +685,75 @@ pub fn downsample(points: &[Point], step_ms: i64) -> Vec<Point> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::retention::Retention;
+    use crate::writer::tests::{GIB, T0, process, tick};
+
+    #[test]
+    fn sample_times_step_through_raw_frames_and_buckets() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.set_key_interval_ms(10_000);
+        let start = T0 - T0.rem_euclid(60_000);
+        for i in 0..300 {
+            store
+                .append(&tick(start + i * 1000, GIB, &[(5, GIB)]))
+                .unwrap();
+        }
+        assert_eq!(store.time_at_or_before(start - 1).unwrap(), None);
+        assert_eq!(
+            store.time_at_or_before(start + 1500).unwrap(),
+            Some(start + 1000)
+        );
+        assert_eq!(
+            store.time_at_or_before(start + 2000).unwrap(),
+            Some(start + 2000)
+        );
+        assert_eq!(store.time_after(start + 2000).unwrap(), Some(start + 3000));
+        assert_eq!(store.time_after(start + 299_000).unwrap(), None);
+        assert_eq!(
+            store.time_at_or_before(i64::MAX).unwrap(),
+            Some(start + 299_000)
+        );
+
+        // Raw kept 2 minutes: the first three minutes become 1-minute buckets, and
+        // stepping walks bucket starts, then the raw samples after them.
+        let retention: Retention = "raw=2m,1m=forever".parse().unwrap();
+        store.maintain(&retention, start + 300_000).unwrap();
+        assert_eq!(store.time_after(i64::MIN).unwrap(), Some(start));
+        assert_eq!(store.time_after(start).unwrap(), Some(start + 60_000));
+        assert_eq!(
+            store.time_at_or_before(start + 90_000).unwrap(),
+            Some(start + 60_000)
+        );
+        let mut visited = Vec::new();
+        store
+            .scan(TimeRange::ALL, |f| visited.push(f.t_ms))
+            .unwrap();
+        // Every time the seeks give is a time the scan visits, and the other way round.
+        let mut t = i64::MIN;
+        let mut stepped = Vec::new();
+        while let Some(next) = store.time_after(t).unwrap() {
+            stepped.push(next);
+            t = next;
+        }
+        assert_eq!(stepped, visited);
+    }
+
+    #[test]
+    fn a_reused_pid_is_two_processes() {
+        let mut store = Store::open_in_memory().unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        store.append(&tick(T0 + 1000, 0, &[])).unwrap();
+        let mut again = tick(T0 + 2000, GIB, &[(7, 2 * GIB)]);
+        again.processes = vec![process(7, 5555)];
+        store.append(&again).unwrap();
+        let found = store.processes_with_pid(7).unwrap();
+        let starts: Vec<Option<u64>> = found.iter().map(|p| p.meta.key.start_time_ticks).collect();
+        assert_eq!(starts, [Some(1007), Some(5555)]);
+        assert!(store.processes_with_pid(8).unwrap().is_empty());
+    }
 }

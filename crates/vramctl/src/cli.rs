@@ -142,6 +142,16 @@ pub struct ServeArgs {
     /// Requests served at once; more get 503
     #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
     pub max_requests: usize,
+
+    /// Also record history, as `vramctl record` does, into DB (default: --db, VRAMCTL_DB or
+    /// $XDG_STATE_HOME/vramctl/history.db)
+    #[arg(long, value_name = "DB", num_args = 0..=1)]
+    pub record: Option<Option<PathBuf>>,
+
+    /// With --record: how long to keep raw samples and downsampled buckets [default:
+    /// raw=24h,1m=30d]
+    #[arg(long, value_name = "SPEC")]
+    pub retain: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -318,7 +328,8 @@ pub struct TopArgs {
     #[arg(long)]
     pub readonly: bool,
 
-    /// Browse a recording (the history database) instead of sampling now
+    /// Browse a recording (a history database: vramctl record, serve --record, import)
+    /// instead of sampling now; live, the charts' past comes from --db when it exists
     #[arg(long, value_name = "DB")]
     pub replay: Option<PathBuf>,
 }

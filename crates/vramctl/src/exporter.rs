@@ -17,14 +17,15 @@
 //! line, the age of that sample, so a stuck sampler is visible. The async runtime stays in
 //! this module (`server`); the rest of vramctl is threads and channels.
 //!
-//! Consumers of a tick (see [`daemon`]): the metrics cache now; the history recorder
-//! (`serve --record`) and the leak/idle tracker plug into the same loop once the store and
-//! analysis layers land.
+//! Consumers of a tick (see [`daemon`]): the history recorder (`serve --record`,
+//! [`recording`]); the leak/idle tracker plugs into the same loop once the live analysis
+//! lands.
 
 pub mod auth;
 pub mod cache;
 pub mod daemon;
 pub mod metadata;
+pub mod recording;
 pub mod render;
 pub mod server;
 pub mod source;

@@ -1,13 +1,15 @@
 //! `vramctl`: parse the command line, run one command, map the outcome to an exit code.
 //!
 //! Module map: `cli` (flags as typed), `cmd/*` (one file per command), `output/*` (units,
-//! tables, styles shared by the commands), `exit` (exit codes and error classes).
+//! tables, styles shared by the commands), `exit` (exit codes and error classes),
+//! `recorder` (the history writer that `record` and `serve --record` share).
 
 mod cli;
 mod cmd;
 mod exit;
 mod exporter;
 mod output;
+mod recorder;
 
 use std::process::ExitCode;
 

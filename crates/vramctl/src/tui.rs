@@ -11,10 +11,11 @@
 //!   the [`Effect`](app::Effect)s (kill, seek, load history) for the loop to carry out.
 //! - [`view`]: pure drawing from `&App` into a ratatui buffer; no I/O, no clock.
 //!
-//! The seams that later work plugs into (see each module): [`history::HistorySource`] (the
-//! store's long history for the charts), [`replay::ReplaySource`] (a recording to browse),
-//! [`verdict::Judge`] (leak and idle verdicts from the analysis), [`kill::Killer`] (the safe
-//! kill path).
+//! The seams (see each module): [`history::HistorySource`] (the store's long history for
+//! the charts) and [`replay::ReplaySource`] (a recording to browse), both served by
+//! [`store::StoreSource`] over the history store; and still to be wired,
+//! [`verdict::Judge`] (leak and idle verdicts from the analysis) and [`kill::Killer`] (the
+//! safe kill path).
 
 pub mod app;
 pub mod event;
@@ -23,6 +24,7 @@ pub mod history;
 pub mod kill;
 pub mod observe;
 pub mod replay;
+pub mod store;
 pub mod table;
 pub mod terminal;
 pub mod theme;

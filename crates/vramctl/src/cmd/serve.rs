@@ -2,21 +2,30 @@
 //!
 //! Starts the sampler thread, waits for its first collection, then serves HTTP(S) until
 //! SIGTERM or SIGINT. NVML failing to start is not an error here: the exporter serves
-//! `vramctl_nvml_up 0` and keeps retrying. Bad flags, an unreadable web config or an
-//! address in use are errors (exit 2) before anything is served.
+//! `vramctl_nvml_up 0` and keeps retrying. Bad flags, an unreadable web config, an address
+//! in use, or with `--record` a history database that cannot be opened (another recorder
+//! holds it, not ours, newer, damaged, unwritable) are errors (exit 2) before anything is
+//! served. With `--record`, the history is flushed before the daemon exits.
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use vramctl_core::procinfo;
+use vramctl_store::{OpenMode, Retention, Store};
+
+use super::db_path;
 use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
 use crate::exporter::cache::Cache;
 use crate::exporter::daemon::{Collector, CollectorConfig};
+use crate::exporter::metadata::DetailsSource;
+use crate::exporter::recording::HistoryRecorder;
 use crate::exporter::render::RenderOptions;
 use crate::exporter::server::{self, ServerSettings};
 use crate::exporter::webconfig::WebConfig;
+use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
@@ -40,6 +49,20 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if web.auth.is_some() && web.tls.is_none() {
         tracing::warn!("Basic auth without TLS sends passwords in the clear.");
     }
+    // The database first: a second recorder is refused before anything listens.
+    let recorder = match (&args.record, &args.retain) {
+        (Some(db), retain) => Some(open_recorder(
+            global,
+            db.as_deref(),
+            retain.as_deref().unwrap_or(DEFAULT_RETAIN),
+            interval,
+            args.process_details,
+        )?),
+        (None, Some(retain)) => {
+            bail!("--retain '{retain}' applies to recorded history; add --record")
+        }
+        (None, None) => None,
+    };
     let listener = std::net::TcpListener::bind(args.listen.as_str()).with_context(|| {
         format!(
             "cannot listen on '{}'; choose another address with --listen",
@@ -51,7 +74,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         .context("cannot read the bound address")?;
 
     let cache = Arc::new(Cache::new());
-    let collector = Collector::new(
+    let mut collector = Collector::new(
         CollectorConfig {
             library: global.nvml_lib.clone(),
             interval,
@@ -63,6 +86,9 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         },
         Arc::clone(&cache),
     );
+    if let Some(recorder) = recorder {
+        collector.add_consumer(Box::new(recorder));
+    }
     let (stop_tx, stop_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::sync_channel(1);
     let sampler = collector
@@ -85,6 +111,34 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     }
     served.context("the HTTP server failed")?;
     Ok(Exit::Ok)
+}
+
+/// Retention of `serve --record` when `--retain` is not given (as for `vramctl record`).
+const DEFAULT_RETAIN: &str = "raw=24h,1m=30d";
+
+/// Opens the history for `--record` (taking the single-writer lock) and starts its writer.
+fn open_recorder(
+    global: &GlobalArgs,
+    db: Option<&std::path::Path>,
+    retain: &str,
+    interval: Duration,
+    details: DetailsSource,
+) -> anyhow::Result<HistoryRecorder> {
+    let retention: Retention = retain.parse()?;
+    let path = match db {
+        Some(path) => path.to_path_buf(),
+        None => db_path(global)?,
+    };
+    let mut store = Store::open(&path, OpenMode::Append)?;
+    let interval_ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+    store.begin_session(&session("serve", interval_ms))?;
+    tracing::info!(db = %path.display(), interval_ms, retain, "Recording.");
+    eprintln!("vramctl: recording history into {}", path.display());
+    let feed = StoreFeed::start(store, retention, channel_capacity(interval_ms), false)?;
+    // Only with /proc labels is /proc read for identities: with `nvml` or `none` the daemon
+    // may run without the host's PID namespace, where /proc numbers other processes.
+    let procs = Procs::new(procinfo::boot_id(), details == DetailsSource::Proc);
+    Ok(HistoryRecorder::new(feed, procs))
 }
 
 fn seconds(flag: &str, value: f64, min: f64) -> anyhow::Result<Duration> {

@@ -1,27 +1,34 @@
 //! `vramctl top`: the live terminal UI (and `--replay` of a recording).
 //!
 //! This file wires the pieces of [`vramctl::tui`] together: it checks the flags, opens the
-//! sampler (one NVML session, moved onto the sampler thread), starts the input and action
-//! threads, takes the terminal, and runs the loop: wait for an event, update the state,
-//! carry out the effects, draw. Drawing happens once per batch of queued events.
+//! sampler (one NVML session, moved onto the sampler thread) and, when a recorder's
+//! database is there, the history thread over it — or for `--replay DB` only the replay
+//! thread over that database; starts the input and action threads, takes the terminal,
+//! and runs the loop: wait for an event, update the state, carry out the effects, draw.
+//! Drawing happens once per batch of queued events.
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use vramctl::tui::app::{App, AppConfig, Effect, TICK_MS};
 use vramctl::tui::event::{
-    ActionRequest, Event, HistoryRequest, ReplayRequest, spawn_actions, spawn_input, spawn_sampler,
-    spawn_signals,
+    ActionRequest, Event, HistoryRequest, ReplayRequest, spawn_actions, spawn_history, spawn_input,
+    spawn_replay, spawn_sampler, spawn_signals,
 };
 use vramctl::tui::kill::{Actions, UnwiredKiller};
+use vramctl::tui::store::StoreSource;
 use vramctl::tui::terminal::TerminalGuard;
 use vramctl::tui::verdict::NoJudge;
 use vramctl::tui::view;
+use vramctl_core::procinfo;
+use vramctl_core::types::DeviceInfo;
+use vramctl_store::StoreError;
 
-use super::{GpuFilter, open_sampler};
+use super::{GpuFilter, db_path, open_sampler};
 use crate::cli::{ColorChoice, GlobalArgs, TopArgs};
 use crate::exit::Exit;
 
@@ -31,62 +38,79 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
         s if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
         s => bail!("--interval '{s}' is not a number of seconds between 0.1 and 3600"),
     };
-    if let Some(db) = &args.replay {
-        // The ReplaySource over the history store plugs in here once the store is merged.
-        bail!(
-            "cannot replay '{}': this build has no history store yet; \
-             watch live with 'vramctl top' instead",
-            db.display()
-        );
-    }
     let color = match global.color {
         ColorChoice::Always => true,
         ColorChoice::Never => false,
         ColorChoice::Auto => std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
     };
-
-    let mut sampler = open_sampler(global)?;
-    // Per-process SM activity gives the IDLE column; one more NVML call per GPU per tick.
-    sampler.backend_mut().set_read_process_activity(true);
-    let devices = if args.gpu.is_empty() {
-        None
-    } else {
-        let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
-        Some(
-            sampler
-                .devices()
-                .iter()
-                .filter(|d| filter.matches(d))
-                .map(|d| d.uuid.clone())
-                .collect::<BTreeSet<String>>(),
-        )
-    };
-
-    if !std::io::stdout().is_terminal() {
-        bail!("vramctl top needs a terminal; for plain output use 'vramctl status --watch 1'");
-    }
-
-    let mut app = App::new(AppConfig {
-        live_interval: Some(interval),
-        readonly: args.readonly,
-        color,
-        devices,
-        history_source: false,
-        analysis: false,
-    });
-
     let (tx, rx) = channel::<Event>();
-    // The analysis plugs in here (a `Judge` over `vramctl_core::analysis`) once merged.
-    let (_stop_sampler, _sampler) = spawn_sampler(sampler, interval, Box::new(NoJudge), tx.clone())
-        .context("cannot start the sampler thread")?;
+
+    // Live: the sampler feeds the UI, and the recorder's database (when there is one) the
+    // charts' past. Replay: the recording feeds both; NVML is not touched.
+    let mut replay: Option<Sender<ReplayRequest>> = None;
+    let mut history: Option<Sender<HistoryRequest>> = None;
+    let mut sampler_thread = None;
+    let app_config = match &args.replay {
+        Some(db) => {
+            let source = StoreSource::open(db, None)
+                .with_context(|| format!("cannot replay '{}'", db.display()))?;
+            let devices = gpu_selection(&args.gpu, || {
+                source
+                    .gpus()
+                    .map_err(|e| anyhow::anyhow!("cannot replay '{}': {e}", db.display()))
+            })?;
+            need_terminal()?;
+            let (requests, _replay) = spawn_replay(Box::new(source), tx.clone())
+                .context("cannot start the replay thread")?;
+            replay = Some(requests);
+            AppConfig {
+                live_interval: None,
+                // Actions are off in a replay whatever this says.
+                readonly: args.readonly,
+                color,
+                devices,
+                history_source: false,
+                history_note: Some(format!("the recording '{}'", db.display())),
+                analysis: false,
+            }
+        }
+        None => {
+            let mut sampler = open_sampler(global)?;
+            // Per-process SM activity gives the IDLE column; one more NVML call per GPU per
+            // tick.
+            sampler.backend_mut().set_read_process_activity(true);
+            let devices = gpu_selection(&args.gpu, || Ok(sampler.devices().to_vec()))?;
+            need_terminal()?;
+            let (source, note) = recorded_history(global);
+            if let Some(source) = source {
+                let (requests, _history) = spawn_history(Box::new(source), tx.clone())
+                    .context("cannot start the history thread")?;
+                history = Some(requests);
+            }
+            // The analysis plugs in here (a `Judge` over `vramctl_core::analysis`) once
+            // merged.
+            sampler_thread = Some(
+                spawn_sampler(sampler, interval, Box::new(NoJudge), tx.clone())
+                    .context("cannot start the sampler thread")?,
+            );
+            AppConfig {
+                live_interval: Some(interval),
+                readonly: args.readonly,
+                color,
+                devices,
+                history_source: history.is_some(),
+                history_note: Some(note),
+                analysis: false,
+            }
+        }
+    };
+    let mut app = App::new(app_config);
     // The safe kill path plugs in here (a `Killer` over `vramctl_core::signal`) once merged.
     let (actions, _actions) = spawn_actions(
         Actions::new(args.readonly, Box::new(UnwiredKiller::default())),
         tx.clone(),
     )
     .context("cannot start the action thread")?;
-    let replay: Option<Sender<ReplayRequest>> = None;
-    let history: Option<Sender<HistoryRequest>> = None;
 
     let (guard, mut terminal) = TerminalGuard::enter().context("cannot set up the terminal")?;
     let size = terminal.size().context("cannot read the terminal size")?;
@@ -163,5 +187,58 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
     }
     drop(terminal);
     drop(guard);
+    drop(sampler_thread);
     Ok(Exit::Ok)
+}
+
+fn need_terminal() -> anyhow::Result<()> {
+    if !std::io::stdout().is_terminal() {
+        bail!("vramctl top needs a terminal; for plain output use 'vramctl status --watch 1'");
+    }
+    Ok(())
+}
+
+/// UUIDs of the GPUs `--gpu` chose (checked against `devices`), or `None` for all.
+fn gpu_selection(
+    selectors: &[String],
+    devices: impl FnOnce() -> anyhow::Result<Vec<Arc<DeviceInfo>>>,
+) -> anyhow::Result<Option<BTreeSet<String>>> {
+    if selectors.is_empty() {
+        return Ok(None);
+    }
+    let devices = devices()?;
+    let filter = GpuFilter::new(selectors, &devices)?;
+    Ok(Some(
+        devices
+            .iter()
+            .filter(|d| filter.matches(d))
+            .map(|d| d.uuid.clone())
+            .collect(),
+    ))
+}
+
+/// The recorder's database for the charts' past, when there is one to read, and a line
+/// for the help saying where the past comes from or why there is none.
+fn recorded_history(global: &GlobalArgs) -> (Option<StoreSource>, String) {
+    let path = match db_path(global) {
+        Ok(path) => path,
+        Err(err) => return (None, format!("no history database: {err:#}")),
+    };
+    match StoreSource::open(&path, procinfo::boot_id()) {
+        Ok(source) => (
+            Some(source),
+            format!("before top started: the recorder's '{}'", path.display()),
+        ),
+        Err(StoreError::NotFound { .. }) => (
+            None,
+            format!(
+                "only since top started: no recorder database at '{}' (vramctl record keeps one)",
+                path.display()
+            ),
+        ),
+        Err(err) => {
+            tracing::warn!(error = %err, "Cannot read the history database; charts start with top.");
+            (None, format!("only since top started: {err}"))
+        }
+    }
 }

@@ -5,9 +5,9 @@
 //!    backoff);
 //! 2. [`Stats::observe`]: error counters and the used-memory peak window;
 //! 3. [`MetadataCache::update`]: user, command, container and pod labels from /proc;
-//! 4. the [`TickConsumer`]s, in the order added: the history recorder (`serve --record`)
-//!    and the leak/idle tracker plug in here. A tracker's verdicts go into
-//!    [`Collector::verdicts_mut`] before rendering;
+//! 4. the [`TickConsumer`]s, in the order added: the history recorder (`serve --record`,
+//!    [`super::recording`]), and the leak/idle tracker plugs in here too. A tracker's
+//!    verdicts go into the [`ProcessVerdicts`] it is handed, before rendering;
 //! 5. [`render`] in both formats, published to the [`Cache`] that scrapes read.
 
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use vramctl_core::clock::{Clock, SystemClock};
 use vramctl_core::types::Snapshot;
 
 use super::cache::{Cache, Published};
@@ -35,6 +36,15 @@ pub trait TickConsumer: Send {
         metadata: &ProcessMetadata,
         verdicts: &mut ProcessVerdicts,
     );
+
+    /// Called once per tick in which NVML is down (not started yet, or failing to start),
+    /// at wall-clock `at_unix_ms`, with the reason. The recorder records it as a gap.
+    fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
+        let _ = (at_unix_ms, reason);
+    }
+
+    /// Called once when the sampler stops (the daemon is shutting down): flush.
+    fn finish(&mut self) {}
 }
 
 /// How the sampler thread collects.
@@ -88,10 +98,6 @@ impl Collector {
     }
 
     /// Adds a consumer of every snapshot (the recorder, the leak/idle tracker).
-    #[allow(
-        dead_code,
-        reason = "the plug-in point of `serve --record` and the leak/idle tracker"
-    )]
     pub fn add_consumer(&mut self, consumer: Box<dyn TickConsumer>) {
         self.consumers.push(consumer);
     }
@@ -110,10 +116,20 @@ impl Collector {
             }
             None => &empty,
         };
-        if let Some(snapshot) = &snapshot {
-            for consumer in &mut self.consumers {
-                consumer.on_snapshot(snapshot, metadata, &mut self.verdicts);
+        match &snapshot {
+            Some(snapshot) => {
+                for consumer in &mut self.consumers {
+                    consumer.on_snapshot(snapshot, metadata, &mut self.verdicts);
+                }
             }
+            None if !self.consumers.is_empty() => {
+                let at = SystemClock.now_unix_ms();
+                let reason = self.source.down_reason().unwrap_or("NVML did not start");
+                for consumer in &mut self.consumers {
+                    consumer.on_no_snapshot(at, reason);
+                }
+            }
+            None => {}
         }
         self.stats.samples_total += 1;
         self.stats.sample_duration = started.elapsed();
@@ -135,8 +151,9 @@ impl Collector {
         self.cache.publish(published);
     }
 
-    /// Collects every `interval` until `stop` receives a message or its sender is dropped;
-    /// `ready` hears once the first collection is published.
+    /// Collects every `interval` until `stop` receives a message or its sender is dropped,
+    /// then lets the consumers finish (the recorder flushes); `ready` hears once the first
+    /// collection is published.
     pub fn run(mut self, stop: &Receiver<()>, mut ready: Option<SyncSender<()>>) {
         let interval = self.config.interval;
         let mut next = Instant::now();
@@ -153,8 +170,11 @@ impl Collector {
             }
             match stop.recv_timeout(next - now) {
                 Err(RecvTimeoutError::Timeout) => {}
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
             }
+        }
+        for consumer in &mut self.consumers {
+            consumer.finish();
         }
     }
 
@@ -179,7 +199,7 @@ mod tests {
 
     use super::*;
 
-    struct Forward(mpsc::Sender<usize>);
+    struct Forward(mpsc::Sender<String>);
 
     impl TickConsumer for Forward {
         fn on_snapshot(
@@ -188,7 +208,19 @@ mod tests {
             _: &ProcessMetadata,
             _: &mut ProcessVerdicts,
         ) {
-            let _ = self.0.send(snapshot.devices.len());
+            let _ = self.0.send(format!("{} devices", snapshot.devices.len()));
+        }
+
+        fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
+            assert!(
+                at_unix_ms > 1_700_000_000_000,
+                "wall-clock time: {at_unix_ms}"
+            );
+            let _ = self.0.send(format!("down: {reason}"));
+        }
+
+        fn finish(&mut self) {
+            let _ = self.0.send("finish".into());
         }
     }
 
@@ -205,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn nvml_down_still_publishes_and_skips_consumers() {
+    fn nvml_down_still_publishes_and_tells_consumers_why() {
         let cache = Arc::new(Cache::new());
         let mut collector = Collector::new(config(), Arc::clone(&cache));
         let (tx, rx) = mpsc::channel();
@@ -216,20 +248,32 @@ mod tests {
         let text = String::from_utf8(published.prometheus.to_vec()).expect("utf-8");
         assert!(text.contains("vramctl_nvml_up 0\n"), "{text}");
         assert!(text.contains("vramctl_samples_total 1\n"));
-        assert!(rx.try_recv().is_err(), "no snapshot, no consumer call");
+        let told = rx.try_recv().expect("the consumer heard of the tick");
+        assert!(
+            told.starts_with("down: ") && told.contains("/nonexistent/libnvidia-ml.so.1"),
+            "no snapshot, and the reason: {told}"
+        );
+        assert!(rx.try_recv().is_err(), "once per tick");
     }
 
     #[test]
-    fn run_stops_when_told() {
+    fn run_stops_when_told_and_lets_consumers_finish() {
         let cache = Arc::new(Cache::new());
         let (stop_tx, stop_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
-        let handle = Collector::new(config(), Arc::clone(&cache))
-            .spawn(stop_rx, Some(ready_tx))
-            .expect("thread");
+        let (tx, rx) = mpsc::channel();
+        let mut collector = Collector::new(config(), Arc::clone(&cache));
+        collector.add_consumer(Box::new(Forward(tx)));
+        let handle = collector.spawn(stop_rx, Some(ready_tx)).expect("thread");
         ready_rx.recv().expect("the first tick is announced");
         stop_tx.send(()).expect("send");
         handle.join().expect("joined");
         assert!(cache.latest().is_some(), "the first tick happens at once");
+        let heard: Vec<String> = rx.try_iter().collect();
+        assert_eq!(
+            heard.last().map(String::as_str),
+            Some("finish"),
+            "{heard:?}"
+        );
     }
 }

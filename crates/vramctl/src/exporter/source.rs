@@ -23,6 +23,8 @@ pub struct NvmlSource {
     first_backoff: Duration,
     backoff: Duration,
     next_attempt: Option<Instant>,
+    /// Why the last init attempt failed, while NVML is down.
+    down_reason: Option<String>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -46,6 +48,7 @@ impl NvmlSource {
             first_backoff,
             backoff: first_backoff,
             next_attempt: None,
+            down_reason: None,
         }
     }
 
@@ -62,6 +65,14 @@ impl NvmlSource {
     /// The name the driver knows for `pid` (when /proc cannot see it).
     pub fn process_name(&mut self, pid: u32) -> Option<String> {
         self.sampler.as_mut()?.backend_mut().process_name(pid)
+    }
+
+    /// Why NVML is down (the last init attempt's error), while it is.
+    pub fn down_reason(&self) -> Option<&str> {
+        self.sampler
+            .is_none()
+            .then_some(self.down_reason.as_deref())
+            .flatten()
     }
 
     /// When the next init attempt is due, while NVML is down.
@@ -87,6 +98,7 @@ impl NvmlSource {
                 self.sampler = Some(sampler);
                 self.backoff = self.first_backoff;
                 self.next_attempt = None;
+                self.down_reason = None;
             }
             Err((code, message)) => {
                 stats.init_failed(code);
@@ -98,6 +110,7 @@ impl NvmlSource {
                 );
                 self.next_attempt = Some(now + self.backoff);
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                self.down_reason = Some(message);
             }
         }
     }

@@ -16,7 +16,9 @@ use ratatui::crossterm::event::{
 use ratatui::layout::{Position, Rect};
 
 use super::event::{Event, HistoryRequest};
-use super::history::{HistoryChunk, Point, SeriesKey, SeriesSet, Zoom, change_per_minute, joined};
+use super::history::{
+    HistoryChunk, Point, SeriesKey, SeriesSet, Starts, Zoom, change_per_minute, joined,
+};
 use super::kill::{GpuMemory, KillOutcome, KillPlan, KillTarget, READONLY_REASON};
 use super::observe::Observation;
 use super::replay::{ReplayFrame, Seek};
@@ -45,6 +47,8 @@ pub struct AppConfig {
     pub devices: Option<BTreeSet<String>>,
     /// A history source is wired for the charts' older past (live mode).
     pub history_source: bool,
+    /// Where the charts' older past comes from, or why there is none (for the help).
+    pub history_note: Option<String>,
     /// A leak/idle analysis feeds verdicts.
     pub analysis: bool,
 }
@@ -57,6 +61,7 @@ impl Default for AppConfig {
             color: false,
             devices: None,
             history_source: false,
+            history_note: None,
             analysis: false,
         }
     }
@@ -206,6 +211,8 @@ pub struct App {
     pub series: SeriesSet,
     /// Older history (store or recording).
     pub loaded: Option<HistoryChunk>,
+    /// Who each PID on screen is (start time), to match loaded history by identity.
+    starts: Starts,
     activity: HashMap<(u32, String), Activity>,
     base_rows: Vec<Row>,
     /// The rows shown, in order.
@@ -235,10 +242,16 @@ pub struct App {
     pub sampler_error: Option<String>,
     /// Only these GPUs (UUIDs).
     pub devices: Option<BTreeSet<String>>,
-    history_source: bool,
+    /// The history store is wired (live): the charts reach back before `top` started.
+    pub history_source: bool,
+    /// Where the charts' older past comes from, or why there is none (shown in the help).
+    pub history_note: Option<String>,
     /// Verdicts come from an analysis.
     pub analysis: bool,
-    last_history_request: Option<(Zoom, i64)>,
+    /// Time of the first sample `top` took (live): older history is asked for up to it.
+    first_sample_ms: Option<i64>,
+    /// How far back the history asked for reaches (live).
+    history_from_ms: Option<i64>,
     /// Set once the user asked to leave.
     pub quit: bool,
 }
@@ -264,6 +277,7 @@ impl App {
             latest: None,
             series: SeriesSet::default(),
             loaded: None,
+            starts: Starts::new(),
             activity: HashMap::new(),
             base_rows: Vec::new(),
             rows: Vec::new(),
@@ -281,8 +295,10 @@ impl App {
             sampler_error: None,
             devices: config.devices,
             history_source: config.history_source,
+            history_note: config.history_note,
             analysis: config.analysis,
-            last_history_request: None,
+            first_sample_ms: None,
+            history_from_ms: None,
             quit: false,
         }
     }
@@ -339,6 +355,7 @@ impl App {
                     Vec::new()
                 } else {
                     self.sampler_error = None;
+                    self.first_sample_ms.get_or_insert(obs.taken_at_unix_ms());
                     self.observe(obs, true);
                     let mut effects = self.history_effects();
                     effects.extend(self.verify_kill());
@@ -389,6 +406,7 @@ impl App {
             self.activity.clear();
         }
         self.series.record(&obs);
+        self.starts = obs.starts();
         self.track_activity(&obs);
         self.latest = Some(obs);
         self.rebuild_rows();
@@ -450,6 +468,7 @@ impl App {
         joined(
             self.series.get(key),
             self.loaded.as_ref(),
+            &self.starts,
             key,
             now - self.zoom.span_ms(),
             now,
@@ -485,6 +504,7 @@ impl App {
                 let points = joined(
                     self.series.get(&key),
                     self.loaded.as_ref(),
+                    &self.starts,
                     &key,
                     now - 60_000,
                     now,
@@ -599,26 +619,26 @@ impl App {
         }
     }
 
+    /// Asks the history source for what the chart window needs from before `top`'s first
+    /// sample, once: again only when a zoom reaches further back (what `top` samples from
+    /// then on is its own).
     fn history_effects(&mut self) -> Vec<Effect> {
         if !self.history_source {
             return Vec::new();
         }
-        let Some(obs) = &self.latest else {
+        let (Some(obs), Some(first)) = (&self.latest, self.first_sample_ms) else {
             return Vec::new();
         };
-        let now = obs.taken_at_unix_ms();
-        let from = now - self.zoom.span_ms();
-        // Ask again when the zoom changes, and each minute as the window moves.
-        let stamp = (self.zoom, from.div_euclid(60_000));
-        if self.last_history_request == Some(stamp) {
+        let from = obs.taken_at_unix_ms() - self.zoom.span_ms();
+        if from >= first || self.history_from_ms.is_some_and(|f| f <= from) {
             return Vec::new();
         }
-        self.last_history_request = Some(stamp);
-        let keys = super::replay::keys_of(obs);
+        self.history_from_ms = Some(from);
         vec![Effect::LoadHistory(HistoryRequest {
-            keys,
+            keys: super::replay::keys_of(obs),
+            starts: obs.starts(),
             from_ms: from,
-            to_ms: now,
+            to_ms: first,
             max_points: 512,
         })]
     }
@@ -1667,18 +1687,43 @@ mod tests {
         let [Effect::LoadHistory(request)] = effects.as_slice() else {
             panic!("{effects:?}");
         };
-        assert_eq!(request.to_ms - request.from_ms, Zoom::FiveMinutes.span_ms());
+        // The window before top's first sample, for the GPU and its processes, each
+        // process by identity.
+        let first = T0_MS + 600_000;
+        assert_eq!(request.to_ms, first);
+        assert_eq!(request.from_ms, first - Zoom::FiveMinutes.span_ms());
         assert!(request.keys.len() >= 4, "GPU + 3 processes");
-        // Not again within the same minute; again on zoom.
+        assert_eq!(request.starts.get(&101), Some(&1010));
+        // Not again as time passes: what top samples from then on is its own.
         assert!(app.update(sample(601, [GIB, GIB, GIB])).is_empty());
-        assert_eq!(app.update(key(KeyCode::Char('Z'))).len(), 1);
+        assert!(app.update(sample(700, [GIB, GIB, GIB])).is_empty());
+        // Zooming out reaches further back: asked once more, still up to the first sample.
+        let effects = app.update(key(KeyCode::Char('Z')));
+        let [Effect::LoadHistory(request)] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(request.to_ms, first);
+        assert_eq!(
+            request.from_ms,
+            T0_MS + 700_000 - Zoom::FifteenMinutes.span_ms()
+        );
+        // Zooming back in needs nothing new.
+        assert!(app.update(key(KeyCode::Char('z'))).is_empty());
+        // A window that top's own samples cover needs nothing at all.
+        let mut fresh = App::new(AppConfig {
+            history_source: true,
+            ..AppConfig::default()
+        });
+        fresh.update(key(KeyCode::Char('z')));
+        assert_eq!(fresh.update(sample(0, [GIB, GIB, GIB])).len(), 1);
+        assert!(fresh.update(sample(61, [GIB, GIB, GIB])).is_empty());
         // What the source sends fills the chart before top's own first sample.
         let key0 = SeriesKey::Device(gpu(0, 1, 0, &[]).info.uuid.clone());
         let mut chunk = HistoryChunk::default();
         chunk.series.insert(
             key0.clone(),
             vec![Point {
-                t_ms: T0_MS,
+                t_ms: T0_MS + 500_000,
                 bytes: 7,
             }],
         );

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ratatui::crossterm::event::{self as term, KeyEvent, MouseEvent};
 use vramctl_core::{Backend, Sampler};
 
-use super::history::{HistoryChunk, HistorySource, SeriesKey};
+use super::history::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::observe::{HostReader, Observation};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
@@ -226,6 +226,8 @@ pub fn spawn_replay(
 pub struct HistoryRequest {
     /// The series.
     pub keys: Vec<SeriesKey>,
+    /// Who each PID is (start time), so a reused PID's earlier process is not loaded.
+    pub starts: Starts,
     /// Window start.
     pub from_ms: i64,
     /// Window end.
@@ -244,8 +246,7 @@ pub fn spawn_history(
         .name("top-history".into())
         .spawn(move || {
             while let Some(r) = latest(&req_rx) {
-                let chunk =
-                    HistoryChunk::load(source.as_ref(), &r.keys, r.from_ms, r.to_ms, r.max_points);
+                let chunk = source.load(&r.keys, &r.starts, r.from_ms, r.to_ms, r.max_points);
                 if tx.send(Event::History(chunk)).is_err() {
                     return;
                 }

@@ -196,3 +196,58 @@ pub fn from_scenario(name: &str, times_s: &[f64]) -> Vec<Arc<Observation>> {
     }
     out
 }
+
+/// What the recorder would write for `obs`: the snapshot's devices, and for each GPU
+/// process its identity, user, command and CPU time as /proc gave them (the driver's name
+/// for those /proc cannot see).
+pub fn tick_of(obs: &Observation) -> vramctl_store::TickSample {
+    use vramctl_store::{ProcessKey, ProcessMeta, ProcessSample, TickSample, device_samples};
+    let tps = procfs::ticks_per_second().max(1);
+    let mut pids: Vec<u32> = obs
+        .snapshot
+        .devices
+        .iter()
+        .filter_map(|d| d.reading())
+        .flat_map(|r| r.processes.iter().flatten().map(|p| p.pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let processes = pids
+        .into_iter()
+        .map(|pid| {
+            let host = obs.hosts.get(&pid);
+            ProcessSample {
+                meta: ProcessMeta {
+                    key: ProcessKey {
+                        boot_id: Some("boot-fixture".into()),
+                        pid,
+                        start_time_ticks: host.and_then(|h| h.start_time_ticks),
+                    },
+                    uid: None,
+                    user: host.and_then(|h| h.user.clone()),
+                    command: host
+                        .map(|h| h.command.clone())
+                        .or_else(|| obs.driver_names.get(&pid).cloned()),
+                    container_id: None,
+                    pod_uid: None,
+                },
+                cpu_ticks: host.and_then(|h| h.cpu_time_ms).map(|ms| ms * tps / 1000),
+            }
+        })
+        .collect();
+    TickSample {
+        at_unix_ms: obs.taken_at_unix_ms(),
+        unavailable: None,
+        devices: device_samples(&obs.snapshot),
+        processes,
+    }
+}
+
+/// An in-memory history store holding `observations`, as the recorder would have.
+pub fn recorded(observations: &[Arc<Observation>]) -> vramctl_store::Store {
+    let mut store = vramctl_store::Store::open_in_memory().expect("in-memory store");
+    for obs in observations {
+        store.append(&tick_of(obs)).expect("append");
+    }
+    store
+}

@@ -213,6 +213,24 @@ fn help_overlay() {
     insta::assert_snapshot!("help", frame(&app));
 }
 
+/// Live without a recorder's database: the header says so, and the help says where the
+/// charts' past would come from.
+#[test]
+fn no_history_database_in_the_header_and_the_help() {
+    let mut app = App::new(AppConfig {
+        history_note: Some(
+            "only since top started: no recorder database at \
+             '/home/ada/.local/state/vramctl/history.db' (vramctl record keeps one)"
+                .into(),
+        ),
+        ..AppConfig::default()
+    });
+    app.update(Event::Resize(120, 40));
+    feed(&mut app, &from_scenario("h200-training.toml", &[0.0]));
+    app.update(key(KeyCode::Char('?')));
+    insta::assert_snapshot!("help_no_history_db", frame(&app));
+}
+
 #[test]
 fn tree_and_filter() {
     let mut app = live(120, 40);
@@ -249,6 +267,44 @@ fn replay_at_a_cursor() {
     app.update(Event::Replay(Box::new(frame_data)));
     assert_eq!(app.now_ms(), Some(t));
     insta::assert_snapshot!("replay_at_cursor", frame(&app));
+}
+
+/// The same ten minutes of h200-training, recorded into the history store and browsed
+/// through `StoreSource` (what `top --replay DB` runs): the cursor 5 minutes in, then one
+/// step forward. Differs from `replay_at_cursor` only where a recording keeps less: no
+/// driver version, and CPU% averaged over the minute before the cursor (the fixture's CPU
+/// time does not move: 0).
+#[test]
+fn replay_from_the_store_at_a_cursor_and_after_a_step() {
+    use super::store::StoreSource;
+    let observations = from_scenario("h200-training.toml", &every_10s(600));
+    let source = StoreSource::new(super::fixtures::recorded(&observations), None);
+    let mut app = App::new(AppConfig {
+        live_interval: None,
+        ..AppConfig::default()
+    });
+    app.update(Event::Resize(120, 40));
+    let t = super::fixtures::T0_MS + 300_000;
+    let frame_data = seek_frame(
+        &source,
+        super::replay::Seek::AtOrBefore(t + 5_000),
+        app.zoom.span_ms(),
+        512,
+    )
+    .unwrap();
+    app.update(Event::Replay(Box::new(frame_data)));
+    assert_eq!(app.now_ms(), Some(t));
+    insta::assert_snapshot!("replay_store_at_cursor", frame(&app));
+
+    // → : the next recorded sample, 10 s later; the leaker's memory moved on.
+    let effects = app.update(key(KeyCode::Right));
+    let [super::app::Effect::Seek(seek)] = effects.as_slice() else {
+        panic!("{effects:?}");
+    };
+    let frame_data = seek_frame(&source, *seek, app.zoom.span_ms(), 512).unwrap();
+    app.update(Event::Replay(Box::new(frame_data)));
+    assert_eq!(app.now_ms(), Some(t + 10_000));
+    insta::assert_snapshot!("replay_store_after_a_step", frame(&app));
 }
 
 /// A real H200 recording (45 s at 10 Hz, three PyTorch processes: an idle holder, a leak,

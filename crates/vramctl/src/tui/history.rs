@@ -3,10 +3,10 @@
 //! `top` keeps what it sampled itself in [`SeriesSet`]: every sample of the last
 //! [`FINE_SPAN_MS`], and per-minute min/max/last buckets for [`COARSE_SPAN_MS`]. A longer
 //! past (a recorder running before `top` started) comes from a [`HistorySource`] — the
-//! history store once it is wired — loaded off the UI thread into a [`HistoryChunk`]; the
+//! history store ([`super::store`]) — loaded off the UI thread into a [`HistoryChunk`]; the
 //! charts join the two at the first point `top` has.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -238,8 +238,12 @@ pub fn decimate(points: &[Point], from_ms: i64, to_ms: i64, buckets: usize) -> V
     out
 }
 
-/// A source of memory series older than what `top` sampled: the history store (not wired
-/// yet), or a recording being replayed.
+/// Who a process is beyond its PID: its start time in clock ticks after boot, by PID, as
+/// /proc showed it (live) or as recorded (replay). A PID without one is not visible.
+pub type Starts = BTreeMap<u32, u64>;
+
+/// A source of memory series older than what `top` sampled: the history store
+/// ([`super::store::StoreSource`]), or a recording being replayed.
 ///
 /// Called off the UI thread (it may do I/O); results reach the UI as a [`HistoryChunk`].
 pub trait HistorySource: Send {
@@ -255,6 +259,40 @@ pub trait HistorySource: Send {
         to_ms: i64,
         max_points: usize,
     ) -> Result<Vec<Point>, String>;
+
+    /// Every series of `keys` over one window. A process series is that of the process
+    /// whose start time `starts` gives, not of an earlier one under the same PID (a source
+    /// that keeps identities, like the store, honours it). A series that fails to load is
+    /// left out (the chart then shows what `top` sampled). The default asks [`points`]
+    /// once per key; the store reads the window once for all of them.
+    ///
+    /// [`points`]: HistorySource::points
+    fn load(
+        &self,
+        keys: &[SeriesKey],
+        starts: &Starts,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: usize,
+    ) -> HistoryChunk {
+        let mut series = HashMap::new();
+        for key in keys {
+            match self.points(key, from_ms, to_ms, max_points) {
+                Ok(points) => {
+                    series.insert(key.clone(), points);
+                }
+                Err(reason) => {
+                    tracing::warn!(?key, %reason, "Could not load a history series.");
+                }
+            }
+        }
+        HistoryChunk {
+            from_ms,
+            to_ms,
+            series,
+            starts: starts.clone(),
+        }
+    }
 }
 
 /// Series loaded from a [`HistorySource`] for one window.
@@ -266,34 +304,22 @@ pub struct HistoryChunk {
     pub to_ms: i64,
     /// The points of each series asked for.
     pub series: HashMap<SeriesKey, Vec<Point>>,
+    /// The process identities the series were loaded for.
+    pub starts: Starts,
 }
 
 impl HistoryChunk {
-    /// Loads `keys` over `[from_ms, to_ms]` from `source`; a series that fails to load is
-    /// left out (the chart then shows what `top` sampled).
-    pub fn load(
-        source: &dyn HistorySource,
-        keys: &[SeriesKey],
-        from_ms: i64,
-        to_ms: i64,
-        max_points: usize,
-    ) -> Self {
-        let mut series = HashMap::new();
-        for key in keys {
-            match source.points(key, from_ms, to_ms, max_points) {
-                Ok(points) => {
-                    series.insert(key.clone(), points);
-                }
-                Err(reason) => {
-                    tracing::warn!(?key, %reason, "Could not load a history series.");
+    /// The points of `key`, unless `key` is a process that is no longer the one the chunk
+    /// was loaded for (its PID now has another start time).
+    pub fn series_for(&self, key: &SeriesKey, starts: &Starts) -> Option<&Vec<Point>> {
+        if let SeriesKey::Process { pid, .. } = key {
+            if let (Some(then), Some(now)) = (self.starts.get(pid), starts.get(pid)) {
+                if then != now {
+                    return None;
                 }
             }
         }
-        Self {
-            from_ms,
-            to_ms,
-            series,
-        }
+        self.series.get(key)
     }
 }
 
@@ -390,10 +416,13 @@ impl HistorySource for SeriesSet {
 }
 
 /// The points of `key` over `[from_ms, to_ms]`: `loaded` (the store's or a recording's)
-/// before the first point `top` sampled itself, `own` from there on.
+/// before the first point `top` sampled itself, `own` from there on. `starts`: who each
+/// PID is now, so that history loaded for an earlier process under a reused PID is not
+/// joined to the new one.
 pub fn joined(
     own: Option<&Series>,
     loaded: Option<&HistoryChunk>,
+    starts: &Starts,
     key: &SeriesKey,
     from_ms: i64,
     to_ms: i64,
@@ -401,7 +430,7 @@ pub fn joined(
     let own_points = own.map(|s| s.points(from_ms, to_ms)).unwrap_or_default();
     let own_from = own_points.first().map_or(i64::MAX, |p| p.t_ms);
     let mut out: Vec<Point> = loaded
-        .and_then(|c| c.series.get(key))
+        .and_then(|c| c.series_for(key, starts))
         .map(|pts| {
             pts.iter()
                 .filter(|p| p.t_ms >= from_ms && p.t_ms <= to_ms && p.t_ms < own_from)
@@ -506,11 +535,36 @@ mod tests {
         chunk
             .series
             .insert(key.clone(), (0..110).step_by(10).map(|t| p(t, 1)).collect());
-        let j = joined(Some(&own), Some(&chunk), &key, 0, 200_000);
+        let none = Starts::new();
+        let j = joined(Some(&own), Some(&chunk), &none, &key, 0, 200_000);
         assert_eq!(j.first(), Some(&p(0, 1)));
         assert!(j.iter().filter(|q| q.t_ms >= 100_000).all(|q| q.bytes == 5));
         assert_eq!(j.len(), 10 + 10);
         // Without a store: only ours.
-        assert_eq!(joined(Some(&own), None, &key, 0, 200_000).len(), 10);
+        assert_eq!(joined(Some(&own), None, &none, &key, 0, 200_000).len(), 10);
+    }
+
+    #[test]
+    fn history_of_an_earlier_process_under_a_reused_pid_is_not_joined() {
+        let key = SeriesKey::Process {
+            uuid: "GPU-a".into(),
+            pid: 7,
+        };
+        let mut chunk = HistoryChunk {
+            from_ms: 0,
+            to_ms: 100_000,
+            ..Default::default()
+        };
+        chunk.series.insert(key.clone(), vec![p(10, 1), p(20, 2)]);
+        chunk.starts.insert(7, 500);
+        let same: Starts = [(7, 500)].into();
+        let reused: Starts = [(7, 900)].into();
+        assert_eq!(joined(None, Some(&chunk), &same, &key, 0, 100_000).len(), 2);
+        assert!(joined(None, Some(&chunk), &reused, &key, 0, 100_000).is_empty());
+        // Not visible now: nothing to compare, the PID is taken at its word.
+        assert_eq!(
+            joined(None, Some(&chunk), &Starts::new(), &key, 0, 100_000).len(),
+            2
+        );
     }
 }

@@ -43,6 +43,14 @@ impl Observation {
     pub fn taken_at_unix_ms(&self) -> i64 {
         self.snapshot.taken_at_unix_ms
     }
+
+    /// The start time of every visible process, by PID: who each PID is.
+    pub fn starts(&self) -> super::history::Starts {
+        self.hosts
+            .iter()
+            .filter_map(|(pid, h)| Some((*pid, h.start_time_ticks?)))
+            .collect()
+    }
 }
 
 /// A process as /proc described it at the moment of the observation.

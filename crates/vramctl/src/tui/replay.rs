@@ -1,4 +1,5 @@
-//! Browsing a recording: the seam to the history store, and an in-memory recording.
+//! Browsing a recording: the seam to the history store ([`super::store::StoreSource`]), and
+//! an in-memory recording.
 //!
 //! A [`ReplaySource`] answers "what was there at time T" and serves the series for the
 //! charts ([`HistorySource`]). It runs on its own thread
@@ -99,8 +100,7 @@ pub fn seek_frame(
     let history = match &observation {
         Some(obs) => {
             let to = obs.taken_at_unix_ms();
-            let source: &dyn HistorySource = source;
-            HistoryChunk::load(source, &keys_of(obs), to - window_ms, to, max_points)
+            source.load(&keys_of(obs), &obs.starts(), to - window_ms, to, max_points)
         }
         None => HistoryChunk::default(),
     };

@@ -211,6 +211,10 @@ fn draw_header(app: &App, area: Rect, buf: &mut Buffer) {
         parts.push((format!("driver {driver} "), t.dim()));
     }
     parts.push((format!("zoom {} ", app.zoom.label()), t.dim()));
+    if !app.is_replay() && !app.history_source && app.history_note.is_some() {
+        // The charts reach back only to when top started (`?` says why).
+        parts.push(("no history db ".to_owned(), t.dim()));
+    }
     if app.readonly {
         parts.push(("read-only ".to_owned(), t.warn()));
     }

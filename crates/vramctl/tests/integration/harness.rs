@@ -74,3 +74,16 @@ pub fn redactions() -> insta::Settings {
     settings.set_prepend_module_to_snapshot(false);
     settings
 }
+
+/// `n` PIDs no process has now (so /proc does not name a fictional GPU process).
+pub fn free_pids(n: usize) -> Vec<u32> {
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32_768);
+    (300..pid_max)
+        .rev()
+        .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        .take(n)
+        .collect()
+}

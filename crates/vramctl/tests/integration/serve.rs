@@ -393,6 +393,35 @@ fn bad_flags_and_configs_are_one_line_errors() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen on"));
+
+    // --record: a file that is not a history, a bad retention, --retain alone.
+    let not_ours = dir.path().join("notes.db");
+    std::fs::write(&not_ours, "not a database\n".repeat(300)).expect("write");
+    for (args, message) in [
+        (
+            vec!["--record", not_ours.to_str().expect("utf-8")],
+            "is not a vramctl history database",
+        ),
+        (
+            vec!["--record", "--retain", "raw=soon"],
+            "invalid retention 'raw=soon'",
+        ),
+        (
+            vec!["--retain", "raw=1h"],
+            "--retain 'raw=1h' applies to recorded history; add --record",
+        ),
+    ] {
+        let out = vramctl_std(&scenario("h200-idle.toml"))
+            .env("XDG_STATE_HOME", dir.path())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    }
 }
 
 // --- TLS and basic auth ----------------------------------------------------------------
@@ -918,4 +947,154 @@ memory = "8 GiB"
         "ALERTS{alertstate=\"firing\",alertname!~\"VramctlProcessMemoryLeak|VramctlGpuDown\"}",
     );
     assert!(others.is_empty(), "{others:?}");
+}
+
+/// The value of the first sample in `text` whose line starts with `prefix`.
+fn sample_value(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A child process killed on drop.
+struct Sleeper(Child);
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn serve_records_history_flushes_on_sigterm_and_holds_the_writer_lock() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("state/history.db");
+    let db_arg = db.to_str().expect("utf-8 path");
+    // A real process (the recorder reads its identity from /proc) and a fictional one
+    // (named by the driver).
+    let sleeper = Sleeper(
+        Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .expect("spawn sleep"),
+    );
+    let real = sleeper.0.id();
+    let fictional = crate::harness::free_pids(1)[0];
+    let scenario_path = dir.path().join("scenario.toml");
+    std::fs::write(
+        &scenario_path,
+        format!(
+            "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\n\
+             memory_total = 150754820096\nmemory_reserved = 644939776\n\
+             utilization_gpu = 40\ntemperature_c = 50\npower_mw = 300000\n\n\
+             [[gpu.process]]\npid = {fictional}\nname = \"python holder.py\"\nmemory = \"3 GiB\"\n\n\
+             [[gpu.process]]\npid = {real}\nreal = true\nmemory = \"2 GiB\"\n"
+        ),
+    )
+    .expect("write scenario");
+    let mut served = serve(
+        vramctl_std(&scenario_path),
+        &["--interval", "0.05", "--record", db_arg],
+    );
+
+    // Scrapes go on as usual while it records.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sampled = loop {
+        let text = get(served.addr, "/metrics", &[]).body;
+        let samples = sample_value(&text, "vramctl_samples_total").unwrap_or(0.0);
+        if samples >= 10.0 {
+            assert!(
+                text.contains(&format!("pid=\"{real}\"")),
+                "the real process is exported: {text}"
+            );
+            break samples;
+        }
+        assert!(Instant::now() < deadline, "too few samples:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    // The daemon is the one writer: a recorder on the same database is refused, naming it.
+    let second = vramctl_std(&scenario_path)
+        .args(["--db", db_arg, "record", "--ticks", "1"])
+        .output()
+        .expect("run vramctl record");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("already recording"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("PID {}", served.child.id())),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    // SIGTERM: it flushes the history and exits 0.
+    let status = Command::new("kill")
+        .args(["-TERM", &served.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = served.child.wait().expect("wait for serve");
+    assert!(exit.success(), "{exit}");
+
+    let output = vramctl_std(&scenario_path)
+        .args([
+            "--db", db_arg, "history", "--since", "all", "--format", "json",
+        ])
+        .output()
+        .expect("run vramctl history");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let samples = json["devices"][0]["samples"].as_array().expect("samples");
+    #[allow(clippy::cast_precision_loss)]
+    let recorded = samples.len() as f64;
+    assert!(
+        recorded >= sampled,
+        "every sample up to the last scrape is in the history: {recorded} < {sampled}"
+    );
+    assert!(
+        samples
+            .iter()
+            .all(|s| s["used_bytes"] == 5u64 << 30 && s["power_mw"] == 300_000),
+        "{samples:?}"
+    );
+    let processes = json["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 2, "{processes:?}");
+    let by_pid = |pid: u32| {
+        processes
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} in {processes:?}"))
+    };
+    let sleeping = by_pid(real);
+    assert_eq!(sleeping["command"], "sleep 300");
+    assert!(sleeping["start_time_ticks"].is_u64(), "{sleeping}");
+    assert!(sleeping["user"].is_string(), "{sleeping}");
+    let holder = by_pid(fictional);
+    assert_eq!(holder["command"], "python holder.py");
+    assert!(holder["start_time_ticks"].is_null(), "{holder}");
+    for (p, bytes) in [(sleeping, 2u64 << 30), (holder, 3 << 30)] {
+        let s = p["samples"].as_array().expect("samples");
+        assert_eq!(s.len(), samples.len());
+        assert!(s.iter().all(|s| s["used_bytes"] == bytes), "{p}");
+    }
+    let gaps = json["gaps"].as_array().expect("gaps");
+    assert!(gaps.is_empty(), "nothing was dropped or missing: {gaps:?}");
+
+    // The lock went with the daemon.
+    let after = vramctl_std(&scenario_path)
+        .args(["--db", db_arg, "record", "--ticks", "1"])
+        .output()
+        .expect("run vramctl record");
+    assert!(
+        after.status.success(),
+        "{}",
+        String::from_utf8_lossy(&after.stderr)
+    );
+    drop(sleeper);
 }

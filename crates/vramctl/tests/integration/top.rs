@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use predicates::str::contains;
 
-use crate::harness::{fake_library, vramctl_on};
+use crate::harness::{fake_library, free_pids, vramctl_on};
 
 /// How long a screen may take to show what is expected.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -122,19 +122,6 @@ fn tmux_available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// `n` PIDs no process has now (so /proc does not name a fictional GPU process).
-fn free_pids(n: usize) -> Vec<u32> {
-    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(32_768);
-    (300..pid_max)
-        .rev()
-        .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-        .take(n)
-        .collect()
-}
-
 /// The rows of the process table on `screen`: `(pid, rest of the line)`.
 fn table_rows(screen: &str) -> Vec<(u32, String)> {
     let mut lines = screen.lines().skip_while(|l| !l.contains("COMMAND"));
@@ -187,12 +174,17 @@ fn bad_flags_are_one_line_errors() {
 /// with a clean environment, then prints its exit status and the tty modes, then waits (so
 /// the pane stays to be read).
 fn launch(dir: &Path, scenario: &str) -> Tmux {
+    launch_with(dir, scenario, "top --interval 0.2")
+}
+
+/// [`launch`] with other arguments for vramctl.
+fn launch_with(dir: &Path, scenario: &str, args: &str) -> Tmux {
     let scenario_path = dir.join("scenario.toml");
     std::fs::write(&scenario_path, scenario).expect("write scenario");
     let binary = assert_cmd::cargo::cargo_bin("vramctl");
     let script = format!(
         "env -i PATH=\"$PATH\" TERM=\"$TERM\" VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' \
-         FAKE_NVML_TIME=0 NO_COLOR=1 '{}' top --interval 0.2\n\
+         FAKE_NVML_TIME=0 NO_COLOR=1 '{}' {args}\n\
          echo \"vramctl exited $?\"\n\
          echo \"stty: $(stty -a | tr '\\n' ' ')\"\n\
          read _\n",
@@ -441,4 +433,217 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
         "no UI left on the screen: {screen}"
     );
     drop(sleeper);
+}
+
+/// 2026-11-29T20:31:31Z: the recording below starts here.
+const T0_MS: i64 = 1_795_984_291_000;
+
+#[test]
+fn replay_of_a_recording_moves_the_cursor_and_gives_the_terminal_back() {
+    if skip_without_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Record 30 s (simulated, instant) of a real process and a fictional one whose memory
+    // steps up a GiB per second, on the fake's step clock.
+    let sleeper = Spawned(
+        Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .expect("spawn sleep"),
+    );
+    let real = sleeper.0.id();
+    let fictional = free_pids(1)[0];
+    let scenario = format!(
+        "[clock]\nmode = \"step\"\nstep_s = 1.0\n\n[[gpu]]\nname = \"NVIDIA H200\"\n\
+         uuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\nmemory_total = 150754820096\n\
+         memory_reserved = 644939776\nutilization_gpu = 50\ntemperature_c = 50\n\
+         power_mw = 300000\n\n[[gpu.process]]\npid = {fictional}\nname = \"python leak.py\"\n\
+         memory = {{ steps = {{ values = [\"10 GiB\", \"11 GiB\", \"12 GiB\", \"13 GiB\", \
+         \"14 GiB\", \"15 GiB\"], every_s = 1.0 }} }}\n\n\
+         [[gpu.process]]\npid = {real}\nreal = true\nmemory = \"2 GiB\"\n"
+    );
+    let scenario_path = dir.path().join("scenario.toml");
+    std::fs::write(&scenario_path, &scenario).expect("write scenario");
+    let db = dir.path().join("recording.db");
+    let recorded = crate::harness::vramctl_std(&scenario_path)
+        .env_remove("FAKE_NVML_TIME")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", "30"])
+        .args(["--simulated-clock", &T0_MS.to_string()])
+        .output()
+        .expect("run vramctl record");
+    assert!(
+        recorded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+    // The replay needs neither the process nor NVML any more.
+    drop(sleeper);
+
+    let tmux = launch_with(
+        dir.path(),
+        &scenario,
+        &format!("top --replay '{}'", db.display()),
+    );
+    let row_of = |screen: &str, pid: u32| {
+        table_rows(screen)
+            .into_iter()
+            .find(|(p, _)| *p == pid)
+            .map(|(_, row)| row)
+            .unwrap_or_default()
+    };
+    // The first sample (the fake's clock was at 1 s): 11 GiB, and who the real process was.
+    let screen = tmux.wait_for("the first sample", |s| {
+        s.contains("2026-11-29 20:31:31 UTC") && table_rows(s).len() == 2
+    });
+    assert!(screen.contains("REPLAY ⏸ 1×"), "{screen}");
+    assert!(screen.contains("[20:31:31 – 20:32:00]"), "{screen}");
+    let leak = row_of(&screen, fictional);
+    assert!(leak.contains("11.0G"), "{leak}");
+    assert!(
+        leak.contains("python leak.py") && leak.contains(" H "),
+        "{leak}"
+    );
+    let sleeping = row_of(&screen, real);
+    assert!(
+        sleeping.contains("2.0G") && sleeping.contains("sleep 300"),
+        "{sleeping}"
+    );
+    assert!(
+        !sleeping.contains(" H "),
+        "the recorder saw it in /proc: {sleeping}"
+    );
+
+    // → one sample on; e the end; b the beginning again.
+    tmux.keys(&["Right"]);
+    let screen = tmux.wait_for("the next sample", |s| s.contains("2026-11-29 20:31:32 UTC"));
+    assert!(row_of(&screen, fictional).contains("12.0G"), "{screen}");
+    tmux.keys(&["e"]);
+    let screen = tmux.wait_for("the last sample", |s| s.contains("2026-11-29 20:32:00 UTC"));
+    let leak = row_of(&screen, fictional);
+    assert!(leak.contains("15.0G"), "{leak}");
+    // The last minute of the recording: 15 GiB now, 11 GiB at its start 29 s earlier.
+    assert!(leak.contains("+4.0G"), "{leak}");
+    tmux.keys(&["b"]);
+    tmux.wait_for("the first sample again", |s| {
+        s.contains("2026-11-29 20:31:31 UTC")
+    });
+    // Space plays at 1× (a recorded second per second), space again pauses.
+    tmux.keys(&["Space"]);
+    tmux.wait_for("playing", |s| s.contains("REPLAY ▶"));
+    tmux.wait_for("the cursor to move", |s| {
+        s.contains("REPLAY ▶") && !s.contains("2026-11-29 20:31:31 UTC")
+    });
+    tmux.keys(&["Space"]);
+    tmux.wait_for("paused", |s| s.contains("REPLAY ⏸"));
+    // Kill is off in a replay.
+    tmux.keys(&["K"]);
+    tmux.wait_for("the refusal", |s| {
+        s.contains("actions are disabled while replaying a recording")
+    });
+
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+    assert!(screen.contains("vramctl exited 0"), "{screen}");
+    let screen = assert_terminal_restored(&tmux);
+    assert!(!screen.contains("COMMAND"), "no UI left: {screen}");
+}
+
+/// The rows of the device chart's plot (between its title and its time axis).
+fn chart_rows(screen: &str) -> Vec<String> {
+    screen
+        .lines()
+        .skip_while(|l| !l.contains("memory used · last"))
+        .skip(1)
+        .take_while(|l| !l.contains('└'))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn has_braille(line: &str) -> bool {
+    line.chars().any(|c| ('\u{2801}'..='\u{28FF}').contains(&c))
+}
+
+#[test]
+fn live_charts_reach_back_into_the_recorders_history() {
+    if skip_without_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid = free_pids(1)[0];
+    let gpu = "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\n\
+               memory_total = 150754820096\nmemory_reserved = 644939776\n";
+    // What a recorder saw from 2 h to 20 min ago: the GPU nearly full.
+    let past = dir.path().join("past.toml");
+    std::fs::write(
+        &past,
+        format!(
+            "{gpu}\n[[gpu.process]]\npid = {pid}\nname = \"python big.py\"\nmemory = \"120 GiB\"\n"
+        ),
+    )
+    .expect("write scenario");
+    let db = dir.path().join("history.db");
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms");
+    let recorded = crate::harness::vramctl_std(&past)
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "10s", "--ticks", "600"])
+        .args(["--simulated-clock", &(now_ms - 7_200_000).to_string()])
+        .output()
+        .expect("run vramctl record");
+    assert!(
+        recorded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+    // Now: 10 GiB.
+    let now = format!(
+        "{gpu}\n[[gpu.process]]\npid = {pid}\nname = \"python big.py\"\nmemory = \"10 GiB\"\n"
+    );
+    let tmux = launch_with(
+        dir.path(),
+        &now,
+        &format!("--db '{}' top --interval 0.2", db.display()),
+    );
+    let screen = tmux.wait_for("the table", |s| table_rows(s).len() == 1);
+    assert!(!screen.contains("no history db"), "{screen}");
+    // Over the last 5 minutes only today's 10 GiB: nothing in the chart's upper half.
+    let rows = chart_rows(&screen);
+    assert!(rows.len() >= 6, "{screen}");
+    assert!(
+        rows[..rows.len() / 2].iter().all(|r| !has_braille(r)),
+        "{screen}"
+    );
+    // Zoomed out to an hour, the recorder's 120 GiB fills the upper half on the left.
+    tmux.keys(&["Z", "Z"]);
+    let screen = tmux.wait_for("the recorded past in the chart", |s| {
+        s.contains("memory used · last 1h") && {
+            let rows = chart_rows(s);
+            rows[..rows.len() / 2].iter().any(|r| has_braille(r))
+        }
+    });
+    // And no line is drawn across the 20 minutes nobody recorded: nothing in the middle
+    // rows between the recorded 120 GiB and today's 10 GiB.
+    let rows = chart_rows(&screen);
+    let middle = &rows[rows.len() / 3..rows.len() * 2 / 3];
+    assert!(middle.iter().all(|r| !has_braille(r)), "{screen}");
+    // The help says where it came from.
+    tmux.keys(&["?"]);
+    let screen = tmux.wait_for("the help", |s| s.contains("history:"));
+    assert!(
+        screen.contains("before top started: the recorder's"),
+        "{screen}"
+    );
+    tmux.keys(&["?"]);
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+    assert!(screen.contains("vramctl exited 0"), "{screen}");
 }

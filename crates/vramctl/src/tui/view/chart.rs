@@ -58,6 +58,29 @@ pub fn draw_device_chart(app: &App, area: Rect, buf: &mut Buffer) {
     draw_series(app, &title, &points, ceiling, area, buf);
 }
 
+/// Stretches of `data` (time, value) without a gap, where a gap is a step more than five
+/// times the typical (median) step between points: nothing was sampled there (`top` was
+/// not running, the recorder was stopped), and a line across it would draw values no one
+/// saw.
+fn runs(data: &[(f64, f64)]) -> Vec<&[(f64, f64)]> {
+    if data.len() < 3 {
+        return vec![data];
+    }
+    let mut steps: Vec<f64> = data.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    steps.sort_by(f64::total_cmp);
+    let limit = steps[steps.len() / 2] * 5.0;
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..data.len() {
+        if data[i].0 - data[i - 1].0 > limit {
+            out.push(&data[start..i]);
+            start = i;
+        }
+    }
+    out.push(&data[start..]);
+    out
+}
+
 /// A bordered chart of `points` over the zoom window; the y axis goes to `ceiling` (a
 /// device's total) or a little above the highest point.
 pub fn draw_series(
@@ -114,12 +137,22 @@ pub fn draw_series(
             Span::styled("now", t.dim()),
         ]
     };
-    let dataset = Dataset::default()
-        .marker(Marker::Braille)
-        .graph_type(GraphType::Line)
-        .style(t.chart())
-        .data(&data);
-    Chart::new(vec![dataset])
+    let datasets: Vec<Dataset<'_>> = runs(&data)
+        .into_iter()
+        .map(|run| {
+            Dataset::default()
+                .marker(Marker::Braille)
+                // A lone point has no line to draw: a dot.
+                .graph_type(if run.len() == 1 {
+                    GraphType::Scatter
+                } else {
+                    GraphType::Line
+                })
+                .style(t.chart())
+                .data(run)
+        })
+        .collect();
+    Chart::new(datasets)
         .block(block)
         .x_axis(
             Axis::default()
@@ -137,4 +170,22 @@ pub fn draw_series(
                 .style(t.dim()),
         )
         .render(area, buf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn a_gap_splits_the_line() {
+        let mut data: Vec<(f64, f64)> = (0..10).map(|i| (f64::from(i), 1.0)).collect();
+        data.extend((100..105).map(|i| (f64::from(i), 2.0)));
+        let r = runs(&data);
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].len(), r[1].len()), (10, 5));
+        // Regular spacing, even if coarse: one line.
+        let even: Vec<(f64, f64)> = (0..10).map(|i| (f64::from(i) * 60.0, 1.0)).collect();
+        assert_eq!(runs(&even).len(), 1);
+        assert_eq!(runs(&[]).len(), 1);
+    }
 }

@@ -6,7 +6,7 @@ use ratatui::style::Style;
 use ratatui::text::Span;
 use ratatui::widgets::{Block, Clear, Widget};
 
-use super::{kill_result_text, put};
+use super::{kill_result_text, put, wrap};
 use crate::tui::app::{App, KillDialog, KillResult};
 use crate::tui::format;
 use crate::tui::kill::{GpuMemory, KillPlan, KillTarget};
@@ -63,7 +63,14 @@ const HELP: &[(&str, &str)] = &[
 
 pub fn draw_help(app: &App, screen: Rect, buf: &mut Buffer) {
     let t = app.theme;
-    let height = u16::try_from(HELP.len()).unwrap_or(u16::MAX) + 2;
+    let mut lines: Vec<(&str, String)> = HELP.iter().map(|&(k, w)| (k, w.to_owned())).collect();
+    if let Some(note) = &app.history_note {
+        // Under the descriptions: 76 wide, less the border and the key column.
+        for (i, line) in wrap(note, 76 - 2 - 13).into_iter().enumerate() {
+            lines.push((if i == 0 { "history:" } else { "" }, line));
+        }
+    }
+    let height = u16::try_from(lines.len()).unwrap_or(u16::MAX) + 2;
     let area = centered(screen, 76, height);
     Clear.render(area, buf);
     let block = Block::bordered().border_style(t.key()).title(Span::styled(
@@ -72,7 +79,7 @@ pub fn draw_help(app: &App, screen: Rect, buf: &mut Buffer) {
     ));
     let inner = block.inner(area);
     block.render(area, buf);
-    for (i, (keys, what)) in HELP.iter().take(usize::from(inner.height)).enumerate() {
+    for (i, (keys, what)) in lines.iter().take(usize::from(inner.height)).enumerate() {
         let y = inner.y + u16::try_from(i).unwrap_or(0);
         let keys = format!(" {keys:<11} ");
         put(
@@ -80,7 +87,7 @@ pub fn draw_help(app: &App, screen: Rect, buf: &mut Buffer) {
             inner.x,
             y,
             inner.right(),
-            &[(&keys, t.key()), (what, t.text())],
+            &[(&keys, t.key()), (what.as_str(), t.text())],
         );
     }
 }

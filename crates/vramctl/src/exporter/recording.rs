@@ -1,0 +1,189 @@
+//! `serve --record`: the history recorder as a [`TickConsumer`] of the exporter's sampler.
+//!
+//! The same writer as `vramctl record` (`crate::recorder`): each snapshot, with its
+//! processes' identity, metadata and CPU time, goes over a bounded channel to a writer
+//! thread that owns the store, so a slow disk never delays the sampler or a scrape; ticks
+//! dropped while the writer is behind become a gap. Ticks in which NVML is down are
+//! recorded as a gap with the reason, as `record` does. The store is opened (and its
+//! single-writer lock taken) before the daemon serves anything; it is flushed and
+//! checkpointed when the sampler stops.
+
+use std::sync::Arc;
+
+use vramctl_core::types::Snapshot;
+use vramctl_store::{TickSample, device_samples};
+
+use super::daemon::TickConsumer;
+use super::metadata::ProcessMetadata;
+use super::render::ProcessVerdicts;
+use crate::recorder::{Procs, StoreFeed};
+
+/// Records every tick into the history store.
+#[derive(Debug)]
+pub struct HistoryRecorder {
+    feed: StoreFeed,
+    procs: Procs,
+    /// The writer stopped on an error; said once, then ticks are no longer sent.
+    stopped: bool,
+}
+
+impl HistoryRecorder {
+    /// A recorder writing through `feed`, enriching processes with `procs`.
+    pub fn new(feed: StoreFeed, procs: Procs) -> Self {
+        Self {
+            feed,
+            procs,
+            stopped: false,
+        }
+    }
+
+    fn send(&mut self, tick: TickSample) {
+        if self.stopped {
+            return;
+        }
+        if !self.feed.send(tick) {
+            self.stopped = true;
+            // The writer logged its error; say what it means for the daemon.
+            tracing::error!(
+                "The history writer stopped; metrics are still served, history is not recorded."
+            );
+        }
+    }
+}
+
+impl TickConsumer for HistoryRecorder {
+    fn on_snapshot(
+        &mut self,
+        snapshot: &Arc<Snapshot>,
+        metadata: &ProcessMetadata,
+        _verdicts: &mut ProcessVerdicts,
+    ) {
+        let now = snapshot.taken_at_unix_ms;
+        // A process /proc cannot see is named by the driver; the metadata already asked.
+        let processes = self.procs.update(snapshot, now, &mut |pid| {
+            metadata.get(pid).and_then(|labels| labels.command.clone())
+        });
+        self.send(TickSample {
+            at_unix_ms: now,
+            unavailable: None,
+            devices: device_samples(snapshot),
+            processes,
+        });
+    }
+
+    fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
+        self.send(TickSample {
+            at_unix_ms,
+            unavailable: Some(reason.to_owned()),
+            ..TickSample::default()
+        });
+    }
+
+    fn finish(&mut self) {
+        match self.feed.finish() {
+            Ok(()) => tracing::info!("History flushed."),
+            Err(err) => tracing::error!(error = %format!("{err:#}"), "The history writer failed."),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use vramctl_core::types::{
+        DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading,
+        ProcessKind, ProcessUsage,
+    };
+    use vramctl_store::{Metric, OpenMode, Retention, Store, TimeRange};
+
+    use super::*;
+
+    fn snapshot(at_ms: i64, used: u64, pid: u32) -> Arc<Snapshot> {
+        Arc::new(Snapshot {
+            taken_at_unix_ms: at_ms,
+            driver: Arc::new(DriverInfo::default()),
+            devices: vec![DeviceSnapshot {
+                info: Arc::new(DeviceInfo {
+                    index: 0,
+                    uuid: "GPU-a".into(),
+                    name: Some("NVIDIA H200".into()),
+                    pci_bus_id: None,
+                    minor_number: None,
+                    mig_enabled: None,
+                    mig_instances: Vec::new(),
+                }),
+                state: DeviceState::Ok(DeviceReading {
+                    memory: Some(MemoryReading {
+                        total_bytes: 100 << 30,
+                        used_bytes: used,
+                        reserved_bytes: 0,
+                        free_bytes: (100 << 30) - used,
+                    }),
+                    processes: Some(vec![ProcessUsage {
+                        pid,
+                        used_bytes: Some(used),
+                        kind: ProcessKind::Compute,
+                        gpu_instance_id: None,
+                        compute_instance_id: None,
+                    }]),
+                    missing: BTreeMap::new(),
+                    ..DeviceReading::default()
+                }),
+            }],
+            unopened: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn snapshots_and_nvml_outages_are_recorded_and_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let store = Store::open(&path, OpenMode::Append).unwrap();
+        let feed = StoreFeed::start(store, Retention::default(), 8, true).unwrap();
+        let mut recorder = HistoryRecorder::new(feed, Procs::new(None, true));
+        let me = std::process::id();
+        let t0 = 1_764_000_000_000;
+        let mut verdicts = ProcessVerdicts::new();
+        let metadata = ProcessMetadata::default();
+        recorder.on_no_snapshot(t0, "NVML did not start: no driver");
+        for i in 1..=3 {
+            recorder.on_snapshot(
+                &snapshot(t0 + i * 1000, (i as u64) << 30, me),
+                &metadata,
+                &mut verdicts,
+            );
+        }
+        recorder.finish();
+
+        let mut store = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        let gaps: Vec<_> = store
+            .gaps(TimeRange::ALL)
+            .unwrap()
+            .into_iter()
+            .filter(|g| g.device_uuid.is_none())
+            .collect();
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert_eq!(gaps[0].reason, "NVML did not start: no driver");
+        assert_eq!((gaps[0].from_ms, gaps[0].to_ms), (t0, t0 + 1000));
+        let device = store.devices().unwrap()[0].id;
+        let used: Vec<u64> = store
+            .device_metric(device, Metric::UsedBytes, TimeRange::ALL)
+            .unwrap()
+            .iter()
+            .map(|p| p.last)
+            .collect();
+        assert_eq!(used, [1 << 30, 2 << 30, 3 << 30]);
+        // Our own process, with the identity and metadata /proc gives.
+        let processes = store.processes_in(TimeRange::ALL).unwrap();
+        assert_eq!(processes.len(), 1);
+        let meta = &processes[0].0.meta;
+        assert_eq!(meta.key.pid, me);
+        assert!(meta.key.start_time_ticks.is_some());
+        assert!(meta.command.is_some());
+        let cpu = store
+            .process_cpu(processes[0].0.id, TimeRange::ALL)
+            .unwrap();
+        assert!(!cpu.is_empty(), "CPU time is recorded");
+    }
+}

@@ -1,0 +1,547 @@
+//! What `vramctl record` and `vramctl serve --record` share: the writer thread that owns
+//! the history store, the bounded channel that keeps the sampler from ever waiting on the
+//! disk, and the per-process enrichment (identity, metadata, CPU time) of each tick.
+//!
+//! The sampler side builds a [`TickSample`] per tick ([`Procs::update`] adds the
+//! processes) and hands it to a [`StoreFeed`]. The feed sends it over a bounded channel
+//! without waiting; when the writer is behind (a stalled disk) the tick is dropped and the
+//! dropped stretch is recorded as a gap ("the writer fell behind") once there is room
+//! again. The writer commits one transaction per tick, runs retention once a minute, and
+//! turns write failures (disk full, read-only file) into a gap once writing works again.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+
+use anyhow::{Context, anyhow};
+use vramctl_core::procinfo::{self, ProcReader};
+use vramctl_core::types::Snapshot;
+use vramctl_store::{
+    Gap, ProcessKey, ProcessMeta, ProcessSample, Retention, SessionInfo, Store, StoreError,
+    TickSample,
+};
+
+/// How often CPU time of GPU processes is re-read (cumulative, so nothing is lost between).
+pub const CPU_EVERY_MS: i64 = 10_000;
+/// How often retention runs.
+const MAINTAIN_EVERY_MS: i64 = 60_000;
+
+/// The session row of a recording made here.
+pub fn session(source: &str, interval_ms: i64) -> SessionInfo {
+    SessionInfo {
+        source: source.into(),
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned()),
+        boot_id: procinfo::boot_id(),
+        interval_ms: Some(interval_ms),
+        driver_version: None,
+        cuda_version: None,
+    }
+}
+
+/// Ticks that fit in the channel: about 10 s of them, so a disk that stalls for less
+/// loses nothing.
+pub fn channel_capacity(interval_ms: i64) -> usize {
+    usize::try_from((10_000 / interval_ms.max(1)).clamp(8, 128)).unwrap_or(8)
+}
+
+/// What the sampler side sends the writer.
+enum Msg {
+    Tick(TickSample),
+    Dropped(Gap),
+}
+
+/// The sampler's end of the writer thread.
+pub struct StoreFeed {
+    tx: Option<SyncSender<Msg>>,
+    writer: Option<JoinHandle<Result<(), StoreError>>>,
+    /// Wait for room instead of dropping (simulated time: a test run must be complete).
+    wait: bool,
+    last_t_ms: Option<i64>,
+    /// First and last time of ticks dropped because the writer was behind, and how many.
+    dropped: Option<(i64, i64, u64)>,
+}
+
+impl std::fmt::Debug for StoreFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreFeed")
+            .field("wait", &self.wait)
+            .field("last_t_ms", &self.last_t_ms)
+            .field("dropped", &self.dropped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreFeed {
+    /// Starts the writer thread, which owns `store` (opened with `OpenMode::Append`).
+    /// `wait`: block when the channel is full instead of dropping ticks.
+    ///
+    /// # Errors
+    /// When the thread cannot be started.
+    pub fn start(
+        store: Store,
+        retention: Retention,
+        capacity: usize,
+        wait: bool,
+    ) -> anyhow::Result<Self> {
+        let (tx, rx) = mpsc::sync_channel::<Msg>(capacity.max(1));
+        let writer = std::thread::Builder::new()
+            .name("vramctl-writer".into())
+            .spawn(move || write_loop(store, &rx, &retention))
+            .context("cannot start the writer thread")?;
+        Ok(Self {
+            tx: Some(tx),
+            writer: Some(writer),
+            wait,
+            last_t_ms: None,
+            dropped: None,
+        })
+    }
+
+    /// A feed into `tx` with no writer thread (tests drain the channel themselves).
+    #[cfg(test)]
+    fn with_sender(tx: SyncSender<Msg>, wait: bool) -> Self {
+        Self {
+            tx: Some(tx),
+            writer: None,
+            wait,
+            last_t_ms: None,
+            dropped: None,
+        }
+    }
+
+    /// Hands a tick to the writer without waiting (unless made to wait); `false` when the
+    /// writer is gone (it stopped on an error that retrying cannot fix).
+    pub fn send(&mut self, mut tick: TickSample) -> bool {
+        let Some(tx) = &self.tx else {
+            return false;
+        };
+        // The store needs strictly increasing times; a wall clock stepped back (NTP) must
+        // not lose the samples.
+        if let Some(last) = self.last_t_ms.filter(|&l| tick.at_unix_ms <= l) {
+            tracing::warn!(
+                now = tick.at_unix_ms,
+                last,
+                "The clock went backwards; keeping times increasing."
+            );
+            tick.at_unix_ms = last + 1;
+        }
+        self.last_t_ms = Some(tick.at_unix_ms);
+        let t = tick.at_unix_ms;
+        if let Some((from, to, n)) = self.dropped {
+            let gap = Gap {
+                device_uuid: None,
+                metric: None,
+                from_ms: from,
+                to_ms: to,
+                open: false,
+                reason: format!("the writer fell behind: {n} samples dropped"),
+            };
+            match tx.try_send(Msg::Dropped(gap)) {
+                Ok(()) => self.dropped = None,
+                Err(TrySendError::Full(_)) => {}
+                Err(TrySendError::Disconnected(_)) => return false,
+            }
+        }
+        if self.wait {
+            return tx.send(Msg::Tick(tick)).is_ok();
+        }
+        match tx.try_send(Msg::Tick(tick)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                if self.dropped.is_none() {
+                    tracing::warn!("The disk is too slow for the interval; dropping samples.");
+                }
+                let (from, _, n) = self.dropped.unwrap_or((t, t, 0));
+                self.dropped = Some((from, t, n + 1));
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Closes the channel, waits until the writer has committed everything sent and
+    /// checkpointed the database, and returns how it ended.
+    ///
+    /// # Errors
+    /// The writer's error when it stopped on one, or a panic of its thread.
+    pub fn finish(&mut self) -> anyhow::Result<()> {
+        drop(self.tx.take());
+        let Some(writer) = self.writer.take() else {
+            return Ok(());
+        };
+        writer
+            .join()
+            .map_err(|_| anyhow!("the writer thread panicked"))??;
+        Ok(())
+    }
+}
+
+impl Drop for StoreFeed {
+    fn drop(&mut self) {
+        if let Err(err) = self.finish() {
+            tracing::error!(error = %format!("{err:#}"), "The history writer failed.");
+        }
+    }
+}
+
+/// Identity, metadata and CPU time of GPU processes, read from /proc once per process and
+/// re-read every [`CPU_EVERY_MS`].
+#[derive(Debug)]
+pub struct Procs {
+    boot_id: Option<String>,
+    reader: ProcReader,
+    read_proc: bool,
+    known: HashMap<u32, Known>,
+}
+
+#[derive(Debug)]
+struct Known {
+    start_time_ticks: Option<u64>,
+    cpu_read_ms: i64,
+}
+
+impl Procs {
+    /// Enrichment from /proc (`read_proc`), or from the driver's process names only (a
+    /// container without the host's PID namespace, where /proc would describe other
+    /// processes under the same numbers).
+    pub fn new(boot_id: Option<String>, read_proc: bool) -> Self {
+        Self {
+            boot_id,
+            reader: ProcReader::new(),
+            read_proc,
+            known: HashMap::new(),
+        }
+    }
+
+    /// Samples for processes that are new, reused PIDs, or due a CPU-time read.
+    /// `driver_name` names a process /proc cannot see (the driver still knows it).
+    pub fn update(
+        &mut self,
+        snapshot: &Snapshot,
+        now: i64,
+        driver_name: &mut dyn FnMut(u32) -> Option<String>,
+    ) -> Vec<ProcessSample> {
+        let mut on_gpu: Vec<u32> = snapshot
+            .devices
+            .iter()
+            .filter_map(|d| d.reading())
+            .filter_map(|r| r.processes.as_ref())
+            .flatten()
+            .map(|p| p.pid)
+            .collect();
+        on_gpu.sort_unstable();
+        on_gpu.dedup();
+        self.known
+            .retain(|pid, _| on_gpu.binary_search(pid).is_ok());
+        let mut out = Vec::new();
+        for pid in on_gpu {
+            let due = self
+                .known
+                .get(&pid)
+                .is_none_or(|k| now.saturating_sub(k.cpu_read_ms) >= CPU_EVERY_MS);
+            if !due {
+                continue;
+            }
+            if !self.read_proc {
+                // Identity is the PID alone here; the name is read once.
+                if self.known.contains_key(&pid) {
+                    continue;
+                }
+                self.known.insert(
+                    pid,
+                    Known {
+                        start_time_ticks: None,
+                        cpu_read_ms: i64::MAX,
+                    },
+                );
+                out.push(ProcessSample {
+                    meta: ProcessMeta {
+                        key: ProcessKey {
+                            boot_id: self.boot_id.clone(),
+                            pid,
+                            start_time_ticks: None,
+                        },
+                        command: driver_name(pid),
+                        ..ProcessMeta::default()
+                    },
+                    cpu_ticks: None,
+                });
+                continue;
+            }
+            let cpu = procinfo::cpu_time_ticks(pid);
+            let start = cpu.map(|c| c.start_time_ticks);
+            let is_new = self
+                .known
+                .get(&pid)
+                .is_none_or(|k| k.start_time_ticks != start);
+            self.known.insert(
+                pid,
+                Known {
+                    start_time_ticks: start,
+                    cpu_read_ms: now,
+                },
+            );
+            let mut meta = ProcessMeta {
+                key: ProcessKey {
+                    boot_id: self.boot_id.clone(),
+                    pid,
+                    start_time_ticks: start,
+                },
+                ..ProcessMeta::default()
+            };
+            if is_new {
+                match self.reader.details(pid) {
+                    Some(details) => {
+                        meta.uid = details.uid;
+                        meta.user = details.user;
+                        meta.command = Some(details.command);
+                        (meta.container_id, meta.pod_uid) = procinfo::cgroup_ids(pid);
+                    }
+                    // Outside our PID namespace: the driver still knows its name.
+                    None => meta.command = driver_name(pid),
+                }
+            }
+            out.push(ProcessSample {
+                meta,
+                cpu_ticks: cpu.map(|c| c.cpu_ticks),
+            });
+        }
+        out
+    }
+}
+
+/// The writer thread: one transaction per tick, retention once a minute, and write
+/// failures turned into a gap once writing works again.
+fn write_loop(
+    mut store: Store,
+    rx: &Receiver<Msg>,
+    retention: &Retention,
+) -> Result<(), StoreError> {
+    let mut failing: Option<(i64, i64, String)> = None;
+    let mut last_maintained: Option<i64> = None;
+    for msg in rx {
+        match msg {
+            Msg::Dropped(gap) => {
+                if let Err(err) = store.record_gap(&gap) {
+                    tracing::warn!(error = %err, "Could not record a gap.");
+                }
+            }
+            Msg::Tick(tick) => {
+                let t = tick.at_unix_ms;
+                match store.append(&tick) {
+                    Ok(()) => {
+                        tracing::debug!(t_ms = t, "Committed a tick.");
+                        if let Some((from, to, reason)) = failing.take() {
+                            tracing::info!(from_ms = from, to_ms = to, "Writing works again.");
+                            let gap = Gap {
+                                device_uuid: None,
+                                metric: None,
+                                from_ms: from,
+                                to_ms: to,
+                                open: false,
+                                reason: format!("could not write: {reason}"),
+                            };
+                            if let Err(err) = store.record_gap(&gap) {
+                                tracing::warn!(error = %err, "Could not record a gap.");
+                            }
+                        }
+                        if last_maintained.is_none_or(|m| t - m >= MAINTAIN_EVERY_MS) {
+                            last_maintained = Some(t);
+                            match store.maintain(retention, t) {
+                                Ok(report) => tracing::debug!(?report, "Retention ran."),
+                                Err(err) => tracing::warn!(error = %err, "Retention failed."),
+                            }
+                        }
+                    }
+                    Err(err) if err.is_transient_write_failure() => match &mut failing {
+                        None => {
+                            tracing::error!(error = %err, hint = err.hint().unwrap_or(""), "Cannot write samples; will keep retrying.");
+                            failing = Some((t, t, err.to_string()));
+                        }
+                        Some((_, to, _)) => *to = t,
+                    },
+                    Err(err) => {
+                        tracing::error!(error = %err, "Cannot write samples; stopping.");
+                        return Err(err);
+                    }
+                }
+            }
+        }
+    }
+    if let Some((from, to, _)) = failing {
+        tracing::warn!(
+            from_ms = from,
+            to_ms = to,
+            "Stopped while writes were failing; those samples are lost."
+        );
+    }
+    match store.close() {
+        // What was committed is in the WAL, which the next open replays.
+        Err(err) if err.is_transient_write_failure() => {
+            tracing::warn!(error = %err, "Could not checkpoint the database on the way out.");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use vramctl_core::types::{
+        DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessKind,
+        ProcessUsage,
+    };
+    use vramctl_store::{OpenMode, TimeRange, device_samples};
+
+    use super::*;
+
+    fn snapshot(at_ms: i64, pids: &[u32]) -> Snapshot {
+        Snapshot {
+            taken_at_unix_ms: at_ms,
+            driver: Arc::new(DriverInfo::default()),
+            devices: vec![DeviceSnapshot {
+                info: Arc::new(DeviceInfo {
+                    index: 0,
+                    uuid: "GPU-a".into(),
+                    name: None,
+                    pci_bus_id: None,
+                    minor_number: None,
+                    mig_enabled: None,
+                    mig_instances: Vec::new(),
+                }),
+                state: DeviceState::Ok(DeviceReading {
+                    processes: Some(
+                        pids.iter()
+                            .map(|&pid| ProcessUsage {
+                                pid,
+                                used_bytes: Some(1 << 30),
+                                kind: ProcessKind::Compute,
+                                gpu_instance_id: None,
+                                compute_instance_id: None,
+                            })
+                            .collect(),
+                    ),
+                    ..DeviceReading::default()
+                }),
+            }],
+            unopened: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn our_own_process_gets_its_identity_once_and_cpu_every_ten_seconds() {
+        let me = std::process::id();
+        let mut procs = Procs::new(Some("boot".into()), true);
+        let asked = std::cell::RefCell::new(Vec::new());
+        let mut name = |pid| {
+            asked.borrow_mut().push(pid);
+            None
+        };
+        let first = procs.update(&snapshot(0, &[me]), 0, &mut name);
+        assert_eq!(first.len(), 1);
+        let meta = &first[0].meta;
+        assert_eq!(meta.key.boot_id.as_deref(), Some("boot"));
+        assert!(meta.key.start_time_ticks.is_some());
+        assert!(meta.command.is_some() && meta.user.is_some());
+        assert!(first[0].cpu_ticks.is_some());
+        assert!(
+            procs
+                .update(&snapshot(5_000, &[me]), 5_000, &mut name)
+                .is_empty()
+        );
+        let again = procs.update(&snapshot(10_000, &[me]), 10_000, &mut name);
+        assert_eq!(again.len(), 1);
+        assert!(again[0].cpu_ticks.is_some());
+        assert_eq!(again[0].meta.command, None, "metadata only once");
+        assert!(
+            asked.borrow().is_empty(),
+            "the driver is asked only for invisible PIDs"
+        );
+    }
+
+    #[test]
+    fn without_proc_only_the_driver_name_is_kept() {
+        let me = std::process::id();
+        let mut procs = Procs::new(None, false);
+        let mut name = |pid: u32| Some(format!("name {pid}"));
+        let first = procs.update(&snapshot(0, &[me]), 0, &mut name);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].meta.command, Some(format!("name {me}")));
+        assert_eq!(first[0].meta.key.start_time_ticks, None);
+        assert_eq!(first[0].meta.user, None);
+        assert!(
+            procs
+                .update(&snapshot(60_000, &[me]), 60_000, &mut name)
+                .is_empty()
+        );
+    }
+
+    fn tick_at(t: i64) -> TickSample {
+        TickSample {
+            at_unix_ms: t,
+            ..TickSample::default()
+        }
+    }
+
+    fn received(rx: &Receiver<Msg>) -> Vec<String> {
+        rx.try_iter()
+            .map(|m| match m {
+                Msg::Tick(t) => format!("tick {}", t.at_unix_ms),
+                Msg::Dropped(g) => format!("gap {}..{}: {}", g.from_ms, g.to_ms, g.reason),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_full_channel_drops_ticks_and_then_sends_their_gap() {
+        let (tx, rx) = mpsc::sync_channel(2);
+        let mut feed = StoreFeed::with_sender(tx, false);
+        for t in [1, 2, 3, 4] {
+            assert!(feed.send(tick_at(t)));
+        }
+        // Two fit; 3 and 4 were dropped without waiting.
+        assert_eq!(received(&rx), ["tick 1", "tick 2"]);
+        assert!(feed.send(tick_at(5)));
+        assert_eq!(
+            received(&rx),
+            [
+                "gap 3..4: the writer fell behind: 2 samples dropped",
+                "tick 5"
+            ]
+        );
+        // A clock stepped back does not lose the tick: it goes in just after the last.
+        assert!(feed.send(tick_at(2)));
+        assert_eq!(received(&rx), ["tick 6"]);
+        drop(rx);
+        assert!(!feed.send(tick_at(10)), "the writer is gone");
+    }
+
+    #[test]
+    fn the_writer_commits_what_it_was_sent_and_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let store = Store::open(&path, OpenMode::Append).unwrap();
+        let mut feed = StoreFeed::start(store, Retention::default(), 4, true).unwrap();
+        let t0 = 1_764_000_000_000;
+        for i in 0..50 {
+            let s = snapshot(t0 + i * 1000, &[]);
+            assert!(feed.send(TickSample {
+                at_unix_ms: s.taken_at_unix_ms,
+                unavailable: None,
+                devices: device_samples(&s),
+                processes: Vec::new(),
+            }));
+        }
+        feed.finish().unwrap();
+        // The lock is released and the WAL folded into the file.
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        assert!(std::fs::metadata(&wal).map_or(true, |m| m.len() == 0));
+        let store = Store::open(&path, OpenMode::Append).unwrap();
+        assert_eq!(store.tick_count(TimeRange::ALL).unwrap(), 50);
+    }
+}
