@@ -434,11 +434,7 @@ pub fn children(pid: u32) -> Vec<u32> {
 pub fn descendants(pid: u32) -> Vec<(u32, u32)> {
     let mut out = Vec::new();
     let mut seen = HashSet::from([pid]);
-    let mut stack: Vec<(u32, u32)> = children(pid)
-        .into_iter()
-        .rev()
-        .map(|c| (c, pid))
-        .collect();
+    let mut stack: Vec<(u32, u32)> = children(pid).into_iter().rev().map(|c| (c, pid)).collect();
     while let Some((child, parent)) = stack.pop() {
         if !seen.insert(child) {
             continue;
@@ -785,7 +781,11 @@ mod tests {
             b"4242 (x) S notanumber 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1",
             b")4242 (x",
         ] {
-            assert!(parse_stat(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(
+                parse_stat(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -809,7 +809,11 @@ mod tests {
         let uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
         let systemd_uid = uid.replace('-', "_");
         let cases = [
-            (format!("0::/system.slice/docker-{id}.scope\n"), Some(id), None),
+            (
+                format!("0::/system.slice/docker-{id}.scope\n"),
+                Some(id),
+                None,
+            ),
             (format!("12:memory:/docker/{id}\n"), Some(id), None),
             (
                 format!(
@@ -829,7 +833,11 @@ mod tests {
                 None,
             ),
             (format!("0::/crio-{id}.scope\n"), Some(id), None),
-            ("0::/user.slice/user-1000.slice/session-3.scope\n".into(), None, None),
+            (
+                "0::/user.slice/user-1000.slice/session-3.scope\n".into(),
+                None,
+                None,
+            ),
             // 63 and 65 hex digits are not container ids.
             (format!("0::/docker-{}.scope\n", &id[1..]), None, None),
             (format!("0::/docker-{id}a.scope\n"), None, None),
@@ -897,17 +905,16 @@ mod tests {
         let tree = descendants(root_pid);
         let pids: Vec<u32> = tree.iter().map(|(p, _)| *p).collect();
         assert!(pids.contains(&grandchild), "{tree:?}");
-        let (_, middle) = tree
-            .iter()
-            .find(|(p, _)| *p == grandchild)
-            .expect("listed");
+        let (_, middle) = tree.iter().find(|(p, _)| *p == grandchild).expect("listed");
         assert!(children(root_pid).contains(middle), "{tree:?}");
         let position = |pid: u32| pids.iter().position(|p| *p == pid);
         assert!(position(*middle) < position(grandchild), "parents first");
         assert_eq!(children(root_pid).len(), 2, "{tree:?}");
         // Tidy up: kill the whole tree.
         for (pid, _) in tree.iter().rev() {
-            let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status();
         }
         root.kill().expect("kill");
         root.wait().expect("wait");
@@ -922,7 +929,11 @@ mod tests {
         let prefix = dir.join("nvidia").to_string_lossy().into_owned();
         let found = open_files_with_prefix(std::process::id(), &prefix).expect("our fds");
         assert_eq!(found, [path.to_string_lossy().into_owned()]);
-        assert!(holders_of(&prefix).iter().any(|(pid, _)| *pid == std::process::id()));
+        assert!(
+            holders_of(&prefix)
+                .iter()
+                .any(|(pid, _)| *pid == std::process::id())
+        );
         drop(file);
         assert!(
             open_files_with_prefix(std::process::id(), &prefix)

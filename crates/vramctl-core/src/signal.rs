@@ -373,7 +373,9 @@ impl AuditSink for MemoryAuditLog {
             return Err(AuditError("the audit log refused the write".into()));
         }
         self.records.push(record.clone());
-        Ok(AuditId(i64::try_from(self.records.len() - 1).unwrap_or(i64::MAX)))
+        Ok(AuditId(
+            i64::try_from(self.records.len() - 1).unwrap_or(i64::MAX),
+        ))
     }
 
     fn after(&mut self, id: AuditId, outcome: &AuditOutcome) -> Result<(), AuditError> {
@@ -494,7 +496,16 @@ fn execute_with(
     let started = Instant::now();
     for (slot, target) in slots.iter_mut().zip(&request.targets) {
         if slot.handle.is_some() {
-            deliver(slot, target, request.signal, request, actor, sink, clock, started);
+            deliver(
+                slot,
+                target,
+                request.signal,
+                request,
+                actor,
+                sink,
+                clock,
+                started,
+            );
         }
     }
 
@@ -530,11 +541,7 @@ fn execute_with(
     // Whatever is still waiting survived.
     for slot in &mut slots {
         if slot.waiting {
-            let escalated = slot
-                .report
-                .signals
-                .iter()
-                .any(|s| s.signal == Signal::Kill);
+            let escalated = slot.report.signals.iter().any(|s| s.signal == Signal::Kill);
             let note = match &slot.report.outcome {
                 TargetOutcome::StillRunning { note, .. } => note.clone(),
                 _ => None,
@@ -573,7 +580,15 @@ fn pin(
         waiting: false,
     };
     let refuse = |slot: &mut Slot, refusal: Refusal, sink: &mut dyn AuditSink| {
-        audit_refusal(sink, actor, clock, &request.action, target, request.signal, &refusal);
+        audit_refusal(
+            sink,
+            actor,
+            clock,
+            &request.action,
+            target,
+            request.signal,
+            &refusal,
+        );
         slot.report.outcome = TargetOutcome::Refused { refusal };
     };
     if let Err(refusal) = check_pid(pid, actor) {
@@ -712,7 +727,9 @@ fn deliver(
                 slot.report.outcome = TargetOutcome::StillRunning {
                     escalated: false,
                     state: None,
-                    note: Some(format!("SIGKILL not sent: cannot write the audit record: {err}")),
+                    note: Some(format!(
+                        "SIGKILL not sent: cannot write the audit record: {err}"
+                    )),
                 };
             } else {
                 slot.report.outcome = TargetOutcome::AuditFailed {
@@ -1162,7 +1179,11 @@ mod tests {
 
         // A child that exited and that we do not reap is a zombie whose parent is us.
         let mut child = Command::new("true").spawn().expect("true");
-        assert!(PidHandle::pin(child.id()).unwrap().wait_exit(Duration::from_secs(10)));
+        assert!(
+            PidHandle::pin(child.id())
+                .unwrap()
+                .wait_exit(Duration::from_secs(10))
+        );
         assert_eq!(
             look(child.id()),
             Err(Refusal::Zombie {
@@ -1191,7 +1212,10 @@ mod tests {
             .find(|pid| read_stat(*pid).is_ok_and(|s| s.is_kernel_thread()))
         {
             Some(kthread) => assert!(
-                matches!(look(kthread), Err(Refusal::KernelThread { .. }) | Err(Refusal::OurAncestor { .. })),
+                matches!(
+                    look(kthread),
+                    Err(Refusal::KernelThread { .. }) | Err(Refusal::OurAncestor { .. })
+                ),
                 "{kthread}"
             ),
             None => eprintln!("skipped: no kernel thread visible in this PID namespace"),
@@ -1204,13 +1228,10 @@ mod tests {
             eprintln!("skipped: spawning a process as another user needs root");
             return;
         }
-        let mut child = std::os::unix::process::CommandExt::uid(
-            &mut Command::new("sleep"),
-            65534,
-        )
-        .arg("60")
-        .spawn()
-        .expect("sleep as uid 65534");
+        let mut child = std::os::unix::process::CommandExt::uid(&mut Command::new("sleep"), 65534)
+            .arg("60")
+            .spawn()
+            .expect("sleep as uid 65534");
         let root = Actor::current();
         let alice = Actor {
             uid: 1000,
@@ -1226,8 +1247,8 @@ mod tests {
                 our_uid: 1000
             })
         );
-        let candidate = inspect(child.id(), &root, None, Provenance::Named, &mut procs)
-            .expect("root may");
+        let candidate =
+            inspect(child.id(), &root, None, Provenance::Named, &mut procs).expect("root may");
         assert_eq!(candidate.uid, 65534);
         child.kill().expect("kill");
         child.wait().expect("wait");
@@ -1251,7 +1272,10 @@ mod tests {
         };
         // The quick one's exit time is its own, not the stubborn one's.
         assert!(after(&report[0]) < Duration::from_millis(300), "{report:?}");
-        assert!(after(&report[1]) >= Duration::from_millis(300), "{report:?}");
+        assert!(
+            after(&report[1]) >= Duration::from_millis(300),
+            "{report:?}"
+        );
         assert_eq!(killed_by(&mut quick), Some(15));
         assert_eq!(killed_by(&mut stubborn), Some(9));
     }

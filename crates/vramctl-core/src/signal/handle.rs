@@ -43,7 +43,11 @@ pub struct PidHandle {
 }
 
 impl PidHandle {
-    pub(crate) fn open(pid: u32, start_time_ticks: u64, opener: &Opener) -> Result<Self, OpenError> {
+    pub(crate) fn open(
+        pid: u32,
+        start_time_ticks: u64,
+        opener: &Opener,
+    ) -> Result<Self, OpenError> {
         match opener(pid) {
             Ok(fd) => Ok(Self {
                 pid,

@@ -328,7 +328,10 @@ pub fn check_process(
             comm: stat.comm.clone(),
         });
     }
-    if let Some(expected) = expect.start_time_ticks.filter(|e| *e != stat.start_time_ticks) {
+    if let Some(expected) = expect
+        .start_time_ticks
+        .filter(|e| *e != stat.start_time_ticks)
+    {
         return Err(Refusal::IdentityMismatch {
             pid,
             detail: format!(
