@@ -2,6 +2,8 @@
 //! choosing devices.
 
 pub mod info;
+pub mod kill;
+pub mod ps;
 pub mod status;
 
 use anyhow::{Context, bail};
@@ -16,6 +18,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
     match &cli.command {
         Command::Status(args) => status::run(&cli.global, args),
         Command::Info(args) => info::run(&cli.global, args),
+        Command::Ps(args) => ps::run(&cli.global, args),
+        Command::Kill(args) => kill::run(&cli.global, args),
     }
 }
 

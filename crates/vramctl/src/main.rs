@@ -3,6 +3,7 @@
 //! Module map: `cli` (flags as typed), `cmd/*` (one file per command), `output/*` (units,
 //! tables, styles shared by the commands), `exit` (exit codes and error classes).
 
+mod audit;
 mod cli;
 mod cmd;
 mod exit;

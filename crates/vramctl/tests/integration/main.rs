@@ -3,5 +3,8 @@
 
 mod harness;
 mod info;
+mod kill;
+mod ps;
+mod real_processes;
 mod status;
 mod usage;
