@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Serialize;
 use vramctl_core::audit::AuditOutcome;
-use vramctl_core::clock::SystemClock;
+use vramctl_core::clock::{Clock, SystemClock};
 use vramctl_core::procinfo::{self, ProcError, ProcReader};
 use vramctl_core::signal::{
     self, Actor, AuditSink, Candidate, KillRequest, Provenance, Refusal, Target, TargetOutcome,
@@ -131,6 +131,9 @@ struct KillReport {
     targets: Vec<TargetJson>,
     devices: Vec<DeviceRelease>,
     still_held: Vec<StillHeld>,
+    /// Wall-clock time of the first signal (RFC 3339 UTC, ms): where the `_after_s`
+    /// durations start, to line them up with other tools' timelines.
+    signalled_at: Option<String>,
     /// Where the audit records went (absent for a dry run or when nothing was sent).
     audit_log: Option<String>,
     /// Every target ended and its memory was released (exit code 0).
@@ -238,6 +241,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
             .collect(),
         devices: Vec::new(),
         still_held: Vec::new(),
+        signalled_at: None,
         audit_log: None,
         ok: false,
     };
@@ -292,6 +296,9 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         ..KillRequest::new(targets, "kill")
     };
     let started = Instant::now();
+    report.signalled_at = jiff::Timestamp::from_millisecond(SystemClock.now_unix_ms())
+        .ok()
+        .map(|t| format!("{t:.3}"));
     let outcomes = signal::execute(&request, &actor, &mut audit, &SystemClock);
     let by_pid: HashMap<u32, &TargetReport> = outcomes
         .iter()
@@ -467,10 +474,10 @@ fn apply_outcome(t: &mut TargetJson, r: &TargetReport) {
             let state = state.map_or_else(|| "unknown".into(), |s| s.to_string());
             let detail = match (escalated, note) {
                 (_, Some(note)) => note.clone(),
-                (true, None) if state == "D" => format!(
-                    "survived SIGKILL in uninterruptible sleep (state D), usually inside the \
-                     GPU driver; it ends when the driver call returns, or needs a GPU reset"
-                ),
+                (true, None) if state == "D" => "survived SIGKILL in uninterruptible sleep \
+                     (state D), usually inside the GPU driver; it ends when the driver call \
+                     returns, or needs a GPU reset"
+                    .to_owned(),
                 (true, None) => format!("survived SIGKILL (state {state})"),
                 (false, None) => format!("still running after the grace period (state {state})"),
             };
@@ -624,9 +631,9 @@ fn still_held(
                 why: why_listed(*pid),
             });
         }
-        if d.unlisted_bytes.is_some() || d.still_listed.is_empty() {
-            holders.extend(survivors(watch, procs));
-        }
+        // Survivors are worth naming either way: a dead PID the driver still lists is
+        // often kept by a child that inherited its descriptors.
+        holders.extend(survivors(watch, procs));
         out.push(StillHeld {
             index: d.index,
             uuid: d.uuid.clone(),
@@ -639,8 +646,9 @@ fn still_held(
 
 fn why_listed(pid: u32) -> String {
     match procinfo::read_stat(pid) {
-        Err(ProcError::NotFound { .. }) => "it has exited, but the driver still lists it: the \
-             context leaked in the driver (a GPU reset or reboot frees it)"
+        Err(ProcError::NotFound { .. }) => "it has exited, but the driver still lists it: a \
+             process that inherited its /dev/nvidia* descriptors keeps its context, or the \
+             context leaked in the driver (a GPU reset or reboot frees that)"
             .into(),
         Err(e) => format!("cannot read its state: {e}"),
         Ok(s) if s.is_zombie() => format!(

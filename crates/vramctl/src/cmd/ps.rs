@@ -157,7 +157,7 @@ struct DeviceProblem {
 /// Runs `ps`.
 pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     let cpu_interval = match args.cpu_interval {
-        secs if secs == 0.0 => None,
+        0.0 => None,
         secs if secs.is_finite() && secs > 0.0 && secs <= 60.0 => {
             Some(Duration::from_secs_f64(secs))
         }

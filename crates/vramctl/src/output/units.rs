@@ -105,7 +105,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     // Sizes up to a few TiB: f64 holds them exactly enough; anything past u64 is refused.
     #[allow(clippy::cast_precision_loss)]
     let bytes = (value * multiplier as f64).round();
-    if !bytes.is_finite() || bytes < 0.0 || bytes >= 18_446_744_073_709_551_615.0 {
+    if !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
         return Err(bad());
     }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]

@@ -15,7 +15,7 @@ fn processes(report: &Value) -> &Vec<Value> {
 fn pids(report: &Value) -> Vec<u64> {
     processes(report)
         .iter()
-        .map(|p| p["pid"].as_u64().unwrap())
+        .map(|p| p["pid"].as_u64().expect("pid"))
         .collect()
 }
 
