@@ -914,6 +914,7 @@ mod tests {
         for (pid, _) in tree.iter().rev() {
             let _ = std::process::Command::new("kill")
                 .arg(pid.to_string())
+                .stderr(std::process::Stdio::null())
                 .status();
         }
         root.kill().expect("kill");

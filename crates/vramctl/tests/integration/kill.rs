@@ -463,3 +463,21 @@ fn kill_and_its_exit_codes_are_in_help() {
     assert!(help.contains("1  a target was refused"), "{help}");
     assert!(help.contains("PID@START"), "{help}");
 }
+
+#[test]
+fn json_keys_are_the_documented_ones() {
+    let target = sleeper();
+    let scenario = Scenario::new(1, &[Holder::real(0, target.pid(), "1 GiB")]);
+    let out = output(&mut kill(
+        &scenario,
+        &["--yes", "--json", &target.pid().to_string()],
+    ));
+    let report = json(&out);
+    let documented = crate::ps::documented_keys("`vramctl kill --json`");
+    let mut keys: Vec<&String> = report.as_object().unwrap().keys().collect();
+    keys.extend(report["targets"][0].as_object().unwrap().keys());
+    keys.extend(report["devices"][0].as_object().unwrap().keys());
+    for key in keys {
+        assert!(documented.contains(key), "'{key}' is not in docs/json.md");
+    }
+}

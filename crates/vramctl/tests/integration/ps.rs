@@ -285,3 +285,50 @@ fn bad_flags_are_one_line_errors() {
         assert_eq!(err.lines().count(), 1, "{err}");
     }
 }
+
+/// The backticked names in the first column of the tables under `heading` in docs/json.md,
+/// up to the next `## ` heading.
+pub fn documented_keys(heading: &str) -> Vec<String> {
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/json.md"),
+    )
+    .expect("docs/json.md");
+    let section = docs
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .unwrap_or_else(|| panic!("no section {heading:?} in docs/json.md"));
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .flat_map(|l| {
+            let cell = l.split(" |").next().unwrap_or_default();
+            cell.split(", ")
+                .map(|k| k.trim_matches('`').to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn json_keys_are_the_documented_ones() {
+    let t = tree();
+    let scenario = Scenario::new(1, &[Holder::real(0, t.root.pid(), "1 GiB")]);
+    let report =
+        json_of(vramctl(scenario.path()).args(["ps", "--json", "--tree", "--cpu-interval", "0"]));
+    let documented = documented_keys("`vramctl ps --json`");
+    let mut keys: Vec<&String> = report.as_object().unwrap().keys().collect();
+    keys.extend(processes(&report)[0].as_object().unwrap().keys());
+    for key in keys {
+        assert!(documented.contains(key), "'{key}' is not in docs/json.md");
+    }
+    for key in [
+        "schema",
+        "processes",
+        "pid",
+        "gpus",
+        "tree_parent",
+        "container_id",
+    ] {
+        assert!(documented.iter().any(|d| d == key), "{key}");
+    }
+}
