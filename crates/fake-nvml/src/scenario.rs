@@ -383,6 +383,11 @@ pub struct Process {
     pub pid: u32,
     #[serde(default)]
     pub real: bool,
+    /// Real PIDs that hold this process's GPU memory after it exits (forked children that
+    /// inherited its /dev/nvidia* descriptors): the memory stays used, unlisted, until every
+    /// one of them is gone too.
+    #[serde(default)]
+    pub held_open_by: Vec<u32>,
     pub name: Option<String>,
     #[serde(default)]
     pub kind: ProcessKind,
@@ -404,6 +409,9 @@ pub struct Process {
     /// A `real` process that was seen gone from /proc; never comes back.
     #[serde(skip)]
     pub dead: bool,
+    /// A dead process whose `held_open_by` holders are all gone too: its memory is free.
+    #[serde(skip)]
+    pub released: bool,
 }
 
 /// A PCI address parsed from `pci_bus_id`.
@@ -827,6 +835,9 @@ impl Gpu {
                     "GPU {index} has MIG off; gpu_instance_id and compute_instance_id need MIG on"
                 ));
             }
+            if !p.held_open_by.is_empty() && !p.real {
+                return fail("held_open_by needs real = true (it models a real exit)".into());
+            }
             if !seen.insert((pid, p.mig_slot)) {
                 return fail(
                     "the PID is listed twice on this GPU (use another PID to model a restart)"
@@ -1034,6 +1045,10 @@ mod tests {
             (
                 "[[gpu]]\n[[gpu.process]]\npid = 5\nstart_s = 3.0\nend_s = 2.0",
                 "after start_s",
+            ),
+            (
+                "[[gpu]]\n[[gpu.process]]\npid = 5\nheld_open_by = [6]",
+                "needs real = true",
             ),
         ];
         for (text, expected) in cases {

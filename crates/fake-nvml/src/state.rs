@@ -234,12 +234,21 @@ impl Loaded {
     }
 
     /// Drops `real` processes on this GPU whose PID has exited, as the driver frees their
-    /// memory; /proc is read only for processes that would otherwise be live.
+    /// memory; /proc is read only for processes that would otherwise be live. A dead process
+    /// with `held_open_by` holders keeps its memory until they are all gone.
     fn reap(&mut self, gpu: usize, t: f64) {
         if let Some(g) = self.scenario.gpus.get_mut(gpu) {
             for p in g.processes.iter_mut().filter(|p| p.real && is_live(p, t)) {
                 if real_process_gone(p.pid) {
                     p.dead = true;
+                }
+            }
+            for p in g.processes.iter_mut().filter(|p| p.dead && !p.released) {
+                if p.held_open_by
+                    .iter()
+                    .all(|holder| real_process_gone(*holder))
+                {
+                    p.released = true;
                 }
             }
         }
@@ -376,11 +385,23 @@ impl Device<'_> {
     pub fn memory(&mut self) -> R<Memory> {
         let t = self.t();
         // NVML_VALUE_NOT_AVAILABLE entries carry no number to add up.
-        let processes: u64 = self
+        let listed: u64 = self
             .live_processes()
             .map(|p| process_memory(p, t))
             .filter(|m| *m != u64::MAX)
             .fold(0, u64::saturating_add);
+        // Exited processes whose descriptors live on in a holder: still used, no longer
+        // listed (what "nvidia-smi shows memory but no process" looks like).
+        let mig = self.mig;
+        let held: u64 = self
+            .gpu()
+            .processes
+            .iter()
+            .filter(|p| p.dead && !p.released && (mig.is_none() || p.mig_slot == mig))
+            .map(|p| process_memory(p, t))
+            .filter(|m| *m != u64::MAX)
+            .fold(0, u64::saturating_add);
+        let processes = listed.saturating_add(held);
         let (total, reserved, extra, fault) = match self.mig_instance() {
             Some(m) => (
                 m.memory_total,
@@ -697,6 +718,31 @@ mod tests {
         );
         assert!(!l.process_name(own).expect("comm").is_empty());
         assert_eq!(l.process_name(12345678), Err(codes::NOT_FOUND));
+    }
+
+    #[test]
+    fn memory_held_open_by_a_survivor_stays_used_unlisted() {
+        // PID 0 reads as exited; our own PID as a live holder, then a PID that is gone.
+        let own = std::process::id();
+        let text = format!(
+            "[[gpu]]\nmemory_total = 100\n[[gpu.process]]\npid = 0\nreal = true\nmemory = 10\n\
+             held_open_by = [{own}]\n"
+        );
+        let mut l = loaded(&text, 0.0);
+        assert!(
+            device(&mut l, 0, None)
+                .processes(ProcessList::Compute)
+                .is_empty(),
+            "the exited process is not listed"
+        );
+        assert_eq!(device(&mut l, 0, None).memory().expect("memory").used, 10);
+        assert!(!l.scenario.gpus[0].processes[0].released);
+
+        let text = "[[gpu]]\nmemory_total = 100\n[[gpu.process]]\npid = 0\nreal = true\n\
+                    memory = 10\nheld_open_by = [0]\n";
+        let mut l = loaded(text, 0.0);
+        assert_eq!(device(&mut l, 0, None).memory().expect("memory").used, 0);
+        assert!(l.scenario.gpus[0].processes[0].released);
     }
 
     #[test]

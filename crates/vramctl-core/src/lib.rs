@@ -1,5 +1,5 @@
 //! vramctl's core: the project's types, the GPU backend seam and its NVML implementation,
-//! the sampler, and /proc enrichment.
+//! the sampler, /proc enrichment and safe signalling.
 //!
 //! Data flows one way (see `ARCHITECTURE.md`):
 //!
@@ -20,6 +20,7 @@ pub mod clock;
 pub mod procinfo;
 pub mod sampler;
 pub mod sanity;
+pub mod signal;
 pub mod types;
 
 pub use backend::nvml::NvmlBackend;

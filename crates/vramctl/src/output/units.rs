@@ -72,9 +72,97 @@ pub fn memory_bar(used: u64, reserved: u64, total: u64, width: usize) -> String 
     )
 }
 
+/// Parses a size as people type it: `1073741824`, `512MiB`, `1.5 GiB`, `20G` (single
+/// letters and `KiB`..`TiB` are binary), `500MB` (`kB`..`TB` are decimal). Case-insensitive.
+///
+/// # Errors
+/// A message that names the text and the units accepted.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let bad = || {
+        format!(
+            "'{text}' is not a size; use bytes or a number with B, KiB, MiB, GiB, TiB (or K, M, \
+             G, T), kB, MB, GB, TB"
+        )
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    // Sizes up to a few TiB: f64 holds them exactly enough; anything past u64 is refused.
+    #[allow(clippy::cast_precision_loss)]
+    let bytes = (value * multiplier as f64).round();
+    if !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
+        return Err(bad());
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
+}
+
+/// A duration in its two largest units: `45s`, `12m05s`, `3h12m`, `2d04h`.
+pub fn age(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}d{h:02}h")
+    } else if h > 0 {
+        format!("{h}h{m:02}m")
+    } else if m > 0 {
+        format!("{m}m{s:02}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Seconds with the precision a person reads: `0.35 s`, `12.1 s`.
+pub fn seconds(secs: f64) -> String {
+    if secs < 10.0 {
+        format!("{secs:.2} s")
+    } else {
+        format!("{secs:.1} s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_parse_as_typed() {
+        assert_eq!(parse_bytes("1073741824"), Ok(1 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("20G"), Ok(20 << 30));
+        assert_eq!(parse_bytes("20g"), Ok(20 << 30));
+        assert_eq!(parse_bytes("500MB"), Ok(500_000_000));
+        assert_eq!(parse_bytes(" 7 "), Ok(7));
+        for bad in ["", "G", "1.2.3G", "5 parsecs", "-1G", "99999999999T"] {
+            let err = parse_bytes(bad).unwrap_err();
+            assert!(err.contains(&format!("'{bad}'")), "{err}");
+        }
+    }
+
+    #[test]
+    fn ages_use_two_units() {
+        assert_eq!(age(45), "45s");
+        assert_eq!(age(725), "12m05s");
+        assert_eq!(age(3 * 3600 + 12 * 60 + 9), "3h12m");
+        assert_eq!(age(2 * 86_400 + 4 * 3600), "2d04h");
+        assert_eq!(seconds(0.347), "0.35 s");
+        assert_eq!(seconds(12.06), "12.1 s");
+    }
 
     #[test]
     fn bytes_pick_a_readable_unit() {

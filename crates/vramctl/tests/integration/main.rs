@@ -4,6 +4,9 @@
 mod harness;
 mod history;
 mod info;
+mod kill;
+mod ps;
+mod real_processes;
 mod serve;
 mod status;
 mod top;

@@ -1,0 +1,858 @@
+//! `vramctl ps`: every process holding GPU memory, across devices, joined with /proc.
+//!
+//! One sampler tick says who holds how much on which device; /proc adds who they are (user,
+//! command line, age, CPU, RSS, state, parent, container, pod). A PID the driver reports
+//! that this PID namespace cannot see is listed as such; memory that no process accounts for
+//! is a row of its own. `--tree` nests processes under their parents and shows their
+//! descendants without GPU memory too (data-loader workers under their trainer), which is
+//! what `kill --tree` would reach.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use regex::Regex;
+use serde::Serialize;
+use vramctl_core::Backend;
+use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
+use vramctl_core::types::{DeviceState, ProcessKind, Snapshot};
+
+use super::{GpuFilter, open_sampler};
+use crate::cli::{GlobalArgs, PsArgs, PsSort};
+use crate::exit::Exit;
+use crate::output::table::{Align, Table};
+use crate::output::units;
+
+/// Version of the JSON below; bumped on any incompatible change.
+pub const SCHEMA: u32 = 1;
+
+/// One process's memory on one device, from one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuHolding {
+    /// NVML index of the device.
+    pub index: u32,
+    /// The device's UUID.
+    pub uuid: String,
+    /// Memory the driver attributes to the process there; `None`: not available.
+    pub used_bytes: Option<u64>,
+    /// Which process list named it.
+    pub kind: ProcessKind,
+    /// MIG GPU instance.
+    pub gpu_instance_id: Option<u32>,
+    /// MIG compute instance.
+    pub compute_instance_id: Option<u32>,
+    /// The MIG device's UUID, when the process runs in one.
+    pub mig_uuid: Option<String>,
+}
+
+/// Who holds memory in `snapshot`, by PID, each PID's devices in index order; only devices
+/// `filter` chose.
+pub fn holdings(snapshot: &Snapshot, filter: &GpuFilter) -> BTreeMap<u32, Vec<GpuHolding>> {
+    let mut by_pid: BTreeMap<u32, Vec<GpuHolding>> = BTreeMap::new();
+    for device in snapshot.devices.iter().filter(|d| filter.matches(&d.info)) {
+        let Some(processes) = device.reading().and_then(|r| r.processes.as_ref()) else {
+            continue;
+        };
+        for p in processes {
+            let mig_uuid = p.gpu_instance_id.and_then(|gi| {
+                device
+                    .info
+                    .mig_instances
+                    .iter()
+                    .find(|m| {
+                        m.gpu_instance_id == Some(gi)
+                            && (p.compute_instance_id.is_none()
+                                || m.compute_instance_id == p.compute_instance_id)
+                    })
+                    .map(|m| m.uuid.clone())
+            });
+            by_pid.entry(p.pid).or_default().push(GpuHolding {
+                index: device.info.index,
+                uuid: device.info.uuid.clone(),
+                used_bytes: p.used_bytes,
+                kind: p.kind,
+                gpu_instance_id: p.gpu_instance_id,
+                compute_instance_id: p.compute_instance_id,
+                mig_uuid,
+            });
+        }
+    }
+    by_pid
+}
+
+/// The sum of `holdings`, `None` when any is unknown.
+pub fn total_bytes(holdings: &[GpuHolding]) -> Option<u64> {
+    holdings
+        .iter()
+        .try_fold(0_u64, |sum, h| Some(sum.saturating_add(h.used_bytes?)))
+}
+
+/// The whole `ps --json` document.
+#[derive(Debug, Serialize)]
+pub struct PsReport {
+    schema: u32,
+    /// RFC 3339 UTC, when the sample was taken.
+    taken_at: String,
+    /// Whether this runs in the host PID namespace (else NVML's PIDs may not be ours).
+    pid_namespace_initial: bool,
+    /// Seconds CPU % was measured over; `null`: averaged over each process's lifetime.
+    cpu_interval_s: Option<f64>,
+    /// Whether rows are nested (`tree_parent` set, descendants without GPU memory listed).
+    tree: bool,
+    processes: Vec<PsProcess>,
+    unaccounted: Vec<Unaccounted>,
+    devices_not_read: Vec<DeviceProblem>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct PsProcess {
+    pid: u32,
+    /// Whether /proc in this PID namespace shows it.
+    visible: bool,
+    /// With the boot id, its identity: `vramctl kill PID@START` insists on it.
+    start_time_ticks: Option<u64>,
+    user: Option<String>,
+    uid: Option<u32>,
+    /// Command line; for an invisible PID, the driver's process name.
+    command: Option<String>,
+    /// State letter (`R`, `S`, `D`, `Z`, ...).
+    state: Option<String>,
+    zombie: bool,
+    ppid: Option<u32>,
+    children: Vec<u32>,
+    started_at: Option<String>,
+    age_s: Option<u64>,
+    cpu_percent: Option<f64>,
+    rss_bytes: Option<u64>,
+    threads: Option<u32>,
+    container_id: Option<String>,
+    pod_uid: Option<String>,
+    /// GPU memory summed over devices; `null` when a device reports it unavailable.
+    used_bytes: Option<u64>,
+    gpus: Vec<GpuHolding>,
+    /// With --tree: the nearest ancestor listed here.
+    tree_parent: Option<u32>,
+    #[serde(skip)]
+    cpu_ticks: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Unaccounted {
+    index: u32,
+    uuid: String,
+    bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct DeviceProblem {
+    index: u32,
+    uuid: String,
+    /// `lost`, `error`, or `processes_not_reported`.
+    state: &'static str,
+    reason: String,
+}
+
+/// Runs `ps`.
+pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
+    let cpu_interval = match args.cpu_interval {
+        0.0 => None,
+        secs if secs.is_finite() && secs > 0.0 && secs <= 60.0 => {
+            Some(Duration::from_secs_f64(secs))
+        }
+        secs => bail!("--cpu-interval '{secs}' is not a number of seconds between 0 and 60"),
+    };
+    let pattern = args
+        .pattern
+        .as_deref()
+        .map(|text| {
+            Regex::new(text).map_err(|e| {
+                // regex's syntax errors draw a caret under the pattern over several lines;
+                // errors here are one line, so keep its last ("unclosed group").
+                let why = e.to_string();
+                let why = why
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ");
+                anyhow::anyhow!("--match '{text}' is not a valid regular expression: {why}")
+            })
+        })
+        .transpose()?;
+    let mut sampler = open_sampler(global)?;
+    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let snapshot = sampler.tick();
+    let mut procs = ProcReader::new();
+    let selection = Selection {
+        users: args.user.clone(),
+        pattern,
+        min_bytes: args.min_mem,
+    };
+    let mut report = build(
+        &snapshot,
+        &filter,
+        sampler.backend_mut(),
+        &mut procs,
+        &selection,
+        args.tree,
+        args.sort,
+    );
+    measure_cpu(&mut report, cpu_interval, &procs);
+
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
+        writeln!(out).context("cannot write to stdout")?;
+    } else {
+        for line in render(&report) {
+            writeln!(out, "{line}").context("cannot write to stdout")?;
+        }
+    }
+    out.flush().context("cannot write to stdout")?;
+    Ok(Exit::Ok)
+}
+
+/// `--user`, `--match`, `--min-mem`.
+struct Selection {
+    users: Vec<String>,
+    pattern: Option<Regex>,
+    min_bytes: Option<u64>,
+}
+
+impl Selection {
+    fn keeps(&self, p: &PsProcess) -> bool {
+        let user_ok = self.users.is_empty()
+            || self.users.iter().any(|u| {
+                p.user.as_deref() == Some(u.as_str())
+                    || u.parse::<u32>().is_ok_and(|uid| p.uid == Some(uid))
+            });
+        let pattern_ok = self
+            .pattern
+            .as_ref()
+            .is_none_or(|re| p.command.as_deref().is_some_and(|c| re.is_match(c)));
+        let size_ok = self
+            .min_bytes
+            .is_none_or(|min| p.used_bytes.is_some_and(|used| used >= min));
+        user_ok && pattern_ok && size_ok
+    }
+}
+
+/// Joins a snapshot with /proc into the report (CPU % is measured afterwards).
+fn build(
+    snapshot: &Snapshot,
+    filter: &GpuFilter,
+    backend: &mut dyn Backend,
+    procs: &mut ProcReader,
+    selection: &Selection,
+    tree: bool,
+    sort: PsSort,
+) -> PsReport {
+    let now_ms = snapshot.taken_at_unix_ms;
+    let mut rows: Vec<PsProcess> = holdings(snapshot, filter)
+        .into_iter()
+        .map(|(pid, gpus)| {
+            let details = procs.details(pid);
+            let command = details
+                .as_ref()
+                .map(|d| d.command.clone())
+                .or_else(|| backend.process_name(pid));
+            row(pid, details.as_ref(), command, gpus, now_ms)
+        })
+        .filter(|p| selection.keeps(p))
+        .collect();
+
+    if tree {
+        add_tree(&mut rows, procs, now_ms);
+        rows = tree_order(rows, sort);
+    } else {
+        rows.sort_by(|a, b| compare(a, b, sort));
+    }
+
+    let mut unaccounted = Vec::new();
+    let mut devices_not_read = Vec::new();
+    for device in snapshot.devices.iter().filter(|d| filter.matches(&d.info)) {
+        let info = &device.info;
+        let problem = |state, reason: String| DeviceProblem {
+            index: info.index,
+            uuid: info.uuid.clone(),
+            state,
+            reason,
+        };
+        match &device.state {
+            DeviceState::Ok(reading) => {
+                if reading.processes.is_none() {
+                    let why = reading
+                        .missing
+                        .iter()
+                        .filter(|(field, _)| field.as_str().ends_with("processes"))
+                        .map(|(_, why)| why.to_string())
+                        .next()
+                        .unwrap_or_else(|| "not reported".into());
+                    devices_not_read.push(problem("processes_not_reported", why));
+                }
+                let bytes = reading.unaccounted_bytes().unwrap_or(0);
+                let hidden = !selection.users.is_empty() || selection.pattern.is_some();
+                if bytes > 0 && !hidden && selection.min_bytes.is_none_or(|min| bytes >= min) {
+                    unaccounted.push(Unaccounted {
+                        index: info.index,
+                        uuid: info.uuid.clone(),
+                        bytes,
+                    });
+                }
+            }
+            DeviceState::Lost { reason } => devices_not_read.push(problem("lost", reason.clone())),
+            DeviceState::Error { reason } => {
+                devices_not_read.push(problem("error", reason.clone()));
+            }
+        }
+    }
+
+    PsReport {
+        schema: SCHEMA,
+        taken_at: rfc3339(now_ms),
+        pid_namespace_initial: PidNamespace::current().is_initial(),
+        cpu_interval_s: None,
+        tree,
+        processes: rows,
+        unaccounted,
+        devices_not_read,
+    }
+}
+
+fn row(
+    pid: u32,
+    details: Option<&ProcessDetails>,
+    command: Option<String>,
+    gpus: Vec<GpuHolding>,
+    now_ms: i64,
+) -> PsProcess {
+    let started_at_ms = details.and_then(|d| d.started_at_unix_ms);
+    PsProcess {
+        pid,
+        visible: details.is_some(),
+        start_time_ticks: details.and_then(|d| d.start_time_ticks),
+        user: details.and_then(|d| d.user.clone().or_else(|| d.uid.map(|u| u.to_string()))),
+        uid: details.and_then(|d| d.uid),
+        command,
+        state: details.and_then(|d| d.state).map(String::from),
+        zombie: details.is_some_and(ProcessDetails::is_zombie),
+        ppid: details.and_then(|d| d.ppid),
+        children: details.map(|d| d.children.clone()).unwrap_or_default(),
+        started_at: started_at_ms.map(rfc3339),
+        age_s: started_at_ms
+            .and_then(|started| u64::try_from(now_ms.saturating_sub(started) / 1000).ok()),
+        cpu_percent: None,
+        rss_bytes: details.and_then(|d| d.rss_bytes),
+        threads: details.and_then(|d| d.threads),
+        container_id: details.and_then(|d| d.container.container_id.clone()),
+        pod_uid: details.and_then(|d| d.container.pod_uid.clone()),
+        used_bytes: total_bytes(&gpus),
+        gpus,
+        tree_parent: None,
+        cpu_ticks: details.and_then(|d| d.cpu_ticks),
+    }
+}
+
+/// Sets each GPU process's nearest listed ancestor, and adds the descendants of the listed
+/// processes that hold no GPU memory.
+fn add_tree(rows: &mut Vec<PsProcess>, procs: &mut ProcReader, now_ms: i64) {
+    let mut listed: HashSet<u32> = rows.iter().map(|r| r.pid).collect();
+    let holders: Vec<u32> = rows.iter().filter(|r| r.visible).map(|r| r.pid).collect();
+    let mut extra = Vec::new();
+    for root in holders {
+        for (pid, parent) in procinfo::descendants(root) {
+            if !listed.insert(pid) {
+                continue;
+            }
+            if let Some(details) = procs.details(pid) {
+                let mut r = row(
+                    pid,
+                    Some(&details),
+                    Some(details.command.clone()),
+                    Vec::new(),
+                    now_ms,
+                );
+                r.tree_parent = Some(parent);
+                extra.push(r);
+            }
+        }
+    }
+    // Now that the descendants are listed, a GPU process's nearest listed ancestor may be
+    // one of them (the worker's parent shell rather than the trainer).
+    for row in rows.iter_mut().filter(|r| r.visible) {
+        row.tree_parent = nearest_listed_ancestor(row.pid, &listed);
+    }
+    rows.extend(extra);
+}
+
+fn nearest_listed_ancestor(pid: u32, listed: &HashSet<u32>) -> Option<u32> {
+    let mut next = procinfo::read_stat(pid).ok()?.ppid;
+    for _ in 0..4096 {
+        if next == 0 {
+            return None;
+        }
+        if listed.contains(&next) {
+            return Some(next);
+        }
+        next = procinfo::read_stat(next).ok()?.ppid;
+    }
+    None
+}
+
+/// Depth-first: each root, then its children, siblings sorted by `sort`.
+fn tree_order(rows: Vec<PsProcess>, sort: PsSort) -> Vec<PsProcess> {
+    let pids: HashSet<u32> = rows.iter().map(|r| r.pid).collect();
+    let mut children: HashMap<Option<u32>, Vec<PsProcess>> = HashMap::new();
+    for row in rows {
+        let parent = row.tree_parent.filter(|p| pids.contains(p));
+        children.entry(parent).or_default().push(row);
+    }
+    for list in children.values_mut() {
+        list.sort_by(|a, b| compare(a, b, sort));
+    }
+    let mut out = Vec::new();
+    let mut stack: Vec<PsProcess> = children.remove(&None).unwrap_or_default();
+    stack.reverse();
+    while let Some(row) = stack.pop() {
+        let pid = row.pid;
+        out.push(row);
+        if let Some(mut kids) = children.remove(&Some(pid)) {
+            kids.reverse();
+            stack.extend(kids);
+        }
+    }
+    // Rows whose parent chain loops (cannot happen in /proc) would be lost; keep them.
+    out.extend(children.into_values().flatten());
+    out
+}
+
+fn compare(a: &PsProcess, b: &PsProcess, sort: PsSort) -> Ordering {
+    let by_mem = || b.used_bytes.cmp(&a.used_bytes);
+    let key = match sort {
+        PsSort::Mem => by_mem(),
+        PsSort::Pid => Ordering::Equal,
+        PsSort::Age => b.age_s.cmp(&a.age_s),
+        PsSort::Cpu => b
+            .cpu_percent
+            .partial_cmp(&a.cpu_percent)
+            .unwrap_or(Ordering::Equal),
+        PsSort::User => match (&a.user, &b.user) {
+            (Some(x), Some(y)) => x.cmp(y).then_with(by_mem),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => by_mem(),
+        },
+    };
+    key.then(a.pid.cmp(&b.pid))
+}
+
+/// CPU % from two readings `interval` apart, or over each process's lifetime.
+fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcReader) {
+    let tps = procs.ticks_per_second();
+    let Some(interval) = interval else {
+        for p in &mut report.processes {
+            if let (Some(ticks), Some(age)) = (p.cpu_ticks, p.age_s) {
+                p.cpu_percent =
+                    procinfo::cpu_percent_lifetime(ticks, Duration::from_secs(age), tps)
+                        .map(round1);
+            }
+        }
+        return;
+    };
+    report.cpu_interval_s = Some(interval.as_secs_f64());
+    let before: Vec<Option<(u64, u64)>> = report
+        .processes
+        .iter()
+        .map(|p| procs.cpu_reading(p.pid).filter(|_| p.visible))
+        .collect();
+    let started = Instant::now();
+    std::thread::sleep(interval);
+    let elapsed = started.elapsed();
+    for (p, before) in report.processes.iter_mut().zip(before) {
+        let Some((start, ticks_before)) = before else {
+            continue;
+        };
+        if let Some((start_after, ticks_after)) = procs.cpu_reading(p.pid) {
+            if start_after == start {
+                p.cpu_percent =
+                    procinfo::cpu_percent(ticks_before, ticks_after, elapsed, tps).map(round1);
+            }
+        }
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn rfc3339(unix_ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(unix_ms)
+        .map_or_else(|_| unix_ms.to_string(), |t| format!("{t:.3}"))
+}
+
+/// The table and the notes under it.
+fn render(report: &PsReport) -> Vec<String> {
+    let with_container = report
+        .processes
+        .iter()
+        .any(|p| p.container_id.is_some() || p.pod_uid.is_some());
+    let mut columns = vec![
+        ("PID", Align::Right),
+        ("USER", Align::Left),
+        ("GPU", Align::Left),
+        ("MEMORY", Align::Right),
+        ("CPU%", Align::Right),
+        ("RSS", Align::Right),
+        ("AGE", Align::Right),
+        ("S", Align::Left),
+        ("PPID", Align::Right),
+    ];
+    if with_container {
+        columns.push(("CONTAINER", Align::Left));
+        columns.push(("POD", Align::Left));
+    }
+    columns.push(("COMMAND", Align::Left));
+    let mut table = Table::new(&columns);
+    let prefixes = tree_prefixes(report);
+    for (p, prefix) in report.processes.iter().zip(&prefixes) {
+        let mut cells = vec![
+            p.pid.to_string(),
+            p.user.clone().unwrap_or_else(|| "?".into()),
+            p.gpus.first().map_or_else(|| "-".into(), gpu_cell),
+            p.gpus
+                .first()
+                .map_or_else(|| "-".into(), |g| units::opt_bytes(g.used_bytes)),
+            p.cpu_percent
+                .map_or_else(|| "-".into(), |c| format!("{c:.1}")),
+            units::opt_bytes(p.rss_bytes),
+            p.age_s.map_or_else(|| "-".into(), units::age),
+            p.state.clone().unwrap_or_else(|| "?".into()),
+            p.ppid.map_or_else(|| "-".into(), |pp| pp.to_string()),
+        ];
+        if with_container {
+            cells.push(
+                p.container_id
+                    .as_deref()
+                    .map_or_else(|| "-".into(), |c| c.chars().take(12).collect()),
+            );
+            cells.push(p.pod_uid.clone().unwrap_or_else(|| "-".into()));
+        }
+        let command = match (&p.command, p.visible) {
+            (Some(c), true) => c.clone(),
+            (Some(c), false) => format!("{c} (not visible in this PID namespace)"),
+            (None, _) => "(not visible in this PID namespace)".into(),
+        };
+        cells.push(format!("{prefix}{command}"));
+        table.push(cells);
+        // A process on several devices: one more line per device.
+        for g in p.gpus.iter().skip(1) {
+            let mut more = vec![String::new(); columns.len()];
+            more[2] = gpu_cell(g);
+            more[3] = units::opt_bytes(g.used_bytes);
+            table.push(more);
+        }
+    }
+    for u in &report.unaccounted {
+        let mut cells = vec![String::new(); columns.len()];
+        cells[0] = "-".into();
+        cells[1] = "-".into();
+        cells[2] = u.index.to_string();
+        cells[3] = units::bytes(u.bytes);
+        cells[columns.len() - 1] = "(unaccounted: used, but no listed process holds it)".into();
+        table.push(cells);
+    }
+
+    let mut lines = Vec::new();
+    if report.processes.is_empty() && report.unaccounted.is_empty() {
+        lines.push("no process holds GPU memory".to_owned());
+    } else {
+        lines.extend(table.render(""));
+    }
+    let hidden = report.processes.iter().filter(|p| !p.visible).count();
+    if hidden > 0 {
+        lines.push(format!(
+            "{hidden} {} not visible in this PID namespace (NVML reports host PIDs); run \
+             vramctl in the host PID namespace (e.g. docker run --pid=host) to see and act on {}",
+            if hidden == 1 {
+                "process is"
+            } else {
+                "processes are"
+            },
+            if hidden == 1 { "it" } else { "them" },
+        ));
+    }
+    for p in report.processes.iter().filter(|p| p.zombie) {
+        lines.push(format!(
+            "PID {} is a zombie: it has exited; its parent (PID {}) must reap it",
+            p.pid,
+            p.ppid.map_or_else(|| "?".into(), |pp| pp.to_string())
+        ));
+    }
+    for d in &report.devices_not_read {
+        let what = match d.state {
+            "lost" => "lost",
+            "error" => "could not be read",
+            _ => "did not report its processes",
+        };
+        lines.push(format!("GPU {} {what}: {}", d.index, d.reason));
+    }
+    lines
+}
+
+fn gpu_cell(g: &GpuHolding) -> String {
+    match (g.gpu_instance_id, g.compute_instance_id) {
+        (Some(gi), Some(ci)) => format!("{} (GI {gi} CI {ci})", g.index),
+        (Some(gi), None) => format!("{} (GI {gi})", g.index),
+        _ => g.index.to_string(),
+    }
+}
+
+/// `├─ ` / `└─ ` and `│  ` before each command, from the rows' `tree_parent` links (rows
+/// are in depth-first order). Empty without --tree.
+fn tree_prefixes(report: &PsReport) -> Vec<String> {
+    let rows = &report.processes;
+    if !report.tree {
+        return vec![String::new(); rows.len()];
+    }
+    let position: HashMap<u32, usize> = rows.iter().enumerate().map(|(i, r)| (r.pid, i)).collect();
+    let parent_of = |i: usize| rows[i].tree_parent.and_then(|p| position.get(&p).copied());
+    // The last child of each parent (None: the roots).
+    let mut last_child: HashMap<Option<usize>, usize> = HashMap::new();
+    for i in 0..rows.len() {
+        last_child.insert(parent_of(i), i);
+    }
+    let is_last = |i: usize| last_child.get(&parent_of(i)) == Some(&i);
+    (0..rows.len())
+        .map(|i| {
+            let Some(parent) = parent_of(i) else {
+                return String::new();
+            };
+            let mut prefix = String::from(if is_last(i) { "└─ " } else { "├─ " });
+            let mut up = parent;
+            while let Some(grand) = parent_of(up) {
+                prefix.insert_str(0, if is_last(up) { "   " } else { "│  " });
+                up = grand;
+            }
+            prefix
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(index: u32, gib: u64) -> GpuHolding {
+        GpuHolding {
+            index,
+            uuid: format!("GPU-{index}"),
+            used_bytes: Some(gib << 30),
+            kind: ProcessKind::Compute,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            mig_uuid: None,
+        }
+    }
+
+    fn process(pid: u32, command: &str, gpus: Vec<GpuHolding>) -> PsProcess {
+        PsProcess {
+            pid,
+            visible: true,
+            start_time_ticks: Some(u64::from(pid) * 10),
+            user: Some("alice".into()),
+            uid: Some(1000),
+            command: Some(command.into()),
+            state: Some("S".into()),
+            zombie: false,
+            ppid: Some(1),
+            children: Vec::new(),
+            started_at: None,
+            age_s: Some(3 * 3600 + 720),
+            cpu_percent: Some(98.5),
+            rss_bytes: Some(2_254_857_830),
+            threads: Some(12),
+            container_id: None,
+            pod_uid: None,
+            used_bytes: total_bytes(&gpus),
+            gpus,
+            tree_parent: None,
+            cpu_ticks: None,
+        }
+    }
+
+    /// A trainer on two GPUs with four data-loader workers (one of them holding a context
+    /// of its own), a Jupyter kernel in a pod, a zombie, a MIG process, a PID from another
+    /// namespace, unaccounted memory and a lost GPU.
+    fn report() -> PsReport {
+        let mut trainer = process(
+            4100,
+            "python train.py --bf16",
+            vec![holding(0, 40), holding(1, 38)],
+        );
+        trainer.children = vec![4101, 4102];
+        let mut rows = vec![trainer];
+        for (pid, gpu) in [(4101, Some(holding(0, 1))), (4102, None)] {
+            let mut worker = process(pid, "python train.py --bf16", gpu.into_iter().collect());
+            worker.tree_parent = Some(4100);
+            worker.ppid = Some(4100);
+            worker.cpu_percent = Some(45.0);
+            worker.age_s = Some(3 * 3600 + 700);
+            rows.push(worker);
+        }
+        let mut grandchild = process(4103, "pt_data_worker", Vec::new());
+        grandchild.tree_parent = Some(4102);
+        grandchild.ppid = Some(4102);
+        rows.push(grandchild);
+        let mut kernel = process(
+            5200,
+            "python -m ipykernel_launcher -f k.json",
+            vec![holding(2, 12)],
+        );
+        kernel.user = Some("bob".into());
+        kernel.uid = Some(1001);
+        kernel.cpu_percent = Some(0.0);
+        kernel.age_s = Some(2 * 86_400 + 4 * 3600);
+        kernel.container_id =
+            Some("3f0c2b7a9d8e4f61a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70819".into());
+        kernel.pod_uid = Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into());
+        rows.push(kernel);
+        let mut zombie = process(6100, "[python] <defunct>", vec![holding(2, 2)]);
+        zombie.state = Some("Z".into());
+        zombie.zombie = true;
+        zombie.ppid = Some(6000);
+        zombie.cpu_percent = None;
+        rows.push(zombie);
+        let mut mig = holding(3, 9);
+        mig.gpu_instance_id = Some(2);
+        mig.compute_instance_id = Some(0);
+        rows.push(process(7100, "python eval.py --mig", vec![mig]));
+        let mut ghost = process(31001, "python serve.py", vec![holding(2, 20)]);
+        ghost.visible = false;
+        ghost.user = None;
+        ghost.uid = None;
+        ghost.state = None;
+        ghost.ppid = None;
+        ghost.age_s = None;
+        ghost.cpu_percent = None;
+        ghost.rss_bytes = None;
+        rows.push(ghost);
+        PsReport {
+            schema: SCHEMA,
+            taken_at: "2026-01-01T00:00:00.000Z".into(),
+            pid_namespace_initial: true,
+            cpu_interval_s: Some(0.2),
+            tree: true,
+            processes: rows,
+            unaccounted: vec![Unaccounted {
+                index: 0,
+                uuid: "GPU-0".into(),
+                bytes: 1536 << 20,
+            }],
+            devices_not_read: vec![DeviceProblem {
+                index: 4,
+                uuid: "GPU-4".into(),
+                state: "lost",
+                reason: "GPU has fallen off the bus".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_table_with_every_kind_of_row() {
+        insta::assert_snapshot!("ps_every_row", render(&report()).join("\n"));
+    }
+
+    #[test]
+    fn tree_prefixes_follow_the_parent_links() {
+        let prefixes = tree_prefixes(&report());
+        assert_eq!(prefixes[..4], ["", "├─ ", "└─ ", "   └─ "]);
+        assert!(prefixes[4..].iter().all(String::is_empty));
+        let flat = PsReport {
+            tree: false,
+            ..report()
+        };
+        assert!(tree_prefixes(&flat).iter().all(String::is_empty));
+    }
+
+    #[test]
+    fn tree_order_is_depth_first_with_sorted_siblings() {
+        let mut rows = report().processes;
+        rows.reverse();
+        let ordered: Vec<u32> = tree_order(rows, PsSort::Mem)
+            .iter()
+            .map(|r| r.pid)
+            .collect();
+        // Roots by memory (the trainer's 78 GiB first), each followed by its subtree.
+        assert_eq!(ordered, [4100, 4101, 4102, 4103, 31001, 5200, 7100, 6100]);
+        let rows = report().processes;
+        let ordered: Vec<u32> = tree_order(rows, PsSort::Pid)
+            .iter()
+            .map(|r| r.pid)
+            .collect();
+        assert_eq!(ordered, [4100, 4101, 4102, 4103, 5200, 6100, 7100, 31001]);
+    }
+
+    #[test]
+    fn sorting_keys() {
+        let rows = report().processes;
+        let order = |sort| {
+            let mut rows: Vec<PsProcess> = rows
+                .iter()
+                .filter(|r| r.tree_parent.is_none())
+                .cloned()
+                .collect();
+            rows.sort_by(|a, b| compare(a, b, sort));
+            rows.iter().map(|r| r.pid).collect::<Vec<u32>>()
+        };
+        assert_eq!(order(PsSort::Mem), [4100, 31001, 5200, 7100, 6100]);
+        assert_eq!(order(PsSort::Age), [5200, 4100, 6100, 7100, 31001]);
+        assert_eq!(order(PsSort::Cpu), [4100, 7100, 5200, 6100, 31001]);
+        assert_eq!(order(PsSort::User), [4100, 7100, 6100, 5200, 31001]);
+    }
+
+    #[test]
+    fn selection_by_user_pattern_and_size() {
+        let rows = report().processes;
+        let keep = |selection: Selection| -> Vec<u32> {
+            rows.iter()
+                .filter(|r| selection.keeps(r))
+                .map(|r| r.pid)
+                .collect()
+        };
+        let none = || Selection {
+            users: Vec::new(),
+            pattern: None,
+            min_bytes: None,
+        };
+        assert_eq!(
+            keep(Selection {
+                users: vec!["bob".into()],
+                ..none()
+            }),
+            [5200]
+        );
+        assert_eq!(
+            keep(Selection {
+                users: vec!["1000".into()],
+                ..none()
+            })
+            .len(),
+            6
+        );
+        assert_eq!(
+            keep(Selection {
+                pattern: Some(Regex::new("ipykernel|serve").unwrap()),
+                ..none()
+            }),
+            [5200, 31001]
+        );
+        assert_eq!(
+            keep(Selection {
+                min_bytes: Some(12 << 30),
+                ..none()
+            }),
+            [4100, 5200, 31001]
+        );
+    }
+}

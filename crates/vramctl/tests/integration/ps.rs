@@ -1,0 +1,334 @@
+//! `vramctl ps`: fictional PIDs from the example scenarios, and real processes listed in
+//! scenarios written by the test.
+
+use serde_json::Value;
+
+use crate::harness::{json_of, redactions, scenario, stdout_of, vramctl, vramctl_on};
+use crate::real_processes::{Holder, Scenario, my_user, sleeper, tree, unused_pids};
+
+const GIB: u64 = 1 << 30;
+
+fn processes(report: &Value) -> &Vec<Value> {
+    report["processes"].as_array().expect("processes")
+}
+
+fn pids(report: &Value) -> Vec<u64> {
+    processes(report)
+        .iter()
+        .map(|p| p["pid"].as_u64().expect("pid"))
+        .collect()
+}
+
+/// `h200-training.toml` with its PIDs moved to PIDs that are free here (a real process
+/// with one of them would be listed as itself), and filters that show the originals.
+fn training_scenario() -> (tempfile::TempDir, std::path::PathBuf, insta::Settings) {
+    let text = std::fs::read_to_string(scenario("h200-training.toml")).expect("example");
+    let original: Vec<u32> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("pid = ")?.trim().parse().ok())
+        .collect();
+    assert_eq!(original.len(), 4);
+    let free = unused_pids(original.len());
+    let mut moved = text.clone();
+    let mut settings = redactions();
+    for (from, to) in original.iter().zip(&free) {
+        moved = moved.replace(&format!("pid = {from}\n"), &format!("pid = {to}\n"));
+        settings.add_filter(&format!(r"\b{to}\b"), from.to_string());
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("training.toml");
+    std::fs::write(&path, moved).expect("write");
+    (dir, path, settings)
+}
+
+#[test]
+fn fictional_pids_table() {
+    // The scenario's PIDs do not exist here: listed, marked, with the driver's names.
+    let (_dir, path, settings) = training_scenario();
+    let out = stdout_of(vramctl(&path).args(["ps", "--cpu-interval", "0"]));
+    settings.bind(|| insta::assert_snapshot!("ps_h200_training", out));
+}
+
+#[test]
+fn fictional_pids_json() {
+    let (_dir, path, settings) = training_scenario();
+    let report = json_of(vramctl(&path).args(["ps", "--json", "--cpu-interval", "0"]));
+    assert_eq!(report["schema"], 1);
+    assert_eq!(report["cpu_interval_s"], Value::Null);
+    let list = processes(&report);
+    assert_eq!(list.len(), 4);
+    let sizes: Vec<u64> = list
+        .iter()
+        .map(|p| p["used_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        sizes.windows(2).all(|w| w[0] >= w[1]),
+        "biggest first: {sizes:?}"
+    );
+    for p in list {
+        assert_eq!(p["visible"], false);
+        assert_eq!(p["user"], Value::Null, "unknown, not guessed");
+        assert!(p["command"].is_string());
+        assert_eq!(p["gpus"][0]["index"], 0);
+    }
+    let unaccounted = report["unaccounted"].as_array().unwrap();
+    assert_eq!(unaccounted.len(), 1);
+    assert!(unaccounted[0]["bytes"].as_u64().unwrap() > 0);
+    // Whether CI runs in the host PID namespace is not this snapshot's business.
+    let mut report = report;
+    let ns = report
+        .as_object_mut()
+        .and_then(|o| o.remove("pid_namespace_initial"));
+    assert!(ns.is_some_and(|v| v.is_boolean()));
+    settings.bind(|| insta::assert_json_snapshot!("ps_h200_training_json", report));
+}
+
+#[test]
+fn mig_instances_are_named_per_process() {
+    let report = json_of(vramctl_on("mig.toml").args(["ps", "--json", "--cpu-interval", "0"]));
+    let on_mig: Vec<&Value> = processes(&report)
+        .iter()
+        .filter(|p| !p["gpus"][0]["gpu_instance_id"].is_null())
+        .collect();
+    assert!(!on_mig.is_empty());
+    for p in on_mig {
+        assert!(
+            p["gpus"][0]["mig_uuid"]
+                .as_str()
+                .unwrap()
+                .starts_with("MIG-"),
+            "{p}"
+        );
+    }
+    let out = stdout_of(vramctl_on("mig.toml").args(["ps", "--cpu-interval", "0"]));
+    assert!(out.contains("0 (GI 2 CI 0)"), "{out}");
+}
+
+/// Redacts what changes between runs of the real-process table and drops alignment
+/// (PID widths differ between machines).
+fn real_table_settings(names: &[(u32, &str)]) -> insta::Settings {
+    let mut settings = redactions();
+    for (pid, name) in names {
+        settings.add_filter(&format!(r"\b{pid}\b"), *name);
+    }
+    settings.add_filter(&format!(r"\b{}\b", regex::escape(&my_user())), "[USER]");
+    settings.add_filter(r"\b\d+(\.\d)? (B|KiB|MiB)\b", "[RSS]");
+    settings.add_filter(r"\b(\d+d)?(\d+h)?(\d+m)?\d\d?s\b", "[AGE]");
+    settings.add_filter(r"(\d+\.\d|-)( +)\[RSS\]", "[CPU]$2[RSS]");
+    settings.add_filter(r" +", " ");
+    settings
+}
+
+#[test]
+fn real_processes_tree() {
+    let t = tree();
+    let other = sleeper();
+    let root = t.root.pid();
+    let scenario = Scenario::new(
+        2,
+        &[
+            Holder::real(0, root, "4 GiB"),
+            Holder::real(1, t.grandchild, "2 GiB"),
+            Holder::real(0, other.pid(), "10 GiB"),
+            Holder::real(1, other.pid(), "1 GiB"),
+        ],
+    );
+    let report =
+        json_of(vramctl(scenario.path()).args(["ps", "--tree", "--json", "--cpu-interval", "0"]));
+    assert_eq!(report["tree"], true);
+    let me = u64::from(std::process::id());
+    // Depth first: the 11 GiB sleeper, then the tree: root, middle (no GPU), grandchild.
+    assert_eq!(
+        pids(&report),
+        [
+            u64::from(other.pid()),
+            u64::from(root),
+            u64::from(t.middle),
+            u64::from(t.grandchild)
+        ]
+    );
+    let list = processes(&report);
+    assert_eq!(list[0]["used_bytes"], 11 * GIB);
+    assert_eq!(list[0]["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(list[0]["ppid"], me);
+    assert_eq!(list[0]["tree_parent"], Value::Null);
+    assert_eq!(list[2]["tree_parent"], root);
+    assert_eq!(list[2]["gpus"], serde_json::json!([]));
+    assert_eq!(list[3]["tree_parent"], t.middle);
+    assert_eq!(list[1]["children"], serde_json::json!([t.middle]));
+    let my_uid = vramctl_core::procinfo::read_status(std::process::id())
+        .unwrap()
+        .uid_real
+        .unwrap();
+    for p in list {
+        assert_eq!(p["visible"], true);
+        assert_eq!(p["uid"], my_uid);
+        assert!(p["user"].is_string());
+        assert!(p["start_time_ticks"].as_u64().is_some());
+        assert!(p["rss_bytes"].as_u64().is_some());
+        assert_eq!(p["zombie"], false);
+        assert!(p["started_at"].as_str().unwrap().ends_with('Z'));
+    }
+
+    let out = stdout_of(vramctl(scenario.path()).args(["ps", "--tree", "--cpu-interval", "0"]));
+    real_table_settings(&[
+        (other.pid(), "[OTHER]"),
+        (root, "[ROOT]"),
+        (t.middle, "[MIDDLE]"),
+        (t.grandchild, "[GRANDCHILD]"),
+        (std::process::id(), "[TEST]"),
+    ])
+    .bind(|| insta::assert_snapshot!("ps_real_tree", out));
+}
+
+#[test]
+fn filters_and_sorting() {
+    let small = sleeper();
+    let big = sleeper();
+    let ghost = unused_pids(1)[0];
+    let scenario = Scenario::new(
+        2,
+        &[
+            Holder::real(0, small.pid(), "1 GiB"),
+            Holder::real(1, big.pid(), "6 GiB"),
+            Holder::fictional(0, ghost, "3 GiB"),
+        ],
+    );
+    let ps = |args: &[&str]| {
+        let mut all = vec!["ps", "--json", "--cpu-interval", "0"];
+        all.extend_from_slice(args);
+        json_of(vramctl(scenario.path()).args(all))
+    };
+    let (s, b, g) = (
+        u64::from(small.pid()),
+        u64::from(big.pid()),
+        u64::from(ghost),
+    );
+    assert_eq!(pids(&ps(&[])), [b, g, s], "by memory");
+    let mut by_pid = vec![s, b, g];
+    by_pid.sort_unstable();
+    assert_eq!(pids(&ps(&["--sort", "pid"])), by_pid);
+    let mut min_mem = vec![b, g];
+    min_mem.sort_by_key(|p| std::cmp::Reverse(if *p == b { 6 } else { 3 }));
+    assert_eq!(pids(&ps(&["--min-mem", "2GiB"])), min_mem);
+    assert_eq!(pids(&ps(&["--gpu", "1"])), [b]);
+    assert_eq!(pids(&ps(&["--match", "^sleep"])), [b, s]);
+    let me = vramctl_core::procinfo::read_status(std::process::id())
+        .unwrap()
+        .uid_real
+        .unwrap()
+        .to_string();
+    assert_eq!(pids(&ps(&["--user", &me])), [b, s]);
+    let nobody = ps(&["--user", "no-such-user-here"]);
+    assert!(pids(&nobody).is_empty());
+    assert_eq!(
+        nobody["unaccounted"],
+        serde_json::json!([]),
+        "hidden under --user"
+    );
+    assert_eq!(ps(&[])["unaccounted"][0]["bytes"], GIB);
+    // The oldest first: the two sleepers started in order (or in the same tick).
+    let by_age = pids(&ps(&["--sort", "age"]));
+    assert_eq!(by_age.len(), 3);
+}
+
+#[test]
+fn a_zombie_is_flagged() {
+    let mut zombie = std::process::Command::new("true").spawn().expect("true");
+    assert!(crate::real_processes::ends(zombie.id()));
+    // Not `real`: the fake lists it whatever its state, as a driver that still lists it.
+    let scenario = Scenario::new(1, &[Holder::fictional(0, zombie.id(), "2 GiB")]);
+    let report = json_of(vramctl(scenario.path()).args(["ps", "--json", "--cpu-interval", "0"]));
+    let p = &processes(&report)[0];
+    assert_eq!(p["zombie"], true);
+    assert_eq!(p["state"], "Z");
+    let out = stdout_of(vramctl(scenario.path()).args(["ps", "--cpu-interval", "0"]));
+    assert!(
+        out.contains(&format!(
+            "PID {} is a zombie: it has exited; its parent (PID {}) must reap it",
+            zombie.id(),
+            std::process::id()
+        )),
+        "{out}"
+    );
+    zombie.wait().expect("reap");
+}
+
+#[test]
+fn cpu_is_measured_over_an_interval_by_default() {
+    let s = sleeper();
+    let scenario = Scenario::new(1, &[Holder::real(0, s.pid(), "1 GiB")]);
+    let report = json_of(vramctl(scenario.path()).args(["ps", "--json", "--cpu-interval", "0.05"]));
+    assert_eq!(report["cpu_interval_s"], 0.05);
+    // A sleeping process uses no CPU.
+    assert_eq!(processes(&report)[0]["cpu_percent"], 0.0);
+}
+
+#[test]
+fn an_idle_gpu_has_no_rows() {
+    let out = stdout_of(vramctl_on("h200-idle.toml").args(["ps", "--cpu-interval", "0"]));
+    assert_eq!(out, "no process holds GPU memory\n");
+}
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    for args in [
+        &["ps", "--match", "("][..],
+        &["ps", "--min-mem", "lots"],
+        &["ps", "--cpu-interval", "-1"],
+        &["ps", "--gpu", "7"],
+        &["ps", "--sort", "size"],
+    ] {
+        let output = vramctl_on("h200-idle.toml").args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+/// The backticked names in the first column of the tables under `heading` in docs/json.md,
+/// up to the next `## ` heading.
+pub fn documented_keys(heading: &str) -> Vec<String> {
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/json.md"),
+    )
+    .expect("docs/json.md");
+    let section = docs
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .unwrap_or_else(|| panic!("no section {heading:?} in docs/json.md"));
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .flat_map(|l| {
+            let cell = l.split(" |").next().unwrap_or_default();
+            cell.split(", ")
+                .map(|k| k.trim_matches('`').to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn json_keys_are_the_documented_ones() {
+    let t = tree();
+    let scenario = Scenario::new(1, &[Holder::real(0, t.root.pid(), "1 GiB")]);
+    let report =
+        json_of(vramctl(scenario.path()).args(["ps", "--json", "--tree", "--cpu-interval", "0"]));
+    let documented = documented_keys("`vramctl ps --json`");
+    let mut keys: Vec<&String> = report.as_object().unwrap().keys().collect();
+    keys.extend(processes(&report)[0].as_object().unwrap().keys());
+    for key in keys {
+        assert!(documented.contains(key), "'{key}' is not in docs/json.md");
+    }
+    for key in [
+        "schema",
+        "processes",
+        "pid",
+        "gpus",
+        "tree_parent",
+        "container_id",
+    ] {
+        assert!(documented.iter().any(|d| d == key), "{key}");
+    }
+}
