@@ -5,6 +5,8 @@ pub mod export;
 pub mod history;
 pub mod import;
 pub mod info;
+pub mod leaks;
+pub mod plot;
 pub mod record;
 pub mod serve;
 pub mod status;
@@ -28,6 +30,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Export(args) => export::run(&cli.global, args),
         Command::Import(args) => import::run(&cli.global, args),
         Command::Top(args) => top::run(&cli.global, args),
+        Command::Leaks(args) => leaks::run(&cli.global, args),
+        Command::Plot(args) => plot::run(&cli.global, args),
     }
 }
 

@@ -849,18 +849,18 @@ pub type PlotPoint = (i64, Option<u64>);
 
 /// One panel of a memory chart, in the renderer's terms but without naming it
 /// (`output/chart.rs` maps it one to one: `plot` is the only caller).
-// `vramctl plot` (cmd/plot.rs) is wired when the renderer (branch `plot`) is merged here.
-#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlotPanel {
-    /// `GPU 0  NVIDIA H200  GPU-7778da7f…`.
+    /// The device's UUID.
+    pub device_uuid: String,
+    /// `GPU 0 · NVIDIA H200 · GPU-7778da7f…`.
     pub title: String,
     /// Installed memory, drawn as the ceiling.
     pub ceiling_bytes: Option<u64>,
     /// Device memory used, `None` where a gap breaks the line.
     pub device: Vec<PlotPoint>,
-    /// Per process: a label (`4242 alice python train.py`) and its points.
-    pub processes: Vec<(String, Vec<PlotPoint>)>,
+    /// Per process: its PID, a label (`python train.py [4242]`) and its points.
+    pub processes: Vec<(u32, String, Vec<PlotPoint>)>,
     /// Gaps on this device: `(from ms, to ms, reason)`.
     pub gaps: Vec<(i64, i64, String)>,
 }
@@ -872,7 +872,6 @@ pub struct PlotPanel {
 ///
 /// # Errors
 /// When the store fails.
-#[cfg_attr(not(test), allow(dead_code))]
 pub fn plot_panels(
     store: &mut Store,
     range: TimeRange,
@@ -931,12 +930,10 @@ pub fn plot_panels(
     let gaps = store.gaps(range)?;
     let mut panels = Vec::new();
     for dev in devices {
-        let title = format!(
-            "GPU {}  {}  {}",
-            gpu_label(dev),
-            dev.meta.name.as_deref().unwrap_or(""),
-            dev.meta.uuid
-        );
+        let title = match &dev.meta.name {
+            Some(name) => format!("GPU {} · {name} · {}", gpu_label(dev), dev.meta.uuid),
+            None => format!("GPU {} · {}", gpu_label(dev), dev.meta.uuid),
+        };
         let device = peaks.get(&(dev.id, None)).map(line).unwrap_or_default();
         let mut procs = Vec::new();
         for ((d, p), values) in &peaks {
@@ -946,13 +943,12 @@ pub fn plot_panels(
             let Some(record) = processes.get(p) else {
                 continue;
             };
-            let label = format!(
-                "{} {} {}",
-                record.meta.key.pid,
-                record.meta.user.as_deref().unwrap_or("-"),
-                record.meta.command.as_deref().unwrap_or("")
-            );
-            procs.push((label.trim_end().to_owned(), line(values)));
+            let pid = record.meta.key.pid;
+            let label = match record.meta.command.as_deref() {
+                Some(command) if !command.is_empty() => format!("{command} [{pid}]"),
+                _ => format!("PID {pid}"),
+            };
+            procs.push((pid, label, line(values)));
         }
         let dev_gaps = gaps
             .iter()
@@ -966,7 +962,8 @@ pub fn plot_panels(
             continue;
         }
         panels.push(PlotPanel {
-            title: title.replace("    ", "  "),
+            device_uuid: dev.meta.uuid.clone(),
+            title,
             ceiling_bytes: totals.get(&dev.id).copied(),
             device,
             processes: procs,
@@ -1044,7 +1041,9 @@ mod plot_tests {
             ]
         );
         assert_eq!(p.processes.len(), 1);
-        assert!(p.processes[0].0.starts_with("7 "), "{:?}", p.processes[0].0);
+        assert_eq!(p.processes[0].0, 7);
+        assert_eq!(p.processes[0].1, "PID 7");
+        assert_eq!(p.title, "GPU 0 · NVIDIA H200 · GPU-a");
         assert_eq!(p.gaps.len(), 1);
         assert_eq!(p.gaps[0].2, "GPU lost");
     }

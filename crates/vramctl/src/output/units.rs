@@ -72,9 +72,71 @@ pub fn memory_bar(used: u64, reserved: u64, total: u64, width: usize) -> String 
     )
 }
 
+/// A size as people type it: `1GiB`, `512 MiB`, `1.5G`, `2GB`, `1073741824`. `K`, `M`, `G`,
+/// `T` alone are binary, as nvidia-smi's MiB; `kB`, `MB`, `GB`, `TB` decimal.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit() && c != '.' && c != '_')
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let value: f64 = number.replace('_', "").parse().map_err(|_| {
+        format!("'{text}' is not a size; use a number with a unit, like 1GiB or 512MiB")
+    })?;
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "K" | "KiB" | "k" => 1024.0,
+        "M" | "MiB" => 1024.0 * 1024.0,
+        "G" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "T" | "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kB" | "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        other => {
+            return Err(format!(
+                "'{text}' has an unknown unit '{other}'; use B, KiB, MiB, GiB, TiB (or kB, MB, GB, TB)"
+            ));
+        }
+    };
+    let bytes = (value * scale).round();
+    if !bytes.is_finite() || !(0.0..1.8e19).contains(&bytes) {
+        return Err(format!("'{text}' is out of range"));
+    }
+    // Checked above: finite, non-negative, below u64::MAX.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes(" 512 MiB "), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("1_024"), Ok(1024));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert!(
+            parse_bytes("lots")
+                .unwrap_err()
+                .contains("'lots' is not a size")
+        );
+        assert!(
+            parse_bytes("1 parsec")
+                .unwrap_err()
+                .contains("unknown unit 'parsec'")
+        );
+        assert!(parse_bytes("1e30").is_err());
+        assert!(
+            parse_bytes("99999999999TiB")
+                .unwrap_err()
+                .contains("out of range")
+        );
+    }
 
     #[test]
     fn bytes_pick_a_readable_unit() {
