@@ -26,7 +26,7 @@ use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
     TrendTest, Verdict, explain,
 };
-use vramctl_store::format::{Format, ImportOptions, import_files, rfc3339, sniff};
+use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rfc3339, sniff};
 use vramctl_store::{DeviceRecord, OpenMode, Store, TimeRange, parse_duration_ms};
 
 pub use scan::{Finding, analyse};
@@ -222,7 +222,13 @@ fn read_files(
             options.format = Some(sniff(first, &text, None)?);
         }
     }
-    let report = import_files(store, &args.files, &options)?;
+    let report = import_files(store, &args.files, &options).map_err(|e| match e {
+        // Import's own hint speaks of `import --strict`; here the switch is another.
+        ImportError::Bad(row) => {
+            anyhow!("{row}; fix or remove the line, or pass --skip-bad-rows to analyse the rest")
+        }
+        other => anyhow::Error::from(other),
+    })?;
     let mut err = std::io::stderr().lock();
     for bad in report.skipped.iter().take(LIST_AT_MOST) {
         let _ = writeln!(err, "vramctl: skipped {bad}");

@@ -58,6 +58,15 @@ pub fn run(global: &GlobalArgs, args: &PlotArgs) -> anyhow::Result<Exit> {
         )?
     };
     let tz = source.tz.clone();
+    // The title names the time the data covers (the range asked may be wider).
+    let times = panels.iter().flat_map(|p| {
+        p.device
+            .iter()
+            .chain(p.processes.iter().flat_map(|(_, _, points)| points.iter()))
+            .filter(|(_, bytes)| bytes.is_some())
+            .map(|(t, _)| *t)
+    });
+    let (from, to) = times.fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
     let mut chart_panels = Vec::with_capacity(panels.len());
     let (mut marks, mut idle_spans) = (0, 0);
     for p in panels {
@@ -124,9 +133,6 @@ pub fn run(global: &GlobalArgs, args: &PlotArgs) -> anyhow::Result<Exit> {
         }
         chart_panels.push(panel);
     }
-    let (from, to) = (source.range.from_ms, source.range.to_ms);
-    let bounds = source.store.time_bounds()?.unwrap_or((from, to));
-    let (from, to) = (from.max(bounds.0), to.min(bounds.1));
     let title = format!(
         "GPU memory, {} → {}",
         clock(&tz, from, true),

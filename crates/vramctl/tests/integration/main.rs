@@ -4,6 +4,7 @@
 mod harness;
 mod history;
 mod info;
+mod leaks;
 mod serve;
 mod status;
 mod top;
