@@ -21,13 +21,13 @@ fn testdata(name: &str) -> PathBuf {
 
 /// `labeled-trace.ndjson.gz` decompressed into `dir`.
 fn h200_trace(dir: &Path) -> PathBuf {
-    let file = std::fs::File::open(testdata("labeled-trace.ndjson.gz")).unwrap();
+    let file = std::fs::File::open(testdata("labeled-trace.ndjson.gz")).expect("test helper");
     let mut text = String::new();
     flate2::read::GzDecoder::new(file)
         .read_to_string(&mut text)
-        .unwrap();
+        .expect("test helper");
     let path = dir.join("trace.ndjson");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, text).expect("test helper");
     path
 }
 
@@ -42,12 +42,12 @@ fn leaks() -> assert_cmd::Command {
 fn verdicts(json: &Value) -> BTreeMap<u64, String> {
     json["series"]
         .as_array()
-        .unwrap()
+        .expect("test helper")
         .iter()
         .map(|s| {
             (
-                s["pid"].as_u64().unwrap(),
-                s["verdict"].as_str().unwrap().to_owned(),
+                s["pid"].as_u64().expect("test helper"),
+                s["verdict"].as_str().expect("test helper").to_owned(),
             )
         })
         .collect()
@@ -64,14 +64,14 @@ fn leaking(json: &Value) -> Vec<u64> {
 /// When the workloads started leaking (`testdata/h200/labels.jsonl`), Unix ms.
 fn leak_starts() -> BTreeMap<u64, i64> {
     std::fs::read_to_string(testdata("labels.jsonl"))
-        .unwrap()
+        .expect("test helper")
         .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|l| serde_json::from_str::<Value>(l).expect("test helper"))
         .filter(|v| v["event"] == "leak_start")
         .map(|v| {
             (
-                v["pid"].as_u64().unwrap(),
-                (v["t"].as_f64().unwrap() * 1000.0) as i64,
+                v["pid"].as_u64().expect("test helper"),
+                (v["t"].as_f64().expect("test helper") * 1000.0) as i64,
             )
         })
         .collect()
@@ -80,9 +80,9 @@ fn leak_starts() -> BTreeMap<u64, i64> {
 fn unix_ms(rfc3339: &Value) -> i64 {
     rfc3339
         .as_str()
-        .unwrap()
+        .expect("test helper")
         .parse::<jiff::Timestamp>()
-        .unwrap()
+        .expect("test helper")
         .as_millisecond()
 }
 
@@ -260,7 +260,7 @@ memory = "3 GiB"
         steps.join(", ")
     );
     let path = dir.join("scenario.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, text).expect("test helper");
     path
 }
 
@@ -272,7 +272,7 @@ fn record(scenario: &Path, db: &Path, ticks: u64) {
         .args(["record", "--interval", "1s", "--ticks", &ticks.to_string()])
         .args(["--simulated-clock", &T0.to_string()])
         .output()
-        .unwrap();
+        .expect("test helper");
     assert!(
         out.status.success(),
         "{}",
@@ -536,10 +536,12 @@ fn malformed_input_is_one_line_with_file_and_line() {
 }
 
 fn decode_png(path: &Path) -> (u32, u32, Vec<u8>) {
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(path).expect("test helper"),
+    ));
+    let mut reader = decoder.read_info().expect("test helper");
+    let mut buf = vec![0; reader.output_buffer_size().expect("test helper")];
+    let info = reader.next_frame(&mut buf).expect("test helper");
     buf.truncate(info.buffer_size());
     (info.width, info.height, buf)
 }
