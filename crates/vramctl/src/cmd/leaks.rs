@@ -698,3 +698,72 @@ fn document(source: &Source, findings: &[Finding], cfg: &LeakConfig) -> Document
         idle_holders: count(Verdict::IdleHolder),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn analysis(min_idle_mem: &str, idle_for: &str, warmup: &str) -> AnalysisArgs {
+        AnalysisArgs {
+            min_idle_mem: min_idle_mem.into(),
+            idle_for: idle_for.into(),
+            warmup: warmup.into(),
+        }
+    }
+
+    #[test]
+    fn thresholds_map_to_the_analysis_and_bad_ones_are_named() {
+        let cfg = leak_config(&analysis("1GiB", "30m", "0s")).unwrap();
+        assert_eq!(cfg, LeakConfig::default());
+        let cfg = leak_config(&analysis("512MiB", "2h", "5m")).unwrap();
+        assert_eq!(cfg.min_idle_bytes, 512 << 20);
+        assert_eq!(cfg.idle_for, Duration::from_secs(7200));
+        assert_eq!(cfg.min_warmup, Duration::from_secs(300));
+        for (args, needle) in [
+            (
+                analysis("x", "30m", "0s"),
+                "--min-idle-mem: 'x' is not a size",
+            ),
+            (analysis("1GiB", "soon", "0s"), "--idle-for: 'soon'"),
+            (
+                analysis("1GiB", "0s", "0s"),
+                "--idle-for '0s' must be longer than 0",
+            ),
+            (
+                analysis("1GiB", "30m", "1h"),
+                "--warmup '1h' is longer than",
+            ),
+        ] {
+            let err = leak_config(&args).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn commands_are_cut_and_times_are_local() {
+        assert_eq!(short_command("python train.py"), "python train.py");
+        let long = "python -m torch.distributed.run --nproc-per-node 8 train.py";
+        let cut = short_command(long);
+        assert_eq!(cut.chars().count(), COMMAND_CHARS);
+        assert!(cut.ends_with('…'));
+        let paris = TimeZone::get("Europe/Paris").unwrap();
+        // 2026-11-29T20:31:31Z is 21:31:31 in Paris (CET).
+        assert_eq!(clock(&paris, 1_795_984_291_000, false), "21:31:31");
+        assert_eq!(
+            clock(&TimeZone::UTC, 1_795_984_291_000, true),
+            "2026-11-29 20:31:31"
+        );
+        assert!(same_day(
+            &TimeZone::UTC,
+            1_795_984_291_000,
+            1_795_984_291_000 + 3_600_000
+        ));
+        assert!(!same_day(
+            &paris,
+            1_795_984_291_000,
+            1_795_984_291_000 + 3 * 3_600_000
+        ));
+        assert!(rank(Verdict::Leak) < rank(Verdict::IdleHolder));
+        assert!(rank(Verdict::Growing) < rank(Verdict::Stable));
+    }
+}

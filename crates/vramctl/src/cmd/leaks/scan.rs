@@ -360,3 +360,177 @@ fn resolve(
         _ => Role::Skip,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use vramctl_core::analysis::{Evidence, Verdict};
+    use vramctl_store::{
+        DeviceMeta, DeviceSample, DeviceSampleState, Observed, ProcessKey, ProcessList,
+        ProcessMeta, ProcessOnDevice, ProcessSample, TickSample,
+    };
+
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const T0: i64 = 1_795_984_200_000;
+
+    /// One GPU (total 100 GiB, utilization `util`) with `(pid, bytes, cpu ticks)`.
+    fn tick(t: i64, util: u64, procs: &[(u32, u64, Option<u64>)]) -> TickSample {
+        let used: u64 = procs.iter().map(|p| p.1).sum();
+        TickSample {
+            at_unix_ms: t,
+            devices: vec![DeviceSample {
+                device: DeviceMeta {
+                    uuid: "GPU-a".into(),
+                    index: Some(0),
+                    name: Some("NVIDIA H200".into()),
+                    ..DeviceMeta::default()
+                },
+                state: DeviceSampleState::Read {
+                    metrics: vec![
+                        (Metric::UsedBytes, Observed::Value(used)),
+                        (Metric::FreeBytes, Observed::Value(100 * GIB - used)),
+                        (Metric::TotalBytes, Observed::Value(100 * GIB)),
+                        (Metric::UtilizationGpuPercent, Observed::Value(util)),
+                    ],
+                    processes: ProcessList::Observed(
+                        procs
+                            .iter()
+                            .map(|&(pid, bytes, _)| ProcessOnDevice {
+                                pid,
+                                used_bytes: Some(bytes),
+                                sm_percent: None,
+                            })
+                            .collect(),
+                    ),
+                },
+            }],
+            processes: procs
+                .iter()
+                .map(|&(pid, _, cpu)| ProcessSample {
+                    meta: ProcessMeta {
+                        key: ProcessKey {
+                            boot_id: Some("b".into()),
+                            pid,
+                            start_time_ticks: Some(u64::from(pid)),
+                        },
+                        command: Some(format!("job {pid}")),
+                        ..ProcessMeta::default()
+                    },
+                    cpu_ticks: cpu,
+                })
+                .collect(),
+            ..TickSample::default()
+        }
+    }
+
+    fn run(store: &mut Store, cfg: &LeakConfig) -> Vec<Finding> {
+        let devices = store.devices().unwrap();
+        analyse(store, TimeRange::ALL, &devices, &[], cfg).unwrap()
+    }
+
+    fn finding(findings: &[Finding], pid: u32) -> &Finding {
+        findings
+            .iter()
+            .find(|f| f.process.as_ref().map(|p| p.meta.key.pid) == Some(pid))
+            .unwrap()
+    }
+
+    #[test]
+    fn cpu_time_read_every_10_s_is_idle_evidence_and_absence_is_a_gap() {
+        let mut store = Store::open_in_memory().unwrap();
+        // 300 s at 1 s on a busy shared GPU. PID 1 holds 4 GiB and uses no CPU (its CPU
+        // time is read every 10 s, as `record` does); PID 2 uses a core; PID 2 is missing
+        // from the list for 5 s in the middle.
+        for i in 0..300 {
+            let cpu_due = i % 10 == 0;
+            let mut procs = vec![(1, 4 * GIB, cpu_due.then_some(500))];
+            if !(100..105).contains(&i) {
+                procs.push((
+                    2,
+                    2 * GIB,
+                    cpu_due.then_some(100 * u64::try_from(i).unwrap()),
+                ));
+            }
+            store.append(&tick(T0 + i * 1000, 90, &procs)).unwrap();
+        }
+        let cfg = LeakConfig {
+            idle_for: Duration::from_secs(120),
+            ..LeakConfig::default()
+        };
+        let findings = run(&mut store, &cfg);
+        assert_eq!(findings.len(), 2);
+        let idle = &finding(&findings, 1).report;
+        assert_eq!(idle.verdict, Verdict::IdleHolder, "{}", idle.explanation);
+        assert_eq!(idle.idle.evidence, vec![Evidence::CpuTime]);
+        assert_eq!(idle.samples, 300);
+        assert_eq!(idle.gaps, 0);
+        let busy = &finding(&findings, 2).report;
+        assert_eq!(busy.verdict, Verdict::Stable, "{}", busy.explanation);
+        assert_eq!(busy.gaps, 1);
+        assert_eq!(busy.samples, 295);
+        // Process start: both were there when the history began.
+        assert_eq!(finding(&findings, 1).total_bytes, Some(100 * GIB));
+        // Time to full uses the device's free memory at the process's last sample.
+        assert_eq!(busy.time_to_full_sec, None);
+    }
+
+    #[test]
+    fn a_process_first_seen_before_the_range_is_judged_as_settled() {
+        let mut store = Store::open_in_memory().unwrap();
+        // PID 7 appears at 10 s and grows 2 MB/s (in 2 MiB steps) from then on, never
+        // plateauing. Over 700..900 s it has been running for more than the longest
+        // warm-up (10 min), so its growth is a leak; were its start unknown, the range's
+        // first sample would be its start and the growth warm-up.
+        for i in 0..900 {
+            let mut procs = vec![(1, GIB, None)];
+            if i >= 10 {
+                let grown = u64::try_from(i - 10).unwrap() * 2_000_000 / (2 << 20) * (2 << 20);
+                procs.push((7, GIB + grown, None));
+            }
+            store.append(&tick(T0 + i * 1000, 50, &procs)).unwrap();
+        }
+        let devices = store.devices().unwrap();
+        let range = TimeRange {
+            from_ms: T0 + 700_000,
+            to_ms: T0 + 900_000,
+        };
+        let findings = analyse(&mut store, range, &devices, &[], &LeakConfig::default()).unwrap();
+        let r = &finding(&findings, 7).report;
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.rule, Some(vramctl_core::analysis::LeakRule::SinceWarmUp));
+        // PID 1 was there when the history began: its start is unknown.
+        assert_eq!(finding(&findings, 1).report.verdict, Verdict::Stable);
+    }
+
+    #[test]
+    fn a_device_without_processes_is_judged_by_its_own_memory() {
+        let mut store = Store::open_in_memory().unwrap();
+        for i in 0..100 {
+            let mut t = tick(T0 + i * 1000, 0, &[]);
+            if let DeviceSampleState::Read { processes, metrics } = &mut t.devices[0].state {
+                *processes = ProcessList::NotObserved;
+                metrics[0].1 = Observed::Value(10 * GIB);
+            }
+            store.append(&t).unwrap();
+        }
+        let findings = run(&mut store, &LeakConfig::default());
+        assert_eq!(findings.len(), 1);
+        assert!(findings[0].process.is_none());
+        assert_eq!(findings[0].report.verdict, Verdict::Stable);
+        assert_eq!(findings[0].report.current_bytes, 10 * GIB);
+        // Asked for PIDs: no device series.
+        let devices = store.devices().unwrap();
+        let none = analyse(
+            &mut store,
+            TimeRange::ALL,
+            &devices,
+            &[42],
+            &LeakConfig::default(),
+        )
+        .unwrap();
+        assert!(none.is_empty());
+    }
+}
