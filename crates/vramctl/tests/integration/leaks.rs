@@ -335,6 +335,22 @@ fn a_recorded_history_gives_leaks_and_idle_holders_with_their_evidence() {
     let text = stdout_of(on_db(&db).args(["--idle-for", "1m", "--tz", "UTC"]));
     redactions().bind(|| insta::assert_snapshot!("leaks_recorded", text));
 
+    // The same history exported as vramctl NDJSON and analysed as a file: the same lines.
+    let export = dir.path().join("export.ndjson");
+    let ndjson = stdout_of(
+        vramctl_on("h200-idle.toml")
+            .arg("--db")
+            .arg(&db)
+            .arg("export"),
+    );
+    std::fs::write(&export, ndjson).unwrap();
+    let from_file = stdout_of(
+        leaks()
+            .arg(&export)
+            .args(["--idle-for", "1m", "--tz", "UTC"]),
+    );
+    assert_eq!(from_file, text);
+
     // --gpu, --pid and --since narrow it; --fail-on-leak.
     let json: Value =
         serde_json::from_str(&stdout_of(on_db(&db).args(["--json", "--gpu", "1"]))).unwrap();
