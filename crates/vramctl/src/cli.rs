@@ -79,6 +79,11 @@ pub enum Command {
     Export(ExportArgs),
     /// Read nvidia-smi CSV logs, GPU-Z sensor logs or vramctl NDJSON into the history
     Import(ImportArgs),
+    /// Leak and idle-holder verdicts per process, from the history, log files, or live
+    #[command(after_help = LEAKS_HELP)]
+    Leaks(LeaksArgs),
+    /// Draw memory over time per GPU and process as a PNG or SVG chart
+    Plot(PlotArgs),
 }
 
 #[derive(Debug, Args)]
@@ -314,6 +319,134 @@ pub struct ImportArgs {
     /// Column names of a CSV written with 'noheader' (the --query-gpu / --query-compute-apps list)
     #[arg(long, value_name = "LIST")]
     pub columns: Option<String>,
+}
+
+const LEAKS_HELP: &str = "\
+Sources: the history database (default, --db), log files given as arguments (nvidia-smi
+--query-gpu / --query-compute-apps CSV, vramctl NDJSON; analysed in memory, nothing is
+imported), or the GPUs now (--watch). Method and thresholds: docs/leaks.md.
+
+Exit codes:
+  0  analysed (leaks or not, unless --fail-on-leak)
+  1  --fail-on-leak and a process leaks (with --watch: at the first leak verdict)
+  2  usage or input error (bad flag, malformed file with its file:line, unreadable database)
+  3  --watch without a usable NVIDIA driver";
+
+/// Thresholds of the leak and idle analysis, shared by `leaks` and `plot`.
+#[derive(Debug, Args)]
+pub struct AnalysisArgs {
+    /// Idle holder: least memory held (e.g. 1GiB, 512MiB)
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    pub min_idle_mem: String,
+
+    /// Idle holder: least time without GPU activity (e.g. 30m, 2h)
+    #[arg(long, value_name = "DURATION", default_value = "30m")]
+    pub idle_for: String,
+
+    /// Growth within this time of a process's start is warm-up, never a leak (e.g. 5m)
+    #[arg(long, value_name = "DURATION", default_value = "0s")]
+    pub warmup: String,
+}
+
+/// Where the samples of `leaks` and `plot` come from, besides the history database.
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Log files to analyse instead of the history (nvidia-smi CSV, vramctl NDJSON; merged
+    /// by time, nothing is imported)
+    #[arg(value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+
+    /// Format of the files
+    #[arg(long, value_enum, default_value_t = ImportFormat::Auto)]
+    pub format: ImportFormat,
+
+    /// Column names of a CSV written with 'noheader'
+    #[arg(long, value_name = "LIST")]
+    pub columns: Option<String>,
+
+    /// Skip malformed rows of the files (each is listed on stderr) instead of stopping at
+    /// the first
+    #[arg(long)]
+    pub skip_bad_rows: bool,
+
+    /// Start: a duration back from now (10m), 'all', RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]'
+    /// local; default: for the history, the 24 hours before its last sample; for files,
+    /// everything
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+
+    /// End (same forms as --since); default: the last sample
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+
+    /// Only these devices (index or UUID; repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    pub gpu: Vec<String>,
+
+    /// Only these processes (PIDs; repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "PID")]
+    pub pid: Vec<u32>,
+
+    /// Time zone of times shown, and of log timestamps without one (nvidia-smi writes
+    /// local time); default: the system's
+    #[arg(long, value_name = "TZ")]
+    pub tz: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LeaksArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+
+    /// Print JSON (schema in docs/json.md); with --watch, one object per change (NDJSON)
+    #[arg(long)]
+    pub json: bool,
+
+    /// Exit 1 when a process leaks (for CI jobs that guard against leaks)
+    #[arg(long)]
+    pub fail_on_leak: bool,
+
+    /// Watch the GPUs now and print a line whenever a verdict changes
+    #[arg(long, conflicts_with_all = ["files", "since", "until"])]
+    pub watch: bool,
+
+    /// With --watch: time between samples (e.g. 1s, 500ms; at least 50ms)
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "1s",
+        requires = "watch"
+    )]
+    pub interval: String,
+
+    /// With --watch: stop after N samples
+    #[arg(long, value_name = "N", requires = "watch")]
+    pub count: Option<u64>,
+
+    /// Test only: with --watch, time starts at this Unix time in ms and moves by --interval
+    /// per sample, without waiting
+    #[arg(long, hide = true, value_name = "UNIX_MS", requires = "watch")]
+    pub simulated_clock: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+
+    /// The chart file; .png or .svg
+    #[arg(short, long, value_name = "FILE", default_value = "vramctl-memory.png")]
+    pub output: PathBuf,
+
+    /// Do not run the leak analysis (no leak onsets or idle periods on the chart)
+    #[arg(long)]
+    pub no_analysis: bool,
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,8 @@ pub mod history;
 pub mod import;
 pub mod info;
 pub mod kill;
+pub mod leaks;
+pub mod plot;
 pub mod ps;
 pub mod record;
 pub mod serve;
@@ -32,6 +34,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Top(args) => top::run(&cli.global, args),
         Command::Ps(args) => ps::run(&cli.global, args),
         Command::Kill(args) => kill::run(&cli.global, args),
+        Command::Leaks(args) => leaks::run(&cli.global, args),
+        Command::Plot(args) => plot::run(&cli.global, args),
     }
 }
 

@@ -61,13 +61,17 @@ fn main() -> ExitCode {
 /// instead of its multi-line usage block: errors are one line.
 fn usage_error_line(err: &clap::Error) -> String {
     let text = err.to_string();
-    let first = text
-        .lines()
-        .find(|l| !l.trim().is_empty())
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let mut first = lines
+        .next()
         .unwrap_or("invalid command line")
         .trim_start_matches("error: ")
-        .trim();
-    format!("{first}; see 'vramctl --help'")
+        .to_owned();
+    // "the following required arguments were not provided:" names them on the next line.
+    if let Some(stem) = first.strip_suffix(':') {
+        first = format!("{stem}: {}", lines.next().unwrap_or(""));
+    }
+    format!("{}; see 'vramctl --help'", first.trim())
 }
 
 fn init_logging(

@@ -849,18 +849,18 @@ pub type PlotPoint = (i64, Option<u64>);
 
 /// One panel of a memory chart, in the renderer's terms but without naming it
 /// (`output/chart.rs` maps it one to one: `plot` is the only caller).
-// `vramctl plot` (cmd/plot.rs) is wired when the renderer (branch `plot`) is merged here.
-#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlotPanel {
-    /// `GPU 0  NVIDIA H200  GPU-7778da7f…`.
+    /// The device's UUID.
+    pub device_uuid: String,
+    /// `GPU 0 · NVIDIA H200 · GPU-7778da7f…`.
     pub title: String,
     /// Installed memory, drawn as the ceiling.
     pub ceiling_bytes: Option<u64>,
     /// Device memory used, `None` where a gap breaks the line.
     pub device: Vec<PlotPoint>,
-    /// Per process: a label (`4242 alice python train.py`) and its points.
-    pub processes: Vec<(String, Vec<PlotPoint>)>,
+    /// Per process: its PID, a label (`python train.py [4242]`) and its points.
+    pub processes: Vec<(u32, String, Vec<PlotPoint>)>,
     /// Gaps on this device: `(from ms, to ms, reason)`.
     pub gaps: Vec<(i64, i64, String)>,
 }
@@ -872,7 +872,6 @@ pub struct PlotPanel {
 ///
 /// # Errors
 /// When the store fails.
-#[cfg_attr(not(test), allow(dead_code))]
 pub fn plot_panels(
     store: &mut Store,
     range: TimeRange,
@@ -889,35 +888,71 @@ pub fn plot_panels(
         .filter(|(_, p)| pids.is_empty() || pids.contains(&p.meta.key.pid))
         .collect();
     let wanted: HashMap<i64, &DeviceRecord> = devices.iter().map(|d| (d.id, d)).collect();
-    // Bucket times in order, and per (device, process or None) the max per bucket.
+    // Bucket times in order, and per (device, process or None) the max per bucket. What a
+    // series id is to the chart is resolved once: a day of 240 series is 20 M entries.
+    #[derive(Clone, Copy)]
+    enum Use {
+        Line(usize),
+        Total(i64),
+        Skip,
+    }
     let mut buckets: Vec<i64> = Vec::new();
-    let mut peaks: BTreeMap<(i64, Option<i64>), BTreeMap<i64, u64>> = BTreeMap::new();
+    let mut uses: Vec<Option<Use>> = Vec::new();
+    let mut keys: Vec<(i64, Option<i64>)> = Vec::new();
+    let mut values: Vec<Vec<(i64, u64)>> = Vec::new();
     let mut totals: HashMap<i64, u64> = HashMap::new();
     store.scan(range, |frame| {
         let b = frame.t_ms.div_euclid(step) * step;
         if buckets.last() != Some(&b) {
             buckets.push(b);
         }
-        for (s, e) in frame.iter() {
-            let Some(d) = s.device_id.filter(|d| wanted.contains_key(d)) else {
-                continue;
-            };
+        for (id, e) in frame.entries() {
+            let i = usize::try_from(id).unwrap_or(usize::MAX);
+            if i >= uses.len() {
+                uses.resize(i.saturating_add(1), None);
+            }
+            let usage = *uses[i].get_or_insert_with(|| {
+                let Some(s) = frame.series(id) else {
+                    return Use::Skip;
+                };
+                let Some(d) = s.device_id.filter(|d| wanted.contains_key(d)) else {
+                    return Use::Skip;
+                };
+                let key = match (s.metric, s.process_id) {
+                    (Metric::UsedBytes, None) => (d, None),
+                    (Metric::TotalBytes, None) => return Use::Total(d),
+                    (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => {
+                        (d, Some(p))
+                    }
+                    _ => return Use::Skip,
+                };
+                let k = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+                    keys.push(key);
+                    values.push(Vec::new());
+                    keys.len() - 1
+                });
+                Use::Line(k)
+            });
             let Some((_, max, last)) = e.min_max_last() else {
                 continue;
             };
-            let key = match (s.metric, s.process_id) {
-                (Metric::UsedBytes, None) => (d, None),
-                (Metric::TotalBytes, None) => {
+            match usage {
+                Use::Line(k) => match values[k].last_mut() {
+                    Some((at, peak)) if *at == b => *peak = (*peak).max(max),
+                    _ => values[k].push((b, max)),
+                },
+                Use::Total(d) => {
                     totals.insert(d, last);
-                    continue;
                 }
-                (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => (d, Some(p)),
-                _ => continue,
-            };
-            let peak = peaks.entry(key).or_default().entry(b).or_insert(0);
-            *peak = (*peak).max(max);
+                Use::Skip => {}
+            }
         }
     })?;
+    let peaks: BTreeMap<(i64, Option<i64>), BTreeMap<i64, u64>> = keys
+        .into_iter()
+        .zip(values)
+        .map(|(key, points)| (key, points.into_iter().collect()))
+        .collect();
     let line = |values: &BTreeMap<i64, u64>| -> Vec<PlotPoint> {
         let (Some(first), Some(last)) = (values.keys().next(), values.keys().next_back()) else {
             return Vec::new();
@@ -931,12 +966,10 @@ pub fn plot_panels(
     let gaps = store.gaps(range)?;
     let mut panels = Vec::new();
     for dev in devices {
-        let title = format!(
-            "GPU {}  {}  {}",
-            gpu_label(dev),
-            dev.meta.name.as_deref().unwrap_or(""),
-            dev.meta.uuid
-        );
+        let title = match &dev.meta.name {
+            Some(name) => format!("GPU {} · {name} · {}", gpu_label(dev), dev.meta.uuid),
+            None => format!("GPU {} · {}", gpu_label(dev), dev.meta.uuid),
+        };
         let device = peaks.get(&(dev.id, None)).map(line).unwrap_or_default();
         let mut procs = Vec::new();
         for ((d, p), values) in &peaks {
@@ -946,13 +979,12 @@ pub fn plot_panels(
             let Some(record) = processes.get(p) else {
                 continue;
             };
-            let label = format!(
-                "{} {} {}",
-                record.meta.key.pid,
-                record.meta.user.as_deref().unwrap_or("-"),
-                record.meta.command.as_deref().unwrap_or("")
-            );
-            procs.push((label.trim_end().to_owned(), line(values)));
+            let pid = record.meta.key.pid;
+            let label = match record.meta.command.as_deref() {
+                Some(command) if !command.is_empty() => format!("{command} [{pid}]"),
+                _ => format!("PID {pid}"),
+            };
+            procs.push((pid, label, line(values)));
         }
         let dev_gaps = gaps
             .iter()
@@ -966,7 +998,8 @@ pub fn plot_panels(
             continue;
         }
         panels.push(PlotPanel {
-            title: title.replace("    ", "  "),
+            device_uuid: dev.meta.uuid.clone(),
+            title,
             ceiling_bytes: totals.get(&dev.id).copied(),
             device,
             processes: procs,
@@ -1044,7 +1077,9 @@ mod plot_tests {
             ]
         );
         assert_eq!(p.processes.len(), 1);
-        assert!(p.processes[0].0.starts_with("7 "), "{:?}", p.processes[0].0);
+        assert_eq!(p.processes[0].0, 7);
+        assert_eq!(p.processes[0].1, "PID 7");
+        assert_eq!(p.title, "GPU 0 · NVIDIA H200 · GPU-a");
         assert_eq!(p.gaps.len(), 1);
         assert_eq!(p.gaps[0].2, "GPU lost");
     }

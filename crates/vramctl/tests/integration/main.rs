@@ -5,6 +5,7 @@ mod harness;
 mod history;
 mod info;
 mod kill;
+mod leaks;
 mod ps;
 mod real_processes;
 mod serve;

@@ -1,0 +1,276 @@
+//! `vramctl leaks --watch`: the GPUs now, one line whenever a verdict changes.
+//!
+//! One NVML session (per-process SM activity read where the driver has it), /proc read
+//! once per tick per GPU process for its start time (identity) and CPU time (idle
+//! evidence), and `FleetTracker` (`vramctl_core::analysis::live`) doing the rest. A series
+//! whose process has been gone for a minute prints an `ended` line. Stops after `--count`
+//! samples, on a signal, or — with `--fail-on-leak` — at the first leak (exit 1).
+//!
+//! Test only (hidden): `--simulated-clock UNIX_MS` makes time start there and move by
+//! `--interval` per sample without waiting; with the fake NVML's `step` clock a run is
+//! deterministic and instant.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use serde::Serialize;
+use vramctl_core::analysis::live::{FleetConfig, FleetTracker, ProcessFacts, SeriesKey};
+use vramctl_core::analysis::{LeakConfig, Verdict};
+use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::procinfo::{self, ProcReader};
+use vramctl_core::sanity::SanityLimits;
+use vramctl_core::{Backend, NvmlBackend, Sampler};
+use vramctl_store::format::rfc3339;
+use vramctl_store::parse_duration_ms;
+
+use super::{SCHEMA, SeriesJson, Who, clock, local_explanation, short_command};
+use crate::cli::{GlobalArgs, LeaksArgs};
+use crate::cmd::GpuFilter;
+use crate::cmd::history::time_zone;
+use crate::exit::Exit;
+
+/// Shortest `--interval`: below it NVML calls and /proc reads dominate.
+const MIN_INTERVAL_MS: i64 = 50;
+
+/// What is known about a series beyond the tracker: for the lines printed.
+struct Known {
+    label: String,
+    user: Option<String>,
+    command: Option<String>,
+    last: Option<Verdict>,
+}
+
+/// One `--json` line.
+#[derive(Debug, Serialize)]
+struct Event {
+    schema: u32,
+    /// `verdict` (a change) or `ended` (the process has been gone for a minute).
+    event: &'static str,
+    at: String,
+    /// The verdict before (`null` for a series' first).
+    from: Option<Verdict>,
+    /// For `ended`: who it was and its last verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ended: Option<Ended>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    series: Option<SeriesJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct Ended {
+    gpu_uuid: String,
+    pid: u32,
+    start_time_ticks: Option<u64>,
+    command: Option<String>,
+    last_verdict: Option<Verdict>,
+}
+
+/// Runs `leaks --watch`.
+pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Result<Exit> {
+    let interval_ms = parse_duration_ms(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
+    if interval_ms < MIN_INTERVAL_MS {
+        bail!(
+            "--interval '{}' is shorter than {MIN_INTERVAL_MS}ms; use 50ms or more",
+            args.interval
+        );
+    }
+    let tz = time_zone(args.source.tz.as_deref())?;
+    let manual = args.simulated_clock.map(ManualClock::new);
+    let clock_box: Box<dyn Clock> = match &manual {
+        Some(m) => Box::new(m.clone()),
+        None => Box::new(SystemClock),
+    };
+    let mut backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
+    backend.set_read_process_activity(true);
+    let mut sampler = Sampler::with_clock(backend, clock_box, SanityLimits::from_system())
+        .context("cannot list the GPUs")?;
+    let filter = GpuFilter::new(&args.source.gpu, sampler.devices())?;
+    let mut fleet = FleetTracker::new(FleetConfig {
+        leak: cfg,
+        ..FleetConfig::default()
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let mut host = Host::new();
+    let mut known: HashMap<SeriesKey, Known> = HashMap::new();
+    let stdout = std::io::stdout();
+    let started = Instant::now();
+    let mut ticks: u64 = 0;
+    loop {
+        let mut snapshot = sampler.tick();
+        snapshot.devices.retain(|d| filter.matches(&d.info));
+        let tick = fleet.observe(&snapshot, |pid| host.facts(pid));
+        let mut out = stdout.lock();
+        let mut leaked = false;
+        for c in &tick.changes {
+            let key = &c.key;
+            if !args.source.pid.is_empty() && !args.source.pid.contains(&key.pid) {
+                continue;
+            }
+            let place = fleet.place(key);
+            let label = place.map_or_else(|| "GPU ?".to_owned(), |p| p.label.clone());
+            let entry = known.entry(key.clone()).or_insert_with(|| {
+                let (user, command) = host.names(key.pid, sampler.backend_mut());
+                Known {
+                    label: label.clone(),
+                    user,
+                    command,
+                    last: None,
+                }
+            });
+            entry.last = Some(c.change.to);
+            leaked |= c.change.to == Verdict::Leak;
+            let report = &c.change.report;
+            if args.json {
+                let device = snapshot
+                    .devices
+                    .iter()
+                    .find(|d| d.info.uuid == key.device_uuid);
+                let event = Event {
+                    schema: SCHEMA,
+                    event: "verdict",
+                    at: rfc3339(c.change.at_unix_ms),
+                    from: c.change.from,
+                    ended: None,
+                    series: Some(SeriesJson::new(
+                        &Who {
+                            gpu_uuid: &key.device_uuid,
+                            gpu_index: place.map(|p| p.device_index),
+                            gpu_name: place.and_then(|p| p.device_name.as_deref()),
+                            gpu_total_bytes: device
+                                .and_then(|d| d.reading())
+                                .and_then(|r| r.memory)
+                                .map(|m| m.total_bytes),
+                            pid: Some(key.pid),
+                            start_time_ticks: key.start_time_ticks,
+                            user: entry.user.as_deref(),
+                            command: entry.command.as_deref(),
+                        },
+                        report,
+                    )),
+                };
+                serde_json::to_writer(&mut out, &event).context("cannot write JSON")?;
+                writeln!(out).context("cannot write to stdout")?;
+            } else {
+                let verdict = match c.change.from {
+                    Some(from) => format!("{} → {}", from.as_str(), c.change.to.as_str()),
+                    None => c.change.to.as_str().to_owned(),
+                };
+                writeln!(
+                    out,
+                    "{}  {label}  PID {} ({})  {verdict}  {}",
+                    clock(&tz, c.change.at_unix_ms, false),
+                    key.pid,
+                    short_command(entry.command.as_deref().unwrap_or("?")),
+                    local_explanation(report, &label, &tz, false),
+                )
+                .context("cannot write to stdout")?;
+            }
+        }
+        for key in &tick.forgotten {
+            let Some(gone) = known.remove(key) else {
+                continue;
+            };
+            if args.json {
+                let event = Event {
+                    schema: SCHEMA,
+                    event: "ended",
+                    at: rfc3339(snapshot.taken_at_unix_ms),
+                    from: None,
+                    ended: Some(Ended {
+                        gpu_uuid: key.device_uuid.clone(),
+                        pid: key.pid,
+                        start_time_ticks: key.start_time_ticks,
+                        command: gone.command,
+                        last_verdict: gone.last,
+                    }),
+                    series: None,
+                };
+                serde_json::to_writer(&mut out, &event).context("cannot write JSON")?;
+                writeln!(out).context("cannot write to stdout")?;
+            } else {
+                writeln!(
+                    out,
+                    "{}  {}  PID {} ({})  ended  gone for a minute; last verdict: {}",
+                    clock(&tz, snapshot.taken_at_unix_ms, false),
+                    gone.label,
+                    key.pid,
+                    short_command(gone.command.as_deref().unwrap_or("?")),
+                    gone.last.map_or("none", Verdict::as_str),
+                )
+                .context("cannot write to stdout")?;
+            }
+        }
+        out.flush().context("cannot write to stdout")?;
+        drop(out);
+        if args.fail_on_leak && leaked {
+            return Ok(Exit::ConditionHolds);
+        }
+        ticks += 1;
+        if args.count.is_some_and(|n| ticks >= n) {
+            return Ok(Exit::Ok);
+        }
+        match &manual {
+            Some(m) => m.advance_ms(interval_ms),
+            None => {
+                // Deadlines from the start, so the interval does not drift.
+                let next = started
+                    + Duration::from_millis(
+                        u64::try_from(interval_ms)
+                            .unwrap_or(1000)
+                            .saturating_mul(ticks),
+                    );
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        }
+    }
+}
+
+/// What /proc says about GPU processes: identity and CPU time every tick, names once.
+struct Host {
+    reader: ProcReader,
+    ticks_per_second: u64,
+    boot_unix_ms: Option<i64>,
+}
+
+impl Host {
+    fn new() -> Self {
+        Self {
+            reader: ProcReader::new(),
+            ticks_per_second: procfs::ticks_per_second().max(1),
+            boot_unix_ms: procfs::boot_time_secs()
+                .ok()
+                .and_then(|s| i64::try_from(s).ok())
+                .map(|s| s.saturating_mul(1000)),
+        }
+    }
+
+    /// Start time and CPU time of `pid` from one read of /proc/PID/stat; nothing for a
+    /// process in another PID namespace.
+    fn facts(&self, pid: u32) -> ProcessFacts {
+        let Some(cpu) = procinfo::cpu_time_ticks(pid) else {
+            return ProcessFacts::default();
+        };
+        let tps = self.ticks_per_second;
+        let ms = |ticks: u64| ticks.saturating_mul(1000) / tps;
+        ProcessFacts {
+            start_time_ticks: Some(cpu.start_time_ticks),
+            started_at_unix_ms: self.boot_unix_ms.map(|boot| {
+                boot.saturating_add(i64::try_from(ms(cpu.start_time_ticks)).unwrap_or(0))
+            }),
+            cpu_time_ms: Some(ms(cpu.cpu_ticks)),
+        }
+    }
+
+    /// User and command line, or the driver's name for a process /proc cannot see.
+    fn names(&mut self, pid: u32, backend: &mut dyn Backend) -> (Option<String>, Option<String>) {
+        match self.reader.details(pid) {
+            Some(d) => (
+                d.user.or_else(|| d.uid.map(|u| u.to_string())),
+                Some(d.command),
+            ),
+            None => (None, backend.process_name(pid)),
+        }
+    }
+}
