@@ -36,7 +36,8 @@ done
 cd - > /dev/null
 for p in "${pids[@]}"; do wait "$p"; done
 sleep 2
-kill -INT "$watch" 2>/dev/null
+# TERM, not INT: a background job of a non-interactive shell starts with SIGINT ignored.
+kill -TERM "$watch" 2>/dev/null
 kill -TERM "$rec" "$smi" 2>/dev/null
 wait 2>/dev/null
 

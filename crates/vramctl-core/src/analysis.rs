@@ -309,7 +309,7 @@ pub(crate) fn report(
         },
         cfg,
     );
-    let idle_report = idle.report(last.t_last);
+    let idle_report = idle.report(last.t_last, series.last_change_ms);
     let idle_holder = idle_report
         .idle_sec
         .is_some_and(|s| s >= cfg.idle_for.as_secs_f64())
@@ -860,10 +860,15 @@ mod tests {
 
     #[test]
     fn a_fold_fed_interleaved_equals_the_batch() {
-        // A sawtooth holder with all three kinds of evidence, interleaved per tick as a
-        // store scan delivers them.
+        // A sawtooth holder that stops allocating after 1500 s, with all three kinds of
+        // evidence, interleaved per tick as a store scan delivers them.
         let s = series(3000, 1000, |t| {
-            4 * GIB + if (t / 1000) % 60 < 30 { GIB } else { 0 }
+            4 * GIB
+                + if t < 1_500_000 && (t / 1000) % 60 < 30 {
+                    GIB
+                } else {
+                    0
+                }
         });
         let sm: Vec<SmSample> = (0..3000)
             .step_by(7)

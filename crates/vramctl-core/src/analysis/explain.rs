@@ -135,11 +135,20 @@ pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
             } else {
                 format!("not yet significant ({})", p_value(r.p_value()))
             };
-            format!(
-                "growing {}{since} ({}); {why}{full}",
-                rate(r.slope_bytes_per_sec),
-                signed_bytes(r.net_growth_bytes),
-            )
+            // A jump then a plateau (a process seen for its first seconds) has a median
+            // slope of zero: "growing 0.0 B/s" would contradict itself.
+            if r.slope_bytes_per_sec.abs() < 0.05 {
+                format!(
+                    "grew {}{since}; {why}{full}",
+                    signed_bytes(r.net_growth_bytes)
+                )
+            } else {
+                format!(
+                    "growing {}{since} ({}); {why}{full}",
+                    rate(r.slope_bytes_per_sec),
+                    signed_bytes(r.net_growth_bytes),
+                )
+            }
         }
         Verdict::Stable => {
             let settled = report.settled_unix_ms.map_or_else(String::new, |t| {

@@ -9,6 +9,15 @@
 //!   it proves activity only when the process is alone on the device;
 //! - **CPU time** from /proc: launching GPU work takes CPU, so a process that used at most
 //!   `cpu_idle_fraction` of a core did not keep the GPU busy. A busy CPU proves nothing.
+//!   The counter moves in 10 ms ticks, so it is judged over windows of at least
+//!   [`CPU_WINDOW_MS`]: over 100 ms one tick of a sleeping Python loop is 10 % of a core,
+//!   and such windows broke every idle span on a real H200 (`leaks --watch` at 100 ms never
+//!   called a 12 GiB holder that slept for 4 min idle).
+//!
+//! A change in the process's memory is activity too (it allocated or freed): on the H200 a
+//! request loop that allocates and frees 4 GiB every 5 s used 0.2 % of a core, and CPU time
+//! alone called it idle. [`IdleFold::report`] starts the current span no earlier than the
+//! last change.
 //!
 //! Each sample covers the time since the previous sample of its source. The fold keeps the
 //! current idle span (covered by idle evidence without a hole and with no activity in it)
@@ -130,6 +139,10 @@ struct Span {
     evidence: u8,
 }
 
+/// Shortest window over which CPU time is judged: at `cpu_idle_fraction` = 1 % a window of
+/// 10 s allows 10 ticks of 10 ms, so the counter's granularity no longer decides.
+pub(crate) const CPU_WINDOW_MS: i64 = 10_000;
+
 /// Most closed periods kept (the oldest are dropped first).
 const MAX_PERIODS: usize = 256;
 
@@ -218,6 +231,11 @@ impl IdleFold {
         if s.t_unix_ms <= prev.t_unix_ms {
             return;
         }
+        // The previous sample stays the base until the window is long enough to judge; a
+        // counter that went backwards (another process) restarts it at once.
+        if s.t_unix_ms - prev.t_unix_ms < CPU_WINDOW_MS && s.cpu_time_ms >= prev.cpu_time_ms {
+            return;
+        }
         self.last_cpu = Some(s);
         // The counter is cumulative, so it bridges gaps in sampling; going backwards means
         // it is not the same process, and the interval says nothing.
@@ -294,15 +312,22 @@ impl IdleFold {
     }
 
     /// The report as of `now` (the end of the memory series); evidence after `now` is
-    /// not counted.
-    pub fn report(&self, now: i64) -> IdleReport {
+    /// not counted. `memory_changed_ms` is the last time the process's memory changed: the
+    /// current span starts no earlier.
+    pub fn report(&self, now: i64, memory_changed_ms: Option<i64>) -> IdleReport {
+        let changed = memory_changed_ms.filter(|&c| c <= now);
         let current = self
             .span
             .map(|s| Span {
+                from: changed.map_or(s.from, |c| s.from.max(c)),
                 to: s.to.min(now),
                 ..s
             })
             .filter(|s| now - s.to <= self.max_gap_ms && s.to > s.from);
+        let last_active = match (self.last_active, changed) {
+            (Some(a), Some(c)) => Some(a.max(c)),
+            (a, c) => a.or(c),
+        };
         let mut periods = self.periods.clone();
         if let Some(s) = current.filter(|s| s.to - s.from >= self.idle_for_ms) {
             periods.push(IdlePeriod {
@@ -315,7 +340,7 @@ impl IdleFold {
             idle_since_unix_ms: current.map(|s| s.from),
             idle_sec: current.map(|s| (s.to - s.from) as f64 / 1000.0),
             evidence: current.map_or_else(Vec::new, |s| Evidence::all_in(s.evidence)),
-            last_active_unix_ms: self.last_active,
+            last_active_unix_ms: last_active,
             sources: Evidence::all_in(self.sources),
             periods,
         }
@@ -341,11 +366,55 @@ mod tests {
                 cpu_time_ms: 5000,
             });
         }
-        let r = f.report(40 * MIN);
+        let r = f.report(40 * MIN, None);
         assert_eq!(r.idle_since_unix_ms, Some(0));
         assert_eq!(r.idle_sec, Some(2400.0));
         assert_eq!(r.evidence, vec![Evidence::CpuTime]);
         assert_eq!(r.periods.len(), 1);
+    }
+
+    #[test]
+    fn a_sleeping_loop_read_every_100_ms_is_idle() {
+        // The H200 idle holder: a Python loop that wakes once a second, one 10 ms tick of
+        // CPU every 5 s, read every 100 ms as `leaks --watch` does. Judged per 100 ms, every
+        // tick would be 10 % of a core and break the span.
+        let mut f = IdleFold::new(5_000, MIN, 0.01);
+        for i in 0..=1200 {
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * 100,
+                cpu_time_ms: (i as u64 / 50) * 10,
+            });
+        }
+        let r = f.report(120_000, None);
+        assert_eq!(r.idle_since_unix_ms, Some(0));
+        assert_eq!(r.idle_sec, Some(120.0));
+        // A burst of CPU (20 % of a core for 10 s) ends it; idleness resumes after.
+        for i in 1201..=1400 {
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * 100,
+                cpu_time_ms: 240 + (i as u64 - 1200) * 20,
+            });
+        }
+        let r = f.report(140_000, None);
+        assert_eq!(r.idle_since_unix_ms, None);
+    }
+
+    #[test]
+    fn a_memory_change_is_activity() {
+        let mut f = fold();
+        for i in 0..=40 {
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * MIN,
+                cpu_time_ms: 5000,
+            });
+        }
+        // It allocated at minute 25: idle for 15 min, not 40; active then.
+        let r = f.report(40 * MIN, Some(25 * MIN));
+        assert_eq!(r.idle_since_unix_ms, Some(25 * MIN));
+        assert_eq!(r.idle_sec, Some(900.0));
+        assert_eq!(r.last_active_unix_ms, Some(25 * MIN));
+        // A change at the last sample leaves no idle span at all.
+        assert_eq!(f.report(40 * MIN, Some(40 * MIN)).idle_since_unix_ms, None);
     }
 
     #[test]
@@ -357,7 +426,7 @@ mod tests {
                 cpu_time_ms: (i as u64) * 30_000,
             });
         }
-        let r = f.report(40 * MIN);
+        let r = f.report(40 * MIN, None);
         assert_eq!(r.idle_since_unix_ms, None);
         assert_eq!(r.last_active_unix_ms, None);
     }
@@ -374,7 +443,7 @@ mod tests {
                 processes_on_device: 2,
             });
         }
-        assert_eq!(f.report(9000).last_active_unix_ms, None);
+        assert_eq!(f.report(9000, None).last_active_unix_ms, None);
         f.push_device(DeviceActivitySample {
             t_unix_ms: 10_000,
             utilization_gpu_percent: 70,
@@ -387,7 +456,7 @@ mod tests {
                 processes_on_device: 3,
             });
         }
-        let r = f.report(19_000);
+        let r = f.report(19_000, None);
         assert_eq!(r.last_active_unix_ms, Some(10_000));
         assert_eq!(r.idle_since_unix_ms, Some(10_000));
         assert_eq!(r.evidence, vec![Evidence::DeviceUtilization]);
@@ -408,13 +477,14 @@ mod tests {
                 });
             }
         }
-        let r = f.report(20_000);
+        let r = f.report(20_000, None);
         assert_eq!(r.idle_since_unix_ms, Some(12_000));
         assert_eq!(r.last_active_unix_ms, Some(12_000));
-        // The closed 0–12 s span was long enough to be a period.
+        // The closed span was long enough to be a period; CPU time is judged over 10 s
+        // windows, so it ends with the last window before the activity.
         assert_eq!(r.periods.len(), 2);
         assert_eq!(r.periods[0].from_unix_ms, 0);
-        assert_eq!(r.periods[0].to_unix_ms, 12_000);
+        assert_eq!(r.periods[0].to_unix_ms, 10_000);
     }
 
     #[test]
@@ -426,10 +496,10 @@ mod tests {
                 sm_percent: 0,
             });
         }
-        let r = f.report(62_000);
+        let r = f.report(62_000, None);
         assert_eq!(r.idle_since_unix_ms, Some(60_000));
         // Evidence that stopped long before the end is not current.
-        assert_eq!(f.report(200_000).idle_since_unix_ms, None);
+        assert_eq!(f.report(200_000, None).idle_since_unix_ms, None);
     }
 
     #[test]
@@ -443,6 +513,6 @@ mod tests {
             t_unix_ms: 60_000,
             cpu_time_ms: 10,
         });
-        assert_eq!(f.report(60_000).idle_since_unix_ms, None);
+        assert_eq!(f.report(60_000, None).idle_since_unix_ms, None);
     }
 }

@@ -111,6 +111,11 @@ pub(crate) struct Tiered {
     head: Vec<(i64, Point)>,
     tail: VecDeque<Point>,
     last_t: Option<i64>,
+    last_bytes: Option<u64>,
+    /// The latest sample whose memory differed from the one before it (or that stands for
+    /// an interval in which it varied): the process allocated or freed, so it was active
+    /// then, whatever its CPU time says.
+    pub last_change_ms: Option<i64>,
     pub accepted: u64,
     pub ignored: u64,
     pub gaps: u32,
@@ -127,6 +132,8 @@ impl Tiered {
             head: Vec::new(),
             tail: VecDeque::new(),
             last_t: None,
+            last_bytes: None,
+            last_change_ms: None,
             accepted: 0,
             ignored: 0,
             gaps: 0,
@@ -145,6 +152,10 @@ impl Tiered {
         }
         self.last_t = Some(sample.t_unix_ms);
         self.origin.get_or_insert(sample.t_unix_ms);
+        if self.last_bytes.is_some_and(|b| b != sample.bytes) || sample.low() != sample.high() {
+            self.last_change_ms = Some(sample.t_unix_ms);
+        }
+        self.last_bytes = Some(sample.bytes);
         self.accepted += 1;
         if sample.gap_before && self.accepted > 1 {
             self.gaps = self.gaps.saturating_add(1);
@@ -238,6 +249,7 @@ mod tests {
         gap.gap_before = true;
         assert!(t.push(&gap));
         assert_eq!((t.accepted, t.ignored, t.gaps), (2, 2, 1));
+        assert_eq!(t.last_change_ms, Some(5000));
     }
 
     #[test]

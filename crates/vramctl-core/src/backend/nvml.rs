@@ -208,39 +208,61 @@ impl Backend for NvmlBackend {
         let mut reading = DeviceReading::default();
         let missing = &mut reading.missing;
 
-        reading.memory =
-            field(missing, Field::Memory, device.memory_info())?.map(|m| MemoryReading {
-                total_bytes: m.total,
-                used_bytes: m.used,
-                reserved_bytes: m.reserved,
-                free_bytes: m.free,
-            });
-        if let Some(util) = field(missing, Field::Utilization, device.utilization_rates())? {
+        reading.memory = field(
+            missing,
+            Field::Memory,
+            timed("nvmlDeviceGetMemoryInfo_v2", || device.memory_info()),
+        )?
+        .map(|m| MemoryReading {
+            total_bytes: m.total,
+            used_bytes: m.used,
+            reserved_bytes: m.reserved,
+            free_bytes: m.free,
+        });
+        if let Some(util) = field(
+            missing,
+            Field::Utilization,
+            timed("nvmlDeviceGetUtilizationRates", || {
+                device.utilization_rates()
+            }),
+        )? {
             reading.utilization_gpu_percent = Some(util.gpu);
             reading.utilization_memory_percent = Some(util.memory);
         }
         reading.temperature_c = field(
             missing,
             Field::Temperature,
-            device.temperature(TemperatureSensor::Gpu),
+            timed("nvmlDeviceGetTemperature", || {
+                device.temperature(TemperatureSensor::Gpu)
+            }),
         )?;
-        reading.power_mw = field(missing, Field::Power, device.power_usage())?;
+        reading.power_mw = field(
+            missing,
+            Field::Power,
+            timed("nvmlDeviceGetPowerUsage", || device.power_usage()),
+        )?;
 
         let compute = field(
             missing,
             Field::ComputeProcesses,
-            with_retries(|| device.running_compute_processes()),
+            timed("nvmlDeviceGetComputeRunningProcesses", || {
+                with_retries(|| device.running_compute_processes())
+            }),
         )?;
         let graphics = field(
             missing,
             Field::GraphicsProcesses,
-            with_retries(|| device.running_graphics_processes()),
+            timed("nvmlDeviceGetGraphicsRunningProcesses", || {
+                with_retries(|| device.running_graphics_processes())
+            }),
         )?;
         reading.processes = merge_process_lists(compute, graphics);
 
         if self.read_process_activity {
             let last = self.last_activity_us.get(&info.index).copied().unwrap_or(0);
-            match device.process_utilization_stats(last) {
+            match timed("nvmlDeviceGetProcessUtilization", || {
+                device.process_utilization_stats(last)
+            }) {
                 Ok(samples) => {
                     if let Some(newest) = samples.iter().map(|s| s.timestamp).max() {
                         self.last_activity_us.insert(info.index, newest);

@@ -187,6 +187,57 @@ fn the_nvidia_smi_logs_of_the_same_run_give_the_same_verdicts() {
     assert!(text.contains("no per-process samples"), "{text}");
 }
 
+/// `recorded-history.ndjson.gz` decompressed into `dir`: `vramctl record --interval 100ms`
+/// beside the same seven workloads on another H200 run, exported with `vramctl export`; it
+/// has the CPU time (every 10 s) and per-process SM samples the status trace lacks.
+fn h200_history(dir: &Path) -> PathBuf {
+    let file = std::fs::File::open(testdata("recorded-history.ndjson.gz")).expect("test helper");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .expect("test helper");
+    let path = dir.join("history.ndjson");
+    std::fs::write(&path, text).expect("test helper");
+    path
+}
+
+#[test]
+fn the_recorded_h200_history_finds_the_leaks_and_only_the_idle_holder() {
+    // Labels (`recorded-labels.jsonl`): 679 leak-graph, 680 leak-staircase, 681 leak-fast,
+    // 684 the idle holder (12 GiB, asleep from 2 s after start); 683 the sawtooth request
+    // loop, which uses 0.2 % of a core: CPU time alone once called it idle, its memory
+    // changing every 5 s says it is not. 960 is a 4 GiB check seen for 3 s.
+    let dir = tempfile::tempdir().unwrap();
+    let history = h200_history(dir.path());
+    let json: Value = serde_json::from_str(&stdout_of(leaks().arg(&history).args([
+        "--json",
+        "--idle-for",
+        "60s",
+    ])))
+    .unwrap();
+    assert_eq!(json["files"][0]["format"], "ndjson");
+    assert_eq!(leaking(&json), vec![679, 680, 681]);
+    let v = verdicts(&json);
+    assert_eq!(v[&684], "idle-holder");
+    assert_eq!(v[&683], "sawtooth");
+    assert_eq!((v[&678].as_str(), v[&682].as_str()), ("stable", "stable"));
+    assert_eq!(json["idle_holders"], 1);
+    let idle = json["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["pid"] == 684)
+        .unwrap();
+    assert_eq!(idle["idle"]["evidence"], serde_json::json!(["cpu-time"]));
+    assert!(idle["idle"]["idle_sec"].as_f64().unwrap() > 200.0);
+    let text = stdout_of(
+        leaks()
+            .arg(&history)
+            .args(["--idle-for", "60s", "--tz", "UTC"]),
+    );
+    redactions().bind(|| insta::assert_snapshot!("leaks_h200_recorded_history", text));
+}
+
 #[test]
 fn json_snapshot_of_one_series() {
     let dir = tempfile::tempdir().unwrap();
