@@ -215,9 +215,10 @@ pub enum HistoryFormat {
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
-    /// Start: a duration back from now (10m, 24h) or a time (RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]' local)
-    #[arg(long, default_value = "1h", value_name = "WHEN")]
-    pub since: String,
+    /// Start: a duration back from now (10m, 24h), 'all', or a time (RFC 3339 or
+    /// 'YYYY-MM-DD HH:MM[:SS]' local) [default: 1h; with --audit: all]
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
 
     /// End (same forms as --since); default: now
     #[arg(long, value_name = "WHEN")]
@@ -243,6 +244,11 @@ pub struct HistoryArgs {
     /// Time zone for the table's times (e.g. UTC, Europe/Paris); default: the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
+
+    /// Show the audit log instead: every signal kill, reap and top sent or refused, with
+    /// its target, reason and outcome (--pid selects targets)
+    #[arg(long, conflicts_with_all = ["gpu", "step"])]
+    pub audit: bool,
 }
 
 /// Formats `export` writes.

@@ -317,9 +317,13 @@ impl Runner<'_> {
         let mut missing = history.missing(now, &time);
         match &self.live {
             Some(live) => missing.push_str(&format!(
-                "; watched live since {} ({} samples), not yet long enough",
+                "; watched live since {} ({}), not yet long enough",
                 live.since_unix_ms.map_or_else(|| "now".to_owned(), &time),
-                live.samples
+                plural(
+                    usize::try_from(live.samples).unwrap_or(usize::MAX),
+                    "sample",
+                    "samples"
+                )
             )),
             None => missing.push_str("; or run reap with --every to watch the GPUs live"),
         }
@@ -629,9 +633,13 @@ impl Runner<'_> {
             || "not watched (--every watches live)".to_owned(),
             |l| {
                 format!(
-                    "watched since {} ({} samples)",
+                    "watched since {} ({})",
                     l.since_unix_ms.map_or_else(|| "now".to_owned(), time),
-                    l.samples
+                    plural(
+                        usize::try_from(l.samples).unwrap_or(usize::MAX),
+                        "sample",
+                        "samples"
+                    )
                 )
             },
         );

@@ -257,6 +257,15 @@ pub fn judge(p: &Observed, policy: &Policy, ctx: &Context<'_>) -> Result<Chosen,
                         ev.source.as_str()
                     ),
                 ),
+                // One sample shows a state, not a span: nothing yet either way.
+                None if ev.report.samples < 2 => exclude(
+                    Stage::NoEvidence,
+                    format!(
+                        "not shown idle on {gpu} yet: one sample of {} so far ({})",
+                        evidence_words(&idle.sources),
+                        ev.source.as_str()
+                    ),
+                ),
                 None => exclude(
                     Stage::Busy,
                     format!(
