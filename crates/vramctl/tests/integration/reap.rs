@@ -488,3 +488,45 @@ fn usage_errors_and_no_driver() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+#[test]
+fn json_keys_are_the_documented_ones() {
+    let (idle, busy) = (sleeper(), sleeper());
+    let setup = Setup::new(&[
+        Held {
+            process: &idle,
+            memory: "8 GiB",
+            sm_percent: 0,
+        },
+        Held {
+            process: &busy,
+            memory: "4 GiB",
+            sm_percent: 70,
+        },
+    ]);
+    setup.record();
+    let report = json(&setup.reap(&["--idle-for", "1m", "--apply", "--json"]));
+    let documented = crate::ps::documented_keys("`vramctl reap --json`");
+    let mut keys: Vec<&String> = report.as_object().unwrap().keys().collect();
+    keys.extend(report["candidates"][0].as_object().unwrap().keys());
+    for key in keys {
+        assert!(documented.contains(key), "'{key}' is not in docs/json.md");
+    }
+    let audit = json(&run(
+        &mut setup.vramctl(&["history", "--audit", "--format", "json"])
+    ));
+    let section = crate::ps::documented_keys("`vramctl history --audit --format json`");
+    for key in audit.as_object().unwrap().keys() {
+        assert!(section.contains(key), "'{key}' is not in docs/json.md");
+    }
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/json.md"),
+    )
+    .unwrap();
+    for key in audit["records"][0].as_object().unwrap().keys() {
+        assert!(
+            docs.contains(&format!("`{key}`")),
+            "'{key}' is not in docs/json.md"
+        );
+    }
+}
