@@ -22,6 +22,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 vramctl="$(realpath "${1:?usage: kill-h200.sh path/to/vramctl OUTDIR}")"
 out="$(realpath -m "${2:?usage: kill-h200.sh path/to/vramctl OUTDIR}")"
 mkdir -p "$out"
+# The audit log is the history database's audit table, plus a JSON-lines copy.
+export VRAMCTL_DB="$out/history.db"
 export VRAMCTL_AUDIT_LOG="$out/audit.jsonl"
 
 nvidia-smi --query-gpu=timestamp,uuid,memory.used --format=csv,noheader,nounits -lms 50 \

@@ -356,6 +356,12 @@ pub trait AuditSink {
     /// # Errors
     /// When the update could not be written (the signal was already sent).
     fn after(&mut self, id: AuditId, outcome: &AuditOutcome) -> Result<(), AuditError>;
+
+    /// Where the records go, for the user (a file or database path); `None` when there is
+    /// nothing to name (memory).
+    fn location(&self) -> Option<String> {
+        None
+    }
 }
 
 /// An [`AuditSink`] that keeps records in memory (tests, dry runs of a policy).

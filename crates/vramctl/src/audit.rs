@@ -1,29 +1,141 @@
-//! Where `kill` writes its audit records until the history store lands: an append-only
-//! JSON-lines file, fsynced after every line (the durability `synchronous=FULL` gives the
-//! store's audit table).
+//! Where `kill`, `reap` and `top`'s kill action write their audit records: the history
+//! database's `audit` table ([`AuditLog`], opened with [`open_sink`]), and, when
+//! `VRAMCTL_AUDIT_LOG` names a file, a JSON-lines copy of every record ([`JsonlAuditLog`]).
 //!
-//! The file is `$VRAMCTL_AUDIT_LOG`, else `$XDG_STATE_HOME/vramctl/audit.jsonl`, else
-//! `~/.local/state/vramctl/audit.jsonl`. Each record is one line
-//! `{"id": N, "record": {...}}` written before its signal; each outcome update is one more
-//! line `{"id": N, "outcome": {...}}`, so a crash between the two leaves the record with
-//! outcome `pending`: "a signal may have been sent". The store-backed sink replaces this
-//! once the store is merged (same [`AuditSink`] seam).
+//! The store writes each row with `synchronous=FULL` (`Store::append_audit`), so a record
+//! acknowledged before a signal survives a power cut; its outcome is updated afterwards
+//! (`Store::set_audit_outcome`). The database is opened with `OpenMode::ReadWrite`, which a
+//! running recorder does not block (it holds only the lock of the one writer of samples).
+//!
+//! Fail closed: if the database cannot be opened for writing, [`open_sink`] fails and the
+//! caller sends nothing; if a record cannot be written (to the store, or to the JSON-lines
+//! copy when one is configured), [`AuditSink::before`] fails and `signal::execute` does not
+//! send that signal.
+//!
+//! The JSON-lines copy is for shipping the log elsewhere (a log collector tailing a file):
+//! each record is one line `{"id": N, "record": {...}}` written before its signal, each
+//! outcome update one more line `{"id": N, "outcome": {...}}`, `N` being the store's row id;
+//! the file is fsynced after every line.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde::Serialize;
 use vramctl_core::audit::{AuditOutcome, AuditRecord};
 use vramctl_core::signal::{AuditError, AuditId, AuditSink};
+use vramctl_store::{OpenMode, Store};
 
-/// The JSON-lines audit log.
+use crate::cli::GlobalArgs;
+
+/// The variable naming the optional JSON-lines copy.
+pub const JSONL_ENV: &str = "VRAMCTL_AUDIT_LOG";
+
+/// The audit sink of every command that signals: `kill`, `reap` and `top`'s kill key call
+/// this (or [`open_log`], the same log with its concrete type), so where audit records go
+/// is decided here once: the history database (`--db` / `VRAMCTL_DB` / the default, as
+/// `cmd::db_path`), created if missing, plus the JSON-lines copy when `VRAMCTL_AUDIT_LOG`
+/// is set. `Send`: `top` signals from its action thread.
+///
+/// # Errors
+/// When the database cannot be opened for writing (not ours, newer schema, permissions, a
+/// file where its directory should be) or the JSON-lines file cannot be opened: then
+/// nothing may be signalled.
+pub fn open_sink(global: &GlobalArgs) -> anyhow::Result<Box<dyn AuditSink + Send>> {
+    Ok(Box::new(open_log(global)?))
+}
+
+/// [`open_sink`], as an [`AuditLog`] (for [`AuditLog::describe`]).
+///
+/// # Errors
+/// As [`open_sink`].
+pub fn open_log(global: &GlobalArgs) -> anyhow::Result<AuditLog> {
+    let db = crate::cmd::db_path(global)?;
+    let jsonl = std::env::var_os(JSONL_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    AuditLog::open(&db, jsonl.as_deref())
+}
+
+/// The audit log: rows in the history store, and optionally a JSON-lines copy.
+///
+/// `Send`, so a frontend may move it to the thread that signals.
+#[derive(Debug)]
+pub struct AuditLog {
+    store: Store,
+    jsonl: Option<JsonlAuditLog>,
+}
+
+impl AuditLog {
+    /// Opens the store at `db` (`OpenMode::ReadWrite`: not blocked by a recorder) and the
+    /// JSON-lines copy at `jsonl`, if any.
+    ///
+    /// # Errors
+    /// As [`open_sink`].
+    pub fn open(db: &Path, jsonl: Option<&Path>) -> anyhow::Result<Self> {
+        let store = Store::open(db, OpenMode::ReadWrite)
+            .context("cannot open the audit log (nothing is signalled without it)")?;
+        let jsonl = jsonl.map(JsonlAuditLog::open).transpose()?;
+        Ok(Self { store, jsonl })
+    }
+
+    /// Where the records go, for the user: `'DB' (table audit)` and the copy, if any.
+    pub fn describe(&self) -> String {
+        let mut text = format!("'{}' (table audit)", self.store.path().display());
+        if let Some(copy) = &self.jsonl {
+            text.push_str(&format!(" and '{}'", copy.path().display()));
+        }
+        text
+    }
+
+    /// The history database holding the rows.
+    pub fn database(&self) -> &Path {
+        self.store.path()
+    }
+}
+
+impl AuditSink for AuditLog {
+    fn before(&mut self, record: &AuditRecord) -> Result<AuditId, AuditError> {
+        let id = self
+            .store
+            .append_audit(record)
+            .map_err(|e| AuditError(format!("cannot write the audit row: {e}")))?;
+        if let Some(copy) = &mut self.jsonl {
+            if let Err(err) = copy.record(id, record) {
+                // The row says no signal followed, as none will.
+                let _ = self
+                    .store
+                    .set_audit_outcome(id, &AuditOutcome::Failed(format!("not sent: {err}")));
+                return Err(err);
+            }
+        }
+        Ok(AuditId(id))
+    }
+
+    fn after(&mut self, id: AuditId, outcome: &AuditOutcome) -> Result<(), AuditError> {
+        let stored = self
+            .store
+            .set_audit_outcome(id.0, outcome)
+            .map_err(|e| AuditError(format!("cannot update audit row {}: {e}", id.0)));
+        let copied = match &mut self.jsonl {
+            Some(copy) => copy.outcome(id.0, outcome),
+            None => Ok(()),
+        };
+        stored.and(copied)
+    }
+
+    /// The history database's path (the copy, if any, is in [`AuditLog::describe`]).
+    fn location(&self) -> Option<String> {
+        Some(self.store.path().display().to_string())
+    }
+}
+
+/// The JSON-lines copy of the audit log: appended, fsynced after every line.
 #[derive(Debug)]
 pub struct JsonlAuditLog {
     path: PathBuf,
     file: File,
-    next_seq: i64,
 }
 
 #[derive(Serialize)]
@@ -39,52 +151,54 @@ struct OutcomeLine<'a> {
 }
 
 impl JsonlAuditLog {
-    /// The default location (module docs).
-    ///
-    /// # Errors
-    /// When neither `VRAMCTL_AUDIT_LOG`, `XDG_STATE_HOME` nor `HOME` is set.
-    pub fn default_path() -> anyhow::Result<PathBuf> {
-        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-        if let Some(path) = var("VRAMCTL_AUDIT_LOG") {
-            return Ok(PathBuf::from(path));
-        }
-        if let Some(state) = var("XDG_STATE_HOME") {
-            return Ok(Path::new(&state).join("vramctl/audit.jsonl"));
-        }
-        if let Some(home) = var("HOME") {
-            return Ok(Path::new(&home).join(".local/state/vramctl/audit.jsonl"));
-        }
-        bail!(
-            "no place for the audit log; set VRAMCTL_AUDIT_LOG, XDG_STATE_HOME or HOME (kill \
-             writes every signal down before sending it)"
-        )
-    }
-
-    /// Opens (creating it and its directory) the log at `path` for appending.
+    /// Opens (creating it and its directory) the file at `path` for appending.
     ///
     /// # Errors
     /// When the directory or the file cannot be created or opened.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| {
-                format!("cannot create the audit log directory '{}'", dir.display())
+                format!(
+                    "cannot create the directory of the audit log copy ({JSONL_ENV}) '{}'",
+                    dir.display()
+                )
             })?;
         }
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .with_context(|| format!("cannot open the audit log '{}'", path.display()))?;
+            .with_context(|| {
+                format!(
+                    "cannot open the audit log copy ({JSONL_ENV}) '{}'",
+                    path.display()
+                )
+            })?;
         Ok(Self {
             path: path.to_owned(),
             file,
-            next_seq: 0,
         })
     }
 
     /// Where it writes.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Appends the record with the store's row id.
+    ///
+    /// # Errors
+    /// When the line cannot be written and synced.
+    pub fn record(&mut self, id: i64, record: &AuditRecord) -> Result<(), AuditError> {
+        self.append(&RecordLine { id, record })
+    }
+
+    /// Appends an outcome update of row `id`.
+    ///
+    /// # Errors
+    /// When the line cannot be written and synced.
+    pub fn outcome(&mut self, id: i64, outcome: &AuditOutcome) -> Result<(), AuditError> {
+        self.append(&OutcomeLine { id, outcome })
     }
 
     fn append(&mut self, line: &impl Serialize) -> Result<(), AuditError> {
@@ -97,28 +211,10 @@ impl JsonlAuditLog {
     }
 }
 
-impl AuditSink for JsonlAuditLog {
-    fn before(&mut self, record: &AuditRecord) -> Result<AuditId, AuditError> {
-        // Unique across concurrent vramctl processes without coordination: the time in ms,
-        // our PID and a counter (ids only need to pair a record with its outcome lines).
-        let id = record
-            .at_unix_ms
-            .saturating_mul(1_000_000)
-            .saturating_add(i64::from(std::process::id() % 1000) * 1000)
-            .saturating_add(self.next_seq % 1000);
-        self.next_seq += 1;
-        self.append(&RecordLine { id, record })?;
-        Ok(AuditId(id))
-    }
-
-    fn after(&mut self, id: AuditId, outcome: &AuditOutcome) -> Result<(), AuditError> {
-        self.append(&OutcomeLine { id: id.0, outcome })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use vramctl_core::procinfo::ProcessIdentity;
+    use vramctl_store::TimeRange;
 
     use super::*;
 
@@ -141,33 +237,110 @@ mod tests {
         }
     }
 
+    fn lines(path: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     #[test]
-    fn records_and_outcomes_are_lines() {
+    fn rows_go_to_the_store_and_lines_to_the_copy_with_the_same_ids() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("deep/dir/audit.jsonl");
-        let mut log = JsonlAuditLog::open(&path).unwrap();
+        let db = dir.path().join("state/history.db");
+        let copy = dir.path().join("deep/dir/audit.jsonl");
+        let mut log = AuditLog::open(&db, Some(&copy)).unwrap();
+        assert!(log.describe().contains("history.db' (table audit) and '"));
         let id = log.before(&record()).unwrap();
         let second = log.before(&record()).unwrap();
         assert_ne!(id, second);
         log.after(id, &AuditOutcome::Sent).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        drop(log);
+
+        let store = Store::open(&db, OpenMode::ReadOnly).unwrap();
+        let rows = store.audit_rows(TimeRange::ALL).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].id, id.0);
+        assert_eq!(rows[0].record.outcome, AuditOutcome::Sent);
+        assert_eq!(rows[1].record.outcome, AuditOutcome::Pending);
+
+        let lines = lines(&copy);
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[0]["id"], id.0);
         assert_eq!(lines[0]["record"]["target"]["pid"], 42);
         assert_eq!(lines[0]["record"]["outcome"]["outcome"], "pending");
+        assert_eq!(lines[2]["id"], id.0);
         assert_eq!(lines[2]["outcome"]["outcome"], "sent");
     }
 
     #[test]
-    fn an_unwritable_place_is_an_error_up_front() {
+    fn without_a_copy_only_the_store_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("history.db");
+        let mut log = AuditLog::open(&db, None).unwrap();
+        assert_eq!(log.describe(), format!("'{}' (table audit)", db.display()));
+        let id = log.before(&record()).unwrap();
+        log.after(
+            id,
+            &AuditOutcome::Exited {
+                freed_bytes: 5 << 30,
+                after_ms: 120,
+            },
+        )
+        .unwrap();
+        assert!(log.after(AuditId(id.0 + 7), &AuditOutcome::Sent).is_err());
+        let rows = Store::open(&db, OpenMode::ReadOnly)
+            .unwrap()
+            .audit_rows(TimeRange::ALL)
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+    }
+
+    #[test]
+    fn a_database_that_cannot_be_written_is_an_error_up_front() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a-file");
         std::fs::write(&file, "").unwrap();
-        let err = JsonlAuditLog::open(&file.join("audit.jsonl")).unwrap_err();
-        assert!(format!("{err:#}").contains("cannot create the audit log directory"));
+        let err = AuditLog::open(&file.join("history.db"), None).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.starts_with("cannot open the audit log"), "{text}");
+        // Not ours: refused, untouched.
+        let other = dir.path().join("notes.txt");
+        std::fs::write(&other, "not a database").unwrap();
+        assert!(AuditLog::open(&other, None).is_err());
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "not a database");
+    }
+
+    #[test]
+    fn a_copy_that_cannot_be_written_fails_the_record_and_the_row_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("history.db");
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let err = AuditLog::open(&db, Some(&file.join("audit.jsonl"))).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("cannot create the directory of the audit log copy"),
+            "{err:#}"
+        );
+        // A copy that fails after opening (here: a read-only handle).
+        let copy = dir.path().join("audit.jsonl");
+        std::fs::write(&copy, "").unwrap();
+        let mut log = AuditLog::open(&db, None).unwrap();
+        log.jsonl = Some(JsonlAuditLog {
+            path: copy.clone(),
+            file: File::open(&copy).unwrap(),
+        });
+        assert!(log.before(&record()).is_err());
+        drop(log);
+        let rows = Store::open(&db, OpenMode::ReadOnly)
+            .unwrap()
+            .audit_rows(TimeRange::ALL)
+            .unwrap();
+        assert!(
+            matches!(&rows[0].record.outcome, AuditOutcome::Failed(m) if m.starts_with("not sent")),
+            "{:?}",
+            rows[0].record.outcome
+        );
     }
 }

@@ -67,6 +67,10 @@ pub enum Command {
     /// was released
     #[command(after_help = KILL_EXIT_CODES)]
     Kill(KillArgs),
+    /// Reclaim memory from idle holders by policy: a dry-run plan by default, --apply to end
+    /// them on kill's safe path
+    #[command(after_help = REAP_HELP)]
+    Reap(ReapArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
     Serve(ServeArgs),
     /// Live terminal UI: GPUs, processes, memory trends; --replay browses a recording
@@ -211,9 +215,10 @@ pub enum HistoryFormat {
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
-    /// Start: a duration back from now (10m, 24h) or a time (RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]' local)
-    #[arg(long, default_value = "1h", value_name = "WHEN")]
-    pub since: String,
+    /// Start: a duration back from now (10m, 24h), 'all', or a time (RFC 3339 or
+    /// 'YYYY-MM-DD HH:MM[:SS]' local) [default: 1h; with --audit: all]
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
 
     /// End (same forms as --since); default: now
     #[arg(long, value_name = "WHEN")]
@@ -239,6 +244,11 @@ pub struct HistoryArgs {
     /// Time zone for the table's times (e.g. UTC, Europe/Paris); default: the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
+
+    /// Show the audit log instead: every signal kill, reap and top sent or refused, with
+    /// its target, reason and outcome (--pid selects targets)
+    #[arg(long, conflicts_with_all = ["gpu", "step"])]
+    pub audit: bool,
 }
 
 /// Formats `export` writes.
@@ -570,6 +580,111 @@ pub struct KillArgs {
     /// Print JSON (schema in docs/json.md)
     #[arg(long)]
     pub json: bool,
+}
+
+const REAP_HELP: &str = "\
+Candidates are processes idle on every GPU they hold memory on for --idle-for, by the idle
+evidence of `vramctl leaks` (SM activity, device utilization, CPU time) from the recorded
+history (`vramctl record` or `serve --record`), or, with --every, watched live. Policies
+come from the flags or from a TOML file (--config, --policy). Method: docs/reap.md.
+
+Exit codes:
+  0  nothing to reap, or (--apply) every candidate ended and its memory was released
+  1  dry run: candidates found; --apply: a candidate was refused at signal time, still
+     running, or its memory still held after --timeout
+  2  usage or input error (bad flag, malformed policy file with its file:line, unknown
+     policy, audit log not writable with --apply)
+  3  no usable NVIDIA driver
+With --every the loop exits 0 when stopped by SIGINT or SIGTERM.";
+
+#[derive(Debug, Args)]
+pub struct ReapArgs {
+    /// Act: end the candidates (default: print the plan and change nothing)
+    #[arg(long)]
+    pub apply: bool,
+
+    /// Policy file (TOML, format in docs/reap.md) [default: $XDG_CONFIG_HOME/vramctl/reap.toml
+    /// when it exists and no filter flag is given]
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Run only these policies of the file (repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub policy: Vec<String>,
+
+    /// Candidates: idle at least this long on every GPU they use (e.g. 30m, 2h) [default:
+    /// 30m]
+    #[arg(long, value_name = "DURATION")]
+    pub idle_for: Option<String>,
+
+    /// Candidates: holding at least this much GPU memory over all GPUs (e.g. 4GiB)
+    /// [default: 1GiB]
+    #[arg(long, value_name = "SIZE")]
+    pub min_mem: Option<String>,
+
+    /// Only processes of these users (name or uid; repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "USER")]
+    pub user: Vec<String>,
+
+    /// Only processes whose command line matches this regular expression
+    #[arg(long = "match", value_name = "REGEX")]
+    pub pattern: Option<String>,
+
+    /// Never processes whose command line matches this regular expression (repeatable)
+    #[arg(long, value_name = "REGEX")]
+    pub exclude: Vec<String>,
+
+    /// Only processes holding memory on these devices (index or UUID)
+    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    pub gpu: Vec<String>,
+
+    /// End at most N processes per run (per round with --every), most memory first
+    #[arg(long, value_name = "N")]
+    pub max_kills: Option<usize>,
+
+    /// Signal to send first (TERM, INT, HUP, QUIT, USR1, USR2, KILL or a number)
+    #[arg(short, long, value_name = "SIG", default_value = "TERM",
+          value_parser = clap::builder::ValueParser::new(parse_signal))]
+    pub signal: vramctl_core::signal::Signal,
+
+    /// Seconds to wait for a process to exit before sending SIGKILL
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub grace: f64,
+
+    /// Seconds to wait, after the processes ended, for NVML to show their memory released
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub timeout: f64,
+
+    /// Run a round every DURATION (e.g. 5m) until SIGINT/SIGTERM, watching the GPUs live
+    /// between rounds
+    #[arg(long, value_name = "DURATION")]
+    pub every: Option<String>,
+
+    /// With --every: time between live samples (at least 50ms)
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "5s",
+        requires = "every"
+    )]
+    pub interval: String,
+
+    /// Time zone of the times shown (e.g. UTC); default: the system's
+    #[arg(long, value_name = "TZ")]
+    pub tz: Option<String>,
+
+    /// Print JSON (schema in docs/json.md); with --every, one document per round (NDJSON)
+    #[arg(long)]
+    pub json: bool,
+
+    /// Test only: with --every, stop after N rounds
+    #[arg(long, hide = true, value_name = "N", requires = "every")]
+    pub rounds: Option<u64>,
+
+    /// Test only: time starts at this Unix time in ms and moves by --interval per live
+    /// sample, without waiting
+    #[arg(long, hide = true, value_name = "UNIX_MS")]
+    pub simulated_clock: Option<i64>,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {

@@ -9,6 +9,7 @@ pub mod kill;
 pub mod leaks;
 pub mod plot;
 pub mod ps;
+pub mod reap;
 pub mod record;
 pub mod serve;
 pub mod status;
@@ -34,6 +35,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Top(args) => top::run(&cli.global, args),
         Command::Ps(args) => ps::run(&cli.global, args),
         Command::Kill(args) => kill::run(&cli.global, args),
+        Command::Reap(args) => reap::run(&cli.global, args),
         Command::Leaks(args) => leaks::run(&cli.global, args),
         Command::Plot(args) => plot::run(&cli.global, args),
     }
@@ -110,7 +112,12 @@ impl GpuFilter {
 
     /// Whether `device` was chosen.
     pub fn matches(&self, device: &DeviceInfo) -> bool {
-        self.selectors.is_empty() || self.selectors.iter().any(|s| selector_matches(s, device))
+        self.selectors.is_empty() || Self::selects(&self.selectors, device)
+    }
+
+    /// Whether one of `selectors` (indexes, UUIDs, UUID prefixes) names `device`.
+    pub fn selects(selectors: &[String], device: &DeviceInfo) -> bool {
+        selectors.iter().any(|s| selector_matches(s, device))
     }
 }
 

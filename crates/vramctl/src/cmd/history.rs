@@ -6,6 +6,8 @@
 //! giving about 30 rows per series; CSV and JSON default to every sample. JSON (schema 1,
 //! docs/json.md) is one document, built in memory: use a step or CSV for long raw ranges.
 
+mod audit;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
@@ -165,15 +167,22 @@ enum Row<'a> {
 pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let tz = time_zone(args.tz.as_deref())?;
     let now = jiff::Timestamp::now().as_millisecond();
+    let since = args
+        .since
+        .as_deref()
+        .unwrap_or(if args.audit { "all" } else { "1h" });
     let range = TimeRange {
-        from_ms: parse_when(&args.since, now, &tz).context("--since")?,
+        from_ms: parse_when(since, now, &tz).context("--since")?,
         to_ms: match &args.until {
             Some(u) => parse_when(u, now, &tz).context("--until")?,
             None => i64::MAX,
         },
     };
     if range.from_ms > range.to_ms {
-        bail!("--since '{}' is after --until", args.since);
+        bail!("--since '{since}' is after --until");
+    }
+    if args.audit {
+        return audit::run(&db_path(global)?, args, range, &tz);
     }
     let mut store = Store::open(&db_path(global)?, OpenMode::ReadOnly)?;
     let devices = select_devices(store.devices()?, &args.gpu)?;

@@ -6,25 +6,27 @@
 //! which descendants, what is refused), asks, signals, then samples NVML until every device
 //! shows the memory gone or `--timeout` passes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+pub mod release;
+
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
-use vramctl_core::audit::AuditOutcome;
 use vramctl_core::clock::{Clock, SystemClock};
-use vramctl_core::procinfo::{self, ProcError, ProcReader};
+use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::signal::{
-    self, Actor, AuditSink, Candidate, KillRequest, Provenance, Refusal, Target, TargetOutcome,
-    TargetReport,
+    self, Actor, Candidate, KillRequest, Provenance, Refusal, Target, TargetOutcome, TargetReport,
 };
-use vramctl_core::types::Snapshot;
-use vramctl_core::{NvmlBackend, Sampler};
 
+use self::release::{
+    DeviceRelease, Outcome, StillHeld, jupyter_note, record_memory_outcomes, release_lines,
+    still_held, verify_release,
+};
 use super::ps::{GpuHolding, holdings, total_bytes};
 use super::{GpuFilter, open_sampler};
-use crate::audit::JsonlAuditLog;
+use crate::audit::open_sink;
 use crate::cli::{GlobalArgs, KillArgs};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
@@ -32,9 +34,6 @@ use crate::output::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
-
-/// How often NVML is sampled while waiting for memory to be released.
-const VERIFY_EVERY: Duration = Duration::from_millis(50);
 
 /// A PID as typed: `1234` or `1234@START`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +65,11 @@ fn parse_target(text: &str) -> anyhow::Result<Named> {
     }
 }
 
-fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
+/// `secs` from a `--grace`-like flag, checked: 0 to 86400 s.
+///
+/// # Errors
+/// Outside that range, or not a number.
+pub fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
     if secs.is_finite() && (0.0..=86_400.0).contains(&secs) {
         Ok(Duration::from_secs_f64(secs))
     } else {
@@ -164,47 +167,6 @@ struct TargetJson {
     note: Option<String>,
 }
 
-/// One device's memory before and after.
-#[derive(Debug, Clone, Serialize)]
-struct DeviceRelease {
-    index: u32,
-    uuid: String,
-    /// What NVML attributed to the ended targets before the signal.
-    held_bytes: Option<u64>,
-    used_before_bytes: Option<u64>,
-    used_after_bytes: Option<u64>,
-    /// `used_before - used_after` (0 if other processes grew meanwhile).
-    freed_bytes: Option<u64>,
-    released: bool,
-    /// From the first signal to the sample that showed the memory gone.
-    released_after_s: Option<f64>,
-    /// The ended targets the driver listed on it before.
-    pids: Vec<u32>,
-    #[serde(skip)]
-    unaccounted_before: Option<u64>,
-    #[serde(skip)]
-    still_listed: Vec<u32>,
-    #[serde(skip)]
-    unlisted_bytes: Option<u64>,
-}
-
-#[derive(Debug, Serialize)]
-struct StillHeld {
-    index: u32,
-    uuid: String,
-    /// Bytes still used that no listed process accounts for since the kill.
-    unlisted_bytes: Option<u64>,
-    holders: Vec<Holder>,
-}
-
-#[derive(Debug, Serialize)]
-struct Holder {
-    pid: u32,
-    command: Option<String>,
-    /// Why it still holds memory, in words.
-    why: String,
-}
-
 /// Runs `kill`.
 pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
     let grace = seconds("--grace", args.grace)?;
@@ -272,8 +234,8 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         return finish(&mut out, args.json, &report);
     }
 
-    let mut audit = JsonlAuditLog::open(&JsonlAuditLog::default_path()?)?;
-    report.audit_log = Some(audit.path().display().to_string());
+    let mut audit = open_sink(global)?;
+    report.audit_log = audit.location();
     let command_line = format!(
         "vramctl {}",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
@@ -299,7 +261,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
     report.signalled_at = jiff::Timestamp::from_millisecond(SystemClock.now_unix_ms())
         .ok()
         .map(|t| format!("{t:.3}"));
-    let outcomes = signal::execute(&request, &actor, &mut audit, &SystemClock);
+    let outcomes = signal::execute(&request, &actor, audit.as_mut(), &SystemClock);
     let by_pid: HashMap<u32, &TargetReport> = outcomes
         .iter()
         .map(|r| (r.candidate.identity.pid, r))
@@ -321,7 +283,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         .map(|r| r.candidate.identity.pid)
         .collect();
     report.devices = verify_release(&mut sampler, &before, &ended, started, timeout);
-    record_memory_outcomes(&mut audit, &outcomes, &held_before, &report.devices);
+    record_memory_outcomes(audit.as_mut(), &outcomes, &held_before, &report.devices);
     report.still_held = still_held(&report.devices, &watch, &mut procs);
 
     let all_ended = report
@@ -434,272 +396,14 @@ fn target_json(
     }
 }
 
-/// Jupyter restarts a kernel that dies of a signal (`autorestart`), memory and all.
-fn jupyter_note(command: Option<&str>) -> Option<String> {
-    command.filter(|c| c.contains("ipykernel")).map(|_| {
-        "a Jupyter kernel: its server restarts a kernel ended by a signal; shut it down from \
-         Jupyter (Kernel > Shut Down Kernel) or stop the server instead"
-            .to_owned()
-    })
-}
-
 fn apply_outcome(t: &mut TargetJson, r: &TargetReport) {
-    t.signals = r
-        .signals
-        .iter()
-        .map(|s| s.signal.name().to_owned())
-        .collect();
-    t.pinned = Some(r.pinned);
-    let (outcome, detail) = match &r.outcome {
-        TargetOutcome::Refused { refusal } => ("refused", Some(refusal.to_string())),
-        TargetOutcome::AlreadyGone => ("already_gone", None),
-        TargetOutcome::AuditFailed { error } => (
-            "audit_failed",
-            Some(format!(
-                "not signalled: cannot write the audit record: {error}"
-            )),
-        ),
-        TargetOutcome::SignalFailed { error } => ("signal_failed", Some(error.clone())),
-        TargetOutcome::Exited { after, escalated } => {
-            t.escalated = *escalated;
-            t.exited_after_s = Some(after.as_secs_f64());
-            ("exited", None)
-        }
-        TargetOutcome::StillRunning {
-            escalated,
-            state,
-            note,
-        } => {
-            t.escalated = *escalated;
-            let state = state.map_or_else(|| "unknown".into(), |s| s.to_string());
-            let detail = match (escalated, note) {
-                (_, Some(note)) => note.clone(),
-                (true, None) if state == "D" => "survived SIGKILL in uninterruptible sleep \
-                     (state D), usually inside the GPU driver; it ends when the driver call \
-                     returns, or needs a GPU reset"
-                    .to_owned(),
-                (true, None) => format!("survived SIGKILL (state {state})"),
-                (false, None) => format!("still running after the grace period (state {state})"),
-            };
-            ("still_running", Some(detail))
-        }
-        _ => ("signal_failed", Some("unknown outcome".into())),
-    };
-    t.outcome = outcome;
-    t.detail = detail;
-}
-
-/// Samples NVML until no device lists an ended target and its memory did not move to "no
-/// process" (a forked child still holding the descriptors), or `timeout` passes.
-fn verify_release(
-    sampler: &mut Sampler<NvmlBackend>,
-    before: &Snapshot,
-    ended: &HashSet<u32>,
-    started: Instant,
-    timeout: Duration,
-) -> Vec<DeviceRelease> {
-    let mut devices: Vec<DeviceRelease> = before
-        .devices
-        .iter()
-        .filter_map(|d| {
-            let reading = d.reading()?;
-            let mine: Vec<_> = reading
-                .processes
-                .as_ref()?
-                .iter()
-                .filter(|p| ended.contains(&p.pid))
-                .collect();
-            if mine.is_empty() {
-                return None;
-            }
-            let held = mine
-                .iter()
-                .try_fold(0_u64, |sum, p| Some(sum.saturating_add(p.used_bytes?)));
-            Some(DeviceRelease {
-                index: d.info.index,
-                uuid: d.info.uuid.clone(),
-                held_bytes: held,
-                used_before_bytes: reading.memory.map(|m| m.used_bytes),
-                used_after_bytes: None,
-                freed_bytes: None,
-                released: false,
-                released_after_s: None,
-                pids: mine.iter().map(|p| p.pid).collect(),
-                unaccounted_before: reading.unaccounted_bytes(),
-                still_listed: Vec::new(),
-                unlisted_bytes: None,
-            })
-        })
-        .collect();
-    let deadline = Instant::now() + timeout;
-    while devices.iter().any(|d| !d.released) {
-        let at = started.elapsed();
-        let snapshot = sampler.tick();
-        for device in devices.iter_mut().filter(|d| !d.released) {
-            let Some(reading) = snapshot
-                .devices
-                .iter()
-                .find(|d| d.info.uuid == device.uuid)
-                .and_then(|d| d.reading())
-            else {
-                continue;
-            };
-            let Some(processes) = reading.processes.as_ref() else {
-                continue;
-            };
-            device.still_listed = processes
-                .iter()
-                .filter(|p| ended.contains(&p.pid))
-                .map(|p| p.pid)
-                .collect();
-            device.used_after_bytes = reading.memory.map(|m| m.used_bytes);
-            device.freed_bytes = device
-                .used_before_bytes
-                .zip(device.used_after_bytes)
-                .map(|(b, a)| b.saturating_sub(a));
-            let grew = reading
-                .unaccounted_bytes()
-                .zip(device.unaccounted_before)
-                .map(|(now, then)| now.saturating_sub(then));
-            // Memory that left the list but stays used: half of what the targets held
-            // moving to "no process" is not noise.
-            let moved = grew
-                .zip(device.held_bytes)
-                .is_some_and(|(grew, held)| held > 0 && grew >= held / 2);
-            device.unlisted_bytes = grew.filter(|_| moved);
-            if device.still_listed.is_empty() && !moved {
-                device.released = true;
-                device.released_after_s = Some(at.as_secs_f64());
-            }
-        }
-        if devices.iter().all(|d| d.released) || Instant::now() >= deadline {
-            break;
-        }
-        std::thread::sleep(VERIFY_EVERY);
-    }
-    devices
-}
-
-/// Sets each exited target's audit outcome: the memory it held on devices that released it.
-fn record_memory_outcomes(
-    audit: &mut dyn AuditSink,
-    outcomes: &[TargetReport],
-    held_before: &BTreeMap<u32, Vec<GpuHolding>>,
-    devices: &[DeviceRelease],
-) {
-    for r in outcomes {
-        let (Some(id), TargetOutcome::Exited { after, .. }) = (r.last_audit_id(), &r.outcome)
-        else {
-            continue;
-        };
-        let pid = r.candidate.identity.pid;
-        let mut freed: u64 = 0;
-        let mut after_s = after.as_secs_f64();
-        for h in held_before.get(&pid).into_iter().flatten() {
-            if let Some(d) = devices.iter().find(|d| d.uuid == h.uuid && d.released) {
-                freed = freed.saturating_add(h.used_bytes.unwrap_or(0));
-                after_s = after_s.max(d.released_after_s.unwrap_or(0.0));
-            }
-        }
-        // Millisecond resolution is what the record keeps.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let after_ms = (after_s * 1000.0).round() as u64;
-        let outcome = AuditOutcome::Exited {
-            freed_bytes: freed,
-            after_ms,
-        };
-        if let Err(err) = audit.after(id, &outcome) {
-            tracing::warn!(error = %err, pid, "Could not record the outcome of a kill.");
-        }
-    }
-}
-
-/// For each device that still holds memory: which ended targets the driver still lists and
-/// why, and which survivors may hold the rest.
-fn still_held(
-    devices: &[DeviceRelease],
-    watch: &[(u32, u32)],
-    procs: &mut ProcReader,
-) -> Vec<StillHeld> {
-    let mut out = Vec::new();
-    for d in devices.iter().filter(|d| !d.released) {
-        let mut holders = Vec::new();
-        for pid in &d.still_listed {
-            holders.push(Holder {
-                pid: *pid,
-                command: procs.details(*pid).map(|p| p.command),
-                why: why_listed(*pid),
-            });
-        }
-        // Survivors are worth naming either way: a dead PID the driver still lists is
-        // often kept by a child that inherited its descriptors.
-        holders.extend(survivors(watch, procs));
-        out.push(StillHeld {
-            index: d.index,
-            uuid: d.uuid.clone(),
-            unlisted_bytes: d.unlisted_bytes,
-            holders,
-        });
-    }
-    out
-}
-
-fn why_listed(pid: u32) -> String {
-    match procinfo::read_stat(pid) {
-        Err(ProcError::NotFound { .. }) => "it has exited, but the driver still lists it: a \
-             process that inherited its /dev/nvidia* descriptors keeps its context, or the \
-             context leaked in the driver (a GPU reset or reboot frees that)"
-            .into(),
-        Err(e) => format!("cannot read its state: {e}"),
-        Ok(s) if s.is_zombie() => format!(
-            "a zombie the driver still lists; its parent (PID {}) must reap it",
-            s.ppid
-        ),
-        Ok(s) if s.state == 'D' => "in uninterruptible sleep (state D), usually inside the GPU \
-             driver"
-            .into(),
-        Ok(s) => format!("still running (state {})", s.state),
-    }
-}
-
-/// Descendants of the targets that are still alive, marked by whether they hold
-/// `/dev/nvidia*`; without any, every process here that holds `/dev/nvidia*`.
-fn survivors(watch: &[(u32, u32)], procs: &mut ProcReader) -> Vec<Holder> {
-    let mut out = Vec::new();
-    for (pid, parent) in watch {
-        let Ok(stat) = procinfo::read_stat(*pid) else {
-            continue;
-        };
-        let files = procinfo::gpu_device_files(*pid);
-        let holds = match &files {
-            Ok(files) if !files.is_empty() => format!("with {} open", files.join(", ")),
-            Ok(_) => "with no /dev/nvidia* open".to_owned(),
-            Err(_) => "(its descriptors cannot be read)".to_owned(),
-        };
-        let what = if stat.is_zombie() {
-            "a zombie"
-        } else {
-            "still running"
-        };
-        out.push(Holder {
-            pid: *pid,
-            command: procs.details(*pid).map(|p| p.command),
-            why: format!("a descendant of PID {parent}, {what} {holds}"),
-        });
-    }
-    if out.is_empty() {
-        for (pid, files) in procinfo::holders_of(procinfo::GPU_DEVICE_PREFIX)
-            .into_iter()
-            .take(10)
-        {
-            out.push(Holder {
-                pid,
-                command: procs.details(pid).map(|p| p.command),
-                why: format!("has {} open", files.join(", ")),
-            });
-        }
-    }
-    out
+    let o = Outcome::of(r);
+    t.signals = o.signals;
+    t.pinned = Some(o.pinned);
+    t.escalated = o.escalated;
+    t.exited_after_s = o.exited_after_s;
+    t.outcome = o.outcome;
+    t.detail = o.detail;
 }
 
 fn render_plan(report: &KillReport) -> Vec<String> {
@@ -804,54 +508,9 @@ fn render_results(report: &KillReport) -> Vec<String> {
         };
         lines.push(line);
     }
-    for d in &report.devices {
-        let held = units::opt_bytes(d.held_bytes);
-        let used = match (d.used_before_bytes, d.used_after_bytes) {
-            (Some(b), Some(a)) => format!("; used {} → {}", units::bytes(b), units::bytes(a)),
-            _ => String::new(),
-        };
-        if d.released {
-            lines.push(format!(
-                "GPU {}: {held} released after {} (freed {}{used})",
-                d.index,
-                units::seconds(d.released_after_s.unwrap_or(0.0)),
-                units::opt_bytes(d.freed_bytes),
-            ));
-        } else {
-            lines.push(format!(
-                "GPU {}: {held} NOT released within the timeout{used}",
-                d.index
-            ));
-        }
-    }
-    for s in &report.still_held {
-        if let Some(bytes) = s.unlisted_bytes {
-            lines.push(format!(
-                "GPU {}: {} moved to no listed process: something still holds the targets' \
-                 descriptors",
-                s.index,
-                units::bytes(bytes)
-            ));
-        }
-        if s.holders.is_empty() {
-            lines.push(format!(
-                "GPU {}: no process visible here holds /dev/nvidia*; the memory may belong to \
-                 another PID namespace or be leaked in the driver",
-                s.index
-            ));
-        }
-        for h in &s.holders {
-            lines.push(format!(
-                "GPU {}: still held: PID {} ({}): {}",
-                s.index,
-                h.pid,
-                h.command.as_deref().unwrap_or("?"),
-                h.why
-            ));
-        }
-    }
+    lines.extend(release_lines(&report.devices, &report.still_held));
     if let Some(path) = &report.audit_log {
-        lines.push(format!("audit log: {path}"));
+        lines.push(format!("audit log: {path} (table audit)"));
     }
     lines
 }

@@ -30,6 +30,7 @@ use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rf
 use vramctl_store::{DeviceRecord, OpenMode, Store, TimeRange, parse_duration_ms};
 
 pub use scan::{Finding, analyse};
+pub use watch::Host;
 
 use super::db_path;
 use super::history::{parse_when, select_devices, time_zone};

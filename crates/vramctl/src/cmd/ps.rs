@@ -166,19 +166,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     let pattern = args
         .pattern
         .as_deref()
-        .map(|text| {
-            Regex::new(text).map_err(|e| {
-                // regex's syntax errors draw a caret under the pattern over several lines;
-                // errors here are one line, so keep its last ("unclosed group").
-                let why = e.to_string();
-                let why = why
-                    .lines()
-                    .last()
-                    .unwrap_or_default()
-                    .trim_start_matches("error: ");
-                anyhow::anyhow!("--match '{text}' is not a valid regular expression: {why}")
-            })
-        })
+        .map(|text| compile_regex("--match", text))
         .transpose()?;
     let mut sampler = open_sampler(global)?;
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
@@ -211,6 +199,25 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     }
     out.flush().context("cannot write to stdout")?;
     Ok(Exit::Ok)
+}
+
+/// `text` as a regular expression; the error names `flag` and fits on one line.
+///
+/// # Errors
+/// When `text` is not a valid regular expression.
+pub fn compile_regex(flag: &str, text: &str) -> anyhow::Result<Regex> {
+    Regex::new(text).map_err(|e| {
+        // regex's syntax errors draw a caret under the pattern over several lines;
+        // errors here are one line, so keep its last ("unclosed group").
+        let why = e.to_string();
+        let why = why
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim_start_matches("error: ")
+            .to_owned();
+        anyhow::anyhow!("{flag} '{text}' is not a valid regular expression: {why}")
+    })
 }
 
 /// `--user`, `--match`, `--min-mem`.

@@ -142,7 +142,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
 }
 
 /// A channel that receives `()` on SIGINT or SIGTERM.
-fn stop_signals() -> anyhow::Result<Receiver<()>> {
+pub fn stop_signals() -> anyhow::Result<Receiver<()>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("cannot install signal handlers")?;

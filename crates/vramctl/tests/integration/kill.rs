@@ -5,18 +5,20 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+use vramctl_core::audit::AuditOutcome;
 
 use crate::harness::{redactions, vramctl_std};
 use crate::real_processes::{
-    Holder, Scenario, audit_lines, ends, is_root, shell, sleeper, term_ignorer, tree,
+    Holder, Scenario, audit_rows, ends, is_root, shell, sleeper, term_ignorer, tree,
 };
 
 const GIB: u64 = 1 << 30;
 
-/// `vramctl kill ARGS` on `scenario`, stdin closed, audit log in the scenario's directory.
+/// `vramctl kill ARGS` on `scenario`, stdin closed, history database (the audit log) in the
+/// scenario's directory.
 fn kill(scenario: &Scenario, args: &[&str]) -> Command {
     let mut cmd = vramctl_std(scenario.path());
-    cmd.env("VRAMCTL_AUDIT_LOG", scenario.audit_log())
+    cmd.env("VRAMCTL_DB", scenario.db())
         .stdin(Stdio::null())
         .arg("kill")
         .args(args);
@@ -72,19 +74,61 @@ fn kill_ends_the_process_and_the_memory_is_released() {
     assert!(d["released_after_s"].as_f64().unwrap() >= 0.0);
     assert_eq!(target.killed_by(), Some(15));
 
-    // Written before the signal, then its outcome: sent, then exited with the bytes freed.
-    let lines = audit_lines(&scenario.audit_log());
+    // One row, written before the signal; its outcome ends as exited with the bytes freed.
+    assert_eq!(report["audit_log"], scenario.db().display().to_string());
+    let rows = audit_rows(&scenario.db());
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let record = &rows[0].record;
+    assert_eq!(record.target.pid, pid);
+    assert_eq!(
+        record.target.start_time_ticks,
+        t["start_time_ticks"].as_u64().unwrap()
+    );
+    assert_eq!(record.signal, "SIGTERM+SIGCONT");
+    assert_eq!(record.action, "kill");
+    assert!(record.reason.contains("kill --yes"), "{}", record.reason);
+    assert_eq!(
+        record.outcome,
+        AuditOutcome::Exited {
+            freed_bytes: 5 * GIB,
+            after_ms: record_after_ms(&record.outcome),
+        }
+    );
+    assert!(rows[0].updated_ms.is_some());
+}
+
+#[test]
+fn the_audit_log_also_goes_to_a_json_lines_copy_when_asked() {
+    let mut target = sleeper();
+    let pid = target.pid();
+    let scenario = Scenario::new(1, &[Holder::real(0, pid, "2 GiB")]);
+    let copy = scenario.dir.path().join("logs/audit.jsonl");
+    let out = output(kill(&scenario, &["--yes", &pid.to_string()]).env("VRAMCTL_AUDIT_LOG", &copy));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(target.killed_by(), Some(15));
+    let rows = audit_rows(&scenario.db());
+    assert_eq!(rows.len(), 1);
+    // Written before the signal, then its outcome: sent, then exited with the bytes freed;
+    // every line names the store's row.
+    let lines: Vec<Value> = std::fs::read_to_string(&copy)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 3, "{lines:?}");
-    let record = &lines[0]["record"];
-    assert_eq!(record["target"]["pid"], pid);
-    assert_eq!(record["signal"], "SIGTERM+SIGCONT");
-    assert_eq!(record["outcome"]["outcome"], "pending");
-    assert_eq!(record["action"], "kill");
-    assert!(record["reason"].as_str().unwrap().contains("kill --yes"));
+    assert!(lines.iter().all(|l| l["id"] == rows[0].id));
+    assert_eq!(lines[0]["record"]["outcome"]["outcome"], "pending");
     assert_eq!(lines[1]["outcome"]["outcome"], "sent");
     assert_eq!(lines[2]["outcome"]["outcome"], "exited");
-    assert_eq!(lines[2]["outcome"]["detail"]["freed_bytes"], 5 * GIB);
-    assert!(lines.iter().all(|l| l["id"] == lines[0]["id"]));
+    assert_eq!(lines[2]["outcome"]["detail"]["freed_bytes"], 2 * GIB);
+}
+
+/// The time an `exited` outcome says the release took (not predictable; checked to exist).
+fn record_after_ms(outcome: &AuditOutcome) -> u64 {
+    match outcome {
+        AuditOutcome::Exited { after_ms, .. } => *after_ms,
+        other => panic!("not exited: {other:?}"),
+    }
 }
 
 #[test]
@@ -124,9 +168,9 @@ fn a_process_ignoring_term_is_escalated_after_the_grace_period() {
     assert!(t["exited_after_s"].as_f64().unwrap() >= 0.2);
     assert_eq!(report["devices"][0]["released"], true);
     assert_eq!(target.killed_by(), Some(9));
-    let signals: Vec<Value> = audit_lines(&scenario.audit_log())
-        .iter()
-        .filter_map(|l| l.get("record").map(|r| r["signal"].clone()))
+    let signals: Vec<String> = audit_rows(&scenario.db())
+        .into_iter()
+        .map(|r| r.record.signal)
         .collect();
     assert_eq!(signals, ["SIGTERM+SIGCONT", "SIGKILL"]);
 }
@@ -245,10 +289,7 @@ fn refusals_come_first_and_each_has_a_reason() {
         );
     }
     assert!(lines[2].contains("it is -1"), "{}", lines[2]);
-    assert!(
-        !scenario.audit_log().exists(),
-        "nothing sent, nothing written"
-    );
+    assert!(!scenario.db().exists(), "nothing sent, nothing written");
 }
 
 #[test]
@@ -257,7 +298,7 @@ fn vramctl_refuses_itself() {
     let scenario = Scenario::new(1, &[]);
     let mut cmd = vramctl_std(scenario.path());
     let program = cmd.get_program().to_owned();
-    cmd.env("VRAMCTL_AUDIT_LOG", scenario.audit_log());
+    cmd.env("VRAMCTL_DB", scenario.db());
     let out = Command::new("sh")
         .args(["-c", "exec \"$0\" kill --yes $$"])
         .arg(program)
@@ -356,7 +397,7 @@ fn without_a_terminal_and_without_yes_nothing_is_sent() {
          --yes to confirm (or --dry-run to look first)"
     );
     assert!(target.alive());
-    assert!(!scenario.audit_log().exists());
+    assert!(!scenario.db().exists());
 }
 
 #[test]
@@ -372,23 +413,54 @@ fn dry_run_changes_nothing() {
     assert_eq!(report["dry_run"], true);
     assert_eq!(report["targets"][0]["outcome"], "would_signal");
     assert!(target.alive());
-    assert!(!scenario.audit_log().exists());
+    assert!(!scenario.db().exists());
 }
 
 #[test]
 fn no_signal_without_its_audit_record() {
     let target = sleeper();
     let scenario = Scenario::new(1, &[Holder::real(0, target.pid(), "1 GiB")]);
-    // A regular file where the log's directory should be.
+    // A regular file where the database's directory should be.
     let blocker = scenario.dir.path().join("not-a-dir");
     std::fs::write(&blocker, "").unwrap();
+    let out = output(
+        kill(&scenario, &["--yes", &target.pid().to_string()])
+            .env("VRAMCTL_DB", blocker.join("history.db")),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(
+            "vramctl: error: cannot open the audit log (nothing is signalled without it): \
+             cannot create the directory"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(target.alive());
+
+    // A file that is not a vramctl history: refused, untouched, nothing sent.
+    let other = scenario.dir.path().join("notes.db");
+    std::fs::write(&other, "some notes").unwrap();
+    let out =
+        output(kill(&scenario, &["--yes", &target.pid().to_string()]).env("VRAMCTL_DB", &other));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not a vramctl history database"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&other).unwrap(), "some notes");
+    assert!(target.alive());
+
+    // A copy that cannot be written: also nothing sent.
     let out = output(
         kill(&scenario, &["--yes", &target.pid().to_string()])
             .env("VRAMCTL_AUDIT_LOG", blocker.join("audit.jsonl")),
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr(&out).starts_with("vramctl: error: cannot create the audit log directory"),
+        stderr(&out).contains("cannot create the directory of the audit log copy"),
         "{}",
         stderr(&out)
     );

@@ -8,6 +8,7 @@ mod kill;
 mod leaks;
 mod ps;
 mod real_processes;
+mod reap;
 mod serve;
 mod status;
 mod top;

@@ -183,9 +183,9 @@ impl Scenario {
         Self { dir, path }
     }
 
-    /// Where `kill` should write its audit log in this test.
-    pub fn audit_log(&self) -> PathBuf {
-        self.dir.path().join("state/audit.jsonl")
+    /// The history database of this test: where `kill` and `reap` write their audit rows.
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("state/history.db")
     }
 
     pub fn path(&self) -> &Path {
@@ -193,13 +193,16 @@ impl Scenario {
     }
 }
 
-/// The audit log's lines, parsed.
-pub fn audit_lines(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect()
+/// The audit rows of the history at `db`, oldest first, read through the store's API (none
+/// when the database does not exist).
+pub fn audit_rows(db: &Path) -> Vec<vramctl_store::AuditRow> {
+    if !db.exists() {
+        return Vec::new();
+    }
+    vramctl_store::Store::open(db, vramctl_store::OpenMode::ReadOnly)
+        .expect("the history database")
+        .audit_rows(vramctl_store::TimeRange::ALL)
+        .expect("audit rows")
 }
 
 /// Whether this test runs as root (needed to create another user's process).

@@ -228,14 +228,16 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
 }
 
 /// What /proc says about GPU processes: identity and CPU time every tick, names once.
-struct Host {
+/// Shared with `reap`, which feeds the same tracker.
+pub struct Host {
     reader: ProcReader,
     ticks_per_second: u64,
     boot_unix_ms: Option<i64>,
 }
 
 impl Host {
-    fn new() -> Self {
+    /// Reads the boot time and clock tick rate once.
+    pub fn new() -> Self {
         Self {
             reader: ProcReader::new(),
             ticks_per_second: procfs::ticks_per_second().max(1),
@@ -248,7 +250,7 @@ impl Host {
 
     /// Start time and CPU time of `pid` from one read of /proc/PID/stat; nothing for a
     /// process in another PID namespace.
-    fn facts(&self, pid: u32) -> ProcessFacts {
+    pub fn facts(&self, pid: u32) -> ProcessFacts {
         let Some(cpu) = procinfo::cpu_time_ticks(pid) else {
             return ProcessFacts::default();
         };
