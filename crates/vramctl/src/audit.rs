@@ -1,6 +1,7 @@
-//! Where `kill` writes its audit records until the history store lands: an append-only
-//! JSON-lines file, fsynced after every line (the durability `synchronous=FULL` gives the
-//! store's audit table).
+//! Where everything that signals (`kill`, the kill key of `top`) writes its audit records:
+//! [`open_sink`] is the one place that decides. Today that is an append-only JSON-lines
+//! file, fsynced after every line (the durability `synchronous=FULL` gives the store's
+//! audit table).
 //!
 //! The file is `$VRAMCTL_AUDIT_LOG`, else `$XDG_STATE_HOME/vramctl/audit.jsonl`, else
 //! `~/.local/state/vramctl/audit.jsonl`. Each record is one line
@@ -17,6 +18,22 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use vramctl_core::audit::{AuditOutcome, AuditRecord};
 use vramctl_core::signal::{AuditError, AuditId, AuditSink};
+
+use crate::cli::GlobalArgs;
+
+/// The audit sink of every command that signals: `kill` and `top`'s kill key call this, and
+/// only this, so where audit records go is decided here once (the store-backed sink is to
+/// replace the JSON-lines log behind this function). `Send`: `top` signals from its action
+/// thread.
+///
+/// # Errors
+/// When there is no place for the log, or it cannot be created or opened.
+pub fn open_sink(global: &GlobalArgs) -> anyhow::Result<JsonlAuditLog> {
+    // The history database (`global.db`) will hold the records once the sink is
+    // store-backed; the JSON-lines log has its own place.
+    let _ = global;
+    JsonlAuditLog::open(&JsonlAuditLog::default_path()?)
+}
 
 /// The JSON-lines audit log.
 #[derive(Debug)]

@@ -24,7 +24,6 @@ use vramctl_core::{NvmlBackend, Sampler};
 
 use super::ps::{GpuHolding, holdings, total_bytes};
 use super::{GpuFilter, open_sampler};
-use crate::audit::JsonlAuditLog;
 use crate::cli::{GlobalArgs, KillArgs};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
@@ -272,7 +271,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         return finish(&mut out, args.json, &report);
     }
 
-    let mut audit = JsonlAuditLog::open(&JsonlAuditLog::default_path()?)?;
+    let mut audit = crate::audit::open_sink(global)?;
     report.audit_log = Some(audit.path().display().to_string());
     let command_line = format!(
         "vramctl {}",
