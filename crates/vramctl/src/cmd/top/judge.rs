@@ -110,3 +110,122 @@ fn verdicts_at(observation: &Observation, findings: &[Finding]) -> Verdicts {
     }
     verdicts
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use vramctl::tui::verdict::VerdictKind;
+    use vramctl_core::types::{DriverInfo, Snapshot};
+    use vramctl_store::{
+        DeviceMeta, DeviceSample, DeviceSampleState, Metric, Observed, ProcessKey, ProcessList,
+        ProcessMeta, ProcessOnDevice, ProcessSample, TickSample,
+    };
+
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    const T0: i64 = 1_795_984_200_000;
+
+    /// One GPU "GPU-a" at `T0 + t_s`: PID 1 flat at 4 GiB for 60 s, then 64 MiB/s more;
+    /// PID 2 flat at 2 GiB. Start time = PID.
+    fn tick(t_s: i64) -> TickSample {
+        let grown = u64::try_from((t_s - 60).max(0)).unwrap_or(0) * 64 * MIB;
+        let procs = [(1_u32, 4 * GIB + grown), (2, 2 * GIB)];
+        let used: u64 = procs.iter().map(|p| p.1).sum();
+        TickSample {
+            at_unix_ms: T0 + t_s * 1000,
+            devices: vec![DeviceSample {
+                device: DeviceMeta {
+                    uuid: "GPU-a".into(),
+                    index: Some(0),
+                    ..DeviceMeta::default()
+                },
+                state: DeviceSampleState::Read {
+                    metrics: vec![
+                        (Metric::UsedBytes, Observed::Value(used)),
+                        (Metric::FreeBytes, Observed::Value(140 * GIB - used)),
+                        (Metric::TotalBytes, Observed::Value(140 * GIB)),
+                    ],
+                    processes: ProcessList::Observed(
+                        procs
+                            .iter()
+                            .map(|&(pid, bytes)| ProcessOnDevice {
+                                pid,
+                                used_bytes: Some(bytes),
+                                sm_percent: None,
+                            })
+                            .collect(),
+                    ),
+                },
+            }],
+            processes: procs
+                .iter()
+                .map(|&(pid, _)| ProcessSample {
+                    meta: ProcessMeta {
+                        key: ProcessKey {
+                            boot_id: Some("b".into()),
+                            pid,
+                            start_time_ticks: Some(u64::from(pid)),
+                        },
+                        ..ProcessMeta::default()
+                    },
+                    cpu_ticks: None,
+                })
+                .collect(),
+            ..TickSample::default()
+        }
+    }
+
+    /// The moment on screen at `T0 + t_s`, with PID 1 shown with `start` as its start time.
+    fn at(t_s: i64, start: u64) -> Observation {
+        let mut o = Observation::bare(Snapshot {
+            taken_at_unix_ms: T0 + t_s * 1000,
+            driver: Arc::new(DriverInfo::default()),
+            devices: Vec::new(),
+            unopened: Vec::new(),
+        });
+        let mut host = vramctl::tui::observe::HostProcess {
+            pid: 1,
+            ppid: None,
+            user: None,
+            command: String::new(),
+            state: None,
+            start_time_ticks: Some(start),
+            started_at_unix_ms: None,
+            cpu_percent: None,
+            cpu_time_ms: None,
+        };
+        o.hosts.insert(1, host.clone());
+        host.pid = 2;
+        host.start_time_ticks = Some(2);
+        o.hosts.insert(2, host);
+        o
+    }
+
+    #[test]
+    fn verdicts_at_the_cursor_see_only_the_recording_before_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("h.db");
+        {
+            let mut store = Store::open(&path, OpenMode::Append).expect("store");
+            for t in 0..300 {
+                store.append(&tick(t)).expect("append");
+            }
+        }
+        let mut judge = StoreJudge::open(&path, LeakConfig::default()).expect("open");
+        let kind = |v: &Verdicts, pid: u32| v.get(pid, "GPU-a").map(|v| v.kind);
+        // Five minutes in: the growth after the plateau is a leak; the flat one is not.
+        let late = judge.judge_at(&at(299, 1));
+        assert_eq!(kind(&late, 1), Some(VerdictKind::Leak));
+        assert_eq!(kind(&late, 2), Some(VerdictKind::Stable));
+        // Back before the growth began: no leak yet (the cursor moves both ways).
+        let early = judge.judge_at(&at(55, 1));
+        assert_eq!(kind(&early, 1), Some(VerdictKind::Stable));
+        // A PID on screen that is another process than the recorded one gets nothing.
+        let reused = judge.judge_at(&at(299, 99));
+        assert_eq!(kind(&reused, 1), None);
+        assert_eq!(kind(&reused, 2), Some(VerdictKind::Stable));
+    }
+}
