@@ -445,8 +445,16 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     tmux.keys(&["x"]);
     let screen = tmux.wait_for("the killed process gone", |s| table_rows(s).len() == 4);
     assert!(!pid_order(&screen).contains(&real_pid), "{screen}");
-    // The audit log has the record (written before the signal) and the memory outcome.
-    let audit = std::fs::read_to_string(&audit_log).expect("the audit log");
+    // The audit log has the record (written before the signal) and the memory outcome
+    // (written by the action thread once the dialog said done: waited for, not assumed).
+    let started = Instant::now();
+    let audit = loop {
+        let audit = std::fs::read_to_string(&audit_log).expect("the audit log");
+        if audit.contains("\"exited\"") || started.elapsed() > PATIENCE {
+            break audit;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let lines: Vec<serde_json::Value> = audit
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
