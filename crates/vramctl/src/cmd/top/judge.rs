@@ -3,9 +3,10 @@
 //! A replay's cursor jumps both ways, so a live tracker fed in order does not fit; instead
 //! each moment gets what `vramctl leaks` says of the recording over the span before it:
 //! the same one-pass store scan (`cmd/leaks/scan.rs`) and batch analysis, over
-//! `[cursor − span, cursor]`. Cost grows with the span and the number of series (about
-//! 25–40 ms for an hour of 8 GPUs × 30 processes at 1 s, `docs/benchmarks.md`), on the
-//! replay thread; the span is an hour, or `--idle-for` plus ten minutes when that is longer
+//! `[cursor − span, cursor]`. Cost grows with the span and the number of series (not
+//! measured for this use; `leaks --db` takes 0.6–0.9 s for a day of 8 GPUs × 30 processes
+//! at 1 s in `docs/benchmarks.md`, so an hour should be a few tens of ms), on the replay
+//! thread; the span is an hour, or `--idle-for` plus ten minutes when that is longer
 //! (an idle holder needs its whole idle time in view).
 
 use std::collections::HashMap;
