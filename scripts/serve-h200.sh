@@ -10,8 +10,17 @@
 #    disagree.
 # 3. Measures the daemon's CPU over 60 s at --interval 1 with one scrape per second, and its
 #    RSS; runs `promtool check metrics` on the scrape when promtool is installed.
-# Everything lands in OUTDIR (metrics.txt, smi-*.csv, comparison.txt, summary.txt).
-set -euo pipefail
+# 4. Leak and idle verdicts from the daemon's live analysis (it runs with --idle-for 60s):
+#    starts scripts/workloads/leak_fast.py (flat after a 60 s warm-up, then keeps 134 MB/s)
+#    and idle_holder.py (12 GiB, then sleeps), scrapes every 5 s (up to 300 s) until
+#    vramctl_process_leak is 1 for leak_fast and vramctl_process_idle_holder 1 for
+#    idle_holder, and writes metrics-verdicts.txt (that scrape) and verdicts.txt: each
+#    workload's verdict series, when each first showed, and whether the flat 4 GiB holder
+#    stayed vramctl_process_leak 0. Exit status 1 when a verdict is missing or wrong.
+# Everything lands in OUTDIR (metrics.txt, smi-*.csv, comparison.txt, summary.txt,
+# metrics-verdicts.txt, verdicts.txt, labels.jsonl).
+# Not -e: a disagreement (exit 1 of the comparison) must not skip the steps after it.
+set -uo pipefail
 vramctl=$(realpath "$1"); out=$2
 mkdir -p "$out"
 
@@ -20,12 +29,13 @@ import time, torch
 x = torch.ones(4 * 1024**3 // 4, device="cuda")
 torch.cuda.synchronize()
 open("/tmp/vramctl-serve-check.ready", "w").close()
-time.sleep(300)
+time.sleep(900)
 PY
 holder=$!
-"$vramctl" serve --listen 127.0.0.1:0 --interval 1 2> "$out/serve.log" &
+"$vramctl" serve --listen 127.0.0.1:0 --interval 1 --idle-for 60s 2> "$out/serve.log" &
 serve=$!
-trap 'kill $holder $serve 2>/dev/null || true; rm -f /tmp/vramctl-serve-check.ready' EXIT
+leak=; idle=
+trap 'kill $holder $serve $leak $idle 2>/dev/null || true; rm -f /tmp/vramctl-serve-check.ready' EXIT
 for _ in $(seq 600); do [ -e /tmp/vramctl-serve-check.ready ] && break; sleep 0.1; done
 for _ in $(seq 100); do grep -q serving "$out/serve.log" && break; sleep 0.1; done
 addr=$(grep -o '127.0.0.1:[0-9]*' "$out/serve.log" | head -1)
@@ -108,4 +118,40 @@ awk -v a="$c0" -v b="$c1" -v s="$t0" -v e="$t1" -v hz="$ticks" \
   | tee -a "$out/summary.txt"
 grep -E "VmRSS|VmHWM" /proc/$pid/status | tee -a "$out/summary.txt"
 grep -E "^vramctl_sample_duration_seconds " "$out/metrics.txt" | tee -a "$out/summary.txt"
+
+# 4. Verdicts from the live analysis, on real leaking and idle PyTorch processes.
+here=$(cd "$(dirname "$0")" && pwd)
+export LABELS="$out/labels.jsonl" DURATION=420
+cd "$here/workloads"
+python3 leak_fast.py 2> "$out/leak_fast.log" &
+leak=$!
+python3 idle_holder.py 2> "$out/idle_holder.log" &
+idle=$!
+cd - > /dev/null
+t0=$(date +%s)
+found=0
+for _ in $(seq 60); do
+  sleep 5
+  curl -s "http://$addr/metrics" > "$out/metrics-verdicts.txt"
+  elapsed=$(( $(date +%s) - t0 ))
+  grep -qE "^vramctl_process_leak\{[^}]*pid=\"$leak\"[^}]*\} 1$" "$out/metrics-verdicts.txt" \
+    && [ -z "${leak_at:-}" ] && leak_at=$elapsed
+  grep -qE "^vramctl_process_idle_holder\{[^}]*pid=\"$idle\"[^}]*\} 1$" "$out/metrics-verdicts.txt" \
+    && [ -z "${idle_at:-}" ] && idle_at=$elapsed
+  if [ -n "${leak_at:-}" ] && [ -n "${idle_at:-}" ]; then found=1; break; fi
+done
+{
+  echo "leak_fast (pid $leak): vramctl_process_leak 1 after ${leak_at:-never} s (its leak starts at 60 s)"
+  echo "idle_holder (pid $idle): vramctl_process_idle_holder 1 after ${idle_at:-never} s (--idle-for 60s)"
+  for p in "$leak" "$idle" "$holder"; do
+    grep -E "^vramctl_process_(leak|leak_slope_bytes_per_second|idle_holder|idle_seconds)\{[^}]*pid=\"$p\"" \
+      "$out/metrics-verdicts.txt" || echo "(no verdict series for pid $p)"
+  done
+  if grep -qE "^vramctl_process_leak\{[^}]*pid=\"$holder\"[^}]*\} 0$" "$out/metrics-verdicts.txt"; then
+    echo "ok   the flat 4 GiB holder (pid $holder): vramctl_process_leak 0"
+  else
+    echo "DIFF the flat 4 GiB holder (pid $holder): no vramctl_process_leak 0"; found=0
+  fi
+} | tee "$out/verdicts.txt"
+[ "$found" = 1 ] || status=1
 exit "$status"

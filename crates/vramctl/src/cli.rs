@@ -25,7 +25,7 @@ pub struct Cli {
 }
 
 /// Options every command accepts.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
     /// NVML library to load instead of libnvidia-ml.so.1
     #[arg(long, global = true, env = "VRAMCTL_NVML_LIB", value_name = "PATH")]
@@ -167,6 +167,20 @@ pub struct ServeArgs {
     /// raw=24h,1m=30d]
     #[arg(long, value_name = "SPEC")]
     pub retain: Option<String>,
+
+    /// Thresholds of the leak and idle analysis behind vramctl_process_leak and
+    /// vramctl_process_idle_holder (as for `vramctl leaks`)
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+
+    /// Test only: time starts at this Unix time in ms and moves by --interval per sample,
+    /// without waiting (needs --ticks)
+    #[arg(long, hide = true, value_name = "UNIX_MS", requires = "ticks")]
+    pub simulated_clock: Option<i64>,
+
+    /// Test only: stop sampling after N samples and keep serving the last one
+    #[arg(long, hide = true, value_name = "N")]
+    pub ticks: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -481,6 +495,11 @@ pub struct TopArgs {
     /// instead of sampling now; live, the charts' past comes from --db when it exists
     #[arg(long, value_name = "DB")]
     pub replay: Option<PathBuf>,
+
+    /// Thresholds of the leak and idle analysis behind the L and I flags (as for
+    /// `vramctl leaks`)
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
 }
 
 #[derive(Debug, Args)]

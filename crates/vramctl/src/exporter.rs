@@ -17,10 +17,11 @@
 //! line, the age of that sample, so a stuck sampler is visible. The async runtime stays in
 //! this module (`server`); the rest of vramctl is threads and channels.
 //!
-//! Consumers of a tick (see [`daemon`]): the history recorder (`serve --record`,
-//! [`recording`]); the leak/idle tracker plugs into the same loop once the live analysis
-//! lands.
+//! Consumers of a tick (see [`daemon`]): the leak and idle analysis ([`analysis`]: fills
+//! the verdicts the renderer exports) and the history recorder (`serve --record`,
+//! [`recording`]).
 
+pub mod analysis;
 pub mod auth;
 pub mod cache;
 pub mod daemon;

@@ -1,7 +1,9 @@
 //! The parts of `vramctl` that are a library as well as a binary: the terminal UI of
 //! `vramctl top`, so that its frames can be rendered by a benchmark
-//! (`benches/top_frame.rs`) and by tests without a terminal.
+//! (`benches/top_frame.rs`) and by tests without a terminal; and what `top` shares with the
+//! other commands that run the live analysis (`facts`: /proc facts for `FleetTracker`).
 //!
 //! The binary (`main.rs`) holds the command line and every other command.
 
+pub mod facts;
 pub mod tui;

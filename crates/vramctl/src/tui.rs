@@ -13,9 +13,11 @@
 //!
 //! The seams (see each module): [`history::HistorySource`] (the store's long history for
 //! the charts) and [`replay::ReplaySource`] (a recording to browse), both served by
-//! [`store::StoreSource`] over the history store; and still to be wired,
-//! [`verdict::Judge`] (leak and idle verdicts from the analysis) and [`kill::Killer`] (the
-//! safe kill path).
+//! [`store::StoreSource`] over the history store; [`verdict::Judge`] (leak and idle
+//! verdicts: [`verdict::AnalysisJudge`] runs the live analysis on the sampler thread) and
+//! [`verdict::ReplayJudge`] (verdicts at a replay's cursor); and [`kill::Killer`] (the safe
+//! kill path: [`kill::SignalKiller`], `vramctl kill`'s signalling and audit, on the action
+//! thread).
 
 pub mod app;
 pub mod event;

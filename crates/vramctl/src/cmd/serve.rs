@@ -5,19 +5,29 @@
 //! `vramctl_nvml_up 0` and keeps retrying. Bad flags, an unreadable web config, an address
 //! in use, or with `--record` a history database that cannot be opened (another recorder
 //! holds it, not ours, newer, damaged, unwritable) are errors (exit 2) before anything is
-//! served. With `--record`, the history is flushed before the daemon exits.
+//! served. With `--record`, the history is flushed before the daemon exits. Every tick also
+//! goes through the live leak and idle analysis (`exporter::analysis`; thresholds as for
+//! `vramctl leaks`), whose verdicts are exported per process.
+//!
+//! Test only (hidden): `--simulated-clock UNIX_MS --ticks N` samples N times without
+//! waiting, time moving by `--interval` per sample, and keeps serving the last sample; with
+//! the fake NVML's `step` clock the exposition is then deterministic.
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use vramctl::facts::FactsReader;
+use vramctl_core::clock::ManualClock;
 use vramctl_core::procinfo;
 use vramctl_store::{OpenMode, Retention, Store};
 
 use super::db_path;
+use super::leaks::leak_config;
 use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
+use crate::exporter::analysis::LiveAnalysis;
 use crate::exporter::cache::Cache;
 use crate::exporter::daemon::{Collector, CollectorConfig};
 use crate::exporter::metadata::DetailsSource;
@@ -42,6 +52,15 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if args.max_requests == 0 {
         bail!("--web.max-requests '0' would refuse every request; use 1 or more");
     }
+    let leak = leak_config(&args.analysis)?;
+    // As for the recorder: /proc is read only with /proc labels, since with `nvml` or
+    // `none` the daemon may run outside the host's PID namespace.
+    let facts = if args.process_details == DetailsSource::Proc {
+        FactsReader::new()
+    } else {
+        FactsReader::without_proc()
+    };
+    let analysis = LiveAnalysis::new(leak, facts).map_err(|e| anyhow::anyhow!("{e}"))?;
     let web = match &args.web_config_file {
         Some(path) => WebConfig::load(path)?,
         None => WebConfig::plain(),
@@ -83,9 +102,12 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             render: RenderOptions {
                 max_process_series: args.max_process_series,
             },
+            simulated_clock: args.simulated_clock.map(ManualClock::new),
+            ticks: args.ticks,
         },
         Arc::clone(&cache),
     );
+    collector.add_consumer(Box::new(analysis));
     if let Some(recorder) = recorder {
         collector.add_consumer(Box::new(recorder));
     }

@@ -6,6 +6,13 @@
 //! thread over that database; starts the input and action threads, takes the terminal,
 //! and runs the loop: wait for an event, update the state, carry out the effects, draw.
 //! Drawing happens once per batch of queued events.
+//!
+//! The seams are filled here: live, `tui::verdict::AnalysisJudge` (the live leak and idle
+//! analysis) on the sampler thread; in a replay, `judge::StoreJudge` (the batch analysis of
+//! the recording before the cursor) on the replay thread; and `tui::kill::SignalKiller`
+//! (the signal path and audit sink of `vramctl kill`) on the action thread.
+
+mod judge;
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
@@ -13,21 +20,22 @@ use std::sync::Arc;
 use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use vramctl::tui::app::{App, AppConfig, Effect, TICK_MS};
 use vramctl::tui::event::{
     ActionRequest, Event, HistoryRequest, ReplayRequest, spawn_actions, spawn_history, spawn_input,
     spawn_replay, spawn_sampler, spawn_signals,
 };
-use vramctl::tui::kill::{Actions, UnwiredKiller};
+use vramctl::tui::kill::{Actions, SignalKiller};
 use vramctl::tui::store::StoreSource;
 use vramctl::tui::terminal::TerminalGuard;
-use vramctl::tui::verdict::NoJudge;
+use vramctl::tui::verdict::AnalysisJudge;
 use vramctl::tui::view;
 use vramctl_core::procinfo;
 use vramctl_core::types::DeviceInfo;
 use vramctl_store::StoreError;
 
+use super::leaks::leak_config;
 use super::{GpuFilter, db_path, open_sampler};
 use crate::cli::{ColorChoice, GlobalArgs, TopArgs};
 use crate::exit::Exit;
@@ -38,6 +46,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
         s if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
         s => bail!("--interval '{s}' is not a number of seconds between 0.1 and 3600"),
     };
+    let leak = leak_config(&args.analysis)?;
     let color = match global.color {
         ColorChoice::Always => true,
         ColorChoice::Never => false,
@@ -59,9 +68,12 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                     .gpus()
                     .map_err(|e| anyhow::anyhow!("cannot replay '{}': {e}", db.display()))
             })?;
+            let judge = judge::StoreJudge::open(db, leak.clone())
+                .with_context(|| format!("cannot replay '{}'", db.display()))?;
             need_terminal()?;
-            let (requests, _replay) = spawn_replay(Box::new(source), tx.clone())
-                .context("cannot start the replay thread")?;
+            let (requests, _replay) =
+                spawn_replay(Box::new(source), Some(Box::new(judge)), tx.clone())
+                    .context("cannot start the replay thread")?;
             replay = Some(requests);
             AppConfig {
                 live_interval: None,
@@ -71,7 +83,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 devices,
                 history_source: false,
                 history_note: Some(format!("the recording '{}'", db.display())),
-                analysis: false,
+                analysis: true,
             }
         }
         None => {
@@ -87,10 +99,9 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                     .context("cannot start the history thread")?;
                 history = Some(requests);
             }
-            // The analysis plugs in here (a `Judge` over `vramctl_core::analysis`) once
-            // merged.
+            let judge = AnalysisJudge::new(leak.clone()).map_err(|e| anyhow!("{e}"))?;
             sampler_thread = Some(
-                spawn_sampler(sampler, interval, Box::new(NoJudge), tx.clone())
+                spawn_sampler(sampler, interval, Box::new(judge), tx.clone())
                     .context("cannot start the sampler thread")?,
             );
             AppConfig {
@@ -100,17 +111,19 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 devices,
                 history_source: history.is_some(),
                 history_note: Some(note),
-                analysis: false,
+                analysis: true,
             }
         }
     };
     let mut app = App::new(app_config);
-    // The safe kill path plugs in here (a `Killer` over `vramctl_core::signal`) once merged.
-    let (actions, _actions) = spawn_actions(
-        Actions::new(args.readonly, Box::new(UnwiredKiller::default())),
-        tx.clone(),
-    )
-    .context("cannot start the action thread")?;
+    // The audit sink of `vramctl kill`, opened at the first kill (never when read-only).
+    let sink_global = global.clone();
+    let killer = SignalKiller::new(Box::new(move || {
+        crate::audit::open_sink(&sink_global).map_err(|e| format!("{e:#}"))
+    }));
+    let (actions, _actions) =
+        spawn_actions(Actions::new(args.readonly, Box::new(killer)), tx.clone())
+            .context("cannot start the action thread")?;
 
     let (guard, mut terminal) = TerminalGuard::enter().context("cannot set up the terminal")?;
     let size = terminal.size().context("cannot read the terminal size")?;

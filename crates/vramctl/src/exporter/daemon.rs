@@ -5,9 +5,9 @@
 //!    backoff);
 //! 2. [`Stats::observe`]: error counters and the used-memory peak window;
 //! 3. [`MetadataCache::update`]: user, command, container and pod labels from /proc;
-//! 4. the [`TickConsumer`]s, in the order added: the history recorder (`serve --record`,
-//!    [`super::recording`]), and the leak/idle tracker plugs in here too. A tracker's
-//!    verdicts go into the [`ProcessVerdicts`] it is handed, before rendering;
+//! 4. the [`TickConsumer`]s, in the order added: the leak and idle analysis
+//!    ([`super::analysis`]), which fills the [`ProcessVerdicts`] it is handed before
+//!    rendering, and the history recorder (`serve --record`, [`super::recording`]);
 //! 5. [`render`] in both formats, published to the [`Cache`] that scrapes read.
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use vramctl_core::clock::{Clock, SystemClock};
+use vramctl_core::clock::{Clock, ManualClock, SystemClock};
 use vramctl_core::types::Snapshot;
 
 use super::cache::{Cache, Published};
@@ -60,11 +60,18 @@ pub struct CollectorConfig {
     pub details: DetailsSource,
     /// `--max-process-series`.
     pub render: RenderOptions,
+    /// Test only (`--simulated-clock`): snapshots are timed by this clock, which moves by
+    /// `interval` per sample, and samples follow each other without waiting.
+    pub simulated_clock: Option<ManualClock>,
+    /// Test only (`--ticks`): stop sampling after this many samples, keep serving the last;
+    /// `ready` is sent after the last of them.
+    pub ticks: Option<u64>,
 }
 
 /// Everything the sampler thread owns.
 pub struct Collector {
     config: CollectorConfig,
+    clock: Arc<dyn Clock>,
     source: NvmlSource,
     metadata: MetadataCache,
     stats: Stats,
@@ -86,8 +93,13 @@ impl std::fmt::Debug for Collector {
 impl Collector {
     /// A collector publishing into `cache`. NVML is opened on the first tick.
     pub fn new(config: CollectorConfig, cache: Arc<Cache>) -> Self {
+        let clock: Arc<dyn Clock> = match &config.simulated_clock {
+            Some(manual) => Arc::new(manual.clone()),
+            None => Arc::new(SystemClock),
+        };
         Self {
-            source: NvmlSource::new(config.library.clone(), config.interval),
+            source: NvmlSource::new(config.library.clone(), config.interval, Arc::clone(&clock)),
+            clock,
             metadata: MetadataCache::new(config.details),
             stats: Stats::new(config.peak_window),
             verdicts: ProcessVerdicts::new(),
@@ -97,7 +109,7 @@ impl Collector {
         }
     }
 
-    /// Adds a consumer of every snapshot (the recorder, the leak/idle tracker).
+    /// Adds a consumer of every snapshot (the leak/idle analysis, the recorder).
     pub fn add_consumer(&mut self, consumer: Box<dyn TickConsumer>) {
         self.consumers.push(consumer);
     }
@@ -123,7 +135,7 @@ impl Collector {
                 }
             }
             None if !self.consumers.is_empty() => {
-                let at = SystemClock.now_unix_ms();
+                let at = self.clock.now_unix_ms();
                 let reason = self.source.down_reason().unwrap_or("NVML did not start");
                 for consumer in &mut self.consumers {
                     consumer.on_no_snapshot(at, reason);
@@ -153,14 +165,32 @@ impl Collector {
 
     /// Collects every `interval` until `stop` receives a message or its sender is dropped,
     /// then lets the consumers finish (the recorder flushes); `ready` hears once the first
-    /// collection is published.
+    /// collection is published (with `ticks`, the last).
     pub fn run(mut self, stop: &Receiver<()>, mut ready: Option<SyncSender<()>>) {
         let interval = self.config.interval;
         let mut next = Instant::now();
+        let mut samples: u64 = 0;
         loop {
             self.collect_once(Instant::now());
-            if let Some(ready) = ready.take() {
+            samples += 1;
+            // With `--ticks` (tests), ready once every sample is in, so that the first
+            // scrape already sees them all.
+            if self.config.ticks.is_none_or(|n| samples >= n)
+                && let Some(ready) = ready.take()
+            {
                 let _ = ready.send(());
+            }
+            if self.config.ticks.is_some_and(|n| samples >= n) {
+                // Test only: the last sample stays served until the daemon stops.
+                let _ = stop.recv();
+                break;
+            }
+            if let Some(clock) = &self.config.simulated_clock {
+                clock.advance_ms(i64::try_from(interval.as_millis()).unwrap_or(i64::MAX));
+                match stop.try_recv() {
+                    Err(std::sync::mpsc::TryRecvError::Empty) => continue,
+                    Ok(()) | Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+                }
             }
             next += interval;
             let now = Instant::now();
@@ -233,6 +263,8 @@ mod tests {
             render: RenderOptions {
                 max_process_series: 20,
             },
+            simulated_clock: None,
+            ticks: None,
         }
     }
 
@@ -275,5 +307,44 @@ mod tests {
             Some("finish"),
             "{heard:?}"
         );
+    }
+
+    /// Hears the times of ticks without a snapshot.
+    struct Times(mpsc::Sender<i64>);
+
+    impl TickConsumer for Times {
+        fn on_snapshot(&mut self, _: &Arc<Snapshot>, _: &ProcessMetadata, _: &mut ProcessVerdicts) {
+        }
+
+        fn on_no_snapshot(&mut self, at_unix_ms: i64, _: &str) {
+            let _ = self.0.send(at_unix_ms);
+        }
+    }
+
+    #[test]
+    fn a_simulated_clock_moves_by_the_interval_and_ticks_stop_sampling() {
+        let cache = Arc::new(Cache::new());
+        let t0 = 1_795_984_291_000;
+        let mut collector = Collector::new(
+            CollectorConfig {
+                simulated_clock: Some(ManualClock::new(t0)),
+                ticks: Some(3),
+                ..config()
+            },
+            Arc::clone(&cache),
+        );
+        let (tx, rx) = mpsc::channel();
+        collector.add_consumer(Box::new(Times(tx)));
+        let (stop_tx, stop_rx) = mpsc::channel();
+        let handle = collector.spawn(stop_rx, None).expect("thread");
+        // Three samples without waiting a second between them, then no more.
+        let heard: Vec<i64> = rx.iter().take(3).collect();
+        assert_eq!(heard, [t0, t0 + 1000, t0 + 2000]);
+        stop_tx.send(()).expect("send");
+        handle.join().expect("joined");
+        assert!(rx.try_recv().is_err(), "sampling stopped after --ticks");
+        let published = cache.latest().expect("published");
+        let text = String::from_utf8(published.prometheus.to_vec()).expect("utf-8");
+        assert!(text.contains("vramctl_samples_total 3\n"), "{text}");
     }
 }

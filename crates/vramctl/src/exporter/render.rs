@@ -133,19 +133,24 @@ families! {
     PROCESS_MEMORY = "vramctl_process_memory_used_bytes", Gauge, "GPU memory a process holds, as the driver attributes it (top --max-process-series per GPU).";
     PROCESS_LEAK = "vramctl_process_leak", Gauge, "1 when the leak analysis judges the process's memory to be leaking, else 0.";
     PROCESS_LEAK_SLOPE = "vramctl_process_leak_slope_bytes_per_second", Gauge, "Growth of the process's memory that the leak analysis measured.";
+    PROCESS_IDLE_HOLDER = "vramctl_process_idle_holder", Gauge, "1 when the idle analysis judges the process an idle holder (at least --min-idle-mem held without GPU activity for --idle-for), else 0.";
     PROCESS_IDLE = "vramctl_process_idle_seconds", Gauge, "How long the process has held memory without using the GPU, per the idle analysis.";
     LAST_SAMPLE_AGE = "vramctl_last_sample_age_seconds", Gauge, "Seconds since the sampler last published, at the time of this scrape.";
 }
 
-/// What the leak and idle analysis says about one process. Filled by the analysis tracker
-/// (not wired yet: the map stays empty and these families stay out of the output).
+/// What the leak and idle analysis says about one process. Filled each tick by the live
+/// analysis ([`super::analysis::LiveAnalysis`]); a process without an entry gets none of
+/// these series.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProcessVerdict {
     /// Whether the process is leaking; `None` when the analysis has no verdict yet.
     pub leaking: Option<bool>,
     /// The growth the analysis measured, bytes per second.
     pub leak_slope_bytes_per_second: Option<f64>,
-    /// How long the process has held memory while idle.
+    /// Whether the process is an idle holder; `None` when the analysis has no verdict yet.
+    pub idle_holder: Option<bool>,
+    /// How long the process has held memory while idle (0 while the evidence shows it
+    /// active); `None` without any activity evidence.
     pub idle_seconds: Option<f64>,
 }
 
@@ -392,6 +397,13 @@ fn render_devices(
         for row in &rows {
             if let Some(slope) = verdict(row).and_then(|v| v.leak_slope_bytes_per_second) {
                 f.row(&row.labels(), slope);
+            }
+        }
+    });
+    out.family(&PROCESS_IDLE_HOLDER, |f| {
+        for row in &rows {
+            if let Some(idle_holder) = verdict(row).and_then(|v| v.idle_holder) {
+                f.row(&row.labels(), u64::from(idle_holder));
             }
         }
     });
@@ -853,6 +865,7 @@ mod tests {
             ProcessVerdict {
                 leaking: Some(true),
                 leak_slope_bytes_per_second: Some(1_048_576.0),
+                idle_holder: Some(false),
                 idle_seconds: None,
             },
         );
@@ -861,6 +874,7 @@ mod tests {
             ProcessVerdict {
                 leaking: Some(false),
                 leak_slope_bytes_per_second: None,
+                idle_holder: Some(true),
                 idle_seconds: Some(120.0),
             },
         );
@@ -875,8 +889,33 @@ mod tests {
         assert!(text.contains("vramctl_process_leak{gpu=\"0\",uuid=\"GPU-a\",pid=\"10\"} 1\n"));
         assert!(text.contains("vramctl_process_leak_slope_bytes_per_second{gpu=\"0\",uuid=\"GPU-a\",pid=\"10\"} 1048576\n"));
         assert!(
+            text.contains("vramctl_process_idle_holder{gpu=\"0\",uuid=\"GPU-a\",pid=\"10\"} 0\n")
+        );
+        assert!(
             !text.contains("vramctl_process_idle_seconds"),
-            "pid 11 is beyond the cap"
+            "pid 10 has no idle evidence, pid 11 is beyond the cap"
+        );
+        let both = render(
+            Some(&snapshot(list.clone())),
+            &ProcessMetadata::default(),
+            &verdicts,
+            &stats(),
+            &options(2),
+            Format::Prometheus,
+        );
+        assert!(
+            both.contains("vramctl_process_idle_holder{gpu=\"0\",uuid=\"GPU-a\",pid=\"11\"} 1\n")
+        );
+        assert!(
+            both.contains(
+                "vramctl_process_idle_seconds{gpu=\"0\",uuid=\"GPU-a\",pid=\"11\"} 120\n"
+            )
+        );
+        assert!(
+            !both.contains(
+                "vramctl_process_leak_slope_bytes_per_second{gpu=\"0\",uuid=\"GPU-a\",pid=\"11\"}"
+            ),
+            "no slope, no sample"
         );
         let without = render(
             Some(&snapshot(list)),

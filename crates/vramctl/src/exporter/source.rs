@@ -6,8 +6,11 @@
 //! to [`MAX_BACKOFF`]. It never caches a failure for good.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vramctl_core::clock::Clock;
+use vramctl_core::sanity::SanityLimits;
 use vramctl_core::types::Snapshot;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 
@@ -19,6 +22,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// The sampler, once NVML is up.
 pub struct NvmlSource {
     library: Option<PathBuf>,
+    clock: Arc<dyn Clock>,
     sampler: Option<Sampler<NvmlBackend>>,
     first_backoff: Duration,
     backoff: Duration,
@@ -39,11 +43,13 @@ impl std::fmt::Debug for NvmlSource {
 
 impl NvmlSource {
     /// A source that loads `library` (the default NVML library when `None`) on its first
-    /// [`sample`](Self::sample), retrying after `first_backoff`, doubling.
-    pub fn new(library: Option<PathBuf>, first_backoff: Duration) -> Self {
+    /// [`sample`](Self::sample), retrying after `first_backoff`, doubling; its snapshots are
+    /// timed by `clock` (the system clock, or in tests a simulated one).
+    pub fn new(library: Option<PathBuf>, first_backoff: Duration, clock: Arc<dyn Clock>) -> Self {
         let first_backoff = first_backoff.max(Duration::from_millis(10));
         Self {
             library,
+            clock,
             sampler: None,
             first_backoff,
             backoff: first_backoff,
@@ -85,10 +91,15 @@ impl NvmlSource {
     }
 
     fn try_open(&mut self, now: Instant, stats: &mut Stats) {
+        let clock = Box::new(SharedClock(Arc::clone(&self.clock)));
         let outcome = NvmlBackend::open(self.library.as_deref())
             .map_err(|err| (err.code(), format!("{err}; {}", err.hint())))
-            .and_then(|backend| {
-                Sampler::new(backend).map_err(|err| ("enumeration_failed", err.to_string()))
+            .and_then(|mut backend| {
+                // Per-process SM activity: the idle analysis' best evidence, where the
+                // driver reports it (one more call per GPU per tick).
+                backend.set_read_process_activity(true);
+                Sampler::with_clock(backend, clock, SanityLimits::from_system())
+                    .map_err(|err| ("enumeration_failed", err.to_string()))
             });
         match outcome {
             Ok(mut sampler) => {
@@ -116,6 +127,15 @@ impl NvmlSource {
     }
 }
 
+/// The source's clock, handed to each sampler it starts.
+struct SharedClock(Arc<dyn Clock>);
+
+impl Clock for SharedClock {
+    fn now_unix_ms(&self) -> i64 {
+        self.0.now_unix_ms()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +145,7 @@ mod tests {
         let mut source = NvmlSource::new(
             Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
             Duration::from_secs(1),
+            Arc::new(vramctl_core::clock::SystemClock),
         );
         let mut stats = Stats::new(Duration::from_secs(60));
         let t0 = Instant::now();
@@ -150,6 +171,7 @@ mod tests {
         let mut source = NvmlSource::new(
             Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
             Duration::from_secs(100),
+            Arc::new(vramctl_core::clock::SystemClock),
         );
         let mut stats = Stats::new(Duration::from_secs(60));
         let mut now = Instant::now();

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use vramctl_core::types::{DeviceState, Snapshot, Unavailable};
+use vramctl_core::types::{DeviceState, Field, Snapshot, Unavailable};
 
 /// The kinds of `vramctl_collection_errors_total`. "Not supported" is a capability, not an
 /// error, and is not counted.
@@ -78,7 +78,14 @@ impl Stats {
                 DeviceState::Lost { .. } => self.count(key, 0, 1),
                 DeviceState::Error { .. } => self.count(key, 1, 1),
                 DeviceState::Ok(reading) => {
-                    for why in reading.missing.values() {
+                    for (field, why) in &reading.missing {
+                        // Per-process SM activity is read only as idle evidence for the
+                        // analysis, and the driver answers NOT_FOUND whenever it has no new
+                        // samples (an H200 does so even for busy processes): its absence is
+                        // "no evidence", not a collection error.
+                        if *field == Field::ProcessUtilization {
+                            continue;
+                        }
                         let kind = match why {
                             Unavailable::NotSupported => continue,
                             Unavailable::GpuLost => 0,
@@ -134,7 +141,7 @@ mod tests {
     use std::sync::Arc;
 
     use vramctl_core::types::{
-        DeviceInfo, DeviceReading, DeviceSnapshot, DriverInfo, Field, MemoryReading, UnopenedDevice,
+        DeviceInfo, DeviceReading, DeviceSnapshot, DriverInfo, MemoryReading, UnopenedDevice,
     };
 
     use super::*;
@@ -184,12 +191,16 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_counted_by_kind_and_capabilities_are_not() {
+    fn errors_are_counted_by_kind_and_capabilities_and_activity_are_not() {
         let mut stats = Stats::new(Duration::from_secs(60));
         let missing = [
             (Field::Power, Unavailable::NotSupported),
             (Field::ComputeProcesses, Unavailable::NoPermission),
             (Field::Temperature, Unavailable::Error("timeout".into())),
+            (
+                Field::ProcessUtilization,
+                Unavailable::Error("the driver returned no samples".into()),
+            ),
         ];
         stats.observe(&snapshot(0, 10, &missing));
         stats.observe(&snapshot(1000, 10, &missing));

@@ -17,7 +17,7 @@ use super::history::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::observe::{HostReader, Observation};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
-use super::verdict::Judge;
+use super::verdict::{Judge, ReplayJudge};
 
 /// Something the UI reacts to.
 #[derive(Debug, Clone)]
@@ -193,10 +193,12 @@ pub struct ReplayRequest {
     pub max_points: usize,
 }
 
-/// Reads a recording on its own thread. Requests that queue up while one is served are
-/// skipped but for the last (playing fast must not fall behind).
+/// Reads a recording on its own thread, and with a `judge`, adds the verdicts at each
+/// moment it sends. Requests that queue up while one is served are skipped but for the
+/// last (playing fast must not fall behind).
 pub fn spawn_replay(
     source: Box<dyn ReplaySource>,
+    mut judge: Option<Box<dyn ReplayJudge>>,
     tx: Sender<Event>,
 ) -> std::io::Result<(Sender<ReplayRequest>, JoinHandle<()>)> {
     let (req_tx, req_rx) = channel::<ReplayRequest>();
@@ -210,7 +212,15 @@ pub fn spawn_replay(
                     request.window_ms,
                     request.max_points,
                 ) {
-                    Ok(frame) => Event::Replay(Box::new(frame)),
+                    Ok(mut frame) => {
+                        if let (Some(judge), Some(obs)) =
+                            (judge.as_mut(), frame.observation.as_mut())
+                        {
+                            let verdicts = judge.judge_at(obs);
+                            Arc::make_mut(obs).verdicts = verdicts;
+                        }
+                        Event::Replay(Box::new(frame))
+                    }
                     Err(reason) => Event::ReplayFailed(reason),
                 };
                 if tx.send(event).is_err() {

@@ -197,6 +197,24 @@ pub fn from_scenario(name: &str, times_s: &[f64]) -> Vec<Arc<Observation>> {
     out
 }
 
+/// `observations` with the verdicts of the live analysis (`AnalysisJudge` with `cfg`), each
+/// judged in turn as the sampler thread does.
+pub fn judged(
+    cfg: vramctl_core::analysis::LeakConfig,
+    observations: &[Arc<Observation>],
+) -> Vec<Arc<Observation>> {
+    use super::verdict::{AnalysisJudge, Judge};
+    let mut judge = AnalysisJudge::new(cfg).expect("valid thresholds");
+    observations
+        .iter()
+        .map(|o| {
+            let mut o = (**o).clone();
+            o.verdicts = judge.judge(&o);
+            Arc::new(o)
+        })
+        .collect()
+}
+
 /// What the recorder would write for `obs`: the snapshot's devices, and for each GPU
 /// process its identity, user, command and CPU time as /proc gave them (the driver's name
 /// for those /proc cannot see).

@@ -46,6 +46,11 @@ fn frame(app: &App) -> TestBackend {
     terminal.backend().clone()
 }
 
+/// Seconds 0, 5, ..., `until`.
+fn every_5s(until: u32) -> Vec<f64> {
+    (0..=until / 5).map(|i| f64::from(i * 5)).collect()
+}
+
 /// Seconds 0, 10, ..., `until`.
 fn every_10s(until: u32) -> Vec<f64> {
     (0..=until / 10).map(|i| f64::from(i * 10)).collect()
@@ -151,6 +156,45 @@ fn leak_flagged_with_its_numbers() {
     app.update(key(KeyCode::Enter));
     assert_eq!(app.selected_row().unwrap().flags.text(), "L");
     insta::assert_snapshot!("leak_flagged", frame(&app));
+}
+
+/// h200-training over ten minutes (a sample every 5 s) judged by the live analysis
+/// (`AnalysisJudge`, what `top` runs on its sampler thread), idle after 5 minutes: the
+/// leaker (24177) is flagged L, the notebook kernel that holds 12 GiB at 0 % SM (24150) I;
+/// the trainer that warmed up and the server whose cache breathes are not flagged. The
+/// leaker's detail pane shows the analysis' own numbers.
+#[test]
+fn verdict_flags_from_the_live_analysis() {
+    let cfg = vramctl_core::analysis::LeakConfig {
+        idle_for: std::time::Duration::from_secs(300),
+        ..vramctl_core::analysis::LeakConfig::default()
+    };
+    let observations =
+        super::fixtures::judged(cfg, &from_scenario("h200-training.toml", &every_5s(600)));
+    let mut app = live(120, 40);
+    app.analysis = true;
+    feed(&mut app, &observations);
+    let flags = |pid: u32| {
+        app.rows
+            .iter()
+            .find(|r| r.key.pid == pid)
+            .map(|r| r.flags.text())
+            .unwrap()
+    };
+    assert_eq!(flags(24177), "L");
+    assert_eq!(flags(24150), "I");
+    assert_eq!(flags(24101), "");
+    assert_eq!(flags(24210), "");
+    // Down to the leaker (third by memory).
+    for _ in 0..app.rows.len() {
+        if app.selected_row().is_some_and(|r| r.key.pid == 24177) {
+            break;
+        }
+        app.update(key(KeyCode::Down));
+    }
+    app.update(key(KeyCode::Enter));
+    assert_eq!(app.selected_row().unwrap().key.pid, 24177);
+    insta::assert_snapshot!("verdict_flags_live_analysis", frame(&app));
 }
 
 #[test]

@@ -5,14 +5,26 @@
 //! confirms, signals it on the verified path ([`Killer::kill`]: pidfd, TERM → KILL,
 //! audit). Both run on a worker thread ([`super::event::spawn_actions`]): a kill can wait
 //! seconds for a process to exit. Whether its GPU memory was released is judged by the UI
-//! from the samples that follow, not by the killer (the NVML session is the sampler's).
+//! from the samples that follow, not by the killer (the NVML session is the sampler's); the
+//! UI then tells the killer ([`Killer::memory_outcome`]) for the audit record.
 //!
-//! [`Actions`] wraps the killer and refuses everything in a `--readonly` session, at the
-//! point of action — not only in the key handling.
+//! [`SignalKiller`] is the killer of `top`: `vramctl_core::signal` (`inspect`, `execute`)
+//! with the audit sink of `vramctl kill`. [`Actions`] wraps the killer and refuses
+//! everything in a `--readonly` session, at the point of action — not only in the key
+//! handling.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use vramctl_core::audit::AuditOutcome;
+use vramctl_core::clock::SystemClock;
 use vramctl_core::procinfo::ProcReader;
+use vramctl_core::signal::{
+    self, Actor, AuditId, AuditSink, KillRequest, Provenance, Refusal, Target, TargetOutcome,
+};
+
+use crate::facts::TickScale;
 
 /// Memory a process holds on one GPU, as the UI last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,60 +175,194 @@ impl Actions {
     }
 }
 
-/// The killer of this build until the safe signal path (`vramctl kill`) is merged: it
-/// checks the target against /proc as a plan would, and refuses to signal.
-#[derive(Debug, Default)]
-pub struct UnwiredKiller {
+/// Opens the audit sink at the first kill (`crate::audit::open_sink` in the binary, the
+/// sink `vramctl kill` writes to); its error is one line.
+pub type SinkOpener = Box<dyn FnMut() -> Result<Box<dyn AuditSink + Send>, String> + Send>;
+
+/// Seconds `top` waits after `SIGTERM` before `SIGKILL` (as `vramctl kill`'s default).
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// The safe signal path of `vramctl kill`, for `top`: [`signal::inspect`] to plan (the
+/// same refusals), [`signal::execute`] to signal (pidfd, identity re-checked after pinning,
+/// the audit record written before each signal, `SIGTERM` then `SIGKILL` after [`GRACE`] on
+/// the same fd). It blocks while the process is given time to exit: it runs on the action
+/// thread.
+pub struct SignalKiller {
+    actor: Actor,
     procs: ProcReader,
+    scale: TickScale,
+    open_sink: SinkOpener,
+    sink: Option<Box<dyn AuditSink + Send>>,
+    grace: Duration,
+    /// For each kill that sent a signal, by (PID, start time): its last audit record and
+    /// when the first signal went out, until the memory outcome is recorded.
+    sent: HashMap<(u32, u64), (AuditId, Instant)>,
 }
 
-/// Why [`UnwiredKiller`] refuses.
-pub const UNWIRED_REASON: &str =
-    "killing from top is not available in this build yet (the safe signal path is not wired)";
+impl std::fmt::Debug for SignalKiller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignalKiller")
+            .field("actor", &self.actor.pid)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
 
-impl Killer for UnwiredKiller {
-    fn plan(&mut self, target: &KillTarget) -> Result<KillPlan, String> {
-        plan_from_proc(&mut self.procs, target)
+impl SignalKiller {
+    /// A killer acting as this process, writing to the sink `open_sink` opens at the first
+    /// kill (a read-only session never opens it).
+    pub fn new(open_sink: SinkOpener) -> Self {
+        Self::with_actor(Actor::current(), open_sink, GRACE)
     }
 
-    fn kill(&mut self, _plan: &KillPlan) -> KillOutcome {
-        KillOutcome::Refused {
-            reason: UNWIRED_REASON.to_owned(),
+    /// A killer acting as `actor`, waiting `grace` before `SIGKILL`.
+    pub fn with_actor(actor: Actor, open_sink: SinkOpener, grace: Duration) -> Self {
+        Self {
+            actor,
+            procs: ProcReader::new(),
+            scale: TickScale::system(),
+            open_sink,
+            sink: None,
+            grace,
+            sent: HashMap::new(),
         }
     }
+
+    fn sink(&mut self) -> Result<&mut Box<dyn AuditSink + Send>, String> {
+        if self.sink.is_none() {
+            self.sink = Some((self.open_sink)()?);
+        }
+        self.sink
+            .as_mut()
+            .ok_or_else(|| "no audit log is open".to_owned())
+    }
 }
 
-/// Checks `target` against /proc: it must still be the same process.
-///
-/// # Errors
-/// When the PID is gone, cannot be read, or now names another process.
-pub fn plan_from_proc(procs: &mut ProcReader, target: &KillTarget) -> Result<KillPlan, String> {
-    let pid = target.pid;
-    let details = procs
-        .details(pid)
-        .ok_or_else(|| format!("process {pid} is not visible in this PID namespace"))?;
-    let start = details
-        .start_time_ticks
-        .ok_or_else(|| format!("the start time of process {pid} cannot be read"))?;
-    if target.start_time_ticks.is_some_and(|s| s != start) {
-        return Err(format!(
-            "process {pid} is not the one shown: its PID now names another process"
-        ));
+impl Killer for SignalKiller {
+    fn plan(&mut self, target: &KillTarget) -> Result<KillPlan, String> {
+        let candidate = signal::inspect(
+            target.pid,
+            &self.actor,
+            target.start_time_ticks,
+            Provenance::Named,
+            &mut self.procs,
+        )
+        .map_err(|refusal| refusal.to_string())?;
+        let start = candidate.identity.start_time_ticks;
+        Ok(KillPlan {
+            target: target.clone(),
+            start_time_ticks: start,
+            started_at_unix_ms: self.scale.started_at_unix_ms(start),
+            user: candidate
+                .user
+                .clone()
+                .or_else(|| Some(candidate.uid.to_string())),
+            command: candidate.command,
+            signal: signal::Signal::Term.name().to_owned(),
+            escalation: Some(format!(
+                "{} after {} s",
+                signal::Signal::Kill.name(),
+                self.grace.as_secs()
+            )),
+        })
     }
-    let started_at_unix_ms = procfs::boot_time_secs().ok().and_then(|boot| {
-        let ticks = procfs::ticks_per_second().max(1);
-        let ms = u128::from(boot) * 1000 + u128::from(start) * 1000 / u128::from(ticks);
-        i64::try_from(ms).ok()
-    });
-    Ok(KillPlan {
-        target: target.clone(),
-        start_time_ticks: start,
-        started_at_unix_ms,
-        user: details.user.or_else(|| details.uid.map(|u| u.to_string())),
-        command: details.command,
-        signal: "SIGTERM".to_owned(),
-        escalation: Some("SIGKILL after 10 s".to_owned()),
-    })
+
+    fn kill(&mut self, plan: &KillPlan) -> KillOutcome {
+        let pid = plan.target.pid;
+        // Checked again now, against the start time the user confirmed: that process or
+        // nothing (`execute` re-checks once more after pinning it).
+        let candidate = match signal::inspect(
+            pid,
+            &self.actor,
+            Some(plan.start_time_ticks),
+            Provenance::Named,
+            &mut self.procs,
+        ) {
+            Ok(candidate) => candidate,
+            Err(Refusal::NotVisible { .. } | Refusal::Zombie { .. }) => {
+                return KillOutcome::AlreadyGone;
+            }
+            Err(refusal) => {
+                return KillOutcome::Refused {
+                    reason: refusal.to_string(),
+                };
+            }
+        };
+        let grace = self.grace;
+        let actor = self.actor.clone();
+        let sink = match self.sink() {
+            Ok(sink) => sink,
+            Err(reason) => {
+                return KillOutcome::Failed {
+                    reason: format!("{reason}; nothing was signalled"),
+                };
+            }
+        };
+        let request = KillRequest {
+            grace,
+            ..KillRequest::new(
+                vec![Target {
+                    candidate,
+                    reason: format!("vramctl top: kill key on PID {pid}"),
+                }],
+                "kill",
+            )
+        };
+        let started = Instant::now();
+        let report = signal::execute(&request, &actor, sink.as_mut(), &SystemClock)
+            .into_iter()
+            .next();
+        let Some(report) = report else {
+            return KillOutcome::Failed {
+                reason: "nothing was signalled".to_owned(),
+            };
+        };
+        if let Some(id) = report.last_audit_id() {
+            self.sent
+                .insert((pid, plan.start_time_ticks), (id, started));
+        }
+        match report.outcome {
+            TargetOutcome::Exited { after, escalated } => KillOutcome::Exited {
+                escalated,
+                after_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            },
+            TargetOutcome::AlreadyGone => KillOutcome::AlreadyGone,
+            TargetOutcome::StillRunning {
+                escalated, state, ..
+            } => KillOutcome::StillRunning { escalated, state },
+            TargetOutcome::Refused { refusal } => KillOutcome::Refused {
+                reason: refusal.to_string(),
+            },
+            TargetOutcome::AuditFailed { error } => KillOutcome::Failed {
+                reason: format!(
+                    "the audit log refused the record ({error}); nothing was signalled"
+                ),
+            },
+            TargetOutcome::SignalFailed { error } => KillOutcome::Failed { reason: error },
+            other => KillOutcome::Failed {
+                reason: format!("{other:?}"),
+            },
+        }
+    }
+
+    fn memory_outcome(&mut self, plan: &KillPlan, freed_bytes: Option<u64>) {
+        let Some((id, started)) = self.sent.remove(&(plan.target.pid, plan.start_time_ticks))
+        else {
+            return;
+        };
+        let Some(sink) = self.sink.as_mut() else {
+            return;
+        };
+        // As `vramctl kill` records it: what the driver no longer lists (0 when it still
+        // lists the process), and the time from the first signal until the UI saw that.
+        let outcome = AuditOutcome::Exited {
+            freed_bytes: freed_bytes.unwrap_or(0),
+            after_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        if let Err(err) = sink.after(id, &outcome) {
+            tracing::warn!(error = %err, pid = plan.target.pid, "Could not record the outcome of a kill.");
+        }
+    }
 }
 
 /// A call the [`RecordingKiller`] received.
@@ -339,33 +485,167 @@ mod tests {
         );
     }
 
-    #[test]
-    fn plan_checks_identity_against_proc() {
-        let mut procs = ProcReader::new();
-        let me = std::process::id();
-        let start = procs.details(me).unwrap().start_time_ticks;
-        let mut t = target(me);
-        t.start_time_ticks = start;
-        let plan = plan_from_proc(&mut procs, &t).unwrap();
-        assert_eq!(Some(plan.start_time_ticks), start);
-        assert!(!plan.command.is_empty());
-        t.start_time_ticks = start.map(|s| s + 1);
-        let err = plan_from_proc(&mut procs, &t).unwrap_err();
-        assert!(err.contains("another process"), "{err}");
-        let err = plan_from_proc(&mut procs, &target(4_194_305)).unwrap_err();
-        assert!(err.contains("not visible"), "{err}");
+    /// An audit sink the test can read while the killer owns its box.
+    #[derive(Clone, Default)]
+    struct SharedLog(Arc<Mutex<signal::MemoryAuditLog>>);
+
+    impl AuditSink for SharedLog {
+        fn before(
+            &mut self,
+            record: &vramctl_core::audit::AuditRecord,
+        ) -> Result<AuditId, signal::AuditError> {
+            self.0.lock().unwrap().before(record)
+        }
+
+        fn after(&mut self, id: AuditId, outcome: &AuditOutcome) -> Result<(), signal::AuditError> {
+            self.0.lock().unwrap().after(id, outcome)
+        }
+    }
+
+    /// Us, as the killer sees us; in the initial PID namespace whatever the test runs in
+    /// (a `sleep` holds no /dev/nvidia* to prove itself a GPU user).
+    fn actor() -> Actor {
+        Actor {
+            namespace_initial: true,
+            ..Actor::current()
+        }
+    }
+
+    fn killer(log: &SharedLog, opened: &Arc<Mutex<u32>>) -> SignalKiller {
+        let (log, opened) = (log.clone(), Arc::clone(opened));
+        SignalKiller::with_actor(
+            actor(),
+            Box::new(move || {
+                *opened.lock().unwrap() += 1;
+                Ok(Box::new(log.clone()) as Box<dyn AuditSink + Send>)
+            }),
+            Duration::from_secs(10),
+        )
+    }
+
+    fn sleep() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .unwrap()
     }
 
     #[test]
-    fn the_unwired_killer_never_signals() {
-        let mut k = UnwiredKiller::default();
-        let me = std::process::id();
-        let plan = k.plan(&target(me)).unwrap();
+    fn plan_checks_who_the_process_is_now() {
+        let log = SharedLog::default();
+        let opened = Arc::new(Mutex::new(0));
+        let mut k = killer(&log, &opened);
+        let mut child = sleep();
+        let pid = child.id();
+        let plan = k.plan(&target(pid)).unwrap();
+        assert_eq!(plan.command, "sleep 300");
+        assert_eq!(plan.signal, "SIGTERM");
+        assert_eq!(plan.escalation.as_deref(), Some("SIGKILL after 10 s"));
+        assert!(plan.started_at_unix_ms.is_some());
+        // Shown with another start time: another process now under that PID.
+        let mut stale = target(pid);
+        stale.start_time_ticks = Some(plan.start_time_ticks + 1);
+        let err = k.plan(&stale).unwrap_err();
+        assert!(err.contains("now names another process"), "{err}");
+        // The refusals of `vramctl kill`.
+        let err = k.plan(&target(std::process::id())).unwrap_err();
+        assert!(err.contains("is this vramctl process"), "{err}");
+        let err = k.plan(&target(4_194_305)).unwrap_err();
+        assert!(err.contains("not a PID"), "{err}");
         assert_eq!(
-            k.kill(&plan),
-            KillOutcome::Refused {
-                reason: UNWIRED_REASON.to_owned()
-            }
+            *opened.lock().unwrap(),
+            0,
+            "planning writes no audit record"
         );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = k.plan(&target(pid)).unwrap_err();
+        assert!(err.contains("in this PID namespace"), "{err}");
+    }
+
+    #[test]
+    fn kill_signals_through_the_audited_path_and_records_the_memory_freed() {
+        let log = SharedLog::default();
+        let opened = Arc::new(Mutex::new(0));
+        let mut k = killer(&log, &opened);
+        let mut child = sleep();
+        let pid = child.id();
+        let plan = k.plan(&target(pid)).unwrap();
+        let outcome = k.kill(&plan);
+        assert!(
+            matches!(
+                outcome,
+                KillOutcome::Exited {
+                    escalated: false,
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(15), "ended by SIGTERM");
+        {
+            let records = &log.0.lock().unwrap().records;
+            assert_eq!(records.len(), 1, "one record, written before the signal");
+            assert_eq!(records[0].target.pid, pid);
+            assert_eq!(records[0].target.start_time_ticks, plan.start_time_ticks);
+            assert_eq!(records[0].action, "kill");
+            assert!(
+                records[0].reason.contains("vramctl top"),
+                "{}",
+                records[0].reason
+            );
+        }
+        k.memory_outcome(&plan, Some(5 << 30));
+        let records = &log.0.lock().unwrap().records;
+        assert!(
+            matches!(
+                records[0].outcome,
+                AuditOutcome::Exited {
+                    freed_bytes,
+                    ..
+                } if freed_bytes == 5 << 30
+            ),
+            "{:?}",
+            records[0].outcome
+        );
+        assert_eq!(*opened.lock().unwrap(), 1);
+    }
+
+    #[test]
+    fn no_audit_log_no_signal() {
+        let mut k = SignalKiller::with_actor(
+            actor(),
+            Box::new(|| Err("cannot open the audit log '/nonexistent/audit.jsonl'".to_owned())),
+            Duration::from_secs(10),
+        );
+        let mut child = sleep();
+        let plan = k.plan(&target(child.id())).unwrap();
+        let outcome = k.kill(&plan);
+        let KillOutcome::Failed { reason } = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert!(reason.contains("nothing was signalled"), "{reason}");
+        assert!(child.try_wait().unwrap().is_none(), "still running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Gone between the plan and the confirmation: nothing to signal.
+        assert_eq!(k.kill(&plan), KillOutcome::AlreadyGone);
+    }
+
+    #[test]
+    fn readonly_never_opens_the_audit_log() {
+        let log = SharedLog::default();
+        let opened = Arc::new(Mutex::new(0));
+        let mut actions = Actions::new(true, Box::new(killer(&log, &opened)));
+        let mut child = sleep();
+        let pid = child.id();
+        let plan = killer(&log, &opened).plan(&target(pid)).unwrap();
+        assert!(matches!(actions.kill(&plan), KillOutcome::Refused { .. }));
+        actions.memory_outcome(&plan, Some(1));
+        assert_eq!(*opened.lock().unwrap(), 0);
+        assert!(child.try_wait().unwrap().is_none(), "still running");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

@@ -12,6 +12,7 @@ use vramctl_core::procinfo::ProcReader;
 use vramctl_core::types::Snapshot;
 
 use super::verdict::Verdicts;
+use crate::facts::TickScale;
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,8 +101,7 @@ pub struct HostReader {
     known: HashMap<u32, Known>,
     /// `(start time, cpu ticks, at unix ms)` at the previous observation.
     cpu: HashMap<u32, (u64, u64, i64)>,
-    ticks_per_second: u64,
-    boot_unix_ms: Option<i64>,
+    scale: TickScale,
 }
 
 impl Default for HostReader {
@@ -131,16 +131,11 @@ fn read_stat(pid: u32) -> Option<Stat> {
 impl HostReader {
     /// A reader with empty caches.
     pub fn new() -> Self {
-        let boot_unix_ms = procfs::boot_time_secs()
-            .ok()
-            .and_then(|s| i64::try_from(s).ok())
-            .map(|s| s.saturating_mul(1000));
         Self {
             procs: ProcReader::new(),
             known: HashMap::new(),
             cpu: HashMap::new(),
-            ticks_per_second: procfs::ticks_per_second().max(1),
-            boot_unix_ms,
+            scale: TickScale::system(),
         }
     }
 
@@ -215,7 +210,7 @@ impl HostReader {
             Some(&(start, ticks, then)) if start == stat.start_time_ticks && at_ms > then => {
                 let used = stat.cpu_ticks.saturating_sub(ticks);
                 #[allow(clippy::cast_precision_loss)]
-                let pct = used as f64 / self.ticks_per_second as f64 * 1000.0
+                let pct = used as f64 / self.scale.ticks_per_second() as f64 * 1000.0
                     / (at_ms - then) as f64
                     * 100.0;
                 #[allow(clippy::cast_possible_truncation)]
@@ -225,26 +220,17 @@ impl HostReader {
         };
         self.cpu
             .insert(pid, (stat.start_time_ticks, stat.cpu_ticks, at_ms));
-        let started_at_unix_ms = self.boot_unix_ms.and_then(|boot| {
-            let after = i64::try_from(
-                u128::from(stat.start_time_ticks) * 1000 / u128::from(self.ticks_per_second),
-            )
-            .ok()?;
-            boot.checked_add(after)
-        });
+        let facts = self.scale.facts(stat.start_time_ticks, stat.cpu_ticks);
         Some(HostProcess {
             pid,
             ppid: stat.ppid,
             user: known.user,
             command: known.command,
             state: Some(stat.state),
-            start_time_ticks: Some(stat.start_time_ticks),
-            started_at_unix_ms,
+            start_time_ticks: facts.start_time_ticks,
+            started_at_unix_ms: facts.started_at_unix_ms,
             cpu_percent,
-            cpu_time_ms: u64::try_from(
-                u128::from(stat.cpu_ticks) * 1000 / u128::from(self.ticks_per_second),
-            )
-            .ok(),
+            cpu_time_ms: facts.cpu_time_ms,
         })
     }
 }

@@ -3,14 +3,21 @@
 //! The analysis (pure functions in `vramctl_core::analysis`) decides; the UI only shows what
 //! it decided, with the numbers behind it. A [`Judge`] runs on the sampler's thread after
 //! each observation (the analysis is not free, and drawing must stay cheap) and fills
-//! [`Verdicts`]. Until the analysis is wired, [`NoJudge`] leaves them empty and the UI shows
-//! no leak or idle flag: it does not guess.
+//! [`Verdicts`]. Live, [`AnalysisJudge`] runs the live analysis (`FleetTracker`, the one
+//! `leaks --watch` and `serve` run) over every observation; [`NoJudge`] leaves the verdicts
+//! empty, and the UI then shows no leak or idle flag: it does not guess.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
+use vramctl_core::analysis::{
+    AnalysisError, Evidence, LeakConfig, LeakRule, Phase, SeriesReport, Verdict, human_bytes,
+    human_duration, human_rate, utc_clock,
+};
 
 use super::observe::Observation;
+use crate::facts::facts_of_host;
 
 /// What the analysis concluded about one process's memory on one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +93,13 @@ pub trait Judge: Send {
     fn judge(&mut self, observation: &Observation) -> Verdicts;
 }
 
+/// Decides verdicts at a replay's time cursor, which jumps in both directions: the
+/// analysis of the recording up to the moment on screen. Runs on the replay thread.
+pub trait ReplayJudge: Send {
+    /// The verdicts as of `observation`, the recorded moment at the cursor.
+    fn judge_at(&mut self, observation: &Observation) -> Verdicts;
+}
+
 /// No analysis: no verdicts.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoJudge;
@@ -93,6 +107,181 @@ pub struct NoJudge;
 impl Judge for NoJudge {
     fn judge(&mut self, _observation: &Observation) -> Verdicts {
         Verdicts::default()
+    }
+}
+
+/// The live leak and idle analysis: one `FleetTracker` fed every observation, with each
+/// process's start and CPU time as the observation's /proc facts give them (nothing is
+/// read twice). Its verdicts speak for what `top` has seen since it started.
+#[derive(Debug, Clone)]
+pub struct AnalysisJudge {
+    fleet: FleetTracker,
+}
+
+impl AnalysisJudge {
+    /// A judge with `cfg`'s thresholds.
+    ///
+    /// # Errors
+    /// [`AnalysisError::InvalidConfig`] for bad thresholds.
+    pub fn new(cfg: LeakConfig) -> Result<Self, AnalysisError> {
+        Ok(Self {
+            fleet: FleetTracker::new(FleetConfig {
+                leak: cfg,
+                ..FleetConfig::default()
+            })?,
+        })
+    }
+}
+
+impl Judge for AnalysisJudge {
+    fn judge(&mut self, observation: &Observation) -> Verdicts {
+        let hosts = &observation.hosts;
+        self.fleet
+            .observe(&observation.snapshot, |pid| facts_of_host(hosts.get(&pid)));
+        let mut verdicts = Verdicts::default();
+        for (key, _place, report) in self.fleet.current() {
+            if let Some(report) = report {
+                verdicts.insert(key.pid, &key.device_uuid, verdict_of(report));
+            }
+        }
+        verdicts
+    }
+}
+
+/// A report as the UI shows it: the verdict, the analysis' explanation (times in UTC, as
+/// everywhere in `top`), and the numbers behind it, the ones that decided the verdict first
+/// (the detail pane shows as many as fit).
+pub fn verdict_of(report: &SeriesReport) -> ProcessVerdict {
+    let kind = match report.verdict {
+        Verdict::Leak => VerdictKind::Leak,
+        Verdict::IdleHolder => VerdictKind::IdleHolder,
+        Verdict::Growing => VerdictKind::Growing,
+        Verdict::Stable => VerdictKind::Stable,
+        Verdict::Sawtooth => VerdictKind::Sawtooth,
+    };
+    let mut numbers = match report.verdict {
+        Verdict::Leak | Verdict::Growing => trend_numbers(report),
+        Verdict::Sawtooth => sawtooth_numbers(report),
+        Verdict::Stable | Verdict::IdleHolder => vec![phase_number(report)],
+    };
+    let idle = idle_numbers(report);
+    if report.verdict == Verdict::IdleHolder {
+        numbers.splice(0..0, idle);
+    } else {
+        numbers.extend(idle);
+    }
+    ProcessVerdict {
+        kind,
+        summary: report.explanation.clone(),
+        numbers,
+    }
+}
+
+fn number(name: &str, value: String) -> (String, String) {
+    (name.to_owned(), value)
+}
+
+/// Slope, significance, onset, time to full, growth and the rule that fired.
+fn trend_numbers(report: &SeriesReport) -> Vec<(String, String)> {
+    let p = report.p_value;
+    let growth = report.net_growth_bytes;
+    let mut out = vec![
+        number("slope", human_rate(report.slope_bytes_per_sec)),
+        number(
+            "p-value",
+            if p < 0.001 {
+                "< 0.001 (Mann-Kendall)".to_owned()
+            } else {
+                format!("{p:.3} (Mann-Kendall)")
+            },
+        ),
+        number(
+            "onset",
+            report
+                .onset_unix_ms
+                .map_or_else(|| "-".to_owned(), utc_clock),
+        ),
+        number(
+            "time to full",
+            report.time_to_full_sec.map_or_else(
+                || "unknown (free memory not known)".to_owned(),
+                human_duration,
+            ),
+        ),
+        number(
+            "growth",
+            format!(
+                "{}{} in {}",
+                if growth < 0 { "-" } else { "+" },
+                human_bytes(growth.unsigned_abs()),
+                human_duration(report.trend.duration_sec)
+            ),
+        ),
+    ];
+    if let Some(rule) = report.rule {
+        out.push(number(
+            "rule",
+            match rule {
+                LeakRule::AfterPlateau => "growth resumed after a plateau",
+                LeakRule::SinceWarmUp => "growing ever since warm-up",
+                LeakRule::UrgentInWarmUp => "in warm-up, but fills the GPU soon",
+            }
+            .to_owned(),
+        ));
+    }
+    out
+}
+
+fn sawtooth_numbers(report: &SeriesReport) -> Vec<(String, String)> {
+    let every = report.release_period_ms.map_or_else(String::new, |ms| {
+        format!(" every {}", human_duration(ms as f64 / 1000.0))
+    });
+    vec![
+        number("releases", format!("{}{every}", report.releases)),
+        number("floor", human_bytes(report.floor_bytes)),
+        number("peak", human_bytes(report.peak_bytes)),
+    ]
+}
+
+fn phase_number(report: &SeriesReport) -> (String, String) {
+    number(
+        "phase",
+        match (report.phase, report.settled_unix_ms) {
+            (Phase::Settled, Some(t)) => format!("settled at {}", utc_clock(t)),
+            (Phase::Settled, None) => "settled".to_owned(),
+            (Phase::WarmUp, _) => "warming up".to_owned(),
+        },
+    )
+}
+
+/// How long it has been idle and by which evidence, or when it was last active.
+fn idle_numbers(report: &SeriesReport) -> Vec<(String, String)> {
+    let idle = &report.idle;
+    let names = |list: &[Evidence]| {
+        list.iter()
+            .map(|e| e.describe())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match (idle.idle_sec, idle.idle_since_unix_ms) {
+        (Some(secs), Some(since)) => vec![
+            number(
+                "idle",
+                format!("for {} (since {})", human_duration(secs), utc_clock(since)),
+            ),
+            number("idle evidence", names(&idle.evidence)),
+        ],
+        _ if idle.sources.is_empty() => vec![number("idle", "no evidence either way".to_owned())],
+        _ => vec![
+            number(
+                "idle",
+                idle.last_active_unix_ms.map_or_else(
+                    || "not shown idle".to_owned(),
+                    |t| format!("no: last active at {}", utc_clock(t)),
+                ),
+            ),
+            number("idle evidence", names(&idle.sources)),
+        ],
     }
 }
 

@@ -912,6 +912,23 @@ memory = "8 GiB"
         "only the leaker: {firing:?}"
     );
     assert_eq!(label(&firing[0], "command"), "python leaky.py");
+    // So does the rule on vramctl's own verdict (`vramctl_process_leak`, from the live
+    // analysis in the daemon): for the leaker only.
+    let detected = eventually(
+        &prometheus,
+        "ALERTS{alertname=\"VramctlProcessLeakDetected\",alertstate=\"firing\"}",
+        "the leak-detected alert fires",
+        |r| !r.is_empty(),
+    );
+    assert!(
+        detected.iter().all(|a| label(a, "pid") == "31001"),
+        "only the leaker: {detected:?}"
+    );
+    let verdicts = query(&prometheus, "vramctl_process_leak == 0");
+    assert!(
+        verdicts.iter().any(|s| label(s, "pid") == "31002"),
+        "the steady process has a verdict, and it is not a leak: {verdicts:?}"
+    );
     // GPU 1 is lost: device_up 0 and the alert fires; GPU 0 still reports.
     eventually(
         &prometheus,
@@ -944,9 +961,126 @@ memory = "8 GiB"
     // Nothing that should stay quiet fired.
     let others = query(
         &prometheus,
-        "ALERTS{alertstate=\"firing\",alertname!~\"VramctlProcessMemoryLeak|VramctlGpuDown\"}",
+        "ALERTS{alertstate=\"firing\",alertname!~\"VramctlProcessMemoryLeak|VramctlProcessLeakDetected|VramctlGpuDown\"}",
     );
     assert!(others.is_empty(), "{others:?}");
+}
+
+/// Leak and idle verdicts from the live analysis, on a controlled clock: the fake's `step`
+/// clock moves 1 s per sample and `--simulated-clock` times the samples 1 s apart without
+/// waiting, so after `--ticks 180` the analysis has seen three minutes. The leaker (flat
+/// after warm-up, then 64 MiB/s: a leak after a plateau) is flagged with its slope; the flat, busy process is not; the notebook kernel holding
+/// 12 GiB at 0 % SM is an idle holder (`--idle-for 60s`).
+#[test]
+fn leak_and_idle_verdicts_from_the_live_analysis() {
+    let Some(promtool) = prometheus_tool("promtool") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scenario_text = r#"
+driver_version = "580.159.04"
+[clock]
+mode = "step"
+step_s = 1.0
+
+[[gpu]]
+name = "NVIDIA H200"
+uuid = "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2"
+memory_total = 150754820096
+memory_reserved = 644939776
+utilization_gpu = 50
+
+[[gpu.process]]
+pid = 32001
+name = "python leaky.py"
+memory = { points = [LEAK] }
+sm_util = 40
+
+[[gpu.process]]
+pid = 32002
+name = "python steady.py"
+memory = "4 GiB"
+sm_util = 60
+
+[[gpu.process]]
+pid = 32003
+name = "python -m ipykernel_launcher"
+memory = "12 GiB"
+sm_util = 0
+"#;
+    // The leaker settles at 4 GiB after its warm-up, then from 60 s grows 64 MiB a second.
+    let leak: Vec<String> = (0..=180)
+        .map(|t: u32| {
+            let mib = 4096 + 64 * t.saturating_sub(60);
+            format!("[{t}.0, \"{mib} MiB\"]")
+        })
+        .collect();
+    let scenario_text = scenario_text.replace("LEAK", &leak.join(", "));
+    let scenario_path = dir.path().join("leak.toml");
+    std::fs::write(&scenario_path, scenario_text).expect("scenario");
+    let mut cmd = vramctl_std(&scenario_path);
+    // The scenario's step clock, not the harness's stopped one.
+    cmd.env_remove("FAKE_NVML_TIME");
+    let served = serve(
+        cmd,
+        &[
+            "--interval",
+            "1",
+            "--peak-window",
+            "1",
+            "--process-details",
+            "nvml",
+            "--idle-for",
+            "60s",
+            "--simulated-clock",
+            "1795984291000",
+            "--ticks",
+            "180",
+        ],
+    );
+    // "serving" comes after the last of the 180 samples: one scrape sees them all.
+    let text = get(served.addr, "/metrics", &[]).body;
+    promtool_check_metrics(&promtool, &text);
+    assert_eq!(sample_value(&text, "vramctl_samples_total"), Some(180.0));
+    let series = |name: &str, pid: u32| {
+        let prefix = format!(
+            "{name}{{gpu=\"0\",uuid=\"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\",pid=\"{pid}\""
+        );
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(series("vramctl_process_leak", 32001), Some(1.0), "{text}");
+    assert_eq!(series("vramctl_process_leak", 32002), Some(0.0), "{text}");
+    assert_eq!(series("vramctl_process_leak", 32003), Some(0.0), "{text}");
+    let slope = series("vramctl_process_leak_slope_bytes_per_second", 32001).expect("a slope");
+    assert!(
+        (slope / f64::from(64 << 20) - 1.0).abs() < 0.05,
+        "64 MiB/s measured as {slope}"
+    );
+    assert_eq!(
+        series("vramctl_process_idle_holder", 32003),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series("vramctl_process_idle_holder", 32002),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        series("vramctl_process_idle_seconds", 32002),
+        Some(0.0),
+        "busy"
+    );
+    let verdicts: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("vramctl_process_") && !l.starts_with("vramctl_process_memory_used_bytes")
+        })
+        .collect();
+    insta::assert_snapshot!("serve_leak_and_idle_verdicts", verdicts.join("\n"));
 }
 
 /// The value of the first sample in `text` whose line starts with `prefix`.

@@ -106,6 +106,14 @@ impl Drop for Tmux {
 /// A child process killed on drop.
 struct Spawned(Child);
 
+impl Spawned {
+    /// Waits for it to end; the signal that ended it, if one did.
+    fn wait_signal(&mut self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        self.0.wait().expect("wait").signal()
+    }
+}
+
 impl Drop for Spawned {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -184,12 +192,14 @@ fn launch_with(dir: &Path, scenario: &str, args: &str) -> Tmux {
     let binary = assert_cmd::cargo::cargo_bin("vramctl");
     let script = format!(
         "env -i PATH=\"$PATH\" TERM=\"$TERM\" VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' \
-         FAKE_NVML_TIME=0 NO_COLOR=1 '{}' {args}\n\
+         FAKE_NVML_TIME=0 NO_COLOR=1 XDG_STATE_HOME='{}' VRAMCTL_AUDIT_LOG='{}' '{}' {args}\n\
          echo \"vramctl exited $?\"\n\
          echo \"stty: $(stty -a | tr '\\n' ' ')\"\n\
          read _\n",
         fake_library().display(),
         scenario_path.display(),
+        dir.join("state").display(),
+        dir.join("audit.jsonl").display(),
         binary.display(),
     );
     let script_path = dir.join("run.sh");
@@ -274,13 +284,14 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     // A real process holding "GPU memory" in the fake, and four fictional ones.
-    let sleeper = Spawned(
+    let mut sleeper = Spawned(
         Command::new("sleep")
             .arg("300")
             .spawn()
             .expect("spawn sleep"),
     );
     let real_pid = sleeper.0.id();
+    let audit_log = dir.path().join("audit.jsonl");
     let fake = free_pids(4);
     let names = [
         "python train.py --model llama-8b",
@@ -373,7 +384,8 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     tmux.run(&["resize-window", "-t", SESSION, "-x", "120", "-y", "40"]);
     tmux.wait_for("the 120x40 layout", |s| s.contains("memory used · last"));
 
-    // Kill is not wired yet: the dialog checks the process and refuses to signal it.
+    // A fictional PID (no such process here): the dialog checks it against /proc, as
+    // `vramctl kill` does, and refuses.
     let fictional = by_pid
         .iter()
         .position(|p| fake.contains(p))
@@ -385,14 +397,18 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
     tmux.keys(&["K"]);
     let screen = tmux.wait_for("the kill refusal", |s| s.contains("kill: not done"));
     assert!(
-        screen.contains("not visible in this PID namespace"),
+        screen.contains(&format!(
+            "refused: no process {} in this PID namespace",
+            by_pid[fictional]
+        )),
         "{screen}"
     );
     tmux.keys(&["x"]);
+    assert!(!audit_log.exists(), "a refused plan writes no audit record");
 
     // The real process: the dialog shows who it is (checked against /proc) and its memory;
-    // confirming reaches the killer, which in this build refuses. Once the safe signal
-    // path is wired, this is where the process gets killed and its 2 GiB freed.
+    // confirming signals it on `vramctl kill`'s path (audit record first, then SIGTERM
+    // through a pidfd), and the samples that follow show its 2 GiB gone.
     let real_index = by_pid
         .iter()
         .position(|&p| p == real_pid)
@@ -408,6 +424,7 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
         "command  sleep 300".to_owned(),
         "memory   GPU 0 2.0G".to_owned(),
         "start time".to_owned(),
+        "SIGTERM".to_owned(),
     ] {
         assert!(
             screen.contains(&expected),
@@ -415,13 +432,44 @@ fn top_sorts_filters_selects_helps_and_gives_the_terminal_back() {
         );
     }
     tmux.keys(&["y"]);
-    let screen = tmux.wait_for("the kill result", |s| s.contains("kill: not done"));
-    assert!(screen.contains("not available in this build"), "{screen}");
+    let screen = tmux.wait_for("the kill result", |s| s.contains("kill: done"));
     assert!(
-        Path::new(&format!("/proc/{real_pid}")).exists(),
-        "nothing was signalled"
+        screen.contains("exited; freed 2.0G (GPU 0 2.0G)"),
+        "{screen}"
+    );
+    assert_eq!(
+        sleeper.wait_signal(),
+        Some(15),
+        "ended by the SIGTERM top sent"
     );
     tmux.keys(&["x"]);
+    let screen = tmux.wait_for("the killed process gone", |s| table_rows(s).len() == 4);
+    assert!(!pid_order(&screen).contains(&real_pid), "{screen}");
+    // The audit log has the record (written before the signal) and the memory outcome
+    // (written by the action thread once the dialog said done: waited for, not assumed).
+    let started = Instant::now();
+    let audit = loop {
+        let audit = std::fs::read_to_string(&audit_log).expect("the audit log");
+        if audit.contains("\"exited\"") || started.elapsed() > PATIENCE {
+            break audit;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let lines: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let record = lines
+        .iter()
+        .find_map(|l| l.get("record"))
+        .expect("a record line");
+    assert_eq!(record["target"]["pid"], real_pid, "{audit}");
+    assert_eq!(record["action"], "kill", "{audit}");
+    assert!(
+        lines.iter().any(|l| l["outcome"]["outcome"] == "exited"
+            && l["outcome"]["detail"]["freed_bytes"] == 2u64 << 30),
+        "the memory outcome: {audit}"
+    );
 
     // Quit: the terminal is given back as it was.
     tmux.keys(&["q"]);

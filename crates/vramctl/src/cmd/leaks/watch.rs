@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
+use vramctl::facts::FactsReader;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, ProcessFacts, SeriesKey};
 use vramctl_core::analysis::{LeakConfig, Verdict};
 use vramctl_core::clock::{Clock, ManualClock, SystemClock};
-use vramctl_core::procinfo::{self, ProcReader};
+use vramctl_core::procinfo::ProcReader;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
@@ -227,12 +228,11 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     }
 }
 
-/// What /proc says about GPU processes: identity and CPU time every tick, names once.
-/// Shared with `reap`, which feeds the same tracker.
+/// What /proc says about GPU processes: identity and CPU time every tick
+/// ([`FactsReader`], shared with `serve`, `top` and `reap`), names once.
 pub struct Host {
     reader: ProcReader,
-    ticks_per_second: u64,
-    boot_unix_ms: Option<i64>,
+    facts: FactsReader,
 }
 
 impl Host {
@@ -240,29 +240,14 @@ impl Host {
     pub fn new() -> Self {
         Self {
             reader: ProcReader::new(),
-            ticks_per_second: procfs::ticks_per_second().max(1),
-            boot_unix_ms: procfs::boot_time_secs()
-                .ok()
-                .and_then(|s| i64::try_from(s).ok())
-                .map(|s| s.saturating_mul(1000)),
+            facts: FactsReader::new(),
         }
     }
 
     /// Start time and CPU time of `pid` from one read of /proc/PID/stat; nothing for a
     /// process in another PID namespace.
     pub fn facts(&self, pid: u32) -> ProcessFacts {
-        let Some(cpu) = procinfo::cpu_time_ticks(pid) else {
-            return ProcessFacts::default();
-        };
-        let tps = self.ticks_per_second;
-        let ms = |ticks: u64| ticks.saturating_mul(1000) / tps;
-        ProcessFacts {
-            start_time_ticks: Some(cpu.start_time_ticks),
-            started_at_unix_ms: self.boot_unix_ms.map(|boot| {
-                boot.saturating_add(i64::try_from(ms(cpu.start_time_ticks)).unwrap_or(0))
-            }),
-            cpu_time_ms: Some(ms(cpu.cpu_ticks)),
-        }
+        self.facts.facts(pid)
     }
 
     /// User and command line, or the driver's name for a process /proc cannot see.
