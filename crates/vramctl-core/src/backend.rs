@@ -116,6 +116,13 @@ pub trait Backend: Send {
     /// When the driver cannot be asked.
     fn device_count(&mut self) -> Result<u32, DeviceError>;
 
+    /// Called by the sampler before it reads the devices of one tick, with the tick's time
+    /// (the sampler's clock, so simulated time in tests): lets a backend spread a costly
+    /// read over ticks.
+    fn begin_tick(&mut self, now_unix_ms: i64) {
+        let _ = now_unix_ms;
+    }
+
     /// One reading of one device. Fields the device cannot report are `None`.
     ///
     /// # Errors

@@ -86,6 +86,7 @@ impl<B: Backend> Sampler<B> {
     pub fn tick(&mut self) -> Snapshot {
         let taken_at_unix_ms = self.clock.now_unix_ms();
         self.rediscover_if_changed();
+        self.backend.begin_tick(taken_at_unix_ms);
         let mut devices = Vec::with_capacity(self.devices.len());
         for info in &self.devices {
             let state = match self.backend.read(info) {

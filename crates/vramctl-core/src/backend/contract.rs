@@ -141,6 +141,38 @@ fn not_supported_is_none_with_its_reason() {
 }
 
 #[test]
+fn process_activity_is_read_at_most_once_a_second_of_tick_time() {
+    let _guard = FAKE_NVML.lock().unwrap_or_else(|p| p.into_inner());
+    unsafe { std::env::set_var("FAKE_NVML_SCENARIO", scenario("h200-training.toml")) };
+    let mut backend = NvmlBackend::open(Some(&fake_library())).unwrap();
+    backend.set_read_process_activity(true);
+    let info = backend.enumerate().unwrap().devices.remove(0);
+    let t0 = 1_795_984_291_000;
+    let mut asked_at = Vec::new();
+    // Ticks every 100 ms for 2.5 s, then the clock steps back a minute.
+    let ticks = (0..=25).map(|i| t0 + i * 100).chain([t0 - 60_000]);
+    for t in ticks {
+        backend.begin_tick(t);
+        let r = backend.read(&info).unwrap();
+        let asked =
+            r.process_activity.is_some() || r.missing.contains_key(&Field::ProcessUtilization);
+        if asked {
+            asked_at.push(t - t0);
+        }
+        if let Some(a) = &r.process_activity {
+            let pids: BTreeSet<u32> = a.iter().map(|p| p.pid).collect();
+            assert_eq!(pids.len(), a.len(), "one entry per process");
+        }
+    }
+    assert_eq!(asked_at, vec![0, 1000, 2000, -60_000]);
+    // Off, it is never read.
+    backend.set_read_process_activity(false);
+    backend.begin_tick(t0 + 100_000);
+    let r = backend.read(&info).unwrap();
+    assert!(r.process_activity.is_none() && !r.missing.contains_key(&Field::ProcessUtilization));
+}
+
+#[test]
 #[ignore = "requires an NVIDIA GPU"]
 fn nvml_backend_on_the_real_driver_keeps_the_contract() {
     let mut backend = NvmlBackend::open(None).expect("NVML on this machine");

@@ -49,9 +49,19 @@ pub struct NvmlBackend {
     /// Last per-process utilisation timestamp seen per GPU index (NVML returns samples
     /// newer than the one we pass).
     last_activity_us: BTreeMap<u32, u64>,
-    /// Whether per-process activity is read at all (one more call per device per tick).
+    /// Whether per-process activity is read at all.
     read_process_activity: bool,
+    /// When per-process activity was last read (tick time), and whether this tick reads it.
+    last_activity_read_ms: Option<i64>,
+    activity_due: bool,
 }
+
+/// Shortest time between two reads of per-process activity. On an H200
+/// `nvmlDeviceGetProcessUtilization` took 1.5 ms, five times every other call of a tick
+/// together: read every 100 ms it made the recorder cost 3 % of a core. The driver keeps
+/// its samples with their timestamps and we ask for those newer than the last one seen, so
+/// reading once a second loses none.
+const ACTIVITY_EVERY_MS: i64 = 1000;
 
 impl std::fmt::Debug for NvmlBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -98,10 +108,13 @@ impl NvmlBackend {
             mig_slots: BTreeMap::new(),
             last_activity_us: BTreeMap::new(),
             read_process_activity: false,
+            last_activity_read_ms: None,
+            activity_due: false,
         })
     }
 
-    /// Also read per-process SM activity each tick (used by the recorder's idle detection).
+    /// Also read per-process SM activity, at most once a second of tick time (the idle
+    /// evidence of the recorder, `serve`, `top` and `leaks --watch`).
     pub fn set_read_process_activity(&mut self, on: bool) {
         self.read_process_activity = on;
     }
@@ -199,6 +212,17 @@ impl Backend for NvmlBackend {
         Ok(enumeration)
     }
 
+    fn begin_tick(&mut self, now_unix_ms: i64) {
+        // A clock that went backwards makes the read due at once.
+        self.activity_due = self.read_process_activity
+            && self
+                .last_activity_read_ms
+                .is_none_or(|last| now_unix_ms < last || now_unix_ms - last >= ACTIVITY_EVERY_MS);
+        if self.activity_due {
+            self.last_activity_read_ms = Some(now_unix_ms);
+        }
+    }
+
     fn read(&mut self, info: &DeviceInfo) -> Result<DeviceReading, DeviceError> {
         // Borrow only `self.nvml`, so the per-device bookkeeping below stays writable.
         let device = self
@@ -258,7 +282,7 @@ impl Backend for NvmlBackend {
         )?;
         reading.processes = merge_process_lists(compute, graphics);
 
-        if self.read_process_activity {
+        if self.activity_due {
             let last = self.last_activity_us.get(&info.index).copied().unwrap_or(0);
             match timed("nvmlDeviceGetProcessUtilization", || {
                 device.process_utilization_stats(last)
@@ -267,16 +291,19 @@ impl Backend for NvmlBackend {
                     if let Some(newest) = samples.iter().map(|s| s.timestamp).max() {
                         self.last_activity_us.insert(info.index, newest);
                     }
-                    reading.process_activity = Some(
-                        samples
-                            .into_iter()
-                            .map(|s| ProcessActivity {
-                                pid: s.pid,
-                                sm_percent: s.sm_util,
-                                memory_percent: s.mem_util,
-                            })
-                            .collect(),
-                    );
+                    // Up to a second of samples: one entry per process, its busiest, so
+                    // any activity since the last read counts.
+                    let mut busiest: BTreeMap<u32, ProcessActivity> = BTreeMap::new();
+                    for s in samples {
+                        let a = busiest.entry(s.pid).or_insert(ProcessActivity {
+                            pid: s.pid,
+                            sm_percent: 0,
+                            memory_percent: 0,
+                        });
+                        a.sm_percent = a.sm_percent.max(s.sm_util);
+                        a.memory_percent = a.memory_percent.max(s.mem_util);
+                    }
+                    reading.process_activity = Some(busiest.into_values().collect());
                 }
                 // NOT_FOUND: no samples newer than `last`; the H200 answers this even for
                 // busy processes, so it is "no evidence", not "idle".
