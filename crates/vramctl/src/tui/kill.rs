@@ -524,10 +524,21 @@ mod tests {
     }
 
     fn sleep() -> std::process::Child {
-        std::process::Command::new("sleep")
+        let child = std::process::Command::new("sleep")
             .arg("300")
             .spawn()
-            .unwrap()
+            .unwrap();
+        // Under load /proc/PID/cmdline was seen empty just after the spawn returned (the
+        // plan then names the process `[sleep]`): wait until the kernel shows it.
+        let cmdline = format!("/proc/{}/cmdline", child.id());
+        for _ in 0..1000 {
+            if std::fs::read(&cmdline).is_ok_and(|c| c.starts_with(b"sleep\0")) {
+                break;
+            }
+            std::thread::yield_now();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        child
     }
 
     #[test]
