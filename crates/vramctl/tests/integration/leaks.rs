@@ -238,6 +238,46 @@ fn the_recorded_h200_history_finds_the_leaks_and_only_the_idle_holder() {
     redactions().bind(|| insta::assert_snapshot!("leaks_h200_recorded_history", text));
 }
 
+/// The README's first command: `leaks` on the real H200 history in `examples/`, which it
+/// must read without changing a byte.
+#[test]
+fn the_example_h200_history_gives_the_readme_verdicts_and_stays_unchanged() {
+    let db = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-recording.db");
+    let before = std::fs::read(&db).unwrap();
+    let json: Value = serde_json::from_str(&stdout_of(
+        vramctl_on("h200-idle.toml").arg("--db").arg(&db).args([
+            "leaks",
+            "--since",
+            "all",
+            "--idle-for",
+            "1m",
+            "--json",
+        ]),
+    ))
+    .unwrap();
+    assert_eq!(leaking(&json), vec![679, 680, 681]);
+    let v = verdicts(&json);
+    assert_eq!(v[&684], "idle-holder");
+    assert_eq!(v[&683], "sawtooth");
+    assert_eq!((v[&678].as_str(), v[&682].as_str()), ("stable", "stable"));
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "the example was modified"
+    );
+    let dir = db.parent().unwrap();
+    for leftover in [
+        "h200-recording.db-wal",
+        "h200-recording.db-shm",
+        "h200-recording.db.lock",
+    ] {
+        assert!(
+            !dir.join(leftover).exists(),
+            "{leftover} left beside the example"
+        );
+    }
+}
+
 #[test]
 fn json_snapshot_of_one_series() {
     let dir = tempfile::tempdir().unwrap();
