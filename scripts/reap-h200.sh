@@ -94,7 +94,9 @@ def apps(name):
     rows = {}
     with open(os.path.join(out, name)) as f:
         for r in csv.DictReader(f, skipinitialspace=True):
-            rows[int(r["pid"])] = r["used_memory [MiB]"]
+            # The header names the field as queried: "used_gpu_memory [MiB]".
+            used = next(k for k in r if k.startswith("used"))
+            rows[int(r["pid"])] = r[used]
     return rows
 
 def load(name):

@@ -130,7 +130,9 @@ if [ "$workloads" = 1 ]; then
   "${tmux[@]}" send-keys -t top Enter g Enter
   sleep 1.5
   capture verdicts
-  "${tmux[@]}" send-keys -t top Escape Escape
+  # Two separate Escapes (detail pane, then the filter): sent together they arrive as one
+  # Alt-Escape, and the filter stayed.
+  "${tmux[@]}" send-keys -t top Escape; sleep 0.3; "${tmux[@]}" send-keys -t top Escape
   sleep 1.5
   {
     echo "L on leak_fast ($leak_pid): ${leak_at:-never} s after top started (leak starts 60 s after the workload)"
@@ -140,7 +142,7 @@ if [ "$workloads" = 1 ]; then
 
   # The kill key on the kill target.
   before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
-  "${tmux[@]}" send-keys -t top / && "${tmux[@]}" send-keys -t top -l kill_target
+  "${tmux[@]}" send-keys -t top / C-u && "${tmux[@]}" send-keys -t top -l kill_target
   "${tmux[@]}" send-keys -t top Enter g K
   for _ in $(seq 100); do
     "${tmux[@]}" capture-pane -p -t top | grep -q 'kill this process?' && break
