@@ -17,12 +17,12 @@ use serde::Serialize;
 use vramctl_core::clock::{Clock, SystemClock};
 use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::signal::{
-    self, Actor, Candidate, KillRequest, Provenance, Refusal, Target, TargetOutcome, TargetReport,
+    self, Actor, Candidate, KillRequest, Provenance, Refusal, Target, TargetReport,
 };
 
 use self::release::{
-    DeviceRelease, Outcome, StillHeld, jupyter_note, record_memory_outcomes, release_lines,
-    still_held, verify_release,
+    DeviceRelease, Outcome, StillHeld, ended_pids, jupyter_note, record_memory_outcomes,
+    release_lines, still_held, verify_release,
 };
 use super::ps::{GpuHolding, holdings, total_bytes};
 use super::{GpuFilter, open_sampler};
@@ -272,16 +272,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         }
     }
 
-    let ended: HashSet<u32> = outcomes
-        .iter()
-        .filter(|r| {
-            matches!(
-                r.outcome,
-                TargetOutcome::Exited { .. } | TargetOutcome::AlreadyGone
-            )
-        })
-        .map(|r| r.candidate.identity.pid)
-        .collect();
+    let ended = ended_pids(&outcomes);
     report.devices = verify_release(&mut sampler, &before, &ended, started, timeout);
     record_memory_outcomes(audit.as_mut(), &outcomes, &held_before, &report.devices);
     report.still_held = still_held(&report.devices, &watch, &mut procs);

@@ -18,10 +18,9 @@ mod evidence;
 mod judge;
 mod policy;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
@@ -47,13 +46,13 @@ use self::judge::{
 use self::policy::{Policy, PolicyJson};
 use super::history::time_zone;
 use super::kill::release::{
-    DeviceRelease, Outcome, StillHeld, record_memory_outcomes, release_lines, still_held,
-    verify_release,
+    DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
+    still_held, verify_release,
 };
 use super::kill::seconds;
 use super::leaks::{Host, clock, same_day};
 use super::ps::{GpuHolding, holdings};
-use super::record::stop_signals;
+use super::record::{stop_signals, wait_next_tick};
 use super::{GpuFilter, db_path};
 use crate::audit::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapArgs};
@@ -199,41 +198,12 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
                 break;
             }
         }
-        if wait(&manual, &signals, started, samples, interval_ms) {
+        if wait_next_tick(manual.as_ref(), &signals, started, samples, interval_ms) {
             tracing::info!(rounds, "Stopping on a signal.");
             break;
         }
     }
     Ok(Exit::Ok)
-}
-
-/// Waits until the next live sample is due; whether a stop signal came.
-fn wait(
-    manual: &Option<ManualClock>,
-    signals: &Receiver<()>,
-    started: Instant,
-    samples: u64,
-    interval_ms: i64,
-) -> bool {
-    match manual {
-        Some(m) => {
-            m.advance_ms(interval_ms);
-            signals.try_recv().is_ok()
-        }
-        None => {
-            // Deadlines from the start, so the interval does not drift.
-            let next = started
-                + Duration::from_millis(
-                    u64::try_from(interval_ms)
-                        .unwrap_or(1000)
-                        .saturating_mul(samples),
-                );
-            match signals.recv_timeout(next.saturating_duration_since(Instant::now())) {
-                Ok(()) => true,
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => false,
-            }
-        }
-    }
 }
 
 /// What `--every` watches between rounds.
@@ -555,16 +525,7 @@ impl Runner<'_> {
         let started = Instant::now();
         report.signalled_at = Some(rfc3339(SystemClock.now_unix_ms()));
         let outcomes = signal::execute(&request, &self.actor, audit, &SystemClock);
-        let ended: HashSet<u32> = outcomes
-            .iter()
-            .filter(|r| {
-                matches!(
-                    r.outcome,
-                    TargetOutcome::Exited { .. } | TargetOutcome::AlreadyGone
-                )
-            })
-            .map(|r| r.candidate.identity.pid)
-            .collect();
+        let ended = ended_pids(&outcomes);
         report.devices = verify_release(sampler, snapshot, &ended, started, self.timeout);
         record_memory_outcomes(audit, &outcomes, &held_before, &report.devices);
         report.still_held = still_held(&report.devices, &watch, &mut self.procs);

@@ -107,27 +107,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         {
             break;
         }
-        let stop = match &manual {
-            Some(m) => {
-                m.advance_ms(interval_ms);
-                signals.try_recv().is_ok()
-            }
-            None => {
-                // Deadlines from the start, so the interval does not drift.
-                let next = started
-                    + Duration::from_millis(
-                        u64::try_from(interval_ms)
-                            .unwrap_or(1000)
-                            .saturating_mul(ticks),
-                    );
-                let wait = next.saturating_duration_since(Instant::now());
-                match signals.recv_timeout(wait) {
-                    Ok(()) => true,
-                    Err(RecvTimeoutError::Timeout) => false,
-                    Err(RecvTimeoutError::Disconnected) => false,
-                }
-            }
-        };
+        let stop = wait_next_tick(manual.as_ref(), &signals, started, ticks, interval_ms);
         if stop {
             tracing::info!("Stopping on a signal.");
             break;
@@ -139,6 +119,34 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
     }
     tracing::info!(ticks, "Stopped.");
     Ok(Exit::Ok)
+}
+
+/// Waits until tick number `n + 1` is due (`n` × `interval_ms` after `started`, so the
+/// interval does not drift) or, on a simulated clock, advances it by one interval; whether
+/// a stop signal came. Shared by `record` and `reap --every`.
+pub fn wait_next_tick(
+    manual: Option<&ManualClock>,
+    signals: &Receiver<()>,
+    started: Instant,
+    n: u64,
+    interval_ms: i64,
+) -> bool {
+    match manual {
+        Some(m) => {
+            m.advance_ms(interval_ms);
+            signals.try_recv().is_ok()
+        }
+        None => {
+            let next = started
+                + Duration::from_millis(
+                    u64::try_from(interval_ms).unwrap_or(1000).saturating_mul(n),
+                );
+            match signals.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                Ok(()) => true,
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => false,
+            }
+        }
+    }
 }
 
 /// A channel that receives `()` on SIGINT or SIGTERM.

@@ -19,16 +19,21 @@ fn testdata(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `labeled-trace.ndjson.gz` decompressed into `dir`.
-fn h200_trace(dir: &Path) -> PathBuf {
-    let file = std::fs::File::open(testdata("labeled-trace.ndjson.gz")).expect("test helper");
+/// `testdata/h200/NAME` (gzip'd) decompressed into `dir/out`.
+fn gunzip_testdata(name: &str, dir: &Path, out: &str) -> PathBuf {
+    let file = std::fs::File::open(testdata(name)).expect("test helper");
     let mut text = String::new();
     flate2::read::GzDecoder::new(file)
         .read_to_string(&mut text)
         .expect("test helper");
-    let path = dir.join("trace.ndjson");
+    let path = dir.join(out);
     std::fs::write(&path, text).expect("test helper");
     path
+}
+
+/// `labeled-trace.ndjson.gz` decompressed into `dir`.
+fn h200_trace(dir: &Path) -> PathBuf {
+    gunzip_testdata("labeled-trace.ndjson.gz", dir, "trace.ndjson")
 }
 
 /// `leaks` needs no GPU for files and databases; the fake is there so nothing real is hit.
@@ -191,14 +196,7 @@ fn the_nvidia_smi_logs_of_the_same_run_give_the_same_verdicts() {
 /// beside the same seven workloads on another H200 run, exported with `vramctl export`; it
 /// has the CPU time (every 10 s) and per-process SM samples the status trace lacks.
 fn h200_history(dir: &Path) -> PathBuf {
-    let file = std::fs::File::open(testdata("recorded-history.ndjson.gz")).expect("test helper");
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_string(&mut text)
-        .expect("test helper");
-    let path = dir.join("history.ndjson");
-    std::fs::write(&path, text).expect("test helper");
-    path
+    gunzip_testdata("recorded-history.ndjson.gz", dir, "history.ndjson")
 }
 
 #[test]

@@ -63,6 +63,21 @@ pub struct Holder {
     pub why: String,
 }
 
+/// The targets that ended (exited, or were gone before the signal): whose memory the
+/// driver should now release.
+pub fn ended_pids(outcomes: &[TargetReport]) -> HashSet<u32> {
+    outcomes
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.outcome,
+                TargetOutcome::Exited { .. } | TargetOutcome::AlreadyGone
+            )
+        })
+        .map(|r| r.candidate.identity.pid)
+        .collect()
+}
+
 /// Samples NVML until no device lists an ended target and its memory did not move to "no
 /// process" (a forked child still holding the descriptors), or `timeout` passes.
 pub fn verify_release(
