@@ -37,7 +37,7 @@ pub use explain::{bytes as human_bytes, duration as human_duration, rate as huma
 pub use idle::{CpuSample, DeviceActivitySample, Evidence, IdlePeriod, IdleReport, SmSample};
 pub use series::Sample;
 pub use stats::MannKendall;
-pub use tracker::{ProcessTracker, VerdictChange};
+pub use tracker::{Cadence, ProcessTracker, VerdictChange};
 pub use trend::{LeakChecks, LeakRule, TrendTest};
 
 use config::ms;

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use super::config::ms;
 use super::{
-    AnalysisError, CpuSample, DeviceActivitySample, LeakConfig, ProcessTracker, Sample,
+    AnalysisError, Cadence, CpuSample, DeviceActivitySample, LeakConfig, ProcessTracker, Sample,
     SeriesContext, SeriesReport, SmSample, VerdictChange,
 };
 use crate::procinfo::ProcessIdentity;
@@ -38,6 +38,8 @@ pub struct FleetConfig {
     /// A series whose process has not been listed for this long (snapshot time) is
     /// forgotten, with its report.
     pub forget_after: Duration,
+    /// How often each series is re-analysed.
+    pub cadence: Cadence,
 }
 
 impl Default for FleetConfig {
@@ -45,6 +47,7 @@ impl Default for FleetConfig {
         Self {
             leak: LeakConfig::default(),
             forget_after: DEFAULT_FORGET_AFTER,
+            cadence: Cadence::INTERACTIVE,
         }
     }
 }
@@ -310,7 +313,8 @@ impl FleetTracker {
             process_start_unix_ms: facts.started_at_unix_ms,
             device_label: Some(label.clone()),
         };
-        let tracker = ProcessTracker::new(ctx, self.cfg.leak.clone())?;
+        let tracker =
+            ProcessTracker::new(ctx, self.cfg.leak.clone())?.with_cadence(self.cfg.cadence);
         Ok(Entry {
             tracker,
             place: SeriesPlace {

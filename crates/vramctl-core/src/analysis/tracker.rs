@@ -4,11 +4,13 @@
 //! full analysis — the same one [`analyze`](super::analyze) runs — is re-run only when it
 //! can matter: when the memory level changed or the activity evidence changed the picture
 //! (an idle span began or ended, not merely went on), at most once per
-//! `RECHECK_MIN_MS` of sample time (`RECHECK_MAX_MS` once the verdict is `leak`,
+//! [`Cadence::min`] of sample time ([`Cadence::max`] once the verdict is `leak`,
 //! `sawtooth` or `idle-holder`, which only a plateau or new activity can end), and
-//! otherwise every `RECHECK_MAX_MS` so that verdicts that change with time alone (a
+//! otherwise every [`Cadence::max`] so that verdicts that change with time alone (a
 //! plateau reached, an idle span long enough) are seen.
 //! `docs/benchmarks.md` (issue 4) has the measured cost per sample.
+
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -20,10 +22,34 @@ use super::{
     SmSample, Verdict, report,
 };
 
-/// Least sample time between two analyses triggered by a change.
-const RECHECK_MIN_MS: i64 = 1000;
-/// Most sample time between two analyses.
-const RECHECK_MAX_MS: i64 = 5000;
+/// How often a tracker re-runs its analysis, in sample time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cadence {
+    /// Least time between two analyses triggered by a change.
+    pub min: Duration,
+    /// Most time between two analyses.
+    pub max: Duration,
+}
+
+impl Cadence {
+    /// For a person watching (`leaks --watch`, `top`): a change shows within a second.
+    pub const INTERACTIVE: Self = Self {
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(5),
+    };
+    /// For an exporter scraped every 15–60 s: verdicts up to 10 s late, a fifth to a tenth
+    /// of the analyses (the daemon's CPU goal is 0.5 % of a core with 240 processes).
+    pub const SCRAPED: Self = Self {
+        min: Duration::from_secs(10),
+        max: Duration::from_secs(20),
+    };
+}
+
+impl Default for Cadence {
+    fn default() -> Self {
+        Self::INTERACTIVE
+    }
+}
 
 /// A verdict that differs from the previous one.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -42,6 +68,8 @@ pub struct VerdictChange {
 #[derive(Debug, Clone)]
 pub struct ProcessTracker {
     cfg: LeakConfig,
+    min_ms: i64,
+    max_ms: i64,
     ctx: SeriesContext,
     series: Tiered,
     idle: IdleFold,
@@ -66,6 +94,8 @@ impl ProcessTracker {
                 ms(cfg.idle_for),
                 cfg.cpu_idle_fraction,
             ),
+            min_ms: ms(Cadence::INTERACTIVE.min),
+            max_ms: ms(Cadence::INTERACTIVE.max),
             cfg,
             ctx,
             last_report: None,
@@ -74,6 +104,14 @@ impl ProcessTracker {
             dirty: false,
             analyses: 0,
         })
+    }
+
+    /// The same tracker re-analysing at `cadence` instead of [`Cadence::INTERACTIVE`].
+    #[must_use]
+    pub fn with_cadence(mut self, cadence: Cadence) -> Self {
+        self.min_ms = ms(cadence.min);
+        self.max_ms = ms(cadence.max).max(self.min_ms);
+        self
     }
 
     /// Adds a memory sample; returns the new verdict when it differs from the last one.
@@ -93,16 +131,12 @@ impl ProcessTracker {
             self.verdict(),
             Some(Verdict::Leak | Verdict::Sawtooth | Verdict::IdleHolder)
         );
-        let min_ms = if settled {
-            RECHECK_MAX_MS
-        } else {
-            RECHECK_MIN_MS
-        };
+        let min_ms = if settled { self.max_ms } else { self.min_ms };
         let due = match self.last_analysis_ms {
             None => true,
             Some(last) => {
                 let since = sample.t_unix_ms - last;
-                (self.dirty && since >= min_ms) || since >= RECHECK_MAX_MS
+                (self.dirty && since >= min_ms) || since >= self.max_ms
             }
         };
         if !due {
