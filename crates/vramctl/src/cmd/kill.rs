@@ -19,6 +19,7 @@ use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::signal::{
     self, Actor, Candidate, KillRequest, Provenance, Refusal, Target, TargetReport,
 };
+use vramctl_store::format::rfc3339;
 
 use self::release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, jupyter_note, record_memory_outcomes,
@@ -258,9 +259,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         ..KillRequest::new(targets, "kill")
     };
     let started = Instant::now();
-    report.signalled_at = jiff::Timestamp::from_millisecond(SystemClock.now_unix_ms())
-        .ok()
-        .map(|t| format!("{t:.3}"));
+    report.signalled_at = Some(rfc3339(SystemClock.now_unix_ms()));
     let outcomes = signal::execute(&request, &actor, audit.as_mut(), &SystemClock);
     let by_pid: HashMap<u32, &TargetReport> = outcomes
         .iter()

@@ -18,6 +18,7 @@ use serde::Serialize;
 use vramctl_core::Backend;
 use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceState, ProcessKind, Snapshot};
+use vramctl_store::format::rfc3339;
 
 use super::{GpuFilter, open_sampler};
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
@@ -491,11 +492,6 @@ fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcRe
 
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
-}
-
-fn rfc3339(unix_ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(unix_ms)
-        .map_or_else(|_| unix_ms.to_string(), |t| format!("{t:.3}"))
 }
 
 /// The table and the notes under it.

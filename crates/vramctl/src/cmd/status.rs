@@ -15,6 +15,7 @@ use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
 };
 use vramctl_core::{Backend, NvmlBackend, Sampler};
+use vramctl_store::format::rfc3339;
 
 use super::{GpuFilter, open_sampler};
 use crate::cli::{GlobalArgs, StatusArgs};
@@ -281,11 +282,6 @@ fn process_status(
         gpu_instance_id: process.gpu_instance_id,
         compute_instance_id: process.compute_instance_id,
     }
-}
-
-fn rfc3339(unix_ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(unix_ms)
-        .map_or_else(|_| unix_ms.to_string(), |t| format!("{t:.3}"))
 }
 
 const BAR_WIDTH: usize = 30;
