@@ -651,4 +651,34 @@ mod tests {
         );
         assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
     }
+
+    #[test]
+    fn a_failed_tick_keeps_the_processes_known_before_it() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        let rows = store
+            .processes_in(crate::model::TimeRange::ALL)
+            .unwrap()
+            .len();
+        // Full: a tick with new processes fails and rolls back.
+        store
+            .set_max_page_count(store.size_bytes().unwrap() / 4096)
+            .unwrap();
+        let many: Vec<(u32, u64)> = (1000..1400).map(|p| (p, GIB)).collect();
+        assert!(store.append(&tick(T0 + 1000, GIB, &many)).is_err());
+        store.set_max_page_count(1 << 30).unwrap();
+        // The next tick lists PID 7 without naming it, as the recorder does between names.
+        let mut next = tick(T0 + 2000, GIB, &[(7, GIB)]);
+        next.processes.clear();
+        store.append(&next).unwrap();
+        assert_eq!(
+            store
+                .processes_in(crate::model::TimeRange::ALL)
+                .unwrap()
+                .len(),
+            rows,
+            "PID 7 is still the process it was, not a new bare row"
+        );
+    }
 }

@@ -127,10 +127,19 @@ impl Store {
         }
         let result = self.append_inner(tick);
         if result.is_err() {
-            // The transaction rolled back: forget ids handed out inside it.
+            // The transaction rolled back: forget the process ids handed out inside it, and
+            // only those. Forgetting every id split each process the next tick lists without
+            // naming it (the recorder names a process when it is new and every 10 s) into a
+            // second, bare row. A row that cannot be checked is forgotten too.
             if let Some(w) = self.writer.as_mut() {
-                w.processes.clear();
-                w.pids.clear();
+                let conn = &self.conn;
+                let exists = |id: &i64| {
+                    conn.prepare_cached("SELECT 1 FROM process WHERE id = ?1")
+                        .and_then(|mut q| q.exists([id]))
+                        .unwrap_or(false)
+                };
+                w.processes.retain(|_, id| exists(id));
+                w.pids.retain(|_, id| exists(id));
             }
             let _ = self.load_catalog();
         }
