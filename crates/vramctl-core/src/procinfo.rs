@@ -546,8 +546,6 @@ pub struct ProcessDetails {
     pub threads: Option<u32>,
     /// A kernel thread (`PF_KTHREAD`).
     pub kernel_thread: bool,
-    /// Direct children, ascending.
-    pub children: Vec<u32>,
     /// Container id and pod UID from the cgroup path.
     pub container: ContainerInfo,
 }
@@ -639,7 +637,6 @@ impl ProcReader {
                 .map(|s| s.rss_pages.saturating_mul(self.page_size)),
             threads: stat.as_ref().map(|s| s.threads),
             kernel_thread: stat.as_ref().is_some_and(Stat::is_kernel_thread),
-            children: children(pid),
             container,
         })
     }
@@ -706,19 +703,6 @@ fn parse_stat_times(stat: &str) -> Option<CpuTime> {
     Some(CpuTime {
         start_time_ticks,
         cpu_ticks: utime.saturating_add(stime),
-    })
-}
-
-/// Container id and Kubernetes pod UID of `pid`, read from `/proc/PID/cgroup`.
-///
-/// `(None, None)` for a process outside any container, or one not visible here.
-pub fn cgroup_ids(pid: u32) -> (Option<String>, Option<String>) {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_or((None, None), |text| {
-        let ContainerInfo {
-            container_id,
-            pod_uid,
-        } = parse_cgroup(&text);
-        (container_id, pod_uid)
     })
 }
 
@@ -1044,7 +1028,7 @@ mod tests {
         assert_eq!(parse_stat_times("12 (x) S 1"), None);
     }
 
-    /// The parser's answer as the `(container, pod)` pair `cgroup_ids` returns.
+    /// The parser's answer as a `(container, pod)` pair.
     fn ids(text: &str) -> (Option<String>, Option<String>) {
         let info = parse_cgroup(text);
         (info.container_id, info.pod_uid)
@@ -1134,6 +1118,5 @@ mod cgroup_tests {
         let text = "0::/user.slice/user-1000.slice/session-3.scope\n";
         assert_eq!(ids(text), (None, None));
         assert_eq!(ids(""), (None, None));
-        assert_eq!(cgroup_ids(u32::MAX), (None, None));
     }
 }

@@ -297,7 +297,8 @@ impl Procs {
                         meta.uid = details.uid;
                         meta.user = details.user;
                         meta.command = Some(details.command);
-                        (meta.container_id, meta.pod_uid) = procinfo::cgroup_ids(pid);
+                        meta.container_id = details.container.container_id;
+                        meta.pod_uid = details.container.pod_uid;
                     }
                     // Outside our PID namespace: the driver still knows its name.
                     None => meta.command = driver_name(pid),

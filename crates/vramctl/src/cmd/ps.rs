@@ -346,7 +346,8 @@ fn row(
         state: details.and_then(|d| d.state).map(String::from),
         zombie: details.is_some_and(ProcessDetails::is_zombie),
         ppid: details.and_then(|d| d.ppid),
-        children: details.map(|d| d.children.clone()).unwrap_or_default(),
+        // Only `ps` needs them: one read per thread, so not part of every `details` call.
+        children: details.map(|_| procinfo::children(pid)).unwrap_or_default(),
         started_at: started_at_ms.map(rfc3339),
         age_s: started_at_ms
             .and_then(|started| u64::try_from(now_ms.saturating_sub(started) / 1000).ok()),

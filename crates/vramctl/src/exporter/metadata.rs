@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use vramctl_core::procinfo::{ProcReader, cgroup_ids};
+use vramctl_core::procinfo::{ContainerInfo, ProcReader};
 use vramctl_core::types::Snapshot;
 
 /// Longest `command` label, in characters; longer command lines end in `…`. Prometheus'
@@ -148,7 +148,10 @@ impl MetadataCache {
             },
             DetailsSource::Proc => match self.procs.details(pid) {
                 Some(details) => {
-                    let (container, pod) = cgroup_ids(pid);
+                    let ContainerInfo {
+                        container_id: container,
+                        pod_uid: pod,
+                    } = details.container;
                     ProcessLabels {
                         command: Some(truncate_command(&details.command)),
                         user: details.user.or_else(|| details.uid.map(|u| u.to_string())),
