@@ -187,6 +187,8 @@ impl FleetTracker {
         // Series of devices that could not be read this tick stay current: the process is
         // probably still there.
         let mut current = HashMap::with_capacity(self.current.len());
+        // One /proc read per process per tick, however many GPUs it holds memory on.
+        let mut facts_of: HashMap<u32, ProcessFacts> = HashMap::new();
         for device in &snapshot.devices {
             let Some(reading) = device.reading() else {
                 current.extend(
@@ -205,7 +207,9 @@ impl FleetTracker {
                 let Some(bytes) = process.used_bytes else {
                     continue;
                 };
-                let f = facts(process.pid);
+                let f = *facts_of
+                    .entry(process.pid)
+                    .or_insert_with(|| facts(process.pid));
                 let key = SeriesKey {
                     device_uuid: device.info.uuid.clone(),
                     pid: process.pid,
