@@ -62,6 +62,11 @@ impl<B: Backend> Sampler<B> {
         &self.devices
     }
 
+    /// The devices the driver counts that could not be opened, with the reason.
+    pub fn unopened(&self) -> &[UnopenedDevice] {
+        &self.unopened
+    }
+
     /// The driver stack's versions.
     pub fn driver(&self) -> &Arc<DriverInfo> {
         &self.driver

@@ -58,7 +58,8 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
     sampler.read_cuda_driver_version();
     let driver = (**sampler.driver()).clone();
-    let unopened = sampler.tick().unopened;
+    // As enumerated at start-up: a whole tick (every reading of every GPU) is not needed.
+    let unopened = sampler.unopened().to_vec();
     let devices = sampler
         .diagnostics()
         .into_iter()
