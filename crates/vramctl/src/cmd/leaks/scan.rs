@@ -19,9 +19,9 @@ use vramctl_core::analysis::{
 };
 use vramctl_store::{DeviceRecord, Metric, ProcessRecord, SeriesRef, Store, TimeRange};
 
-/// CPU time is recorded every 10 s (`record`) and carried between reads, so a repeated
-/// value is only taken as a new reading this long after the last one taken.
-const CPU_HEARTBEAT_MS: i64 = 10_000;
+/// CPU time is recorded every [`crate::recorder::CPU_EVERY_MS`] (`record`) and carried between reads, so a
+/// repeated value is only taken as a new reading this long after the last one taken.
+const CPU_HEARTBEAT_MS: i64 = crate::recorder::CPU_EVERY_MS;
 
 /// Ticks buffered before the folds are fed.
 const CHUNK: usize = 1024;
