@@ -339,9 +339,11 @@ impl Store {
                 close_gap(&tx, id, t).map_err(err.clone())?;
             }
         }
-        if !open_gaps.is_empty() {
-            tx.prepare_cached("UPDATE gap SET to_ms = ?1 WHERE open = 1")
-                .and_then(|mut s| s.execute([t]))
+        // By id: `open` has no index, and `WHERE open = 1` scanned the whole gap table on
+        // every tick while a gap stayed open (a field a GPU never reports keeps one open).
+        for (id, _) in open_gaps.values() {
+            tx.prepare_cached("UPDATE gap SET to_ms = ?1 WHERE id = ?2")
+                .and_then(|mut s| s.execute(params![t, id]))
                 .map_err(err.clone())?;
         }
         tx.commit().map_err(err)?;
