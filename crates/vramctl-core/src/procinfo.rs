@@ -682,27 +682,12 @@ pub struct CpuTime {
     pub cpu_ticks: u64,
 }
 
-/// Start time and CPU time of `pid`, or `None` when it is not visible here.
-///
-/// Reads `/proc/PID/stat` directly (one `read`, no allocation beyond the buffer): the
-/// recorder calls it for every GPU process, so it stays cheap.
+/// Start time and CPU time of `pid`, or `None` when it is not visible here: the fields of
+/// [`read_stat`] the recorder and the live analysis need for every GPU process.
 pub fn cpu_time_ticks(pid: u32) -> Option<CpuTime> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat_times(&stat)
-}
-
-/// Fields 14, 15 and 22 of a `/proc/PID/stat` line. The command (field 2) may hold spaces
-/// and parentheses, so fields are counted after its last `)`.
-fn parse_stat_times(stat: &str) -> Option<CpuTime> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // `rest` starts at field 3 (state); field N is at index N - 3.
-    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
-    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
-    let start_time_ticks: u64 = fields.get(22 - 3)?.parse().ok()?;
-    Some(CpuTime {
-        start_time_ticks,
-        cpu_ticks: utime.saturating_add(stime),
+    read_stat(pid).ok().map(|s| CpuTime {
+        start_time_ticks: s.start_time_ticks,
+        cpu_ticks: s.cpu_ticks(),
     })
 }
 
@@ -1012,20 +997,6 @@ mod tests {
             .expect("we exist");
         assert_eq!(Some(me.start_time_ticks), details.start_time_ticks);
         assert_eq!(cpu_time_ticks(u32::MAX), None);
-    }
-
-    #[test]
-    fn stat_with_parentheses_in_the_command() {
-        let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 1 0 \
-                    987654 1000 100 18446744073709551615";
-        assert_eq!(
-            parse_stat_times(stat),
-            Some(CpuTime {
-                start_time_ticks: 987_654,
-                cpu_ticks: 280
-            })
-        );
-        assert_eq!(parse_stat_times("12 (x) S 1"), None);
     }
 
     /// The parser's answer as a `(container, pod)` pair.
