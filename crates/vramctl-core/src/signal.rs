@@ -1230,32 +1230,40 @@ mod tests {
 
     #[test]
     fn another_users_process_is_refused_unless_root() {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: spawning a process as another user needs root");
-            return;
-        }
-        let mut child = std::os::unix::process::CommandExt::uid(&mut Command::new("sleep"), 65534)
-            .arg("60")
-            .spawn()
-            .expect("sleep as uid 65534");
-        let root = Actor::current();
-        let alice = Actor {
-            uid: 1000,
-            euid: 1000,
-            ..root.clone()
+        // `inspect` takes the actor as an argument, so the process can be ours and the actor
+        // someone else: no root needed, and the test runs everywhere.
+        let mut child = sleeper();
+        let me = Actor::current();
+        let owner = me.uid;
+        let other = owner.wrapping_add(1);
+        let someone_else = Actor {
+            uid: other,
+            euid: other,
+            ..me.clone()
         };
         let mut procs = ProcReader::new();
         assert_eq!(
-            inspect(child.id(), &alice, None, Provenance::Named, &mut procs),
+            inspect(
+                child.id(),
+                &someone_else,
+                None,
+                Provenance::Named,
+                &mut procs
+            ),
             Err(Refusal::OtherUser {
                 pid: child.id(),
-                owner_uid: 65534,
-                our_uid: 1000
+                owner_uid: owner,
+                our_uid: other
             })
         );
+        let root = Actor {
+            uid: 0,
+            euid: 0,
+            ..me.clone()
+        };
         let candidate =
             inspect(child.id(), &root, None, Provenance::Named, &mut procs).expect("root may");
-        assert_eq!(candidate.uid, 65534);
+        assert_eq!(candidate.uid, owner);
         child.kill().expect("kill");
         child.wait().expect("wait");
     }
