@@ -92,7 +92,15 @@ mod tests {
     #[test]
     fn more_labels_than_colours_reuse_the_palette() {
         let labels: Vec<String> = (0..30).map(|i| format!("p{i}")).collect();
-        assert_eq!(assign(labels.iter().map(String::as_str)).len(), 30);
+        let colours = assign(labels.iter().map(String::as_str));
+        assert_eq!(colours.len(), 30);
+        // The first ten take every colour once; the rest reuse them, never a reserved one.
+        let first: std::collections::HashSet<_> = colours[..PROCESS.len()]
+            .iter()
+            .map(|c| (c.0, c.1, c.2))
+            .collect();
+        assert_eq!(first.len(), PROCESS.len());
+        assert!(colours.iter().all(|c| PROCESS.contains(c)));
     }
 
     #[test]
