@@ -62,8 +62,6 @@ use crate::output::units;
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
 
-/// Shortest `--interval`: below it NVML calls and /proc reads dominate.
-const MIN_INTERVAL_MS: i64 = 50;
 /// Shortest `--every`.
 const MIN_EVERY_MS: i64 = 1000;
 /// The history is analysed over at least this long before now (as `leaks` does), and over
@@ -89,13 +87,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
             args.every.as_deref().unwrap_or_default()
         );
     }
-    let interval_ms = parse_duration_ms(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
-    if interval_ms < MIN_INTERVAL_MS {
-        bail!(
-            "--interval '{}' is shorter than {MIN_INTERVAL_MS}ms; use 50ms or more",
-            args.interval
-        );
-    }
+    let interval_ms = crate::cmd::parse_interval(&args.interval)?;
     let interval_ms = every_ms.map_or(interval_ms, |e| interval_ms.min(e));
     let tz = time_zone(args.tz.as_deref())?;
     let longest = policies

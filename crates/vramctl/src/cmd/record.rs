@@ -36,21 +36,13 @@ use crate::cli::{GlobalArgs, RecordArgs};
 use crate::exit::Exit;
 use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
 
-/// Shortest interval accepted: below it NVML calls and /proc reads dominate the machine.
-const MIN_INTERVAL_MS: i64 = 50;
 /// NVML init retry backoff.
 const BACKOFF_FIRST_MS: i64 = 1_000;
 const BACKOFF_MAX_MS: i64 = 300_000;
 
 /// Runs `record`.
 pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
-    let interval_ms = parse_duration_ms(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
-    if interval_ms < MIN_INTERVAL_MS {
-        bail!(
-            "--interval '{}' is shorter than {MIN_INTERVAL_MS}ms; use 50ms or more",
-            args.interval
-        );
-    }
+    let interval_ms = crate::cmd::parse_interval(&args.interval)?;
     let duration_ms = args
         .duration
         .as_deref()

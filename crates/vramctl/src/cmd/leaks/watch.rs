@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use serde::Serialize;
 use vramctl::facts::FactsReader;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, ProcessFacts, SeriesKey};
@@ -24,16 +24,12 @@ use vramctl_core::procinfo::ProcReader;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
-use vramctl_store::parse_duration_ms;
 
 use super::{SCHEMA, SeriesJson, Who, clock, local_explanation, short_command};
 use crate::cli::{GlobalArgs, LeaksArgs};
 use crate::cmd::GpuFilter;
 use crate::cmd::history::time_zone;
 use crate::exit::Exit;
-
-/// Shortest `--interval`: below it NVML calls and /proc reads dominate.
-const MIN_INTERVAL_MS: i64 = 50;
 
 /// What is known about a series beyond the tracker: for the lines printed.
 struct Known {
@@ -70,13 +66,7 @@ struct Ended {
 
 /// Runs `leaks --watch`.
 pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Result<Exit> {
-    let interval_ms = parse_duration_ms(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
-    if interval_ms < MIN_INTERVAL_MS {
-        bail!(
-            "--interval '{}' is shorter than {MIN_INTERVAL_MS}ms; use 50ms or more",
-            args.interval
-        );
-    }
+    let interval_ms = crate::cmd::parse_interval(&args.interval)?;
     let tz = time_zone(args.source.tz.as_deref())?;
     let manual = args.simulated_clock.map(ManualClock::new);
     let clock_box: Box<dyn Clock> = match &manual {
