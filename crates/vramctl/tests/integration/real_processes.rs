@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use vramctl_core::signal::PidHandle;
 
-/// A child process that is killed and reaped when dropped, whatever the test did.
+/// A child process that is killed and reaped when dropped, whatever the test did, with
+/// every process it started: each child leads a process group of its own, and dropping it
+/// kills the group, so a `sleep 600` that a shell left behind (or that outlived a parent the
+/// test killed) does not outlive the test and keep the test run's pipes open.
 pub struct Spawned {
     pub child: Child,
     lines: Option<Lines<BufReader<ChildStdout>>>,
@@ -48,6 +51,13 @@ impl Spawned {
 
 impl Drop for Spawned {
     fn drop(&mut self) {
+        // The group's id is the leader's PID, and stays taken while any member lives, so
+        // this cannot reach another test's processes. kill(1) instead of a new dependency.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.pid())])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -73,7 +83,9 @@ pub fn term_ignorer() -> Spawned {
 }
 
 pub fn spawn(command: &mut Command) -> Spawned {
+    use std::os::unix::process::CommandExt;
     let mut child = command
+        .process_group(0)
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The project's one test command (README "Tests"; `.ci/run` calls it too):
+#
+#   scripts/test.sh [ARGS FOR cargo test ...]
+#
+# Besides the Rust toolchain the integration tests drive two programs for real:
+# - promtool and prometheus (Debian's `prometheus` package): the exporter's tests lint its
+#   output and alert rules and scrape it with a real Prometheus;
+# - tmux: the `top` end-to-end test types keys into the real terminal UI.
+# As root, a missing package is installed with apt-get. Otherwise this says which packages
+# are missing, and the tests that need them are skipped (VRAMCTL_SKIP_PROMETHEUS=1,
+# VRAMCTL_SKIP_TMUX=1) so that the rest still runs and passes; CI runs as root and never
+# skips: it sets VRAMCTL_TEST_STRICT=1, which makes a program still missing after the install
+# an error. VRAMCTL_TEST_NO_INSTALL=1 skips instead of installing, even as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian package per program the tests need.
+declare -A package_of=([promtool]=prometheus [prometheus]=prometheus [tmux]=tmux)
+missing=()
+for program in promtool prometheus tmux; do
+  if ! command -v "$program" >/dev/null 2>&1; then
+    package=${package_of[$program]}
+    [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
+  fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && [ "${VRAMCTL_TEST_NO_INSTALL:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing ${missing[*]} (Debian packages the integration tests drive)" >&2
+    { apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } ||
+      echo "scripts/test.sh: apt-get could not install ${missing[*]}" >&2
+  else
+    echo "scripts/test.sh: missing Debian package(s) ${missing[*]}; install them" \
+      "(sudo apt-get install ${missing[*]}) to run every test — skipping the tests that need them" >&2
+  fi
+fi
+# Whatever is still missing (not root, no apt-get, an install that failed) is skipped, loudly,
+# or under VRAMCTL_TEST_STRICT=1 fails the run.
+skip() {
+  if [ "${VRAMCTL_TEST_STRICT:-0}" = 1 ]; then
+    echo "scripts/test.sh: error: $1 is missing and VRAMCTL_TEST_STRICT=1" >&2
+    exit 2
+  fi
+  echo "scripts/test.sh: skipping the tests that need $1" >&2
+}
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  skip "promtool/prometheus"
+  export VRAMCTL_SKIP_PROMETHEUS=1
+fi
+if ! command -v tmux >/dev/null 2>&1; then
+  skip "tmux"
+  export VRAMCTL_SKIP_TMUX=1
+fi
+
+exec cargo test --workspace "$@"
