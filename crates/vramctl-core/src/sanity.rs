@@ -54,18 +54,20 @@ pub fn sanitize(reading: &mut DeviceReading, limits: SanityLimits) {
     }
     let total = reading.memory.map(|m| m.total_bytes);
     if let Some(processes) = reading.processes.as_mut() {
-        processes.retain(|p| match process_problem(p.pid, p.used_bytes, total, limits) {
-            None => true,
-            Some(reason) => {
-                tracing::warn!(pid = p.pid, reason = %reason, "Dropped a process entry.");
-                reading.dropped.push(Dropped {
-                    field: Field::Process,
-                    what: format!("pid {}", p.pid),
-                    reason,
-                });
-                false
-            }
-        });
+        processes.retain(
+            |p| match process_problem(p.pid, p.used_bytes, total, limits) {
+                None => true,
+                Some(reason) => {
+                    tracing::warn!(pid = p.pid, reason = %reason, "Dropped a process entry.");
+                    reading.dropped.push(Dropped {
+                        field: Field::Process,
+                        what: format!("pid {}", p.pid),
+                        reason,
+                    });
+                    false
+                }
+            },
+        );
     }
     if let Some(activity) = reading.process_activity.as_mut() {
         activity.retain(|a| pid_problem(a.pid, limits).is_none());

@@ -66,6 +66,8 @@ pub struct Store {
     created: Created,
     /// See [`Store::notice`].
     notice: Option<String>,
+    /// An import's transaction is open (`writer.rs`).
+    pub(crate) import_tx: bool,
 }
 
 /// Files and directories an open created.
@@ -222,6 +224,7 @@ impl Store {
             _lock: lock,
             created: created.clone(),
             notice: None,
+            import_tx: false,
         };
         store.prepare()?;
         Ok(store)
@@ -249,9 +252,7 @@ impl Store {
         if let Err(e) = conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(())) {
             use rusqlite::ErrorCode;
             match e.sqlite_error_code() {
-                Some(
-                    ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied,
-                ) => {
+                Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
                     conn = open("mode=ro&immutable=1")?;
                     let wal_bytes = std::fs::metadata(sidecar(path, "-wal")).map_or(0, |m| m.len());
                     tracing::debug!(path = %path.display(), cause = %e, wal_bytes, "Opened the history as immutable.");
@@ -275,6 +276,7 @@ impl Store {
             _lock: None,
             created: Created::default(),
             notice,
+            import_tx: false,
         };
         store.prepare()?;
         Ok(store)
@@ -321,6 +323,7 @@ impl Store {
             _lock: None,
             created: Created::default(),
             notice: None,
+            import_tx: false,
         };
         store.prepare()?;
         Ok(store)

@@ -165,7 +165,8 @@ impl Store {
                 last_ms: last,
             });
         }
-        let tx = conn.unchecked_transaction().map_err(err.clone())?;
+        // A savepoint: its own transaction on its own, nested inside an import's.
+        let tx = TickSavepoint::begin(conn).map_err(err.clone())?;
         let mut new = w.state.clone();
         let mut opens: Vec<(GapKey, String)> = Vec::new();
         let mut closes: Vec<GapKey> = Vec::new();
@@ -473,19 +474,44 @@ impl Store {
         Ok(())
     }
 
-    /// Abandons the open import transaction: nothing of the file stays.
+    /// Abandons the open import transaction: nothing of the import stays.
     pub(crate) fn rollback_import(&mut self) {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
+        self.import_tx = false;
         // Ids and states handed out inside it are void.
         self.writer = None;
         let _ = self.load_catalog();
     }
 
-    /// Commits the open import transaction.
-    pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
+    /// Starts the one transaction an import runs in: all of its files are written, or
+    /// none (a failure, a `kill -9`, a power cut leave the history as it was, and the same
+    /// import can simply be run again).
+    pub(crate) fn begin_import_transaction(&mut self) -> Result<(), StoreError> {
+        if self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(self.err("cannot import"))?;
+            self.import_tx = true;
+        }
+        Ok(())
+    }
+
+    /// Commits the transaction [`Store::begin_import_transaction`] started.
+    pub(crate) fn commit_import_transaction(&mut self) -> Result<(), StoreError> {
+        self.import_tx = false;
         if !self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("COMMIT")
+                .map_err(self.err("cannot import"))?;
+        }
+        Ok(())
+    }
+
+    /// Commits the open NDJSON import batch, unless it runs inside an import transaction.
+    pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
+        if !self.import_tx && !self.conn.is_autocommit() {
             self.conn
                 .execute_batch("COMMIT")
                 .map_err(self.err("cannot import"))?;
@@ -553,6 +579,295 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// Why imported ticks cannot be merged into the history's last samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TailConflict(pub String);
+
+impl Store {
+    /// Appends `ticks` (in time order) where the first is not after the history's last
+    /// sample: the other half of one run's logs, imported by a second `import` (the GPU
+    /// log, then the apps log). The stored frames from the first new time on are decoded,
+    /// replayed together with the new ticks in time order, and written again; the result is
+    /// what one import of both logs gives. Only data of another kind is merged: a device
+    /// whose memory readings (or process list) the history already has in that span, from
+    /// the same log imported twice or a recording, is a conflict and nothing is changed.
+    /// Runs inside the import's transaction.
+    ///
+    /// # Errors
+    /// `Ok(Err(conflict))` when the data overlaps; a store failure.
+    pub(crate) fn import_over_tail(
+        &mut self,
+        ticks: &[TickSample],
+        info: &SessionInfo,
+    ) -> Result<Result<u64, TailConflict>, StoreError> {
+        let Some(first) = ticks.first().map(|t| t.at_unix_ms) else {
+            return Ok(Ok(0));
+        };
+        let downsampled: bool = self
+            .conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM rollup WHERE t_ms + res_ms > ?1)",
+                [first],
+                |r| r.get(0),
+            )
+            .map_err(self.err("cannot import"))?;
+        if downsampled {
+            return Ok(Err(TailConflict(
+                "the history is downsampled there (retention), so it cannot be merged".into(),
+            )));
+        }
+        // The stored frames from `first` on: full state and what each observed.
+        let mut stored: Vec<(i64, State, Option<Vec<u8>>)> = Vec::new();
+        self.scan(
+            crate::model::TimeRange {
+                from_ms: first,
+                to_ms: i64::MAX,
+            },
+            |f| {
+                if f.span_ms == 0 {
+                    stored.push((
+                        f.t_ms,
+                        f.state().clone(),
+                        f.observed_raw().map(<[u8]>::to_vec),
+                    ));
+                }
+            },
+        )?;
+        if let Some(conflict) = self.tail_conflict(&stored, ticks) {
+            return Ok(Err(conflict));
+        }
+        let before: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT max(t_ms) FROM frame WHERE t_ms < ?1",
+                [first],
+                |r| r.get(0),
+            )
+            .map_err(self.err("cannot import"))?;
+        let mut base = State::default();
+        if let Some(t) = before {
+            self.scan(
+                crate::model::TimeRange {
+                    from_ms: t,
+                    to_ms: t,
+                },
+                |f| {
+                    if f.span_ms == 0 {
+                        base = f.state().clone();
+                    }
+                },
+            )?;
+        }
+        self.conn
+            .execute("DELETE FROM frame WHERE t_ms >= ?1", [first])
+            .map_err(self.err("cannot import"))?;
+        self.begin_session(info)?;
+        if let Some(w) = self.writer.as_mut() {
+            w.state = base;
+        }
+        // Series that existed before this import: the stored frames govern those (as far as
+        // they observed them); the new ticks' series are new ids.
+        let old_series = self.catalog.series.len();
+        let mut written = 0u64;
+        let mut next = stored.into_iter().peekable();
+        for tick in ticks {
+            while let Some((t, state, observed)) = next.next_if(|f| f.0 < tick.at_unix_ms) {
+                let merged = self.replay_stored(&state, observed.as_deref(), old_series);
+                let observed = self.observed_with_new_devices(&state, observed, &merged);
+                self.put_frame(t, 0, &merged, observed.as_deref())?;
+                written += 1;
+            }
+            if let Some((_, state, observed)) = next.next_if(|f| f.0 == tick.at_unix_ms) {
+                // Same instant in both: the stored values first, then the tick's. The
+                // frame's observed list is the tick's (the stored devices' values are kept).
+                let merged = self.replay_stored(&state, observed.as_deref(), old_series);
+                if let Some(w) = self.writer.as_mut() {
+                    w.state = merged;
+                }
+            }
+            self.append(tick)?;
+            written += 1;
+        }
+        for (t, state, observed) in next {
+            let merged = self.replay_stored(&state, observed.as_deref(), old_series);
+            let observed = self.observed_with_new_devices(&state, observed, &merged);
+            self.put_frame(t, 0, &merged, observed.as_deref())?;
+            written += 1;
+        }
+        Ok(Ok(written))
+    }
+
+    /// A device (by id) whose memory readings or process list both the stored frames and
+    /// the new ticks have.
+    fn tail_conflict(
+        &self,
+        stored: &[(i64, State, Option<Vec<u8>>)],
+        ticks: &[TickSample],
+    ) -> Option<TailConflict> {
+        let mut have: HashMap<i64, (bool, bool)> = HashMap::new();
+        for (_, state, observed) in stored {
+            match observed {
+                None => {
+                    for (s, _) in state.iter() {
+                        if let Some(d) = self.catalog.series(s).and_then(|k| k.device) {
+                            have.insert(d, (true, true));
+                        }
+                    }
+                }
+                Some(raw) => {
+                    for (d, m, p) in decode_observed(raw) {
+                        let e = have.entry(d).or_default();
+                        e.0 |= m;
+                        e.1 |= p;
+                    }
+                }
+            }
+        }
+        for tick in ticks {
+            for dev in &tick.devices {
+                let Some(id) = self.catalog.device_ids.get(&dev.device.uuid) else {
+                    continue;
+                };
+                let (m, p) = have.get(id).copied().unwrap_or_default();
+                let (new_m, new_p) = match &dev.state {
+                    DeviceSampleState::Unreadable(_) => (true, true),
+                    DeviceSampleState::Read { metrics, processes } => (
+                        !metrics.is_empty(),
+                        !matches!(processes, ProcessList::NotObserved),
+                    ),
+                };
+                let what = if m && new_m {
+                    "memory readings"
+                } else if p && new_p {
+                    "process lists"
+                } else {
+                    continue;
+                };
+                return Some(TailConflict(format!(
+                    "the history already has {what} of {} from then on",
+                    dev.device.uuid
+                )));
+            }
+        }
+        None
+    }
+
+    /// The writer's state with a stored frame's observations applied: the series it
+    /// observed take its values; the rest (the new ticks' series) carry on.
+    fn replay_stored(&self, frame: &State, observed: Option<&[u8]>, old_series: usize) -> State {
+        let flags: Option<HashMap<i64, (bool, bool)>> =
+            observed.map(|raw| decode_observed(raw).map(|(d, m, p)| (d, (m, p))).collect());
+        let mut merged = self
+            .writer
+            .as_ref()
+            .map(|w| w.state.clone())
+            .unwrap_or_default();
+        for id in 1..old_series {
+            let Ok(id) = u32::try_from(id) else { break };
+            let Some(key) = self.catalog.series(id) else {
+                continue;
+            };
+            let governed = match (key.device, &flags) {
+                (None, _) | (Some(_), None) => true,
+                (Some(d), Some(flags)) => {
+                    let (m, p) = flags.get(&d).copied().unwrap_or_default();
+                    if matches!(
+                        key.metric,
+                        Metric::ProcessUsedBytes | Metric::ProcessSmPercent
+                    ) {
+                        p
+                    } else {
+                        m
+                    }
+                }
+            };
+            if governed {
+                merged.set(id, frame.get(id));
+            }
+        }
+        merged
+    }
+
+    /// A stored frame that observed every device observed only those it held once new
+    /// devices' series are in the state too.
+    fn observed_with_new_devices(
+        &self,
+        frame: &State,
+        observed: Option<Vec<u8>>,
+        merged: &State,
+    ) -> Option<Vec<u8>> {
+        if observed.is_some() {
+            return observed;
+        }
+        let devices_of = |state: &State| -> HashSet<i64> {
+            state
+                .iter()
+                .filter_map(|(s, _)| self.catalog.series(s)?.device)
+                .collect()
+        };
+        let stored = devices_of(frame);
+        if devices_of(merged).is_subset(&stored) {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ids: Vec<i64> = stored.into_iter().collect();
+        ids.sort_unstable();
+        for id in ids {
+            codec::put_varint(&mut out, u64::try_from(id).unwrap_or(0) << 2 | 0b11);
+        }
+        Some(out)
+    }
+}
+
+/// `(device id, metrics observed, processes observed)` of a frame's `observed` column.
+fn decode_observed(raw: &[u8]) -> impl Iterator<Item = (i64, bool, bool)> + '_ {
+    let mut pos = 0;
+    std::iter::from_fn(move || {
+        if pos >= raw.len() {
+            return None;
+        }
+        let v = codec::get_varint(raw, &mut pos).ok()?;
+        Some((i64::try_from(v >> 2).ok()?, v & 2 != 0, v & 1 != 0))
+    })
+}
+
+/// One tick's writes: `SAVEPOINT` begins a transaction when none is open and nests inside
+/// an import's; dropped without [`TickSavepoint::commit`] (an error), it undoes the tick.
+struct TickSavepoint<'c> {
+    conn: &'c Connection,
+    done: bool,
+}
+
+impl<'c> TickSavepoint<'c> {
+    fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
+        conn.execute_batch("SAVEPOINT tick")?;
+        Ok(Self { conn, done: false })
+    }
+
+    fn commit(mut self) -> rusqlite::Result<()> {
+        self.done = true;
+        self.conn.execute_batch("RELEASE tick")
+    }
+}
+
+impl std::ops::Deref for TickSavepoint<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for TickSavepoint<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // SQLite may already have rolled a failed statement's transaction back (disk
+            // full): then there is no savepoint left, and that is fine.
+            let _ = self.conn.execute_batch("ROLLBACK TO tick; RELEASE tick");
+        }
     }
 }
 

@@ -25,7 +25,7 @@ use std::io::Write;
 use serde_json::{Value, json};
 use vramctl_core::audit::AuditRecord;
 
-use super::{ImportError, Rows, rfc3339, truncate};
+use super::{ImportError, Rows, rfc3339, shown};
 use crate::codec::{self, Entry, State};
 use crate::db::Store;
 use crate::model::{
@@ -365,6 +365,7 @@ pub(crate) fn import(
                             path: rows.path.to_path_buf(),
                             at: rfc3339(t),
                             last: rfc3339(last),
+                            why: "an export is imported only after the history's end".into(),
                         });
                     }
                 }
@@ -386,7 +387,7 @@ pub(crate) fn import(
                                 line_no,
                                 format!(
                                     "value '{}' names no declared series",
-                                    truncate(&item.to_string(), 40)
+                                    shown(&item.to_string(), 40)
                                 ),
                             )
                         })?;
@@ -468,10 +469,7 @@ pub(crate) fn import(
                 audits.push(record);
             }
             other => {
-                rows.bad(
-                    line_no,
-                    format!("unknown line type '{}'", truncate(other, 20)),
-                )?;
+                rows.bad(line_no, format!("unknown line type '{}'", shown(other, 20)))?;
             }
         }
     }
