@@ -739,6 +739,18 @@ fn format_time(unix_ms: i64, tz: &TimeZone) -> String {
     )
 }
 
+/// nvidia-smi's `, ` between fields: a space starts every field after the first, so an
+/// export reads as nvidia-smi's own output; a field that needs quoting is quoted with its
+/// space inside (`, " python a,b"`), which the importer (and any CSV reader that trims)
+/// reads back as it was.
+fn smi_spacing(fields: impl IntoIterator<Item = String>) -> Vec<String> {
+    fields
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| if i == 0 { f } else { format!(" {f}") })
+        .collect()
+}
+
 /// Gaps by (device UUID, metric code or -1 for the whole device).
 /// (from, to, reason) per (device UUID, metric code).
 type GapMap = HashMap<(String, i64), Vec<(i64, i64, String)>>;
@@ -797,7 +809,7 @@ pub fn export_gpu(
     }
     let mut out = super::csv_writer(out);
     if style.header {
-        out.write_record(names.iter().map(|n| header_name(n)))?;
+        out.write_record(smi_spacing(names.iter().map(|n| header_name(n))))?;
     }
     let devices: Vec<_> = store
         .devices()?
@@ -852,7 +864,7 @@ pub fn export_gpu(
                     GpuColumn::Ignored(_) => String::new(),
                 })
                 .collect();
-            if let Err(e) = out.write_record(&fields) {
+            if let Err(e) = out.write_record(smi_spacing(fields)) {
                 failure = Some(e);
                 return;
             }
@@ -893,7 +905,7 @@ pub fn export_apps(
     }
     let mut out = super::csv_writer(out);
     if style.header {
-        out.write_record(names.iter().map(|n| header_name(n)))?;
+        out.write_record(smi_spacing(names.iter().map(|n| header_name(n))))?;
     }
     let devices: HashMap<i64, DeviceMeta> = store
         .devices()?
@@ -961,7 +973,7 @@ pub fn export_apps(
                     AppColumn::Ignored(_) => String::new(),
                 })
                 .collect();
-            if let Err(e) = out.write_record(&fields) {
+            if let Err(e) = out.write_record(smi_spacing(fields)) {
                 failure = Some(e);
                 return;
             }
