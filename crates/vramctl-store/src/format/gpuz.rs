@@ -38,7 +38,7 @@
 //! first after is a gap (`GPU-Z logging stopped`), not a bad row. GPU-Z logs whole seconds
 //! at sub-second refresh rates, so two rows can share a second: the first is kept, the
 //! others are counted in a note. A header padded with NUL bytes (GPU-Z stopped while
-//! writing) is read without them.
+//! writing, the first row after them on the same line) is read as the lines it holds.
 
 use std::path::Path;
 
@@ -93,11 +93,16 @@ pub(crate) fn parse(
     options: &ImportOptions,
     rows: &mut Rows<'_>,
 ) -> Result<Vec<TickSample>, ImportError> {
+    // A run of NULs is where GPU-Z stopped writing and began again (a file preallocated or
+    // cut short): what follows it is a line of its own, on the same line number.
     let mut lines = text
         .lines()
         .enumerate()
-        .map(|(i, l)| (i + 1, l.trim_end_matches(['\r', '\0'])))
-        .filter(|(_, l)| !l.trim_matches([' ', '\0', '\t']).is_empty());
+        .flat_map(|(i, l)| {
+            l.split('\0')
+                .map(move |piece| (i + 1, piece.trim_end_matches('\r')))
+        })
+        .filter(|(_, l)| !l.trim_matches([' ', '\t']).is_empty());
     let Some((header_line, header)) = lines.next() else {
         return Ok(Vec::new());
     };
@@ -273,12 +278,11 @@ pub(crate) fn parse(
     Ok(ticks)
 }
 
-/// Fields of a line, trimmed (of spaces and the NULs of a damaged header), without the
-/// empty one after the trailing comma.
+/// Fields of a line, trimmed, without the empty one after the trailing comma.
 fn fields(line: &str) -> Vec<&str> {
     let mut out: Vec<&str> = line
         .split(',')
-        .map(|f| f.trim_matches([' ', '\t', '\0']))
+        .map(|f| f.trim_matches([' ', '\t']))
         .collect();
     if out.last() == Some(&"") {
         out.pop();
