@@ -408,7 +408,8 @@ pub struct SourceArgs {
     #[arg(long, value_name = "WHEN")]
     pub until: Option<String>,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
+    /// Only these devices (index or UUID; repeat or separate with commas); the first is also
+    /// the GPU of an apps log without a GPU column
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
     pub gpu: Vec<String>,
 

@@ -17,7 +17,8 @@
 //! GPU-Z has renamed its sensors over the years and names them per vendor. The table
 //! below was drawn from three real logs (`testdata/gpuz/README.md`: an NVIDIA card logged
 //! 2016–17 by an older GPU-Z, a Radeon RX 580 in 2017, a Radeon RX 5700 XT in 2020); four
-//! more logs (NVIDIA cards, 2021–2024) were held out to check it.
+//! more logs (2021–2024) were held out to check it (the README says what they do and do
+//! not check).
 //!
 //! | recorded as | GPU-Z columns |
 //! | --- | --- |

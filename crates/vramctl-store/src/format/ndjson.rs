@@ -572,6 +572,19 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                     v.map_or_else(|| Observed::Missing(missing(field)), Observed::Value)
                 };
                 let num = |f: &str| d.get(f).and_then(Value::as_u64);
+                // The sanity rules of live readings (the file may have been edited, or
+                // written by a vramctl before them).
+                let others: Vec<u64> = ["reserved_bytes", "free_bytes"]
+                    .into_iter()
+                    .filter_map(mem)
+                    .collect();
+                if let Some(why) = vramctl_core::sanity::memory_problem(
+                    mem("total_bytes"),
+                    mem("used_bytes"),
+                    &others,
+                ) {
+                    return Err(format!("impossible memory: {why}"));
+                }
                 let metrics = vec![
                     (Metric::UsedBytes, obs(mem("used_bytes"), "memory")),
                     (Metric::ReservedBytes, obs(mem("reserved_bytes"), "memory")),
@@ -601,9 +614,18 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                                 .and_then(Value::as_u64)
                                 .and_then(|p| u32::try_from(p).ok())
                                 .ok_or("a process without a valid 'pid'")?;
+                            let used_bytes = p.get("used_bytes").and_then(Value::as_u64);
+                            if let Some(why) = vramctl_core::sanity::process_problem(
+                                pid,
+                                used_bytes,
+                                mem("total_bytes"),
+                                super::IMPORT_LIMITS,
+                            ) {
+                                return Err(format!("impossible process entry: {why}"));
+                            }
                             out.push(ProcessOnDevice {
                                 pid,
-                                used_bytes: p.get("used_bytes").and_then(Value::as_u64),
+                                used_bytes,
                                 sm_percent: None,
                             });
                             if !tick.processes.iter().any(|x| x.meta.key.pid == pid) {

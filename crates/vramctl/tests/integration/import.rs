@@ -138,12 +138,13 @@ fn large_logs(dir: &Path, seconds: usize) -> (PathBuf, PathBuf) {
             "{stamp}, 0, {uuid}, 143771 MiB, {used} MiB, {} %",
             s % 100
         )
-        .unwrap();
-        writeln!(apps, "{stamp}, {uuid}, 1000, python w.py, {} MiB", used / 2).unwrap();
+        .expect("write the logs");
+        writeln!(apps, "{stamp}, {uuid}, 1000, python w.py, {} MiB", used / 2)
+            .expect("write the logs");
     }
     let (g, a) = (dir.join("gpu.csv"), dir.join("apps.csv"));
-    std::fs::write(&g, gpu).unwrap();
-    std::fs::write(&a, apps).unwrap();
+    std::fs::write(&g, gpu).expect("write the logs");
+    std::fs::write(&a, apps).expect("write the logs");
     (g, a)
 }
 
@@ -162,7 +163,7 @@ fn spawn_import(db: &Path, files: &[&Path]) -> std::process::Child {
         .args(files)
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap()
+        .expect("start vramctl import")
 }
 
 #[test]
@@ -327,6 +328,23 @@ fn imported_values_get_the_sanity_checks_of_live_samples() {
     assert!(
         stderr.contains(&format!(
             "skipped {file}:4: impossible process entry: pid 0"
+        )),
+        "{stderr}"
+    );
+    // `vramctl status --json` lines get the same rules.
+    let status = stdout_of(vramctl(&scenario("h200-idle.toml")).args(["status", "--json"]));
+    let mut doc: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let total = doc["devices"][0]["memory"]["total_bytes"].as_u64().unwrap();
+    doc["devices"][0]["memory"]["used_bytes"] = (total + 1).into();
+    let status_file = dir.path().join("status.ndjson");
+    std::fs::write(&status_file, format!("{doc}\n")).unwrap();
+    let out = import(&dir.path().join("s.db"), &["--strict"], &[&status_file]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:1: impossible memory: used",
+            status_file.display()
         )),
         "{stderr}"
     );

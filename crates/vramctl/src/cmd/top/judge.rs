@@ -210,7 +210,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("h.db");
         {
-            let mut store = Store::open(&path, OpenMode::Append).expect("store");
+            let mut store = Store::open(&path, vramctl_store::OpenMode::Append).expect("store");
             for t in 0..300 {
                 store.append(&tick(t)).expect("append");
             }
