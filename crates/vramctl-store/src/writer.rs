@@ -35,6 +35,10 @@ pub(crate) struct Writer {
     buf: Vec<u8>,
     /// Per rollup resolution: the last imported bucket's state and key time.
     rollups: HashMap<i64, (State, Option<i64>)>,
+    /// What the last written frame holds, when `state` has changed since without a frame
+    /// (a stored frame folded into the next tick of a merge): the next frame's delta is
+    /// encoded against it.
+    pending_base: Option<State>,
 }
 
 impl Store {
@@ -87,6 +91,7 @@ impl Store {
             open_gaps: HashMap::new(),
             buf: Vec::new(),
             rollups: HashMap::new(),
+            pending_base: None,
         });
         Ok(session_id)
     }
@@ -296,7 +301,8 @@ impl Store {
         let key = w
             .last_key_ms
             .is_none_or(|last| t.saturating_sub(last) >= w.key_interval_ms);
-        codec::encode(&w.state, &new, key, &mut w.buf);
+        let base = w.pending_base.take();
+        codec::encode(base.as_ref().unwrap_or(&w.state), &new, key, &mut w.buf);
         let observed = observed_devices(tick, &new, catalog);
         tx.prepare_cached("INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)")
             .and_then(|mut s| s.execute(params![t, key, w.buf, observed]))
@@ -619,24 +625,38 @@ impl Store {
                 "the history is downsampled there (retention), so it cannot be merged".into(),
             )));
         }
-        // The stored frames from `first` on: full state and what each observed.
-        let mut stored: Vec<(i64, State, Option<Vec<u8>>)> = Vec::new();
+        // What the stored frames from `first` on observed, per device: only the flags are
+        // kept, so this pass needs no memory per frame.
+        let mut have: HashMap<i64, (bool, bool)> = HashMap::new();
         self.scan(
             crate::model::TimeRange {
                 from_ms: first,
                 to_ms: i64::MAX,
             },
             |f| {
-                if f.span_ms == 0 {
-                    stored.push((
-                        f.t_ms,
-                        f.state().clone(),
-                        f.observed_raw().map(<[u8]>::to_vec),
-                    ));
+                if f.span_ms != 0 {
+                    return;
+                }
+                match f.observed_raw() {
+                    // A frame that observed everything (a recording): every device in it.
+                    None => {
+                        for (id, _) in f.entries() {
+                            if let Some(d) = f.series(id).and_then(|s| s.device_id) {
+                                have.insert(d, (true, true));
+                            }
+                        }
+                    }
+                    Some(raw) => {
+                        for (d, m, p) in decode_observed(raw) {
+                            let e = have.entry(d).or_default();
+                            e.0 |= m;
+                            e.1 |= p;
+                        }
+                    }
                 }
             },
         )?;
-        if let Some(conflict) = self.tail_conflict(&stored, ticks) {
+        if let Some(conflict) = self.tail_conflict(&have, ticks) {
             return Ok(Err(conflict));
         }
         let before: Option<i64> = self
@@ -661,42 +681,71 @@ impl Store {
                 },
             )?;
         }
+        // The stored frames move to a temporary table, are decoded from it in order (from
+        // `base`, the state they were encoded against) and written again among the new
+        // ticks: memory stays bounded whatever the length of the overlap.
+        self.conn
+            .execute_batch(
+                "CREATE TEMP TABLE IF NOT EXISTS import_tail \
+                 (t_ms INTEGER PRIMARY KEY, key INTEGER NOT NULL, data BLOB NOT NULL, observed BLOB);
+                 DELETE FROM temp.import_tail;",
+            )
+            .map_err(self.err("cannot import"))?;
+        self.conn
+            .execute(
+                "INSERT INTO temp.import_tail SELECT t_ms, key, data, observed FROM frame \
+                 WHERE t_ms >= ?1",
+                [first],
+            )
+            .map_err(self.err("cannot import"))?;
         self.conn
             .execute("DELETE FROM frame WHERE t_ms >= ?1", [first])
             .map_err(self.err("cannot import"))?;
         self.begin_session(info)?;
         if let Some(w) = self.writer.as_mut() {
-            w.state = base;
+            w.state = base.clone();
         }
         // Series that existed before this import: the stored frames govern those (as far as
         // they observed them); the new ticks' series are new ids.
         let old_series = self.catalog.series.len();
+        let mut tail = TailReader {
+            state: base,
+            after_ms: i64::MIN,
+            batch: std::collections::VecDeque::new(),
+            done: false,
+        };
         let mut written = 0u64;
-        let mut next = stored.into_iter().peekable();
         for tick in ticks {
-            while let Some((t, state, observed)) = next.next_if(|f| f.0 < tick.at_unix_ms) {
+            while let Some((t, state, observed)) = tail.next_if(self, |t| t < tick.at_unix_ms)? {
                 let merged = self.replay_stored(&state, observed.as_deref(), old_series);
                 let observed = self.observed_with_new_devices(&state, observed, &merged);
                 self.put_frame(t, 0, &merged, observed.as_deref())?;
                 written += 1;
             }
-            if let Some((_, state, observed)) = next.next_if(|f| f.0 == tick.at_unix_ms) {
-                // Same instant in both: the stored values first, then the tick's. The
-                // frame's observed list is the tick's (the stored devices' values are kept).
+            if let Some((t, state, observed)) = tail.next_if(self, |t| t == tick.at_unix_ms)? {
+                // Same instant in both (two nvidia-smi loops that logged the same
+                // millisecond): the stored values first, then the tick's, in one frame that
+                // observed what either did.
                 let merged = self.replay_stored(&state, observed.as_deref(), old_series);
                 if let Some(w) = self.writer.as_mut() {
-                    w.state = merged;
+                    w.pending_base = Some(std::mem::replace(&mut w.state, merged));
                 }
+                self.append(tick)?;
+                self.union_observed(t, &state, observed.as_deref())?;
+            } else {
+                self.append(tick)?;
             }
-            self.append(tick)?;
             written += 1;
         }
-        for (t, state, observed) in next {
+        while let Some((t, state, observed)) = tail.next_if(self, |_| true)? {
             let merged = self.replay_stored(&state, observed.as_deref(), old_series);
             let observed = self.observed_with_new_devices(&state, observed, &merged);
             self.put_frame(t, 0, &merged, observed.as_deref())?;
             written += 1;
         }
+        self.conn
+            .execute_batch("DELETE FROM temp.import_tail;")
+            .map_err(self.err("cannot import"))?;
         Ok(Ok(written))
     }
 
@@ -704,28 +753,9 @@ impl Store {
     /// the new ticks have.
     fn tail_conflict(
         &self,
-        stored: &[(i64, State, Option<Vec<u8>>)],
+        have: &HashMap<i64, (bool, bool)>,
         ticks: &[TickSample],
     ) -> Option<TailConflict> {
-        let mut have: HashMap<i64, (bool, bool)> = HashMap::new();
-        for (_, state, observed) in stored {
-            match observed {
-                None => {
-                    for (s, _) in state.iter() {
-                        if let Some(d) = self.catalog.series(s).and_then(|k| k.device) {
-                            have.insert(d, (true, true));
-                        }
-                    }
-                }
-                Some(raw) => {
-                    for (d, m, p) in decode_observed(raw) {
-                        let e = have.entry(d).or_default();
-                        e.0 |= m;
-                        e.1 |= p;
-                    }
-                }
-            }
-        }
         for tick in ticks {
             for dev in &tick.devices {
                 let Some(id) = self.catalog.device_ids.get(&dev.device.uuid) else {
@@ -791,6 +821,72 @@ impl Store {
         merged
     }
 
+    /// Widens the `observed` list of the frame just written at `t` by what the stored frame
+    /// of the same instant (`stored`, observing `stored_observed`) observed.
+    fn union_observed(
+        &mut self,
+        t: i64,
+        stored: &State,
+        stored_observed: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let written: Option<Vec<u8>> = self
+            .conn
+            .query_row("SELECT observed FROM frame WHERE t_ms = ?1", [t], |r| {
+                r.get(0)
+            })
+            .map_err(self.err("cannot import"))?;
+        let Some(state) = self.writer.as_ref().map(|w| w.state.clone()) else {
+            return Ok(());
+        };
+        let devices_of = |state: &State| -> Vec<i64> {
+            let mut ids: Vec<i64> = state
+                .iter()
+                .filter_map(|(s, _)| self.catalog.series(s)?.device)
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let flags_of = |raw: Option<&[u8]>, state: &State| -> HashMap<i64, (bool, bool)> {
+            match raw {
+                Some(raw) => decode_observed(raw).map(|(d, m, p)| (d, (m, p))).collect(),
+                None => devices_of(state)
+                    .into_iter()
+                    .map(|d| (d, (true, true)))
+                    .collect(),
+            }
+        };
+        let mut union = flags_of(written.as_deref(), &state);
+        for (d, (m, p)) in flags_of(stored_observed, stored) {
+            let e = union.entry(d).or_default();
+            e.0 |= m;
+            e.1 |= p;
+        }
+        let present = devices_of(&state);
+        let all = present
+            .iter()
+            .all(|d| union.get(d).is_some_and(|&(m, p)| m && p));
+        let observed = if all {
+            None
+        } else {
+            let mut ids: Vec<(&i64, &(bool, bool))> = union.iter().collect();
+            ids.sort_unstable();
+            let mut out = Vec::new();
+            for (id, &(m, p)) in ids {
+                let id = u64::try_from(*id).unwrap_or(0);
+                codec::put_varint(&mut out, id << 2 | u64::from(m) << 1 | u64::from(p));
+            }
+            Some(out)
+        };
+        self.conn
+            .execute(
+                "UPDATE frame SET observed = ?1 WHERE t_ms = ?2",
+                params![observed, t],
+            )
+            .map_err(self.err("cannot import"))?;
+        Ok(())
+    }
+
     /// A stored frame that observed every device observed only those it held once new
     /// devices' series are in the state too.
     fn observed_with_new_devices(
@@ -819,6 +915,64 @@ impl Store {
             codec::put_varint(&mut out, u64::try_from(id).unwrap_or(0) << 2 | 0b11);
         }
         Some(out)
+    }
+}
+
+/// The stored frames of [`Store::import_over_tail`], decoded in order from its temporary
+/// table, a batch at a time.
+struct TailReader {
+    state: State,
+    after_ms: i64,
+    /// (time, key frame, data, observed) as stored.
+    batch: std::collections::VecDeque<RawFrame>,
+    done: bool,
+}
+
+/// A frame row as stored: time, key frame, data, observed list.
+type RawFrame = (i64, bool, Vec<u8>, Option<Vec<u8>>);
+
+/// A decoded stored frame: time, full state, observed list.
+type StoredFrame = (i64, State, Option<Vec<u8>>);
+
+/// Frames read from the temporary table at a time.
+const TAIL_BATCH: i64 = 1024;
+
+impl TailReader {
+    /// The next stored frame (time, full state, observed list) if its time passes `take`.
+    fn next_if(
+        &mut self,
+        store: &Store,
+        take: impl Fn(i64) -> bool,
+    ) -> Result<Option<StoredFrame>, StoreError> {
+        if self.batch.is_empty() && !self.done {
+            let mut stmt = store
+                .conn
+                .prepare_cached(
+                    "SELECT t_ms, key, data, observed FROM temp.import_tail WHERE t_ms > ?1 \
+                     ORDER BY t_ms LIMIT ?2",
+                )
+                .map_err(store.err("cannot import"))?;
+            let rows = stmt
+                .query_map(params![self.after_ms, TAIL_BATCH], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .map_err(store.err("cannot import"))?;
+            for row in rows {
+                self.batch
+                    .push_back(row.map_err(store.err("cannot import"))?);
+            }
+            self.done = self.batch.is_empty();
+        }
+        match self.batch.front() {
+            Some(&(t, ..)) if take(t) => {}
+            _ => return Ok(None),
+        }
+        let Some((t, key, data, observed)) = self.batch.pop_front() else {
+            return Ok(None);
+        };
+        self.after_ms = t;
+        codec::apply(&mut self.state, &data, key)?;
+        Ok(Some((t, self.state.clone(), observed)))
     }
 }
 

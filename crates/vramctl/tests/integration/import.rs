@@ -253,6 +253,15 @@ fn the_gpu_log_and_the_apps_log_of_one_run_import_in_two_commands() {
         };
         assert_eq!(leaks(&two), leaks(&one), "{name}");
     }
+    // Longer than a key-frame interval and a read batch of the merge: 3 000 s at 1 s.
+    let (big_gpu, big_apps) = large_logs(dir.path(), 3_000);
+    let one_big = dir.path().join("one-big.db");
+    ok(&import(&one_big, &[], &[&big_gpu, &big_apps]));
+    let two_big = dir.path().join("two-big.db");
+    ok(&import(&two_big, &[], &[&big_gpu]));
+    ok(&import(&two_big, &[], &[&big_apps]));
+    assert_eq!(export(&two_big, "smi-gpu"), export(&one_big, "smi-gpu"));
+    assert_eq!(export(&two_big, "smi-apps"), export(&one_big, "smi-apps"));
     // The same log twice is not merged: it would count every sample twice.
     let again = import(&one, &[], &[&apps]);
     assert_eq!(again.status.code(), Some(2));
