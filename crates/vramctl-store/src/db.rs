@@ -166,6 +166,13 @@ impl Store {
                 });
             }
             Ok(_) => true,
+            // A directory on the way that the reader may not enter: not "no history".
+            Err(e) if mode == OpenMode::ReadOnly && e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StoreError::Unreadable {
+                    path: path.to_path_buf(),
+                    detail: e.to_string(),
+                });
+            }
             Err(_) => false,
         };
         if mode == OpenMode::ReadOnly {

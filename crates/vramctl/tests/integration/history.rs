@@ -1056,6 +1056,18 @@ fn a_history_that_cannot_be_read_says_read_not_write() {
     );
     assert!(!stderr.contains("write"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // In a directory the reader may not enter: not "no history database" either.
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = as_reader(&portable, &db, &["export"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read the history database") && stderr.contains("ermission denied"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("write"), "{stderr}");
+    std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 #[test]
