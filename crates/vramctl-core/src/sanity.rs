@@ -12,6 +12,12 @@ use crate::types::{DeviceReading, Dropped, Field, Unavailable};
 /// value Linux allows on 64-bit).
 pub const PID_MAX_LIMIT: u32 = 4_194_304;
 
+/// No memory figure of a GPU can reach this: NVIDIA GPUs address memory with 49-bit
+/// virtual addresses (Pascal and later), so 2^50 bytes (1 PiB) is above anything a device
+/// can have or a process can hold, with room to spare, and far below what the known bugs
+/// give (2^63, 2^64-1). The largest GPU on sale in 2025 has 288 GB.
+pub const MAX_MEMORY_BYTES: u64 = 1 << 50;
+
 /// Limits a reading is checked against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SanityLimits {
@@ -33,22 +39,11 @@ impl SanityLimits {
 /// Drops the entries of `reading` that cannot be true.
 pub fn sanitize(reading: &mut DeviceReading, limits: SanityLimits) {
     if let Some(memory) = reading.memory {
-        let figures = [
-            memory.total_bytes,
-            memory.used_bytes,
-            memory.reserved_bytes,
-            memory.free_bytes,
-        ];
-        let why = if figures.contains(&u64::MAX) {
-            Some("a memory figure is 2^64-1, a known driver bug".to_owned())
-        } else if memory.used_bytes > memory.total_bytes {
-            Some(format!(
-                "used {} bytes is more than the total {} bytes",
-                memory.used_bytes, memory.total_bytes
-            ))
-        } else {
-            None
-        };
+        let why = memory_problem(
+            Some(memory.total_bytes),
+            Some(memory.used_bytes),
+            &[memory.reserved_bytes, memory.free_bytes],
+        );
         if let Some(why) = why {
             tracing::warn!(reason = %why, "Dropped the device memory reading.");
             reading.memory = None;
@@ -59,14 +54,8 @@ pub fn sanitize(reading: &mut DeviceReading, limits: SanityLimits) {
     }
     let total = reading.memory.map(|m| m.total_bytes);
     if let Some(processes) = reading.processes.as_mut() {
-        processes.retain(|p| {
-            let why = pid_problem(p.pid, limits).or_else(|| match (p.used_bytes, total) {
-                (Some(used), Some(total)) if used > total => Some(format!(
-                    "{used} bytes is more than the device's {total} bytes"
-                )),
-                _ => None,
-            });
-            match why {
+        processes.retain(
+            |p| match process_problem(p.pid, p.used_bytes, total, limits) {
                 None => true,
                 Some(reason) => {
                     tracing::warn!(pid = p.pid, reason = %reason, "Dropped a process entry.");
@@ -77,15 +66,57 @@ pub fn sanitize(reading: &mut DeviceReading, limits: SanityLimits) {
                     });
                     false
                 }
-            }
-        });
+            },
+        );
     }
     if let Some(activity) = reading.process_activity.as_mut() {
         activity.retain(|a| pid_problem(a.pid, limits).is_none());
     }
 }
 
-fn pid_problem(pid: u32, limits: SanityLimits) -> Option<String> {
+/// Why a device's memory figures cannot be true, if they cannot: one is 2^64-1 (a driver
+/// bug) or above [`MAX_MEMORY_BYTES`], or used is more than the total. `others` are the
+/// remaining figures (reserved, free). A figure not known is `None` and checks nothing.
+/// Live readings and imported logs are checked by this one rule.
+pub fn memory_problem(total: Option<u64>, used: Option<u64>, others: &[u64]) -> Option<String> {
+    let figures = total.iter().chain(used.iter()).chain(others.iter());
+    if figures.clone().any(|&v| v == u64::MAX) {
+        return Some("a memory figure is 2^64-1, a known driver bug".to_owned());
+    }
+    if let Some(v) = figures.copied().find(|&v| v > MAX_MEMORY_BYTES) {
+        return Some(format!(
+            "{v} bytes is more than any GPU has (2^50 bytes, 1 PiB)"
+        ));
+    }
+    match (used, total) {
+        (Some(used), Some(total)) if used > total => Some(format!(
+            "used {used} bytes is more than the total {total} bytes"
+        )),
+        _ => None,
+    }
+}
+
+/// Why a process entry cannot be true, if it cannot: a PID that is no process (0, above
+/// `pid_max`), or memory above the device's total or above [`MAX_MEMORY_BYTES`].
+pub fn process_problem(
+    pid: u32,
+    used: Option<u64>,
+    device_total: Option<u64>,
+    limits: SanityLimits,
+) -> Option<String> {
+    pid_problem(pid, limits).or_else(|| match (used, device_total) {
+        (Some(used), _) if used > MAX_MEMORY_BYTES => Some(format!(
+            "{used} bytes is more than any GPU has (2^50 bytes, 1 PiB)"
+        )),
+        (Some(used), Some(total)) if used > total => Some(format!(
+            "{used} bytes is more than the device's {total} bytes"
+        )),
+        _ => None,
+    })
+}
+
+/// Why `pid` cannot be a process, if it cannot.
+pub fn pid_problem(pid: u32, limits: SanityLimits) -> Option<String> {
     if pid == 0 {
         Some("pid 0 is not a process (kill(0) would signal our own process group)".into())
     } else if pid > limits.pid_max {
@@ -175,6 +206,18 @@ mod tests {
         };
         sanitize(&mut reading, LIMITS);
         assert_eq!(reading.memory, None);
+    }
+
+    #[test]
+    fn memory_no_gpu_can_have_is_insane() {
+        assert!(memory_problem(Some(1 << 63), Some(1), &[]).is_some());
+        assert!(memory_problem(None, Some(1 << 63), &[]).is_some());
+        assert!(process_problem(100, Some(1 << 63), None, LIMITS).is_some());
+        // An H200's figures pass.
+        assert_eq!(
+            memory_problem(Some(150_754_820_096), Some(1 << 30), &[644_939_776]),
+            None
+        );
     }
 
     #[test]

@@ -62,6 +62,83 @@ pub struct Store {
     pub(crate) writer: Option<Writer>,
     /// Held while open in [`OpenMode::Append`]; the OS releases it if we die.
     _lock: Option<nix::fcntl::Flock<File>>,
+    /// What opening created, removed again by [`Store::discard_if_created`].
+    created: Created,
+    /// See [`Store::notice`].
+    notice: Option<String>,
+    /// An import's transaction is open (`writer.rs`).
+    pub(crate) import_tx: bool,
+}
+
+/// Files and directories an open created.
+#[derive(Debug, Clone, Default)]
+struct Created {
+    db: bool,
+    lock: bool,
+    /// Deepest first.
+    dirs: Vec<PathBuf>,
+}
+
+impl Created {
+    fn remove(&self, db: &Path) {
+        self.remove_files(db);
+        self.remove_dirs();
+    }
+
+    fn remove_files(&self, db: &Path) {
+        if self.db {
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let _ = std::fs::remove_file(sidecar(db, suffix));
+            }
+        }
+        if self.lock {
+            let _ = std::fs::remove_file(lock_path(db));
+        }
+    }
+
+    fn remove_dirs(&self) {
+        // `remove_dir` removes only empty directories: anything else put there stays.
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// The directories `create_dir_all(dir)` would create, deepest first.
+fn missing_dirs(dir: &Path) -> Vec<PathBuf> {
+    dir.ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+/// `<db><suffix>`: SQLite's `-wal`, `-shm`, `-journal` beside the database.
+fn sidecar(db: &Path, suffix: &str) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+fn lock_path(db: &Path) -> PathBuf {
+    sidecar(db, ".lock")
+}
+
+/// A SQLite URI for `path` with `query` (`file:` + the path with `%`, `?` and `#` escaped,
+/// the only characters SQLite's URI parser treats specially in a path).
+fn sqlite_uri(path: &Path, query: &str) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut uri = b"file:".to_vec();
+    for &b in path.as_os_str().as_bytes() {
+        match b {
+            b'%' => uri.extend_from_slice(b"%25"),
+            b'?' => uri.extend_from_slice(b"%3f"),
+            b'#' => uri.extend_from_slice(b"%23"),
+            _ => uri.push(b),
+        }
+    }
+    uri.push(b'?');
+    uri.extend_from_slice(query.as_bytes());
+    PathBuf::from(std::ffi::OsString::from_vec(uri))
 }
 
 impl std::fmt::Debug for Store {
@@ -82,14 +159,36 @@ impl Store {
     /// failed), [`StoreError::Unwritable`] (permissions, read-only filesystem), and for
     /// [`OpenMode::Append`] an [`StoreError::Io`] naming the recorder that holds the lock.
     pub fn open(path: &Path, mode: OpenMode) -> Result<Self, StoreError> {
-        let exists = path.exists();
-        if mode == OpenMode::ReadOnly && !exists {
-            return Err(StoreError::NotFound {
-                path: path.to_path_buf(),
-            });
+        let exists = match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => {
+                return Err(StoreError::IsDirectory {
+                    path: path.to_path_buf(),
+                });
+            }
+            Ok(_) => true,
+            // A directory on the way that the reader may not enter: not "no history".
+            Err(e) if mode == OpenMode::ReadOnly && e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StoreError::Unreadable {
+                    path: path.to_path_buf(),
+                    detail: e.to_string(),
+                });
+            }
+            Err(_) => false,
+        };
+        if mode == OpenMode::ReadOnly {
+            if !exists {
+                return Err(StoreError::NotFound {
+                    path: path.to_path_buf(),
+                });
+            }
+            return Self::open_reader(path);
         }
+        // What this call creates, it removes again if the open fails: a failed command
+        // leaves no empty database, directory or lock file behind.
+        let mut created = Created::default();
         if !exists {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                created.dirs = missing_dirs(dir);
                 std::fs::create_dir_all(dir).map_err(|cause| StoreError::Io {
                     path: dir.to_path_buf(),
                     what: "cannot create the directory",
@@ -97,17 +196,30 @@ impl Store {
                 })?;
             }
         }
+        let result = Self::open_writer(path, mode, exists, &mut created);
+        if result.is_err() {
+            created.remove(path);
+        }
+        result
+    }
+
+    fn open_writer(
+        path: &Path,
+        mode: OpenMode,
+        exists: bool,
+        created: &mut Created,
+    ) -> Result<Self, StoreError> {
         let lock = if mode == OpenMode::Append {
+            let lock_path = lock_path(path);
+            created.lock = !lock_path.exists();
             Some(lock(path)?)
         } else {
             None
         };
-        let flags = match mode {
-            OpenMode::ReadOnly => OpenFlags::SQLITE_OPEN_READ_ONLY,
-            OpenMode::ReadWrite | OpenMode::Append => {
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
-            }
-        } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        created.db = !exists;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags)
             .map_err(|e| StoreError::sqlite(path, "cannot open", e))?;
         let mut store = Self {
@@ -117,9 +229,87 @@ impl Store {
             catalog: Catalog::default(),
             writer: None,
             _lock: lock,
+            created: created.clone(),
+            notice: None,
+            import_tx: false,
         };
         store.prepare()?;
         Ok(store)
+    }
+
+    /// Opens an existing history for reading only, whoever owns it and wherever it lies.
+    ///
+    /// SQLite's `mode=ro` first: it reads the write-ahead log through the `-shm` index,
+    /// creating it if it may, opening it read-only if it exists (a running recorder's,
+    /// root's). Where the `-shm` can neither be created nor opened (a directory the reader
+    /// cannot write, a read-only mount, a file copied without it), `immutable=1`: SQLite
+    /// then reads the database file alone, without locks, and a log not yet checkpointed
+    /// into it is not seen (said in [`Store::notice`]).
+    fn open_reader(path: &Path) -> Result<Self, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let open = |query: &str| {
+            Connection::open_with_flags(sqlite_uri(path, query), flags)
+                .map_err(|e| StoreError::sqlite(path, "cannot open", e).when_reading())
+        };
+        let mut conn = open("mode=ro")?;
+        let mut notice = None;
+        // The first read opens the -wal and -shm files: probe it before believing the open.
+        if let Err(e) = conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(())) {
+            use rusqlite::ErrorCode;
+            match e.sqlite_error_code() {
+                Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
+                    conn = open("mode=ro&immutable=1")?;
+                    let wal_bytes = std::fs::metadata(sidecar(path, "-wal")).map_or(0, |m| m.len());
+                    tracing::debug!(path = %path.display(), cause = %e, wal_bytes, "Opened the history as immutable.");
+                    if wal_bytes > 0 {
+                        notice = Some(format!(
+                            "'{}' is read without its write-ahead log ({wal_bytes} bytes, the \
+                             newest samples): its '-shm' index cannot be created or opened here",
+                            path.display()
+                        ));
+                    }
+                }
+                _ => return Err(StoreError::sqlite(path, "cannot open", e).when_reading()),
+            }
+        }
+        let mut store = Self {
+            conn,
+            path: path.to_path_buf(),
+            mode: OpenMode::ReadOnly,
+            catalog: Catalog::default(),
+            writer: None,
+            _lock: None,
+            created: Created::default(),
+            notice,
+            import_tx: false,
+        };
+        store.prepare()?;
+        Ok(store)
+    }
+
+    /// Something a reader should tell the user about this open (a history read without
+    /// the newest samples of its write-ahead log), if any.
+    pub fn notice(&self) -> Option<&str> {
+        self.notice.as_deref()
+    }
+
+    /// Closes the store and removes the files this open created (the database, its `-wal`,
+    /// `-shm` and `.lock` files, the directories made for them): for a command that fails
+    /// after opening a history that did not exist, so it leaves nothing behind. A history
+    /// that existed before is left as it is.
+    pub fn discard_if_created(self) {
+        let created = self.created.clone();
+        let path = self.path.clone();
+        // Close the connection (and release the lock) before removing the files.
+        let Self { conn, _lock, .. } = self;
+        drop(conn);
+        if created.db || created.lock {
+            created.remove_files(&path);
+        }
+        drop(_lock);
+        created.remove_dirs();
     }
 
     /// A store that lives in memory only (for analysing an imported file without touching
@@ -138,6 +328,9 @@ impl Store {
             catalog: Catalog::default(),
             writer: None,
             _lock: None,
+            created: Created::default(),
+            notice: None,
+            import_tx: false,
         };
         store.prepare()?;
         Ok(store)
@@ -148,15 +341,27 @@ impl Store {
         &self.path
     }
 
+    /// Classifies a SQLite error of this store; a reader's never speaks of writing.
     pub(crate) fn err(&self, what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
-        move |e| StoreError::sqlite(&self.path, what, e)
+        move |e| {
+            let err = StoreError::sqlite(&self.path, what, e);
+            if self.mode == OpenMode::ReadOnly {
+                err.when_reading()
+            } else {
+                err
+            }
+        }
     }
 
     fn prepare(&mut self) -> Result<(), StoreError> {
         let path = self.path.clone();
+        let reading = self.mode == OpenMode::ReadOnly;
         let sql = |what: &'static str| {
             let path = path.clone();
-            move |e| StoreError::sqlite(&path, what, e)
+            move |e| {
+                let err = StoreError::sqlite(&path, what, e);
+                if reading { err.when_reading() } else { err }
+            }
         };
         let conn = &self.conn;
         conn.busy_timeout(std::time::Duration::from_secs(5))
@@ -245,13 +450,10 @@ impl Store {
         }
         if version < schema::CURRENT {
             if !writable {
-                return Err(StoreError::Unwritable {
+                return Err(StoreError::OlderSchema {
                     path: self.path.clone(),
-                    detail: format!(
-                        "its schema {version} needs an upgrade to {}, which a read-only open \
-                         cannot do",
-                        schema::CURRENT
-                    ),
+                    found: version,
+                    current: schema::CURRENT,
                 });
             }
             self.migrate(version)?;
@@ -421,9 +623,7 @@ impl Store {
 /// PID into it so the next one can say who holds it.
 fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
     use std::io::{Read, Seek, Write};
-    let mut name = db.as_os_str().to_owned();
-    name.push(".lock");
-    let path = PathBuf::from(name);
+    let path = lock_path(db);
     let io = |what: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |cause| StoreError::Io {

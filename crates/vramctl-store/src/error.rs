@@ -49,6 +49,34 @@ pub enum StoreError {
         /// The system's reason.
         detail: String,
     },
+    /// A reader could not open or read the database (permissions, a directory it cannot
+    /// enter). Never says "write": a reader writes nothing.
+    #[error("cannot read the history database '{}': {detail}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The system's reason.
+        detail: String,
+    },
+    /// `--db` names a directory.
+    #[error("'{}' is a directory, not a history database", path.display())]
+    IsDirectory {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Written by an older vramctl; a reader cannot upgrade it.
+    #[error(
+        "'{}' has history schema {found}, older than the {current} this vramctl reads",
+        path.display()
+    )]
+    OlderSchema {
+        /// The file.
+        path: PathBuf,
+        /// Its schema version.
+        found: i64,
+        /// The version this build uses.
+        current: i64,
+    },
     /// The disk (or the database's size limit) is full.
     #[error("the disk holding '{}' is full", path.display())]
     DiskFull {
@@ -116,8 +144,25 @@ impl StoreError {
                 "check the permissions of the file and of its directory, or choose another --db"
             }
             Self::DiskFull { .. } => "free some space, or shorten the retention with --retain",
+            Self::Unreadable { .. } => {
+                "check that you may read the file and enter its directory, or choose another --db"
+            }
+            Self::IsDirectory { .. } => {
+                "point --db / VRAMCTL_DB at a file, e.g. a 'history.db' inside that directory"
+            }
+            Self::OlderSchema { .. } => {
+                "run 'vramctl record' (or 'vramctl import') on it once as its owner to upgrade it"
+            }
             _ => return None,
         })
+    }
+
+    /// The same error as a reader sees it: a permission or open failure is "cannot read".
+    pub(crate) fn when_reading(self) -> Self {
+        match self {
+            Self::Unwritable { path, detail } => Self::Unreadable { path, detail },
+            other => other,
+        }
     }
 
     /// Classifies a SQLite error raised while working on `path`.

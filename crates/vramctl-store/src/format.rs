@@ -20,8 +20,10 @@
 
 pub mod gpuz;
 pub mod ndjson;
+mod quantity;
 pub mod smi;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -29,7 +31,9 @@ use jiff::tz::TimeZone;
 
 use crate::db::Store;
 use crate::error::StoreError;
-use crate::model::{DeviceSample, DeviceSampleState, ProcessList, TickSample};
+use crate::model::{
+    DeviceMeta, DeviceSample, DeviceSampleState, Metric, Observed, ProcessList, TickSample,
+};
 
 /// A file format [`import_files`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +66,9 @@ impl Format {
 /// How to read files.
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
-    /// The format, or `None` to sniff each file.
+    /// The format, or `None` to sniff each file. [`Format::Ndjson`] and
+    /// [`Format::StatusJson`] both mean "vramctl NDJSON": which of the two each file is, is
+    /// told from the file itself.
     pub format: Option<Format>,
     /// Stop at the first bad row (nothing is written) instead of skipping it.
     pub strict: bool,
@@ -70,6 +76,11 @@ pub struct ImportOptions {
     pub tz: TimeZone,
     /// Column names for CSV written with `noheader`.
     pub columns: Option<Vec<String>>,
+    /// The GPU of the rows of an nvidia-smi `--query-compute-apps` log without a GPU
+    /// column (`gpu_uuid`, `gpu_bus_id`): an index or UUID of a GPU in the other files (or
+    /// in the history), or a name for it when there is none. Without it such rows go on
+    /// the one GPU known, or on a single unnamed GPU when none is.
+    pub gpu: Option<String>,
 }
 
 impl Default for ImportOptions {
@@ -79,6 +90,7 @@ impl Default for ImportOptions {
             strict: false,
             tz: TimeZone::system(),
             columns: None,
+            gpu: None,
         }
     }
 }
@@ -90,7 +102,7 @@ pub struct BadRow {
     pub file: PathBuf,
     /// 1-based line number.
     pub line: usize,
-    /// What is wrong.
+    /// What is wrong (a file's own text in it is escaped: see [`shown`]).
     pub message: String,
 }
 
@@ -113,9 +125,12 @@ pub struct ImportReport {
     pub skipped: Vec<BadRow>,
     /// Columns present in the files that vramctl does not record.
     pub ignored_columns: Vec<String>,
+    /// What the user should know about how the files were read (rows put on a GPU the
+    /// file does not name, GPU-Z logging sessions, rows sharing a second).
+    pub notes: Vec<String>,
 }
 
-/// Why an import failed (nothing of the failing file was written).
+/// Why an import failed (nothing of it was written).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ImportError {
@@ -138,9 +153,17 @@ pub enum ImportError {
         /// What was seen.
         why: String,
     },
-    /// The data is not newer than what the history holds.
+    /// The rows of a file without a GPU column cannot be put on one GPU.
+    #[error("'{}' {why}", path.display())]
+    Gpu {
+        /// The file.
+        path: PathBuf,
+        /// What is ambiguous, with the choices.
+        why: String,
+    },
+    /// The data overlaps what the history holds.
     #[error(
-        "'{}' starts at {at}, not after the last sample of the history ({last})",
+        "'{}' starts at {at}, not after the last sample of the history ({last}): {why}",
         path.display()
     )]
     Overlap {
@@ -150,6 +173,8 @@ pub enum ImportError {
         at: String,
         /// The history's last time (RFC 3339).
         last: String,
+        /// Why it cannot be merged.
+        why: String,
     },
     /// The store failed.
     #[error(transparent)]
@@ -164,6 +189,7 @@ impl ImportError {
                 Some("fix or remove the line, or import without --strict to skip bad rows")
             }
             Self::Unknown { .. } => Some("name the format with --format"),
+            Self::Gpu { .. } => Some("name the GPU of its rows with --gpu (an index or UUID)"),
             Self::Overlap { .. } => Some("import into a new database with --db"),
             Self::Store(e) => e.hint(),
             Self::Read { .. } => None,
@@ -178,9 +204,21 @@ pub(crate) struct Rows<'a> {
     pub skipped: Vec<BadRow>,
     pub read: u64,
     pub ignored: Vec<String>,
+    pub notes: Vec<String>,
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
+    fn new(path: &'a Path, strict: bool) -> Self {
+        Self {
+            path,
+            strict,
+            skipped: Vec::new(),
+            read: 0,
+            ignored: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
     pub fn bad(&mut self, line: usize, message: impl Into<String>) -> Result<(), ImportError> {
         let row = BadRow {
             file: self.path.to_path_buf(),
@@ -202,6 +240,26 @@ impl Rows<'_> {
         })
     }
 }
+
+impl ImportReport {
+    fn absorb(&mut self, rows: Rows<'_>) {
+        self.rows += rows.read;
+        self.skipped.extend(rows.skipped);
+        self.notes.extend(rows.notes);
+        for column in rows.ignored {
+            if !self.ignored_columns.contains(&column) {
+                self.ignored_columns.push(column);
+            }
+        }
+    }
+}
+
+/// Sanity limits for imported logs: the log may come from another machine, so the PID
+/// ceiling is the kernel's largest, not this machine's `pid_max`.
+pub(crate) const IMPORT_LIMITS: vramctl_core::sanity::SanityLimits =
+    vramctl_core::sanity::SanityLimits {
+        pid_max: vramctl_core::sanity::PID_MAX_LIMIT,
+    };
 
 /// Guesses a file's format from its first line.
 ///
@@ -271,23 +329,226 @@ pub fn sniff(path: &Path, text: &str, columns: Option<&[String]>) -> Result<Form
     }
     Err(unknown(&format!(
         "its first line '{}' is not a known header",
-        truncate(first, 60)
+        shown(first, 60)
     )))
 }
 
-pub(crate) fn truncate(text: &str, n: usize) -> String {
-    if text.chars().count() <= n {
-        text.to_owned()
-    } else {
-        format!("{}…", text.chars().take(n).collect::<String>())
+/// The format of one file: the one asked (`--format`), else sniffed from its content.
+/// "NDJSON" covers both vramctl kinds, told apart per file.
+fn decide(
+    asked: Option<Format>,
+    path: &Path,
+    text: &str,
+    columns: Option<&[String]>,
+) -> Result<Format, ImportError> {
+    match asked {
+        Some(Format::Ndjson | Format::StatusJson) => match sniff(path, text, None) {
+            Ok(f @ (Format::Ndjson | Format::StatusJson)) => Ok(f),
+            Ok(_) | Err(_) => Err(ImportError::Unknown {
+                path: path.to_path_buf(),
+                why: "it is not vramctl NDJSON ('vramctl export' or 'vramctl status --json')"
+                    .into(),
+            }),
+        },
+        Some(f) => Ok(f),
+        None => sniff(path, text, columns),
     }
 }
 
-/// Reads `paths` into `store`, merged by time.
+/// The one CSV writer of everything vramctl writes as CSV (exports, `history --format
+/// csv`, `history --audit`): RFC 4180, `,` between fields, `\n` after records, a field
+/// quoted when it holds a comma, a quote, a newline or a carriage return.
+pub fn csv_writer<W: std::io::Write>(out: W) -> csv::Writer<W> {
+    csv::WriterBuilder::new()
+        .terminator(csv::Terminator::Any(b'\n'))
+        .quote_style(csv::QuoteStyle::Necessary)
+        .flexible(false)
+        .from_writer(out)
+}
+
+/// `text` as it may be quoted in a message: control characters (a terminal escape, a
+/// carriage return, a NUL from a damaged file) escaped as `\u{1b}`, `\r`, …, and cut to
+/// `n` characters. Every message that quotes a file's content goes through this.
+pub fn shown(text: &str, n: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == n {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A file's text: UTF-8, or else (GPU-Z writes Windows-1252: `°C` as one byte) each byte
+/// as the character of that code (Latin-1, which agrees with Windows-1252 on `°`).
+fn read_text(path: &Path) -> Result<String, ImportError> {
+    let bytes = std::fs::read(path).map_err(|cause| ImportError::Read {
+        path: path.to_path_buf(),
+        cause,
+    })?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => e.into_bytes().iter().map(|&b| char::from(b)).collect(),
+    })
+}
+
+/// What the other files of an import (and the history) say about the GPUs: where an apps
+/// log without a GPU column goes, and the totals its values are checked against.
+#[derive(Debug, Default)]
+pub(crate) struct Companion {
+    /// In the order first seen: the files' GPUs, then the history's.
+    pub devices: Vec<DeviceMeta>,
+    /// Largest total memory known per UUID.
+    pub totals: HashMap<String, u64>,
+    /// Whether the GPUs came from the history rather than the files.
+    from_history: bool,
+}
+
+impl Companion {
+    fn learn(&mut self, ticks: &[TickSample]) {
+        for tick in ticks {
+            for dev in &tick.devices {
+                if !self.devices.iter().any(|d| d.uuid == dev.device.uuid) {
+                    self.devices.push(dev.device.clone());
+                }
+                if let DeviceSampleState::Read { metrics, .. } = &dev.state {
+                    for (metric, value) in metrics {
+                        if let (Metric::TotalBytes, Observed::Value(v)) = (metric, value) {
+                            let total = self.totals.entry(dev.device.uuid.clone()).or_default();
+                            *total = (*total).max(*v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The history's GPUs, when the files name none (an apps log imported after its GPU
+    /// log, by a second `import`).
+    fn learn_history(&mut self, store: &mut Store) -> Result<(), StoreError> {
+        for record in store.devices()? {
+            if record.meta.parent_uuid.is_some() {
+                continue;
+            }
+            let total = store
+                .device_metric(record.id, Metric::TotalBytes, crate::model::TimeRange::ALL)?
+                .iter()
+                .map(|p| p.max)
+                .max();
+            if let Some(total) = total {
+                self.totals.insert(record.meta.uuid.clone(), total);
+            }
+            if !self.devices.iter().any(|d| d.uuid == record.meta.uuid) {
+                if self.devices.is_empty() {
+                    self.from_history = true;
+                }
+                self.devices.push(record.meta);
+            }
+        }
+        Ok(())
+    }
+
+    fn describe(d: &DeviceMeta) -> String {
+        match d.index {
+            Some(i) => format!("{i} ({})", d.uuid),
+            None => d.uuid.clone(),
+        }
+    }
+
+    /// The GPU for rows that name none, and how it was chosen.
+    ///
+    /// # Errors
+    /// Several GPUs and no `--gpu`, or a `--gpu` that names none of them (the message
+    /// lists them).
+    pub fn gpu_for_unnamed_rows(&self, gpu: Option<&str>) -> Result<(DeviceMeta, String), String> {
+        let choices = || {
+            self.devices
+                .iter()
+                .map(Self::describe)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let whose = if self.from_history {
+            "the history"
+        } else {
+            "the other files"
+        };
+        match gpu.map(str::trim) {
+            Some(selector) => {
+                if self.devices.is_empty() {
+                    let meta = match selector.parse::<u32>() {
+                        Ok(i) => DeviceMeta {
+                            uuid: format!("INDEX-{i}"),
+                            index: Some(i),
+                            ..DeviceMeta::default()
+                        },
+                        Err(_) => DeviceMeta {
+                            uuid: selector.to_owned(),
+                            ..DeviceMeta::default()
+                        },
+                    };
+                    let how = format!("GPU '{}' (--gpu)", shown(selector, 60));
+                    return Ok((meta, how));
+                }
+                let lower = selector.to_ascii_lowercase();
+                let found = self.devices.iter().find(|d| {
+                    selector
+                        .parse::<u32>()
+                        .ok()
+                        .is_some_and(|i| d.index == Some(i))
+                        || d.uuid.eq_ignore_ascii_case(selector)
+                        || (selector.len() >= 12 && d.uuid.to_ascii_lowercase().starts_with(&lower))
+                });
+                match found {
+                    Some(d) => Ok((d.clone(), format!("GPU {} (--gpu)", Self::describe(d)))),
+                    None => Err(format!(
+                        "has no GPU column, and --gpu '{}' names none of the GPUs of {whose}: {}",
+                        shown(selector, 60),
+                        choices()
+                    )),
+                }
+            }
+            None => match self.devices.as_slice() {
+                [] => Ok((
+                    DeviceMeta {
+                        uuid: UNNAMED_GPU.to_owned(),
+                        ..DeviceMeta::default()
+                    },
+                    format!("a single unnamed GPU '{UNNAMED_GPU}' (name it with --gpu)"),
+                )),
+                [only] => Ok((
+                    only.clone(),
+                    format!("GPU {}, the only GPU of {whose}", Self::describe(only)),
+                )),
+                several => Err(format!(
+                    "has no gpu_uuid or gpu_bus_id column, and its rows could be on any of the {} \
+                     GPUs of {whose}: {}",
+                    several.len(),
+                    choices()
+                )),
+            },
+        }
+    }
+}
+
+/// The device of an apps log's rows when neither its file nor any other names a GPU.
+pub const UNNAMED_GPU: &str = "GPU-unnamed";
+
+/// Reads `paths` into `store`, merged by time, in one transaction: every file is written,
+/// or (a bad row with `strict`, a store failure, the process killed) none.
 ///
-/// NDJSON exports are imported file by file as they are (lossless); the other formats are
-/// parsed completely first (so a strict failure writes nothing), merged by time, and
-/// appended as ticks.
+/// Each file's format is decided by itself. Files are parsed completely first (so a strict
+/// failure writes nothing); GPU logs before apps logs, so an apps log without a GPU column
+/// can be put on its companion log's GPU (see [`ImportOptions::gpu`]) and its values
+/// checked against that GPU's total. NDJSON exports are written as they are (lossless);
+/// the rest is merged by time and appended as ticks — into the history's last samples when
+/// they are of another kind (the apps log of a run whose GPU log an earlier import wrote).
 ///
 /// # Errors
 /// See [`ImportError`].
@@ -297,47 +558,30 @@ pub fn import_files(
     options: &ImportOptions,
 ) -> Result<ImportReport, ImportError> {
     let mut report = ImportReport::default();
-    let mut pieces: Vec<(i64, usize, usize, TickSample)> = Vec::new();
-    let mut ndjson_files = Vec::new();
-    for (file_index, path) in paths.iter().enumerate() {
-        let bytes = std::fs::read(path).map_err(|cause| ImportError::Read {
-            path: path.clone(),
-            cause,
-        })?;
-        // GPU-Z writes Windows-1252 (°C as one byte); everything else is UTF-8.
-        let text = match String::from_utf8(bytes) {
-            Ok(text) => text,
-            Err(e) => e.into_bytes().iter().map(|&b| char::from(b)).collect(),
-        };
-        let format = match options.format {
-            Some(f) => f,
-            None => sniff(path, &text, options.columns.as_deref())?,
-        };
+    let mut inputs = Vec::with_capacity(paths.len());
+    for path in paths {
+        let text = read_text(path)?;
+        let format = decide(options.format, path, &text, options.columns.as_deref())?;
         report.files.push((path.clone(), format));
-        let mut rows = Rows {
-            path,
-            strict: options.strict,
-            skipped: Vec::new(),
-            read: 0,
-            ignored: Vec::new(),
-        };
+        inputs.push((path, text, format));
+    }
+    let mut pieces: Vec<(i64, usize, usize, TickSample)> = Vec::new();
+    let mut companion = Companion::default();
+    let mut ndjson_files = Vec::new();
+    for (file_index, (path, text, format)) in inputs.iter().enumerate() {
+        let mut rows = Rows::new(path, options.strict);
         let ticks = match format {
             Format::Ndjson => {
-                ndjson_files.push((path.clone(), text));
+                ndjson_files.push(file_index);
                 continue;
             }
-            Format::SmiGpu => smi::parse_gpu(&text, options, &mut rows)?,
-            Format::SmiApps => smi::parse_apps(&text, options, &mut rows)?,
-            Format::Gpuz => gpuz::parse(&text, path, options, &mut rows)?,
-            Format::StatusJson => ndjson::parse_status(&text, &mut rows)?,
+            Format::SmiApps => continue,
+            Format::SmiGpu => smi::parse_gpu(text, options, &mut rows)?,
+            Format::Gpuz => gpuz::parse(text, path, options, &mut rows)?,
+            Format::StatusJson => ndjson::parse_status(text, &mut rows)?,
         };
-        report.rows += rows.read;
-        report.skipped.extend(rows.skipped);
-        for column in rows.ignored {
-            if !report.ignored_columns.contains(&column) {
-                report.ignored_columns.push(column);
-            }
-        }
+        companion.learn(&ticks);
+        report.absorb(rows);
         pieces.extend(
             ticks
                 .into_iter()
@@ -345,36 +589,61 @@ pub fn import_files(
                 .map(|(i, t)| (t.at_unix_ms, file_index, i, t)),
         );
     }
-    for (path, text) in ndjson_files {
-        let mut rows = Rows {
-            path: &path,
-            strict: options.strict,
-            skipped: Vec::new(),
-            read: 0,
-            ignored: Vec::new(),
-        };
-        // One transaction per file: a file that fails half-way leaves nothing behind.
-        match ndjson::import(store, &text, &mut rows) {
-            Ok(frames) => report.ticks += frames,
-            Err(err) => {
-                store.rollback_import();
-                return Err(err);
-            }
+    if inputs.iter().any(|(_, _, f)| *f == Format::SmiApps) {
+        companion.learn_history(store)?;
+    }
+    for (file_index, (path, text, format)) in inputs.iter().enumerate() {
+        if *format != Format::SmiApps {
+            continue;
         }
-        report.rows += rows.read;
-        report.skipped.extend(rows.skipped);
+        let mut rows = Rows::new(path, options.strict);
+        let ticks = smi::parse_apps(text, options, &mut rows, &companion)?;
+        report.absorb(rows);
+        pieces.extend(
+            ticks
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| (t.at_unix_ms, file_index, i, t)),
+        );
+    }
+    store.begin_import_transaction()?;
+    match write(store, &mut report, pieces, &ndjson_files, &inputs, options) {
+        Ok(()) => {
+            store.commit_import_transaction()?;
+            Ok(report)
+        }
+        Err(err) => {
+            store.rollback_import();
+            Err(err)
+        }
+    }
+}
+
+/// The writing half of [`import_files`], inside its transaction.
+fn write(
+    store: &mut Store,
+    report: &mut ImportReport,
+    mut pieces: Vec<(i64, usize, usize, TickSample)>,
+    ndjson_files: &[usize],
+    inputs: &[(&PathBuf, String, Format)],
+    options: &ImportOptions,
+) -> Result<(), ImportError> {
+    for &i in ndjson_files {
+        let (path, text, _) = &inputs[i];
+        let mut rows = Rows::new(path, options.strict);
+        report.ticks += ndjson::import(store, text, &mut rows)?;
+        report.absorb(rows);
     }
     if pieces.is_empty() {
-        return Ok(report);
+        return Ok(());
     }
     pieces.sort_by_key(|p| (p.0, p.1, p.2));
-    if let Some(last) = store.last_sample_ms()? {
-        if pieces[0].0 <= last {
-            return Err(ImportError::Overlap {
-                path: paths[pieces[0].1].clone(),
-                at: rfc3339(pieces[0].0),
-                last: rfc3339(last),
-            });
+    let first_file = inputs[pieces[0].1].0.clone();
+    let mut ticks: Vec<TickSample> = Vec::new();
+    for (_, _, _, tick) in pieces {
+        match ticks.last_mut() {
+            Some(m) if m.at_unix_ms == tick.at_unix_ms => merge(m, tick),
+            _ => ticks.push(tick),
         }
     }
     let source = report
@@ -383,27 +652,33 @@ pub fn import_files(
         .map(|(_, f)| f.name())
         .collect::<Vec<_>>()
         .join("+");
-    store.begin_session(&crate::model::SessionInfo {
+    let session = crate::model::SessionInfo {
         source: format!("import:{source}"),
         ..Default::default()
-    })?;
-    let mut merged: Option<TickSample> = None;
-    for (_, _, _, tick) in pieces {
-        match merged.as_mut() {
-            Some(m) if m.at_unix_ms == tick.at_unix_ms => merge(m, tick),
-            _ => {
-                if let Some(done) = merged.replace(tick) {
-                    store.append(&done)?;
-                    report.ticks += 1;
+    };
+    match store.last_sample_ms()? {
+        Some(last) if ticks[0].at_unix_ms <= last => {
+            match store.import_over_tail(&ticks, &session)? {
+                Ok(frames) => report.ticks += frames,
+                Err(conflict) => {
+                    return Err(ImportError::Overlap {
+                        path: first_file,
+                        at: rfc3339(ticks[0].at_unix_ms),
+                        last: rfc3339(last),
+                        why: conflict.0,
+                    });
                 }
             }
         }
+        _ => {
+            store.begin_session(&session)?;
+            for tick in &ticks {
+                store.append(tick)?;
+                report.ticks += 1;
+            }
+        }
     }
-    if let Some(done) = merged {
-        store.append(&done)?;
-        report.ticks += 1;
-    }
-    Ok(report)
+    Ok(())
 }
 
 /// Folds `other` (same time) into `into`.

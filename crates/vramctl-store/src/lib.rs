@@ -59,8 +59,12 @@
 //!
 //! # Formats
 //!
-//! [`mod@format`] reads nvidia-smi CSV logs, GPU-Z sensor logs and vramctl's NDJSON into ticks,
-//! and writes NDJSON (lossless) and nvidia-smi-style CSV.
+//! [`mod@format`] reads nvidia-smi CSV logs, GPU-Z sensor logs and vramctl's NDJSON into ticks
+//! (one transaction per import, every value through `vramctl_core::sanity`), and writes
+//! NDJSON (lossless) and nvidia-smi-style CSV (one CSV writer, [`format::csv_writer`]).
+//! Readers ([`OpenMode::ReadOnly`]) open with SQLite's `mode=ro`, falling back to
+//! `immutable=1` where the `-shm` cannot be created or opened ([`Store::notice`] says when
+//! that leaves a write-ahead log unread).
 #![warn(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 

@@ -35,6 +35,10 @@ pub(crate) struct Writer {
     buf: Vec<u8>,
     /// Per rollup resolution: the last imported bucket's state and key time.
     rollups: HashMap<i64, (State, Option<i64>)>,
+    /// What the last written frame holds, when `state` has changed since without a frame
+    /// (a stored frame folded into the next tick of a merge): the next frame's delta is
+    /// encoded against it.
+    pending_base: Option<State>,
 }
 
 impl Store {
@@ -87,6 +91,7 @@ impl Store {
             open_gaps: HashMap::new(),
             buf: Vec::new(),
             rollups: HashMap::new(),
+            pending_base: None,
         });
         Ok(session_id)
     }
@@ -165,7 +170,8 @@ impl Store {
                 last_ms: last,
             });
         }
-        let tx = conn.unchecked_transaction().map_err(err.clone())?;
+        // A savepoint: its own transaction on its own, nested inside an import's.
+        let tx = TickSavepoint::begin(conn).map_err(err.clone())?;
         let mut new = w.state.clone();
         let mut opens: Vec<(GapKey, String)> = Vec::new();
         let mut closes: Vec<GapKey> = Vec::new();
@@ -295,7 +301,8 @@ impl Store {
         let key = w
             .last_key_ms
             .is_none_or(|last| t.saturating_sub(last) >= w.key_interval_ms);
-        codec::encode(&w.state, &new, key, &mut w.buf);
+        let base = w.pending_base.take();
+        codec::encode(base.as_ref().unwrap_or(&w.state), &new, key, &mut w.buf);
         let observed = observed_devices(tick, &new, catalog);
         tx.prepare_cached("INSERT INTO frame (t_ms, key, data, observed) VALUES (?1, ?2, ?3, ?4)")
             .and_then(|mut s| s.execute(params![t, key, w.buf, observed]))
@@ -473,19 +480,44 @@ impl Store {
         Ok(())
     }
 
-    /// Abandons the open import transaction: nothing of the file stays.
+    /// Abandons the open import transaction: nothing of the import stays.
     pub(crate) fn rollback_import(&mut self) {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
+        self.import_tx = false;
         // Ids and states handed out inside it are void.
         self.writer = None;
         let _ = self.load_catalog();
     }
 
-    /// Commits the open import transaction.
-    pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
+    /// Starts the one transaction an import runs in: all of its files are written, or
+    /// none (a failure, a `kill -9`, a power cut leave the history as it was, and the same
+    /// import can simply be run again).
+    pub(crate) fn begin_import_transaction(&mut self) -> Result<(), StoreError> {
+        if self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(self.err("cannot import"))?;
+            self.import_tx = true;
+        }
+        Ok(())
+    }
+
+    /// Commits the transaction [`Store::begin_import_transaction`] started.
+    pub(crate) fn commit_import_transaction(&mut self) -> Result<(), StoreError> {
+        self.import_tx = false;
         if !self.conn.is_autocommit() {
+            self.conn
+                .execute_batch("COMMIT")
+                .map_err(self.err("cannot import"))?;
+        }
+        Ok(())
+    }
+
+    /// Commits the open NDJSON import batch, unless it runs inside an import transaction.
+    pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
+        if !self.import_tx && !self.conn.is_autocommit() {
             self.conn
                 .execute_batch("COMMIT")
                 .map_err(self.err("cannot import"))?;
@@ -553,6 +585,443 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// Why imported ticks cannot be merged into the history's last samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TailConflict(pub String);
+
+impl Store {
+    /// Appends `ticks` (in time order) where the first is not after the history's last
+    /// sample: the other half of one run's logs, imported by a second `import` (the GPU
+    /// log, then the apps log). The stored frames from the first new time on are decoded,
+    /// replayed together with the new ticks in time order, and written again; the result is
+    /// what one import of both logs gives. Only data of another kind is merged: a device
+    /// whose memory readings (or process list) the history already has in that span, from
+    /// the same log imported twice or a recording, is a conflict and nothing is changed.
+    /// Runs inside the import's transaction.
+    ///
+    /// # Errors
+    /// `Ok(Err(conflict))` when the data overlaps; a store failure.
+    pub(crate) fn import_over_tail(
+        &mut self,
+        ticks: &[TickSample],
+        info: &SessionInfo,
+    ) -> Result<Result<u64, TailConflict>, StoreError> {
+        let Some(first) = ticks.first().map(|t| t.at_unix_ms) else {
+            return Ok(Ok(0));
+        };
+        let downsampled: bool = self
+            .conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM rollup WHERE t_ms + res_ms > ?1)",
+                [first],
+                |r| r.get(0),
+            )
+            .map_err(self.err("cannot import"))?;
+        if downsampled {
+            return Ok(Err(TailConflict(
+                "the history is downsampled there (retention), so it cannot be merged".into(),
+            )));
+        }
+        // What the stored frames from `first` on observed, per device: only the flags are
+        // kept, so this pass needs no memory per frame.
+        let mut have: HashMap<i64, (bool, bool)> = HashMap::new();
+        self.scan(
+            crate::model::TimeRange {
+                from_ms: first,
+                to_ms: i64::MAX,
+            },
+            |f| {
+                if f.span_ms != 0 {
+                    return;
+                }
+                match f.observed_raw() {
+                    // A frame that observed everything (a recording): every device in it.
+                    None => {
+                        for (id, _) in f.entries() {
+                            if let Some(d) = f.series(id).and_then(|s| s.device_id) {
+                                have.insert(d, (true, true));
+                            }
+                        }
+                    }
+                    Some(raw) => {
+                        for (d, m, p) in decode_observed(raw) {
+                            let e = have.entry(d).or_default();
+                            e.0 |= m;
+                            e.1 |= p;
+                        }
+                    }
+                }
+            },
+        )?;
+        if let Some(conflict) = self.tail_conflict(&have, ticks) {
+            return Ok(Err(conflict));
+        }
+        let before: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT max(t_ms) FROM frame WHERE t_ms < ?1",
+                [first],
+                |r| r.get(0),
+            )
+            .map_err(self.err("cannot import"))?;
+        let mut base = State::default();
+        if let Some(t) = before {
+            self.scan(
+                crate::model::TimeRange {
+                    from_ms: t,
+                    to_ms: t,
+                },
+                |f| {
+                    if f.span_ms == 0 {
+                        base = f.state().clone();
+                    }
+                },
+            )?;
+        }
+        // The stored frames move to a temporary table, are decoded from it in order (from
+        // `base`, the state they were encoded against) and written again among the new
+        // ticks: memory stays bounded whatever the length of the overlap.
+        self.conn
+            .execute_batch(
+                "CREATE TEMP TABLE IF NOT EXISTS import_tail \
+                 (t_ms INTEGER PRIMARY KEY, key INTEGER NOT NULL, data BLOB NOT NULL, observed BLOB);
+                 DELETE FROM temp.import_tail;",
+            )
+            .map_err(self.err("cannot import"))?;
+        self.conn
+            .execute(
+                "INSERT INTO temp.import_tail SELECT t_ms, key, data, observed FROM frame \
+                 WHERE t_ms >= ?1",
+                [first],
+            )
+            .map_err(self.err("cannot import"))?;
+        self.conn
+            .execute("DELETE FROM frame WHERE t_ms >= ?1", [first])
+            .map_err(self.err("cannot import"))?;
+        self.begin_session(info)?;
+        if let Some(w) = self.writer.as_mut() {
+            w.state = base.clone();
+        }
+        // Series that existed before this import: the stored frames govern those (as far as
+        // they observed them); the new ticks' series are new ids.
+        let old_series = self.catalog.series.len();
+        let mut tail = TailReader {
+            state: base,
+            after_ms: i64::MIN,
+            batch: std::collections::VecDeque::new(),
+            done: false,
+        };
+        let mut written = 0u64;
+        for tick in ticks {
+            while let Some((t, state, observed)) = tail.next_if(self, |t| t < tick.at_unix_ms)? {
+                let merged = self.replay_stored(&state, observed.as_deref(), old_series);
+                let observed = self.observed_with_new_devices(&state, observed, &merged);
+                self.put_frame(t, 0, &merged, observed.as_deref())?;
+                written += 1;
+            }
+            if let Some((t, state, observed)) = tail.next_if(self, |t| t == tick.at_unix_ms)? {
+                // Same instant in both (two nvidia-smi loops that logged the same
+                // millisecond): the stored values first, then the tick's, in one frame that
+                // observed what either did.
+                let merged = self.replay_stored(&state, observed.as_deref(), old_series);
+                if let Some(w) = self.writer.as_mut() {
+                    w.pending_base = Some(std::mem::replace(&mut w.state, merged));
+                }
+                self.append(tick)?;
+                self.union_observed(t, &state, observed.as_deref())?;
+            } else {
+                self.append(tick)?;
+            }
+            written += 1;
+        }
+        while let Some((t, state, observed)) = tail.next_if(self, |_| true)? {
+            let merged = self.replay_stored(&state, observed.as_deref(), old_series);
+            let observed = self.observed_with_new_devices(&state, observed, &merged);
+            self.put_frame(t, 0, &merged, observed.as_deref())?;
+            written += 1;
+        }
+        self.conn
+            .execute_batch("DELETE FROM temp.import_tail;")
+            .map_err(self.err("cannot import"))?;
+        Ok(Ok(written))
+    }
+
+    /// A device (by id) whose memory readings or process list both the stored frames and
+    /// the new ticks have.
+    fn tail_conflict(
+        &self,
+        have: &HashMap<i64, (bool, bool)>,
+        ticks: &[TickSample],
+    ) -> Option<TailConflict> {
+        for tick in ticks {
+            for dev in &tick.devices {
+                let Some(id) = self.catalog.device_ids.get(&dev.device.uuid) else {
+                    continue;
+                };
+                let (m, p) = have.get(id).copied().unwrap_or_default();
+                let (new_m, new_p) = match &dev.state {
+                    DeviceSampleState::Unreadable(_) => (true, true),
+                    DeviceSampleState::Read { metrics, processes } => (
+                        !metrics.is_empty(),
+                        !matches!(processes, ProcessList::NotObserved),
+                    ),
+                };
+                let what = if m && new_m {
+                    "memory readings"
+                } else if p && new_p {
+                    "process lists"
+                } else {
+                    continue;
+                };
+                return Some(TailConflict(format!(
+                    "the history already has {what} of {} from then on",
+                    dev.device.uuid
+                )));
+            }
+        }
+        None
+    }
+
+    /// The writer's state with a stored frame's observations applied: the series it
+    /// observed take its values; the rest (the new ticks' series) carry on.
+    fn replay_stored(&self, frame: &State, observed: Option<&[u8]>, old_series: usize) -> State {
+        let flags: Option<HashMap<i64, (bool, bool)>> =
+            observed.map(|raw| decode_observed(raw).map(|(d, m, p)| (d, (m, p))).collect());
+        let mut merged = self
+            .writer
+            .as_ref()
+            .map(|w| w.state.clone())
+            .unwrap_or_default();
+        for id in 1..old_series {
+            let Ok(id) = u32::try_from(id) else { break };
+            let Some(key) = self.catalog.series(id) else {
+                continue;
+            };
+            let governed = match (key.device, &flags) {
+                (None, _) | (Some(_), None) => true,
+                (Some(d), Some(flags)) => {
+                    let (m, p) = flags.get(&d).copied().unwrap_or_default();
+                    if matches!(
+                        key.metric,
+                        Metric::ProcessUsedBytes | Metric::ProcessSmPercent
+                    ) {
+                        p
+                    } else {
+                        m
+                    }
+                }
+            };
+            if governed {
+                merged.set(id, frame.get(id));
+            }
+        }
+        merged
+    }
+
+    /// Widens the `observed` list of the frame just written at `t` by what the stored frame
+    /// of the same instant (`stored`, observing `stored_observed`) observed.
+    fn union_observed(
+        &mut self,
+        t: i64,
+        stored: &State,
+        stored_observed: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let written: Option<Vec<u8>> = self
+            .conn
+            .query_row("SELECT observed FROM frame WHERE t_ms = ?1", [t], |r| {
+                r.get(0)
+            })
+            .map_err(self.err("cannot import"))?;
+        let Some(state) = self.writer.as_ref().map(|w| w.state.clone()) else {
+            return Ok(());
+        };
+        let devices_of = |state: &State| -> Vec<i64> {
+            let mut ids: Vec<i64> = state
+                .iter()
+                .filter_map(|(s, _)| self.catalog.series(s)?.device)
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let flags_of = |raw: Option<&[u8]>, state: &State| -> HashMap<i64, (bool, bool)> {
+            match raw {
+                Some(raw) => decode_observed(raw).map(|(d, m, p)| (d, (m, p))).collect(),
+                None => devices_of(state)
+                    .into_iter()
+                    .map(|d| (d, (true, true)))
+                    .collect(),
+            }
+        };
+        let mut union = flags_of(written.as_deref(), &state);
+        for (d, (m, p)) in flags_of(stored_observed, stored) {
+            let e = union.entry(d).or_default();
+            e.0 |= m;
+            e.1 |= p;
+        }
+        let present = devices_of(&state);
+        let all = present
+            .iter()
+            .all(|d| union.get(d).is_some_and(|&(m, p)| m && p));
+        let observed = if all {
+            None
+        } else {
+            let mut ids: Vec<(&i64, &(bool, bool))> = union.iter().collect();
+            ids.sort_unstable();
+            let mut out = Vec::new();
+            for (id, &(m, p)) in ids {
+                let id = u64::try_from(*id).unwrap_or(0);
+                codec::put_varint(&mut out, id << 2 | u64::from(m) << 1 | u64::from(p));
+            }
+            Some(out)
+        };
+        self.conn
+            .execute(
+                "UPDATE frame SET observed = ?1 WHERE t_ms = ?2",
+                params![observed, t],
+            )
+            .map_err(self.err("cannot import"))?;
+        Ok(())
+    }
+
+    /// A stored frame that observed every device observed only those it held once new
+    /// devices' series are in the state too.
+    fn observed_with_new_devices(
+        &self,
+        frame: &State,
+        observed: Option<Vec<u8>>,
+        merged: &State,
+    ) -> Option<Vec<u8>> {
+        if observed.is_some() {
+            return observed;
+        }
+        let devices_of = |state: &State| -> HashSet<i64> {
+            state
+                .iter()
+                .filter_map(|(s, _)| self.catalog.series(s)?.device)
+                .collect()
+        };
+        let stored = devices_of(frame);
+        if devices_of(merged).is_subset(&stored) {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ids: Vec<i64> = stored.into_iter().collect();
+        ids.sort_unstable();
+        for id in ids {
+            codec::put_varint(&mut out, u64::try_from(id).unwrap_or(0) << 2 | 0b11);
+        }
+        Some(out)
+    }
+}
+
+/// The stored frames of [`Store::import_over_tail`], decoded in order from its temporary
+/// table, a batch at a time.
+struct TailReader {
+    state: State,
+    after_ms: i64,
+    /// (time, key frame, data, observed) as stored.
+    batch: std::collections::VecDeque<RawFrame>,
+    done: bool,
+}
+
+/// A frame row as stored: time, key frame, data, observed list.
+type RawFrame = (i64, bool, Vec<u8>, Option<Vec<u8>>);
+
+/// A decoded stored frame: time, full state, observed list.
+type StoredFrame = (i64, State, Option<Vec<u8>>);
+
+/// Frames read from the temporary table at a time.
+const TAIL_BATCH: i64 = 1024;
+
+impl TailReader {
+    /// The next stored frame (time, full state, observed list) if its time passes `take`.
+    fn next_if(
+        &mut self,
+        store: &Store,
+        take: impl Fn(i64) -> bool,
+    ) -> Result<Option<StoredFrame>, StoreError> {
+        if self.batch.is_empty() && !self.done {
+            let mut stmt = store
+                .conn
+                .prepare_cached(
+                    "SELECT t_ms, key, data, observed FROM temp.import_tail WHERE t_ms > ?1 \
+                     ORDER BY t_ms LIMIT ?2",
+                )
+                .map_err(store.err("cannot import"))?;
+            let rows = stmt
+                .query_map(params![self.after_ms, TAIL_BATCH], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .map_err(store.err("cannot import"))?;
+            for row in rows {
+                self.batch
+                    .push_back(row.map_err(store.err("cannot import"))?);
+            }
+            self.done = self.batch.is_empty();
+        }
+        match self.batch.front() {
+            Some(&(t, ..)) if take(t) => {}
+            _ => return Ok(None),
+        }
+        let Some((t, key, data, observed)) = self.batch.pop_front() else {
+            return Ok(None);
+        };
+        self.after_ms = t;
+        codec::apply(&mut self.state, &data, key)?;
+        Ok(Some((t, self.state.clone(), observed)))
+    }
+}
+
+/// `(device id, metrics observed, processes observed)` of a frame's `observed` column.
+fn decode_observed(raw: &[u8]) -> impl Iterator<Item = (i64, bool, bool)> + '_ {
+    let mut pos = 0;
+    std::iter::from_fn(move || {
+        if pos >= raw.len() {
+            return None;
+        }
+        let v = codec::get_varint(raw, &mut pos).ok()?;
+        Some((i64::try_from(v >> 2).ok()?, v & 2 != 0, v & 1 != 0))
+    })
+}
+
+/// One tick's writes: `SAVEPOINT` begins a transaction when none is open and nests inside
+/// an import's; dropped without [`TickSavepoint::commit`] (an error), it undoes the tick.
+struct TickSavepoint<'c> {
+    conn: &'c Connection,
+    done: bool,
+}
+
+impl<'c> TickSavepoint<'c> {
+    fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
+        conn.execute_batch("SAVEPOINT tick")?;
+        Ok(Self { conn, done: false })
+    }
+
+    fn commit(mut self) -> rusqlite::Result<()> {
+        self.done = true;
+        self.conn.execute_batch("RELEASE tick")
+    }
+}
+
+impl std::ops::Deref for TickSavepoint<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for TickSavepoint<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // SQLite may already have rolled a failed statement's transaction back (disk
+            // full): then there is no savepoint left, and that is fine.
+            let _ = self.conn.execute_batch("ROLLBACK TO tick; RELEASE tick");
+        }
     }
 }
 

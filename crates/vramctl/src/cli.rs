@@ -343,6 +343,11 @@ pub struct ImportArgs {
     /// Column names of a CSV written with 'noheader' (the --query-gpu / --query-compute-apps list)
     #[arg(long, value_name = "LIST")]
     pub columns: Option<String>,
+
+    /// The GPU of an apps log without a GPU column (index or UUID of a GPU in the other
+    /// files or the history; a name for it when there is none)
+    #[arg(long, value_name = "GPU")]
+    pub gpu: Option<String>,
 }
 
 const LEAKS_HELP: &str = "\
@@ -403,7 +408,8 @@ pub struct SourceArgs {
     #[arg(long, value_name = "WHEN")]
     pub until: Option<String>,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
+    /// Only these devices (index or UUID; repeat or separate with commas); the first is also
+    /// the GPU of an apps log without a GPU column
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
     pub gpu: Vec<String>,
 

@@ -76,6 +76,17 @@ pub fn db_path(global: &GlobalArgs) -> anyhow::Result<std::path::PathBuf> {
     Ok(state.join("vramctl/history.db"))
 }
 
+/// Opens the history for reading (`history`, `export`, `leaks`, `plot`, `history --audit`,
+/// `reap`'s evidence): read-only, whoever owns it; what the user should know about the open
+/// (the newest samples not readable) goes to stderr.
+pub fn open_history(path: &std::path::Path) -> anyhow::Result<vramctl_store::Store> {
+    let store = vramctl_store::Store::open(path, vramctl_store::OpenMode::ReadOnly)?;
+    if let Some(notice) = store.notice() {
+        eprintln!("vramctl: note: {notice}");
+    }
+    Ok(store)
+}
+
 /// Loads NVML and enumerates the GPUs (one NVML session for the whole process).
 pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<Sampler<NvmlBackend>> {
     let started = std::time::Instant::now();

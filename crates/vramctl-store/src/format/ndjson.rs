@@ -25,7 +25,7 @@ use std::io::Write;
 use serde_json::{Value, json};
 use vramctl_core::audit::AuditRecord;
 
-use super::{ImportError, Rows, rfc3339, truncate};
+use super::{ImportError, Rows, rfc3339, shown};
 use crate::codec::{self, Entry, State};
 use crate::db::Store;
 use crate::model::{
@@ -365,6 +365,7 @@ pub(crate) fn import(
                             path: rows.path.to_path_buf(),
                             at: rfc3339(t),
                             last: rfc3339(last),
+                            why: "an export is imported only after the history's end".into(),
                         });
                     }
                 }
@@ -386,7 +387,7 @@ pub(crate) fn import(
                                 line_no,
                                 format!(
                                     "value '{}' names no declared series",
-                                    truncate(&item.to_string(), 40)
+                                    shown(&item.to_string(), 40)
                                 ),
                             )
                         })?;
@@ -468,10 +469,7 @@ pub(crate) fn import(
                 audits.push(record);
             }
             other => {
-                rows.bad(
-                    line_no,
-                    format!("unknown line type '{}'", truncate(other, 20)),
-                )?;
+                rows.bad(line_no, format!("unknown line type '{}'", shown(other, 20)))?;
             }
         }
     }
@@ -574,6 +572,19 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                     v.map_or_else(|| Observed::Missing(missing(field)), Observed::Value)
                 };
                 let num = |f: &str| d.get(f).and_then(Value::as_u64);
+                // The sanity rules of live readings (the file may have been edited, or
+                // written by a vramctl before them).
+                let others: Vec<u64> = ["reserved_bytes", "free_bytes"]
+                    .into_iter()
+                    .filter_map(mem)
+                    .collect();
+                if let Some(why) = vramctl_core::sanity::memory_problem(
+                    mem("total_bytes"),
+                    mem("used_bytes"),
+                    &others,
+                ) {
+                    return Err(format!("impossible memory: {why}"));
+                }
                 let metrics = vec![
                     (Metric::UsedBytes, obs(mem("used_bytes"), "memory")),
                     (Metric::ReservedBytes, obs(mem("reserved_bytes"), "memory")),
@@ -603,9 +614,18 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                                 .and_then(Value::as_u64)
                                 .and_then(|p| u32::try_from(p).ok())
                                 .ok_or("a process without a valid 'pid'")?;
+                            let used_bytes = p.get("used_bytes").and_then(Value::as_u64);
+                            if let Some(why) = vramctl_core::sanity::process_problem(
+                                pid,
+                                used_bytes,
+                                mem("total_bytes"),
+                                super::IMPORT_LIMITS,
+                            ) {
+                                return Err(format!("impossible process entry: {why}"));
+                            }
                             out.push(ProcessOnDevice {
                                 pid,
-                                used_bytes: p.get("used_bytes").and_then(Value::as_u64),
+                                used_bytes,
                                 sm_percent: None,
                             });
                             if !tick.processes.iter().any(|x| x.meta.key.pid == pid) {

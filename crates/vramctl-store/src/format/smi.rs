@@ -8,15 +8,27 @@
 //! record are ignored (and listed in the report). Rows of one loop share a timestamp and
 //! become one tick.
 //!
-//! Fields are split at commas: nvidia-smi does not quote, so a process name containing a
-//! comma cannot be told apart (it is rejected as a row with too many fields).
+//! Rows are read as CSV (the `csv` crate): nvidia-smi's own unquoted rows, and the quoted
+//! fields `vramctl export` writes for a command line holding a comma, a quote or a newline.
+//! nvidia-smi itself does not quote, so in its own logs a process name with a comma still
+//! cannot be told apart (rejected as a row with too many fields).
+//!
+//! A value's own unit wins over the column's (`quantity.rs`), and every row passes the
+//! same sanity rules as live readings (`vramctl_core::sanity`): used above total, a figure
+//! no GPU can have, PID 0 — such a row is a bad row with its file:line.
+//!
+//! An apps log without `gpu_uuid` or `gpu_bus_id` (`--query-compute-apps=timestamp,pid,
+//! used_gpu_memory`, a common line) is put on one GPU: `--gpu`, else the only GPU of the
+//! other files or of the history, else a single unnamed GPU ([`super::UNNAMED_GPU`]); with
+//! several GPUs known and no `--gpu` it is refused, naming them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use jiff::tz::TimeZone;
 
-use super::{ImportError, ImportOptions, Rows, truncate};
+use super::quantity::{ColumnUnit, split_header};
+use super::{Companion, IMPORT_LIMITS, ImportError, ImportOptions, Rows, shown};
 use crate::db::Store;
 use crate::error::StoreError;
 use crate::model::{
@@ -28,40 +40,65 @@ const MIB: u64 = 1 << 20;
 const TIME_FORMAT: &str = "%Y/%m/%d %H:%M:%S%.3f";
 
 /// A column of a `--query-gpu` log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 enum GpuColumn {
     Timestamp,
     Index,
     Uuid,
     Name,
     PciBusId,
-    Value(Metric),
+    Value(Metric, ColumnUnit),
     Ignored(String),
 }
 
-fn gpu_column(name: &str) -> GpuColumn {
-    match name {
+fn gpu_metric(name: &str) -> Option<Metric> {
+    Some(match name {
+        "memory.total" => Metric::TotalBytes,
+        "memory.used" => Metric::UsedBytes,
+        "memory.free" => Metric::FreeBytes,
+        "memory.reserved" => Metric::ReservedBytes,
+        "utilization.gpu" => Metric::UtilizationGpuPercent,
+        "utilization.memory" => Metric::UtilizationMemoryPercent,
+        "temperature.gpu" => Metric::TemperatureC,
+        "power.draw" | "power.draw.instant" | "power.draw.average" => Metric::PowerMw,
+        _ => return None,
+    })
+}
+
+/// nvidia-smi's unit of a metric's column when the header names none (`nounits`, or a
+/// header without `[…]` as for `temperature.gpu`).
+fn default_unit(metric: Metric) -> &'static str {
+    match metric {
+        Metric::PowerMw => "W",
+        Metric::TemperatureC => "C",
+        Metric::UtilizationGpuPercent
+        | Metric::UtilizationMemoryPercent
+        | Metric::ProcessSmPercent => "%",
+        _ => "MiB",
+    }
+}
+
+fn gpu_column(header: &str) -> Result<GpuColumn, String> {
+    let (name, unit) = split_header(header);
+    Ok(match name.as_str() {
         "timestamp" => GpuColumn::Timestamp,
         "index" => GpuColumn::Index,
         "uuid" | "gpu_uuid" => GpuColumn::Uuid,
         "name" | "gpu_name" => GpuColumn::Name,
         "pci.bus_id" | "gpu_bus_id" => GpuColumn::PciBusId,
-        "memory.total" => GpuColumn::Value(Metric::TotalBytes),
-        "memory.used" => GpuColumn::Value(Metric::UsedBytes),
-        "memory.free" => GpuColumn::Value(Metric::FreeBytes),
-        "memory.reserved" => GpuColumn::Value(Metric::ReservedBytes),
-        "utilization.gpu" => GpuColumn::Value(Metric::UtilizationGpuPercent),
-        "utilization.memory" => GpuColumn::Value(Metric::UtilizationMemoryPercent),
-        "temperature.gpu" => GpuColumn::Value(Metric::TemperatureC),
-        "power.draw" | "power.draw.instant" | "power.draw.average" => {
-            GpuColumn::Value(Metric::PowerMw)
-        }
-        other => GpuColumn::Ignored(other.to_owned()),
-    }
+        other => match gpu_metric(other) {
+            Some(m) => GpuColumn::Value(
+                m,
+                ColumnUnit::new(m, unit.as_deref(), default_unit(m))
+                    .map_err(|e| format!("column '{}': {e}", shown(header.trim(), 40)))?,
+            ),
+            None => GpuColumn::Ignored(other.to_owned()),
+        },
+    })
 }
 
 /// A column of a `--query-compute-apps` log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 enum AppColumn {
     Timestamp,
     GpuName,
@@ -69,30 +106,30 @@ enum AppColumn {
     GpuUuid,
     Pid,
     ProcessName,
-    UsedMemory,
+    UsedMemory(ColumnUnit),
     Ignored(String),
 }
 
-fn app_column(name: &str) -> AppColumn {
-    match name {
+fn app_column(header: &str) -> Result<AppColumn, String> {
+    let (name, unit) = split_header(header);
+    Ok(match name.as_str() {
         "timestamp" => AppColumn::Timestamp,
         "gpu_name" => AppColumn::GpuName,
         "gpu_bus_id" => AppColumn::GpuBusId,
         "gpu_uuid" => AppColumn::GpuUuid,
         "pid" => AppColumn::Pid,
         "process_name" | "name" => AppColumn::ProcessName,
-        "used_gpu_memory" | "used_memory" => AppColumn::UsedMemory,
+        "used_gpu_memory" | "used_memory" => AppColumn::UsedMemory(
+            ColumnUnit::new(Metric::ProcessUsedBytes, unit.as_deref(), "MiB")
+                .map_err(|e| format!("column '{}': {e}", shown(header.trim(), 40)))?,
+        ),
         other => AppColumn::Ignored(other.to_owned()),
-    }
+    })
 }
 
 /// `memory.used [MiB]` → `memory.used`.
 fn column_name(header: &str) -> String {
-    header
-        .split_once(" [")
-        .map_or(header, |(name, _)| name)
-        .trim()
-        .to_ascii_lowercase()
+    split_header(header).0
 }
 
 /// Whether a line is a data row rather than a header (it starts with a timestamp or a
@@ -102,68 +139,75 @@ pub(crate) fn looks_like_data(line: &str) -> bool {
     first.starts_with(|c: char| c.is_ascii_digit()) || first.starts_with("GPU-")
 }
 
-/// The header's column names, and the line where data starts (0-based).
+/// A CSV record with the line it starts on.
+struct Record {
+    line: usize,
+    fields: Vec<String>,
+}
+
+/// The file's records (blank lines left out), read as CSV: quoted fields may hold commas,
+/// quotes and newlines; nvidia-smi's `, ` separators are trimmed.
+fn records(text: &str) -> Vec<Record> {
+    let text = text.trim_start_matches('\u{feff}');
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let mut out = Vec::new();
+    let mut record = csv::StringRecord::new();
+    loop {
+        let line = usize::try_from(reader.position().line()).unwrap_or(0);
+        match reader.read_record(&mut record) {
+            Ok(false) => break,
+            Ok(true) => {
+                if record.iter().all(str::is_empty) {
+                    continue;
+                }
+                let line = record
+                    .position()
+                    .map_or(line, |p| usize::try_from(p.line()).unwrap_or(line));
+                out.push(Record {
+                    line,
+                    fields: record.iter().map(str::to_owned).collect(),
+                });
+            }
+            // Input is already text; a reader error cannot repeat, so stop at it.
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// The header's column names (with their units), and the index where data starts.
 fn header(
-    lines: &[(usize, &str)],
+    records: &[Record],
     options: &ImportOptions,
     rows: &Rows<'_>,
 ) -> Result<(Vec<String>, usize), ImportError> {
-    let Some(&(line_no, first)) = lines.first() else {
+    let Some(first) = records.first() else {
         return Ok((Vec::new(), 0));
     };
-    if looks_like_data(first) {
+    if looks_like_data(first.fields.first().map_or("", String::as_str)) {
         let Some(columns) = &options.columns else {
             return Err(rows.fatal(
-                line_no,
+                first.line,
                 "no header line (written with 'noheader'); pass the column list with --columns",
             ));
         };
-        return Ok((columns.iter().map(|c| column_name(c)).collect(), 0));
+        return Ok((columns.clone(), 0));
     }
-    Ok((first.split(',').map(column_name).collect(), 1))
-}
-
-/// Non-empty lines with 1-based numbers; header lines repeated later (nvidia-smi restarted
-/// into the same file) are skipped.
-fn lines(text: &str) -> Vec<(usize, &str)> {
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| {
-            (
-                i + 1,
-                l.trim_start_matches('\u{feff}').trim_end_matches('\r'),
-            )
-        })
-        .filter(|(_, l)| !l.trim().is_empty())
-        .collect()
+    Ok((first.fields.clone(), 1))
 }
 
 /// A value: `[N/A]`, `[Not Supported]`… are missing with a reason; else a number with an
-/// optional unit.
-fn value(field: &str, metric: Metric) -> Result<Observed, String> {
+/// optional unit, in the column's unit when it has none.
+fn value(field: &str, unit: ColumnUnit) -> Result<Observed, String> {
     let field = field.trim();
     if let Some(reason) = missing_reason(field) {
         return Ok(Observed::Missing(reason));
     }
-    let number = field.split_whitespace().next().unwrap_or("");
-    let x: f64 = number
-        .parse()
-        .map_err(|_| format!("'{}' is not a number", truncate(field, 30)))?;
-    if !x.is_finite() || x < 0.0 {
-        return Err(format!("'{field}' is not a usable value"));
-    }
-    let scaled = match metric {
-        Metric::UsedBytes
-        | Metric::ReservedBytes
-        | Metric::FreeBytes
-        | Metric::TotalBytes
-        | Metric::ProcessUsedBytes => x * MIB as f64,
-        Metric::PowerMw => x * 1000.0,
-        _ => x,
-    };
-    // Finite and non-negative, checked above; nvidia-smi's values are far below 2^53.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(Observed::Value(scaled.round() as u64))
+    unit.read(field).map(Observed::Value)
 }
 
 fn missing_reason(field: &str) -> Option<String> {
@@ -177,7 +221,7 @@ fn missing_reason(field: &str) -> Option<String> {
         "Not Supported" => "not supported".into(),
         "Insufficient Permissions" | "No Permission" => "no permission".into(),
         "N/A" => "N/A".into(),
-        other => other.to_ascii_lowercase(),
+        other => shown(&other.to_ascii_lowercase(), 40),
     })
 }
 
@@ -195,12 +239,17 @@ fn timestamp(field: &str, tz: &TimeZone) -> Result<i64, String> {
     let dt = jiff::civil::DateTime::strptime("%Y/%m/%d %H:%M:%S%.f", field).map_err(|_| {
         format!(
             "'{}' is not a time like 2026/11/29 20:31:31.715",
-            truncate(field, 40)
+            shown(field, 40)
         )
     })?;
     dt.to_zoned_datetime(tz.clone())
         .map(|z| z.timestamp().as_millisecond())
-        .map_err(|e| format!("'{field}' is not a time in the given zone: {e}"))
+        .map_err(|e| {
+            format!(
+                "'{}' is not a time in the given zone: {e}",
+                shown(field, 40)
+            )
+        })
 }
 
 fn device_uuid(uuid: Option<&str>, bus: Option<&str>, index: Option<u32>) -> String {
@@ -214,6 +263,7 @@ fn device_uuid(uuid: Option<&str>, bus: Option<&str>, index: Option<u32>) -> Str
 
 fn note_ignored(rows: &mut Rows<'_>, names: impl Iterator<Item = String>) {
     for name in names {
+        let name = shown(&name, 60);
         if !rows.ignored.contains(&name) {
             rows.ignored.push(name);
         }
@@ -223,15 +273,21 @@ fn note_ignored(rows: &mut Rows<'_>, names: impl Iterator<Item = String>) {
 /// Parses a `--query-gpu` log into ticks (one per timestamp).
 ///
 /// # Errors
-/// A missing timestamp column or header; with `strict`, the first bad row.
+/// A missing timestamp column or header, a header unit that is not the column's; with
+/// `strict`, the first bad row.
 pub(crate) fn parse_gpu(
     text: &str,
     options: &ImportOptions,
     rows: &mut Rows<'_>,
 ) -> Result<Vec<TickSample>, ImportError> {
-    let lines = lines(text);
-    let (names, start) = header(&lines, options, rows)?;
-    let columns: Vec<GpuColumn> = names.iter().map(|n| gpu_column(n)).collect();
+    let records = records(text);
+    let (names, start) = header(&records, options, rows)?;
+    let header_line = records.first().map_or(1, |r| r.line);
+    let columns: Vec<GpuColumn> = names
+        .iter()
+        .map(|n| gpu_column(n))
+        .collect::<Result<_, _>>()
+        .map_err(|e| rows.fatal(header_line, e))?;
     note_ignored(
         rows,
         columns.iter().filter_map(|c| match c {
@@ -239,22 +295,25 @@ pub(crate) fn parse_gpu(
             _ => None,
         }),
     );
-    let header_line = lines.first().map_or(1, |l| l.0);
     if !columns.contains(&GpuColumn::Timestamp) {
         return Err(rows.fatal(
             header_line,
             "no 'timestamp' column; add timestamp to --query-gpu",
         ));
     }
-    let header_text = (start == 1).then(|| lines[0].1);
+    let stamp_at = columns
+        .iter()
+        .position(|c| *c == GpuColumn::Timestamp)
+        .unwrap_or(0);
+    let header_fields = (start == 1).then(|| records[0].fields.clone());
     let mut ticks: Vec<TickSample> = Vec::new();
     let mut last_stamp = String::new();
-    for &(line_no, line) in &lines[start..] {
-        if Some(line) == header_text {
+    for record in &records[start..] {
+        let (line_no, fields) = (record.line, &record.fields);
+        if Some(fields) == header_fields.as_ref() {
             continue;
         }
         rows.read += 1;
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         if fields.len() != columns.len() {
             rows.bad(
                 line_no,
@@ -270,7 +329,7 @@ pub(crate) fn parse_gpu(
         let (mut uuid, mut bus, mut index, mut name) = (None, None, None, None);
         let mut metrics = Vec::new();
         let mut error = None;
-        for (column, field) in columns.iter().zip(&fields) {
+        for (column, field) in columns.iter().zip(fields) {
             match column {
                 GpuColumn::Timestamp => match timestamp(field, &options.tz) {
                     Ok(t) => at = Some(t),
@@ -278,12 +337,12 @@ pub(crate) fn parse_gpu(
                 },
                 GpuColumn::Index => match field.parse::<u32>() {
                     Ok(i) => index = Some(i),
-                    Err(_) => error = Some(format!("index '{field}' is not a number")),
+                    Err(_) => error = Some(format!("index '{}' is not a number", shown(field, 30))),
                 },
-                GpuColumn::Uuid => uuid = Some((*field).to_owned()),
-                GpuColumn::Name => name = Some((*field).to_owned()),
-                GpuColumn::PciBusId => bus = Some((*field).to_owned()),
-                GpuColumn::Value(metric) => match value(field, *metric) {
+                GpuColumn::Uuid => uuid = Some(field.clone()),
+                GpuColumn::Name => name = Some(field.clone()),
+                GpuColumn::PciBusId => bus = Some(field.clone()),
+                GpuColumn::Value(metric, unit) => match value(field, *unit) {
                     Ok(v) => metrics.push((*metric, v)),
                     Err(e) => error = Some(format!("{}: {e}", metric.name())),
                 },
@@ -292,6 +351,9 @@ pub(crate) fn parse_gpu(
             if error.is_some() {
                 break;
             }
+        }
+        if error.is_none() {
+            error = memory_problem(&metrics).map(|why| format!("impossible memory: {why}"));
         }
         if let Some(e) = error {
             rows.bad(line_no, e)?;
@@ -311,10 +373,7 @@ pub(crate) fn parse_gpu(
                 processes: ProcessList::NotObserved,
             },
         };
-        let stamp = fields[columns
-            .iter()
-            .position(|c| *c == GpuColumn::Timestamp)
-            .unwrap_or(0)];
+        let stamp = fields[stamp_at].as_str();
         match ticks.last_mut() {
             Some(tick)
                 if stamp == last_stamp
@@ -329,7 +388,10 @@ pub(crate) fn parse_gpu(
                 if ticks.last().is_some_and(|t| at <= t.at_unix_ms) {
                     rows.bad(
                         line_no,
-                        format!("time '{stamp}' is not after the previous row's"),
+                        format!(
+                            "time '{}' is not after the previous row's",
+                            shown(stamp, 40)
+                        ),
                     )?;
                     continue;
                 }
@@ -345,18 +407,41 @@ pub(crate) fn parse_gpu(
     Ok(ticks)
 }
 
-/// Parses a `--query-compute-apps` log into ticks (one per timestamp).
+/// The sanity rule of live readings, on one row's memory figures.
+fn memory_problem(metrics: &[(Metric, Observed)]) -> Option<String> {
+    let get = |m: Metric| {
+        metrics.iter().find_map(|(metric, v)| match v {
+            Observed::Value(v) if *metric == m => Some(*v),
+            _ => None,
+        })
+    };
+    let others: Vec<u64> = [Metric::ReservedBytes, Metric::FreeBytes]
+        .into_iter()
+        .filter_map(get)
+        .collect();
+    vramctl_core::sanity::memory_problem(get(Metric::TotalBytes), get(Metric::UsedBytes), &others)
+}
+
+/// Parses a `--query-compute-apps` log into ticks (one per timestamp). `companion`: the
+/// GPUs (and their totals) of the other files and of the history.
 ///
 /// # Errors
-/// As [`parse_gpu`]; also a log without `pid` or without a GPU identity column.
+/// As [`parse_gpu`]; also a log without `pid`, and one without a GPU column whose rows
+/// cannot be put on one GPU ([`ImportError::Gpu`]).
 pub(crate) fn parse_apps(
     text: &str,
     options: &ImportOptions,
     rows: &mut Rows<'_>,
+    companion: &Companion,
 ) -> Result<Vec<TickSample>, ImportError> {
-    let lines = lines(text);
-    let (names, start) = header(&lines, options, rows)?;
-    let columns: Vec<AppColumn> = names.iter().map(|n| app_column(n)).collect();
+    let records = records(text);
+    let (names, start) = header(&records, options, rows)?;
+    let header_line = records.first().map_or(1, |r| r.line);
+    let columns: Vec<AppColumn> = names
+        .iter()
+        .map(|n| app_column(n))
+        .collect::<Result<_, _>>()
+        .map_err(|e| rows.fatal(header_line, e))?;
     note_ignored(
         rows,
         columns.iter().filter_map(|c| match c {
@@ -364,7 +449,6 @@ pub(crate) fn parse_apps(
             _ => None,
         }),
     );
-    let header_line = lines.first().map_or(1, |l| l.0);
     if !columns.contains(&AppColumn::Timestamp) {
         return Err(rows.fatal(
             header_line,
@@ -377,24 +461,38 @@ pub(crate) fn parse_apps(
             "no 'pid' column; add pid to --query-compute-apps",
         ));
     }
-    if !columns.contains(&AppColumn::GpuUuid) && !columns.contains(&AppColumn::GpuBusId) {
-        return Err(rows.fatal(
-            header_line,
-            "no 'gpu_uuid' or 'gpu_bus_id' column, so rows cannot be put on a GPU; add gpu_uuid",
-        ));
-    }
-    let header_text = (start == 1).then(|| lines[0].1);
+    let unnamed_gpu =
+        if columns.contains(&AppColumn::GpuUuid) || columns.contains(&AppColumn::GpuBusId) {
+            None
+        } else {
+            let (meta, how) = companion
+                .gpu_for_unnamed_rows(options.gpu.as_deref())
+                .map_err(|why| ImportError::Gpu {
+                    path: rows.path.to_path_buf(),
+                    why,
+                })?;
+            rows.notes.push(format!(
+                "'{}' has no GPU column: its rows are put on {how}",
+                rows.path.display()
+            ));
+            Some(meta)
+        };
+    let stamp_at = columns
+        .iter()
+        .position(|c| *c == AppColumn::Timestamp)
+        .unwrap_or(0);
+    let header_fields = (start == 1).then(|| records[0].fields.clone());
     let mut ticks: Vec<TickSample> = Vec::new();
     let mut last_stamp = String::new();
     // Every GPU seen so far gets an (maybe empty) process list at each timestamp, so a
     // process that leaves is seen to leave.
     let mut gpus: BTreeMap<String, DeviceMeta> = BTreeMap::new();
-    for &(line_no, line) in &lines[start..] {
-        if Some(line) == header_text {
+    for record in &records[start..] {
+        let (line_no, fields) = (record.line, &record.fields);
+        if Some(fields) == header_fields.as_ref() {
             continue;
         }
         rows.read += 1;
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         if fields.len() != columns.len() {
             rows.bad(
                 line_no,
@@ -410,21 +508,21 @@ pub(crate) fn parse_apps(
         let (mut uuid, mut bus, mut gpu_name, mut pid, mut pname, mut used) =
             (None, None, None, None, None, None);
         let mut error = None;
-        for (column, field) in columns.iter().zip(&fields) {
+        for (column, field) in columns.iter().zip(fields) {
             match column {
                 AppColumn::Timestamp => match timestamp(field, &options.tz) {
                     Ok(t) => at = Some(t),
                     Err(e) => error = Some(e),
                 },
-                AppColumn::GpuName => gpu_name = Some((*field).to_owned()),
-                AppColumn::GpuBusId => bus = Some((*field).to_owned()),
-                AppColumn::GpuUuid => uuid = Some((*field).to_owned()),
+                AppColumn::GpuName => gpu_name = Some(field.clone()),
+                AppColumn::GpuBusId => bus = Some(field.clone()),
+                AppColumn::GpuUuid => uuid = Some(field.clone()),
                 AppColumn::Pid => match field.parse::<u32>() {
                     Ok(p) => pid = Some(p),
-                    Err(_) => error = Some(format!("pid '{field}' is not a number")),
+                    Err(_) => error = Some(format!("pid '{}' is not a number", shown(field, 30))),
                 },
-                AppColumn::ProcessName => pname = Some((*field).to_owned()),
-                AppColumn::UsedMemory => match value(field, Metric::ProcessUsedBytes) {
+                AppColumn::ProcessName => pname = Some(field.clone()),
+                AppColumn::UsedMemory(unit) => match value(field, *unit) {
                     Ok(Observed::Value(v)) => used = Some(Some(v)),
                     Ok(Observed::Missing(_)) => used = Some(None),
                     Err(e) => error = Some(format!("used memory: {e}")),
@@ -435,6 +533,22 @@ pub(crate) fn parse_apps(
                 break;
             }
         }
+        let meta = match &unnamed_gpu {
+            Some(meta) => meta.clone(),
+            None => DeviceMeta {
+                uuid: device_uuid(uuid.as_deref(), bus.as_deref(), None),
+                index: None,
+                name: gpu_name,
+                pci_bus_id: bus,
+                parent_uuid: None,
+            },
+        };
+        if let (None, Some(pid)) = (&error, pid) {
+            let total = companion.totals.get(&meta.uuid).copied();
+            error =
+                vramctl_core::sanity::process_problem(pid, used.flatten(), total, IMPORT_LIMITS)
+                    .map(|why| format!("impossible process entry: {why}"));
+        }
         if let Some(e) = error {
             rows.bad(line_no, e)?;
             continue;
@@ -442,24 +556,17 @@ pub(crate) fn parse_apps(
         let (Some(at), Some(pid)) = (at, pid) else {
             continue;
         };
-        let meta = DeviceMeta {
-            uuid: device_uuid(uuid.as_deref(), bus.as_deref(), None),
-            index: None,
-            name: gpu_name,
-            pci_bus_id: bus,
-            parent_uuid: None,
-        };
         gpus.entry(meta.uuid.clone())
             .or_insert_with(|| meta.clone());
-        let stamp = fields[columns
-            .iter()
-            .position(|c| *c == AppColumn::Timestamp)
-            .unwrap_or(0)];
+        let stamp = fields[stamp_at].as_str();
         if stamp != last_stamp || ticks.is_empty() {
             if ticks.last().is_some_and(|t| at <= t.at_unix_ms) {
                 rows.bad(
                     line_no,
-                    format!("time '{stamp}' is not after the previous row's"),
+                    format!(
+                        "time '{}' is not after the previous row's",
+                        shown(stamp, 40)
+                    ),
                 )?;
                 continue;
             }
@@ -580,6 +687,9 @@ pub enum ExportError {
     /// Writing the output failed.
     #[error("cannot write the export: {0}")]
     Write(#[from] std::io::Error),
+    /// Writing a CSV record failed.
+    #[error("cannot write the export: {0}")]
+    Csv(#[from] csv::Error),
 }
 
 /// Default `--query-gpu` columns of [`export_gpu`].
@@ -627,6 +737,18 @@ fn format_time(unix_ms: i64, tz: &TimeZone) -> String {
                 .to_string()
         },
     )
+}
+
+/// nvidia-smi's `, ` between fields: a space starts every field after the first, so an
+/// export reads as nvidia-smi's own output; a field that needs quoting is quoted with its
+/// space inside (`, " python a,b"`), which the importer (and any CSV reader that trims)
+/// reads back as it was.
+fn smi_spacing(fields: impl IntoIterator<Item = String>) -> Vec<String> {
+    fields
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| if i == 0 { f } else { format!(" {f}") })
+        .collect()
 }
 
 /// Gaps by (device UUID, metric code or -1 for the whole device).
@@ -678,13 +800,16 @@ pub fn export_gpu(
         .map(column_name)
         .filter(|n| !n.is_empty())
         .collect();
-    let cols: Vec<GpuColumn> = names.iter().map(|n| gpu_column(n)).collect();
+    let cols: Vec<GpuColumn> = names
+        .iter()
+        .map(|n| gpu_column(n).unwrap_or_else(|_| GpuColumn::Ignored(n.clone())))
+        .collect();
     if let Some(GpuColumn::Ignored(n)) = cols.iter().find(|c| matches!(c, GpuColumn::Ignored(_))) {
         return Err(ExportError::Column(n.clone()));
     }
+    let mut out = super::csv_writer(out);
     if style.header {
-        let header: Vec<String> = names.iter().map(|n| header_name(n)).collect();
-        writeln!(out, "{}", header.join(", "))?;
+        out.write_record(smi_spacing(names.iter().map(|n| header_name(n))))?;
     }
     let devices: Vec<_> = store
         .devices()?
@@ -693,7 +818,7 @@ pub fn export_gpu(
         .collect();
     let gaps = GapIndex::load(store, range)?;
     let mut written = 0;
-    let mut failure: Option<std::io::Error> = None;
+    let mut failure: Option<csv::Error> = None;
     store.scan(range, |frame| {
         if failure.is_some() || frame.span_ms > 0 {
             return;
@@ -730,7 +855,7 @@ pub fn export_gpu(
                     GpuColumn::PciBusId => {
                         d.meta.pci_bus_id.clone().unwrap_or_else(|| "[N/A]".into())
                     }
-                    GpuColumn::Value(m) => {
+                    GpuColumn::Value(m, _) => {
                         match value_of(*m).and_then(crate::Entry::min_max_last) {
                             Some((_, _, last)) => format_value(*m, last, style.units),
                             None => missing_text(gaps.reason(&d.meta.uuid, *m, frame.t_ms)).into(),
@@ -739,7 +864,7 @@ pub fn export_gpu(
                     GpuColumn::Ignored(_) => String::new(),
                 })
                 .collect();
-            if let Err(e) = writeln!(out, "{}", fields.join(", ")) {
+            if let Err(e) = out.write_record(smi_spacing(fields)) {
                 failure = Some(e);
                 return;
             }
@@ -749,6 +874,7 @@ pub fn export_gpu(
     if let Some(e) = failure {
         return Err(e.into());
     }
+    out.flush()?;
     Ok(written)
 }
 
@@ -770,13 +896,16 @@ pub fn export_apps(
         .map(column_name)
         .filter(|n| !n.is_empty())
         .collect();
-    let cols: Vec<AppColumn> = names.iter().map(|n| app_column(n)).collect();
+    let cols: Vec<AppColumn> = names
+        .iter()
+        .map(|n| app_column(n).unwrap_or_else(|_| AppColumn::Ignored(n.clone())))
+        .collect();
     if let Some(AppColumn::Ignored(n)) = cols.iter().find(|c| matches!(c, AppColumn::Ignored(_))) {
         return Err(ExportError::Column(n.clone()));
     }
+    let mut out = super::csv_writer(out);
     if style.header {
-        let header: Vec<String> = names.iter().map(|n| header_name(n)).collect();
-        writeln!(out, "{}", header.join(", "))?;
+        out.write_record(smi_spacing(names.iter().map(|n| header_name(n))))?;
     }
     let devices: HashMap<i64, DeviceMeta> = store
         .devices()?
@@ -797,7 +926,7 @@ pub fn export_apps(
         .map(|(id, r)| (id, (r.meta.key.pid, r.meta.command)))
         .collect();
     let mut written = 0;
-    let mut failure: Option<std::io::Error> = None;
+    let mut failure: Option<csv::Error> = None;
     // (device, process, bytes) of one frame, in output order.
     let mut rows: Vec<(i64, i64, Option<u64>)> = Vec::new();
     store.scan(range, |frame| {
@@ -837,14 +966,14 @@ pub fn export_apps(
                     AppColumn::GpuUuid => meta.map_or_else(|| "[N/A]".into(), |m| m.uuid.clone()),
                     AppColumn::Pid => pid.to_string(),
                     AppColumn::ProcessName => command.unwrap_or("[N/A]").to_owned(),
-                    AppColumn::UsedMemory => used.map_or_else(
+                    AppColumn::UsedMemory(_) => used.map_or_else(
                         || "[N/A]".into(),
                         |v| format_value(Metric::ProcessUsedBytes, v, style.units),
                     ),
                     AppColumn::Ignored(_) => String::new(),
                 })
                 .collect();
-            if let Err(e) = writeln!(out, "{}", fields.join(", ")) {
+            if let Err(e) = out.write_record(smi_spacing(fields)) {
                 failure = Some(e);
                 return;
             }
@@ -854,6 +983,7 @@ pub fn export_apps(
     if let Some(e) = failure {
         return Err(e.into());
     }
+    out.flush()?;
     Ok(written)
 }
 
@@ -861,34 +991,38 @@ pub fn export_apps(
 mod tests {
     use super::*;
 
+    fn unit(metric: Metric) -> ColumnUnit {
+        ColumnUnit::new(metric, None, default_unit(metric)).unwrap()
+    }
+
     #[test]
     fn values_units_and_missing() {
         assert_eq!(
-            value("1234 MiB", Metric::UsedBytes),
+            value("1234 MiB", unit(Metric::UsedBytes)),
             Ok(Observed::Value(1234 * MIB))
         );
         assert_eq!(
-            value("1234", Metric::UsedBytes),
+            value("1234", unit(Metric::UsedBytes)),
             Ok(Observed::Value(1234 * MIB))
         );
         assert_eq!(
-            value("71.48 W", Metric::PowerMw),
+            value("71.48 W", unit(Metric::PowerMw)),
             Ok(Observed::Value(71_480))
         );
         assert_eq!(
-            value("45 %", Metric::UtilizationGpuPercent),
+            value("45 %", unit(Metric::UtilizationGpuPercent)),
             Ok(Observed::Value(45))
         );
         assert_eq!(
-            value("[N/A]", Metric::PowerMw),
+            value("[N/A]", unit(Metric::PowerMw)),
             Ok(Observed::Missing("N/A".into()))
         );
         assert_eq!(
-            value("[Not Supported]", Metric::PowerMw),
+            value("[Not Supported]", unit(Metric::PowerMw)),
             Ok(Observed::Missing("not supported".into()))
         );
         assert!(
-            value("lots", Metric::UsedBytes)
+            value("lots", unit(Metric::UsedBytes))
                 .unwrap_err()
                 .contains("'lots' is not a number")
         );

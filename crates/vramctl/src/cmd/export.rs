@@ -4,8 +4,8 @@
 use std::io::Write;
 
 use anyhow::{Context, anyhow};
+use vramctl_store::TimeRange;
 use vramctl_store::format::{ndjson, smi};
-use vramctl_store::{OpenMode, Store, TimeRange};
 
 use super::db_path;
 use super::history::{parse_when, time_zone};
@@ -33,7 +33,7 @@ pub fn run(global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<Exit> {
     if args.query.is_some() && args.format == ExportFormat::Ndjson {
         anyhow::bail!("--query chooses CSV columns; use it with --format smi-gpu or smi-apps");
     }
-    let mut store = Store::open(&db_path(global)?, OpenMode::ReadOnly)?;
+    let mut store = super::open_history(&db_path(global)?)?;
     let sink: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(
             std::fs::File::create(path)

@@ -15,7 +15,7 @@ use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl_store::{
-    DeviceRecord, Entry, Gap, Metric, OpenMode, ProcessRecord, Store, TimeRange, format::rfc3339,
+    DeviceRecord, Entry, Gap, Metric, ProcessRecord, Store, TimeRange, format::rfc3339,
     parse_duration_ms,
 };
 
@@ -184,7 +184,7 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     if args.audit {
         return audit::run(&db_path(global)?, args, range, &tz);
     }
-    let mut store = Store::open(&db_path(global)?, OpenMode::ReadOnly)?;
+    let mut store = super::open_history(&db_path(global)?)?;
     let devices = select_devices(store.devices()?, &args.gpu)?;
     let bounds = store.time_bounds()?;
     let step_ms = match args.step.as_deref() {
@@ -377,20 +377,73 @@ trait Sink {
 
 const DEVICE_METRICS: [Metric; 8] = Metric::DEVICE;
 
-struct Csv;
+/// `--format csv`, through the store's one CSV writer (`format::csv_writer`): a record is
+/// written into a small buffer and passed on, so a range streams in constant memory.
+struct Csv {
+    record: CsvRecord,
+}
 
 impl Csv {
     fn new() -> Self {
-        Self
+        Self {
+            record: CsvRecord::new(),
+        }
     }
 }
 
-fn csv_field(text: &str) -> String {
-    if text.contains([',', '"', '\n']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
-    } else {
-        text.to_owned()
+/// The store's CSV writer (`format::csv_writer`) over a buffer of one record, so that
+/// sinks writing to a `&mut dyn Write` given per call use it too.
+pub(crate) struct CsvRecord {
+    writer: csv::Writer<RecordBuf>,
+    buf: std::rc::Rc<std::cell::RefCell<Vec<u8>>>,
+}
+
+#[derive(Clone)]
+struct RecordBuf(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+impl Write for RecordBuf {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(data);
+        Ok(data.len())
     }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CsvRecord {
+    pub(crate) fn new() -> Self {
+        let buf = std::rc::Rc::new(std::cell::RefCell::new(Vec::with_capacity(512)));
+        Self {
+            writer: vramctl_store::format::csv_writer(RecordBuf(buf.clone())),
+            buf,
+        }
+    }
+}
+
+/// Writes `fields` as one CSV record to `out`.
+pub(crate) fn write_csv_record<I, T>(
+    record: &mut CsvRecord,
+    out: &mut dyn Write,
+    fields: I,
+) -> anyhow::Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: AsRef<[u8]>,
+{
+    record
+        .writer
+        .write_record(fields)
+        .context("cannot format a CSV record")?;
+    record
+        .writer
+        .flush()
+        .context("cannot format a CSV record")?;
+    let mut buf = record.buf.borrow_mut();
+    out.write_all(&buf).context("cannot write to stdout")?;
+    buf.clear();
+    Ok(())
 }
 
 impl Sink for Csv {
@@ -412,7 +465,7 @@ impl Sink for Csv {
         ]);
         header.extend(DEVICE_METRICS.iter().map(|m| m.name()));
         header.push("used_bytes_max");
-        writeln!(out, "{}", header.join(",")).context("cannot write to stdout")
+        write_csv_record(&mut self.record, out, header)
     }
 
     fn row(
@@ -457,12 +510,11 @@ impl Sink for Csv {
                     opt(dev.meta.index),
                 ]);
                 f.push(proc.map_or_else(String::new, |p| p.meta.key.pid.to_string()));
-                f.push(csv_field(
-                    proc.and_then(|p| p.meta.user.as_deref()).unwrap_or(""),
-                ));
-                f.push(csv_field(
-                    proc.and_then(|p| p.meta.command.as_deref()).unwrap_or(""),
-                ));
+                f.push(proc.and_then(|p| p.meta.user.clone()).unwrap_or_default());
+                f.push(
+                    proc.and_then(|p| p.meta.command.clone())
+                        .unwrap_or_default(),
+                );
                 f.extend([
                     agg.last.to_string(),
                     agg.min.to_string(),
@@ -471,7 +523,7 @@ impl Sink for Csv {
                 f.extend(std::iter::repeat_n(String::new(), DEVICE_METRICS.len() + 1));
             }
         }
-        writeln!(out, "{}", f.join(",")).context("cannot write to stdout")
+        write_csv_record(&mut self.record, out, f)
     }
 
     fn end(

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use vramctl_store::format::{Format, ImportOptions, import_files};
+use vramctl_store::format::{Format, ImportOptions, ImportReport, import_files};
 use vramctl_store::{OpenMode, Store};
 
 use super::db_path;
@@ -19,43 +19,28 @@ const LIST_AT_MOST: usize = 20;
 /// Runs `import`.
 pub fn run(global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<Exit> {
     let options = ImportOptions {
-        format: match args.format {
-            ImportFormat::Auto => None,
-            ImportFormat::SmiGpu => Some(Format::SmiGpu),
-            ImportFormat::SmiApps => Some(Format::SmiApps),
-            ImportFormat::Gpuz => Some(Format::Gpuz),
-            ImportFormat::Ndjson => Some(Format::Ndjson),
-        },
+        format: import_format(args.format),
         strict: args.strict,
         tz: time_zone(args.tz.as_deref())?,
         columns: args
             .columns
             .as_ref()
             .map(|c| c.split(',').map(|s| s.trim().to_owned()).collect()),
+        gpu: args.gpu.clone(),
     };
-    // An NDJSON file may be an export or `status --json` output; sniff which.
-    let mut options = options;
-    if options.format == Some(Format::Ndjson) {
-        if let Some(first) = args.files.first() {
-            let text = std::fs::read_to_string(first).unwrap_or_default();
-            options.format = Some(vramctl_store::format::sniff(first, &text, None)?);
-        }
-    }
     let path = db_path(global)?;
     let mut store = Store::open(&path, OpenMode::Append)?;
-    let report = import_files(&mut store, &args.files, &options)?;
+    let report = match import_files(&mut store, &args.files, &options) {
+        Ok(report) => report,
+        Err(err) => {
+            // Nothing was written; a database this import created goes again.
+            store.discard_if_created();
+            return Err(err.into());
+        }
+    };
     store.close()?;
     let mut err = std::io::stderr().lock();
-    for bad in report.skipped.iter().take(LIST_AT_MOST) {
-        let _ = writeln!(err, "vramctl: skipped {bad}");
-    }
-    if report.skipped.len() > LIST_AT_MOST {
-        let _ = writeln!(
-            err,
-            "vramctl: skipped {} more bad rows",
-            report.skipped.len() - LIST_AT_MOST
-        );
-    }
+    print_report_notes(&mut err, &report);
     if !report.ignored_columns.is_empty() {
         let _ = writeln!(
             err,
@@ -82,4 +67,33 @@ pub fn run(global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<Exit> {
         }
     );
     Ok(Exit::Ok)
+}
+
+/// `--format` of `import`, `leaks` and `plot`; `ndjson` covers both vramctl NDJSON kinds,
+/// which the importer tells apart per file.
+pub fn import_format(format: ImportFormat) -> Option<Format> {
+    match format {
+        ImportFormat::Auto => None,
+        ImportFormat::SmiGpu => Some(Format::SmiGpu),
+        ImportFormat::SmiApps => Some(Format::SmiApps),
+        ImportFormat::Gpuz => Some(Format::Gpuz),
+        ImportFormat::Ndjson => Some(Format::Ndjson),
+    }
+}
+
+/// The skipped rows (the first few one by one) and the notes of a report, on stderr.
+pub fn print_report_notes(err: &mut impl Write, report: &ImportReport) {
+    for note in &report.notes {
+        let _ = writeln!(err, "vramctl: note: {note}");
+    }
+    for bad in report.skipped.iter().take(LIST_AT_MOST) {
+        let _ = writeln!(err, "vramctl: skipped {bad}");
+    }
+    if report.skipped.len() > LIST_AT_MOST {
+        let _ = writeln!(
+            err,
+            "vramctl: skipped {} more bad rows",
+            report.skipped.len() - LIST_AT_MOST
+        );
+    }
 }

@@ -26,15 +26,15 @@ use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
     TrendTest, Verdict, explain,
 };
-use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rfc3339, sniff};
-use vramctl_store::{DeviceRecord, OpenMode, Store, TimeRange, parse_duration_ms};
+use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rfc3339};
+use vramctl_store::{DeviceRecord, Store, TimeRange, parse_duration_ms};
 
 pub use scan::{Finding, analyse};
 pub use watch::Host;
 
 use super::db_path;
 use super::history::{parse_when, select_devices, time_zone};
-use crate::cli::{AnalysisArgs, GlobalArgs, ImportFormat, LeaksArgs, SourceArgs};
+use crate::cli::{AnalysisArgs, GlobalArgs, LeaksArgs, SourceArgs};
 use crate::exit::Exit;
 use crate::output::units::parse_bytes;
 
@@ -46,9 +46,6 @@ const DEFAULT_SPAN_MS: i64 = 24 * 3_600_000;
 
 /// Commands longer than this are cut (with `…`) in the human output.
 const COMMAND_CHARS: usize = 40;
-
-/// Bad rows listed one by one with `--skip-bad-rows` before the rest are only counted.
-const LIST_AT_MOST: usize = 20;
 
 /// Runs `leaks`.
 pub fn run(global: &GlobalArgs, args: &LeaksArgs) -> anyhow::Result<Exit> {
@@ -144,10 +141,7 @@ pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Sou
     let tz = time_zone(args.tz.as_deref())?;
     let (mut store, kind) = if args.files.is_empty() {
         let path = db_path(global)?;
-        (
-            Store::open(&path, OpenMode::ReadOnly)?,
-            SourceKind::Store(path),
-        )
+        (super::open_history(&path)?, SourceKind::Store(path))
     } else {
         let mut store = Store::open_in_memory()?;
         let files = read_files(&mut store, args, &tz)?;
@@ -200,29 +194,17 @@ fn read_files(
     args: &SourceArgs,
     tz: &TimeZone,
 ) -> anyhow::Result<Vec<(PathBuf, Format)>> {
-    let mut options = ImportOptions {
-        format: match args.format {
-            ImportFormat::Auto => None,
-            ImportFormat::SmiGpu => Some(Format::SmiGpu),
-            ImportFormat::SmiApps => Some(Format::SmiApps),
-            ImportFormat::Gpuz => Some(Format::Gpuz),
-            ImportFormat::Ndjson => Some(Format::Ndjson),
-        },
+    let options = ImportOptions {
+        format: super::import::import_format(args.format),
         strict: !args.skip_bad_rows,
         tz: tz.clone(),
         columns: args
             .columns
             .as_ref()
             .map(|c| c.split(',').map(|s| s.trim().to_owned()).collect()),
+        // `--gpu` also names the GPU of an apps log without a GPU column (one is enough).
+        gpu: args.gpu.first().cloned(),
     };
-    // `--format ndjson` covers both vramctl NDJSON kinds (an export, `status --json`).
-    if options.format == Some(Format::Ndjson) {
-        if let Some(first) = args.files.first() {
-            let text = std::fs::read_to_string(first)
-                .with_context(|| format!("cannot read '{}'", first.display()))?;
-            options.format = Some(sniff(first, &text, None)?);
-        }
-    }
     let report = import_files(store, &args.files, &options).map_err(|e| match e {
         // Import's own hint speaks of `import --strict`; here the switch is another.
         ImportError::Bad(row) => {
@@ -230,17 +212,7 @@ fn read_files(
         }
         other => anyhow::Error::from(other),
     })?;
-    let mut err = std::io::stderr().lock();
-    for bad in report.skipped.iter().take(LIST_AT_MOST) {
-        let _ = writeln!(err, "vramctl: skipped {bad}");
-    }
-    if report.skipped.len() > LIST_AT_MOST {
-        let _ = writeln!(
-            err,
-            "vramctl: skipped {} more bad rows",
-            report.skipped.len() - LIST_AT_MOST
-        );
-    }
+    super::import::print_report_notes(&mut std::io::stderr().lock(), &report);
     Ok(report.files)
 }
 

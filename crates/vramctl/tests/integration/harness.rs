@@ -87,3 +87,71 @@ pub fn free_pids(n: usize) -> Vec<u32> {
         .take(n)
         .collect()
 }
+
+/// `vramctl`, `libfake_nvml.so` and a scenario copied into a fresh directory that every
+/// user may enter and read, for tests that run vramctl as another uid: a checkout (and its
+/// `target/`) may sit in a directory only its owner can enter (`/root/…`, any 0700
+/// directory), where another uid cannot execute the binary or load the library (EACCES).
+/// Files are hard-linked where the filesystem allows it (the binary is large), else copied.
+pub struct Portable {
+    /// The directory (0755, under `/tmp`); removed when dropped.
+    pub dir: tempfile::TempDir,
+    bin: PathBuf,
+    lib: PathBuf,
+    scenario: PathBuf,
+}
+
+impl Portable {
+    /// Copies the binary, the fake library and `scenario_path`.
+    pub fn new(scenario_path: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let base = Path::new("/tmp");
+        let dir = if base.is_dir() {
+            tempfile::tempdir_in(base)
+        } else {
+            tempfile::tempdir()
+        }
+        .expect("a temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the temp dir");
+        let place = |from: &Path, name: &str, mode: u32| {
+            let to = dir.path().join(name);
+            if std::fs::hard_link(from, &to).is_err() {
+                std::fs::copy(from, &to).expect("copy into the temp dir");
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+                    .expect("chmod");
+            }
+            to
+        };
+        let bin = place(&assert_cmd::cargo::cargo_bin("vramctl"), "vramctl", 0o755);
+        let lib = place(&fake_library(), "libfake_nvml.so", 0o755);
+        let scenario = dir.path().join("scenario.toml");
+        std::fs::copy(scenario_path, &scenario).expect("copy the scenario");
+        std::fs::set_permissions(&scenario, std::fs::Permissions::from_mode(0o644))
+            .expect("chmod the scenario");
+        Self {
+            dir,
+            bin,
+            lib,
+            scenario,
+        }
+    }
+
+    /// The same clean environment as [`vramctl_std`], on the copies.
+    pub fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.bin);
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("VRAMCTL_NVML_LIB", &self.lib)
+            .env("FAKE_NVML_SCENARIO", &self.scenario)
+            .env("FAKE_NVML_TIME", "0")
+            .env("NO_COLOR", "1")
+            .current_dir(self.dir.path());
+        cmd
+    }
+
+    /// The copied scenario.
+    pub fn scenario(&self) -> &Path {
+        &self.scenario
+    }
+}

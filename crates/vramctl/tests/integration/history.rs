@@ -68,6 +68,19 @@ fn record(scenario: &Path, db: &Path, ticks: u64) -> std::process::Output {
         .expect("run vramctl")
 }
 
+/// Neither the database nor any of its companion files exists.
+fn assert_left_nothing(db: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal", ".lock"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        assert!(
+            !Path::new(&name).exists(),
+            "'{}' was left behind",
+            Path::new(&name).display()
+        );
+    }
+}
+
 fn ok(output: &std::process::Output) -> String {
     assert!(
         output.status.success(),
@@ -713,12 +726,8 @@ fn bad_rows_are_reported_by_file_and_line_and_skipped_or_rejected() {
         "{stderr}"
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    let store = Store::open(&dir.path().join("strict.db"), OpenMode::ReadOnly).unwrap();
-    assert_eq!(
-        store.last_sample_ms().unwrap(),
-        None,
-        "strict wrote nothing"
-    );
+    // Strict wrote nothing: not even an empty database or its lock file.
+    assert_left_nothing(&dir.path().join("strict.db"));
 }
 
 #[test]
@@ -900,10 +909,212 @@ fn a_truncated_export_is_rejected_whole() {
         stderr.contains(&format!("cut.ndjson:{line}: not JSON")),
         "{stderr}"
     );
-    let store = Store::open(&b, OpenMode::ReadOnly).unwrap();
-    assert_eq!(
-        store.last_sample_ms().unwrap(),
-        None,
-        "nothing of it was kept"
+    assert_left_nothing(&b);
+}
+
+/// Runs `args` of vramctl (from `portable`) as a user who cannot write `db`: as root, as
+/// uid 65534 (root ignores file modes, so only another uid proves anything); otherwise as
+/// ourselves, after the caller's chmod.
+fn as_reader(
+    portable: &crate::harness::Portable,
+    db: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = portable.command();
+    cmd.arg("--db").arg(db).args(args);
+    if crate::real_processes::is_root() {
+        cmd.uid(65534).gid(65534);
+    }
+    cmd.output().expect("run vramctl")
+}
+
+/// Every reader, on `db`: they succeed, and nothing they print speaks of writing.
+fn readers_succeed(portable: &crate::harness::Portable, db: &Path, case: &str) {
+    let plot = std::env::temp_dir().join(format!(
+        "vramctl-ro-{}-{}.svg",
+        std::process::id(),
+        case.replace(' ', "-")
+    ));
+    let plot_arg = plot.display().to_string();
+    let readers: [&[&str]; 5] = [
+        &["history", "--since", "all"],
+        &["export"],
+        &["export", "--format", "smi-apps"],
+        &["leaks", "--since", "all"],
+        &["plot", "--since", "all", "-o", &plot_arg],
+    ];
+    for args in readers {
+        let out = as_reader(portable, db, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{case}: vramctl {args:?} failed ({}): {stderr}",
+            out.status
+        );
+        assert!(!stderr.contains("write"), "{case}: {args:?}: {stderr}");
+        assert!(!out.stdout.is_empty(), "{case}: {args:?} printed nothing");
+    }
+    let _ = std::fs::remove_file(&plot);
+    // `top --replay` opens the recording before it asks for a terminal: without one, its
+    // error is about the terminal, not about the database.
+    let out = as_reader(
+        portable,
+        db,
+        &["top", "--replay", &db.display().to_string()],
     );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("needs a terminal"),
+        "{case}: top --replay: {stderr}"
+    );
+}
+
+#[test]
+fn readers_open_a_history_they_cannot_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = crate::real_processes::is_root();
+    let dir = tempfile::tempdir().unwrap();
+    let portable = crate::harness::Portable::new(&write_scenario(dir.path(), ""));
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    // A history recorded by its owner (root in CI), in a directory the reader may enter.
+    let place = portable.dir.path().join("state");
+    std::fs::create_dir(&place).unwrap();
+    let db = place.join("history.db");
+    ok(&record(portable.scenario(), &db, 6));
+    assert!(db.exists());
+
+    // The file read-only (0444) in a directory the reader cannot write either.
+    mode(&db, 0o444);
+    mode(&place, 0o555);
+    readers_succeed(&portable, &db, "0444 file in a 0555 directory");
+    // The file writable by its owner only (0644, as a recorder leaves it), the directory
+    // too: the reader can create no -shm, so SQLite reads the file as immutable.
+    mode(&place, 0o755);
+    mode(&db, 0o644);
+    if !root {
+        // As ourselves, only modes can stop us.
+        mode(&db, 0o444);
+        mode(&place, 0o555);
+    }
+    readers_succeed(&portable, &db, "another user's history");
+
+    // While the owner's recorder is running (its -wal and -shm are there, read-only to
+    // the reader).
+    let mut recorder = crate::harness::vramctl_std(portable.scenario())
+        .env_remove("FAKE_NVML_TIME")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "100ms"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the recorder");
+    if root {
+        mode(&place, 0o755);
+        mode(&db, 0o644);
+        let shm = place.join("history.db-shm");
+        // The recorder's first tick creates the -shm; wait for it, boundedly.
+        for _ in 0..100 {
+            if shm.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(
+            shm.exists(),
+            "the recorder never opened its write-ahead log"
+        );
+        readers_succeed(&portable, &db, "a running recorder's history");
+    }
+    let _ = recorder.kill();
+    let _ = recorder.wait();
+    mode(&place, 0o755);
+    mode(&db, 0o644);
+}
+
+#[test]
+fn a_history_that_cannot_be_read_says_read_not_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let portable = crate::harness::Portable::new(&write_scenario(dir.path(), ""));
+    let place = portable.dir.path().join("state");
+    std::fs::create_dir(&place).unwrap();
+    let db = place.join("history.db");
+    ok(&record(portable.scenario(), &db, 2));
+    if !crate::real_processes::is_root() {
+        eprintln!("skipped: a file we own and cannot read needs another uid (id -u is not 0)");
+        return;
+    }
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = as_reader(&portable, &db, &["history", "--since", "all"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read the history database"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("write"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // In a directory the reader may not enter: not "no history database" either.
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = as_reader(&portable, &db, &["export"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read the history database") && stderr.contains("ermission denied"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("write"), "{stderr}");
+    std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn a_directory_given_as_db_is_a_clear_error_and_nothing_is_left_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = write_scenario(dir.path(), "");
+    for args in [
+        &["history"][..],
+        &["export"],
+        &["leaks"],
+        &["import", "--tz", "UTC"],
+        &["record", "--ticks", "1"],
+    ] {
+        let mut cmd = vramctl(&scenario);
+        cmd.arg("--db").arg(dir.path()).args(args);
+        if args[0] == "import" {
+            cmd.arg(fixture("smi-gpu-h200.csv"));
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.trim(),
+            format!(
+                "vramctl: error: '{}' is a directory, not a history database; point --db / \
+                 VRAMCTL_DB at a file, e.g. a 'history.db' inside that directory",
+                dir.path().display()
+            ),
+            "{args:?}"
+        );
+    }
+    let mut lock = dir.path().as_os_str().to_owned();
+    lock.push(".lock");
+    assert!(
+        !Path::new(&lock).exists(),
+        "a lock file beside the directory"
+    );
+    // A reader given a path that does not exist creates nothing either.
+    let missing = dir.path().join("none/history.db");
+    for args in [&["history"][..], &["export"], &["leaks"]] {
+        let out = vramctl(&scenario)
+            .arg("--db")
+            .arg(&missing)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+    assert!(!dir.path().join("none").exists());
 }

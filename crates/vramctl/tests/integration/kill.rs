@@ -1,13 +1,14 @@
 //! `vramctl kill` against real processes listed in fake-NVML scenarios: they end, the fake
 //! frees their memory, vramctl says so; and everything it must refuse, it refuses.
 
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 use vramctl_core::audit::AuditOutcome;
 
-use crate::harness::{redactions, vramctl_std};
+use crate::harness::{Portable, redactions, vramctl_std};
 use crate::real_processes::{
     Holder, Scenario, audit_rows, ends, is_root, shell, sleeper, term_ignorer, tree,
 };
@@ -369,8 +370,22 @@ fn another_users_process_is_refused_unless_root() {
     let target = crate::real_processes::spawn(&mut command);
     let pid = target.pid().to_string();
     let scenario = Scenario::new(1, &[Holder::real(0, target.pid(), "1 GiB")]);
-    // vramctl as uid 65533: neither root nor the owner.
-    let out = output(kill(&scenario, &["--yes", &pid]).uid(65533).gid(65533));
+    // vramctl as uid 65533: neither root nor the owner. It runs from a copy another uid may
+    // execute wherever the checkout is (a 0700 home directory gave EACCES), and keeps its
+    // audit log in the copy's directory, which that uid may write.
+    let portable = Portable::new(scenario.path());
+    let audit_dir = portable.dir.path().join("state");
+    std::fs::create_dir(&audit_dir).expect("mkdir");
+    std::fs::set_permissions(&audit_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let out = output(
+        portable
+            .command()
+            .env("VRAMCTL_DB", audit_dir.join("history.db"))
+            .stdin(Stdio::null())
+            .args(["kill", "--yes", &pid])
+            .uid(65533)
+            .gid(65533),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         text(&out).contains(&format!(

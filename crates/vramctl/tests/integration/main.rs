@@ -3,6 +3,7 @@
 
 mod harness;
 mod history;
+mod import;
 mod info;
 mod kill;
 mod leaks;

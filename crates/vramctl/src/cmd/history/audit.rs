@@ -13,9 +13,9 @@ use serde::Serialize;
 use vramctl_core::audit::AuditOutcome;
 use vramctl_core::procinfo::ProcessIdentity;
 use vramctl_store::format::rfc3339;
-use vramctl_store::{AuditRow, OpenMode, Store, TimeRange};
+use vramctl_store::{AuditRow, TimeRange};
 
-use super::csv_field;
+use super::write_csv_record;
 use crate::cli::{HistoryArgs, HistoryFormat};
 use crate::cmd::leaks::{clock, same_day};
 use crate::exit::Exit;
@@ -114,7 +114,7 @@ pub fn run(
     range: TimeRange,
     tz: &TimeZone,
 ) -> anyhow::Result<Exit> {
-    let store = Store::open(db, OpenMode::ReadOnly)?;
+    let store = crate::cmd::open_history(db)?;
     let rows: Vec<AuditRow> = store
         .audit_rows(range)?
         .into_iter()
@@ -146,7 +146,8 @@ fn write(
             writeln!(out).context(io)?;
         }
         HistoryFormat::Csv => {
-            writeln!(out, "{CSV_COLUMNS}").context(io)?;
+            let mut record = super::CsvRecord::new();
+            write_csv_record(&mut record, out, CSV_COLUMNS.split(','))?;
             for row in rows {
                 let r = &row.record;
                 let (name, _) = outcome(&r.outcome);
@@ -179,8 +180,7 @@ fn write(
                     r.target_command.clone(),
                     r.reason.clone(),
                 ];
-                let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
-                writeln!(out, "{}", line.join(",")).context(io)?;
+                write_csv_record(&mut record, out, &fields)?;
             }
         }
         HistoryFormat::Table => {

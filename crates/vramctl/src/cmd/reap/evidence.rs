@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use vramctl_core::analysis::{LeakConfig, SeriesReport};
-use vramctl_store::{OpenMode, Store, TimeRange};
+use vramctl_store::TimeRange;
 
 use crate::cmd::leaks::analyse;
 
@@ -110,8 +110,8 @@ pub fn read_history(
     if !history.exists || pids.is_empty() {
         return Ok(history);
     }
-    let mut store = Store::open(path, OpenMode::ReadOnly)
-        .context("cannot read the history for idle evidence")?;
+    let mut store =
+        crate::cmd::open_history(path).context("cannot read the history for idle evidence")?;
     let Some((_, last)) = store.time_bounds()? else {
         return Ok(history);
     };

@@ -15,7 +15,7 @@ use std::path::Path;
 use vramctl::tui::observe::Observation;
 use vramctl::tui::verdict::{ReplayJudge, Verdicts, verdict_of};
 use vramctl_core::analysis::LeakConfig;
-use vramctl_store::{OpenMode, Store, TimeRange};
+use vramctl_store::{Store, TimeRange};
 
 use crate::cmd::leaks::{Finding, analyse};
 
@@ -40,7 +40,7 @@ impl StoreJudge {
     pub fn open(path: &Path, cfg: LeakConfig) -> anyhow::Result<Self> {
         let idle_ms = i64::try_from(cfg.idle_for.as_millis()).unwrap_or(i64::MAX);
         Ok(Self {
-            store: Store::open(path, OpenMode::ReadOnly)?,
+            store: crate::cmd::open_history(path)?,
             span_ms: idle_ms.saturating_add(IDLE_MARGIN_MS).max(MIN_SPAN_MS),
             cfg,
             warned: false,
@@ -210,7 +210,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("h.db");
         {
-            let mut store = Store::open(&path, OpenMode::Append).expect("store");
+            let mut store = Store::open(&path, vramctl_store::OpenMode::Append).expect("store");
             for t in 0..300 {
                 store.append(&tick(t)).expect("append");
             }
