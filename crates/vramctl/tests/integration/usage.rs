@@ -150,6 +150,24 @@ fn driver_not_loaded_says_so() {
 }
 
 #[test]
+fn driver_messages_keep_their_capitals() {
+    // nvml-wrapper's "NVIDIA driver is not loaded" once read "nVIDIA driver ...": only our
+    // own words are lowered, never a name the driver's message starts with.
+    let output = vramctl_on("fault-driver-not-loaded.toml")
+        .arg("status")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(": NVIDIA driver is not loaded;"), "{stderr}");
+    let output = vramctl_on("fault-version-mismatch.toml")
+        .arg("status")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(": RM detects a driver/library"), "{stderr}");
+}
+
+#[test]
 fn version_mismatch_says_to_reboot() {
     let output = vramctl_on("fault-version-mismatch.toml")
         .arg("info")
