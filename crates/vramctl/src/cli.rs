@@ -55,6 +55,18 @@ pub enum ColorChoice {
     Never,
 }
 
+impl ColorChoice {
+    /// Whether to colour a stream that is (or is not) a terminal: `auto` colours a terminal
+    /// when `NO_COLOR` is unset or empty.
+    pub fn enabled(self, is_terminal: bool) -> bool {
+        match self {
+            Self::Always => true,
+            Self::Never => false,
+            Self::Auto => is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Devices and the processes holding their memory, now

@@ -9,6 +9,7 @@ mod cli;
 mod cmd;
 mod exit;
 mod exporter;
+mod logging;
 mod output;
 mod recorder;
 
@@ -28,7 +29,7 @@ fn main() -> ExitCode {
             return Exit::Ok.into();
         }
         Err(err) => {
-            eprintln!("vramctl: error: {}", usage_error_line(&err));
+            print_error(&usage_error_line(&err));
             return Exit::Usage.into();
         }
     };
@@ -37,24 +38,48 @@ fn main() -> ExitCode {
         cli::Command::Record(args) => ("info", args.log_file.as_deref()),
         _ => ("error", None),
     };
-    if let Err(err) = init_logging(cli.global.verbose, default_level, log_file) {
-        eprintln!("vramctl: error: {err:#}");
-        return Exit::Usage.into();
+    let dropped = match logging::init(
+        cli.global.verbose,
+        default_level,
+        log_file,
+        cli.global.color,
+    ) {
+        Ok(dropped) => dropped,
+        Err(err) => {
+            print_error(&format!("{err:#}"));
+            return Exit::Usage.into();
+        }
+    };
+    let outcome = cmd::run(&cli);
+    if dropped.count() > 0 {
+        // Once, at exit: to the log file when there is one (it may work again); on a
+        // closed stderr this line is dropped too, harmlessly.
+        tracing::warn!(
+            dropped_lines = dropped.count(),
+            "Some log lines could not be written."
+        );
     }
-    match cmd::run(&cli) {
+    match outcome {
         Ok(exit) => exit.into(),
         Err(err) => {
             let exit = exit::classify(&err);
             if exit != Exit::Ok {
                 // One line, so scripts and logs keep the whole story together.
                 match exit::hint(&err) {
-                    Some(hint) => eprintln!("vramctl: error: {err:#}; {hint}"),
-                    None => eprintln!("vramctl: error: {err:#}"),
+                    Some(hint) => print_error(&format!("{err:#}; {hint}")),
+                    None => print_error(&format!("{err:#}")),
                 }
             }
             exit.into()
         }
     }
+}
+
+/// `vramctl: error: <line>` on stderr; nothing (and no panic, as `eprintln!` would) when
+/// stderr is closed.
+fn print_error(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "vramctl: error: {line}");
 }
 
 /// clap's first line (`unexpected argument '--foo' found`) with a pointer to `--help`,
@@ -72,36 +97,4 @@ fn usage_error_line(err: &clap::Error) -> String {
         first = format!("{stem}: {}", lines.next().unwrap_or(""));
     }
     format!("{}; see 'vramctl --help'", first.trim())
-}
-
-fn init_logging(
-    verbose: u8,
-    default_level: &str,
-    log_file: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let default = match verbose {
-        0 => default_level,
-        1 => "info",
-        2 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VRAMCTL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match log_file {
-        Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open the log file '{}'", path.display()))?;
-            builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init();
-        }
-        None => builder.with_writer(std::io::stderr).init(),
-    }
-    Ok(())
 }

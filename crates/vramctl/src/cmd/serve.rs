@@ -13,6 +13,7 @@
 //! waiting, time moving by `--interval` per sample, and keeps serving the last sample; with
 //! the fake NVML's `step` clock the exposition is then deterministic.
 
+use std::io::Write as _;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
@@ -119,7 +120,11 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     // Serve only once there is something to serve; tests and scripts read this line.
     let _ = ready_rx.recv();
     let scheme = if web.tls.is_some() { "https" } else { "http" };
-    eprintln!("vramctl: serving {scheme}://{address}/metrics");
+    // Never `eprintln!` in a daemon: it panics when stderr is closed.
+    let _ = writeln!(
+        std::io::stderr(),
+        "vramctl: serving {scheme}://{address}/metrics"
+    );
 
     let settings = ServerSettings {
         web,
@@ -155,7 +160,11 @@ fn open_recorder(
     let interval_ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
     store.begin_session(&session("serve", interval_ms))?;
     tracing::info!(db = %path.display(), interval_ms, retain, "Recording.");
-    eprintln!("vramctl: recording history into {}", path.display());
+    let _ = writeln!(
+        std::io::stderr(),
+        "vramctl: recording history into {}",
+        path.display()
+    );
     let feed = StoreFeed::start(store, retention, channel_capacity(interval_ms), false)?;
     // Only with /proc labels is /proc read for identities: with `nvml` or `none` the daemon
     // may run without the host's PID namespace, where /proc numbers other processes.

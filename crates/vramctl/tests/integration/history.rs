@@ -907,3 +907,74 @@ fn a_truncated_export_is_rejected_whole() {
         "nothing of it was kept"
     );
 }
+
+/// A pipe whose reader is gone: every write to it fails with EPIPE.
+fn closed_pipe() -> Stdio {
+    let mut reader = std::process::Command::new("true")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("run true");
+    let writer = reader.stdin.take().expect("the pipe's write end");
+    reader.wait().expect("true exits");
+    Stdio::from(writer)
+}
+
+#[test]
+fn a_closed_stderr_does_not_stop_the_recorder() {
+    // `record 2>&1 | head -1`: tracing reported the failed log write with eprintln!, which
+    // panicked (exit 101) before the first frame.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    let status = vramctl_std(&write_scenario(dir.path(), ""))
+        .env_remove("FAKE_NVML_TIME")
+        .env("VRAMCTL_LOG", "debug")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", "20"])
+        .args(["--simulated-clock", &T0.to_string()])
+        .stderr(closed_pipe())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let store = Store::open(&db, OpenMode::ReadOnly).unwrap();
+    assert_eq!(store.last_sample_ms().unwrap(), Some(T0 + 19_000));
+}
+
+fn record_stderr(dir: &Path, extra: &[&str]) -> String {
+    let db = dir.join(format!("h{}.db", extra.len()));
+    let output = vramctl(&write_scenario(dir, ""))
+        .env_remove("FAKE_NVML_TIME")
+        .env_remove("NO_COLOR")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", "2"])
+        .args(["--simulated-clock", &T0.to_string()])
+        .args(extra)
+        .output()
+        .expect("run vramctl");
+    ok(&output);
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn logs_are_coloured_only_when_asked_or_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    // stderr is a pipe here: no escapes by default, nor with --color never.
+    let auto = record_stderr(dir.path(), &[]);
+    assert!(auto.contains("Recording."), "{auto}");
+    assert!(!auto.contains('\x1b'), "{auto:?}");
+    let never = record_stderr(dir.path(), &["--color", "never"]);
+    assert!(!never.contains('\x1b'), "{never:?}");
+    let always = record_stderr(dir.path(), &["--color", "always", "-v"]);
+    assert!(always.contains('\x1b'), "{always:?}");
+    // A log file never gets escapes.
+    let log = dir.path().join("record.log");
+    let log_arg = log.to_str().unwrap().to_owned();
+    record_stderr(
+        dir.path(),
+        &["--color", "always", "-v", "-v", "--log-file", &log_arg],
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("Recording."), "{text}");
+    assert!(!text.contains('\x1b'), "{text:?}");
+}

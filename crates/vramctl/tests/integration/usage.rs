@@ -158,7 +158,10 @@ fn driver_messages_keep_their_capitals() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains(": NVIDIA driver is not loaded;"), "{stderr}");
+    assert!(
+        stderr.contains(": NVIDIA driver is not loaded;"),
+        "{stderr}"
+    );
     let output = vramctl_on("fault-version-mismatch.toml")
         .arg("status")
         .output()
