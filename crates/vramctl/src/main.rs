@@ -28,10 +28,7 @@ fn main() -> ExitCode {
             let _ = err.print();
             return Exit::Ok.into();
         }
-        Err(err) => {
-            print_error(&usage_error_line(&err));
-            return Exit::Usage.into();
-        }
+        Err(err) => return usage_error(&err),
     };
     // The recorder is a daemon: it says what it does at info level, and may log to a file.
     let (default_level, log_file) = match &cli.command {
@@ -82,19 +79,67 @@ fn print_error(line: &str) {
     let _ = writeln!(std::io::stderr(), "vramctl: error: {line}");
 }
 
-/// clap's first line (`unexpected argument '--foo' found`) with a pointer to `--help`,
-/// instead of its multi-line usage block: errors are one line.
-fn usage_error_line(err: &clap::Error) -> String {
+/// A command line clap refused: `vramctl` alone gets the help (on stderr: it is a usage
+/// error, exit 2); anything else one line, clap's first with its hints ("a similar
+/// argument exists: '--json'") and a pointer to the help of the command being typed.
+fn usage_error(err: &clap::Error) -> ExitCode {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let command = typed_subcommand(&args);
+    if command.is_none()
+        && matches!(
+            err.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand
+        )
+    {
+        use std::io::Write;
+        let help = Cli::command().render_help();
+        let _ = write!(std::io::stderr(), "{help}");
+        return Exit::Usage.into();
+    }
+    print_error(&usage_error_line(err, command.as_deref()));
+    Exit::Usage.into()
+}
+
+/// The subcommand named on the command line, if any (`status` in `vramctl --color never
+/// status --jsno`).
+fn typed_subcommand(args: &[std::ffi::OsString]) -> Option<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    args.iter()
+        .skip(1)
+        .filter_map(|arg| arg.to_str())
+        .filter(|arg| *arg != "help")
+        .find_map(|arg| cli.find_subcommand(arg).map(|c| c.get_name().to_owned()))
+}
+
+/// clap's message on one line: its first line, what it lists below it (missing
+/// arguments), its tips, and where to read more, instead of its multi-line usage block.
+fn usage_error_line(err: &clap::Error, command: Option<&str>) -> String {
     let text = err.to_string();
-    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    let mut first = lines
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"));
+    let mut line = lines
         .next()
         .unwrap_or("invalid command line")
         .trim_start_matches("error: ")
         .to_owned();
-    // "the following required arguments were not provided:" names them on the next line.
-    if let Some(stem) = first.strip_suffix(':') {
-        first = format!("{stem}: {}", lines.next().unwrap_or(""));
+    let (tips, items): (Vec<&str>, Vec<&str>) = lines.partition(|l| l.starts_with("tip: "));
+    // "the following required arguments were not provided:" names them on the next lines.
+    if let Some(stem) = line.strip_suffix(':') {
+        line = format!("{stem}: {}", items.join(", "));
     }
-    format!("{}; see 'vramctl --help'", first.trim())
+    for tip in tips {
+        line.push_str("; ");
+        line.push_str(tip.trim_start_matches("tip: "));
+    }
+    let help = match command {
+        Some(name) => format!("vramctl {name} --help"),
+        None => "vramctl --help".to_owned(),
+    };
+    format!("{}; see '{help}'", line.trim())
 }

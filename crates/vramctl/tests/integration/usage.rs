@@ -29,14 +29,65 @@ fn unknown_flag_is_one_line_and_exit_2() {
 }
 
 #[test]
-fn no_command_is_one_line_and_exit_2() {
-    let output = vramctl_on("h200-idle.toml").output().unwrap();
+fn no_command_prints_the_help_not_the_about_text() {
+    // It printed "vramctl: error: GPU memory (VRAM) manager for ...": the about text as an
+    // error. Without the environment variable (which clap counts as an argument given)
+    // and with it, `vramctl` alone shows the help, on stderr, exit 2.
+    for with_env in [false, true] {
+        let mut cmd = vramctl_on("h200-idle.toml");
+        if !with_env {
+            cmd.env_remove("VRAMCTL_NVML_LIB");
+        }
+        let output = cmd.output().unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        assert!(output.stdout.is_empty());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("Usage: vramctl"), "{stderr}");
+        assert!(stderr.contains("Commands:"), "{stderr}");
+        assert!(!stderr.contains("error:"), "{stderr}");
+    }
+}
+
+#[test]
+fn usage_errors_point_at_the_help_of_the_command_typed() {
+    let output = vramctl_on("h200-idle.toml")
+        .args(["--color", "never", "status", "--gpu"])
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    let lines = stderr_lines(&output);
     assert_eq!(
-        lines,
+        stderr_lines(&output),
         [
-            "vramctl: error: 'vramctl' requires a subcommand but one was not provided; see 'vramctl --help'"
+            "vramctl: error: a value is required for '--gpu <GPU>' but none was supplied; see 'vramctl status --help'"
+        ]
+    );
+    let output = vramctl_on("h200-idle.toml").arg("kill").output().unwrap();
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: the following required arguments were not provided: <PID>...; see 'vramctl kill --help'"
+        ]
+    );
+}
+
+#[test]
+fn did_you_mean_hints_stay_on_the_one_line() {
+    let output = vramctl_on("h200-idle.toml").arg("statsu").output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: unrecognized subcommand 'statsu'; a similar subcommand exists: 'status'; see 'vramctl --help'"
+        ]
+    );
+    let output = vramctl_on("h200-idle.toml")
+        .args(["status", "--jsno"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: unexpected argument '--jsno' found; a similar argument exists: '--json'; see 'vramctl status --help'"
         ]
     );
 }
