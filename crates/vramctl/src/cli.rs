@@ -2,6 +2,7 @@
 //! commands use happens in each command's `run`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -108,9 +109,10 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Refresh every SECS seconds until interrupted
-    #[arg(long, value_name = "SECS")]
-    pub watch: Option<f64>,
+    /// Refresh every DURATION until interrupted (e.g. 2s, 500ms, or seconds: 2; at least
+    /// 50ms)
+    #[arg(long, value_name = "DURATION", value_parser = interval)]
+    pub watch: Option<Duration>,
 
     /// With --watch: stop after N refreshes
     #[arg(long, value_name = "N", requires = "watch")]
@@ -143,9 +145,10 @@ pub struct ServeArgs {
     )]
     pub listen: String,
 
-    /// Seconds between samples of the GPUs (a scrape serves the latest sample)
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
-    pub interval: f64,
+    /// Time between samples of the GPUs (a scrape serves the latest sample; e.g. 1s,
+    /// 500ms, at least 50ms)
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = interval)]
+    pub interval: Duration,
 
     /// Per-process series per GPU, biggest holders first; the rest are counted in
     /// vramctl_device_process_series_dropped
@@ -157,10 +160,10 @@ pub struct ServeArgs {
     #[arg(long, value_enum, value_name = "SOURCE", default_value_t = crate::exporter::metadata::DetailsSource::Proc)]
     pub process_details: crate::exporter::metadata::DetailsSource,
 
-    /// Seconds over which vramctl_device_memory_used_max_bytes keeps the peak (at least
-    /// the scrape interval, so no spike falls between scrapes)
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
-    pub peak_window: f64,
+    /// How long vramctl_device_memory_used_max_bytes keeps the peak (e.g. 1m; at least the
+    /// scrape interval, so no spike falls between scrapes)
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = wait)]
+    pub peak_window: Duration,
 
     /// TLS and basic auth settings, in Prometheus exporter-toolkit's web config format
     #[arg(long = "web.config.file", value_name = "PATH")]
@@ -198,12 +201,12 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct RecordArgs {
     /// Time between samples (e.g. 1s, 500ms; at least 50ms)
-    #[arg(long, default_value = "1s", value_name = "DURATION")]
-    pub interval: String,
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = interval)]
+    pub interval: Duration,
 
-    /// Stop after this long (e.g. 10m); default: until SIGINT or SIGTERM
-    #[arg(long, value_name = "DURATION")]
-    pub duration: Option<String>,
+    /// Stop after this long (e.g. 10m, 1h30m); default: until SIGINT or SIGTERM
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub duration: Option<Duration>,
 
     /// How long to keep raw samples and downsampled buckets (e.g. raw=24h,1m=30d,1h=forever)
     #[arg(long, default_value = "raw=24h,1m=30d", value_name = "SPEC")]
@@ -260,8 +263,8 @@ pub struct HistoryArgs {
 
     /// Bucket length (e.g. 10s, 1m), or 'raw' for every sample; default: raw for csv and
     /// json, and for the table about 30 rows per series
-    #[arg(long, value_name = "DURATION")]
-    pub step: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = step)]
+    pub step: Option<Step>,
 
     /// Output format
     #[arg(long, value_enum, default_value_t = HistoryFormat::Table)]
@@ -376,12 +379,12 @@ pub struct AnalysisArgs {
     pub min_idle_mem: String,
 
     /// Idle holder: least time without GPU activity (e.g. 30m, 2h)
-    #[arg(long, value_name = "DURATION", default_value = "30m")]
-    pub idle_for: String,
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = positive_duration)]
+    pub idle_for: Duration,
 
     /// Growth within this time of a process's start is warm-up, never a leak (e.g. 5m)
-    #[arg(long, value_name = "DURATION", default_value = "0s")]
-    pub warmup: String,
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = duration)]
+    pub warmup: Duration,
 }
 
 /// Where the samples of `leaks` and `plot` come from, besides the history database.
@@ -454,9 +457,10 @@ pub struct LeaksArgs {
         long,
         value_name = "DURATION",
         default_value = "1s",
-        requires = "watch"
+        requires = "watch",
+        value_parser = interval
     )]
-    pub interval: String,
+    pub interval: Duration,
 
     /// With --watch: stop after N samples
     #[arg(long, value_name = "N", requires = "watch")]
@@ -491,9 +495,9 @@ pub struct PlotArgs {
                         (2>top.log) to keep them off the screen."
 )]
 pub struct TopArgs {
-    /// Seconds between samples (at least 0.1)
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
-    pub interval: f64,
+    /// Time between samples (e.g. 1s, 500ms; 100ms to 1h)
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = top_interval)]
+    pub interval: Duration,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
@@ -545,9 +549,10 @@ pub struct PsArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub min_mem: Option<u64>,
 
-    /// Measure CPU % over this many seconds; 0 averages over each process's lifetime
-    #[arg(long, value_name = "SECS", default_value_t = 0.2)]
-    pub cpu_interval: f64,
+    /// Measure CPU % over this long (e.g. 200ms, 1s; at most 1m); 0 averages over each
+    /// process's lifetime
+    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = cpu_interval)]
+    pub cpu_interval: Duration,
 }
 
 /// `ps --sort`.
@@ -584,9 +589,9 @@ pub struct KillArgs {
           value_parser = clap::builder::ValueParser::new(parse_signal))]
     pub signal: vramctl_core::signal::Signal,
 
-    /// Seconds to wait for the process to exit before sending SIGKILL
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub grace: f64,
+    /// How long to wait for the process to exit before sending SIGKILL (e.g. 10s, 1m)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub grace: Duration,
 
     /// Never send SIGKILL; report processes still running after --grace
     #[arg(long)]
@@ -604,9 +609,10 @@ pub struct KillArgs {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Seconds to wait, after the processes ended, for NVML to show their memory released
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub timeout: f64,
+    /// How long to wait, after the processes ended, for NVML to show their memory released
+    /// (e.g. 10s)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub timeout: Duration,
 
     /// Print JSON (schema in docs/json.md)
     #[arg(long)]
@@ -645,8 +651,8 @@ pub struct ReapArgs {
 
     /// Candidates: idle at least this long on every GPU they use (e.g. 30m, 2h) [default:
     /// 30m]
-    #[arg(long, value_name = "DURATION")]
-    pub idle_for: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
+    pub idle_for: Option<Duration>,
 
     /// Candidates: holding at least this much GPU memory over all GPUs (e.g. 4GiB)
     /// [default: 1GiB]
@@ -678,27 +684,29 @@ pub struct ReapArgs {
           value_parser = clap::builder::ValueParser::new(parse_signal))]
     pub signal: vramctl_core::signal::Signal,
 
-    /// Seconds to wait for a process to exit before sending SIGKILL
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub grace: f64,
+    /// How long to wait for a process to exit before sending SIGKILL (e.g. 10s, 1m)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub grace: Duration,
 
-    /// Seconds to wait, after the processes ended, for NVML to show their memory released
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub timeout: f64,
+    /// How long to wait, after the processes ended, for NVML to show their memory released
+    /// (e.g. 10s)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub timeout: Duration,
 
     /// Run a round every DURATION (e.g. 5m) until SIGINT/SIGTERM, watching the GPUs live
     /// between rounds
-    #[arg(long, value_name = "DURATION")]
-    pub every: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = round_period)]
+    pub every: Option<Duration>,
 
-    /// With --every: time between live samples (at least 50ms)
+    /// With --every: time between live samples (e.g. 5s; at least 50ms)
     #[arg(
         long,
         value_name = "DURATION",
         default_value = "5s",
-        requires = "every"
+        requires = "every",
+        value_parser = interval
     )]
-    pub interval: String,
+    pub interval: Duration,
 
     /// Time zone of the times shown (e.g. UTC); default: the system's
     #[arg(long, value_name = "TZ")]
@@ -716,6 +724,98 @@ pub struct ReapArgs {
     /// sample, without waiting
     #[arg(long, hide = true, value_name = "UNIX_MS")]
     pub simulated_clock: Option<i64>,
+}
+
+/// `history --step`: buckets of a length, or every sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `raw`: every sample.
+    Raw,
+    /// Buckets of this length.
+    Every(Duration),
+}
+
+/// Shortest sampling interval of the live loops (`record`, `serve`, `status --watch`,
+/// `leaks --watch`, `reap --every`): below it NVML calls and /proc reads dominate the
+/// machine.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Longest wait a flag accepts (`--grace`, `--timeout`, `--interval`): a day. Longer is a
+/// typo, and a daemon must not sleep past its next useful action.
+const MAX_WAIT: Duration = Duration::from_secs(86_400);
+
+/// Any duration, by the one parser (`vramctl_core::duration`): `500ms`, `2s`, `1h30m`,
+/// `1.5s`, or a bare number of seconds.
+fn duration(text: &str) -> Result<Duration, String> {
+    vramctl_core::duration::parse(text).map_err(|e| e.to_string())
+}
+
+use vramctl_core::duration::format as human;
+
+/// A duration within `min..=max`.
+fn duration_within(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let value = duration(text)?;
+    if value < min {
+        return Err(format!(
+            "'{}' is shorter than {min}; use {min} or more",
+            text.trim(),
+            min = human(min)
+        ));
+    }
+    if value > max {
+        return Err(format!(
+            "'{}' is longer than {max}; use {max} or less",
+            text.trim(),
+            max = human(max)
+        ));
+    }
+    Ok(value)
+}
+
+/// A sampling interval of a live loop: 50ms to a day.
+fn interval(text: &str) -> Result<Duration, String> {
+    duration_within(text, MIN_INTERVAL, MAX_WAIT)
+}
+
+/// `top --interval`: 100ms (a frame's drawing and /proc reads need it) to an hour.
+fn top_interval(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::from_millis(100), Duration::from_secs(3600))
+}
+
+/// A duration longer than 0 (`--idle-for`: "idle for no time" would make every holder
+/// idle).
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    let value = duration(text)?;
+    if value.is_zero() {
+        return Err(format!(
+            "'{}' must be longer than 0; use e.g. 30m",
+            text.trim()
+        ));
+    }
+    Ok(value)
+}
+
+/// `reap --every`: a round of the plan, at least a second apart.
+fn round_period(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::from_secs(1), Duration::MAX)
+}
+
+/// A wait (`--grace`, `--timeout`, `--peak-window`): 0 to a day.
+fn wait(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::ZERO, MAX_WAIT)
+}
+
+/// `ps --cpu-interval`: 0 (lifetime average) to a minute.
+fn cpu_interval(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::ZERO, Duration::from_secs(60))
+}
+
+/// `history --step`: `raw`, or a bucket length of at least a millisecond.
+fn step(text: &str) -> Result<Step, String> {
+    if text.trim() == "raw" {
+        return Ok(Step::Raw);
+    }
+    duration_within(text, Duration::from_millis(1), Duration::MAX).map(Step::Every)
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -736,5 +836,91 @@ mod tests {
     #[test]
     fn verify_cli() {
         Cli::command().debug_assert();
+    }
+
+    fn parses(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("vramctl").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Every flag that takes a time, as `[command line before the value]`.
+    const TIME_FLAGS: &[&[&str]] = &[
+        &["status", "--watch"],
+        &["serve", "--interval"],
+        &["serve", "--peak-window"],
+        &["record", "--interval"],
+        &["record", "--duration"],
+        &["history", "--step"],
+        &["leaks", "--idle-for"],
+        &["leaks", "--warmup"],
+        &["leaks", "--watch", "--interval"],
+        &["plot", "--idle-for"],
+        &["top", "--interval"],
+        &["top", "--idle-for"],
+        &["ps", "--cpu-interval"],
+        &["kill", "1", "--grace"],
+        &["kill", "1", "--timeout"],
+        &["reap", "--idle-for"],
+        &["reap", "--grace"],
+        &["reap", "--timeout"],
+        &["reap", "--every"],
+        &["reap", "--every", "5m", "--interval"],
+    ];
+
+    #[test]
+    fn every_time_flag_takes_the_same_duration_forms() {
+        // They took f64 seconds (--grace 10), strings without bare seconds (--interval
+        // 1s), or each their own parser; now one, so any form works on every flag.
+        for flag in TIME_FLAGS {
+            for value in ["1500ms", "1.5s", "1.5", "0m1s500ms", "2s", "2"] {
+                let args: Vec<&str> = flag.iter().copied().chain([value]).collect();
+                assert!(parses(&args).is_ok(), "{args:?}: {:?}", parses(&args).err());
+            }
+        }
+        for flag in [
+            ["record", "--duration"],
+            ["reap", "--idle-for"],
+            ["leaks", "--idle-for"],
+        ] {
+            let args = [flag[0], flag[1], "1h30m"];
+            assert!(parses(&args).is_ok(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_duration_is_refused_while_parsing_naming_the_flag() {
+        for flag in TIME_FLAGS {
+            let args: Vec<&str> = flag.iter().copied().chain(["soon"]).collect();
+            let err = parses(&args).unwrap_err();
+            let name = flag.last().unwrap();
+            assert!(
+                err.contains(&format!(
+                    "for '{name} <DURATION>': 'soon' is not a duration"
+                )),
+                "{args:?}: {err}"
+            );
+        }
+        let err = parses(&["record", "--interval", "10ms"]).unwrap_err();
+        assert!(
+            err.contains("'10ms' is shorter than 50ms; use 50ms or more"),
+            "{err}"
+        );
+        let err = parses(&["kill", "1", "--grace=-1s"]).unwrap_err();
+        assert!(err.contains("'-1s' is negative"), "{err}");
+        let err = parses(&["leaks", "--idle-for", "0s"]).unwrap_err();
+        assert!(err.contains("'0s' must be longer than 0"), "{err}");
+        let err = parses(&["top", "--interval", "2h"]).unwrap_err();
+        assert!(err.contains("'2h' is longer than 1h"), "{err}");
+    }
+
+    #[test]
+    fn step_is_raw_or_a_length() {
+        let step = |text: &str| match parses(&["history", "--step", text]).map(|c| c.command) {
+            Ok(Command::History(args)) => args.step,
+            _ => None,
+        };
+        assert_eq!(step("raw"), Some(Step::Raw));
+        assert_eq!(step("90"), Some(Step::Every(Duration::from_secs(90))));
+        assert_eq!(step("0s"), None);
     }
 }

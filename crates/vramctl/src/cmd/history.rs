@@ -14,13 +14,13 @@ use std::io::Write;
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
+use vramctl_core::duration::parse_ms as parse_duration_ms;
 use vramctl_store::{
     DeviceRecord, Entry, Gap, Metric, OpenMode, ProcessRecord, Store, TimeRange, format::rfc3339,
-    parse_duration_ms,
 };
 
 use super::db_path;
-use crate::cli::{GlobalArgs, HistoryArgs, HistoryFormat};
+use crate::cli::{GlobalArgs, HistoryArgs, HistoryFormat, Step};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use crate::output::units;
@@ -187,15 +187,9 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let mut store = Store::open(&db_path(global)?, OpenMode::ReadOnly)?;
     let devices = select_devices(store.devices()?, &args.gpu)?;
     let bounds = store.time_bounds()?;
-    let step_ms = match args.step.as_deref() {
-        Some("raw") => 0,
-        Some(s) => {
-            let ms = parse_duration_ms(s).map_err(|e| anyhow!("--step: {e}"))?;
-            if ms <= 0 {
-                bail!("--step '{s}' must be longer than 0");
-            }
-            ms
-        }
+    let step_ms = match args.step {
+        Some(Step::Raw) => 0,
+        Some(Step::Every(length)) => super::millis(length),
         None if args.format == HistoryFormat::Table => {
             let (lo, hi) = bounds.unwrap_or((0, 0));
             let span = range.to_ms.min(hi).saturating_sub(range.from_ms.max(lo));

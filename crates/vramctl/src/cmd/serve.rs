@@ -40,14 +40,13 @@ use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
-    let interval = seconds("--interval", args.interval, 0.05)?;
-    let peak_window = seconds("--peak-window", args.peak_window, 0.0)?;
+    let (interval, peak_window) = (args.interval, args.peak_window);
     if peak_window < interval {
         bail!(
             "--peak-window '{}' is shorter than --interval '{}'; make it at least the \
              scrape interval",
-            args.peak_window,
-            args.interval
+            vramctl_core::duration::format(peak_window),
+            vramctl_core::duration::format(interval)
         );
     }
     if args.max_requests == 0 {
@@ -170,12 +169,4 @@ fn open_recorder(
     // may run without the host's PID namespace, where /proc numbers other processes.
     let procs = Procs::new(procinfo::boot_id(), details == DetailsSource::Proc);
     Ok(HistoryRecorder::new(feed, procs))
-}
-
-fn seconds(flag: &str, value: f64, min: f64) -> anyhow::Result<Duration> {
-    if value.is_finite() && value >= min && value <= 86_400.0 {
-        Ok(Duration::from_secs_f64(value))
-    } else {
-        bail!("{flag} '{value}' is not a number of seconds between {min} and 86400")
-    }
 }

@@ -609,7 +609,7 @@ fn malformed_input_is_one_line_with_file_and_line() {
         ),
         (
             vec!["--idle-for".into(), "0s".into()],
-            "--idle-for '0s' must be longer than 0",
+            "invalid value '0s' for '--idle-for <DURATION>': '0s' must be longer than 0",
         ),
         (
             vec!["--watch".into(), notes.display().to_string()],

@@ -251,10 +251,37 @@ fn bad_watch_interval_is_exit_2() {
         .args(["status", "--watch", "0"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("--watch '0'"));
+        .stderr(predicate::str::contains(
+            "invalid value '0' for '--watch <DURATION>': '0' is shorter than 50ms",
+        ));
 }
 
 #[test]
 fn scenario_path_example_exists() {
     assert!(scenario("h200-idle.toml").exists());
+}
+
+#[test]
+fn time_flags_take_units_and_bare_seconds_alike() {
+    // `status --watch 50ms` was refused ("invalid float literal") while `record --interval`
+    // wanted a unit; both forms now reach every command.
+    for watch in ["50ms", "0.05", "0m0.05s"] {
+        let output = vramctl_on("h200-idle.toml")
+            .args(["status", "--json", "--watch", watch, "--count", "2"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{watch}: {output:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 2);
+    }
+    let output = vramctl_on("h200-idle.toml")
+        .args(["kill", "--grace", "soon", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: invalid value 'soon' for '--grace <DURATION>': 'soon' is not a duration; use e.g. 500ms, 2s, 1.5s, 1h30m or a number of seconds; see 'vramctl kill --help'"
+        ]
+    );
 }

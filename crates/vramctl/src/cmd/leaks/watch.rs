@@ -66,7 +66,7 @@ struct Ended {
 
 /// Runs `leaks --watch`.
 pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Result<Exit> {
-    let interval_ms = crate::cmd::parse_interval(&args.interval)?;
+    let interval_ms = crate::cmd::millis(args.interval);
     let tz = time_zone(args.source.tz.as_deref())?;
     let manual = args.simulated_clock.map(ManualClock::new);
     let clock_box: Box<dyn Clock> = match &manual {
