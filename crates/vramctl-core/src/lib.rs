@@ -23,6 +23,7 @@ pub mod sampler;
 pub mod sanity;
 pub mod signal;
 pub mod types;
+pub mod wall_time;
 
 pub use backend::nvml::NvmlBackend;
 pub use backend::{Backend, DeviceError, InitError};

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use vramctl_core::wall_time::When;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -244,14 +245,14 @@ pub enum HistoryFormat {
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
-    /// Start: a duration back from now (10m, 24h), 'all', or a time (RFC 3339 or
-    /// 'YYYY-MM-DD HH:MM[:SS]' local) [default: 1h; with --audit: all]
-    #[arg(long, value_name = "WHEN")]
-    pub since: Option<String>,
+    /// Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a time (RFC 3339
+    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: 1h; with --audit: all]
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
 
     /// End (same forms as --since); default: now
-    #[arg(long, value_name = "WHEN")]
-    pub until: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
@@ -270,7 +271,8 @@ pub struct HistoryArgs {
     #[arg(long, value_enum, default_value_t = HistoryFormat::Table)]
     pub format: HistoryFormat,
 
-    /// Time zone for the table's times (e.g. UTC, Europe/Paris); default: the system's
+    /// Time zone of the times shown and of local --since/--until (e.g. UTC, Europe/Paris);
+    /// default: TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 
@@ -298,12 +300,12 @@ pub struct ExportArgs {
     pub format: ExportFormat,
 
     /// Start (as for history); default: the beginning
-    #[arg(long, value_name = "WHEN")]
-    pub since: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
 
     /// End (as for history); default: now
-    #[arg(long, value_name = "WHEN")]
-    pub until: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
 
     /// Write here instead of stdout
     #[arg(short, long, value_name = "FILE")]
@@ -317,7 +319,8 @@ pub struct ExportArgs {
     #[arg(long, default_value = "csv", value_name = "FORMAT")]
     pub csv_format: String,
 
-    /// Time zone of CSV timestamps (nvidia-smi writes local time); default: the system's
+    /// Time zone of CSV timestamps (nvidia-smi writes local time) and of local
+    /// --since/--until; default: TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 }
@@ -351,7 +354,8 @@ pub struct ImportArgs {
     #[arg(long)]
     pub strict: bool,
 
-    /// Time zone of timestamps without one (nvidia-smi, GPU-Z write local time); default: the system's
+    /// Time zone of timestamps without one (nvidia-smi, GPU-Z write local time); default:
+    /// TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 
@@ -408,15 +412,15 @@ pub struct SourceArgs {
     #[arg(long)]
     pub skip_bad_rows: bool,
 
-    /// Start: a duration back from now (10m), 'all', RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]'
-    /// local; default: for the history, the 24 hours before its last sample; for files,
-    /// everything
-    #[arg(long, value_name = "WHEN")]
-    pub since: Option<String>,
+    /// Start: a duration back from now (10m, -1h), 'all', 'now', RFC 3339 or 'YYYY-MM-DD
+    /// HH:MM[:SS]' in --tz; default: for the history, the 24 hours before its last sample;
+    /// for files, everything
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
 
     /// End (same forms as --since); default: the last sample
-    #[arg(long, value_name = "WHEN")]
-    pub until: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
@@ -427,7 +431,7 @@ pub struct SourceArgs {
     pub pid: Vec<u32>,
 
     /// Time zone of times shown, and of log timestamps without one (nvidia-smi writes
-    /// local time); default: the system's
+    /// local time); default: TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 }
@@ -506,6 +510,11 @@ pub struct TopArgs {
     /// Disable every action (kill); for shared screens
     #[arg(long)]
     pub readonly: bool,
+
+    /// Time zone of the times shown (e.g. UTC, Europe/Paris); default: TZ, else the
+    /// system's
+    #[arg(long, value_name = "TZ")]
+    pub tz: Option<String>,
 
     /// Browse a recording (a history database: vramctl record, serve --record, import)
     /// instead of sampling now; live, the charts' past comes from --db when it exists
@@ -708,7 +717,8 @@ pub struct ReapArgs {
     )]
     pub interval: Duration,
 
-    /// Time zone of the times shown (e.g. UTC); default: the system's
+    /// Time zone of the times shown (e.g. UTC, Europe/Paris); default: TZ, else the
+    /// system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 
@@ -808,6 +818,13 @@ fn wait(text: &str) -> Result<Duration, String> {
 /// `ps --cpu-interval`: 0 (lifetime average) to a minute.
 fn cpu_interval(text: &str) -> Result<Duration, String> {
     duration_within(text, Duration::ZERO, Duration::from_secs(60))
+}
+
+/// `--since` / `--until`: a duration back from now (`10m`, `-10m`), `all`, `now`, RFC 3339
+/// or a local `YYYY-MM-DD HH:MM[:SS]` (`vramctl_core::wall_time`).
+fn when(text: &str) -> Result<When, String> {
+    text.parse()
+        .map_err(|e: vramctl_core::wall_time::WallTimeError| e.to_string())
 }
 
 /// `history --step`: `raw`, or a bucket length of at least a millisecond.

@@ -25,6 +25,7 @@ use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
     TrendTest, Verdict, explain,
 };
+use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rfc3339, sniff};
 use vramctl_store::{DeviceRecord, OpenMode, Store, TimeRange};
 
@@ -32,7 +33,7 @@ pub use scan::{Finding, analyse};
 pub use watch::Host;
 
 use super::db_path;
-use super::history::{parse_when, select_devices, time_zone};
+use super::history::select_devices;
 use crate::cli::{AnalysisArgs, GlobalArgs, ImportFormat, LeaksArgs, SourceArgs};
 use crate::exit::Exit;
 use crate::output::units::parse_bytes;
@@ -132,7 +133,7 @@ pub struct Source {
 /// Opens the history, or reads the files into an in-memory store, and resolves the range
 /// and devices. Shared by `leaks` and `plot`.
 pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Source> {
-    let tz = time_zone(args.tz.as_deref())?;
+    let tz = wall_time::zone(args.tz.as_deref())?;
     let (mut store, kind) = if args.files.is_empty() {
         let path = db_path(global)?;
         (
@@ -147,11 +148,11 @@ pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Sou
     let bounds = store.time_bounds()?;
     let now = jiff::Timestamp::now().as_millisecond();
     let until = match &args.until {
-        Some(u) => parse_when(u, now, &tz).context("--until")?,
+        Some(u) => u.resolve(now, &tz).context("--until")?,
         None => i64::MAX,
     };
     let since = match &args.since {
-        Some(s) => parse_when(s, now, &tz).context("--since")?,
+        Some(s) => s.resolve(now, &tz).context("--since")?,
         None => match (&kind, bounds) {
             (SourceKind::Store(_), Some((_, last))) => {
                 last.min(until).saturating_sub(DEFAULT_SPAN_MS)
@@ -162,7 +163,10 @@ pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Sou
     if since > until {
         bail!(
             "--since '{}' is after --until",
-            args.since.as_deref().unwrap_or("")
+            args.since
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default()
         );
     }
     let range = match bounds {
@@ -258,33 +262,6 @@ pub fn rank(v: Verdict) -> u8 {
         Verdict::Sawtooth => 3,
         Verdict::Stable => 4,
     }
-}
-
-/// `HH:MM:SS` in `tz`, with the date when `with_date`.
-pub fn clock(tz: &TimeZone, t_unix_ms: i64, with_date: bool) -> String {
-    let format = if with_date {
-        "%Y-%m-%d %H:%M:%S"
-    } else {
-        "%H:%M:%S"
-    };
-    jiff::Timestamp::from_millisecond(t_unix_ms).map_or_else(
-        |_| t_unix_ms.to_string(),
-        |ts| {
-            ts.to_zoned_datetime(tz.clone())
-                .strftime(format)
-                .to_string()
-        },
-    )
-}
-
-/// Whether two times fall on the same day in `tz`.
-pub fn same_day(tz: &TimeZone, a: i64, b: i64) -> bool {
-    let day = |t: i64| {
-        jiff::Timestamp::from_millisecond(t)
-            .ok()
-            .map(|ts| ts.to_zoned_datetime(tz.clone()).date())
-    };
-    day(a) == day(b)
 }
 
 /// `GPU 0`, or the UUID when the index was not recorded (an nvidia-smi
@@ -440,9 +417,10 @@ fn human(source: &Source, findings: &[Finding]) -> Vec<String> {
     };
     lines.push(String::new());
     lines.push(format!(
-        "{verdicts} {among}, {} → {} ({})",
+        "{verdicts} {among}, {} → {} {} ({})",
         clock(tz, first, true),
         clock(tz, last, dated),
+        wall_time::zone_label(tz, first),
         vramctl_core::analysis::human_duration((last - first) as f64 / 1000.0),
     ));
     lines

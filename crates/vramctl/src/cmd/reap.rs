@@ -43,12 +43,11 @@ use self::judge::{
     Context as JudgeContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
 };
 use self::policy::{Policy, PolicyJson};
-use super::history::time_zone;
 use super::kill::release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
     still_held, verify_release,
 };
-use super::leaks::{Host, clock, same_day};
+use super::leaks::Host;
 use super::ps::{GpuHolding, holdings};
 use super::record::{stop_signals, wait_next_tick};
 use super::{GpuFilter, db_path};
@@ -56,6 +55,8 @@ use crate::audit::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapArgs};
 use crate::exit::Exit;
 use crate::output::units;
+use vramctl_core::wall_time::zone as time_zone;
+use vramctl_core::wall_time::{clock, same_day};
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
@@ -553,7 +554,7 @@ impl Runner<'_> {
         };
         lines.push(format!(
             "reap{round} at {}{}",
-            clock(&self.tz, now, true),
+            vramctl_core::wall_time::labelled(&self.tz, now),
             if r.dry_run { " (dry run)" } else { "" }
         ));
         for p in &self.policies {
