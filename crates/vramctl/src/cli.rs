@@ -26,14 +26,19 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options every command accepts.
+/// Options every command accepts, and where the history and NVML are, wherever given.
+///
+/// `--db` and `--nvml-lib` are flags of the commands that use them (so `status --help` does
+/// not list `--db`); given before the command (`vramctl --db x.db record`), as before, they
+/// are still taken, hidden from the help. [`Cli::resolved`] settles them here: the
+/// command's flag, else the one before the command, else `VRAMCTL_DB` / `VRAMCTL_NVML_LIB`.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
     /// NVML library to load instead of libnvidia-ml.so.1
-    #[arg(long, global = true, env = "VRAMCTL_NVML_LIB", value_name = "PATH")]
+    #[arg(long, hide = true, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
 
-    /// When to colour output
+    /// When to colour output (auto: on a terminal, unless NO_COLOR is set)
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
 
@@ -41,9 +46,69 @@ pub struct GlobalArgs {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
-    /// History database [default: $XDG_STATE_HOME/vramctl/history.db]
-    #[arg(long, global = true, env = "VRAMCTL_DB", value_name = "PATH")]
+    /// History database
+    #[arg(long, hide = true, value_name = "PATH")]
     pub db: Option<PathBuf>,
+}
+
+/// `--db`, on the commands that read or write the history (or its audit log).
+#[derive(Debug, Clone, Default, Args)]
+pub struct DbArg {
+    /// History database [default: VRAMCTL_DB, else $XDG_STATE_HOME/vramctl/history.db]
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+/// `--nvml-lib`, on the commands that talk to the GPUs.
+#[derive(Debug, Clone, Default, Args)]
+pub struct NvmlArg {
+    /// NVML library to load [default: VRAMCTL_NVML_LIB, else libnvidia-ml.so.1]
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The command line with `--db` and `--nvml-lib` settled into [`GlobalArgs`] (see
+    /// there), where every command reads them.
+    #[must_use]
+    pub fn resolved(mut self) -> Self {
+        let (db, nvml) = self.command.locations();
+        let from_env = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        self.global.db = db
+            .or_else(|| self.global.db.take())
+            .or_else(|| from_env("VRAMCTL_DB"));
+        self.global.nvml_lib = nvml
+            .or_else(|| self.global.nvml_lib.take())
+            .or_else(|| from_env("VRAMCTL_NVML_LIB"));
+        self
+    }
+}
+
+impl Command {
+    /// `--db` and `--nvml-lib` as given after the command.
+    fn locations(&self) -> (Option<PathBuf>, Option<PathBuf>) {
+        let db = |d: &DbArg| d.db.clone();
+        let nvml = |n: &NvmlArg| n.nvml_lib.clone();
+        match self {
+            Self::Status(a) => (None, nvml(&a.nvml)),
+            Self::Info(a) => (None, nvml(&a.nvml)),
+            Self::Ps(a) => (None, nvml(&a.nvml)),
+            Self::Kill(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Reap(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Serve(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Top(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Record(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::History(a) => (db(&a.db), None),
+            Self::Export(a) => (db(&a.db), None),
+            Self::Import(a) => (db(&a.db), None),
+            Self::Leaks(a) => (db(&a.source.db), nvml(&a.nvml)),
+            Self::Plot(a) => (db(&a.source.db), None),
+        }
+    }
 }
 
 /// When to colour output.
@@ -106,6 +171,9 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Print JSON (schema in docs/json.md); with --watch, one object per line (NDJSON)
     #[arg(long)]
     pub json: bool,
@@ -126,6 +194,9 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct InfoArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Print JSON (schema in docs/json.md)
     #[arg(long)]
     pub json: bool,
@@ -137,6 +208,12 @@ pub struct InfoArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Address to listen on (use 0.0.0.0:9835 to be scraped from other hosts)
     #[arg(
         long,
@@ -201,6 +278,12 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Time between samples (e.g. 1s, 500ms; at least 50ms)
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = interval)]
     pub interval: Duration,
@@ -245,6 +328,9 @@ pub enum HistoryFormat {
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
     /// Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a time (RFC 3339
     /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: 1h; with --audit: all]
     #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
@@ -295,6 +381,9 @@ pub enum ExportFormat {
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
     /// Output format
     #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
     pub format: ExportFormat,
@@ -342,6 +431,9 @@ pub enum ImportFormat {
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
     /// Files to read (merged by time)
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
@@ -394,6 +486,9 @@ pub struct AnalysisArgs {
 /// Where the samples of `leaks` and `plot` come from, besides the history database.
 #[derive(Debug, Args)]
 pub struct SourceArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
     /// Log files to analyse instead of the history (nvidia-smi CSV, vramctl NDJSON; merged
     /// by time, nothing is imported)
     #[arg(value_name = "FILE")]
@@ -438,6 +533,9 @@ pub struct SourceArgs {
 
 #[derive(Debug, Args)]
 pub struct LeaksArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     #[command(flatten)]
     pub source: SourceArgs,
 
@@ -499,6 +597,12 @@ pub struct PlotArgs {
                         (2>top.log) to keep them off the screen."
 )]
 pub struct TopArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Time between samples (e.g. 1s, 500ms; 100ms to 1h)
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = top_interval)]
     pub interval: Duration,
@@ -529,6 +633,9 @@ pub struct TopArgs {
 
 #[derive(Debug, Args)]
 pub struct PsArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Print JSON (schema in docs/json.md)
     #[arg(long)]
     pub json: bool,
@@ -588,6 +695,12 @@ Exit codes:
 
 #[derive(Debug, Args)]
 pub struct KillArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Processes to end: PID, or PID@START to insist on the process that started at that
     /// clock tick (`ps --json` prints start_time_ticks)
     #[arg(required = true, value_name = "PID")]
@@ -645,6 +758,12 @@ With --every the loop exits 0 when stopped by SIGINT or SIGTERM.";
 
 #[derive(Debug, Args)]
 pub struct ReapArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Act: end the candidates (default: print the plan and change nothing)
     #[arg(long)]
     pub apply: bool,

@@ -22,7 +22,7 @@ use crate::exit::Exit;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+        Ok(cli) => cli.resolved(),
         Err(err) if !err.use_stderr() => {
             // --help and --version are "errors" that print to stdout and succeed.
             let _ = err.print();

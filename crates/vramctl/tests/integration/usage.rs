@@ -285,3 +285,85 @@ fn time_flags_take_units_and_bare_seconds_alike() {
         ]
     );
 }
+
+#[test]
+fn a_commands_help_lists_only_the_flags_it_uses() {
+    // --db and --nvml-lib were global: `status --help` offered --db, `history --help`
+    // --nvml-lib, though neither uses it.
+    let help = |command: &str| {
+        let output = vramctl_on("h200-idle.toml")
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).unwrap()
+    };
+    for (command, uses_db, uses_nvml) in [
+        ("status", false, true),
+        ("info", false, true),
+        ("ps", false, true),
+        ("history", true, false),
+        ("export", true, false),
+        ("import", true, false),
+        ("plot", true, false),
+        ("record", true, true),
+        ("leaks", true, true),
+        ("kill", true, true),
+    ] {
+        let text = help(command);
+        assert_eq!(text.contains("--db <PATH>"), uses_db, "{command}: {text}");
+        assert_eq!(
+            text.contains("--nvml-lib <PATH>"),
+            uses_nvml,
+            "{command}: {text}"
+        );
+        assert!(text.contains("--color <COLOR>"), "{command}");
+        assert!(text.contains("--verbose"), "{command}");
+    }
+}
+
+#[test]
+fn db_and_nvml_lib_work_before_or_after_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    let db_arg = db.to_str().unwrap();
+    let other = dir.path().join("after.db");
+    for args in [
+        vec!["--db", db_arg, "record", "--ticks", "2"],
+        vec!["record", "--db", other.to_str().unwrap(), "--ticks", "2"],
+    ] {
+        let output = vramctl_on("h200-idle.toml")
+            .env_remove("VRAMCTL_NVML_LIB")
+            .args([
+                "--nvml-lib",
+                crate::harness::fake_library().to_str().unwrap(),
+            ])
+            .args(&args)
+            .args(["--interval", "50ms", "--simulated-clock", "1795984291000"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{args:?}: {output:?}");
+    }
+    assert!(db.exists() && other.exists());
+    // The command's own flag wins over the one before it and over VRAMCTL_DB.
+    let output = vramctl_on("h200-idle.toml")
+        .env("VRAMCTL_DB", dir.path().join("other.db"))
+        .args([
+            "--db",
+            "/nonexistent/x.db",
+            "history",
+            "--db",
+            db_arg,
+            "--since",
+            "all",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("devices, every sample"));
+    let output = vramctl_on("h200-idle.toml")
+        .args(["status", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+}
