@@ -163,7 +163,7 @@ impl ImportError {
             Self::Bad(_) => {
                 Some("fix or remove the line, or import without --strict to skip bad rows")
             }
-            Self::Unknown { .. } => Some("name the format with --format"),
+            Self::Unknown { .. } => Some("name the format with --input-format"),
             Self::Overlap { .. } => Some("import into a new database with --db"),
             Self::Store(e) => e.hint(),
             Self::Read { .. } => None,

@@ -84,6 +84,12 @@ impl Cli {
         self.global.nvml_lib = nvml
             .or_else(|| self.global.nvml_lib.take())
             .or_else(|| from_env("VRAMCTL_NVML_LIB"));
+        // `--json` is the JSON `--format`, where a command has both.
+        match &mut self.command {
+            Command::History(a) if a.json => a.format = HistoryFormat::Json,
+            Command::Export(a) if a.json => a.format = ExportFormat::Ndjson,
+            _ => {}
+        }
         self
     }
 }
@@ -357,6 +363,10 @@ pub struct HistoryArgs {
     #[arg(long, value_enum, default_value_t = HistoryFormat::Table)]
     pub format: HistoryFormat,
 
+    /// Print JSON (schema in docs/json.md); the same as --format json
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+
     /// Time zone of the times shown and of local --since/--until (e.g. UTC, Europe/Paris);
     /// default: TZ, else the system's
     #[arg(long, value_name = "TZ")]
@@ -387,6 +397,10 @@ pub struct ExportArgs {
     /// Output format
     #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
     pub format: ExportFormat,
+
+    /// Print JSON: vramctl's NDJSON, one document per line (the same as --format ndjson)
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
 
     /// Start (as for history); default: the beginning
     #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
@@ -438,9 +452,13 @@ pub struct ImportArgs {
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
-    /// Format of the files
-    #[arg(long, value_enum, default_value_t = ImportFormat::Auto)]
+    /// Format of the files (auto: sniffed from each file's content)
+    #[arg(long = "input-format", value_enum, value_name = "FORMAT", default_value_t = ImportFormat::Auto)]
     pub format: ImportFormat,
+
+    /// Was the files' format; --format is always an output format now
+    #[arg(long = "format", hide = true, value_name = "FORMAT", value_parser = format_moved)]
+    pub format_moved: Option<String>,
 
     /// Reject the whole import at the first bad row instead of skipping it
     #[arg(long)]
@@ -494,9 +512,13 @@ pub struct SourceArgs {
     #[arg(value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
-    /// Format of the files
-    #[arg(long, value_enum, default_value_t = ImportFormat::Auto)]
+    /// Format of the files (auto: sniffed from each file's content)
+    #[arg(long = "input-format", value_enum, value_name = "FORMAT", default_value_t = ImportFormat::Auto)]
     pub format: ImportFormat,
+
+    /// Was the files' format; --format is always an output format now
+    #[arg(long = "format", hide = true, value_name = "FORMAT", value_parser = format_moved)]
+    pub format_moved: Option<String>,
 
     /// Column names of a CSV written with 'noheader'
     #[arg(long, value_name = "LIST")]
@@ -944,6 +966,16 @@ fn cpu_interval(text: &str) -> Result<Duration, String> {
 fn when(text: &str) -> Result<When, String> {
     text.parse()
         .map_err(|e: vramctl_core::wall_time::WallTimeError| e.to_string())
+}
+
+/// The old `--format` of the readers (`import`, `leaks`, `plot`): refused with where it went,
+/// so that `--format` has one meaning, the output format.
+fn format_moved(_: &str) -> Result<String, String> {
+    Err(
+        "the format of input files is now --input-format (e.g. --input-format gpuz); \
+         --format always names an output format"
+            .to_owned(),
+    )
 }
 
 /// `history --step`: `raw`, or a bucket length of at least a millisecond.

@@ -210,7 +210,7 @@ fn read_files(
             .as_ref()
             .map(|c| c.split(',').map(|s| s.trim().to_owned()).collect()),
     };
-    // `--format ndjson` covers both vramctl NDJSON kinds (an export, `status --json`).
+    // `--input-format ndjson` covers both vramctl NDJSON kinds (an export, `status --json`).
     if options.format == Some(Format::Ndjson) {
         if let Some(first) = args.files.first() {
             let text = std::fs::read_to_string(first)

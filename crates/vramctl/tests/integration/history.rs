@@ -726,7 +726,7 @@ fn wrong_format_flag_and_unknown_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
     let output = on_db(&db)
-        .args(["import", "--format", "gpuz"])
+        .args(["import", "--input-format", "gpuz"])
         .arg(fixture("smi-gpu-h200.csv"))
         .output()
         .unwrap();
@@ -743,7 +743,10 @@ fn wrong_format_flag_and_unknown_files_are_clear_errors() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot tell the format of"), "{stderr}");
-    assert!(stderr.contains("--format"), "{stderr}");
+    assert!(
+        stderr.contains("name the format with --input-format"),
+        "{stderr}"
+    );
 
     let noheader = dir.path().join("noheader.csv");
     let text = std::fs::read_to_string(fixture("smi-gpu-h200.csv")).unwrap();
@@ -977,4 +980,43 @@ fn logs_are_coloured_only_when_asked_or_on_a_terminal() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("Recording."), "{text}");
     assert!(!text.contains('\x1b'), "{text:?}");
+}
+
+#[test]
+fn format_is_always_the_output_format() {
+    // `--format` named the output of history and export but the input of import, leaks
+    // and plot. The readers' flag is --input-format; their old --format says so.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    for command in ["import", "leaks", "plot"] {
+        let output = on_db(&db)
+            .args([command, "--format", "gpuz"])
+            .arg(fixture("smi-gpu-h200.csv"))
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{command}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("the format of input files is now --input-format"),
+            "{command}: {stderr}"
+        );
+    }
+    let output = on_db(&db)
+        .args(["import", "--input-format", "smi-gpu"])
+        .arg(fixture("smi-gpu-h200.csv"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    // And every command that prints data takes --json: history's is --format json.
+    let json = stdout_of(on_db(&db).args(["history", "--since", "all", "--json"]));
+    let format_json = stdout_of(on_db(&db).args(["history", "--since", "all", "--format", "json"]));
+    assert_eq!(json, format_json);
+    assert_eq!(serde_json::from_str::<Value>(&json).unwrap()["schema"], 1);
+    let ndjson = stdout_of(on_db(&db).args(["export", "--json"]));
+    assert!(
+        ndjson
+            .lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok())
+    );
+    assert!(ndjson.lines().count() > 10);
 }
