@@ -143,37 +143,110 @@ impl ColorChoice {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Devices and the processes holding their memory, now
+    #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
     /// Hardware diagnostics per device (memory bus and bandwidth, PCIe, ECC, versions)
+    #[command(after_help = INFO_HELP)]
     Info(InfoArgs),
     /// Processes holding GPU memory, with user, command, age, CPU, RSS and container
+    #[command(after_help = PS_HELP)]
     Ps(PsArgs),
     /// End processes safely (pidfd, identity re-check, audit) and verify their GPU memory
     /// was released
-    #[command(after_help = KILL_EXIT_CODES)]
+    #[command(after_help = KILL_HELP)]
     Kill(KillArgs),
     /// Reclaim memory from idle holders by policy: a dry-run plan by default, --apply to end
     /// them on kill's safe path
     #[command(after_help = REAP_HELP)]
     Reap(ReapArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
+    #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
     /// Live terminal UI: GPUs, processes, memory trends; --replay browses a recording
+    #[command(after_help = TOP_HELP)]
     Top(TopArgs),
     /// Sample every GPU and process on an interval into the history database
+    #[command(after_help = RECORD_HELP)]
     Record(RecordArgs),
     /// Show recorded samples per device and per process
+    #[command(after_help = HISTORY_HELP)]
     History(HistoryArgs),
     /// Write the history out as NDJSON (lossless) or nvidia-smi-style CSV
+    #[command(after_help = EXPORT_HELP)]
     Export(ExportArgs),
     /// Read nvidia-smi CSV logs, GPU-Z sensor logs or vramctl NDJSON into the history
+    #[command(after_help = IMPORT_HELP)]
     Import(ImportArgs),
     /// Leak and idle-holder verdicts per process, from the history, log files, or live
     #[command(after_help = LEAKS_HELP)]
     Leaks(LeaksArgs),
     /// Draw memory over time per GPU and process as a PNG or SVG chart
+    #[command(after_help = PLOT_HELP)]
     Plot(PlotArgs),
 }
+
+// Each command's help ends with 2-4 examples that parse (`examples_in_the_help_parse`).
+
+const STATUS_HELP: &str = "\
+Examples:
+  vramctl status
+  vramctl status --watch 2s --gpu 0,1
+  vramctl status --json | jq '.devices[].memory'";
+
+const INFO_HELP: &str = "\
+Examples:
+  vramctl info
+  vramctl info --json --gpu 0";
+
+const PS_HELP: &str = "\
+Examples:
+  vramctl ps --tree
+  vramctl ps --user alice --min-mem 1GiB
+  vramctl ps --json --cpu-interval 1s";
+
+const SERVE_HELP: &str = "\
+Examples:
+  vramctl serve
+  vramctl serve --listen 0.0.0.0:9835 --web.config.file /etc/vramctl/web.yml
+  vramctl serve --record --interval 500ms";
+
+const TOP_HELP: &str = "\
+Keys: ? in the UI lists them. Logs (-v) go to stderr: redirect it (2>top.log) to keep them
+off the screen.
+
+Examples:
+  vramctl top
+  vramctl top --interval 500ms --gpu 0,3 --tz UTC
+  vramctl top --replay ~/.local/state/vramctl/history.db";
+
+const RECORD_HELP: &str = "\
+Examples:
+  vramctl record
+  vramctl record --interval 500ms --duration 1h30m --db /tmp/run.db
+  vramctl record --retain raw=7d,1m=90d --log-file /var/log/vramctl-record.log";
+
+const HISTORY_HELP: &str = "\
+Examples:
+  vramctl history --since 10m
+  vramctl history --since -2h --until -1h --pid 4242 --step 1m
+  vramctl history --since '2026-11-29 20:00' --tz UTC --json
+  vramctl history --audit --since 24h";
+
+const EXPORT_HELP: &str = "\
+Examples:
+  vramctl export -o history.ndjson
+  vramctl export --format smi-gpu --since 1h --tz UTC -o gpu.csv";
+
+const IMPORT_HELP: &str = "\
+Examples:
+  vramctl import gpu.csv apps.csv
+  vramctl import --input-format gpuz 'GPU-Z Sensor Log.txt'
+  vramctl import --tz UTC --db run.db vramctl-export.ndjson";
+
+const PLOT_HELP: &str = "\
+Examples:
+  vramctl plot --since 2h -o memory.png
+  vramctl plot gpu.csv apps.csv --tz UTC -o run.svg";
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -483,7 +556,12 @@ Exit codes:
   0  analysed (leaks or not, unless --fail-on-leak)
   1  --fail-on-leak and a process leaks (with --watch: at the first leak verdict)
   2  usage or input error (bad flag, malformed file with its file:line, unreadable database)
-  3  --watch without a usable NVIDIA driver";
+  3  --watch without a usable NVIDIA driver
+
+Examples:
+  vramctl leaks
+  vramctl leaks --watch --interval 500ms --json
+  vramctl leaks gpu.csv apps.csv --tz UTC --fail-on-leak";
 
 /// Thresholds of the leak and idle analysis, shared by `leaks` and `plot`.
 #[derive(Debug, Args)]
@@ -614,10 +692,6 @@ pub struct PlotArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Keys: ? in the UI lists them. Logs (-v) go to stderr: redirect it \
-                        (2>top.log) to keep them off the screen."
-)]
 pub struct TopArgs {
     #[command(flatten)]
     pub db: DbArg,
@@ -708,12 +782,17 @@ pub enum PsSort {
     User,
 }
 
-const KILL_EXIT_CODES: &str = "\
+const KILL_HELP: &str = "\
 Exit codes:
   0  every target ended and its GPU memory was released
   1  a target was refused, not confirmed, still running, or its memory still held after --timeout
   2  usage, input or runtime error (bad PID, no confirmation possible, audit log not writable)
-  3  no usable NVIDIA driver (kill needs NVML to verify the memory was released)";
+  3  no usable NVIDIA driver (kill needs NVML to verify the memory was released)
+
+Examples:
+  vramctl kill 4242
+  vramctl kill --dry-run --tree 4242
+  vramctl kill --yes --signal INT --grace 30s 4242 4243";
 
 #[derive(Debug, Args)]
 pub struct KillArgs {
@@ -776,7 +855,12 @@ Exit codes:
   2  usage or input error (bad flag, malformed policy file with its file:line, unknown
      policy, audit log not writable with --apply)
   3  no usable NVIDIA driver
-With --every the loop exits 0 when stopped by SIGINT or SIGTERM.";
+With --every the loop exits 0 when stopped by SIGINT or SIGTERM.
+
+Examples:
+  vramctl reap --idle-for 2h --min-mem 4GiB
+  vramctl reap --idle-for 2h --min-mem 4GiB --apply
+  vramctl reap --config /etc/vramctl/reap.toml --apply --every 5m";
 
 #[derive(Debug, Args)]
 pub struct ReapArgs {
@@ -1079,6 +1163,50 @@ mod tests {
         assert!(err.contains("'0s' must be longer than 0"), "{err}");
         let err = parses(&["top", "--interval", "2h"]).unwrap_err();
         assert!(err.contains("'2h' is longer than 1h"), "{err}");
+    }
+
+    /// `'a b' c` → `["a b", "c"]`, and nothing from a `|` on (the examples' shell).
+    fn words(line: &str) -> Vec<String> {
+        let line = line.split(" | ").next().unwrap_or(line);
+        let mut words = Vec::new();
+        for (i, part) in line.split('\'').enumerate() {
+            if i % 2 == 1 {
+                words.push(part.to_owned());
+            } else {
+                words.extend(part.split_whitespace().map(str::to_owned));
+            }
+        }
+        words
+    }
+
+    #[test]
+    fn every_commands_help_ends_with_examples_that_parse() {
+        for sub in Cli::command().get_subcommands() {
+            let name = sub.get_name();
+            if name == "help" {
+                continue;
+            }
+            let after = sub
+                .get_after_help()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let (_, examples) = after
+                .rsplit_once("Examples:\n")
+                .unwrap_or_else(|| panic!("{name}: no examples at the end of its help"));
+            let lines: Vec<&str> = examples.lines().collect();
+            assert!((2..=4).contains(&lines.len()), "{name}: {lines:?}");
+            for line in lines {
+                let example = line.trim_start();
+                assert!(
+                    example.starts_with(&format!("vramctl {name}")),
+                    "{name}: {line}"
+                );
+                let args = words(example);
+                if let Err(err) = Cli::try_parse_from(&args) {
+                    panic!("{name}: '{example}' does not parse: {err}");
+                }
+            }
+        }
     }
 
     #[test]
