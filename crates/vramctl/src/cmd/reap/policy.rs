@@ -477,6 +477,21 @@ min_mem = 536870912
     }
 
     #[test]
+    fn idle_for_takes_the_durations_every_flag_takes() {
+        // The policy file had the store's parser: no `1h30m`, no bare seconds.
+        let idle = |value: &str| {
+            parse_text(&format!(
+                "[[policy]]\nname = \"a\"\nidle_for = \"{value}\"\n"
+            ))
+            .unwrap()[0]
+                .idle_for
+        };
+        assert_eq!(idle("1h30m"), Duration::from_secs(5400));
+        assert_eq!(idle("5400"), Duration::from_secs(5400));
+        assert_eq!(idle("1.5h"), Duration::from_secs(5400));
+    }
+
+    #[test]
     fn mistakes_name_the_file_and_line() {
         assert_eq!(
             err("[[policy]]\nname = \"a\"\nidel_for = \"1h\"\n"),
