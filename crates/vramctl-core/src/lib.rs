@@ -17,11 +17,13 @@ pub mod analysis;
 pub mod audit;
 pub mod backend;
 pub mod clock;
+pub mod duration;
 pub mod procinfo;
 pub mod sampler;
 pub mod sanity;
 pub mod signal;
 pub mod types;
+pub mod wall_time;
 
 pub use backend::nvml::NvmlBackend;
 pub use backend::{Backend, DeviceError, InitError};

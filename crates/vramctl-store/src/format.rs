@@ -188,7 +188,7 @@ impl ImportError {
             Self::Bad(_) => {
                 Some("fix or remove the line, or import without --strict to skip bad rows")
             }
-            Self::Unknown { .. } => Some("name the format with --format"),
+            Self::Unknown { .. } => Some("name the format with --input-format"),
             Self::Gpu { .. } => Some("name the GPU of its rows with --gpu (an index or UUID)"),
             Self::Overlap { .. } => Some("import into a new database with --db"),
             Self::Store(e) => e.hint(),
@@ -333,7 +333,7 @@ pub fn sniff(path: &Path, text: &str, columns: Option<&[String]>) -> Result<Form
     )))
 }
 
-/// The format of one file: the one asked (`--format`), else sniffed from its content.
+/// The format of one file: the one asked (`--input-format`), else sniffed from its content.
 /// "NDJSON" covers both vramctl kinds, told apart per file.
 fn decide(
     asked: Option<Format>,

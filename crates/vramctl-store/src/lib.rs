@@ -90,7 +90,7 @@ pub use model::{
     SessionInfo, TickSample, TimeRange,
 };
 pub use query::{Frame, SeriesRef, downsample};
-pub use retention::{Maintenance, Retention, parse_duration_ms};
+pub use retention::{Maintenance, Retention};
 pub use schema::CURRENT as SCHEMA_VERSION;
 pub use snapshot::device_samples;
 pub use writer::DEFAULT_KEY_INTERVAL_MS;

@@ -43,40 +43,9 @@ const MINUTE: i64 = 60 * SECOND;
 const HOUR: i64 = 60 * MINUTE;
 const DAY: i64 = 24 * HOUR;
 
-/// Parses `500ms`, `10s`, `5m`, `24h`, `30d`, `2w`, `1y` (365 days) into milliseconds.
-///
-/// # Errors
-/// A message for the user when `text` is not such a duration.
-pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a duration like 90s, 10m, 24h or 30d"))?;
-    let unit_ms = match unit.trim() {
-        "ms" => 1.0,
-        "s" | "sec" => 1e3,
-        "m" | "min" => 60e3,
-        "h" => 3600e3,
-        "d" => 86_400e3,
-        "w" => 7.0 * 86_400e3,
-        "y" => 365.0 * 86_400e3,
-        _ => {
-            return Err(format!(
-                "'{text}' has no known unit; use ms, s, m, h, d, w or y (e.g. 10m)"
-            ));
-        }
-    };
-    let ms = (value * unit_ms).round();
-    if !ms.is_finite() || !(0.0..=1e17).contains(&ms) {
-        return Err(format!("'{text}' is out of range"));
-    }
-    // Checked above: finite, non-negative, far below i64::MAX.
-    #[allow(clippy::cast_possible_truncation)]
-    Ok(ms as i64)
+/// A duration of the spec (`24h`, `1m`, `30d`), by the one duration parser of vramctl.
+fn parse_duration_ms(text: &str) -> Result<i64, String> {
+    vramctl_core::duration::parse_ms(text).map_err(|e| e.to_string())
 }
 
 impl FromStr for Retention {
@@ -414,17 +383,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration_ms("10m"), Ok(600_000));
-        assert_eq!(parse_duration_ms("1.5s"), Ok(1500));
-        assert_eq!(parse_duration_ms("24h"), Ok(86_400_000));
-        assert_eq!(parse_duration_ms("50ms"), Ok(50));
-        assert!(
-            parse_duration_ms("10")
-                .unwrap_err()
-                .contains("no known unit")
-        );
-        assert!(parse_duration_ms("ten m").is_err());
+    fn retention_takes_the_durations_every_flag_takes() {
+        // The spec once had its own parser: no `1h30m`, no bare seconds.
+        let r: Retention = "raw=1h30m,1m=30d".parse().unwrap();
+        assert_eq!(r.raw_keep_ms, Some(90 * MINUTE));
+        let r: Retention = "raw=86400,60=30d".parse().unwrap();
+        assert_eq!(r, Retention::default());
+        let err = "raw=ten m".parse::<Retention>().unwrap_err().to_string();
+        assert!(err.contains("'ten m' is not a duration"), "{err}");
     }
 
     #[test]

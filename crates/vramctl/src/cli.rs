@@ -2,8 +2,10 @@
 //! commands use happens in each command's `run`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use vramctl_core::wall_time::When;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -24,14 +26,19 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options every command accepts.
+/// Options every command accepts, and where the history and NVML are, wherever given.
+///
+/// `--db` and `--nvml-lib` are flags of the commands that use them (so `status --help` does
+/// not list `--db`); given before the command (`vramctl --db x.db record`), as before, they
+/// are still taken, hidden from the help. [`Cli::resolved`] settles them here: the
+/// command's flag, else the one before the command, else `VRAMCTL_DB` / `VRAMCTL_NVML_LIB`.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
     /// NVML library to load instead of libnvidia-ml.so.1
-    #[arg(long, global = true, env = "VRAMCTL_NVML_LIB", value_name = "PATH")]
+    #[arg(long, hide = true, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
 
-    /// When to colour output
+    /// When to colour output (auto: on a terminal, unless NO_COLOR is set)
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
 
@@ -39,9 +46,75 @@ pub struct GlobalArgs {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
-    /// History database [default: $XDG_STATE_HOME/vramctl/history.db]
-    #[arg(long, global = true, env = "VRAMCTL_DB", value_name = "PATH")]
+    /// History database
+    #[arg(long, hide = true, value_name = "PATH")]
     pub db: Option<PathBuf>,
+}
+
+/// `--db`, on the commands that read or write the history (or its audit log).
+#[derive(Debug, Clone, Default, Args)]
+pub struct DbArg {
+    /// History database [default: VRAMCTL_DB, else $XDG_STATE_HOME/vramctl/history.db]
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+/// `--nvml-lib`, on the commands that talk to the GPUs.
+#[derive(Debug, Clone, Default, Args)]
+pub struct NvmlArg {
+    /// NVML library to load [default: VRAMCTL_NVML_LIB, else libnvidia-ml.so.1]
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The command line with `--db` and `--nvml-lib` settled into [`GlobalArgs`] (see
+    /// there), where every command reads them.
+    #[must_use]
+    pub fn resolved(mut self) -> Self {
+        let (db, nvml) = self.command.locations();
+        let from_env = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        self.global.db = db
+            .or_else(|| self.global.db.take())
+            .or_else(|| from_env("VRAMCTL_DB"));
+        self.global.nvml_lib = nvml
+            .or_else(|| self.global.nvml_lib.take())
+            .or_else(|| from_env("VRAMCTL_NVML_LIB"));
+        // `--json` is the JSON `--format`, where a command has both.
+        match &mut self.command {
+            Command::History(a) if a.json => a.format = HistoryFormat::Json,
+            Command::Export(a) if a.json => a.format = ExportFormat::Ndjson,
+            _ => {}
+        }
+        self
+    }
+}
+
+impl Command {
+    /// `--db` and `--nvml-lib` as given after the command.
+    fn locations(&self) -> (Option<PathBuf>, Option<PathBuf>) {
+        let db = |d: &DbArg| d.db.clone();
+        let nvml = |n: &NvmlArg| n.nvml_lib.clone();
+        match self {
+            Self::Status(a) => (None, nvml(&a.nvml)),
+            Self::Info(a) => (None, nvml(&a.nvml)),
+            Self::Ps(a) => (None, nvml(&a.nvml)),
+            Self::Kill(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Reap(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Serve(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Top(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Record(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::History(a) => (db(&a.db), None),
+            Self::Export(a) => (db(&a.db), None),
+            Self::Import(a) => (db(&a.db), None),
+            Self::Leaks(a) => (db(&a.source.db), nvml(&a.nvml)),
+            Self::Plot(a) => (db(&a.source.db), None),
+        }
+    }
 }
 
 /// When to colour output.
@@ -55,50 +128,139 @@ pub enum ColorChoice {
     Never,
 }
 
+impl ColorChoice {
+    /// Whether to colour a stream that is (or is not) a terminal: `auto` colours a terminal
+    /// when `NO_COLOR` is unset or empty.
+    pub fn enabled(self, is_terminal: bool) -> bool {
+        match self {
+            Self::Always => true,
+            Self::Never => false,
+            Self::Auto => is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Devices and the processes holding their memory, now
+    #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
     /// Hardware diagnostics per device (memory bus and bandwidth, PCIe, ECC, versions)
+    #[command(after_help = INFO_HELP)]
     Info(InfoArgs),
     /// Processes holding GPU memory, with user, command, age, CPU, RSS and container
+    #[command(after_help = PS_HELP)]
     Ps(PsArgs),
     /// End processes safely (pidfd, identity re-check, audit) and verify their GPU memory
     /// was released
-    #[command(after_help = KILL_EXIT_CODES)]
+    #[command(after_help = KILL_HELP)]
     Kill(KillArgs),
     /// Reclaim memory from idle holders by policy: a dry-run plan by default, --apply to end
     /// them on kill's safe path
     #[command(after_help = REAP_HELP)]
     Reap(ReapArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
+    #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
     /// Live terminal UI: GPUs, processes, memory trends; --replay browses a recording
+    #[command(after_help = TOP_HELP)]
     Top(TopArgs),
     /// Sample every GPU and process on an interval into the history database
+    #[command(after_help = RECORD_HELP)]
     Record(RecordArgs),
     /// Show recorded samples per device and per process
+    #[command(after_help = HISTORY_HELP)]
     History(HistoryArgs),
     /// Write the history out as NDJSON (lossless) or nvidia-smi-style CSV
+    #[command(after_help = EXPORT_HELP)]
     Export(ExportArgs),
     /// Read nvidia-smi CSV logs, GPU-Z sensor logs or vramctl NDJSON into the history
+    #[command(after_help = IMPORT_HELP)]
     Import(ImportArgs),
     /// Leak and idle-holder verdicts per process, from the history, log files, or live
     #[command(after_help = LEAKS_HELP)]
     Leaks(LeaksArgs),
     /// Draw memory over time per GPU and process as a PNG or SVG chart
+    #[command(after_help = PLOT_HELP)]
     Plot(PlotArgs),
 }
 
+// Each command's help ends with 2-4 examples that parse (`examples_in_the_help_parse`).
+
+const STATUS_HELP: &str = "\
+Examples:
+  vramctl status
+  vramctl status --watch 2s --gpu 0,1
+  vramctl status --json | jq '.devices[].memory'";
+
+const INFO_HELP: &str = "\
+Examples:
+  vramctl info
+  vramctl info --json --gpu 0";
+
+const PS_HELP: &str = "\
+Examples:
+  vramctl ps --tree
+  vramctl ps --user alice --min-mem 1GiB
+  vramctl ps --json --cpu-interval 1s";
+
+const SERVE_HELP: &str = "\
+Examples:
+  vramctl serve
+  vramctl serve --listen 0.0.0.0:9835 --web.config.file /etc/vramctl/web.yml
+  vramctl serve --record --interval 500ms";
+
+const TOP_HELP: &str = "\
+Keys: ? in the UI lists them. Logs (-v) go to stderr: redirect it (2>top.log) to keep them
+off the screen.
+
+Examples:
+  vramctl top
+  vramctl top --interval 500ms --gpu 0,3 --tz UTC
+  vramctl top --replay ~/.local/state/vramctl/history.db";
+
+const RECORD_HELP: &str = "\
+Examples:
+  vramctl record
+  vramctl record --interval 500ms --duration 1h30m --db /tmp/run.db
+  vramctl record --retain raw=7d,1m=90d --log-file /var/log/vramctl-record.log";
+
+const HISTORY_HELP: &str = "\
+Examples:
+  vramctl history --since 10m
+  vramctl history --since -2h --until -1h --pid 4242 --step 1m
+  vramctl history --since '2026-11-29 20:00' --tz UTC --json
+  vramctl history --audit --since 24h";
+
+const EXPORT_HELP: &str = "\
+Examples:
+  vramctl export -o history.ndjson
+  vramctl export --format smi-gpu --since 1h --tz UTC -o gpu.csv";
+
+const IMPORT_HELP: &str = "\
+Examples:
+  vramctl import gpu.csv apps.csv
+  vramctl import --input-format gpuz 'GPU-Z Sensor Log.txt'
+  vramctl import --tz UTC --db run.db vramctl-export.ndjson";
+
+const PLOT_HELP: &str = "\
+Examples:
+  vramctl plot --since 2h -o memory.png
+  vramctl plot gpu.csv apps.csv --tz UTC -o run.svg";
+
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Print JSON (schema in docs/json.md); with --watch, one object per line (NDJSON)
     #[arg(long)]
     pub json: bool,
 
-    /// Refresh every SECS seconds until interrupted
-    #[arg(long, value_name = "SECS")]
-    pub watch: Option<f64>,
+    /// Refresh every DURATION until interrupted (e.g. 2s, 500ms, or seconds: 2; at least
+    /// 50ms)
+    #[arg(long, value_name = "DURATION", value_parser = interval)]
+    pub watch: Option<Duration>,
 
     /// With --watch: stop after N refreshes
     #[arg(long, value_name = "N", requires = "watch")]
@@ -111,6 +273,9 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct InfoArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Print JSON (schema in docs/json.md)
     #[arg(long)]
     pub json: bool,
@@ -122,6 +287,12 @@ pub struct InfoArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Address to listen on (use 0.0.0.0:9835 to be scraped from other hosts)
     #[arg(
         long,
@@ -131,9 +302,10 @@ pub struct ServeArgs {
     )]
     pub listen: String,
 
-    /// Seconds between samples of the GPUs (a scrape serves the latest sample)
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
-    pub interval: f64,
+    /// Time between samples of the GPUs (a scrape serves the latest sample; e.g. 1s,
+    /// 500ms, at least 50ms)
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = interval)]
+    pub interval: Duration,
 
     /// Per-process series per GPU, biggest holders first; the rest are counted in
     /// vramctl_device_process_series_dropped
@@ -145,10 +317,10 @@ pub struct ServeArgs {
     #[arg(long, value_enum, value_name = "SOURCE", default_value_t = crate::exporter::metadata::DetailsSource::Proc)]
     pub process_details: crate::exporter::metadata::DetailsSource,
 
-    /// Seconds over which vramctl_device_memory_used_max_bytes keeps the peak (at least
-    /// the scrape interval, so no spike falls between scrapes)
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
-    pub peak_window: f64,
+    /// How long vramctl_device_memory_used_max_bytes keeps the peak (e.g. 1m; at least the
+    /// scrape interval, so no spike falls between scrapes)
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = wait)]
+    pub peak_window: Duration,
 
     /// TLS and basic auth settings, in Prometheus exporter-toolkit's web config format
     #[arg(long = "web.config.file", value_name = "PATH")]
@@ -185,13 +357,19 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Time between samples (e.g. 1s, 500ms; at least 50ms)
-    #[arg(long, default_value = "1s", value_name = "DURATION")]
-    pub interval: String,
+    #[command(flatten)]
+    pub db: DbArg,
 
-    /// Stop after this long (e.g. 10m); default: until SIGINT or SIGTERM
-    #[arg(long, value_name = "DURATION")]
-    pub duration: Option<String>,
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
+    /// Time between samples (e.g. 1s, 500ms; at least 50ms)
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = interval)]
+    pub interval: Duration,
+
+    /// Stop after this long (e.g. 10m, 1h30m); default: until SIGINT or SIGTERM
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub duration: Option<Duration>,
 
     /// How long to keep raw samples and downsampled buckets (e.g. raw=24h,1m=30d,1h=forever)
     #[arg(long, default_value = "raw=24h,1m=30d", value_name = "SPEC")]
@@ -229,14 +407,17 @@ pub enum HistoryFormat {
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
-    /// Start: a duration back from now (10m, 24h), 'all', or a time (RFC 3339 or
-    /// 'YYYY-MM-DD HH:MM[:SS]' local) [default: 1h; with --audit: all]
-    #[arg(long, value_name = "WHEN")]
-    pub since: Option<String>,
+    #[command(flatten)]
+    pub db: DbArg,
+
+    /// Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a time (RFC 3339
+    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: 1h; with --audit: all]
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
 
     /// End (same forms as --since); default: now
-    #[arg(long, value_name = "WHEN")]
-    pub until: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
@@ -248,14 +429,19 @@ pub struct HistoryArgs {
 
     /// Bucket length (e.g. 10s, 1m), or 'raw' for every sample; default: raw for csv and
     /// json, and for the table about 30 rows per series
-    #[arg(long, value_name = "DURATION")]
-    pub step: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = step)]
+    pub step: Option<Step>,
 
     /// Output format
     #[arg(long, value_enum, default_value_t = HistoryFormat::Table)]
     pub format: HistoryFormat,
 
-    /// Time zone for the table's times (e.g. UTC, Europe/Paris); default: the system's
+    /// Print JSON (schema in docs/json.md); the same as --format json
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+
+    /// Time zone of the times shown and of local --since/--until (e.g. UTC, Europe/Paris);
+    /// default: TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 
@@ -278,17 +464,24 @@ pub enum ExportFormat {
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
     /// Output format
     #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
     pub format: ExportFormat,
 
+    /// Print JSON: vramctl's NDJSON, one document per line (the same as --format ndjson)
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+
     /// Start (as for history); default: the beginning
-    #[arg(long, value_name = "WHEN")]
-    pub since: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
 
     /// End (as for history); default: now
-    #[arg(long, value_name = "WHEN")]
-    pub until: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
 
     /// Write here instead of stdout
     #[arg(short, long, value_name = "FILE")]
@@ -302,7 +495,8 @@ pub struct ExportArgs {
     #[arg(long, default_value = "csv", value_name = "FORMAT")]
     pub csv_format: String,
 
-    /// Time zone of CSV timestamps (nvidia-smi writes local time); default: the system's
+    /// Time zone of CSV timestamps (nvidia-smi writes local time) and of local
+    /// --since/--until; default: TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 }
@@ -324,19 +518,27 @@ pub enum ImportFormat {
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
     /// Files to read (merged by time)
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
-    /// Format of the files
-    #[arg(long, value_enum, default_value_t = ImportFormat::Auto)]
+    /// Format of the files (auto: sniffed from each file's content)
+    #[arg(long = "input-format", value_enum, value_name = "FORMAT", default_value_t = ImportFormat::Auto)]
     pub format: ImportFormat,
+
+    /// Was the files' format; --format is always an output format now
+    #[arg(long = "format", hide = true, value_name = "FORMAT", value_parser = format_moved)]
+    pub format_moved: Option<String>,
 
     /// Reject the whole import at the first bad row instead of skipping it
     #[arg(long)]
     pub strict: bool,
 
-    /// Time zone of timestamps without one (nvidia-smi, GPU-Z write local time); default: the system's
+    /// Time zone of timestamps without one (nvidia-smi, GPU-Z write local time); default:
+    /// TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 
@@ -359,7 +561,12 @@ Exit codes:
   0  analysed (leaks or not, unless --fail-on-leak)
   1  --fail-on-leak and a process leaks (with --watch: at the first leak verdict)
   2  usage or input error (bad flag, malformed file with its file:line, unreadable database)
-  3  --watch without a usable NVIDIA driver";
+  3  --watch without a usable NVIDIA driver
+
+Examples:
+  vramctl leaks
+  vramctl leaks --watch --interval 500ms --json
+  vramctl leaks gpu.csv apps.csv --tz UTC --fail-on-leak";
 
 /// Thresholds of the leak and idle analysis, shared by `leaks` and `plot`.
 #[derive(Debug, Args)]
@@ -369,25 +576,32 @@ pub struct AnalysisArgs {
     pub min_idle_mem: String,
 
     /// Idle holder: least time without GPU activity (e.g. 30m, 2h)
-    #[arg(long, value_name = "DURATION", default_value = "30m")]
-    pub idle_for: String,
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = positive_duration)]
+    pub idle_for: Duration,
 
     /// Growth within this time of a process's start is warm-up, never a leak (e.g. 5m)
-    #[arg(long, value_name = "DURATION", default_value = "0s")]
-    pub warmup: String,
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = duration)]
+    pub warmup: Duration,
 }
 
 /// Where the samples of `leaks` and `plot` come from, besides the history database.
 #[derive(Debug, Args)]
 pub struct SourceArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
     /// Log files to analyse instead of the history (nvidia-smi CSV, vramctl NDJSON; merged
     /// by time, nothing is imported)
     #[arg(value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
-    /// Format of the files
-    #[arg(long, value_enum, default_value_t = ImportFormat::Auto)]
+    /// Format of the files (auto: sniffed from each file's content)
+    #[arg(long = "input-format", value_enum, value_name = "FORMAT", default_value_t = ImportFormat::Auto)]
     pub format: ImportFormat,
+
+    /// Was the files' format; --format is always an output format now
+    #[arg(long = "format", hide = true, value_name = "FORMAT", value_parser = format_moved)]
+    pub format_moved: Option<String>,
 
     /// Column names of a CSV written with 'noheader'
     #[arg(long, value_name = "LIST")]
@@ -398,15 +612,15 @@ pub struct SourceArgs {
     #[arg(long)]
     pub skip_bad_rows: bool,
 
-    /// Start: a duration back from now (10m), 'all', RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]'
-    /// local; default: for the history, the 24 hours before its last sample; for files,
-    /// everything
-    #[arg(long, value_name = "WHEN")]
-    pub since: Option<String>,
+    /// Start: a duration back from now (10m, -1h), 'all', 'now', RFC 3339 or 'YYYY-MM-DD
+    /// HH:MM[:SS]' in --tz; default: for the history, the 24 hours before its last sample;
+    /// for files, everything
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
 
     /// End (same forms as --since); default: the last sample
-    #[arg(long, value_name = "WHEN")]
-    pub until: Option<String>,
+    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
 
     /// Only these devices (index or UUID; repeat or separate with commas); the first is also
     /// the GPU of an apps log without a GPU column
@@ -418,13 +632,16 @@ pub struct SourceArgs {
     pub pid: Vec<u32>,
 
     /// Time zone of times shown, and of log timestamps without one (nvidia-smi writes
-    /// local time); default: the system's
+    /// local time); default: TZ, else the system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 }
 
 #[derive(Debug, Args)]
 pub struct LeaksArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     #[command(flatten)]
     pub source: SourceArgs,
 
@@ -448,9 +665,10 @@ pub struct LeaksArgs {
         long,
         value_name = "DURATION",
         default_value = "1s",
-        requires = "watch"
+        requires = "watch",
+        value_parser = interval
     )]
-    pub interval: String,
+    pub interval: Duration,
 
     /// With --watch: stop after N samples
     #[arg(long, value_name = "N", requires = "watch")]
@@ -480,14 +698,16 @@ pub struct PlotArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Keys: ? in the UI lists them. Logs (-v) go to stderr: redirect it \
-                        (2>top.log) to keep them off the screen."
-)]
 pub struct TopArgs {
-    /// Seconds between samples (at least 0.1)
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
-    pub interval: f64,
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
+    /// Time between samples (e.g. 1s, 500ms; 100ms to 1h)
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = top_interval)]
+    pub interval: Duration,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
@@ -496,6 +716,11 @@ pub struct TopArgs {
     /// Disable every action (kill); for shared screens
     #[arg(long)]
     pub readonly: bool,
+
+    /// Time zone of the times shown (e.g. UTC, Europe/Paris); default: TZ, else the
+    /// system's
+    #[arg(long, value_name = "TZ")]
+    pub tz: Option<String>,
 
     /// Browse a recording (a history database: vramctl record, serve --record, import)
     /// instead of sampling now; live, the charts' past comes from --db when it exists
@@ -510,6 +735,9 @@ pub struct TopArgs {
 
 #[derive(Debug, Args)]
 pub struct PsArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Print JSON (schema in docs/json.md)
     #[arg(long)]
     pub json: bool,
@@ -539,9 +767,10 @@ pub struct PsArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub min_mem: Option<u64>,
 
-    /// Measure CPU % over this many seconds; 0 averages over each process's lifetime
-    #[arg(long, value_name = "SECS", default_value_t = 0.2)]
-    pub cpu_interval: f64,
+    /// Measure CPU % over this long (e.g. 200ms, 1s; at most 1m); 0 averages over each
+    /// process's lifetime
+    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = cpu_interval)]
+    pub cpu_interval: Duration,
 }
 
 /// `ps --sort`.
@@ -559,15 +788,26 @@ pub enum PsSort {
     User,
 }
 
-const KILL_EXIT_CODES: &str = "\
+const KILL_HELP: &str = "\
 Exit codes:
   0  every target ended and its GPU memory was released
   1  a target was refused, not confirmed, still running, or its memory still held after --timeout
   2  usage, input or runtime error (bad PID, no confirmation possible, audit log not writable)
-  3  no usable NVIDIA driver (kill needs NVML to verify the memory was released)";
+  3  no usable NVIDIA driver (kill needs NVML to verify the memory was released)
+
+Examples:
+  vramctl kill 4242
+  vramctl kill --dry-run --tree 4242
+  vramctl kill --yes --signal INT --grace 30s 4242 4243";
 
 #[derive(Debug, Args)]
 pub struct KillArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Processes to end: PID, or PID@START to insist on the process that started at that
     /// clock tick (`ps --json` prints start_time_ticks)
     #[arg(required = true, value_name = "PID")]
@@ -578,9 +818,9 @@ pub struct KillArgs {
           value_parser = clap::builder::ValueParser::new(parse_signal))]
     pub signal: vramctl_core::signal::Signal,
 
-    /// Seconds to wait for the process to exit before sending SIGKILL
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub grace: f64,
+    /// How long to wait for the process to exit before sending SIGKILL (e.g. 10s, 1m)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub grace: Duration,
 
     /// Never send SIGKILL; report processes still running after --grace
     #[arg(long)]
@@ -598,9 +838,10 @@ pub struct KillArgs {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Seconds to wait, after the processes ended, for NVML to show their memory released
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub timeout: f64,
+    /// How long to wait, after the processes ended, for NVML to show their memory released
+    /// (e.g. 10s)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub timeout: Duration,
 
     /// Print JSON (schema in docs/json.md)
     #[arg(long)]
@@ -620,10 +861,21 @@ Exit codes:
   2  usage or input error (bad flag, malformed policy file with its file:line, unknown
      policy, audit log not writable with --apply)
   3  no usable NVIDIA driver
-With --every the loop exits 0 when stopped by SIGINT or SIGTERM.";
+With --every the loop exits 0 when stopped by SIGINT or SIGTERM.
+
+Examples:
+  vramctl reap --idle-for 2h --min-mem 4GiB
+  vramctl reap --idle-for 2h --min-mem 4GiB --apply
+  vramctl reap --config /etc/vramctl/reap.toml --apply --every 5m";
 
 #[derive(Debug, Args)]
 pub struct ReapArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
     /// Act: end the candidates (default: print the plan and change nothing)
     #[arg(long)]
     pub apply: bool,
@@ -639,8 +891,8 @@ pub struct ReapArgs {
 
     /// Candidates: idle at least this long on every GPU they use (e.g. 30m, 2h) [default:
     /// 30m]
-    #[arg(long, value_name = "DURATION")]
-    pub idle_for: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
+    pub idle_for: Option<Duration>,
 
     /// Candidates: holding at least this much GPU memory over all GPUs (e.g. 4GiB)
     /// [default: 1GiB]
@@ -672,29 +924,32 @@ pub struct ReapArgs {
           value_parser = clap::builder::ValueParser::new(parse_signal))]
     pub signal: vramctl_core::signal::Signal,
 
-    /// Seconds to wait for a process to exit before sending SIGKILL
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub grace: f64,
+    /// How long to wait for a process to exit before sending SIGKILL (e.g. 10s, 1m)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub grace: Duration,
 
-    /// Seconds to wait, after the processes ended, for NVML to show their memory released
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub timeout: f64,
+    /// How long to wait, after the processes ended, for NVML to show their memory released
+    /// (e.g. 10s)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub timeout: Duration,
 
     /// Run a round every DURATION (e.g. 5m) until SIGINT/SIGTERM, watching the GPUs live
     /// between rounds
-    #[arg(long, value_name = "DURATION")]
-    pub every: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = round_period)]
+    pub every: Option<Duration>,
 
-    /// With --every: time between live samples (at least 50ms)
+    /// With --every: time between live samples (e.g. 5s; at least 50ms)
     #[arg(
         long,
         value_name = "DURATION",
         default_value = "5s",
-        requires = "every"
+        requires = "every",
+        value_parser = interval
     )]
-    pub interval: String,
+    pub interval: Duration,
 
-    /// Time zone of the times shown (e.g. UTC); default: the system's
+    /// Time zone of the times shown (e.g. UTC, Europe/Paris); default: TZ, else the
+    /// system's
     #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 
@@ -710,6 +965,115 @@ pub struct ReapArgs {
     /// sample, without waiting
     #[arg(long, hide = true, value_name = "UNIX_MS")]
     pub simulated_clock: Option<i64>,
+}
+
+/// `history --step`: buckets of a length, or every sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `raw`: every sample.
+    Raw,
+    /// Buckets of this length.
+    Every(Duration),
+}
+
+/// Shortest sampling interval of the live loops (`record`, `serve`, `status --watch`,
+/// `leaks --watch`, `reap --every`): below it NVML calls and /proc reads dominate the
+/// machine.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Longest wait a flag accepts (`--grace`, `--timeout`, `--interval`): a day. Longer is a
+/// typo, and a daemon must not sleep past its next useful action.
+const MAX_WAIT: Duration = Duration::from_secs(86_400);
+
+/// Any duration, by the one parser (`vramctl_core::duration`): `500ms`, `2s`, `1h30m`,
+/// `1.5s`, or a bare number of seconds.
+fn duration(text: &str) -> Result<Duration, String> {
+    vramctl_core::duration::parse(text).map_err(|e| e.to_string())
+}
+
+use vramctl_core::duration::format as human;
+
+/// A duration within `min..=max`.
+fn duration_within(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let value = duration(text)?;
+    if value < min {
+        return Err(format!(
+            "'{}' is shorter than {min}; use {min} or more",
+            text.trim(),
+            min = human(min)
+        ));
+    }
+    if value > max {
+        return Err(format!(
+            "'{}' is longer than {max}; use {max} or less",
+            text.trim(),
+            max = human(max)
+        ));
+    }
+    Ok(value)
+}
+
+/// A sampling interval of a live loop: 50ms to a day.
+fn interval(text: &str) -> Result<Duration, String> {
+    duration_within(text, MIN_INTERVAL, MAX_WAIT)
+}
+
+/// `top --interval`: 100ms (a frame's drawing and /proc reads need it) to an hour.
+fn top_interval(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::from_millis(100), Duration::from_secs(3600))
+}
+
+/// A duration longer than 0 (`--idle-for`: "idle for no time" would make every holder
+/// idle).
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    let value = duration(text)?;
+    if value.is_zero() {
+        return Err(format!(
+            "'{}' must be longer than 0; use e.g. 30m",
+            text.trim()
+        ));
+    }
+    Ok(value)
+}
+
+/// `reap --every`: a round of the plan, at least a second apart.
+fn round_period(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::from_secs(1), Duration::MAX)
+}
+
+/// A wait (`--grace`, `--timeout`, `--peak-window`): 0 to a day.
+fn wait(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::ZERO, MAX_WAIT)
+}
+
+/// `ps --cpu-interval`: 0 (lifetime average) to a minute.
+fn cpu_interval(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::ZERO, Duration::from_secs(60))
+}
+
+/// `--since` / `--until`: a duration back from now (`10m`, `-10m`), `all`, `now`, RFC 3339
+/// or a local `YYYY-MM-DD HH:MM[:SS]` (`vramctl_core::wall_time`).
+fn when(text: &str) -> Result<When, String> {
+    text.parse()
+        .map_err(|e: vramctl_core::wall_time::WallTimeError| e.to_string())
+}
+
+/// The old `--format` of the readers (`import`, `leaks`, `plot`): refused with where it went,
+/// so that `--format` has one meaning, the output format.
+fn format_moved(_: &str) -> Result<String, String> {
+    Err(
+        "the format of input files is now --input-format (e.g. --input-format gpuz); \
+         --format always names an output format"
+            .to_owned(),
+    )
+}
+
+/// `history --step`: `raw`, or a bucket length of at least a millisecond.
+fn step(text: &str) -> Result<Step, String> {
+    if text.trim() == "raw" {
+        return Ok(Step::Raw);
+    }
+    duration_within(text, Duration::from_millis(1), Duration::MAX).map(Step::Every)
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -730,5 +1094,135 @@ mod tests {
     #[test]
     fn verify_cli() {
         Cli::command().debug_assert();
+    }
+
+    fn parses(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("vramctl").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Every flag that takes a time, as `[command line before the value]`.
+    const TIME_FLAGS: &[&[&str]] = &[
+        &["status", "--watch"],
+        &["serve", "--interval"],
+        &["serve", "--peak-window"],
+        &["record", "--interval"],
+        &["record", "--duration"],
+        &["history", "--step"],
+        &["leaks", "--idle-for"],
+        &["leaks", "--warmup"],
+        &["leaks", "--watch", "--interval"],
+        &["plot", "--idle-for"],
+        &["top", "--interval"],
+        &["top", "--idle-for"],
+        &["ps", "--cpu-interval"],
+        &["kill", "1", "--grace"],
+        &["kill", "1", "--timeout"],
+        &["reap", "--idle-for"],
+        &["reap", "--grace"],
+        &["reap", "--timeout"],
+        &["reap", "--every"],
+        &["reap", "--every", "5m", "--interval"],
+    ];
+
+    #[test]
+    fn every_time_flag_takes_the_same_duration_forms() {
+        // They took f64 seconds (--grace 10), strings without bare seconds (--interval
+        // 1s), or each their own parser; now one, so any form works on every flag.
+        for flag in TIME_FLAGS {
+            for value in ["1500ms", "1.5s", "1.5", "0m1s500ms", "2s", "2"] {
+                let args: Vec<&str> = flag.iter().copied().chain([value]).collect();
+                assert!(parses(&args).is_ok(), "{args:?}: {:?}", parses(&args).err());
+            }
+        }
+        for flag in [
+            ["record", "--duration"],
+            ["reap", "--idle-for"],
+            ["leaks", "--idle-for"],
+        ] {
+            let args = [flag[0], flag[1], "1h30m"];
+            assert!(parses(&args).is_ok(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_duration_is_refused_while_parsing_naming_the_flag() {
+        for flag in TIME_FLAGS {
+            let args: Vec<&str> = flag.iter().copied().chain(["soon"]).collect();
+            let err = parses(&args).unwrap_err();
+            let name = flag.last().unwrap();
+            assert!(
+                err.contains(&format!(
+                    "for '{name} <DURATION>': 'soon' is not a duration"
+                )),
+                "{args:?}: {err}"
+            );
+        }
+        let err = parses(&["record", "--interval", "10ms"]).unwrap_err();
+        assert!(
+            err.contains("'10ms' is shorter than 50ms; use 50ms or more"),
+            "{err}"
+        );
+        let err = parses(&["kill", "1", "--grace=-1s"]).unwrap_err();
+        assert!(err.contains("'-1s' is negative"), "{err}");
+        let err = parses(&["leaks", "--idle-for", "0s"]).unwrap_err();
+        assert!(err.contains("'0s' must be longer than 0"), "{err}");
+        let err = parses(&["top", "--interval", "2h"]).unwrap_err();
+        assert!(err.contains("'2h' is longer than 1h"), "{err}");
+    }
+
+    /// `'a b' c` → `["a b", "c"]`, and nothing from a `|` on (the examples' shell).
+    fn words(line: &str) -> Vec<String> {
+        let line = line.split(" | ").next().unwrap_or(line);
+        let mut words = Vec::new();
+        for (i, part) in line.split('\'').enumerate() {
+            if i % 2 == 1 {
+                words.push(part.to_owned());
+            } else {
+                words.extend(part.split_whitespace().map(str::to_owned));
+            }
+        }
+        words
+    }
+
+    #[test]
+    fn every_commands_help_ends_with_examples_that_parse() {
+        for sub in Cli::command().get_subcommands() {
+            let name = sub.get_name();
+            if name == "help" {
+                continue;
+            }
+            let after = sub
+                .get_after_help()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let (_, examples) = after
+                .rsplit_once("Examples:\n")
+                .unwrap_or_else(|| panic!("{name}: no examples at the end of its help"));
+            let lines: Vec<&str> = examples.lines().collect();
+            assert!((2..=4).contains(&lines.len()), "{name}: {lines:?}");
+            for line in lines {
+                let example = line.trim_start();
+                assert!(
+                    example.starts_with(&format!("vramctl {name}")),
+                    "{name}: {line}"
+                );
+                let args = words(example);
+                if let Err(err) = Cli::try_parse_from(&args) {
+                    panic!("{name}: '{example}' does not parse: {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn step_is_raw_or_a_length() {
+        let step = |text: &str| match parses(&["history", "--step", text]).map(|c| c.command) {
+            Ok(Command::History(args)) => args.step,
+            _ => None,
+        };
+        assert_eq!(step("raw"), Some(Step::Raw));
+        assert_eq!(step("90"), Some(Step::Every(Duration::from_secs(90))));
+        assert_eq!(step("0s"), None);
     }
 }

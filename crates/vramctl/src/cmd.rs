@@ -41,21 +41,10 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
     }
 }
 
-/// Shortest sampling interval of the live loops (`record`, `leaks --watch`, `reap
-/// --every`): below it NVML calls and /proc reads dominate the machine.
-const MIN_INTERVAL_MS: i64 = 50;
-
-/// `--interval` of a live loop, in milliseconds.
-///
-/// # Errors
-/// When it does not parse or is shorter than 50 ms.
-pub fn parse_interval(text: &str) -> anyhow::Result<i64> {
-    let interval_ms =
-        vramctl_store::parse_duration_ms(text).map_err(|e| anyhow::anyhow!("--interval: {e}"))?;
-    if interval_ms < MIN_INTERVAL_MS {
-        anyhow::bail!("--interval '{text}' is shorter than {MIN_INTERVAL_MS}ms; use 50ms or more");
-    }
-    Ok(interval_ms)
+/// `d` in whole milliseconds, as the store and the analysis count time (saturating: a
+/// duration flag is at most years long, far below `i64::MAX` ms).
+pub fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The history database: `--db` / `VRAMCTL_DB`, else `$XDG_STATE_HOME/vramctl/history.db`,

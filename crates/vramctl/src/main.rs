@@ -9,6 +9,7 @@ mod cli;
 mod cmd;
 mod exit;
 mod exporter;
+mod logging;
 mod output;
 mod recorder;
 
@@ -21,35 +22,49 @@ use crate::exit::Exit;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+        Ok(cli) => cli.resolved(),
         Err(err) if !err.use_stderr() => {
             // --help and --version are "errors" that print to stdout and succeed.
             let _ = err.print();
             return Exit::Ok.into();
         }
-        Err(err) => {
-            eprintln!("vramctl: error: {}", usage_error_line(&err));
-            return Exit::Usage.into();
-        }
+        Err(err) => return usage_error(&err),
     };
     // The recorder is a daemon: it says what it does at info level, and may log to a file.
     let (default_level, log_file) = match &cli.command {
         cli::Command::Record(args) => ("info", args.log_file.as_deref()),
         _ => ("error", None),
     };
-    if let Err(err) = init_logging(cli.global.verbose, default_level, log_file) {
-        eprintln!("vramctl: error: {err:#}");
-        return Exit::Usage.into();
+    let dropped = match logging::init(
+        cli.global.verbose,
+        default_level,
+        log_file,
+        cli.global.color,
+    ) {
+        Ok(dropped) => dropped,
+        Err(err) => {
+            print_error(&format!("{err:#}"));
+            return Exit::Usage.into();
+        }
+    };
+    let outcome = cmd::run(&cli);
+    if dropped.count() > 0 {
+        // Once, at exit: to the log file when there is one (it may work again); on a
+        // closed stderr this line is dropped too, harmlessly.
+        tracing::warn!(
+            dropped_lines = dropped.count(),
+            "Some log lines could not be written."
+        );
     }
-    match cmd::run(&cli) {
+    match outcome {
         Ok(exit) => exit.into(),
         Err(err) => {
             let exit = exit::classify(&err);
             if exit != Exit::Ok {
                 // One line, so scripts and logs keep the whole story together.
                 match exit::hint(&err) {
-                    Some(hint) => eprintln!("vramctl: error: {err:#}; {hint}"),
-                    None => eprintln!("vramctl: error: {err:#}"),
+                    Some(hint) => print_error(&format!("{err:#}; {hint}")),
+                    None => print_error(&format!("{err:#}")),
                 }
             }
             exit.into()
@@ -57,51 +72,74 @@ fn main() -> ExitCode {
     }
 }
 
-/// clap's first line (`unexpected argument '--foo' found`) with a pointer to `--help`,
-/// instead of its multi-line usage block: errors are one line.
-fn usage_error_line(err: &clap::Error) -> String {
+/// `vramctl: error: <line>` on stderr; nothing (and no panic, as `eprintln!` would) when
+/// stderr is closed.
+fn print_error(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "vramctl: error: {line}");
+}
+
+/// A command line clap refused: `vramctl` alone gets the help (on stderr: it is a usage
+/// error, exit 2); anything else one line, clap's first with its hints ("a similar
+/// argument exists: '--json'") and a pointer to the help of the command being typed.
+fn usage_error(err: &clap::Error) -> ExitCode {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let command = typed_subcommand(&args);
+    if command.is_none()
+        && matches!(
+            err.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand
+        )
+    {
+        use std::io::Write;
+        let help = Cli::command().render_help();
+        let _ = write!(std::io::stderr(), "{help}");
+        return Exit::Usage.into();
+    }
+    print_error(&usage_error_line(err, command.as_deref()));
+    Exit::Usage.into()
+}
+
+/// The subcommand named on the command line, if any (`status` in `vramctl --color never
+/// status --jsno`).
+fn typed_subcommand(args: &[std::ffi::OsString]) -> Option<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    args.iter()
+        .skip(1)
+        .filter_map(|arg| arg.to_str())
+        .filter(|arg| *arg != "help")
+        .find_map(|arg| cli.find_subcommand(arg).map(|c| c.get_name().to_owned()))
+}
+
+/// clap's message on one line: its first line, what it lists below it (missing
+/// arguments), its tips, and where to read more, instead of its multi-line usage block.
+fn usage_error_line(err: &clap::Error, command: Option<&str>) -> String {
     let text = err.to_string();
-    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    let mut first = lines
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"));
+    let mut line = lines
         .next()
         .unwrap_or("invalid command line")
         .trim_start_matches("error: ")
         .to_owned();
-    // "the following required arguments were not provided:" names them on the next line.
-    if let Some(stem) = first.strip_suffix(':') {
-        first = format!("{stem}: {}", lines.next().unwrap_or(""));
+    let (tips, items): (Vec<&str>, Vec<&str>) = lines.partition(|l| l.starts_with("tip: "));
+    // "the following required arguments were not provided:" names them on the next lines.
+    if let Some(stem) = line.strip_suffix(':') {
+        line = format!("{stem}: {}", items.join(", "));
     }
-    format!("{}; see 'vramctl --help'", first.trim())
-}
-
-fn init_logging(
-    verbose: u8,
-    default_level: &str,
-    log_file: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let default = match verbose {
-        0 => default_level,
-        1 => "info",
-        2 => "debug",
-        _ => "trace",
+    for tip in tips {
+        line.push_str("; ");
+        line.push_str(tip.trim_start_matches("tip: "));
+    }
+    let help = match command {
+        Some(name) => format!("vramctl {name} --help"),
+        None => "vramctl --help".to_owned(),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VRAMCTL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match log_file {
-        Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open the log file '{}'", path.display()))?;
-            builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init();
-        }
-        None => builder.with_writer(std::io::stderr).init(),
-    }
-    Ok(())
+    format!("{}; see '{help}'", line.trim())
 }

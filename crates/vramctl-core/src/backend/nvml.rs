@@ -570,14 +570,20 @@ fn device_error(err: NvmlError) -> DeviceError {
     }
 }
 
-/// nvml-wrapper's messages end in a period and start in upper case; ours do neither.
+/// nvml-wrapper's messages may end in a period; ours do not. They are already lower case
+/// except where they start with a name (`NVIDIA driver is not loaded`, `RM detects ...`,
+/// `NVML was ...`), which keeps its capitals: only a capitalised ordinary word (`The`) is
+/// lowered.
 fn describe(err: &NvmlError) -> String {
     let text = err.to_string();
     let text = text.trim_end_matches('.');
     let mut chars = text.chars();
-    match chars.next() {
-        Some(first) => first.to_lowercase().chain(chars).collect(),
-        None => "unknown NVML error".into(),
+    match (chars.next(), chars.clone().next()) {
+        (None, _) => "unknown NVML error".into(),
+        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
+            first.to_lowercase().chain(chars).collect()
+        }
+        (Some(_), _) => text.to_owned(),
     }
 }
 
@@ -712,6 +718,22 @@ mod tests {
             Some(true)
         );
         assert!(!describe(&NvmlError::NotSupported).ends_with('.'));
+    }
+
+    #[test]
+    fn driver_messages_keep_the_names_they_start_with() {
+        assert_eq!(
+            describe(&NvmlError::DriverNotLoaded),
+            "NVIDIA driver is not loaded"
+        );
+        assert_eq!(
+            describe(&NvmlError::LibRmVersionMismatch),
+            "RM detects a driver/library version mismatch"
+        );
+        assert_eq!(
+            describe(&NvmlError::Uninitialized),
+            "NVML was not first initialized with `Nvml::init()`"
+        );
     }
 
     #[test]

@@ -4,25 +4,25 @@
 use std::io::Write;
 
 use anyhow::{Context, anyhow};
+use vramctl_core::wall_time;
 use vramctl_store::TimeRange;
 use vramctl_store::format::{ndjson, smi};
 
 use super::db_path;
-use super::history::{parse_when, time_zone};
 use crate::cli::{ExportArgs, ExportFormat, GlobalArgs};
 use crate::exit::Exit;
 
 /// Runs `export`.
 pub fn run(global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<Exit> {
-    let tz = time_zone(args.tz.as_deref())?;
+    let tz = wall_time::zone(args.tz.as_deref())?;
     let now = jiff::Timestamp::now().as_millisecond();
     let range = TimeRange {
         from_ms: match &args.since {
-            Some(s) => parse_when(s, now, &tz).context("--since")?,
+            Some(s) => s.resolve(now, &tz).context("--since")?,
             None => i64::MIN,
         },
         to_ms: match &args.until {
-            Some(u) => parse_when(u, now, &tz).context("--until")?,
+            Some(u) => u.resolve(now, &tz).context("--until")?,
             None => i64::MAX,
         },
     };

@@ -11,16 +11,16 @@ mod audit;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
+use vramctl_core::wall_time::{self, When};
 use vramctl_store::{
     DeviceRecord, Entry, Gap, Metric, ProcessRecord, Store, TimeRange, format::rfc3339,
-    parse_duration_ms,
 };
 
 use super::db_path;
-use crate::cli::{GlobalArgs, HistoryArgs, HistoryFormat};
+use crate::cli::{GlobalArgs, HistoryArgs, HistoryFormat, Step};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use crate::output::units;
@@ -30,56 +30,6 @@ pub const SCHEMA: u32 = 1;
 
 /// Rows a table shows per series when no `--step` is given.
 const TABLE_ROWS: i64 = 30;
-
-/// `--tz`, or the system's zone.
-pub fn time_zone(tz: Option<&str>) -> anyhow::Result<TimeZone> {
-    match tz {
-        None => Ok(TimeZone::system()),
-        Some(name) => TimeZone::get(name).map_err(|e| {
-            anyhow!("unknown time zone '{name}' ({e}); use a name like UTC or Europe/Paris")
-        }),
-    }
-}
-
-/// `--since` / `--until`: `all`, a duration back from `now_ms` (`10m`), RFC 3339, or a local
-/// `YYYY-MM-DD HH:MM[:SS]` in `tz`.
-pub fn parse_when(text: &str, now_ms: i64, tz: &TimeZone) -> anyhow::Result<i64> {
-    let text = text.trim();
-    if text == "all" {
-        return Ok(i64::MIN);
-    }
-    if text == "now" {
-        return Ok(now_ms);
-    }
-    if let Ok(ago) = parse_duration_ms(text) {
-        return Ok(now_ms.saturating_sub(ago));
-    }
-    if let Ok(t) = text.parse::<jiff::Timestamp>() {
-        return Ok(t.as_millisecond());
-    }
-    for format in [
-        "%Y-%m-%d %H:%M:%S",
-        "%Y-%m-%d %H:%M",
-        "%Y-%m-%dT%H:%M:%S",
-        "%Y-%m-%d",
-    ] {
-        let parsed = if format == "%Y-%m-%d" {
-            jiff::civil::Date::strptime(format, text)
-                .map(|d| d.to_datetime(jiff::civil::Time::midnight()))
-        } else {
-            jiff::civil::DateTime::strptime(format, text)
-        };
-        if let Ok(dt) = parsed {
-            return dt
-                .to_zoned_datetime(tz.clone())
-                .map(|z| z.timestamp().as_millisecond())
-                .map_err(|e| anyhow!("'{text}' does not exist in that time zone: {e}"));
-        }
-    }
-    bail!(
-        "'{text}' is not a time; use a duration back from now (10m, 24h), 'all', RFC 3339, or 'YYYY-MM-DD HH:MM'"
-    )
-}
 
 /// Devices matching `--gpu` selectors (index, UUID or a UUID prefix of 8+ characters).
 pub fn select_devices(
@@ -165,16 +115,17 @@ enum Row<'a> {
 
 /// Runs `history`.
 pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
-    let tz = time_zone(args.tz.as_deref())?;
+    let tz = wall_time::zone(args.tz.as_deref())?;
     let now = jiff::Timestamp::now().as_millisecond();
-    let since = args
-        .since
-        .as_deref()
-        .unwrap_or(if args.audit { "all" } else { "1h" });
+    let since = args.since.clone().unwrap_or(if args.audit {
+        When::All
+    } else {
+        When::Ago { ms: 3_600_000 }
+    });
     let range = TimeRange {
-        from_ms: parse_when(since, now, &tz).context("--since")?,
+        from_ms: since.resolve(now, &tz).context("--since")?,
         to_ms: match &args.until {
-            Some(u) => parse_when(u, now, &tz).context("--until")?,
+            Some(u) => u.resolve(now, &tz).context("--until")?,
             None => i64::MAX,
         },
     };
@@ -187,15 +138,9 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let mut store = super::open_history(&db_path(global)?)?;
     let devices = select_devices(store.devices()?, &args.gpu)?;
     let bounds = store.time_bounds()?;
-    let step_ms = match args.step.as_deref() {
-        Some("raw") => 0,
-        Some(s) => {
-            let ms = parse_duration_ms(s).map_err(|e| anyhow!("--step: {e}"))?;
-            if ms <= 0 {
-                bail!("--step '{s}' must be longer than 0");
-            }
-            ms
-        }
+    let step_ms = match args.step {
+        Some(Step::Raw) => 0,
+        Some(Step::Every(length)) => super::millis(length),
         None if args.format == HistoryFormat::Table => {
             let (lo, hi) = bounds.unwrap_or((0, 0));
             let span = range.to_ms.min(hi).saturating_sub(range.from_ms.max(lo));
@@ -696,6 +641,8 @@ struct TableSink {
     processes: Table,
     device_rows: usize,
     process_rows: usize,
+    /// The first time shown, where the zone is named.
+    first_ms: Option<i64>,
 }
 
 impl TableSink {
@@ -724,10 +671,12 @@ impl TableSink {
             ]),
             device_rows: 0,
             process_rows: 0,
+            first_ms: None,
         }
     }
 
-    fn time(&self, t: i64) -> String {
+    fn time(&mut self, t: i64) -> String {
+        self.first_ms.get_or_insert(t);
         jiff::Timestamp::from_millisecond(t).map_or_else(
             |_| t.to_string(),
             |ts| {
@@ -763,8 +712,9 @@ impl Sink for TableSink {
             Row::Device(t, _, dev, values) => {
                 let v = |m: Metric| values.values.get(&m).copied();
                 let used = v(Metric::UsedBytes);
+                let time = self.time(t);
                 self.devices.push(vec![
-                    self.time(t),
+                    time,
                     gpu_label(dev),
                     used.map_or_else(|| "-".into(), |a| units::bytes(a.last)),
                     used.map_or_else(|| "-".into(), |a| units::bytes(a.max)),
@@ -781,8 +731,9 @@ impl Sink for TableSink {
             }
             Row::Process(t, _, p, dev, agg) => {
                 let proc = processes.get(&p);
+                let time = self.time(t);
                 self.processes.push(vec![
-                    self.time(t),
+                    time,
                     gpu_label(dev),
                     proc.map_or_else(|| "?".into(), |p| p.meta.key.pid.to_string()),
                     proc.and_then(|p| p.meta.user.clone())
@@ -802,7 +753,7 @@ impl Sink for TableSink {
         &mut self,
         out: &mut dyn Write,
         gaps: &[Gap],
-        _range: TimeRange,
+        range: TimeRange,
         step_ms: i64,
         devices: &[DeviceRecord],
     ) -> anyhow::Result<()> {
@@ -817,6 +768,12 @@ impl Sink for TableSink {
                 human_ms(step_ms)
             )
         };
+        // The zone once per output, at the first time shown (or the range's start).
+        let zone_at = self.first_ms.unwrap_or(range.from_ms.max(0));
+        let step = format!(
+            "{step}, times in {}",
+            wall_time::zone_label(&self.tz, zone_at)
+        );
         if self.device_rows == 0 && self.process_rows == 0 {
             w(out, "no samples in this range")?;
         }
@@ -876,26 +833,6 @@ fn human_ms(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn when_forms() {
-        let tz = TimeZone::UTC;
-        let now = 1_795_984_291_715;
-        assert_eq!(parse_when("10m", now, &tz).unwrap(), now - 600_000);
-        assert_eq!(parse_when("all", now, &tz).unwrap(), i64::MIN);
-        assert_eq!(
-            parse_when("2026-11-29T20:31:31.715Z", now, &tz).unwrap(),
-            now
-        );
-        assert_eq!(
-            parse_when("2026-11-29 20:31", now, &tz).unwrap(),
-            1_795_984_260_000
-        );
-        let err = parse_when("last tuesday", now, &tz)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("'last tuesday' is not a time"), "{err}");
-    }
 
     #[test]
     fn steps_are_round() {

@@ -9,9 +9,9 @@ use vramctl_store::format::{Format, ImportOptions, ImportReport, import_files};
 use vramctl_store::{OpenMode, Store};
 
 use super::db_path;
-use super::history::time_zone;
 use crate::cli::{GlobalArgs, ImportArgs, ImportFormat};
 use crate::exit::Exit;
+use vramctl_core::wall_time::zone as time_zone;
 
 /// Bad rows listed one by one before the rest are only counted.
 const LIST_AT_MOST: usize = 20;

@@ -17,7 +17,6 @@ mod watch;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
@@ -26,14 +25,15 @@ use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
     TrendTest, Verdict, explain,
 };
+use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rfc3339};
-use vramctl_store::{DeviceRecord, Store, TimeRange, parse_duration_ms};
+use vramctl_store::{DeviceRecord, Store, TimeRange};
 
 pub use scan::{Finding, analyse};
 pub use watch::Host;
 
 use super::db_path;
-use super::history::{parse_when, select_devices, time_zone};
+use super::history::select_devices;
 use crate::cli::{AnalysisArgs, GlobalArgs, LeaksArgs, SourceArgs};
 use crate::exit::Exit;
 use crate::output::units::parse_bytes;
@@ -84,27 +84,19 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs) -> anyhow::Result<Exit> {
 
 /// `--min-idle-mem`, `--idle-for`, `--warmup` over the documented defaults.
 pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
-    let duration = |flag: &str, text: &str| -> anyhow::Result<Duration> {
-        let ms = parse_duration_ms(text).map_err(|e| anyhow!("{flag}: {e}"))?;
-        Ok(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
-    };
     let cfg = LeakConfig {
         min_idle_bytes: parse_bytes(&args.min_idle_mem)
             .map_err(|e| anyhow!("--min-idle-mem: {e}"))?,
-        idle_for: duration("--idle-for", &args.idle_for)?,
-        min_warmup: duration("--warmup", &args.warmup)?,
+        idle_for: args.idle_for,
+        min_warmup: args.warmup,
         ..LeakConfig::default()
     };
-    if cfg.idle_for.is_zero() {
-        bail!(
-            "--idle-for '{}' must be longer than 0; use e.g. 30m",
-            args.idle_for
-        );
-    }
     if cfg.min_warmup > cfg.max_warmup {
         bail!(
-            "--warmup '{}' is longer than the analysis ever waits for warm-up (10m); use 10m or less",
-            args.warmup
+            "--warmup '{}' is longer than the analysis ever waits for warm-up ({}); use {} or less",
+            vramctl_core::duration::format(args.warmup),
+            vramctl_core::duration::format(cfg.max_warmup),
+            vramctl_core::duration::format(cfg.max_warmup),
         );
     }
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
@@ -138,7 +130,7 @@ pub struct Source {
 /// Opens the history, or reads the files into an in-memory store, and resolves the range
 /// and devices. Shared by `leaks` and `plot`.
 pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Source> {
-    let tz = time_zone(args.tz.as_deref())?;
+    let tz = wall_time::zone(args.tz.as_deref())?;
     let (mut store, kind) = if args.files.is_empty() {
         let path = db_path(global)?;
         (super::open_history(&path)?, SourceKind::Store(path))
@@ -150,11 +142,11 @@ pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Sou
     let bounds = store.time_bounds()?;
     let now = jiff::Timestamp::now().as_millisecond();
     let until = match &args.until {
-        Some(u) => parse_when(u, now, &tz).context("--until")?,
+        Some(u) => u.resolve(now, &tz).context("--until")?,
         None => i64::MAX,
     };
     let since = match &args.since {
-        Some(s) => parse_when(s, now, &tz).context("--since")?,
+        Some(s) => s.resolve(now, &tz).context("--since")?,
         None => match (&kind, bounds) {
             (SourceKind::Store(_), Some((_, last))) => {
                 last.min(until).saturating_sub(DEFAULT_SPAN_MS)
@@ -165,7 +157,10 @@ pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Sou
     if since > until {
         bail!(
             "--since '{}' is after --until",
-            args.since.as_deref().unwrap_or("")
+            args.since
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default()
         );
     }
     let range = match bounds {
@@ -239,33 +234,6 @@ pub fn rank(v: Verdict) -> u8 {
         Verdict::Sawtooth => 3,
         Verdict::Stable => 4,
     }
-}
-
-/// `HH:MM:SS` in `tz`, with the date when `with_date`.
-pub fn clock(tz: &TimeZone, t_unix_ms: i64, with_date: bool) -> String {
-    let format = if with_date {
-        "%Y-%m-%d %H:%M:%S"
-    } else {
-        "%H:%M:%S"
-    };
-    jiff::Timestamp::from_millisecond(t_unix_ms).map_or_else(
-        |_| t_unix_ms.to_string(),
-        |ts| {
-            ts.to_zoned_datetime(tz.clone())
-                .strftime(format)
-                .to_string()
-        },
-    )
-}
-
-/// Whether two times fall on the same day in `tz`.
-pub fn same_day(tz: &TimeZone, a: i64, b: i64) -> bool {
-    let day = |t: i64| {
-        jiff::Timestamp::from_millisecond(t)
-            .ok()
-            .map(|ts| ts.to_zoned_datetime(tz.clone()).date())
-    };
-    day(a) == day(b)
 }
 
 /// `GPU 0`, or the UUID when the index was not recorded (an nvidia-smi
@@ -421,9 +389,10 @@ fn human(source: &Source, findings: &[Finding]) -> Vec<String> {
     };
     lines.push(String::new());
     lines.push(format!(
-        "{verdicts} {among}, {} → {} ({})",
+        "{verdicts} {among}, {} → {} {} ({})",
         clock(tz, first, true),
         clock(tz, last, dated),
+        wall_time::zone_label(tz, first),
         vramctl_core::analysis::human_duration((last - first) as f64 / 1000.0),
     ));
     lines
@@ -676,11 +645,14 @@ fn document(source: &Source, findings: &[Finding], cfg: &LeakConfig) -> Document
 mod tests {
     use super::*;
 
+    use std::time::Duration;
+
     fn analysis(min_idle_mem: &str, idle_for: &str, warmup: &str) -> AnalysisArgs {
+        let duration = |text| vramctl_core::duration::parse(text).unwrap();
         AnalysisArgs {
             min_idle_mem: min_idle_mem.into(),
-            idle_for: idle_for.into(),
-            warmup: warmup.into(),
+            idle_for: duration(idle_for),
+            warmup: duration(warmup),
         }
     }
 
@@ -696,11 +668,6 @@ mod tests {
             (
                 analysis("x", "30m", "0s"),
                 "--min-idle-mem: 'x' is not a size",
-            ),
-            (analysis("1GiB", "soon", "0s"), "--idle-for: 'soon'"),
-            (
-                analysis("1GiB", "0s", "0s"),
-                "--idle-for '0s' must be longer than 0",
             ),
             (
                 analysis("1GiB", "30m", "1h"),

@@ -11,11 +11,10 @@ use std::io::Write;
 
 use anyhow::{Context, bail};
 use vramctl_core::analysis::{Verdict, human_bytes, human_rate};
+use vramctl_core::wall_time::{clock, same_day, zone_label};
 
 use super::history::plot_panels;
-use super::leaks::{
-    Finding, SourceKind, analyse, clock, leak_config, open_source, same_day, short_command,
-};
+use super::leaks::{Finding, SourceKind, analyse, leak_config, open_source, short_command};
 use crate::cli::{GlobalArgs, PlotArgs};
 use crate::exit::Exit;
 use crate::output::chart::{
@@ -134,9 +133,10 @@ pub fn run(global: &GlobalArgs, args: &PlotArgs) -> anyhow::Result<Exit> {
         chart_panels.push(panel);
     }
     let title = format!(
-        "GPU memory, {} → {}",
+        "GPU memory, {} → {} {}",
         clock(&tz, from, true),
-        clock(&tz, to, !same_day(&tz, from, to))
+        clock(&tz, to, !same_day(&tz, from, to)),
+        zone_label(&tz, from)
     );
     let chart = Chart {
         title,

@@ -37,20 +37,17 @@ use vramctl_core::signal::{
 use vramctl_core::types::{DeviceInfo, Snapshot};
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
-use vramctl_store::parse_duration_ms;
 
 use self::evidence::{FRESH, History, read_history};
 use self::judge::{
     Context as JudgeContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
 };
 use self::policy::{Policy, PolicyJson};
-use super::history::time_zone;
 use super::kill::release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
     still_held, verify_release,
 };
-use super::kill::seconds;
-use super::leaks::{Host, clock, same_day};
+use super::leaks::Host;
 use super::ps::{GpuHolding, holdings};
 use super::record::{stop_signals, wait_next_tick};
 use super::{GpuFilter, db_path};
@@ -58,12 +55,12 @@ use crate::audit::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapArgs};
 use crate::exit::Exit;
 use crate::output::units;
+use vramctl_core::wall_time::zone as time_zone;
+use vramctl_core::wall_time::{clock, same_day};
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
 
-/// Shortest `--every`.
-const MIN_EVERY_MS: i64 = 1000;
 /// The history is analysed over at least this long before now (as `leaks` does), and over
 /// twice the longest `idle_for` when that is longer.
 const LOOKBACK: Duration = Duration::from_secs(24 * 3600);
@@ -71,23 +68,12 @@ const LOOKBACK: Duration = Duration::from_secs(24 * 3600);
 /// Runs `reap`.
 pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
     let policies = policy::resolve(args)?;
-    let grace = seconds("--grace", args.grace)?;
-    let timeout = seconds("--timeout", args.timeout)?;
+    let (grace, timeout) = (args.grace, args.timeout);
     if args.max_kills == Some(0) {
         bail!("--max-kills 0 would never reap; leave --apply out to only see the plan");
     }
-    let every_ms = args
-        .every
-        .as_deref()
-        .map(|t| parse_duration_ms(t).map_err(|e| anyhow!("--every: {e}")))
-        .transpose()?;
-    if let Some(ms) = every_ms.filter(|ms| *ms < MIN_EVERY_MS) {
-        bail!(
-            "--every '{}' ({ms} ms) is shorter than 1s; use e.g. 5m",
-            args.every.as_deref().unwrap_or_default()
-        );
-    }
-    let interval_ms = crate::cmd::parse_interval(&args.interval)?;
+    let every_ms = args.every.map(super::millis);
+    let interval_ms = super::millis(args.interval);
     let interval_ms = every_ms.map_or(interval_ms, |e| interval_ms.min(e));
     let tz = time_zone(args.tz.as_deref())?;
     let longest = policies
@@ -568,7 +554,7 @@ impl Runner<'_> {
         };
         lines.push(format!(
             "reap{round} at {}{}",
-            clock(&self.tz, now, true),
+            vramctl_core::wall_time::labelled(&self.tz, now),
             if r.dry_run { " (dry run)" } else { "" }
         ));
         for p in &self.policies {

@@ -24,12 +24,12 @@
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use vramctl_core::clock::{Clock, ManualClock, SystemClock};
 use vramctl_core::procinfo;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
-use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples, parse_duration_ms};
+use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
 
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
@@ -42,13 +42,8 @@ const BACKOFF_MAX_MS: i64 = 300_000;
 
 /// Runs `record`.
 pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
-    let interval_ms = crate::cmd::parse_interval(&args.interval)?;
-    let duration_ms = args
-        .duration
-        .as_deref()
-        .map(parse_duration_ms)
-        .transpose()
-        .map_err(|e| anyhow!("--duration: {e}"))?;
+    let interval_ms = crate::cmd::millis(args.interval);
+    let duration_ms = args.duration.map(crate::cmd::millis);
     let retention: Retention = args.retain.parse()?;
     let path = db_path(global)?;
     let mut store = Store::open(&path, OpenMode::Append)?;

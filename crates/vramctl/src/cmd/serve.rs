@@ -13,6 +13,7 @@
 //! waiting, time moving by `--interval` per sample, and keeps serving the last sample; with
 //! the fake NVML's `step` clock the exposition is then deterministic.
 
+use std::io::Write as _;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
@@ -39,14 +40,13 @@ use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
-    let interval = seconds("--interval", args.interval, 0.05)?;
-    let peak_window = seconds("--peak-window", args.peak_window, 0.0)?;
+    let (interval, peak_window) = (args.interval, args.peak_window);
     if peak_window < interval {
         bail!(
             "--peak-window '{}' is shorter than --interval '{}'; make it at least the \
              scrape interval",
-            args.peak_window,
-            args.interval
+            vramctl_core::duration::format(peak_window),
+            vramctl_core::duration::format(interval)
         );
     }
     if args.max_requests == 0 {
@@ -119,7 +119,11 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     // Serve only once there is something to serve; tests and scripts read this line.
     let _ = ready_rx.recv();
     let scheme = if web.tls.is_some() { "https" } else { "http" };
-    eprintln!("vramctl: serving {scheme}://{address}/metrics");
+    // Never `eprintln!` in a daemon: it panics when stderr is closed.
+    let _ = writeln!(
+        std::io::stderr(),
+        "vramctl: serving {scheme}://{address}/metrics"
+    );
 
     let settings = ServerSettings {
         web,
@@ -155,18 +159,14 @@ fn open_recorder(
     let interval_ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
     store.begin_session(&session("serve", interval_ms))?;
     tracing::info!(db = %path.display(), interval_ms, retain, "Recording.");
-    eprintln!("vramctl: recording history into {}", path.display());
+    let _ = writeln!(
+        std::io::stderr(),
+        "vramctl: recording history into {}",
+        path.display()
+    );
     let feed = StoreFeed::start(store, retention, channel_capacity(interval_ms), false)?;
     // Only with /proc labels is /proc read for identities: with `nvml` or `none` the daemon
     // may run without the host's PID namespace, where /proc numbers other processes.
     let procs = Procs::new(procinfo::boot_id(), details == DetailsSource::Proc);
     Ok(HistoryRecorder::new(feed, procs))
-}
-
-fn seconds(flag: &str, value: f64, min: f64) -> anyhow::Result<Duration> {
-    if value.is_finite() && value >= min && value <= 86_400.0 {
-        Ok(Duration::from_secs_f64(value))
-    } else {
-        bail!("{flag} '{value}' is not a number of seconds between {min} and 86400")
-    }
 }

@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde::Serialize;
 use vramctl_core::procinfo::ProcReader;
 use vramctl_core::types::{
@@ -95,11 +95,7 @@ struct DroppedStatus {
 
 /// Runs `status`.
 pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
-    let interval = match args.watch {
-        None => None,
-        Some(secs) if secs.is_finite() && secs >= 0.05 => Some(Duration::from_secs_f64(secs)),
-        Some(secs) => bail!("--watch '{secs}' is not a number of seconds of at least 0.05"),
-    };
+    let interval = args.watch;
     let mut sampler = open_sampler(global)?;
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
     let styles = Styles::for_stdout(global.color);

@@ -42,10 +42,8 @@ use crate::exit::Exit;
 
 /// Runs `top`.
 pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
-    let interval = match args.interval {
-        s if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
-        s => bail!("--interval '{s}' is not a number of seconds between 0.1 and 3600"),
-    };
+    let interval = args.interval;
+    let tz = vramctl_core::wall_time::zone(args.tz.as_deref())?;
     let leak = leak_config(&args.analysis)?;
     let color = match global.color {
         ColorChoice::Always => true,
@@ -69,7 +67,8 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                     .map_err(|e| anyhow::anyhow!("cannot replay '{}': {e}", db.display()))
             })?;
             let judge = judge::StoreJudge::open(db, leak.clone())
-                .with_context(|| format!("cannot replay '{}'", db.display()))?;
+                .with_context(|| format!("cannot replay '{}'", db.display()))?
+                .with_time_zone(tz.clone());
             need_terminal()?;
             let (requests, _replay) =
                 spawn_replay(Box::new(source), Some(Box::new(judge)), tx.clone())
@@ -84,6 +83,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 history_source: false,
                 history_note: Some(format!("the recording '{}'", db.display())),
                 analysis: true,
+                time_zone: tz,
             }
         }
         None => {
@@ -99,7 +99,9 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                     .context("cannot start the history thread")?;
                 history = Some(requests);
             }
-            let judge = AnalysisJudge::new(leak.clone()).map_err(|e| anyhow!("{e}"))?;
+            let judge = AnalysisJudge::new(leak.clone())
+                .map_err(|e| anyhow!("{e}"))?
+                .with_time_zone(tz.clone());
             sampler_thread = Some(
                 spawn_sampler(sampler, interval, Box::new(judge), tx.clone())
                     .context("cannot start the sampler thread")?,
@@ -112,6 +114,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 history_source: history.is_some(),
                 history_note: Some(note),
                 analysis: true,
+                time_zone: tz,
             }
         }
     };

@@ -22,15 +22,11 @@ pub struct Styles {
 impl Styles {
     /// Styles for stdout under `choice`.
     pub fn for_stdout(choice: ColorChoice) -> Self {
-        let on = match choice {
-            ColorChoice::Always => true,
-            ColorChoice::Never => false,
-            ColorChoice::Auto => {
-                std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-                    && std::io::stdout().is_terminal()
-            }
-        };
-        if on { Self::colored() } else { Self::plain() }
+        if choice.enabled(std::io::stdout().is_terminal()) {
+            Self::colored()
+        } else {
+            Self::plain()
+        }
     }
 
     /// No styling at all.

@@ -51,6 +51,8 @@ pub struct AppConfig {
     pub history_note: Option<String>,
     /// A leak/idle analysis feeds verdicts.
     pub analysis: bool,
+    /// The zone times are shown in (`--tz`, `TZ`, the system's).
+    pub time_zone: jiff::tz::TimeZone,
 }
 
 impl Default for AppConfig {
@@ -63,6 +65,7 @@ impl Default for AppConfig {
             history_source: false,
             history_note: None,
             analysis: false,
+            time_zone: jiff::tz::TimeZone::UTC,
         }
     }
 }
@@ -197,6 +200,8 @@ struct Activity {
 /// Everything `top` shows and remembers.
 #[derive(Debug, Clone)]
 pub struct App {
+    /// The zone times are shown in.
+    pub time_zone: jiff::tz::TimeZone,
     /// Styles.
     pub theme: Theme,
     /// Live or replay.
@@ -297,6 +302,7 @@ impl App {
             history_source: config.history_source,
             history_note: config.history_note,
             analysis: config.analysis,
+            time_zone: config.time_zone,
             first_sample_ms: None,
             history_from_ms: None,
             quit: false,

@@ -203,8 +203,19 @@ pub fn judged(
     cfg: vramctl_core::analysis::LeakConfig,
     observations: &[Arc<Observation>],
 ) -> Vec<Arc<Observation>> {
+    judged_in(cfg, observations, jiff::tz::TimeZone::UTC)
+}
+
+/// [`judged`], the verdicts' times in `tz`.
+pub fn judged_in(
+    cfg: vramctl_core::analysis::LeakConfig,
+    observations: &[Arc<Observation>],
+    tz: jiff::tz::TimeZone,
+) -> Vec<Arc<Observation>> {
     use super::verdict::{AnalysisJudge, Judge};
-    let mut judge = AnalysisJudge::new(cfg).expect("valid thresholds");
+    let mut judge = AnalysisJudge::new(cfg)
+        .expect("valid thresholds")
+        .with_time_zone(tz);
     observations
         .iter()
         .map(|o| {

@@ -1,5 +1,9 @@
 //! Short units for narrow columns. Memory is binary (as nvidia-smi's MiB), one decimal
-//! below 100 of a unit so a column stays at most 6 characters wide.
+//! below 100 of a unit so a column stays at most 6 characters wide. Times are in the
+//! zone `top` was given (`--tz`, `TZ`, the system's), through `vramctl_core::wall_time`.
+
+use jiff::tz::TimeZone;
+use vramctl_core::wall_time;
 
 /// `1536` → `1.5K`, `150_754_820_096` → `140G`; `0` → `0`.
 pub fn bytes(n: u64) -> String {
@@ -47,20 +51,14 @@ pub fn duration_ms(ms: i64) -> String {
     }
 }
 
-/// `HH:MM:SS` of a Unix time in milliseconds, UTC.
-pub fn clock_utc(unix_ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(unix_ms).map_or_else(
-        |_| unix_ms.to_string(),
-        |t| t.strftime("%H:%M:%S").to_string(),
-    )
+/// `HH:MM:SS` of a Unix time in milliseconds, in `tz`.
+pub fn clock(tz: &TimeZone, unix_ms: i64) -> String {
+    wall_time::clock(tz, unix_ms, false)
 }
 
-/// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time in milliseconds.
-pub fn datetime_utc(unix_ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(unix_ms).map_or_else(
-        |_| unix_ms.to_string(),
-        |t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string(),
-    )
+/// `YYYY-MM-DD HH:MM:SS ZONE` of a Unix time in milliseconds.
+pub fn datetime(tz: &TimeZone, unix_ms: i64) -> String {
+    wall_time::labelled(tz, unix_ms)
 }
 
 /// Milliwatts as whole watts, `320W`.
@@ -124,8 +122,16 @@ mod tests {
 
     #[test]
     fn times_are_utc() {
-        assert_eq!(clock_utc(1_764_450_131_000), "21:02:11");
-        assert_eq!(datetime_utc(1_764_450_131_000), "2025-11-29 21:02:11 UTC");
+        assert_eq!(clock(&TimeZone::UTC, 1_764_450_131_000), "21:02:11");
+        assert_eq!(
+            datetime(&TimeZone::UTC, 1_764_450_131_000),
+            "2025-11-29 21:02:11 UTC"
+        );
+        let paris = TimeZone::get("Europe/Paris").unwrap();
+        assert_eq!(
+            datetime(&paris, 1_764_450_131_000),
+            "2025-11-29 22:02:11 CET"
+        );
     }
 
     #[test]

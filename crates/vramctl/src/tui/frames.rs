@@ -164,6 +164,39 @@ fn leak_flagged_with_its_numbers() {
 /// the trainer that warmed up and the server whose cache breathes are not flagged. The
 /// leaker's detail pane shows the analysis' own numbers.
 #[test]
+fn top_shows_times_in_the_zone_it_was_given() {
+    // top printed UTC whatever --tz or TZ said; now its header, charts and verdicts speak
+    // the zone given, named once in the header.
+    let cfg = vramctl_core::analysis::LeakConfig {
+        idle_for: std::time::Duration::from_secs(300),
+        ..vramctl_core::analysis::LeakConfig::default()
+    };
+    let paris = jiff::tz::TimeZone::get("Europe/Paris").unwrap();
+    let observations = super::fixtures::judged_in(
+        cfg,
+        &from_scenario("h200-training.toml", &every_5s(600)),
+        paris.clone(),
+    );
+    let mut app = App::new(AppConfig {
+        time_zone: paris,
+        ..AppConfig::default()
+    });
+    app.update(Event::Resize(120, 40));
+    app.analysis = true;
+    feed(&mut app, &observations);
+    let screen = format!("{}", frame(&app));
+    let header = screen.lines().next().unwrap();
+    assert!(header.contains(" 22:10:00 CET "), "{header}");
+    assert!(!screen.contains("UTC"), "{screen}");
+    let last = observations.last().unwrap();
+    let leaker = last
+        .verdicts
+        .get(24177, "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2");
+    let summary = &leaker.unwrap().summary;
+    assert!(summary.contains("since 22:00:00"), "{summary}");
+}
+
+#[test]
 fn verdict_flags_from_the_live_analysis() {
     let cfg = vramctl_core::analysis::LeakConfig {
         idle_for: std::time::Duration::from_secs(300),

@@ -9,12 +9,14 @@
 
 use std::collections::BTreeMap;
 
+use jiff::tz::TimeZone;
 use serde::{Deserialize, Serialize};
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
 use vramctl_core::analysis::{
-    AnalysisError, Evidence, LeakConfig, LeakRule, Phase, SeriesReport, Verdict, human_bytes,
-    human_duration, human_rate, utc_clock,
+    AnalysisError, Evidence, ExplainStyle, LeakConfig, LeakRule, Phase, SeriesReport, Verdict,
+    explain, human_bytes, human_duration, human_rate,
 };
+use vramctl_core::wall_time;
 
 use super::observe::Observation;
 use crate::facts::facts_of_host;
@@ -116,6 +118,7 @@ impl Judge for NoJudge {
 #[derive(Debug, Clone)]
 pub struct AnalysisJudge {
     fleet: FleetTracker,
+    time_zone: TimeZone,
 }
 
 impl AnalysisJudge {
@@ -129,7 +132,15 @@ impl AnalysisJudge {
                 leak: cfg,
                 ..FleetConfig::default()
             })?,
+            time_zone: TimeZone::UTC,
         })
+    }
+
+    /// Times in the verdicts' explanations in `tz` (default UTC).
+    #[must_use]
+    pub fn with_time_zone(mut self, tz: TimeZone) -> Self {
+        self.time_zone = tz;
+        self
     }
 }
 
@@ -139,19 +150,24 @@ impl Judge for AnalysisJudge {
         self.fleet
             .observe(&observation.snapshot, |pid| facts_of_host(hosts.get(&pid)));
         let mut verdicts = Verdicts::default();
-        for (key, _place, report) in self.fleet.current() {
+        for (key, place, report) in self.fleet.current() {
             if let Some(report) = report {
-                verdicts.insert(key.pid, &key.device_uuid, verdict_of(report));
+                verdicts.insert(
+                    key.pid,
+                    &key.device_uuid,
+                    verdict_of(report, &place.label, &self.time_zone),
+                );
             }
         }
         verdicts
     }
 }
 
-/// A report as the UI shows it: the verdict, the analysis' explanation (times in UTC, as
+/// A report as the UI shows it: the verdict, the analysis' explanation (times in `tz`, as
 /// everywhere in `top`), and the numbers behind it, the ones that decided the verdict first
 /// (the detail pane shows as many as fit).
-pub fn verdict_of(report: &SeriesReport) -> ProcessVerdict {
+pub fn verdict_of(report: &SeriesReport, device: &str, tz: &TimeZone) -> ProcessVerdict {
+    let time = |t: i64| wall_time::clock(tz, t, false);
     let kind = match report.verdict {
         Verdict::Leak => VerdictKind::Leak,
         Verdict::IdleHolder => VerdictKind::IdleHolder,
@@ -160,11 +176,11 @@ pub fn verdict_of(report: &SeriesReport) -> ProcessVerdict {
         Verdict::Sawtooth => VerdictKind::Sawtooth,
     };
     let mut numbers = match report.verdict {
-        Verdict::Leak | Verdict::Growing => trend_numbers(report),
+        Verdict::Leak | Verdict::Growing => trend_numbers(report, &time),
         Verdict::Sawtooth => sawtooth_numbers(report),
-        Verdict::Stable | Verdict::IdleHolder => vec![phase_number(report)],
+        Verdict::Stable | Verdict::IdleHolder => vec![phase_number(report, &time)],
     };
-    let idle = idle_numbers(report);
+    let idle = idle_numbers(report, &time);
     if report.verdict == Verdict::IdleHolder {
         numbers.splice(0..0, idle);
     } else {
@@ -172,7 +188,14 @@ pub fn verdict_of(report: &SeriesReport) -> ProcessVerdict {
     }
     ProcessVerdict {
         kind,
-        summary: report.explanation.clone(),
+        // The report's own explanation says UTC; this one speaks the UI's zone.
+        summary: explain(
+            report,
+            &ExplainStyle {
+                device,
+                time: &time,
+            },
+        ),
         numbers,
     }
 }
@@ -182,7 +205,7 @@ fn number(name: &str, value: String) -> (String, String) {
 }
 
 /// Slope, significance, onset, time to full, growth and the rule that fired.
-fn trend_numbers(report: &SeriesReport) -> Vec<(String, String)> {
+fn trend_numbers(report: &SeriesReport, time: &dyn Fn(i64) -> String) -> Vec<(String, String)> {
     let p = report.p_value;
     let growth = report.net_growth_bytes;
     let mut out = vec![
@@ -197,9 +220,7 @@ fn trend_numbers(report: &SeriesReport) -> Vec<(String, String)> {
         ),
         number(
             "onset",
-            report
-                .onset_unix_ms
-                .map_or_else(|| "-".to_owned(), utc_clock),
+            report.onset_unix_ms.map_or_else(|| "-".to_owned(), time),
         ),
         number(
             "time to full",
@@ -243,11 +264,11 @@ fn sawtooth_numbers(report: &SeriesReport) -> Vec<(String, String)> {
     ]
 }
 
-fn phase_number(report: &SeriesReport) -> (String, String) {
+fn phase_number(report: &SeriesReport, time: &dyn Fn(i64) -> String) -> (String, String) {
     number(
         "phase",
         match (report.phase, report.settled_unix_ms) {
-            (Phase::Settled, Some(t)) => format!("settled at {}", utc_clock(t)),
+            (Phase::Settled, Some(t)) => format!("settled at {}", time(t)),
             (Phase::Settled, None) => "settled".to_owned(),
             (Phase::WarmUp, _) => "warming up".to_owned(),
         },
@@ -255,7 +276,7 @@ fn phase_number(report: &SeriesReport) -> (String, String) {
 }
 
 /// How long it has been idle and by which evidence, or when it was last active.
-fn idle_numbers(report: &SeriesReport) -> Vec<(String, String)> {
+fn idle_numbers(report: &SeriesReport, time: &dyn Fn(i64) -> String) -> Vec<(String, String)> {
     let idle = &report.idle;
     let names = |list: &[Evidence]| {
         list.iter()
@@ -267,7 +288,7 @@ fn idle_numbers(report: &SeriesReport) -> Vec<(String, String)> {
         (Some(secs), Some(since)) => vec![
             number(
                 "idle",
-                format!("for {} (since {})", human_duration(secs), utc_clock(since)),
+                format!("for {} (since {})", human_duration(secs), time(since)),
             ),
             number("idle evidence", names(&idle.evidence)),
         ],
@@ -277,7 +298,7 @@ fn idle_numbers(report: &SeriesReport) -> Vec<(String, String)> {
                 "idle",
                 idle.last_active_unix_ms.map_or_else(
                     || "not shown idle".to_owned(),
-                    |t| format!("no: last active at {}", utc_clock(t)),
+                    |t| format!("no: last active at {}", time(t)),
                 ),
             ),
             number("idle evidence", names(&idle.sources)),

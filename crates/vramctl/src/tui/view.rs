@@ -182,22 +182,36 @@ fn draw_header(app: &App, area: Rect, buf: &mut Buffer) {
     match &app.mode {
         Mode::Live { interval } => {
             parts.push((
-                format!(" LIVE every {}s ", interval.as_secs_f64()),
+                format!(" LIVE every {} ", vramctl_core::duration::format(*interval)),
                 t.good(),
             ));
             if let Some(now) = app.now_ms() {
-                parts.push((format!("{} UTC ", format::clock_utc(now)), t.text()));
+                parts.push((
+                    format!(
+                        "{} {} ",
+                        format::clock(&app.time_zone, now),
+                        vramctl_core::wall_time::zone_label(&app.time_zone, now)
+                    ),
+                    t.text(),
+                ));
             }
         }
         Mode::Replay(r) => {
             let state = if r.playing { "▶" } else { "⏸" };
             parts.push((format!(" REPLAY {state} {}× ", r.speed()), t.warn()));
             if let Some(now) = app.now_ms() {
-                parts.push((format!("{} ", format::datetime_utc(now)), t.text()));
+                parts.push((
+                    format!("{} ", format::datetime(&app.time_zone, now)),
+                    t.text(),
+                ));
             }
             if let Some((a, b)) = r.range {
                 parts.push((
-                    format!("[{} – {}] ", format::clock_utc(a), format::clock_utc(b)),
+                    format!(
+                        "[{} – {}] ",
+                        format::clock(&app.time_zone, a),
+                        format::clock(&app.time_zone, b)
+                    ),
                     t.dim(),
                 ));
             }

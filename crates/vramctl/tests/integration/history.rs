@@ -735,7 +735,7 @@ fn wrong_format_flag_and_unknown_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
     let output = on_db(&db)
-        .args(["import", "--format", "gpuz"])
+        .args(["import", "--input-format", "gpuz"])
         .arg(fixture("smi-gpu-h200.csv"))
         .output()
         .unwrap();
@@ -752,7 +752,10 @@ fn wrong_format_flag_and_unknown_files_are_clear_errors() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot tell the format of"), "{stderr}");
-    assert!(stderr.contains("--format"), "{stderr}");
+    assert!(
+        stderr.contains("name the format with --input-format"),
+        "{stderr}"
+    );
 
     let noheader = dir.path().join("noheader.csv");
     let text = std::fs::read_to_string(fixture("smi-gpu-h200.csv")).unwrap();
@@ -1117,4 +1120,114 @@ fn a_directory_given_as_db_is_a_clear_error_and_nothing_is_left_behind() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
     assert!(!dir.path().join("none").exists());
+}
+
+/// A pipe whose reader is gone: every write to it fails with EPIPE.
+fn closed_pipe() -> Stdio {
+    let mut reader = std::process::Command::new("true")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("run true");
+    let writer = reader.stdin.take().expect("the pipe's write end");
+    reader.wait().expect("true exits");
+    Stdio::from(writer)
+}
+
+#[test]
+fn a_closed_stderr_does_not_stop_the_recorder() {
+    // `record 2>&1 | head -1`: tracing reported the failed log write with eprintln!, which
+    // panicked (exit 101) before the first frame.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    let status = vramctl_std(&write_scenario(dir.path(), ""))
+        .env_remove("FAKE_NVML_TIME")
+        .env("VRAMCTL_LOG", "debug")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", "20"])
+        .args(["--simulated-clock", &T0.to_string()])
+        .stderr(closed_pipe())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let store = Store::open(&db, OpenMode::ReadOnly).unwrap();
+    assert_eq!(store.last_sample_ms().unwrap(), Some(T0 + 19_000));
+}
+
+fn record_stderr(dir: &Path, extra: &[&str]) -> String {
+    let db = dir.join(format!("h{}.db", extra.len()));
+    let output = vramctl(&write_scenario(dir, ""))
+        .env_remove("FAKE_NVML_TIME")
+        .env_remove("NO_COLOR")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", "2"])
+        .args(["--simulated-clock", &T0.to_string()])
+        .args(extra)
+        .output()
+        .expect("run vramctl");
+    ok(&output);
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn logs_are_coloured_only_when_asked_or_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    // stderr is a pipe here: no escapes by default, nor with --color never.
+    let auto = record_stderr(dir.path(), &[]);
+    assert!(auto.contains("Recording."), "{auto}");
+    assert!(!auto.contains('\x1b'), "{auto:?}");
+    let never = record_stderr(dir.path(), &["--color", "never"]);
+    assert!(!never.contains('\x1b'), "{never:?}");
+    let always = record_stderr(dir.path(), &["--color", "always", "-v"]);
+    assert!(always.contains('\x1b'), "{always:?}");
+    // A log file never gets escapes.
+    let log = dir.path().join("record.log");
+    let log_arg = log.to_str().unwrap().to_owned();
+    record_stderr(
+        dir.path(),
+        &["--color", "always", "-v", "-v", "--log-file", &log_arg],
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("Recording."), "{text}");
+    assert!(!text.contains('\x1b'), "{text:?}");
+}
+
+#[test]
+fn format_is_always_the_output_format() {
+    // `--format` named the output of history and export but the input of import, leaks
+    // and plot. The readers' flag is --input-format; their old --format says so.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    for command in ["import", "leaks", "plot"] {
+        let output = on_db(&db)
+            .args([command, "--format", "gpuz"])
+            .arg(fixture("smi-gpu-h200.csv"))
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{command}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("the format of input files is now --input-format"),
+            "{command}: {stderr}"
+        );
+    }
+    let output = on_db(&db)
+        .args(["import", "--input-format", "smi-gpu"])
+        .arg(fixture("smi-gpu-h200.csv"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    // And every command that prints data takes --json: history's is --format json.
+    let json = stdout_of(on_db(&db).args(["history", "--since", "all", "--json"]));
+    let format_json = stdout_of(on_db(&db).args(["history", "--since", "all", "--format", "json"]));
+    assert_eq!(json, format_json);
+    assert_eq!(serde_json::from_str::<Value>(&json).unwrap()["schema"], 1);
+    let ndjson = stdout_of(on_db(&db).args(["export", "--json"]));
+    assert!(
+        ndjson
+            .lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok())
+    );
+    assert!(ndjson.lines().count() > 10);
 }

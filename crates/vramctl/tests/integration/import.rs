@@ -483,7 +483,7 @@ fn control_characters_from_a_file_are_escaped_in_errors() {
 }
 
 #[test]
-fn each_file_is_read_as_its_own_kind_with_format_ndjson() {
+fn each_file_is_read_as_its_own_kind_with_input_format_ndjson() {
     let dir = tempfile::tempdir().unwrap();
     // An export (of an imported H200 log) and `status --json --watch` output.
     let source = dir.path().join("source.db");
@@ -496,13 +496,13 @@ fn each_file_is_read_as_its_own_kind_with_format_ndjson() {
     let db = dir.path().join("h.db");
     let stderr = ok(&import(
         &db,
-        &["--format", "ndjson"],
+        &["--input-format", "ndjson"],
         &[&export_file, &status_file],
     ));
     assert!(stderr.contains("export.ndjson (ndjson)"), "{stderr}");
     assert!(stderr.contains("status.ndjson (status-json)"), "{stderr}");
     let out = on_db(&dir.path().join("none.db"))
-        .args(["leaks", "--format", "ndjson", "--json"])
+        .args(["leaks", "--input-format", "ndjson", "--json"])
         .arg(&export_file)
         .arg(&status_file)
         .output()

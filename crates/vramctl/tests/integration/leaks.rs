@@ -609,7 +609,7 @@ fn malformed_input_is_one_line_with_file_and_line() {
         ),
         (
             vec!["--idle-for".into(), "0s".into()],
-            "--idle-for '0s' must be longer than 0",
+            "invalid value '0s' for '--idle-for <DURATION>': '0s' must be longer than 0",
         ),
         (
             vec!["--watch".into(), notes.display().to_string()],
@@ -816,4 +816,66 @@ memory = "30 GiB"
         svg.contains("not recorded: GPU lost"),
         "no gap label in the SVG"
     );
+}
+
+#[test]
+fn since_takes_a_negative_duration_as_that_long_ago() {
+    // `--since -1h` was "unexpected argument '-1'": a value starting with '-' read as a
+    // flag. It means an hour ago, as `1h` does, on every command that takes --since.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    record(&write_scenario(dir.path()), &db, 150);
+    let leaks_of = |since: &str| {
+        let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args([
+            "--json",
+            "--idle-for",
+            "1m",
+            "--since",
+            since,
+        ])))
+        .unwrap();
+        verdicts(&json)
+    };
+    assert_eq!(leaks_of("-100000h"), leaks_of("all"));
+    assert_eq!(leaks_of("-100000h").len(), 4);
+    for command in [&["history", "--format", "csv"][..], &["export"]] {
+        // Without export's header line, which says when it was written.
+        let out = |since: &str| {
+            let text = stdout_of(
+                vramctl_on("h200-idle.toml")
+                    .arg("--db")
+                    .arg(&db)
+                    .args(command)
+                    .args(["--since", since, "--until=-0s"]),
+            );
+            text.lines().skip(1).collect::<Vec<_>>().join("\n")
+        };
+        let (ago, all) = (out("-100000h"), out("all"));
+        assert!(ago == all, "{command:?}");
+        assert!(ago.lines().count() > 100, "{command:?}");
+    }
+}
+
+#[test]
+fn the_tz_variable_is_honoured_and_the_zone_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    record(&write_scenario(dir.path()), &db, 150);
+    let text = stdout_of(
+        on_db(&db)
+            .env("TZ", "Europe/Paris")
+            .args(["--idle-for", "1m"]),
+    );
+    assert!(
+        text.contains(", 2026-11-29 21:31:31 → 21:34:00 CET (2 min)"),
+        "{text}"
+    );
+    // --tz wins over TZ.
+    let text =
+        stdout_of(
+            on_db(&db)
+                .env("TZ", "Europe/Paris")
+                .args(["--idle-for", "1m", "--tz", "UTC"]),
+        );
+    assert!(text.contains(" → 20:34:00 UTC (2 min)"), "{text}");
 }

@@ -449,7 +449,7 @@ fn usage_errors_and_no_driver() {
     for (args, message) in [
         (
             &["--idle-for", "0s"][..],
-            "--idle-for '0s' must be longer than 0",
+            "invalid value '0s' for '--idle-for <DURATION>': '0s' must be longer than 0",
         ),
         (&["--min-mem", "lots"], "--min-mem: 'lots' is not a size"),
         (
@@ -459,7 +459,7 @@ fn usage_errors_and_no_driver() {
         (&["--max-kills", "0"], "--max-kills 0 would never reap"),
         (
             &["--every", "10ms"],
-            "--every '10ms' (10 ms) is shorter than 1s",
+            "invalid value '10ms' for '--every <DURATION>': '10ms' is shorter than 1s",
         ),
     ] {
         let out = setup.reap(args);

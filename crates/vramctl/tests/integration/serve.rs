@@ -353,7 +353,9 @@ fn bad_flags_and_configs_are_one_line_errors() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.starts_with("vramctl: error: --interval '0'"),
+        stderr.starts_with(
+            "vramctl: error: invalid value '0' for '--interval <DURATION>': '0' is shorter than 50ms"
+        ),
         "{stderr}"
     );
 

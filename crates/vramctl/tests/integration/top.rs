@@ -152,11 +152,11 @@ fn bad_flags_are_one_line_errors() {
     for (args, message) in [
         (
             &["top", "--interval", "0"][..],
-            "--interval '0' is not a number of seconds",
+            "invalid value '0' for '--interval <DURATION>': '0' is shorter than 100ms",
         ),
         (
             &["top", "--interval", "nan"][..],
-            "--interval 'NaN' is not a number of seconds",
+            "invalid value 'nan' for '--interval <DURATION>': 'nan' is not a duration",
         ),
         (&["top", "--replay", "x.db"][..], "cannot replay 'x.db'"),
         (&["top", "--gpu", "9"][..], "no GPU matches '9'"),

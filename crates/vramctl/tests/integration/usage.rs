@@ -29,14 +29,65 @@ fn unknown_flag_is_one_line_and_exit_2() {
 }
 
 #[test]
-fn no_command_is_one_line_and_exit_2() {
-    let output = vramctl_on("h200-idle.toml").output().unwrap();
+fn no_command_prints_the_help_not_the_about_text() {
+    // It printed "vramctl: error: GPU memory (VRAM) manager for ...": the about text as an
+    // error. Without the environment variable (which clap counts as an argument given)
+    // and with it, `vramctl` alone shows the help, on stderr, exit 2.
+    for with_env in [false, true] {
+        let mut cmd = vramctl_on("h200-idle.toml");
+        if !with_env {
+            cmd.env_remove("VRAMCTL_NVML_LIB");
+        }
+        let output = cmd.output().unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        assert!(output.stdout.is_empty());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("Usage: vramctl"), "{stderr}");
+        assert!(stderr.contains("Commands:"), "{stderr}");
+        assert!(!stderr.contains("error:"), "{stderr}");
+    }
+}
+
+#[test]
+fn usage_errors_point_at_the_help_of_the_command_typed() {
+    let output = vramctl_on("h200-idle.toml")
+        .args(["--color", "never", "status", "--gpu"])
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    let lines = stderr_lines(&output);
     assert_eq!(
-        lines,
+        stderr_lines(&output),
         [
-            "vramctl: error: 'vramctl' requires a subcommand but one was not provided; see 'vramctl --help'"
+            "vramctl: error: a value is required for '--gpu <GPU>' but none was supplied; see 'vramctl status --help'"
+        ]
+    );
+    let output = vramctl_on("h200-idle.toml").arg("kill").output().unwrap();
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: the following required arguments were not provided: <PID>...; see 'vramctl kill --help'"
+        ]
+    );
+}
+
+#[test]
+fn did_you_mean_hints_stay_on_the_one_line() {
+    let output = vramctl_on("h200-idle.toml").arg("statsu").output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: unrecognized subcommand 'statsu'; a similar subcommand exists: 'status'; see 'vramctl --help'"
+        ]
+    );
+    let output = vramctl_on("h200-idle.toml")
+        .args(["status", "--jsno"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: unexpected argument '--jsno' found; a similar argument exists: '--json'; see 'vramctl status --help'"
         ]
     );
 }
@@ -150,6 +201,27 @@ fn driver_not_loaded_says_so() {
 }
 
 #[test]
+fn driver_messages_keep_their_capitals() {
+    // nvml-wrapper's "NVIDIA driver is not loaded" once read "nVIDIA driver ...": only our
+    // own words are lowered, never a name the driver's message starts with.
+    let output = vramctl_on("fault-driver-not-loaded.toml")
+        .arg("status")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(": NVIDIA driver is not loaded;"),
+        "{stderr}"
+    );
+    let output = vramctl_on("fault-version-mismatch.toml")
+        .arg("status")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(": RM detects a driver/library"), "{stderr}");
+}
+
+#[test]
 fn version_mismatch_says_to_reboot() {
     let output = vramctl_on("fault-version-mismatch.toml")
         .arg("info")
@@ -179,10 +251,119 @@ fn bad_watch_interval_is_exit_2() {
         .args(["status", "--watch", "0"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("--watch '0'"));
+        .stderr(predicate::str::contains(
+            "invalid value '0' for '--watch <DURATION>': '0' is shorter than 50ms",
+        ));
 }
 
 #[test]
 fn scenario_path_example_exists() {
     assert!(scenario("h200-idle.toml").exists());
+}
+
+#[test]
+fn time_flags_take_units_and_bare_seconds_alike() {
+    // `status --watch 50ms` was refused ("invalid float literal") while `record --interval`
+    // wanted a unit; both forms now reach every command.
+    for watch in ["50ms", "0.05", "0m0.05s"] {
+        let output = vramctl_on("h200-idle.toml")
+            .args(["status", "--json", "--watch", watch, "--count", "2"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{watch}: {output:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 2);
+    }
+    let output = vramctl_on("h200-idle.toml")
+        .args(["kill", "--grace", "soon", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        stderr_lines(&output),
+        [
+            "vramctl: error: invalid value 'soon' for '--grace <DURATION>': 'soon' is not a duration; use e.g. 500ms, 2s, 1.5s, 1h30m or a number of seconds; see 'vramctl kill --help'"
+        ]
+    );
+}
+
+#[test]
+fn a_commands_help_lists_only_the_flags_it_uses() {
+    // --db and --nvml-lib were global: `status --help` offered --db, `history --help`
+    // --nvml-lib, though neither uses it.
+    let help = |command: &str| {
+        let output = vramctl_on("h200-idle.toml")
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).unwrap()
+    };
+    for (command, uses_db, uses_nvml) in [
+        ("status", false, true),
+        ("info", false, true),
+        ("ps", false, true),
+        ("history", true, false),
+        ("export", true, false),
+        ("import", true, false),
+        ("plot", true, false),
+        ("record", true, true),
+        ("leaks", true, true),
+        ("kill", true, true),
+    ] {
+        let text = help(command);
+        assert_eq!(text.contains("--db <PATH>"), uses_db, "{command}: {text}");
+        assert_eq!(
+            text.contains("--nvml-lib <PATH>"),
+            uses_nvml,
+            "{command}: {text}"
+        );
+        assert!(text.contains("--color <COLOR>"), "{command}");
+        assert!(text.contains("--verbose"), "{command}");
+    }
+}
+
+#[test]
+fn db_and_nvml_lib_work_before_or_after_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    let db_arg = db.to_str().unwrap();
+    let other = dir.path().join("after.db");
+    for args in [
+        vec!["--db", db_arg, "record", "--ticks", "2"],
+        vec!["record", "--db", other.to_str().unwrap(), "--ticks", "2"],
+    ] {
+        let output = vramctl_on("h200-idle.toml")
+            .env_remove("VRAMCTL_NVML_LIB")
+            .args([
+                "--nvml-lib",
+                crate::harness::fake_library().to_str().unwrap(),
+            ])
+            .args(&args)
+            .args(["--interval", "50ms", "--simulated-clock", "1795984291000"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{args:?}: {output:?}");
+    }
+    assert!(db.exists() && other.exists());
+    // The command's own flag wins over the one before it and over VRAMCTL_DB.
+    let output = vramctl_on("h200-idle.toml")
+        .env("VRAMCTL_DB", dir.path().join("other.db"))
+        .args([
+            "--db",
+            "/nonexistent/x.db",
+            "history",
+            "--db",
+            db_arg,
+            "--since",
+            "all",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("devices, every sample"));
+    let output = vramctl_on("h200-idle.toml")
+        .args(["status", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
 }

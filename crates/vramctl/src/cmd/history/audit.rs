@@ -17,10 +17,10 @@ use vramctl_store::{AuditRow, TimeRange};
 
 use super::write_csv_record;
 use crate::cli::{HistoryArgs, HistoryFormat};
-use crate::cmd::leaks::{clock, same_day};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use crate::output::units;
+use vramctl_core::wall_time::{clock, zone_label};
 
 /// Version of the JSON below.
 pub const SCHEMA: u32 = 1;
@@ -188,12 +188,13 @@ fn write(
                 writeln!(out, "no audit records in that range of '{database}'").context(io)?;
                 return Ok(());
             }
-            let last = rows.last().map_or(0, |r| r.record.at_unix_ms);
-            let dated = rows
-                .first()
-                .is_some_and(|r| !same_day(tz, r.record.at_unix_ms, last));
+            // Always dated: a log is read days later, and a time without its day (as when
+            // every record fell on one day) says nothing about when.
+            let dated = true;
+            let first = rows.first().map_or(0, |r| r.record.at_unix_ms);
+            let time_header = format!("TIME ({})", zone_label(tz, first));
             let mut table = Table::new(&[
-                ("TIME", Align::Left),
+                (&time_header, Align::Left),
                 ("BY", Align::Left),
                 ("ACTION", Align::Left),
                 ("SIGNAL", Align::Left),
@@ -276,6 +277,27 @@ mod tests {
     const T: i64 = 1_795_984_291_000;
 
     #[test]
+    fn audit_times_carry_their_date_and_zone() {
+        // Records of one day printed `20:31:31`: no date (the log is read days later) and
+        // no zone.
+        let rows = [
+            row(1, T, AuditOutcome::Pending),
+            row(2, T + 60_000, AuditOutcome::Pending),
+        ];
+        let mut out = Vec::new();
+        let paris = TimeZone::get("Europe/Paris").unwrap();
+        write(&mut out, HistoryFormat::Table, &rows, "/h.db", &paris).unwrap();
+        let table = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("TIME (CET)"), "{table}");
+        assert!(lines[1].starts_with("2026-11-29 21:31:31  "), "{table}");
+        assert!(
+            table.contains("\n2026-11-29 21:32:31 reap PID 4242: "),
+            "{table}"
+        );
+    }
+
+    #[test]
     fn every_outcome_reads_back_in_each_format() {
         let rows = [
             row(
@@ -291,8 +313,11 @@ mod tests {
         ];
         let table = text(HistoryFormat::Table, &rows);
         let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[0].starts_with("TIME"), "{table}");
-        assert!(lines[1].starts_with("20:31:31  root  reap"), "{table}");
+        assert!(lines[0].starts_with("TIME (UTC)"), "{table}");
+        assert!(
+            lines[1].starts_with("2026-11-29 20:31:31  root  reap"),
+            "{table}"
+        );
         assert!(
             lines[1].ends_with("exited, freed 2.0 GiB after 1.50 s"),
             "{table}"
@@ -304,7 +329,7 @@ mod tests {
         );
         assert_eq!(
             lines[5],
-            "20:31:31 reap PID 4242: vramctl reap, policy 'notebooks': idle 2 h"
+            "2026-11-29 20:31:31 reap PID 4242: vramctl reap, policy 'notebooks': idle 2 h"
         );
 
         let json: serde_json::Value =

@@ -25,10 +25,11 @@ use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
-use super::{SCHEMA, SeriesJson, Who, clock, local_explanation, short_command};
+use vramctl_core::wall_time::{DayLines, zone as time_zone};
+
+use super::{SCHEMA, SeriesJson, Who, local_explanation, short_command};
 use crate::cli::{GlobalArgs, LeaksArgs};
 use crate::cmd::GpuFilter;
-use crate::cmd::history::time_zone;
 use crate::exit::Exit;
 
 /// What is known about a series beyond the tracker: for the lines printed.
@@ -66,8 +67,9 @@ struct Ended {
 
 /// Runs `leaks --watch`.
 pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Result<Exit> {
-    let interval_ms = crate::cmd::parse_interval(&args.interval)?;
+    let interval_ms = crate::cmd::millis(args.interval);
     let tz = time_zone(args.source.tz.as_deref())?;
+    let mut days = DayLines::new(tz.clone());
     let manual = args.simulated_clock.map(ManualClock::new);
     let clock_box: Box<dyn Clock> = match &manual {
         Some(m) => Box::new(m.clone()),
@@ -148,10 +150,13 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
                     Some(from) => format!("{} → {}", from.as_str(), c.change.to.as_str()),
                     None => c.change.to.as_str().to_owned(),
                 };
+                if let Some(day) = days.day_line(c.change.at_unix_ms) {
+                    writeln!(out, "{day}").context("cannot write to stdout")?;
+                }
                 writeln!(
                     out,
                     "{}  {label}  PID {} ({})  {verdict}  {}",
-                    clock(&tz, c.change.at_unix_ms, false),
+                    days.clock(c.change.at_unix_ms),
                     key.pid,
                     short_command(entry.command.as_deref().unwrap_or("?")),
                     local_explanation(report, &label, &tz, false),
@@ -181,10 +186,13 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
                 serde_json::to_writer(&mut out, &event).context("cannot write JSON")?;
                 writeln!(out).context("cannot write to stdout")?;
             } else {
+                if let Some(day) = days.day_line(snapshot.taken_at_unix_ms) {
+                    writeln!(out, "{day}").context("cannot write to stdout")?;
+                }
                 writeln!(
                     out,
                     "{}  {}  PID {} ({})  ended  gone for a minute; last verdict: {}",
-                    clock(&tz, snapshot.taken_at_unix_ms, false),
+                    days.clock(snapshot.taken_at_unix_ms),
                     gone.label,
                     key.pid,
                     short_command(gone.command.as_deref().unwrap_or("?")),

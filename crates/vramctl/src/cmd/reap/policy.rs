@@ -19,7 +19,6 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 use vramctl_core::types::DeviceInfo;
-use vramctl_store::parse_duration_ms;
 
 use crate::cli::ReapArgs;
 use crate::cmd::ps::compile_regex;
@@ -198,11 +197,7 @@ struct Overrides {
 impl Overrides {
     fn from_args(args: &ReapArgs) -> anyhow::Result<Self> {
         Ok(Self {
-            idle_for: args
-                .idle_for
-                .as_deref()
-                .map(|t| idle_duration(t).map_err(|e| anyhow!("--idle-for {e}")))
-                .transpose()?,
+            idle_for: args.idle_for,
             min_mem: args
                 .min_mem
                 .as_deref()
@@ -257,11 +252,11 @@ impl Overrides {
 
 /// `--idle-for` and `idle_for`: a duration longer than 0.
 fn idle_duration(text: &str) -> Result<Duration, String> {
-    let ms = parse_duration_ms(text)?;
-    if ms <= 0 {
+    let duration = vramctl_core::duration::parse(text).map_err(|e| e.to_string())?;
+    if duration.is_zero() {
         return Err(format!("'{text}' must be longer than 0; use e.g. 30m"));
     }
-    Ok(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+    Ok(duration)
 }
 
 /// The policies this run applies (module docs), in order.
@@ -479,6 +474,21 @@ min_mem = 536870912
         assert_eq!(rest.idle_for, DEFAULT_IDLE_FOR);
         assert_eq!(rest.min_mem_bytes, 512 << 20);
         assert!(rest.user_ok(None, None));
+    }
+
+    #[test]
+    fn idle_for_takes_the_durations_every_flag_takes() {
+        // The policy file had the store's parser: no `1h30m`, no bare seconds.
+        let idle = |value: &str| {
+            parse_text(&format!(
+                "[[policy]]\nname = \"a\"\nidle_for = \"{value}\"\n"
+            ))
+            .unwrap()[0]
+                .idle_for
+        };
+        assert_eq!(idle("1h30m"), Duration::from_secs(5400));
+        assert_eq!(idle("5400"), Duration::from_secs(5400));
+        assert_eq!(idle("1.5h"), Duration::from_secs(5400));
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub struct StoreJudge {
     cfg: LeakConfig,
     span_ms: i64,
     warned: bool,
+    time_zone: jiff::tz::TimeZone,
 }
 
 impl StoreJudge {
@@ -44,7 +45,15 @@ impl StoreJudge {
             span_ms: idle_ms.saturating_add(IDLE_MARGIN_MS).max(MIN_SPAN_MS),
             cfg,
             warned: false,
+            time_zone: jiff::tz::TimeZone::UTC,
         })
+    }
+
+    /// Times in the verdicts' explanations in `tz` (default UTC).
+    #[must_use]
+    pub fn with_time_zone(mut self, tz: jiff::tz::TimeZone) -> Self {
+        self.time_zone = tz;
+        self
     }
 
     fn findings(&mut self, to_ms: i64) -> anyhow::Result<Vec<Finding>> {
@@ -60,7 +69,7 @@ impl StoreJudge {
 impl ReplayJudge for StoreJudge {
     fn judge_at(&mut self, observation: &Observation) -> Verdicts {
         match self.findings(observation.taken_at_unix_ms()) {
-            Ok(findings) => verdicts_at(observation, &findings),
+            Ok(findings) => verdicts_at(observation, &findings, &self.time_zone),
             Err(err) => {
                 if !self.warned {
                     self.warned = true;
@@ -74,7 +83,11 @@ impl ReplayJudge for StoreJudge {
 
 /// The findings of the processes on screen, by PID and GPU: for each, the series of the
 /// same process (its start time, when both know it), the one seen last when several.
-fn verdicts_at(observation: &Observation, findings: &[Finding]) -> Verdicts {
+fn verdicts_at(
+    observation: &Observation,
+    findings: &[Finding],
+    tz: &jiff::tz::TimeZone,
+) -> Verdicts {
     let mut best: HashMap<(u32, String), &Finding> = HashMap::new();
     for finding in findings {
         let Some(process) = &finding.process else {
@@ -107,7 +120,8 @@ fn verdicts_at(observation: &Observation, findings: &[Finding]) -> Verdicts {
     }
     let mut verdicts = Verdicts::default();
     for ((pid, uuid), finding) in best {
-        verdicts.insert(pid, &uuid, verdict_of(&finding.report));
+        let device = super::super::leaks::device_label(&finding.device);
+        verdicts.insert(pid, &uuid, verdict_of(&finding.report, &device, tz));
     }
     verdicts
 }

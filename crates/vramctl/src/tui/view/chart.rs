@@ -128,8 +128,8 @@ pub fn draw_series(
     let span_s = span_ms as f64 / 1000.0;
     let x_labels = if app.is_replay() {
         vec![
-            Span::styled(format::clock_utc(from), t.dim()),
-            Span::styled(format::clock_utc(now), t.dim()),
+            Span::styled(format::clock(&app.time_zone, from), t.dim()),
+            Span::styled(format::clock(&app.time_zone, now), t.dim()),
         ]
     } else {
         vec![

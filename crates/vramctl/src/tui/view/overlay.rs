@@ -127,13 +127,17 @@ fn memory_line(memory: &[GpuMemory]) -> String {
     }
 }
 
-fn identity_lines(plan: Option<&KillPlan>, target: &KillTarget) -> Vec<(String, String)> {
+fn identity_lines(
+    plan: Option<&KillPlan>,
+    target: &KillTarget,
+    tz: &jiff::tz::TimeZone,
+) -> Vec<(String, String)> {
     let mut lines = vec![("PID".to_owned(), target.pid.to_string())];
     match plan {
         Some(p) => {
             let started = p
                 .started_at_unix_ms
-                .map_or_else(|| "-".to_owned(), format::datetime_utc);
+                .map_or_else(|| "-".to_owned(), |t| format::datetime(tz, t));
             lines.push((
                 "started".to_owned(),
                 format!("{started} (start time {} ticks)", p.start_time_ticks),
@@ -187,7 +191,7 @@ pub fn draw_dialog(app: &App, screen: Rect, buf: &mut Buffer) {
         | KillDialog::Verifying { plan, .. } => (Some(plan), &plan.target),
     };
     let mut y = inner.y;
-    for (name, value) in identity_lines(plan, target) {
+    for (name, value) in identity_lines(plan, target, &app.time_zone) {
         if y >= inner.bottom() {
             break;
         }

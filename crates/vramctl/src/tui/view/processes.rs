@@ -182,7 +182,7 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
         Some(h) => {
             let started = h
                 .started_at_unix_ms
-                .map_or_else(|| "-".to_owned(), format::datetime_utc);
+                .map_or_else(|| "-".to_owned(), |t| format::datetime(&app.time_zone, t));
             lines.push(vec![label("started"), (started, t.text())]);
             let state = h.state.map_or_else(|| "-".to_owned(), |c| c.to_string());
             let parent = h.ppid.map_or_else(|| "-".to_owned(), |p| p.to_string());
