@@ -22,6 +22,8 @@ pub struct Sampler<B> {
     driver: Arc<DriverInfo>,
     devices: Vec<Arc<DeviceInfo>>,
     unopened: Vec<UnopenedDevice>,
+    /// Why the backend's session stopped working, once a call said so.
+    session_lost: Option<String>,
 }
 
 impl<B: Backend> Sampler<B> {
@@ -54,6 +56,7 @@ impl<B: Backend> Sampler<B> {
             driver,
             devices: devices.into_iter().map(Arc::new).collect(),
             unopened,
+            session_lost: None,
         })
     }
 
@@ -87,11 +90,18 @@ impl<B: Backend> Sampler<B> {
         &mut self.backend
     }
 
+    /// Why the backend's session no longer works (the driver was reloaded or went away),
+    /// once a call of a tick said so ([`DeviceError::SessionLost`]): nothing this sampler
+    /// reads will work again, and its owner should start a new one.
+    pub fn session_lost(&self) -> Option<&str> {
+        self.session_lost.as_deref()
+    }
+
     /// Reads every device once.
     pub fn tick(&mut self) -> Snapshot {
-        let taken_at_unix_ms = self.clock.now_unix_ms();
+        let now = self.clock.now();
         self.rediscover_if_changed();
-        self.backend.begin_tick(taken_at_unix_ms);
+        self.backend.begin_tick(now);
         let mut devices = Vec::with_capacity(self.devices.len());
         for info in &self.devices {
             let state = match self.backend.read(info) {
@@ -100,6 +110,10 @@ impl<B: Backend> Sampler<B> {
                     DeviceState::Ok(reading)
                 }
                 Err(DeviceError::Lost(reason)) => DeviceState::Lost { reason },
+                Err(DeviceError::SessionLost(reason)) => {
+                    self.session_lost.get_or_insert_with(|| reason.clone());
+                    DeviceState::Error { reason }
+                }
                 Err(DeviceError::Failed(reason)) => DeviceState::Error { reason },
             };
             devices.push(DeviceSnapshot {
@@ -108,7 +122,8 @@ impl<B: Backend> Sampler<B> {
             });
         }
         Snapshot {
-            taken_at_unix_ms,
+            taken_at_unix_ms: now.unix_ms,
+            monotonic_ms: now.monotonic_ms,
             driver: Arc::clone(&self.driver),
             devices,
             unopened: self.unopened.clone(),
@@ -118,8 +133,13 @@ impl<B: Backend> Sampler<B> {
     /// Re-enumerates when the driver's device count changed (a GPU bound or unbound).
     fn rediscover_if_changed(&mut self) {
         let known = self.devices.len() + self.unopened.len();
-        let Ok(count) = self.backend.device_count() else {
-            return;
+        let count = match self.backend.device_count() {
+            Ok(count) => count,
+            Err(DeviceError::SessionLost(reason)) => {
+                self.session_lost.get_or_insert(reason);
+                return;
+            }
+            Err(_) => return,
         };
         if usize::try_from(count).is_ok_and(|c| c == known) {
             return;

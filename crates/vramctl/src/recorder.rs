@@ -403,6 +403,7 @@ mod tests {
     fn snapshot(at_ms: i64, pids: &[u32]) -> Snapshot {
         Snapshot {
             taken_at_unix_ms: at_ms,
+            monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {

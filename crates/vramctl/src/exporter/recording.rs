@@ -102,6 +102,7 @@ mod tests {
     fn snapshot(at_ms: i64, used: u64, pid: u32) -> Arc<Snapshot> {
         Arc::new(Snapshot {
             taken_at_unix_ms: at_ms,
+            monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {

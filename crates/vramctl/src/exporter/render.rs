@@ -661,6 +661,7 @@ mod tests {
     fn snapshot(processes: Vec<ProcessUsage>) -> Snapshot {
         Snapshot {
             taken_at_unix_ms: 1_700_000_000_000,
+            monotonic_ms: 1_700_000_000_000,
             driver: Arc::new(DriverInfo {
                 driver_version: Some("580.159.04".into()),
                 nvml_version: None,

@@ -134,6 +134,14 @@ impl Clock for SharedClock {
     fn now_unix_ms(&self) -> i64 {
         self.0.now_unix_ms()
     }
+
+    fn monotonic_ms(&self) -> i64 {
+        self.0.monotonic_ms()
+    }
+
+    fn now(&self) -> vramctl_core::clock::ClockTime {
+        self.0.now()
+    }
 }
 
 #[cfg(test)]

@@ -161,6 +161,7 @@ mod tests {
     fn snapshot(at_ms: i64, used: u64, missing: &[(Field, Unavailable)]) -> Snapshot {
         Snapshot {
             taken_at_unix_ms: at_ms,
+            monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![
                 DeviceSnapshot {

@@ -543,6 +543,9 @@ impl Inner {
         Ok(Some(Observation {
             snapshot: Arc::new(Snapshot {
                 taken_at_unix_ms: t,
+                // The history's times keep the spacing the monotonic clock measured
+                // (`vramctl_store::HistoryClock`): a replay's spans are its own.
+                monotonic_ms: t,
                 driver: Arc::new(DriverInfo::default()),
                 devices,
                 unopened: Vec::new(),
