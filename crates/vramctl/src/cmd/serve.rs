@@ -19,7 +19,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use vramctl::facts::FactsReader;
-use vramctl_core::clock::ManualClock;
 use vramctl_core::procinfo;
 use vramctl_store::{OpenMode, Retention, Store};
 
@@ -102,7 +101,10 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             render: RenderOptions {
                 max_process_series: args.max_process_series,
             },
-            simulated_clock: args.simulated_clock.map(ManualClock::new),
+            simulated_clock: super::record::simulated_clock(
+                args.simulated_clock,
+                &args.simulated_clock_step,
+            ),
             ticks: args.ticks,
         },
         Arc::clone(&cache),
@@ -156,7 +158,13 @@ fn open_recorder(
     store.begin_session(&session("serve", interval_ms))?;
     tracing::info!(db = %path.display(), interval_ms, retain, "Recording.");
     eprintln!("vramctl: recording history into {}", path.display());
-    let feed = StoreFeed::start(store, retention, channel_capacity(interval_ms), false)?;
+    let feed = StoreFeed::start(
+        store,
+        retention,
+        interval_ms,
+        channel_capacity(interval_ms),
+        false,
+    )?;
     // Only with /proc labels is /proc read for identities: with `nvml` or `none` the daemon
     // may run without the host's PID namespace, where /proc numbers other processes.
     let procs = Procs::new(procinfo::boot_id(), details == DetailsSource::Proc);

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::types::Snapshot;
 
 use super::cache::{Cache, Published};
@@ -37,10 +37,11 @@ pub trait TickConsumer: Send {
         verdicts: &mut ProcessVerdicts,
     );
 
-    /// Called once per tick in which NVML is down (not started yet, or failing to start),
-    /// at wall-clock `at_unix_ms`, with the reason. The recorder records it as a gap.
-    fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
-        let _ = (at_unix_ms, reason);
+    /// Called once per tick in which NVML is down (not started yet, failing to start, or
+    /// being reopened), at `at` (wall and monotonic), with the reason. The recorder records
+    /// it as a gap.
+    fn on_no_snapshot(&mut self, at: ClockTime, reason: &str) {
+        let _ = (at, reason);
     }
 
     /// Called once when the sampler stops (the daemon is shutting down): flush.
@@ -135,7 +136,7 @@ impl Collector {
                 }
             }
             None if !self.consumers.is_empty() => {
-                let at = self.clock.now_unix_ms();
+                let at = self.clock.now();
                 let reason = self.source.down_reason().unwrap_or("NVML did not start");
                 for consumer in &mut self.consumers {
                     consumer.on_no_snapshot(at, reason);
@@ -241,10 +242,11 @@ mod tests {
             let _ = self.0.send(format!("{} devices", snapshot.devices.len()));
         }
 
-        fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
+        fn on_no_snapshot(&mut self, at: ClockTime, reason: &str) {
             assert!(
-                at_unix_ms > 1_700_000_000_000,
-                "wall-clock time: {at_unix_ms}"
+                at.unix_ms > 1_700_000_000_000,
+                "wall-clock time: {}",
+                at.unix_ms
             );
             let _ = self.0.send(format!("down: {reason}"));
         }
@@ -316,8 +318,8 @@ mod tests {
         fn on_snapshot(&mut self, _: &Arc<Snapshot>, _: &ProcessMetadata, _: &mut ProcessVerdicts) {
         }
 
-        fn on_no_snapshot(&mut self, at_unix_ms: i64, _: &str) {
-            let _ = self.0.send(at_unix_ms);
+        fn on_no_snapshot(&mut self, at: ClockTime, _: &str) {
+            let _ = self.0.send(at.unix_ms);
         }
     }
 

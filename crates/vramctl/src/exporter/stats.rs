@@ -99,7 +99,9 @@ impl Stats {
                     }
                     self.count(key.clone(), 4, reading.dropped.len() as u64);
                     if let Some(memory) = reading.memory {
-                        self.push_peak(&key.1, snapshot.taken_at_unix_ms, memory.used_bytes);
+                        // The window is a span: on the monotonic clock, so a wall-clock
+                        // step neither empties it nor keeps a peak for the step's length.
+                        self.push_peak(&key.1, snapshot.monotonic_ms, memory.used_bytes);
                     }
                 }
             }
@@ -122,7 +124,8 @@ impl Stats {
     fn push_peak(&mut self, uuid: &str, at_ms: i64, used: u64) {
         let window_ms = i64::try_from(self.peak_window.as_millis()).unwrap_or(i64::MAX);
         let samples = self.peaks.entry(uuid.to_owned()).or_default();
-        // A clock that stepped back would keep old samples forever; start over instead.
+        // Monotonic times do not go back; should one, start over rather than keep old
+        // samples forever.
         if samples.back().is_some_and(|&(t, _)| t > at_ms) {
             samples.clear();
         }
