@@ -7,8 +7,10 @@
 //! delaying the samples.
 //!
 //! The recorder never dies of a GPU fault: NVML failing to start is retried with backoff
-//! (1 s doubling to 5 min) and recorded as a gap over every device; a lost GPU and values a
-//! device cannot report are gaps with their reasons. Write failures (disk full, file made
+//! (1 s doubling to 5 min) and recorded as a gap over every device; a session that stops
+//! working (a driver reloaded, a GPU reset: `SessionHealth`) is shut down and started
+//! again the same way; a lost GPU and values a device cannot report are gaps with their
+//! reasons. Write failures (disk full, file made
 //! read-only) are logged, the ticks in between become a gap, and writing resumes when it
 //! can. A wall-clock step never stops it either: the history keeps increasing times with
 //! the spacing the monotonic clock measured and records the step as a `clock-step` gap
@@ -33,6 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock, WallStep};
 use vramctl_core::procinfo;
+use vramctl_core::sampler::SessionHealth;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples, parse_duration_ms};
@@ -87,6 +90,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         init_error: None,
         next_init_ms: i64::MIN,
         backoff_ms: BACKOFF_FIRST_MS,
+        health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
         procs: Procs::new(procinfo::boot_id(), true),
     };
     let started = Instant::now();
@@ -185,6 +189,8 @@ struct Recorder<'a> {
     /// must not put it off by the length of the step).
     next_init_ms: i64,
     backoff_ms: i64,
+    /// Whether the NVML session still works.
+    health: SessionHealth,
     procs: Procs,
 }
 
@@ -209,6 +215,15 @@ impl Recorder<'_> {
                     unix_ms: snapshot.taken_at_unix_ms,
                     monotonic_ms: snapshot.monotonic_ms,
                 };
+                let lost = sampler.session_lost().map(str::to_owned);
+                if let Some(reason) = self.health.check(&snapshot, lost.is_some()) {
+                    let why = lost.unwrap_or_else(|| "every GPU failed".to_owned());
+                    tracing::warn!(reason = reason.as_str(), error = %why, "NVML stopped answering; starting a new session.");
+                    // Dropping the sampler shuts its session down; the next tick opens one.
+                    self.sampler = None;
+                    self.next_init_ms = at.monotonic_ms;
+                    self.init_error = Some(format!("NVML is being reopened: {why}"));
+                }
                 (
                     TickSample {
                         at_unix_ms: snapshot.taken_at_unix_ms,

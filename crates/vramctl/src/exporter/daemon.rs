@@ -69,6 +69,35 @@ pub struct CollectorConfig {
     pub ticks: Option<u64>,
 }
 
+/// What one exposition is rendered from.
+struct Rendered<'a> {
+    snapshot: Option<&'a Snapshot>,
+    metadata: &'a ProcessMetadata,
+    verdicts: &'a ProcessVerdicts,
+    stats: &'a Stats,
+    options: &'a RenderOptions,
+}
+
+/// Renders both formats and publishes them to `cache`.
+fn publish(cache: &Cache, what: Rendered<'_>, starting: bool) {
+    let render_one = |format| {
+        Bytes::from(render(
+            what.snapshot,
+            what.metadata,
+            what.verdicts,
+            what.stats,
+            what.options,
+            format,
+        ))
+    };
+    cache.publish(Published {
+        prometheus: render_one(Format::Prometheus),
+        openmetrics: render_one(Format::OpenMetrics),
+        at: Instant::now(),
+        starting,
+    });
+}
+
 /// Everything the sampler thread owns.
 pub struct Collector {
     config: CollectorConfig,
@@ -146,22 +175,34 @@ impl Collector {
         }
         self.stats.samples_total += 1;
         self.stats.sample_duration = started.elapsed();
-        let render_one = |format| {
-            Bytes::from(render(
-                snapshot.as_deref(),
+        publish(
+            &self.cache,
+            Rendered {
+                snapshot: snapshot.as_deref(),
                 metadata,
-                &self.verdicts,
-                &self.stats,
-                &self.config.render,
-                format,
-            ))
-        };
-        let published = Published {
-            prometheus: render_one(Format::Prometheus),
-            openmetrics: render_one(Format::OpenMetrics),
-            at: Instant::now(),
-        };
-        self.cache.publish(published);
+                verdicts: &self.verdicts,
+                stats: &self.stats,
+                options: &self.config.render,
+            },
+            false,
+        );
+    }
+
+    /// Publishes what can be said before the first collection: the exporter's own metrics
+    /// with `vramctl_nvml_up 0`, and a `/healthz` that says it is starting. `serve` calls
+    /// it before it listens, so HTTP answers even while `nvmlInit` hangs.
+    pub fn publish_starting(&self) {
+        publish(
+            &self.cache,
+            Rendered {
+                snapshot: None,
+                metadata: &ProcessMetadata::default(),
+                verdicts: &self.verdicts,
+                stats: &self.stats,
+                options: &self.config.render,
+            },
+            true,
+        );
     }
 
     /// Collects every `interval` until `stop` receives a message or its sender is dropped,

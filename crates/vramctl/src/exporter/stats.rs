@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use vramctl_core::sampler::ReopenReason;
 use vramctl_core::types::{DeviceState, Field, Snapshot, Unavailable};
 
 /// The kinds of `vramctl_collection_errors_total`. "Not supported" is a capability, not an
@@ -33,6 +34,9 @@ pub struct Stats {
     pub nvml_up: bool,
     /// Failed NVML init attempts by [`InitError::code`](vramctl_core::InitError::code).
     pub nvml_init_failures: BTreeMap<&'static str, u64>,
+    /// NVML sessions reopened, by [`ReopenReason::as_str`] (every reason from 0, so
+    /// `increase()` sees the first).
+    pub nvml_reopens: BTreeMap<&'static str, u64>,
     /// Collection errors per device, indexed like [`ERROR_KINDS`].
     pub errors: BTreeMap<DeviceKey, [u64; ERROR_KINDS.len()]>,
     peaks: BTreeMap<String, VecDeque<(i64, u64)>>,
@@ -48,10 +52,16 @@ impl Stats {
             last_snapshot_unix_ms: None,
             nvml_up: false,
             nvml_init_failures: BTreeMap::new(),
+            nvml_reopens: ReopenReason::ALL.iter().map(|r| (r.as_str(), 0)).collect(),
             errors: BTreeMap::new(),
             peaks: BTreeMap::new(),
             peak_window,
         }
+    }
+
+    /// Counts a reopened NVML session.
+    pub fn reopened(&mut self, reason: ReopenReason) {
+        *self.nvml_reopens.entry(reason.as_str()).or_default() += 1;
     }
 
     /// Counts an NVML init failure.

@@ -10,6 +10,7 @@ mod leaks;
 mod ps;
 mod real_processes;
 mod reap;
+mod record;
 mod serve;
 mod status;
 mod top;
