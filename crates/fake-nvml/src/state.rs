@@ -106,7 +106,10 @@ impl State {
         if let Some((p, Reload::Gone { failed_inits })) = &mut self.reload
             && *p == path
         {
-            let allowed = scenario.driver_reload.as_ref().map_or(0, |r| r.init_failures);
+            let allowed = scenario
+                .driver_reload
+                .as_ref()
+                .map_or(0, |r| r.init_failures);
             if *failed_inits < allowed {
                 *failed_inits += 1;
                 return Err(codes::DRIVER_NOT_LOADED);
@@ -175,7 +178,8 @@ impl State {
         if loaded.broken.is_none()
             && let Some(spec) = &loaded.scenario.driver_reload
         {
-            let back = matches!(reload, Some((p, Reload::Back)) if Some(&*p) == scenario_path.as_ref());
+            let back =
+                matches!(reload, Some((p, Reload::Back)) if Some(&*p) == scenario_path.as_ref());
             if !back && loaded.clock.now() >= spec.at_s {
                 loaded.broken = Some(spec.error_code);
                 if let Some(path) = scenario_path {
@@ -885,9 +889,6 @@ mod tests {
         // Stepped back an hour: the driver's clock says earlier, memory goes on with `t`.
         assert_eq!(stamp(11.0), (epoch + 11_000_000 - 3_600_000_000, 11 * mib));
         // Steps add up.
-        assert_eq!(
-            stamp(21.0),
-            (epoch + 21_000_000 - 3_540_000_000, 21 * mib)
-        );
+        assert_eq!(stamp(21.0), (epoch + 21_000_000 - 3_540_000_000, 21 * mib));
     }
 }

@@ -254,7 +254,12 @@ mod tests {
         }
         assert_eq!(
             seen,
-            [(0, 0), (1_500, 1_000), (2_500, 2_000), (3_500 - 3_600_000, 3_000)]
+            [
+                (0, 0),
+                (1_500, 1_000),
+                (2_500, 2_000),
+                (3_500 - 3_600_000, 3_000)
+            ]
         );
     }
 
@@ -265,7 +270,11 @@ mod tests {
             monotonic_ms,
         };
         assert_eq!(wall_jump_ms(at(0, 0), at(1_000, 1_000)), 0);
-        assert_eq!(wall_jump_ms(at(0, 0), at(1_090, 1_000)), 0, "within tolerance");
+        assert_eq!(
+            wall_jump_ms(at(0, 0), at(1_090, 1_000)),
+            0,
+            "within tolerance"
+        );
         assert_eq!(wall_jump_ms(at(0, 0), at(-3_599_000, 1_000)), -3_600_000);
         assert_eq!(wall_jump_ms(at(0, 0), at(3_601_000, 1_000)), 3_600_000);
     }

@@ -321,10 +321,14 @@ mod tests {
     #[test]
     fn a_session_is_reopened_when_lost_or_after_three_failing_ticks_backing_off() {
         let mut health = SessionHealth::new(1000, 4000);
-        assert_eq!(health.check(&tick(0, true), true), Some(ReopenReason::SessionLost));
+        assert_eq!(
+            health.check(&tick(0, true), true),
+            Some(ReopenReason::SessionLost)
+        );
         // Every device failing: the third tick in a row reopens.
-        let decisions: Vec<Option<ReopenReason>> =
-            (1..=3).map(|i| health.check(&tick(i * 100, false), false)).collect();
+        let decisions: Vec<Option<ReopenReason>> = (1..=3)
+            .map(|i| health.check(&tick(i * 100, false), false))
+            .collect();
         assert_eq!(decisions, [None, None, None], "within the first backoff");
         let later: Vec<Option<ReopenReason>> = (0..3)
             .map(|i| health.check(&tick(1_500 + i * 100, false), false))
@@ -338,8 +342,9 @@ mod tests {
         );
         // A device answering resets it all.
         assert_eq!(health.check(&tick(3_600, true), false), None);
-        let again: Vec<Option<ReopenReason>> =
-            (0..3).map(|i| health.check(&tick(3_700 + i, false), false)).collect();
+        let again: Vec<Option<ReopenReason>> = (0..3)
+            .map(|i| health.check(&tick(3_700 + i, false), false))
+            .collect();
         assert_eq!(again, [None, None, Some(ReopenReason::DevicesFailing)]);
     }
 }

@@ -180,7 +180,11 @@ mod tests {
             .map(|i| {
                 let wall = T0 + i * 1000 + if i >= 3 { step } else { 0 };
                 let p = clock.place(at(wall, i * 1000));
-                (p.t_ms - T0, p.step.map(|g| format!("{}..{} {}", g.from_ms - T0, g.to_ms - T0, g.reason)))
+                (
+                    p.t_ms - T0,
+                    p.step
+                        .map(|g| format!("{}..{} {}", g.from_ms - T0, g.to_ms - T0, g.reason)),
+                )
             })
             .collect()
     }
@@ -215,7 +219,10 @@ mod tests {
         assert_eq!(times, [0, 1000, 2000, HOUR + 3000, HOUR + 4000]);
         let gap = placed[3].1.as_deref().unwrap();
         assert!(
-            gap.starts_with(&format!("2000..{} clock-step: the wall clock jumped forward 1 h 0 min", HOUR + 3000)),
+            gap.starts_with(&format!(
+                "2000..{} clock-step: the wall clock jumped forward 1 h 0 min",
+                HOUR + 3000
+            )),
             "{gap}"
         );
         assert_eq!(clock.ahead_ms(), 0);
@@ -243,10 +250,21 @@ mod tests {
         assert_eq!(p.t_ms, T0 + HOUR + 1000);
         let gap = p.step.unwrap();
         assert_eq!((gap.from_ms, gap.to_ms), (T0 + HOUR, T0 + HOUR + 1000));
-        assert!(gap.reason.starts_with("clock-step: the history's last sample is 1 h 0 min ahead"), "{}", gap.reason);
+        assert!(
+            gap.reason
+                .starts_with("clock-step: the history's last sample is 1 h 0 min ahead"),
+            "{}",
+            gap.reason
+        );
         assert_eq!(clock.place(at(T0 + 1000, 1000)).t_ms, T0 + HOUR + 2000);
         // A past last sample: the wall clock, no gap.
         let mut clock = HistoryClock::new(Some(T0 - 5000), 1000);
-        assert_eq!(clock.place(at(T0, 0)), Placement { t_ms: T0, step: None });
+        assert_eq!(
+            clock.place(at(T0, 0)),
+            Placement {
+                t_ms: T0,
+                step: None
+            }
+        );
     }
 }

@@ -180,7 +180,12 @@ pub struct ServeArgs {
 
     /// Test only: the simulated wall clock steps BY_MS (negative: back) once AT_MS of
     /// simulated time have passed, as NTP does; repeatable
-    #[arg(long, hide = true, value_name = "AT_MS:BY_MS", requires = "simulated_clock")]
+    #[arg(
+        long,
+        hide = true,
+        value_name = "AT_MS:BY_MS",
+        requires = "simulated_clock"
+    )]
     pub simulated_clock_step: Vec<vramctl_core::clock::WallStep>,
 
     /// Test only: stop sampling after N samples and keep serving the last one
@@ -217,7 +222,12 @@ pub struct RecordArgs {
 
     /// Test only: the simulated wall clock steps BY_MS (negative: back) once AT_MS of
     /// simulated time have passed, as NTP does; repeatable
-    #[arg(long, hide = true, value_name = "AT_MS:BY_MS", requires = "simulated_clock")]
+    #[arg(
+        long,
+        hide = true,
+        value_name = "AT_MS:BY_MS",
+        requires = "simulated_clock"
+    )]
     pub simulated_clock_step: Vec<vramctl_core::clock::WallStep>,
 
     /// Test only: limit the database to N pages (PRAGMA max_page_count), to reach a "disk
@@ -467,7 +477,12 @@ pub struct LeaksArgs {
 
     /// Test only: the simulated wall clock steps BY_MS (negative: back) once AT_MS of
     /// simulated time have passed, as NTP does; repeatable
-    #[arg(long, hide = true, value_name = "AT_MS:BY_MS", requires = "simulated_clock")]
+    #[arg(
+        long,
+        hide = true,
+        value_name = "AT_MS:BY_MS",
+        requires = "simulated_clock"
+    )]
     pub simulated_clock_step: Vec<vramctl_core::clock::WallStep>,
 }
 

@@ -637,15 +637,26 @@ mod tests {
             // Every sample counted: a step back no longer makes the rest look stale.
             assert_eq!(fleet.now_ms(), Some(T0 + 199_000), "step {step_ms}");
             let leak = fleet.report_for("GPU-a", 1).unwrap();
-            assert_eq!(leak.verdict, Verdict::Leak, "{step_ms}: {}", leak.explanation);
+            assert_eq!(
+                leak.verdict,
+                Verdict::Leak,
+                "{step_ms}: {}",
+                leak.explanation
+            );
             assert!(leak.samples >= 190, "{step_ms}: {} samples", leak.samples);
             let rate = leak.slope_bytes_per_sec / 16e6;
-            assert!((0.9..1.1).contains(&rate), "{step_ms}: slope {rate} of 16 MB/s");
+            assert!(
+                (0.9..1.1).contains(&rate),
+                "{step_ms}: slope {rate} of 16 MB/s"
+            );
             // Idle for the 200 s it was watched, not an hour more or frozen at 100 s.
             let idle = fleet.report_for("GPU-a", 2).unwrap();
             assert_eq!(idle.verdict, Verdict::IdleHolder, "{step_ms}");
             let idle_sec = idle.idle.idle_sec.unwrap();
-            assert!((190.0..=200.0).contains(&idle_sec), "{step_ms}: idle {idle_sec} s");
+            assert!(
+                (190.0..=200.0).contains(&idle_sec),
+                "{step_ms}: idle {idle_sec} s"
+            );
         }
     }
 

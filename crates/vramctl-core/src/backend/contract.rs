@@ -206,13 +206,22 @@ fn process_activity_goes_on_across_a_wall_clock_step() {
         // The fake's step clock: t = i + 1 at this tick, as in a sampler's tick.
         backend.device_count().unwrap();
         let t = i + 1;
-        let wall_s = t + if t >= 10 { 3600 } else if t >= 5 { -3600 } else { 0 };
+        let wall_s = t + if t >= 10 {
+            3600
+        } else if t >= 5 {
+            -3600
+        } else {
+            0
+        };
         backend.begin_tick(ClockTime {
             unix_ms: t0 + wall_s * 1000,
             monotonic_ms: t * 1000,
         });
         let r = backend.read(&info).unwrap();
-        answered.push(r.process_activity.is_some_and(|a| a.iter().any(|p| p.pid == 4242)));
+        answered.push(
+            r.process_activity
+                .is_some_and(|a| a.iter().any(|p| p.pid == 4242)),
+        );
     }
     assert_eq!(answered, vec![true; 15]);
 }

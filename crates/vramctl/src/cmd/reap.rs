@@ -335,9 +335,11 @@ impl Runner<'_> {
                         // Fresh by the tracker's own time line, which a wall-clock step
                         // does not move.
                         let live_now = live.fleet.now_ms().unwrap_or(now);
-                        (report.last_unix_ms >= live_now.saturating_sub(fresh_ms)).then(|| GpuEvidence {
-                            source: Source::Live,
-                            report: report.clone(),
+                        (report.last_unix_ms >= live_now.saturating_sub(fresh_ms)).then(|| {
+                            GpuEvidence {
+                                source: Source::Live,
+                                report: report.clone(),
+                            }
                         })
                     }),
                 };

@@ -106,9 +106,8 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         }
         ticks += 1;
         if args.ticks.is_some_and(|n| ticks >= n)
-            || duration_ms.is_some_and(|d| {
-                at.monotonic_ms.saturating_sub(first_ms) + interval_ms > d
-            })
+            || duration_ms
+                .is_some_and(|d| at.monotonic_ms.saturating_sub(first_ms) + interval_ms > d)
         {
             break;
         }

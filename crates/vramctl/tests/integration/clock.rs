@@ -108,7 +108,11 @@ fn clock_steps(history: &Value) -> Vec<(i64, i64, String)> {
         .as_array()
         .expect("gaps")
         .iter()
-        .filter(|g| g["reason"].as_str().is_some_and(|r| r.starts_with("clock-step")))
+        .filter(|g| {
+            g["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("clock-step"))
+        })
         .map(|g| {
             (
                 ms(&g["from"]),
@@ -134,7 +138,7 @@ fn leaks_json(db: &Path) -> Value {
     serde_json::from_str(&stdout_of(&mut cmd)).expect("leaks JSON")
 }
 
-fn series<'a>(json: &'a Value, pid: u64) -> &'a Value {
+fn series(json: &Value, pid: u64) -> &Value {
     json["series"]
         .as_array()
         .expect("series")
@@ -174,7 +178,11 @@ fn record_keeps_real_spacing_across_a_wall_clock_step_and_marks_it() {
         assert_eq!(steps.len(), 1, "step {step_ms}: {steps:?}");
         let (from, to, reason) = &steps[0];
         assert_eq!((*from, *to), (times[99], times[100]), "{reason}");
-        let direction = if step_ms < 0 { "went back 1 h 0 min" } else { "jumped forward 1 h 0 min" };
+        let direction = if step_ms < 0 {
+            "went back 1 h 0 min"
+        } else {
+            "jumped forward 1 h 0 min"
+        };
         assert!(reason.contains(direction), "{reason}");
 
         // The leak is judged at its real rate; the idle holder stays one.
@@ -182,8 +190,15 @@ fn record_keeps_real_spacing_across_a_wall_clock_step_and_marks_it() {
         let leaker = series(&leaks, 31001);
         assert_eq!(leaker["verdict"], "leak", "step {step_ms}: {leaker}");
         let rate = leaker["slope_bytes_per_sec"].as_f64().expect("slope") / f64::from(64 << 20);
-        assert!((0.9..1.1).contains(&rate), "step {step_ms}: {rate} × 64 MiB/s");
-        assert_eq!(series(&leaks, 31002)["verdict"], "idle-holder", "step {step_ms}");
+        assert!(
+            (0.9..1.1).contains(&rate),
+            "step {step_ms}: {rate} × 64 MiB/s"
+        );
+        assert_eq!(
+            series(&leaks, 31002)["verdict"],
+            "idle-holder",
+            "step {step_ms}"
+        );
     }
 }
 
@@ -210,7 +225,9 @@ fn record_starts_on_a_history_whose_last_sample_is_in_the_future() {
     assert_eq!(steps.len(), 1, "{steps:?}");
     assert_eq!((steps[0].0, steps[0].1), (T0 + 9000, T0 + 10_000));
     assert!(
-        steps[0].2.contains("last sample is 1 h 0 min ahead of the wall clock"),
+        steps[0]
+            .2
+            .contains("last sample is 1 h 0 min ahead of the wall clock"),
         "{}",
         steps[0].2
     );

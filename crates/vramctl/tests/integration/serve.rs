@@ -1276,15 +1276,31 @@ fn metrics_and_healthz_answer_while_nvml_init_hangs() {
     );
     let metrics = get(served.addr, "/metrics", &[]);
     assert_eq!(metrics.status, 200, "{}", metrics.body);
-    assert!(metrics.body.contains("vramctl_nvml_up 0\n"), "{}", metrics.body);
-    assert!(metrics.body.contains("vramctl_samples_total 0\n"), "{}", metrics.body);
-    assert!(metrics.body.contains("vramctl_last_sample_age_seconds "), "{}", metrics.body);
+    assert!(
+        metrics.body.contains("vramctl_nvml_up 0\n"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics.body.contains("vramctl_samples_total 0\n"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics.body.contains("vramctl_last_sample_age_seconds "),
+        "{}",
+        metrics.body
+    );
     let health = get(served.addr, "/healthz", &[]);
     assert_eq!(health.status, 503, "{}", health.body);
     assert!(health.body.starts_with("starting: "), "{}", health.body);
     // Still held: still answering, still starting.
     std::thread::sleep(Duration::from_millis(200));
-    assert!(get(served.addr, "/healthz", &[]).body.starts_with("starting: "));
+    assert!(
+        get(served.addr, "/healthz", &[])
+            .body
+            .starts_with("starting: ")
+    );
     std::fs::remove_file(&hold).expect("release the init");
     metrics_until(&served, "NVML up with the GPU", |m| {
         m.contains("vramctl_nvml_up 1\n") && m.contains("vramctl_device_up{")
@@ -1386,7 +1402,10 @@ fn idle_seconds_go_on_across_a_wall_clock_step() {
         )
         .expect("idle seconds");
         // 180 samples 1 s apart; the analysis re-runs every 10-20 s of sample time.
-        assert!((155.0..=180.0).contains(&idle), "step {step_s}: idle {idle} s");
+        assert!(
+            (155.0..=180.0).contains(&idle),
+            "step {step_s}: idle {idle} s"
+        );
         assert_eq!(
             sample_value(
                 &text,
@@ -1397,4 +1416,3 @@ fn idle_seconds_go_on_across_a_wall_clock_step() {
         );
     }
 }
-
