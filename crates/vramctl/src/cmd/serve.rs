@@ -5,10 +5,10 @@
 //! `/metrics` answering `vramctl_nvml_up 0` (with a growing sample age) and `/healthz`
 //! answering 503 "starting". NVML failing to start is not an error here: the exporter
 //! serves `vramctl_nvml_up 0` and keeps retrying; a session that stops working (driver
-//! reloaded, GPU reset) is reopened (`exporter::source`). Bad flags, an unreadable web config, an address
-//! in use, or with `--record` a history database that cannot be opened (another recorder
-//! holds it, not ours, newer, damaged, unwritable) are errors (exit 2) before anything is
-//! served. With `--record`, the history is flushed before the daemon exits. Every tick also
+//! reloaded, GPU reset) is reopened (`exporter::source`). Bad flags, an unreadable web
+//! config, an address in use, or with `--record` a history database that cannot be opened
+//! (another recorder holds it, not ours, newer, damaged, unwritable) are errors (exit 2)
+//! before anything is served. With `--record`, the history is flushed before the daemon exits. Every tick also
 //! goes through the live leak and idle analysis (`exporter::analysis`; thresholds as for
 //! `vramctl leaks`), whose verdicts are exported per process.
 //!
