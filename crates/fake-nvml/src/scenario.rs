@@ -35,6 +35,8 @@ pub struct Scenario {
     pub clock: ClockSpec,
     #[serde(default)]
     pub init: InitSpec,
+    /// `[driver_reload]`: the driver goes away under a running session.
+    pub driver_reload: Option<DriverReloadSpec>,
     #[serde(default)]
     not_supported: Vec<Spanned<String>>,
     #[serde(default)]
@@ -65,6 +67,22 @@ pub struct ClockSpec {
     pub at_s: Option<f64>,
     pub path: Option<String>,
     pub step_s: Option<f64>,
+    /// `[[at_s, by_s], ...]`: from `t >= at_s` the wall clock the driver stamps its samples
+    /// with is `by_s` seconds off (negative: stepped back), as after an NTP step; `t` itself
+    /// (the monotonic time every timeline runs on) goes on. Steps add up.
+    #[serde(default)]
+    pub wall_steps: Vec<[f64; 2]>,
+}
+
+impl ClockSpec {
+    /// How far the driver's wall clock is off at `t`: the sum of the steps made by then.
+    pub fn wall_offset_s(&self, t: f64) -> f64 {
+        self.wall_steps
+            .iter()
+            .filter(|[at, _]| t >= *at)
+            .map(|[_, by]| by)
+            .sum()
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -88,8 +106,29 @@ pub struct InitSpec {
     error: Option<Spanned<String>>,
     /// Fail only the first N attempts of this process, then succeed.
     pub fail_count: Option<u32>,
+    /// Every init that loads the scenario takes this long to answer (a hung driver).
+    pub delay_ms: Option<u64>,
+    /// Every init that loads the scenario does not answer while this path exists (a
+    /// hang a test ends by removing the file).
+    pub hold_path: Option<String>,
     #[serde(skip)]
     pub error_code: Option<Ret>,
+}
+
+/// `[driver_reload]`: the driver goes away under a running session and comes back.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverReloadSpec {
+    /// From `t >= at_s`, every call of the session then open answers `error`.
+    pub at_s: f64,
+    /// What those calls answer (default `uninitialized`).
+    error: Option<Spanned<String>>,
+    /// Init attempts after the session is shut down that still fail with
+    /// `driver_not_loaded` (the driver is not back yet); the next one succeeds.
+    #[serde(default)]
+    pub init_failures: u32,
+    #[serde(skip)]
+    pub error_code: Ret,
 }
 
 /// Per-call fault answers, indexed by [`Func::index`].
@@ -545,6 +584,18 @@ impl Scenario {
             );
         }
         self.check_clock()?;
+        if let Some(reload) = &mut self.driver_reload {
+            if !(reload.at_s.is_finite() && reload.at_s >= 0.0) {
+                return invalid(
+                    None,
+                    format!("driver_reload.at_s must be >= 0, not {}", reload.at_s),
+                );
+            }
+            reload.error_code = match &reload.error {
+                Some(error) => error_code(error)?,
+                None => codes::UNINITIALIZED,
+            };
+        }
         if let Some(error) = &self.init.error {
             self.init.error_code = Some(error_code(error)?);
         } else if self.init.fail_count.is_some() {
@@ -605,6 +656,14 @@ impl Scenario {
         }
         if let Some(step) = c.step_s.filter(|s| !(s.is_finite() && *s > 0.0)) {
             return invalid(None, format!("clock.step_s must be > 0, not {step}"));
+        }
+        for [at, by] in &c.wall_steps {
+            if !(at.is_finite() && *at >= 0.0 && by.is_finite()) {
+                return invalid(
+                    None,
+                    format!("clock.wall_steps: [{at}, {by}] is not [at_s >= 0, by_s]"),
+                );
+            }
         }
         Ok(())
     }

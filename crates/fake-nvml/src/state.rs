@@ -33,6 +33,8 @@ static STATE: Mutex<State> = Mutex::new(State {
     init_count: 0,
     loaded: None,
     init_attempts: None,
+    scenario_path: None,
+    reload: None,
 });
 
 /// Locks the state. A panic inside an export (caught at the ABI) may have poisoned the lock;
@@ -49,6 +51,20 @@ pub struct State {
     /// `(scenario path, init attempts that met an [init] fault)`, for `fail_count`. Keyed by
     /// path so that pointing FAKE_NVML_SCENARIO elsewhere starts a new count.
     init_attempts: Option<(String, u32)>,
+    /// The path the loaded scenario came from.
+    scenario_path: Option<String>,
+    /// `(scenario path, where its [driver_reload] stands)`: kept across inits, so the
+    /// reloaded scenario (whose clock starts again) does not lose its driver twice.
+    reload: Option<(String, Reload)>,
+}
+
+/// Where a `[driver_reload]` fault stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reload {
+    /// The driver went away; this many init attempts have failed since.
+    Gone { failed_inits: u32 },
+    /// It came back: the fault is over for this process.
+    Back,
 }
 
 /// A scenario in use, with its clock.
@@ -58,6 +74,8 @@ pub struct Loaded {
     /// Wall-clock microseconds at load: the base of process-utilization timestamps, so they
     /// look like NVML's (µs since the Unix epoch) yet move with the fake clock.
     pub epoch_us: u64,
+    /// The driver went away under this session (`[driver_reload]`): every call fails.
+    pub broken: Option<Ret>,
 }
 
 /// One line on stderr, the only output the library ever makes.
@@ -84,6 +102,20 @@ impl State {
             codes::UNKNOWN
         })?;
         let clock_env = clock_env(&path)?;
+        hold_init(&scenario.init);
+        if let Some((p, Reload::Gone { failed_inits })) = &mut self.reload
+            && *p == path
+        {
+            let allowed = scenario
+                .driver_reload
+                .as_ref()
+                .map_or(0, |r| r.init_failures);
+            if *failed_inits < allowed {
+                *failed_inits += 1;
+                return Err(codes::DRIVER_NOT_LOADED);
+            }
+            self.reload = Some((path.clone(), Reload::Back));
+        }
         if let Some(code) = scenario.init.error_code {
             let attempts = match &mut self.init_attempts {
                 Some((p, n)) if *p == path => n,
@@ -102,8 +134,10 @@ impl State {
             scenario,
             clock,
             epoch_us,
+            broken: None,
         });
         self.init_count = 1;
+        self.scenario_path = Some(path);
         Ok(())
     }
 
@@ -119,12 +153,56 @@ impl State {
         Ok(())
     }
 
-    /// The loaded scenario, if NVML is initialised.
+    /// The loaded scenario, if NVML is initialised (for the control symbols, which work
+    /// whatever the driver does).
     pub fn loaded(&mut self) -> R<&mut Loaded> {
         if self.init_count == 0 {
             return Err(codes::UNINITIALIZED);
         }
         self.loaded.as_mut().ok_or(codes::UNINITIALIZED)
+    }
+
+    /// The loaded scenario for an NVML call: fails as the scenario's `[driver_reload]` says
+    /// once the driver has gone away under this session, until the session is shut down.
+    pub fn session(&mut self) -> R<&mut Loaded> {
+        if self.init_count == 0 {
+            return Err(codes::UNINITIALIZED);
+        }
+        let State {
+            loaded,
+            reload,
+            scenario_path,
+            ..
+        } = self;
+        let loaded = loaded.as_mut().ok_or(codes::UNINITIALIZED)?;
+        if loaded.broken.is_none()
+            && let Some(spec) = &loaded.scenario.driver_reload
+        {
+            let back =
+                matches!(reload, Some((p, Reload::Back)) if Some(&*p) == scenario_path.as_ref());
+            if !back && loaded.clock.now() >= spec.at_s {
+                loaded.broken = Some(spec.error_code);
+                if let Some(path) = scenario_path {
+                    *reload = Some((path.clone(), Reload::Gone { failed_inits: 0 }));
+                }
+            }
+        }
+        match loaded.broken {
+            Some(code) => Err(code),
+            None => Ok(loaded),
+        }
+    }
+}
+
+/// `[init] delay_ms` / `hold_path`: a driver that takes its time to answer `nvmlInit`.
+fn hold_init(init: &crate::scenario::InitSpec) {
+    if let Some(ms) = init.delay_ms {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    if let Some(path) = &init.hold_path {
+        while std::path::Path::new(path).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
 
@@ -332,7 +410,7 @@ pub fn with_device<T>(
     f: impl FnOnce(&mut Device<'_>) -> R<T>,
 ) -> R<T> {
     let mut state = lock();
-    let loaded = state.loaded()?;
+    let loaded = state.session()?;
     let (gpu, slot) = decode_handle(handle).ok_or(codes::INVALID_ARGUMENT)?;
     let mut t = None;
     loaded.admit(func, gpu, slot, &mut t)?;
@@ -477,7 +555,13 @@ impl Device<'_> {
     /// sm %, mem %)`.
     pub fn utilization_samples(&mut self, last_seen_us: u64) -> Vec<(u32, u64, u32, u32)> {
         let t = self.t();
-        let timestamp = self.loaded.epoch_us.saturating_add((t * 1e6) as u64);
+        // The driver stamps samples with the wall clock, which steps where the scenario's
+        // `wall_steps` say while `t` goes on.
+        let wall_s = t + self.loaded.scenario.clock.wall_offset_s(t);
+        let timestamp = self
+            .loaded
+            .epoch_us
+            .saturating_add_signed((wall_s * 1e6) as i64);
         if timestamp <= last_seen_us {
             return Vec::new();
         }
@@ -509,7 +593,7 @@ pub fn as_u32(value: u64) -> u32 {
 /// top-level fault, then `f`.
 pub fn with_system<T>(func: Func, f: impl FnOnce(&mut Loaded) -> R<T>) -> R<T> {
     let mut state = lock();
-    let loaded = state.loaded()?;
+    let loaded = state.session()?;
     if let Some(code) = loaded.scenario.system_faults.get(func) {
         return Err(code);
     }
@@ -540,6 +624,7 @@ mod tests {
             scenario: Scenario::parse(text, "t.toml").expect("valid"),
             clock: Clock::Fixed { t },
             epoch_us: 1_000_000,
+            broken: None,
         }
     }
 
@@ -784,5 +869,26 @@ mod tests {
                 .utilization_samples(3_000_000)
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_wall_step_moves_sample_timestamps_and_nothing_else() {
+        let text = "[clock]\nmode = \"fixed\"\nwall_steps = [[10.0, -3600.0], [20.0, 60.0]]\n\
+                    [[gpu]]\nmemory_total = \"8 GiB\"\n\
+                    [[gpu.process]]\npid = 9\nsm_util = 5\nmemory = { ramp = { rate_per_s = \"1 MiB\" } }\n";
+        let epoch = 10_000_000_000_u64;
+        let stamp = |t: f64| {
+            let mut l = loaded(text, t);
+            l.epoch_us = epoch;
+            let samples = device(&mut l, 0, None).utilization_samples(0);
+            let used = device(&mut l, 0, None).memory().expect("memory").used;
+            (samples[0].1, used)
+        };
+        let mib = 1 << 20;
+        assert_eq!(stamp(9.0), (epoch + 9_000_000, 9 * mib));
+        // Stepped back an hour: the driver's clock says earlier, memory goes on with `t`.
+        assert_eq!(stamp(11.0), (epoch + 11_000_000 - 3_600_000_000, 11 * mib));
+        // Steps add up.
+        assert_eq!(stamp(21.0), (epoch + 21_000_000 - 3_540_000_000, 21 * mib));
     }
 }

@@ -544,6 +544,74 @@ fn init_recovers_after_fail_count() {
 }
 
 #[test]
+fn a_reloaded_driver_fails_every_call_until_a_new_init() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("reload.toml");
+    std::fs::write(
+        &path,
+        "[clock]\nmode = \"fixed\"\n[driver_reload]\nat_s = 5.0\ninit_failures = 1\n\
+         [[gpu]]\nuuid = \"GPU-r\"\nmemory_total = \"8 GiB\"\n",
+    )
+    .expect("scenario");
+    let nvml = init_ok(&path);
+    let gpu = nvml.device_by_index(0).expect("gpu 0");
+    assert!(gpu.memory_info().is_ok());
+    set_time(5.0);
+    // The session is gone: every call, handles obtained before included.
+    assert!(matches!(nvml.device_count(), Err(NvmlError::Uninitialized)));
+    assert!(matches!(gpu.memory_info(), Err(NvmlError::Uninitialized)));
+    // Going back in time does not bring the old session back.
+    set_time(0.0);
+    assert!(matches!(gpu.memory_info(), Err(NvmlError::Uninitialized)));
+    drop(nvml);
+    // The driver is not back for the first init, then it is; the reloaded scenario's clock
+    // starts again, and the driver does not go away a second time.
+    assert!(matches!(init(&path), Err(NvmlError::DriverNotLoaded)));
+    let again = init_ok(&path);
+    set_time(50.0);
+    assert_eq!(again.device_count().expect("count"), 1);
+    assert!(again.device_by_index(0).expect("gpu").memory_info().is_ok());
+}
+
+#[test]
+fn an_init_with_a_hold_path_waits_until_it_is_removed() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hold = dir.path().join("hold");
+    std::fs::write(&hold, "").expect("hold file");
+    let path = dir.path().join("hang.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[init]\nhold_path = {:?}\ndelay_ms = 50\n[[gpu]]\nuuid = \"GPU-h\"\n",
+            hold.display().to_string()
+        ),
+    )
+    .expect("scenario");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let scenario = path.clone();
+    let waiter = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let nvml = init_ok(&scenario);
+        let _ = tx.send(started.elapsed());
+        drop(nvml);
+    });
+    // Still waiting while the file exists (the delay alone is 50 ms).
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(300))
+            .is_err(),
+        "init answered while held"
+    );
+    std::fs::remove_file(&hold).expect("release");
+    let took = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("init answers once released");
+    assert!(took >= std::time::Duration::from_millis(300), "{took:?}");
+    waiter.join().expect("joined");
+}
+
+#[test]
 fn real_pid_disappears_and_frees_its_memory() {
     let _serial = serial();
     let mut child = std::process::Command::new("sleep")

@@ -86,6 +86,7 @@ fn template() -> Snapshot {
         .collect();
     Snapshot {
         taken_at_unix_ms: T0,
+        monotonic_ms: T0,
         driver: Arc::new(DriverInfo::default()),
         devices,
         unopened: Vec::new(),

@@ -13,6 +13,7 @@
 
 use std::path::PathBuf;
 
+use crate::clock::ClockTime;
 use crate::types::{DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice};
 
 pub mod nvml;
@@ -76,6 +77,11 @@ pub enum DeviceError {
     /// Any other failure to reach the device.
     #[error("{0}")]
     Failed(String),
+    /// The library's session no longer works (NVML answers `UNINITIALIZED` or
+    /// `DRIVER_NOT_LOADED`: the driver was reloaded or went away). Nothing read through it
+    /// will work again; shut it down and start a new one.
+    #[error("{0}")]
+    SessionLost(String),
 }
 
 /// The devices a backend sees.
@@ -118,9 +124,10 @@ pub trait Backend: Send {
 
     /// Called by the sampler before it reads the devices of one tick, with the tick's time
     /// (the sampler's clock, so simulated time in tests): lets a backend spread a costly
-    /// read over ticks.
-    fn begin_tick(&mut self, now_unix_ms: i64) {
-        let _ = now_unix_ms;
+    /// read over ticks (on the monotonic clock) and follow a wall-clock step in what the
+    /// driver timestamps.
+    fn begin_tick(&mut self, now: ClockTime) {
+        let _ = now;
     }
 
     /// One reading of one device. Fields the device cannot report are `None`.

@@ -318,8 +318,15 @@ pub struct UnopenedDevice {
 /// Everything the sampler read in one tick.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
-    /// Wall-clock time the tick started, in milliseconds since the Unix epoch.
+    /// Wall-clock time the tick started, in milliseconds since the Unix epoch. What times
+    /// are shown and stored as; it steps when the wall clock does (NTP, a VM resumed).
     pub taken_at_unix_ms: i64,
+    /// The monotonic clock when the tick started (milliseconds; only differences mean
+    /// anything). Spans between snapshots (idle spans, rates, intervals) are measured on
+    /// it, so a wall-clock step neither freezes nor stretches them
+    /// ([`clock`](crate::clock)).
+    #[serde(default)]
+    pub monotonic_ms: i64,
     /// Driver stack versions.
     pub driver: Arc<DriverInfo>,
     /// Devices in NVML index order.

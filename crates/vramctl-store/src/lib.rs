@@ -13,6 +13,10 @@
 //! so a reused PID is a new process; its user, command line, container id and Kubernetes
 //! pod UID are stored once.
 //!
+//! Times only go forward: a writer places each tick with a [`HistoryClock`], which keeps
+//! the spacing the monotonic clock measured when the wall clock steps back and records
+//! every step as a gap whose reason starts with [`CLOCK_STEP`] (`docs/clock.md`).
+//!
 //! Old samples are downsampled ([`Retention`], e.g. `raw=24h,1m=30d`) into buckets that
 //! keep min, max and last, so a spike between two kept points is not lost.
 //!
@@ -78,6 +82,7 @@ mod query;
 mod retention;
 mod schema;
 mod snapshot;
+mod timebase;
 mod writer;
 
 pub use audit::AuditRow;
@@ -93,4 +98,5 @@ pub use query::{Frame, SeriesRef, downsample};
 pub use retention::{Maintenance, Retention};
 pub use schema::CURRENT as SCHEMA_VERSION;
 pub use snapshot::device_samples;
+pub use timebase::{CLOCK_STEP, HistoryClock, Placement};
 pub use writer::DEFAULT_KEY_INTERVAL_MS;

@@ -350,6 +350,16 @@ pub struct ServeArgs {
     #[arg(long, hide = true, value_name = "UNIX_MS", requires = "ticks")]
     pub simulated_clock: Option<i64>,
 
+    /// Test only: the simulated wall clock steps BY_MS (negative: back) once AT_MS of
+    /// simulated time have passed, as NTP does; repeatable
+    #[arg(
+        long,
+        hide = true,
+        value_name = "AT_MS:BY_MS",
+        requires = "simulated_clock"
+    )]
+    pub simulated_clock_step: Vec<vramctl_core::clock::WallStep>,
+
     /// Test only: stop sampling after N samples and keep serving the last one
     #[arg(long, hide = true, value_name = "N")]
     pub ticks: Option<u64>,
@@ -387,6 +397,16 @@ pub struct RecordArgs {
     /// without waiting
     #[arg(long, hide = true, value_name = "UNIX_MS")]
     pub simulated_clock: Option<i64>,
+
+    /// Test only: the simulated wall clock steps BY_MS (negative: back) once AT_MS of
+    /// simulated time have passed, as NTP does; repeatable
+    #[arg(
+        long,
+        hide = true,
+        value_name = "AT_MS:BY_MS",
+        requires = "simulated_clock"
+    )]
+    pub simulated_clock_step: Vec<vramctl_core::clock::WallStep>,
 
     /// Test only: limit the database to N pages (PRAGMA max_page_count), to reach a "disk
     /// full" without a small filesystem
@@ -678,6 +698,16 @@ pub struct LeaksArgs {
     /// per sample, without waiting
     #[arg(long, hide = true, value_name = "UNIX_MS", requires = "watch")]
     pub simulated_clock: Option<i64>,
+
+    /// Test only: the simulated wall clock steps BY_MS (negative: back) once AT_MS of
+    /// simulated time have passed, as NTP does; repeatable
+    #[arg(
+        long,
+        hide = true,
+        value_name = "AT_MS:BY_MS",
+        requires = "simulated_clock"
+    )]
+    pub simulated_clock_step: Vec<vramctl_core::clock::WallStep>,
 }
 
 #[derive(Debug, Args)]

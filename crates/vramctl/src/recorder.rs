@@ -3,22 +3,26 @@
 //! disk, and the per-process enrichment (identity, metadata, CPU time) of each tick.
 //!
 //! The sampler side builds a [`TickSample`] per tick ([`Procs::update`] adds the
-//! processes) and hands it to a [`StoreFeed`]. The feed sends it over a bounded channel
-//! without waiting; when the writer is behind (a stalled disk) the tick is dropped and the
-//! dropped stretch is recorded as a gap ("the writer fell behind") once there is room
-//! again. The writer commits one transaction per tick, runs retention once a minute, and
-//! turns write failures (disk full, read-only file) into a gap once writing works again.
+//! processes) and hands it to a [`StoreFeed`] with the tick's monotonic time. The feed
+//! gives it its time in the history ([`HistoryClock`]: the wall clock, except that a step
+//! back keeps the monotonic spacing and every step is recorded as a `clock-step` gap),
+//! then sends it over a bounded channel without waiting; when the writer is behind (a
+//! stalled disk) the tick is dropped and the dropped stretch is recorded as a gap ("the
+//! writer fell behind") once there is room again. The writer commits one transaction per
+//! tick, runs retention once a minute, and turns write failures (disk full, read-only
+//! file) into a gap once writing works again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, anyhow};
+use vramctl_core::clock::ClockTime;
 use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::types::Snapshot;
 use vramctl_store::{
-    Gap, ProcessKey, ProcessMeta, ProcessSample, Retention, SessionInfo, Store, StoreError,
-    TickSample,
+    Gap, HistoryClock, ProcessKey, ProcessMeta, ProcessSample, Retention, SessionInfo, Store,
+    StoreError, TickSample,
 };
 
 /// How often CPU time of GPU processes is re-read (cumulative, so nothing is lost between).
@@ -49,7 +53,8 @@ pub fn channel_capacity(interval_ms: i64) -> usize {
 /// What the sampler side sends the writer.
 enum Msg {
     Tick(TickSample),
-    Dropped(Gap),
+    /// A gap that is already over: ticks dropped, a clock step.
+    Gap(Gap),
 }
 
 /// The sampler's end of the writer thread.
@@ -58,33 +63,39 @@ pub struct StoreFeed {
     writer: Option<JoinHandle<Result<(), StoreError>>>,
     /// Wait for room instead of dropping (simulated time: a test run must be complete).
     wait: bool,
-    last_t_ms: Option<i64>,
+    /// The ticks' times in the history.
+    clock: HistoryClock,
     /// First and last time of ticks dropped because the writer was behind, and how many.
     dropped: Option<(i64, i64, u64)>,
+    /// Gaps not sent yet (the channel was full).
+    pending: VecDeque<Gap>,
 }
 
 impl std::fmt::Debug for StoreFeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreFeed")
             .field("wait", &self.wait)
-            .field("last_t_ms", &self.last_t_ms)
+            .field("clock", &self.clock)
             .field("dropped", &self.dropped)
             .finish_non_exhaustive()
     }
 }
 
 impl StoreFeed {
-    /// Starts the writer thread, which owns `store` (opened with `OpenMode::Append`).
-    /// `wait`: block when the channel is full instead of dropping ticks.
+    /// Starts the writer thread, which owns `store` (opened with `OpenMode::Append`), for
+    /// ticks every `interval_ms`. `wait`: block when the channel is full instead of
+    /// dropping ticks.
     ///
     /// # Errors
-    /// When the thread cannot be started.
+    /// When the last stored time cannot be read or the thread cannot be started.
     pub fn start(
         store: Store,
         retention: Retention,
+        interval_ms: i64,
         capacity: usize,
         wait: bool,
     ) -> anyhow::Result<Self> {
+        let clock = HistoryClock::new(store.last_sample_ms()?, interval_ms);
         let (tx, rx) = mpsc::sync_channel::<Msg>(capacity.max(1));
         let writer = std::thread::Builder::new()
             .name("vramctl-writer".into())
@@ -94,41 +105,67 @@ impl StoreFeed {
             tx: Some(tx),
             writer: Some(writer),
             wait,
-            last_t_ms: None,
+            clock,
             dropped: None,
+            pending: VecDeque::new(),
         })
     }
 
     /// A feed into `tx` with no writer thread (tests drain the channel themselves).
     #[cfg(test)]
-    fn with_sender(tx: SyncSender<Msg>, wait: bool) -> Self {
+    fn with_sender(tx: SyncSender<Msg>, wait: bool, stored_before_ms: Option<i64>) -> Self {
         Self {
             tx: Some(tx),
             writer: None,
             wait,
-            last_t_ms: None,
+            clock: HistoryClock::new(stored_before_ms, 1),
             dropped: None,
+            pending: VecDeque::new(),
         }
     }
 
-    /// Hands a tick to the writer without waiting (unless made to wait); `false` when the
-    /// writer is gone (it stopped on an error that retrying cannot fix).
-    pub fn send(&mut self, mut tick: TickSample) -> bool {
+    /// Hands a tick, read when the monotonic clock said `monotonic_ms`, to the writer
+    /// without waiting (unless made to wait); `false` when the writer is gone (it stopped
+    /// on an error that retrying cannot fix).
+    pub fn send(&mut self, mut tick: TickSample, monotonic_ms: i64) -> bool {
         let Some(tx) = &self.tx else {
             return false;
         };
-        // The store needs strictly increasing times; a wall clock stepped back (NTP) must
-        // not lose the samples.
-        if let Some(last) = self.last_t_ms.filter(|&l| tick.at_unix_ms <= l) {
+        // The store needs increasing times; a wall clock that steps must neither cram
+        // samples together nor stop the recorder (`HistoryClock`).
+        let placed = self.clock.place(ClockTime {
+            unix_ms: tick.at_unix_ms,
+            monotonic_ms,
+        });
+        if let Some(step) = placed.step {
             tracing::warn!(
-                now = tick.at_unix_ms,
-                last,
-                "The clock went backwards; keeping times increasing."
+                wall_ms = tick.at_unix_ms,
+                history_ms = placed.t_ms,
+                ahead_ms = self.clock.ahead_ms(),
+                reason = %step.reason,
+                "The wall clock stepped."
             );
-            tick.at_unix_ms = last + 1;
+            self.pending.push_back(step);
         }
-        self.last_t_ms = Some(tick.at_unix_ms);
+        tick.at_unix_ms = placed.t_ms;
         let t = tick.at_unix_ms;
+        while let Some(gap) = self.pending.pop_front() {
+            let sent = if self.wait {
+                tx.send(Msg::Gap(gap))
+                    .map_err(|e| TrySendError::Disconnected(e.0))
+            } else {
+                tx.try_send(Msg::Gap(gap))
+            };
+            match sent {
+                Ok(()) => {}
+                Err(TrySendError::Full(Msg::Gap(gap))) => {
+                    self.pending.push_front(gap);
+                    break;
+                }
+                Err(TrySendError::Full(Msg::Tick(_))) => break,
+                Err(TrySendError::Disconnected(_)) => return false,
+            }
+        }
         if let Some((from, to, n)) = self.dropped {
             let gap = Gap {
                 device_uuid: None,
@@ -138,7 +175,7 @@ impl StoreFeed {
                 open: false,
                 reason: format!("the writer fell behind: {n} samples dropped"),
             };
-            match tx.try_send(Msg::Dropped(gap)) {
+            match tx.try_send(Msg::Gap(gap)) {
                 Ok(()) => self.dropped = None,
                 Err(TrySendError::Full(_)) => {}
                 Err(TrySendError::Disconnected(_)) => return false,
@@ -324,7 +361,7 @@ fn write_loop(
     let mut last_maintained: Option<i64> = None;
     for msg in rx {
         match msg {
-            Msg::Dropped(gap) => {
+            Msg::Gap(gap) => {
                 if let Err(err) = store.record_gap(&gap) {
                     tracing::warn!(error = %err, "Could not record a gap.");
                 }
@@ -403,6 +440,7 @@ mod tests {
     fn snapshot(at_ms: i64, pids: &[u32]) -> Snapshot {
         Snapshot {
             taken_at_unix_ms: at_ms,
+            monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {
@@ -492,7 +530,7 @@ mod tests {
         rx.try_iter()
             .map(|m| match m {
                 Msg::Tick(t) => format!("tick {}", t.at_unix_ms),
-                Msg::Dropped(g) => format!("gap {}..{}: {}", g.from_ms, g.to_ms, g.reason),
+                Msg::Gap(g) => format!("gap {}..{}: {}", g.from_ms, g.to_ms, g.reason),
             })
             .collect()
     }
@@ -500,13 +538,13 @@ mod tests {
     #[test]
     fn a_full_channel_drops_ticks_and_then_sends_their_gap() {
         let (tx, rx) = mpsc::sync_channel(2);
-        let mut feed = StoreFeed::with_sender(tx, false);
+        let mut feed = StoreFeed::with_sender(tx, false, None);
         for t in [1, 2, 3, 4] {
-            assert!(feed.send(tick_at(t)));
+            assert!(feed.send(tick_at(t), t));
         }
         // Two fit; 3 and 4 were dropped without waiting.
         assert_eq!(received(&rx), ["tick 1", "tick 2"]);
-        assert!(feed.send(tick_at(5)));
+        assert!(feed.send(tick_at(5), 5));
         assert_eq!(
             received(&rx),
             [
@@ -514,11 +552,40 @@ mod tests {
                 "tick 5"
             ]
         );
-        // A clock stepped back does not lose the tick: it goes in just after the last.
-        assert!(feed.send(tick_at(2)));
+        // A wall clock a few ms behind (within the step tolerance) does not lose the
+        // tick: it goes in just after the last.
+        assert!(feed.send(tick_at(2), 6));
         assert_eq!(received(&rx), ["tick 6"]);
         drop(rx);
-        assert!(!feed.send(tick_at(10)), "the writer is gone");
+        assert!(!feed.send(tick_at(10), 10), "the writer is gone");
+    }
+
+    /// The recorder used to put every tick after a step back 1 ms after the last one: an
+    /// hour of samples crammed into 3.6 s of history.
+    #[test]
+    fn a_wall_clock_step_back_keeps_the_samples_spacing() {
+        let (tx, rx) = mpsc::sync_channel(64);
+        let mut feed = StoreFeed::with_sender(tx, true, None);
+        let t0 = 1_764_000_000_000;
+        for i in 0..6 {
+            let step = if i >= 3 { -3_600_000 } else { 0 };
+            assert!(feed.send(tick_at(t0 + i * 1000 + step), i * 1000));
+        }
+        let got = received(&rx);
+        let ticks: Vec<i64> = got
+            .iter()
+            .filter_map(|m| m.strip_prefix("tick "))
+            .map(|t| t.parse::<i64>().unwrap() - t0)
+            .collect();
+        assert_eq!(ticks, [0, 1000, 2000, 3000, 4000, 5000]);
+        let gaps: Vec<&String> = got.iter().filter(|m| m.starts_with("gap")).collect();
+        assert_eq!(gaps.len(), 1, "{got:?}");
+        let expected = format!(
+            "gap {}..{}: clock-step: the wall clock went back 1 h 0 min",
+            t0 + 2000,
+            t0 + 3000
+        );
+        assert!(gaps[0].starts_with(&expected), "{got:?}");
     }
 
     #[test]
@@ -526,16 +593,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.db");
         let store = Store::open(&path, OpenMode::Append).unwrap();
-        let mut feed = StoreFeed::start(store, Retention::default(), 4, true).unwrap();
+        let mut feed = StoreFeed::start(store, Retention::default(), 1000, 4, true).unwrap();
         let t0 = 1_764_000_000_000;
         for i in 0..50 {
             let s = snapshot(t0 + i * 1000, &[]);
-            assert!(feed.send(TickSample {
-                at_unix_ms: s.taken_at_unix_ms,
-                unavailable: None,
-                devices: device_samples(&s),
-                processes: Vec::new(),
-            }));
+            assert!(feed.send(
+                TickSample {
+                    at_unix_ms: s.taken_at_unix_ms,
+                    unavailable: None,
+                    devices: device_samples(&s),
+                    processes: Vec::new(),
+                },
+                s.monotonic_ms
+            ));
         }
         feed.finish().unwrap();
         // The lock is released and the WAL folded into the file.

@@ -145,7 +145,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
         // SAFETY: NVML's contract for `device`.
         let out = unsafe { Out::new(device) }?;
         let mut state = lock();
-        let loaded = state.loaded()?;
+        let loaded = state.session()?;
         let index = usize::try_from(index).map_err(|_| codes::INVALID_ARGUMENT)?;
         if index >= loaded.scenario.gpus.len() {
             return Err(codes::INVALID_ARGUMENT);
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .to_str()
             .map_err(|_| codes::INVALID_ARGUMENT)?;
         let mut state = lock();
-        let loaded = state.loaded()?;
+        let loaded = state.session()?;
         let (gpu, slot) = loaded.find_uuid(uuid).ok_or(codes::NOT_FOUND)?;
         out.set(loaded.handle_for(Func::nvmlDeviceGetHandleByUUID, gpu, slot)?);
         Ok(())

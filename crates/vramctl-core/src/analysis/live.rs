@@ -10,9 +10,15 @@
 //! full. Series whose process has not been seen for `forget_after` are dropped, so memory
 //! stays bounded on a machine that runs jobs for months.
 //!
-//! Pure like the rest of `analysis`: no clock (time is the snapshot's `taken_at_unix_ms`)
-//! and no I/O. What only /proc knows (start time, CPU time) the caller passes in as
-//! [`ProcessFacts`], read on its own thread; the tracker never reads /proc itself.
+//! Pure like the rest of `analysis`: no clock and no I/O. Time is the snapshots': each is
+//! placed on a [`Timeline`] (the wall time of the first snapshot, counted on by the
+//! snapshots' monotonic time), so a wall-clock step (NTP, a VM resumed) neither freezes the
+//! verdicts (a step back used to make every snapshot look older than the last) nor makes a
+//! process idle for an hour it was not watched (a step forward). Every time in a report is
+//! on that time line ([`FleetTracker::now_ms`] is the latest snapshot's place on it); it is
+//! the wall clock until the clock steps. What only /proc knows (start time, CPU time) the
+//! caller passes in as [`ProcessFacts`], read on its own thread; the tracker never reads
+//! /proc itself.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -22,6 +28,7 @@ use super::{
     AnalysisError, Cadence, CpuSample, DeviceActivitySample, LeakConfig, ProcessTracker, Sample,
     SeriesContext, SeriesReport, SmSample, VerdictChange,
 };
+use crate::clock::{ClockTime, Timeline};
 use crate::procinfo::ProcessIdentity;
 use crate::types::{DeviceInfo, DeviceReading, ProcessUsage, Snapshot};
 
@@ -144,6 +151,7 @@ pub struct FleetTracker {
     /// The series listed at the last tick, by (device UUID, PID).
     current: HashMap<(String, u32), SeriesKey>,
     tick: u64,
+    timeline: Timeline,
     last_t_ms: Option<i64>,
 }
 
@@ -160,23 +168,33 @@ impl FleetTracker {
             entries: HashMap::new(),
             current: HashMap::new(),
             tick: 0,
+            timeline: Timeline::new(),
             last_t_ms: None,
         })
+    }
+
+    /// Where the latest snapshot lies on the tracker's time line, the time its reports
+    /// speak for (`None` before the first).
+    pub fn now_ms(&self) -> Option<i64> {
+        self.last_t_ms
     }
 
     /// Feeds one snapshot. `facts` is asked once per PID listed with memory on a device
     /// that answered.
     ///
-    /// A snapshot not later than the previous one is ignored (it returns no change). A
-    /// device that could not be read this tick leaves its series untouched; their next
-    /// sample is marked as following a gap, as is that of a process missing from a list
-    /// for some ticks.
+    /// A snapshot not later than the previous one on the monotonic clock is ignored (it
+    /// returns no change); the wall clock may step either way. A device that could not be
+    /// read this tick leaves its series untouched; their next sample is marked as following
+    /// a gap, as is that of a process missing from a list for some ticks.
     pub fn observe(
         &mut self,
         snapshot: &Snapshot,
         mut facts: impl FnMut(u32) -> ProcessFacts,
     ) -> TickChanges {
-        let t = snapshot.taken_at_unix_ms;
+        let t = self.timeline.place(ClockTime {
+            unix_ms: snapshot.taken_at_unix_ms,
+            monotonic_ms: snapshot.monotonic_ms,
+        });
         if self.last_t_ms.is_some_and(|last| t <= last) {
             return TickChanges::default();
         }
@@ -461,6 +479,7 @@ mod tests {
     fn snapshot(t: i64, devices: Vec<(Arc<DeviceInfo>, DeviceState)>) -> Snapshot {
         Snapshot {
             taken_at_unix_ms: t,
+            monotonic_ms: t,
             driver: Arc::new(DriverInfo::default()),
             devices: devices
                 .into_iter()
@@ -571,6 +590,74 @@ mod tests {
             FleetTracker::identity(&leak.key, "boot").map(|i| i.start_time_ticks),
             Some(77)
         );
+    }
+
+    /// 200 s at 1 Hz with the wall clock stepping `step_ms` at 100 s while the monotonic
+    /// clock goes on: PID 1 leaks 16 MB/s from 40 s, PID 2 holds 6 GiB at 0 % SM.
+    fn across_a_wall_clock_step(step_ms: i64) -> FleetTracker {
+        let gpu = info(0, "GPU-a");
+        let mut fleet = FleetTracker::new(FleetConfig {
+            leak: LeakConfig {
+                idle_for: Duration::from_secs(60),
+                ..LeakConfig::default()
+            },
+            ..FleetConfig::default()
+        })
+        .unwrap();
+        for i in 0..200 {
+            let mono = i * 1000;
+            let wall = T0 + mono + if i >= 100 { step_ms } else { 0 };
+            let mut r = reading(
+                vec![usage(1, leaking(mono, 40, 16)), usage(2, 6 * GIB)],
+                Some(50),
+            );
+            r.process_activity = Some(vec![
+                ProcessActivity {
+                    pid: 1,
+                    sm_percent: 70,
+                    memory_percent: 0,
+                },
+                ProcessActivity {
+                    pid: 2,
+                    sm_percent: 0,
+                    memory_percent: 0,
+                },
+            ]);
+            let mut s = snapshot(wall, vec![ok(&gpu, r)]);
+            s.monotonic_ms = mono;
+            fleet.observe(&s, visible(3));
+        }
+        fleet
+    }
+
+    #[test]
+    fn a_wall_clock_step_neither_freezes_nor_stretches_live_verdicts() {
+        for step_ms in [-3_600_000, 3_600_000] {
+            let fleet = across_a_wall_clock_step(step_ms);
+            // Every sample counted: a step back no longer makes the rest look stale.
+            assert_eq!(fleet.now_ms(), Some(T0 + 199_000), "step {step_ms}");
+            let leak = fleet.report_for("GPU-a", 1).unwrap();
+            assert_eq!(
+                leak.verdict,
+                Verdict::Leak,
+                "{step_ms}: {}",
+                leak.explanation
+            );
+            assert!(leak.samples >= 190, "{step_ms}: {} samples", leak.samples);
+            let rate = leak.slope_bytes_per_sec / 16e6;
+            assert!(
+                (0.9..1.1).contains(&rate),
+                "{step_ms}: slope {rate} of 16 MB/s"
+            );
+            // Idle for the 200 s it was watched, not an hour more or frozen at 100 s.
+            let idle = fleet.report_for("GPU-a", 2).unwrap();
+            assert_eq!(idle.verdict, Verdict::IdleHolder, "{step_ms}");
+            let idle_sec = idle.idle.idle_sec.unwrap();
+            assert!(
+                (190.0..=200.0).contains(&idle_sec),
+                "{step_ms}: idle {idle_sec} s"
+            );
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use super::Backend;
 use crate::NvmlBackend;
+use crate::clock::ClockTime;
 use crate::types::{Field, Unavailable};
 
 /// The fake library keeps process-global state; tests that load it take turns.
@@ -149,27 +150,80 @@ fn process_activity_is_read_at_most_once_a_second_of_tick_time() {
     let info = backend.enumerate().unwrap().devices.remove(0);
     let t0 = 1_795_984_291_000;
     let mut asked_at = Vec::new();
-    // Ticks every 100 ms for 2.5 s, then the clock steps back a minute.
-    let ticks = (0..=25).map(|i| t0 + i * 100).chain([t0 - 60_000]);
-    for t in ticks {
-        backend.begin_tick(t);
+    // Ticks every 100 ms for 2.5 s; at 2.3 s the wall clock steps back a minute, which
+    // changes nothing: the cadence is on the monotonic clock.
+    for i in 0..=25 {
+        let monotonic_ms = i * 100;
+        let step = if i >= 23 { -60_000 } else { 0 };
+        backend.begin_tick(ClockTime {
+            unix_ms: t0 + monotonic_ms + step,
+            monotonic_ms,
+        });
         let r = backend.read(&info).unwrap();
         let asked =
             r.process_activity.is_some() || r.missing.contains_key(&Field::ProcessUtilization);
         if asked {
-            asked_at.push(t - t0);
+            asked_at.push(monotonic_ms);
         }
         if let Some(a) = &r.process_activity {
             let pids: BTreeSet<u32> = a.iter().map(|p| p.pid).collect();
             assert_eq!(pids.len(), a.len(), "one entry per process");
         }
     }
-    assert_eq!(asked_at, vec![0, 1000, 2000, -60_000]);
+    assert_eq!(asked_at, vec![0, 1000, 2000]);
     // Off, it is never read.
     backend.set_read_process_activity(false);
-    backend.begin_tick(t0 + 100_000);
+    backend.begin_tick(ClockTime {
+        unix_ms: t0 + 100_000,
+        monotonic_ms: 100_000,
+    });
     let r = backend.read(&info).unwrap();
     assert!(r.process_activity.is_none() && !r.missing.contains_key(&Field::ProcessUtilization));
+}
+
+/// The driver stamps its samples with the wall clock: after a step back, asking for samples
+/// newer than the last one seen found none until the clock caught up (an hour of no
+/// activity evidence); the backend moves its mark with the step.
+#[test]
+fn process_activity_goes_on_across_a_wall_clock_step() {
+    let _guard = FAKE_NVML.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("step.toml");
+    std::fs::write(
+        &path,
+        "[clock]\nmode = \"step\"\nstep_s = 1.0\nwall_steps = [[5.0, -3600.0], [10.0, 7200.0]]\n\
+         [[gpu]]\nuuid = \"GPU-s\"\nmemory_total = \"8 GiB\"\n\
+         [[gpu.process]]\npid = 4242\nmemory = \"1 GiB\"\nsm_util = 30\n",
+    )
+    .unwrap();
+    unsafe { std::env::set_var("FAKE_NVML_SCENARIO", &path) };
+    let mut backend = NvmlBackend::open(Some(&fake_library())).unwrap();
+    backend.set_read_process_activity(true);
+    let info = backend.enumerate().unwrap().devices.remove(0);
+    let t0 = 1_795_984_291_000;
+    let mut answered = Vec::new();
+    for i in 0..15 {
+        // The fake's step clock: t = i + 1 at this tick, as in a sampler's tick.
+        backend.device_count().unwrap();
+        let t = i + 1;
+        let wall_s = t + if t >= 10 {
+            3600
+        } else if t >= 5 {
+            -3600
+        } else {
+            0
+        };
+        backend.begin_tick(ClockTime {
+            unix_ms: t0 + wall_s * 1000,
+            monotonic_ms: t * 1000,
+        });
+        let r = backend.read(&info).unwrap();
+        answered.push(
+            r.process_activity
+                .is_some_and(|a| a.iter().any(|p| p.pid == 4242)),
+        );
+    }
+    assert_eq!(answered, vec![true; 15]);
 }
 
 #[test]

@@ -20,6 +20,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 
 use super::{Backend, DeviceError, Enumeration, InitError};
+use crate::clock::{ClockTime, wall_jump_ms};
 use crate::types::{
     ComputeCapability, DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, Field,
     MemoryReading, MigInstanceInfo, MigReading, ProcessActivity, ProcessKind, ProcessUsage,
@@ -51,9 +52,13 @@ pub struct NvmlBackend {
     last_activity_us: BTreeMap<u32, u64>,
     /// Whether per-process activity is read at all.
     read_process_activity: bool,
-    /// When per-process activity was last read (tick time), and whether this tick reads it.
+    /// When per-process activity was last read (monotonic tick time), and whether this
+    /// tick reads it.
     last_activity_read_ms: Option<i64>,
     activity_due: bool,
+    /// The previous tick's time: a wall-clock step between two ticks moves the driver's
+    /// sample timestamps too.
+    last_tick: Option<ClockTime>,
 }
 
 /// Shortest time between two reads of per-process activity. On an H200
@@ -110,6 +115,7 @@ impl NvmlBackend {
             read_process_activity: false,
             last_activity_read_ms: None,
             activity_due: false,
+            last_tick: None,
         })
     }
 
@@ -212,14 +218,27 @@ impl Backend for NvmlBackend {
         Ok(enumeration)
     }
 
-    fn begin_tick(&mut self, now_unix_ms: i64) {
-        // A clock that went backwards makes the read due at once.
+    fn begin_tick(&mut self, now: ClockTime) {
+        // The driver stamps its utilisation samples with the wall clock (µs since the
+        // epoch). After a step back, every new sample is older than the newest one seen
+        // and the driver would answer "no samples" until the wall clock caught up; after a
+        // step forward nothing is lost, but moving the mark keeps the two in step.
+        let jump_ms = self.last_tick.map_or(0, |last| wall_jump_ms(last, now));
+        self.last_tick = Some(now);
+        if jump_ms != 0 {
+            let jump_us = jump_ms.saturating_mul(1000);
+            for last in self.last_activity_us.values_mut() {
+                *last = last.saturating_add_signed(jump_us);
+            }
+        }
+        // The cadence is on the monotonic clock, which does not step.
+        let t = now.monotonic_ms;
         self.activity_due = self.read_process_activity
             && self
                 .last_activity_read_ms
-                .is_none_or(|last| now_unix_ms < last || now_unix_ms - last >= ACTIVITY_EVERY_MS);
+                .is_none_or(|last| t < last || t - last >= ACTIVITY_EVERY_MS);
         if self.activity_due {
-            self.last_activity_read_ms = Some(now_unix_ms);
+            self.last_activity_read_ms = Some(t);
         }
     }
 
@@ -531,6 +550,9 @@ fn field<T>(
     match result {
         Ok(value) => Ok(Some(value)),
         Err(NvmlError::GpuLost) => Err(DeviceError::Lost(describe(&NvmlError::GpuLost))),
+        Err(err @ (NvmlError::Uninitialized | NvmlError::DriverNotLoaded)) => {
+            Err(DeviceError::SessionLost(describe(&err)))
+        }
         Err(err) => {
             missing.insert(name, unavailable(&err));
             Ok(None)
@@ -566,6 +588,10 @@ fn unavailable(err: &NvmlError) -> Unavailable {
 fn device_error(err: NvmlError) -> DeviceError {
     match err {
         NvmlError::GpuLost => DeviceError::Lost(describe(&err)),
+        // The session is gone (a driver reloaded under us): only a new one helps.
+        NvmlError::Uninitialized | NvmlError::DriverNotLoaded => {
+            DeviceError::SessionLost(describe(&err))
+        }
         other => DeviceError::Failed(describe(&other)),
     }
 }

@@ -161,7 +161,9 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
         let snapshot = sampler.tick();
         samples += 1;
         runner.observe(&snapshot);
-        let now = snapshot.taken_at_unix_ms;
+        // Rounds are paced on the monotonic clock: a wall-clock step back must not put
+        // the next one off by the length of the step.
+        let now = snapshot.monotonic_ms;
         if next_round_ms.is_none_or(|next| now >= next) {
             rounds += 1;
             let report = runner.round(&mut sampler, &snapshot, rounds)?;
@@ -316,9 +318,14 @@ impl Runner<'_> {
                             pid: *pid,
                             start_time_ticks: start,
                         })?;
-                        (report.last_unix_ms >= now.saturating_sub(fresh_ms)).then(|| GpuEvidence {
-                            source: Source::Live,
-                            report: report.clone(),
+                        // Fresh by the tracker's own time line, which a wall-clock step
+                        // does not move.
+                        let live_now = live.fleet.now_ms().unwrap_or(now);
+                        (report.last_unix_ms >= live_now.saturating_sub(fresh_ms)).then(|| {
+                            GpuEvidence {
+                                source: Source::Live,
+                                report: report.clone(),
+                            }
                         })
                     }),
                 };

@@ -7,16 +7,23 @@
 //! delaying the samples.
 //!
 //! The recorder never dies of a GPU fault: NVML failing to start is retried with backoff
-//! (1 s doubling to 5 min) and recorded as a gap over every device; a lost GPU and values a
-//! device cannot report are gaps with their reasons. Write failures (disk full, file made
-//! read-only) are logged, the ticks in between become a gap, and writing resumes when it
-//! can. It stops on SIGINT/SIGTERM, `--duration`, or the test-only `--ticks`, flushes, and
-//! exits 0. Exit 2: bad flags, or a database it cannot open (not ours, newer, corrupt,
-//! unwritable, another recorder holds it) or that fails in a way retrying cannot fix.
+//! (1 s doubling to 5 min) and recorded as a gap over every device; a session that stops
+//! working (a driver reloaded, a GPU reset: `SessionHealth`) is shut down and started
+//! again the same way; a lost GPU and values a device cannot report are gaps with their
+//! reasons. Write failures (disk full, file made read-only) are logged, the ticks in
+//! between become a gap, and writing resumes when it can. A wall-clock step never stops it either: the history keeps increasing times with
+//! the spacing the monotonic clock measured and records the step as a `clock-step` gap
+//! (`vramctl_store::HistoryClock`), also when the history's last sample is in the future
+//! at start (it used to exit 2 there: a crash loop under systemd). Intervals, backoffs and
+//! `--duration` are on the monotonic clock. It stops on SIGINT/SIGTERM, `--duration`, or
+//! the test-only `--ticks`, flushes, and exits 0. Exit 2: bad flags, or a database it
+//! cannot open (not ours, newer, corrupt, unwritable, another recorder holds it) or that
+//! fails in a way retrying cannot fix.
 //!
 //! Test-only flags (hidden from `--help`): `--ticks N` stops after N samples;
 //! `--simulated-clock UNIX_MS` makes time start there and move by `--interval` per sample
-//! without waiting (with the fake NVML's `step` clock, runs are deterministic and instant);
+//! without waiting (with the fake NVML's `step` clock, runs are deterministic and instant),
+//! and `--simulated-clock-step AT_MS:BY_MS` steps its wall clock as NTP would;
 //! `--max-db-pages N` caps the database size to reach "disk full" without a small
 //! filesystem. At debug level (`VRAMCTL_LOG=vramctl=debug`) every committed tick is logged
 //! as `Committed a tick. t_ms=…`, which the crash test relies on.
@@ -25,8 +32,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock, WallStep};
 use vramctl_core::procinfo;
+use vramctl_core::sampler::SessionHealth;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
@@ -59,11 +67,12 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
     let mut feed = StoreFeed::start(
         store,
         retention,
+        interval_ms,
         channel_capacity(interval_ms),
         args.simulated_clock.is_some(),
     )?;
 
-    let manual = args.simulated_clock.map(ManualClock::new);
+    let manual = simulated_clock(args.simulated_clock, &args.simulated_clock_step);
     let clock: Box<dyn Clock> = match &manual {
         Some(m) => Box::new(m.clone()),
         None => Box::new(SystemClock),
@@ -75,22 +84,24 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         init_error: None,
         next_init_ms: i64::MIN,
         backoff_ms: BACKOFF_FIRST_MS,
+        health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
         procs: Procs::new(procinfo::boot_id(), true),
     };
     let started = Instant::now();
-    let first_ms = clock.now_unix_ms();
+    // On the monotonic clock: a wall-clock step does not shorten or lengthen --duration.
+    let first_ms = clock.monotonic_ms();
     let mut ticks: u64 = 0;
     let mut writer_gone = false;
     loop {
-        let tick = recorder.tick(clock.as_ref());
-        let t = tick.at_unix_ms;
-        if !feed.send(tick) {
+        let (tick, at) = recorder.tick(clock.as_ref());
+        if !feed.send(tick, at.monotonic_ms) {
             writer_gone = true;
             break;
         }
         ticks += 1;
         if args.ticks.is_some_and(|n| ticks >= n)
-            || duration_ms.is_some_and(|d| t.saturating_sub(first_ms) + interval_ms > d)
+            || duration_ms
+                .is_some_and(|d| at.monotonic_ms.saturating_sub(first_ms) + interval_ms > d)
         {
             break;
         }
@@ -106,6 +117,12 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
     }
     tracing::info!(ticks, "Stopped.");
     Ok(Exit::Ok)
+}
+
+/// The test-only simulated clock of `--simulated-clock START` with its
+/// `--simulated-clock-step`s; `None` for the system clock.
+pub fn simulated_clock(start_unix_ms: Option<i64>, steps: &[WallStep]) -> Option<ManualClock> {
+    start_unix_ms.map(|start| ManualClock::with_steps(start, steps.to_vec()))
 }
 
 /// Waits until tick number `n + 1` is due (`n` × `interval_ms` after `started`, so the
@@ -161,40 +178,67 @@ struct Recorder<'a> {
     manual: Option<ManualClock>,
     sampler: Option<Sampler<NvmlBackend>>,
     init_error: Option<String>,
+    /// When the next init attempt is due, on the monotonic clock (a wall-clock step back
+    /// must not put it off by the length of the step).
     next_init_ms: i64,
     backoff_ms: i64,
+    /// Whether the NVML session still works.
+    health: SessionHealth,
     procs: Procs,
 }
 
 impl Recorder<'_> {
-    fn tick(&mut self, clock: &dyn Clock) -> TickSample {
-        let now = clock.now_unix_ms();
-        if self.sampler.is_none() && now >= self.next_init_ms {
-            self.start_nvml(now);
+    /// One tick and when it was read.
+    fn tick(&mut self, clock: &dyn Clock) -> (TickSample, ClockTime) {
+        let now = clock.now();
+        if self.sampler.is_none() && now.monotonic_ms >= self.next_init_ms {
+            self.start_nvml(now.monotonic_ms);
         }
         match self.sampler.as_mut() {
             Some(sampler) => {
                 let snapshot = sampler.tick();
                 let backend = sampler.backend_mut();
+                // `Procs` paces its /proc reads by differences of this time: monotonic.
                 let processes = self
                     .procs
-                    .update(&snapshot, now, &mut |pid| backend.process_name(pid));
-                TickSample {
-                    at_unix_ms: snapshot.taken_at_unix_ms,
-                    unavailable: None,
-                    devices: device_samples(&snapshot),
-                    processes,
+                    .update(&snapshot, snapshot.monotonic_ms, &mut |pid| {
+                        backend.process_name(pid)
+                    });
+                let at = ClockTime {
+                    unix_ms: snapshot.taken_at_unix_ms,
+                    monotonic_ms: snapshot.monotonic_ms,
+                };
+                let lost = sampler.session_lost().map(str::to_owned);
+                if let Some(reason) = self.health.check(&snapshot, lost.is_some()) {
+                    let why = lost.unwrap_or_else(|| "every GPU failed".to_owned());
+                    tracing::warn!(reason = reason.as_str(), error = %why, "NVML stopped answering; starting a new session.");
+                    // Dropping the sampler shuts its session down; the next tick opens one.
+                    self.sampler = None;
+                    self.next_init_ms = at.monotonic_ms;
+                    self.init_error = Some(format!("NVML is being reopened: {why}"));
                 }
+                (
+                    TickSample {
+                        at_unix_ms: snapshot.taken_at_unix_ms,
+                        unavailable: None,
+                        devices: device_samples(&snapshot),
+                        processes,
+                    },
+                    at,
+                )
             }
-            None => TickSample {
-                at_unix_ms: now,
-                unavailable: Some(
-                    self.init_error
-                        .clone()
-                        .unwrap_or_else(|| "NVML did not start".into()),
-                ),
-                ..TickSample::default()
-            },
+            None => (
+                TickSample {
+                    at_unix_ms: now.unix_ms,
+                    unavailable: Some(
+                        self.init_error
+                            .clone()
+                            .unwrap_or_else(|| "NVML did not start".into()),
+                    ),
+                    ..TickSample::default()
+                },
+                now,
+            ),
         }
     }
 

@@ -1,11 +1,14 @@
 //! `vramctl serve`: the Prometheus exporter daemon (see `exporter` for its shape).
 //!
-//! Starts the sampler thread, waits for its first collection, then serves HTTP(S) until
-//! SIGTERM or SIGINT. NVML failing to start is not an error here: the exporter serves
-//! `vramctl_nvml_up 0` and keeps retrying. Bad flags, an unreadable web config, an address
-//! in use, or with `--record` a history database that cannot be opened (another recorder
-//! holds it, not ours, newer, damaged, unwritable) are errors (exit 2) before anything is
-//! served. With `--record`, the history is flushed before the daemon exits. Every tick also
+//! Publishes a starting exposition, starts the sampler thread and serves HTTP(S) at once,
+//! until SIGTERM or SIGINT: HTTP never waits for NVML, so a hung `nvmlInit` leaves
+//! `/metrics` answering `vramctl_nvml_up 0` (with a growing sample age) and `/healthz`
+//! answering 503 "starting". NVML failing to start is not an error here: the exporter
+//! serves `vramctl_nvml_up 0` and keeps retrying; a session that stops working (driver
+//! reloaded, GPU reset) is reopened (`exporter::source`). Bad flags, an unreadable web
+//! config, an address in use, or with `--record` a history database that cannot be opened
+//! (another recorder holds it, not ours, newer, damaged, unwritable) are errors (exit 2)
+//! before anything is served. With `--record`, the history is flushed before the daemon exits. Every tick also
 //! goes through the live leak and idle analysis (`exporter::analysis`; thresholds as for
 //! `vramctl leaks`), whose verdicts are exported per process.
 //!
@@ -20,7 +23,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use vramctl::facts::FactsReader;
-use vramctl_core::clock::ManualClock;
 use vramctl_core::procinfo;
 use vramctl_store::{OpenMode, Retention, Store};
 
@@ -102,7 +104,10 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             render: RenderOptions {
                 max_process_series: args.max_process_series,
             },
-            simulated_clock: args.simulated_clock.map(ManualClock::new),
+            simulated_clock: super::record::simulated_clock(
+                args.simulated_clock,
+                &args.simulated_clock_step,
+            ),
             ticks: args.ticks,
         },
         Arc::clone(&cache),
@@ -111,19 +116,30 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if let Some(recorder) = recorder {
         collector.add_consumer(Box::new(recorder));
     }
+    // Something to serve before NVML has said anything: NVML's first init may hang.
+    collector.publish_starting();
     let (stop_tx, stop_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::sync_channel(1);
     let sampler = collector
         .spawn(stop_rx, Some(ready_tx))
         .context("cannot start the sampler thread")?;
-    // Serve only once there is something to serve; tests and scripts read this line.
-    let _ = ready_rx.recv();
+    // The listener is bound: connections wait in its backlog until the server accepts
+    // them. Tests and scripts read these lines.
     let scheme = if web.tls.is_some() { "https" } else { "http" };
     // Never `eprintln!` in a daemon: it panics when stderr is closed.
     let _ = writeln!(
         std::io::stderr(),
         "vramctl: serving {scheme}://{address}/metrics"
     );
+    std::thread::Builder::new()
+        .name("vramctl-ready".into())
+        .spawn(move || {
+            // The sampler's first collection (with `--ticks`, its last), NVML up or not.
+            if ready_rx.recv().is_ok() {
+                let _ = writeln!(std::io::stderr(), "vramctl: the first collection is served");
+            }
+        })
+        .context("cannot start a thread")?;
 
     let settings = ServerSettings {
         web,
@@ -164,7 +180,13 @@ fn open_recorder(
         "vramctl: recording history into {}",
         path.display()
     );
-    let feed = StoreFeed::start(store, retention, channel_capacity(interval_ms), false)?;
+    let feed = StoreFeed::start(
+        store,
+        retention,
+        interval_ms,
+        channel_capacity(interval_ms),
+        false,
+    )?;
     // Only with /proc labels is /proc read for identities: with `nvml` or `none` the daemon
     // may run without the host's PID namespace, where /proc numbers other processes.
     let procs = Procs::new(procinfo::boot_id(), details == DetailsSource::Proc);

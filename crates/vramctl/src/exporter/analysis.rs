@@ -106,6 +106,7 @@ mod tests {
         }
         Arc::new(Snapshot {
             taken_at_unix_ms: T0 + t_s * 1000,
+            monotonic_ms: T0 + t_s * 1000,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {

@@ -16,6 +16,9 @@ pub struct Published {
     pub openmetrics: Bytes,
     /// When it was published (monotonic), for the sample age.
     pub at: Instant,
+    /// Published before the sampler's first collection (NVML has not answered yet):
+    /// `/healthz` says the exporter is starting.
+    pub starting: bool,
 }
 
 /// The latest [`Published`], if any yet.
@@ -25,7 +28,8 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// An empty cache (scrapes answer 503 until the first publish).
+    /// An empty cache (scrapes answer 503 until the first publish; `serve` publishes a
+    /// starting exposition before it listens).
     pub fn new() -> Self {
         Self::default()
     }

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::types::Snapshot;
 
 use super::cache::{Cache, Published};
@@ -37,10 +37,11 @@ pub trait TickConsumer: Send {
         verdicts: &mut ProcessVerdicts,
     );
 
-    /// Called once per tick in which NVML is down (not started yet, or failing to start),
-    /// at wall-clock `at_unix_ms`, with the reason. The recorder records it as a gap.
-    fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
-        let _ = (at_unix_ms, reason);
+    /// Called once per tick in which NVML is down (not started yet, failing to start, or
+    /// being reopened), at `at` (wall and monotonic), with the reason. The recorder records
+    /// it as a gap.
+    fn on_no_snapshot(&mut self, at: ClockTime, reason: &str) {
+        let _ = (at, reason);
     }
 
     /// Called once when the sampler stops (the daemon is shutting down): flush.
@@ -66,6 +67,35 @@ pub struct CollectorConfig {
     /// Test only (`--ticks`): stop sampling after this many samples, keep serving the last;
     /// `ready` is sent after the last of them.
     pub ticks: Option<u64>,
+}
+
+/// What one exposition is rendered from.
+struct Rendered<'a> {
+    snapshot: Option<&'a Snapshot>,
+    metadata: &'a ProcessMetadata,
+    verdicts: &'a ProcessVerdicts,
+    stats: &'a Stats,
+    options: &'a RenderOptions,
+}
+
+/// Renders both formats and publishes them to `cache`.
+fn publish(cache: &Cache, what: Rendered<'_>, starting: bool) {
+    let render_one = |format| {
+        Bytes::from(render(
+            what.snapshot,
+            what.metadata,
+            what.verdicts,
+            what.stats,
+            what.options,
+            format,
+        ))
+    };
+    cache.publish(Published {
+        prometheus: render_one(Format::Prometheus),
+        openmetrics: render_one(Format::OpenMetrics),
+        at: Instant::now(),
+        starting,
+    });
 }
 
 /// Everything the sampler thread owns.
@@ -135,7 +165,7 @@ impl Collector {
                 }
             }
             None if !self.consumers.is_empty() => {
-                let at = self.clock.now_unix_ms();
+                let at = self.clock.now();
                 let reason = self.source.down_reason().unwrap_or("NVML did not start");
                 for consumer in &mut self.consumers {
                     consumer.on_no_snapshot(at, reason);
@@ -145,22 +175,34 @@ impl Collector {
         }
         self.stats.samples_total += 1;
         self.stats.sample_duration = started.elapsed();
-        let render_one = |format| {
-            Bytes::from(render(
-                snapshot.as_deref(),
+        publish(
+            &self.cache,
+            Rendered {
+                snapshot: snapshot.as_deref(),
                 metadata,
-                &self.verdicts,
-                &self.stats,
-                &self.config.render,
-                format,
-            ))
-        };
-        let published = Published {
-            prometheus: render_one(Format::Prometheus),
-            openmetrics: render_one(Format::OpenMetrics),
-            at: Instant::now(),
-        };
-        self.cache.publish(published);
+                verdicts: &self.verdicts,
+                stats: &self.stats,
+                options: &self.config.render,
+            },
+            false,
+        );
+    }
+
+    /// Publishes what can be said before the first collection: the exporter's own metrics
+    /// with `vramctl_nvml_up 0`, and a `/healthz` that says it is starting. `serve` calls
+    /// it before it listens, so HTTP answers even while `nvmlInit` hangs.
+    pub fn publish_starting(&self) {
+        publish(
+            &self.cache,
+            Rendered {
+                snapshot: None,
+                metadata: &ProcessMetadata::default(),
+                verdicts: &self.verdicts,
+                stats: &self.stats,
+                options: &self.config.render,
+            },
+            true,
+        );
     }
 
     /// Collects every `interval` until `stop` receives a message or its sender is dropped,
@@ -241,10 +283,11 @@ mod tests {
             let _ = self.0.send(format!("{} devices", snapshot.devices.len()));
         }
 
-        fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
+        fn on_no_snapshot(&mut self, at: ClockTime, reason: &str) {
             assert!(
-                at_unix_ms > 1_700_000_000_000,
-                "wall-clock time: {at_unix_ms}"
+                at.unix_ms > 1_700_000_000_000,
+                "wall-clock time: {}",
+                at.unix_ms
             );
             let _ = self.0.send(format!("down: {reason}"));
         }
@@ -316,8 +359,8 @@ mod tests {
         fn on_snapshot(&mut self, _: &Arc<Snapshot>, _: &ProcessMetadata, _: &mut ProcessVerdicts) {
         }
 
-        fn on_no_snapshot(&mut self, at_unix_ms: i64, _: &str) {
-            let _ = self.0.send(at_unix_ms);
+        fn on_no_snapshot(&mut self, at: ClockTime, _: &str) {
+            let _ = self.0.send(at.unix_ms);
         }
     }
 

@@ -210,6 +210,7 @@ mod tests {
         let me = std::process::id();
         let snapshot = Snapshot {
             taken_at_unix_ms: 0,
+            monotonic_ms: 0,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use vramctl_core::clock::ClockTime;
 use vramctl_core::types::Snapshot;
 use vramctl_store::{TickSample, device_samples};
 
@@ -37,11 +38,11 @@ impl HistoryRecorder {
         }
     }
 
-    fn send(&mut self, tick: TickSample) {
+    fn send(&mut self, tick: TickSample, monotonic_ms: i64) {
         if self.stopped {
             return;
         }
-        if !self.feed.send(tick) {
+        if !self.feed.send(tick, monotonic_ms) {
             self.stopped = true;
             // The writer logged its error; say what it means for the daemon.
             tracing::error!(
@@ -58,25 +59,33 @@ impl TickConsumer for HistoryRecorder {
         metadata: &ProcessMetadata,
         _verdicts: &mut ProcessVerdicts,
     ) {
-        let now = snapshot.taken_at_unix_ms;
         // A process /proc cannot see is named by the driver; the metadata already asked.
-        let processes = self.procs.update(snapshot, now, &mut |pid| {
-            metadata.get(pid).and_then(|labels| labels.command.clone())
-        });
-        self.send(TickSample {
-            at_unix_ms: now,
-            unavailable: None,
-            devices: device_samples(snapshot),
-            processes,
-        });
+        // `Procs` paces its reads by differences of this time: monotonic.
+        let processes = self
+            .procs
+            .update(snapshot, snapshot.monotonic_ms, &mut |pid| {
+                metadata.get(pid).and_then(|labels| labels.command.clone())
+            });
+        self.send(
+            TickSample {
+                at_unix_ms: snapshot.taken_at_unix_ms,
+                unavailable: None,
+                devices: device_samples(snapshot),
+                processes,
+            },
+            snapshot.monotonic_ms,
+        );
     }
 
-    fn on_no_snapshot(&mut self, at_unix_ms: i64, reason: &str) {
-        self.send(TickSample {
-            at_unix_ms,
-            unavailable: Some(reason.to_owned()),
-            ..TickSample::default()
-        });
+    fn on_no_snapshot(&mut self, at: ClockTime, reason: &str) {
+        self.send(
+            TickSample {
+                at_unix_ms: at.unix_ms,
+                unavailable: Some(reason.to_owned()),
+                ..TickSample::default()
+            },
+            at.monotonic_ms,
+        );
     }
 
     fn finish(&mut self) {
@@ -102,6 +111,7 @@ mod tests {
     fn snapshot(at_ms: i64, used: u64, pid: u32) -> Arc<Snapshot> {
         Arc::new(Snapshot {
             taken_at_unix_ms: at_ms,
+            monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {
@@ -140,13 +150,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.db");
         let store = Store::open(&path, OpenMode::Append).unwrap();
-        let feed = StoreFeed::start(store, Retention::default(), 8, true).unwrap();
+        let feed = StoreFeed::start(store, Retention::default(), 1000, 8, true).unwrap();
         let mut recorder = HistoryRecorder::new(feed, Procs::new(None, true));
         let me = std::process::id();
         let t0 = 1_764_000_000_000;
         let mut verdicts = ProcessVerdicts::new();
         let metadata = ProcessMetadata::default();
-        recorder.on_no_snapshot(t0, "NVML did not start: no driver");
+        recorder.on_no_snapshot(
+            ClockTime {
+                unix_ms: t0,
+                monotonic_ms: t0,
+            },
+            "NVML did not start: no driver",
+        );
         for i in 1..=3 {
             recorder.on_snapshot(
                 &snapshot(t0 + i * 1000, (i as u64) << 30, me),

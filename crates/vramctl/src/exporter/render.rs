@@ -108,6 +108,7 @@ families! {
     BUILD = "vramctl_build", Info, "vramctl's version.";
     NVML_UP = "vramctl_nvml_up", Gauge, "1 when NVML is initialised, 0 while it is not (init is retried with backoff).";
     NVML_INIT_FAILURES = "vramctl_nvml_init_failures", Counter, "Failed NVML init attempts, by reason.";
+    NVML_REOPENS = "vramctl_nvml_reopens", Counter, "NVML sessions shut down and started again because the driver stopped answering (reloaded, GPU reset), by reason (session_lost, devices_failing).";
     SAMPLES = "vramctl_samples", Counter, "Collections the sampler has made (one per --interval).";
     SAMPLE_DURATION = "vramctl_sample_duration_seconds", Gauge, "Time the last collection took (NVML and /proc); a scrape only copies its rendered result.";
     LAST_SAMPLE_TIMESTAMP = "vramctl_last_sample_timestamp_seconds", Gauge, "Unix time of the last GPU snapshot.";
@@ -185,6 +186,11 @@ pub fn render(
     out.family(&NVML_UP, |f| f.row(&[], u64::from(stats.nvml_up)));
     out.family(&NVML_INIT_FAILURES, |f| {
         for (reason, n) in &stats.nvml_init_failures {
+            f.row(&[("reason", reason)], *n);
+        }
+    });
+    out.family(&NVML_REOPENS, |f| {
+        for (reason, n) in &stats.nvml_reopens {
             f.row(&[("reason", reason)], *n);
         }
     });
@@ -661,6 +667,7 @@ mod tests {
     fn snapshot(processes: Vec<ProcessUsage>) -> Snapshot {
         Snapshot {
             taken_at_unix_ms: 1_700_000_000_000,
+            monotonic_ms: 1_700_000_000_000,
             driver: Arc::new(DriverInfo {
                 driver_version: Some("580.159.04".into()),
                 nvml_version: None,

@@ -285,6 +285,17 @@ fn metrics(request: &Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
 fn health(state: &State) -> Response<Full<Bytes>> {
     match state.cache.latest() {
         None => text(StatusCode::SERVICE_UNAVAILABLE, "starting\n", state),
+        Some(published) if published.starting => {
+            let waited = Instant::now().saturating_duration_since(published.at);
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "starting: waiting for NVML's first answer (for {:.1} s)\n",
+                    waited.as_secs_f64()
+                ),
+                state,
+            )
+        }
         Some(published) => {
             let age = Instant::now().saturating_duration_since(published.at);
             if age > state.stale_after {

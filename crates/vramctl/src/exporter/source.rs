@@ -1,15 +1,25 @@
-//! NVML for a daemon: a failed init is a state, not an exit.
+//! NVML for a daemon: a failed init is a state, not an exit, and a session that stops
+//! working is replaced.
 //!
 //! A driver upgrade without a reboot (`version_mismatch`), a module not loaded yet at boot,
 //! a container started before the toolkit mounted the library: the daemon keeps serving
 //! `vramctl_nvml_up 0` and retries with exponential backoff, from one sampling interval up
 //! to [`MAX_BACKOFF`]. It never caches a failure for good.
+//!
+//! A driver reloaded or a GPU reset under the running daemon leaves its session answering
+//! errors (`UNINITIALIZED`, `DRIVER_NOT_LOADED`, or every device failing): the source then
+//! shuts the session down and starts a new one the next tick, which enumerates the devices
+//! again ([`SessionHealth`]: at once for a lost session, after
+//! [`REOPEN_AFTER_FAILING_TICKS`](vramctl_core::sampler::REOPEN_AFTER_FAILING_TICKS) ticks
+//! of failing devices, backing off while reopening does not help), counted in
+//! `vramctl_nvml_reopens_total`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vramctl_core::clock::Clock;
+use vramctl_core::sampler::SessionHealth;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::types::Snapshot;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
@@ -29,6 +39,8 @@ pub struct NvmlSource {
     next_attempt: Option<Instant>,
     /// Why the last init attempt failed, while NVML is down.
     down_reason: Option<String>,
+    /// Whether the session still works, or must be reopened.
+    health: SessionHealth,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -47,6 +59,7 @@ impl NvmlSource {
     /// timed by `clock` (the system clock, or in tests a simulated one).
     pub fn new(library: Option<PathBuf>, first_backoff: Duration, clock: Arc<dyn Clock>) -> Self {
         let first_backoff = first_backoff.max(Duration::from_millis(10));
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Self {
             library,
             clock,
@@ -55,17 +68,36 @@ impl NvmlSource {
             backoff: first_backoff,
             next_attempt: None,
             down_reason: None,
+            health: SessionHealth::new(ms(first_backoff), ms(MAX_BACKOFF)),
         }
     }
 
     /// One snapshot, or `None` while NVML is down. Tries to start NVML when an attempt is
-    /// due at `now`; counts failures in `stats`.
+    /// due at `now`; counts failures in `stats`. A tick that shows the session no longer
+    /// works is returned as it is, and the session is shut down: the next tick opens a new
+    /// one.
     pub fn sample(&mut self, now: Instant, stats: &mut Stats) -> Option<Snapshot> {
         if self.sampler.is_none() && self.next_attempt.is_none_or(|at| now >= at) {
             self.try_open(now, stats);
         }
         stats.nvml_up = self.sampler.is_some();
-        self.sampler.as_mut().map(Sampler::tick)
+        let sampler = self.sampler.as_mut()?;
+        let snapshot = sampler.tick();
+        let lost = sampler.session_lost().map(str::to_owned);
+        if let Some(reason) = self.health.check(&snapshot, lost.is_some()) {
+            let why = lost.unwrap_or_else(|| "every GPU failed".to_owned());
+            tracing::warn!(
+                reason = reason.as_str(),
+                error = %why,
+                "NVML stopped answering; shutting the session down to start a new one."
+            );
+            stats.reopened(reason);
+            // Dropping the sampler shuts its NVML session down (nvmlShutdown).
+            self.sampler = None;
+            self.next_attempt = Some(now);
+            self.down_reason = Some(format!("NVML is being reopened: {why}"));
+        }
+        Some(snapshot)
     }
 
     /// The name the driver knows for `pid` (when /proc cannot see it).
@@ -133,6 +165,14 @@ struct SharedClock(Arc<dyn Clock>);
 impl Clock for SharedClock {
     fn now_unix_ms(&self) -> i64 {
         self.0.now_unix_ms()
+    }
+
+    fn monotonic_ms(&self) -> i64 {
+        self.0.monotonic_ms()
+    }
+
+    fn now(&self) -> vramctl_core::clock::ClockTime {
+        self.0.now()
     }
 }
 

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use vramctl_core::sampler::ReopenReason;
 use vramctl_core::types::{DeviceState, Field, Snapshot, Unavailable};
 
 /// The kinds of `vramctl_collection_errors_total`. "Not supported" is a capability, not an
@@ -33,6 +34,9 @@ pub struct Stats {
     pub nvml_up: bool,
     /// Failed NVML init attempts by [`InitError::code`](vramctl_core::InitError::code).
     pub nvml_init_failures: BTreeMap<&'static str, u64>,
+    /// NVML sessions reopened, by [`ReopenReason::as_str`] (every reason from 0, so
+    /// `increase()` sees the first).
+    pub nvml_reopens: BTreeMap<&'static str, u64>,
     /// Collection errors per device, indexed like [`ERROR_KINDS`].
     pub errors: BTreeMap<DeviceKey, [u64; ERROR_KINDS.len()]>,
     peaks: BTreeMap<String, VecDeque<(i64, u64)>>,
@@ -48,10 +52,16 @@ impl Stats {
             last_snapshot_unix_ms: None,
             nvml_up: false,
             nvml_init_failures: BTreeMap::new(),
+            nvml_reopens: ReopenReason::ALL.iter().map(|r| (r.as_str(), 0)).collect(),
             errors: BTreeMap::new(),
             peaks: BTreeMap::new(),
             peak_window,
         }
+    }
+
+    /// Counts a reopened NVML session.
+    pub fn reopened(&mut self, reason: ReopenReason) {
+        *self.nvml_reopens.entry(reason.as_str()).or_default() += 1;
     }
 
     /// Counts an NVML init failure.
@@ -99,7 +109,9 @@ impl Stats {
                     }
                     self.count(key.clone(), 4, reading.dropped.len() as u64);
                     if let Some(memory) = reading.memory {
-                        self.push_peak(&key.1, snapshot.taken_at_unix_ms, memory.used_bytes);
+                        // The window is a span: on the monotonic clock, so a wall-clock
+                        // step neither empties it nor keeps a peak for the step's length.
+                        self.push_peak(&key.1, snapshot.monotonic_ms, memory.used_bytes);
                     }
                 }
             }
@@ -122,7 +134,8 @@ impl Stats {
     fn push_peak(&mut self, uuid: &str, at_ms: i64, used: u64) {
         let window_ms = i64::try_from(self.peak_window.as_millis()).unwrap_or(i64::MAX);
         let samples = self.peaks.entry(uuid.to_owned()).or_default();
-        // A clock that stepped back would keep old samples forever; start over instead.
+        // Monotonic times do not go back; should one, start over rather than keep old
+        // samples forever.
         if samples.back().is_some_and(|&(t, _)| t > at_ms) {
             samples.clear();
         }
@@ -161,6 +174,7 @@ mod tests {
     fn snapshot(at_ms: i64, used: u64, missing: &[(Field, Unavailable)]) -> Snapshot {
         Snapshot {
             taken_at_unix_ms: at_ms,
+            monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![
                 DeviceSnapshot {

@@ -11,6 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self as term, KeyEvent, MouseEvent};
+use vramctl_core::clock::{ClockTime, Timeline};
+use vramctl_core::types::Snapshot;
 use vramctl_core::{Backend, Sampler};
 
 use super::history::{HistoryChunk, HistorySource, SeriesKey, Starts};
@@ -101,9 +103,24 @@ pub fn spawn_signals(tx: Sender<Event>) -> std::io::Result<JoinHandle<()>> {
         })
 }
 
-/// Samples every `interval` on its own thread: one tick, joined with /proc, judged, sent as
-/// [`Event::Sample`]. The sampler (and so the NVML session) lives and dies on this thread.
-/// Dropping the returned sender stops it.
+/// Places a live snapshot on `top`'s time line: the wall clock at `top`'s first sample,
+/// counted on by the monotonic clock. Everything `top` measures from its samples (the
+/// charts' window, IDLE, Δ/min, the verdicts) then goes on across a wall-clock step instead
+/// of freezing (a step back put every new sample before the chart's window) or jumping (a
+/// step forward made processes idle for the length of the step); the header's clock is
+/// this time line too, so it differs from `date` by the steps made while `top` runs.
+pub fn on_top_timeline(timeline: &mut Timeline, mut snapshot: Snapshot) -> Snapshot {
+    snapshot.taken_at_unix_ms = timeline.place(ClockTime {
+        unix_ms: snapshot.taken_at_unix_ms,
+        monotonic_ms: snapshot.monotonic_ms,
+    });
+    snapshot
+}
+
+/// Samples every `interval` on its own thread: one tick, placed on `top`'s time line
+/// ([`on_top_timeline`]), joined with /proc, judged, sent as [`Event::Sample`]. The sampler
+/// (and so the NVML session) lives and dies on this thread. Dropping the returned sender
+/// stops it.
 pub fn spawn_sampler<B: Backend + 'static>(
     mut sampler: Sampler<B>,
     interval: Duration,
@@ -115,9 +132,10 @@ pub fn spawn_sampler<B: Backend + 'static>(
         .name("top-sampler".into())
         .spawn(move || {
             let mut hosts = HostReader::new();
+            let mut timeline = Timeline::new();
             loop {
                 let started = Instant::now();
-                let snapshot = sampler.tick();
+                let snapshot = on_top_timeline(&mut timeline, sampler.tick());
                 let mut obs =
                     hosts.observe(snapshot, |pid| sampler.backend_mut().process_name(pid));
                 obs.verdicts = judge.judge(&obs);
@@ -278,7 +296,55 @@ fn latest<T>(rx: &Receiver<T>) -> Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tui::app::{App, AppConfig};
+    use crate::tui::fixtures::{GIB, T0_MS, gpu, host};
     use crate::tui::kill::{KillerCall, RecordingKiller};
+    use crate::tui::table::Idle;
+    use vramctl_core::types::{DeviceState, ProcessActivity};
+
+    /// `top` fed samples 1 s apart while the wall clock steps `step_ms` after 30 s: PID 7
+    /// holds memory at 0 % SM the whole time, so IDLE counts up by one second a sample.
+    fn idle_across_a_step(step_ms: i64) -> (Option<Idle>, usize) {
+        let mut app = App::new(AppConfig::default());
+        app.update(Event::Resize(120, 40));
+        let mut timeline = Timeline::new();
+        for i in 0..60 {
+            let mut device = gpu(0, 80 * GIB, 4 * GIB, &[(7, 4 * GIB)]);
+            if let DeviceState::Ok(r) = &mut device.state {
+                r.process_activity = Some(vec![ProcessActivity {
+                    pid: 7,
+                    sm_percent: 0,
+                    memory_percent: 0,
+                }]);
+            }
+            let monotonic_ms = 5_000 + i * 1000;
+            let snapshot = Snapshot {
+                taken_at_unix_ms: T0_MS + i * 1000 + if i >= 30 { step_ms } else { 0 },
+                monotonic_ms,
+                driver: Arc::default(),
+                devices: vec![device],
+                unopened: Vec::new(),
+            };
+            let mut obs = Observation::bare(on_top_timeline(&mut timeline, snapshot));
+            obs.hosts.insert(7, host(7, 1, "alice", "python idle.py"));
+            app.update(Event::Sample(Arc::new(obs)));
+        }
+        let row = app.rows.iter().find(|r| r.key.pid == 7).cloned();
+        let key = crate::tui::history::SeriesKey::Process {
+            uuid: format!("GPU-{:08x}-0000-4000-8000-000000000000", 0),
+            pid: 7,
+        };
+        (row.and_then(|r| r.idle), app.chart_points(&key).len())
+    }
+
+    #[test]
+    fn a_wall_clock_step_neither_freezes_nor_jumps_tops_idle_and_charts() {
+        for step_ms in [-3_600_000, 3_600_000] {
+            let (idle, points) = idle_across_a_step(step_ms);
+            assert_eq!(idle, Some(Idle::AtLeast(59_000)), "step {step_ms}");
+            assert_eq!(points, 60, "step {step_ms}: the chart keeps every sample");
+        }
+    }
 
     #[test]
     fn latest_skips_to_the_newest_request() {

@@ -79,6 +79,7 @@ pub fn host(pid: u32, ppid: u32, user: &str, command: &str) -> HostProcess {
 pub fn obs(t_s: i64, devices: Vec<DeviceSnapshot>, hosts: Vec<HostProcess>) -> Arc<Observation> {
     let mut o = Observation::bare(Snapshot {
         taken_at_unix_ms: T0_MS + t_s * 1000,
+        monotonic_ms: T0_MS + t_s * 1000,
         driver: Arc::new(DriverInfo {
             driver_version: Some("580.159.04".into()),
             nvml_version: None,

@@ -442,6 +442,7 @@ fn replay_of_a_real_h200_trace() {
                 .collect();
             let mut o = Observation::bare(Snapshot {
                 taken_at_unix_ms: super::fixtures::T0_MS + t_ms,
+                monotonic_ms: super::fixtures::T0_MS + t_ms,
                 driver: Arc::clone(&driver),
                 devices: vec![DeviceSnapshot {
                     info: Arc::clone(&info),

@@ -99,7 +99,7 @@ struct Known {
 pub struct HostReader {
     procs: ProcReader,
     known: HashMap<u32, Known>,
-    /// `(start time, cpu ticks, at unix ms)` at the previous observation.
+    /// `(start time, cpu ticks, at monotonic ms)` at the previous observation.
     cpu: HashMap<u32, (u64, u64, i64)>,
     scale: TickScale,
 }
@@ -146,7 +146,9 @@ impl HostReader {
         snapshot: Snapshot,
         mut driver_name: impl FnMut(u32) -> Option<String>,
     ) -> Observation {
-        let at_ms = snapshot.taken_at_unix_ms;
+        // CPU % is a rate: measured on the monotonic clock, so a wall-clock step neither
+        // hides it (a step back made every interval look negative) nor dilutes it.
+        let at_ms = snapshot.monotonic_ms;
         let mut gpu_pids: Vec<u32> = snapshot
             .devices
             .iter()
@@ -259,6 +261,7 @@ mod tests {
             .collect();
         Snapshot {
             taken_at_unix_ms: at_ms,
+            monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {

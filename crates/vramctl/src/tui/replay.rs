@@ -208,6 +208,7 @@ mod tests {
     fn obs(t_s: i64, used: u64) -> Observation {
         Observation::bare(Snapshot {
             taken_at_unix_ms: t_s * 1000,
+            monotonic_ms: t_s * 1000,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
                 info: Arc::new(DeviceInfo {

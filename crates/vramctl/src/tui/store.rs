@@ -543,6 +543,9 @@ impl Inner {
         Ok(Some(Observation {
             snapshot: Arc::new(Snapshot {
                 taken_at_unix_ms: t,
+                // The history's times keep the spacing the monotonic clock measured
+                // (`vramctl_store::HistoryClock`): a replay's spans are its own.
+                monotonic_ms: t,
                 driver: Arc::new(DriverInfo::default()),
                 devices,
                 unopened: Vec::new(),
@@ -757,10 +760,14 @@ mod tests {
     /// What a recording cannot give back, removed from an observation: the driver's
     /// versions, which list a process came from, MIG instance ids, /proc facts other than
     /// identity, user, command and CPU time, processes that hold no GPU memory (tree
-    /// parents), reasons the recorder does not keep, and CPU use (computed over a minute
-    /// in replay). Activity lists that are empty cannot be told from none.
+    /// parents), reasons the recorder does not keep, CPU use (computed over a minute in
+    /// replay) and the monotonic clock. Activity lists that are empty cannot be told from
+    /// none.
     fn recordable(obs: &Observation) -> Observation {
         let mut snapshot = (*obs.snapshot).clone();
+        // The history keeps one time per tick, with the spacing the monotonic clock
+        // measured: a replayed snapshot's monotonic time is that time.
+        snapshot.monotonic_ms = snapshot.taken_at_unix_ms;
         snapshot.driver = Arc::new(DriverInfo::default());
         snapshot.unopened.clear();
         let mut on_gpu = Vec::new();

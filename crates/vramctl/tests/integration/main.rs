@@ -1,6 +1,7 @@
 //! The one integration-test binary: drives the real `vramctl` binary against the fake NVML
 //! library and real processes. Each module covers one command.
 
+mod clock;
 mod harness;
 mod history;
 mod import;
@@ -10,6 +11,7 @@ mod leaks;
 mod ps;
 mod real_processes;
 mod reap;
+mod record;
 mod serve;
 mod status;
 mod top;

@@ -27,21 +27,43 @@ impl Drop for Served {
     }
 }
 
-/// Starts `vramctl serve` on a free loopback port and waits for its "serving" line (it
-/// prints it once the first sample is cached).
-fn serve(mut cmd: Command, args: &[&str]) -> Served {
+/// Starts `vramctl serve` on a free loopback port and waits until its first collection is
+/// served (with `--ticks`, its last): the "serving" line comes as soon as HTTP listens, the
+/// "first collection" line once the sampler has published.
+fn serve(cmd: Command, args: &[&str]) -> Served {
+    serve_until(cmd, args, "vramctl: the first collection is served")
+}
+
+/// Starts `vramctl serve` and returns once it listens, before NVML has answered.
+fn serve_listening(cmd: Command, args: &[&str]) -> Served {
+    serve_until(cmd, args, "vramctl: serving ")
+}
+
+fn serve_until(mut cmd: Command, args: &[&str], until: &str) -> Served {
     cmd.args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("start vramctl serve");
     let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
+    // Read on a thread, so a daemon that never prints the line fails the test instead of
+    // hanging it; the thread then keeps draining so the daemon never blocks on the pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut seen = Vec::new();
-    let addr = loop {
-        let Some(Ok(line)) = lines.next() else {
+    let mut addr = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            let _ = child.kill();
             let status = child.wait().expect("wait");
-            panic!("vramctl serve exited ({status}) before serving: {seen:?}");
+            panic!("vramctl serve ({status}) never printed {until:?}: {seen:?}");
         };
         seen.push(line.clone());
         if let Some(rest) = line.strip_prefix("vramctl: serving ") {
@@ -49,12 +71,12 @@ fn serve(mut cmd: Command, args: &[&str]) -> Served {
                 .trim_start_matches("https://")
                 .trim_start_matches("http://")
                 .trim_end_matches("/metrics");
-            break hostport.parse().expect("address");
+            addr = Some(hostport.parse().expect("address"));
         }
-    };
-    // Keep draining stderr so the daemon never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Served { child, addr }
+        if let (true, Some(addr)) = (line.starts_with(until), addr) {
+            return Served { child, addr };
+        }
+    }
 }
 
 fn serve_scenario(name: &str, args: &[&str]) -> Served {
@@ -1022,7 +1044,7 @@ sm_util = 0
             "180",
         ],
     );
-    // "serving" comes after the last of the 180 samples: one scrape sees them all.
+    // "first collection" comes after the last of the 180 samples: one scrape sees them all.
     let text = get(served.addr, "/metrics", &[]).body;
     if let Some(promtool) = prometheus_tool("promtool") {
         promtool_check_metrics(&promtool, &text);
@@ -1217,4 +1239,182 @@ fn serve_records_history_flushes_on_sigterm_and_holds_the_writer_lock() {
         String::from_utf8_lossy(&after.stderr)
     );
     drop(sleeper);
+}
+
+/// Polls `/metrics` until `done` holds (the daemon samples on its own), for at most 30 s.
+fn metrics_until(served: &Served, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = get(served.addr, "/metrics", &[]).body;
+        if done(&body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "never {what}:\n{body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A hung `nvmlInit` kept `serve` from answering anything: HTTP started only after the
+/// first collection. Now `/metrics` and `/healthz` answer while NVML hangs, and GPU data
+/// follows once it answers.
+#[test]
+fn metrics_and_healthz_answer_while_nvml_init_hangs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hold = dir.path().join("hold");
+    std::fs::write(&hold, "").expect("hold file");
+    let scenario_path = dir.path().join("hang.toml");
+    std::fs::write(
+        &scenario_path,
+        format!(
+            "driver_version = \"580.159.04\"\n[init]\nhold_path = {:?}\n\
+             [[gpu]]\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\nmemory_total = \"8 GiB\"\n",
+            hold.display().to_string()
+        ),
+    )
+    .expect("scenario");
+    let served = serve_listening(
+        vramctl_std(&scenario_path),
+        &["--interval", "0.05", "--process-details", "none"],
+    );
+    let metrics = get(served.addr, "/metrics", &[]);
+    assert_eq!(metrics.status, 200, "{}", metrics.body);
+    assert!(
+        metrics.body.contains("vramctl_nvml_up 0\n"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics.body.contains("vramctl_samples_total 0\n"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics.body.contains("vramctl_last_sample_age_seconds "),
+        "{}",
+        metrics.body
+    );
+    let health = get(served.addr, "/healthz", &[]);
+    assert_eq!(health.status, 503, "{}", health.body);
+    assert!(health.body.starts_with("starting: "), "{}", health.body);
+    // Still held: still answering, still starting.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        get(served.addr, "/healthz", &[])
+            .body
+            .starts_with("starting: ")
+    );
+    std::fs::remove_file(&hold).expect("release the init");
+    metrics_until(&served, "NVML up with the GPU", |m| {
+        m.contains("vramctl_nvml_up 1\n") && m.contains("vramctl_device_up{")
+    });
+    assert_eq!(get(served.addr, "/healthz", &[]).status, 200);
+}
+
+/// A driver reloaded under the daemon (`[driver_reload]`: every call fails until a new
+/// init, the first two inits after it fail) used to leave it serving errors for good.
+/// Now the session is shut down and reopened, the GPUs are read again, and the reopen is
+/// counted by reason.
+#[test]
+fn nvml_is_reopened_when_the_driver_goes_away_and_comes_back() {
+    for (error, reason) in [
+        ("uninitialized", "session_lost"),
+        ("gpu_is_lost", "devices_failing"),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scenario_path = dir.path().join("reload.toml");
+        std::fs::write(
+            &scenario_path,
+            format!(
+                "driver_version = \"580.159.04\"\n\
+                 [driver_reload]\nat_s = 0.5\nerror = \"{error}\"\ninit_failures = 2\n\
+                 [[gpu]]\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\nmemory_total = \"8 GiB\"\n\
+                 [[gpu.process]]\npid = 31011\nname = \"python train.py\"\nmemory = \"2 GiB\"\n"
+            ),
+        )
+        .expect("scenario");
+        let mut cmd = vramctl_std(&scenario_path);
+        // The fake's wall clock: the driver goes away half a second after init.
+        cmd.env_remove("FAKE_NVML_TIME");
+        let served = serve(cmd, &["--interval", "0.05", "--process-details", "nvml"]);
+        let reopened = format!("vramctl_nvml_reopens_total{{reason=\"{reason}\"}} 1\n");
+        let body = metrics_until(&served, "reopened and serving again", |m| {
+            m.contains(&reopened)
+                && m.contains("vramctl_nvml_up 1\n")
+                && m.contains("vramctl_device_up{gpu=\"0\",uuid=\"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"} 1\n")
+                && m.contains("vramctl_process_memory_used_bytes{")
+        });
+        assert!(
+            body.contains("vramctl_nvml_init_failures_total{reason=\"driver_not_loaded\"} 2\n"),
+            "{error}: {body}"
+        );
+        // The driver does not go away twice: the count stays at one.
+        std::thread::sleep(Duration::from_millis(300));
+        let later = get(served.addr, "/metrics", &[]).body;
+        assert!(later.contains(&reopened), "{error}: {later}");
+        assert_eq!(get(served.addr, "/healthz", &[]).status, 200);
+    }
+}
+
+/// serve's `idle_seconds` froze for the length of a wall-clock step back (every snapshot
+/// looked older than the last) and grew by the step's length after a step forward.
+#[test]
+fn idle_seconds_go_on_across_a_wall_clock_step() {
+    for step_s in [-3600_i64, 3600] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scenario_path = dir.path().join("idle.toml");
+        std::fs::write(
+            &scenario_path,
+            format!(
+                "driver_version = \"580.159.04\"\n[clock]\nmode = \"step\"\nstep_s = 1.0\n\
+                 wall_steps = [[61.0, {step_s}.0]]\n\
+                 [[gpu]]\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\nmemory_total = \"140 GiB\"\n\
+                 utilization_gpu = 50\n\
+                 [[gpu.process]]\npid = 31021\nname = \"python -m ipykernel_launcher\"\nmemory = \"12 GiB\"\nsm_util = 0\n\
+                 [[gpu.process]]\npid = 31022\nname = \"python train.py\"\nmemory = \"4 GiB\"\nsm_util = 60\n"
+            ),
+        )
+        .expect("scenario");
+        let mut cmd = vramctl_std(&scenario_path);
+        cmd.env_remove("FAKE_NVML_TIME");
+        let step = format!("60000:{}", step_s * 1000);
+        let served = serve(
+            cmd,
+            &[
+                "--interval",
+                "1",
+                "--peak-window",
+                "1",
+                "--process-details",
+                "nvml",
+                "--idle-for",
+                "60s",
+                "--simulated-clock",
+                "1795984291000",
+                "--simulated-clock-step",
+                &step,
+                "--ticks",
+                "180",
+            ],
+        );
+        let text = get(served.addr, "/metrics", &[]).body;
+        assert_eq!(sample_value(&text, "vramctl_samples_total"), Some(180.0));
+        let idle = sample_value(
+            &text,
+            "vramctl_process_idle_seconds{gpu=\"0\",uuid=\"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\",pid=\"31021\"",
+        )
+        .expect("idle seconds");
+        // 180 samples 1 s apart; the analysis re-runs every 10-20 s of sample time.
+        assert!(
+            (155.0..=180.0).contains(&idle),
+            "step {step_s}: idle {idle} s"
+        );
+        assert_eq!(
+            sample_value(
+                &text,
+                "vramctl_process_idle_holder{gpu=\"0\",uuid=\"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\",pid=\"31021\""
+            ),
+            Some(1.0),
+            "step {step_s}"
+        );
+    }
 }

@@ -6,9 +6,14 @@
 //! whose process has been gone for a minute prints an `ended` line. Stops after `--count`
 //! samples, on a signal, or — with `--fail-on-leak` — at the first leak (exit 1).
 //!
+//! Times are the live analysis' time line: the wall clock at the first sample, counted on
+//! by the monotonic clock (`FleetTracker::now_ms`), so a wall-clock step neither freezes
+//! the verdicts nor makes a process idle for the step's length; every time printed is on
+//! that line (it equals the wall clock until the clock steps).
+//!
 //! Test only (hidden): `--simulated-clock UNIX_MS` makes time start there and move by
-//! `--interval` per sample without waiting; with the fake NVML's `step` clock a run is
-//! deterministic and instant.
+//! `--interval` per sample without waiting (`--simulated-clock-step AT_MS:BY_MS` steps its
+//! wall clock); with the fake NVML's `step` clock a run is deterministic and instant.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -19,7 +24,7 @@ use serde::Serialize;
 use vramctl::facts::FactsReader;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, ProcessFacts, SeriesKey};
 use vramctl_core::analysis::{LeakConfig, Verdict};
-use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::clock::{Clock, SystemClock};
 use vramctl_core::procinfo::ProcReader;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
@@ -70,7 +75,8 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     let interval_ms = crate::cmd::millis(args.interval);
     let tz = time_zone(args.source.tz.as_deref())?;
     let mut days = DayLines::new(tz.clone());
-    let manual = args.simulated_clock.map(ManualClock::new);
+    let manual =
+        crate::cmd::record::simulated_clock(args.simulated_clock, &args.simulated_clock_step);
     let clock_box: Box<dyn Clock> = match &manual {
         Some(m) => Box::new(m.clone()),
         None => Box::new(SystemClock),
@@ -94,6 +100,9 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
         let mut snapshot = sampler.tick();
         snapshot.devices.retain(|d| filter.matches(&d.info));
         let tick = fleet.observe(&snapshot, |pid| host.facts(pid));
+        // The time the tick speaks for, on the tracker's time line (not the wall clock,
+        // which may have stepped).
+        let now_ms = fleet.now_ms().unwrap_or(snapshot.taken_at_unix_ms);
         let mut out = stdout.lock();
         let mut leaked = false;
         for c in &tick.changes {
@@ -172,7 +181,7 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
                 let event = Event {
                     schema: SCHEMA,
                     event: "ended",
-                    at: rfc3339(snapshot.taken_at_unix_ms),
+                    at: rfc3339(now_ms),
                     from: None,
                     ended: Some(Ended {
                         gpu_uuid: key.device_uuid.clone(),
@@ -192,7 +201,7 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
                 writeln!(
                     out,
                     "{}  {}  PID {} ({})  ended  gone for a minute; last verdict: {}",
-                    days.clock(snapshot.taken_at_unix_ms),
+                    days.clock(now_ms),
                     gone.label,
                     key.pid,
                     short_command(gone.command.as_deref().unwrap_or("?")),

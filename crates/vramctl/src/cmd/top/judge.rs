@@ -197,6 +197,7 @@ mod tests {
     fn at(t_s: i64, start: u64) -> Observation {
         let mut o = Observation::bare(Snapshot {
             taken_at_unix_ms: T0 + t_s * 1000,
+            monotonic_ms: T0 + t_s * 1000,
             driver: Arc::new(DriverInfo::default()),
             devices: Vec::new(),
             unopened: Vec::new(),
