@@ -7,6 +7,7 @@ mod import;
 mod info;
 mod kill;
 mod leaks;
+mod leakset;
 mod ps;
 mod real_processes;
 mod reap;
