@@ -107,25 +107,25 @@ fn tick(t: i64, procs: &[(u32, u64, Option<u64>)]) -> TickSample {
 /// - 105 `idle` (holdout): 2 GiB; CPU time read every 10 s (as `record` does), rising
 ///   until 10 s, constant after; labeled idle from 5 s.
 fn write_recording(path: &Path) {
-    let mut store = Store::open(path, OpenMode::Append).unwrap();
+    let mut store = Store::open(path, OpenMode::Append).expect("hand-made data");
     for i in 0..1200_i64 {
         let t = T0 + i * 100;
         let s = i * 100;
         let cpu_due = i % 100 == 0;
         let late = 2 * GIB
             + if s >= 40_000 {
-                16 * MIB * (1 + u64::try_from((s - 40_000) / 500).unwrap())
+                16 * MIB * (1 + u64::try_from((s - 40_000) / 500).expect("hand-made data"))
             } else {
                 0
             };
         let grows = GIB
             + if s >= 30_000 {
-                64 * MIB * (1 + u64::try_from((s - 30_000) / 500).unwrap())
+                64 * MIB * (1 + u64::try_from((s - 30_000) / 500).expect("hand-made data"))
             } else {
                 0
             };
         let idle_cpu = if s < 10_000 { 100 } else { 150 };
-        let busy_cpu = 100 + u64::try_from(s / 10).unwrap();
+        let busy_cpu = 100 + u64::try_from(s / 10).expect("hand-made data");
         let procs = [
             (101, late, cpu_due.then_some(busy_cpu)),
             (102, 4 * GIB, cpu_due.then_some(busy_cpu)),
@@ -133,9 +133,9 @@ fn write_recording(path: &Path) {
             (104, grows, cpu_due.then_some(busy_cpu)),
             (105, 2 * GIB, cpu_due.then_some(idle_cpu)),
         ];
-        store.append(&tick(t, &procs)).unwrap();
+        store.append(&tick(t, &procs)).expect("hand-made data");
     }
-    store.close().unwrap();
+    store.close().expect("hand-made data");
 }
 
 fn labels_text() -> String {
@@ -218,7 +218,8 @@ fn cfg() -> LeakConfig {
 /// The state of every tick of `rec`.
 fn all_ticks(rec: &mut Recording) -> Vec<Tick> {
     let mut out = Vec::new();
-    rec.ticks(|_, t| out.push(t.clone())).unwrap();
+    rec.ticks(|_, t| out.push(t.clone()))
+        .expect("hand-made data");
     out
 }
 
@@ -396,7 +397,7 @@ fn the_scorer_gives_the_worked_out_scores_on_a_tiny_labeled_recording() {
 /// `YYYY/MM/DD HH:MM:SS.mmm` (nvidia-smi's timestamps, here in UTC) of `T0 + ms`.
 fn smi_time(ms: i64) -> String {
     jiff::Timestamp::from_millisecond(T0 + ms)
-        .unwrap()
+        .expect("hand-made data")
         .strftime("%Y/%m/%d %H:%M:%S%.3f")
         .to_string()
 }
