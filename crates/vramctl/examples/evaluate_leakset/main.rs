@@ -81,6 +81,10 @@ struct Args {
     /// Live cadences: watch (`leaks --watch`, `top`), serve.
     #[arg(long, value_delimiter = ',', default_value = "watch,serve")]
     live: Vec<String>,
+    /// The leak rate of a workload whose labels do not say it, ROLE=MB/s (repeatable;
+    /// the first H200 set's labels have none).
+    #[arg(long, value_name = "ROLE=MBPS")]
+    rate: Vec<String>,
     /// Print the report as JSON instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -124,8 +128,19 @@ fn run() -> anyhow::Result<()> {
     let plain = ws.plain(&labels_path, "labels")?;
     let text = std::fs::read_to_string(&plain)
         .with_context(|| format!("cannot read '{}'", labels_path.display()))?;
-    let workloads =
+    let mut workloads =
         labels::parse(&text).with_context(|| format!("labels '{}'", labels_path.display()))?;
+    for r in &args.rate {
+        let bad = || anyhow!("--rate '{r}' is not ROLE=MB/s, e.g. leak-fast=125");
+        let (role, mb_s) = r.split_once('=').ok_or_else(bad)?;
+        let mb_s: f64 = mb_s.parse().map_err(|_| bad())?;
+        let w = workloads
+            .iter_mut()
+            .find(|w| w.role == role && w.truth == labels::Truth::Leak)
+            .ok_or_else(|| anyhow!("--rate '{r}': no leak is labeled '{role}'"))?;
+        w.rate_mb_s = Some(mb_s);
+        notes.push(format!("{role}: rate {mb_s} MB/s given with --rate"));
+    }
     for w in &workloads {
         for n in &w.notes {
             notes.push(format!("{} (PID {}): {n}", w.role, w.pid));

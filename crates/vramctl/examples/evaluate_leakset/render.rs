@@ -43,7 +43,7 @@ fn why(change: &Change) -> String {
     }
 }
 
-/// `growing +3.0 → leak +45.2 → stable +200.0` (seconds from `origin_ms`).
+/// `growing -1.0 → leak +45.2 → stable +200.0` (seconds from `origin_ms`).
 pub fn timeline(changes: &[Change], origin_ms: Option<i64>) -> String {
     changes
         .iter()
@@ -67,7 +67,7 @@ fn cell(o: &Outcome) -> String {
             secs(o.delay_from_process_start_sec)
         ),
         Class::FalseAlarm => match o.first_leak_ms.zip(o.start_ms) {
-            Some((t, s)) => format!("FALSE ALARM at +{:.1} s", (t - s) as f64 / 1000.0),
+            Some((t, s)) => format!("FALSE ALARM at {:+.1} s", (t - s) as f64 / 1000.0),
             None => "FALSE ALARM".to_owned(),
         },
         c => c.as_str().to_owned(),

@@ -392,7 +392,7 @@ pub fn goals(interval: IntervalClass, outcomes: &[&Outcome]) -> Vec<GoalCheck> {
                 .first_leak_ms
                 .zip(o.start_ms)
                 .map_or_else(String::new, |(t, s)| {
-                    format!(" at +{:.1} s", (t - s) as f64 / 1000.0)
+                    format!(" at {:+.1} s", (t - s) as f64 / 1000.0)
                 });
             fa.failing.push(format!("{}{at}", o.role));
         }
