@@ -16,7 +16,7 @@
 #![allow(dead_code)]
 
 use serde::Serialize;
-use vramctl_core::analysis::LeakConfig;
+use vramctl_core::analysis::{LeakChecks, LeakConfig};
 
 use super::labeled::{Class, Label, LabeledTrace, Outcome, evaluate};
 use super::synth::{self, GIB, LeakSpec, MIB};
@@ -47,6 +47,47 @@ pub struct PointScore {
     pub delay_max_sec: Option<f64>,
     /// What the series ended as, most common first (`stable 7, growing 3`).
     pub final_verdicts: String,
+    /// The rules of the false alarms' first `leak` verdicts (`after-plateau 3`).
+    pub false_alarm_rules: String,
+    /// The rules of the found leaks' first `leak` verdicts.
+    pub found_rules: String,
+    /// The gates the missed leaks' last verdicts did not pass (`not settled, not urgent 10`).
+    pub missed_because: String,
+}
+
+/// `a 3, b 1`: the values of `items` by how often they occur, most common first.
+fn tally<'a>(items: impl Iterator<Item = String> + 'a) -> String {
+    let mut counts: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for i in items {
+        *counts.entry(i).or_default() += 1;
+    }
+    let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The gates of `checks` that did not pass, and a staircase held back as irregular.
+fn failing_gates(checks: &LeakChecks) -> String {
+    let mut out = Vec::new();
+    for (name, pass) in [
+        ("settled", checks.settled),
+        ("significant", checks.significant),
+        ("material", checks.material),
+        ("persistent", checks.persistent),
+        ("still growing", checks.still_growing),
+        ("urgent", checks.urgent),
+    ] {
+        if !pass {
+            out.push(format!("not {name}"));
+        }
+    }
+    if checks.irregular_staircase {
+        out.push("irregular staircase".to_owned());
+    }
+    out.join(", ")
 }
 
 /// One curve point's traces, before scoring.
@@ -234,6 +275,15 @@ fn plan(name: &str, intervals: &[i64], duration_s: Option<i64>) -> Result<Vec<Wo
     Ok(out)
 }
 
+fn rule_name(r: vramctl_core::analysis::LeakRule) -> &'static str {
+    use vramctl_core::analysis::LeakRule;
+    match r {
+        LeakRule::AfterPlateau => "after-plateau",
+        LeakRule::SinceWarmUp => "since-warm-up",
+        LeakRule::UrgentInWarmUp => "urgent-in-warm-up",
+    }
+}
+
 fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
@@ -286,6 +336,28 @@ fn score(w: &Work, outcomes: &[Outcome]) -> PointScore {
             .map(|(v, n)| format!("{v} {n}"))
             .collect::<Vec<_>>()
             .join(", "),
+        false_alarm_rules: tally(
+            outcomes
+                .iter()
+                .filter(|o| o.class == Class::FalseAlarm)
+                .map(|o| o.first_leak_rule.map_or("?", |r| rule_name(r)).to_owned()),
+        ),
+        found_rules: tally(
+            outcomes
+                .iter()
+                .filter(|o| o.class == Class::Found)
+                .map(|o| o.first_leak_rule.map_or("?", |r| rule_name(r)).to_owned()),
+        ),
+        missed_because: tally(
+            outcomes
+                .iter()
+                .filter(|o| o.class == Class::Missed)
+                .map(|o| {
+                    o.final_checks
+                        .as_ref()
+                        .map_or_else(String::new, failing_gates)
+                }),
+        ),
     }
 }
 
@@ -381,9 +453,9 @@ pub fn render(points: &[PointScore]) -> String {
             of.first()
                 .map_or_else(String::new, |p| format!(", {} s each", p.duration_s)),
             if leak {
-                "found / runs, false alarms, delay from the leak's start min / median / max"
+                "found / runs (rule of the first `leak`), false alarms, delay from the leak's start min / median / max"
             } else {
-                "false alarms / runs, how the runs ended"
+                "false alarms / runs (rule of the first `leak`), how the runs ended"
             }
         ));
         out.push_str("| value |");
@@ -400,18 +472,35 @@ pub fn render(points: &[PointScore]) -> String {
                     .iter()
                     .find(|p| p.value == v && p.interval_ms == *iv)
                     .map_or_else(String::new, |p| {
+                        let fa = |of: String| {
+                            if p.false_alarms == 0 {
+                                format!("FA {}{of}", p.false_alarms)
+                            } else {
+                                format!("FA {}{of} ({})", p.false_alarms, p.false_alarm_rules)
+                            }
+                        };
                         if leak {
+                            let missed = if p.missed_because.is_empty() {
+                                String::new()
+                            } else {
+                                format!("; missed: {}", p.missed_because)
+                            };
+                            let rules = if p.found_rules.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" ({})", p.found_rules)
+                            };
                             format!(
-                                "{}/{}, FA {}, {} / {} / {} s",
+                                "{}/{}{rules}, {}, {} / {} / {} s{missed}",
                                 p.found,
                                 p.runs,
-                                p.false_alarms,
+                                fa(String::new()),
                                 secs(p.delay_min_sec),
                                 secs(p.delay_median_sec),
                                 secs(p.delay_max_sec)
                             )
                         } else {
-                            format!("FA {}/{} ({})", p.false_alarms, p.runs, p.final_verdicts)
+                            format!("{}; ends {}", fa(format!("/{}", p.runs)), p.final_verdicts)
                         }
                     });
                 out.push_str(&format!(" {cell} |"));
