@@ -108,6 +108,20 @@ fn run() -> anyhow::Result<()> {
         ),
         (None, None) => bail!("give --leakset DIR, or --labels FILE with --source; see --help"),
     };
+    if let Some(unknown) = args
+        .only
+        .iter()
+        .find(|o| !specs.iter().any(|s| &s.name == *o))
+    {
+        bail!(
+            "--only '{unknown}' names no source; the sources are {}",
+            specs
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if !args.only.is_empty() {
         // Keep what the chosen sources are thinned from.
         let mut keep: Vec<String> = args.only.clone();
@@ -173,7 +187,11 @@ fn run() -> anyhow::Result<()> {
         idle_for: args.idle_for.clone(),
         tz: args.tz.clone(),
     };
-    let sources = ws.sources(&specs)?;
+    let sources: Vec<_> = ws
+        .sources(&specs)?
+        .into_iter()
+        .filter(|s| args.only.is_empty() || args.only.contains(&s.name))
+        .collect();
     let reports = eval::evaluate(
         &workloads,
         &sources,
@@ -188,10 +206,7 @@ fn run() -> anyhow::Result<()> {
         settings,
         notes,
         workloads,
-        sources: reports
-            .into_iter()
-            .filter(|r| args.only.is_empty() || args.only.contains(&r.name))
-            .collect(),
+        sources: reports,
     };
     if args.json {
         println!(
