@@ -67,6 +67,14 @@ pub struct FinalDiff {
     pub batch_at_live_time: Option<Verdict>,
 }
 
+/// The goals of one half on one path.
+#[derive(Debug, Clone, Serialize)]
+pub struct Goals {
+    pub half: Half,
+    pub path: String,
+    pub checks: Vec<GoalCheck>,
+}
+
 /// Everything about one source.
 #[derive(Debug, Clone, Serialize)]
 pub struct SourceReport {
@@ -84,7 +92,7 @@ pub struct SourceReport {
     pub unlabeled: BTreeMap<String, Vec<Unlabeled>>,
     pub summaries: Vec<Summary>,
     /// Per half and path.
-    pub goals: Vec<(Half, String, Vec<GoalCheck>)>,
+    pub goals: Vec<Goals>,
     /// Live verdicts checked against batch runs on the same samples, and those that
     /// differed.
     pub same_samples_checked: usize,
@@ -314,7 +322,11 @@ fn evaluate_source(
         for (path, list) in &outcomes {
             let of_half: Vec<&Outcome> = list.iter().filter(|o| o.half == half).collect();
             summaries.push(score::summary(half, &source.name, path, &of_half));
-            goals.push((half, path.clone(), score::goals(interval_class, &of_half)));
+            goals.push(Goals {
+                half,
+                path: path.clone(),
+                checks: score::goals(interval_class, &of_half),
+            });
         }
     }
     Ok(SourceReport {

@@ -187,10 +187,10 @@ pub fn markdown(report: &Report) -> String {
         let _ = writeln!(s, "|{}", " --- |".repeat(3 + paths.len()));
         // Rows: (goal, half) in the order the checks come.
         let mut rows: Vec<(&str, super::labels::Half)> = Vec::new();
-        for (half, _, checks) in &src.goals {
-            for g in checks.iter().filter(|g| g.pass.is_some()) {
-                if !rows.contains(&(g.goal, *half)) {
-                    rows.push((g.goal, *half));
+        for set in &src.goals {
+            for g in set.checks.iter().filter(|g| g.pass.is_some()) {
+                if !rows.contains(&(g.goal, set.half)) {
+                    rows.push((g.goal, set.half));
                 }
             }
         }
@@ -200,8 +200,8 @@ pub fn markdown(report: &Report) -> String {
                 let check = src
                     .goals
                     .iter()
-                    .filter(|(h, path, _)| *h == half && path == *p)
-                    .flat_map(|(_, _, c)| c)
+                    .filter(|set| set.half == half && &set.path == *p)
+                    .flat_map(|set| &set.checks)
                     .find(|g| g.goal == goal);
                 let text = check.map_or_else(String::new, |g| {
                     let mut why: Vec<String> = g.failing.clone();

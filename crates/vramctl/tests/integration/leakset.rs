@@ -364,9 +364,9 @@ fn the_scorer_gives_the_worked_out_scores_on_a_tiny_labeled_recording() {
         let goals = &r
             .goals
             .iter()
-            .find(|(h, p, _)| *h == Half::Tune && p == path)
+            .find(|set| set.half == Half::Tune && set.path == path)
             .unwrap()
-            .2;
+            .checks;
         let goal = |start: &str| goals.iter().find(|g| g.goal.starts_with(start)).unwrap();
         assert_eq!(goal("leaks that begin after a plateau").pass, Some(true));
         let first = goal("leaks >= 10 MB/s from the first step");
