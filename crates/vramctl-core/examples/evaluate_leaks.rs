@@ -17,12 +17,20 @@
 //!
 //! Options: `--idle-for S` (default 60: the recordings are minutes long), `--json` (one
 //! JSON outcome per line), `--write-synthetic DIR` (write the suite as labeled JSON).
+//!
+//! Sweeps (issue 13, `tests/leaks/sweep.rs`): `--sweep ramp|rate|step|noise|review|all`
+//! varies one parameter of the synthetic workloads at a time, `--seeds N` runs per point
+//! (default 10 for a sweep), each point at `--intervals MS,MS,...` (default
+//! 100,1000,10000), on `--jobs N` threads; prints a Markdown table per curve (or one JSON
+//! object per point with `--json`). `--duration S` overrides each sweep's run length.
 #![allow(missing_docs, clippy::print_stdout, clippy::print_stderr)]
 
 #[path = "../tests/leaks/labeled.rs"]
 mod labeled;
 #[path = "../tests/leaks/readers.rs"]
 mod readers;
+#[path = "../tests/leaks/sweep.rs"]
+mod sweep;
 #[path = "../tests/leaks/synth.rs"]
 mod synth;
 
@@ -35,8 +43,11 @@ use labeled::{LabeledTrace, evaluate, render, score};
 
 struct Options {
     inputs: Vec<String>,
-    seeds: u64,
-    duration_s: i64,
+    seeds: Option<u64>,
+    duration_s: Option<i64>,
+    sweep: Option<String>,
+    intervals: Vec<i64>,
+    jobs: usize,
     interval_ms: i64,
     idle_for_s: u64,
     json: bool,
@@ -46,8 +57,11 @@ struct Options {
 fn parse(args: Vec<String>) -> Result<Options, String> {
     let mut o = Options {
         inputs: Vec::new(),
-        seeds: 1,
-        duration_s: 300,
+        seeds: None,
+        duration_s: None,
+        sweep: None,
+        intervals: vec![100, 1000, 10_000],
+        jobs: 1,
         interval_ms: 100,
         idle_for_s: 60,
         json: false,
@@ -58,14 +72,30 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
             "--seeds" => {
-                o.seeds = value("--seeds")?
-                    .parse()
-                    .map_err(|e| format!("--seeds: {e}"))?
+                o.seeds = Some(
+                    value("--seeds")?
+                        .parse()
+                        .map_err(|e| format!("--seeds: {e}"))?,
+                );
             }
             "--duration" => {
-                o.duration_s = value("--duration")?
+                o.duration_s = Some(
+                    value("--duration")?
+                        .parse()
+                        .map_err(|e| format!("--duration: {e}"))?,
+                );
+            }
+            "--sweep" => o.sweep = Some(value("--sweep")?),
+            "--intervals" => {
+                o.intervals = value("--intervals")?
+                    .split(',')
+                    .map(|v| v.trim().parse().map_err(|e| format!("--intervals: {e}")))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--jobs" => {
+                o.jobs = value("--jobs")?
                     .parse()
-                    .map_err(|e| format!("--duration: {e}"))?;
+                    .map_err(|e| format!("--jobs: {e}"))?;
             }
             "--interval-ms" => {
                 o.interval_ms = value("--interval-ms")?
@@ -94,10 +124,11 @@ fn read(path: &str) -> Result<String, String> {
 }
 
 fn load(input: &str, o: &Options) -> Result<Vec<LabeledTrace>, String> {
+    let (seeds, duration_s) = (o.seeds.unwrap_or(1), o.duration_s.unwrap_or(300));
     if input == "synthetic" {
         let mut traces = Vec::new();
-        for seed in 0..o.seeds {
-            for mut t in synth::workloads_at(o.duration_s, 1 + seed * 10, o.interval_ms) {
+        for seed in 0..seeds {
+            for mut t in synth::workloads_at(duration_s, 1 + seed * 10, o.interval_ms) {
                 t.name = format!("{} s{seed}", t.name);
                 traces.push(t);
             }
@@ -106,8 +137,8 @@ fn load(input: &str, o: &Options) -> Result<Vec<LabeledTrace>, String> {
     }
     if input == "extras" {
         let mut traces = Vec::new();
-        for seed in 0..o.seeds {
-            for mut t in synth::extras(o.duration_s, 100 + seed * 10, o.interval_ms) {
+        for seed in 0..seeds {
+            for mut t in synth::extras(duration_s, 100 + seed * 10, o.interval_ms) {
                 t.name = format!("{} s{seed}", t.name);
                 traces.push(t);
             }
@@ -142,6 +173,24 @@ fn run() -> Result<(), String> {
         idle_for: Duration::from_secs(o.idle_for_s),
         ..LeakConfig::default()
     };
+    if let Some(name) = &o.sweep {
+        let points = sweep::run(
+            name,
+            o.seeds.unwrap_or(10),
+            &o.intervals,
+            o.duration_s,
+            &cfg,
+            o.jobs,
+        )?;
+        if o.json {
+            for p in &points {
+                println!("{}", serde_json::to_string(p).map_err(|e| e.to_string())?);
+            }
+        } else {
+            print!("{}", sweep::render(&points));
+        }
+        return Ok(());
+    }
     let mut outcomes = Vec::new();
     for input in &o.inputs {
         for trace in load(input, &o)? {

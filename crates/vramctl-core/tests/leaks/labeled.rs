@@ -16,8 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 use vramctl_core::analysis::{
-    CpuSample, DeviceActivitySample, LeakConfig, ProcessTracker, Sample, SeriesContext, SmSample,
-    Verdict,
+    CpuSample, DeviceActivitySample, LeakChecks, LeakConfig, LeakRule, ProcessTracker, Sample,
+    SeriesContext, SmSample, Verdict,
 };
 
 /// What a process really did.
@@ -146,6 +146,10 @@ pub struct Outcome {
     /// Every verdict change: (unix ms, verdict).
     pub changes: Vec<(i64, Verdict)>,
     pub first_leak_unix_ms: Option<i64>,
+    /// The rule of the first `leak` verdict.
+    pub first_leak_rule: Option<LeakRule>,
+    /// The gates of the last verdict (what kept a `growing` series from being a leak).
+    pub final_checks: Option<LeakChecks>,
     pub first_idle_unix_ms: Option<i64>,
     pub final_verdict: Option<Verdict>,
     pub final_explanation: String,
@@ -190,6 +194,7 @@ fn evaluate_series(trace: &LabeledTrace, s: &LabeledSeries, cfg: &LeakConfig) ->
     let free = trace.device_free_bytes.as_deref().unwrap_or(&[]);
     let (mut i_sm, mut i_dev, mut i_cpu, mut i_free) = (0, 0, 0, 0);
     let mut changes = Vec::new();
+    let mut first_leak_rule = None;
     for sample in &s.samples {
         let t = sample.t_unix_ms;
         while i_sm < s.sm.len() && s.sm[i_sm].t_unix_ms <= t {
@@ -214,12 +219,18 @@ fn evaluate_series(trace: &LabeledTrace, s: &LabeledSeries, cfg: &LeakConfig) ->
         };
         tracker.set_free_bytes(free_now);
         if let Some(change) = tracker.push(*sample) {
+            if change.to == Verdict::Leak && first_leak_rule.is_none() {
+                first_leak_rule = change.report.rule;
+            }
             changes.push((change.at_unix_ms, change.to));
         }
     }
     let final_report = tracker.analyze_now().cloned();
     if let Some(r) = &final_report {
         if changes.last().map(|c| c.1) != Some(r.verdict) {
+            if r.verdict == Verdict::Leak && first_leak_rule.is_none() {
+                first_leak_rule = r.rule;
+            }
             changes.push((r.last_unix_ms, r.verdict));
         }
     }
@@ -267,6 +278,8 @@ fn evaluate_series(trace: &LabeledTrace, s: &LabeledSeries, cfg: &LeakConfig) ->
         label: s.label,
         changes,
         first_leak_unix_ms: first_leak,
+        first_leak_rule,
+        final_checks: final_report.as_ref().map(|r| r.checks),
         first_idle_unix_ms: first_idle,
         final_verdict: final_report.as_ref().map(|r| r.verdict),
         final_explanation: final_report.map(|r| r.explanation).unwrap_or_default(),

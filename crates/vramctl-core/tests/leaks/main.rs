@@ -3,5 +3,6 @@
 
 mod labeled;
 mod readers;
+mod sweep;
 mod synth;
 mod workloads;

@@ -460,12 +460,19 @@ pub fn leak_fast(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
 
 /// `dyn_shapes.py`: training on random batch sizes whose maximum grows over 90 s.
 pub fn dyn_shapes(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
+    dyn_shapes_ramp(duration_s, seed, interval_ms, 90.0)
+}
+
+/// `dyn_shapes` with the largest batch growing for `ramp_s` instead of 90 s (the sweep of
+/// issue 13: warm-ups that go on for minutes). Same random draws as `dyn_shapes` for the
+/// same seed, so `ramp_s = 90` is `dyn_shapes`.
+pub fn dyn_shapes_ramp(duration_s: i64, seed: u64, interval_ms: i64, ramp_s: f64) -> LabeledTrace {
     let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let mut model = Mlp::new(&mut sim, 2048, 6);
     while sim.t_ms < duration_s * 1000 {
         let elapsed = sim.t_ms as f64 / 1000.0;
-        let max_len = (256.0 + elapsed.min(90.0) / 90.0 * 3840.0) as i64;
+        let max_len = (256.0 + elapsed.min(ramp_s) / ramp_s * 3840.0) as i64;
         let n = sim.rng().range(128, max_len);
         let input = sim.alloc.alloc(u64::try_from(n).unwrap_or(128) * 2048 * 4);
         model.train_step(&mut sim, u64::try_from(n).unwrap_or(128));
@@ -656,6 +663,65 @@ pub fn leak_slow(duration_s: i64, seed: u64, interval_ms: i64) -> LabeledTrace {
     )
 }
 
+/// A leak for the sweeps of issue 13: a small model trained every 250 ms (1024 × 4 MLP,
+/// AdamW: its state appears at the first step) that also keeps `tensor_bytes` tensors so
+/// that the kept bytes grow at `rate_bytes_per_sec` from `start_after_ms` (from the first
+/// step when `None`). NVML sees the allocator's segments: 2 MiB for tensors ≤ 1 MiB, 20 MiB
+/// for 1–10 MiB, the tensor rounded to 2 MiB above. The process ends (as with an
+/// out-of-memory error) when it would hold all but 2 GiB of an H200.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeakSpec {
+    pub rate_bytes_per_sec: f64,
+    pub tensor_bytes: u64,
+    pub start_after_ms: Option<i64>,
+}
+
+pub fn paced_leak(duration_s: i64, seed: u64, interval_ms: i64, spec: &LeakSpec) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let mut model = Mlp::new(&mut sim, 1024, 4);
+    let mut kept: Vec<u64> = Vec::new();
+    let mut leak_start: Option<i64> = None;
+    while sim.t_ms < duration_s * 1000 && sim.nvml_bytes() < H200_TOTAL - 2 * GIB {
+        model.train_step(&mut sim, 256);
+        if spec.start_after_ms.is_none_or(|s| sim.t_ms >= s) {
+            let start = *leak_start.get_or_insert(sim.t_ms);
+            // Keep whole tensors as the kept bytes' target passes them.
+            let target = spec.rate_bytes_per_sec * (sim.t_ms - start) as f64 / 1000.0;
+            let due = (target / spec.tensor_bytes as f64) as usize + 1;
+            while kept.len() < due {
+                kept.push(sim.alloc.alloc(spec.tensor_bytes));
+            }
+        }
+        sim.wait(250);
+    }
+    let label = Label::Leak {
+        leak_start_unix_ms: T0 + leak_start.unwrap_or(spec.start_after_ms.unwrap_or(0)),
+    };
+    trace(
+        "paced_leak",
+        series("paced_leak", "paced-leak", label, sim, false),
+    )
+}
+
+/// Adds Gaussian noise of standard deviation `sigma_bytes` (rounded to MiB, as NVML
+/// reports) to every memory sample: what other processes' churn does to a device total.
+pub fn with_noise(mut trace: LabeledTrace, sigma_bytes: f64, seed: u64) -> LabeledTrace {
+    if sigma_bytes <= 0.0 {
+        return trace;
+    }
+    let mut rng = Rng::new(seed ^ 0x005E_ED0F_401E);
+    for s in &mut trace.series {
+        for sample in &mut s.samples {
+            let noise = (rng.normal() * sigma_bytes / MIB as f64).round() as i64;
+            let bytes = i64::try_from(sample.bytes).unwrap_or(i64::MAX);
+            sample.bytes =
+                u64::try_from(bytes.saturating_add(noise * MIB as i64).max(0)).unwrap_or(0);
+        }
+    }
+    trace
+}
+
 /// The harder cases, sampled every `interval_ms`.
 pub fn extras(duration_s: i64, seed: u64, interval_ms: i64) -> Vec<LabeledTrace> {
     vec![
@@ -707,6 +773,118 @@ mod tests {
         assert_eq!(a.allocated, 0);
         a.empty_cache();
         assert_eq!(a.reserved, 0);
+    }
+
+    #[test]
+    fn dyn_shapes_with_a_90_s_ramp_is_dyn_shapes() {
+        let a = dyn_shapes(120, 4, 100);
+        let b = dyn_shapes_ramp(120, 4, 100, 90.0);
+        assert_eq!(a.series[0].samples, b.series[0].samples);
+    }
+
+    /// The memory at `sec` seconds from the start.
+    fn bytes_at(t: &LabeledTrace, sec: i64) -> u64 {
+        t.series[0]
+            .samples
+            .iter()
+            .rev()
+            .find(|x| x.t_unix_ms <= T0 + sec * 1000)
+            .unwrap()
+            .bytes
+    }
+
+    #[test]
+    fn a_longer_ramp_keeps_the_reserve_growing_for_longer() {
+        for seed in [4, 14, 24] {
+            let short = dyn_shapes_ramp(600, seed, 100, 90.0);
+            let long = dyn_shapes_ramp(600, seed, 100, 300.0);
+            let grown = |t: &LabeledTrace| bytes_at(t, 600) - bytes_at(t, 150);
+            assert!(
+                grown(&short) <= 64 * MIB,
+                "seed {seed}: {} MiB",
+                grown(&short) / MIB
+            );
+            assert!(
+                grown(&long) >= 512 * MIB,
+                "seed {seed}: {} MiB",
+                grown(&long) / MIB
+            );
+        }
+    }
+
+    #[test]
+    fn a_paced_leak_grows_at_its_rate_from_its_start() {
+        let spec = LeakSpec {
+            rate_bytes_per_sec: 20e6,
+            tensor_bytes: 2 * MIB,
+            start_after_ms: Some(60_000),
+        };
+        let t = paced_leak(300, 1, 100, &spec);
+        let s = &t.series[0];
+        let at = |sec: i64| bytes_at(&t, sec);
+        // Flat from the end of the first step until the leak starts.
+        assert_eq!(at(10), at(59));
+        let Label::Leak { leak_start_unix_ms } = s.label else {
+            panic!("a leak");
+        };
+        assert!((60_000..60_400).contains(&(leak_start_unix_ms - T0)));
+        // 20 MB/s, within one 20 MiB segment, over 200 s.
+        let grown = (at(290) - at(90)) as f64;
+        assert!((grown - 200.0 * 20e6).abs() <= 21.0 * MIB as f64, "{grown}");
+        // From the first step: it starts with the first training step.
+        let first = paced_leak(
+            60,
+            1,
+            100,
+            &LeakSpec {
+                start_after_ms: None,
+                ..spec
+            },
+        );
+        let Label::Leak { leak_start_unix_ms } = first.series[0].label else {
+            panic!("a leak");
+        };
+        assert!(leak_start_unix_ms - T0 <= 200);
+    }
+
+    #[test]
+    fn a_paced_leak_ends_before_it_fills_the_gpu() {
+        let spec = LeakSpec {
+            rate_bytes_per_sec: 500e6,
+            tensor_bytes: 2 * MIB,
+            start_after_ms: None,
+        };
+        let t = paced_leak(600, 1, 1000, &spec);
+        let last = t.series[0].samples.last().unwrap();
+        assert!(last.bytes <= H200_TOTAL - 2 * GIB + 20 * MIB);
+        assert!(
+            last.t_unix_ms - T0 < 300_000,
+            "ends at its OOM, about 280 s in"
+        );
+    }
+
+    #[test]
+    fn noise_has_the_standard_deviation_asked_in_whole_mib() {
+        let clean = steady_train(300, 6, 100);
+        let noisy = with_noise(clean.clone(), 16.0 * MIB as f64, 1);
+        let d: Vec<f64> = clean.series[0]
+            .samples
+            .iter()
+            .zip(&noisy.series[0].samples)
+            .map(|(a, b)| (b.bytes as f64 - a.bytes as f64) / MIB as f64)
+            .collect();
+        assert!(d.iter().all(|x| x.fract() == 0.0));
+        let n = d.len() as f64;
+        let mean = d.iter().sum::<f64>() / n;
+        let sd = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+        assert!(
+            mean.abs() < 1.0 && (sd - 16.0).abs() < 1.0,
+            "mean {mean}, sd {sd}"
+        );
+        assert_eq!(
+            with_noise(clean.clone(), 0.0, 1).series[0].samples,
+            clean.series[0].samples
+        );
     }
 
     #[test]

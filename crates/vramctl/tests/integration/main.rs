@@ -8,6 +8,7 @@ mod import;
 mod info;
 mod kill;
 mod leaks;
+mod leakset;
 mod ps;
 mod real_processes;
 mod reap;
