@@ -161,7 +161,7 @@ fn run() -> anyhow::Result<()> {
         }
     }
     let idle_ms =
-        vramctl_store::parse_duration_ms(&args.idle_for).map_err(|e| anyhow!("--idle-for: {e}"))?;
+        vramctl_core::duration::parse_ms(&args.idle_for).map_err(|e| anyhow!("--idle-for: {e}"))?;
     let cfg = LeakConfig {
         idle_for: Duration::from_millis(u64::try_from(idle_ms).unwrap_or(0)),
         ..LeakConfig::default()

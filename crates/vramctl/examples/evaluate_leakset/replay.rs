@@ -311,6 +311,9 @@ impl Catalog {
         }
         Some(Snapshot {
             taken_at_unix_ms: tick.t_ms,
+            // The stored times increase with the real spacing of the ticks (the store's
+            // HistoryClock keeps them so through clock steps): the replay's monotonic time.
+            monotonic_ms: tick.t_ms,
             driver: Arc::new(DriverInfo::default()),
             devices,
             unopened: Vec::new(),
