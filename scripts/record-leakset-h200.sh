@@ -4,8 +4,8 @@
 #
 #   scripts/record-leakset-h200.sh path/to/vramctl OUTDIR [DURATION_S] [EXTRA_HOLDERS]
 #
-# The 26 workloads of scripts/workloads/leakset.py (13 "tune", 13 "holdout") run side by
-# side for DURATION_S seconds (default 540), with EXTRA_HOLDERS (default 10) small idle
+# The 31 workloads of scripts/workloads/leakset.py (15 "tune", 16 "holdout") run side by
+# side for DURATION_S seconds (default 540), with EXTRA_HOLDERS (default 6) small idle
 # holders beside them so that at least 30 processes hold GPU memory in the cost window.
 # Recorded at once, from one start:
 #   leakset-100ms.db   vramctl record --interval 100ms
@@ -21,7 +21,7 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 vramctl=$(realpath "$1"); out=$(realpath -m "$2")
 export DURATION="${3:-540}"
-extra="${4:-10}"
+extra="${4:-6}"
 mkdir -p "$out/logs"
 export LABELS="$out/labels.jsonl"
 : > "$LABELS"
@@ -53,7 +53,7 @@ names="total-loss kept-outputs detached-cache grad-history after-plateau stairca
   dyn-lognormal grad-accum periodic-eval layer-loader cudnn-autotune idle-holder-tune
   retained-graph hook-activations kv-unbounded tiny-metrics dyn-and-leak late-hook
   dyn-pareto kv-fixed compile-warmup pinned-loader sawtooth-empty-cache lazy-optimizer
-  rare-big-batch idle-then-exit"
+  rare-big-batch idle-then-exit fast-logits slow-norms ema-copies exception-frames batch-cache"
 pids=()
 for w in $names; do
   python3 leakset.py "$w" 2> "$out/logs/$w.log" &

@@ -172,7 +172,7 @@ def detached_cache():
 def grad_history():
     """Keeps a copy of every parameter's gradient each step for 'later analysis': a fast
     leak that fills the GPU in about a minute."""
-    run = Run("grad-history", "tune", "clone of gradients every step", True, 400, 16)
+    run = Run("grad-history", "tune", "clone of gradients every step", True, 400, 12)
     model = mlp(2048, 4)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     history = []
@@ -226,6 +226,54 @@ def staircase_eval():
         time.sleep(0.05)
     del base
     run.end()
+
+
+def fast_logits():
+    """Every step's logits (a 256 x 32000 vocabulary, with their graph) appended to a list
+    'for the epoch's metrics': 500 MB/s, out of memory in about 20 s."""
+    run = Run("fast-logits", "tune", "logits of every step kept with their graph", True,
+              500, 10)
+    head = torch.nn.Linear(1024, 32000).to(DEV)
+    kept = []
+
+    def step():
+        kept.append(head(torch.randn(256, 1024, device=DEV)))  # the bug
+
+    run.leak_start(at="first step")
+    paced_leak(run, step, 500)
+
+
+def slow_norms():
+    """Per-step gradient norms kept as GPU tensors (with the reduction's inputs) in a
+    list: about 1 MB/s, the kind of leak that takes a day to fill a GPU."""
+    run = Run("slow-norms", "tune", "gradient statistics kept as GPU tensors", True, 1, 2)
+    model = mlp(512, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    norms = []
+
+    def step():
+        train_step(model, opt, torch.randn(128, 512, device=DEV))
+        norms.append(torch.cat([p.grad.flatten() for p in model.parameters()]).clone())
+
+    run.leak_start(at="first step")
+    paced_leak(run, step, 1, max_period_s=4.0)
+
+
+def ema_copies():
+    """An 'EMA' that deep-copies the model every few steps into a list instead of updating
+    one copy: a staircase of 64 MiB steps."""
+    run = Run("ema-copies", "tune", "model copies appended every few steps", True, 50, 8)
+    model = mlp(2048, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    copies = []
+
+    def step():
+        for _ in range(4):
+            train_step(model, opt, torch.randn(128, 2048, device=DEV))
+        copies.append([p.detach().clone() for p in model.parameters()])  # the bug
+
+    run.leak_start(at="first step")
+    paced_leak(run, step, 50)
 
 
 # Tune half: not leaks
@@ -458,6 +506,48 @@ def late_hook():
     paced_leak(run, step, 200)
 
 
+def exception_frames():
+    """Every failed batch's exception is kept in a list for a report at the end; each
+    traceback keeps its frames alive, and with them the batch's activations."""
+    run = Run("exception-frames", "holdout", "kept exceptions keep their frames' tensors",
+              True, 30, 6)
+    model = mlp(1536, 3)
+    errors = []
+
+    def failing_step():
+        x = torch.randn(256, 1536, device=DEV)
+        hidden = model(x)  # lives in this frame
+        raise ValueError(f"bad batch, loss {hidden.shape}")
+
+    def step():
+        try:
+            failing_step()
+        except ValueError as e:
+            errors.append(e)  # the bug: e.__traceback__ keeps failing_step's frame
+
+    run.leak_start(at="first step")
+    paced_leak(run, step, 30)
+
+
+def batch_cache():
+    """A dataset wrapper that caches every batch it has moved to the GPU, keyed by index,
+    over a stream that never repeats: 250 MB/s."""
+    run = Run("batch-cache", "holdout", "GPU copies of every batch cached", True, 250, 8)
+    model = mlp(1024, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    cache = {}
+    index = [0]
+
+    def step():
+        batch = torch.randn(2048, 1024).to(DEV)
+        cache[index[0]] = batch  # the bug: a cache with no bound
+        index[0] += 1
+        train_step(model, opt, batch)
+
+    run.leak_start(at="first step")
+    paced_leak(run, step, 250)
+
+
 # Holdout half: not leaks
 
 
@@ -600,6 +690,7 @@ def idle_then_exit():
 
 WORKLOADS = {f.__name__.replace("_", "-"): f for f in [
     total_loss, kept_outputs, detached_cache, grad_history, after_plateau, staircase_eval,
+    fast_logits, slow_norms, ema_copies, exception_frames, batch_cache,
     dyn_lognormal, grad_accum, periodic_eval, layer_loader, cudnn_autotune, idle_holder_tune,
     retained_graph, hook_activations, kv_unbounded, tiny_metrics, dyn_and_leak, late_hook,
     dyn_pareto, kv_fixed, compile_warmup, pinned_loader, sawtooth_empty_cache,
