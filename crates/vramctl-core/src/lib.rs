@@ -17,6 +17,7 @@ pub mod analysis;
 pub mod audit;
 pub mod backend;
 pub mod clock;
+pub mod command_line;
 pub mod process_catalog;
 pub mod procinfo;
 pub mod sampler;
