@@ -97,7 +97,7 @@ pub struct StatusArgs {
     pub json: bool,
 
     /// Refresh every SECS seconds until interrupted
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, short = 'l', visible_alias = "loop", value_name = "SECS")]
     pub watch: Option<f64>,
 
     /// With --watch: stop after N refreshes
@@ -105,8 +105,19 @@ pub struct StatusArgs {
     pub count: Option<u64>,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    #[arg(
+        long,
+        short = 'i',
+        visible_alias = "id",
+        value_delimiter = ',',
+        value_name = "GPU"
+    )]
     pub gpu: Vec<String>,
+
+    /// One line per GPU (index, name, temperature, utilization, memory, and the holders
+    /// as user:command(memory)), as gpustat prints them
+    #[arg(long, conflicts_with = "json")]
+    pub compact: bool,
 }
 
 #[derive(Debug, Args)]
