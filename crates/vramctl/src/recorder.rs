@@ -14,8 +14,10 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, anyhow};
+#[cfg(test)]
+use vramctl_core::process_catalog::CatalogCounters;
 use vramctl_core::process_catalog::{
-    CatalogCounters, FactsSource, LiveProc, ProcessCatalog, RefreshPolicy, listed_pids,
+    FactsSource, LiveProc, ProcessCatalog, RefreshPolicy, listed_pids,
 };
 use vramctl_core::procinfo;
 use vramctl_core::types::Snapshot;
@@ -236,6 +238,7 @@ impl Procs {
     }
 
     /// What reading /proc cost so far.
+    #[cfg(test)]
     pub fn counters(&self) -> CatalogCounters {
         self.catalog.counters()
     }
