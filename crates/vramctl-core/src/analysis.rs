@@ -34,7 +34,9 @@ pub use explain::{ExplainStyle, explain, utc_clock};
 /// The units of the explanations, for frontends that print the same numbers: `6.2 GiB`,
 /// `38 MB/s`, `3 h 2 min`.
 pub use explain::{bytes as human_bytes, duration as human_duration, rate as human_rate};
-pub use idle::{CpuSample, DeviceActivitySample, Evidence, IdlePeriod, IdleReport, SmSample};
+pub use idle::{
+    CpuSample, DeviceActivitySample, Evidence, IdlePeriod, IdleReport, IdleState, SmSample,
+};
 pub use series::Sample;
 pub use stats::MannKendall;
 pub use tracker::{Cadence, ProcessTracker, VerdictChange};

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
 use vramctl_core::analysis::{
-    AnalysisError, Evidence, LeakConfig, LeakRule, Phase, SeriesReport, Verdict, human_bytes,
-    human_duration, human_rate, utc_clock,
+    AnalysisError, Evidence, IdleState, LeakConfig, LeakRule, Phase, SeriesReport, Verdict,
+    human_bytes, human_duration, human_rate, utc_clock,
 };
 
 use super::observe::Observation;
@@ -58,6 +58,10 @@ pub struct ProcessVerdict {
     pub summary: String,
     /// `(name, value)` pairs: slope, significance, onset, time to full, ...
     pub numbers: Vec<(String, String)>,
+    /// What the idle evidence says at the verdict's time (`IdleReport::state`): the IDLE
+    /// column's one source. `None`: not judged.
+    #[serde(default)]
+    pub idle: Option<IdleState>,
 }
 
 /// Verdicts by `(pid, device UUID)` (a series is one process on one device, or MIG
@@ -174,6 +178,7 @@ pub fn verdict_of(report: &SeriesReport) -> ProcessVerdict {
         kind,
         summary: report.explanation.clone(),
         numbers,
+        idle: Some(report.idle.state()),
     }
 }
 
@@ -300,6 +305,7 @@ mod tests {
                 kind: VerdictKind::Leak,
                 summary: "leaks".into(),
                 numbers: vec![],
+                idle: None,
             },
         );
         assert_eq!(v.get(7, "GPU-a").map(|v| v.kind), Some(VerdictKind::Leak));
