@@ -40,7 +40,8 @@
 //! ticks may belong to two processes.
 //!
 //! A process /proc cannot see (another PID namespace) is named by the driver and keyed by
-//! its PID alone; it is looked for in /proc again every `stat_every_ms`.
+//! its PID alone; it is looked for in /proc again every
+//! [`RefreshPolicy::invisible_every_ms`] (10 s, the recorder's old cadence).
 //!
 //! Reading /proc goes through the [`ProcSource`] seam ([`LiveProc`] in production), so the
 //! policy is tested on a scripted table: reuse, exits, zombies, invisible PIDs.
@@ -78,6 +79,9 @@ pub struct RefreshPolicy {
     /// Most processes pinned with a pidfd at once (each holds a file descriptor); the others
     /// have their identity re-checked by reading their start time every `stat_every_ms`.
     pub max_pinned: usize,
+    /// A PID /proc cannot see is looked for again this often: it only becomes visible if
+    /// its number is reused by a process of our namespace.
+    pub invisible_every_ms: i64,
 }
 
 /// CPU time from /proc moves in clock ticks (10 ms) and the analysis judges it over 10 s
@@ -88,6 +92,7 @@ impl Default for RefreshPolicy {
         Self {
             stat_every_ms: 1000,
             max_pinned: 256,
+            invisible_every_ms: 10_000,
         }
     }
 }
@@ -511,9 +516,14 @@ impl ProcessCatalog {
                     // Not pinned: the start time is the proof, read once per
                     // `stat_every_ms` (at once after a clock stepped back).
                     let since = now_ms.saturating_sub(entry.checked_ms);
+                    let every = if entry.visible {
+                        self.policy.stat_every_ms
+                    } else {
+                        self.policy.invisible_every_ms
+                    };
                     let due = self.source == FactsSource::Proc
                         && entry.pin.is_none()
-                        && !(0..self.policy.stat_every_ms).contains(&since);
+                        && !(0..every).contains(&since);
                     if due && !self.same_process_now(pid, now_ms) {
                         self.forget(pid, &mut out);
                         self.learn(pid, now_ms, driver_name);
@@ -1008,6 +1018,8 @@ mod tests {
         assert_eq!(entry.start_time_ticks, None);
         assert_eq!(entry.facts.command.as_deref(), Some("driver name 77"));
         assert_eq!(catalog.counters().driver_names, 1);
+        // Looked for in /proc at first sight only within 10 s.
+        assert_eq!(catalog.counters().stat_reads, 1);
         assert_eq!(catalog.stat(77, 5000), None);
         assert_eq!(catalog.live_facts(77, 5000), ProcessFacts::default());
         assert_eq!(catalog.identity(77), None);
