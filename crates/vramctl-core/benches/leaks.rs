@@ -65,6 +65,7 @@ fn ctx() -> SeriesContext {
         free_bytes: Some(40 * GIB),
         process_start_unix_ms: Some(T0),
         device_label: Some("GPU 0".to_owned()),
+        ended: false,
     }
 }
 

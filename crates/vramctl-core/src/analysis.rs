@@ -34,7 +34,9 @@ pub use explain::{ExplainStyle, explain, utc_clock};
 /// The units of the explanations, for frontends that print the same numbers: `6.2 GiB`,
 /// `38 MB/s`, `3 h 2 min`.
 pub use explain::{bytes as human_bytes, duration as human_duration, rate as human_rate};
-pub use idle::{CpuSample, DeviceActivitySample, Evidence, IdlePeriod, IdleReport, SmSample};
+pub use idle::{
+    CpuSample, DeviceActivitySample, Evidence, IdlePeriod, IdleReport, IdleState, SmSample,
+};
 pub use series::Sample;
 pub use stats::MannKendall;
 pub use tracker::{Cadence, ProcessTracker, VerdictChange};
@@ -98,6 +100,9 @@ pub struct SeriesContext {
     pub process_start_unix_ms: Option<i64>,
     /// The device as the user knows it (`GPU 0`), for the explanation.
     pub device_label: Option<String>,
+    /// The process is no longer listed at the end of the data (it ended before the log
+    /// did): its memory cannot fill the device any more, so there is no time to full.
+    pub ended: bool,
 }
 
 /// Activity evidence for the idle-holder verdict; every slice may be empty.
@@ -291,6 +296,20 @@ fn fold_activity(idle: &mut IdleFold, activity: &ActivityInputs<'_>) {
     }
 }
 
+/// Fewest distinct memory levels in the judged region for a time-to-full forecast: the
+/// fewest at which the exact one-sided Mann–Kendall test the leak rules use can tell a
+/// rise from chance at their `alpha` of 0.01 (all rising: p = 1/n!, 0.042 for 4 levels,
+/// 0.0083 for 5). With fewer, a slope is one or two steps extrapolated: a 3-sample burst
+/// was "full in 21 s". Derived from the test, not fitted to data; checked on the
+/// synthetic suite and the H200 fixtures (`docs/leaks.md`, "Time to full").
+pub const MIN_FORECAST_LEVELS: usize = 5;
+
+fn forecast_levels_enough(region: &TrendTest) -> bool {
+    region
+        .mann_kendall
+        .is_some_and(|mk| mk.n >= MIN_FORECAST_LEVELS)
+}
+
 /// The report for the current state of a series; `None` when it has no sample.
 pub(crate) fn report(
     series: &Tiered,
@@ -337,7 +356,9 @@ pub(crate) fn report(
         net_growth_bytes: trend.region.net_growth_bytes,
         slope_bytes_per_sec: trend.region.slope_bytes_per_sec,
         p_value: trend.region.p_value(),
-        time_to_full_sec: trend.time_to_full_sec,
+        time_to_full_sec: trend
+            .time_to_full_sec
+            .filter(|_| !ctx.ended && forecast_levels_enough(&trend.region)),
         phase: if trend.settled_unix_ms.is_some() {
             Phase::Settled
         } else {
@@ -386,6 +407,7 @@ mod tests {
             free_bytes: Some(100 * GIB),
             process_start_unix_ms: Some(T0),
             device_label: Some("GPU 0".to_owned()),
+            ended: false,
         }
     }
 
@@ -510,6 +532,45 @@ mod tests {
         }
         let delay = flagged.expect("flagged");
         assert!(delay <= 30_000, "delay {delay} ms");
+    }
+
+    #[test]
+    fn no_time_to_full_from_too_few_levels_or_for_a_process_that_ended() {
+        // Steady for a minute, then three samples each 8 GiB higher: growing, but three
+        // levels say nothing about a rate.
+        let mut s = series(600, 100, |_| 4 * GIB);
+        for i in 1..=3 {
+            s.push(Sample::new(
+                T0 + 60_000 + i * 100,
+                4 * GIB + i as u64 * 8 * GIB,
+            ));
+        }
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
+        assert!(
+            r.trend
+                .mann_kendall
+                .is_some_and(|mk| mk.n < MIN_FORECAST_LEVELS)
+        );
+        assert_eq!(r.time_to_full_sec, None);
+        assert!(!r.explanation.contains("full in"), "{}", r.explanation);
+        // A steady rise over many levels gets its forecast...
+        let s = series(600, 100, |t| granule(t as f64 / 1000.0 * 20e6));
+        assert!(run(&s).time_to_full_sec.is_some());
+        // ...unless the process ended before the data did.
+        let ended = SeriesContext {
+            ended: true,
+            ..ctx()
+        };
+        let r = analyze(
+            &s,
+            &ActivityInputs::default(),
+            &ended,
+            &LeakConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(r.time_to_full_sec, None);
+        assert!(!r.explanation.contains("full in"), "{}", r.explanation);
     }
 
     #[test]

@@ -673,6 +673,15 @@ impl ProcReader {
     }
 }
 
+/// The uid of the user called `name` in the user database (NSS), `None` when no user has
+/// that name.
+pub fn uid_of_user(name: &str) -> Option<u32> {
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
+}
+
 /// Start time and CPU time of a process, from one read of `/proc/PID/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuTime {
@@ -709,6 +718,12 @@ mod tests {
         let started = me.started_at_unix_ms.expect("boot time known");
         let now = crate::clock::Clock::now_unix_ms(&crate::clock::SystemClock);
         assert!(started <= now + 1000, "{started} vs {now}");
+    }
+
+    #[test]
+    fn user_names_resolve_to_uids() {
+        assert_eq!(uid_of_user("root"), Some(0));
+        assert_eq!(uid_of_user("no-such-user-vramctl"), None);
     }
 
     #[test]

@@ -258,8 +258,8 @@ pub struct StatusArgs {
     pub json: bool,
 
     /// Refresh every DURATION until interrupted (e.g. 2s, 500ms, or seconds: 2; at least
-    /// 50ms)
-    #[arg(long, value_name = "DURATION", value_parser = interval)]
+    /// 50ms); `-l`/`--loop` as in nvidia-smi
+    #[arg(long, short = 'l', visible_alias = "loop", value_name = "DURATION", value_parser = interval)]
     pub watch: Option<Duration>,
 
     /// With --watch: stop after N refreshes
@@ -267,8 +267,19 @@ pub struct StatusArgs {
     pub count: Option<u64>,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    #[arg(
+        long,
+        short = 'i',
+        visible_alias = "id",
+        value_delimiter = ',',
+        value_name = "GPU"
+    )]
     pub gpu: Vec<String>,
+
+    /// One line per GPU (index, name, temperature, utilization, memory, and the holders
+    /// as user:command(memory)), as gpustat prints them
+    #[arg(long, conflicts_with = "json")]
+    pub compact: bool,
 }
 
 #[derive(Debug, Args)]

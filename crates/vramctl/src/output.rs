@@ -5,4 +5,5 @@
 pub mod chart;
 pub mod style;
 pub mod table;
+pub mod terminal;
 pub mod units;

@@ -18,7 +18,12 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, anyhow};
 use vramctl_core::clock::ClockTime;
-use vramctl_core::procinfo::{self, ProcReader};
+#[cfg(test)]
+use vramctl_core::process_catalog::CatalogCounters;
+use vramctl_core::process_catalog::{
+    FactsSource, LiveProc, ProcessCatalog, RefreshPolicy, listed_pids,
+};
+use vramctl_core::procinfo;
 use vramctl_core::types::Snapshot;
 use vramctl_store::{
     Gap, HistoryClock, ProcessKey, ProcessMeta, ProcessSample, Retention, SessionInfo, Store,
@@ -223,20 +228,23 @@ impl Drop for StoreFeed {
     }
 }
 
-/// Identity, metadata and CPU time of GPU processes, read from /proc once per process and
-/// re-read every [`CPU_EVERY_MS`].
+/// Identity, metadata and CPU time of GPU processes for the history: what the
+/// [`ProcessCatalog`] knows, sent to the store when a process is new (metadata, once per
+/// identity) and its CPU time every [`CPU_EVERY_MS`]. The catalog proves each tick that a
+/// PID still names the same process (a pidfd poll) and reads `/proc/PID/stat` only for
+/// those CPU readings.
 #[derive(Debug)]
 pub struct Procs {
     boot_id: Option<String>,
-    reader: ProcReader,
-    read_proc: bool,
-    known: HashMap<u32, Known>,
+    catalog: ProcessCatalog,
+    /// What was last sent per PID: its identity, and when its CPU time was.
+    sent: HashMap<u32, Sent>,
 }
 
-#[derive(Debug)]
-struct Known {
+#[derive(Debug, Clone, Copy)]
+struct Sent {
     start_time_ticks: Option<u64>,
-    cpu_read_ms: i64,
+    cpu_at_ms: i64,
 }
 
 impl Procs {
@@ -244,15 +252,35 @@ impl Procs {
     /// container without the host's PID namespace, where /proc would describe other
     /// processes under the same numbers).
     pub fn new(boot_id: Option<String>, read_proc: bool) -> Self {
-        Self {
+        let source = if read_proc {
+            FactsSource::Proc
+        } else {
+            FactsSource::Driver
+        };
+        Self::with_catalog(ProcessCatalog::with_source(
+            source,
+            RefreshPolicy::default(),
             boot_id,
-            reader: ProcReader::new(),
-            read_proc,
-            known: HashMap::new(),
+            Box::new(LiveProc::new()),
+        ))
+    }
+
+    /// Enrichment from `catalog` (tests give one over a scripted /proc).
+    pub fn with_catalog(catalog: ProcessCatalog) -> Self {
+        Self {
+            boot_id: catalog.boot_id().map(str::to_owned),
+            catalog,
+            sent: HashMap::new(),
         }
     }
 
-    /// Samples for processes that are new, reused PIDs, or due a CPU-time read.
+    /// What reading /proc cost so far.
+    #[cfg(test)]
+    pub fn counters(&self) -> CatalogCounters {
+        self.catalog.counters()
+    }
+
+    /// Samples for processes that are new, reused PIDs, or due a CPU-time reading.
     /// `driver_name` names a process /proc cannot see (the driver still knows it).
     pub fn update(
         &mut self,
@@ -260,66 +288,28 @@ impl Procs {
         now: i64,
         driver_name: &mut dyn FnMut(u32) -> Option<String>,
     ) -> Vec<ProcessSample> {
-        let mut on_gpu: Vec<u32> = snapshot
-            .devices
-            .iter()
-            .filter_map(|d| d.reading())
-            .filter_map(|r| r.processes.as_ref())
-            .flatten()
-            .map(|p| p.pid)
-            .collect();
-        on_gpu.sort_unstable();
-        on_gpu.dedup();
-        self.known
-            .retain(|pid, _| on_gpu.binary_search(pid).is_ok());
+        let on_gpu = listed_pids(snapshot);
+        self.catalog.observe(&on_gpu, now, driver_name);
+        self.sent.retain(|pid, _| on_gpu.binary_search(pid).is_ok());
+        let with_cpu = self.catalog.source() == FactsSource::Proc;
         let mut out = Vec::new();
         for pid in on_gpu {
-            let due = self
-                .known
-                .get(&pid)
-                .is_none_or(|k| now.saturating_sub(k.cpu_read_ms) >= CPU_EVERY_MS);
-            if !due {
+            let Some(entry) = self.catalog.get(pid) else {
+                continue;
+            };
+            let start = entry.start_time_ticks;
+            let sent = self.sent.get(&pid).copied();
+            let is_new = sent.is_none_or(|s| s.start_time_ticks != start);
+            // A clock that went backwards makes the reading due at once.
+            let cpu_due = with_cpu
+                && entry.visible
+                && (is_new
+                    || sent.is_none_or(|s| {
+                        now < s.cpu_at_ms || now.saturating_sub(s.cpu_at_ms) >= CPU_EVERY_MS
+                    }));
+            if !is_new && !cpu_due {
                 continue;
             }
-            if !self.read_proc {
-                // Identity is the PID alone here; the name is read once.
-                if self.known.contains_key(&pid) {
-                    continue;
-                }
-                self.known.insert(
-                    pid,
-                    Known {
-                        start_time_ticks: None,
-                        cpu_read_ms: i64::MAX,
-                    },
-                );
-                out.push(ProcessSample {
-                    meta: ProcessMeta {
-                        key: ProcessKey {
-                            boot_id: self.boot_id.clone(),
-                            pid,
-                            start_time_ticks: None,
-                        },
-                        command: driver_name(pid),
-                        ..ProcessMeta::default()
-                    },
-                    cpu_ticks: None,
-                });
-                continue;
-            }
-            let cpu = procinfo::cpu_time_ticks(pid);
-            let start = cpu.map(|c| c.start_time_ticks);
-            let is_new = self
-                .known
-                .get(&pid)
-                .is_none_or(|k| k.start_time_ticks != start);
-            self.known.insert(
-                pid,
-                Known {
-                    start_time_ticks: start,
-                    cpu_read_ms: now,
-                },
-            );
             let mut meta = ProcessMeta {
                 key: ProcessKey {
                     boot_id: self.boot_id.clone(),
@@ -329,22 +319,30 @@ impl Procs {
                 ..ProcessMeta::default()
             };
             if is_new {
-                match self.reader.details(pid) {
-                    Some(details) => {
-                        meta.uid = details.uid;
-                        meta.user = details.user;
-                        meta.command = Some(details.command);
-                        meta.container_id = details.container.container_id;
-                        meta.pod_uid = details.container.pod_uid;
-                    }
-                    // Outside our PID namespace: the driver still knows its name.
-                    None => meta.command = driver_name(pid),
-                }
+                let facts = &entry.facts;
+                meta.uid = facts.uid;
+                meta.user.clone_from(&facts.user);
+                meta.command.clone_from(&facts.command);
+                meta.container_id.clone_from(&facts.container.container_id);
+                meta.pod_uid.clone_from(&facts.container.pod_uid);
             }
-            out.push(ProcessSample {
-                meta,
-                cpu_ticks: cpu.map(|c| c.cpu_ticks),
-            });
+            let cpu_ticks = if cpu_due {
+                self.catalog.stat(pid, now).map(|s| s.cpu_ticks)
+            } else {
+                None
+            };
+            let cpu_at_ms = match (cpu_due, sent) {
+                (true, _) | (false, None) => now,
+                (false, Some(s)) => s.cpu_at_ms,
+            };
+            self.sent.insert(
+                pid,
+                Sent {
+                    start_time_ticks: start,
+                    cpu_at_ms,
+                },
+            );
+            out.push(ProcessSample { meta, cpu_ticks });
         }
         out
     }
@@ -429,6 +427,7 @@ fn write_loop(
 mod tests {
     use std::sync::Arc;
 
+    use vramctl_core::process_catalog::ScriptedProc;
     use vramctl_core::types::{
         DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessKind,
         ProcessUsage,
@@ -517,6 +516,59 @@ mod tests {
                 .update(&snapshot(60_000, &[me]), 60_000, &mut name)
                 .is_empty()
         );
+    }
+
+    fn scripted_procs(source: &ScriptedProc) -> Procs {
+        Procs::with_catalog(ProcessCatalog::with_source(
+            FactsSource::Proc,
+            RefreshPolicy::default(),
+            Some("boot".into()),
+            Box::new(source.clone()),
+        ))
+    }
+
+    #[test]
+    fn a_reused_pid_is_recorded_as_a_new_process_at_the_next_tick() {
+        let source = ScriptedProc::new();
+        source.set(42, 500, 10, 'S');
+        let mut procs = scripted_procs(&source);
+        let mut name = |_| None;
+        let first = procs.update(&snapshot(0, &[42]), 0, &mut name);
+        assert_eq!(first[0].meta.key.start_time_ticks, Some(500));
+        // 100 ms later another process runs under PID 42: the history must not add its
+        // memory to the first one's series until the next CPU reading (10 s later).
+        source.set(42, 900, 0, 'R');
+        let next = procs.update(&snapshot(100, &[42]), 100, &mut name);
+        assert_eq!(next.len(), 1);
+        let meta = &next[0].meta;
+        assert_eq!(meta.key.start_time_ticks, Some(900));
+        assert_eq!(meta.command.as_deref(), Some("python job42-900.py"));
+        assert_eq!(next[0].cpu_ticks, Some(0));
+    }
+
+    #[test]
+    fn thirty_processes_cost_the_recorder_one_poll_a_tick_and_a_stat_read_every_ten_seconds() {
+        let source = ScriptedProc::new();
+        let pids: Vec<u32> = (2000..2030).collect();
+        for &pid in &pids {
+            source.set(pid, u64::from(pid), 0, 'S');
+        }
+        let mut procs = scripted_procs(&source);
+        let mut name = |_| None;
+        // A minute at 100 ms.
+        let mut sent = 0;
+        for tick in 0..600 {
+            sent += procs
+                .update(&snapshot(tick * 100, &pids), tick * 100, &mut name)
+                .len();
+        }
+        let c = procs.counters();
+        assert_eq!(c.detail_reads, 30, "static facts once per process");
+        // At first sight, then CPU time at 10, 20, ..., 50 s.
+        assert_eq!(c.stat_reads, 30 * 6);
+        assert_eq!(source.stat_reads(), 30 * 6);
+        assert_eq!(c.polls, 599);
+        assert_eq!(sent, 30 * 6);
     }
 
     fn tick_at(t: i64) -> TickSample {

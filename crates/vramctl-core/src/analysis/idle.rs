@@ -123,6 +123,50 @@ pub struct IdleReport {
     /// Idle spans at least `idle_for` long (closed ones and the current one), oldest first:
     /// what `vramctl plot` draws as idle spans.
     pub periods: Vec<IdlePeriod>,
+    /// The latest evidence (within `max_evidence_gap` of the end of the series) showed
+    /// the process using the GPU or changing its memory, and no later sample of any
+    /// source said otherwise.
+    pub active_at_end: bool,
+}
+
+/// What an [`IdleReport`] says about the end of its series, read one way by every
+/// display (`top`'s IDLE column, the exporter's idle seconds): absence of evidence is
+/// never idleness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IdleState {
+    /// No source had a sample that could show idleness: nothing can be said.
+    NoEvidence,
+    /// The latest evidence showed activity (within `max_evidence_gap` of the end).
+    Active,
+    /// Idle since `since_unix_ms`, by evidence without a hole up to the end.
+    Idle {
+        /// Start of the idle span.
+        since_unix_ms: i64,
+        /// Activity was seen before the span: idle for exactly that long. `false`: idle
+        /// since the evidence began, so for at least that long.
+        activity_seen: bool,
+    },
+    /// There is evidence, but it shows neither at the end (a busy CPU on a shared GPU, a
+    /// hole in the samples since the last activity).
+    Unknown,
+}
+
+impl IdleReport {
+    /// The state at the end of the series.
+    pub fn state(&self) -> IdleState {
+        if let Some(since_unix_ms) = self.idle_since_unix_ms {
+            IdleState::Idle {
+                since_unix_ms,
+                activity_seen: self.last_active_unix_ms.is_some(),
+            }
+        } else if self.active_at_end {
+            IdleState::Active
+        } else if self.sources.is_empty() {
+            IdleState::NoEvidence
+        } else {
+            IdleState::Unknown
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -156,6 +200,9 @@ pub(crate) struct IdleFold {
     last_device: Option<i64>,
     last_cpu: Option<CpuSample>,
     last_active: Option<i64>,
+    /// Time of the latest sample of any source that said something (active, idle or
+    /// neither): activity is "at the end" only when nothing later said otherwise.
+    last_sample: Option<i64>,
     span: Option<Span>,
     periods: Vec<IdlePeriod>,
     sources: u8,
@@ -171,6 +218,7 @@ impl IdleFold {
             last_device: None,
             last_cpu: None,
             last_active: None,
+            last_sample: None,
             span: None,
             periods: Vec::new(),
             sources: 0,
@@ -254,6 +302,7 @@ impl IdleFold {
     }
 
     fn apply(&mut self, interval: Option<(i64, i64)>, t: i64, state: State) {
+        self.last_sample = Some(self.last_sample.map_or(t, |s| s.max(t)));
         match state {
             State::Active => {
                 self.last_active = Some(self.last_active.map_or(t, |a| a.max(t)));
@@ -343,6 +392,12 @@ impl IdleFold {
             last_active_unix_ms: last_active,
             sources: Evidence::all_in(self.sources),
             periods,
+            active_at_end: current.is_none()
+                && last_active.is_some_and(|a| {
+                    a <= now
+                        && now - a <= self.max_gap_ms
+                        && self.last_sample.is_none_or(|s| a >= s.min(now))
+                }),
         }
     }
 }
@@ -355,6 +410,49 @@ mod tests {
 
     fn fold() -> IdleFold {
         IdleFold::new(60_000, 30 * MIN, 0.01)
+    }
+
+    #[test]
+    fn the_state_at_the_end_is_read_one_way() {
+        // No sample of any source: nothing to say, whatever the memory did.
+        assert_eq!(fold().report(10 * MIN, None).state(), IdleState::NoEvidence);
+        // Active in the last sample.
+        let mut f = fold();
+        for i in 0..=10 {
+            f.push_sm(SmSample {
+                t_unix_ms: i * 1000,
+                sm_percent: 30,
+            });
+        }
+        assert_eq!(f.report(10_000, None).state(), IdleState::Active);
+        // Then idle, by the same source: idle since the last activity.
+        for i in 11..=100 {
+            f.push_sm(SmSample {
+                t_unix_ms: i * 1000,
+                sm_percent: 0,
+            });
+        }
+        assert_eq!(
+            f.report(100_000, None).state(),
+            IdleState::Idle {
+                since_unix_ms: 10_000,
+                activity_seen: true
+            }
+        );
+        // A busy device shared with others proves nothing either way.
+        let mut f = fold();
+        for i in 0..=10 {
+            f.push_device(DeviceActivitySample {
+                t_unix_ms: i * 1000,
+                utilization_gpu_percent: 90,
+                processes_on_device: 3,
+            });
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * 1000,
+                cpu_time_ms: 1000 * i as u64,
+            });
+        }
+        assert_eq!(f.report(10_000, None).state(), IdleState::Unknown);
     }
 
     #[test]

@@ -334,6 +334,7 @@ impl FleetTracker {
             free_bytes: None,
             process_start_unix_ms: facts.started_at_unix_ms,
             device_label: Some(label.clone()),
+            ended: false,
         };
         let tracker =
             ProcessTracker::new(ctx, self.cfg.leak.clone())?.with_cadence(self.cfg.cadence);

@@ -139,6 +139,7 @@ fn h200_fixture_batch_numbers() {
             free_bytes: free.last().map(|f| f.1),
             process_start_unix_ms: s.process_start_unix_ms,
             device_label: Some("GPU 0".to_owned()),
+            ended: false,
         };
         let activity = ActivityInputs {
             device: &s.device,

@@ -25,6 +25,7 @@ use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
     TrendTest, Verdict, explain,
 };
+use vramctl_core::command_line::abbreviate;
 use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rfc3339};
 use vramctl_store::{DeviceRecord, Store, TimeRange};
@@ -44,7 +45,8 @@ pub const SCHEMA: u32 = 1;
 /// Without `--since`, the history is analysed over this long before its last sample.
 const DEFAULT_SPAN_MS: i64 = 24 * 3_600_000;
 
-/// Commands longer than this are cut (with `…`) in the human output.
+/// Commands longer than this are shortened (`command_line::abbreviate`) in the human
+/// output.
 const COMMAND_CHARS: usize = 40;
 
 /// Runs `leaks`.
@@ -245,14 +247,10 @@ pub fn device_label(d: &DeviceRecord) -> String {
     }
 }
 
-/// A command line cut to `COMMAND_CHARS` characters.
+/// A command line in `COMMAND_CHARS` characters, interpreter and script first
+/// (`vramctl_core::command_line::abbreviate`, as every command shortens them).
 pub fn short_command(command: &str) -> String {
-    if command.chars().count() <= COMMAND_CHARS {
-        command.to_owned()
-    } else {
-        let cut: String = command.chars().take(COMMAND_CHARS - 1).collect();
-        format!("{cut}…")
-    }
+    abbreviate(command, COMMAND_CHARS)
 }
 
 /// The explanation with times in `tz` (the report's own says UTC).
@@ -683,9 +681,15 @@ mod tests {
     fn commands_are_cut_and_times_are_local() {
         assert_eq!(short_command("python train.py"), "python train.py");
         let long = "python -m torch.distributed.run --nproc-per-node 8 train.py";
-        let cut = short_command(long);
-        assert_eq!(cut.chars().count(), COMMAND_CHARS);
-        assert!(cut.ends_with('…'));
+        assert_eq!(
+            short_command(long),
+            "python -m torch.distributed.run --nproc…"
+        );
+        // Eleven workloads under one interpreter no longer all read the same.
+        assert_eq!(
+            short_command("/opt/torch/.venv/bin/python3 /home/labuser/work/leak_graph.py"),
+            "python3 leak_graph.py"
+        );
         let paris = TimeZone::get("Europe/Paris").unwrap();
         // 2026-11-29T20:31:31Z is 21:31:31 in Paris (CET).
         assert_eq!(clock(&paris, 1_795_984_291_000, false), "21:31:31");

@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use regex::Regex;
 use serde::Serialize;
 use vramctl_core::Backend;
+use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceState, ProcessKind, Snapshot};
 use vramctl_store::format::rfc3339;
@@ -24,6 +25,7 @@ use super::{GpuFilter, open_sampler};
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
+use crate::output::terminal::{self, wrap};
 use crate::output::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
@@ -105,6 +107,15 @@ pub struct PsReport {
     processes: Vec<PsProcess>,
     unaccounted: Vec<Unaccounted>,
     devices_not_read: Vec<DeviceProblem>,
+    /// GPUs the driver counts that could not be opened at all (lost before the first
+    /// sample, as `status` reports them).
+    unopened: Vec<UnopenedDevice>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct UnopenedDevice {
+    index: u32,
+    reason: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -163,12 +174,17 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         .as_deref()
         .map(|text| compile_regex("--match", text))
         .transpose()?;
+    let users = args
+        .user
+        .iter()
+        .map(|u| resolve_user(u))
+        .collect::<anyhow::Result<Vec<UserSpec>>>()?;
     let mut sampler = open_sampler(global)?;
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
     let snapshot = sampler.tick();
     let mut procs = ProcReader::new();
     let selection = Selection {
-        users: args.user.clone(),
+        users,
         pattern,
         min_bytes: args.min_mem,
     };
@@ -188,7 +204,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
         writeln!(out).context("cannot write to stdout")?;
     } else {
-        for line in render(&report) {
+        for line in render(&report, terminal::width()) {
             writeln!(out, "{line}").context("cannot write to stdout")?;
         }
     }
@@ -215,9 +231,36 @@ pub fn compile_regex(flag: &str, text: &str) -> anyhow::Result<Regex> {
     })
 }
 
+/// One `--user` value: a name the user database knows (with its uid), or a uid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct UserSpec {
+    name: Option<String>,
+    uid: u32,
+}
+
+/// `text` as a user: a numeric uid, or a name the user database knows.
+///
+/// # Errors
+/// A name no user has: "nothing is held" would be a wrong answer to a typo.
+fn resolve_user(text: &str) -> anyhow::Result<UserSpec> {
+    if let Ok(uid) = text.parse::<u32>() {
+        return Ok(UserSpec { name: None, uid });
+    }
+    match procinfo::uid_of_user(text) {
+        Some(uid) => Ok(UserSpec {
+            name: Some(text.to_owned()),
+            uid,
+        }),
+        None => bail!(
+            "--user '{text}' is not a user on this system; give a user name the user \
+             database knows, or a numeric uid"
+        ),
+    }
+}
+
 /// `--user`, `--match`, `--min-mem`.
 struct Selection {
-    users: Vec<String>,
+    users: Vec<UserSpec>,
     pattern: Option<Regex>,
     min_bytes: Option<u64>,
 }
@@ -226,8 +269,7 @@ impl Selection {
     fn keeps(&self, p: &PsProcess) -> bool {
         let user_ok = self.users.is_empty()
             || self.users.iter().any(|u| {
-                p.user.as_deref() == Some(u.as_str())
-                    || u.parse::<u32>().is_ok_and(|uid| p.uid == Some(uid))
+                p.uid == Some(u.uid) || (u.name.is_some() && p.user.as_deref() == u.name.as_deref())
             });
         let pattern_ok = self
             .pattern
@@ -319,6 +361,14 @@ fn build(
         processes: rows,
         unaccounted,
         devices_not_read,
+        unopened: snapshot
+            .unopened
+            .iter()
+            .map(|u| UnopenedDevice {
+                index: u.index,
+                reason: u.reason.to_string(),
+            })
+            .collect(),
     }
 }
 
@@ -489,8 +539,9 @@ fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-/// The table and the notes under it.
-fn render(report: &PsReport) -> Vec<String> {
+/// The table and the notes under it; the command column fitted into `width` when known (a
+/// terminal, or `COLUMNS`), shortened as everywhere (`command_line::abbreviate`).
+fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
     let with_container = report
         .processes
         .iter()
@@ -516,7 +567,7 @@ fn render(report: &PsReport) -> Vec<String> {
     for (p, prefix) in report.processes.iter().zip(&prefixes) {
         let mut cells = vec![
             p.pid.to_string(),
-            p.user.clone().unwrap_or_else(|| "?".into()),
+            p.user.clone().unwrap_or_else(|| "-".into()),
             p.gpus.first().map_or_else(|| "-".into(), gpu_cell),
             p.gpus
                 .first()
@@ -525,7 +576,7 @@ fn render(report: &PsReport) -> Vec<String> {
                 .map_or_else(|| "-".into(), |c| format!("{c:.1}")),
             units::opt_bytes(p.rss_bytes),
             p.age_s.map_or_else(|| "-".into(), units::age),
-            p.state.clone().unwrap_or_else(|| "?".into()),
+            p.state.clone().unwrap_or_else(|| "-".into()),
             p.ppid.map_or_else(|| "-".into(), |pp| pp.to_string()),
         ];
         if with_container {
@@ -536,12 +587,7 @@ fn render(report: &PsReport) -> Vec<String> {
             );
             cells.push(p.pod_uid.clone().unwrap_or_else(|| "-".into()));
         }
-        let command = match (&p.command, p.visible) {
-            (Some(c), true) => c.clone(),
-            (Some(c), false) => format!("{c} (not visible in this PID namespace)"),
-            (None, _) => "(not visible in this PID namespace)".into(),
-        };
-        cells.push(format!("{prefix}{command}"));
+        cells.push(format!("{prefix}{}", command_cell(p, None)));
         table.push(cells);
         // A process on several devices: one more line per device.
         for g in p.gpus.iter().skip(1) {
@@ -561,15 +607,34 @@ fn render(report: &PsReport) -> Vec<String> {
         table.push(cells);
     }
 
+    if let Some(width) = width {
+        let room = width.saturating_sub(table.width_before_last());
+        // Rows in table order: each process, then its extra devices, then unaccounted.
+        let mut owners: Vec<Option<usize>> = Vec::new();
+        for (i, p) in report.processes.iter().enumerate() {
+            owners.push(Some(i));
+            owners.extend(p.gpus.iter().skip(1).map(|_| None));
+        }
+        table.fit_last(|row, cell| match owners.get(row).copied().flatten() {
+            Some(i) if cell.chars().count() > room => {
+                let prefix = &prefixes[i];
+                let left = room.saturating_sub(prefix.chars().count());
+                format!("{prefix}{}", command_cell(&report.processes[i], Some(left)))
+            }
+            Some(_) => cell.to_owned(),
+            None => vramctl::tui::format::fit(cell, room.max(8)),
+        });
+    }
     let mut lines = Vec::new();
     if report.processes.is_empty() && report.unaccounted.is_empty() {
         lines.push("no process holds GPU memory".to_owned());
     } else {
         lines.extend(table.render(""));
     }
+    let mut notes = Vec::new();
     let hidden = report.processes.iter().filter(|p| !p.visible).count();
     if hidden > 0 {
-        lines.push(format!(
+        notes.push(format!(
             "{hidden} {} not visible in this PID namespace (NVML reports host PIDs); run \
              vramctl in the host PID namespace (e.g. docker run --pid=host) to see and act on {}",
             if hidden == 1 {
@@ -581,10 +646,10 @@ fn render(report: &PsReport) -> Vec<String> {
         ));
     }
     for p in report.processes.iter().filter(|p| p.zombie) {
-        lines.push(format!(
+        notes.push(format!(
             "PID {} is a zombie: it has exited; its parent (PID {}) must reap it",
             p.pid,
-            p.ppid.map_or_else(|| "?".into(), |pp| pp.to_string())
+            p.ppid.map_or_else(|| "-".into(), |pp| pp.to_string())
         ));
     }
     for d in &report.devices_not_read {
@@ -593,9 +658,40 @@ fn render(report: &PsReport) -> Vec<String> {
             "error" => "could not be read",
             _ => "did not report its processes",
         };
-        lines.push(format!("GPU {} {what}: {}", d.index, d.reason));
+        notes.push(format!("GPU {} {what}: {}", d.index, d.reason));
+    }
+    for u in &report.unopened {
+        notes.push(format!("GPU {} could not be opened: {}", u.index, u.reason));
+    }
+    for note in notes {
+        lines.extend(wrap(&note, "", width));
     }
     lines
+}
+
+/// A process's command as shown, in `room` characters when given (interpreter and script
+/// first), with a note when /proc cannot see it.
+fn command_cell(p: &PsProcess, room: Option<usize>) -> String {
+    const NOT_VISIBLE: &str = " (not visible in this PID namespace)";
+    const NOT_VISIBLE_SHORT: &str = " (not visible)";
+    match (&p.command, p.visible, room) {
+        (Some(c), true, None) => c.clone(),
+        (Some(c), true, Some(room)) => abbreviate(c, room),
+        (Some(c), false, None) => format!("{c}{NOT_VISIBLE}"),
+        (Some(c), false, Some(room)) => {
+            // In a tight column the note gives way to the command; the line under the
+            // table says which processes are not visible.
+            let note = if room >= NOT_VISIBLE.len() + 24 {
+                NOT_VISIBLE
+            } else if room >= NOT_VISIBLE_SHORT.len() + 16 {
+                NOT_VISIBLE_SHORT
+            } else {
+                ""
+            };
+            format!("{}{note}", abbreviate(c, room.saturating_sub(note.len())))
+        }
+        (None, _, room) => abbreviate(NOT_VISIBLE.trim_start(), room.unwrap_or(usize::MAX)),
+    }
 }
 
 fn gpu_cell(g: &GpuHolding) -> String {
@@ -753,12 +849,34 @@ mod tests {
                 state: "lost",
                 reason: "GPU has fallen off the bus".into(),
             }],
+            unopened: vec![UnopenedDevice {
+                index: 5,
+                reason: "GPU lost".into(),
+            }],
         }
     }
 
     #[test]
     fn the_table_with_every_kind_of_row() {
-        insta::assert_snapshot!("ps_every_row", render(&report()).join("\n"));
+        insta::assert_snapshot!("ps_every_row", render(&report(), None).join("\n"));
+    }
+
+    #[test]
+    fn the_table_fits_the_terminal_with_commands_shortened_alike() {
+        // Without the container columns (64-hex ids and pod UIDs need a wide terminal).
+        let mut r = report();
+        for p in &mut r.processes {
+            p.container_id = None;
+            p.pod_uid = None;
+        }
+        r.processes[0].command = Some(
+            "/opt/torch/.venv/bin/python3 /home/labuser/work/train.py --bf16 --lr 3e-4".into(),
+        );
+        let lines = render(&r, Some(100));
+        for line in &lines {
+            assert!(line.chars().count() <= 100, "{line}");
+        }
+        insta::assert_snapshot!("ps_every_row_100_columns", lines.join("\n"));
     }
 
     #[test]
@@ -825,14 +943,20 @@ mod tests {
         };
         assert_eq!(
             keep(Selection {
-                users: vec!["bob".into()],
+                users: vec![UserSpec {
+                    name: Some("bob".into()),
+                    uid: 1001,
+                }],
                 ..none()
             }),
             [5200]
         );
         assert_eq!(
             keep(Selection {
-                users: vec!["1000".into()],
+                users: vec![UserSpec {
+                    name: None,
+                    uid: 1000,
+                }],
                 ..none()
             })
             .len(),

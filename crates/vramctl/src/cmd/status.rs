@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::ProcReader;
 use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
@@ -22,6 +23,7 @@ use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
+use crate::output::terminal::{self, fit_line, wrap};
 use crate::output::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
@@ -102,6 +104,8 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
     let mut procs = ProcReader::new();
     let stdout = std::io::stdout();
     let refresh_in_place = !args.json && stdout.is_terminal();
+    // Read once: a terminal resized under `--watch` is fitted from the next run on.
+    let width = terminal::width();
 
     let mut printed: u64 = 0;
     loop {
@@ -123,7 +127,12 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
                 // Home and clear, so the block redraws in place.
                 write!(out, "\x1b[H\x1b[2J").context("cannot write to stdout")?;
             }
-            for line in render(&report, &styles) {
+            let lines = if args.compact {
+                render_compact(&report, &styles, width)
+            } else {
+                render(&report, &styles, width)
+            };
+            for line in lines {
                 writeln!(out, "{line}").context("cannot write to stdout")?;
             }
         }
@@ -280,55 +289,81 @@ fn process_status(
     }
 }
 
+/// The memory bar's width when nothing limits it (output to a pipe or a file).
 const BAR_WIDTH: usize = 30;
+/// Narrowest and widest bar when fitting a terminal.
+const BAR_MIN: usize = 10;
+const BAR_MAX: usize = 50;
+/// Said after the command of a process /proc cannot see; the short form when the room is
+/// tight.
+const NOT_VISIBLE: &str = " (not visible in this PID namespace)";
+const NOT_VISIBLE_SHORT: &str = " (not visible)";
 
-/// The human view, one block per device.
-fn render(report: &StatusReport, styles: &Styles) -> Vec<String> {
+/// The human view, one block per device, fitted to `width` columns when known (a terminal,
+/// or `COLUMNS`): no line longer than that. `None`: nothing is cut.
+fn render(report: &StatusReport, styles: &Styles, width: Option<usize>) -> Vec<String> {
     let mut lines = Vec::new();
-    let mut header = vec![format!("vramctl {}", env!("CARGO_PKG_VERSION"))];
-    if let Some(v) = &report.driver.driver_version {
-        header.push(format!("driver {v}"));
-    }
-    header.push(report.taken_at.clone());
-    lines.push(paint(styles.dim, &header.join(" · ")));
+    lines.push(paint(styles.dim, &fit_line(&header(report), width)));
     if report.devices.is_empty() && report.unopened.is_empty() {
         lines.push("no NVIDIA GPU found".into());
     }
     for device in &report.devices {
         lines.push(String::new());
-        render_device(device, styles, &mut lines);
+        render_device(device, styles, width, &mut lines);
     }
     for unopened in &report.unopened {
         lines.push(String::new());
+        let heading = format!("GPU {}", unopened.index);
+        let text = fit_line(
+            &format!("could not be opened: {}", unopened.reason),
+            width.map(|w| w.saturating_sub(heading.chars().count() + 2)),
+        );
         lines.push(format!(
             "{}  {}",
-            paint(styles.heading, &format!("GPU {}", unopened.index)),
-            paint(
-                styles.bad,
-                &format!("could not be opened: {}", unopened.reason)
-            )
+            paint(styles.heading, &heading),
+            paint(styles.bad, &text)
         ));
     }
     lines
 }
 
-fn render_device(d: &DeviceStatus, styles: &Styles, lines: &mut Vec<String>) {
+fn header(report: &StatusReport) -> String {
+    let mut header = vec![format!("vramctl {}", env!("CARGO_PKG_VERSION"))];
+    if let Some(v) = &report.driver.driver_version {
+        header.push(format!("driver {v}"));
+    }
+    header.push(report.taken_at.clone());
+    header.join(" · ")
+}
+
+fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines: &mut Vec<String>) {
     let name = d.name.as_deref().unwrap_or("(name not reported)");
-    lines.push(format!(
-        "{}  {}",
-        paint(styles.heading, &format!("GPU {}  {name}", d.index)),
-        paint(
-            styles.dim,
-            &format!("{}  {}", d.uuid, d.pci_bus_id.as_deref().unwrap_or(""))
+    let heading = format!("GPU {}  {name}", d.index);
+    // The UUID is the identity; the bus id goes first when the line is too long.
+    let mut ids = format!("{}  {}", d.uuid, d.pci_bus_id.as_deref().unwrap_or(""))
+        .trim_end()
+        .to_owned();
+    let room = width.map(|w| w.saturating_sub(heading.chars().count() + 2));
+    if room.is_some_and(|r| ids.chars().count() > r) {
+        ids.clone_from(&d.uuid);
+    }
+    let ids = fit_line(&ids, room);
+    lines.push(
+        format!(
+            "{}  {}",
+            paint(styles.heading, &heading),
+            paint(styles.dim, &ids)
         )
         .trim_end()
-    ));
+        .to_owned(),
+    );
     if let Some(error) = &d.error {
         let label = if d.state == "lost" { "LOST" } else { "ERROR" };
-        lines.push(format!(
-            "  {}",
-            paint(styles.bad, &format!("{label}: {error}"))
-        ));
+        let text = fit_line(
+            &format!("{label}: {error}"),
+            width.map(|w| w.saturating_sub(2)),
+        );
+        lines.push(format!("  {}", paint(styles.bad, &text)));
         return;
     }
     match d.memory {
@@ -339,17 +374,41 @@ fn render_device(d: &DeviceStatus, styles: &Styles, lines: &mut Vec<String>) {
             } else {
                 styles.heading
             };
-            lines.push(format!(
-                "  memory  {}  {} used + {} reserved of {} ({pct}%), {} free",
-                paint(
-                    style,
-                    &units::memory_bar(m.used_bytes, m.reserved_bytes, m.total_bytes, BAR_WIDTH)
-                ),
+            let long = format!(
+                "{} used + {} reserved of {} ({pct}%), {} free",
                 units::bytes(m.used_bytes),
                 units::bytes(m.reserved_bytes),
                 units::bytes(m.total_bytes),
                 units::bytes(m.free_bytes),
-            ));
+            );
+            let short = format!(
+                "{} + {} of {} ({pct}%)",
+                units::bytes(m.used_bytes),
+                units::bytes(m.reserved_bytes),
+                units::bytes(m.total_bytes),
+            );
+            // "  memory  " + bar + "  " + text.
+            let (bar, text) = match width {
+                None => (BAR_WIDTH, long),
+                Some(w) => {
+                    let room = w.saturating_sub(12);
+                    let long_len = long.chars().count();
+                    if room >= long_len + BAR_MIN {
+                        ((room - long_len).min(BAR_MAX), long)
+                    } else {
+                        let bar = room.saturating_sub(short.chars().count()).clamp(1, BAR_MAX);
+                        (bar, short)
+                    }
+                }
+            };
+            let line = format!(
+                "  memory  {}  {text}",
+                paint(
+                    style,
+                    &units::memory_bar(m.used_bytes, m.reserved_bytes, m.total_bytes, bar)
+                ),
+            );
+            lines.push(line);
         }
         None => lines.push("  memory  not reported".into()),
     }
@@ -367,7 +426,7 @@ fn render_device(d: &DeviceStatus, styles: &Styles, lines: &mut Vec<String>) {
         gauges.push(format!("power {}", units::watts(p)));
     }
     if !gauges.is_empty() {
-        lines.push(format!("  {}", gauges.join("   ")));
+        lines.extend(wrap(&gauges.join("   "), "  ", width));
     }
 
     match &d.processes {
@@ -379,27 +438,31 @@ fn render_device(d: &DeviceStatus, styles: &Styles, lines: &mut Vec<String>) {
                 .filter(|p| p.gpu_instance_id.is_none())
                 .collect();
             if !plain.is_empty() || d.mig_instances.is_empty() {
-                render_processes(&plain, lines);
+                render_processes(&plain, width, lines);
             }
             for mig in &d.mig_instances {
-                render_mig(mig, processes, styles, lines);
+                render_mig(mig, processes, styles, width, lines);
             }
             if let Some(unaccounted) = d.unaccounted_bytes.filter(|&u| u > 0) {
-                lines.push(format!(
-                    "  unaccounted  {} used that no listed process holds",
-                    units::bytes(unaccounted)
+                lines.extend(wrap(
+                    &format!(
+                        "unaccounted  {} used that no listed process holds",
+                        units::bytes(unaccounted)
+                    ),
+                    "  ",
+                    width,
                 ));
             }
         }
     }
     for dropped in &d.dropped {
-        lines.push(format!(
-            "  {}",
-            paint(
-                styles.warn,
-                &format!("ignored {}: {}", dropped.what, dropped.reason)
-            )
-        ));
+        for line in wrap(
+            &format!("ignored {}: {}", dropped.what, dropped.reason),
+            "  ",
+            width,
+        ) {
+            lines.push(paint(styles.warn, &line));
+        }
     }
     if !d.missing.is_empty() {
         let parts: Vec<String> = d
@@ -407,10 +470,9 @@ fn render_device(d: &DeviceStatus, styles: &Styles, lines: &mut Vec<String>) {
             .iter()
             .map(|(f, why)| format!("{f} ({why})"))
             .collect();
-        lines.push(paint(
-            styles.dim,
-            &format!("  not reported: {}", parts.join(", ")),
-        ));
+        for line in wrap(&format!("not reported: {}", parts.join(", ")), "  ", width) {
+            lines.push(paint(styles.dim, &line));
+        }
     }
 }
 
@@ -418,6 +480,7 @@ fn render_mig(
     mig: &MigStatus,
     processes: &[ProcessStatus],
     styles: &Styles,
+    width: Option<usize>,
     lines: &mut Vec<String>,
 ) {
     let ids = match (mig.gpu_instance_id, mig.compute_instance_id) {
@@ -435,14 +498,23 @@ fn render_mig(
             )
         },
     );
-    lines.push(format!(
-        "  {}  {ids}  {memory}  {}",
-        paint(
-            styles.heading,
-            mig.name.as_deref().unwrap_or("MIG instance")
-        ),
-        paint(styles.dim, &mig.uuid)
-    ));
+    let name = mig.name.as_deref().unwrap_or("MIG instance");
+    let head = format!("  {name}  {ids}  {memory}");
+    // The MIG UUID is dropped when it does not fit; the rest is cut.
+    let with_uuid = head.chars().count() + 2 + mig.uuid.chars().count();
+    if width.is_none_or(|w| with_uuid <= w) {
+        lines.push(format!(
+            "  {}  {ids}  {memory}  {}",
+            paint(styles.heading, name),
+            paint(styles.dim, &mig.uuid)
+        ));
+    } else {
+        let text = fit_line(
+            &format!("{ids}  {memory}"),
+            width.map(|w| w.saturating_sub(name.chars().count() + 4)),
+        );
+        lines.push(format!("  {}  {text}", paint(styles.heading, name)));
+    }
     let mine: Vec<&ProcessStatus> = processes
         .iter()
         .filter(|p| {
@@ -453,30 +525,61 @@ fn render_mig(
         })
         .collect();
     if !mine.is_empty() {
-        let mut table = process_table();
-        for p in mine {
-            table.push(process_row(p));
-        }
-        lines.extend(table.render("    "));
+        lines.extend(process_table(&mine, "    ", width));
     }
 }
 
-fn process_table() -> Table {
-    Table::new(&[
+/// The process rows, the command column fitted into what the other columns leave.
+fn process_table(processes: &[&ProcessStatus], indent: &str, width: Option<usize>) -> Vec<String> {
+    let mut table = Table::new(&[
         ("PID", Align::Right),
         ("USER", Align::Left),
         ("MEMORY", Align::Right),
         ("TYPE", Align::Left),
         ("COMMAND", Align::Left),
-    ])
+    ]);
+    for p in processes {
+        table.push(process_row(p));
+    }
+    let room = width.map(|w| {
+        w.saturating_sub(indent.chars().count() + table.width_before_last())
+            .max("COMMAND".len())
+    });
+    table.fit_last(|row, command| {
+        let Some(room) = room else {
+            return command_cell(processes[row], None);
+        };
+        if command.chars().count() <= room {
+            return command.to_owned();
+        }
+        command_cell(processes[row], Some(room))
+    });
+    table.render(indent)
+}
+
+/// The command as shown: shortened to `room` characters when given, with a note when
+/// /proc cannot see the process.
+fn command_cell(p: &ProcessStatus, room: Option<usize>) -> String {
+    let command = p.command.as_deref();
+    match (command, p.visible, room) {
+        (Some(c), true, None) => c.to_owned(),
+        (Some(c), true, Some(room)) => abbreviate(c, room),
+        (Some(c), false, None) => format!("{c}{NOT_VISIBLE}"),
+        (Some(c), false, Some(room)) => {
+            // The long note while the command keeps its interpreter and script.
+            let note = if room >= NOT_VISIBLE.chars().count() + 24 {
+                NOT_VISIBLE
+            } else {
+                NOT_VISIBLE_SHORT
+            };
+            let left = room.saturating_sub(note.chars().count());
+            format!("{}{note}", abbreviate(c, left))
+        }
+        (None, _, room) => fit_line(NOT_VISIBLE.trim_start(), room),
+    }
 }
 
 fn process_row(p: &ProcessStatus) -> Vec<String> {
-    let command = match (&p.command, p.visible) {
-        (Some(c), true) => c.clone(),
-        (Some(c), false) => format!("{c} (not visible in this PID namespace)"),
-        (None, _) => "(not visible in this PID namespace)".into(),
-    };
     let kind = match p.kind {
         ProcessKind::Compute => "C",
         ProcessKind::Graphics => "G",
@@ -487,18 +590,132 @@ fn process_row(p: &ProcessStatus) -> Vec<String> {
         p.user.clone().unwrap_or_else(|| "-".into()),
         units::opt_bytes(p.used_bytes),
         kind.into(),
-        command,
+        command_cell(p, None),
     ]
 }
 
-fn render_processes(processes: &[&ProcessStatus], lines: &mut Vec<String>) {
+fn render_processes(processes: &[&ProcessStatus], width: Option<usize>, lines: &mut Vec<String>) {
     if processes.is_empty() {
         lines.push("  no processes".into());
     } else {
-        let mut table = process_table();
-        for p in processes {
-            table.push(process_row(p));
-        }
-        lines.extend(table.render("  "));
+        lines.extend(process_table(processes, "  ", width));
     }
+}
+
+/// `--compact`: one line per GPU, as gpustat prints them: index, name, temperature,
+/// utilization, used/total memory, and the holders as `user:command(memory)`, biggest
+/// first, as many as fit (`+N` for the rest).
+fn render_compact(report: &StatusReport, styles: &Styles, width: Option<usize>) -> Vec<String> {
+    let mut lines = vec![paint(styles.dim, &fit_line(&header(report), width))];
+    for d in &report.devices {
+        let name = d.name.as_deref().unwrap_or("(name not reported)");
+        let head = format!("[{}] {name}", d.index);
+        if let Some(error) = &d.error {
+            let label = if d.state == "lost" { "LOST" } else { "ERROR" };
+            let rest = fit_line(
+                &format!("{label}: {error}"),
+                width.map(|w| w.saturating_sub(head.chars().count() + 3)),
+            );
+            lines.push(format!(
+                "{} | {}",
+                paint(styles.heading, &head),
+                paint(styles.bad, &rest)
+            ));
+            continue;
+        }
+        let temp = d
+            .temperature_c
+            .map_or_else(|| "-°C".to_owned(), |t| format!("{t}°C"));
+        let util = d
+            .utilization_gpu_percent
+            .map_or_else(|| "- %".to_owned(), |u| format!("{u:>3} %"));
+        let memory = d.memory.map_or_else(
+            || "memory -".to_owned(),
+            |m| {
+                format!(
+                    "{} / {}",
+                    short_bytes(m.used_bytes),
+                    short_bytes(m.total_bytes)
+                )
+            },
+        );
+        let mut line = format!(
+            "{} | {temp}, {util} | {memory} |",
+            paint(styles.heading, &head)
+        );
+        let mut used = format!("{head} | {temp}, {util} | {memory} |")
+            .chars()
+            .count();
+        let listed: Vec<&ProcessStatus> = d.processes.iter().flatten().collect();
+        for (i, p) in listed.iter().enumerate() {
+            let user = p.user.as_deref().unwrap_or("-");
+            let memory = p.used_bytes.map_or_else(|| "-".to_owned(), short_bytes);
+            let command = p.command.as_deref().unwrap_or("?");
+            // ` user:` + `(memory)`, and room kept for ` +N` when others follow.
+            let overhead = user.chars().count() + memory.chars().count() + 4;
+            let left = listed.len() - i - 1;
+            let more = if left > 0 {
+                format!(" +{left}").len()
+            } else {
+                0
+            };
+            let chars = match width {
+                None => COMPACT_COMMAND_MAX,
+                Some(w) => {
+                    let room = w.saturating_sub(used);
+                    // A fair share of the room for each holder still to show, at least
+                    // what shows an interpreter and a script, at most what fits.
+                    let fair = (room / (left + 1)).saturating_sub(overhead);
+                    let fits = room.saturating_sub(overhead + more);
+                    fair.clamp(COMPACT_COMMAND_CHARS, COMPACT_COMMAND_MAX)
+                        .min(fits)
+                }
+            };
+            if chars < COMPACT_COMMAND_MIN {
+                let rest = format!(" +{}", listed.len() - i);
+                if width.is_none_or(|w| used + rest.chars().count() <= w) {
+                    line.push_str(&rest);
+                }
+                break;
+            }
+            let holder = format!("{user}:{}({memory})", abbreviate(command, chars));
+            line.push(' ');
+            line.push_str(&holder);
+            used += 1 + holder.chars().count();
+        }
+        if d.processes.is_none() {
+            line.push_str(" processes not reported");
+        }
+        lines.push(line);
+    }
+    for u in &report.unopened {
+        lines.push(format!(
+            "{} | {}",
+            paint(styles.heading, &format!("[{}]", u.index)),
+            paint(
+                styles.bad,
+                &fit_line(
+                    &format!("could not be opened: {}", u.reason),
+                    width.map(|w| w.saturating_sub(6))
+                )
+            )
+        ));
+    }
+    if report.devices.is_empty() && report.unopened.is_empty() {
+        lines.push("no NVIDIA GPU found".into());
+    }
+    lines
+}
+
+/// A holder's command in `--compact`: about an interpreter and a script (what gpustat's
+/// `-c` shows) when the room is shared between holders...
+const COMPACT_COMMAND_CHARS: usize = 20;
+/// ...at most this however wide the terminal (and in a pipe)...
+const COMPACT_COMMAND_MAX: usize = 40;
+/// ...and below this the holder is counted in `+N` instead.
+const COMPACT_COMMAND_MIN: usize = 12;
+
+/// Memory in `--compact`, as `top` writes it: `20.0G`, `615M`.
+fn short_bytes(n: u64) -> String {
+    vramctl::tui::format::bytes(n)
 }

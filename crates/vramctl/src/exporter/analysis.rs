@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use vramctl::facts::FactsReader;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
-use vramctl_core::analysis::{AnalysisError, Cadence, LeakConfig, SeriesReport, Verdict};
+use vramctl_core::analysis::{
+    AnalysisError, Cadence, IdleState, LeakConfig, SeriesReport, Verdict,
+};
 use vramctl_core::types::Snapshot;
 
 use super::daemon::TickConsumer;
@@ -75,11 +77,14 @@ pub fn verdict_of(report: &SeriesReport) -> ProcessVerdict {
         leaking: Some(report.verdict == Verdict::Leak),
         leak_slope_bytes_per_second: Some(report.slope_bytes_per_sec),
         idle_holder: Some(report.verdict == Verdict::IdleHolder),
-        // With evidence and no current idle span the process is active (or its state is
-        // unknown since its last activity): idle for 0 s. Without any evidence: no sample.
-        idle_seconds: idle
-            .idle_sec
-            .or_else(|| (!idle.sources.is_empty()).then_some(0.0)),
+        // The analysis's reading of its evidence (`IdleReport::state`, as `top` shows it):
+        // idle for the span, active for 0 s; without evidence either way no sample, since
+        // absence of evidence is not idleness.
+        idle_seconds: match idle.state() {
+            IdleState::Idle { .. } => idle.idle_sec,
+            IdleState::Active => Some(0.0),
+            IdleState::NoEvidence | IdleState::Unknown => None,
+        },
     }
 }
 

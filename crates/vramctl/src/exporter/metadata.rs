@@ -6,10 +6,11 @@
 
 use std::collections::HashMap;
 
+use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::{ContainerInfo, ProcReader};
 use vramctl_core::types::Snapshot;
 
-/// Longest `command` label, in characters; longer command lines end in `…`. Prometheus'
+/// Longest `command` label, in characters; longer command lines are shortened. Prometheus'
 /// own default `label_value_length_limit` is unlimited, but long labels cost memory in
 /// every series and clutter legends.
 pub const COMMAND_MAX_CHARS: usize = 64;
@@ -169,15 +170,11 @@ impl MetadataCache {
     }
 }
 
-/// `command` cut to [`COMMAND_MAX_CHARS`] characters (on a character boundary), with `…`
-/// marking the cut.
+/// `command` in at most [`COMMAND_MAX_CHARS`] characters, shortened as every command
+/// shortens them (`vramctl_core::command_line::abbreviate`: interpreter and script first,
+/// `…` where something was elided).
 pub fn truncate_command(command: &str) -> String {
-    let command = command.trim();
-    if command.chars().count() <= COMMAND_MAX_CHARS {
-        return command.to_owned();
-    }
-    let kept: String = command.chars().take(COMMAND_MAX_CHARS - 1).collect();
-    format!("{kept}…")
+    abbreviate(command, COMMAND_MAX_CHARS)
 }
 
 #[cfg(test)]
@@ -196,8 +193,16 @@ mod tests {
         let long = "é".repeat(COMMAND_MAX_CHARS + 10);
         let cut = truncate_command(&long);
         assert_eq!(cut.chars().count(), COMMAND_MAX_CHARS);
-        assert!(cut.ends_with('…'));
-        assert!(cut.starts_with("éé"));
+        assert!(cut.contains('…'));
+        assert!(cut.starts_with("éé") && cut.ends_with("éé"));
+        // A label says which script runs, not only which interpreter.
+        assert_eq!(
+            truncate_command(
+                "/opt/torch/.venv/bin/python3 /home/labuser/work/exp/serve_model.py \
+                 --model /models/llama-3-70b-instruct --port 8000 --max-batch 64"
+            ),
+            "python3 serve_model.py --model …/llama-3-70b-instruct --port …"
+        );
     }
 
     #[test]

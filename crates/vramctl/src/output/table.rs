@@ -32,8 +32,7 @@ impl Table {
         self.rows.push(row);
     }
 
-    /// The table as lines, each prefixed with `indent`.
-    pub fn render(&self, indent: &str) -> Vec<String> {
+    fn widths(&self) -> Vec<usize> {
         let columns = self.headers.len();
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
         for row in &self.rows {
@@ -41,6 +40,33 @@ impl Table {
                 widths[i] = widths[i].max(cell.chars().count());
             }
         }
+        widths
+    }
+
+    /// Characters a rendered line takes before the last column starts (every other
+    /// column with its two-space gap), without the indent: what is left of a terminal's
+    /// width is the last column's room.
+    pub fn width_before_last(&self) -> usize {
+        let widths = self.widths();
+        let n = widths.len().saturating_sub(1);
+        widths.iter().take(n).map(|w| w + 2).sum()
+    }
+
+    /// Rewrites every row's last cell with `f(row index, cell)`: fitting it into the room
+    /// the other columns leave (`width_before_last`).
+    pub fn fit_last(&mut self, mut f: impl FnMut(usize, &str) -> String) {
+        let last = self.headers.len().saturating_sub(1);
+        for (i, row) in self.rows.iter_mut().enumerate() {
+            if let Some(cell) = row.get_mut(last) {
+                *cell = f(i, cell);
+            }
+        }
+    }
+
+    /// The table as lines, each prefixed with `indent`.
+    pub fn render(&self, indent: &str) -> Vec<String> {
+        let columns = self.headers.len();
+        let widths = self.widths();
         let line = |cells: &[String]| -> String {
             let mut out = String::from(indent);
             for (i, (width, align)) in widths.iter().zip(&self.aligns).enumerate() {

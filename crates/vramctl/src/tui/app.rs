@@ -6,7 +6,7 @@
 //! time, and replay ticks count as [`TICK_MS`] each. So every transition is tested by
 //! feeding events.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use ratatui::crossterm::event::{
     KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
 };
 use ratatui::layout::{Position, Rect};
+use vramctl_core::analysis::IdleState;
 
 use super::event::{Event, HistoryRequest};
 use super::history::{
@@ -24,7 +25,7 @@ use super::observe::Observation;
 use super::replay::{ReplayFrame, Seek};
 use super::table::{self, Column, Flags, Idle, Row, RowKey, TableView};
 use super::theme::Theme;
-use super::verdict::VerdictKind;
+use super::verdict::{ProcessVerdict, VerdictKind};
 use super::view;
 
 /// Time a [`Event::Tick`] stands for while a replay plays.
@@ -186,17 +187,6 @@ pub enum KillDialog {
     },
 }
 
-/// GPU activity of one process on one GPU, as `top` saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Activity {
-    first_seen_ms: i64,
-    last_active_ms: Option<i64>,
-    /// Activity was reported at the last sample.
-    known: bool,
-    active_now: bool,
-    last_seen_ms: i64,
-}
-
 /// Everything `top` shows and remembers.
 #[derive(Debug, Clone)]
 pub struct App {
@@ -218,7 +208,6 @@ pub struct App {
     pub loaded: Option<HistoryChunk>,
     /// Who each PID on screen is (start time), to match loaded history by identity.
     starts: Starts,
-    activity: HashMap<(u32, String), Activity>,
     base_rows: Vec<Row>,
     /// The rows shown, in order.
     pub rows: Vec<Row>,
@@ -283,7 +272,6 @@ impl App {
             series: SeriesSet::default(),
             loaded: None,
             starts: Starts::new(),
-            activity: HashMap::new(),
             base_rows: Vec::new(),
             rows: Vec::new(),
             view: TableView::default(),
@@ -409,61 +397,29 @@ impl App {
     fn observe(&mut self, obs: Arc<Observation>, contiguous: bool) {
         if !contiguous {
             self.series.clear();
-            self.activity.clear();
         }
         self.series.record(&obs);
         self.starts = obs.starts();
-        self.track_activity(&obs);
         self.latest = Some(obs);
         self.rebuild_rows();
     }
 
-    fn track_activity(&mut self, obs: &Observation) {
-        let t = obs.taken_at_unix_ms();
-        for device in &obs.snapshot.devices {
-            let Some(reading) = device.reading() else {
-                continue;
-            };
-            for p in reading.processes.iter().flatten() {
-                let key = (p.pid, device.info.uuid.clone());
-                let entry = self.activity.entry(key).or_insert(Activity {
-                    first_seen_ms: t,
-                    last_active_ms: None,
-                    known: false,
-                    active_now: false,
-                    last_seen_ms: t,
-                });
-                entry.last_seen_ms = t;
-                match &reading.process_activity {
-                    Some(list) => {
-                        // NVML lists only processes that ran in the window: absent is idle.
-                        let active = list.iter().any(|a| a.pid == p.pid && a.sm_percent > 0);
-                        entry.known = true;
-                        entry.active_now = active;
-                        if active {
-                            entry.last_active_ms = Some(t);
-                        }
-                    }
-                    None => entry.known = false,
-                }
-            }
+    /// The IDLE column: what the analysis's idle evidence says (`IdleReport::state`, the
+    /// reading `leaks`, `serve` and `reap` share). Without a verdict, or without evidence,
+    /// nothing: a process NVML lists without per-process activity is not thereby idle.
+    fn idle_of(verdict: Option<&ProcessVerdict>, now: i64) -> Option<Idle> {
+        match verdict?.idle? {
+            IdleState::Active => Some(Idle::Active),
+            IdleState::Idle {
+                since_unix_ms,
+                activity_seen: true,
+            } => Some(Idle::For(now.saturating_sub(since_unix_ms))),
+            IdleState::Idle {
+                since_unix_ms,
+                activity_seen: false,
+            } => Some(Idle::AtLeast(now.saturating_sub(since_unix_ms))),
+            IdleState::NoEvidence | IdleState::Unknown => None,
         }
-        self.activity.retain(|_, a| a.last_seen_ms == t);
-    }
-
-    fn idle_of(&self, pid: u32, uuid: &str, now: i64) -> Option<Idle> {
-        let a = self.activity.get(&(pid, uuid.to_owned()))?;
-        if !a.known {
-            return None;
-        }
-        Some(if a.active_now {
-            Idle::Active
-        } else {
-            match a.last_active_ms {
-                Some(t) => Idle::For(now - t),
-                None => Idle::AtLeast(now - a.first_seen_ms),
-            }
-        })
     }
 
     /// Points of `key` over the zoom window ending at the observation on screen.
@@ -536,7 +492,7 @@ impl App {
                     used_bytes: p.used_bytes,
                     delta_per_min: change_per_minute(&points),
                     cpu_percent: host.and_then(|h| h.cpu_percent),
-                    idle: self.idle_of(p.pid, uuid, now),
+                    idle: Self::idle_of(verdict, now),
                     flags: Flags {
                         leak: verdict.is_some_and(|v| v.kind == VerdictKind::Leak),
                         idle_holder: verdict.is_some_and(|v| v.kind == VerdictKind::IdleHolder),
@@ -1384,11 +1340,16 @@ mod tests {
     }
 
     #[test]
-    fn idle_time_from_process_activity() {
+    fn idle_is_the_analysis_evidence_and_no_activity_report_is_not_idle() {
+        use crate::tui::verdict::{AnalysisJudge, Judge};
         let mut app = live();
-        let with_activity = |t: i64, active: &[u32]| {
+        let mut judge = AnalysisJudge::new(vramctl_core::analysis::LeakConfig::default()).unwrap();
+        // Two processes on a shared, busy GPU; the driver's per-process list (as NVML's is
+        // on an H200) names neither of them: that is no evidence that they are idle.
+        let mut with_activity = |t: i64, active: &[u32]| {
             let mut device = gpu(0, 140 * GIB, 3 * GIB, &[(101, GIB), (202, GIB)]);
             if let DeviceState::Ok(r) = &mut device.state {
+                r.utilization_gpu_percent = Some(80);
                 r.process_activity = Some(
                     active
                         .iter()
@@ -1400,19 +1361,58 @@ mod tests {
                         .collect(),
                 );
             }
-            Event::Sample(obs(t, vec![device], vec![]))
+            let mut o = (*obs(t, vec![device], vec![])).clone();
+            o.verdicts = judge.judge(&o);
+            Event::Sample(Arc::new(o))
         };
-        app.update(with_activity(0, &[101]));
-        app.update(with_activity(30, &[]));
-        app.update(with_activity(90, &[]));
+        for t in 0..=90 {
+            app.update(with_activity(t, if t <= 30 { &[101] } else { &[] }));
+        }
         let idle = |app: &App, pid| app.rows.iter().find(|r| r.key.pid == pid).unwrap().idle;
-        assert_eq!(idle(&app, 101), Some(Idle::For(90_000)));
-        assert_eq!(idle(&app, 202), Some(Idle::AtLeast(90_000)));
-        app.update(with_activity(91, &[202]));
-        assert_eq!(idle(&app, 202), Some(Idle::Active));
-        // Without activity data the column says nothing.
-        app.update(sample(92, [GIB, GIB, GIB]));
+        // 101 was active until 30 s, then the list stopped naming it: the old column said
+        // "idle 60s"; nothing shows idleness, so nothing is claimed (the analysis's
+        // activity ended 60 s ago, beyond its 60 s evidence gap).
         assert_eq!(idle(&app, 101), None);
+        // 202 was never named: the old column said "≥1m".
+        assert_eq!(idle(&app, 202), None);
+        // Active while the list names it.
+        app.update(with_activity(91, &[202]));
+        app.update(with_activity(92, &[202]));
+        assert_eq!(idle(&app, 202), Some(Idle::Active));
+        // Evidence of idleness (per-process samples at 0 %) gives the time since activity.
+        let verdict = |state| ProcessVerdict {
+            kind: VerdictKind::Stable,
+            summary: String::new(),
+            numbers: vec![],
+            idle: Some(state),
+        };
+        let mut o = (*obs(
+            200,
+            vec![gpu(0, 140 * GIB, 3 * GIB, &[(101, GIB), (202, GIB)])],
+            vec![],
+        ))
+        .clone();
+        let uuid = o.snapshot.devices[0].info.uuid.clone();
+        let now = o.taken_at_unix_ms();
+        o.verdicts.insert(
+            101,
+            &uuid,
+            verdict(IdleState::Idle {
+                since_unix_ms: now - 90_000,
+                activity_seen: true,
+            }),
+        );
+        o.verdicts.insert(
+            202,
+            &uuid,
+            verdict(IdleState::Idle {
+                since_unix_ms: now - 180_000,
+                activity_seen: false,
+            }),
+        );
+        app.update(Event::Sample(Arc::new(o)));
+        assert_eq!(idle(&app, 101), Some(Idle::For(90_000)));
+        assert_eq!(idle(&app, 202), Some(Idle::AtLeast(180_000)));
     }
 
     #[test]
@@ -1453,7 +1453,6 @@ mod tests {
 
     #[test]
     fn leak_flag_comes_from_the_verdict_seam() {
-        use crate::tui::verdict::{ProcessVerdict, VerdictKind};
         let mut app = live();
         let mut o = (*obs(
             0,
@@ -1470,6 +1469,7 @@ mod tests {
                     kind,
                     summary: String::new(),
                     numbers: vec![],
+                    idle: None,
                 },
             );
         }

@@ -303,14 +303,20 @@ mod tests {
     use vramctl_core::types::{DeviceState, ProcessActivity};
 
     /// `top` fed samples 1 s apart while the wall clock steps `step_ms` after 30 s: PID 7
-    /// holds memory at 0 % SM the whole time, so IDLE counts up by one second a sample.
+    /// holds memory at 0 % SM the whole time, so IDLE (the live analysis's idle evidence,
+    /// through the same judge as `top` runs) counts up by one second a sample.
     fn idle_across_a_step(step_ms: i64) -> (Option<Idle>, usize) {
+        use crate::tui::verdict::{AnalysisJudge, Judge};
+        let mut judge =
+            AnalysisJudge::new(vramctl_core::analysis::LeakConfig::default()).expect("judge");
         let mut app = App::new(AppConfig::default());
         app.update(Event::Resize(120, 40));
         let mut timeline = Timeline::new();
         for i in 0..60 {
             let mut device = gpu(0, 80 * GIB, 4 * GIB, &[(7, 4 * GIB)]);
             if let DeviceState::Ok(r) = &mut device.state {
+                // Alone on an idle GPU: the device's utilization says idle too.
+                r.utilization_gpu_percent = Some(0);
                 r.process_activity = Some(vec![ProcessActivity {
                     pid: 7,
                     sm_percent: 0,
@@ -327,6 +333,7 @@ mod tests {
             };
             let mut obs = Observation::bare(on_top_timeline(&mut timeline, snapshot));
             obs.hosts.insert(7, host(7, 1, "alice", "python idle.py"));
+            obs.verdicts = judge.judge(&obs);
             app.update(Event::Sample(Arc::new(obs)));
         }
         let row = app.rows.iter().find(|r| r.key.pid == 7).cloned();

@@ -143,6 +143,7 @@ fn leak_flagged_with_its_numbers() {
                 ("onset".into(), "21:00:10 UTC".into()),
                 ("time to full".into(), "52 min".into()),
             ],
+            idle: None,
         },
     );
     let mut app = live(120, 40);

@@ -13,8 +13,8 @@ use jiff::tz::TimeZone;
 use serde::{Deserialize, Serialize};
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
 use vramctl_core::analysis::{
-    AnalysisError, Evidence, ExplainStyle, LeakConfig, LeakRule, Phase, SeriesReport, Verdict,
-    explain, human_bytes, human_duration, human_rate,
+    AnalysisError, Evidence, ExplainStyle, IdleState, LeakConfig, LeakRule, Phase, SeriesReport,
+    Verdict, explain, human_bytes, human_duration, human_rate,
 };
 use vramctl_core::wall_time;
 
@@ -60,6 +60,10 @@ pub struct ProcessVerdict {
     pub summary: String,
     /// `(name, value)` pairs: slope, significance, onset, time to full, ...
     pub numbers: Vec<(String, String)>,
+    /// What the idle evidence says at the verdict's time (`IdleReport::state`): the IDLE
+    /// column's one source. `None`: not judged.
+    #[serde(default)]
+    pub idle: Option<IdleState>,
 }
 
 /// Verdicts by `(pid, device UUID)` (a series is one process on one device, or MIG
@@ -197,6 +201,7 @@ pub fn verdict_of(report: &SeriesReport, device: &str, tz: &TimeZone) -> Process
             },
         ),
         numbers,
+        idle: Some(report.idle.state()),
     }
 }
 
@@ -321,6 +326,7 @@ mod tests {
                 kind: VerdictKind::Leak,
                 summary: "leaks".into(),
                 numbers: vec![],
+                idle: None,
             },
         );
         assert_eq!(v.get(7, "GPU-a").map(|v| v.kind), Some(VerdictKind::Leak));

@@ -222,7 +222,8 @@ fn filters_and_sorting() {
         .unwrap()
         .to_string();
     assert_eq!(pids(&ps(&["--user", &me])), [b, s]);
-    let nobody = ps(&["--user", "no-such-user-here"]);
+    // A uid no process here runs as (a name nobody has is an error, see below).
+    let nobody = ps(&["--user", "3999999"]);
     assert!(pids(&nobody).is_empty());
     assert_eq!(
         nobody["unaccounted"],
@@ -271,6 +272,94 @@ fn cpu_is_measured_over_an_interval_by_default() {
 fn an_idle_gpu_has_no_rows() {
     let out = stdout_of(vramctl_on("h200-idle.toml").args(["ps", "--cpu-interval", "0"]));
     assert_eq!(out, "no process holds GPU memory\n");
+}
+
+#[test]
+fn an_unknown_user_is_an_error_naming_it_not_an_empty_list() {
+    let output = vramctl_on("h200-training.toml")
+        .args(["ps", "--user", "nosuchuser", "--cpu-interval", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(output.stdout.is_empty());
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("'nosuchuser'") && err.contains("not a user"),
+        "{err}"
+    );
+    // A known user with nothing on the GPUs is an empty answer, not an error; so is a uid.
+    for user in ["root", "4242"] {
+        let output = vramctl_on("h200-idle.toml")
+            .args(["ps", "--user", user, "--cpu-interval", "0"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{user}");
+    }
+}
+
+#[test]
+fn a_gpu_that_could_not_be_opened_is_said_as_status_says_it() {
+    // GPU 1 is lost before the first sample: the driver counts it, NVML cannot open it.
+    let run = |cmd: &str| {
+        let mut c = vramctl_on("fault-gpu-lost.toml");
+        c.env("FAKE_NVML_TIME", "20").arg(cmd);
+        if cmd == "ps" {
+            c.args(["--cpu-interval", "0"]);
+        }
+        stdout_of(&mut c)
+    };
+    let line = "could not be opened: GPU lost";
+    assert!(run("status").contains(&format!("GPU 1  {line}")));
+    assert!(
+        run("ps").contains(&format!("GPU 1 {line}")),
+        "{}",
+        run("ps")
+    );
+    let report = json_of(
+        vramctl_on("fault-gpu-lost.toml")
+            .env("FAKE_NVML_TIME", "20")
+            .args(["ps", "--json", "--cpu-interval", "0"]),
+    );
+    assert_eq!(
+        report["unopened"],
+        serde_json::json!([{ "index": 1, "reason": "GPU lost" }])
+    );
+}
+
+#[test]
+fn an_unknown_user_is_shown_as_status_shows_it() {
+    // The scenario's PIDs are free here: /proc cannot say who runs them.
+    let pids = unused_pids(1);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ghost.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[gpu]]\nuuid = \"GPU-ghost\"\nmemory_total = \"80 GiB\"\n\
+             [[gpu.process]]\npid = {}\nname = \"python serve.py\"\nmemory = \"1 GiB\"\n",
+            pids[0]
+        ),
+    )
+    .unwrap();
+    let row = |out: String| {
+        out.lines()
+            .find(|l| l.contains(&pids[0].to_string()))
+            .map(str::to_owned)
+            .expect("the process's row")
+    };
+    let ps = row(stdout_of(vramctl(&path).args([
+        "ps",
+        "--cpu-interval",
+        "0",
+    ])));
+    let status = row(stdout_of(vramctl(&path).arg("status")));
+    for line in [&ps, &status] {
+        let user = line.split_whitespace().nth(1);
+        assert_eq!(user, Some("-"), "{line}");
+    }
+    let report = json_of(vramctl(&path).args(["ps", "--json", "--cpu-interval", "0"]));
+    assert_eq!(report["processes"][0]["user"], Value::Null);
 }
 
 #[test]

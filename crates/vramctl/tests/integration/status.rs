@@ -312,3 +312,140 @@ fn closing_the_pipe_is_not_an_error() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Two H200s; on GPU 0 five holders with command lines as they read on a real host (the
+/// driver's names, as for any PID this namespace cannot see), moved to PIDs that are free
+/// here; GPU 1 is lost before the first sample. Returns the scenario and settings that
+/// show the PIDs as 40001.. whatever they are here.
+fn long_commands_scenario() -> (tempfile::TempDir, std::path::PathBuf, insta::Settings) {
+    let names = [
+        (
+            "60 GiB",
+            "/opt/torch/.venv/bin/python3 /home/labuser/work/vramctl/scripts/workloads/steady_train.py --epochs 90 --lr 3e-4",
+        ),
+        (
+            "24 GiB",
+            "/opt/conda/envs/llm/bin/python -m vllm.entrypoints.openai.api_server --model /models/llama-3-70b-instruct --port 8000",
+        ),
+        (
+            "12 GiB",
+            "/opt/torch/.venv/bin/python3 /home/labuser/work/vramctl/scripts/workloads/idle_holder.py --gib 12",
+        ),
+        (
+            "8 GiB",
+            "/home/alice/.local/share/jupyter/kernels/py311/bin/python -m ipykernel_launcher -f /run/user/1000/jupyter/kernel-1c2d.json",
+        ),
+        (
+            "2 GiB",
+            "/opt/torch/.venv/bin/python3 /home/labuser/work/vramctl/scripts/workloads/leak_graph.py",
+        ),
+    ];
+    let pids = crate::real_processes::unused_pids(names.len());
+    let mut text = String::from(
+        "driver_version = \"580.159.04\"\n\
+         [[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\n\
+         pci_bus_id = \"00000000:00:06.0\"\nmemory_total = 150754820096\n\
+         memory_reserved = 644939776\nutilization_gpu = 87\ntemperature_c = 61\n\
+         power_mw = 512000\n",
+    );
+    let mut settings = redactions();
+    for (i, ((memory, name), pid)) in names.iter().zip(&pids).enumerate() {
+        text.push_str(&format!(
+            "[[gpu.process]]\npid = {pid}\nname = \"{name}\"\nmemory = \"{memory}\"\n"
+        ));
+        settings.add_filter(&format!(r"\b{pid}\b"), (40001 + i).to_string());
+    }
+    text.push_str(
+        "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-93a0e6c2-4f1b-6d8e-b0c7-1e2f3a4b5c6d\"\n\
+         memory_total = 150754820096\nlost_at_s = 0.0\n",
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("long-commands.toml");
+    std::fs::write(&path, text).expect("write");
+    (dir, path, settings)
+}
+
+fn status_at(path: &std::path::Path, columns: usize, args: &[&str]) -> String {
+    let out = stdout_of(
+        vramctl(path)
+            .env("COLUMNS", columns.to_string())
+            .arg("status")
+            .args(args),
+    );
+    for line in out.lines() {
+        assert!(
+            line.chars().count() <= columns,
+            "{} > {columns}: {line}",
+            line.chars().count()
+        );
+    }
+    out
+}
+
+#[test]
+fn status_fits_80_columns_without_wrapping() {
+    let (_dir, path, settings) = long_commands_scenario();
+    let out = status_at(&path, 80, &[]);
+    // Interpreter and script first, as `leaks`, `ps` and `top` shorten them.
+    assert!(out.contains("python3 steady_train.py"), "{out}");
+    assert!(out.contains("python3 idle_holder.py"), "{out}");
+    settings.bind(|| insta::assert_snapshot!("status_80_columns", out));
+}
+
+#[test]
+fn status_uses_the_room_of_a_wider_terminal() {
+    let (_dir, path, settings) = long_commands_scenario();
+    let narrow = status_at(&path, 80, &[]);
+    let wide = status_at(&path, 120, &[]);
+    let longest = |out: &str| out.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(longest(&wide) > 100, "{wide}");
+    assert!(longest(&wide) > longest(&narrow));
+    assert!(wide.contains("--epochs 90"), "{wide}");
+    settings.bind(|| insta::assert_snapshot!("status_120_columns", wide));
+    // A pipe with no COLUMNS cuts nothing: scripts see whole command lines.
+    let piped = stdout_of(vramctl(&path).arg("status"));
+    assert!(piped.contains("/home/labuser/work/vramctl/scripts/workloads/steady_train.py"));
+}
+
+#[test]
+fn compact_status_is_one_line_per_gpu() {
+    let (_dir, path, settings) = long_commands_scenario();
+    let narrow = status_at(&path, 80, &["--compact"]);
+    let wide = status_at(&path, 120, &["--compact"]);
+    for out in [&narrow, &wide] {
+        // The header, then one line per GPU (the lost one included).
+        assert_eq!(out.lines().count(), 3, "{out}");
+        assert!(
+            out.lines()
+                .nth(1)
+                .is_some_and(|l| l.starts_with("[0] NVIDIA H200 | 61°C,  87 % | "))
+        );
+        assert!(out.lines().nth(2).is_some_and(|l| l.starts_with("[1] ")));
+    }
+    assert!(narrow.contains("-:python3 steady_t"), "{narrow}");
+    let holders = |out: &str| out.matches("):").count() + out.matches(" -:").count();
+    assert!(holders(&wide) > holders(&narrow), "{narrow}{wide}");
+    settings.bind(|| {
+        insta::assert_snapshot!("status_compact_80_columns", narrow);
+        insta::assert_snapshot!("status_compact_120_columns", wide);
+    });
+}
+
+#[test]
+fn nvidia_smi_short_flags_select_gpus_and_loop() {
+    let (_dir, path, _settings) = long_commands_scenario();
+    let by_gpu = json_of(vramctl(&path).args(["status", "--json", "--gpu", "0"]));
+    for flags in [&["-i", "0"][..], &["--id", "0"]] {
+        let report = json_of(vramctl(&path).args(["status", "--json"]).args(flags));
+        assert_eq!(devices(&report).len(), 1, "{flags:?}");
+        assert_eq!(devices(&report)[0]["uuid"], devices(&by_gpu)[0]["uuid"]);
+    }
+    for flags in [&["-l", "0.05"][..], &["--loop", "0.05"]] {
+        let out = stdout_of(
+            vramctl(&path)
+                .args(["status", "--json", "--count", "2"])
+                .args(flags),
+        );
+        assert_eq!(out.lines().count(), 2, "{flags:?}: {out}");
+    }
+}

@@ -476,6 +476,11 @@ pub fn analyse(
             free_bytes: series.free_at_last[s],
             process_start_unix_ms: start,
             device_label: Some(label(&dev.record)),
+            // The device's process list was read after the series' last sample without
+            // it: the process had ended before the data does.
+            ended: dev
+                .prev_obs_frame
+                .is_some_and(|last_list| series.last_frame[s].is_none_or(|f| f < last_list)),
         };
         let Ok(report) = fold.report(&ctx) else {
             continue;
@@ -496,6 +501,7 @@ pub fn analyse(
             free_bytes: dev.free,
             process_start_unix_ms: None,
             device_label: Some(label(&dev.record)),
+            ended: false,
         };
         if let Ok(report) = dev.fold.report(&ctx) {
             findings.push(Finding {

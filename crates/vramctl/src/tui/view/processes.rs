@@ -6,13 +6,16 @@ use ratatui::style::Style;
 use ratatui::text::Span;
 use ratatui::widgets::{Block, Widget};
 
+use vramctl_core::command_line::abbreviate;
+
 use super::{chart, put};
 use crate::tui::app::App;
 use crate::tui::format;
 use crate::tui::history::SeriesKey;
 use crate::tui::table::{Column, Idle, Row, column_spans};
 
-fn cell(row: &Row, column: Column) -> String {
+/// The text of one cell in a column `width` characters wide.
+fn cell(row: &Row, column: Column, width: u16) -> String {
     match column {
         Column::Pid => row.key.pid.to_string(),
         Column::User => row.user.clone().unwrap_or_else(|| "-".to_owned()),
@@ -37,7 +40,12 @@ fn cell(row: &Row, column: Column) -> String {
             Some(Idle::AtLeast(ms)) => format!("≥{}", format::duration_ms(ms)),
         },
         Column::Flags => row.flags.text(),
-        Column::Command => format!("{}{}", row.tree_prefix, row.command),
+        Column::Command => {
+            // Shortened as everywhere else (interpreter and script first), in the room the
+            // tree prefix leaves.
+            let room = usize::from(width).saturating_sub(row.tree_prefix.chars().count());
+            format!("{}{}", row.tree_prefix, abbreviate(&row.command, room))
+        }
     }
 }
 
@@ -101,7 +109,7 @@ pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
         let base = if row.holds_gpu() { t.text() } else { t.dim() };
         for &(column, x, w) in &spans {
             let style = cell_style(app, row, column, base);
-            let text = aligned(&cell(row, column), w, column.right_aligned());
+            let text = aligned(&cell(row, column, w), w, column.right_aligned());
             buf.set_stringn(area.x + x, y, &text, usize::from(w), style);
         }
         if selected == Some(i) {
