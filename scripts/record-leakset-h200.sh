@@ -27,6 +27,12 @@ export LABELS="$out/labels.jsonl"
 : > "$LABELS"
 
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo NA; }
+# utime and stime of each thread of PID, by thread name (comm may hold spaces).
+threads() {
+  for t in /proc/$1/task/*; do
+    printf '%s:%s %s\n' "${t##*/}" "$(tr ' ' '_' < "$t/comm")" "$(sed 's/.*) //' "$t/stat" | awk '{ print $12, $13 }')"
+  done
+}
 clk=$(getconf CLK_TCK)
 apps_query=timestamp,gpu_uuid,pid,process_name,used_memory
 gpu_query=timestamp,index,uuid,name,memory.total,memory.reserved,memory.used,memory.free,utilization.gpu,utilization.memory,temperature.gpu,power.draw
@@ -72,8 +78,14 @@ cd - > /dev/null
 sleep 30
 gpu_procs0=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)
 a0=$(ticks $rec100); b0=$(ticks $rec1s); c0=$(ticks $smi100); d0=$(ticks $smi1000); t0=$(date +%s.%N)
-sleep 60
+threads $rec100 > "$out/logs/threads-100ms-start.txt"
+sleep 5
+# Where the 100 ms recorder's time goes: 20 s of a third recorder with every NVML call timed.
+VRAMCTL_LOG=vramctl_core::backend::nvml=trace "$vramctl" --db "$out/trace.db" record \
+  --interval 100ms --duration 20s --log-file "$out/logs/trace.log" &
+sleep 55
 a1=$(ticks $rec100); b1=$(ticks $rec1s); c1=$(ticks $smi100); d1=$(ticks $smi1000); t1=$(date +%s.%N)
+threads $rec100 > "$out/logs/threads-100ms-end.txt"
 gpu_procs1=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)
 rss100=$(awk '/VmHWM/ { print $2 " " $3 }' /proc/$rec100/status)
 rss1s=$(awk '/VmHWM/ { print $2 " " $3 }' /proc/$rec1s/status)
@@ -89,6 +101,19 @@ kill $smi100 $smi1000 $rec1s 2>/dev/null
   echo "smi_apps_lms1000_cpu_pct $(pct $d0 $d1)"
   echo "record_100ms_peak_rss $rss100"
   echo "record_1s_peak_rss $rss1s"
+  # user and kernel time of each thread of the 100 ms recorder over the window
+  join <(sort "$out/logs/threads-100ms-start.txt") <(sort "$out/logs/threads-100ms-end.txt") |
+    awk -v c="$clk" -v t0="$t0" -v t1="$t1" '{ printf "record_100ms_thread %s user_pct %.3f kernel_pct %.3f\n", $1, 100 * ($4 - $2) / c / (t1 - t0), 100 * ($5 - $3) / c / (t1 - t0) }'
+  # NVML calls of the traced recorder: calls per second and mean microseconds
+  sed 's/\x1b\[[0-9;]*m//g' "$out/logs/trace.log" | awk '/NVML call\./ {
+      call = ""; us = ""
+      for (i = 1; i <= NF; i++) {
+        if ($i ~ /^call=/) { call = substr($i, 6); gsub(/"/, "", call) }
+        if ($i ~ /^us=/) { us = substr($i, 4) }
+      }
+      if (call != "") { n[call]++; total[call] += us }
+    }
+    END { for (c in n) printf "nvml_call %s calls_per_s %.1f mean_us %.1f us_per_s %.1f\n", c, n[c] / 20, total[c] / n[c], total[c] / 20 }'
 } > "$out/cost.txt"
 cat "$out/cost.txt"
 
@@ -107,6 +132,6 @@ for f in leakset-100ms.db leakset-10s.db; do
   python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute("pragma wal_checkpoint(truncate)")' "$f"
 done
 for f in leakset-100ms.db leakset-10s.db smi-apps.csv smi-gpu.csv; do gzip -9 -f "$f"; done
-rm -f cost-1s.db* ./*.lock
+rm -f cost-1s.db* trace.db* ./*.lock
 tar czf logs.tar.gz logs && rm -rf logs
 ls -la "$out"
