@@ -47,10 +47,7 @@ pub unsafe extern "C" fn fakeNvmlAdvanceTime(secs: c_double) -> Ret {
 /// `fakeNvmlResetCallCounts` (see `calls.rs` for what counts). Works with or without init.
 /// NVML_ERROR_INVALID_ARGUMENT for a NULL pointer or a name the library does not export.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn fakeNvmlGetCallCount(
-    name: *const c_char,
-    count: *mut c_ulonglong,
-) -> Ret {
+pub unsafe extern "C" fn fakeNvmlGetCallCount(name: *const c_char, count: *mut c_ulonglong) -> Ret {
     guard(|| {
         // SAFETY: the caller passes NULL or a pointer valid for writing a `c_ulonglong`.
         let out = unsafe { Out::new(count) }?;
