@@ -134,14 +134,15 @@ struct DeviceMemo {
 
 /// Both process lists of a device as read at one tick, and what they were read against.
 ///
-/// Reused while the device's used memory (v2 `used`, read every tick) is what it was at that
-/// read and less than [`LISTS_STALE_AFTER_MS`] have passed (tick time, monotonic); the
-/// device count changing or a re-enumeration drops it. Only answers that do not change from
-/// one call to the next are kept: a list, or NOT_SUPPORTED / NO_PERMISSION; any other error
-/// is asked again the next tick.
+/// Reused while the device's used memory (v2 `used`, read every tick; in MIG mode each MIG
+/// device's too) is what it was at that read and less than [`LISTS_STALE_AFTER_MS`] have
+/// passed (tick time, monotonic); the device count changing or a re-enumeration drops it.
+/// Only answers that do not change from one call to the next are kept: a list, or
+/// NOT_SUPPORTED / NO_PERMISSION; any other error is asked again the next tick.
 #[derive(Debug, Clone)]
 struct ListsRead {
-    used_bytes: u64,
+    /// [`memory_key`] at the read.
+    used: Vec<Option<u64>>,
     at_ms: i64,
     processes: Option<Vec<ProcessUsage>>,
     /// The lists' reasons in `missing` (a list the driver refused).
@@ -149,11 +150,24 @@ struct ListsRead {
 }
 
 impl ListsRead {
-    fn reusable(&self, used_bytes: Option<u64>, now_ms: i64) -> bool {
-        used_bytes == Some(self.used_bytes)
+    fn reusable(&self, used: Option<&[Option<u64>]>, now_ms: i64) -> bool {
+        used == Some(self.used.as_slice())
             && now_ms >= self.at_ms
             && now_ms - self.at_ms < LISTS_STALE_AFTER_MS
     }
+}
+
+/// What must be unchanged for the process lists to be reused: the device's used memory and,
+/// in MIG mode, each MIG device's (a driver that does not add them into the parent's would
+/// otherwise hide a process starting in one). `None` without the device's used memory:
+/// then nothing says the lists are unchanged.
+fn memory_key(reading: &DeviceReading) -> Option<Vec<Option<u64>>> {
+    let device = reading.memory?.used_bytes;
+    Some(
+        std::iter::once(Some(device))
+            .chain(reading.mig.iter().map(|m| m.memory.map(|m| m.used_bytes)))
+            .collect(),
+    )
 }
 
 /// When per-process activity (`nvmlDeviceGetProcessUtilization`) is read on one device.
@@ -458,6 +472,25 @@ impl Backend for NvmlBackend {
             timed("nvmlDeviceGetPowerUsage", || device.power_usage()),
         )?;
 
+        // Before the lists: their memory is part of what says whether the lists can have
+        // changed.
+        let slots = self.mig_slots.get(&info.index).cloned().unwrap_or_default();
+        for MigSlot { slot, uuid } in slots {
+            let memory = device
+                .mig_device_by_index(slot)
+                .and_then(|mig| mig.memory_info());
+            let memory = field(&mut reading.missing, Field::MigMemory, memory)?;
+            reading.mig.push(MigReading {
+                uuid,
+                memory: memory.map(|m| MemoryReading {
+                    total_bytes: m.total,
+                    used_bytes: m.used,
+                    reserved_bytes: m.reserved,
+                    free_bytes: m.free,
+                }),
+            });
+        }
+
         let now_ms = self.last_tick.map(|t| t.monotonic_ms);
         let memo = self.devices.entry(info.index).or_default();
         if memo.uuid != info.uuid {
@@ -466,12 +499,12 @@ impl Backend for NvmlBackend {
                 ..DeviceMemo::default()
             };
         }
-        let used_bytes = reading.memory.map(|m| m.used_bytes);
+        let used = memory_key(&reading);
         let reuse = self.reuse_process_lists
             && now_ms.is_some_and(|now| {
                 memo.lists
                     .as_ref()
-                    .is_some_and(|l| l.reusable(used_bytes, now))
+                    .is_some_and(|l| l.reusable(used.as_deref(), now))
             });
         if reuse {
             if let Some(lists) = &memo.lists {
@@ -483,7 +516,7 @@ impl Backend for NvmlBackend {
             let why = match &memo.lists {
                 _ if !self.reuse_process_lists => "reuse off",
                 None => "nothing to reuse",
-                Some(l) if used_bytes != Some(l.used_bytes) => "used memory changed",
+                Some(l) if used.as_deref() != Some(l.used.as_slice()) => "used memory changed",
                 Some(_) => "stale",
             };
             tracing::trace!(gpu = info.index, why, "Reading the process lists.");
@@ -507,9 +540,9 @@ impl Backend for NvmlBackend {
             let stable = lists_missing
                 .values()
                 .all(|u| matches!(u, Unavailable::NotSupported | Unavailable::NoPermission));
-            memo.lists = match (now_ms, used_bytes) {
-                (Some(at_ms), Some(used_bytes)) if stable => Some(ListsRead {
-                    used_bytes,
+            memo.lists = match (now_ms, used) {
+                (Some(at_ms), Some(used)) if stable => Some(ListsRead {
+                    used,
                     at_ms,
                     processes: reading.processes.clone(),
                     missing: lists_missing.iter().map(|(f, u)| (*f, u.clone())).collect(),
@@ -575,22 +608,6 @@ impl Backend for NvmlBackend {
             }
         }
 
-        let slots = self.mig_slots.get(&info.index).cloned().unwrap_or_default();
-        for MigSlot { slot, uuid } in slots {
-            let memory = device
-                .mig_device_by_index(slot)
-                .and_then(|mig| mig.memory_info());
-            let memory = field(&mut reading.missing, Field::MigMemory, memory)?;
-            reading.mig.push(MigReading {
-                uuid,
-                memory: memory.map(|m| MemoryReading {
-                    total_bytes: m.total,
-                    used_bytes: m.used,
-                    reserved_bytes: m.reserved,
-                    free_bytes: m.free,
-                }),
-            });
-        }
         Ok(reading)
     }
 
