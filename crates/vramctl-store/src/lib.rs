@@ -72,7 +72,7 @@
 #![warn(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
-mod audit;
+mod audit_table;
 mod codec;
 mod db;
 mod error;
@@ -85,7 +85,7 @@ mod snapshot;
 mod timebase;
 mod writer;
 
-pub use audit::AuditRow;
+pub use audit_table::AuditRow;
 pub use codec::Entry;
 pub use db::{OpenMode, Store};
 pub use error::StoreError;

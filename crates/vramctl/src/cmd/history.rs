@@ -6,7 +6,7 @@
 //! giving about 30 rows per series; CSV and JSON default to every sample. JSON (schema 1,
 //! docs/json.md) is one document, built in memory: use a step or CSV for long raw ranges.
 
-mod audit;
+mod audit_report;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -133,7 +133,7 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         bail!("--since '{since}' is after --until");
     }
     if args.audit {
-        return audit::run(&db_path(global)?, args, range, &tz);
+        return audit_report::run(&db_path(global)?, args, range, &tz);
     }
     let mut store = super::open_history(&db_path(global)?)?;
     let devices = select_devices(store.devices()?, &args.gpu)?;

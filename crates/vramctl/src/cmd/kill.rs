@@ -27,7 +27,7 @@ use self::release::{
 };
 use super::ps::{GpuHolding, holdings, total_bytes};
 use super::{GpuFilter, open_sampler};
-use crate::audit::open_sink;
+use crate::audit_sink::open_sink;
 use crate::cli::{GlobalArgs, KillArgs};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};

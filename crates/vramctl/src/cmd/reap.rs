@@ -3,7 +3,7 @@
 //! A round: sample the GPUs once, join each process holding memory with /proc, find the
 //! idle evidence for each of its GPUs (the recorded history through `leaks`' scan, or
 //! `FleetTracker` when `--every` watches live; `reap/evidence.rs`), judge it against each
-//! policy (`reap/judge.rs`, pure), check that the safe path would signal it
+//! policy (`reap/decide.rs`, pure), check that the safe path would signal it
 //! (`signal::inspect`), cap the number with `max_kills`, and print the plan with the
 //! evidence for each candidate and the reason for each process left alone. With `--apply`
 //! the candidates go through `signal::execute` as an automatic kill (`Origin::Policy`:
@@ -14,8 +14,8 @@
 //! cleanly on SIGINT/SIGTERM (a round in progress, kills included, is finished first).
 //! `docs/reap.md` is the user's guide.
 
+mod decide;
 mod evidence;
-mod judge;
 mod policy;
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,10 +38,10 @@ use vramctl_core::types::{DeviceInfo, Snapshot};
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
-use self::evidence::{FRESH, History, read_history};
-use self::judge::{
-    Context as JudgeContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
+use self::decide::{
+    Context as DecideContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
 };
+use self::evidence::{FRESH, History, read_history};
 use self::policy::{Policy, PolicyJson};
 use super::kill::release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
@@ -51,7 +51,7 @@ use super::leaks::Host;
 use super::ps::{GpuHolding, holdings};
 use super::record::{stop_signals, wait_next_tick};
 use super::{GpuFilter, db_path};
-use crate::audit::{AuditLog, open_log};
+use crate::audit_sink::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapArgs};
 use crate::exit::Exit;
 use crate::output::units;
@@ -216,7 +216,7 @@ struct Chosen {
     observed: Observed,
     policy: String,
     candidate: Candidate,
-    judged: judge::Chosen,
+    judged: decide::Chosen,
 }
 
 impl Runner<'_> {
@@ -350,7 +350,7 @@ impl Runner<'_> {
             });
         }
 
-        let ctx = JudgeContext {
+        let ctx = DecideContext {
             cpu_idle_fraction: self.cfg.cpu_idle_fraction,
             cpu_slack_ms: 1000 / self.ticks_per_second,
             missing: &missing,
@@ -359,10 +359,10 @@ impl Runner<'_> {
         let mut chosen: Vec<Chosen> = Vec::new();
         let mut excluded: Vec<ExcludedJson> = Vec::new();
         for p in observed {
-            let mut best: Option<(String, judge::Exclusion)> = None;
+            let mut best: Option<(String, decide::Exclusion)> = None;
             let mut pick = None;
             for policy in &self.policies {
-                match judge::judge(&p, policy, &ctx) {
+                match decide::decide(&p, policy, &ctx) {
                     Ok(c) => {
                         pick = Some((policy.name.clone(), c));
                         break;

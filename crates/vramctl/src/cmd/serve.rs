@@ -9,7 +9,7 @@
 //! config, an address in use, or with `--record` a history database that cannot be opened
 //! (another recorder holds it, not ours, newer, damaged, unwritable) are errors (exit 2)
 //! before anything is served. With `--record`, the history is flushed before the daemon exits. Every tick also
-//! goes through the live leak and idle analysis (`exporter::analysis`; thresholds as for
+//! goes through the live leak and idle analysis (`exporter::live_verdicts`; thresholds as for
 //! `vramctl leaks`), whose verdicts are exported per process.
 //!
 //! Test only (hidden): `--simulated-clock UNIX_MS --ticks N` samples N times without
@@ -30,9 +30,9 @@ use super::db_path;
 use super::leaks::leak_config;
 use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
-use crate::exporter::analysis::LiveAnalysis;
 use crate::exporter::cache::Cache;
-use crate::exporter::daemon::{Collector, CollectorConfig};
+use crate::exporter::collector::{Collector, CollectorConfig};
+use crate::exporter::live_verdicts::LiveAnalysis;
 use crate::exporter::metadata::DetailsSource;
 use crate::exporter::recording::HistoryRecorder;
 use crate::exporter::render::RenderOptions;

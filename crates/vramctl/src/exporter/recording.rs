@@ -14,7 +14,7 @@ use vramctl_core::clock::ClockTime;
 use vramctl_core::types::Snapshot;
 use vramctl_store::{TickSample, device_samples};
 
-use super::daemon::TickConsumer;
+use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
 use super::render::ProcessVerdicts;
 use crate::recorder::{Procs, StoreFeed};

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vramctl_core::audit::AuditOutcome;
+use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::clock::SystemClock;
 use vramctl_core::procinfo::ProcReader;
 use vramctl_core::signal::{
@@ -175,7 +175,7 @@ impl Actions {
     }
 }
 
-/// Opens the audit sink at the first kill (`crate::audit::open_sink` in the binary, the
+/// Opens the audit sink at the first kill (`crate::audit_sink::open_sink` in the binary, the
 /// sink `vramctl kill` writes to); its error is one line.
 pub type SinkOpener = Box<dyn FnMut() -> Result<Box<dyn AuditSink + Send>, String> + Send>;
 
@@ -492,7 +492,7 @@ mod tests {
     impl AuditSink for SharedLog {
         fn before(
             &mut self,
-            record: &vramctl_core::audit::AuditRecord,
+            record: &vramctl_core::audit_record::AuditRecord,
         ) -> Result<AuditId, signal::AuditError> {
             self.0.lock().unwrap().before(record)
         }

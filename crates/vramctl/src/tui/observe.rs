@@ -46,7 +46,7 @@ impl Observation {
     }
 
     /// The start time of every visible process, by PID: who each PID is.
-    pub fn starts(&self) -> super::history::Starts {
+    pub fn starts(&self) -> super::memory_series::Starts {
         self.hosts
             .iter()
             .filter_map(|(pid, h)| Some((*pid, h.start_time_ticks?)))

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::history::{HistoryChunk, HistorySource, Point, SeriesKey, decimate};
+use super::memory_series::{HistoryChunk, HistorySource, Point, SeriesKey, decimate};
 use super::observe::Observation;
 
 /// A recording to browse.

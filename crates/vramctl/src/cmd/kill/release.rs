@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vramctl_core::audit::AuditOutcome;
+use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::procinfo::{self, ProcError, ProcReader};
 use vramctl_core::signal::{AuditSink, TargetOutcome, TargetReport};
 use vramctl_core::types::Snapshot;

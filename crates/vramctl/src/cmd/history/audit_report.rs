@@ -10,7 +10,7 @@ use std::io::Write;
 use anyhow::Context;
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl_core::audit::AuditOutcome;
+use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::procinfo::ProcessIdentity;
 use vramctl_store::format::rfc3339;
 use vramctl_store::{AuditRow, TimeRange};
@@ -241,7 +241,7 @@ fn write(
 
 #[cfg(test)]
 mod tests {
-    use vramctl_core::audit::AuditRecord;
+    use vramctl_core::audit_record::AuditRecord;
 
     use super::*;
 

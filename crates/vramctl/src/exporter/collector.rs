@@ -6,7 +6,7 @@
 //! 2. [`Stats::observe`]: error counters and the used-memory peak window;
 //! 3. [`MetadataCache::update`]: user, command, container and pod labels from /proc;
 //! 4. the [`TickConsumer`]s, in the order added: the leak and idle analysis
-//!    ([`super::analysis`]), which fills the [`ProcessVerdicts`] it is handed before
+//!    ([`super::live_verdicts`]), which fills the [`ProcessVerdicts`] it is handed before
 //!    rendering, and the history recorder (`serve --record`, [`super::recording`]);
 //! 5. [`render`] in both formats, published to the [`Cache`] that scrapes read.
 

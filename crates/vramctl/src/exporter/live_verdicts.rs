@@ -20,7 +20,7 @@ use vramctl_core::analysis::{
 };
 use vramctl_core::types::Snapshot;
 
-use super::daemon::TickConsumer;
+use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
 use super::render::{ProcessVerdict, ProcessVerdicts};
 

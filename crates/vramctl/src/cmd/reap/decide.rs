@@ -138,7 +138,7 @@ pub struct Chosen {
     pub why: String,
 }
 
-/// What the judge needs besides the process and the policy.
+/// What the decision needs besides the process and the policy.
 pub struct Context<'a> {
     /// A process using at most this fraction of a core is idle by its CPU time.
     pub cpu_idle_fraction: f64,
@@ -163,7 +163,7 @@ fn evidence_words(evidence: &[Evidence]) -> String {
 ///
 /// # Errors
 /// The first rule it fails, as an [`Exclusion`].
-pub fn judge(p: &Observed, policy: &Policy, ctx: &Context<'_>) -> Result<Chosen, Exclusion> {
+pub fn decide(p: &Observed, policy: &Policy, ctx: &Context<'_>) -> Result<Chosen, Exclusion> {
     if !p.gpus.iter().any(|g| policy.gpu_ok(&g.info)) {
         return exclude(
             Stage::Filter,
@@ -441,7 +441,7 @@ mod tests {
     }
 
     fn run(p: &Observed, policy: &Policy) -> Result<Chosen, Exclusion> {
-        judge(
+        decide(
             p,
             policy,
             &Context {
