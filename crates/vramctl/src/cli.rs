@@ -1118,7 +1118,7 @@ fn step(text: &str) -> Result<Step, String> {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    crate::output::units::parse_bytes(text)
+    vramctl::units::parse_bytes(text)
 }
 
 fn parse_signal(text: &str) -> Result<vramctl_core::signal::Signal, String> {

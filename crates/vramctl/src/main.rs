@@ -11,7 +11,6 @@ mod exit;
 mod exporter;
 mod logging;
 mod output;
-mod recorder;
 
 use std::process::ExitCode;
 

@@ -43,18 +43,19 @@ use self::decide::{
 };
 use self::evidence::{FRESH, History, read_history};
 use self::policy::{Policy, PolicyJson};
-use super::kill::release::{
-    DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
-    still_held, verify_release,
-};
+use super::db_path;
 use super::leaks::Host;
-use super::ps::{GpuHolding, holdings};
-use super::record::{stop_signals, wait_next_tick};
-use super::{GpuFilter, db_path};
 use crate::audit_sink::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapArgs};
 use crate::exit::Exit;
-use crate::output::units;
+use vramctl::gpu_holdings::{GpuHolding, holdings};
+use vramctl::gpu_selection::GpuFilter;
+use vramctl::live_loop::{stop_signals, wait_next_tick};
+use vramctl::memory_release::{
+    DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
+    still_held, verify_release,
+};
+use vramctl::units;
 use vramctl_core::wall_time::zone as time_zone;
 use vramctl_core::wall_time::{clock, same_day};
 

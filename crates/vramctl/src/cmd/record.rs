@@ -1,7 +1,7 @@
 //! `vramctl record`: the sampler loop feeding the history store.
 //!
 //! Two threads: this one samples on the interval and never waits on the disk; a writer
-//! thread owns the store and commits one transaction per tick (`crate::recorder`, shared
+//! thread owns the store and commits one transaction per tick (`vramctl::recorder`, shared
 //! with `serve --record`). Between them a bounded channel: if the disk stalls long enough
 //! to fill it, ticks are dropped and recorded as a gap ("writer fell behind") instead of
 //! delaying the samples.
@@ -28,21 +28,22 @@
 //! filesystem. At debug level (`VRAMCTL_LOG=vramctl=debug`) every committed tick is logged
 //! as `Committed a tick. t_ms=…`, which the crash test relies on.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context, bail};
-use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock, WallStep};
+use anyhow::bail;
+use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::procinfo;
 use vramctl_core::sampler::SessionHealth;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
 
+use vramctl::live_loop::{simulated_clock, stop_signals, wait_next_tick};
+
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
 use crate::exit::Exit;
-use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// NVML init retry backoff.
 const BACKOFF_FIRST_MS: i64 = 1_000;
@@ -117,59 +118,6 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
     }
     tracing::info!(ticks, "Stopped.");
     Ok(Exit::Ok)
-}
-
-/// The test-only simulated clock of `--simulated-clock START` with its
-/// `--simulated-clock-step`s; `None` for the system clock.
-pub fn simulated_clock(start_unix_ms: Option<i64>, steps: &[WallStep]) -> Option<ManualClock> {
-    start_unix_ms.map(|start| ManualClock::with_steps(start, steps.to_vec()))
-}
-
-/// Waits until tick number `n + 1` is due (`n` × `interval_ms` after `started`, so the
-/// interval does not drift) or, on a simulated clock, advances it by one interval; whether
-/// a stop signal came. Shared by `record` and `reap --every`.
-pub fn wait_next_tick(
-    manual: Option<&ManualClock>,
-    signals: &Receiver<()>,
-    started: Instant,
-    n: u64,
-    interval_ms: i64,
-) -> bool {
-    match manual {
-        Some(m) => {
-            m.advance_ms(interval_ms);
-            signals.try_recv().is_ok()
-        }
-        None => {
-            let next = started
-                + Duration::from_millis(
-                    u64::try_from(interval_ms).unwrap_or(1000).saturating_mul(n),
-                );
-            match signals.recv_timeout(next.saturating_duration_since(Instant::now())) {
-                Ok(()) => true,
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => false,
-            }
-        }
-    }
-}
-
-/// A channel that receives `()` on SIGINT or SIGTERM.
-pub fn stop_signals() -> anyhow::Result<Receiver<()>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .context("cannot install signal handlers")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("vramctl-signals".into())
-        .spawn(move || {
-            for _ in signals.forever() {
-                if tx.send(()).is_err() {
-                    break;
-                }
-            }
-        })
-        .context("cannot start the signal thread")?;
-    Ok(rx)
 }
 
 /// The sampling side: NVML (retried), /proc enrichment, timestamps.

@@ -27,7 +27,7 @@ use vramctl_core::procinfo;
 use vramctl_store::{OpenMode, Retention, Store};
 
 use super::db_path;
-use super::leaks::leak_config;
+use super::leak_config;
 use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
 use crate::exporter::cache::Cache;
@@ -38,7 +38,7 @@ use crate::exporter::recording::HistoryRecorder;
 use crate::exporter::render::RenderOptions;
 use crate::exporter::server::{self, ServerSettings};
 use crate::exporter::webconfig::WebConfig;
-use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
@@ -104,7 +104,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             render: RenderOptions {
                 max_process_series: args.max_process_series,
             },
-            simulated_clock: super::record::simulated_clock(
+            simulated_clock: vramctl::live_loop::simulated_clock(
                 args.simulated_clock,
                 &args.simulated_clock_step,
             ),

@@ -18,13 +18,15 @@ use vramctl_core::types::{
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
-use super::{GpuFilter, open_sampler};
+use vramctl::gpu_selection::GpuFilter;
+
+use super::open_sampler;
 use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, fit_line, wrap};
-use crate::output::units;
+use vramctl::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;

@@ -35,8 +35,9 @@ use vramctl_core::procinfo;
 use vramctl_core::types::DeviceInfo;
 use vramctl_store::StoreError;
 
-use super::leaks::leak_config;
-use super::{GpuFilter, db_path, open_sampler};
+use vramctl::gpu_selection::GpuFilter;
+
+use super::{db_path, leak_config, open_sampler};
 use crate::cli::{ColorChoice, GlobalArgs, TopArgs};
 use crate::exit::Exit;
 

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow};
 use serde::Serialize;
 use vramctl::facts::FactsReader;
+use vramctl::gpu_selection::GpuFilter;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, ProcessFacts, SeriesKey};
 use vramctl_core::analysis::{LeakConfig, Verdict};
 use vramctl_core::clock::{Clock, SystemClock};
@@ -34,7 +35,6 @@ use vramctl_core::wall_time::{DayLines, zone as time_zone};
 
 use super::{SCHEMA, SeriesJson, Who, local_explanation, short_command};
 use crate::cli::{GlobalArgs, LeaksArgs};
-use crate::cmd::GpuFilter;
 use crate::exit::Exit;
 
 /// What is known about a series beyond the tracker: for the lines printed.
@@ -76,7 +76,7 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     let tz = time_zone(args.source.tz.as_deref())?;
     let mut days = DayLines::new(tz.clone());
     let manual =
-        crate::cmd::record::simulated_clock(args.simulated_clock, &args.simulated_clock_step);
+        vramctl::live_loop::simulated_clock(args.simulated_clock, &args.simulated_clock_step);
     let clock_box: Box<dyn Clock> = match &manual {
         Some(m) => Box::new(m.clone()),
         None => Box::new(SystemClock),

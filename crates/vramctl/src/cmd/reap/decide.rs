@@ -16,8 +16,8 @@ use vramctl_core::analysis::{Evidence, SeriesReport, Verdict, human_duration};
 use vramctl_core::types::DeviceInfo;
 
 use super::policy::Policy;
-use crate::cmd::ps::{GpuHolding, total_bytes};
-use crate::output::units;
+use vramctl::gpu_holdings::{GpuHolding, total_bytes};
+use vramctl::units;
 
 /// Where a verdict's evidence came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -346,7 +346,7 @@ mod tests {
     use vramctl_core::types::ProcessKind;
 
     use super::*;
-    use crate::cmd::ps::compile_regex;
+    use vramctl::pattern::compile_regex;
 
     const GIB: u64 = 1 << 30;
     const T0: i64 = 1_795_984_291_000;

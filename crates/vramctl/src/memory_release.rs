@@ -16,8 +16,8 @@ use vramctl_core::signal::{AuditSink, TargetOutcome, TargetReport};
 use vramctl_core::types::Snapshot;
 use vramctl_core::{NvmlBackend, Sampler};
 
-use crate::cmd::ps::GpuHolding;
-use crate::output::units;
+use crate::gpu_holdings::GpuHolding;
+use crate::units;
 
 /// How often NVML is sampled while waiting for memory to be released.
 const VERIFY_EVERY: Duration = Duration::from_millis(50);
