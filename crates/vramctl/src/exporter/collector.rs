@@ -6,8 +6,8 @@
 //! 2. [`Stats::observe`]: error counters and the used-memory peak window;
 //! 3. [`MetadataCache::update`]: user, command, container and pod labels from /proc;
 //! 4. the [`TickConsumer`]s, in the order added: the leak and idle analysis
-//!    ([`super::live_verdicts`]), which fills the [`ProcessVerdicts`] it is handed before
-//!    rendering, and the history recorder (`serve --record`, [`super::recording`]);
+//!    (`exporter::live_verdicts`), which fills the [`ProcessVerdicts`] it is handed before
+//!    rendering, and the history recorder (`serve --record`, `exporter::recording`);
 //! 5. [`render`] in both formats, published to the [`Cache`] that scrapes read.
 
 use std::sync::Arc;

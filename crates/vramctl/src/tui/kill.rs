@@ -3,7 +3,7 @@
 //! The UI builds a [`KillTarget`] from what it shows; a [`Killer`] checks it against /proc
 //! now ([`Killer::plan`]: who the process is, whether we may signal it) and, once the user
 //! confirms, signals it on the verified path ([`Killer::kill`]: pidfd, TERM → KILL,
-//! audit). Both run on a worker thread ([`super::event::spawn_actions`]): a kill can wait
+//! audit). Both run on a worker thread (`tui::event::spawn_actions`): a kill can wait
 //! seconds for a process to exit. Whether its GPU memory was released is judged by the UI
 //! from the samples that follow, not by the killer (the NVML session is the sampler's); the
 //! UI then tells the killer ([`Killer::memory_outcome`]) for the audit record.
@@ -175,7 +175,7 @@ impl Actions {
     }
 }
 
-/// Opens the audit sink at the first kill (`crate::audit_sink::open_sink` in the binary, the
+/// Opens the audit sink at the first kill (the binary's `audit_sink::open_sink`, the
 /// sink `vramctl kill` writes to); its error is one line.
 pub type SinkOpener = Box<dyn FnMut() -> Result<Box<dyn AuditSink + Send>, String> + Send>;
 

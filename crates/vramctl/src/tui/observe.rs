@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use procfs::process::Process;
 use serde::{Deserialize, Serialize};
+use vramctl_core::analysis::IdleState;
 use vramctl_core::procinfo::ProcReader;
 use vramctl_core::types::Snapshot;
 
-use super::verdict::Verdicts;
 use crate::facts::TickScale;
 
 /// One moment as the UI shows it.
@@ -46,11 +46,84 @@ impl Observation {
     }
 
     /// The start time of every visible process, by PID: who each PID is.
-    pub fn starts(&self) -> super::memory_series::Starts {
+    pub fn starts(&self) -> Starts {
         self.hosts
             .iter()
             .filter_map(|(pid, h)| Some((*pid, h.start_time_ticks?)))
             .collect()
+    }
+}
+
+/// Who a process is beyond its PID: its start time in clock ticks after boot, by PID, as
+/// /proc showed it (live) or as recorded (replay). A PID without one is not visible.
+pub type Starts = BTreeMap<u32, u64>;
+
+/// What the analysis concluded about one process's memory on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum VerdictKind {
+    /// Retained memory keeps growing after warm-up.
+    Leak,
+    /// Holds memory and has not used the GPU for a while.
+    IdleHolder,
+    /// Growing, not (yet) a leak.
+    Growing,
+    /// Not growing.
+    Stable,
+    /// Allocates and frees in cycles on a stable floor.
+    Sawtooth,
+}
+
+impl VerdictKind {
+    /// The word shown in the detail pane.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Leak => "leak",
+            Self::IdleHolder => "idle holder",
+            Self::Growing => "growing",
+            Self::Stable => "stable",
+            Self::Sawtooth => "sawtooth",
+        }
+    }
+}
+
+/// A verdict with its explanation and the numbers that produced it, ready to show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessVerdict {
+    /// The conclusion.
+    pub kind: VerdictKind,
+    /// One line, e.g. `leaks 38 MB/s since 14:02:10 UTC; GPU 0 full in 6 min`.
+    pub summary: String,
+    /// `(name, value)` pairs: slope, significance, onset, time to full, ...
+    pub numbers: Vec<(String, String)>,
+    /// What the idle evidence says at the verdict's time (`IdleReport::state`): the IDLE
+    /// column's one source. `None`: not judged.
+    #[serde(default)]
+    pub idle: Option<IdleState>,
+}
+
+/// Verdicts by `(pid, device UUID)` (a series is one process on one device, or MIG
+/// instance).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdicts {
+    by_process: BTreeMap<(u32, String), ProcessVerdict>,
+}
+
+impl Verdicts {
+    /// Records the verdict on `pid` on the device `uuid`.
+    pub fn insert(&mut self, pid: u32, uuid: &str, verdict: ProcessVerdict) {
+        self.by_process.insert((pid, uuid.to_owned()), verdict);
+    }
+
+    /// The verdict on `pid` on the device `uuid`, if any.
+    pub fn get(&self, pid: u32, uuid: &str) -> Option<&ProcessVerdict> {
+        self.by_process.get(&(pid, uuid.to_owned()))
+    }
+
+    /// Whether there is no verdict at all.
+    pub fn is_empty(&self) -> bool {
+        self.by_process.is_empty()
     }
 }
 
