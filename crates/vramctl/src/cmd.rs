@@ -17,10 +17,10 @@ pub mod status;
 pub mod top;
 
 use anyhow::{Context, anyhow, bail};
+use vramctl::live_loop::LiveSampler;
 use vramctl::sample_source::{self, Source, SourceKind, Window};
 use vramctl_core::analysis::LeakConfig;
 use vramctl_core::wall_time;
-use vramctl_core::{NvmlBackend, Sampler};
 use vramctl_store::format::{Format, ImportOptions};
 
 use crate::cli::{AnalysisArgs, Cli, Command, GlobalArgs, ImportFormat, SourceArgs};
@@ -103,7 +103,7 @@ pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
 
 /// Loads NVML and enumerates the GPUs (one NVML session for the whole process), from
 /// `--nvml-lib`.
-pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<Sampler<NvmlBackend>> {
+pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<LiveSampler> {
     vramctl::live_loop::open_sampler(global.nvml_lib.as_deref())
 }
 

@@ -1,19 +1,62 @@
 //! What every command that samples the GPUs in a loop sets up the same way: one NVML
-//! session ([`open_sampler`]), the test-only simulated clock ([`simulated_clock`]), the
-//! pacing of ticks ([`wait_next_tick`]) and the stop signals ([`stop_signals`]).
+//! session ([`open_backend`], [`open_sampler`], [`sampler_on`]), the test-only simulated
+//! clock ([`simulated_clock`]), the pacing of ticks ([`wait_next_tick`]) and the stop
+//! signals ([`stop_signals`]).
+//!
+//! Frontends hold a [`LiveSampler`]: the sampler over a boxed [`Backend`], NVML live or a
+//! recorded history replayed (`vramctl_store::replay`), and ask the backend only through
+//! the trait.
 
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use vramctl_core::clock::{ManualClock, WallStep};
-use vramctl_core::{NvmlBackend, Sampler};
+use vramctl_core::clock::{Clock, ManualClock, SystemClock, WallStep};
+use vramctl_core::sanity::SanityLimits;
+use vramctl_core::{Backend, InitError, NvmlBackend, Sampler};
+
+/// The sampler every frontend holds: one per process, over whichever backend was opened.
+pub type LiveSampler = Sampler<Box<dyn Backend>>;
+
+/// Loads NVML from `nvml_lib` (else the driver's library) and starts it.
+///
+/// # Errors
+/// The library cannot be loaded or NVML does not start (with a hint for the user).
+pub fn open_backend(nvml_lib: Option<&Path>) -> Result<Box<dyn Backend>, InitError> {
+    Ok(Box::new(NvmlBackend::open(nvml_lib)?))
+}
+
+/// A sampler over `backend`, timed by `clock`, reading per-process SM activity when
+/// `process_activity`.
+///
+/// # Errors
+/// When the device list cannot be read.
+pub fn sampler_on(
+    mut backend: Box<dyn Backend>,
+    clock: Box<dyn Clock>,
+    process_activity: bool,
+) -> Result<LiveSampler, vramctl_core::DeviceError> {
+    backend.set_read_process_activity(process_activity);
+    Sampler::with_clock(backend, clock, SanityLimits::from_system())
+}
+
+/// The simulated clock when there is one (`--simulated-clock`, shared: the caller advances
+/// it), else the system's.
+pub fn clock_of(manual: Option<&ManualClock>) -> Box<dyn Clock> {
+    match manual {
+        Some(m) => Box::new(m.clone()),
+        None => Box::new(SystemClock),
+    }
+}
 
 /// Loads NVML and enumerates the GPUs (one NVML session for the whole process).
-pub fn open_sampler(nvml_lib: Option<&Path>) -> anyhow::Result<Sampler<NvmlBackend>> {
+///
+/// # Errors
+/// NVML cannot be loaded or started, or the GPUs cannot be listed.
+pub fn open_sampler(nvml_lib: Option<&Path>) -> anyhow::Result<LiveSampler> {
     let started = std::time::Instant::now();
-    let backend = NvmlBackend::open(nvml_lib)?;
+    let backend = open_backend(nvml_lib)?;
     let loaded = started.elapsed();
     let sampler = Sampler::new(backend).context("cannot list the GPUs")?;
     tracing::debug!(

@@ -14,7 +14,7 @@ use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::procinfo::{self, ProcError, ProcReader};
 use vramctl_core::signal::{AuditSink, TargetOutcome, TargetReport};
 use vramctl_core::types::Snapshot;
-use vramctl_core::{NvmlBackend, Sampler};
+use vramctl_core::{Backend, Sampler};
 
 use crate::gpu_holdings::GpuHolding;
 use crate::units;
@@ -81,7 +81,7 @@ pub fn ended_pids(outcomes: &[TargetReport]) -> HashSet<u32> {
 /// Samples NVML until no device lists an ended target and its memory did not move to "no
 /// process" (a forked child still holding the descriptors), or `timeout` passes.
 pub fn verify_release(
-    sampler: &mut Sampler<NvmlBackend>,
+    sampler: &mut Sampler<impl Backend>,
     before: &Snapshot,
     ended: &HashSet<u32>,
     started: Instant,

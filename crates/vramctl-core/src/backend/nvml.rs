@@ -472,6 +472,10 @@ impl Backend for NvmlBackend {
             .ok()
             .filter(|name| !name.is_empty())
     }
+
+    fn set_read_process_activity(&mut self, on: bool) {
+        NvmlBackend::set_read_process_activity(self, on);
+    }
 }
 
 /// Runs one NVML call and logs its duration at trace level (`VRAMCTL_LOG=trace`): start-up

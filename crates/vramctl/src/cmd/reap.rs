@@ -26,16 +26,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
+use vramctl_core::Backend;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
 use vramctl_core::analysis::{Evidence, LeakConfig, Verdict, human_duration};
 use vramctl_core::clock::{Clock, ManualClock, SystemClock};
 use vramctl_core::procinfo::{self, ProcReader};
-use vramctl_core::sanity::SanityLimits;
 use vramctl_core::signal::{
     self, Actor, Candidate, KillRequest, Origin, Provenance, Target, TargetOutcome, TargetReport,
 };
 use vramctl_core::types::{DeviceInfo, Snapshot};
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
 use self::decide::{
@@ -50,7 +49,9 @@ use crate::cli::{GlobalArgs, ReapArgs};
 use crate::exit::Exit;
 use vramctl::gpu_holdings::{GpuHolding, holdings};
 use vramctl::gpu_selection::GpuFilter;
-use vramctl::live_loop::{stop_signals, wait_next_tick};
+use vramctl::live_loop::{
+    LiveSampler, clock_of, open_backend, sampler_on, stop_signals, wait_next_tick,
+};
 use vramctl::memory_release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
     still_held, verify_release,
@@ -94,14 +95,9 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
 
     let manual = args.simulated_clock.map(ManualClock::new);
-    let sampler_clock: Box<dyn Clock> = match &manual {
-        Some(m) => Box::new(m.clone()),
-        None => Box::new(SystemClock),
-    };
-    let mut backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
-    backend.set_read_process_activity(true);
-    let mut sampler = Sampler::with_clock(backend, sampler_clock, SanityLimits::from_system())
-        .context("cannot list the GPUs")?;
+    let backend = open_backend(global.nvml_lib.as_deref())?;
+    let mut sampler =
+        sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
     for p in &policies {
         GpuFilter::new(&p.gpus, sampler.devices())
             .with_context(|| format!("policy '{}'", p.name))?;
@@ -238,7 +234,7 @@ impl Runner<'_> {
     #[allow(clippy::too_many_lines)]
     fn round(
         &mut self,
-        sampler: &mut Sampler<NvmlBackend>,
+        sampler: &mut LiveSampler,
         snapshot: &Snapshot,
         round: u64,
     ) -> anyhow::Result<RoundReport> {

@@ -31,14 +31,15 @@
 use std::time::Instant;
 
 use anyhow::bail;
+use vramctl_core::Backend;
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::procinfo;
 use vramctl_core::sampler::SessionHealth;
-use vramctl_core::sanity::SanityLimits;
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
 
-use vramctl::live_loop::{simulated_clock, stop_signals, wait_next_tick};
+use vramctl::live_loop::{
+    LiveSampler, clock_of, open_backend, sampler_on, simulated_clock, stop_signals, wait_next_tick,
+};
 
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
@@ -124,7 +125,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
 struct Recorder<'a> {
     global: &'a GlobalArgs,
     manual: Option<ManualClock>,
-    sampler: Option<Sampler<NvmlBackend>>,
+    sampler: Option<LiveSampler>,
     init_error: Option<String>,
     /// When the next init attempt is due, on the monotonic clock (a wall-clock step back
     /// must not put it off by the length of the step).
@@ -191,15 +192,10 @@ impl Recorder<'_> {
     }
 
     fn start_nvml(&mut self, now: i64) {
-        let opened = NvmlBackend::open(self.global.nvml_lib.as_deref())
+        let opened = open_backend(self.global.nvml_lib.as_deref())
             .map_err(|e| format!("{e}; {}", e.hint()))
-            .and_then(|mut backend| {
-                backend.set_read_process_activity(true);
-                let clock: Box<dyn Clock> = match &self.manual {
-                    Some(m) => Box::new(m.clone()),
-                    None => Box::new(SystemClock),
-                };
-                Sampler::with_clock(backend, clock, SanityLimits::from_system())
+            .and_then(|backend| {
+                sampler_on(backend, clock_of(self.manual.as_ref()), true)
                     .map_err(|e| format!("cannot list the GPUs: {e}"))
             });
         match opened {

@@ -10,12 +10,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl::live_loop::LiveSampler;
+use vramctl_core::Backend;
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::ProcReader;
 use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
 };
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
 use vramctl::gpu_selection::GpuFilter;
@@ -157,7 +158,7 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
 fn build(
     snapshot: &Snapshot,
     filter: &GpuFilter,
-    sampler: &mut Sampler<NvmlBackend>,
+    sampler: &mut LiveSampler,
     procs: &mut ProcReader,
 ) -> StatusReport {
     let devices = snapshot

@@ -23,12 +23,11 @@ use anyhow::{Context, anyhow};
 use serde::Serialize;
 use vramctl::facts::FactsReader;
 use vramctl::gpu_selection::GpuFilter;
+use vramctl::live_loop::{clock_of, open_backend, sampler_on, simulated_clock};
+use vramctl_core::Backend;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, ProcessFacts, SeriesKey};
 use vramctl_core::analysis::{LeakConfig, Verdict};
-use vramctl_core::clock::{Clock, SystemClock};
 use vramctl_core::procinfo::ProcReader;
-use vramctl_core::sanity::SanityLimits;
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
 use vramctl_core::wall_time::{DayLines, zone as time_zone};
@@ -75,16 +74,10 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     let interval_ms = crate::cmd::millis(args.interval);
     let tz = time_zone(args.source.tz.as_deref())?;
     let mut days = DayLines::new(tz.clone());
-    let manual =
-        vramctl::live_loop::simulated_clock(args.simulated_clock, &args.simulated_clock_step);
-    let clock_box: Box<dyn Clock> = match &manual {
-        Some(m) => Box::new(m.clone()),
-        None => Box::new(SystemClock),
-    };
-    let mut backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
-    backend.set_read_process_activity(true);
-    let mut sampler = Sampler::with_clock(backend, clock_box, SanityLimits::from_system())
-        .context("cannot list the GPUs")?;
+    let manual = simulated_clock(args.simulated_clock, &args.simulated_clock_step);
+    let backend = open_backend(global.nvml_lib.as_deref())?;
+    let mut sampler =
+        sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
     let filter = GpuFilter::new(&args.source.gpu, sampler.devices())?;
     let mut fleet = FleetTracker::new(FleetConfig {
         leak: cfg,
