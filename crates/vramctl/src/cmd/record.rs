@@ -33,7 +33,6 @@ use std::time::Instant;
 use anyhow::bail;
 use vramctl_core::Backend;
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
-use vramctl_core::procinfo;
 use vramctl_core::sampler::SessionHealth;
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
 
@@ -44,7 +43,8 @@ use vramctl::live_loop::{
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
 use crate::exit::Exit;
-use vramctl::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
+use vramctl_core::process_catalog::ProcessCatalog;
 
 /// NVML init retry backoff.
 const BACKOFF_FIRST_MS: i64 = 1_000;
@@ -87,7 +87,8 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         next_init_ms: i64::MIN,
         backoff_ms: BACKOFF_FIRST_MS,
         health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
-        procs: Procs::new(procinfo::boot_id(), true),
+        procs: Procs::new(),
+        catalog: recorder_catalog(true),
     };
     let started = Instant::now();
     // On the monotonic clock: a wall-clock step does not shorten or lengthen --duration.
@@ -134,6 +135,8 @@ struct Recorder<'a> {
     /// Whether the NVML session still works.
     health: SessionHealth,
     procs: Procs,
+    /// What /proc says about the GPU processes (read through by `procs`).
+    catalog: ProcessCatalog,
 }
 
 impl Recorder<'_> {
@@ -148,11 +151,12 @@ impl Recorder<'_> {
                 let snapshot = sampler.tick();
                 let backend = sampler.backend_mut();
                 // `Procs` paces its /proc reads by differences of this time: monotonic.
-                let processes = self
-                    .procs
-                    .update(&snapshot, snapshot.monotonic_ms, &mut |pid| {
-                        backend.process_name(pid)
-                    });
+                let processes = self.procs.update(
+                    &mut self.catalog,
+                    &snapshot,
+                    snapshot.monotonic_ms,
+                    &mut |pid| backend.process_name(pid),
+                );
                 let at = ClockTime {
                     unix_ms: snapshot.taken_at_unix_ms,
                     monotonic_ms: snapshot.monotonic_ms,
