@@ -28,8 +28,6 @@ use vramctl_core::analysis::{
 use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_store::format::rfc3339;
 
-pub use watch::Host;
-
 use super::{leak_config, open_source};
 use crate::cli::{GlobalArgs, LeaksArgs};
 use crate::exit::Exit;

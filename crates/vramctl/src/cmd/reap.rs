@@ -30,6 +30,7 @@ use vramctl_core::Backend;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
 use vramctl_core::analysis::{Evidence, LeakConfig, Verdict, human_duration};
 use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
 use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::signal::{
     self, Actor, Candidate, KillRequest, Origin, Provenance, Target, TargetOutcome, TargetReport,
@@ -43,7 +44,6 @@ use self::decide::{
 use self::evidence::{FRESH, History, read_history};
 use self::policy::{Policy, PolicyJson};
 use super::db_path;
-use super::leaks::Host;
 use crate::audit_sink::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapArgs};
 use crate::exit::Exit;
@@ -125,7 +125,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
         policies,
         actor: Actor::current(),
         procs: ProcReader::new(),
-        host: Host::new(),
+        processes: ProcessCatalog::new(FactsSource::Proc),
         db: db_path(global)?,
         lookback: LOOKBACK.max(longest.saturating_mul(2)),
         cfg,
@@ -157,7 +157,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
     loop {
         let snapshot = sampler.tick();
         samples += 1;
-        runner.observe(&snapshot);
+        runner.observe(&mut sampler, &snapshot);
         // Rounds are paced on the monotonic clock: a wall-clock step back must not put
         // the next one off by the length of the step.
         let now = snapshot.monotonic_ms;
@@ -195,8 +195,11 @@ struct Runner<'a> {
     args: &'a ReapArgs,
     policies: Vec<Policy>,
     actor: Actor,
+    /// Fresh reads of /proc for the signal path (`signal::inspect` proves who a process is
+    /// right before it is signalled) and the release check.
     procs: ProcReader,
-    host: Host,
+    /// What /proc says about the GPU processes: their names, identity and CPU time.
+    processes: ProcessCatalog,
     db: std::path::PathBuf,
     lookback: Duration,
     cfg: LeakConfig,
@@ -217,11 +220,26 @@ struct Chosen {
 }
 
 impl Runner<'_> {
+    /// Brings the process catalog up to `snapshot` (monotonic time: the catalog's refresh
+    /// policy counts spans).
+    fn observe_processes(&mut self, sampler: &mut LiveSampler, snapshot: &Snapshot) {
+        let backend = sampler.backend_mut();
+        self.processes
+            .observe_snapshot(snapshot, snapshot.monotonic_ms, &mut |pid| {
+                backend.process_name(pid)
+            });
+    }
+
     /// Feeds a live sample to the tracker.
-    fn observe(&mut self, snapshot: &Snapshot) {
+    fn observe(&mut self, sampler: &mut LiveSampler, snapshot: &Snapshot) {
+        if self.live.is_none() {
+            return;
+        }
+        self.observe_processes(sampler, snapshot);
         let Some(live) = &mut self.live else { return };
-        let host = &self.host;
-        live.fleet.observe(snapshot, |pid| host.facts(pid));
+        let (processes, mono) = (&mut self.processes, snapshot.monotonic_ms);
+        live.fleet
+            .observe(snapshot, |pid| processes.live_facts(pid, mono));
         live.since_unix_ms.get_or_insert(snapshot.taken_at_unix_ms);
         live.samples += 1;
     }
@@ -255,6 +273,7 @@ impl Runner<'_> {
             })
             .flat_map(|(uuid, list)| list.iter().map(move |a| ((uuid, a.pid), a.sm_percent)))
             .collect();
+        self.observe_processes(sampler, snapshot);
         let by_pid = holdings(snapshot, &GpuFilter::default());
         let pids: Vec<u32> = by_pid.keys().copied().collect();
         let history = read_history(&self.db, now, self.lookback, &pids, &self.cfg)?;
@@ -279,16 +298,15 @@ impl Runner<'_> {
 
         let mut observed: Vec<Observed> = Vec::new();
         for (pid, gpus) in &by_pid {
-            let details = self.procs.details(*pid);
-            let command = details
-                .as_ref()
-                .map(|d| d.command.clone())
-                .or_else(|| sampler.backend_mut().process_name(*pid));
-            let start = details.as_ref().and_then(|d| d.start_time_ticks);
-            let cpu_now_ms = details
-                .as_ref()
-                .and_then(|d| d.cpu_ticks)
-                .map(|t| t.saturating_mul(1000) / self.ticks_per_second);
+            // The command line, or the driver's name for a process /proc cannot see.
+            let entry = self.processes.get(*pid);
+            let facts = entry.map(|e| e.facts.clone()).unwrap_or_default();
+            let command = facts.command.clone();
+            let start = entry.and_then(|e| e.start_time_ticks);
+            let cpu_now_ms = self
+                .processes
+                .stat(*pid, snapshot.monotonic_ms)
+                .map(|s| s.cpu_time_ms);
             let mut cpu_since = None;
             let mut gpus_now = Vec::new();
             for h in gpus {
@@ -339,8 +357,8 @@ impl Runner<'_> {
             observed.push(Observed {
                 pid: *pid,
                 start_time_ticks: start,
-                uid: details.as_ref().and_then(|d| d.uid),
-                user: details.as_ref().and_then(|d| d.user.clone()),
+                uid: facts.uid,
+                user: facts.user,
                 command,
                 gpus: gpus_now,
                 cpu_since_history: cpu_since,
