@@ -7,7 +7,6 @@
 //! output helpers (`output/*`), the exporter (`exporter/*`) and the audit sink.
 
 pub mod csv_record;
-pub mod facts;
 pub mod gpu_holdings;
 pub mod gpu_selection;
 pub mod history_chart;

@@ -24,8 +24,6 @@ use vramctl_core::signal::{
     self, Actor, AuditId, AuditSink, KillRequest, Provenance, Refusal, Target, TargetOutcome,
 };
 
-use crate::facts::TickScale;
-
 /// Memory a process holds on one GPU, as the UI last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuMemory {
@@ -190,7 +188,6 @@ pub const GRACE: Duration = Duration::from_secs(10);
 pub struct SignalKiller {
     actor: Actor,
     procs: ProcReader,
-    scale: TickScale,
     open_sink: SinkOpener,
     sink: Option<Box<dyn AuditSink + Send>>,
     grace: Duration,
@@ -220,7 +217,6 @@ impl SignalKiller {
         Self {
             actor,
             procs: ProcReader::new(),
-            scale: TickScale::system(),
             open_sink,
             sink: None,
             grace,
@@ -252,7 +248,7 @@ impl Killer for SignalKiller {
         Ok(KillPlan {
             target: target.clone(),
             start_time_ticks: start,
-            started_at_unix_ms: self.scale.started_at_unix_ms(start),
+            started_at_unix_ms: self.procs.started_at_unix_ms(start),
             user: candidate
                 .user
                 .clone()

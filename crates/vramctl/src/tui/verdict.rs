@@ -15,9 +15,8 @@ use vramctl_core::analysis::{
 };
 use vramctl_core::wall_time;
 
-use super::observe::Observation;
+use super::observe::{HostProcess, Observation};
 pub use super::observe::{ProcessVerdict, VerdictKind, Verdicts};
-use crate::facts::facts_of_host;
 
 /// Decides verdicts from the observations it is fed, one at a time, in time order.
 ///
@@ -80,8 +79,9 @@ impl AnalysisJudge {
 impl Judge for AnalysisJudge {
     fn judge(&mut self, observation: &Observation) -> Verdicts {
         let hosts = &observation.hosts;
-        self.fleet
-            .observe(&observation.snapshot, |pid| facts_of_host(hosts.get(&pid)));
+        self.fleet.observe(&observation.snapshot, |pid| {
+            HostProcess::live_facts(hosts.get(&pid))
+        });
         let mut verdicts = Verdicts::default();
         for (key, place, report) in self.fleet.current() {
             if let Some(report) = report {
