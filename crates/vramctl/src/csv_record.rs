@@ -27,7 +27,14 @@ impl Write for RecordBuf {
     }
 }
 
+impl Default for CsvRecord {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl CsvRecord {
+    /// An empty record buffer.
     pub fn new() -> Self {
         let buf = std::rc::Rc::new(std::cell::RefCell::new(Vec::with_capacity(512)));
         Self {

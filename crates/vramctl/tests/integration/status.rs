@@ -519,7 +519,7 @@ memory_reserved = 644939776
 "#
         ),
     )
-    .unwrap();
+    .expect("write the scenario");
     path
 }
 
@@ -537,12 +537,12 @@ fn without_what_a_history_does_not_keep(mut report: Value) -> Value {
         "compute_processes",
         "mig_memory",
     ];
-    let top = report.as_object_mut().unwrap();
+    let top = report.as_object_mut().expect("a report is an object");
     for key in ["taken_at", "driver", "unopened", "replay"] {
         top.remove(key);
     }
-    for device in top["devices"].as_array_mut().unwrap() {
-        let device = device.as_object_mut().unwrap();
+    for device in top["devices"].as_array_mut().expect("devices") {
+        let device = device.as_object_mut().expect("a device is an object");
         device.remove("dropped");
         if let Some(missing) = device.get_mut("missing").and_then(Value::as_object_mut) {
             missing.retain(|k, _| KEPT_MISSING.contains(&k.as_str()));
@@ -553,13 +553,13 @@ fn without_what_a_history_does_not_keep(mut report: Value) -> Value {
             .into_iter()
             .flatten()
         {
-            let p = p.as_object_mut().unwrap();
+            let p = p.as_object_mut().expect("a process is an object");
             for key in ["kind", "gpu_instance_id", "compute_instance_id"] {
                 p.remove(key);
             }
         }
-        for mig in device["mig_instances"].as_array_mut().unwrap() {
-            let mig = mig.as_object_mut().unwrap();
+        for mig in device["mig_instances"].as_array_mut().expect("mig_instances") {
+            let mig = mig.as_object_mut().expect("a MIG instance is an object");
             mig.remove("gpu_instance_id");
             mig.remove("compute_instance_id");
         }
