@@ -248,6 +248,78 @@ impl Store {
     }
 }
 
+/// Where a time asked for falls in a history ([`Store::moment_near`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MomentLookup {
+    /// The moment to show.
+    Found(Box<RecordedMoment>),
+    /// The history holds no sample at all.
+    Empty,
+    /// Before the first sample, at `first_ms`.
+    BeforeFirst {
+        /// The first stored time.
+        first_ms: i64,
+    },
+    /// After the last sample, at `last_ms`, by more than [`STALE_SPACINGS`] spacings.
+    AfterLast {
+        /// The last stored time.
+        last_ms: i64,
+    },
+    /// Inside a stretch with no samples: the recording stopped at `stops_ms` and resumed at
+    /// `resumes_ms`.
+    InGap {
+        /// The last stored time before the time asked for.
+        stops_ms: i64,
+        /// The first stored time after it.
+        resumes_ms: i64,
+    },
+}
+
+/// How many of the recording's own sample spacings (the time between the sample found and
+/// the one before it, or a bucket's length) a moment may lie before the time asked for and
+/// still stand for it. One spacing is when the next sample is due; the second lets a tick
+/// that was taken or written late (a slow NVML read, a busy disk) still count, so that
+/// `--at now` on a running recorder finds its last sample. Chosen on the recorder's
+/// behaviour (a tick is due every interval and the timebase places a late one on the next
+/// slot), checked in the integration test `status_replay_says_when_there_is_no_such_moment`
+/// on a fake-NVML recording.
+pub const STALE_SPACINGS: i64 = 2;
+
+impl Store {
+    /// The moment that stands for `t_ms`: the latest at or before it, unless that one is
+    /// more than [`STALE_SPACINGS`] sample spacings older (the recording had ended or
+    /// paused); `None` asks for the last sample.
+    ///
+    /// # Errors
+    /// When SQLite fails or a frame is damaged.
+    pub fn moment_near(&mut self, t_ms: Option<i64>) -> Result<MomentLookup, StoreError> {
+        let Some((first_ms, last_ms)) = self.time_bounds()? else {
+            return Ok(MomentLookup::Empty);
+        };
+        let asked = t_ms.unwrap_or(i64::MAX);
+        let Some(moment) = self.moment_at_or_before(asked)? else {
+            return Ok(MomentLookup::BeforeFirst { first_ms });
+        };
+        let found = moment.at_unix_ms;
+        if t_ms.is_some() && asked > found {
+            let spacing = match self.time_at_or_before(found - 1)? {
+                Some(before) => (found - before).max(moment.span_ms),
+                None => moment.span_ms,
+            };
+            if asked - found > spacing.saturating_mul(STALE_SPACINGS) {
+                return Ok(match self.time_after(found)? {
+                    Some(resumes_ms) => MomentLookup::InGap {
+                        stops_ms: found,
+                        resumes_ms,
+                    },
+                    None => MomentLookup::AfterLast { last_ms },
+                });
+            }
+        }
+        Ok(MomentLookup::Found(Box::new(moment)))
+    }
+}
+
 /// What one moment's devices and readings are made from.
 struct Shape<'a> {
     records: &'a [DeviceRecord],
@@ -663,6 +735,53 @@ mod tests {
             processes.get(42).and_then(|p| p.facts().command),
             Some("python train.py".into())
         );
+    }
+
+    #[test]
+    fn a_time_the_recording_does_not_cover_finds_no_moment() {
+        let mut store = Store::open_in_memory().unwrap();
+        assert_eq!(store.moment_near(Some(T0)).unwrap(), MomentLookup::Empty);
+        // Samples each second at T0..T0+2 s, then a pause until T0+60 s.
+        for t in [T0, T0 + 1000, T0 + 2000, T0 + 60_000] {
+            store.append(&tick(t, 100, Observed::Value(40))).unwrap();
+        }
+        let found = |lookup: MomentLookup| match lookup {
+            MomentLookup::Found(m) => m.at_unix_ms,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            store.moment_near(Some(T0 - 1)).unwrap(),
+            MomentLookup::BeforeFirst { first_ms: T0 }
+        );
+        // Between samples, and up to two spacings after one: the one before.
+        assert_eq!(
+            found(store.moment_near(Some(T0 + 1500)).unwrap()),
+            T0 + 1000
+        );
+        assert_eq!(
+            found(store.moment_near(Some(T0 + 4000)).unwrap()),
+            T0 + 2000
+        );
+        // Further into the pause: not the stale moment.
+        assert_eq!(
+            store.moment_near(Some(T0 + 4001)).unwrap(),
+            MomentLookup::InGap {
+                stops_ms: T0 + 2000,
+                resumes_ms: T0 + 60_000
+            }
+        );
+        // The spacing before the last sample is 58 s: within it, the last; past, none.
+        assert_eq!(
+            found(store.moment_near(Some(T0 + 60_000 + 116_000)).unwrap()),
+            T0 + 60_000
+        );
+        assert_eq!(
+            store.moment_near(Some(T0 + 60_000 + 116_001)).unwrap(),
+            MomentLookup::AfterLast {
+                last_ms: T0 + 60_000
+            }
+        );
+        assert_eq!(found(store.moment_near(None).unwrap()), T0 + 60_000);
     }
 
     #[test]

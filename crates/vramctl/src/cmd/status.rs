@@ -16,7 +16,7 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
 use vramctl::live_loop::sampler_on;
 use vramctl_core::Backend;
@@ -26,9 +26,9 @@ use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
 use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
 };
-use vramctl_core::wall_time;
+use vramctl_core::wall_time::{self, When};
 use vramctl_store::format::rfc3339;
-use vramctl_store::replay::{RecordedProcesses, ReplayBackend};
+use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 
 use vramctl::gpu_selection::GpuFilter;
 
@@ -178,28 +178,54 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
 /// and report as now, on the store's replay backend.
 fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<Exit> {
     let tz = wall_time::zone(args.tz.as_deref())?;
-    let mut store = super::open_history(db)?;
-    let now = jiff::Timestamp::now().as_millisecond();
-    let asked = match &args.at {
-        Some(at) => at.resolve(now, &tz).context("--at")?,
-        None => i64::MAX,
-    };
-    let Some(moment) = store.moment_at_or_before(asked)? else {
-        match store.time_bounds()? {
-            Some((first, _)) => bail!(
-                "'{}' has no sample at or before --at '{}'; its first is at {}",
-                db.display(),
-                args.at
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
-                rfc3339(first)
-            ),
-            None => bail!(
-                "'{}' holds no samples; record some with vramctl record",
-                db.display()
-            ),
+    let mut store = super::open_history(db).map_err(|err| {
+        use vramctl_store::StoreError;
+        // The store's hints name --db, which --replay does not read.
+        match err.downcast_ref::<StoreError>() {
+            Some(
+                found @ (StoreError::NotFound { .. }
+                | StoreError::NotOurs { .. }
+                | StoreError::IsDirectory { .. }),
+            ) => anyhow!("{found}; point --replay at a vramctl history file"),
+            _ => err,
         }
+    })?;
+    let now = jiff::Timestamp::now().as_millisecond();
+    // `all` is the end of time: the last sample, as with no --at.
+    let at = args.at.as_ref().filter(|at| !matches!(at, When::All));
+    let asked = at
+        .map(|at| at.resolve(now, &tz))
+        .transpose()
+        .context("--at")?;
+    let shown_at = || at.map(ToString::to_string).unwrap_or_default();
+    let moment = match store.moment_near(asked)? {
+        MomentLookup::Found(moment) => *moment,
+        MomentLookup::Empty => bail!(
+            "'{}' holds no samples; record some with 'vramctl record'",
+            db.display()
+        ),
+        MomentLookup::BeforeFirst { first_ms } => bail!(
+            "'{}' has no sample at or before --at '{}'; its first is at {}",
+            db.display(),
+            shown_at(),
+            rfc3339(first_ms)
+        ),
+        MomentLookup::AfterLast { last_ms } => bail!(
+            "'{}' ends at {}, before --at '{}'; use an earlier --at, or none for its last sample",
+            db.display(),
+            rfc3339(last_ms),
+            shown_at()
+        ),
+        MomentLookup::InGap {
+            stops_ms,
+            resumes_ms,
+        } => bail!(
+            "'{}' has no sample near --at '{}': the recording stops at {} and resumes at {}; use a time in the recording",
+            db.display(),
+            shown_at(),
+            rfc3339(stops_ms),
+            rfc3339(resumes_ms)
+        ),
     };
     let holders = RecordedProcesses::of(&moment);
     let recorded_at = moment.at_unix_ms;
@@ -215,11 +241,7 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
     let mut report = build(&snapshot, &filter, &Holders::Recorded(&holders));
     report.replay = Some(ReplayStatus {
         database: db.display().to_string(),
-        at: rfc3339(if args.at.is_some() {
-            asked
-        } else {
-            recorded_at
-        }),
+        at: rfc3339(asked.unwrap_or(recorded_at)),
     });
     let styles = Styles::for_stdout(global.color);
     print(

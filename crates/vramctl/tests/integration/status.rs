@@ -558,7 +558,10 @@ fn without_what_a_history_does_not_keep(mut report: Value) -> Value {
                 p.remove(key);
             }
         }
-        for mig in device["mig_instances"].as_array_mut().expect("mig_instances") {
+        for mig in device["mig_instances"]
+            .as_array_mut()
+            .expect("mig_instances")
+        {
             let mig = mig.as_object_mut().expect("a MIG instance is an object");
             mig.remove("gpu_instance_id");
             mig.remove("compute_instance_id");
@@ -737,6 +740,77 @@ fn status_replay_says_when_there_is_no_such_moment() {
             && err.contains("its first is at 2026-11-29T20:31:31.000Z"),
         "{err}"
     );
+    // After the recording ended (it sampled each second until 20:31:32): not its last
+    // moment passed off as that time; within two spacings of it, the last.
+    let after = vramctl(&path)
+        .arg("status")
+        .arg("--replay")
+        .arg(&db)
+        .args(["--at", "2026-11-29T20:31:35Z"])
+        .output()
+        .unwrap();
+    assert_eq!(after.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&after.stderr);
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "vramctl: error: '{}' ends at 2026-11-29T20:31:32.000Z, before --at \
+             '2026-11-29T20:31:35Z'; use an earlier --at, or none for its last sample",
+            db.display()
+        )
+    );
+    let near_end = json_of(vramctl(&path).arg("status").arg("--replay").arg(&db).args([
+        "--at",
+        "2026-11-29T20:31:34Z",
+        "--json",
+    ]));
+    assert_eq!(near_end["taken_at"], "2026-11-29T20:31:32.000Z");
+    // `all` is the end of time: the last sample.
+    let all = json_of(
+        vramctl(&path)
+            .arg("status")
+            .arg("--replay")
+            .arg(&db)
+            .args(["--at", "all", "--json"]),
+    );
+    assert_eq!(all["taken_at"], "2026-11-29T20:31:32.000Z");
+    // A time that is not one, a database that is not there: one line, exit 2.
+    let missing = dir.path().join("nope.db");
+    for (args, says) in [
+        (
+            vec![
+                "status".to_owned(),
+                "--replay".to_owned(),
+                db.display().to_string(),
+                "--at".to_owned(),
+                "yesterday-ish".to_owned(),
+            ],
+            "'yesterday-ish' is not a time".to_owned(),
+        ),
+        (
+            vec![
+                "status".to_owned(),
+                "--replay".to_owned(),
+                missing.display().to_string(),
+            ],
+            format!(
+                "no history database at '{}'; point --replay at a vramctl history file",
+                missing.display()
+            ),
+        ),
+    ] {
+        let out = vramctl(&path).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&says), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(
+            !missing.exists(),
+            "a reader created '{}'",
+            missing.display()
+        );
+    }
     // --at means nothing live, and a moment is not a stream.
     for args in [
         &["status", "--at", "now"][..],
