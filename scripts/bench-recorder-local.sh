@@ -15,6 +15,14 @@
 #
 # Several VRAMCTL binaries (before/after) may be given separated by commas; they run at the
 # same time beside the same processes, so they see the same machine.
+#
+# First, what each binary asks the driver per tick (no CPU figure, so it runs on any
+# machine in seconds): `record --ticks 600 --simulated-clock` at 100 ms and at 1 s on the
+# same GPU with N constant processes (`real = false`), busy (utilization 40 %) and with
+# per-process utilization answering NOT_FOUND as on the H200, then answering samples; the
+# fake counts every call (FAKE_NVML_CALL_COUNTS). Results: OUTDIR/calls-per-tick.txt (one
+# line per binary, interval, mode and NVML function: calls per tick). Set CALLS_ONLY=1 to
+# stop there.
 set -euo pipefail
 IFS=, read -r -a BINS <<< "$1"
 LIB=$(realpath "$2")
@@ -23,6 +31,46 @@ N=${4:-30}
 SECS=${5:-60}
 REAL=${6:-true}
 mkdir -p "$OUT"
+
+# calls-per-tick: the fake's counts over TICKS ticks, divided by TICKS.
+TICKS=600
+: > "$OUT/calls-per-tick.txt"
+for mode in not_found report; do
+  calls_scenario="$OUT/calls-$mode.toml"
+  {
+    echo 'driver_version = "580.159.04"'
+    echo '[[gpu]]'
+    echo 'uuid = "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2"'
+    echo 'memory_total = 150754820096'
+    echo 'utilization_gpu = 40'
+    echo 'temperature_c = 40'
+    echo 'power_mw = 300000'
+    echo "process_utilization = \"$mode\""
+    for i in $(seq "$N"); do
+      printf '[[gpu.process]]\npid = %s\nmemory = "1 GiB"\nsm_util = 5\n' "$((40000 + i))"
+    done
+  } > "$calls_scenario"
+  for interval in 100ms 1s; do
+    for bin in "${BINS[@]}"; do
+      rm -f "$OUT/calls.db"* "$OUT/calls.txt"
+      FAKE_NVML_SCENARIO="$calls_scenario" VRAMCTL_NVML_LIB="$LIB" \
+        FAKE_NVML_CALL_COUNTS="$OUT/calls.txt" \
+        "$bin" --db "$OUT/calls.db" record --interval "$interval" --ticks "$TICKS" \
+        --simulated-clock 1795984291000 2> /dev/null
+      awk -v b="$bin" -v iv="$interval" -v m="$mode" -v n="$TICKS" '
+        $1 ~ /^nvmlDevice(GetCount_v2|GetHandleByIndex_v2|GetMemoryInfo_v2|GetUtilizationRates|GetTemperature|GetPowerUsage|Get.*RunningProcesses_v3|GetProcessUtilization)$/ {
+          total += $2; printf "%s interval=%s activity=%s %s %.3f\n", b, iv, m, $1, $2 / n
+        }
+        END { printf "%s interval=%s activity=%s all_per_tick %.3f\n", b, iv, m, total / n }
+      ' "$OUT/calls.txt" | tee -a "$OUT/calls-per-tick.txt"
+    done
+  done
+done
+rm -f "$OUT/calls.db"* "$OUT/calls.txt"
+if [[ -n "${CALLS_ONLY:-}" ]]; then
+  echo "done: $OUT"
+  exit 0
+fi
 
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }

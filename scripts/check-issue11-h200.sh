@@ -34,7 +34,7 @@ say "== 1. status, info, ps against nvidia-smi and pynvml"
 "$here/check-real-gpu.sh" "$V" "$out/check" > "$out/check.txt" 2>&1
 say "check-real-gpu rc=$? ($(tail -1 "$out/check.txt"))"
 COLUMNS=80 "$V" status > "$out/status-80.txt" 2>&1
-say "status at 80 columns: widest line $(awk '{ print length }' "$out/status-80.txt" | sort -n | tail -1) chars"
+say "status at 80 columns: widest line $(python3 -c 'import sys; print(max(len(l.rstrip("\n")) for l in open(sys.argv[1], encoding="utf-8")))' "$out/status-80.txt") characters"
 "$V" status --compact > "$out/status-compact.txt" 2>&1
 cat "$out/status-compact.txt" >> "$out/summary.txt"
 "$V" ps > "$out/ps.txt" 2>&1; say "ps rc=$?"; cat "$out/ps.txt" >> "$out/summary.txt"

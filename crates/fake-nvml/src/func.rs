@@ -106,6 +106,8 @@ functions! {
     nvmlDeviceGetProcessUtilization => Device,
     fakeNvmlSetTime => None,
     fakeNvmlAdvanceTime => None,
+    fakeNvmlGetCallCount => None,
+    fakeNvmlResetCallCounts => None,
 }
 
 impl Func {

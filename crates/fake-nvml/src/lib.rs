@@ -13,7 +13,8 @@
 //! - process lists keep NVML's count-query protocol (INSUFFICIENT_SIZE while processes
 //!   exist), which nvml-wrapper depends on;
 //! - `nvmlDeviceGetMemoryInfo_v2` keeps `total = reserved + used + free`;
-//! - a `real = true` process disappears, memory freed, once its PID exits.
+//! - a `real = true` process disappears, memory freed, once its PID exits;
+//! - every call is counted (`calls.rs`): `fakeNvmlGetCallCount`, `FAKE_NVML_CALL_COUNTS`.
 
 // Exporting a C ABI is unsafe by nature: `#[unsafe(no_mangle)]` symbols and raw pointers
 // handed in by C callers. The unsafe code is confined to `ffi` (checked pointer and buffer
@@ -21,6 +22,7 @@
 // crate is safe Rust.
 #![allow(unsafe_code)]
 
+mod calls;
 mod clock;
 mod codes;
 mod exports;
@@ -33,6 +35,7 @@ mod timeline;
 
 use std::path::PathBuf;
 
+pub use calls::ENV_CALL_COUNTS;
 pub use scenario::{LoadError, Scenario};
 pub use state::{ENV_CLOCK_FILE, ENV_SCENARIO, ENV_TIME};
 

@@ -149,6 +149,7 @@ impl State {
         self.init_count -= 1;
         if self.init_count == 0 {
             self.loaded = None;
+            crate::calls::dump_if_asked();
         }
         Ok(())
     }
@@ -409,6 +410,7 @@ pub fn with_device<T>(
     handle: nvmlDevice_t,
     f: impl FnOnce(&mut Device<'_>) -> R<T>,
 ) -> R<T> {
+    crate::calls::count(func);
     let mut state = lock();
     let loaded = state.session()?;
     let (gpu, slot) = decode_handle(handle).ok_or(codes::INVALID_ARGUMENT)?;
@@ -592,6 +594,7 @@ pub fn as_u32(value: u64) -> u32 {
 /// Runs a system call that needs NVML initialised: locks, checks init and the call's
 /// top-level fault, then `f`.
 pub fn with_system<T>(func: Func, f: impl FnOnce(&mut Loaded) -> R<T>) -> R<T> {
+    crate::calls::count(func);
     let mut state = lock();
     let loaded = state.session()?;
     if let Some(code) = loaded.scenario.system_faults.get(func) {

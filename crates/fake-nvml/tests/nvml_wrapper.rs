@@ -47,6 +47,7 @@ fn serial() -> MutexGuard<'static, ()> {
         std::env::remove_var(fake_nvml::ENV_SCENARIO);
         std::env::remove_var(fake_nvml::ENV_TIME);
         std::env::remove_var(fake_nvml::ENV_CLOCK_FILE);
+        std::env::remove_var(fake_nvml::ENV_CALL_COUNTS);
     }
     guard
 }
@@ -104,6 +105,36 @@ fn advance_time(secs: f64) {
         0,
         "fakeNvmlAdvanceTime"
     );
+}
+
+/// `fakeNvmlGetCallCount` for the C function `name`: `None` when the library refuses it.
+fn call_count(name: &str) -> Option<u64> {
+    let lib = raw_lib();
+    let name = CString::new(name).expect("name");
+    let mut n: u64 = 0;
+    // SAFETY: the control symbol has this signature (src/exports/control.rs); both pointers
+    // are valid for the call.
+    let status = unsafe {
+        let f = lib
+            .get::<unsafe extern "C" fn(*const c_char, *mut u64) -> c_uint>(
+                b"fakeNvmlGetCallCount\0",
+            )
+            .expect("fakeNvmlGetCallCount");
+        f(name.as_ptr(), &mut n)
+    };
+    (status == 0).then_some(n)
+}
+
+fn reset_call_counts() {
+    let lib = raw_lib();
+    // SAFETY: the control symbol takes no arguments (src/exports/control.rs).
+    let status = unsafe {
+        let f = lib
+            .get::<unsafe extern "C" fn() -> c_uint>(b"fakeNvmlResetCallCounts\0")
+            .expect("fakeNvmlResetCallCounts");
+        f()
+    };
+    assert_eq!(status, 0);
 }
 
 fn pids(processes: &[nvml_wrapper::struct_wrappers::device::ProcessInfo]) -> Vec<u32> {
@@ -1046,6 +1077,8 @@ fn malformed_scenario_writes_one_stderr_line() {
 fn exports_exactly_the_intended_symbols() {
     let expected: &[&str] = &[
         "fakeNvmlAdvanceTime",
+        "fakeNvmlGetCallCount",
+        "fakeNvmlResetCallCounts",
         "fakeNvmlSetTime",
         "nvmlDeviceGetArchitecture",
         "nvmlDeviceGetBAR1MemoryInfo",
@@ -1133,6 +1166,58 @@ fn exports_exactly_the_intended_symbols() {
         "nm -D --defined-only {}",
         lib_path().display()
     );
+}
+
+/// The counts are what a consumer's cost on a real driver is made of: nvml-wrapper's
+/// `running_compute_processes` is two driver calls (the count query, then the list), a
+/// query with no processes one.
+#[test]
+fn every_call_is_counted_including_the_count_query() {
+    let _serial = serial();
+    reset_call_counts();
+    let nvml = init_ok(&example("h200-training.toml"));
+    let d = nvml.device_by_index(0).expect("gpu 0");
+    assert_eq!(d.running_compute_processes().expect("procs").len(), 4);
+    assert!(d.running_graphics_processes().expect("procs").is_empty());
+    d.memory_info().expect("memory");
+    assert_eq!(
+        call_count("nvmlDeviceGetComputeRunningProcesses_v3"),
+        Some(2)
+    );
+    assert_eq!(
+        call_count("nvmlDeviceGetGraphicsRunningProcesses_v3"),
+        Some(1)
+    );
+    assert_eq!(call_count("nvmlDeviceGetMemoryInfo_v2"), Some(1));
+    assert_eq!(call_count("nvmlDeviceGetHandleByIndex_v2"), Some(1));
+    assert_eq!(call_count("nvmlInit_v2"), Some(1));
+    assert_eq!(call_count("nvmlDeviceGetSerial"), Some(0));
+    assert_eq!(call_count("nvmlDeviceGetFanSpeed"), None, "not exported");
+    reset_call_counts();
+    assert_eq!(call_count("nvmlDeviceGetMemoryInfo_v2"), Some(0));
+    drop(nvml);
+    // Without init too: counting is the library's, not the session's.
+    assert_eq!(call_count("nvmlShutdown"), Some(1));
+}
+
+#[test]
+fn call_counts_are_written_at_the_last_shutdown_when_asked() {
+    let _serial = serial();
+    reset_call_counts();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("calls.txt");
+    set_env(fake_nvml::ENV_CALL_COUNTS, &path);
+    let nvml = init_ok(&example("h200-idle.toml"));
+    let d = nvml.device_by_index(0).expect("gpu 0");
+    d.memory_info().expect("memory");
+    d.memory_info().expect("memory");
+    assert!(!path.exists(), "written at shutdown, not before");
+    drop(nvml);
+    let text = std::fs::read_to_string(&path).expect("the counts file");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.contains(&"nvmlDeviceGetMemoryInfo_v2 2"), "{text}");
+    assert!(lines.contains(&"nvmlShutdown 1"), "{text}");
+    assert!(!text.contains("nvmlDeviceGetSerial"), "{text}");
 }
 
 #[test]

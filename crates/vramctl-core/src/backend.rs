@@ -156,6 +156,21 @@ pub trait Backend: Send {
     fn set_read_process_activity(&mut self, on: bool) {
         let _ = on;
     }
+
+    /// Whether a tick may reuse the previous process lists while a device's used memory is
+    /// unchanged (NVML's, on by default). Turned off while waiting for a list to change
+    /// that the used memory may not show (after a kill: a forked child keeps the memory);
+    /// a backend that reads every list every tick, or replays them, ignores this.
+    fn set_reuse_process_lists(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// Whether unchanged process lists are reused
+    /// ([`set_reuse_process_lists`](Backend::set_reuse_process_lists)); `false` for a
+    /// backend that never reuses them.
+    fn reuses_process_lists(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed backend is a backend: frontends choose NVML or a replay at run time.
@@ -194,6 +209,14 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn set_read_process_activity(&mut self, on: bool) {
         (**self).set_read_process_activity(on);
+    }
+
+    fn set_reuse_process_lists(&mut self, on: bool) {
+        (**self).set_reuse_process_lists(on);
+    }
+
+    fn reuses_process_lists(&self) -> bool {
+        (**self).reuses_process_lists()
     }
 }
 

@@ -468,6 +468,7 @@ impl Store {
             move |e| StoreError::sqlite(&path, what, e)
         };
         let now = jiff::Timestamp::now().as_millisecond();
+        let mut applied = from;
         for version in from..schema::CURRENT {
             let tx = self.conn.transaction().map_err(sql("cannot migrate"))?;
             let step = usize::try_from(version).unwrap_or(usize::MAX);
@@ -488,7 +489,13 @@ impl Store {
                 .map_err(sql("cannot migrate"))?;
             }
             tx.commit().map_err(sql("cannot migrate"))?;
-            tracing::info!(version = version + 1, path = %self.path.display(), "Upgraded the history schema.");
+            applied = version + 1;
+        }
+        // Version 0 is a file with no schema: one this open has just created.
+        if from == 0 {
+            tracing::info!(version = applied, path = %self.path.display(), "Created the history.");
+        } else if applied > from {
+            tracing::info!(from, version = applied, path = %self.path.display(), "Upgraded the history schema.");
         }
         Ok(())
     }

@@ -120,6 +120,10 @@ pub fn verify_release(
             })
         })
         .collect();
+    // A target whose forked child keeps its memory leaves the list while the used memory
+    // stays: read the lists every sample here, not only when the used memory moved.
+    let reused = sampler.backend_mut().reuses_process_lists();
+    sampler.backend_mut().set_reuse_process_lists(false);
     let deadline = Instant::now() + timeout;
     while devices.iter().any(|d| !d.released) {
         let at = started.elapsed();
@@ -166,6 +170,7 @@ pub fn verify_release(
         }
         std::thread::sleep(VERIFY_EVERY);
     }
+    sampler.backend_mut().set_reuse_process_lists(reused);
     devices
 }
 

@@ -13,6 +13,7 @@ use crate::state::{lock, with_system};
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
+    crate::calls::count(Func::nvmlInit_v2);
     guard(|| lock().init())
 }
 
@@ -20,11 +21,13 @@ pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
 /// GPUs already initialises, and there is nothing to attach.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
+    crate::calls::count(Func::nvmlInitWithFlags);
     guard(|| lock().init())
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlShutdown() -> Ret {
+    crate::calls::count(Func::nvmlShutdown);
     guard(|| lock().shutdown())
 }
 
@@ -144,6 +147,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     guard(|| {
         // SAFETY: NVML's contract for `device`.
         let out = unsafe { Out::new(device) }?;
+        crate::calls::count(Func::nvmlDeviceGetHandleByIndex_v2);
         let mut state = lock();
         let loaded = state.session()?;
         let index = usize::try_from(index).map_err(|_| codes::INVALID_ARGUMENT)?;
@@ -163,6 +167,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     guard(|| {
         // SAFETY: NVML's contract for `device`.
         let out = unsafe { Out::new(device) }?;
+        crate::calls::count(Func::nvmlDeviceGetHandleByUUID);
         if uuid.is_null() {
             return Err(codes::INVALID_ARGUMENT);
         }

@@ -1171,6 +1171,21 @@ fn record_stderr(dir: &Path, extra: &[&str]) -> String {
 }
 
 #[test]
+fn a_new_history_is_logged_as_created_not_upgraded() {
+    // A brand-new file was announced as "Upgraded the history schema", as if an old
+    // history had been converted.
+    let dir = tempfile::tempdir().unwrap();
+    let first = record_stderr(dir.path(), &[]);
+    assert!(first.contains("Created the history."), "{first}");
+    assert!(!first.contains("Upgraded"), "{first}");
+    // The same file again (`record_stderr` names it by the number of extra arguments): it
+    // is neither created nor upgraded.
+    let again = record_stderr(dir.path(), &[]);
+    assert!(!again.contains("Created the history."), "{again}");
+    assert!(!again.contains("Upgraded"), "{again}");
+}
+
+#[test]
 fn logs_are_coloured_only_when_asked_or_on_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
     // stderr is a pipe here: no escapes by default, nor with --color never.
