@@ -289,7 +289,8 @@ pub struct StatusArgs {
 
     /// With --replay: the moment to show, the last recorded at or before WHEN (a duration
     /// back from now, 'now', RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]' in --tz); default: the
-    /// last sample
+    /// last sample. A WHEN the recording does not cover (before it, more than two sample
+    /// spacings after its last, inside a pause) is an error
     #[arg(
         long,
         value_name = "WHEN",
