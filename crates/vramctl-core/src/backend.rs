@@ -2,8 +2,9 @@
 //!
 //! [`NvmlBackend`](nvml::NvmlBackend) reads the driver through NVML; tests drive the same
 //! code through the fake `libnvidia-ml` (`crates/fake-nvml`), so there is one real
-//! implementation and no in-process mock that could drift from it. A replay backend over a
-//! recorded history implements the same trait.
+//! implementation and no in-process mock that could drift from it. The replay backend over a
+//! recorded history (`vramctl_store::replay::ReplayBackend`, in the store crate, which may
+//! name this one) implements the same trait.
 //!
 //! Contract (checked by [`contract`]'s tests against every implementation):
 //! - a value a device cannot report is `None` with its reason in `missing`, never 0;
@@ -96,6 +97,8 @@ pub struct Enumeration {
 /// A source of GPU readings.
 ///
 /// The required surface is small on purpose: enumerate once, read each device every tick.
+/// Frontends hold a `Sampler<Box<dyn Backend>>` and ask only through this trait, so the
+/// same command runs on NVML or on a recorded history (`vramctl_store::replay`).
 pub trait Backend: Send {
     /// Versions of the driver stack (cheap: read once at start-up).
     fn driver(&mut self) -> DriverInfo;
@@ -145,6 +148,75 @@ pub trait Backend: Send {
     /// The process name the driver knows for `pid`, used when /proc cannot see the process.
     fn process_name(&mut self, _pid: u32) -> Option<String> {
         None
+    }
+
+    /// Also read per-process SM activity (the idle evidence of the recorder, `serve`, `top`,
+    /// `leaks --watch` and `reap`), where reading it costs something; a backend that has it
+    /// anyway, or never has it, ignores this.
+    fn set_read_process_activity(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// Whether a tick may reuse the previous process lists while a device's used memory is
+    /// unchanged (NVML's, on by default). Turned off while waiting for a list to change
+    /// that the used memory may not show (after a kill: a forked child keeps the memory);
+    /// a backend that reads every list every tick, or replays them, ignores this.
+    fn set_reuse_process_lists(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// Whether unchanged process lists are reused
+    /// ([`set_reuse_process_lists`](Backend::set_reuse_process_lists)); `false` for a
+    /// backend that never reuses them.
+    fn reuses_process_lists(&self) -> bool {
+        false
+    }
+}
+
+/// A boxed backend is a backend: frontends choose NVML or a replay at run time.
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn driver(&mut self) -> DriverInfo {
+        (**self).driver()
+    }
+
+    fn cuda_driver_version(&mut self) -> Option<String> {
+        (**self).cuda_driver_version()
+    }
+
+    fn enumerate(&mut self) -> Result<Enumeration, DeviceError> {
+        (**self).enumerate()
+    }
+
+    fn device_count(&mut self) -> Result<u32, DeviceError> {
+        (**self).device_count()
+    }
+
+    fn begin_tick(&mut self, now: ClockTime) {
+        (**self).begin_tick(now);
+    }
+
+    fn read(&mut self, device: &DeviceInfo) -> Result<DeviceReading, DeviceError> {
+        (**self).read(device)
+    }
+
+    fn diagnostics(&mut self, device: &DeviceInfo) -> Result<DeviceDiagnostics, DeviceError> {
+        (**self).diagnostics(device)
+    }
+
+    fn process_name(&mut self, pid: u32) -> Option<String> {
+        (**self).process_name(pid)
+    }
+
+    fn set_read_process_activity(&mut self, on: bool) {
+        (**self).set_read_process_activity(on);
+    }
+
+    fn set_reuse_process_lists(&mut self, on: bool) {
+        (**self).set_reuse_process_lists(on);
+    }
+
+    fn reuses_process_lists(&self) -> bool {
+        (**self).reuses_process_lists()
     }
 }
 

@@ -14,7 +14,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod analysis;
-pub mod audit;
+pub mod audit_record;
 pub mod backend;
 pub mod clock;
 pub mod command_line;

@@ -123,6 +123,8 @@ pub trait ProcSource: Send + std::fmt::Debug {
     fn started_at_unix_ms(&self, start_time_ticks: u64) -> Option<i64>;
     /// Clock ticks per second.
     fn ticks_per_second(&self) -> u64;
+    /// Bytes per page (resident memory is counted in pages).
+    fn page_size(&self) -> u64;
 }
 
 /// [`ProcSource`] over this system's /proc, with pidfds watched by one epoll instance.
@@ -281,6 +283,10 @@ impl ProcSource for LiveProc {
     fn ticks_per_second(&self) -> u64 {
         self.reader.ticks_per_second()
     }
+
+    fn page_size(&self) -> u64 {
+        self.reader.page_size()
+    }
 }
 
 /// What never changes for a process (read once per identity).
@@ -329,6 +335,8 @@ pub struct StatReading {
     pub threads: u32,
     /// Resident set size in pages.
     pub rss_pages: u64,
+    /// The same in bytes.
+    pub rss_bytes: u64,
 }
 
 impl StatReading {
@@ -517,6 +525,20 @@ impl ProcessCatalog {
         let mut listed = pids.to_vec();
         listed.sort_unstable();
         listed.dedup();
+        self.observe_listed(&listed, &listed, now_ms, driver_name)
+    }
+
+    /// [`observe`](Self::observe) of `wanted` (sorted), asking the driver only about the
+    /// PIDs it listed (`by_driver`, sorted).
+    fn observe_listed(
+        &mut self,
+        wanted: &[u32],
+        by_driver: &[u32],
+        now_ms: i64,
+        driver_name: &mut dyn FnMut(u32) -> Option<String>,
+    ) -> Observed {
+        let listed = wanted;
+        let mut no_driver = |_: u32| None;
         let mut out = Observed::default();
         let gone: Vec<u32> = self
             .entries
@@ -562,7 +584,13 @@ impl ProcessCatalog {
             }
         }
 
-        for pid in listed {
+        for &pid in listed {
+            let driver_name: &mut dyn FnMut(u32) -> Option<String> =
+                if by_driver.binary_search(&pid).is_ok() {
+                    &mut *driver_name
+                } else {
+                    &mut no_driver
+                };
             match self.entries.get(&pid) {
                 None => {
                     self.learn(pid, now_ms, driver_name);
@@ -640,6 +668,86 @@ impl ProcessCatalog {
         }
     }
 
+    /// [`observe`](Self::observe), keeping also the ancestors of the listed processes (up
+    /// to, not including, PID 1, at most 64 levels): `top`'s tree view shows who started a
+    /// GPU process. An ancestor is followed through the parent PID of its latest stat
+    /// reading, so a process reparented when its parent exited moves once its stat is read
+    /// again ([`stat`](Self::stat), at most once per `stat_every_ms`). The driver is never
+    /// asked about an ancestor: only listed PIDs are its processes.
+    pub fn observe_with_ancestors(
+        &mut self,
+        pids: &[u32],
+        now_ms: i64,
+        driver_name: &mut dyn FnMut(u32) -> Option<String>,
+    ) -> Observed {
+        let mut listed = pids.to_vec();
+        listed.sort_unstable();
+        listed.dedup();
+        let mut out = Observed::default();
+        // Each round learns the ancestors one more level up that the last one found; a
+        // tree already known is one round.
+        for _ in 0..=MAX_ANCESTRY {
+            let mut wanted = std::collections::BTreeSet::new();
+            for &pid in &listed {
+                let mut next = Some(pid);
+                for _ in 0..=MAX_ANCESTRY {
+                    let Some(p) = next.filter(|&p| p > 1 && wanted.insert(p)) else {
+                        break;
+                    };
+                    next = self
+                        .entries
+                        .get(&p)
+                        .and_then(|e| e.visible.then_some(e.stat?.ppid));
+                }
+            }
+            let learnt_before = out.new.len();
+            let wanted: Vec<u32> = wanted.into_iter().collect();
+            let seen = self.observe_listed(&wanted, &listed, now_ms, driver_name);
+            out.new.extend(seen.new);
+            out.left.extend(seen.left);
+            let unknown_parent = wanted.iter().any(|p| {
+                self.entries.get(p).is_some_and(|e| {
+                    e.visible
+                        && e.stat
+                            .is_some_and(|s| s.ppid > 1 && !self.entries.contains_key(&s.ppid))
+                })
+            });
+            if out.new.len() == learnt_before || !unknown_parent {
+                break;
+            }
+        }
+        out.new.sort_unstable();
+        out.new.dedup();
+        out.left.sort_unstable();
+        out.left.dedup();
+        out
+    }
+
+    /// `pid` as /proc describes it, from what the catalog read (static facts, the latest
+    /// stat reading, at most `stat_every_ms` old when [`stat`](Self::stat) was asked first):
+    /// `None` when /proc cannot see it.
+    pub fn details(&self, pid: u32) -> Option<ProcessDetails> {
+        let entry = self.entries.get(&pid).filter(|e| e.visible)?;
+        let facts = &entry.facts;
+        let stat = entry.stat;
+        Some(ProcessDetails {
+            pid,
+            uid: facts.uid,
+            user: facts.user.clone(),
+            command: facts.command.clone().unwrap_or_default(),
+            comm: facts.comm.clone(),
+            ppid: stat.map(|s| s.ppid),
+            state: stat.map(|s| s.state),
+            start_time_ticks: entry.start_time_ticks,
+            started_at_unix_ms: facts.started_at_unix_ms,
+            cpu_ticks: stat.map(|s| s.cpu_ticks),
+            rss_bytes: stat.map(|s| s.rss_bytes),
+            threads: stat.map(|s| s.threads),
+            kernel_thread: facts.kernel_thread,
+            container: facts.container.clone(),
+        })
+    }
+
     fn read_stat(&mut self, pid: u32, now_ms: i64) -> Option<(StatReading, u64)> {
         self.counters.stat_reads += 1;
         let stat = self.proc_source.stat(pid).ok()?;
@@ -654,6 +762,7 @@ impl ProcessCatalog {
             ppid: stat.ppid,
             threads: stat.threads,
             rss_pages: stat.rss_pages,
+            rss_bytes: stat.rss_pages.saturating_mul(self.proc_source.page_size()),
         };
         Some((reading, stat.start_time_ticks))
     }
@@ -766,6 +875,10 @@ impl ProcessCatalog {
     }
 }
 
+/// How far up the tree [`ProcessCatalog::observe_with_ancestors`] follows parents (as `top`
+/// always did: deeper trees are not shown in a terminal anyway).
+const MAX_ANCESTRY: usize = 64;
+
 /// The PIDs listed on the devices of `snapshot` that answered, ascending, each once.
 pub fn listed_pids(snapshot: &Snapshot) -> Vec<u32> {
     let mut pids: Vec<u32> = snapshot
@@ -791,6 +904,8 @@ pub struct ScriptedProc(std::sync::Arc<std::sync::Mutex<ScriptedTable>>);
 struct ScriptedTable {
     /// pid -> (start ticks, cpu ticks, state).
     procs: HashMap<u32, (u64, u64, char)>,
+    /// pid -> parent pid (1 when not set).
+    parents: HashMap<u32, u32>,
     /// Pins and the process (pid, start) each pins.
     pins: HashMap<PinId, (u32, u64)>,
     next: u64,
@@ -817,6 +932,11 @@ impl ScriptedProc {
         self.table()
             .procs
             .insert(pid, (start_time_ticks, cpu_ticks, state));
+    }
+
+    /// Makes `ppid` the parent of `pid`.
+    pub fn set_parent(&self, pid: u32, ppid: u32) {
+        self.table().parents.insert(pid, ppid);
     }
 
     /// Removes `pid` (it exited and was reaped).
@@ -880,7 +1000,7 @@ impl ProcSource for ScriptedProc {
             pid,
             comm: format!("p{pid}"),
             state,
-            ppid: 1,
+            ppid: t.parents.get(&pid).copied().unwrap_or(1),
             pgrp: 0,
             flags: 0,
             utime_ticks: cpu,
@@ -901,7 +1021,7 @@ impl ProcSource for ScriptedProc {
             user: Some("alice".into()),
             command: format!("python job{pid}-{start}.py"),
             comm: Some("python".into()),
-            ppid: Some(1),
+            ppid: Some(t.parents.get(&pid).copied().unwrap_or(1)),
             state: Some(state),
             start_time_ticks: Some(start),
             started_at_unix_ms: None,
@@ -920,6 +1040,10 @@ impl ProcSource for ScriptedProc {
 
     fn ticks_per_second(&self) -> u64 {
         100
+    }
+
+    fn page_size(&self) -> u64 {
+        4096
     }
 }
 
@@ -983,6 +1107,69 @@ mod tests {
             catalog.observe(&pids, tick * 100, &mut no_name);
         }
         assert_eq!(catalog.counters().stat_reads - before, 30 * 60);
+    }
+
+    #[test]
+    fn ancestors_of_listed_processes_are_kept_and_the_driver_is_asked_only_about_its_own() {
+        // 100 (on a GPU) <- 50 (a shell) <- 10 (a session) <- 1; 7777 is on a GPU but not
+        // in our namespace.
+        let source = scripted(|t| {
+            for (pid, parent) in [(100, 50), (50, 10), (10, 1)] {
+                t.set(pid, u64::from(pid) * 10, 0, 'S');
+                t.set_parent(pid, parent);
+            }
+        });
+        let mut catalog = catalog(&source);
+        let mut asked = Vec::new();
+        let mut driver = |pid: u32| {
+            asked.push(pid);
+            Some(format!("driver name of {pid}"))
+        };
+        let seen = catalog.observe_with_ancestors(&[100, 7777], 0, &mut driver);
+        assert_eq!(seen.new, [10, 50, 100, 7777]);
+        assert_eq!(
+            asked,
+            [7777],
+            "the driver is asked only about the PIDs it listed"
+        );
+        assert_eq!(catalog.get(50).map(|e| e.visible), Some(true));
+        assert!(
+            catalog.get(1).is_none(),
+            "PID 1 is not shown as an ancestor"
+        );
+        assert_eq!(
+            catalog.get(7777).and_then(|e| e.facts.command.as_deref()),
+            Some("driver name of 7777")
+        );
+        // A known tree costs no reads of static facts, and nothing is forgotten.
+        let reads = catalog.counters().detail_reads;
+        let seen = catalog.observe_with_ancestors(&[100, 7777], 100, &mut |_| None);
+        assert_eq!(seen, Observed::default());
+        assert_eq!(catalog.counters().detail_reads, reads);
+        // The GPU process gone: its ancestors go with it.
+        let seen = catalog.observe_with_ancestors(&[7777], 200, &mut |_| None);
+        assert_eq!(
+            seen.left,
+            [(10, Some(100)), (50, Some(500)), (100, Some(1000))]
+        );
+        assert_eq!(catalog.entries().count(), 1);
+    }
+
+    #[test]
+    fn details_are_what_the_catalog_read_with_resident_memory_in_bytes() {
+        let source = scripted(|t| t.set(42, 500, 7, 'R'));
+        let mut catalog = catalog(&source);
+        catalog.observe(&[42, 4_194_305], 0, &mut no_name);
+        let d = catalog.details(42).expect("visible");
+        assert_eq!(
+            (d.pid, d.uid, d.user.as_deref(), d.command.as_str()),
+            (42, Some(1000), Some("alice"), "python job42-500.py")
+        );
+        assert_eq!((d.state, d.ppid, d.threads), (Some('R'), Some(1), Some(4)));
+        assert_eq!((d.start_time_ticks, d.cpu_ticks), (Some(500), Some(7)));
+        assert_eq!(d.started_at_unix_ms, Some(5000));
+        assert_eq!(d.rss_bytes, Some(4096), "one page");
+        assert_eq!(catalog.details(4_194_305), None, "not visible: no details");
     }
 
     #[test]

@@ -598,6 +598,11 @@ impl ProcReader {
         self.ticks_per_second
     }
 
+    /// Bytes per page, the unit of resident memory in `/proc/PID/stat`.
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
     /// What /proc says about `pid`, or `None` when no such process is visible here.
     pub fn details(&mut self, pid: u32) -> Option<ProcessDetails> {
         let stat = match read_stat(pid) {

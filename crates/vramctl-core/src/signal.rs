@@ -45,7 +45,7 @@ pub use handle::PidHandle;
 use handle::{OpenError, Opener, open_pidfd, wait_all};
 pub use refusal::{Actor, Expectation, ProcessFacts, Refusal, check_pid, check_process};
 
-use crate::audit::{AuditOutcome, AuditRecord};
+use crate::audit_record::{AuditOutcome, AuditRecord};
 use crate::clock::Clock;
 use crate::procinfo::{
     self, PidNamespace, ProcError, ProcReader, ProcessIdentity, gpu_device_files, read_stat,

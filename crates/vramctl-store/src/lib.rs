@@ -57,6 +57,7 @@
 //! | [`Store::append_audit`], [`Store::set_audit_outcome`], [`Store::audit_rows`] | the audit log of signals (`synchronous=FULL`) |
 //! | [`Store::open_in_memory`] + [`format::import_files`] | analyse a log file without touching the disk |
 //! | [`downsample`] | re-bucket points for display, keeping min/max/last |
+//! | [`Store::moment_at_or_before`], [`replay::ReplayBackend`] | one recorded moment rebuilt (readings, gaps as missing values, who the processes were) and served as a `vramctl_core::Backend` |
 //!
 //! Points are dense: one per stored tick while the series is present (a value that did not
 //! change is repeated), none while it is absent. A point with `span_ms > 0` is a bucket.
@@ -72,20 +73,21 @@
 #![warn(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
-mod audit;
+mod audit_table;
 mod codec;
 mod db;
 mod error;
 pub mod format;
 mod model;
 mod query;
+pub mod replay;
 mod retention;
 mod schema;
 mod snapshot;
 mod timebase;
 mod writer;
 
-pub use audit::AuditRow;
+pub use audit_table::AuditRow;
 pub use codec::Entry;
 pub use db::{OpenMode, Store};
 pub use error::StoreError;

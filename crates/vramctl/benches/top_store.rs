@@ -17,7 +17,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use vramctl::tui::history::HistorySource;
+use vramctl::tui::memory_series::HistorySource;
 use vramctl::tui::replay::{Seek, keys_of, seek_frame};
 use vramctl::tui::store::StoreSource;
 use vramctl_store::{

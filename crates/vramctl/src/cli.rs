@@ -191,7 +191,8 @@ const STATUS_HELP: &str = "\
 Examples:
   vramctl status
   vramctl status --watch 2s --gpu 0,1
-  vramctl status --json | jq '.devices[].memory'";
+  vramctl status --json | jq '.devices[].memory'
+  vramctl status --replay ~/.local/state/vramctl/history.db --at '2026-11-29 20:31'";
 
 const INFO_HELP: &str = "\
 Examples:
@@ -280,6 +281,29 @@ pub struct StatusArgs {
     /// as user:command(memory)), as gpustat prints them
     #[arg(long, conflicts_with = "json")]
     pub compact: bool,
+
+    /// Show a recorded moment instead of now: a history database (vramctl record, serve
+    /// --record, import); what a history does not keep is shown as not reported
+    #[arg(long, value_name = "DB", conflicts_with = "watch")]
+    pub replay: Option<PathBuf>,
+
+    /// With --replay: the moment to show, the last recorded at or before WHEN (a duration
+    /// back from now, 'now', RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]' in --tz); default: the
+    /// last sample. A WHEN the recording does not cover (before it, more than two sample
+    /// spacings after its last, inside a pause) is an error
+    #[arg(
+        long,
+        value_name = "WHEN",
+        allow_hyphen_values = true,
+        value_parser = when,
+        requires = "replay"
+    )]
+    pub at: Option<When>,
+
+    /// With --replay: the time zone of a local --at (e.g. UTC, Europe/Paris); default: TZ,
+    /// else the system's
+    #[arg(long, value_name = "TZ", requires = "replay")]
+    pub tz: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -1118,7 +1142,7 @@ fn step(text: &str) -> Result<Step, String> {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    crate::output::units::parse_bytes(text)
+    vramctl::units::parse_bytes(text)
 }
 
 fn parse_signal(text: &str) -> Result<vramctl_core::signal::Signal, String> {

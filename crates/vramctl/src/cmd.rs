@@ -1,5 +1,6 @@
-//! One module per command; each exposes `run`. Shared here: opening the backend and
-//! choosing devices.
+//! One module per command; each exposes `run`. Shared here: what turns the command line
+//! into the library's arguments (the history's path, the NVML session, the analysis'
+//! settings, the samples to analyse); the work itself is in the library (`lib.rs`).
 
 pub mod export;
 pub mod history;
@@ -15,11 +16,14 @@ pub mod serve;
 pub mod status;
 pub mod top;
 
-use anyhow::{Context, bail};
-use vramctl_core::types::DeviceInfo;
-use vramctl_core::{NvmlBackend, Sampler};
+use anyhow::{Context, anyhow, bail};
+use vramctl::live_loop::LiveSampler;
+use vramctl::sample_source::{self, Source, SourceKind, Window};
+use vramctl_core::analysis::LeakConfig;
+use vramctl_core::wall_time;
+use vramctl_store::format::{Format, ImportOptions};
 
-use crate::cli::{Cli, Command, GlobalArgs};
+use crate::cli::{AnalysisArgs, Cli, Command, GlobalArgs, ImportFormat, SourceArgs};
 use crate::exit::Exit;
 
 /// Runs the command the user chose.
@@ -76,74 +80,114 @@ pub fn open_history(path: &std::path::Path) -> anyhow::Result<vramctl_store::Sto
     Ok(store)
 }
 
-/// Loads NVML and enumerates the GPUs (one NVML session for the whole process).
-pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<Sampler<NvmlBackend>> {
-    let started = std::time::Instant::now();
-    let backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
-    let loaded = started.elapsed();
-    let sampler = Sampler::new(backend).context("cannot list the GPUs")?;
-    tracing::debug!(
-        nvml_init_ms = loaded.as_secs_f64() * 1e3,
-        enumerate_ms = (started.elapsed() - loaded).as_secs_f64() * 1e3,
-        devices = sampler.devices().len(),
-        "Started NVML."
-    );
-    Ok(sampler)
+/// `--min-idle-mem`, `--idle-for`, `--warmup` over the documented defaults.
+pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
+    let cfg = LeakConfig {
+        min_idle_bytes: vramctl::units::parse_bytes(&args.min_idle_mem)
+            .map_err(|e| anyhow!("--min-idle-mem: {e}"))?,
+        idle_for: args.idle_for,
+        min_warmup: args.warmup,
+        ..LeakConfig::default()
+    };
+    if cfg.min_warmup > cfg.max_warmup {
+        bail!(
+            "--warmup '{}' is longer than the analysis ever waits for warm-up ({}); use {} or less",
+            vramctl_core::duration::format(args.warmup),
+            vramctl_core::duration::format(cfg.max_warmup),
+            vramctl_core::duration::format(cfg.max_warmup),
+        );
+    }
+    cfg.validate().map_err(|e| anyhow!("{e}"))?;
+    Ok(cfg)
 }
 
-/// Devices chosen with `--gpu` (index or UUID); all when none was given.
-#[derive(Debug, Clone, Default)]
-pub struct GpuFilter {
-    selectors: Vec<String>,
+/// Loads NVML and enumerates the GPUs (one NVML session for the whole process), from
+/// `--nvml-lib`.
+pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<LiveSampler> {
+    vramctl::live_loop::open_sampler(global.nvml_lib.as_deref())
 }
 
-impl GpuFilter {
-    /// Checks every selector names one of `devices`.
-    ///
-    /// # Errors
-    /// A selector that matches no device, with the devices that exist.
-    pub fn new(
-        selectors: &[String],
-        devices: &[std::sync::Arc<DeviceInfo>],
-    ) -> anyhow::Result<Self> {
-        for selector in selectors {
-            if !devices.iter().any(|d| selector_matches(selector, d)) {
-                let known: Vec<String> = devices
-                    .iter()
-                    .map(|d| format!("{} ({})", d.index, d.uuid))
-                    .collect();
-                bail!(
-                    "no GPU matches '{selector}'; use an index or UUID of: {}",
-                    if known.is_empty() {
-                        "none found".to_owned()
-                    } else {
-                        known.join(", ")
-                    }
-                );
-            }
+/// `--format` of `import`, `leaks` and `plot`; `ndjson` covers both vramctl NDJSON kinds,
+/// which the importer tells apart per file.
+pub fn import_format(format: ImportFormat) -> Option<Format> {
+    match format {
+        ImportFormat::Auto => None,
+        ImportFormat::SmiGpu => Some(Format::SmiGpu),
+        ImportFormat::SmiApps => Some(Format::SmiApps),
+        ImportFormat::Gpuz => Some(Format::Gpuz),
+        ImportFormat::Ndjson => Some(Format::Ndjson),
+    }
+}
+
+/// The samples `leaks` and `plot` analyse: the history (`--db`), or the log files given,
+/// read into memory (`vramctl::sample_source`).
+pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Source> {
+    let tz = wall_time::zone(args.tz.as_deref())?;
+    let (store, kind) = if args.files.is_empty() {
+        let path = db_path(global)?;
+        (open_history(&path)?, SourceKind::Store(path))
+    } else {
+        let options = ImportOptions {
+            format: import_format(args.format),
+            strict: !args.skip_bad_rows,
+            tz: tz.clone(),
+            columns: args
+                .columns
+                .as_ref()
+                .map(|c| c.split(',').map(|s| s.trim().to_owned()).collect()),
+            // `--gpu` also names the GPU of an apps log without a GPU column (one is enough).
+            gpu: args.gpu.first().cloned(),
+        };
+        let (store, files) = sample_source::read_files(&args.files, &options)?;
+        (store, SourceKind::Files(files))
+    };
+    sample_source::resolve(
+        store,
+        kind,
+        tz,
+        Window {
+            since: args.since.as_ref(),
+            until: args.until.as_ref(),
+            gpu: &args.gpu,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::time::Duration;
+
+    fn analysis(min_idle_mem: &str, idle_for: &str, warmup: &str) -> AnalysisArgs {
+        let duration = |text| vramctl_core::duration::parse(text).unwrap();
+        AnalysisArgs {
+            min_idle_mem: min_idle_mem.into(),
+            idle_for: duration(idle_for),
+            warmup: duration(warmup),
         }
-        Ok(Self {
-            selectors: selectors.to_vec(),
-        })
     }
 
-    /// Whether `device` was chosen.
-    pub fn matches(&self, device: &DeviceInfo) -> bool {
-        self.selectors.is_empty() || Self::selects(&self.selectors, device)
+    #[test]
+    fn thresholds_map_to_the_analysis_and_bad_ones_are_named() {
+        let cfg = leak_config(&analysis("1GiB", "30m", "0s")).unwrap();
+        assert_eq!(cfg, LeakConfig::default());
+        let cfg = leak_config(&analysis("512MiB", "2h", "5m")).unwrap();
+        assert_eq!(cfg.min_idle_bytes, 512 << 20);
+        assert_eq!(cfg.idle_for, Duration::from_secs(7200));
+        assert_eq!(cfg.min_warmup, Duration::from_secs(300));
+        for (args, needle) in [
+            (
+                analysis("x", "30m", "0s"),
+                "--min-idle-mem: 'x' is not a size",
+            ),
+            (
+                analysis("1GiB", "30m", "1h"),
+                "--warmup '1h' is longer than",
+            ),
+        ] {
+            let err = leak_config(&args).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
-
-    /// Whether one of `selectors` (indexes, UUIDs, UUID prefixes) names `device`.
-    pub fn selects(selectors: &[String], device: &DeviceInfo) -> bool {
-        selectors.iter().any(|s| selector_matches(s, device))
-    }
-}
-
-fn selector_matches(selector: &str, device: &DeviceInfo) -> bool {
-    let selector = selector.trim();
-    selector.parse::<u32>().is_ok_and(|i| i == device.index)
-        || device.uuid.eq_ignore_ascii_case(selector)
-        || device.mig_instances.iter().any(|m| m.uuid.eq_ignore_ascii_case(selector))
-        // A UUID prefix of at least 8 characters after `GPU-`, as people paste them short.
-        || (selector.len() >= 12
-            && device.uuid.to_ascii_lowercase().starts_with(&selector.to_ascii_lowercase()))
 }

@@ -17,14 +17,14 @@
 //! line, the age of that sample, so a stuck sampler is visible. The async runtime stays in
 //! this module (`server`); the rest of vramctl is threads and channels.
 //!
-//! Consumers of a tick (see [`daemon`]): the leak and idle analysis ([`analysis`]: fills
+//! Consumers of a tick (see [`collector`]): the leak and idle analysis ([`live_verdicts`]: fills
 //! the verdicts the renderer exports) and the history recorder (`serve --record`,
 //! [`recording`]).
 
-pub mod analysis;
 pub mod auth;
 pub mod cache;
-pub mod daemon;
+pub mod collector;
+pub mod live_verdicts;
 pub mod metadata;
 pub mod recording;
 pub mod render;

@@ -1,9 +1,21 @@
-//! The parts of `vramctl` that are a library as well as a binary: the terminal UI of
-//! `vramctl top`, so that its frames can be rendered by a benchmark
-//! (`benches/top_frame.rs`) and by tests without a terminal; and what `top` shares with the
-//! other commands that run the live analysis (`facts`: /proc facts for `FleetTracker`).
+//! The library under the `vramctl` binary: what more than one command uses, so that a
+//! command module (`cmd/<command>.rs`) only parses its arguments, calls these and prints.
+//! The terminal UI of `vramctl top` is here too, so that its frames can be rendered by a
+//! benchmark (`benches/top_frame.rs`) and by tests without a terminal.
 //!
-//! The binary (`main.rs`) holds the command line and every other command.
+//! The binary (`main.rs`) holds the command line (`cli`), the commands (`cmd/*`), their
+//! output helpers (`output/*`), the exporter (`exporter/*`) and the audit sink.
 
-pub mod facts;
+pub mod csv_record;
+pub mod gpu_holdings;
+pub mod gpu_selection;
+pub mod history_chart;
+pub mod import_notes;
+pub mod leak_scan;
+pub mod live_loop;
+pub mod memory_release;
+pub mod pattern;
+pub mod recorder;
+pub mod sample_source;
 pub mod tui;
+pub mod units;

@@ -4,14 +4,13 @@
 //! tables, styles shared by the commands), `exit` (exit codes and error classes),
 //! `recorder` (the history writer that `record` and `serve --record` share).
 
-mod audit;
+mod audit_sink;
 mod cli;
 mod cmd;
 mod exit;
 mod exporter;
 mod logging;
 mod output;
-mod recorder;
 
 use std::process::ExitCode;
 

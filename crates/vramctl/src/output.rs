@@ -6,4 +6,3 @@ pub mod chart;
 pub mod style;
 pub mod table;
 pub mod terminal;
-pub mod units;

@@ -18,8 +18,6 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, anyhow};
 use vramctl_core::clock::ClockTime;
-#[cfg(test)]
-use vramctl_core::process_catalog::CatalogCounters;
 use vramctl_core::process_catalog::{
     FactsSource, LiveProc, ProcessCatalog, RefreshPolicy, listed_pids,
 };
@@ -232,11 +230,10 @@ impl Drop for StoreFeed {
 /// [`ProcessCatalog`] knows, sent to the store when a process is new (metadata, once per
 /// identity) and its CPU time every [`CPU_EVERY_MS`]. The catalog proves each tick that a
 /// PID still names the same process (a pidfd poll) and reads `/proc/PID/stat` only for
-/// those CPU readings.
-#[derive(Debug)]
+/// those CPU readings. The catalog is the caller's: `serve --record` shares its own with the
+/// exporter's labels and live analysis, so /proc is read once for all of them.
+#[derive(Debug, Default)]
 pub struct Procs {
-    boot_id: Option<String>,
-    catalog: ProcessCatalog,
     /// What was last sent per PID: its identity, and when its CPU time was.
     sent: HashMap<u32, Sent>,
 }
@@ -247,54 +244,48 @@ struct Sent {
     cpu_at_ms: i64,
 }
 
+/// The catalog a recorder reads through: /proc (`read_proc`), or the driver's process names
+/// only (a container without the host's PID namespace, where /proc would describe other
+/// processes under the same numbers).
+pub fn recorder_catalog(read_proc: bool) -> ProcessCatalog {
+    let source = if read_proc {
+        FactsSource::Proc
+    } else {
+        FactsSource::Driver
+    };
+    ProcessCatalog::with_source(
+        source,
+        RefreshPolicy::default(),
+        procinfo::boot_id(),
+        Box::new(LiveProc::new()),
+    )
+}
+
 impl Procs {
-    /// Enrichment from /proc (`read_proc`), or from the driver's process names only (a
-    /// container without the host's PID namespace, where /proc would describe other
-    /// processes under the same numbers).
-    pub fn new(boot_id: Option<String>, read_proc: bool) -> Self {
-        let source = if read_proc {
-            FactsSource::Proc
-        } else {
-            FactsSource::Driver
-        };
-        Self::with_catalog(ProcessCatalog::with_source(
-            source,
-            RefreshPolicy::default(),
-            boot_id,
-            Box::new(LiveProc::new()),
-        ))
+    /// Nothing sent yet.
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// Enrichment from `catalog` (tests give one over a scripted /proc).
-    pub fn with_catalog(catalog: ProcessCatalog) -> Self {
-        Self {
-            boot_id: catalog.boot_id().map(str::to_owned),
-            catalog,
-            sent: HashMap::new(),
-        }
-    }
-
-    /// What reading /proc cost so far.
-    #[cfg(test)]
-    pub fn counters(&self) -> CatalogCounters {
-        self.catalog.counters()
-    }
-
-    /// Samples for processes that are new, reused PIDs, or due a CPU-time reading.
-    /// `driver_name` names a process /proc cannot see (the driver still knows it).
+    /// Samples for processes that are new, reused PIDs, or due a CPU-time reading, from
+    /// `catalog` brought up to `snapshot` first (a catalog that observed it already pays one
+    /// more exit check). `driver_name` names a process /proc cannot see (the driver still
+    /// knows it). `now` paces the CPU readings: the catalog's time, monotonic.
     pub fn update(
         &mut self,
+        catalog: &mut ProcessCatalog,
         snapshot: &Snapshot,
         now: i64,
         driver_name: &mut dyn FnMut(u32) -> Option<String>,
     ) -> Vec<ProcessSample> {
         let on_gpu = listed_pids(snapshot);
-        self.catalog.observe(&on_gpu, now, driver_name);
+        catalog.observe(&on_gpu, now, driver_name);
         self.sent.retain(|pid, _| on_gpu.binary_search(pid).is_ok());
-        let with_cpu = self.catalog.source() == FactsSource::Proc;
+        let boot_id = catalog.boot_id().map(str::to_owned);
+        let with_cpu = catalog.source() == FactsSource::Proc;
         let mut out = Vec::new();
         for pid in on_gpu {
-            let Some(entry) = self.catalog.get(pid) else {
+            let Some(entry) = catalog.get(pid) else {
                 continue;
             };
             let start = entry.start_time_ticks;
@@ -312,7 +303,7 @@ impl Procs {
             }
             let mut meta = ProcessMeta {
                 key: ProcessKey {
-                    boot_id: self.boot_id.clone(),
+                    boot_id: boot_id.clone(),
                     pid,
                     start_time_ticks: start,
                 },
@@ -327,7 +318,7 @@ impl Procs {
                 meta.pod_uid.clone_from(&facts.container.pod_uid);
             }
             let cpu_ticks = if cpu_due {
-                self.catalog.stat(pid, now).map(|s| s.cpu_ticks)
+                catalog.stat(pid, now).map(|s| s.cpu_ticks)
             } else {
                 None
             };
@@ -473,13 +464,19 @@ mod tests {
     #[test]
     fn our_own_process_gets_its_identity_once_and_cpu_every_ten_seconds() {
         let me = std::process::id();
-        let mut procs = Procs::new(Some("boot".into()), true);
+        let mut catalog = ProcessCatalog::with_source(
+            FactsSource::Proc,
+            RefreshPolicy::default(),
+            Some("boot".into()),
+            Box::new(LiveProc::new()),
+        );
+        let mut procs = Procs::new();
         let asked = std::cell::RefCell::new(Vec::new());
         let mut name = |pid| {
             asked.borrow_mut().push(pid);
             None
         };
-        let first = procs.update(&snapshot(0, &[me]), 0, &mut name);
+        let first = procs.update(&mut catalog, &snapshot(0, &[me]), 0, &mut name);
         assert_eq!(first.len(), 1);
         let meta = &first[0].meta;
         assert_eq!(meta.key.boot_id.as_deref(), Some("boot"));
@@ -488,10 +485,10 @@ mod tests {
         assert!(first[0].cpu_ticks.is_some());
         assert!(
             procs
-                .update(&snapshot(5_000, &[me]), 5_000, &mut name)
+                .update(&mut catalog, &snapshot(5_000, &[me]), 5_000, &mut name)
                 .is_empty()
         );
-        let again = procs.update(&snapshot(10_000, &[me]), 10_000, &mut name);
+        let again = procs.update(&mut catalog, &snapshot(10_000, &[me]), 10_000, &mut name);
         assert_eq!(again.len(), 1);
         assert!(again[0].cpu_ticks.is_some());
         assert_eq!(again[0].meta.command, None, "metadata only once");
@@ -504,41 +501,43 @@ mod tests {
     #[test]
     fn without_proc_only_the_driver_name_is_kept() {
         let me = std::process::id();
-        let mut procs = Procs::new(None, false);
+        let mut catalog = recorder_catalog(false);
+        let mut procs = Procs::new();
         let mut name = |pid: u32| Some(format!("name {pid}"));
-        let first = procs.update(&snapshot(0, &[me]), 0, &mut name);
+        let first = procs.update(&mut catalog, &snapshot(0, &[me]), 0, &mut name);
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].meta.command, Some(format!("name {me}")));
         assert_eq!(first[0].meta.key.start_time_ticks, None);
         assert_eq!(first[0].meta.user, None);
         assert!(
             procs
-                .update(&snapshot(60_000, &[me]), 60_000, &mut name)
+                .update(&mut catalog, &snapshot(60_000, &[me]), 60_000, &mut name)
                 .is_empty()
         );
     }
 
-    fn scripted_procs(source: &ScriptedProc) -> Procs {
-        Procs::with_catalog(ProcessCatalog::with_source(
+    fn scripted_catalog(source: &ScriptedProc) -> ProcessCatalog {
+        ProcessCatalog::with_source(
             FactsSource::Proc,
             RefreshPolicy::default(),
             Some("boot".into()),
             Box::new(source.clone()),
-        ))
+        )
     }
 
     #[test]
     fn a_reused_pid_is_recorded_as_a_new_process_at_the_next_tick() {
         let source = ScriptedProc::new();
         source.set(42, 500, 10, 'S');
-        let mut procs = scripted_procs(&source);
+        let mut catalog = scripted_catalog(&source);
+        let mut procs = Procs::new();
         let mut name = |_| None;
-        let first = procs.update(&snapshot(0, &[42]), 0, &mut name);
+        let first = procs.update(&mut catalog, &snapshot(0, &[42]), 0, &mut name);
         assert_eq!(first[0].meta.key.start_time_ticks, Some(500));
         // 100 ms later another process runs under PID 42: the history must not add its
         // memory to the first one's series until the next CPU reading (10 s later).
         source.set(42, 900, 0, 'R');
-        let next = procs.update(&snapshot(100, &[42]), 100, &mut name);
+        let next = procs.update(&mut catalog, &snapshot(100, &[42]), 100, &mut name);
         assert_eq!(next.len(), 1);
         let meta = &next[0].meta;
         assert_eq!(meta.key.start_time_ticks, Some(900));
@@ -553,16 +552,22 @@ mod tests {
         for &pid in &pids {
             source.set(pid, u64::from(pid), 0, 'S');
         }
-        let mut procs = scripted_procs(&source);
+        let mut catalog = scripted_catalog(&source);
+        let mut procs = Procs::new();
         let mut name = |_| None;
         // A minute at 100 ms.
         let mut sent = 0;
         for tick in 0..600 {
             sent += procs
-                .update(&snapshot(tick * 100, &pids), tick * 100, &mut name)
+                .update(
+                    &mut catalog,
+                    &snapshot(tick * 100, &pids),
+                    tick * 100,
+                    &mut name,
+                )
                 .len();
         }
-        let c = procs.counters();
+        let c = catalog.counters();
         assert_eq!(c.detail_reads, 30, "static facts once per process");
         // At first sight, then CPU time at 10, 20, ..., 50 s.
         assert_eq!(c.stat_reads, 30 * 6);

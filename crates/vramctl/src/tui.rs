@@ -11,7 +11,7 @@
 //!   the [`Effect`](app::Effect)s (kill, seek, load history) for the loop to carry out.
 //! - [`view`]: pure drawing from `&App` into a ratatui buffer; no I/O, no clock.
 //!
-//! The seams (see each module): [`history::HistorySource`] (the store's long history for
+//! The seams (see each module): [`memory_series::HistorySource`] (the store's long history for
 //! the charts) and [`replay::ReplaySource`] (a recording to browse), both served by
 //! [`store::StoreSource`] over the history store; [`verdict::Judge`] (leak and idle
 //! verdicts: [`verdict::AnalysisJudge`] runs the live analysis on the sampler thread) and
@@ -22,8 +22,8 @@
 pub mod app;
 pub mod event;
 pub mod format;
-pub mod history;
 pub mod kill;
+pub mod memory_series;
 pub mod observe;
 pub mod replay;
 pub mod store;

@@ -721,6 +721,18 @@ impl Backend for NvmlBackend {
             .ok()
             .filter(|name| !name.is_empty())
     }
+
+    fn set_read_process_activity(&mut self, on: bool) {
+        NvmlBackend::set_read_process_activity(self, on);
+    }
+
+    fn set_reuse_process_lists(&mut self, on: bool) {
+        NvmlBackend::set_reuse_process_lists(self, on);
+    }
+
+    fn reuses_process_lists(&self) -> bool {
+        NvmlBackend::reuses_process_lists(self)
+    }
 }
 
 /// Runs one NVML call and logs its duration at trace level (`VRAMCTL_LOG=trace`): start-up
@@ -1478,6 +1490,24 @@ mod tests {
             rig.sampler.backend_mut().set_reuse_process_lists(true);
             rig.clock.advance_ms(100);
             assert!(!rig.tick().0.contains_key(COMPUTE));
+        }
+
+        /// `kill`'s release check turns reuse off through the frontends' boxed backend
+        /// (`Sampler<Box<dyn Backend>>`): the switch must reach NVML through the trait.
+        #[test]
+        fn a_boxed_backend_turns_process_list_reuse_off_in_nvml() {
+            let _guard = FAKE_NVML.lock().unwrap_or_else(|p| p.into_inner());
+            let _rig = Rig::new(&format!(
+                "utilization_gpu = 0\n{}",
+                processes(31001..31002, "\"1 GiB\"")
+            ));
+            let mut boxed: Box<dyn Backend> =
+                Box::new(NvmlBackend::open(Some(&fake_library())).expect("open"));
+            assert!(boxed.reuses_process_lists(), "on by default");
+            boxed.set_reuse_process_lists(false);
+            assert!(!boxed.reuses_process_lists());
+            boxed.set_reuse_process_lists(true);
+            assert!(boxed.reuses_process_lists());
         }
 
         #[test]

@@ -13,7 +13,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use vramctl::facts::TickScale;
 use vramctl_core::analysis::live::ProcessFacts;
 use vramctl_core::types::{
     DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading,
@@ -243,7 +242,8 @@ fn memory_of(metrics: &BTreeMap<Metric, u64>) -> Option<MemoryReading> {
 
 /// What a live frontend's /proc reads would have told it, replayed from the recording.
 pub struct FactsReplay {
-    scale: TickScale,
+    /// /proc's clock ticks per second (the unit of recorded CPU time).
+    ticks_per_second: u64,
     /// Per process row: when its CPU time was last handed over, and the value.
     cpu_pushed: HashMap<i64, (i64, u64)>,
 }
@@ -251,7 +251,7 @@ pub struct FactsReplay {
 impl Default for FactsReplay {
     fn default() -> Self {
         Self {
-            scale: TickScale::new(procfs::ticks_per_second(), None),
+            ticks_per_second: procfs::ticks_per_second().max(1),
             cpu_pushed: HashMap::new(),
         }
     }
@@ -340,7 +340,10 @@ impl Catalog {
                         });
                     due.then(|| {
                         replay.cpu_pushed.insert(p.process_id, (tick.t_ms, ticks));
-                        replay.scale.ms(ticks)
+                        u64::try_from(
+                            u128::from(ticks) * 1000 / u128::from(replay.ticks_per_second),
+                        )
+                        .unwrap_or(u64::MAX)
                     })
                 });
                 out.insert(

@@ -5,16 +5,14 @@
 
 use std::io::Write;
 
-use vramctl_store::format::{Format, ImportOptions, ImportReport, import_files};
+use vramctl::import_notes::print_report_notes;
+use vramctl_store::format::{ImportOptions, import_files};
 use vramctl_store::{OpenMode, Store};
 
-use super::db_path;
-use crate::cli::{GlobalArgs, ImportArgs, ImportFormat};
+use super::{db_path, import_format};
+use crate::cli::{GlobalArgs, ImportArgs};
 use crate::exit::Exit;
 use vramctl_core::wall_time::zone as time_zone;
-
-/// Bad rows listed one by one before the rest are only counted.
-const LIST_AT_MOST: usize = 20;
 
 /// Runs `import`.
 pub fn run(global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<Exit> {
@@ -67,33 +65,4 @@ pub fn run(global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<Exit> {
         }
     );
     Ok(Exit::Ok)
-}
-
-/// `--format` of `import`, `leaks` and `plot`; `ndjson` covers both vramctl NDJSON kinds,
-/// which the importer tells apart per file.
-pub fn import_format(format: ImportFormat) -> Option<Format> {
-    match format {
-        ImportFormat::Auto => None,
-        ImportFormat::SmiGpu => Some(Format::SmiGpu),
-        ImportFormat::SmiApps => Some(Format::SmiApps),
-        ImportFormat::Gpuz => Some(Format::Gpuz),
-        ImportFormat::Ndjson => Some(Format::Ndjson),
-    }
-}
-
-/// The skipped rows (the first few one by one) and the notes of a report, on stderr.
-pub fn print_report_notes(err: &mut impl Write, report: &ImportReport) {
-    for note in &report.notes {
-        let _ = writeln!(err, "vramctl: note: {note}");
-    }
-    for bad in report.skipped.iter().take(LIST_AT_MOST) {
-        let _ = writeln!(err, "vramctl: skipped {bad}");
-    }
-    if report.skipped.len() > LIST_AT_MOST {
-        let _ = writeln!(
-            err,
-            "vramctl: skipped {} more bad rows",
-            report.skipped.len() - LIST_AT_MOST
-        );
-    }
 }

@@ -6,8 +6,6 @@
 //! which descendants, what is refused), asks, signals, then samples NVML until every device
 //! shows the memory gone or `--timeout` passes.
 
-pub mod release;
-
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -21,17 +19,18 @@ use vramctl_core::signal::{
 };
 use vramctl_store::format::rfc3339;
 
-use self::release::{
-    DeviceRelease, Outcome, StillHeld, ended_pids, jupyter_note, record_memory_outcomes,
-    release_lines, still_held, verify_release,
-};
-use super::ps::{GpuHolding, holdings, total_bytes};
-use super::{GpuFilter, open_sampler};
-use crate::audit::open_sink;
+use super::open_sampler;
+use crate::audit_sink::open_sink;
 use crate::cli::{GlobalArgs, KillArgs};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
-use crate::output::units;
+use vramctl::gpu_holdings::{GpuHolding, holdings, total_bytes};
+use vramctl::gpu_selection::GpuFilter;
+use vramctl::memory_release::{
+    DeviceRelease, Outcome, StillHeld, ended_pids, jupyter_note, record_memory_outcomes,
+    release_lines, still_held, verify_release,
+};
+use vramctl::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;

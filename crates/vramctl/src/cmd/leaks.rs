@@ -12,42 +12,28 @@
 //! Output: one line per series explaining its verdict, grouped by GPU; `--json` (schema 1,
 //! `docs/json.md`). `--fail-on-leak` exits 1 when any series is a `leak`.
 
-mod scan;
 mod watch;
 
 use std::io::Write;
-use std::path::PathBuf;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::Context;
 use jiff::tz::TimeZone;
 use serde::Serialize;
+use vramctl::leak_scan::{Finding, analyse, device_label, short_command};
+use vramctl::sample_source::{Source, SourceKind};
 use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
     TrendTest, Verdict, explain,
 };
-use vramctl_core::command_line::abbreviate;
 use vramctl_core::wall_time::{self, clock, same_day};
-use vramctl_store::format::{Format, ImportError, ImportOptions, import_files, rfc3339};
-use vramctl_store::{DeviceRecord, Store, TimeRange};
+use vramctl_store::format::rfc3339;
 
-pub use scan::{Finding, analyse};
-pub use watch::Host;
-
-use super::db_path;
-use super::history::select_devices;
-use crate::cli::{AnalysisArgs, GlobalArgs, LeaksArgs, SourceArgs};
+use super::{leak_config, open_source};
+use crate::cli::{GlobalArgs, LeaksArgs};
 use crate::exit::Exit;
-use crate::output::units::parse_bytes;
 
 /// Version of the JSON below.
 pub const SCHEMA: u32 = 1;
-
-/// Without `--since`, the history is analysed over this long before its last sample.
-const DEFAULT_SPAN_MS: i64 = 24 * 3_600_000;
-
-/// Commands longer than this are shortened (`command_line::abbreviate`) in the human
-/// output.
-const COMMAND_CHARS: usize = 40;
 
 /// Runs `leaks`.
 pub fn run(global: &GlobalArgs, args: &LeaksArgs) -> anyhow::Result<Exit> {
@@ -84,135 +70,6 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs) -> anyhow::Result<Exit> {
     })
 }
 
-/// `--min-idle-mem`, `--idle-for`, `--warmup` over the documented defaults.
-pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
-    let cfg = LeakConfig {
-        min_idle_bytes: parse_bytes(&args.min_idle_mem)
-            .map_err(|e| anyhow!("--min-idle-mem: {e}"))?,
-        idle_for: args.idle_for,
-        min_warmup: args.warmup,
-        ..LeakConfig::default()
-    };
-    if cfg.min_warmup > cfg.max_warmup {
-        bail!(
-            "--warmup '{}' is longer than the analysis ever waits for warm-up ({}); use {} or less",
-            vramctl_core::duration::format(args.warmup),
-            vramctl_core::duration::format(cfg.max_warmup),
-            vramctl_core::duration::format(cfg.max_warmup),
-        );
-    }
-    cfg.validate().map_err(|e| anyhow!("{e}"))?;
-    Ok(cfg)
-}
-
-/// Where the samples come from.
-#[derive(Debug, Clone)]
-pub enum SourceKind {
-    /// The history database at this path.
-    Store(PathBuf),
-    /// Log files read into memory, with the format each was read as.
-    Files(Vec<(PathBuf, Format)>),
-}
-
-/// An opened source: a store (a file, or in memory for logs), the range asked for and the
-/// devices chosen.
-pub struct Source {
-    /// The samples.
-    pub store: Store,
-    /// The range to analyse or draw (clamped to the data).
-    pub range: TimeRange,
-    /// The devices chosen with `--gpu`.
-    pub devices: Vec<DeviceRecord>,
-    /// `--tz` or the system's.
-    pub tz: TimeZone,
-    /// What was opened.
-    pub kind: SourceKind,
-}
-
-/// Opens the history, or reads the files into an in-memory store, and resolves the range
-/// and devices. Shared by `leaks` and `plot`.
-pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Source> {
-    let tz = wall_time::zone(args.tz.as_deref())?;
-    let (mut store, kind) = if args.files.is_empty() {
-        let path = db_path(global)?;
-        (super::open_history(&path)?, SourceKind::Store(path))
-    } else {
-        let mut store = Store::open_in_memory()?;
-        let files = read_files(&mut store, args, &tz)?;
-        (store, SourceKind::Files(files))
-    };
-    let bounds = store.time_bounds()?;
-    let now = jiff::Timestamp::now().as_millisecond();
-    let until = match &args.until {
-        Some(u) => u.resolve(now, &tz).context("--until")?,
-        None => i64::MAX,
-    };
-    let since = match &args.since {
-        Some(s) => s.resolve(now, &tz).context("--since")?,
-        None => match (&kind, bounds) {
-            (SourceKind::Store(_), Some((_, last))) => {
-                last.min(until).saturating_sub(DEFAULT_SPAN_MS)
-            }
-            _ => i64::MIN,
-        },
-    };
-    if since > until {
-        bail!(
-            "--since '{}' is after --until",
-            args.since
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default()
-        );
-    }
-    let range = match bounds {
-        Some((lo, hi)) => TimeRange {
-            from_ms: since.max(lo),
-            to_ms: until.min(hi),
-        },
-        None => TimeRange {
-            from_ms: since,
-            to_ms: until,
-        },
-    };
-    let devices = select_devices(store.devices()?, &args.gpu)?;
-    Ok(Source {
-        store,
-        range,
-        devices,
-        tz,
-        kind,
-    })
-}
-
-/// Reads `args.files` into `store` (in memory); bad rows stop it unless `--skip-bad-rows`.
-fn read_files(
-    store: &mut Store,
-    args: &SourceArgs,
-    tz: &TimeZone,
-) -> anyhow::Result<Vec<(PathBuf, Format)>> {
-    let options = ImportOptions {
-        format: super::import::import_format(args.format),
-        strict: !args.skip_bad_rows,
-        tz: tz.clone(),
-        columns: args
-            .columns
-            .as_ref()
-            .map(|c| c.split(',').map(|s| s.trim().to_owned()).collect()),
-        // `--gpu` also names the GPU of an apps log without a GPU column (one is enough).
-        gpu: args.gpu.first().cloned(),
-    };
-    let report = import_files(store, &args.files, &options).map_err(|e| match e {
-        // Import's own hint speaks of `import --strict`; here the switch is another.
-        ImportError::Bad(row) => {
-            anyhow!("{row}; fix or remove the line, or pass --skip-bad-rows to analyse the rest")
-        }
-        other => anyhow::Error::from(other),
-    })?;
-    super::import::print_report_notes(&mut std::io::stderr().lock(), &report);
-    Ok(report.files)
-}
-
 /// Leaks first, then idle holders, growing, sawtooth, stable; within a verdict by GPU and
 /// PID. Human output regroups by GPU but keeps this order inside each.
 fn sorted(mut findings: Vec<Finding>) -> Vec<Finding> {
@@ -236,21 +93,6 @@ pub fn rank(v: Verdict) -> u8 {
         Verdict::Sawtooth => 3,
         Verdict::Stable => 4,
     }
-}
-
-/// `GPU 0`, or the UUID when the index was not recorded (an nvidia-smi
-/// `--query-compute-apps` log names GPUs only by UUID).
-pub fn device_label(d: &DeviceRecord) -> String {
-    match d.meta.index {
-        Some(i) => format!("GPU {i}"),
-        None => d.meta.uuid.clone(),
-    }
-}
-
-/// A command line in `COMMAND_CHARS` characters, interpreter and script first
-/// (`vramctl_core::command_line::abbreviate`, as every command shortens them).
-pub fn short_command(command: &str) -> String {
-    abbreviate(command, COMMAND_CHARS)
 }
 
 /// The explanation with times in `tz` (the report's own says UTC).
@@ -315,9 +157,9 @@ fn human(source: &Source, findings: &[Finding]) -> Vec<String> {
         if current != Some(f.device.meta.uuid.as_str()) {
             flush(&mut table, &mut lines);
             let name = f.device.meta.name.as_deref().unwrap_or("");
-            let total = f.total_bytes.map_or_else(String::new, |t| {
-                format!(", {}", crate::output::units::bytes(t))
-            });
+            let total = f
+                .total_bytes
+                .map_or_else(String::new, |t| format!(", {}", vramctl::units::bytes(t)));
             let heading = match f.device.meta.index {
                 Some(i) => format!("GPU {i}  {name}{total}  {}", f.device.meta.uuid),
                 None => format!("{}  {name}{total}", f.device.meta.uuid),
@@ -642,40 +484,6 @@ fn document(source: &Source, findings: &[Finding], cfg: &LeakConfig) -> Document
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use std::time::Duration;
-
-    fn analysis(min_idle_mem: &str, idle_for: &str, warmup: &str) -> AnalysisArgs {
-        let duration = |text| vramctl_core::duration::parse(text).unwrap();
-        AnalysisArgs {
-            min_idle_mem: min_idle_mem.into(),
-            idle_for: duration(idle_for),
-            warmup: duration(warmup),
-        }
-    }
-
-    #[test]
-    fn thresholds_map_to_the_analysis_and_bad_ones_are_named() {
-        let cfg = leak_config(&analysis("1GiB", "30m", "0s")).unwrap();
-        assert_eq!(cfg, LeakConfig::default());
-        let cfg = leak_config(&analysis("512MiB", "2h", "5m")).unwrap();
-        assert_eq!(cfg.min_idle_bytes, 512 << 20);
-        assert_eq!(cfg.idle_for, Duration::from_secs(7200));
-        assert_eq!(cfg.min_warmup, Duration::from_secs(300));
-        for (args, needle) in [
-            (
-                analysis("x", "30m", "0s"),
-                "--min-idle-mem: 'x' is not a size",
-            ),
-            (
-                analysis("1GiB", "30m", "1h"),
-                "--warmup '1h' is longer than",
-            ),
-        ] {
-            let err = leak_config(&args).unwrap_err().to_string();
-            assert!(err.contains(needle), "{err}");
-        }
-    }
 
     #[test]
     fn commands_are_cut_and_times_are_local() {

@@ -13,8 +13,11 @@ use anyhow::{Context, bail};
 use vramctl_core::analysis::{Verdict, human_bytes, human_rate};
 use vramctl_core::wall_time::{clock, same_day, zone_label};
 
-use super::history::plot_panels;
-use super::leaks::{Finding, SourceKind, analyse, leak_config, open_source, short_command};
+use vramctl::history_chart::plot_panels;
+use vramctl::leak_scan::{Finding, analyse, short_command};
+use vramctl::sample_source::SourceKind;
+
+use super::{leak_config, open_source};
 use crate::cli::{GlobalArgs, PlotArgs};
 use crate::exit::Exit;
 use crate::output::chart::{

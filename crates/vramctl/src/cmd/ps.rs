@@ -8,7 +8,7 @@
 //! what `kill --tree` would reach.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -18,79 +18,22 @@ use serde::Serialize;
 use vramctl_core::Backend;
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
-use vramctl_core::types::{DeviceState, ProcessKind, Snapshot};
+use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_store::format::rfc3339;
 
-use super::{GpuFilter, open_sampler};
+use vramctl::gpu_holdings::{GpuHolding, holdings, total_bytes};
+use vramctl::gpu_selection::GpuFilter;
+use vramctl::pattern::compile_regex;
+
+use super::open_sampler;
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, wrap};
-use crate::output::units;
+use vramctl::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
-
-/// One process's memory on one device, from one snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GpuHolding {
-    /// NVML index of the device.
-    pub index: u32,
-    /// The device's UUID.
-    pub uuid: String,
-    /// Memory the driver attributes to the process there; `None`: not available.
-    pub used_bytes: Option<u64>,
-    /// Which process list named it.
-    pub kind: ProcessKind,
-    /// MIG GPU instance.
-    pub gpu_instance_id: Option<u32>,
-    /// MIG compute instance.
-    pub compute_instance_id: Option<u32>,
-    /// The MIG device's UUID, when the process runs in one.
-    pub mig_uuid: Option<String>,
-}
-
-/// Who holds memory in `snapshot`, by PID, each PID's devices in index order; only devices
-/// `filter` chose.
-pub fn holdings(snapshot: &Snapshot, filter: &GpuFilter) -> BTreeMap<u32, Vec<GpuHolding>> {
-    let mut by_pid: BTreeMap<u32, Vec<GpuHolding>> = BTreeMap::new();
-    for device in snapshot.devices.iter().filter(|d| filter.matches(&d.info)) {
-        let Some(processes) = device.reading().and_then(|r| r.processes.as_ref()) else {
-            continue;
-        };
-        for p in processes {
-            let mig_uuid = p.gpu_instance_id.and_then(|gi| {
-                device
-                    .info
-                    .mig_instances
-                    .iter()
-                    .find(|m| {
-                        m.gpu_instance_id == Some(gi)
-                            && (p.compute_instance_id.is_none()
-                                || m.compute_instance_id == p.compute_instance_id)
-                    })
-                    .map(|m| m.uuid.clone())
-            });
-            by_pid.entry(p.pid).or_default().push(GpuHolding {
-                index: device.info.index,
-                uuid: device.info.uuid.clone(),
-                used_bytes: p.used_bytes,
-                kind: p.kind,
-                gpu_instance_id: p.gpu_instance_id,
-                compute_instance_id: p.compute_instance_id,
-                mig_uuid,
-            });
-        }
-    }
-    by_pid
-}
-
-/// The sum of `holdings`, `None` when any is unknown.
-pub fn total_bytes(holdings: &[GpuHolding]) -> Option<u64> {
-    holdings
-        .iter()
-        .try_fold(0_u64, |sum, h| Some(sum.saturating_add(h.used_bytes?)))
-}
 
 /// The whole `ps --json` document.
 #[derive(Debug, Serialize)]
@@ -210,25 +153,6 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     }
     out.flush().context("cannot write to stdout")?;
     Ok(Exit::Ok)
-}
-
-/// `text` as a regular expression; the error names `flag` and fits on one line.
-///
-/// # Errors
-/// When `text` is not a valid regular expression.
-pub fn compile_regex(flag: &str, text: &str) -> anyhow::Result<Regex> {
-    Regex::new(text).map_err(|e| {
-        // regex's syntax errors draw a caret under the pattern over several lines;
-        // errors here are one line, so keep its last ("unclosed group").
-        let why = e.to_string();
-        let why = why
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim_start_matches("error: ")
-            .to_owned();
-        anyhow::anyhow!("{flag} '{text}' is not a valid regular expression: {why}")
-    })
 }
 
 /// One `--user` value: a name the user database knows (with its uid), or a uid.
@@ -735,6 +659,8 @@ fn tree_prefixes(report: &PsReport) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use vramctl_core::types::ProcessKind;
+
     use super::*;
 
     fn holding(index: u32, gib: u64) -> GpuHolding {

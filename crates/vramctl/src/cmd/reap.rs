@@ -3,7 +3,7 @@
 //! A round: sample the GPUs once, join each process holding memory with /proc, find the
 //! idle evidence for each of its GPUs (the recorded history through `leaks`' scan, or
 //! `FleetTracker` when `--every` watches live; `reap/evidence.rs`), judge it against each
-//! policy (`reap/judge.rs`, pure), check that the safe path would signal it
+//! policy (`reap/decide.rs`, pure), check that the safe path would signal it
 //! (`signal::inspect`), cap the number with `max_kills`, and print the plan with the
 //! evidence for each candidate and the reason for each process left alone. With `--apply`
 //! the candidates go through `signal::execute` as an automatic kill (`Origin::Policy`:
@@ -14,8 +14,8 @@
 //! cleanly on SIGINT/SIGTERM (a round in progress, kills included, is finished first).
 //! `docs/reap.md` is the user's guide.
 
+mod decide;
 mod evidence;
-mod judge;
 mod policy;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,35 +26,37 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
+use vramctl_core::Backend;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
 use vramctl_core::analysis::{Evidence, LeakConfig, Verdict, human_duration};
 use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
 use vramctl_core::procinfo::{self, ProcReader};
-use vramctl_core::sanity::SanityLimits;
 use vramctl_core::signal::{
     self, Actor, Candidate, KillRequest, Origin, Provenance, Target, TargetOutcome, TargetReport,
 };
 use vramctl_core::types::{DeviceInfo, Snapshot};
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
-use self::evidence::{FRESH, History, read_history};
-use self::judge::{
-    Context as JudgeContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
+use self::decide::{
+    Context as DecideContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
 };
+use self::evidence::{FRESH, History, read_history};
 use self::policy::{Policy, PolicyJson};
-use super::kill::release::{
+use super::db_path;
+use crate::audit_sink::{AuditLog, open_log};
+use crate::cli::{GlobalArgs, ReapArgs};
+use crate::exit::Exit;
+use vramctl::gpu_holdings::{GpuHolding, holdings};
+use vramctl::gpu_selection::GpuFilter;
+use vramctl::live_loop::{
+    LiveSampler, clock_of, open_backend, sampler_on, stop_signals, wait_next_tick,
+};
+use vramctl::memory_release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
     still_held, verify_release,
 };
-use super::leaks::Host;
-use super::ps::{GpuHolding, holdings};
-use super::record::{stop_signals, wait_next_tick};
-use super::{GpuFilter, db_path};
-use crate::audit::{AuditLog, open_log};
-use crate::cli::{GlobalArgs, ReapArgs};
-use crate::exit::Exit;
-use crate::output::units;
+use vramctl::units;
 use vramctl_core::wall_time::zone as time_zone;
 use vramctl_core::wall_time::{clock, same_day};
 
@@ -93,14 +95,9 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
 
     let manual = args.simulated_clock.map(ManualClock::new);
-    let sampler_clock: Box<dyn Clock> = match &manual {
-        Some(m) => Box::new(m.clone()),
-        None => Box::new(SystemClock),
-    };
-    let mut backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
-    backend.set_read_process_activity(true);
-    let mut sampler = Sampler::with_clock(backend, sampler_clock, SanityLimits::from_system())
-        .context("cannot list the GPUs")?;
+    let backend = open_backend(global.nvml_lib.as_deref())?;
+    let mut sampler =
+        sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
     for p in &policies {
         GpuFilter::new(&p.gpus, sampler.devices())
             .with_context(|| format!("policy '{}'", p.name))?;
@@ -128,7 +125,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
         policies,
         actor: Actor::current(),
         procs: ProcReader::new(),
-        host: Host::new(),
+        processes: ProcessCatalog::new(FactsSource::Proc),
         db: db_path(global)?,
         lookback: LOOKBACK.max(longest.saturating_mul(2)),
         cfg,
@@ -160,7 +157,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
     loop {
         let snapshot = sampler.tick();
         samples += 1;
-        runner.observe(&snapshot);
+        runner.observe(&mut sampler, &snapshot);
         // Rounds are paced on the monotonic clock: a wall-clock step back must not put
         // the next one off by the length of the step.
         let now = snapshot.monotonic_ms;
@@ -198,8 +195,11 @@ struct Runner<'a> {
     args: &'a ReapArgs,
     policies: Vec<Policy>,
     actor: Actor,
+    /// Fresh reads of /proc for the signal path (`signal::inspect` proves who a process is
+    /// right before it is signalled) and the release check.
     procs: ProcReader,
-    host: Host,
+    /// What /proc says about the GPU processes: their names, identity and CPU time.
+    processes: ProcessCatalog,
     db: std::path::PathBuf,
     lookback: Duration,
     cfg: LeakConfig,
@@ -216,15 +216,30 @@ struct Chosen {
     observed: Observed,
     policy: String,
     candidate: Candidate,
-    judged: judge::Chosen,
+    judged: decide::Chosen,
 }
 
 impl Runner<'_> {
+    /// Brings the process catalog up to `snapshot` (monotonic time: the catalog's refresh
+    /// policy counts spans).
+    fn observe_processes(&mut self, sampler: &mut LiveSampler, snapshot: &Snapshot) {
+        let backend = sampler.backend_mut();
+        self.processes
+            .observe_snapshot(snapshot, snapshot.monotonic_ms, &mut |pid| {
+                backend.process_name(pid)
+            });
+    }
+
     /// Feeds a live sample to the tracker.
-    fn observe(&mut self, snapshot: &Snapshot) {
+    fn observe(&mut self, sampler: &mut LiveSampler, snapshot: &Snapshot) {
+        if self.live.is_none() {
+            return;
+        }
+        self.observe_processes(sampler, snapshot);
         let Some(live) = &mut self.live else { return };
-        let host = &self.host;
-        live.fleet.observe(snapshot, |pid| host.facts(pid));
+        let (processes, mono) = (&mut self.processes, snapshot.monotonic_ms);
+        live.fleet
+            .observe(snapshot, |pid| processes.live_facts(pid, mono));
         live.since_unix_ms.get_or_insert(snapshot.taken_at_unix_ms);
         live.samples += 1;
     }
@@ -237,7 +252,7 @@ impl Runner<'_> {
     #[allow(clippy::too_many_lines)]
     fn round(
         &mut self,
-        sampler: &mut Sampler<NvmlBackend>,
+        sampler: &mut LiveSampler,
         snapshot: &Snapshot,
         round: u64,
     ) -> anyhow::Result<RoundReport> {
@@ -258,6 +273,7 @@ impl Runner<'_> {
             })
             .flat_map(|(uuid, list)| list.iter().map(move |a| ((uuid, a.pid), a.sm_percent)))
             .collect();
+        self.observe_processes(sampler, snapshot);
         let by_pid = holdings(snapshot, &GpuFilter::default());
         let pids: Vec<u32> = by_pid.keys().copied().collect();
         let history = read_history(&self.db, now, self.lookback, &pids, &self.cfg)?;
@@ -282,16 +298,15 @@ impl Runner<'_> {
 
         let mut observed: Vec<Observed> = Vec::new();
         for (pid, gpus) in &by_pid {
-            let details = self.procs.details(*pid);
-            let command = details
-                .as_ref()
-                .map(|d| d.command.clone())
-                .or_else(|| sampler.backend_mut().process_name(*pid));
-            let start = details.as_ref().and_then(|d| d.start_time_ticks);
-            let cpu_now_ms = details
-                .as_ref()
-                .and_then(|d| d.cpu_ticks)
-                .map(|t| t.saturating_mul(1000) / self.ticks_per_second);
+            // The command line, or the driver's name for a process /proc cannot see.
+            let entry = self.processes.get(*pid);
+            let facts = entry.map(|e| e.facts.clone()).unwrap_or_default();
+            let command = facts.command.clone();
+            let start = entry.and_then(|e| e.start_time_ticks);
+            let cpu_now_ms = self
+                .processes
+                .stat(*pid, snapshot.monotonic_ms)
+                .map(|s| s.cpu_time_ms);
             let mut cpu_since = None;
             let mut gpus_now = Vec::new();
             for h in gpus {
@@ -342,15 +357,15 @@ impl Runner<'_> {
             observed.push(Observed {
                 pid: *pid,
                 start_time_ticks: start,
-                uid: details.as_ref().and_then(|d| d.uid),
-                user: details.as_ref().and_then(|d| d.user.clone()),
+                uid: facts.uid,
+                user: facts.user,
                 command,
                 gpus: gpus_now,
                 cpu_since_history: cpu_since,
             });
         }
 
-        let ctx = JudgeContext {
+        let ctx = DecideContext {
             cpu_idle_fraction: self.cfg.cpu_idle_fraction,
             cpu_slack_ms: 1000 / self.ticks_per_second,
             missing: &missing,
@@ -359,10 +374,10 @@ impl Runner<'_> {
         let mut chosen: Vec<Chosen> = Vec::new();
         let mut excluded: Vec<ExcludedJson> = Vec::new();
         for p in observed {
-            let mut best: Option<(String, judge::Exclusion)> = None;
+            let mut best: Option<(String, decide::Exclusion)> = None;
             let mut pick = None;
             for policy in &self.policies {
-                match judge::judge(&p, policy, &ctx) {
+                match decide::decide(&p, policy, &ctx) {
                     Ok(c) => {
                         pick = Some((policy.name.clone(), c));
                         break;

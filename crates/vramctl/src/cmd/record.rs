@@ -1,7 +1,7 @@
 //! `vramctl record`: the sampler loop feeding the history store.
 //!
 //! Two threads: this one samples on the interval and never waits on the disk; a writer
-//! thread owns the store and commits one transaction per tick (`crate::recorder`, shared
+//! thread owns the store and commits one transaction per tick (`vramctl::recorder`, shared
 //! with `serve --record`). Between them a bounded channel: if the disk stalls long enough
 //! to fill it, ticks are dropped and recorded as a gap ("writer fell behind") instead of
 //! delaying the samples.
@@ -28,21 +28,23 @@
 //! filesystem. At debug level (`VRAMCTL_LOG=vramctl=debug`) every committed tick is logged
 //! as `Committed a tick. t_ms=…`, which the crash test relies on.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context, bail};
-use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock, WallStep};
-use vramctl_core::procinfo;
+use anyhow::bail;
+use vramctl_core::Backend;
+use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::sampler::SessionHealth;
-use vramctl_core::sanity::SanityLimits;
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
+
+use vramctl::live_loop::{
+    LiveSampler, clock_of, open_backend, sampler_on, simulated_clock, stop_signals, wait_next_tick,
+};
 
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
 use crate::exit::Exit;
-use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
+use vramctl_core::process_catalog::ProcessCatalog;
 
 /// NVML init retry backoff.
 const BACKOFF_FIRST_MS: i64 = 1_000;
@@ -85,7 +87,8 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         next_init_ms: i64::MIN,
         backoff_ms: BACKOFF_FIRST_MS,
         health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
-        procs: Procs::new(procinfo::boot_id(), true),
+        procs: Procs::new(),
+        catalog: recorder_catalog(true),
     };
     let started = Instant::now();
     // On the monotonic clock: a wall-clock step does not shorten or lengthen --duration.
@@ -119,64 +122,11 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// The test-only simulated clock of `--simulated-clock START` with its
-/// `--simulated-clock-step`s; `None` for the system clock.
-pub fn simulated_clock(start_unix_ms: Option<i64>, steps: &[WallStep]) -> Option<ManualClock> {
-    start_unix_ms.map(|start| ManualClock::with_steps(start, steps.to_vec()))
-}
-
-/// Waits until tick number `n + 1` is due (`n` × `interval_ms` after `started`, so the
-/// interval does not drift) or, on a simulated clock, advances it by one interval; whether
-/// a stop signal came. Shared by `record` and `reap --every`.
-pub fn wait_next_tick(
-    manual: Option<&ManualClock>,
-    signals: &Receiver<()>,
-    started: Instant,
-    n: u64,
-    interval_ms: i64,
-) -> bool {
-    match manual {
-        Some(m) => {
-            m.advance_ms(interval_ms);
-            signals.try_recv().is_ok()
-        }
-        None => {
-            let next = started
-                + Duration::from_millis(
-                    u64::try_from(interval_ms).unwrap_or(1000).saturating_mul(n),
-                );
-            match signals.recv_timeout(next.saturating_duration_since(Instant::now())) {
-                Ok(()) => true,
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => false,
-            }
-        }
-    }
-}
-
-/// A channel that receives `()` on SIGINT or SIGTERM.
-pub fn stop_signals() -> anyhow::Result<Receiver<()>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .context("cannot install signal handlers")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("vramctl-signals".into())
-        .spawn(move || {
-            for _ in signals.forever() {
-                if tx.send(()).is_err() {
-                    break;
-                }
-            }
-        })
-        .context("cannot start the signal thread")?;
-    Ok(rx)
-}
-
 /// The sampling side: NVML (retried), /proc enrichment, timestamps.
 struct Recorder<'a> {
     global: &'a GlobalArgs,
     manual: Option<ManualClock>,
-    sampler: Option<Sampler<NvmlBackend>>,
+    sampler: Option<LiveSampler>,
     init_error: Option<String>,
     /// When the next init attempt is due, on the monotonic clock (a wall-clock step back
     /// must not put it off by the length of the step).
@@ -185,6 +135,8 @@ struct Recorder<'a> {
     /// Whether the NVML session still works.
     health: SessionHealth,
     procs: Procs,
+    /// What /proc says about the GPU processes (read through by `procs`).
+    catalog: ProcessCatalog,
 }
 
 impl Recorder<'_> {
@@ -199,11 +151,12 @@ impl Recorder<'_> {
                 let snapshot = sampler.tick();
                 let backend = sampler.backend_mut();
                 // `Procs` paces its /proc reads by differences of this time: monotonic.
-                let processes = self
-                    .procs
-                    .update(&snapshot, snapshot.monotonic_ms, &mut |pid| {
-                        backend.process_name(pid)
-                    });
+                let processes = self.procs.update(
+                    &mut self.catalog,
+                    &snapshot,
+                    snapshot.monotonic_ms,
+                    &mut |pid| backend.process_name(pid),
+                );
                 let at = ClockTime {
                     unix_ms: snapshot.taken_at_unix_ms,
                     monotonic_ms: snapshot.monotonic_ms,
@@ -243,15 +196,10 @@ impl Recorder<'_> {
     }
 
     fn start_nvml(&mut self, now: i64) {
-        let opened = NvmlBackend::open(self.global.nvml_lib.as_deref())
+        let opened = open_backend(self.global.nvml_lib.as_deref())
             .map_err(|e| format!("{e}; {}", e.hint()))
-            .and_then(|mut backend| {
-                backend.set_read_process_activity(true);
-                let clock: Box<dyn Clock> = match &self.manual {
-                    Some(m) => Box::new(m.clone()),
-                    None => Box::new(SystemClock),
-                };
-                Sampler::with_clock(backend, clock, SanityLimits::from_system())
+            .and_then(|backend| {
+                sampler_on(backend, clock_of(self.manual.as_ref()), true)
                     .map_err(|e| format!("cannot list the GPUs: {e}"))
             });
         match opened {

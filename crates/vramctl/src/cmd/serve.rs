@@ -9,7 +9,7 @@
 //! config, an address in use, or with `--record` a history database that cannot be opened
 //! (another recorder holds it, not ours, newer, damaged, unwritable) are errors (exit 2)
 //! before anything is served. With `--record`, the history is flushed before the daemon exits. Every tick also
-//! goes through the live leak and idle analysis (`exporter::analysis`; thresholds as for
+//! goes through the live leak and idle analysis (`exporter::live_verdicts`; thresholds as for
 //! `vramctl leaks`), whose verdicts are exported per process.
 //!
 //! Test only (hidden): `--simulated-clock UNIX_MS --ticks N` samples N times without
@@ -22,23 +22,20 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use vramctl::facts::FactsReader;
-use vramctl_core::procinfo;
 use vramctl_store::{OpenMode, Retention, Store};
 
 use super::db_path;
-use super::leaks::leak_config;
+use super::leak_config;
 use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
-use crate::exporter::analysis::LiveAnalysis;
 use crate::exporter::cache::Cache;
-use crate::exporter::daemon::{Collector, CollectorConfig};
-use crate::exporter::metadata::DetailsSource;
+use crate::exporter::collector::{Collector, CollectorConfig};
+use crate::exporter::live_verdicts::LiveAnalysis;
 use crate::exporter::recording::HistoryRecorder;
 use crate::exporter::render::RenderOptions;
 use crate::exporter::server::{self, ServerSettings};
 use crate::exporter::webconfig::WebConfig;
-use crate::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
@@ -55,14 +52,9 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         bail!("--web.max-requests '0' would refuse every request; use 1 or more");
     }
     let leak = leak_config(&args.analysis)?;
-    // As for the recorder: /proc is read only with /proc labels, since with `nvml` or
-    // `none` the daemon may run outside the host's PID namespace.
-    let facts = if args.process_details == DetailsSource::Proc {
-        FactsReader::new()
-    } else {
-        FactsReader::without_proc()
-    };
-    let analysis = LiveAnalysis::new(leak, facts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // /proc is read only with `--process-details proc` (`DetailsSource::facts_source`): with
+    // `nvml` or `none` the daemon may run outside the host's PID namespace.
+    let analysis = LiveAnalysis::new(leak).map_err(|e| anyhow::anyhow!("{e}"))?;
     let web = match &args.web_config_file {
         Some(path) => WebConfig::load(path)?,
         None => WebConfig::plain(),
@@ -77,7 +69,6 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             db.as_deref(),
             retain.as_deref().unwrap_or(DEFAULT_RETAIN),
             interval,
-            args.process_details,
         )?),
         (None, Some(retain)) => {
             bail!("--retain '{retain}' applies to recorded history; add --record")
@@ -104,7 +95,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             render: RenderOptions {
                 max_process_series: args.max_process_series,
             },
-            simulated_clock: super::record::simulated_clock(
+            simulated_clock: vramctl::live_loop::simulated_clock(
                 args.simulated_clock,
                 &args.simulated_clock_step,
             ),
@@ -164,7 +155,6 @@ fn open_recorder(
     db: Option<&std::path::Path>,
     retain: &str,
     interval: Duration,
-    details: DetailsSource,
 ) -> anyhow::Result<HistoryRecorder> {
     let retention: Retention = retain.parse()?;
     let path = match db {
@@ -187,8 +177,7 @@ fn open_recorder(
         channel_capacity(interval_ms),
         false,
     )?;
-    // Only with /proc labels is /proc read for identities: with `nvml` or `none` the daemon
-    // may run without the host's PID namespace, where /proc numbers other processes.
-    let procs = Procs::new(procinfo::boot_id(), details == DetailsSource::Proc);
-    Ok(HistoryRecorder::new(feed, procs))
+    // The processes' identities come from the collector's catalog, which reads /proc only
+    // with `--process-details proc` (`DetailsSource::facts_source`).
+    Ok(HistoryRecorder::new(feed, Procs::new()))
 }

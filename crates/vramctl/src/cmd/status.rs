@@ -1,30 +1,44 @@
 //! `vramctl status`: devices and the processes holding their memory, now.
 //!
-//! One snapshot from the sampler, joined with /proc (user, command line), printed as a
-//! per-device block or as JSON (`docs/json.md`, schema 1). `--watch` keeps one NVML
-//! session and refreshes in place (NDJSON with `--json`).
+//! One snapshot from the sampler, joined with /proc through the process catalog (user,
+//! command line), printed as a per-device block or as JSON (`docs/json.md`, schema 1).
+//! `--watch` keeps one NVML session and refreshes in place (NDJSON with `--json`).
+//!
+//! `--replay DB --at TIME` shows a recorded moment the same way: the sampler runs on the
+//! store's replay backend (`vramctl_store::replay`), timed at the recorded time, and the
+//! processes are who the recorder saw. What a history does not keep is shown as not
+//! reported (`null` in JSON, `-` in the text): the driver's versions, the process type
+//! (compute or graphics), MIG instance ids, sanity drops (`dropped`), unopened devices
+//! (`unopened`), and reasons for missing values that have no series.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
+use std::path::Path;
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
+use vramctl::live_loop::sampler_on;
+use vramctl_core::Backend;
+use vramctl_core::clock::ManualClock;
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::procinfo::ProcReader;
+use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
 use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
 };
-use vramctl_core::{Backend, NvmlBackend, Sampler};
+use vramctl_core::wall_time::{self, When};
 use vramctl_store::format::rfc3339;
+use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 
-use super::{GpuFilter, open_sampler};
+use vramctl::gpu_selection::GpuFilter;
+
+use super::open_sampler;
 use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, fit_line, wrap};
-use crate::output::units;
+use vramctl::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
@@ -37,7 +51,19 @@ pub struct StatusReport {
     taken_at: String,
     driver: DriverInfo,
     devices: Vec<DeviceStatus>,
-    unopened: Vec<UnopenedStatus>,
+    /// `None`: replayed (a history does not keep them).
+    unopened: Option<Vec<UnopenedStatus>>,
+    /// Where a replayed moment comes from; absent live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay: Option<ReplayStatus>,
+}
+
+#[derive(Debug, Serialize)]
+struct ReplayStatus {
+    /// The history database.
+    database: String,
+    /// The moment asked for (RFC 3339 UTC); `taken_at` is the recorded one shown.
+    at: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -64,7 +90,8 @@ struct DeviceStatus {
     processes: Option<Vec<ProcessStatus>>,
     mig_instances: Vec<MigStatus>,
     missing: BTreeMap<&'static str, String>,
-    dropped: Vec<DroppedStatus>,
+    /// `None`: replayed (a history does not keep them).
+    dropped: Option<Vec<DroppedStatus>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,7 +102,8 @@ struct ProcessStatus {
     user: Option<String>,
     command: Option<String>,
     used_bytes: Option<u64>,
-    kind: ProcessKind,
+    /// `None`: replayed (a history does not keep it).
+    kind: Option<ProcessKind>,
     gpu_instance_id: Option<u32>,
     compute_instance_id: Option<u32>,
 }
@@ -97,11 +125,14 @@ struct DroppedStatus {
 
 /// Runs `status`.
 pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
+    if let Some(db) = &args.replay {
+        return replay(global, db, args);
+    }
     let interval = args.watch;
     let mut sampler = open_sampler(global)?;
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
     let styles = Styles::for_stdout(global.color);
-    let mut procs = ProcReader::new();
+    let mut catalog = ProcessCatalog::new(FactsSource::Proc);
     let stdout = std::io::stdout();
     let refresh_in_place = !args.json && stdout.is_terminal();
     // Read once: a terminal resized under `--watch` is fitted from the next run on.
@@ -112,31 +143,23 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         let started = Instant::now();
         let snapshot = sampler.tick();
         let sampled = started.elapsed();
-        let report = build(&snapshot, &filter, &mut sampler, &mut procs);
+        let backend = sampler.backend_mut();
+        // The catalog's time is monotonic: its refresh policy counts spans.
+        catalog.observe_snapshot(&snapshot, snapshot.monotonic_ms, &mut |pid| {
+            backend.process_name(pid)
+        });
+        let report = build(&snapshot, &filter, &Holders::Live(&catalog));
         tracing::debug!(
             tick_ms = sampled.as_secs_f64() * 1e3,
             proc_ms = (started.elapsed() - sampled).as_secs_f64() * 1e3,
             "Sampled."
         );
         let mut out = stdout.lock();
-        if args.json {
-            serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
-            writeln!(out).context("cannot write to stdout")?;
-        } else {
-            if interval.is_some() && refresh_in_place {
-                // Home and clear, so the block redraws in place.
-                write!(out, "\x1b[H\x1b[2J").context("cannot write to stdout")?;
-            }
-            let lines = if args.compact {
-                render_compact(&report, &styles, width)
-            } else {
-                render(&report, &styles, width)
-            };
-            for line in lines {
-                writeln!(out, "{line}").context("cannot write to stdout")?;
-            }
+        if interval.is_some() && refresh_in_place {
+            // Home and clear, so the block redraws in place.
+            write!(out, "\x1b[H\x1b[2J").context("cannot write to stdout")?;
         }
-        out.flush().context("cannot write to stdout")?;
+        print(&mut out, &report, args, &styles, width)?;
         drop(out);
         printed += 1;
         let Some(interval) = interval else { break };
@@ -151,40 +174,168 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// Joins a snapshot with /proc into the report.
-fn build(
-    snapshot: &Snapshot,
-    filter: &GpuFilter,
-    sampler: &mut Sampler<NvmlBackend>,
-    procs: &mut ProcReader,
-) -> StatusReport {
+/// `--replay DB --at TIME`: the recorded moment at or before TIME, through the same sampler
+/// and report as now, on the store's replay backend.
+fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<Exit> {
+    let tz = wall_time::zone(args.tz.as_deref())?;
+    let mut store = super::open_history(db).map_err(|err| {
+        use vramctl_store::StoreError;
+        // The store's hints name --db, which --replay does not read.
+        match err.downcast_ref::<StoreError>() {
+            Some(
+                found @ (StoreError::NotFound { .. }
+                | StoreError::NotOurs { .. }
+                | StoreError::IsDirectory { .. }),
+            ) => anyhow!("{found}; point --replay at a vramctl history file"),
+            _ => err,
+        }
+    })?;
+    let now = jiff::Timestamp::now().as_millisecond();
+    // `all` is the end of time: the last sample, as with no --at.
+    let at = args.at.as_ref().filter(|at| !matches!(at, When::All));
+    let asked = at
+        .map(|at| at.resolve(now, &tz))
+        .transpose()
+        .context("--at")?;
+    let shown_at = || at.map(ToString::to_string).unwrap_or_default();
+    let moment = match store.moment_near(asked)? {
+        MomentLookup::Found(moment) => *moment,
+        MomentLookup::Empty => bail!(
+            "'{}' holds no samples; record some with 'vramctl record'",
+            db.display()
+        ),
+        MomentLookup::BeforeFirst { first_ms } => bail!(
+            "'{}' has no sample at or before --at '{}'; its first is at {}",
+            db.display(),
+            shown_at(),
+            rfc3339(first_ms)
+        ),
+        MomentLookup::AfterLast { last_ms } => bail!(
+            "'{}' ends at {}, before --at '{}'; use an earlier --at, or none for its last sample",
+            db.display(),
+            rfc3339(last_ms),
+            shown_at()
+        ),
+        MomentLookup::InGap {
+            stops_ms,
+            resumes_ms,
+        } => bail!(
+            "'{}' has no sample near --at '{}': the recording stops at {} and resumes at {}; use a time in the recording",
+            db.display(),
+            shown_at(),
+            rfc3339(stops_ms),
+            rfc3339(resumes_ms)
+        ),
+    };
+    let holders = RecordedProcesses::of(&moment);
+    let recorded_at = moment.at_unix_ms;
+    // Timed at the recorded moment: the snapshot's time is the recording's.
+    let mut sampler = sampler_on(
+        Box::new(ReplayBackend::new(moment)),
+        Box::new(ManualClock::new(recorded_at)),
+        false,
+    )
+    .context("cannot list the recorded GPUs")?;
+    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let snapshot = sampler.tick();
+    let mut report = build(&snapshot, &filter, &Holders::Recorded(&holders));
+    report.replay = Some(ReplayStatus {
+        database: db.display().to_string(),
+        at: rfc3339(asked.unwrap_or(recorded_at)),
+    });
+    let styles = Styles::for_stdout(global.color);
+    print(
+        &mut std::io::stdout().lock(),
+        &report,
+        args,
+        &styles,
+        terminal::width(),
+    )?;
+    Ok(Exit::Ok)
+}
+
+/// One report, as JSON or as text.
+fn print(
+    out: &mut impl Write,
+    report: &StatusReport,
+    args: &StatusArgs,
+    styles: &Styles,
+    width: Option<usize>,
+) -> anyhow::Result<()> {
+    if args.json {
+        serde_json::to_writer(&mut *out, report).context("cannot write JSON")?;
+        writeln!(out).context("cannot write to stdout")?;
+    } else {
+        let lines = if args.compact {
+            render_compact(report, styles, width)
+        } else {
+            render(report, styles, width)
+        };
+        for line in lines {
+            writeln!(out, "{line}").context("cannot write to stdout")?;
+        }
+    }
+    out.flush().context("cannot write to stdout")
+}
+
+/// Who the processes of a snapshot are.
+enum Holders<'a> {
+    /// Now: the process catalog over /proc (the driver names what /proc cannot see).
+    Live(&'a ProcessCatalog),
+    /// A recorded moment: who the recorder saw.
+    Recorded(&'a RecordedProcesses),
+}
+
+impl Holders<'_> {
+    /// Whether /proc (the recorder's, in a replay) showed `pid`, with its user and command
+    /// line; for a process it could not see, the driver's name.
+    fn who(&self, pid: u32) -> (bool, Option<String>, Option<String>) {
+        let (visible, facts) = match self {
+            Self::Live(catalog) => match catalog.get(pid) {
+                Some(entry) => (entry.visible, entry.facts.clone()),
+                None => return (false, None, None),
+            },
+            Self::Recorded(recorded) => match recorded.get(pid) {
+                Some(process) => (process.visible(), process.facts()),
+                None => return (false, None, None),
+            },
+        };
+        (visible, facts.user_or_uid(), facts.command)
+    }
+
+    fn replayed(&self) -> bool {
+        matches!(self, Self::Recorded(_))
+    }
+}
+
+/// The report of a snapshot and who its processes are.
+fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &Holders<'_>) -> StatusReport {
     let devices = snapshot
         .devices
         .iter()
         .filter(|d| filter.matches(&d.info))
-        .map(|d| device_status(d, sampler.backend_mut(), procs))
+        .map(|d| device_status(d, holders))
         .collect();
     StatusReport {
         schema: SCHEMA,
         taken_at: rfc3339(snapshot.taken_at_unix_ms),
         driver: (*snapshot.driver).clone(),
         devices,
-        unopened: snapshot
-            .unopened
-            .iter()
-            .map(|u| UnopenedStatus {
-                index: u.index,
-                reason: u.reason.to_string(),
-            })
-            .collect(),
+        unopened: (!holders.replayed()).then(|| {
+            snapshot
+                .unopened
+                .iter()
+                .map(|u| UnopenedStatus {
+                    index: u.index,
+                    reason: u.reason.to_string(),
+                })
+                .collect()
+        }),
+        replay: None,
     }
 }
 
-fn device_status(
-    device: &DeviceSnapshot,
-    backend: &mut dyn Backend,
-    procs: &mut ProcReader,
-) -> DeviceStatus {
+fn device_status(device: &DeviceSnapshot, holders: &Holders<'_>) -> DeviceStatus {
     let info = &device.info;
     let mut status = DeviceStatus {
         index: info.index,
@@ -202,7 +353,7 @@ fn device_status(
         processes: None,
         mig_instances: Vec::new(),
         missing: BTreeMap::new(),
-        dropped: Vec::new(),
+        dropped: (!holders.replayed()).then(Vec::new),
     };
     let reading = match &device.state {
         DeviceState::Ok(reading) => reading,
@@ -224,10 +375,8 @@ fn device_status(
     status.power_mw = reading.power_mw;
     status.unaccounted_bytes = reading.unaccounted_bytes();
     status.processes = reading.processes.as_ref().map(|list| {
-        let mut list: Vec<ProcessStatus> = list
-            .iter()
-            .map(|p| process_status(p, backend, procs))
-            .collect();
+        let mut list: Vec<ProcessStatus> =
+            list.iter().map(|p| process_status(p, holders)).collect();
         // Biggest holders first: the question is "who has my memory".
         list.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
         list
@@ -252,38 +401,25 @@ fn device_status(
         .iter()
         .map(|(field, why)| (field.as_str(), why.to_string()))
         .collect();
-    status.dropped = reading
-        .dropped
-        .iter()
-        .map(|d| DroppedStatus {
+    if let Some(dropped) = &mut status.dropped {
+        dropped.extend(reading.dropped.iter().map(|d| DroppedStatus {
             what: d.what.clone(),
             reason: d.reason.clone(),
-        })
-        .collect();
+        }));
+    }
     status
 }
 
-fn process_status(
-    process: &ProcessUsage,
-    backend: &mut dyn Backend,
-    procs: &mut ProcReader,
-) -> ProcessStatus {
-    let details = procs.details(process.pid);
-    let (user, command) = match &details {
-        Some(d) => (
-            d.user.clone().or_else(|| d.uid.map(|u| u.to_string())),
-            Some(d.command.clone()),
-        ),
-        // Not in this PID namespace: the driver still knows the name.
-        None => (None, backend.process_name(process.pid)),
-    };
+fn process_status(process: &ProcessUsage, holders: &Holders<'_>) -> ProcessStatus {
+    let (visible, user, command) = holders.who(process.pid);
     ProcessStatus {
         pid: process.pid,
-        visible: details.is_some(),
+        visible,
         user,
         command,
         used_bytes: process.used_bytes,
-        kind: process.kind,
+        // A history does not keep which list named a process.
+        kind: (!holders.replayed()).then_some(process.kind),
         gpu_instance_id: process.gpu_instance_id,
         compute_instance_id: process.compute_instance_id,
     }
@@ -304,14 +440,14 @@ const NOT_VISIBLE_SHORT: &str = " (not visible)";
 fn render(report: &StatusReport, styles: &Styles, width: Option<usize>) -> Vec<String> {
     let mut lines = Vec::new();
     lines.push(paint(styles.dim, &fit_line(&header(report), width)));
-    if report.devices.is_empty() && report.unopened.is_empty() {
+    if report.devices.is_empty() && report.unopened.as_ref().is_none_or(Vec::is_empty) {
         lines.push("no NVIDIA GPU found".into());
     }
     for device in &report.devices {
         lines.push(String::new());
         render_device(device, styles, width, &mut lines);
     }
-    for unopened in &report.unopened {
+    for unopened in report.unopened.iter().flatten() {
         lines.push(String::new());
         let heading = format!("GPU {}", unopened.index);
         let text = fit_line(
@@ -333,6 +469,9 @@ fn header(report: &StatusReport) -> String {
         header.push(format!("driver {v}"));
     }
     header.push(report.taken_at.clone());
+    if let Some(replay) = &report.replay {
+        header.push(format!("recorded in {}", replay.database));
+    }
     header.join(" · ")
 }
 
@@ -455,7 +594,7 @@ fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines:
             }
         }
     }
-    for dropped in &d.dropped {
+    for dropped in d.dropped.iter().flatten() {
         for line in wrap(
             &format!("ignored {}: {}", dropped.what, dropped.reason),
             "  ",
@@ -581,9 +720,10 @@ fn command_cell(p: &ProcessStatus, room: Option<usize>) -> String {
 
 fn process_row(p: &ProcessStatus) -> Vec<String> {
     let kind = match p.kind {
-        ProcessKind::Compute => "C",
-        ProcessKind::Graphics => "G",
-        ProcessKind::ComputeAndGraphics => "C+G",
+        Some(ProcessKind::Compute) => "C",
+        Some(ProcessKind::Graphics) => "G",
+        Some(ProcessKind::ComputeAndGraphics) => "C+G",
+        None => "-",
     };
     vec![
         p.pid.to_string(),
@@ -688,7 +828,7 @@ fn render_compact(report: &StatusReport, styles: &Styles, width: Option<usize>) 
         }
         lines.push(line);
     }
-    for u in &report.unopened {
+    for u in report.unopened.iter().flatten() {
         lines.push(format!(
             "{} | {}",
             paint(styles.heading, &format!("[{}]", u.index)),
@@ -701,7 +841,7 @@ fn render_compact(report: &StatusReport, styles: &Styles, width: Option<usize>) 
             )
         ));
     }
-    if report.devices.is_empty() && report.unopened.is_empty() {
+    if report.devices.is_empty() && report.unopened.as_ref().is_none_or(Vec::is_empty) {
         lines.push("no NVIDIA GPU found".into());
     }
     lines

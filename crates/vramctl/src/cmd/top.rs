@@ -8,11 +8,11 @@
 //! Drawing happens once per batch of queued events.
 //!
 //! The seams are filled here: live, `tui::verdict::AnalysisJudge` (the live leak and idle
-//! analysis) on the sampler thread; in a replay, `judge::StoreJudge` (the batch analysis of
+//! analysis) on the sampler thread; in a replay, `replay_verdicts::StoreJudge` (the batch analysis of
 //! the recording before the cursor) on the replay thread; and `tui::kill::SignalKiller`
 //! (the signal path and audit sink of `vramctl kill`) on the action thread.
 
-mod judge;
+mod replay_verdicts;
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
@@ -35,8 +35,9 @@ use vramctl_core::procinfo;
 use vramctl_core::types::DeviceInfo;
 use vramctl_store::StoreError;
 
-use super::leaks::leak_config;
-use super::{GpuFilter, db_path, open_sampler};
+use vramctl::gpu_selection::GpuFilter;
+
+use super::{db_path, leak_config, open_sampler};
 use crate::cli::{ColorChoice, GlobalArgs, TopArgs};
 use crate::exit::Exit;
 
@@ -66,7 +67,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                     .gpus()
                     .map_err(|e| anyhow::anyhow!("cannot replay '{}': {e}", db.display()))
             })?;
-            let judge = judge::StoreJudge::open(db, leak.clone())
+            let judge = replay_verdicts::StoreJudge::open(db, leak.clone())
                 .with_context(|| format!("cannot replay '{}'", db.display()))?
                 .with_time_zone(tz.clone());
             need_terminal()?;
@@ -122,7 +123,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
     // The audit sink of `vramctl kill`, opened at the first kill (never when read-only).
     let sink_global = global.clone();
     let killer = SignalKiller::new(Box::new(move || {
-        crate::audit::open_sink(&sink_global).map_err(|e| format!("{e:#}"))
+        crate::audit_sink::open_sink(&sink_global).map_err(|e| format!("{e:#}"))
     }));
     let (actions, _actions) =
         spawn_actions(Actions::new(args.readonly, Box::new(killer)), tx.clone())

@@ -1,22 +1,20 @@
 //! Labels for the processes in a snapshot: who runs them, what they run, and where.
 //!
-//! Read by the sampler thread, never by a scrape. /proc is read once for a PID that is new
-//! in the snapshot and again every [`REFRESH_TICKS`] ticks (a reused PID, a process that
-//! renamed itself), so 240 processes cost a few dozen file reads a tick, not a thousand.
+//! Made by the sampler thread, never by a scrape, from the collector's
+//! `vramctl_core::process_catalog::ProcessCatalog`, which reads /proc once per process
+//! identity (a reused PID is a new process at the next tick) and shares what it read with
+//! the live analysis and `serve --record`.
 
 use std::collections::HashMap;
 
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::procinfo::{ContainerInfo, ProcReader};
+use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
 use vramctl_core::types::Snapshot;
 
 /// Longest `command` label, in characters; longer command lines are shortened. Prometheus'
 /// own default `label_value_length_limit` is unlimited, but long labels cost memory in
 /// every series and clutter legends.
 pub const COMMAND_MAX_CHARS: usize = 64;
-
-/// How many ticks a process's labels are trusted before /proc is read again.
-pub const REFRESH_TICKS: u64 = 10;
 
 /// Where process labels come from (`--process-details`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -64,108 +62,45 @@ impl ProcessMetadata {
     }
 }
 
-#[derive(Debug)]
-struct Entry {
-    labels: ProcessLabels,
-    read_at_tick: u64,
-}
-
-/// Keeps [`ProcessMetadata`] up to date across ticks.
-#[derive(Debug)]
-pub struct MetadataCache {
-    source: DetailsSource,
-    procs: ProcReader,
-    entries: HashMap<u32, Entry>,
-    tick: u64,
-    current: ProcessMetadata,
-}
-
-impl MetadataCache {
-    /// An empty cache reading from `source`.
-    pub fn new(source: DetailsSource) -> Self {
-        Self {
-            source,
-            procs: ProcReader::new(),
-            entries: HashMap::new(),
-            tick: 0,
-            current: ProcessMetadata::default(),
-        }
-    }
-
-    /// Labels for every process in `snapshot`; `driver_name` asks the driver for a process
-    /// name (an NVML call, fine here on the sampler thread).
-    pub fn update(
-        &mut self,
+impl ProcessMetadata {
+    /// The labels of the processes listed in `snapshot`, from `catalog` (which observed
+    /// it): user, command, container and pod from /proc; the driver's name for a process
+    /// /proc cannot see or with `nvml`; nothing with `none`.
+    pub fn from_catalog(
         snapshot: &Snapshot,
-        driver_name: &mut dyn FnMut(u32) -> Option<String>,
-    ) -> &ProcessMetadata {
-        self.tick += 1;
-        let mut live: Vec<u32> = snapshot
-            .devices
-            .iter()
-            .filter_map(|d| d.reading())
-            .filter_map(|r| r.processes.as_ref())
-            .flatten()
-            .map(|p| p.pid)
-            .collect();
-        live.sort_unstable();
-        live.dedup();
-        // Ended processes are forgotten, so their series disappear with them.
-        self.entries
-            .retain(|pid, _| live.binary_search(pid).is_ok());
-        for pid in live {
-            let stale = self
-                .entries
-                .get(&pid)
-                .is_none_or(|e| self.tick - e.read_at_tick >= REFRESH_TICKS);
-            if stale {
-                let labels = self.read(pid, driver_name);
-                self.entries.insert(
-                    pid,
-                    Entry {
-                        labels,
-                        read_at_tick: self.tick,
-                    },
-                );
-            }
-        }
-        self.current.by_pid.clear();
-        for (pid, entry) in &self.entries {
-            self.current.by_pid.insert(*pid, entry.labels.clone());
-        }
-        &self.current
-    }
-
-    fn read(
-        &mut self,
-        pid: u32,
-        driver_name: &mut dyn FnMut(u32) -> Option<String>,
-    ) -> ProcessLabels {
-        match self.source {
-            DetailsSource::None => ProcessLabels::default(),
-            DetailsSource::Nvml => ProcessLabels {
-                command: driver_name(pid).map(|c| truncate_command(&c)),
-                ..ProcessLabels::default()
-            },
-            DetailsSource::Proc => match self.procs.details(pid) {
-                Some(details) => {
-                    let ContainerInfo {
-                        container_id: container,
-                        pod_uid: pod,
-                    } = details.container;
+        catalog: &ProcessCatalog,
+        source: DetailsSource,
+    ) -> Self {
+        let mut by_pid = HashMap::new();
+        for pid in listed_pids(snapshot) {
+            let labels = match (source, catalog.get(pid)) {
+                (DetailsSource::None, _) | (_, None) => ProcessLabels::default(),
+                (_, Some(entry)) => {
+                    let facts = &entry.facts;
                     ProcessLabels {
-                        command: Some(truncate_command(&details.command)),
-                        user: details.user.or_else(|| details.uid.map(|u| u.to_string())),
-                        container,
-                        pod,
+                        command: facts.command.as_deref().map(truncate_command),
+                        user: facts.user_or_uid(),
+                        container: facts.container.container_id.clone(),
+                        pod: facts.container.pod_uid.clone(),
                     }
                 }
-                // Not in our PID namespace: the driver still knows a name.
-                None => ProcessLabels {
-                    command: driver_name(pid).map(|c| truncate_command(&c)),
-                    ..ProcessLabels::default()
-                },
-            },
+            };
+            by_pid.insert(pid, labels);
+        }
+        Self { by_pid }
+    }
+}
+
+impl DetailsSource {
+    /// What the exporter's process catalog reads: /proc with `proc`; with `nvml` and
+    /// `none` only the driver's names, since the daemon may run outside the host's PID
+    /// namespace, where /proc numbers other processes. (`none` still asks the driver: the
+    /// history that `serve --record` writes names its processes, as `record` does; the
+    /// labels leave the names out.)
+    pub fn facts_source(self) -> FactsSource {
+        match self {
+            Self::Proc => FactsSource::Proc,
+            Self::Nvml | Self::None => FactsSource::Driver,
         }
     }
 }
@@ -241,15 +176,18 @@ mod tests {
             unopened: Vec::new(),
         };
         let mut asked = Vec::new();
-        let mut cache = MetadataCache::new(DetailsSource::Proc);
-        let labels = cache
-            .update(&snapshot, &mut |pid| {
-                asked.push(pid);
-                None
-            })
-            .get(me)
-            .cloned()
-            .expect("labels for our pid");
+        let labels_with = |details: DetailsSource, name: &mut dyn FnMut(u32) -> Option<String>| {
+            let mut catalog = ProcessCatalog::new(details.facts_source());
+            catalog.observe_snapshot(&snapshot, 0, name);
+            ProcessMetadata::from_catalog(&snapshot, &catalog, details)
+                .get(me)
+                .cloned()
+                .expect("labels for our pid")
+        };
+        let labels = labels_with(DetailsSource::Proc, &mut |pid| {
+            asked.push(pid);
+            None
+        });
         assert!(labels.command.is_some_and(|c| !c.is_empty()));
         assert!(labels.user.is_some());
         assert!(
@@ -257,16 +195,12 @@ mod tests {
             "the driver is asked only when /proc cannot see the pid"
         );
 
-        let mut none = MetadataCache::new(DetailsSource::None);
         assert_eq!(
-            none.update(&snapshot, &mut |_| Some("x".into())).get(me),
-            Some(&ProcessLabels::default())
+            labels_with(DetailsSource::None, &mut |_| Some("x".into())),
+            ProcessLabels::default()
         );
-        let mut nvml = MetadataCache::new(DetailsSource::Nvml);
         assert_eq!(
-            nvml.update(&snapshot, &mut |_| Some("from the driver".into()))
-                .get(me)
-                .and_then(|l| l.command.clone()),
+            labels_with(DetailsSource::Nvml, &mut |_| Some("from the driver".into())).command,
             Some("from the driver".into())
         );
     }

@@ -1,6 +1,6 @@
 //! `serve --record`: the history recorder as a [`TickConsumer`] of the exporter's sampler.
 //!
-//! The same writer as `vramctl record` (`crate::recorder`): each snapshot, with its
+//! The same writer as `vramctl record` (`vramctl::recorder`): each snapshot, with its
 //! processes' identity, metadata and CPU time, goes over a bounded channel to a writer
 //! thread that owns the store, so a slow disk never delays the sampler or a scrape; ticks
 //! dropped while the writer is behind become a gap. Ticks in which NVML is down are
@@ -11,13 +11,14 @@
 use std::sync::Arc;
 
 use vramctl_core::clock::ClockTime;
+use vramctl_core::process_catalog::ProcessCatalog;
 use vramctl_core::types::Snapshot;
 use vramctl_store::{TickSample, device_samples};
 
-use super::daemon::TickConsumer;
+use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
 use super::render::ProcessVerdicts;
-use crate::recorder::{Procs, StoreFeed};
+use vramctl::recorder::{Procs, StoreFeed};
 
 /// Records every tick into the history store.
 #[derive(Debug)]
@@ -56,16 +57,16 @@ impl TickConsumer for HistoryRecorder {
     fn on_snapshot(
         &mut self,
         snapshot: &Arc<Snapshot>,
-        metadata: &ProcessMetadata,
+        _metadata: &ProcessMetadata,
+        catalog: &mut ProcessCatalog,
         _verdicts: &mut ProcessVerdicts,
     ) {
-        // A process /proc cannot see is named by the driver; the metadata already asked.
-        // `Procs` paces its reads by differences of this time: monotonic.
+        // The collector's catalog observed this snapshot already (and asked the driver to
+        // name what /proc cannot see). `Procs` paces its reads by differences of this time:
+        // monotonic, as the collector's.
         let processes = self
             .procs
-            .update(snapshot, snapshot.monotonic_ms, &mut |pid| {
-                metadata.get(pid).and_then(|labels| labels.command.clone())
-            });
+            .update(catalog, snapshot, snapshot.monotonic_ms, &mut |_| None);
         self.send(
             TickSample {
                 at_unix_ms: snapshot.taken_at_unix_ms,
@@ -107,6 +108,7 @@ mod tests {
     use vramctl_store::{Metric, OpenMode, Retention, Store, TimeRange};
 
     use super::*;
+    use vramctl_core::process_catalog::{FactsSource, LiveProc, RefreshPolicy};
 
     fn snapshot(at_ms: i64, used: u64, pid: u32) -> Arc<Snapshot> {
         Arc::new(Snapshot {
@@ -151,7 +153,13 @@ mod tests {
         let path = dir.path().join("h.db");
         let store = Store::open(&path, OpenMode::Append).unwrap();
         let feed = StoreFeed::start(store, Retention::default(), 1000, 8, true).unwrap();
-        let mut recorder = HistoryRecorder::new(feed, Procs::new(None, true));
+        let mut recorder = HistoryRecorder::new(feed, Procs::new());
+        let mut catalog = ProcessCatalog::with_source(
+            FactsSource::Proc,
+            RefreshPolicy::default(),
+            None,
+            Box::new(LiveProc::new()),
+        );
         let me = std::process::id();
         let t0 = 1_764_000_000_000;
         let mut verdicts = ProcessVerdicts::new();
@@ -167,6 +175,7 @@ mod tests {
             recorder.on_snapshot(
                 &snapshot(t0 + i * 1000, (i as u64) << 30, me),
                 &metadata,
+                &mut catalog,
                 &mut verdicts,
             );
         }

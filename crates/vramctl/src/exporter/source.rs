@@ -18,11 +18,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vramctl::live_loop::{LiveSampler, open_backend, sampler_on};
 use vramctl_core::clock::Clock;
 use vramctl_core::sampler::SessionHealth;
-use vramctl_core::sanity::SanityLimits;
 use vramctl_core::types::Snapshot;
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 
 use super::stats::Stats;
 
@@ -33,7 +32,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 pub struct NvmlSource {
     library: Option<PathBuf>,
     clock: Arc<dyn Clock>,
-    sampler: Option<Sampler<NvmlBackend>>,
+    sampler: Option<LiveSampler>,
     first_backoff: Duration,
     backoff: Duration,
     next_attempt: Option<Instant>,
@@ -124,13 +123,12 @@ impl NvmlSource {
 
     fn try_open(&mut self, now: Instant, stats: &mut Stats) {
         let clock = Box::new(SharedClock(Arc::clone(&self.clock)));
-        let outcome = NvmlBackend::open(self.library.as_deref())
+        let outcome = open_backend(self.library.as_deref())
             .map_err(|err| (err.code(), format!("{err}; {}", err.hint())))
-            .and_then(|mut backend| {
+            .and_then(|backend| {
                 // Per-process SM activity: the idle analysis' best evidence, where the
                 // driver reports it (one more call per GPU per tick).
-                backend.set_read_process_activity(true);
-                Sampler::with_clock(backend, clock, SanityLimits::from_system())
+                sampler_on(backend, clock, true)
                     .map_err(|err| ("enumeration_failed", err.to_string()))
             });
         match outcome {

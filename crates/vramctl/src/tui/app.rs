@@ -17,10 +17,10 @@ use ratatui::layout::{Position, Rect};
 use vramctl_core::analysis::IdleState;
 
 use super::event::{Event, HistoryRequest};
-use super::history::{
+use super::kill::{GpuMemory, KillOutcome, KillPlan, KillTarget, READONLY_REASON};
+use super::memory_series::{
     HistoryChunk, Point, SeriesKey, SeriesSet, Starts, Zoom, change_per_minute, joined,
 };
-use super::kill::{GpuMemory, KillOutcome, KillPlan, KillTarget, READONLY_REASON};
 use super::observe::Observation;
 use super::replay::{ReplayFrame, Seek};
 use super::table::{self, Column, Flags, Idle, Row, RowKey, TableView};

@@ -15,8 +15,8 @@ use vramctl_core::clock::{ClockTime, Timeline};
 use vramctl_core::types::Snapshot;
 use vramctl_core::{Backend, Sampler};
 
-use super::history::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
+use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::observe::{HostReader, Observation};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
 use super::verdict::{Judge, ReplayJudge};
@@ -337,7 +337,7 @@ mod tests {
             app.update(Event::Sample(Arc::new(obs)));
         }
         let row = app.rows.iter().find(|r| r.key.pid == 7).cloned();
-        let key = crate::tui::history::SeriesKey::Process {
+        let key = crate::tui::memory_series::SeriesKey::Process {
             uuid: format!("GPU-{:08x}-0000-4000-8000-000000000000", 0),
             pid: 7,
         };

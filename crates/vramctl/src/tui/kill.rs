@@ -3,7 +3,7 @@
 //! The UI builds a [`KillTarget`] from what it shows; a [`Killer`] checks it against /proc
 //! now ([`Killer::plan`]: who the process is, whether we may signal it) and, once the user
 //! confirms, signals it on the verified path ([`Killer::kill`]: pidfd, TERM → KILL,
-//! audit). Both run on a worker thread ([`super::event::spawn_actions`]): a kill can wait
+//! audit). Both run on a worker thread (`tui::event::spawn_actions`): a kill can wait
 //! seconds for a process to exit. Whether its GPU memory was released is judged by the UI
 //! from the samples that follow, not by the killer (the NVML session is the sampler's); the
 //! UI then tells the killer ([`Killer::memory_outcome`]) for the audit record.
@@ -17,14 +17,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vramctl_core::audit::AuditOutcome;
+use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::clock::SystemClock;
 use vramctl_core::procinfo::ProcReader;
 use vramctl_core::signal::{
     self, Actor, AuditId, AuditSink, KillRequest, Provenance, Refusal, Target, TargetOutcome,
 };
-
-use crate::facts::TickScale;
 
 /// Memory a process holds on one GPU, as the UI last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,7 +173,7 @@ impl Actions {
     }
 }
 
-/// Opens the audit sink at the first kill (`crate::audit::open_sink` in the binary, the
+/// Opens the audit sink at the first kill (the binary's `audit_sink::open_sink`, the
 /// sink `vramctl kill` writes to); its error is one line.
 pub type SinkOpener = Box<dyn FnMut() -> Result<Box<dyn AuditSink + Send>, String> + Send>;
 
@@ -190,7 +188,6 @@ pub const GRACE: Duration = Duration::from_secs(10);
 pub struct SignalKiller {
     actor: Actor,
     procs: ProcReader,
-    scale: TickScale,
     open_sink: SinkOpener,
     sink: Option<Box<dyn AuditSink + Send>>,
     grace: Duration,
@@ -220,7 +217,6 @@ impl SignalKiller {
         Self {
             actor,
             procs: ProcReader::new(),
-            scale: TickScale::system(),
             open_sink,
             sink: None,
             grace,
@@ -252,7 +248,7 @@ impl Killer for SignalKiller {
         Ok(KillPlan {
             target: target.clone(),
             start_time_ticks: start,
-            started_at_unix_ms: self.scale.started_at_unix_ms(start),
+            started_at_unix_ms: self.procs.started_at_unix_ms(start),
             user: candidate
                 .user
                 .clone()
@@ -492,7 +488,7 @@ mod tests {
     impl AuditSink for SharedLog {
         fn before(
             &mut self,
-            record: &vramctl_core::audit::AuditRecord,
+            record: &vramctl_core::audit_record::AuditRecord,
         ) -> Result<AuditId, signal::AuditError> {
             self.0.lock().unwrap().before(record)
         }

@@ -1,18 +1,17 @@
 //! What the UI shows for one moment: a GPU [`Snapshot`] joined with what /proc says about
 //! its processes (and their parents, for the tree view), plus the verdicts of the
-//! analysis. Built off the UI thread by [`HostReader`] (live) or read from a recording
-//! (replay), so drawing never touches /proc or NVML.
+//! analysis. Built off the UI thread by [`HostReader`] (live, through the process catalog
+//! every frontend reads) or read from a recording (replay), so drawing never touches /proc
+//! or NVML.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use procfs::process::Process;
 use serde::{Deserialize, Serialize};
-use vramctl_core::procinfo::ProcReader;
+use vramctl_core::analysis::IdleState;
+use vramctl_core::analysis::live::ProcessFacts;
+use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
 use vramctl_core::types::Snapshot;
-
-use super::verdict::Verdicts;
-use crate::facts::TickScale;
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,11 +45,84 @@ impl Observation {
     }
 
     /// The start time of every visible process, by PID: who each PID is.
-    pub fn starts(&self) -> super::history::Starts {
+    pub fn starts(&self) -> Starts {
         self.hosts
             .iter()
             .filter_map(|(pid, h)| Some((*pid, h.start_time_ticks?)))
             .collect()
+    }
+}
+
+/// Who a process is beyond its PID: its start time in clock ticks after boot, by PID, as
+/// /proc showed it (live) or as recorded (replay). A PID without one is not visible.
+pub type Starts = BTreeMap<u32, u64>;
+
+/// What the analysis concluded about one process's memory on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum VerdictKind {
+    /// Retained memory keeps growing after warm-up.
+    Leak,
+    /// Holds memory and has not used the GPU for a while.
+    IdleHolder,
+    /// Growing, not (yet) a leak.
+    Growing,
+    /// Not growing.
+    Stable,
+    /// Allocates and frees in cycles on a stable floor.
+    Sawtooth,
+}
+
+impl VerdictKind {
+    /// The word shown in the detail pane.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Leak => "leak",
+            Self::IdleHolder => "idle holder",
+            Self::Growing => "growing",
+            Self::Stable => "stable",
+            Self::Sawtooth => "sawtooth",
+        }
+    }
+}
+
+/// A verdict with its explanation and the numbers that produced it, ready to show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessVerdict {
+    /// The conclusion.
+    pub kind: VerdictKind,
+    /// One line, e.g. `leaks 38 MB/s since 14:02:10 UTC; GPU 0 full in 6 min`.
+    pub summary: String,
+    /// `(name, value)` pairs: slope, significance, onset, time to full, ...
+    pub numbers: Vec<(String, String)>,
+    /// What the idle evidence says at the verdict's time (`IdleReport::state`): the IDLE
+    /// column's one source. `None`: not judged.
+    #[serde(default)]
+    pub idle: Option<IdleState>,
+}
+
+/// Verdicts by `(pid, device UUID)` (a series is one process on one device, or MIG
+/// instance).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdicts {
+    by_process: BTreeMap<(u32, String), ProcessVerdict>,
+}
+
+impl Verdicts {
+    /// Records the verdict on `pid` on the device `uuid`.
+    pub fn insert(&mut self, pid: u32, uuid: &str, verdict: ProcessVerdict) {
+        self.by_process.insert((pid, uuid.to_owned()), verdict);
+    }
+
+    /// The verdict on `pid` on the device `uuid`, if any.
+    pub fn get(&self, pid: u32, uuid: &str) -> Option<&ProcessVerdict> {
+        self.by_process.get(&(pid, uuid.to_owned()))
+    }
+
+    /// Whether there is no verdict at all.
+    pub fn is_empty(&self) -> bool {
+        self.by_process.is_empty()
     }
 }
 
@@ -82,26 +154,26 @@ impl HostProcess {
     pub fn is_zombie(&self) -> bool {
         matches!(self.state, Some('Z' | 'X' | 'x'))
     }
+
+    /// What the live analysis takes from /proc about `host` (`None`: not visible): the
+    /// facts the observation already read, so the analysis reads nothing twice.
+    pub fn live_facts(host: Option<&Self>) -> ProcessFacts {
+        host.map_or_else(ProcessFacts::default, |h| ProcessFacts {
+            start_time_ticks: h.start_time_ticks,
+            started_at_unix_ms: h.started_at_unix_ms,
+            cpu_time_ms: h.cpu_time_ms,
+        })
+    }
 }
 
-/// What stays the same for a process for its whole life (read once per identity).
-#[derive(Debug, Clone)]
-struct Known {
-    start_time_ticks: u64,
-    user: Option<String>,
-    command: String,
-}
-
-/// Joins snapshots with /proc, cheaply enough to run every second for hundreds of
-/// processes: one read of `/proc/PID/stat` per process per tick; the user and the command
-/// line are read once per process identity (PID + start time).
+/// Joins snapshots with /proc through the process catalog
+/// (`vramctl_core::process_catalog::ProcessCatalog`, the one every frontend reads): the
+/// GPU processes and their ancestors, user and command line once per process identity
+/// (boot, PID, start time), `/proc/PID/stat` (state, parent, CPU time) at most once a
+/// second per process, so hundreds of processes cost a few reads a tick.
 #[derive(Debug)]
 pub struct HostReader {
-    procs: ProcReader,
-    known: HashMap<u32, Known>,
-    /// `(start time, cpu ticks, at monotonic ms)` at the previous observation.
-    cpu: HashMap<u32, (u64, u64, i64)>,
-    scale: TickScale,
+    catalog: ProcessCatalog,
 }
 
 impl Default for HostReader {
@@ -110,37 +182,16 @@ impl Default for HostReader {
     }
 }
 
-/// The fields of `/proc/PID/stat` the UI needs.
-struct Stat {
-    ppid: Option<u32>,
-    state: char,
-    start_time_ticks: u64,
-    cpu_ticks: u64,
-}
-
-fn read_stat(pid: u32) -> Option<Stat> {
-    let stat = Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()?;
-    Some(Stat {
-        ppid: u32::try_from(stat.ppid).ok(),
-        state: stat.state,
-        start_time_ticks: stat.starttime,
-        cpu_ticks: stat.utime.saturating_add(stat.stime),
-    })
-}
-
 impl HostReader {
-    /// A reader with empty caches.
+    /// A reader of this system's /proc, knowing no process yet.
     pub fn new() -> Self {
         Self {
-            procs: ProcReader::new(),
-            known: HashMap::new(),
-            cpu: HashMap::new(),
-            scale: TickScale::system(),
+            catalog: ProcessCatalog::new(FactsSource::Proc),
         }
     }
 
     /// The snapshot joined with /proc. `driver_name` is asked for GPU processes /proc
-    /// cannot see (it calls the backend, on the sampler's thread).
+    /// cannot see (it calls the backend, on the sampler's thread), once per process.
     pub fn observe(
         &mut self,
         snapshot: Snapshot,
@@ -149,91 +200,59 @@ impl HostReader {
         // CPU % is a rate: measured on the monotonic clock, so a wall-clock step neither
         // hides it (a step back made every interval look negative) nor dilutes it.
         let at_ms = snapshot.monotonic_ms;
-        let mut gpu_pids: Vec<u32> = snapshot
-            .devices
-            .iter()
-            .filter_map(|d| d.reading())
-            .flat_map(|r| r.processes.iter().flatten().map(|p| p.pid))
-            .collect();
-        gpu_pids.sort_unstable();
-        gpu_pids.dedup();
-
+        let gpu_pids = listed_pids(&snapshot);
+        self.catalog
+            .observe_with_ancestors(&gpu_pids, at_ms, &mut driver_name);
+        let tps = self.catalog.ticks_per_second();
         let mut hosts = BTreeMap::new();
         let mut driver_names = BTreeMap::new();
-        for &pid in &gpu_pids {
-            let mut next = Some(pid);
-            // Walk up to the first ancestor already seen; depth-limited against cycles.
-            for _ in 0..64 {
-                let Some(pid) = next.filter(|&p| p > 1 && !hosts.contains_key(&p)) else {
-                    break;
-                };
-                let Some(host) = self.host(pid, at_ms) else {
-                    break;
-                };
-                next = host.ppid;
-                hosts.insert(pid, host);
+        let pids: Vec<u32> = self.catalog.entries().map(|e| e.pid).collect();
+        for pid in pids {
+            // PID 1 is no one's GPU process nor an ancestor worth a row.
+            if pid <= 1 {
+                continue;
             }
-            if !hosts.contains_key(&pid) {
-                if let Some(name) = driver_name(pid) {
-                    driver_names.insert(pid, name);
+            let visible = self.catalog.get(pid).is_some_and(|e| e.visible);
+            // Exited between the two reads, or another process under the PID: not shown
+            // until the next tick reads it again.
+            let stat = visible.then(|| self.catalog.stat(pid, at_ms)).flatten();
+            let Some(entry) = self.catalog.get(pid) else {
+                continue;
+            };
+            match stat {
+                Some(stat) => {
+                    let facts = &entry.facts;
+                    #[allow(clippy::cast_possible_truncation)]
+                    let cpu_percent = entry.cpu_percent(tps).map(|p| p as f32);
+                    hosts.insert(
+                        pid,
+                        HostProcess {
+                            pid,
+                            ppid: Some(stat.ppid),
+                            user: facts.user_or_uid(),
+                            command: facts.command.clone().unwrap_or_default(),
+                            state: Some(stat.state),
+                            start_time_ticks: entry.start_time_ticks,
+                            started_at_unix_ms: facts.started_at_unix_ms,
+                            cpu_percent,
+                            cpu_time_ms: Some(stat.cpu_time_ms),
+                        },
+                    );
                 }
+                None if gpu_pids.binary_search(&pid).is_ok() => {
+                    if let Some(name) = entry.facts.command.clone().filter(|_| !visible) {
+                        driver_names.insert(pid, name);
+                    }
+                }
+                None => {}
             }
         }
-        self.known.retain(|pid, _| hosts.contains_key(pid));
-        self.cpu.retain(|pid, _| hosts.contains_key(pid));
         Observation {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names,
             verdicts: Verdicts::default(),
         }
-    }
-
-    fn host(&mut self, pid: u32, at_ms: i64) -> Option<HostProcess> {
-        let stat = read_stat(pid)?;
-        let known = match self.known.get(&pid) {
-            Some(k) if k.start_time_ticks == stat.start_time_ticks => k.clone(),
-            _ => {
-                // A new process, or a new one under a reused PID.
-                let details = self.procs.details(pid)?;
-                let known = Known {
-                    start_time_ticks: stat.start_time_ticks,
-                    user: details
-                        .user
-                        .clone()
-                        .or_else(|| details.uid.map(|u| u.to_string())),
-                    command: details.command,
-                };
-                self.known.insert(pid, known.clone());
-                known
-            }
-        };
-        let cpu_percent = match self.cpu.get(&pid) {
-            Some(&(start, ticks, then)) if start == stat.start_time_ticks && at_ms > then => {
-                let used = stat.cpu_ticks.saturating_sub(ticks);
-                #[allow(clippy::cast_precision_loss)]
-                let pct = used as f64 / self.scale.ticks_per_second() as f64 * 1000.0
-                    / (at_ms - then) as f64
-                    * 100.0;
-                #[allow(clippy::cast_possible_truncation)]
-                Some(pct as f32)
-            }
-            _ => None,
-        };
-        self.cpu
-            .insert(pid, (stat.start_time_ticks, stat.cpu_ticks, at_ms));
-        let facts = self.scale.facts(stat.start_time_ticks, stat.cpu_ticks);
-        Some(HostProcess {
-            pid,
-            ppid: stat.ppid,
-            user: known.user,
-            command: known.command,
-            state: Some(stat.state),
-            start_time_ticks: facts.start_time_ticks,
-            started_at_unix_ms: facts.started_at_unix_ms,
-            cpu_percent,
-            cpu_time_ms: facts.cpu_time_ms,
-        })
     }
 }
 

@@ -1,14 +1,14 @@
-//! Browsing a recording: the seam to the history store ([`super::store::StoreSource`]), and
+//! Browsing a recording: the seam to the history store (`tui::store::StoreSource`), and
 //! an in-memory recording.
 //!
 //! A [`ReplaySource`] answers "what was there at time T" and serves the series for the
 //! charts ([`HistorySource`]). It runs on its own thread
-//! ([`super::event::spawn_replay`]); the UI asks with a [`Seek`] and gets a
+//! (`tui::event::spawn_replay`); the UI asks with a [`Seek`] and gets a
 //! [`ReplayFrame`]: the observation at the cursor and the chart window ending there.
 
 use std::sync::Arc;
 
-use super::history::{HistoryChunk, HistorySource, Point, SeriesKey, decimate};
+use super::memory_series::{HistoryChunk, HistorySource, Point, SeriesKey, decimate};
 use super::observe::Observation;
 
 /// A recording to browse.

@@ -26,7 +26,7 @@ use vramctl_store::{
     Store, StoreError, TimeRange,
 };
 
-use super::history::{HistoryChunk, HistorySource, Point, SeriesKey, Starts};
+use super::memory_series::{HistoryChunk, HistorySource, Point, SeriesKey, Starts};
 use super::observe::{HostProcess, Observation};
 use super::replay::ReplaySource;
 

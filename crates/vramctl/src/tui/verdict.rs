@@ -7,88 +7,16 @@
 //! `leaks --watch` and `serve` run) over every observation; [`NoJudge`] leaves the verdicts
 //! empty, and the UI then shows no leak or idle flag: it does not guess.
 
-use std::collections::BTreeMap;
-
 use jiff::tz::TimeZone;
-use serde::{Deserialize, Serialize};
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
 use vramctl_core::analysis::{
-    AnalysisError, Evidence, ExplainStyle, IdleState, LeakConfig, LeakRule, Phase, SeriesReport,
-    Verdict, explain, human_bytes, human_duration, human_rate,
+    AnalysisError, Evidence, ExplainStyle, LeakConfig, LeakRule, Phase, SeriesReport, Verdict,
+    explain, human_bytes, human_duration, human_rate,
 };
 use vramctl_core::wall_time;
 
-use super::observe::Observation;
-use crate::facts::facts_of_host;
-
-/// What the analysis concluded about one process's memory on one device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum VerdictKind {
-    /// Retained memory keeps growing after warm-up.
-    Leak,
-    /// Holds memory and has not used the GPU for a while.
-    IdleHolder,
-    /// Growing, not (yet) a leak.
-    Growing,
-    /// Not growing.
-    Stable,
-    /// Allocates and frees in cycles on a stable floor.
-    Sawtooth,
-}
-
-impl VerdictKind {
-    /// The word shown in the detail pane.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Leak => "leak",
-            Self::IdleHolder => "idle holder",
-            Self::Growing => "growing",
-            Self::Stable => "stable",
-            Self::Sawtooth => "sawtooth",
-        }
-    }
-}
-
-/// A verdict with its explanation and the numbers that produced it, ready to show.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessVerdict {
-    /// The conclusion.
-    pub kind: VerdictKind,
-    /// One line, e.g. `leaks 38 MB/s since 14:02:10 UTC; GPU 0 full in 6 min`.
-    pub summary: String,
-    /// `(name, value)` pairs: slope, significance, onset, time to full, ...
-    pub numbers: Vec<(String, String)>,
-    /// What the idle evidence says at the verdict's time (`IdleReport::state`): the IDLE
-    /// column's one source. `None`: not judged.
-    #[serde(default)]
-    pub idle: Option<IdleState>,
-}
-
-/// Verdicts by `(pid, device UUID)` (a series is one process on one device, or MIG
-/// instance).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdicts {
-    by_process: BTreeMap<(u32, String), ProcessVerdict>,
-}
-
-impl Verdicts {
-    /// Records the verdict on `pid` on the device `uuid`.
-    pub fn insert(&mut self, pid: u32, uuid: &str, verdict: ProcessVerdict) {
-        self.by_process.insert((pid, uuid.to_owned()), verdict);
-    }
-
-    /// The verdict on `pid` on the device `uuid`, if any.
-    pub fn get(&self, pid: u32, uuid: &str) -> Option<&ProcessVerdict> {
-        self.by_process.get(&(pid, uuid.to_owned()))
-    }
-
-    /// Whether there is no verdict at all.
-    pub fn is_empty(&self) -> bool {
-        self.by_process.is_empty()
-    }
-}
+use super::observe::{HostProcess, Observation};
+pub use super::observe::{ProcessVerdict, VerdictKind, Verdicts};
 
 /// Decides verdicts from the observations it is fed, one at a time, in time order.
 ///
@@ -151,8 +79,9 @@ impl AnalysisJudge {
 impl Judge for AnalysisJudge {
     fn judge(&mut self, observation: &Observation) -> Verdicts {
         let hosts = &observation.hosts;
-        self.fleet
-            .observe(&observation.snapshot, |pid| facts_of_host(hosts.get(&pid)));
+        self.fleet.observe(&observation.snapshot, |pid| {
+            HostProcess::live_facts(hosts.get(&pid))
+        });
         let mut verdicts = Verdicts::default();
         for (key, place, report) in self.fleet.current() {
             if let Some(report) = report {

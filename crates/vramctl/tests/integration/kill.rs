@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-use vramctl_core::audit::AuditOutcome;
+use vramctl_core::audit_record::AuditOutcome;
 
 use crate::harness::{Portable, redactions, vramctl_std};
 use crate::real_processes::{

@@ -449,3 +449,374 @@ fn nvidia_smi_short_flags_select_gpus_and_loop() {
         assert_eq!(out.lines().count(), 2, "{flags:?}: {out}");
     }
 }
+
+/// 2026-11-29T20:31:31Z: the simulated recording starts here.
+const REPLAY_T0: i64 = 1_795_984_291_000;
+
+/// Three GPUs on the fake's step clock (sample k of a session sees t = k + 1): GPU 0 with
+/// memory, utilization and temperature that change every sample, a real process (`sleeper`),
+/// a fictional one and one that ends at t = 3; GPU 1 lost from t = 3.5; GPU 2 that reports
+/// nothing but memory.
+fn replay_scenario(dir: &std::path::Path, sleeper: u32) -> std::path::PathBuf {
+    let path = dir.join("replay.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"driver_version = "580.159.04"
+nvml_version = "13.580.159.04"
+[clock]
+mode = "step"
+step_s = 1.0
+
+[[gpu]]
+name = "NVIDIA H200"
+uuid = "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2"
+pci_bus_id = "00000000:00:06.0"
+memory_total = 150754820096
+memory_reserved = 644939776
+memory_extra_used = "1 GiB"
+utilization_gpu = {{ steps = {{ values = [10, 20, 30, 40, 50, 60], every_s = 1.0 }} }}
+utilization_memory = {{ steps = {{ values = [1, 2, 3, 4, 5, 6], every_s = 1.0 }} }}
+temperature_c = {{ ramp = {{ from = 40, rate_per_s = 1.0, max = 80 }} }}
+power_mw = 250000
+process_utilization = "report"
+
+[[gpu.process]]
+pid = {sleeper}
+real = true
+name = "sleep"
+memory = {{ steps = {{ values = ["1 GiB", "2 GiB", "3 GiB", "4 GiB", "5 GiB", "6 GiB"], every_s = 1.0 }} }}
+sm_util = 0
+
+[[gpu.process]]
+pid = 32702
+name = "python hold.py"
+memory = "6 GiB"
+sm_util = 5
+end_s = 3.0
+
+[[gpu]]
+name = "NVIDIA H200"
+uuid = "GPU-93a0e6c2-4f1b-6d8e-b0c7-1e2f3a4b5c6d"
+pci_bus_id = "00000000:00:07.0"
+memory_total = 150754820096
+memory_reserved = 644939776
+utilization_gpu = 45
+temperature_c = 53
+power_mw = 300000
+lost_at_s = 3.5
+
+[[gpu.process]]
+pid = 25002
+name = "python train.py --rank 1"
+memory = "30 GiB"
+
+[[gpu]]
+name = "NVIDIA H200"
+uuid = "GPU-0000000a-1111-2222-3333-444444444444"
+memory_total = 150754820096
+memory_reserved = 644939776
+"#
+        ),
+    )
+    .expect("write the scenario");
+    path
+}
+
+/// What `status` reports that a history does not keep (`docs/json.md`, "status --replay"),
+/// taken out of a report so that a replayed one and a live one compare: the time it was
+/// taken (the replay's is the recorded time), the driver's versions, the process type,
+/// MIG instance ids, sanity drops, unopened devices, the missing-value reasons of fields
+/// without a series, and the replay's own `replay` object.
+fn without_what_a_history_does_not_keep(mut report: Value) -> Value {
+    const KEPT_MISSING: [&str; 6] = [
+        "memory",
+        "utilization",
+        "temperature",
+        "power",
+        "compute_processes",
+        "mig_memory",
+    ];
+    let top = report.as_object_mut().expect("a report is an object");
+    for key in ["taken_at", "driver", "unopened", "replay"] {
+        top.remove(key);
+    }
+    for device in top["devices"].as_array_mut().expect("devices") {
+        let device = device.as_object_mut().expect("a device is an object");
+        device.remove("dropped");
+        if let Some(missing) = device.get_mut("missing").and_then(Value::as_object_mut) {
+            missing.retain(|k, _| KEPT_MISSING.contains(&k.as_str()));
+        }
+        for p in device
+            .get_mut("processes")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let p = p.as_object_mut().expect("a process is an object");
+            for key in ["kind", "gpu_instance_id", "compute_instance_id"] {
+                p.remove(key);
+            }
+        }
+        for mig in device["mig_instances"]
+            .as_array_mut()
+            .expect("mig_instances")
+        {
+            let mig = mig.as_object_mut().expect("a MIG instance is an object");
+            mig.remove("gpu_instance_id");
+            mig.remove("compute_instance_id");
+        }
+    }
+    report
+}
+
+fn rfc3339_ms(unix_ms: i64) -> String {
+    vramctl_store::format::rfc3339(unix_ms)
+}
+
+#[test]
+fn status_replay_at_a_recorded_moment_is_status_at_that_moment() {
+    let sleeper = crate::real_processes::sleeper();
+    let dir = tempfile::tempdir().unwrap();
+    let path = replay_scenario(dir.path(), sleeper.pid());
+    let db = dir.path().join("history.db");
+    let ticks = 5;
+    // The recorder's session and a live `status --watch` session both enumerate at t = 0
+    // and sample at t = 1, 2, ...: their k-th samples see the same moment of the scenario.
+    let recorded = vramctl(&path)
+        .env_remove("FAKE_NVML_TIME")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", &ticks.to_string()])
+        .args(["--simulated-clock", &REPLAY_T0.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        recorded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+    let live_json = stdout_of(vramctl(&path).env_remove("FAKE_NVML_TIME").args([
+        "status",
+        "--json",
+        "--watch",
+        "0.05",
+        "--count",
+        &ticks.to_string(),
+    ]));
+    let live_json: Vec<Value> = live_json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let live_text = stdout_of(
+        vramctl(&path)
+            .env_remove("FAKE_NVML_TIME")
+            .env("COLUMNS", "200")
+            .args(["status", "--watch", "0.05", "--count", &ticks.to_string()]),
+    );
+    // Without a terminal each refresh is a block followed by an empty line.
+    let live_text: Vec<&str> = live_text.split("\n\nvramctl ").collect();
+    assert_eq!((live_json.len(), live_text.len()), (5, 5));
+
+    for (k, live) in live_json.into_iter().enumerate() {
+        let at = REPLAY_T0 + 1000 * i64::try_from(k).unwrap();
+        let replayed = json_of(vramctl(&path).arg("status").arg("--replay").arg(&db).args([
+            "--at",
+            &rfc3339_ms(at),
+            "--json",
+        ]));
+        // The recorded moment, and what the history does not keep is not reported.
+        assert_eq!(replayed["taken_at"], rfc3339_ms(at), "tick {k}");
+        assert_eq!(replayed["replay"]["at"], rfc3339_ms(at));
+        assert_eq!(replayed["driver"]["driver_version"], Value::Null);
+        assert_eq!(replayed["unopened"], Value::Null);
+        for device in devices(&replayed) {
+            assert_eq!(device["dropped"], Value::Null);
+            for p in device["processes"].as_array().into_iter().flatten() {
+                assert_eq!(p["kind"], Value::Null);
+            }
+        }
+        assert_eq!(
+            without_what_a_history_does_not_keep(replayed.clone()),
+            without_what_a_history_does_not_keep(live.clone()),
+            "tick {k}"
+        );
+
+        // The text: the same blocks, but for the header (the recorded time, no driver) and
+        // the process type (`-`: not recorded).
+        let text = stdout_of(
+            vramctl(&path)
+                .env("COLUMNS", "200")
+                .arg("status")
+                .arg("--replay")
+                .arg(&db)
+                .args(["--at", &rfc3339_ms(at)]),
+        );
+        let body = |block: &str| -> Vec<String> {
+            block
+                .trim_end()
+                .lines()
+                .skip(1)
+                .map(|l| l.replacen("  C     ", "  -     ", 1))
+                .collect()
+        };
+        assert_eq!(body(&text), body(live_text[k]), "tick {k}");
+        assert!(
+            text.lines().next().unwrap().contains(&rfc3339_ms(at)),
+            "{text}"
+        );
+    }
+
+    // What changed between the moments is replayed as it was: the real process's memory
+    // and who it is, the process that ended, the GPU lost at t = 3.5 (tick 3).
+    let at = |k: i64| {
+        json_of(vramctl(&path).arg("status").arg("--replay").arg(&db).args([
+            "--at",
+            &rfc3339_ms(REPLAY_T0 + 1000 * k),
+            "--json",
+        ]))
+    };
+    let (first, last) = (at(0), at(4));
+    let real = |report: &Value| {
+        devices(report)[0]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == sleeper.pid())
+            .cloned()
+            .unwrap()
+    };
+    // Tick k saw t = k + 1: the step of 2 GiB first, of 6 GiB last.
+    assert_eq!(real(&first)["used_bytes"], 2_u64 << 30);
+    assert_eq!(real(&last)["used_bytes"], 6_u64 << 30);
+    assert_eq!(real(&first)["visible"], true);
+    assert_eq!(real(&first)["command"], "sleep 600");
+    assert_eq!(devices(&first)[0]["processes"].as_array().unwrap().len(), 2);
+    assert_eq!(devices(&last)[0]["processes"].as_array().unwrap().len(), 1);
+    assert_eq!(devices(&first)[1]["state"], "ok");
+    assert_eq!(devices(&last)[1]["state"], "lost");
+    // Between two samples, the one before; with no --at, the last.
+    let between = json_of(vramctl(&path).arg("status").arg("--replay").arg(&db).args([
+        "--at",
+        &rfc3339_ms(REPLAY_T0 + 1500),
+        "--json",
+    ]));
+    assert_eq!(between["taken_at"], rfc3339_ms(REPLAY_T0 + 1000));
+    let newest = json_of(
+        vramctl(&path)
+            .arg("status")
+            .arg("--replay")
+            .arg(&db)
+            .arg("--json"),
+    );
+    assert_eq!(newest["taken_at"], rfc3339_ms(REPLAY_T0 + 4000));
+}
+
+#[test]
+fn status_replay_says_when_there_is_no_such_moment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = replay_scenario(dir.path(), 1);
+    let db = dir.path().join("history.db");
+    let output = vramctl(&path)
+        .env_remove("FAKE_NVML_TIME")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", "2"])
+        .args(["--simulated-clock", &REPLAY_T0.to_string()])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let before = vramctl(&path)
+        .arg("status")
+        .arg("--replay")
+        .arg(&db)
+        .args(["--at", "2020-01-01T00:00:00Z"])
+        .output()
+        .unwrap();
+    assert_eq!(before.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&before.stderr);
+    assert!(
+        err.contains("no sample at or before --at '2020-01-01T00:00:00Z'")
+            && err.contains("its first is at 2026-11-29T20:31:31.000Z"),
+        "{err}"
+    );
+    // After the recording ended (it sampled each second until 20:31:32): not its last
+    // moment passed off as that time; within two spacings of it, the last.
+    let after = vramctl(&path)
+        .arg("status")
+        .arg("--replay")
+        .arg(&db)
+        .args(["--at", "2026-11-29T20:31:35Z"])
+        .output()
+        .unwrap();
+    assert_eq!(after.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&after.stderr);
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "vramctl: error: '{}' ends at 2026-11-29T20:31:32.000Z, before --at \
+             '2026-11-29T20:31:35Z'; use an earlier --at, or none for its last sample",
+            db.display()
+        )
+    );
+    let near_end = json_of(vramctl(&path).arg("status").arg("--replay").arg(&db).args([
+        "--at",
+        "2026-11-29T20:31:34Z",
+        "--json",
+    ]));
+    assert_eq!(near_end["taken_at"], "2026-11-29T20:31:32.000Z");
+    // `all` is the end of time: the last sample.
+    let all = json_of(
+        vramctl(&path)
+            .arg("status")
+            .arg("--replay")
+            .arg(&db)
+            .args(["--at", "all", "--json"]),
+    );
+    assert_eq!(all["taken_at"], "2026-11-29T20:31:32.000Z");
+    // A time that is not one, a database that is not there: one line, exit 2.
+    let missing = dir.path().join("nope.db");
+    for (args, says) in [
+        (
+            vec![
+                "status".to_owned(),
+                "--replay".to_owned(),
+                db.display().to_string(),
+                "--at".to_owned(),
+                "yesterday-ish".to_owned(),
+            ],
+            "'yesterday-ish' is not a time".to_owned(),
+        ),
+        (
+            vec![
+                "status".to_owned(),
+                "--replay".to_owned(),
+                missing.display().to_string(),
+            ],
+            format!(
+                "no history database at '{}'; point --replay at a vramctl history file",
+                missing.display()
+            ),
+        ),
+    ] {
+        let out = vramctl(&path).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&says), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(
+            !missing.exists(),
+            "a reader created '{}'",
+            missing.display()
+        );
+    }
+    // --at means nothing live, and a moment is not a stream.
+    for args in [
+        &["status", "--at", "now"][..],
+        &["status", "--replay", "x.db", "--watch", "1s"][..],
+    ] {
+        let out = vramctl(&path).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

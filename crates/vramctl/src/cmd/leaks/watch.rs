@@ -1,8 +1,9 @@
 //! `vramctl leaks --watch`: the GPUs now, one line whenever a verdict changes.
 //!
-//! One NVML session (per-process SM activity read where the driver has it), /proc read
-//! once per tick per GPU process for its start time (identity) and CPU time (idle
-//! evidence), and `FleetTracker` (`vramctl_core::analysis::live`) doing the rest. A series
+//! One NVML session (per-process SM activity read where the driver has it), the process
+//! catalog (`vramctl_core::process_catalog`: each GPU process's identity and names once,
+//! its CPU time — the idle evidence — at most once a second), and `FleetTracker`
+//! (`vramctl_core::analysis::live`) doing the rest. A series
 //! whose process has been gone for a minute prints an `ended` line. Stops after `--count`
 //! samples, on a signal, or — with `--fail-on-leak` — at the first leak (exit 1).
 //!
@@ -21,20 +22,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use serde::Serialize;
-use vramctl::facts::FactsReader;
-use vramctl_core::analysis::live::{FleetConfig, FleetTracker, ProcessFacts, SeriesKey};
+use vramctl::gpu_selection::GpuFilter;
+use vramctl::live_loop::{clock_of, open_backend, sampler_on, simulated_clock};
+use vramctl_core::Backend;
+use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
 use vramctl_core::analysis::{LeakConfig, Verdict};
-use vramctl_core::clock::{Clock, SystemClock};
-use vramctl_core::procinfo::ProcReader;
-use vramctl_core::sanity::SanityLimits;
-use vramctl_core::{Backend, NvmlBackend, Sampler};
+use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, StaticFacts};
 use vramctl_store::format::rfc3339;
 
 use vramctl_core::wall_time::{DayLines, zone as time_zone};
 
 use super::{SCHEMA, SeriesJson, Who, local_explanation, short_command};
 use crate::cli::{GlobalArgs, LeaksArgs};
-use crate::cmd::GpuFilter;
 use crate::exit::Exit;
 
 /// What is known about a series beyond the tracker: for the lines printed.
@@ -75,23 +74,17 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     let interval_ms = crate::cmd::millis(args.interval);
     let tz = time_zone(args.source.tz.as_deref())?;
     let mut days = DayLines::new(tz.clone());
-    let manual =
-        crate::cmd::record::simulated_clock(args.simulated_clock, &args.simulated_clock_step);
-    let clock_box: Box<dyn Clock> = match &manual {
-        Some(m) => Box::new(m.clone()),
-        None => Box::new(SystemClock),
-    };
-    let mut backend = NvmlBackend::open(global.nvml_lib.as_deref())?;
-    backend.set_read_process_activity(true);
-    let mut sampler = Sampler::with_clock(backend, clock_box, SanityLimits::from_system())
-        .context("cannot list the GPUs")?;
+    let manual = simulated_clock(args.simulated_clock, &args.simulated_clock_step);
+    let backend = open_backend(global.nvml_lib.as_deref())?;
+    let mut sampler =
+        sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
     let filter = GpuFilter::new(&args.source.gpu, sampler.devices())?;
     let mut fleet = FleetTracker::new(FleetConfig {
         leak: cfg,
         ..FleetConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;
-    let mut host = Host::new();
+    let mut processes = ProcessCatalog::new(FactsSource::Proc);
     let mut known: HashMap<SeriesKey, Known> = HashMap::new();
     let stdout = std::io::stdout();
     let started = Instant::now();
@@ -99,7 +92,11 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     loop {
         let mut snapshot = sampler.tick();
         snapshot.devices.retain(|d| filter.matches(&d.info));
-        let tick = fleet.observe(&snapshot, |pid| host.facts(pid));
+        // The catalog's time is monotonic: its refresh policy counts spans.
+        let mono = snapshot.monotonic_ms;
+        let backend = sampler.backend_mut();
+        processes.observe_snapshot(&snapshot, mono, &mut |pid| backend.process_name(pid));
+        let tick = fleet.observe(&snapshot, |pid| processes.live_facts(pid, mono));
         // The time the tick speaks for, on the tracker's time line (not the wall clock,
         // which may have stepped).
         let now_ms = fleet.now_ms().unwrap_or(snapshot.taken_at_unix_ms);
@@ -113,7 +110,10 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
             let place = fleet.place(key);
             let label = place.map_or_else(|| "GPU ?".to_owned(), |p| p.label.clone());
             let entry = known.entry(key.clone()).or_insert_with(|| {
-                let (user, command) = host.names(key.pid, sampler.backend_mut());
+                // User and command line; the driver's name for a process /proc cannot see.
+                let facts = processes.get(key.pid).map(|e| &e.facts);
+                let user = facts.and_then(StaticFacts::user_or_uid);
+                let command = facts.and_then(|f| f.command.clone());
                 Known {
                     label: label.clone(),
                     user,
@@ -231,40 +231,6 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
                     );
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
-        }
-    }
-}
-
-/// What /proc says about GPU processes: identity and CPU time every tick
-/// ([`FactsReader`], shared with `serve`, `top` and `reap`), names once.
-pub struct Host {
-    reader: ProcReader,
-    facts: FactsReader,
-}
-
-impl Host {
-    /// Reads the boot time and clock tick rate once.
-    pub fn new() -> Self {
-        Self {
-            reader: ProcReader::new(),
-            facts: FactsReader::new(),
-        }
-    }
-
-    /// Start time and CPU time of `pid` from one read of /proc/PID/stat; nothing for a
-    /// process in another PID namespace.
-    pub fn facts(&self, pid: u32) -> ProcessFacts {
-        self.facts.facts(pid)
-    }
-
-    /// User and command line, or the driver's name for a process /proc cannot see.
-    fn names(&mut self, pid: u32, backend: &mut dyn Backend) -> (Option<String>, Option<String>) {
-        match self.reader.details(pid) {
-            Some(d) => (
-                d.user.or_else(|| d.uid.map(|u| u.to_string())),
-                Some(d.command),
-            ),
-            None => (None, backend.process_name(pid)),
         }
     }
 }

@@ -9,7 +9,7 @@ use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Widget};
 use super::put;
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::history::{Point, SeriesKey, decimate};
+use crate::tui::memory_series::{Point, SeriesKey, decimate};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 

@@ -10,7 +10,7 @@ use vramctl_core::types::{
 use super::put;
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::history::{Point, SeriesKey, decimate};
+use crate::tui::memory_series::{Point, SeriesKey, decimate};
 
 /// What one device line shows.
 enum Line<'a> {

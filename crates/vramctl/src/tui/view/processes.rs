@@ -11,7 +11,7 @@ use vramctl_core::command_line::abbreviate;
 use super::{chart, put};
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::history::SeriesKey;
+use crate::tui::memory_series::SeriesKey;
 use crate::tui::table::{Column, Idle, Row, column_spans};
 
 /// The text of one cell in a column `width` characters wide.

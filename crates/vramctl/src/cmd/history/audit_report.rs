@@ -10,16 +10,16 @@ use std::io::Write;
 use anyhow::Context;
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl_core::audit::AuditOutcome;
+use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::procinfo::ProcessIdentity;
 use vramctl_store::format::rfc3339;
 use vramctl_store::{AuditRow, TimeRange};
 
-use super::write_csv_record;
 use crate::cli::{HistoryArgs, HistoryFormat};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
-use crate::output::units;
+use vramctl::csv_record::{CsvRecord, write_csv_record};
+use vramctl::units;
 use vramctl_core::wall_time::{clock, zone_label};
 
 /// Version of the JSON below.
@@ -146,7 +146,7 @@ fn write(
             writeln!(out).context(io)?;
         }
         HistoryFormat::Csv => {
-            let mut record = super::CsvRecord::new();
+            let mut record = CsvRecord::new();
             write_csv_record(&mut record, out, CSV_COLUMNS.split(','))?;
             for row in rows {
                 let r = &row.record;
@@ -241,7 +241,7 @@ fn write(
 
 #[cfg(test)]
 mod tests {
-    use vramctl_core::audit::AuditRecord;
+    use vramctl_core::audit_record::AuditRecord;
 
     use super::*;
 

@@ -16,8 +16,8 @@ use vramctl_core::analysis::{Evidence, SeriesReport, Verdict, human_duration};
 use vramctl_core::types::DeviceInfo;
 
 use super::policy::Policy;
-use crate::cmd::ps::{GpuHolding, total_bytes};
-use crate::output::units;
+use vramctl::gpu_holdings::{GpuHolding, total_bytes};
+use vramctl::units;
 
 /// Where a verdict's evidence came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -138,7 +138,7 @@ pub struct Chosen {
     pub why: String,
 }
 
-/// What the judge needs besides the process and the policy.
+/// What the decision needs besides the process and the policy.
 pub struct Context<'a> {
     /// A process using at most this fraction of a core is idle by its CPU time.
     pub cpu_idle_fraction: f64,
@@ -163,7 +163,7 @@ fn evidence_words(evidence: &[Evidence]) -> String {
 ///
 /// # Errors
 /// The first rule it fails, as an [`Exclusion`].
-pub fn judge(p: &Observed, policy: &Policy, ctx: &Context<'_>) -> Result<Chosen, Exclusion> {
+pub fn decide(p: &Observed, policy: &Policy, ctx: &Context<'_>) -> Result<Chosen, Exclusion> {
     if !p.gpus.iter().any(|g| policy.gpu_ok(&g.info)) {
         return exclude(
             Stage::Filter,
@@ -346,7 +346,7 @@ mod tests {
     use vramctl_core::types::ProcessKind;
 
     use super::*;
-    use crate::cmd::ps::compile_regex;
+    use vramctl::pattern::compile_regex;
 
     const GIB: u64 = 1 << 30;
     const T0: i64 = 1_795_984_291_000;
@@ -441,7 +441,7 @@ mod tests {
     }
 
     fn run(p: &Observed, policy: &Policy) -> Result<Chosen, Exclusion> {
-        judge(
+        decide(
             p,
             policy,
             &Context {

@@ -2,7 +2,7 @@
 //! `kill`/`reap` survives a power cut, not only a crash.
 
 use rusqlite::params;
-use vramctl_core::audit::{AuditOutcome, AuditRecord};
+use vramctl_core::audit_record::{AuditOutcome, AuditRecord};
 use vramctl_core::procinfo::ProcessIdentity;
 
 use crate::db::{OpenMode, Store};

@@ -1,8 +1,9 @@
 //! Leak and idle-holder verdicts in the exporter: the live analysis as a [`TickConsumer`].
 //!
 //! Every snapshot goes into one `FleetTracker` (`vramctl_core::analysis::live`, the same
-//! tracker `leaks --watch` and `top` run), with each process's start and CPU time from
-//! /proc ([`FactsReader`]) as its identity and idle evidence, and the per-process SM
+//! tracker `leaks --watch` and `top` run), with each process's start and CPU time from the
+//! collector's process catalog (`ProcessCatalog::live_facts`: /proc's stat at most once a
+//! second) as its identity and idle evidence, and the per-process SM
 //! activity the source reads for every GPU. After each tick the [`ProcessVerdicts`] the
 //! renderer reads are rebuilt from the processes listed in that tick, so the verdict series
 //! of a process that ended disappear with its memory series.
@@ -13,14 +14,14 @@
 
 use std::sync::Arc;
 
-use vramctl::facts::FactsReader;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
 use vramctl_core::analysis::{
     AnalysisError, Cadence, IdleState, LeakConfig, SeriesReport, Verdict,
 };
+use vramctl_core::process_catalog::ProcessCatalog;
 use vramctl_core::types::Snapshot;
 
-use super::daemon::TickConsumer;
+use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
 use super::render::{ProcessVerdict, ProcessVerdicts};
 
@@ -28,16 +29,14 @@ use super::render::{ProcessVerdict, ProcessVerdicts};
 #[derive(Debug)]
 pub struct LiveAnalysis {
     fleet: FleetTracker,
-    facts: FactsReader,
 }
 
 impl LiveAnalysis {
-    /// An analysis with `cfg`'s thresholds; `facts` reads /proc (or, outside the host's PID
-    /// namespace, nothing).
+    /// An analysis with `cfg`'s thresholds.
     ///
     /// # Errors
     /// [`AnalysisError::InvalidConfig`] for bad thresholds.
-    pub fn new(cfg: LeakConfig, facts: FactsReader) -> Result<Self, AnalysisError> {
+    pub fn new(cfg: LeakConfig) -> Result<Self, AnalysisError> {
         Ok(Self {
             // Scraped every 15-60 s: re-analysing each series at most every 10 s keeps
             // the daemon near its 0.5 % CPU goal with 240 processes (every second it grew
@@ -47,7 +46,6 @@ impl LiveAnalysis {
                 cadence: Cadence::SCRAPED,
                 ..FleetConfig::default()
             })?,
-            facts,
         })
     }
 }
@@ -57,10 +55,14 @@ impl TickConsumer for LiveAnalysis {
         &mut self,
         snapshot: &Arc<Snapshot>,
         _metadata: &ProcessMetadata,
+        processes: &mut ProcessCatalog,
         verdicts: &mut ProcessVerdicts,
     ) {
-        let facts = &self.facts;
-        self.fleet.observe(snapshot, |pid| facts.facts(pid));
+        // Outside the host's PID namespace (`--process-details nvml|none`) the catalog reads
+        // no /proc, and every process is "not visible".
+        let now = snapshot.monotonic_ms;
+        self.fleet
+            .observe(snapshot, |pid| processes.live_facts(pid, now));
         verdicts.clear();
         for (key, _place, report) in self.fleet.current() {
             if let Some(report) = report {
@@ -166,12 +168,14 @@ mod tests {
             idle_for: std::time::Duration::from_secs(60),
             ..LeakConfig::default()
         };
-        let mut analysis = LiveAnalysis::new(cfg, FactsReader::without_proc()).unwrap();
+        let mut analysis = LiveAnalysis::new(cfg).unwrap();
+        // No /proc (as with `--process-details nvml`): the PIDs are made up.
+        let mut catalog = ProcessCatalog::new(vramctl_core::process_catalog::FactsSource::Driver);
         let mut verdicts = ProcessVerdicts::new();
         let metadata = ProcessMetadata::default();
         let key = |pid: u32| ("GPU-a".to_owned(), pid);
         for t in 0..=50 {
-            analysis.on_snapshot(&snapshot(t), &metadata, &mut verdicts);
+            analysis.on_snapshot(&snapshot(t), &metadata, &mut catalog, &mut verdicts);
         }
         assert_eq!(verdicts.len(), 3);
         let steady = &verdicts[&key(3)];
@@ -180,7 +184,7 @@ mod tests {
         assert_eq!(steady.idle_seconds, Some(0.0), "busy by its SM activity");
         // Past 60 s: PID 3 is gone, and so are its verdicts; the leak and the holder show.
         for t in 51..=120 {
-            analysis.on_snapshot(&snapshot(t), &metadata, &mut verdicts);
+            analysis.on_snapshot(&snapshot(t), &metadata, &mut catalog, &mut verdicts);
         }
         assert_eq!(verdicts.len(), 2, "{verdicts:?}");
         assert!(!verdicts.contains_key(&key(3)));
@@ -204,6 +208,6 @@ mod tests {
             alpha: 2.0,
             ..LeakConfig::default()
         };
-        assert!(LiveAnalysis::new(cfg, FactsReader::without_proc()).is_err());
+        assert!(LiveAnalysis::new(cfg).is_err());
     }
 }

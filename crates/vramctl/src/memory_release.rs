@@ -10,14 +10,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vramctl_core::audit::AuditOutcome;
+use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::procinfo::{self, ProcError, ProcReader};
 use vramctl_core::signal::{AuditSink, TargetOutcome, TargetReport};
 use vramctl_core::types::Snapshot;
-use vramctl_core::{NvmlBackend, Sampler};
+use vramctl_core::{Backend, Sampler};
 
-use crate::cmd::ps::GpuHolding;
-use crate::output::units;
+use crate::gpu_holdings::GpuHolding;
+use crate::units;
 
 /// How often NVML is sampled while waiting for memory to be released.
 const VERIFY_EVERY: Duration = Duration::from_millis(50);
@@ -81,7 +81,7 @@ pub fn ended_pids(outcomes: &[TargetReport]) -> HashSet<u32> {
 /// Samples NVML until no device lists an ended target and its memory did not move to "no
 /// process" (a forked child still holding the descriptors), or `timeout` passes.
 pub fn verify_release(
-    sampler: &mut Sampler<NvmlBackend>,
+    sampler: &mut Sampler<impl Backend>,
     before: &Snapshot,
     ended: &HashSet<u32>,
     started: Instant,

@@ -3,14 +3,15 @@
 //! `top` keeps what it sampled itself in [`SeriesSet`]: every sample of the last
 //! [`FINE_SPAN_MS`], and per-minute min/max/last buckets for [`COARSE_SPAN_MS`]. A longer
 //! past (a recorder running before `top` started) comes from a [`HistorySource`] — the
-//! history store ([`super::store`]) — loaded off the UI thread into a [`HistoryChunk`]; the
+//! history store (`tui::store`) — loaded off the UI thread into a [`HistoryChunk`]; the
 //! charts join the two at the first point `top` has.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use super::observe::Observation;
+pub use super::observe::Starts;
 
 /// Every sample is kept for this long.
 pub const FINE_SPAN_MS: i64 = 15 * 60_000;
@@ -238,12 +239,8 @@ pub fn decimate(points: &[Point], from_ms: i64, to_ms: i64, buckets: usize) -> V
     out
 }
 
-/// Who a process is beyond its PID: its start time in clock ticks after boot, by PID, as
-/// /proc showed it (live) or as recorded (replay). A PID without one is not visible.
-pub type Starts = BTreeMap<u32, u64>;
-
 /// A source of memory series older than what `top` sampled: the history store
-/// ([`super::store::StoreSource`]), or a recording being replayed.
+/// (`tui::store::StoreSource`), or a recording being replayed.
 ///
 /// Called off the UI thread (it may do I/O); results reach the UI as a [`HistoryChunk`].
 pub trait HistorySource: Send {

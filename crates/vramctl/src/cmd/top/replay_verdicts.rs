@@ -17,7 +17,7 @@ use vramctl::tui::verdict::{ReplayJudge, Verdicts, verdict_of};
 use vramctl_core::analysis::LeakConfig;
 use vramctl_store::{Store, TimeRange};
 
-use crate::cmd::leaks::{Finding, analyse};
+use vramctl::leak_scan::{Finding, analyse, device_label};
 
 /// Least span of recording analysed before the cursor.
 const MIN_SPAN_MS: i64 = 3_600_000;
@@ -120,7 +120,7 @@ fn verdicts_at(
     }
     let mut verdicts = Verdicts::default();
     for ((pid, uuid), finding) in best {
-        let device = super::super::leaks::device_label(&finding.device);
+        let device = device_label(&finding.device);
         verdicts.insert(pid, &uuid, verdict_of(&finding.report, &device, tz));
     }
     verdicts

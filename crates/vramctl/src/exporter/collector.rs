@@ -4,10 +4,12 @@
 //! 1. [`NvmlSource::sample`]: a snapshot, or none while NVML is down (init retried with
 //!    backoff);
 //! 2. [`Stats::observe`]: error counters and the used-memory peak window;
-//! 3. [`MetadataCache::update`]: user, command, container and pod labels from /proc;
+//! 3. the process catalog (`vramctl_core::process_catalog`) brought up to the snapshot, and
+//!    the labels made from it ([`ProcessMetadata::from_catalog`]): user, command, container
+//!    and pod, /proc read once per process identity;
 //! 4. the [`TickConsumer`]s, in the order added: the leak and idle analysis
-//!    ([`super::analysis`]), which fills the [`ProcessVerdicts`] it is handed before
-//!    rendering, and the history recorder (`serve --record`, [`super::recording`]);
+//!    (`exporter::live_verdicts`), which fills the [`ProcessVerdicts`] it is handed before
+//!    rendering, and the history recorder (`serve --record`, `exporter::recording`);
 //! 5. [`render`] in both formats, published to the [`Cache`] that scrapes read.
 
 use std::sync::Arc;
@@ -17,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
+use vramctl_core::process_catalog::ProcessCatalog;
 use vramctl_core::types::Snapshot;
 
 use super::cache::{Cache, Published};
-use super::metadata::{DetailsSource, MetadataCache, ProcessMetadata};
+use super::metadata::{DetailsSource, ProcessMetadata};
 use super::render::{Format, ProcessVerdicts, RenderOptions, render};
 use super::source::NvmlSource;
 use super::stats::Stats;
@@ -29,11 +32,13 @@ use super::stats::Stats;
 /// are known and before the metrics are rendered. Must not block: hand slow work (a
 /// database write) to a thread of its own.
 pub trait TickConsumer: Send {
-    /// Called once per tick in which NVML answered.
+    /// Called once per tick in which NVML answered, with the labels and the process catalog
+    /// that already observed `snapshot` (what /proc says, read once for every consumer).
     fn on_snapshot(
         &mut self,
         snapshot: &Arc<Snapshot>,
         metadata: &ProcessMetadata,
+        processes: &mut ProcessCatalog,
         verdicts: &mut ProcessVerdicts,
     );
 
@@ -103,7 +108,9 @@ pub struct Collector {
     config: CollectorConfig,
     clock: Arc<dyn Clock>,
     source: NvmlSource,
-    metadata: MetadataCache,
+    /// The processes NVML lists, with what /proc says about them: the labels, the live
+    /// analysis and `serve --record` all read them here.
+    processes: ProcessCatalog,
     stats: Stats,
     verdicts: ProcessVerdicts,
     consumers: Vec<Box<dyn TickConsumer>>,
@@ -130,7 +137,7 @@ impl Collector {
         Self {
             source: NvmlSource::new(config.library.clone(), config.interval, Arc::clone(&clock)),
             clock,
-            metadata: MetadataCache::new(config.details),
+            processes: ProcessCatalog::new(config.details.facts_source()),
             stats: Stats::new(config.peak_window),
             verdicts: ProcessVerdicts::new(),
             consumers: Vec::new(),
@@ -148,20 +155,28 @@ impl Collector {
     pub fn collect_once(&mut self, now: Instant) {
         let started = Instant::now();
         let snapshot = self.source.sample(now, &mut self.stats).map(Arc::new);
-        let empty = ProcessMetadata::default();
         let metadata = match &snapshot {
             Some(snapshot) => {
                 self.stats.observe(snapshot);
                 let source = &mut self.source;
-                self.metadata
-                    .update(snapshot, &mut |pid| source.process_name(pid))
+                // The catalog's time is monotonic: its refresh policy counts spans.
+                self.processes
+                    .observe_snapshot(snapshot, snapshot.monotonic_ms, &mut |pid| {
+                        source.process_name(pid)
+                    });
+                ProcessMetadata::from_catalog(snapshot, &self.processes, self.config.details)
             }
-            None => &empty,
+            None => ProcessMetadata::default(),
         };
         match &snapshot {
             Some(snapshot) => {
                 for consumer in &mut self.consumers {
-                    consumer.on_snapshot(snapshot, metadata, &mut self.verdicts);
+                    consumer.on_snapshot(
+                        snapshot,
+                        &metadata,
+                        &mut self.processes,
+                        &mut self.verdicts,
+                    );
                 }
             }
             None if !self.consumers.is_empty() => {
@@ -179,7 +194,7 @@ impl Collector {
             &self.cache,
             Rendered {
                 snapshot: snapshot.as_deref(),
-                metadata,
+                metadata: &metadata,
                 verdicts: &self.verdicts,
                 stats: &self.stats,
                 options: &self.config.render,
@@ -278,6 +293,7 @@ mod tests {
             &mut self,
             snapshot: &Arc<Snapshot>,
             _: &ProcessMetadata,
+            _: &mut ProcessCatalog,
             _: &mut ProcessVerdicts,
         ) {
             let _ = self.0.send(format!("{} devices", snapshot.devices.len()));
@@ -356,7 +372,13 @@ mod tests {
     struct Times(mpsc::Sender<i64>);
 
     impl TickConsumer for Times {
-        fn on_snapshot(&mut self, _: &Arc<Snapshot>, _: &ProcessMetadata, _: &mut ProcessVerdicts) {
+        fn on_snapshot(
+            &mut self,
+            _: &Arc<Snapshot>,
+            _: &ProcessMetadata,
+            _: &mut ProcessCatalog,
+            _: &mut ProcessVerdicts,
+        ) {
         }
 
         fn on_no_snapshot(&mut self, at: ClockTime, _: &str) {

@@ -10,6 +10,10 @@
 //! per tick, and on a day at 1 s that cache-missing costs more than the analysis itself.
 //! So the scan writes each tick's values into a row of a tick-major table (sequential
 //! writes) and every `CHUNK` ticks hands each fold its column in one go.
+//!
+//! Shared by `leaks`, `plot` (the marks on its chart), `reap` (idle evidence from the
+//! history) and `top --replay` (verdicts at the cursor); so are the names a finding is
+//! shown with ([`device_label`], [`short_command`]).
 
 use std::collections::HashMap;
 
@@ -17,10 +21,12 @@ use vramctl_core::analysis::{
     CpuSample, DeviceActivitySample, LeakConfig, Sample, SeriesContext, SeriesFold, SeriesReport,
     SmSample,
 };
+use vramctl_core::command_line::abbreviate;
 use vramctl_store::{DeviceRecord, Metric, ProcessRecord, SeriesRef, Store, TimeRange};
 
-/// CPU time is recorded every [`crate::recorder::CPU_EVERY_MS`] (`record`) and carried between reads, so a
-/// repeated value is only taken as a new reading this long after the last one taken.
+/// CPU time is recorded every [`crate::recorder::CPU_EVERY_MS`] (`record`) and carried
+/// between reads, so a repeated value is only taken as a new reading this long after the
+/// last one taken.
 const CPU_HEARTBEAT_MS: i64 = crate::recorder::CPU_EVERY_MS;
 
 /// Ticks buffered before the folds are fed.
@@ -462,7 +468,7 @@ pub fn analyse(
     }
 
     let mut findings = Vec::new();
-    let label = super::device_label;
+    let label = device_label;
     for (s, (fold, _)) in folds.iter().enumerate() {
         let dev = &devs[series.device[s]];
         let Some(process) = processes.get(&series.process[s]) else {
@@ -576,6 +582,25 @@ fn resolve(
         ) => Role::Device(d, m),
         _ => Role::Skip,
     })
+}
+
+/// Commands longer than this are shortened (`command_line::abbreviate`) in the human
+/// output.
+const COMMAND_CHARS: usize = 40;
+
+/// `GPU 0`, or the UUID when the index was not recorded (an nvidia-smi
+/// `--query-compute-apps` log names GPUs only by UUID).
+pub fn device_label(d: &DeviceRecord) -> String {
+    match d.meta.index {
+        Some(i) => format!("GPU {i}"),
+        None => d.meta.uuid.clone(),
+    }
+}
+
+/// A command line in `COMMAND_CHARS` characters, interpreter and script first
+/// (`vramctl_core::command_line::abbreviate`, as every command shortens them).
+pub fn short_command(command: &str) -> String {
+    abbreviate(command, COMMAND_CHARS)
 }
 
 #[cfg(test)]

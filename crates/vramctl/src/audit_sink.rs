@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::audit::{AuditOutcome, AuditRecord};
+use vramctl_core::audit_record::{AuditOutcome, AuditRecord};
 use vramctl_core::signal::{AuditError, AuditId, AuditSink};
 use vramctl_store::{OpenMode, Store};
 

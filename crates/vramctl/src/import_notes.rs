@@ -1,0 +1,26 @@
+//! What an import tells the user besides its summary (`import`, and `leaks`/`plot` reading
+//! log files): its notes and the bad rows it skipped, on stderr.
+
+use std::io::Write;
+
+use vramctl_store::format::ImportReport;
+
+/// Skipped rows listed one by one; more are counted.
+const LIST_AT_MOST: usize = 20;
+
+/// The skipped rows (the first few one by one) and the notes of a report, on stderr.
+pub fn print_report_notes(err: &mut impl Write, report: &ImportReport) {
+    for note in &report.notes {
+        let _ = writeln!(err, "vramctl: note: {note}");
+    }
+    for bad in report.skipped.iter().take(LIST_AT_MOST) {
+        let _ = writeln!(err, "vramctl: skipped {bad}");
+    }
+    if report.skipped.len() > LIST_AT_MOST {
+        let _ = writeln!(
+            err,
+            "vramctl: skipped {} more bad rows",
+            report.skipped.len() - LIST_AT_MOST
+        );
+    }
+}
