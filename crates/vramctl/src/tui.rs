@@ -24,6 +24,7 @@ pub mod event;
 pub mod format;
 pub mod history;
 pub mod kill;
+pub mod layout;
 pub mod observe;
 pub mod replay;
 pub mod store;
