@@ -454,3 +454,403 @@ pub fn target_of(row: &Row, obs: &Observation) -> KillTarget {
         memory,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ratatui::crossterm::event::{KeyEventKind, KeyEventState, KeyModifiers};
+
+    use super::*;
+    use crate::tui::fixtures::{GIB, gpu, host, obs};
+    use crate::tui::kill::{Killer, RecordingKiller};
+    use crate::tui::table::{Flags, RowKey};
+
+    fn target(pid: u32) -> KillTarget {
+        KillTarget {
+            pid,
+            start_time_ticks: Some(1010),
+            started_at_unix_ms: None,
+            user: Some("alice".into()),
+            command: "python train.py".into(),
+            memory: vec![GpuMemory {
+                label: "GPU 0".into(),
+                uuid: "GPU-0".into(),
+                used_bytes: Some(3 * GIB),
+            }],
+        }
+    }
+
+    fn plan(pid: u32) -> KillPlan {
+        RecordingKiller::new(KillOutcome::AlreadyGone)
+            .plan(&target(pid))
+            .unwrap()
+    }
+
+    fn key(flow: &mut KillFlow, code: KeyCode) -> Reply {
+        flow.update(KillEvent::Key(KeyEvent {
+            code,
+            modifiers: KeyModifiers::NONE,
+            kind: KeyEventKind::Press,
+            state: KeyEventState::NONE,
+        }))
+    }
+
+    /// A flow waiting for the user to confirm the kill of 101.
+    fn confirming(readonly: bool) -> KillFlow {
+        let mut flow = KillFlow::new(false, false);
+        let _ = flow.update(KillEvent::Ask(Some(target(101))));
+        let _ = flow.update(KillEvent::Planned(Ok(plan(101))));
+        flow.readonly = readonly;
+        flow
+    }
+
+    /// A flow whose kill of 101 was sent.
+    fn in_flight() -> KillFlow {
+        let mut flow = confirming(false);
+        let _ = key(&mut flow, KeyCode::Char('y'));
+        flow
+    }
+
+    /// A sample where the GPU lists `pids`.
+    fn listing(t_s: i64, pids: &[u32]) -> std::sync::Arc<Observation> {
+        let procs: Vec<(u32, u64)> = pids.iter().map(|&p| (p, GIB)).collect();
+        obs(t_s, vec![gpu(0, 140 * GIB, GIB, &procs)], vec![])
+    }
+
+    fn finished(flow: &mut KillFlow, outcome: KillOutcome, latest: &Observation) -> Reply {
+        flow.update(KillEvent::Finished {
+            plan: plan(101),
+            outcome,
+            latest: Some(latest),
+        })
+    }
+
+    #[test]
+    fn ask_refuses_in_a_replay_when_readonly_while_a_kill_runs_and_without_a_selection() {
+        let cases = [
+            (
+                KillFlow::new(true, true),
+                "actions are disabled while replaying a recording",
+            ),
+            (KillFlow::new(true, false), READONLY_REASON),
+            (
+                in_flight(),
+                "a kill is still in progress; wait for its result",
+            ),
+        ];
+        for (mut flow, said) in cases {
+            let before = flow.dialog.clone();
+            let reply = flow.update(KillEvent::Ask(Some(target(202))));
+            assert_eq!(reply, Reply::say(said));
+            assert_eq!(flow.dialog, before);
+        }
+        let mut flow = KillFlow::new(false, false);
+        assert_eq!(
+            flow.update(KillEvent::Ask(None)),
+            Reply::say("select a process first")
+        );
+        let reply = flow.update(KillEvent::Ask(Some(target(101))));
+        assert_eq!(reply.effects, [Effect::Plan(target(101))]);
+        assert!(matches!(flow.dialog, Some(KillDialog::Planning(_))));
+    }
+
+    #[test]
+    fn the_confirmation_defaults_to_cancel_and_tab_moves_the_focus() {
+        let mut flow = confirming(false);
+        assert!(flow.confirming());
+        let mut cancelled = flow.clone();
+        assert_eq!(
+            key(&mut cancelled, KeyCode::Enter),
+            Reply::say("process 101 was not signalled")
+        );
+        assert_eq!(cancelled.dialog, None);
+        for code in [KeyCode::Esc, KeyCode::Char('n'), KeyCode::Char('q')] {
+            let mut cancelled = flow.clone();
+            assert!(key(&mut cancelled, code).effects.is_empty(), "{code:?}");
+            assert_eq!(cancelled.dialog, None, "{code:?}");
+        }
+        let _ = key(&mut flow, KeyCode::Tab);
+        assert!(matches!(
+            flow.dialog,
+            Some(KillDialog::Confirm {
+                kill_focused: true,
+                ..
+            })
+        ));
+        assert_eq!(
+            key(&mut flow, KeyCode::Enter).effects,
+            [Effect::Kill(plan(101))]
+        );
+        assert!(matches!(flow.dialog, Some(KillDialog::InProgress(_))));
+    }
+
+    #[test]
+    fn a_confirmation_that_got_there_when_readonly_still_does_not_kill() {
+        for code in [KeyCode::Char('y'), KeyCode::Char('Y')] {
+            let mut flow = confirming(true);
+            assert_eq!(key(&mut flow, code), Reply::say(READONLY_REASON));
+            assert_eq!(flow.dialog, None);
+        }
+        let mut flow = confirming(true);
+        let (kill, cancel) = (Rect::new(10, 5, 12, 1), Rect::new(30, 5, 12, 1));
+        let reply = flow.update(KillEvent::Click {
+            at: Position::new(11, 5),
+            buttons: Some((kill, cancel)),
+        });
+        assert_eq!(reply, Reply::say(READONLY_REASON));
+    }
+
+    #[test]
+    fn a_plan_is_taken_only_for_the_process_asked_about() {
+        let mut flow = KillFlow::new(false, false);
+        let _ = flow.update(KillEvent::Ask(Some(target(101))));
+        let _ = flow.update(KillEvent::Planned(Ok(plan(202))));
+        let Some(KillDialog::Finished { result, .. }) = &flow.dialog else {
+            panic!("{:?}", flow.dialog);
+        };
+        assert_eq!(
+            result.text(),
+            "refused: the plan named process 202 instead of 101"
+        );
+        // A refusal from the worker ends it with the reason.
+        let mut flow = KillFlow::new(false, false);
+        let _ = flow.update(KillEvent::Ask(Some(target(101))));
+        let _ = flow.update(KillEvent::Planned(Err("process 101 is not yours".into())));
+        assert!(matches!(
+            &flow.dialog,
+            Some(KillDialog::Finished { result: KillResult::Refused(r), .. }) if r == "process 101 is not yours"
+        ));
+    }
+
+    #[test]
+    fn checking_can_be_cancelled_and_its_late_answer_is_dropped() {
+        let mut flow = KillFlow::new(false, false);
+        let _ = flow.update(KillEvent::Ask(Some(target(101))));
+        let _ = key(&mut flow, KeyCode::Char('x'));
+        assert!(matches!(flow.dialog, Some(KillDialog::Planning(_))));
+        let _ = key(&mut flow, KeyCode::Esc);
+        assert_eq!(flow.dialog, None);
+        let _ = flow.update(KillEvent::Planned(Ok(plan(101))));
+        assert_eq!(flow.dialog, None, "no confirmation for a cancelled check");
+    }
+
+    #[test]
+    fn an_exit_is_freed_once_the_driver_stops_listing_it() {
+        let mut flow = in_flight();
+        let reply = finished(
+            &mut flow,
+            KillOutcome::Exited {
+                escalated: true,
+                after_ms: 10_000,
+            },
+            &listing(0, &[101]),
+        );
+        assert_eq!(reply, Reply::done());
+        assert!(matches!(
+            flow.dialog,
+            Some(KillDialog::Verifying { samples: 1, .. })
+        ));
+        let reply = flow.update(KillEvent::Observed(&listing(1, &[202])));
+        assert_eq!(
+            reply.effects,
+            [Effect::MemoryOutcome {
+                plan: plan(101),
+                freed_bytes: Some(3 * GIB)
+            }]
+        );
+        let Some(KillDialog::Finished { result, .. }) = &flow.dialog else {
+            panic!("{:?}", flow.dialog);
+        };
+        assert_eq!(
+            result.text(),
+            "exited (after SIGKILL); freed 3.0G (GPU 0 3.0G)"
+        );
+        // Any key closes the result.
+        let _ = key(&mut flow, KeyCode::Char('x'));
+        assert_eq!(flow.dialog, None);
+    }
+
+    #[test]
+    fn a_process_the_driver_keeps_listing_is_reported_after_the_samples_allowed() {
+        let mut flow = in_flight();
+        let still = listing(0, &[101]);
+        let _ = finished(&mut flow, KillOutcome::AlreadyGone, &still);
+        for _ in 1..VERIFY_SAMPLES {
+            assert_eq!(flow.update(KillEvent::Observed(&still)), Reply::done());
+        }
+        let reply = flow.update(KillEvent::Observed(&still));
+        assert_eq!(
+            reply.effects,
+            [Effect::MemoryOutcome {
+                plan: plan(101),
+                freed_bytes: None
+            }]
+        );
+        assert!(matches!(
+            flow.dialog,
+            Some(KillDialog::Finished {
+                result: KillResult::StillListed,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn outcomes_without_an_exit_end_the_dialog_with_what_happened() {
+        let cases = [
+            (
+                KillOutcome::StillRunning {
+                    escalated: true,
+                    state: Some('D'),
+                },
+                "still running after SIGKILL: in uninterruptible sleep (D), likely inside the driver",
+            ),
+            (
+                KillOutcome::StillRunning {
+                    escalated: false,
+                    state: Some('S'),
+                },
+                "still running after SIGTERM (state S)",
+            ),
+            (
+                KillOutcome::Refused {
+                    reason: "PID 1".into(),
+                },
+                "refused: PID 1",
+            ),
+            (
+                KillOutcome::Failed {
+                    reason: "EPERM".into(),
+                },
+                "failed: EPERM",
+            ),
+        ];
+        for (outcome, said) in cases {
+            let mut flow = in_flight();
+            let reply = finished(&mut flow, outcome, &listing(0, &[101]));
+            assert!(reply.effects.is_empty(), "no memory outcome: {said}");
+            let Some(KillDialog::Finished { result, .. }) = &flow.dialog else {
+                panic!("{:?}", flow.dialog);
+            };
+            assert_eq!(result.text(), said);
+        }
+    }
+
+    #[test]
+    fn a_result_for_another_kill_is_ignored() {
+        let mut flow = in_flight();
+        let reply = flow.update(KillEvent::Finished {
+            plan: plan(202),
+            outcome: KillOutcome::AlreadyGone,
+            latest: None,
+        });
+        assert_eq!(reply, Reply::done());
+        assert!(matches!(flow.dialog, Some(KillDialog::InProgress(_))));
+    }
+
+    #[test]
+    fn a_hidden_kill_reports_in_the_footer_and_frees_the_dialog() {
+        let mut flow = in_flight();
+        let _ = key(&mut flow, KeyCode::Esc);
+        assert!(!flow.shown() && flow.hidden);
+        // The outcome is not an exit: said at once.
+        let reply = finished(
+            &mut flow,
+            KillOutcome::Failed {
+                reason: "EPERM".into(),
+            },
+            &listing(0, &[101]),
+        );
+        assert_eq!(reply.message.as_deref(), Some("kill 101: failed: EPERM"));
+        assert_eq!((flow.dialog.clone(), flow.hidden), (None, false));
+        // An exit: said once the driver no longer lists it.
+        let mut flow = in_flight();
+        let _ = key(&mut flow, KeyCode::Char('q'));
+        let _ = finished(&mut flow, KillOutcome::AlreadyGone, &listing(0, &[101]));
+        let reply = flow.update(KillEvent::Observed(&listing(1, &[])));
+        assert_eq!(reply.effects.len(), 1);
+        assert_eq!(
+            reply.message.as_deref(),
+            Some("kill 101: exited; freed 3.0G (GPU 0 3.0G)")
+        );
+        assert_eq!(flow.dialog, None);
+    }
+
+    #[test]
+    fn clicks_on_the_buttons_kill_or_cancel_and_a_result_closes() {
+        let (kill, cancel) = (Rect::new(10, 5, 12, 1), Rect::new(30, 5, 12, 1));
+        let click = |flow: &mut KillFlow, x: u16| {
+            flow.update(KillEvent::Click {
+                at: Position::new(x, 5),
+                buttons: Some((kill, cancel)),
+            })
+        };
+        let mut flow = confirming(false);
+        assert_eq!(click(&mut flow, 0), Reply::done());
+        assert!(flow.confirming());
+        let mut cancelled = flow.clone();
+        let _ = click(&mut cancelled, 31);
+        assert_eq!(cancelled.dialog, None);
+        assert_eq!(click(&mut flow, 11).effects, [Effect::Kill(plan(101))]);
+        let mut done = KillFlow::new(false, false);
+        done.dialog = Some(KillDialog::Finished {
+            target: target(101),
+            result: KillResult::StillListed,
+        });
+        let _ = click(&mut done, 0);
+        assert_eq!(done.dialog, None);
+    }
+
+    #[test]
+    fn a_target_holds_the_processs_memory_on_every_gpu() {
+        let mut mig = gpu(1, 140 * GIB, 2 * GIB, &[(101, 2 * GIB)]);
+        if let vramctl_core::types::DeviceState::Ok(r) = &mut mig.state {
+            r.processes.as_mut().unwrap()[0].gpu_instance_id = Some(3);
+        }
+        let o = obs(
+            0,
+            vec![gpu(0, 140 * GIB, GIB, &[(101, GIB), (202, GIB)]), mig],
+            vec![host(101, 1, "alice", "python train.py")],
+        );
+        let row = Row {
+            key: RowKey {
+                pid: 101,
+                uuid: Some(o.snapshot.devices[0].info.uuid.clone()),
+            },
+            gpu: "0".into(),
+            gpu_index: Some(0),
+            user: Some("alice".into()),
+            used_bytes: Some(GIB),
+            delta_per_min: None,
+            cpu_percent: None,
+            idle: None,
+            flags: Flags::default(),
+            command: "python train.py".into(),
+            tree_prefix: String::new(),
+        };
+        let t = target_of(&row, &o);
+        assert_eq!(t.start_time_ticks, Some(1010));
+        let memory: Vec<(&str, Option<u64>)> = t
+            .memory
+            .iter()
+            .map(|m| (m.label.as_str(), m.used_bytes))
+            .collect();
+        assert_eq!(
+            memory,
+            [("GPU 0", Some(GIB)), ("GPU 1 MIG GI 3", Some(2 * GIB))]
+        );
+    }
+
+    #[test]
+    fn a_freed_result_without_memory_says_only_that_the_driver_let_go() {
+        let result = KillResult::Freed {
+            per_gpu: vec![],
+            total_bytes: 0,
+            escalated: false,
+        };
+        assert_eq!(result.text(), "exited; the driver no longer lists it");
+        assert_eq!(
+            KillResult::StillListed.text(),
+            "exited, but the driver still lists its memory (it may be released late)"
+        );
+    }
+}
