@@ -9,6 +9,11 @@
 //!   The sampler thread owns the NVML backend; nothing else calls it.
 //! - [`app`]: the state, changed only by [`App::update`](app::App::update), which returns
 //!   the [`Effect`](app::Effect)s (kill, seek, load history) for the loop to carry out.
+//!   `App` routes each event to the parts of the state, each with its own `update`:
+//!   [`app::process_table`], [`app::charts`], [`app::transport`] (replay),
+//!   [`app::history_paging`] (live) and [`app::kill_flow`].
+//! - [`layout`]: the screen's geometry, which the state (pages, clicks) and the view both
+//!   use, so the state never depends on the view.
 //! - [`view`]: pure drawing from `&App` into a ratatui buffer; no I/O, no clock.
 //!
 //! The seams (see each module): [`memory_series::HistorySource`] (the store's long history for
@@ -23,6 +28,7 @@ pub mod app;
 pub mod event;
 pub mod format;
 pub mod kill;
+pub mod layout;
 pub mod memory_series;
 pub mod observe;
 pub mod replay;

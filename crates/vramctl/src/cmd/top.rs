@@ -154,7 +154,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 }
                 Effect::Seek(seek) => {
                     if let Some(replay) = &replay {
-                        let window_ms = app.zoom.span_ms();
+                        let window_ms = app.charts.zoom.span_ms();
                         let _ = replay.send(ReplayRequest {
                             seek,
                             window_ms,

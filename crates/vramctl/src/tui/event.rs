@@ -336,7 +336,7 @@ mod tests {
             obs.verdicts = judge.judge(&obs);
             app.update(Event::Sample(Arc::new(obs)));
         }
-        let row = app.rows.iter().find(|r| r.key.pid == 7).cloned();
+        let row = app.table.rows.iter().find(|r| r.key.pid == 7).cloned();
         let key = crate::tui::memory_series::SeriesKey::Process {
             uuid: format!("GPU-{:08x}-0000-4000-8000-000000000000", 0),
             pid: 7,

@@ -10,7 +10,8 @@ use ratatui::backend::TestBackend;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyEventState, KeyModifiers};
 use ratatui::style::Color;
 
-use super::app::{App, AppConfig, KillDialog, KillResult};
+use super::app::kill_flow::{KillDialog, KillResult};
+use super::app::{App, AppConfig};
 use super::event::Event;
 use super::fixtures::from_scenario;
 use super::kill::{KillOutcome, Killer, RecordingKiller};
@@ -70,7 +71,7 @@ fn eight_gpus_thirty_processes() {
         &mut app,
         &from_scenario("eight-gpus-30-procs.toml", &every_10s(90)),
     );
-    assert_eq!(app.rows.len(), 240);
+    assert_eq!(app.table.rows.len(), 240);
     insta::assert_snapshot!("eight_gpus_thirty_processes", frame(&app));
 }
 
@@ -150,7 +151,12 @@ fn leak_flagged_with_its_numbers() {
     app.analysis = true;
     feed(&mut app, &observations);
     feed(&mut app, &[Arc::new(last)]);
-    let leaker = app.rows.iter().position(|r| r.key.pid == 24177).unwrap();
+    let leaker = app
+        .table
+        .rows
+        .iter()
+        .position(|r| r.key.pid == 24177)
+        .unwrap();
     for _ in 0..leaker {
         app.update(key(KeyCode::Down));
     }
@@ -209,7 +215,8 @@ fn verdict_flags_from_the_live_analysis() {
     app.analysis = true;
     feed(&mut app, &observations);
     let flags = |pid: u32| {
-        app.rows
+        app.table
+            .rows
             .iter()
             .find(|r| r.key.pid == pid)
             .map(|r| r.flags.text())
@@ -220,7 +227,7 @@ fn verdict_flags_from_the_live_analysis() {
     assert_eq!(flags(24101), "");
     assert_eq!(flags(24210), "");
     // Down to the leaker (third by memory).
-    for _ in 0..app.rows.len() {
+    for _ in 0..app.table.rows.len() {
         if app.selected_row().is_some_and(|r| r.key.pid == 24177) {
             break;
         }
@@ -263,7 +270,7 @@ fn kill_dialog_confirm_and_result() {
     }
     app.update(Event::Sample(Arc::new(gone)));
     assert!(matches!(
-        app.dialog,
+        app.kill.dialog,
         Some(KillDialog::Finished {
             result: KillResult::Freed { .. },
             ..
@@ -341,7 +348,7 @@ fn replay_at_a_cursor() {
     // Cursor at 5 minutes in, as the replay thread answers a seek.
     let t = super::fixtures::T0_MS + 300_000;
     let seek = super::replay::Seek::AtOrBefore(t);
-    let frame_data = seek_frame(&recording, seek, app.zoom.span_ms(), 512).unwrap();
+    let frame_data = seek_frame(&recording, seek, app.charts.zoom.span_ms(), 512).unwrap();
     app.update(Event::Replay(Box::new(frame_data)));
     assert_eq!(app.now_ms(), Some(t));
     insta::assert_snapshot!("replay_at_cursor", frame(&app));
@@ -366,7 +373,7 @@ fn replay_from_the_store_at_a_cursor_and_after_a_step() {
     let frame_data = seek_frame(
         &source,
         super::replay::Seek::AtOrBefore(t + 5_000),
-        app.zoom.span_ms(),
+        app.charts.zoom.span_ms(),
         512,
     )
     .unwrap();
@@ -379,7 +386,7 @@ fn replay_from_the_store_at_a_cursor_and_after_a_step() {
     let [super::app::Effect::Seek(seek)] = effects.as_slice() else {
         panic!("{effects:?}");
     };
-    let frame_data = seek_frame(&source, *seek, app.zoom.span_ms(), 512).unwrap();
+    let frame_data = seek_frame(&source, *seek, app.charts.zoom.span_ms(), 512).unwrap();
     app.update(Event::Replay(Box::new(frame_data)));
     assert_eq!(app.now_ms(), Some(t + 10_000));
     insta::assert_snapshot!("replay_store_after_a_step", frame(&app));
@@ -478,12 +485,12 @@ fn replay_of_a_real_h200_trace() {
     app.update(Event::Resize(120, 40));
     app.update(key(KeyCode::Char('z')));
     let seek = super::replay::Seek::AtOrBefore(super::fixtures::T0_MS + 40_000);
-    let frame_data = seek_frame(&recording, seek, app.zoom.span_ms(), 512).unwrap();
+    let frame_data = seek_frame(&recording, seek, app.charts.zoom.span_ms(), 512).unwrap();
     app.update(Event::Replay(Box::new(frame_data)));
     // The leak holds the most memory by now; it is the first row.
     let leak = roles.iter().find(|(_, r)| r == "leak").unwrap().0;
-    assert_eq!(app.rows[0].key.pid, leak);
-    let delta = app.rows[0].delta_per_min.unwrap();
+    assert_eq!(app.table.rows[0].key.pid, leak);
+    let delta = app.table.rows[0].delta_per_min.unwrap();
     assert!(
         delta > 50 << 30,
         "the leak grew > 50 GiB in the last minute: {delta}"

@@ -17,100 +17,9 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 
-use super::app::{App, KillResult, Mode};
+use super::app::{App, Mode};
 use super::format;
-
-pub use overlay::dialog_buttons;
-
-/// The smallest terminal the screen is laid out for.
-pub const MIN_WIDTH: u16 = 80;
-/// See [`MIN_WIDTH`].
-pub const MIN_HEIGHT: u16 = 24;
-
-/// Where each part of the screen goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Areas {
-    /// The whole screen.
-    pub screen: Rect,
-    /// Below the minimum size: nothing but a message.
-    pub too_small: bool,
-    /// The header line.
-    pub header: Rect,
-    /// One line per GPU / MIG instance.
-    pub devices: Rect,
-    /// The focused GPU's memory chart.
-    pub chart: Option<Rect>,
-    /// The process table, header line included.
-    pub table: Option<Rect>,
-    /// The selected process's pane.
-    pub detail: Option<Rect>,
-    /// The footer line.
-    pub footer: Rect,
-}
-
-impl Areas {
-    /// How many table rows fit below the table's header.
-    pub fn table_body_rows(&self) -> usize {
-        self.table
-            .map_or(0, |t| usize::from(t.height.saturating_sub(1)))
-    }
-}
-
-/// The layout for the app's terminal size.
-pub fn layout(app: &App) -> Areas {
-    layout_in(Rect::new(0, 0, app.size.0, app.size.1), app)
-}
-
-/// The layout inside `screen`.
-pub fn layout_in(screen: Rect, app: &App) -> Areas {
-    let line = |y: u16, height: u16| Rect::new(screen.x, y, screen.width, height);
-    if screen.width < MIN_WIDTH || screen.height < MIN_HEIGHT {
-        return Areas {
-            screen,
-            too_small: true,
-            header: line(screen.y, 0),
-            devices: line(screen.y, 0),
-            chart: None,
-            table: None,
-            detail: None,
-            footer: line(screen.y, 0),
-        };
-    }
-    let header = line(screen.y, 1);
-    let footer = line(screen.bottom() - 1, 1);
-    let body = screen.height - 2;
-    let wanted = u16::try_from(devices::line_count(app))
-        .unwrap_or(u16::MAX)
-        .max(1);
-    let device_rows = wanted.min(body / 2);
-    let devices = line(screen.y + 1, device_rows);
-    let mut rest = body - device_rows;
-    let mut y = devices.bottom();
-
-    let mut chart = None;
-    let mut detail = None;
-    if app.detail && app.selected.is_some() {
-        let h = (rest / 2).clamp(7, 14);
-        detail = Some(line(y + rest - h, h));
-        rest -= h;
-    } else if rest >= 19 {
-        let h = (rest / 3).clamp(7, 12);
-        chart = Some(line(y, h));
-        y += h;
-        rest -= h;
-    }
-    let table = Some(line(y, rest));
-    Areas {
-        screen,
-        too_small: false,
-        header,
-        devices,
-        chart,
-        table,
-        detail,
-        footer,
-    }
-}
+use super::layout::{MIN_HEIGHT, MIN_WIDTH};
 
 /// Draws the whole screen.
 pub fn render(app: &App, frame: &mut Frame<'_>) {
@@ -120,7 +29,7 @@ pub fn render(app: &App, frame: &mut Frame<'_>) {
 
 /// Draws the whole screen into `buf` (what [`render`] does; benches call it directly).
 pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
-    let areas = layout_in(area, app);
+    let areas = app.layout_in(area);
     if areas.too_small {
         draw_too_small(area, buf);
         return;
@@ -140,7 +49,7 @@ pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
     if app.help {
         overlay::draw_help(app, area, buf);
     }
-    if app.dialog_shown() {
+    if app.kill.shown() {
         overlay::draw_dialog(app, area, buf);
     }
 }
@@ -180,7 +89,7 @@ fn draw_header(app: &App, area: Rect, buf: &mut Buffer) {
     let t = app.theme;
     let mut parts: Vec<(String, Style)> = vec![(" vramctl top ".to_owned(), t.header())];
     match &app.mode {
-        Mode::Live { interval } => {
+        Mode::Live { interval, .. } => {
             parts.push((
                 format!(" LIVE every {} ", vramctl_core::duration::format(*interval)),
                 t.good(),
@@ -224,12 +133,12 @@ fn draw_header(app: &App, area: Rect, buf: &mut Buffer) {
     {
         parts.push((format!("driver {driver} "), t.dim()));
     }
-    parts.push((format!("zoom {} ", app.zoom.label()), t.dim()));
-    if !app.is_replay() && !app.history_source && app.history_note.is_some() {
+    parts.push((format!("zoom {} ", app.charts.zoom.label()), t.dim()));
+    if !app.is_replay() && !app.history_source() && app.history_note.is_some() {
         // The charts reach back only to when top started (`?` says why).
         parts.push(("no history db ".to_owned(), t.dim()));
     }
-    if app.readonly {
+    if app.readonly() {
         parts.push(("read-only ".to_owned(), t.warn()));
     }
     let segments: Vec<(&str, Style)> = parts.iter().map(|(s, st)| (s.as_str(), *st)).collect();
@@ -239,7 +148,7 @@ fn draw_header(app: &App, area: Rect, buf: &mut Buffer) {
 fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
     let t = app.theme;
     let (x, y, right) = (area.x, area.y, area.right());
-    if app.filter_editing {
+    if app.table.filter_editing {
         put(
             buf,
             x,
@@ -247,7 +156,7 @@ fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
             right,
             &[
                 ("filter: ", t.key()),
-                (&app.view.filter, t.text()),
+                (&app.table.view.filter, t.text()),
                 ("█", t.dim()),
                 ("  Enter apply · Esc clear", t.dim()),
             ],
@@ -284,7 +193,7 @@ fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
         ("z/Z", "zoom"),
         ("⏎", "details"),
     ]);
-    if !app.readonly && !app.is_replay() {
+    if !app.readonly() && !app.is_replay() {
         keys.push(("K", "kill"));
     }
     let mut segments: Vec<(&str, Style)> = Vec::new();
@@ -295,9 +204,9 @@ fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
         segments.push(("  ", t.text()));
     }
     let mut x = put(buf, x, y, right, &segments);
-    if !app.view.filter.is_empty() {
+    if !app.table.view.filter.is_empty() {
         x = put(buf, x, y, right, &[("filter: ", t.key())]);
-        put(buf, x, y, right, &[(&app.view.filter, t.warn())]);
+        put(buf, x, y, right, &[(&app.table.view.filter, t.warn())]);
     }
 }
 
@@ -336,47 +245,6 @@ pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
         lines.push(line);
     }
     lines
-}
-
-/// One line for the result of a kill.
-pub fn kill_result_text(result: &KillResult) -> String {
-    match result {
-        KillResult::Freed {
-            per_gpu,
-            total_bytes,
-            escalated,
-        } => {
-            let how = if *escalated { " (after SIGKILL)" } else { "" };
-            let parts: Vec<String> = per_gpu
-                .iter()
-                .map(|m| format!("{} {}", m.label, format::opt_bytes(m.used_bytes)))
-                .collect();
-            if parts.is_empty() {
-                format!("exited{how}; the driver no longer lists it")
-            } else {
-                format!(
-                    "exited{how}; freed {} ({})",
-                    format::bytes(*total_bytes),
-                    parts.join(", ")
-                )
-            }
-        }
-        KillResult::StillListed => {
-            "exited, but the driver still lists its memory (it may be released late)".to_owned()
-        }
-        KillResult::StillRunning { escalated, state } => {
-            let sent = if *escalated { "SIGKILL" } else { "SIGTERM" };
-            match state {
-                Some('D') => format!(
-                    "still running after {sent}: in uninterruptible sleep (D), likely inside the driver"
-                ),
-                Some(s) => format!("still running after {sent} (state {s})"),
-                None => format!("still running after {sent}"),
-            }
-        }
-        KillResult::Refused(reason) => format!("refused: {reason}"),
-        KillResult::Failed(reason) => format!("failed: {reason}"),
-    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// The GPU the chart follows: the selected process's, else the first one shown.
 fn focused_device(app: &App) -> Option<&vramctl_core::types::DeviceSnapshot> {
     let obs = app.latest.as_ref()?;
-    let wanted = app.selected.as_ref().and_then(|k| k.uuid.clone());
+    let wanted = app.table.selected.as_ref().and_then(|k| k.uuid.clone());
     obs.snapshot
         .devices
         .iter()
@@ -42,7 +42,7 @@ pub fn draw_device_chart(app: &App, area: Rect, buf: &mut Buffer) {
     let mut title = format!(
         " GPU {} memory used · last {} ",
         device.info.index,
-        app.zoom.label()
+        app.charts.zoom.label()
     );
     if let Some(m) = memory {
         title.push_str(&format!(
@@ -99,7 +99,7 @@ pub fn draw_series(
         block.render(area, buf);
         return;
     };
-    let span_ms = app.zoom.span_ms();
+    let span_ms = app.charts.zoom.span_ms();
     let from = now - span_ms;
     let inner_w = usize::from(area.width.saturating_sub(10)).max(1);
     let points = decimate(points, from, now, inner_w * 2);
@@ -133,7 +133,7 @@ pub fn draw_series(
         ]
     } else {
         vec![
-            Span::styled(format!("-{}", app.zoom.label()), t.dim()),
+            Span::styled(format!("-{}", app.charts.zoom.label()), t.dim()),
             Span::styled("now", t.dim()),
         ]
     };

@@ -3,52 +3,13 @@
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
-use vramctl_core::types::{
-    DeviceSnapshot, DeviceState, Field, MemoryReading, MigInstanceInfo, UnopenedDevice,
-};
+use vramctl_core::types::{DeviceState, Field, MemoryReading};
 
 use super::put;
 use crate::tui::app::App;
 use crate::tui::format;
+use crate::tui::layout::{DeviceLine as Line, device_lines};
 use crate::tui::memory_series::{Point, SeriesKey, decimate};
-
-/// What one device line shows.
-enum Line<'a> {
-    Waiting,
-    Gpu(&'a DeviceSnapshot),
-    Mig(&'a DeviceSnapshot, &'a MigInstanceInfo),
-    Unopened(&'a UnopenedDevice),
-}
-
-fn lines(app: &App) -> Vec<Line<'_>> {
-    let Some(obs) = &app.latest else {
-        return vec![Line::Waiting];
-    };
-    let mut out = Vec::new();
-    for device in &obs.snapshot.devices {
-        if !app.shows_device(&device.info.uuid) {
-            continue;
-        }
-        out.push(Line::Gpu(device));
-        if device.reading().is_some() {
-            for mig in &device.info.mig_instances {
-                out.push(Line::Mig(device, mig));
-            }
-        }
-    }
-    if app.devices.is_none() {
-        out.extend(obs.snapshot.unopened.iter().map(Line::Unopened));
-    }
-    if out.is_empty() {
-        out.push(Line::Waiting);
-    }
-    out
-}
-
-/// How many lines the devices want.
-pub fn line_count(app: &App) -> usize {
-    lines(app).len()
-}
 
 /// `NVIDIA H200` → `H200`.
 fn short_name(name: Option<&str>) -> String {
@@ -67,7 +28,7 @@ fn widths(width: u16) -> (usize, usize) {
 }
 
 pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
-    let all = lines(app);
+    let all = device_lines(app.latest.as_deref(), app.devices.as_ref());
     let rows = usize::from(area.height);
     let (bar_w, spark_w) = widths(area.width);
     let shown = if all.len() > rows {
@@ -259,7 +220,7 @@ fn sparkline(points: &[Point], app: &App, total: u64, width: usize) -> String {
     let Some(now) = app.now_ms() else {
         return " ".repeat(width);
     };
-    let from = now - app.zoom.span_ms();
+    let from = now - app.charts.zoom.span_ms();
     let mut cells = vec![' '; width];
     let buckets = decimate(points, from, now, width);
     let span = i128::from((now - from).max(1));

@@ -6,21 +6,12 @@ use ratatui::style::Style;
 use ratatui::text::Span;
 use ratatui::widgets::{Block, Clear, Widget};
 
-use super::{kill_result_text, put, wrap};
-use crate::tui::app::{App, KillDialog, KillResult};
+use super::{put, wrap};
+use crate::tui::app::App;
+use crate::tui::app::kill_flow::{KillDialog, KillResult};
 use crate::tui::format;
 use crate::tui::kill::{GpuMemory, KillPlan, KillTarget};
-
-fn centered(screen: Rect, width: u16, height: u16) -> Rect {
-    let w = width.min(screen.width);
-    let h = height.min(screen.height);
-    Rect::new(
-        screen.x + (screen.width - w) / 2,
-        screen.y + (screen.height - h) / 2,
-        w,
-        h,
-    )
-}
+use crate::tui::layout::{centered, dialog_area};
 
 const HELP: &[(&str, &str)] = &[
     ("↑ ↓  j k", "select a process (PgUp PgDn Home End g G)"),
@@ -92,25 +83,6 @@ pub fn draw_help(app: &App, screen: Rect, buf: &mut Buffer) {
     }
 }
 
-/// The dialog's box on `screen`.
-fn dialog_area(screen: Rect) -> Rect {
-    centered(screen, 72, 14)
-}
-
-/// The kill and cancel buttons of the confirmation, for mouse clicks.
-pub fn dialog_buttons(app: &App) -> Option<(Rect, Rect)> {
-    if app.dialog_hidden || !matches!(app.dialog, Some(KillDialog::Confirm { .. })) {
-        return None;
-    }
-    let area = dialog_area(Rect::new(0, 0, app.size.0, app.size.1));
-    let y = area.bottom().checked_sub(2)?;
-    let mid = area.x + area.width / 2;
-    Some((
-        Rect::new(mid.saturating_sub(16), y, 12, 1),
-        Rect::new(mid + 4, y, 12, 1),
-    ))
-}
-
 fn memory_line(memory: &[GpuMemory]) -> String {
     if memory.is_empty() {
         return "none listed".to_owned();
@@ -162,7 +134,7 @@ fn identity_lines(
 
 pub fn draw_dialog(app: &App, screen: Rect, buf: &mut Buffer) {
     let t = app.theme;
-    let Some(dialog) = &app.dialog else {
+    let Some(dialog) = &app.kill.dialog else {
         return;
     };
     let area = dialog_area(screen);
@@ -239,7 +211,7 @@ pub fn draw_dialog(app: &App, screen: Rect, buf: &mut Buffer) {
             } else {
                 t.bad()
             };
-            vec![(format!(" {}", kill_result_text(result)), style)]
+            vec![(format!(" {}", result.text()), style)]
         }
     };
     for (text, style) in &status {
@@ -256,7 +228,7 @@ pub fn draw_dialog(app: &App, screen: Rect, buf: &mut Buffer) {
     let footer_y = area.bottom().saturating_sub(2);
     match dialog {
         KillDialog::Confirm { kill_focused, .. } => {
-            if let Some((kill, cancel)) = dialog_buttons(app) {
+            if let Some((kill, cancel)) = app.dialog_buttons() {
                 let (ks, cs) = if *kill_focused {
                     (t.selected().patch(t.bad()), t.text())
                 } else {

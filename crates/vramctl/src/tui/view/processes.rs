@@ -66,13 +66,17 @@ pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
     buf.set_style(Rect::new(area.x, area.y, area.width, 1), t.header());
     for &(column, x, w) in &spans {
         let mut title = column.title().to_owned();
-        if column == app.view.sort {
-            title.push(if app.view.descending { '▼' } else { '▲' });
+        if column == app.table.view.sort {
+            title.push(if app.table.view.descending {
+                '▼'
+            } else {
+                '▲'
+            });
         }
         let text = aligned(&title, w, column.right_aligned());
         buf.set_stringn(area.x + x, area.y, &text, usize::from(w), t.header());
     }
-    if app.view.tree {
+    if app.table.view.tree {
         let mark = " tree ";
         let x = area.right().saturating_sub(6);
         buf.set_stringn(x, area.y, mark, 6, t.header());
@@ -84,11 +88,11 @@ pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
         area.width,
         area.height.saturating_sub(1),
     );
-    if app.rows.is_empty() {
+    if app.table.rows.is_empty() {
         let text = if app.latest.is_none() {
             "waiting for the first sample…".to_owned()
-        } else if !app.view.filter.is_empty() {
-            format!("no process matches '{}'", app.view.filter)
+        } else if !app.table.view.filter.is_empty() {
+            format!("no process matches '{}'", app.table.view.filter)
         } else {
             "no process holds GPU memory".to_owned()
         };
@@ -97,15 +101,16 @@ pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
         }
         return;
     }
-    let selected = app.selected_index();
+    let selected = app.table.selected_index();
     for (i, row) in app
+        .table
         .rows
         .iter()
         .enumerate()
-        .skip(app.scroll)
+        .skip(app.table.scroll)
         .take(usize::from(body.height))
     {
-        let y = body.y + u16::try_from(i - app.scroll).unwrap_or(0);
+        let y = body.y + u16::try_from(i - app.table.scroll).unwrap_or(0);
         let base = if row.holds_gpu() { t.text() } else { t.dim() };
         for &(column, x, w) in &spans {
             let style = cell_style(app, row, column, base);
@@ -155,7 +160,11 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
                 uuid: uuid.clone(),
                 pid,
             };
-            let title = format!(" PID {pid} on GPU {} · last {} ", row.gpu, app.zoom.label());
+            let title = format!(
+                " PID {pid} on GPU {} · last {} ",
+                row.gpu,
+                app.charts.zoom.label()
+            );
             chart::draw_series(app, &title, &app.chart_points(&key), None, chart_area, buf);
         }
         None => {
