@@ -280,6 +280,11 @@ pub struct StatusArgs {
     /// as user:command(memory)), as gpustat prints them
     #[arg(long, conflicts_with = "json")]
     pub compact: bool,
+
+    /// Read the GPUs here even when a vramctl daemon (record, serve) could answer on its
+    /// local socket (the fast path: no NVML start-up)
+    #[arg(long)]
+    pub no_daemon: bool,
 }
 
 #[derive(Debug, Args)]
@@ -772,6 +777,11 @@ pub struct TopArgs {
     /// `vramctl leaks`)
     #[command(flatten)]
     pub analysis: AnalysisArgs,
+
+    /// Take the first frame from NVML here even when a vramctl daemon (record, serve)
+    /// could answer on its local socket
+    #[arg(long)]
+    pub no_daemon: bool,
 }
 
 #[derive(Debug, Args)]
@@ -812,6 +822,11 @@ pub struct PsArgs {
     /// process's lifetime
     #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = cpu_interval)]
     pub cpu_interval: Duration,
+
+    /// Read the GPUs here even when a vramctl daemon (record, serve) could answer on its
+    /// local socket (the fast path: no NVML start-up)
+    #[arg(long)]
+    pub no_daemon: bool,
 }
 
 /// `ps --sort`.
