@@ -46,7 +46,11 @@ pub fn ask(options: &AskOptions) -> Option<SampleReply> {
         let client = match Client::connect(&path, SERVICE, PROTOCOL..=PROTOCOL, left) {
             Ok(client) => client,
             Err(err) => {
-                tracing::debug!(error = %err, "No daemon there.");
+                tracing::debug!(
+                    error = %err,
+                    timeout_ms = CLIENT_TIMEOUT.as_millis(),
+                    "No daemon there."
+                );
                 continue;
             }
         };
@@ -71,7 +75,12 @@ pub fn ask(options: &AskOptions) -> Option<SampleReply> {
                 tracing::debug!(socket = %path.display(), error = %error, "The daemon did not answer.");
             }
             Err(err) => {
-                tracing::debug!(socket = %path.display(), error = %err, "The daemon did not answer.");
+                tracing::debug!(
+                    socket = %path.display(),
+                    error = %err,
+                    timeout_ms = CLIENT_TIMEOUT.as_millis(),
+                    "The daemon did not answer."
+                );
             }
         }
     }
