@@ -35,7 +35,7 @@ pub const PROTOCOL: u32 = 1;
 pub const SOCKET_FILE: &str = "daemon.sock";
 /// Longest request: requests are a few dozen bytes.
 pub const MAX_REQUEST_BYTES: usize = 4096;
-/// Longest reply. 8 GPUs with 30 processes each, with their /proc facts, take 60 KB
+/// Longest reply. 8 GPUs with 30 processes each, with their /proc facts, take 39 KB
 /// (`examples/scenarios/eight-gpus-30-procs.toml`); command lines are the unbounded part
 /// (up to the kernel's 2 MB of arguments each), so the limit is far above any real
 /// machine and still keeps a broken daemon from making a client allocate without bound.

@@ -49,7 +49,8 @@ impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlSource")
             .field("library", &self.library)
-            .field("up", &socket::lock(&self.sampler).is_some())
+            // Never wait for the lock here: a Debug print while sampling would deadlock.
+            .field("up", &self.sampler.try_lock().map(|s| s.is_some()).ok())
             .field("backoff", &self.backoff)
             .finish_non_exhaustive()
     }
