@@ -12,7 +12,7 @@
 //! - UUIDs are well formed and unique;
 //! - where v2 memory is reported, `used + reserved + free == total`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::clock::ClockTime;
 use crate::types::{DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice};
@@ -171,6 +171,19 @@ pub trait Backend: Send {
     fn reuses_process_lists(&self) -> bool {
         false
     }
+
+    /// Whether per-process SM activity is read
+    /// ([`set_read_process_activity`](Backend::set_read_process_activity)); `false` for a
+    /// backend that ignores the switch.
+    fn reads_process_activity(&self) -> bool {
+        false
+    }
+
+    /// The driver library this backend loaded, for one that loads one (NVML); a daemon
+    /// names it so that a client started with another library reads its own.
+    fn library(&self) -> Option<&Path> {
+        None
+    }
 }
 
 /// A boxed backend is a backend: frontends choose NVML or a replay at run time.
@@ -217,6 +230,14 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn reuses_process_lists(&self) -> bool {
         (**self).reuses_process_lists()
+    }
+
+    fn reads_process_activity(&self) -> bool {
+        (**self).reads_process_activity()
+    }
+
+    fn library(&self) -> Option<&Path> {
+        (**self).library()
     }
 }
 

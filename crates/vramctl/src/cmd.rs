@@ -17,7 +17,9 @@ pub mod status;
 pub mod top;
 
 use anyhow::{Context, anyhow, bail};
+use vramctl::daemon_socket::client::AskOptions;
 use vramctl::live_loop::LiveSampler;
+use vramctl::live_source::LiveSource;
 use vramctl::sample_source::{self, Source, SourceKind, Window};
 use vramctl_core::analysis::LeakConfig;
 use vramctl_core::wall_time;
@@ -105,6 +107,22 @@ pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
 /// `--nvml-lib`.
 pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<LiveSampler> {
     vramctl::live_loop::open_sampler(global.nvml_lib.as_deref())
+}
+
+/// The devices now for `status` and `ps`: a running daemon's answer unless `no_daemon`
+/// (its socket, `vramctl::daemon_socket`), else NVML here ([`open_sampler`]) — also when no
+/// daemon answers. `process_stat`: the daemon reads `/proc/PID/stat` too (`ps`).
+pub fn open_live(
+    global: &GlobalArgs,
+    no_daemon: bool,
+    process_stat: bool,
+) -> anyhow::Result<LiveSource> {
+    let ask = (!no_daemon).then(|| AskOptions {
+        nvml_library: global.nvml_lib.clone(),
+        process_stat,
+    });
+    let global = global.clone();
+    LiveSource::open(ask, Box::new(move || open_sampler(&global)))
 }
 
 /// `--format` of `import`, `leaks` and `plot`; `ndjson` covers both vramctl NDJSON kinds,

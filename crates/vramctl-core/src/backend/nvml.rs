@@ -310,6 +310,12 @@ impl NvmlBackend {
         self.reuse_process_lists
     }
 
+    /// Whether per-process SM activity is read (see
+    /// [`set_read_process_activity`](Self::set_read_process_activity)).
+    pub fn reads_process_activity(&self) -> bool {
+        self.read_process_activity
+    }
+
     /// The library this backend loaded.
     pub fn library(&self) -> &Path {
         &self.library
@@ -732,6 +738,14 @@ impl Backend for NvmlBackend {
 
     fn reuses_process_lists(&self) -> bool {
         NvmlBackend::reuses_process_lists(self)
+    }
+
+    fn reads_process_activity(&self) -> bool {
+        NvmlBackend::reads_process_activity(self)
+    }
+
+    fn library(&self) -> Option<&Path> {
+        Some(NvmlBackend::library(self))
     }
 }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use vramctl::daemon_socket::server::{DaemonSettings, DaemonSocket};
 use vramctl_store::{OpenMode, Retention, Store};
 
 use super::db_path;
@@ -107,6 +108,15 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if let Some(recorder) = recorder {
         collector.add_consumer(Box::new(recorder));
     }
+    // `status`, `ps` and `top` ask this daemon's sampler instead of starting NVML; /proc is
+    // read for them only as for the labels.
+    let socket = DaemonSocket::start(
+        collector.shared_sampler(),
+        DaemonSettings {
+            daemon: "serve",
+            facts: args.process_details.facts_source(),
+        },
+    );
     // Something to serve before NVML has said anything: NVML's first init may hang.
     collector.publish_starting();
     let (stop_tx, stop_rx) = mpsc::channel();
@@ -138,6 +148,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         stale_after: (interval * 5).max(Duration::from_secs(10)),
     };
     let served = server::serve(listener, cache, settings, server::termination());
+    drop(socket);
     let _ = stop_tx.send(());
     if sampler.join().is_err() {
         tracing::error!("The sampler thread panicked.");

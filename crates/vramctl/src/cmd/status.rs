@@ -1,8 +1,10 @@
 //! `vramctl status`: devices and the processes holding their memory, now.
 //!
-//! One snapshot from the sampler, joined with /proc through the process catalog (user,
-//! command line), printed as a per-device block or as JSON (`docs/json.md`, schema 1).
-//! `--watch` keeps one NVML session and refreshes in place (NDJSON with `--json`).
+//! One snapshot, joined with /proc (user, command line), printed as a per-device block or
+//! as JSON (`docs/json.md`, schema 1). The snapshot comes from a running daemon when one
+//! answers (`vramctl::live_source`: no NVML start-up), else from NVML here; `--no-daemon`
+//! always reads NVML here. The output is the same either way. `--watch` refreshes in place
+//! (NDJSON with `--json`), asking the daemon each time, or keeping one NVML session.
 //!
 //! `--replay DB --at TIME` shows a recorded moment the same way: the sampler runs on the
 //! store's replay backend (`vramctl_store::replay`), timed at the recorded time, and the
@@ -19,10 +21,9 @@ use std::time::Instant;
 use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
 use vramctl::live_loop::sampler_on;
-use vramctl_core::Backend;
+use vramctl::live_source::ProcessLookup;
 use vramctl_core::clock::ManualClock;
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
 use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
 };
@@ -32,7 +33,7 @@ use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 
 use vramctl::gpu_selection::GpuFilter;
 
-use super::open_sampler;
+use super::open_live;
 use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
 use crate::output::style::{Styles, paint};
@@ -129,10 +130,9 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         return replay(global, db, args);
     }
     let interval = args.watch;
-    let mut sampler = open_sampler(global)?;
-    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let mut source = open_live(global, args.no_daemon, false)?;
+    let filter = GpuFilter::new(&args.gpu, &source.devices())?;
     let styles = Styles::for_stdout(global.color);
-    let mut catalog = ProcessCatalog::new(FactsSource::Proc);
     let stdout = std::io::stdout();
     let refresh_in_place = !args.json && stdout.is_terminal();
     // Read once: a terminal resized under `--watch` is fitted from the next run on.
@@ -141,15 +141,14 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
     let mut printed: u64 = 0;
     loop {
         let started = Instant::now();
-        let snapshot = sampler.tick();
+        let snapshot = source.sample()?;
         let sampled = started.elapsed();
-        let backend = sampler.backend_mut();
-        // The catalog's time is monotonic: its refresh policy counts spans.
-        catalog.observe_snapshot(&snapshot, snapshot.monotonic_ms, &mut |pid| {
-            backend.process_name(pid)
-        });
-        let report = build(&snapshot, &filter, &Holders::Live(&catalog));
+        let report = {
+            let mut lookup = source.lookup();
+            build(&snapshot, &filter, &mut Holders::Live(&mut lookup))
+        };
         tracing::debug!(
+            daemon = source.from_daemon(),
             tick_ms = sampled.as_secs_f64() * 1e3,
             proc_ms = (started.elapsed() - sampled).as_secs_f64() * 1e3,
             "Sampled."
@@ -162,7 +161,10 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         print(&mut out, &report, args, &styles, width)?;
         drop(out);
         printed += 1;
-        let Some(interval) = interval else { break };
+        let Some(interval) = interval else {
+            source.end_for_exit();
+            break;
+        };
         if args.count.is_some_and(|count| printed >= count) {
             break;
         }
@@ -238,7 +240,7 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
     .context("cannot list the recorded GPUs")?;
     let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
     let snapshot = sampler.tick();
-    let mut report = build(&snapshot, &filter, &Holders::Recorded(&holders));
+    let mut report = build(&snapshot, &filter, &mut Holders::Recorded(&holders));
     report.replay = Some(ReplayStatus {
         database: db.display().to_string(),
         at: rfc3339(asked.unwrap_or(recorded_at)),
@@ -280,8 +282,9 @@ fn print(
 
 /// Who the processes of a snapshot are.
 enum Holders<'a> {
-    /// Now: the process catalog over /proc (the driver names what /proc cannot see).
-    Live(&'a ProcessCatalog),
+    /// Now: a daemon's facts or this process's /proc (the driver names what /proc cannot
+    /// see), `vramctl::live_source`.
+    Live(&'a mut dyn ProcessLookup),
     /// A recorded moment: who the recorder saw.
     Recorded(&'a RecordedProcesses),
 }
@@ -289,18 +292,25 @@ enum Holders<'a> {
 impl Holders<'_> {
     /// Whether /proc (the recorder's, in a replay) showed `pid`, with its user and command
     /// line; for a process it could not see, the driver's name.
-    fn who(&self, pid: u32) -> (bool, Option<String>, Option<String>) {
-        let (visible, facts) = match self {
-            Self::Live(catalog) => match catalog.get(pid) {
-                Some(entry) => (entry.visible, entry.facts.clone()),
-                None => return (false, None, None),
+    fn who(&mut self, pid: u32) -> (bool, Option<String>, Option<String>) {
+        match self {
+            Self::Live(lookup) => match lookup.details(pid) {
+                Some(d) => (
+                    true,
+                    d.user.clone().or_else(|| d.uid.map(|u| u.to_string())),
+                    Some(d.command.clone()),
+                ),
+                // Not in this PID namespace: the driver still knows the name.
+                None => (false, None, lookup.driver_name(pid)),
             },
             Self::Recorded(recorded) => match recorded.get(pid) {
-                Some(process) => (process.visible(), process.facts()),
-                None => return (false, None, None),
+                Some(process) => {
+                    let facts = process.facts();
+                    (process.visible(), facts.user_or_uid(), facts.command)
+                }
+                None => (false, None, None),
             },
-        };
-        (visible, facts.user_or_uid(), facts.command)
+        }
     }
 
     fn replayed(&self) -> bool {
@@ -309,7 +319,7 @@ impl Holders<'_> {
 }
 
 /// The report of a snapshot and who its processes are.
-fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &Holders<'_>) -> StatusReport {
+fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &mut Holders<'_>) -> StatusReport {
     let devices = snapshot
         .devices
         .iter()
@@ -335,7 +345,7 @@ fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &Holders<'_>) -> Stat
     }
 }
 
-fn device_status(device: &DeviceSnapshot, holders: &Holders<'_>) -> DeviceStatus {
+fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceStatus {
     let info = &device.info;
     let mut status = DeviceStatus {
         index: info.index,
@@ -410,7 +420,7 @@ fn device_status(device: &DeviceSnapshot, holders: &Holders<'_>) -> DeviceStatus
     status
 }
 
-fn process_status(process: &ProcessUsage, holders: &Holders<'_>) -> ProcessStatus {
+fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessStatus {
     let (visible, user, command) = holders.who(process.pid);
     ProcessStatus {
         pid: process.pid,

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vramctl::daemon_socket::server::{self as socket, SharedSampler};
 use vramctl::live_loop::{LiveSampler, open_backend, sampler_on};
 use vramctl_core::clock::Clock;
 use vramctl_core::sampler::SessionHealth;
@@ -32,7 +33,8 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 pub struct NvmlSource {
     library: Option<PathBuf>,
     clock: Arc<dyn Clock>,
-    sampler: Option<LiveSampler>,
+    /// Shared with the local socket (`status`, `ps`), which makes an extra tick per request.
+    sampler: SharedSampler,
     first_backoff: Duration,
     backoff: Duration,
     next_attempt: Option<Instant>,
@@ -46,7 +48,8 @@ impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlSource")
             .field("library", &self.library)
-            .field("up", &self.sampler.is_some())
+            // Never wait for the lock here: a Debug print while sampling would deadlock.
+            .field("up", &self.sampler.try_lock().map(|s| s.is_some()).ok())
             .field("backoff", &self.backoff)
             .finish_non_exhaustive()
     }
@@ -62,7 +65,7 @@ impl NvmlSource {
         Self {
             library,
             clock,
-            sampler: None,
+            sampler: SharedSampler::default(),
             first_backoff,
             backoff: first_backoff,
             next_attempt: None,
@@ -76,11 +79,13 @@ impl NvmlSource {
     /// works is returned as it is, and the session is shut down: the next tick opens a new
     /// one.
     pub fn sample(&mut self, now: Instant, stats: &mut Stats) -> Option<Snapshot> {
-        if self.sampler.is_none() && self.next_attempt.is_none_or(|at| now >= at) {
-            self.try_open(now, stats);
+        let shared = Arc::clone(&self.sampler);
+        let mut slot = socket::lock(&shared);
+        if slot.is_none() && self.next_attempt.is_none_or(|at| now >= at) {
+            *slot = self.try_open(now, stats);
         }
-        stats.nvml_up = self.sampler.is_some();
-        let sampler = self.sampler.as_mut()?;
+        stats.nvml_up = slot.is_some();
+        let sampler = slot.as_mut()?;
         let snapshot = sampler.tick();
         let lost = sampler.session_lost().map(str::to_owned);
         if let Some(reason) = self.health.check(&snapshot, lost.is_some()) {
@@ -92,7 +97,7 @@ impl NvmlSource {
             );
             stats.reopened(reason);
             // Dropping the sampler shuts its NVML session down (nvmlShutdown).
-            self.sampler = None;
+            *slot = None;
             self.next_attempt = Some(now);
             self.down_reason = Some(format!("NVML is being reopened: {why}"));
         }
@@ -101,12 +106,20 @@ impl NvmlSource {
 
     /// The name the driver knows for `pid` (when /proc cannot see it).
     pub fn process_name(&mut self, pid: u32) -> Option<String> {
-        self.sampler.as_mut()?.backend_mut().process_name(pid)
+        socket::lock(&self.sampler)
+            .as_mut()?
+            .backend_mut()
+            .process_name(pid)
+    }
+
+    /// The sampler, for the local socket.
+    pub fn shared_sampler(&self) -> SharedSampler {
+        Arc::clone(&self.sampler)
     }
 
     /// Why NVML is down (the last init attempt's error), while it is.
     pub fn down_reason(&self) -> Option<&str> {
-        self.sampler
+        socket::lock(&self.sampler)
             .is_none()
             .then_some(self.down_reason.as_deref())
             .flatten()
@@ -115,13 +128,14 @@ impl NvmlSource {
     /// When the next init attempt is due, while NVML is down.
     #[cfg(test)]
     pub fn next_attempt(&self) -> Option<Instant> {
-        self.sampler
+        socket::lock(&self.sampler)
             .is_none()
             .then_some(self.next_attempt)
             .flatten()
     }
 
-    fn try_open(&mut self, now: Instant, stats: &mut Stats) {
+    /// Starts NVML, or schedules the next attempt.
+    fn try_open(&mut self, now: Instant, stats: &mut Stats) -> Option<LiveSampler> {
         let clock = Box::new(SharedClock(Arc::clone(&self.clock)));
         let outcome = open_backend(self.library.as_deref())
             .map_err(|err| (err.code(), format!("{err}; {}", err.hint())))
@@ -136,10 +150,10 @@ impl NvmlSource {
                 // Once per NVML session: slow (NVML loads libcuda), and it does not change.
                 sampler.read_cuda_driver_version();
                 tracing::info!(devices = sampler.devices().len(), "NVML is up.");
-                self.sampler = Some(sampler);
                 self.backoff = self.first_backoff;
                 self.next_attempt = None;
                 self.down_reason = None;
+                Some(sampler)
             }
             Err((code, message)) => {
                 stats.init_failed(code);
@@ -152,6 +166,7 @@ impl NvmlSource {
                 self.next_attempt = Some(now + self.backoff);
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 self.down_reason = Some(message);
+                None
             }
         }
     }
