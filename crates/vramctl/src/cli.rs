@@ -316,9 +316,9 @@ pub struct StatusArgs {
     )]
     pub at: Option<When>,
 
-    /// With --replay: the time zone of a local --at (e.g. UTC, Europe/Paris); default: TZ,
-    /// else the system's
-    #[arg(long, value_name = "TZ", requires = "replay")]
+    /// The time zone of the header's time and of a local --at (e.g. UTC, Europe/Paris);
+    /// default: TZ, else the system's
+    #[arg(long, value_name = "TZ")]
     pub tz: Option<String>,
 
     /// Read the GPUs here even when a vramctl daemon (record, serve) could answer on its

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, anyhow, bail};
+use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl::live_loop::sampler_on;
 use vramctl::live_source::ProcessLookup;
@@ -50,6 +51,9 @@ pub struct StatusReport {
     schema: u32,
     /// RFC 3339 UTC.
     taken_at: String,
+    /// The same moment, for the text's header (in the zone of `--tz`).
+    #[serde(skip)]
+    taken_at_unix_ms: i64,
     driver: DriverInfo,
     devices: Vec<DeviceStatus>,
     /// `None`: replayed (a history does not keep them).
@@ -130,6 +134,7 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         return replay(global, db, args);
     }
     let interval = args.watch;
+    let tz = wall_time::zone(args.tz.as_deref())?;
     let mut source = open_live(global, args.no_daemon, false)?;
     let filter = GpuFilter::new(&args.gpu, &source.devices())?;
     let styles = Styles::for_stdout(global.color);
@@ -158,7 +163,7 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
             // Home and clear, so the block redraws in place.
             write!(out, "\x1b[H\x1b[2J").context("cannot write to stdout")?;
         }
-        print(&mut out, &report, args, &styles, width)?;
+        print(&mut out, &report, args, &styles, &tz, width)?;
         drop(out);
         printed += 1;
         let Some(interval) = interval else {
@@ -251,6 +256,7 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
         &report,
         args,
         &styles,
+        &tz,
         terminal::width(),
     )?;
     Ok(Exit::Ok)
@@ -262,6 +268,7 @@ fn print(
     report: &StatusReport,
     args: &StatusArgs,
     styles: &Styles,
+    tz: &TimeZone,
     width: Option<usize>,
 ) -> anyhow::Result<()> {
     if args.json {
@@ -269,9 +276,9 @@ fn print(
         writeln!(out).context("cannot write to stdout")?;
     } else {
         let lines = if args.compact {
-            render_compact(report, styles, width)
+            render_compact(report, styles, tz, width)
         } else {
-            render(report, styles, width)
+            render(report, styles, tz, width)
         };
         for line in lines {
             writeln!(out, "{line}").context("cannot write to stdout")?;
@@ -329,6 +336,7 @@ fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &mut Holders<'_>) -> 
     StatusReport {
         schema: SCHEMA,
         taken_at: rfc3339(snapshot.taken_at_unix_ms),
+        taken_at_unix_ms: snapshot.taken_at_unix_ms,
         driver: (*snapshot.driver).clone(),
         devices,
         unopened: (!holders.replayed()).then(|| {
@@ -447,9 +455,14 @@ const NOT_VISIBLE_SHORT: &str = " (not visible)";
 
 /// The human view, one block per device, fitted to `width` columns when known (a terminal,
 /// or `COLUMNS`): no line longer than that. `None`: nothing is cut.
-fn render(report: &StatusReport, styles: &Styles, width: Option<usize>) -> Vec<String> {
+fn render(
+    report: &StatusReport,
+    styles: &Styles,
+    tz: &TimeZone,
+    width: Option<usize>,
+) -> Vec<String> {
     let mut lines = Vec::new();
-    lines.push(paint(styles.dim, &fit_line(&header(report), width)));
+    lines.push(paint(styles.dim, &fit_line(&header(report, tz), width)));
     if report.devices.is_empty() && report.unopened.as_ref().is_none_or(Vec::is_empty) {
         lines.push("no NVIDIA GPU found".into());
     }
@@ -473,12 +486,14 @@ fn render(report: &StatusReport, styles: &Styles, width: Option<usize>) -> Vec<S
     lines
 }
 
-fn header(report: &StatusReport) -> String {
+/// The version, the driver and the time (local, or `--tz`, labelled with its zone: people
+/// read this line; the JSON keeps RFC 3339 UTC).
+fn header(report: &StatusReport, tz: &TimeZone) -> String {
     let mut header = vec![format!("vramctl {}", env!("CARGO_PKG_VERSION"))];
     if let Some(v) = &report.driver.driver_version {
         header.push(format!("driver {v}"));
     }
-    header.push(report.taken_at.clone());
+    header.push(wall_time::labelled(tz, report.taken_at_unix_ms));
     if let Some(replay) = &report.replay {
         header.push(format!("recorded in {}", replay.database));
     }
@@ -755,8 +770,13 @@ fn render_processes(processes: &[&ProcessStatus], width: Option<usize>, lines: &
 /// `--compact`: one line per GPU, as gpustat prints them: index, name, temperature,
 /// utilization, used/total memory, and the holders as `user:command(memory)`, biggest
 /// first, as many as fit (`+N` for the rest).
-fn render_compact(report: &StatusReport, styles: &Styles, width: Option<usize>) -> Vec<String> {
-    let mut lines = vec![paint(styles.dim, &fit_line(&header(report), width))];
+fn render_compact(
+    report: &StatusReport,
+    styles: &Styles,
+    tz: &TimeZone,
+    width: Option<usize>,
+) -> Vec<String> {
+    let mut lines = vec![paint(styles.dim, &fit_line(&header(report, tz), width))];
     for d in &report.devices {
         let name = d.name.as_deref().unwrap_or("(name not reported)");
         let head = format!("[{}] {name}", d.index);

@@ -87,6 +87,11 @@ pub fn json_of(cmd: &mut Command) -> serde_json::Value {
 pub fn redactions() -> insta::Settings {
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]");
+    // status's header shows the wall clock now, in the local zone.
+    settings.add_filter(
+        r"(?m)^(vramctl \S+ · driver \S+ · )\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+",
+        "$1[TIME]",
+    );
     settings.set_prepend_module_to_snapshot(false);
     settings
 }

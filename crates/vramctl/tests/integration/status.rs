@@ -650,7 +650,7 @@ fn status_replay_at_a_recorded_moment_is_status_at_that_moment() {
                 .arg("status")
                 .arg("--replay")
                 .arg(&db)
-                .args(["--at", &rfc3339_ms(at)]),
+                .args(["--at", &rfc3339_ms(at), "--tz", "UTC"]),
         );
         let body = |block: &str| -> Vec<String> {
             block
@@ -661,10 +661,12 @@ fn status_replay_at_a_recorded_moment_is_status_at_that_moment() {
                 .collect()
         };
         assert_eq!(body(&text), body(live_text[k]), "tick {k}");
-        assert!(
-            text.lines().next().unwrap().contains(&rfc3339_ms(at)),
-            "{text}"
-        );
+        // The header names the recorded moment, in the zone asked for, labelled.
+        let labelled = jiff::Timestamp::from_millisecond(at)
+            .unwrap()
+            .strftime("%Y-%m-%d %H:%M:%S UTC")
+            .to_string();
+        assert!(text.lines().next().unwrap().contains(&labelled), "{text}");
     }
 
     // What changed between the moments is replayed as it was: the real process's memory
@@ -819,4 +821,25 @@ fn status_replay_says_when_there_is_no_such_moment() {
         let out = vramctl(&path).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
+}
+
+#[test]
+fn status_header_time_is_in_the_asked_zone_and_labelled() {
+    let out = stdout_of(vramctl_on("h200-idle.toml").env("TZ", "UTC").args([
+        "status",
+        "--no-daemon",
+        "--tz",
+        "Asia/Tokyo",
+    ]));
+    let header = out.lines().next().expect("a header line");
+    // Tokyo has no daylight saving time: always JST, never the UTC of the JSON.
+    assert!(
+        regex::Regex::new(r"· \d{4}-\d\d-\d\d \d\d:\d\d:\d\d JST$")
+            .expect("regex")
+            .is_match(header),
+        "{header}"
+    );
+    let json =
+        stdout_of(vramctl_on("h200-idle.toml").args(["status", "--json", "--tz", "Asia/Tokyo"]));
+    assert!(json.contains("Z\""), "the JSON keeps RFC 3339 UTC: {json}");
 }
