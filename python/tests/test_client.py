@@ -23,7 +23,9 @@ class FakeAgent:
     """A socket server that answers every connection with `reply(request_line)` bytes (None:
     never answer, keep the connection open)."""
 
-    def __init__(self, reply) -> None:
+    def __init__(self, reply, read_first: bool = True) -> None:
+        self.read_first = read_first
+        self.answered = threading.Event()
         self.dir = tempfile.mkdtemp(prefix="vramctl-test-fake-")
         self.path = os.path.join(self.dir, "agent-1.sock")
         self.reply = reply
@@ -43,7 +45,7 @@ class FakeAgent:
             self.held.append(conn)
             try:
                 line = b""
-                while not line.endswith(b"\n"):
+                while self.read_first and not line.endswith(b"\n"):
                     chunk = conn.recv(65536)
                     if not chunk:
                         break
@@ -52,6 +54,7 @@ class FakeAgent:
                 if data is not None:
                     conn.sendall(data)
                     conn.close()
+                    self.answered.set()
             except OSError:
                 pass
 
@@ -109,6 +112,17 @@ class MisbehavingAgentTest(unittest.TestCase):
             self.assertEqual(raised.exception.code, proto.CAPTURING)
             self.assertEqual(raised.exception.answer["error"]["retry_after_s"], 1.0)
             self.assertFalse(client.request(fake.path, "reclaim", check=False)["ok"])
+
+    def test_an_answer_sent_before_the_request_was_read_is_still_read(self) -> None:
+        # The agent answers `busy` (or permission denied) at once and closes; the client's
+        # send then fails with EPIPE, and the answer waiting in its buffer is the news.
+        busy = proto.encode_line(proto.error_response(proto.BUSY, "full", retry_after_s=1.0))
+        with FakeAgent(lambda line: busy, read_first=False) as fake:
+            with client.Connection(fake.path) as conn:
+                self.assertTrue(fake.answered.wait(5))
+                with self.assertRaises(client.AgentRefused) as raised:
+                    conn.request("hello", pad="x" * 300000)
+                self.assertEqual(raised.exception.code, proto.BUSY)
 
     def test_no_socket_is_no_agent(self) -> None:
         with self.assertRaises(client.NoAgent):

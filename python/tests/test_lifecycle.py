@@ -139,14 +139,26 @@ class StaleTest(unittest.TestCase):
             finally:
                 other.close()
 
-    def test_no_client_ever_sees_a_half_made_socket(self) -> None:
-        # The socket is bound under a temporary name and renamed once listening: at our
-        # name there is never a socket that refuses connections (which a client would
-        # remove as stale).
+    def test_a_client_arriving_while_the_agent_starts_does_not_take_it_for_stale(self) -> None:
+        # A client that probes our path between bind() and listen() (connect refused) would
+        # remove the socket as stale. Play that client from inside listen(): the agent binds
+        # under a temporary name and renames it into place once listening, so at that
+        # moment there is nothing at our path to remove.
         with Target() as t:
-            t.start_agent()
-            names = os.listdir(os.path.join(t.runtime_dir, "vramctl"))
-            self.assertEqual(names, [f"agent-{t.pid}.sock"])
+            t.run(
+                "import socket, os\nfrom vramctl_agent import _paths\n"
+                "real_listen = socket.socket.listen\nremoved = []\n"
+                "def listen(self, *args):\n"
+                "    path = os.path.join(os.environ['XDG_RUNTIME_DIR'], 'vramctl', _paths.socket_name(os.getpid()))\n"
+                "    removed.append(_paths.remove_if_stale(path))\n"
+                "    return real_listen(self, *args)\n"
+                "socket.socket.listen = listen\n"
+            )
+            path = t.start_agent()
+            t.run("socket.socket.listen = real_listen")
+            self.assertEqual(t.run("", "removed"), [False])
+            self.assertTrue(client.request(t.pid, "hello")["ok"])
+            self.assertEqual(os.listdir(os.path.dirname(path)), [f"agent-{t.pid}.sock"])
 
 
 FORK_CHILD = """

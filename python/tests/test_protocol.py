@@ -194,6 +194,14 @@ class ProtocolTest(unittest.TestCase):
                     conn.close()
             wait_for(lambda: raw(path, b'{"op":"hello"}\n')[0]["ok"], what="a free slot")
 
+    def test_quick_successive_requests_are_not_refused_busy(self) -> None:
+        # Each closed connection frees its slot only once the agent's thread sees the end
+        # of input; a client asking again at once must not get `busy` for that.
+        with Target() as target:
+            path = target.start_agent(max_connections=1)
+            for _ in range(30):
+                self.assertTrue(client.request(path, "hello")["ok"])
+
     def test_a_client_that_never_reads_does_not_stop_the_agent(self) -> None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)

@@ -286,6 +286,20 @@ class DeepTest(unittest.TestCase):
             self.assertGreaterEqual(dropped["frames_cleared"], 2)
             self.assertFalse(t.run("", "hasattr(sys, 'last_traceback')"))
 
+    def test_deep_frees_the_tensors_of_a_traceback_that_something_else_still_holds(self) -> None:
+        with Target() as t:
+            t.start_agent()
+            t.run(
+                SETUP
+                + "import sys\nkept = []\n"
+                + "def step():\n    activations = torch.empty(2 * GiB, dtype=torch.uint8, device='cuda')\n    raise MemoryError('oom')\n"
+                + "try:\n    step()\nexcept MemoryError:\n    sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()\n"
+                + "    kept.append(sys.last_traceback)\n"  # a logger, %tb, a debugger
+            )
+            answer = client.request(t.pid, "reclaim", deep=True)
+            self.assertEqual(answer["released_bytes"], 2 * GiB)
+            self.assertEqual(t.run("", "len(kept)"), 1)
+
     def test_deep_with_nothing_to_drop_says_so(self) -> None:
         with Target() as t:
             t.start_agent()

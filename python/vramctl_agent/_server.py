@@ -24,6 +24,8 @@ from . import _protocol as proto
 log = logging.getLogger("vramctl_agent")
 
 _SO_PEERCRED_FORMAT = "3i"  # struct ucred: pid, uid, gid
+# How long a connection waits for a free slot before it is answered `busy`.
+_SLOT_WAIT_S = 1.0
 
 
 class AgentError(RuntimeError):
@@ -145,7 +147,11 @@ class Agent:
                 # socket first; this is the belt to its braces).
                 conn.close()
                 return
-            if not self._slots.acquire(blocking=False):
+            # A client that just closed its connection may not have freed its slot yet
+            # (its thread has still to see the end of input): wait a moment before saying
+            # busy, so that quick successive requests are not refused. Meanwhile new
+            # connections wait in the backlog.
+            if not self._slots.acquire(timeout=_SLOT_WAIT_S):
                 self._refuse_busy(conn)
                 continue
             try:

@@ -467,14 +467,14 @@ def write_snapshot(path: str, overwrite: bool) -> dict:
     """`torch.cuda.memory._snapshot()` pickled (protocol 4, which the memory_viz page reads;
     Python 3.14's default 5 it could not until PR #185420) to `path`, created 0600.
 
-    Without `overwrite` the file must not exist (O_EXCL); with it, the snapshot goes to a
-    temporary file beside it that replaces the old one only once complete. The final path
-    is never followed if it is a symlink."""
+    Without `overwrite` the file must not exist (O_EXCL, which also refuses a symlink at the
+    path rather than follow it); with it, the snapshot goes to a new temporary file beside
+    it that replaces the old one (a symlink itself, never its target) once complete."""
     memory = _memory_module()
     started = time.monotonic()
     snapshot = memory._snapshot()
     taken = time.monotonic() - started
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     target = f"{path}.vramctl-{os.getpid()}.tmp" if overwrite else path
     fd = os.open(target, flags, 0o600)
     written = False

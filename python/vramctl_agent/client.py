@@ -173,6 +173,10 @@ class Connection:
             self._socket.sendall(line)
         except socket.timeout:
             raise AgentTimeout(f"the agent at '{self.path}' did not take the request within {timeout_s:g} s") from None
+        except (BrokenPipeError, ConnectionResetError):
+            # The agent may have answered before reading (busy, permission denied) and
+            # closed: that answer is what to report.
+            pass
         except OSError as err:
             raise ClientError(f"cannot send to the agent at '{self.path}': {err.strerror or err}") from None
         answer = self._read_answer(deadline, timeout_s)
