@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import select
 import shutil
 import signal
@@ -31,10 +32,12 @@ from vramctl_agent import client  # noqa: E402
 GiB = 1 << 30
 MiB = 1 << 20
 
-# Unprivileged identities for the tests that need another user (run as root). Unusual
-# numbers, so that their fallback directories (/tmp/vramctl-<uid>) are the tests' own.
-AGENT_UID = 64321
-OTHER_UID = 64322
+# Unprivileged identities for the tests that need another user (run as root): drawn per
+# test run from a range no real account uses, so that their fallback directories
+# (/tmp/vramctl-<uid>) belong to this run alone, even beside another run of the suite.
+# (Below 65536: a container's user namespace often maps no more.)
+AGENT_UID = random.SystemRandom().randrange(40000, 65000, 2)
+OTHER_UID = AGENT_UID + 1
 
 
 def is_root() -> bool:

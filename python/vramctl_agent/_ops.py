@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import json
 import os
 import platform
 import sys
@@ -52,7 +53,8 @@ def _bool(request: dict, name: str) -> bool:
 
 
 def _show(value: object) -> str:
-    text = repr(value)
+    """The client's value, quoted, for an error message."""
+    text = value if isinstance(value, str) else json.dumps(value)
     return f"'{text[:60]}'"
 
 

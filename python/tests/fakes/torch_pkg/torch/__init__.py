@@ -32,10 +32,33 @@ float32 = dtype("float32", 4)
 
 
 class Tensor:
-    def __init__(self, block, numel, dtype_):
+    """A tensor whose elements all hold one value (enough for the checks the tests and the
+    GPU script's smoke run make)."""
+
+    def __init__(self, block, numel, dtype_, value=0):
         self._block = block
         self._numel = numel
         self.dtype = dtype_
+        self.value = value
+
+    def fill_(self, value):
+        self.value = value
+        return self
+
+    def __mul__(self, k):
+        return _new(self._numel, self.dtype, self._block.segment.device, self.value * k)
+
+    def __eq__(self, other):
+        return _Scalar(self.value == other)
+
+    def all(self):
+        return _Scalar(bool(self.value))
+
+    def sum(self):
+        return _Scalar(self.value * self._numel)
+
+    def __repr__(self):
+        return f"tensor(<{self._numel} x {self.value}>, device='cuda')"
 
     @property
     def nbytes(self):
@@ -48,6 +71,25 @@ class Tensor:
         block, self._block = self._block, None
         if block is not None:
             cuda._free(block)
+
+
+class _Scalar:
+    def __init__(self, value):
+        self.value = value
+
+    def all(self):
+        return self
+
+    def item(self):
+        return self.value
+
+
+def _new(numel, dtype_, index, value):
+    return Tensor(cuda._malloc(index, numel * dtype_.itemsize), numel, dtype_, value)
+
+
+def ones(*size, dtype=None, device="cuda"):
+    return empty(*size, dtype=dtype, device=device).fill_(1)
 
 
 def empty(*size, dtype=None, device="cuda"):

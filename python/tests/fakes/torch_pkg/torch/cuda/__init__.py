@@ -377,6 +377,33 @@ def _segment_dict(seg):
     }
 
 
+def synchronize(device=None):
+    pass
+
+
+class Stream:
+    def wait_stream(self, other):
+        pass
+
+
+_default_stream = Stream()
+
+
+def current_stream(device=None):
+    return _default_stream
+
+
+class stream:
+    def __init__(self, s):
+        self.s = s
+
+    def __enter__(self):
+        return self.s
+
+    def __exit__(self, *exc):
+        pass
+
+
 def memory_snapshot(mempool_id=None, include_traces=True):
     with _fake.lock:
         return [_segment_dict(s) for d in _fake.devices for s in d.segments]
