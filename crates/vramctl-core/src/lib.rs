@@ -19,6 +19,7 @@ pub mod backend;
 pub mod clock;
 pub mod command_line;
 pub mod duration;
+pub mod local_socket;
 pub mod process_catalog;
 pub mod procinfo;
 pub mod sampler;

@@ -188,6 +188,10 @@ pub enum Command {
 // Each command's help ends with 2-4 examples that parse (`examples_in_the_help_parse`).
 
 const STATUS_HELP: &str = "\
+With a vramctl record or serve running, status asks it on its local socket and needs no
+NVML start-up of its own (docs/socket.md); the output is the same. --no-daemon reads
+NVML here.
+
 Examples:
   vramctl status
   vramctl status --watch 2s --gpu 0,1
@@ -199,18 +203,27 @@ Examples:
   vramctl info --json --gpu 0";
 
 const PS_HELP: &str = "\
+With a vramctl record or serve running, ps asks it on its local socket and needs no NVML
+start-up of its own (docs/socket.md); the output is the same. --no-daemon reads NVML here.
+
 Examples:
   vramctl ps --tree
   vramctl ps --user alice --min-mem 1GiB
   vramctl ps --json --cpu-interval 1s";
 
 const SERVE_HELP: &str = "\
+While it runs, serve answers vramctl status, ps and top's first frame on a local socket
+(/run/vramctl/daemon.sock for root, else $XDG_RUNTIME_DIR/vramctl/; docs/socket.md).
+
 Examples:
   vramctl serve
   vramctl serve --listen 0.0.0.0:9835 --web.config.file /etc/vramctl/web.yml
   vramctl serve --record --interval 500ms";
 
 const TOP_HELP: &str = "\
+With a vramctl record or serve running, the first frame is its answer on its local socket
+(docs/socket.md) while top starts NVML; --no-daemon waits for NVML here.
+
 Keys: ? in the UI lists them. Logs (-v) go to stderr: redirect it (2>top.log) to keep them
 off the screen.
 
@@ -220,6 +233,9 @@ Examples:
   vramctl top --replay ~/.local/state/vramctl/history.db";
 
 const RECORD_HELP: &str = "\
+While it runs, record answers vramctl status, ps and top's first frame on a local socket
+(/run/vramctl/daemon.sock for root, else $XDG_RUNTIME_DIR/vramctl/; docs/socket.md).
+
 Examples:
   vramctl record
   vramctl record --interval 500ms --duration 1h30m --db /tmp/run.db
@@ -280,6 +296,11 @@ pub struct StatusArgs {
     /// as user:command(memory)), as gpustat prints them
     #[arg(long, conflicts_with = "json")]
     pub compact: bool,
+
+    /// Read the GPUs here even when a vramctl daemon (record, serve) could answer on its
+    /// local socket (the fast path: no NVML start-up)
+    #[arg(long)]
+    pub no_daemon: bool,
 }
 
 #[derive(Debug, Args)]
@@ -772,6 +793,11 @@ pub struct TopArgs {
     /// `vramctl leaks`)
     #[command(flatten)]
     pub analysis: AnalysisArgs,
+
+    /// Take the first frame from NVML here even when a vramctl daemon (record, serve)
+    /// could answer on its local socket
+    #[arg(long)]
+    pub no_daemon: bool,
 }
 
 #[derive(Debug, Args)]
@@ -812,6 +838,11 @@ pub struct PsArgs {
     /// process's lifetime
     #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = cpu_interval)]
     pub cpu_interval: Duration,
+
+    /// Read the GPUs here even when a vramctl daemon (record, serve) could answer on its
+    /// local socket (the fast path: no NVML start-up)
+    #[arg(long)]
+    pub no_daemon: bool,
 }
 
 /// `ps --sort`.

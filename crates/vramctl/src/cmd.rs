@@ -16,6 +16,8 @@ pub mod status;
 pub mod top;
 
 use anyhow::{Context, bail};
+use vramctl::daemon_socket::client::AskOptions;
+use vramctl::live_source::LiveSource;
 use vramctl_core::types::DeviceInfo;
 use vramctl_core::{NvmlBackend, Sampler};
 
@@ -89,6 +91,22 @@ pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<Sampler<NvmlBackend>>
         "Started NVML."
     );
     Ok(sampler)
+}
+
+/// The devices now for `status` and `ps`: a running daemon's answer unless `no_daemon`
+/// (its socket, `vramctl::daemon_socket`), else NVML here ([`open_sampler`]) — also when no
+/// daemon answers. `process_stat`: the daemon reads `/proc/PID/stat` too (`ps`).
+pub fn open_live(
+    global: &GlobalArgs,
+    no_daemon: bool,
+    process_stat: bool,
+) -> anyhow::Result<LiveSource> {
+    let ask = (!no_daemon).then(|| AskOptions {
+        nvml_library: global.nvml_lib.clone(),
+        process_stat,
+    });
+    let global = global.clone();
+    LiveSource::open(ask, Box::new(move || open_sampler(&global)))
 }
 
 /// Devices chosen with `--gpu` (index or UUID); all when none was given.

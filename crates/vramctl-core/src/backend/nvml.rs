@@ -125,6 +125,12 @@ impl NvmlBackend {
         self.read_process_activity = on;
     }
 
+    /// Whether per-process SM activity is read (see
+    /// [`set_read_process_activity`](Self::set_read_process_activity)).
+    pub fn reads_process_activity(&self) -> bool {
+        self.read_process_activity
+    }
+
     /// The library this backend loaded.
     pub fn library(&self) -> &Path {
         &self.library

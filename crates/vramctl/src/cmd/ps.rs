@@ -1,6 +1,7 @@
 //! `vramctl ps`: every process holding GPU memory, across devices, joined with /proc.
 //!
-//! One sampler tick says who holds how much on which device; /proc adds who they are (user,
+//! One snapshot says who holds how much on which device (a running daemon's, when one
+//! answers: `vramctl::live_source`; else a sampler tick here); /proc adds who they are (user,
 //! command line, age, CPU, RSS, state, parent, container, pod). A PID the driver reports
 //! that this PID namespace cannot see is listed as such; memory that no process accounts for
 //! is a row of its own. `--tree` nests processes under their parents and shows their
@@ -15,13 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use regex::Regex;
 use serde::Serialize;
-use vramctl_core::Backend;
+use vramctl::live_source::ProcessLookup;
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceState, ProcessKind, Snapshot};
 use vramctl_store::format::rfc3339;
 
-use super::{GpuFilter, open_sampler};
+use super::{GpuFilter, open_live};
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
@@ -179,9 +180,11 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         .iter()
         .map(|u| resolve_user(u))
         .collect::<anyhow::Result<Vec<UserSpec>>>()?;
-    let mut sampler = open_sampler(global)?;
-    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
-    let snapshot = sampler.tick();
+    let mut source = open_live(global, args.no_daemon, true)?;
+    let filter = GpuFilter::new(&args.gpu, &source.devices())?;
+    let snapshot = source.sample()?;
+    // The tree's other processes and CPU % are read here (same PID namespace as a daemon
+    // that answered).
     let mut procs = ProcReader::new();
     let selection = Selection {
         users,
@@ -191,13 +194,14 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     let mut report = build(
         &snapshot,
         &filter,
-        sampler.backend_mut(),
+        &mut source.lookup(),
         &mut procs,
         &selection,
         args.tree,
         args.sort,
     );
     measure_cpu(&mut report, cpu_interval, &procs);
+    source.end_for_exit();
 
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -286,7 +290,7 @@ impl Selection {
 fn build(
     snapshot: &Snapshot,
     filter: &GpuFilter,
-    backend: &mut dyn Backend,
+    lookup: &mut dyn ProcessLookup,
     procs: &mut ProcReader,
     selection: &Selection,
     tree: bool,
@@ -296,11 +300,11 @@ fn build(
     let mut rows: Vec<PsProcess> = holdings(snapshot, filter)
         .into_iter()
         .map(|(pid, gpus)| {
-            let details = procs.details(pid);
+            let details = lookup.details(pid);
             let command = details
                 .as_ref()
                 .map(|d| d.command.clone())
-                .or_else(|| backend.process_name(pid));
+                .or_else(|| lookup.driver_name(pid));
             row(pid, details.as_ref(), command, gpus, now_ms)
         })
         .filter(|p| selection.keeps(p))
@@ -519,6 +523,10 @@ fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcRe
         .iter()
         .map(|p| procs.cpu_reading(p.pid).filter(|_| p.visible))
         .collect();
+    if before.iter().all(Option::is_none) {
+        // Nothing to measure: no reason to wait (a `ps` of an idle GPU answers at once).
+        return;
+    }
     let started = Instant::now();
     std::thread::sleep(interval);
     let elapsed = started.elapsed();

@@ -28,11 +28,14 @@
 //! filesystem. At debug level (`VRAMCTL_LOG=vramctl=debug`) every committed tick is logged
 //! as `Committed a tick. t_ms=…`, which the crash test relies on.
 
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use vramctl::daemon_socket::server::{self as socket, DaemonSettings, DaemonSocket, SharedSampler};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock, WallStep};
+use vramctl_core::process_catalog::FactsSource;
 use vramctl_core::procinfo;
 use vramctl_core::sampler::SessionHealth;
 use vramctl_core::sanity::SanityLimits;
@@ -80,13 +83,21 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
     let mut recorder = Recorder {
         global,
         manual: manual.clone(),
-        sampler: None,
+        sampler: SharedSampler::default(),
         init_error: None,
         next_init_ms: i64::MIN,
         backoff_ms: BACKOFF_FIRST_MS,
         health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
         procs: Procs::new(procinfo::boot_id(), true),
     };
+    // `status`, `ps` and `top` ask this recorder's sampler instead of starting NVML.
+    let socket = DaemonSocket::start(
+        Arc::clone(&recorder.sampler),
+        DaemonSettings {
+            daemon: "record",
+            facts: FactsSource::Proc,
+        },
+    );
     let started = Instant::now();
     // On the monotonic clock: a wall-clock step does not shorten or lengthen --duration.
     let first_ms = clock.monotonic_ms();
@@ -111,6 +122,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
             break;
         }
     }
+    drop(socket);
     feed.finish()?;
     if writer_gone {
         bail!("the writer stopped unexpectedly");
@@ -176,7 +188,8 @@ pub fn stop_signals() -> anyhow::Result<Receiver<()>> {
 struct Recorder<'a> {
     global: &'a GlobalArgs,
     manual: Option<ManualClock>,
-    sampler: Option<Sampler<NvmlBackend>>,
+    /// Shared with the local socket, which makes an extra tick for each request.
+    sampler: SharedSampler,
     init_error: Option<String>,
     /// When the next init attempt is due, on the monotonic clock (a wall-clock step back
     /// must not put it off by the length of the step).
@@ -191,10 +204,12 @@ impl Recorder<'_> {
     /// One tick and when it was read.
     fn tick(&mut self, clock: &dyn Clock) -> (TickSample, ClockTime) {
         let now = clock.now();
-        if self.sampler.is_none() && now.monotonic_ms >= self.next_init_ms {
-            self.start_nvml(now.monotonic_ms);
+        let shared = Arc::clone(&self.sampler);
+        let mut slot = socket::lock(&shared);
+        if slot.is_none() && now.monotonic_ms >= self.next_init_ms {
+            *slot = self.start_nvml(now.monotonic_ms);
         }
-        match self.sampler.as_mut() {
+        match slot.as_mut() {
             Some(sampler) => {
                 let snapshot = sampler.tick();
                 let backend = sampler.backend_mut();
@@ -213,7 +228,7 @@ impl Recorder<'_> {
                     let why = lost.unwrap_or_else(|| "every GPU failed".to_owned());
                     tracing::warn!(reason = reason.as_str(), error = %why, "NVML stopped answering; starting a new session.");
                     // Dropping the sampler shuts its session down; the next tick opens one.
-                    self.sampler = None;
+                    *slot = None;
                     self.next_init_ms = at.monotonic_ms;
                     self.init_error = Some(format!("NVML is being reopened: {why}"));
                 }
@@ -242,7 +257,8 @@ impl Recorder<'_> {
         }
     }
 
-    fn start_nvml(&mut self, now: i64) {
+    /// Starts NVML, or schedules the next attempt.
+    fn start_nvml(&mut self, now: i64) -> Option<Sampler<NvmlBackend>> {
         let opened = NvmlBackend::open(self.global.nvml_lib.as_deref())
             .map_err(|e| format!("{e}; {}", e.hint()))
             .and_then(|mut backend| {
@@ -261,15 +277,16 @@ impl Recorder<'_> {
                     driver = sampler.driver().driver_version.as_deref().unwrap_or("?"),
                     "NVML started."
                 );
-                self.sampler = Some(sampler);
                 self.init_error = None;
                 self.backoff_ms = BACKOFF_FIRST_MS;
+                Some(sampler)
             }
             Err(err) => {
                 tracing::warn!(error = %err, retry_in_ms = self.backoff_ms, "NVML did not start; retrying.");
                 self.init_error = Some(err);
                 self.next_init_ms = now.saturating_add(self.backoff_ms);
                 self.backoff_ms = (self.backoff_ms * 2).min(BACKOFF_MAX_MS);
+                None
             }
         }
     }

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use vramctl::daemon_socket::server::{DaemonSettings, DaemonSocket};
 use vramctl::facts::FactsReader;
+use vramctl_core::process_catalog::FactsSource;
 use vramctl_core::procinfo;
 use vramctl_store::{OpenMode, Retention, Store};
 
@@ -116,6 +118,19 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if let Some(recorder) = recorder {
         collector.add_consumer(Box::new(recorder));
     }
+    // `status`, `ps` and `top` ask this daemon's sampler instead of starting NVML; /proc is
+    // read for them only as for the labels.
+    let socket = DaemonSocket::start(
+        collector.shared_sampler(),
+        DaemonSettings {
+            daemon: "serve",
+            facts: match args.process_details {
+                DetailsSource::Proc => FactsSource::Proc,
+                DetailsSource::Nvml => FactsSource::Driver,
+                DetailsSource::None => FactsSource::Nothing,
+            },
+        },
+    );
     // Something to serve before NVML has said anything: NVML's first init may hang.
     collector.publish_starting();
     let (stop_tx, stop_rx) = mpsc::channel();
@@ -147,6 +162,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         stale_after: (interval * 5).max(Duration::from_secs(10)),
     };
     let served = server::serve(listener, cache, settings, server::termination());
+    drop(socket);
     let _ = stop_tx.send(());
     if sampler.join().is_err() {
         tracing::error!("The sampler thread panicked.");

@@ -1,8 +1,10 @@
 //! `vramctl status`: devices and the processes holding their memory, now.
 //!
-//! One snapshot from the sampler, joined with /proc (user, command line), printed as a
-//! per-device block or as JSON (`docs/json.md`, schema 1). `--watch` keeps one NVML
-//! session and refreshes in place (NDJSON with `--json`).
+//! One snapshot, joined with /proc (user, command line), printed as a per-device block or
+//! as JSON (`docs/json.md`, schema 1). The snapshot comes from a running daemon when one
+//! answers (`vramctl::live_source`: no NVML start-up), else from NVML here; `--no-daemon`
+//! always reads NVML here. The output is the same either way. `--watch` refreshes in place
+//! (NDJSON with `--json`), asking the daemon each time, or keeping one NVML session.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -10,15 +12,14 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl::live_source::ProcessLookup;
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::procinfo::ProcReader;
 use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
 };
-use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_store::format::rfc3339;
 
-use super::{GpuFilter, open_sampler};
+use super::{GpuFilter, open_live};
 use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
 use crate::output::style::{Styles, paint};
@@ -98,10 +99,9 @@ struct DroppedStatus {
 /// Runs `status`.
 pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
     let interval = args.watch;
-    let mut sampler = open_sampler(global)?;
-    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let mut source = open_live(global, args.no_daemon, false)?;
+    let filter = GpuFilter::new(&args.gpu, &source.devices())?;
     let styles = Styles::for_stdout(global.color);
-    let mut procs = ProcReader::new();
     let stdout = std::io::stdout();
     let refresh_in_place = !args.json && stdout.is_terminal();
     // Read once: a terminal resized under `--watch` is fitted from the next run on.
@@ -110,10 +110,11 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
     let mut printed: u64 = 0;
     loop {
         let started = Instant::now();
-        let snapshot = sampler.tick();
+        let snapshot = source.sample()?;
         let sampled = started.elapsed();
-        let report = build(&snapshot, &filter, &mut sampler, &mut procs);
+        let report = build(&snapshot, &filter, &mut source.lookup());
         tracing::debug!(
+            daemon = source.from_daemon(),
             tick_ms = sampled.as_secs_f64() * 1e3,
             proc_ms = (started.elapsed() - sampled).as_secs_f64() * 1e3,
             "Sampled."
@@ -139,7 +140,10 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         out.flush().context("cannot write to stdout")?;
         drop(out);
         printed += 1;
-        let Some(interval) = interval else { break };
+        let Some(interval) = interval else {
+            source.end_for_exit();
+            break;
+        };
         if args.count.is_some_and(|count| printed >= count) {
             break;
         }
@@ -152,17 +156,12 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
 }
 
 /// Joins a snapshot with /proc into the report.
-fn build(
-    snapshot: &Snapshot,
-    filter: &GpuFilter,
-    sampler: &mut Sampler<NvmlBackend>,
-    procs: &mut ProcReader,
-) -> StatusReport {
+fn build(snapshot: &Snapshot, filter: &GpuFilter, lookup: &mut dyn ProcessLookup) -> StatusReport {
     let devices = snapshot
         .devices
         .iter()
         .filter(|d| filter.matches(&d.info))
-        .map(|d| device_status(d, sampler.backend_mut(), procs))
+        .map(|d| device_status(d, lookup))
         .collect();
     StatusReport {
         schema: SCHEMA,
@@ -180,11 +179,7 @@ fn build(
     }
 }
 
-fn device_status(
-    device: &DeviceSnapshot,
-    backend: &mut dyn Backend,
-    procs: &mut ProcReader,
-) -> DeviceStatus {
+fn device_status(device: &DeviceSnapshot, lookup: &mut dyn ProcessLookup) -> DeviceStatus {
     let info = &device.info;
     let mut status = DeviceStatus {
         index: info.index,
@@ -224,10 +219,7 @@ fn device_status(
     status.power_mw = reading.power_mw;
     status.unaccounted_bytes = reading.unaccounted_bytes();
     status.processes = reading.processes.as_ref().map(|list| {
-        let mut list: Vec<ProcessStatus> = list
-            .iter()
-            .map(|p| process_status(p, backend, procs))
-            .collect();
+        let mut list: Vec<ProcessStatus> = list.iter().map(|p| process_status(p, lookup)).collect();
         // Biggest holders first: the question is "who has my memory".
         list.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
         list
@@ -263,19 +255,15 @@ fn device_status(
     status
 }
 
-fn process_status(
-    process: &ProcessUsage,
-    backend: &mut dyn Backend,
-    procs: &mut ProcReader,
-) -> ProcessStatus {
-    let details = procs.details(process.pid);
+fn process_status(process: &ProcessUsage, lookup: &mut dyn ProcessLookup) -> ProcessStatus {
+    let details = lookup.details(process.pid);
     let (user, command) = match &details {
         Some(d) => (
             d.user.clone().or_else(|| d.uid.map(|u| u.to_string())),
             Some(d.command.clone()),
         ),
         // Not in this PID namespace: the driver still knows the name.
-        None => (None, backend.process_name(process.pid)),
+        None => (None, lookup.driver_name(process.pid)),
     };
     ProcessStatus {
         pid: process.pid,

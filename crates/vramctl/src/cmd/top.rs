@@ -1,7 +1,9 @@
 //! `vramctl top`: the live terminal UI (and `--replay` of a recording).
 //!
 //! This file wires the pieces of [`vramctl::tui`] together: it checks the flags, opens the
-//! sampler (one NVML session, moved onto the sampler thread) and, when a recorder's
+//! sampler (one NVML session, moved onto the sampler thread; when a running daemon answers
+//! on its socket, its answer is the first frame and NVML opens on the sampler thread
+//! meanwhile) and, when a recorder's
 //! database is there, the history thread over it — or for `--replay DB` only the replay
 //! thread over that database; starts the input and action threads, takes the terminal,
 //! and runs the loop: wait for an event, update the state, carry out the effects, draw.
@@ -21,10 +23,11 @@ use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
+use vramctl::daemon_socket::client::{AskOptions, ask};
 use vramctl::tui::app::{App, AppConfig, Effect, TICK_MS};
 use vramctl::tui::event::{
-    ActionRequest, Event, HistoryRequest, ReplayRequest, spawn_actions, spawn_history, spawn_input,
-    spawn_replay, spawn_sampler, spawn_signals,
+    ActionRequest, Event, FirstSample, HistoryRequest, ReplayRequest, spawn_actions, spawn_history,
+    spawn_input, spawn_replay, spawn_sampler_after, spawn_signals,
 };
 use vramctl::tui::kill::{Actions, SignalKiller};
 use vramctl::tui::store::StoreSource;
@@ -87,11 +90,36 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
             }
         }
         None => {
-            let mut sampler = open_sampler(global)?;
-            // Per-process SM activity gives the IDLE column; one more NVML call per GPU per
-            // tick.
-            sampler.backend_mut().set_read_process_activity(true);
-            let devices = gpu_selection(&args.gpu, || Ok(sampler.devices().to_vec()))?;
+            // The first frame from a running daemon when one answers (no wait for NVML to
+            // start: it starts on the sampler thread meanwhile), else from NVML here.
+            let first = if args.no_daemon {
+                None
+            } else {
+                ask(&AskOptions {
+                    nvml_library: global.nvml_lib.clone(),
+                    process_stat: false,
+                })
+                .map(|reply| FirstSample {
+                    snapshot: reply.snapshot,
+                    driver_names: reply.driver_names,
+                })
+            };
+            let sampler = match first {
+                Some(_) => None,
+                None => Some(open_top_sampler(global)?),
+            };
+            let devices = gpu_selection(&args.gpu, || {
+                Ok(match (&first, &sampler) {
+                    (Some(first), _) => first
+                        .snapshot
+                        .devices
+                        .iter()
+                        .map(|d| Arc::clone(&d.info))
+                        .collect(),
+                    (None, Some(sampler)) => sampler.devices().to_vec(),
+                    (None, None) => Vec::new(),
+                })
+            })?;
             need_terminal()?;
             let (source, note) = recorded_history(global);
             if let Some(source) = source {
@@ -102,8 +130,13 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
             let judge = AnalysisJudge::new(leak.clone())
                 .map_err(|e| anyhow!("{e}"))?
                 .with_time_zone(tz.clone());
+            let open_global = global.clone();
+            let open = move || match sampler {
+                Some(sampler) => Ok(sampler),
+                None => open_top_sampler(&open_global).map_err(|e| format!("{e:#}")),
+            };
             sampler_thread = Some(
-                spawn_sampler(sampler, interval, Box::new(judge), tx.clone())
+                spawn_sampler_after(first, open, interval, Box::new(judge), tx.clone())
                     .context("cannot start the sampler thread")?,
             );
             AppConfig {
@@ -205,6 +238,16 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
     drop(guard);
     drop(sampler_thread);
     Ok(Exit::Ok)
+}
+
+/// NVML for `top`, with per-process SM activity (the IDLE column; one more NVML call per
+/// GPU per tick).
+fn open_top_sampler(
+    global: &GlobalArgs,
+) -> anyhow::Result<vramctl_core::Sampler<vramctl_core::NvmlBackend>> {
+    let mut sampler = open_sampler(global)?;
+    sampler.backend_mut().set_read_process_activity(true);
+    Ok(sampler)
 }
 
 fn need_terminal() -> anyhow::Result<()> {

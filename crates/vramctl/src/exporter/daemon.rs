@@ -139,6 +139,11 @@ impl Collector {
         }
     }
 
+    /// The sampler, shared with the local socket that answers `status` and `ps`.
+    pub fn shared_sampler(&self) -> vramctl::daemon_socket::server::SharedSampler {
+        self.source.shared_sampler()
+    }
+
     /// Adds a consumer of every snapshot (the leak/idle analysis, the recorder).
     pub fn add_consumer(&mut self, consumer: Box<dyn TickConsumer>) {
         self.consumers.push(consumer);

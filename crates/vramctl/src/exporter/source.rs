@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vramctl::daemon_socket::server::{self as socket, SharedSampler};
 use vramctl_core::clock::Clock;
 use vramctl_core::sampler::SessionHealth;
 use vramctl_core::sanity::SanityLimits;
@@ -33,7 +34,8 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 pub struct NvmlSource {
     library: Option<PathBuf>,
     clock: Arc<dyn Clock>,
-    sampler: Option<Sampler<NvmlBackend>>,
+    /// Shared with the local socket (`status`, `ps`), which makes an extra tick per request.
+    sampler: SharedSampler,
     first_backoff: Duration,
     backoff: Duration,
     next_attempt: Option<Instant>,
@@ -47,7 +49,8 @@ impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlSource")
             .field("library", &self.library)
-            .field("up", &self.sampler.is_some())
+            // Never wait for the lock here: a Debug print while sampling would deadlock.
+            .field("up", &self.sampler.try_lock().map(|s| s.is_some()).ok())
             .field("backoff", &self.backoff)
             .finish_non_exhaustive()
     }
@@ -63,7 +66,7 @@ impl NvmlSource {
         Self {
             library,
             clock,
-            sampler: None,
+            sampler: SharedSampler::default(),
             first_backoff,
             backoff: first_backoff,
             next_attempt: None,
@@ -77,11 +80,13 @@ impl NvmlSource {
     /// works is returned as it is, and the session is shut down: the next tick opens a new
     /// one.
     pub fn sample(&mut self, now: Instant, stats: &mut Stats) -> Option<Snapshot> {
-        if self.sampler.is_none() && self.next_attempt.is_none_or(|at| now >= at) {
-            self.try_open(now, stats);
+        let shared = Arc::clone(&self.sampler);
+        let mut slot = socket::lock(&shared);
+        if slot.is_none() && self.next_attempt.is_none_or(|at| now >= at) {
+            *slot = self.try_open(now, stats);
         }
-        stats.nvml_up = self.sampler.is_some();
-        let sampler = self.sampler.as_mut()?;
+        stats.nvml_up = slot.is_some();
+        let sampler = slot.as_mut()?;
         let snapshot = sampler.tick();
         let lost = sampler.session_lost().map(str::to_owned);
         if let Some(reason) = self.health.check(&snapshot, lost.is_some()) {
@@ -93,7 +98,7 @@ impl NvmlSource {
             );
             stats.reopened(reason);
             // Dropping the sampler shuts its NVML session down (nvmlShutdown).
-            self.sampler = None;
+            *slot = None;
             self.next_attempt = Some(now);
             self.down_reason = Some(format!("NVML is being reopened: {why}"));
         }
@@ -102,12 +107,20 @@ impl NvmlSource {
 
     /// The name the driver knows for `pid` (when /proc cannot see it).
     pub fn process_name(&mut self, pid: u32) -> Option<String> {
-        self.sampler.as_mut()?.backend_mut().process_name(pid)
+        socket::lock(&self.sampler)
+            .as_mut()?
+            .backend_mut()
+            .process_name(pid)
+    }
+
+    /// The sampler, for the local socket.
+    pub fn shared_sampler(&self) -> SharedSampler {
+        Arc::clone(&self.sampler)
     }
 
     /// Why NVML is down (the last init attempt's error), while it is.
     pub fn down_reason(&self) -> Option<&str> {
-        self.sampler
+        socket::lock(&self.sampler)
             .is_none()
             .then_some(self.down_reason.as_deref())
             .flatten()
@@ -116,13 +129,14 @@ impl NvmlSource {
     /// When the next init attempt is due, while NVML is down.
     #[cfg(test)]
     pub fn next_attempt(&self) -> Option<Instant> {
-        self.sampler
+        socket::lock(&self.sampler)
             .is_none()
             .then_some(self.next_attempt)
             .flatten()
     }
 
-    fn try_open(&mut self, now: Instant, stats: &mut Stats) {
+    /// Starts NVML, or schedules the next attempt.
+    fn try_open(&mut self, now: Instant, stats: &mut Stats) -> Option<Sampler<NvmlBackend>> {
         let clock = Box::new(SharedClock(Arc::clone(&self.clock)));
         let outcome = NvmlBackend::open(self.library.as_deref())
             .map_err(|err| (err.code(), format!("{err}; {}", err.hint())))
@@ -138,10 +152,10 @@ impl NvmlSource {
                 // Once per NVML session: slow (NVML loads libcuda), and it does not change.
                 sampler.read_cuda_driver_version();
                 tracing::info!(devices = sampler.devices().len(), "NVML is up.");
-                self.sampler = Some(sampler);
                 self.backoff = self.first_backoff;
                 self.next_attempt = None;
                 self.down_reason = None;
+                Some(sampler)
             }
             Err((code, message)) => {
                 stats.init_failed(code);
@@ -154,6 +168,7 @@ impl NvmlSource {
                 self.next_attempt = Some(now + self.backoff);
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 self.down_reason = Some(message);
+                None
             }
         }
     }

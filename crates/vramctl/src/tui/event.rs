@@ -122,17 +122,70 @@ pub fn on_top_timeline(timeline: &mut Timeline, mut snapshot: Snapshot) -> Snaps
 /// (and so the NVML session) lives and dies on this thread. Dropping the returned sender
 /// stops it.
 pub fn spawn_sampler<B: Backend + 'static>(
-    mut sampler: Sampler<B>,
+    sampler: Sampler<B>,
+    interval: Duration,
+    judge: Box<dyn Judge>,
+    tx: Sender<Event>,
+) -> std::io::Result<(Sender<()>, JoinHandle<()>)> {
+    spawn_sampler_after(None, move || Ok(sampler), interval, judge, tx)
+}
+
+/// A first frame from elsewhere (a running daemon's answer): its snapshot, and the driver's
+/// names of the processes /proc cannot see.
+#[derive(Debug, Clone)]
+pub struct FirstSample {
+    /// The devices, read by the daemon when asked.
+    pub snapshot: Snapshot,
+    /// Names for the PIDs this /proc cannot see.
+    pub driver_names: std::collections::BTreeMap<u32, String>,
+}
+
+/// As [`spawn_sampler`], with `first` (when given) observed and sent as the first
+/// [`Event::Sample`] before the sampler is opened with `open` on this thread, so the first
+/// frame does not wait for NVML to start; the sampler's first tick comes an `interval`
+/// later. When `open` fails, [`Event::SamplerStopped`] says why.
+pub fn spawn_sampler_after<B, F>(
+    first: Option<FirstSample>,
+    open: F,
     interval: Duration,
     mut judge: Box<dyn Judge>,
     tx: Sender<Event>,
-) -> std::io::Result<(Sender<()>, JoinHandle<()>)> {
+) -> std::io::Result<(Sender<()>, JoinHandle<()>)>
+where
+    B: Backend + 'static,
+    F: FnOnce() -> Result<Sampler<B>, String> + Send + 'static,
+{
     let (stop_tx, stop_rx) = channel::<()>();
     let handle = std::thread::Builder::new()
         .name("top-sampler".into())
         .spawn(move || {
             let mut hosts = HostReader::new();
             let mut timeline = Timeline::new();
+            let first_at = Instant::now();
+            let had_first = first.is_some();
+            if let Some(first) = first {
+                let snapshot = on_top_timeline(&mut timeline, first.snapshot);
+                let names = first.driver_names;
+                let mut obs = hosts.observe(snapshot, |pid| names.get(&pid).cloned());
+                obs.verdicts = judge.judge(&obs);
+                if tx.send(Event::Sample(Arc::new(obs))).is_err() {
+                    return;
+                }
+            }
+            let mut sampler = match open() {
+                Ok(sampler) => sampler,
+                Err(why) => {
+                    let _ = tx.send(Event::SamplerStopped(why));
+                    return;
+                }
+            };
+            if had_first {
+                // The sampler's own first tick comes an interval after the first frame.
+                match stop_rx.recv_timeout(interval.saturating_sub(first_at.elapsed())) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
             loop {
                 let started = Instant::now();
                 let snapshot = on_top_timeline(&mut timeline, sampler.tick());

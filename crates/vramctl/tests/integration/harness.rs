@@ -27,6 +27,21 @@ pub fn scenario(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A directory for vramctl's sockets (`VRAMCTL_RUNTIME_DIR`) that no other command of the
+/// test run shares, under cargo's scratch directory for tests: a `record` or `serve` of one
+/// test never answers another test's `status` (as root, every daemon would otherwise answer
+/// in `/run/vramctl`). Not created here; a daemon makes it and removes it when it stops.
+/// A test that wants a daemon to answer gives both commands the same one.
+pub fn private_runtime_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "rt-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
 /// `vramctl` with nothing from the caller's environment, on the fake library, with the
 /// fake's clock stopped at `t = 0` unless the test moves it.
 pub fn vramctl(scenario_path: &Path) -> Command {
@@ -41,7 +56,8 @@ pub fn vramctl_std(scenario_path: &Path) -> std::process::Command {
         .env("VRAMCTL_NVML_LIB", fake_library())
         .env("FAKE_NVML_SCENARIO", scenario_path)
         .env("FAKE_NVML_TIME", "0")
-        .env("NO_COLOR", "1");
+        .env("NO_COLOR", "1")
+        .env("VRAMCTL_RUNTIME_DIR", private_runtime_dir());
     cmd
 }
 
@@ -146,6 +162,7 @@ impl Portable {
             .env("FAKE_NVML_SCENARIO", &self.scenario)
             .env("FAKE_NVML_TIME", "0")
             .env("NO_COLOR", "1")
+            .env("VRAMCTL_RUNTIME_DIR", private_runtime_dir())
             .current_dir(self.dir.path());
         cmd
     }

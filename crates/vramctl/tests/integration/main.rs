@@ -2,6 +2,7 @@
 //! library and real processes. Each module covers one command.
 
 mod clock;
+mod daemon;
 mod harness;
 mod history;
 mod import;

@@ -187,12 +187,23 @@ fn launch(dir: &Path, scenario: &str) -> Tmux {
 
 /// [`launch`] with other arguments for vramctl.
 fn launch_with(dir: &Path, scenario: &str, args: &str) -> Tmux {
+    let runtime = crate::harness::private_runtime_dir();
+    launch_env(
+        dir,
+        scenario,
+        &format!("VRAMCTL_RUNTIME_DIR='{}'", runtime.display()),
+        args,
+    )
+}
+
+/// [`launch_with`] with `env` (`NAME='value' ...`) in vramctl's environment.
+fn launch_env(dir: &Path, scenario: &str, env: &str, args: &str) -> Tmux {
     let scenario_path = dir.join("scenario.toml");
     std::fs::write(&scenario_path, scenario).expect("write scenario");
     let binary = assert_cmd::cargo::cargo_bin("vramctl");
     let script = format!(
         "env -i PATH=\"$PATH\" TERM=\"$TERM\" VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' \
-         FAKE_NVML_TIME=0 NO_COLOR=1 XDG_STATE_HOME='{}' VRAMCTL_AUDIT_LOG='{}' '{}' {args}\n\
+         FAKE_NVML_TIME=0 NO_COLOR=1 XDG_STATE_HOME='{}' VRAMCTL_AUDIT_LOG='{}' {env} '{}' {args}\n\
          echo \"vramctl exited $?\"\n\
          echo \"stty: $(stty -a | tr '\\n' ' ')\"\n\
          read _\n",
@@ -243,6 +254,42 @@ fn skip_without_tmux() -> bool {
         "tmux is not installed: install it (apt-get install tmux; .ci/run does) or set \
          VRAMCTL_SKIP_TMUX=1 to skip this test"
     );
+}
+
+#[test]
+fn tops_first_frame_comes_from_a_running_daemon() {
+    if skip_without_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid = free_pids(1)[0];
+    let gpu = "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\n\
+               memory_total = 150754820096\n";
+    let served = format!(
+        "{gpu}\n[[gpu.process]]\npid = {pid}\nname = \"told-by-the-daemon\"\nmemory = \"1 GiB\"\n"
+    );
+    let daemon_scenario = dir.path().join("daemon.toml");
+    std::fs::write(&daemon_scenario, served).expect("write scenario");
+    let runtime = dir.path().join("run");
+    let mut record = crate::harness::vramctl_std(&daemon_scenario);
+    record
+        .arg("--db")
+        .arg(dir.path().join("history.db"))
+        .args(["record", "--interval", "1s"]);
+    let daemon = crate::daemon::Daemon::start(record, &runtime);
+    // top's own NVML never starts: what it shows came from the daemon, at once.
+    let broken = format!("[init]\nerror = \"driver_not_loaded\"\n\n{gpu}");
+    let env = format!("VRAMCTL_RUNTIME_DIR='{}'", runtime.display());
+    let tmux = launch_env(dir.path(), &broken, &env, "top --interval 0.2");
+    let screen = tmux.wait_for("the daemon's frame, then the sampler's error", |s| {
+        table_rows(s).len() == 1 && s.contains("sampling stopped")
+    });
+    assert!(screen.contains("told-by-the-daemon"), "{screen}");
+    assert!(screen.contains(&pid.to_string()), "{screen}");
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+    assert!(screen.contains("vramctl exited 0"), "{screen}");
+    daemon.stop();
 }
 
 #[test]

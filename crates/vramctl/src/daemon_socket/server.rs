@@ -1,0 +1,273 @@
+//! The daemon's side: `record` and `serve` answer on the socket from a thread of their own.
+//!
+//! **Why the answer is never stale.** On each request the connection's thread takes the
+//! daemon's sampler (a mutex it shares with the sampling loop) and makes one extra tick:
+//! every reading in the reply (memory, utilisation, temperature, power, the process lists,
+//! MIG memory) is an NVML call made after the request arrived. A regular tick that is
+//! running when the request comes is waited for, not used: it started before the request.
+//! The other choice, a copy of the loop's last tick, is up to one `--interval` old (10 s
+//! for a slow recorder) and would show a process that has just exited. What the extra
+//! tick does not read again is what the sampler holds as static facts (name, UUID, bus id,
+//! MIG layout: read at its enumeration, read again when the number of GPUs changes or the
+//! session is reopened), as a fresh `status` would read them the same.
+//!
+//! **What it leaves alone.** The extra tick does not read per-process SM activity: the
+//! driver hands each sample out once, and the recorder's next tick must still get it. The
+//! snapshot goes only to the client — not into the history, the exposition or the live
+//! analysis — so the recording keeps its cadence. The loop waits at most one extra tick
+//! for the mutex (0.3 ms on an H200 without processes); the /proc facts are gathered after
+//! the mutex is released.
+//!
+//! **/proc facts** come from a [`ProcessCatalog`] of the socket's own (the daemon's
+//! sampling loop keeps its own for the history): static facts once per process identity,
+//! the identity proved on every request by the pidfds' one `epoll_wait`, and with
+//! `process_stat` a fresh `/proc/PID/stat` per process (its refresh interval is 0 here).
+//! A daemon that does not read /proc (`serve --process-details nvml|none`) says so and the
+//! client reads its own.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use vramctl_core::local_socket::server::{Handler, Server, ServiceConfig};
+use vramctl_core::local_socket::{ErrorReply, Greeting, Peer, error_line, ok_line, own_dir};
+use vramctl_core::process_catalog::{
+    FactsSource, LiveProc, ProcessCatalog, RefreshPolicy, listed_pids,
+};
+use vramctl_core::procinfo::{self, PidNamespace, ProcessDetails};
+use vramctl_core::types::Snapshot;
+use vramctl_core::{Backend, NvmlBackend, Sampler};
+
+use super::{
+    MAX_CONNECTIONS, MAX_REPLY_BYTES, MAX_REQUEST_BYTES, PROTOCOL, Request, SERVER_TIMEOUT,
+    SERVICE, SOCKET_FILE, SampleReply,
+};
+
+/// A daemon's sampler, shared by its sampling loop and the socket: `None` while NVML is
+/// down (not started yet, failing to start, being reopened).
+pub type SharedSampler = Arc<Mutex<Option<Sampler<NvmlBackend>>>>;
+
+/// Locks `shared`. A thread that panicked while holding it left a sampler that still
+/// works (a tick has no invariant a panic could break halfway).
+pub fn lock(shared: &SharedSampler) -> MutexGuard<'_, Option<Sampler<NvmlBackend>>> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Which daemon answers and what it may read.
+#[derive(Debug, Clone)]
+pub struct DaemonSettings {
+    /// `record` or `serve`.
+    pub daemon: &'static str,
+    /// Where process facts come from: `Proc` reads /proc; otherwise the reply carries none.
+    pub facts: FactsSource,
+}
+
+/// The listening socket of a daemon; stops (and removes its file) when dropped.
+#[derive(Debug)]
+pub struct DaemonSocket {
+    server: Server,
+}
+
+impl DaemonSocket {
+    /// Starts answering on `own_dir()/daemon.sock` (`/run/vramctl/` for root). `None`, with
+    /// the reason logged, when there is no directory for it (a user without
+    /// `XDG_RUNTIME_DIR`), another daemon answers there already, or it cannot listen: the
+    /// daemon does its work either way, and clients read NVML themselves.
+    pub fn start(sampler: SharedSampler, settings: DaemonSettings) -> Option<Self> {
+        let Some(dir) = own_dir() else {
+            tracing::info!(
+                "No XDG_RUNTIME_DIR: not answering status and ps on a local socket (set it, \
+                 or VRAMCTL_RUNTIME_DIR, to make them faster)."
+            );
+            return None;
+        };
+        let config = ServiceConfig {
+            file_name: SOCKET_FILE.into(),
+            greeting: Greeting {
+                protocol: PROTOCOL,
+                service: SERVICE.into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                pid: std::process::id(),
+            },
+            max_request_bytes: MAX_REQUEST_BYTES,
+            max_reply_bytes: MAX_REPLY_BYTES,
+            timeout: SERVER_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
+        };
+        let handler = SampleHandler::new(sampler, settings);
+        match Server::start(&dir, config, Arc::new(handler)) {
+            Ok(server) => Some(Self { server }),
+            Err(err) => {
+                tracing::warn!(error = %err, "Not answering status and ps on a local socket.");
+                None
+            }
+        }
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        self.server.path()
+    }
+}
+
+/// Answers [`Request::Sample`].
+struct SampleHandler {
+    sampler: SharedSampler,
+    settings: DaemonSettings,
+    catalog: Mutex<ProcessCatalog>,
+    boot_id: Option<String>,
+    pid_namespace: Option<u64>,
+    page_size: u64,
+}
+
+impl SampleHandler {
+    fn new(sampler: SharedSampler, settings: DaemonSettings) -> Self {
+        let boot_id = procinfo::boot_id();
+        // Every request re-reads /proc/PID/stat when it wants it: a reply is never older
+        // than the request, whatever the loop's cadence.
+        let policy = RefreshPolicy {
+            stat_every_ms: 0,
+            ..RefreshPolicy::default()
+        };
+        let catalog = ProcessCatalog::with_source(
+            settings.facts,
+            policy,
+            boot_id.clone(),
+            Box::new(LiveProc::new()),
+        );
+        Self {
+            sampler,
+            settings,
+            catalog: Mutex::new(catalog),
+            boot_id,
+            pid_namespace: PidNamespace::current().inode,
+            page_size: procfs::page_size(),
+        }
+    }
+
+    fn sample(&self, process_stat: bool) -> Result<SampleReply, ErrorReply> {
+        let (snapshot, driver_names, nvml_library) = {
+            let mut slot = lock(&self.sampler);
+            let Some(sampler) = slot.as_mut() else {
+                return Err(ErrorReply::new(
+                    "nvml_down",
+                    "the daemon's NVML session is not up; read NVML yourself",
+                ));
+            };
+            let (snapshot, names) = read_now(sampler);
+            (
+                snapshot,
+                names,
+                sampler.backend_mut().library().to_path_buf(),
+            )
+        };
+        let processes = (self.settings.facts == FactsSource::Proc)
+            .then(|| self.facts(&snapshot, &driver_names, process_stat));
+        Ok(SampleReply {
+            daemon: self.settings.daemon.into(),
+            nvml_library,
+            boot_id: self.boot_id.clone(),
+            pid_namespace: self.pid_namespace,
+            snapshot,
+            processes,
+            driver_names,
+        })
+    }
+
+    /// What the catalog knows about every listed process this /proc can see.
+    fn facts(
+        &self,
+        snapshot: &Snapshot,
+        driver_names: &BTreeMap<u32, String>,
+        process_stat: bool,
+    ) -> Vec<ProcessDetails> {
+        let mut catalog = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+        let listed = listed_pids(snapshot);
+        let now = snapshot.monotonic_ms;
+        catalog.observe(&listed, now, &mut |pid| driver_names.get(&pid).cloned());
+        let mut out = Vec::with_capacity(listed.len());
+        for pid in listed {
+            let stat = if process_stat {
+                catalog.stat(pid, now)
+            } else {
+                None
+            };
+            let Some(entry) = catalog.get(pid).filter(|e| e.visible) else {
+                continue;
+            };
+            let Some(command) = entry.facts.command.clone() else {
+                continue;
+            };
+            let facts = &entry.facts;
+            out.push(ProcessDetails {
+                pid,
+                uid: facts.uid,
+                user: facts.user.clone(),
+                command,
+                comm: facts.comm.clone(),
+                ppid: stat.map(|s| s.ppid),
+                state: stat.map(|s| s.state),
+                start_time_ticks: entry.start_time_ticks,
+                started_at_unix_ms: facts.started_at_unix_ms,
+                cpu_ticks: stat.map(|s| s.cpu_ticks),
+                rss_bytes: stat.map(|s| s.rss_pages.saturating_mul(self.page_size)),
+                threads: stat.map(|s| s.threads),
+                kernel_thread: facts.kernel_thread,
+                container: facts.container.clone(),
+            });
+        }
+        out
+    }
+}
+
+impl Handler for SampleHandler {
+    fn handle(&self, peer: &Peer, request: &[u8]) -> Vec<u8> {
+        let request: Request = match serde_json::from_slice(request) {
+            Ok(request) => request,
+            Err(e) => {
+                return error_line(&ErrorReply::new(
+                    "bad_request",
+                    format!("not a request this daemon knows: {e}"),
+                ));
+            }
+        };
+        let started = std::time::Instant::now();
+        let outcome = match request {
+            Request::Sample { process_stat } => self.sample(process_stat),
+        };
+        let line = match outcome {
+            Ok(reply) => ok_line(&reply).unwrap_or_else(|e| {
+                error_line(&ErrorReply::new("internal", format!("cannot encode: {e}")))
+            }),
+            Err(error) => error_line(&error),
+        };
+        tracing::debug!(
+            uid = peer.uid,
+            pid = peer.pid,
+            bytes = line.len(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "Answered a local request."
+        );
+        line
+    }
+}
+
+/// One extra tick, without per-process activity (which the loop's next tick must still
+/// get), and the driver's names of the listed PIDs this /proc cannot see.
+fn read_now(sampler: &mut Sampler<NvmlBackend>) -> (Snapshot, BTreeMap<u32, String>) {
+    let backend = sampler.backend_mut();
+    let activity = backend.reads_process_activity();
+    backend.set_read_process_activity(false);
+    let snapshot = sampler.tick();
+    let backend = sampler.backend_mut();
+    backend.set_read_process_activity(activity);
+    let mut names = BTreeMap::new();
+    for pid in listed_pids(&snapshot) {
+        if !PathBuf::from(format!("/proc/{pid}")).exists() {
+            if let Some(name) = backend.process_name(pid) {
+                names.insert(pid, name);
+            }
+        }
+    }
+    (snapshot, names)
+}

@@ -1,0 +1,211 @@
+//! Where `status` and `ps` get the devices now, and who they ask about a process: a running
+//! daemon ([`crate::daemon_socket`]: no NVML start-up here) or, when none answers, NVML in
+//! this process with this process's /proc. Both give the same [`Snapshot`] and the same
+//! [`ProcessLookup`] answers, so what is printed does not depend on which one did.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use vramctl_core::procinfo::{ProcReader, ProcessDetails};
+use vramctl_core::types::{DeviceInfo, DriverInfo, Snapshot};
+use vramctl_core::{Backend, NvmlBackend, Sampler};
+
+use crate::daemon_socket::SampleReply;
+use crate::daemon_socket::client::{AskOptions, ask};
+
+/// What a command wants to know about a process NVML lists.
+pub trait ProcessLookup {
+    /// What /proc in this PID namespace says about `pid`; `None` when it cannot see it.
+    fn details(&mut self, pid: u32) -> Option<ProcessDetails>;
+    /// The driver's name for a process /proc cannot see.
+    fn driver_name(&mut self, pid: u32) -> Option<String>;
+}
+
+/// Opens NVML here (the command's own `open_sampler`), when no daemon answers.
+pub type OpenNvml = Box<dyn FnMut() -> anyhow::Result<Sampler<NvmlBackend>>>;
+
+/// The daemon's facts of one answer, by PID.
+#[derive(Debug, Default)]
+pub struct DaemonFacts {
+    processes: Option<HashMap<u32, ProcessDetails>>,
+    driver_names: BTreeMap<u32, String>,
+}
+
+/// A source of snapshots: a daemon while it answers, NVML here otherwise.
+pub struct LiveSource {
+    /// How to ask a daemon; `None` with `--no-daemon`, or once one stopped answering.
+    ask: Option<AskOptions>,
+    /// The first answer, read at [`open`](Self::open) and not yet handed out.
+    first: Option<Snapshot>,
+    /// The facts of the last answer, while the snapshots come from a daemon.
+    facts: Option<DaemonFacts>,
+    sampler: Option<Sampler<NvmlBackend>>,
+    open_nvml: OpenNvml,
+    procs: ProcReader,
+}
+
+impl std::fmt::Debug for LiveSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveSource")
+            .field("daemon", &self.facts.is_some())
+            .field("nvml", &self.sampler.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LiveSource {
+    /// Asks a daemon (unless `ask` is `None`: `--no-daemon`); when none answers, opens NVML
+    /// with `open_nvml`, whose error (no driver) is the command's.
+    ///
+    /// # Errors
+    /// When no daemon answers and NVML cannot be opened.
+    pub fn open(ask: Option<AskOptions>, mut open_nvml: OpenNvml) -> anyhow::Result<Self> {
+        let answer = ask.as_ref().and_then(self::ask);
+        let (first, facts) = match answer {
+            Some(reply) => {
+                let (snapshot, facts) = split(reply);
+                (Some(snapshot), Some(facts))
+            }
+            None => (None, None),
+        };
+        let sampler = if first.is_none() {
+            Some(open_nvml()?)
+        } else {
+            None
+        };
+        Ok(Self {
+            ask: ask.filter(|_| first.is_some()),
+            first,
+            facts,
+            sampler,
+            open_nvml,
+            procs: ProcReader::new(),
+        })
+    }
+
+    /// Whether the last snapshot came from a daemon.
+    pub fn from_daemon(&self) -> bool {
+        self.facts.is_some()
+    }
+
+    /// The devices the next snapshot will show (for `--gpu`).
+    pub fn devices(&self) -> Vec<Arc<DeviceInfo>> {
+        match (&self.first, &self.sampler) {
+            (Some(snapshot), _) => snapshot
+                .devices
+                .iter()
+                .map(|d| Arc::clone(&d.info))
+                .collect(),
+            (None, Some(sampler)) => sampler.devices().to_vec(),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// The devices now: the daemon's answer (asked again after the first), else a tick here;
+    /// a daemon that stops answering is replaced by NVML here for good.
+    ///
+    /// # Errors
+    /// When NVML has to be opened here and cannot be.
+    pub fn sample(&mut self) -> anyhow::Result<Snapshot> {
+        if let Some(first) = self.first.take() {
+            return Ok(first);
+        }
+        if let Some(options) = &self.ask {
+            if let Some(reply) = ask(options) {
+                let (snapshot, facts) = split(reply);
+                self.facts = Some(facts);
+                return Ok(snapshot);
+            }
+            tracing::debug!("The daemon stopped answering; reading NVML here.");
+            self.ask = None;
+        }
+        self.facts = None;
+        if self.sampler.is_none() {
+            self.sampler = Some((self.open_nvml)()?);
+        }
+        match self.sampler.as_mut() {
+            Some(sampler) => Ok(sampler.tick()),
+            None => anyhow::bail!("NVML is not open"),
+        }
+    }
+
+    /// Who to ask about the processes of the last snapshot.
+    pub fn lookup(&mut self) -> Lookup<'_> {
+        match (&self.facts, self.sampler.as_mut()) {
+            (Some(facts), _) => Lookup::Daemon {
+                facts,
+                procs: &mut self.procs,
+            },
+            (None, sampler) => Lookup::Local {
+                procs: &mut self.procs,
+                backend: sampler.map(Sampler::backend_mut),
+            },
+        }
+    }
+
+    /// Ends a one-shot command without shutting NVML down: the process exits next, and
+    /// the kernel releases the session with its file descriptors, as it does for a process
+    /// killed outright; `nvmlShutdown` would only add its own time to the command's.
+    pub fn end_for_exit(mut self) {
+        if let Some(sampler) = self.sampler.take() {
+            std::mem::forget(sampler);
+        }
+    }
+}
+
+/// The snapshot of `reply`, as `status` would read it here (the daemon's CUDA version is
+/// dropped: neither `status` nor `ps` reads it, and `serve` does), and its facts.
+fn split(reply: SampleReply) -> (Snapshot, DaemonFacts) {
+    let mut snapshot = reply.snapshot;
+    if snapshot.driver.cuda_driver_version.is_some() {
+        snapshot.driver = Arc::new(DriverInfo {
+            cuda_driver_version: None,
+            ..(*snapshot.driver).clone()
+        });
+    }
+    let facts = DaemonFacts {
+        processes: reply
+            .processes
+            .map(|list| list.into_iter().map(|d| (d.pid, d)).collect()),
+        driver_names: reply.driver_names,
+    };
+    (snapshot, facts)
+}
+
+/// Answers about processes from a daemon's facts or from here.
+pub enum Lookup<'a> {
+    /// From the daemon's answer (its /proc is ours: same PID namespace); from our /proc
+    /// when the daemon does not read /proc.
+    Daemon {
+        /// The answer's facts.
+        facts: &'a DaemonFacts,
+        /// Our /proc, when the answer has no facts.
+        procs: &'a mut ProcReader,
+    },
+    /// From this process's /proc and NVML session.
+    Local {
+        /// Our /proc.
+        procs: &'a mut ProcReader,
+        /// Our NVML session.
+        backend: Option<&'a mut NvmlBackend>,
+    },
+}
+
+impl ProcessLookup for Lookup<'_> {
+    fn details(&mut self, pid: u32) -> Option<ProcessDetails> {
+        match self {
+            Self::Daemon { facts, procs } => match &facts.processes {
+                Some(known) => known.get(&pid).cloned(),
+                None => procs.details(pid),
+            },
+            Self::Local { procs, .. } => procs.details(pid),
+        }
+    }
+
+    fn driver_name(&mut self, pid: u32) -> Option<String> {
+        match self {
+            Self::Daemon { facts, .. } => facts.driver_names.get(&pid).cloned(),
+            Self::Local { backend, .. } => backend.as_mut()?.process_name(pid),
+        }
+    }
+}
