@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod agent_client;
 pub mod analysis;
 pub mod audit;
 pub mod backend;
