@@ -539,7 +539,11 @@ impl AgentClient {
         fields: Map<String, Value>,
         timeout: Duration,
     ) -> Result<T, AgentError> {
-        let answer = self.request(op, fields, timeout)?;
+        let mut answer = self.request(op, fields, timeout)?;
+        // The envelope, checked by `request`; not part of what was asked for.
+        for key in ["protocol", "ok", "op", "id"] {
+            answer.remove(key);
+        }
         serde_json::from_value(Value::Object(answer)).map_err(|e| self.malformed(op, e.to_string()))
     }
 
@@ -721,6 +725,10 @@ pub struct ReclaimAnswer {
     /// Imported frameworks that cannot release memory.
     #[serde(default)]
     pub unsupported: Vec<Unsupported>,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
 }
 
 /// `gc.collect()`'s result.
@@ -742,7 +750,7 @@ pub struct Unsupported {
 }
 
 /// One device of a reclaim.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReclaimDevice {
     /// `torch`.
     pub framework: String,
@@ -768,10 +776,14 @@ pub struct ReclaimDevice {
     /// Segments left out of the list.
     #[serde(default)]
     pub pinned_segments_omitted: u64,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
 }
 
 /// One `cudaMalloc`'d segment that stays because something in it is alive.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PinnedSegment {
     /// Device address.
     pub address: u64,
@@ -794,10 +806,14 @@ pub struct PinnedSegment {
     /// Whether the blocks carry allocation stacks.
     #[serde(default)]
     pub stacks_recorded: bool,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
 }
 
 /// A live block in a pinned segment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PinnedBlock {
     /// Device address.
     pub address: u64,
@@ -806,6 +822,10 @@ pub struct PinnedBlock {
     /// Its allocation stack, innermost first (empty unless history was recorded).
     #[serde(default)]
     pub frames: Vec<StackFrame>,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
 }
 
 /// One frame of an allocation stack.
@@ -989,6 +1009,11 @@ mod tests {
         let seg = &answer.devices[0].pinned_segments[0];
         assert_eq!((seg.total_bytes, seg.live_bytes), (8 * GIB, 4 << 20));
         assert_eq!(seg.blocks[0].size_bytes, 4 << 20);
+        // What the typed answer does not name is kept for the report.
+        assert_eq!(seg.extra["segment_type"], "large");
+        assert_eq!(seg.blocks[0].extra["state"], "active_allocated");
+        assert!(answer.extra.contains_key("deep"));
+        assert!(!answer.extra.contains_key("protocol"));
     }
 
     #[test]

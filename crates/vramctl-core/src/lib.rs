@@ -23,6 +23,7 @@ pub mod duration;
 pub mod local_socket;
 pub mod process_catalog;
 pub mod procinfo;
+pub mod reclaim;
 pub mod sampler;
 pub mod sanity;
 pub mod signal;
