@@ -4,24 +4,32 @@
 #   scripts/agent-h200.sh OUTDIR
 #
 # Five PyTorch processes on GPU 0 (scripts/workloads/agent_target.py), each with the agent:
-#   cached   20 GiB allocated and freed (PyTorch keeps it cached): `reclaim` must return it,
-#            and nvidia-smi's figure for the PID must drop by what the agent says it released;
-#   keeps    4 GiB kept: `reclaim` must say there was nothing cached and free nothing;
+#   cached   20 GiB allocated and freed (PyTorch keeps it cached): `vramctl ps` and the
+#            agent's stats show it cached; `vramctl reclaim PID` must return it, its NVML
+#            figures before and after must equal nvidia-smi's, and nvidia-smi's figure for
+#            the PID must drop by what the framework says it released; a second reclaim
+#            finds nothing (exit 1);
+#   keeps    4 GiB kept: `vramctl reclaim` must say there was nothing cached, free nothing,
+#            exit 1;
 #   pinned   8 GiB freed, then a 4 MiB tensor that lands inside the cached 8 GiB segment,
 #            with allocation history recorded through the agent (`snapshot --record start`):
-#            `reclaim` frees nothing and names the pinned segment and the 4 MiB block's stack;
-#            then a snapshot is written (size and time reported) and recording stopped;
+#            `vramctl reclaim` frees nothing and names the pinned segment and the 4 MiB
+#            block's stack; then a snapshot is written (size and time reported) and
+#            recording stopped;
 #   capture  inside a CUDA graph capture on its main thread: `reclaim` must be refused
 #            (`capturing`) and the capture must still replay correctly; after it, reclaim works;
 #   ipython  an IPython shell with `%load_ext vramctl_agent` holding 1 GiB in its output cache
 #            and 2 GiB in the last traceback's frame: `reclaim` frees them only with `deep`
 #            (skipped, and said so, if IPython is not installed).
-# The client is the shipped one (vramctl_agent.client). Timings: the request's round trip,
-# the agent's own empty_cache time, and request -> NVML showing the drop (pynvml, 5 ms polls).
+# `vramctl` is .dist/vramctl (VRAMCTL_BIN overrides), its audit log a temporary database;
+# the other cases use the shipped Python client (vramctl_agent.client). Timings: the
+# request's round trip (vramctl's whole run for its cases), the agent's own empty_cache
+# time, and request -> NVML showing the drop (pynvml, 5 ms polls; Python-client cases).
 #
 # Writes 3 files: OUTDIR/summary.md (the figures and a PASS/FAIL per check),
-# OUTDIR/agent-h200.json (every answer and reading), OUTDIR/workloads.log. Under 60 s.
-# Needs python3 with torch, nvidia-smi; pynvml for the drop latency (else it says so).
+# OUTDIR/agent-h200.json (every answer, vramctl output and reading), OUTDIR/workloads.log.
+# Under 120 s. Needs python3 with torch, nvidia-smi; pynvml for the drop latency (else it
+# says so).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$(realpath -m "${1:?usage: agent-h200.sh OUTDIR}")"
@@ -29,7 +37,8 @@ mkdir -p "$out"
 export PYTHONPATH="$here/../python${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 export PYTHONDONTWRITEBYTECODE=1
-exec timeout -k 2 58 python3 - "$here/workloads/agent_target.py" "$out" <<'PY'
+export VRAMCTL_BIN="${VRAMCTL_BIN:-$here/../.dist/vramctl}"
+exec timeout -k 2 115 python3 - "$here/workloads/agent_target.py" "$out" <<'PY'
 import json
 import os
 import shutil
@@ -78,9 +87,9 @@ def wait_file(name, timeout_s):
 
 
 def in_time(case):
-    """Leaves the rest out (and says so) past 48 s, so that the summary is written well
-    inside the 58 s limit."""
-    if elapsed() > 48:
+    """Leaves the rest out (and says so) past 95 s, so that the summary is written well
+    inside the 115 s limit."""
+    if elapsed() > 95:
         results["errors"].append(f"out of time before the {case} case")
         return False
     return True
@@ -152,6 +161,54 @@ def reclaim(mode, pid, **fields):
     return case
 
 
+VRAMCTL = os.environ["VRAMCTL_BIN"]
+AUDIT_DB = os.path.join(control, "audit.db")
+
+
+def vramctl(*args, timeout=70):
+    """One vramctl run: exit code, output, wall time."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run([VRAMCTL, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, "VRAMCTL_DB": AUDIT_DB})
+        run = {"exit": done.returncode, "stdout": done.stdout[-200000:], "stderr": done.stderr[-4000:]}
+    except (OSError, subprocess.SubprocessError) as err:
+        run = {"exit": None, "stdout": "", "stderr": str(err)}
+        results["errors"].append(f"vramctl {' '.join(args)}: {err}")
+    run["args"] = list(args)
+    run["s"] = round(time.monotonic() - started, 4)
+    return run
+
+
+def reclaim_cli(mode, pid, *flags):
+    """`vramctl reclaim PID --json`, with nvidia-smi before and after."""
+    case = {"pid": pid, "fields": {"vramctl": True, **{f.lstrip("-"): True for f in flags}}}
+    case["smi_before_mib"] = smi_apps().get(pid)
+    case["stats_before"] = client.request(pid, "stats", check=False)
+    run = vramctl("reclaim", str(pid), "--json", *flags)
+    case["vramctl"] = run
+    try:
+        doc = json.loads(run["stdout"])
+    except ValueError:
+        doc = {}
+    report = (doc.get("processes") or [{}])[0]
+    case["report"] = report
+    case["answer"] = report.get("agent") or {"error": report.get("error")}
+    case["round_trip_s"] = run["s"]
+    case["answer_bytes"] = len(json.dumps(case["answer"], separators=(",", ":")))
+    time.sleep(0.3)  # let nvidia-smi's view settle
+    case["smi_after_mib"] = smi_apps().get(pid)
+    results["cases"].setdefault(mode, []).append(case)
+    return case
+
+
+def nvml_matches_smi(case):
+    """vramctl's NVML figures before and after (MiB) against nvidia-smi's, ±2 MiB."""
+    r = case.get("report") or {}
+    b, a = r.get("nvml_before_bytes"), r.get("nvml_after_bytes")
+    ok = None not in (b, a, case["smi_before_mib"], case["smi_after_mib"]) and abs(b / MiB - case["smi_before_mib"]) <= 2 and abs(a / MiB - case["smi_after_mib"]) <= 2
+    return ok, f"vramctl NVML {None if b is None else round(b / MiB)} -> {None if a is None else round(a / MiB)} MiB, nvidia-smi {case['smi_before_mib']} -> {case['smi_after_mib']} MiB"
+
+
 def smi_dropped_mib(case):
     if case["smi_before_mib"] is None or case["smi_after_mib"] is None:
         return None
@@ -188,22 +245,38 @@ try:
         smi = uuids.get("0")
         check("hello: torch's device uuid is NVML's without its prefix", smi is not None and smi.endswith(str(torch_uuid)), f"torch {torch_uuid}, nvidia-smi {smi}")
 
-    # cached: the whole cache comes back, nvidia-smi agrees.
+    # cached: vramctl ps and the agent see the cache; vramctl reclaim returns it all.
     if "pid" in ready.get("cached", {}) and in_time("cached"):
-        case = reclaim("cached", ready["cached"]["pid"])
-        a = case["answer"]
+        pid = ready["cached"]["pid"]
+        ps = vramctl("ps", "--json", timeout=20)
+        results["cached_ps"] = ps
+        try:
+            row = next((p for p in json.loads(ps["stdout"]).get("processes", []) if p.get("pid") == pid), None)
+        except ValueError:
+            row = None
+        check("cached: vramctl ps lists the process", row is not None, row)
+        if row is not None and "cached_bytes" in row:
+            check("cached: vramctl ps shows ~20 GiB cached", (row.get("cached_bytes") or 0) >= 20 * GiB, f"allocated {row.get('allocated_bytes')}, cached {row.get('cached_bytes')}")
+        case = reclaim_cli("cached", pid)
+        stats = (case["stats_before"].get("devices") or [{}])[0]
+        check("cached: the agent's stats show ~20 GiB cached, none allocated", (stats.get("cached_bytes") or 0) >= 20 * GiB and (stats.get("allocated_bytes") or 0) < 64 * MiB, f"allocated {stats.get('allocated_bytes')}, cached {stats.get('cached_bytes')}")
+        a, r = case["answer"], case["report"]
         dropped = smi_dropped_mib(case)
-        released_mib = a.get("released_bytes", 0) / MiB
-        check("cached: reclaim released the 20 GiB cache", a.get("ok") and a.get("released_bytes", 0) >= 20 * GiB and a.get("outcome") == "released_all", f"released {a.get('released_bytes')} B, outcome {a.get('outcome')}")
-        check("cached: nvidia-smi's drop equals what the agent released (±8 MiB)", dropped is not None and abs(dropped - released_mib) <= 8, f"nvidia-smi {case['smi_before_mib']} -> {case['smi_after_mib']} MiB (-{dropped}), agent {released_mib:.0f} MiB")
-        again = reclaim("cached", ready["cached"]["pid"])
-        check("cached: a second reclaim finds nothing cached", again["answer"].get("outcome") == "nothing_cached", again["answer"].get("outcome"))
+        released_mib = (a.get("released_bytes") or 0) / MiB
+        check("cached: vramctl reclaim released the 20 GiB cache, exit 0", case["vramctl"]["exit"] == 0 and (a.get("released_bytes") or 0) >= 20 * GiB and a.get("outcome") == "released_all", f"exit {case['vramctl']['exit']}, released {a.get('released_bytes')} B, outcome {a.get('outcome')}, in {case['round_trip_s']} s; {case['vramctl']['stderr'][-300:]}")
+        check("cached: nvidia-smi's drop equals what the framework released (±8 MiB)", dropped is not None and abs(dropped - released_mib) <= 8, f"nvidia-smi {case['smi_before_mib']} -> {case['smi_after_mib']} MiB (-{dropped}), framework {released_mib:.0f} MiB")
+        check("cached: vramctl's NVML before and after equal nvidia-smi's", *nvml_matches_smi(case))
+        check("cached: vramctl's NVML returned equals nvidia-smi's drop (±8 MiB)", r.get("nvml_returned_bytes") is not None and dropped is not None and abs(r["nvml_returned_bytes"] / MiB - dropped) <= 8, f"vramctl {r.get('nvml_returned_bytes')} B, nvidia-smi -{dropped} MiB")
+        again = reclaim_cli("cached", pid)
+        check("cached: a second reclaim finds nothing cached, exit 1", again["answer"].get("outcome") == "nothing_cached" and again["vramctl"]["exit"] == 1, f"{again['answer'].get('outcome')}, exit {again['vramctl']['exit']}")
+        results["cached_text"] = vramctl("reclaim", str(pid), "--dry-run")
 
     # keeps: nothing to reclaim, said so.
     if "pid" in ready.get("keeps", {}) and in_time("keeps"):
-        case = reclaim("keeps", ready["keeps"]["pid"])
+        case = reclaim_cli("keeps", ready["keeps"]["pid"])
         a = case["answer"]
-        check("keeps: nothing cached, nothing released", a.get("outcome") == "nothing_cached" and a.get("released_bytes") == 0, f"outcome {a.get('outcome')}, released {a.get('released_bytes')}")
+        check("keeps: nothing cached, nothing released, exit 1", a.get("outcome") == "nothing_cached" and a.get("released_bytes") == 0 and case["vramctl"]["exit"] == 1, f"outcome {a.get('outcome')}, released {a.get('released_bytes')}, exit {case['vramctl']['exit']}")
+        check("keeps: vramctl's NVML before and after equal nvidia-smi's", *nvml_matches_smi(case))
         check("keeps: nvidia-smi unchanged (±2 MiB)", smi_dropped_mib(case) is not None and abs(smi_dropped_mib(case)) <= 2, f"{case['smi_before_mib']} -> {case['smi_after_mib']} MiB")
 
     # pinned: a 4 MiB tensor in the cached 8 GiB segment; history recorded through the agent.
@@ -214,7 +287,8 @@ try:
         touch("pinned.go")
         done = wait_file("pinned.done", 10)
         results["pinned_done"] = done
-        case = reclaim("pinned", pid)
+        case = reclaim_cli("pinned", pid)
+        results["pinned_text"] = vramctl("reclaim", str(pid))
         a = case["answer"]
         device = (a.get("devices") or [{}])[0]
         segments = device.get("pinned_segments") or []
@@ -222,7 +296,7 @@ try:
         block = (seg.get("blocks") or [{}])[0]
         frames = block.get("frames") or []
         check("pinned: the 4 MiB tensor landed in the cached 8 GiB segment", bool(done and done.get("small_in_big_segment")), done)
-        check("pinned: reclaim released nothing and said why", a.get("outcome") == "nothing_released" and seg.get("total_bytes") == 8 * GiB and block.get("size_bytes") == 4 * MiB, f"outcome {a.get('outcome')}, segment {seg.get('total_bytes')} B with {seg.get('live_bytes')} B live, block {block.get('size_bytes')} B")
+        check("pinned: vramctl reclaim released nothing (exit 1) and said why", case["vramctl"]["exit"] == 1 and a.get("outcome") == "nothing_released" and seg.get("total_bytes") == 8 * GiB and block.get("size_bytes") == 4 * MiB, f"outcome {a.get('outcome')}, segment {seg.get('total_bytes')} B with {seg.get('live_bytes')} B live, block {block.get('size_bytes')} B")
         check("pinned: the pinning block's stack names the allocating line", any(f.get("name") == "load_batch" and f.get("filename", "").endswith("agent_target.py") for f in frames), frames[:3])
         check("pinned: nvidia-smi unchanged (±2 MiB)", smi_dropped_mib(case) is not None and abs(smi_dropped_mib(case)) <= 2, f"{case['smi_before_mib']} -> {case['smi_after_mib']} MiB")
         check("pinned: the answer is within the protocol's 1 MiB", case["answer_bytes"] < 1 << 20, f"{case['answer_bytes']} bytes")
@@ -273,6 +347,7 @@ finally:
         except subprocess.TimeoutExpired:
             p.kill()
     results["workload_exits"] = {m: p.poll() for m, p in procs.items()}
+    results["audit"] = vramctl("history", "--audit", "--json", timeout=20)
     shutil.rmtree(control, ignore_errors=True)
     results["elapsed_s"] = elapsed()
     with open(os.path.join(out, "agent-h200.json"), "w") as f:
@@ -291,11 +366,11 @@ for mode, cases in results["cases"].items():
     for c in cases:
         a = c["answer"]
         d = (a.get("devices") or [{}])[0]
-        fields = ", ".join(k for k, v in c["fields"].items() if v) or "-"
+        fields = " ".join(k for k, v in c["fields"].items() if v) or "-"
         lines.append(
             f"| {mode} | reclaim {fields} | {c['pid']} | {c['smi_before_mib']} → {c['smi_after_mib']} | "
             f"{d.get('reserved_before_bytes', 0) / MiB:.0f} → {d.get('reserved_after_bytes', 0) / MiB:.0f} | "
-            f"{a.get('released_bytes', 0) / MiB:.0f} | {a.get('outcome') or a.get('error', {}).get('code')} | "
+            f"{a.get('released_bytes', 0) / MiB:.0f} | {a.get('outcome') or (a.get('error') or {}).get('code')} | "
             f"{c['round_trip_s']} s | {a.get('empty_cache_s')} s | {c.get('nvml_drop_after_s', '-')} s |"
         )
 lines.append("")
