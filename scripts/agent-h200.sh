@@ -4,8 +4,8 @@
 #   scripts/agent-h200.sh OUTDIR
 #
 # Five PyTorch processes on GPU 0 (scripts/workloads/agent_target.py), each with the agent:
-#   cached   20 GiB allocated and freed (PyTorch keeps it cached): `vramctl ps` and the
-#            agent's stats show it cached; `vramctl reclaim PID` must return it, its NVML
+#   cached   20 GiB allocated and freed (PyTorch keeps it cached): `vramctl ps` (its
+#            CACHED column, --json's agent.cached_bytes) and the agent's stats show it cached; `vramctl reclaim PID` must return it, its NVML
 #            figures before and after must equal nvidia-smi's, and nvidia-smi's figure for
 #            the PID must drop by what the framework says it released; a second reclaim
 #            finds nothing (exit 1);
@@ -255,8 +255,9 @@ try:
         except ValueError:
             row = None
         check("cached: vramctl ps lists the process", row is not None, row)
-        if row is not None and "cached_bytes" in row:
-            check("cached: vramctl ps shows ~20 GiB cached", (row.get("cached_bytes") or 0) >= 20 * GiB, f"allocated {row.get('allocated_bytes')}, cached {row.get('cached_bytes')}")
+        agent = (row or {}).get("agent") or {}
+        check("cached: vramctl ps shows ~20 GiB cached beside NVML's figure", (agent.get("cached_bytes") or 0) >= 20 * GiB, f"NVML {(row or {}).get('used_bytes')}, allocated {agent.get('allocated_bytes')}, cached {agent.get('cached_bytes')}")
+        results["cached_ps_text"] = vramctl("ps", timeout=20)
         case = reclaim_cli("cached", pid)
         stats = (case["stats_before"].get("devices") or [{}])[0]
         check("cached: the agent's stats show ~20 GiB cached, none allocated", (stats.get("cached_bytes") or 0) >= 20 * GiB and (stats.get("allocated_bytes") or 0) < 64 * MiB, f"allocated {stats.get('allocated_bytes')}, cached {stats.get('cached_bytes')}")

@@ -666,6 +666,62 @@ pub struct Stats {
     pub devices: Vec<DeviceStats>,
 }
 
+impl Stats {
+    /// The counters summed over devices (each sum `None` when no device says).
+    pub fn memory(&self) -> AgentMemory {
+        let sum = |f: fn(&DeviceStats) -> Option<u64>| {
+            self.devices
+                .iter()
+                .filter_map(f)
+                .fold(None, |acc: Option<u64>, v| {
+                    Some(acc.unwrap_or(0).saturating_add(v))
+                })
+        };
+        AgentMemory {
+            allocated_bytes: sum(|d| d.allocated_bytes),
+            cached_bytes: sum(|d| d.cached_bytes),
+            releasable_bytes: sum(|d| d.releasable_bytes),
+        }
+    }
+}
+
+/// A process's framework memory as its agent says, Σ over its devices: what `ps` shows
+/// beside NVML's figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentMemory {
+    /// Bytes in live tensors.
+    pub allocated_bytes: Option<u64>,
+    /// Reserved − allocated: the framework's cache.
+    pub cached_bytes: Option<u64>,
+    /// What `empty_cache` (`vramctl reclaim`) would return now.
+    pub releasable_bytes: Option<u64>,
+}
+
+/// How long `ps` waits for one agent's `stats`. An agent answers in microseconds unless
+/// it waits for the allocator's lock behind a running `empty_cache` or `cudaMalloc`; round 2
+/// measured `empty_cache` at 0.07–0.11 s on an idle H200 (research-round2 §5.3), so 1 s is
+/// ~10× that, and a process stuck behind a long kernel costs `ps` at most 1 s.
+pub const MEMORY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// [`Stats::memory`] of `pid`'s agent, or `None` when it has none or it did not answer
+/// within `timeout` (logged at debug: `ps` lists the process without these columns).
+pub fn memory_of(pid: u32, timeout: Duration) -> Option<AgentMemory> {
+    let timeouts = Timeouts {
+        quick: timeout,
+        reclaim: timeout,
+    };
+    let asked = AgentClient::connect(pid, timeouts).and_then(|mut c| c.stats());
+    match asked {
+        Ok(stats) => Some(stats.memory()),
+        Err(err) => {
+            if !err.is_no_agent() {
+                tracing::debug!(pid, error = %err, "No answer from an agent.");
+            }
+            None
+        }
+    }
+}
+
 /// One device's counters (`null`: the framework cannot say).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceStats {
@@ -969,6 +1025,14 @@ mod tests {
                 .any(|f| f.name == "torch" && f.initialized)
         );
         let stats = client.stats().unwrap();
+        assert_eq!(
+            memory_of(p.pid(), MEMORY_TIMEOUT),
+            Some(AgentMemory {
+                allocated_bytes: Some(0),
+                cached_bytes: Some(2 * GIB),
+                releasable_bytes: Some(2 * GIB)
+            })
+        );
         let torch = &stats.devices[0];
         assert_eq!(torch.allocated_bytes, Some(0));
         assert_eq!(torch.cached_bytes, Some(2 * GIB));
@@ -1039,7 +1103,7 @@ mod tests {
         p.child.kill().unwrap();
         p.child.wait().unwrap();
         assert!(path.exists(), "SIGKILL leaves the socket behind");
-        match AgentClient::connect_in(pid, &[dir.clone()], Timeouts::default()) {
+        match AgentClient::connect_in(pid, std::slice::from_ref(&dir), Timeouts::default()) {
             Err(err @ AgentError::Stale { removed: true, .. }) => assert!(err.is_no_agent()),
             other => panic!("{other:?}"),
         }

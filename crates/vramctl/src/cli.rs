@@ -210,6 +210,8 @@ Examples:
 const PS_HELP: &str = "\
 With a vramctl record or serve running, ps asks it on its local socket and needs no NVML
 start-up of its own (docs/socket.md); the output is the same. --no-daemon reads NVML here.
+Processes running the in-process agent (docs/agent.md) add ALLOCATED (live tensors) and
+CACHED (the framework's cache, which vramctl reclaim returns) beside NVML's MEMORY.
 
 Examples:
   vramctl ps --tree
@@ -1001,6 +1003,15 @@ Examples:
   vramctl reap --idle-for 2h --min-mem 4GiB --apply
   vramctl reap --config /etc/vramctl/reap.toml --apply --every 5m";
 
+/// What `reap --apply` does to a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReapAction {
+    /// End it on kill's safe path
+    Kill,
+    /// Ask its agent to release its cache (vramctl reclaim); it keeps running
+    Reclaim,
+}
+
 #[derive(Debug, Args)]
 pub struct ReapArgs {
     #[command(flatten)]
@@ -1012,6 +1023,11 @@ pub struct ReapArgs {
     /// Act: end the candidates (default: print the plan and change nothing)
     #[arg(long)]
     pub apply: bool,
+
+    /// What --apply does to a candidate: end it (kill), or only ask its in-process agent to
+    /// return its framework's cache (reclaim; a candidate without an agent is left running)
+    #[arg(long, value_enum, default_value = "kill")]
+    pub action: ReapAction,
 
     /// Policy file (TOML, format in docs/reap.md) [default: $XDG_CONFIG_HOME/vramctl/reap.toml
     /// when it exists and no filter flag is given]

@@ -377,3 +377,59 @@ fn an_audit_log_that_cannot_be_written_reclaims_nothing() {
         (0, &serde_json::json!(2 * GIB))
     );
 }
+
+#[test]
+fn ps_shows_allocated_and_cached_beside_nvml_for_a_process_with_an_agent() {
+    let py = Py::agent(20 * GIB, GIB);
+    let without = Py::start();
+    let scenario = scenario(
+        py.dir.path(),
+        &[
+            (py.pid(), "22 GiB", "22 GiB"),
+            (without.pid(), "1 GiB", "1 GiB"),
+        ],
+    );
+    let output = vramctl_std(&scenario)
+        .args(["ps", "--json", "--cpu-interval", "0"])
+        .output()
+        .expect("ps runs");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let row = |pid: u32| {
+        json["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pid"] == pid).cloned())
+            .unwrap_or_default()
+    };
+    let with = row(py.pid());
+    assert_eq!(with["used_bytes"], 22 * GIB, "{json}");
+    assert_eq!(with["agent"]["allocated_bytes"], GIB, "{json}");
+    assert_eq!(with["agent"]["cached_bytes"], 20 * GIB, "{json}");
+    assert_eq!(with["agent"]["releasable_bytes"], 20 * GIB, "{json}");
+    assert!(row(without.pid()).get("agent").is_none(), "{json}");
+
+    let text = vramctl_std(&scenario)
+        .args(["ps", "--cpu-interval", "0"])
+        .output()
+        .expect("ps runs");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("ALLOCATED") && text.contains("CACHED"),
+        "{text}"
+    );
+    assert!(text.contains("20.0 GiB"), "{text}");
+}
+
+#[test]
+fn json_keys_are_the_documented_ones() {
+    let py = Py::agent(GIB, 0);
+    let pid = py.pid();
+    let scenario = scenario(py.dir.path(), &[(pid, "2 GiB", "1 GiB")]);
+    let db = py.dir.path().join("history.db");
+    let (_, json, _) = reclaim(&scenario, &py.clock(), &db, &[&pid.to_string()]);
+    let documented = crate::ps::documented_keys("`vramctl reclaim --json`");
+    let mut keys: Vec<&String> = json.as_object().expect("object").keys().collect();
+    keys.extend(json["processes"][0].as_object().expect("object").keys());
+    for key in keys {
+        assert!(documented.contains(key), "'{key}' is not in docs/json.md");
+    }
+}
