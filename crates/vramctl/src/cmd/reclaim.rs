@@ -89,8 +89,9 @@ fn render(report: &ReclaimReport, all: bool) -> Vec<String> {
     let shown: Vec<&ProcessReclaim> = report
         .processes
         .iter()
-        // With --all, processes without an agent are counted, not listed one by one.
-        .filter(|p| !(all && p.status == "no_agent"))
+        // With --all, processes without an agent (or not visible in this PID namespace) are
+        // counted, not listed one by one.
+        .filter(|p| !(all && matches!(p.status, "no_agent" | "no_process")))
         .collect();
     for p in &shown {
         lines.extend(render_process(p, report.dry_run));
@@ -98,7 +99,7 @@ fn render(report: &ReclaimReport, all: bool) -> Vec<String> {
     let without = report.processes.len() - shown.len();
     if without > 0 {
         lines.push(format!(
-            "{without} GPU process{} without an agent left alone",
+            "{without} GPU process{} without an agent (or not visible here) left alone",
             if without == 1 { "" } else { "es" }
         ));
     }

@@ -314,6 +314,17 @@ fn all_asks_every_gpu_process_and_counts_those_without_an_agent() {
         "{statuses:?}"
     );
     assert_eq!(json["released_bytes"], 2 * GIB);
+
+    // The text counts the process without an agent instead of listing it.
+    let output = vramctl_std(&scenario)
+        .env_remove("FAKE_NVML_TIME")
+        .env("FAKE_NVML_CLOCK_FILE", with.clock())
+        .args(["reclaim", "--all", "--dry-run"])
+        .output()
+        .expect("vramctl runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("1 GPU process without an agent"), "{text}");
+    assert!(!text.contains(&format!("PID {}", without.pid())), "{text}");
 }
 
 #[test]
