@@ -7,6 +7,8 @@
 # - promtool and prometheus (Debian's `prometheus` package): the exporter's tests lint its
 #   output and alert rules and scrape it with a real Prometheus;
 # - tmux: the `top` end-to-end test types keys into the real terminal UI.
+# Before them, the in-process agent's tests (python/tests, standard-library unittest, real
+# interpreters with stand-in frameworks; as root they also act as other users) need python3.
 # As root, a missing package is installed with apt-get. Otherwise this says which packages
 # are missing, and the tests that need them are skipped (VRAMCTL_SKIP_PROMETHEUS=1,
 # VRAMCTL_SKIP_TMUX=1) so that the rest still runs and passes; CI runs as root and never
@@ -52,6 +54,12 @@ fi
 if ! command -v tmux >/dev/null 2>&1; then
   skip "tmux"
   export VRAMCTL_SKIP_TMUX=1
+fi
+
+if command -v python3 >/dev/null 2>&1; then
+  python3 -m unittest discover -s python/tests -t python/tests
+else
+  skip "python3"
 fi
 
 exec cargo test --workspace "$@"

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::procinfo::ProcessIdentity;
 
-/// One signal vramctl decided to send (or refused to).
+/// One signal vramctl decided to send (or refused to), or one reclaim through a process's
+/// agent (`action` `reclaim`, `signal` `none`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRecord {
     /// When the decision was made, ms since the Unix epoch.
@@ -54,5 +55,10 @@ pub enum AuditOutcome {
         freed_bytes: u64,
         /// From the first signal to memory gone, in milliseconds.
         after_ms: u64,
+    },
+    /// `reclaim`: the process's agent returned its framework's cache (no signal).
+    Reclaimed {
+        /// What the framework says it released (0: nothing could be).
+        released_bytes: u64,
     },
 }

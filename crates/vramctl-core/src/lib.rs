@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod agent_client;
 pub mod analysis;
 pub mod audit_record;
 pub mod backend;
@@ -22,6 +23,7 @@ pub mod duration;
 pub mod local_socket;
 pub mod process_catalog;
 pub mod procinfo;
+pub mod reclaim;
 pub mod sampler;
 pub mod sanity;
 pub mod signal;

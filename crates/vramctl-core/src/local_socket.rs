@@ -366,7 +366,7 @@ fn is_timeout(e: &std::io::Error) -> bool {
 }
 
 /// The `(device, inode)` of a path itself (not what a link points at), when it is a socket.
-fn socket_file_id(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn socket_file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::symlink_metadata(path).ok()?;
     meta.file_type()
@@ -376,7 +376,7 @@ fn socket_file_id(path: &Path) -> Option<(u64, u64)> {
 
 /// Removes the socket file at `path` if it is still the one identified by `id` (so a
 /// socket a new server bound in between is left alone). Whether it was removed.
-fn remove_socket_if(path: &Path, id: (u64, u64)) -> bool {
+pub(crate) fn remove_socket_if(path: &Path, id: (u64, u64)) -> bool {
     socket_file_id(path) == Some(id) && std::fs::remove_file(path).is_ok()
 }
 

@@ -105,6 +105,7 @@ impl Command {
             Self::Ps(a) => (None, nvml(&a.nvml)),
             Self::Kill(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reap(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Reclaim(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Serve(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Top(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Record(a) => (db(&a.db), nvml(&a.nvml)),
@@ -159,6 +160,10 @@ pub enum Command {
     /// them on kill's safe path
     #[command(after_help = REAP_HELP)]
     Reap(ReapArgs),
+    /// Ask processes' in-process agents to return their framework's cache to the driver,
+    /// without ending them; shows what the framework released and what NVML shows returned
+    #[command(after_help = RECLAIM_HELP)]
+    Reclaim(ReclaimArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
     #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
@@ -206,6 +211,8 @@ Examples:
 const PS_HELP: &str = "\
 With a vramctl record or serve running, ps asks it on its local socket and needs no NVML
 start-up of its own (docs/socket.md); the output is the same. --no-daemon reads NVML here.
+Processes running the in-process agent (docs/agent.md) add ALLOCATED (live tensors) and
+CACHED (the framework's cache, which vramctl reclaim returns) beside NVML's MEMORY.
 
 Examples:
   vramctl ps --tree
@@ -944,6 +951,62 @@ pub struct KillArgs {
     pub json: bool,
 }
 
+const RECLAIM_HELP: &str = "\
+Only processes running the vramctl agent (python/vramctl_agent: vramctl_agent.start(),
+%load_ext vramctl_agent, or VRAMCTL_AGENT=1) can be asked; others are reported as having
+none. The agent calls torch.cuda.empty_cache(), which returns only segments with no live
+tensor in them: what stays is listed with the tensors that pin it. Each reclaim is written
+to the audit log first, like kill (history --audit). Protocol and numbers: docs/agent.md.
+
+Exit codes:
+  0  memory was released (--dry-run: would be) in at least one process
+  1  nothing could be released: no agent, nothing cached, all pinned, refused
+  2  usage error, or the audit log is not writable
+  3  no usable NVIDIA driver
+
+Examples:
+  vramctl reclaim 4242
+  vramctl reclaim --all --dry-run
+  vramctl reclaim 4242 --gc --json";
+
+/// `vramctl reclaim`.
+#[derive(Debug, Args)]
+pub struct ReclaimArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
+    /// Processes to ask (PIDs)
+    #[arg(
+        value_name = "PID",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
+    pub pids: Vec<u32>,
+
+    /// Every process NVML lists on any GPU that has an agent
+    #[arg(long)]
+    pub all: bool,
+
+    /// Run Python's gc.collect() first (frees tensors kept only by reference cycles)
+    #[arg(long, conflicts_with = "dry_run")]
+    pub gc: bool,
+
+    /// Say what would be released, change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// How long an agent may take to answer (a reclaim waits for kernels in flight)
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = wait)]
+    pub timeout: Duration,
+
+    /// Print JSON (schema in docs/json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
 const REAP_HELP: &str = "\
 Candidates are processes idle on every GPU they hold memory on for --idle-for, by the idle
 evidence of `vramctl leaks` (SM activity, device utilization, CPU time) from the recorded
@@ -964,6 +1027,15 @@ Examples:
   vramctl reap --idle-for 2h --min-mem 4GiB --apply
   vramctl reap --config /etc/vramctl/reap.toml --apply --every 5m";
 
+/// What `reap --apply` does to a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReapAction {
+    /// End it on kill's safe path
+    Kill,
+    /// Ask its agent to release its cache (vramctl reclaim); it keeps running
+    Reclaim,
+}
+
 #[derive(Debug, Args)]
 pub struct ReapArgs {
     #[command(flatten)]
@@ -975,6 +1047,11 @@ pub struct ReapArgs {
     /// Act: end the candidates (default: print the plan and change nothing)
     #[arg(long)]
     pub apply: bool,
+
+    /// What --apply does to a candidate: end it (kill), or only ask its in-process agent to
+    /// return its framework's cache (reclaim; a candidate without an agent is left running)
+    #[arg(long, value_enum, default_value = "kill")]
+    pub action: ReapAction,
 
     /// Policy file (TOML, format in docs/reap.md) [default: $XDG_CONFIG_HOME/vramctl/reap.toml
     /// when it exists and no filter flag is given]

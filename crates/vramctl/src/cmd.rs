@@ -11,6 +11,7 @@ pub mod leaks;
 pub mod plot;
 pub mod ps;
 pub mod reap;
+pub mod reclaim;
 pub mod record;
 pub mod serve;
 pub mod status;
@@ -42,6 +43,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Ps(args) => ps::run(&cli.global, args),
         Command::Kill(args) => kill::run(&cli.global, args),
         Command::Reap(args) => reap::run(&cli.global, args),
+        Command::Reclaim(args) => reclaim::run(&cli.global, args),
         Command::Leaks(args) => leaks::run(&cli.global, args),
         Command::Plot(args) => plot::run(&cli.global, args),
     }

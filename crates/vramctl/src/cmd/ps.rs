@@ -17,6 +17,7 @@ use anyhow::{Context, bail};
 use regex::Regex;
 use serde::Serialize;
 use vramctl::live_source::ProcessLookup;
+use vramctl_core::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceState, Snapshot};
@@ -90,6 +91,10 @@ struct PsProcess {
     gpus: Vec<GpuHolding>,
     /// With --tree: the nearest ancestor listed here.
     tree_parent: Option<u32>,
+    /// What the process's in-process agent says (allocated, cached, releasable); absent
+    /// for a process without one (docs/agent.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<AgentMemory>,
     #[serde(skip)]
     cpu_ticks: Option<u64>,
 }
@@ -144,6 +149,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         args.sort,
     );
     measure_cpu(&mut report, cpu_interval, &procs);
+    ask_agents(&mut report);
     source.end_for_exit();
 
     let mut out = std::io::stdout().lock();
@@ -331,6 +337,7 @@ fn row(
         used_bytes: total_bytes(&gpus),
         gpus,
         tree_parent: None,
+        agent: None,
         cpu_ticks: details.and_then(|d| d.cpu_ticks),
     }
 }
@@ -467,6 +474,17 @@ fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcRe
     }
 }
 
+/// The allocated and cached memory of each visible process that has an agent.
+fn ask_agents(report: &mut PsReport) {
+    for p in report
+        .processes
+        .iter_mut()
+        .filter(|p| p.visible && !p.zombie)
+    {
+        p.agent = agent_client::memory_of(p.pid, agent_client::MEMORY_TIMEOUT);
+    }
+}
+
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
@@ -478,17 +496,25 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
         .processes
         .iter()
         .any(|p| p.container_id.is_some() || p.pod_uid.is_some());
+    // Only when some process has an agent: the framework's view beside NVML's.
+    let with_agent = report.processes.iter().any(|p| p.agent.is_some());
     let mut columns = vec![
         ("PID", Align::Right),
         ("USER", Align::Left),
         ("GPU", Align::Left),
         ("MEMORY", Align::Right),
+    ];
+    if with_agent {
+        columns.push(("ALLOCATED", Align::Right));
+        columns.push(("CACHED", Align::Right));
+    }
+    columns.extend([
         ("CPU%", Align::Right),
         ("RSS", Align::Right),
         ("AGE", Align::Right),
         ("S", Align::Left),
         ("PPID", Align::Right),
-    ];
+    ]);
     if with_container {
         columns.push(("CONTAINER", Align::Left));
         columns.push(("POD", Align::Left));
@@ -504,13 +530,24 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
             p.gpus
                 .first()
                 .map_or_else(|| "-".into(), |g| units::opt_bytes(g.used_bytes)),
+        ];
+        if with_agent {
+            let agent = p.agent.unwrap_or(AgentMemory {
+                allocated_bytes: None,
+                cached_bytes: None,
+                releasable_bytes: None,
+            });
+            cells.push(units::opt_bytes(agent.allocated_bytes));
+            cells.push(units::opt_bytes(agent.cached_bytes));
+        }
+        cells.extend([
             p.cpu_percent
                 .map_or_else(|| "-".into(), |c| format!("{c:.1}")),
             units::opt_bytes(p.rss_bytes),
             p.age_s.map_or_else(|| "-".into(), units::age),
             p.state.clone().unwrap_or_else(|| "-".into()),
             p.ppid.map_or_else(|| "-".into(), |pp| pp.to_string()),
-        ];
+        ]);
         if with_container {
             cells.push(
                 p.container_id
@@ -705,6 +742,7 @@ mod tests {
             used_bytes: total_bytes(&gpus),
             gpus,
             tree_parent: None,
+            agent: None,
             cpu_ticks: None,
         }
     }
@@ -793,6 +831,46 @@ mod tests {
     #[test]
     fn the_table_with_every_kind_of_row() {
         insta::assert_snapshot!("ps_every_row", render(&report(), None).join("\n"));
+    }
+
+    #[test]
+    fn allocated_and_cached_columns_appear_when_a_process_has_an_agent() {
+        let mut with = process(4242, "python3 train.py", vec![holding(0, 21)]);
+        with.agent = Some(AgentMemory {
+            allocated_bytes: Some(1 << 30),
+            cached_bytes: Some(20 << 30),
+            releasable_bytes: Some(20 << 30),
+        });
+        let without = process(4343, "python3 serve.py", vec![holding(0, 2)]);
+        let mut report = report();
+        report.processes = vec![with, without];
+        report.unaccounted.clear();
+        let text = render(&report, None).join("\n");
+        let header = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(header.contains("MEMORY ALLOCATED CACHED CPU%"), "{text}");
+        // Cells with single spaces between them.
+        let row = |pid: &str| {
+            let line = text.lines().find(|l| l.trim_start().starts_with(pid));
+            line.unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(
+            row("4242").contains("21.0 GiB 1.0 GiB 20.0 GiB 98.5"),
+            "{text}"
+        );
+        assert!(row("4343").contains("2.0 GiB - - 98.5"), "{text}");
+        // Without an agent anywhere, the table is as it always was.
+        let mut plain = report;
+        plain.processes[0].agent = None;
+        assert!(!render(&plain, None).join("\n").contains("CACHED"));
     }
 
     #[test]

@@ -45,7 +45,7 @@ use self::evidence::{FRESH, History, read_history};
 use self::policy::{Policy, PolicyJson};
 use super::db_path;
 use crate::audit_sink::{AuditLog, open_log};
-use crate::cli::{GlobalArgs, ReapArgs};
+use crate::cli::{GlobalArgs, ReapAction, ReapArgs};
 use crate::exit::Exit;
 use vramctl::gpu_holdings::{GpuHolding, holdings};
 use vramctl::gpu_selection::GpuFilter;
@@ -471,6 +471,10 @@ impl Runner<'_> {
             at: rfc3339(now),
             round,
             dry_run: !self.args.apply,
+            action: match self.args.action {
+                ReapAction::Kill => "kill",
+                ReapAction::Reclaim => "reclaim",
+            },
             policies: self.policies.iter().map(Policy::json).collect(),
             max_kills: self.args.max_kills,
             history: HistoryJson::new(&history),
@@ -496,6 +500,10 @@ impl Runner<'_> {
             bail!("internal: --apply without an audit log");
         };
         report.audit_log = Some(audit.database().display().to_string());
+        if self.args.action == ReapAction::Reclaim {
+            reclaim_candidates(sampler, audit, &mut report);
+            return Ok(report);
+        }
         let held_before: BTreeMap<u32, Vec<GpuHolding>> = kept
             .iter()
             .map(|c| {
@@ -647,6 +655,16 @@ impl Runner<'_> {
             }
         }
         lines.push(String::new());
+        if r.dry_run && r.action == "reclaim" {
+            if !r.candidates.is_empty() {
+                lines.push(format!(
+                    "dry run: nothing was asked; --apply would ask the agents of {} to release \
+                     their cache (those without one are left running)",
+                    plural(r.candidates.len(), "process", "processes")
+                ));
+            }
+            return lines;
+        }
         if r.dry_run {
             if !r.candidates.is_empty() {
                 lines.push(format!(
@@ -667,6 +685,12 @@ impl Runner<'_> {
                     if c.escalated { " (escalated)" } else { "" }
                 ),
                 "already_gone" => format!("PID {}: had already exited", c.pid),
+                "reclaimed" | "nothing_reclaimed" => format!(
+                    "PID {}: {}; NVML shows {} returned",
+                    c.pid,
+                    c.detail.as_deref().unwrap_or("?"),
+                    units::opt_bytes(c.freed_bytes)
+                ),
                 other => format!(
                     "PID {}: {}: {}",
                     c.pid,
@@ -686,6 +710,56 @@ impl Runner<'_> {
         }
         lines
     }
+}
+
+/// `--action reclaim`: each candidate's agent is asked to release its cache
+/// (`vramctl_core::reclaim`, audited as `reclaim`); nobody is signalled. `ok` when every
+/// candidate released something.
+fn reclaim_candidates(sampler: &mut LiveSampler, audit: &mut AuditLog, report: &mut RoundReport) {
+    let pids: Vec<u32> = report.candidates.iter().map(|c| c.pid).collect();
+    let reasons: Vec<String> = report
+        .candidates
+        .iter()
+        .map(|c| {
+            format!(
+                "vramctl reap --action reclaim, policy '{}': {}",
+                c.policy, c.why
+            )
+        })
+        .collect();
+    report.signalled_at = Some(rfc3339(SystemClock.now_unix_ms()));
+    let mut results = Vec::new();
+    // One request per candidate, so that each audit record carries its own policy's reason.
+    for (pid, reason) in pids.iter().zip(reasons) {
+        let request = vramctl_core::reclaim::ReclaimRequest {
+            selection: vramctl_core::reclaim::Selection::Pids(vec![*pid]),
+            options: vramctl_core::agent_client::ReclaimOptions::default(),
+            timeouts: vramctl_core::agent_client::Timeouts::default(),
+            reason,
+        };
+        results.extend(vramctl_core::reclaim::reclaim(sampler, &request, audit).processes);
+    }
+    for c in &mut report.candidates {
+        let Some(r) = results.iter().find(|r| r.pid == c.pid) else {
+            continue;
+        };
+        c.outcome = r.status;
+        c.detail = r.error.as_ref().map(|e| e.message.clone()).or_else(|| {
+            r.agent.as_ref().map(|a| {
+                format!(
+                    "the framework released {} of {} cached ({})",
+                    units::bytes(a.released_bytes),
+                    units::bytes(a.cached_before_bytes),
+                    a.outcome.replace('_', " ")
+                )
+            })
+        });
+        c.freed_bytes = r.nvml_returned_bytes.map(|n| u64::try_from(n).unwrap_or(0));
+    }
+    report.freed_bytes = report.candidates.iter().filter_map(|c| c.freed_bytes).sum();
+    report.ok = results
+        .iter()
+        .all(|r| r.released_bytes.is_some_and(|b| b > 0));
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -716,6 +790,8 @@ struct RoundReport {
     at: String,
     round: u64,
     dry_run: bool,
+    /// `kill` or `reclaim` (`--action`).
+    action: &'static str,
     policies: Vec<PolicyJson>,
     max_kills: Option<usize>,
     history: HistoryJson,
@@ -830,7 +906,8 @@ struct CandidateJson {
     why: String,
     note: Option<String>,
     /// `would_signal` (dry run), then as `kill`: `exited`, `already_gone`, `refused`,
-    /// `still_running`, `audit_failed`, `signal_failed`.
+    /// `still_running`, `audit_failed`, `signal_failed`; with `--action reclaim` as
+    /// `vramctl reclaim`'s `status`: `reclaimed`, `nothing_reclaimed`, `no_agent`, `error`, …
     outcome: &'static str,
     detail: Option<String>,
     signals: Vec<String>,

@@ -55,16 +55,24 @@ impl Daemon {
             socket: runtime.join("daemon.sock"),
         };
         daemon.wait_for("Answering on a local socket.");
+        // The socket answers before NVML is up (nvml_down, and the client reads NVML
+        // itself); the tests ask a daemon whose session is up.
+        daemon.wait_for_any(&["NVML started.", "NVML is up."]);
         daemon
     }
 
     /// The first stderr line (from now on) containing `text`.
     fn wait_for(&mut self, text: &str) -> String {
+        self.wait_for_any(&[text])
+    }
+
+    /// The first stderr line (from now on) containing one of `texts`.
+    fn wait_for_any(&mut self, texts: &[&str]) -> String {
         loop {
             match self.heard.recv_timeout(Duration::from_secs(60)) {
-                Ok(line) if line.contains(text) => return line,
+                Ok(line) if texts.iter().any(|text| line.contains(text)) => return line,
                 Ok(_) => {}
-                Err(_) => panic!("the daemon never said '{text}'; it said:\n{}", self.log()),
+                Err(_) => panic!("the daemon never said {texts:?}; it said:\n{}", self.log()),
             }
         }
     }
@@ -132,6 +140,9 @@ fn redact(text: &[u8]) -> String {
     let age_json = regex::Regex::new(r#""age_s":\d+"#).expect("regex");
     let age_cell = regex::Regex::new(r"\b\d+s\b").expect("regex");
     let text = time.replace_all(&text, "[TIME]");
+    // status's header: the local time, labelled with its zone.
+    let local = regex::Regex::new(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [A-Za-z0-9+-]+").expect("regex");
+    let text = local.replace_all(&text, "[TIME]");
     let text = age_json.replace_all(&text, r#""age_s":0"#);
     age_cell.replace_all(&text, "[AGE]").into_owned()
 }

@@ -13,6 +13,7 @@ mod leakset;
 mod ps;
 mod real_processes;
 mod reap;
+mod reclaim;
 mod record;
 mod serve;
 mod status;

@@ -530,3 +530,111 @@ fn json_keys_are_the_documented_ones() {
         );
     }
 }
+
+/// A Python process with the agent and the stand-in torch holding `cached` bytes in its
+/// cache, its socket under `runtime`.
+fn agent_process(runtime: &std::path::Path, cached: u64) -> Spawned {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = repo.join("python");
+    let mut command = Command::new("python3");
+    command
+        .args([
+            "-c",
+            &format!(
+                "import time, torch, vramctl_agent\n\
+             x = torch.empty({cached}, dtype=torch.uint8, device='cuda')\n\
+             del x\n\
+             vramctl_agent.start()\n\
+             print('ready', flush=True)\n\
+             time.sleep(600)"
+            ),
+        ])
+        .env(
+            "PYTHONPATH",
+            format!(
+                "{}:{}",
+                python.display(),
+                python.join("tests/fakes/torch_pkg").display()
+            ),
+        )
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let mut spawned = crate::real_processes::spawn(&mut command);
+    assert_eq!(spawned.line(), "ready");
+    spawned
+}
+
+#[test]
+fn action_reclaim_releases_an_idle_holders_cache_and_leaves_it_running() {
+    let runtime = tempfile::tempdir().expect("tempdir");
+    let idle = agent_process(runtime.path(), 6 * GIB);
+    let busy = sleeper();
+    let setup = Setup::new(&[
+        Held {
+            process: &idle,
+            memory: "8 GiB",
+            sm_percent: 0,
+        },
+        Held {
+            process: &busy,
+            memory: "4 GiB",
+            sm_percent: 70,
+        },
+    ]);
+    setup.record();
+    let out = setup.reap(&["--idle-for", "1m", "--action", "reclaim"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("--apply would ask the agents of 1 process"),
+        "{text}"
+    );
+
+    let out = setup.reap(&[
+        "--idle-for",
+        "1m",
+        "--apply",
+        "--action",
+        "reclaim",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = json(&out);
+    assert_eq!(report["action"], "reclaim");
+    assert_eq!(pids(&report["candidates"]), [u64::from(idle.pid())]);
+    let c = &report["candidates"][0];
+    assert_eq!(c["outcome"], "reclaimed", "{report}");
+    assert!(
+        c["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("released 6.0 GiB of 6.0 GiB cached")),
+        "{c}"
+    );
+    assert!(idle.alive() && busy.alive(), "reclaim signals nobody");
+    let rows = audit_rows(&setup.db());
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].record.action, "reclaim");
+    assert_eq!(rows[0].record.signal, "none");
+    assert!(
+        rows[0].record.reason.contains("policy 'command-line'"),
+        "{}",
+        rows[0].record.reason
+    );
+    assert_eq!(
+        rows[0].record.outcome,
+        AuditOutcome::Reclaimed {
+            released_bytes: 6 * GIB
+        }
+    );
+
+    // Nothing is left to release: the same round now reclaims nothing, exit 1.
+    let out = setup.reap(&[
+        "--idle-for",
+        "1m",
+        "--apply",
+        "--action",
+        "reclaim",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(json(&out)["candidates"][0]["outcome"], "nothing_reclaimed");
+}

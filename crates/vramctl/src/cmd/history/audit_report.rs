@@ -97,6 +97,13 @@ fn outcome(o: &AuditOutcome) -> (&'static str, String) {
                 units::seconds(*after_ms as f64 / 1000.0)
             ),
         ),
+        AuditOutcome::Reclaimed { released_bytes } => (
+            "reclaimed",
+            format!(
+                "reclaimed, the framework released {}",
+                units::bytes(*released_bytes)
+            ),
+        ),
         _ => (
             "other",
             "unknown outcome (written by a newer vramctl)".to_owned(),

@@ -1,0 +1,1271 @@
+//! The client of the in-process agent (`python/vramctl_agent`, protocol 1 of `docs/agent.md`):
+//! find a process's socket, connect without ever waiting on an agent that does not accept,
+//! check that the process at the other end is the one asked for, and send requests with a
+//! deadline on each exchange and a bound on each line.
+//!
+//! A process without an agent, an agent that died (its socket stale: removed here), one that
+//! never answers, answers garbage or is not allowed to be asked are normal cases: each is an
+//! [`AgentError`] with one line for the user, never a hang. The framing (bounded lines with
+//! deadlines, the peer's credentials, the stale-socket test) is [`crate::local_socket`]'s;
+//! the agent speaks first only when answering, so the greeting of that convention is not used.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::local_socket::{Connection, FrameError, Peer, euid, remove_socket_if, socket_file_id};
+
+/// The protocol version this client speaks.
+pub const PROTOCOL: u32 = 1;
+/// The agent refuses longer request lines (`docs/agent.md`, "Limits and timeouts").
+pub const MAX_REQUEST_BYTES: usize = 65_536;
+/// The longest answer line read. The agent keeps its answers under 1 MiB; 4 MiB leaves room
+/// for a newer agent's extra fields, as the Python client does, and still bounds memory.
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// How long each step may take. The defaults are the Python client's (`docs/agent.md`): an
+/// answer to `stats` can wait for the allocator's lock behind a running `empty_cache`, and a
+/// reclaim lasts as long as the longest kernel in flight (`cudaFree` waits for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `hello`, `stats`, `reset-peak`.
+    pub quick: Duration,
+    /// `reclaim`.
+    pub reclaim: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            quick: Duration::from_secs(5),
+            reclaim: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why an agent could not be asked, or did not answer as asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// No socket for the process in any directory an agent uses.
+    #[error("process {pid} has no vramctl agent (no agent-{pid}.sock in {}); start one in it with 'import vramctl_agent; vramctl_agent.start()' or VRAMCTL_AGENT=1", list(.searched))]
+    NoAgent {
+        /// The process.
+        pid: u32,
+        /// The directories looked in.
+        searched: Vec<PathBuf>,
+    },
+    /// A socket nobody listens on: the agent's process died without removing it.
+    #[error("process {pid} has no running agent: '{}' is a stale socket{}", path.display(), if *removed { " (removed)" } else { "" })]
+    Stale {
+        /// The process.
+        pid: u32,
+        /// The socket.
+        path: PathBuf,
+        /// Whether this client removed it.
+        removed: bool,
+    },
+    /// The directory or socket is not ours to use.
+    #[error("not allowed to ask the agent of process {pid} at '{}'; run as its user or root", path.display())]
+    NotAllowed {
+        /// The process.
+        pid: u32,
+        /// The socket.
+        path: PathBuf,
+    },
+    /// The socket is not served by the process asked for (or by its user): not believed.
+    #[error("'{}' is not the agent of process {pid}: {reason}", path.display())]
+    WrongPeer {
+        /// The process.
+        pid: u32,
+        /// The socket.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+    /// The agent does not accept connections now (its backlog is full).
+    #[error("the agent of process {pid} is busy; retry in a moment")]
+    Busy {
+        /// The process.
+        pid: u32,
+    },
+    /// No whole answer within the deadline.
+    #[error("the agent of process {pid} did not answer '{op}' within {:.1} s", timeout.as_secs_f64())]
+    Timeout {
+        /// The process.
+        pid: u32,
+        /// The request.
+        op: String,
+        /// The deadline it had.
+        timeout: Duration,
+    },
+    /// The agent closed the connection without answering.
+    #[error("the agent of process {pid} closed the connection without answering '{op}'")]
+    Closed {
+        /// The process.
+        pid: u32,
+        /// The request.
+        op: String,
+    },
+    /// The answer is not protocol 1 as `docs/agent.md` specifies it.
+    #[error("the agent of process {pid} gave a malformed answer to '{op}': {reason}")]
+    Malformed {
+        /// The process.
+        pid: u32,
+        /// The request.
+        op: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The agent answered with an error.
+    #[error("the agent of process {pid} refused '{op}': {message} ({code})")]
+    Refused {
+        /// The process.
+        pid: u32,
+        /// The request.
+        op: String,
+        /// The protocol's error code (`busy`, `capturing`, `framework_error`, …).
+        code: String,
+        /// Its message.
+        message: String,
+        /// When to ask again, for `busy` and `capturing`.
+        retry_after_s: Option<f64>,
+    },
+    /// The request itself could not be made (too long, not serialisable).
+    #[error("cannot send '{op}' to the agent of process {pid}: {reason}")]
+    Request {
+        /// The process.
+        pid: u32,
+        /// The request.
+        op: String,
+        /// Why.
+        reason: String,
+    },
+    /// The socket failed.
+    #[error("cannot talk to the agent of process {pid} at '{}': {source}", path.display())]
+    Io {
+        /// The process.
+        pid: u32,
+        /// The socket.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl AgentError {
+    /// A short fixed name for the case (`no_agent`, `stale`, `timeout`, …, or the agent's
+    /// own error code), for JSON and scripts.
+    pub fn code(&self) -> &str {
+        match self {
+            Self::NoAgent { .. } => "no_agent",
+            Self::Stale { .. } => "stale",
+            Self::NotAllowed { .. } => "not_allowed",
+            Self::WrongPeer { .. } => "wrong_peer",
+            Self::Busy { .. } => "busy",
+            Self::Timeout { .. } => "timeout",
+            Self::Closed { .. } => "closed",
+            Self::Malformed { .. } => "malformed",
+            Self::Refused { code, .. } => code,
+            Self::Request { .. } => "request",
+            Self::Io { .. } => "io",
+        }
+    }
+
+    /// Whether the process simply has no agent (none installed, or it died): the normal
+    /// case of most processes, not a failure of one.
+    pub fn is_no_agent(&self) -> bool {
+        matches!(self, Self::NoAgent { .. } | Self::Stale { .. })
+    }
+}
+
+fn list(dirs: &[PathBuf]) -> String {
+    if dirs.is_empty() {
+        return "no directory".to_owned();
+    }
+    dirs.iter()
+        .map(|d| format!("'{}'", d.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The socket's file name for `pid`.
+pub fn socket_name(pid: u32) -> String {
+    format!("agent-{pid}.sock")
+}
+
+/// Where an agent of `pid` may have its socket, in the order `docs/agent.md` gives: the
+/// process's own `$XDG_RUNTIME_DIR/vramctl` (from `/proc/PID/environ`, readable by its user
+/// and root), this client's `$XDG_RUNTIME_DIR/vramctl` when it is the process's user,
+/// `/run/user/UID/vramctl`, `/tmp/vramctl-UID` (`UID` the owner of `/proc/PID`, the
+/// process's effective uid; this client's own when the process is gone).
+pub fn candidate_dirs(pid: u32) -> Vec<PathBuf> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let owner = std::fs::metadata(&proc_dir).ok().map(|m| m.uid());
+    let mut dirs = Vec::new();
+    if let Some(runtime) = std::fs::read(proc_dir.join("environ"))
+        .ok()
+        .and_then(|env| xdg_runtime_dir(&env))
+    {
+        dirs.push(runtime.join("vramctl"));
+    }
+    let uid = owner.unwrap_or_else(euid);
+    if uid == euid() {
+        if let Some(own) = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|d| d.is_absolute())
+        {
+            dirs.push(own.join("vramctl"));
+        }
+    }
+    dirs.push(PathBuf::from(format!("/run/user/{uid}/vramctl")));
+    dirs.push(PathBuf::from(format!("/tmp/vramctl-{uid}")));
+    let mut seen = Vec::new();
+    dirs.retain(|d| {
+        let fresh = !seen.contains(d);
+        seen.push(d.clone());
+        fresh
+    });
+    dirs
+}
+
+/// `XDG_RUNTIME_DIR` of an environment block (`NUL`-separated `NAME=value`), when absolute.
+fn xdg_runtime_dir(environ: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    environ
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(b"XDG_RUNTIME_DIR="))
+        .map(|v| PathBuf::from(std::ffi::OsStr::from_bytes(v)))
+        .filter(|p| p.is_absolute())
+}
+
+/// The first socket of `pid` in `dirs` (a socket file, not a link to one).
+///
+/// # Errors
+/// [`AgentError::NoAgent`] when there is none; [`AgentError::NotAllowed`] when a directory
+/// that may hold it cannot be searched and nothing was found elsewhere.
+pub fn locate_in(pid: u32, dirs: &[PathBuf]) -> Result<PathBuf, AgentError> {
+    let mut denied = None;
+    for dir in dirs {
+        let path = dir.join(socket_name(pid));
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_socket() => return Ok(path),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                denied.get_or_insert(path);
+            }
+            Err(_) => {}
+        }
+    }
+    match denied {
+        Some(path) => Err(AgentError::NotAllowed { pid, path }),
+        None => Err(AgentError::NoAgent {
+            pid,
+            searched: dirs.to_vec(),
+        }),
+    }
+}
+
+/// A connection to one process's agent.
+#[derive(Debug)]
+pub struct AgentClient {
+    pid: u32,
+    path: PathBuf,
+    conn: Connection,
+    timeouts: Timeouts,
+    next_id: u64,
+}
+
+impl AgentClient {
+    /// Finds the agent of `pid` ([`candidate_dirs`]) and connects to it.
+    ///
+    /// # Errors
+    /// See [`AgentError`]; a stale socket is removed and reported as
+    /// [`AgentError::Stale`].
+    pub fn connect(pid: u32, timeouts: Timeouts) -> Result<Self, AgentError> {
+        Self::connect_in(pid, &candidate_dirs(pid), timeouts)
+    }
+
+    /// [`connect`](Self::connect), looking only in `dirs`.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub fn connect_in(pid: u32, dirs: &[PathBuf], timeouts: Timeouts) -> Result<Self, AgentError> {
+        let path = locate_in(pid, dirs)?;
+        Self::connect_at(pid, &path, timeouts)
+    }
+
+    /// Connects to the socket at `path`, which must be served by `pid` (when the kernel can
+    /// say: the peer is in our PID namespace) and by the owner of `/proc/PID`.
+    ///
+    /// The connect never waits: an agent whose backlog is full is [`AgentError::Busy`]; a
+    /// socket nobody listens on is removed (when it is still the file that refused us).
+    ///
+    /// # Errors
+    /// See [`AgentError`].
+    pub fn connect_at(pid: u32, path: &Path, timeouts: Timeouts) -> Result<Self, AgentError> {
+        let io = |source: std::io::Error| AgentError::Io {
+            pid,
+            path: path.to_path_buf(),
+            source,
+        };
+        let before = socket_file_id(path);
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| io(e.into()))?;
+        let addr = SocketAddrUnix::new(path).map_err(|e| io(e.into()))?;
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::NOENT) => {
+                return Err(AgentError::NoAgent {
+                    pid,
+                    searched: path.parent().map(Path::to_path_buf).into_iter().collect(),
+                });
+            }
+            Err(rustix::io::Errno::CONNREFUSED) => {
+                let removed = before.is_some_and(|id| remove_socket_if(path, id));
+                return Err(AgentError::Stale {
+                    pid,
+                    path: path.to_path_buf(),
+                    removed,
+                });
+            }
+            Err(rustix::io::Errno::AGAIN) => return Err(AgentError::Busy { pid }),
+            Err(rustix::io::Errno::ACCESS | rustix::io::Errno::PERM) => {
+                return Err(AgentError::NotAllowed {
+                    pid,
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(e) => return Err(io(e.into())),
+        }
+        let stream = UnixStream::from(fd);
+        stream.set_nonblocking(false).map_err(io)?;
+        let server = Peer::of(&stream).map_err(io)?;
+        let wrong = |reason: String| AgentError::WrongPeer {
+            pid,
+            path: path.to_path_buf(),
+            reason,
+        };
+        // 0: the server is in a PID namespace we cannot see into; its uid still counts.
+        if server.pid != 0 && server.pid != pid {
+            return Err(wrong(format!("it is served by process {}", server.pid)));
+        }
+        let owner = std::fs::metadata(format!("/proc/{pid}"))
+            .map(|m| m.uid())
+            .unwrap_or_else(|_| euid());
+        if server.uid != owner && server.uid != 0 {
+            return Err(wrong(format!(
+                "it is served by uid {}, the process's owner is uid {owner}",
+                server.uid
+            )));
+        }
+        Ok(Self {
+            pid,
+            path: path.to_path_buf(),
+            conn: Connection::new(stream),
+            timeouts,
+            next_id: 1,
+        })
+    }
+
+    /// The process asked.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The socket.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends `{"op": op, "id": N, "protocol": 1, ...fields}` and reads its answer within
+    /// `timeout` (the whole exchange). The answer is checked to be protocol 1 and for this
+    /// request; an error answer is [`AgentError::Refused`].
+    ///
+    /// # Errors
+    /// See [`AgentError`]. After an error the connection is not to be used again (an
+    /// answer may still be on its way): connect anew.
+    pub fn request(
+        &mut self,
+        op: &str,
+        fields: Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<Map<String, Value>, AgentError> {
+        let deadline = Instant::now() + timeout;
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut request = fields;
+        request.insert("op".into(), Value::from(op));
+        request.insert("id".into(), Value::from(id));
+        request.insert("protocol".into(), Value::from(PROTOCOL));
+        let line = serde_json::to_vec(&request).map_err(|e| AgentError::Request {
+            pid: self.pid,
+            op: op.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if line.len() + 1 > MAX_REQUEST_BYTES {
+            return Err(AgentError::Request {
+                pid: self.pid,
+                op: op.to_owned(),
+                reason: format!(
+                    "{} bytes, over the agent's {MAX_REQUEST_BYTES}",
+                    line.len() + 1
+                ),
+            });
+        }
+        let frame = |e: FrameError, this: &Self| match e {
+            FrameError::TimedOut { .. } => AgentError::Timeout {
+                pid: this.pid,
+                op: op.to_owned(),
+                timeout,
+            },
+            FrameError::Closed => AgentError::Closed {
+                pid: this.pid,
+                op: op.to_owned(),
+            },
+            FrameError::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe => AgentError::Closed {
+                pid: this.pid,
+                op: op.to_owned(),
+            },
+            FrameError::Io(source) => AgentError::Io {
+                pid: this.pid,
+                path: this.path.clone(),
+                source,
+            },
+            other => AgentError::Malformed {
+                pid: this.pid,
+                op: op.to_owned(),
+                reason: other.to_string(),
+            },
+        };
+        if let Err(e) = self.conn.write_line(&line, remaining(deadline)) {
+            // The agent may have answered before closing (a refusal of our uid): read it.
+            if matches!(&e, FrameError::Io(io) if io.kind() == std::io::ErrorKind::BrokenPipe) {
+                if let Ok(answer) = self.read_answer(op, deadline, &frame) {
+                    return self.check(op, id, answer);
+                }
+            }
+            return Err(frame(e, self));
+        }
+        let answer = self.read_answer(op, deadline, &frame)?;
+        self.check(op, id, answer)
+    }
+
+    fn read_answer(
+        &mut self,
+        op: &str,
+        deadline: Instant,
+        frame: &dyn Fn(FrameError, &Self) -> AgentError,
+    ) -> Result<Map<String, Value>, AgentError> {
+        let line = match self.conn.read_line(MAX_ANSWER_BYTES, remaining(deadline)) {
+            Ok(line) => line,
+            Err(e) => return Err(frame(e, self)),
+        };
+        match serde_json::from_slice::<Value>(&line) {
+            Ok(Value::Object(answer)) => Ok(answer),
+            Ok(other) => Err(self.malformed(op, format!("not a JSON object but {}", kind(&other)))),
+            Err(e) => Err(self.malformed(op, format!("not JSON ({e})"))),
+        }
+    }
+
+    fn check(
+        &self,
+        op: &str,
+        id: u64,
+        answer: Map<String, Value>,
+    ) -> Result<Map<String, Value>, AgentError> {
+        match answer.get("protocol").and_then(Value::as_u64) {
+            Some(p) if p == u64::from(PROTOCOL) => {}
+            Some(p) => {
+                return Err(
+                    self.malformed(op, format!("protocol {p}, this vramctl speaks {PROTOCOL}"))
+                );
+            }
+            None => return Err(self.malformed(op, "no 'protocol'".into())),
+        }
+        let ok = answer
+            .get("ok")
+            .and_then(Value::as_bool)
+            .ok_or_else(|| self.malformed(op, "no boolean 'ok'".into()))?;
+        if !ok {
+            let error = answer.get("error").and_then(Value::as_object);
+            let text = |name: &str| {
+                error
+                    .and_then(|e| e.get(name))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            return Err(AgentError::Refused {
+                pid: self.pid,
+                op: op.to_owned(),
+                code: text("code").unwrap_or_else(|| "unknown".into()),
+                message: text("message").unwrap_or_else(|| "no message".into()),
+                retry_after_s: error
+                    .and_then(|e| e.get("retry_after_s"))
+                    .and_then(Value::as_f64),
+            });
+        }
+        // An answer for another request (a refusal sent before any request has no id).
+        if answer.get("id").and_then(Value::as_u64) != Some(id) {
+            return Err(self.malformed(
+                op,
+                format!("it answers request {:?}, not {id}", answer.get("id")),
+            ));
+        }
+        Ok(answer)
+    }
+
+    fn malformed(&self, op: &str, reason: String) -> AgentError {
+        AgentError::Malformed {
+            pid: self.pid,
+            op: op.to_owned(),
+            reason,
+        }
+    }
+
+    fn typed<T: serde::de::DeserializeOwned>(
+        &mut self,
+        op: &str,
+        fields: Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<T, AgentError> {
+        let mut answer = self.request(op, fields, timeout)?;
+        // The envelope, checked by `request`; not part of what was asked for.
+        for key in ["protocol", "ok", "op", "id"] {
+            answer.remove(key);
+        }
+        serde_json::from_value(Value::Object(answer)).map_err(|e| self.malformed(op, e.to_string()))
+    }
+
+    /// `hello`: who the process is and what it runs.
+    ///
+    /// # Errors
+    /// See [`AgentError`].
+    pub fn hello(&mut self) -> Result<Hello, AgentError> {
+        self.typed("hello", Map::new(), self.timeouts.quick)
+    }
+
+    /// `stats`: the frameworks' own counters per device.
+    ///
+    /// # Errors
+    /// See [`AgentError`].
+    pub fn stats(&mut self) -> Result<Stats, AgentError> {
+        self.typed("stats", Map::new(), self.timeouts.quick)
+    }
+
+    /// `reclaim`: `gc.collect()` if asked, then `empty_cache`, with what came back and what
+    /// stays pinned.
+    ///
+    /// # Errors
+    /// See [`AgentError`]; `capturing` (a CUDA graph capture underway) is a
+    /// [`AgentError::Refused`] with `retry_after_s`.
+    pub fn reclaim(&mut self, options: ReclaimOptions) -> Result<ReclaimAnswer, AgentError> {
+        let mut fields = Map::new();
+        fields.insert("gc".into(), Value::from(options.gc));
+        fields.insert("dry_run".into(), Value::from(options.dry_run));
+        self.typed("reclaim", fields, self.timeouts.reclaim)
+    }
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// What `reclaim` is asked to do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReclaimOptions {
+    /// `gc.collect()` first (tensors kept only by reference cycles).
+    pub gc: bool,
+    /// Say what would come back, change nothing (`gc` is then not allowed by the agent).
+    pub dry_run: bool,
+}
+
+/// The answer to `hello` (the fields vramctl uses; the agent sends more).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The agent's version.
+    pub agent_version: String,
+    /// The PID in the agent's PID namespace.
+    pub pid: u32,
+    /// Its effective uid.
+    pub uid: u32,
+    /// Field 22 of its `/proc/self/stat`.
+    pub start_time_ticks: Option<u64>,
+    /// The interpreter.
+    pub python: PythonInfo,
+    /// The frameworks imported.
+    pub frameworks: Vec<Framework>,
+    /// torch's devices.
+    pub devices: Vec<AgentDevice>,
+    /// `start`, `ipython` or `env`.
+    pub started_by: String,
+}
+
+/// The interpreter running the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PythonInfo {
+    /// `3.11.7`.
+    pub version: String,
+    /// `cpython`.
+    pub implementation: String,
+}
+
+/// A framework the process imported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Framework {
+    /// `torch`, `jax`, `tensorflow`.
+    pub name: String,
+    /// Its version.
+    pub version: Option<String>,
+    /// Whether its GPU runtime has started.
+    pub initialized: bool,
+}
+
+/// A device as the framework sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentDevice {
+    /// `torch`.
+    pub framework: String,
+    /// The framework's index (renumbered by `CUDA_VISIBLE_DEVICES`).
+    pub index: u32,
+    /// Its name.
+    pub name: Option<String>,
+    /// NVML's UUID without its `GPU-`/`MIG-` prefix (match devices by it, not by index).
+    pub uuid: Option<String>,
+    /// Its memory.
+    pub total_bytes: Option<u64>,
+}
+
+/// The answer to `stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Unix seconds.
+    pub taken_at: f64,
+    /// One entry per device per framework.
+    pub devices: Vec<DeviceStats>,
+}
+
+impl Stats {
+    /// The counters summed over devices (each sum `None` when no device says).
+    pub fn memory(&self) -> AgentMemory {
+        let sum = |f: fn(&DeviceStats) -> Option<u64>| {
+            self.devices
+                .iter()
+                .filter_map(f)
+                .fold(None, |acc: Option<u64>, v| {
+                    Some(acc.unwrap_or(0).saturating_add(v))
+                })
+        };
+        AgentMemory {
+            allocated_bytes: sum(|d| d.allocated_bytes),
+            cached_bytes: sum(|d| d.cached_bytes),
+            releasable_bytes: sum(|d| d.releasable_bytes),
+        }
+    }
+}
+
+/// A process's framework memory as its agent says, Σ over its devices: what `ps` shows
+/// beside NVML's figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentMemory {
+    /// Bytes in live tensors.
+    pub allocated_bytes: Option<u64>,
+    /// Reserved − allocated: the framework's cache.
+    pub cached_bytes: Option<u64>,
+    /// What `empty_cache` (`vramctl reclaim`) would return now.
+    pub releasable_bytes: Option<u64>,
+}
+
+/// How long `ps` waits for one agent's `stats`. An agent answers in microseconds unless
+/// it waits for the allocator's lock behind a running `empty_cache` or `cudaMalloc`; round 2
+/// measured `empty_cache` at 0.07–0.11 s on an idle H200 (research-round2 §5.3), so 1 s is
+/// ~10× that, and a process stuck behind a long kernel costs `ps` at most 1 s.
+pub const MEMORY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// [`Stats::memory`] of `pid`'s agent, or `None` when it has none or it did not answer
+/// within `timeout` (logged at debug: `ps` lists the process without these columns).
+pub fn memory_of(pid: u32, timeout: Duration) -> Option<AgentMemory> {
+    let timeouts = Timeouts {
+        quick: timeout,
+        reclaim: timeout,
+    };
+    let asked = AgentClient::connect(pid, timeouts).and_then(|mut c| c.stats());
+    match asked {
+        Ok(stats) => Some(stats.memory()),
+        Err(err) => {
+            if !err.is_no_agent() {
+                tracing::debug!(pid, error = %err, "No answer from an agent.");
+            }
+            None
+        }
+    }
+}
+
+/// One device's counters (`null`: the framework cannot say).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    /// `torch`, `jax`, `tensorflow`.
+    pub framework: String,
+    /// The framework's index.
+    pub index: u32,
+    /// The UUID without its prefix, where the framework says.
+    pub uuid: Option<String>,
+    /// Bytes in live tensors.
+    pub allocated_bytes: Option<u64>,
+    /// Bytes the allocator holds from the driver.
+    pub reserved_bytes: Option<u64>,
+    /// Reserved − allocated.
+    pub cached_bytes: Option<u64>,
+    /// What `empty_cache` would return now.
+    pub releasable_bytes: Option<u64>,
+    /// Free blocks in segments that also hold live blocks (cached, not releasable).
+    pub inactive_split_bytes: Option<u64>,
+    /// Peak of allocated.
+    pub allocated_peak_bytes: Option<u64>,
+    /// Peak of reserved.
+    pub reserved_peak_bytes: Option<u64>,
+    /// Allocations retried after freeing the cache.
+    pub alloc_retries: Option<u64>,
+    /// Out-of-memory errors raised.
+    pub ooms: Option<u64>,
+    /// The framework call failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The answer to `reclaim`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReclaimAnswer {
+    /// A dry run: nothing changed.
+    pub dry_run: bool,
+    /// `gc.collect()`'s result, when asked.
+    pub gc: Option<GcResult>,
+    /// Per torch device.
+    pub devices: Vec<ReclaimDevice>,
+    /// Σ reserved before − after (for a dry run: what would be).
+    pub released_bytes: u64,
+    /// Σ reserved − allocated before.
+    pub cached_before_bytes: u64,
+    /// Σ reserved − allocated after.
+    pub cached_after_bytes: u64,
+    /// Σ free bytes left in segments that could not be returned.
+    pub pinned_bytes: u64,
+    /// How long `empty_cache` took.
+    pub empty_cache_s: Option<f64>,
+    /// The whole request.
+    pub elapsed_s: f64,
+    /// `released_all`, `released_some`, `nothing_released`, `nothing_cached`,
+    /// `no_gpu_allocator`.
+    pub outcome: String,
+    /// Imported frameworks that cannot release memory.
+    #[serde(default)]
+    pub unsupported: Vec<Unsupported>,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
+}
+
+/// `gc.collect()`'s result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GcResult {
+    /// Unreachable objects found.
+    pub collected: u64,
+    /// How long it took.
+    pub duration_s: f64,
+}
+
+/// A framework that cannot release memory, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unsupported {
+    /// Its name.
+    pub framework: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// One device of a reclaim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReclaimDevice {
+    /// `torch`.
+    pub framework: String,
+    /// torch's index.
+    pub index: u32,
+    /// The UUID without its prefix.
+    pub uuid: Option<String>,
+    /// Reserved before.
+    pub reserved_before_bytes: u64,
+    /// Reserved after.
+    pub reserved_after_bytes: u64,
+    /// Allocated before.
+    pub allocated_before_bytes: u64,
+    /// Allocated after.
+    pub allocated_after_bytes: u64,
+    /// Reserved before − after.
+    pub released_bytes: u64,
+    /// Free bytes left in segments that could not be returned.
+    pub pinned_bytes: u64,
+    /// The segments that stay, most free space first.
+    #[serde(default)]
+    pub pinned_segments: Vec<PinnedSegment>,
+    /// Segments left out of the list.
+    #[serde(default)]
+    pub pinned_segments_omitted: u64,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
+}
+
+/// One `cudaMalloc`'d segment that stays because something in it is alive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PinnedSegment {
+    /// Device address.
+    pub address: u64,
+    /// Its size.
+    pub total_bytes: u64,
+    /// Its live blocks' size.
+    pub live_bytes: u64,
+    /// The cached bytes it keeps from the driver.
+    pub free_bytes: u64,
+    /// How many live blocks.
+    pub live_blocks: u64,
+    /// `live_blocks` or `private_pool`.
+    pub reason: String,
+    /// Its largest live blocks.
+    #[serde(default)]
+    pub blocks: Vec<PinnedBlock>,
+    /// Blocks left out.
+    #[serde(default)]
+    pub blocks_omitted: u64,
+    /// Whether the blocks carry allocation stacks.
+    #[serde(default)]
+    pub stacks_recorded: bool,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
+}
+
+/// A live block in a pinned segment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PinnedBlock {
+    /// Device address.
+    pub address: u64,
+    /// What it holds.
+    pub size_bytes: u64,
+    /// Its allocation stack, innermost first (empty unless history was recorded).
+    #[serde(default)]
+    pub frames: Vec<StackFrame>,
+    /// The fields of the answer not named above (kept, so that a report can pass the
+    /// agent's answer on whole).
+    #[serde(flatten, default)]
+    pub extra: Map<String, Value>,
+}
+
+/// One frame of an allocation stack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackFrame {
+    /// Source file.
+    pub filename: String,
+    /// Line.
+    pub line: Option<u64>,
+    /// Function.
+    pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+    use super::*;
+
+    /// A real Python process (`python/tests/target.py`) with the stand-in torch on its path
+    /// and its own `XDG_RUNTIME_DIR`, steered line by line over stdin.
+    struct PyProcess {
+        child: Child,
+        stdin: ChildStdin,
+        stdout: BufReader<ChildStdout>,
+        runtime: tempfile::TempDir,
+    }
+
+    fn repo() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    impl PyProcess {
+        fn start() -> Self {
+            let runtime = tempfile::tempdir().unwrap();
+            let python = repo().join("python");
+            let mut child = Command::new("python3")
+                .arg(python.join("tests/target.py"))
+                .env_clear()
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .env(
+                    "PYTHONPATH",
+                    format!(
+                        "{}:{}",
+                        python.display(),
+                        python.join("tests/fakes/torch_pkg").display()
+                    ),
+                )
+                .env("XDG_RUNTIME_DIR", runtime.path())
+                .env("PYTHONDONTWRITEBYTECODE", "1")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("python3 runs");
+            let stdin = child.stdin.take().unwrap();
+            let stdout = BufReader::new(child.stdout.take().unwrap());
+            let mut p = Self {
+                child,
+                stdin,
+                stdout,
+                runtime,
+            };
+            let ready = p.answer();
+            assert_eq!(ready["ready"], true, "{ready}");
+            p
+        }
+
+        fn answer(&mut self) -> Value {
+            let mut line = String::new();
+            self.stdout.read_line(&mut line).unwrap();
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+        }
+
+        fn exec(&mut self, code: &str, eval: &str) -> Value {
+            let line = serde_json::json!({"exec": code, "eval": eval}).to_string();
+            writeln!(self.stdin, "{line}").unwrap();
+            let answer = self.answer();
+            assert_eq!(answer["ok"], true, "{answer}");
+            answer["value"].clone()
+        }
+
+        /// Starts the agent with `cached` bytes in torch's cache (allocated, then freed).
+        fn with_agent(cached: u64) -> Self {
+            let mut p = Self::start();
+            p.exec(
+                &format!("import torch, vramctl_agent\nx = torch.empty({cached}, dtype=torch.uint8, device='cuda')\ndel x"),
+                "vramctl_agent.start()",
+            );
+            p
+        }
+
+        fn pid(&self) -> u32 {
+            self.child.id()
+        }
+
+        fn dir(&self) -> PathBuf {
+            self.runtime.path().join("vramctl")
+        }
+    }
+
+    impl Drop for PyProcess {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    fn quick(ms: u64) -> Timeouts {
+        Timeouts {
+            quick: Duration::from_millis(ms),
+            reclaim: Duration::from_millis(ms),
+        }
+    }
+
+    #[test]
+    fn the_socket_is_found_through_the_process_environment() {
+        let p = PyProcess::with_agent(GIB);
+        let dirs = candidate_dirs(p.pid());
+        assert_eq!(dirs[0], p.dir());
+        assert_eq!(
+            locate_in(p.pid(), &dirs).unwrap(),
+            p.dir().join(socket_name(p.pid()))
+        );
+    }
+
+    #[test]
+    fn a_real_agent_says_hello_stats_and_reclaims_its_cache() {
+        let p = PyProcess::with_agent(2 * GIB);
+        let mut client = AgentClient::connect(p.pid(), Timeouts::default()).unwrap();
+        let hello = client.hello().unwrap();
+        assert_eq!(hello.pid, p.pid());
+        assert!(
+            hello
+                .frameworks
+                .iter()
+                .any(|f| f.name == "torch" && f.initialized)
+        );
+        let stats = client.stats().unwrap();
+        assert_eq!(
+            memory_of(p.pid(), MEMORY_TIMEOUT),
+            Some(AgentMemory {
+                allocated_bytes: Some(0),
+                cached_bytes: Some(2 * GIB),
+                releasable_bytes: Some(2 * GIB)
+            })
+        );
+        let torch = &stats.devices[0];
+        assert_eq!(torch.allocated_bytes, Some(0));
+        assert_eq!(torch.cached_bytes, Some(2 * GIB));
+        let dry = client
+            .reclaim(ReclaimOptions {
+                gc: false,
+                dry_run: true,
+            })
+            .unwrap();
+        assert!(dry.dry_run);
+        assert_eq!(dry.released_bytes, 2 * GIB);
+        let done = client
+            .reclaim(ReclaimOptions {
+                gc: true,
+                dry_run: false,
+            })
+            .unwrap();
+        assert_eq!(done.released_bytes, 2 * GIB);
+        assert_eq!(done.outcome, "released_all");
+        assert!(done.gc.is_some());
+        let again = client.reclaim(ReclaimOptions::default()).unwrap();
+        assert_eq!(
+            (again.released_bytes, again.outcome.as_str()),
+            (0, "nothing_cached")
+        );
+    }
+
+    #[test]
+    fn a_pinned_segment_is_reported_with_its_live_block() {
+        let mut p = PyProcess::with_agent(8 * GIB);
+        p.exec(
+            "small = torch.empty(4 << 20, dtype=torch.uint8, device='cuda')",
+            "None",
+        );
+        let mut client = AgentClient::connect(p.pid(), Timeouts::default()).unwrap();
+        let answer = client.reclaim(ReclaimOptions::default()).unwrap();
+        assert_eq!(answer.outcome, "nothing_released");
+        let seg = &answer.devices[0].pinned_segments[0];
+        assert_eq!((seg.total_bytes, seg.live_bytes), (8 * GIB, 4 << 20));
+        assert_eq!(seg.blocks[0].size_bytes, 4 << 20);
+        // What the typed answer does not name is kept for the report.
+        assert_eq!(seg.extra["segment_type"], "large");
+        assert_eq!(seg.blocks[0].extra["state"], "active_allocated");
+        assert!(answer.extra.contains_key("deep"));
+        assert!(!answer.extra.contains_key("protocol"));
+    }
+
+    #[test]
+    fn a_process_without_an_agent_is_no_agent_with_where_it_looked() {
+        let p = PyProcess::start();
+        match AgentClient::connect(p.pid(), Timeouts::default()) {
+            Err(err @ AgentError::NoAgent { .. }) => {
+                assert!(err.is_no_agent());
+                assert!(
+                    err.to_string().contains(&p.dir().display().to_string()),
+                    "{err}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stale_socket_of_a_dead_process_is_removed_by_the_client() {
+        let mut p = PyProcess::with_agent(GIB);
+        let (pid, dir) = (p.pid(), p.dir());
+        let path = dir.join(socket_name(pid));
+        p.child.kill().unwrap();
+        p.child.wait().unwrap();
+        assert!(path.exists(), "SIGKILL leaves the socket behind");
+        match AgentClient::connect_in(pid, std::slice::from_ref(&dir), Timeouts::default()) {
+            Err(err @ AgentError::Stale { removed: true, .. }) => assert!(err.is_no_agent()),
+            other => panic!("{other:?}"),
+        }
+        assert!(!path.exists());
+        assert!(matches!(
+            AgentClient::connect_in(pid, &[dir], Timeouts::default()),
+            Err(AgentError::NoAgent { .. })
+        ));
+    }
+
+    /// A socket in a directory of its own served by this test process (so that its pid is
+    /// the one `connect_at` is told), answering each request line with `answer(line)`; `None`
+    /// never answers.
+    fn fake_agent(answer: fn(&str) -> Option<String>) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(socket_name(std::process::id()));
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut writer = stream;
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                        match answer(&line) {
+                            Some(reply) => {
+                                let _ = writer.write_all(reply.as_bytes());
+                            }
+                            None => std::thread::sleep(Duration::from_secs(30)),
+                        }
+                        line.clear();
+                    }
+                });
+            }
+        });
+        (dir, path)
+    }
+
+    fn id_of(line: &str) -> u64 {
+        serde_json::from_str::<Value>(line).unwrap()["id"]
+            .as_u64()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_agent_that_never_answers_costs_the_client_its_deadline() {
+        let (_dir, path) = fake_agent(|_| None);
+        let mut client = AgentClient::connect_at(std::process::id(), &path, quick(200)).unwrap();
+        let started = Instant::now();
+        match client.stats() {
+            Err(err @ AgentError::Timeout { .. }) => {
+                assert!(
+                    err.to_string()
+                        .contains("did not answer 'stats' within 0.2 s"),
+                    "{err}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn an_agent_that_never_ends_its_line_is_cut_at_the_limit() {
+        fn endless(_: &str) -> Option<String> {
+            Some("x".repeat(MAX_ANSWER_BYTES + 10))
+        }
+        let (_dir, path) = fake_agent(endless);
+        let mut client = AgentClient::connect_at(std::process::id(), &path, quick(5000)).unwrap();
+        assert!(matches!(client.hello(), Err(AgentError::Malformed { .. })));
+    }
+
+    #[test]
+    fn malformed_answers_are_malformed_not_a_panic() {
+        fn not_json(_: &str) -> Option<String> {
+            Some("{oops\n".into())
+        }
+        fn not_object(_: &str) -> Option<String> {
+            Some("[1]\n".into())
+        }
+        fn no_protocol(l: &str) -> Option<String> {
+            Some(format!("{{\"ok\": true, \"id\": {}}}\n", id_of(l)))
+        }
+        fn other_protocol(l: &str) -> Option<String> {
+            Some(format!(
+                "{{\"protocol\": 2, \"ok\": true, \"id\": {}}}\n",
+                id_of(l)
+            ))
+        }
+        fn wrong_id(_: &str) -> Option<String> {
+            Some("{\"protocol\": 1, \"ok\": true, \"id\": 999}\n".into())
+        }
+        fn wrong_shape(l: &str) -> Option<String> {
+            Some(format!(
+                "{{\"protocol\": 1, \"ok\": true, \"id\": {}, \"taken_at\": \"soon\", \"devices\": 3}}\n",
+                id_of(l)
+            ))
+        }
+        for (answer, needle) in [
+            (not_json as fn(&str) -> Option<String>, "not JSON"),
+            (not_object, "not a JSON object"),
+            (no_protocol, "no 'protocol'"),
+            (other_protocol, "protocol 2"),
+            (wrong_id, "not 1"),
+            (wrong_shape, "invalid type"),
+        ] {
+            let (_dir, path) = fake_agent(answer);
+            let mut client =
+                AgentClient::connect_at(std::process::id(), &path, quick(2000)).unwrap();
+            match client.stats() {
+                Err(err @ AgentError::Malformed { .. }) => {
+                    assert!(err.to_string().contains(needle), "{err} lacks {needle}");
+                }
+                other => panic!("{needle}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_error_answer_is_refused_with_its_code_and_retry() {
+        fn capturing(l: &str) -> Option<String> {
+            Some(format!(
+                "{{\"protocol\": 1, \"ok\": false, \"op\": \"reclaim\", \"id\": {}, \"error\": {{\"code\": \"capturing\", \"message\": \"a CUDA graph is being captured\", \"retry_after_s\": 1.0}}}}\n",
+                id_of(l)
+            ))
+        }
+        let (_dir, path) = fake_agent(capturing);
+        let mut client = AgentClient::connect_at(std::process::id(), &path, quick(2000)).unwrap();
+        match client.reclaim(ReclaimOptions::default()) {
+            Err(err @ AgentError::Refused { .. }) => {
+                assert_eq!(err.code(), "capturing");
+                assert!(
+                    matches!(err, AgentError::Refused { retry_after_s: Some(r), .. } if r == 1.0)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_socket_served_by_another_process_is_not_believed() {
+        let (_dir, path) = fake_agent(|_| None);
+        // Told it is the agent of our parent: the kernel says we serve it.
+        let parent = rustix::process::getppid().map_or(1, |p| p.as_raw_pid().unsigned_abs());
+        assert!(matches!(
+            AgentClient::connect_at(parent, &path, quick(200)),
+            Err(AgentError::WrongPeer { .. })
+        ));
+    }
+
+    #[test]
+    fn the_runtime_dir_is_read_from_an_environment_block() {
+        assert_eq!(
+            xdg_runtime_dir(b"A=1\0XDG_RUNTIME_DIR=/run/user/7\0B=2\0"),
+            Some(PathBuf::from("/run/user/7"))
+        );
+        assert_eq!(xdg_runtime_dir(b"XDG_RUNTIME_DIR=relative\0"), None);
+        assert_eq!(xdg_runtime_dir(b""), None);
+    }
+}

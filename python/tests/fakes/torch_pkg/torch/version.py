@@ -1,0 +1,2 @@
+cuda = "13.0"
+hip = None

@@ -1,0 +1,220 @@
+"""Test helpers: a real Python interpreter running the agent (the "target"), steered line by
+line over its stdin, with the stand-in frameworks of tests/fakes on its path.
+
+    with Target() as t:                      # a child interpreter, its own XDG_RUNTIME_DIR
+        path = t.start_agent()
+        t.run("import torch; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')")
+        answer = client.request(path, "stats")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(TESTS)
+FAKES = os.path.join(TESTS, "fakes")
+TARGET = os.path.join(TESTS, "target.py")
+sys.path.insert(0, PYTHON_DIR)
+
+from vramctl_agent import client  # noqa: E402
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# Unprivileged identities for the tests that need another user (run as root): drawn per
+# test run from a range no real account uses, so that their fallback directories
+# (/tmp/vramctl-<uid>) belong to this run alone, even beside another run of the suite.
+# (Below 65536: a container's user namespace often maps no more.)
+AGENT_UID = random.SystemRandom().randrange(40000, 65000, 2)
+OTHER_UID = AGENT_UID + 1
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def fake_path(*names: str) -> list[str]:
+    return [os.path.join(FAKES, f"{name}_pkg") for name in names]
+
+
+class TargetFailed(AssertionError):
+    pass
+
+
+class Target:
+    """A child interpreter that runs code sent to it and answers with JSON lines."""
+
+    def __init__(
+        self,
+        fakes: tuple = ("torch",),
+        env: dict | None = None,
+        uid: int | None = None,
+        runtime_dir: str | None = None,
+        python: str | None = None,
+        pythonpath: list[str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
+        self._own_runtime = runtime_dir is None
+        self.runtime_dir = runtime_dir if runtime_dir is not None else tempfile.mkdtemp(prefix="vramctl-test-run-")
+        if self._own_runtime and uid is not None:
+            os.chown(self.runtime_dir, uid, uid)
+        self.stderr_file = tempfile.TemporaryFile()
+        path = list(pythonpath) if pythonpath is not None else [PYTHON_DIR] + fake_path(*fakes)
+        environment = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": "/",
+            "PYTHONPATH": os.pathsep.join(path),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+            "XDG_RUNTIME_DIR": self.runtime_dir,
+        }
+        environment.update(env or {})
+        environment = {k: v for k, v in environment.items() if v is not None}
+        preexec = None
+        if uid is not None:
+
+            def preexec() -> None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+
+        self.proc = subprocess.Popen(
+            [python or sys.executable, *(args or []), TARGET],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr_file,
+            env=environment,
+            preexec_fn=preexec,
+            cwd="/",
+        )
+        self.pid = self.proc.pid
+        hello = self._read(timeout_s=20)
+        if not hello.get("ready"):
+            raise TargetFailed(f"the target did not start: {hello} {self.stderr()}")
+
+    def _read(self, timeout_s: float) -> dict:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], timeout_s)
+        if not ready:
+            raise TargetFailed(f"the target did not answer within {timeout_s} s; stderr: {self.stderr()}")
+        line = stdout.readline()
+        if not line:
+            raise TargetFailed(f"the target exited ({self.proc.poll()}); stderr: {self.stderr()}")
+        return json.loads(line)
+
+    def run(self, code: str = "", expr: str | None = None, timeout_s: float = 20, check: bool = True):
+        """Executes `code` in the target's namespace and returns `expr`'s value."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        stdin.write((json.dumps({"exec": code, "eval": expr}) + "\n").encode())
+        stdin.flush()
+        answer = self._read(timeout_s)
+        if check and not answer["ok"]:
+            raise TargetFailed(f"the target failed: {answer['error']}\n{answer.get('traceback', '')}")
+        return answer.get("value") if answer["ok"] else answer
+
+    def start_agent(self, **kwargs) -> str:
+        return self.run(f"import vramctl_agent\npath = vramctl_agent.start(**{kwargs!r})", "path")
+
+    def stderr(self) -> str:
+        self.stderr_file.seek(0)
+        return self.stderr_file.read().decode(errors="replace")
+
+    def finish(self, timeout_s: float = 20) -> int:
+        """Closes stdin (the target exits normally, running atexit) and waits."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        return self.proc.wait(timeout_s)
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(20)
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(20)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        self.stderr_file.close()
+        if self._own_runtime:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def world_readable_copy(*fakes: str) -> tuple[str, list[str]]:
+    """The package and fakes copied to a directory every user can read (the checkout may sit
+    under a private home), for targets that run as another user. Returns (dir, pythonpath)."""
+    base = tempfile.mkdtemp(prefix="vramctl-test-pkg-")
+    os.chmod(base, 0o755)
+    shutil.copytree(os.path.join(PYTHON_DIR, "vramctl_agent"), os.path.join(base, "vramctl_agent"), ignore=shutil.ignore_patterns("__pycache__"))
+    paths = [base]
+    for name in fakes:
+        destination = os.path.join(base, f"{name}_pkg")
+        shutil.copytree(os.path.join(FAKES, f"{name}_pkg"), destination, ignore=shutil.ignore_patterns("__pycache__"))
+        paths.append(destination)
+    shutil.copy(TARGET, os.path.join(base, "target.py"))
+    for root, dirs, files in os.walk(base):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o644)
+    return base, paths
+
+
+_python_for_uid: dict[int, str | None] = {}
+
+
+def python_for_uid(uid: int) -> str | None:
+    """An interpreter that `uid` can run: ours, unless it lives under a private directory
+    (pyenv under /root), else the system's."""
+    if uid in _python_for_uid:
+        return _python_for_uid[uid]
+    found = None
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if not os.path.exists(candidate):
+            continue
+
+        def preexec() -> None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+        try:
+            done = subprocess.run([candidate, "-c", "import sys; assert sys.version_info >= (3, 8)"], preexec_fn=preexec, cwd="/", capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            found = candidate
+            break
+    _python_for_uid[uid] = found
+    return found
+
+
+def needs_root(test):
+    return unittest.skipUnless(is_root(), "needs root (to act as other users); CI runs as root")(test)
