@@ -22,7 +22,7 @@ use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl_core::analysis::{
-    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
+    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind, SeriesReport, Steadiness,
     TrendTest, Verdict, explain,
 };
 use vramctl_core::command_line::abbreviate;
@@ -464,6 +464,7 @@ pub struct SeriesJson {
 /// `onset` above).
 #[derive(Debug, Serialize)]
 struct TrendJson {
+    region: RegionKind,
     duration_sec: f64,
     slope_bytes_per_sec: f64,
     net_growth_bytes: i64,
@@ -474,12 +475,15 @@ struct TrendJson {
     still_growing: bool,
     stall_window_sec: f64,
     releases: u32,
+    levels: u32,
     mann_kendall: Option<MannKendall>,
+    steadiness: Option<Steadiness>,
 }
 
 impl From<&TrendTest> for TrendJson {
     fn from(t: &TrendTest) -> Self {
         Self {
+            region: t.region,
             duration_sec: t.duration_sec,
             slope_bytes_per_sec: t.slope_bytes_per_sec,
             net_growth_bytes: t.net_growth_bytes,
@@ -490,7 +494,9 @@ impl From<&TrendTest> for TrendJson {
             still_growing: t.still_growing,
             stall_window_sec: t.stall_window_sec,
             releases: t.releases,
+            levels: t.levels,
             mann_kendall: t.mann_kendall,
+            steadiness: t.steadiness.clone(),
         }
     }
 }
