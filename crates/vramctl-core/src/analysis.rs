@@ -660,7 +660,11 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
         assert!((r.trend.levels as usize) < MIN_FORECAST_LEVELS);
         // One or two steps are a size: no rate in the explanation either.
-        assert!(r.explanation.contains("a size, not yet a rate"), "{}", r.explanation);
+        assert!(
+            r.explanation.contains("a size, not yet a rate"),
+            "{}",
+            r.explanation
+        );
         assert_eq!(r.time_to_full_sec, None);
         assert!(!r.explanation.contains("full in"), "{}", r.explanation);
         // A steady rise over many levels gets its forecast...
@@ -708,7 +712,11 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
         assert_eq!(r.rule, Some(LeakRule::SteadyGrowth));
         assert!(r.checks.steady == Some(true));
-        assert!(r.explanation.contains("steadily from its start"), "{}", r.explanation);
+        assert!(
+            r.explanation.contains("steadily from its start"),
+            "{}",
+            r.explanation
+        );
         // Before `min_steady_duration` (40 s) it is only growing, with the reason.
         let r = run(&s[..200]);
         assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
@@ -717,8 +725,13 @@ mod tests {
             free_bytes: Some(GIB),
             ..ctx()
         };
-        let r = analyze(&s[..200], &ActivityInputs::default(), &c, &LeakConfig::default())
-            .unwrap();
+        let r = analyze(
+            &s[..200],
+            &ActivityInputs::default(),
+            &c,
+            &LeakConfig::default(),
+        )
+        .unwrap();
         assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
         assert_eq!(r.rule, Some(LeakRule::FillsDevice));
     }
@@ -772,9 +785,11 @@ mod tests {
         // An idle holder's start-up: 12 GiB in one step, then flat. No rate, no forecast
         // ("growing 21 GB/s … full in 6 s" was shown on the H200).
         let mut s = vec![Sample::new(T0, 600 * MIB)];
-        s.extend(series(20, 100, |_| 12 * GIB + 600 * MIB).into_iter().map(|x| {
-            Sample::new(x.t_unix_ms + 500, x.bytes)
-        }));
+        s.extend(
+            series(20, 100, |_| 12 * GIB + 600 * MIB)
+                .into_iter()
+                .map(|x| Sample::new(x.t_unix_ms + 500, x.bytes)),
+        );
         let r = run(&s);
         assert_eq!(r.time_to_full_sec, None);
         assert!(!r.explanation.contains("full in"), "{}", r.explanation);
@@ -805,7 +820,11 @@ mod tests {
         assert_ne!(r.verdict, Verdict::Leak, "{}", r.explanation);
         assert_eq!(r.reserved_verdict, Some(Verdict::Leak));
         assert_eq!(r.allocated_bytes, Some(512 * MIB));
-        assert!(r.explanation.contains("cache, not a leak"), "{}", r.explanation);
+        assert!(
+            r.explanation.contains("cache, not a leak"),
+            "{}",
+            r.explanation
+        );
         // Allocated bytes retained at the same pace: a leak, judged on them.
         let leaking = series(900, 100, |t| 512 * MIB + granule(t as f64 / 1000.0 * 20e6));
         let r = judge(&leaking);
@@ -832,17 +851,42 @@ mod tests {
             process_start_unix_ms: None,
             ..ctx()
         };
-        let r = analyze(&s[..720], &ActivityInputs::default(), &device, &LeakConfig::default())
-            .unwrap();
+        let r = analyze(
+            &s[..720],
+            &ActivityInputs::default(),
+            &device,
+            &LeakConfig::default(),
+        )
+        .unwrap();
         assert_ne!(r.verdict, Verdict::Leak, "{}", r.explanation);
         assert!(r.device_total);
-        assert!(r.explanation.starts_with("all processes together: "), "{}", r.explanation);
-        let process = analyze(&s[..720], &ActivityInputs::default(), &ctx(), &LeakConfig::default())
-            .unwrap();
-        assert_eq!(process.rule, Some(LeakRule::AfterPlateau), "{}", process.explanation);
+        assert!(
+            r.explanation.starts_with("all processes together: "),
+            "{}",
+            r.explanation
+        );
+        let process = analyze(
+            &s[..720],
+            &ActivityInputs::default(),
+            &ctx(),
+            &LeakConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            process.rule,
+            Some(LeakRule::AfterPlateau),
+            "{}",
+            process.explanation
+        );
         // A device total that grows steadily from the start is still a leak (per device).
         let s = series(900, 100, |t| 4 * GIB + granule(t as f64 / 1000.0 * 20e6));
-        let r = analyze(&s, &ActivityInputs::default(), &device, &LeakConfig::default()).unwrap();
+        let r = analyze(
+            &s,
+            &ActivityInputs::default(),
+            &device,
+            &LeakConfig::default(),
+        )
+        .unwrap();
         assert_eq!(r.rule, Some(LeakRule::SteadyGrowth), "{}", r.explanation);
     }
 

@@ -239,9 +239,8 @@ impl Scale {
             .map(|w| (w[1] - w[0]) as f64)
             .collect();
         let interval_ms = (stats::median_in_place(&mut gaps).unwrap_or(1.0) as i64).max(1);
-        let at_least = |d: std::time::Duration, samples: i64| {
-            ms(d).max(interval_ms.saturating_mul(samples))
-        };
+        let at_least =
+            |d: std::time::Duration, samples: i64| ms(d).max(interval_ms.saturating_mul(samples));
         Self {
             interval_ms,
             plateau_ms: at_least(cfg.plateau, PLATEAU_SAMPLES),
@@ -451,7 +450,8 @@ impl Series<'_> {
         let growth_span_ms = last_step.map_or(0, |t| (t - span_from).max(0));
         let mut gaps: Vec<f64> = steps.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
         let median_gap = stats::median_in_place(&mut gaps).unwrap_or(0.0);
-        let stall_ms = (self.scale.plateau_ms as f64).max(self.cfg.stall_factor * median_gap) as i64;
+        let stall_ms =
+            (self.scale.plateau_ms as f64).max(self.cfg.stall_factor * median_gap) as i64;
         let recent = index_at(&self.times, now - stall_ms).map_or(onset, |k| k.max(onset));
         let still_growing = self.r[n - 1].saturating_sub(self.r[recent]) > self.tol
             && last_step.is_some_and(|t| now - t <= stall_ms);

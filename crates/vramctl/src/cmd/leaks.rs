@@ -22,8 +22,8 @@ use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl_core::analysis::{
-    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind, SeriesReport, Steadiness,
-    TrendTest, Verdict, explain,
+    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
+    SeriesReport, Steadiness, TrendTest, Verdict, explain,
 };
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::wall_time::{self, clock, same_day};
