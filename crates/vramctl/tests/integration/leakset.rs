@@ -539,3 +539,61 @@ fn an_nvidia_smi_log_replays_live_at_its_process_rows_with_no_gaps_and_as_batch_
     assert_eq!(batch.class, Class::Found);
     assert_eq!(batch.found_ms, watch.found_ms);
 }
+
+/// The 10 s history of the leak set's held-back half (`testdata/h200/leakset/`; its
+/// figures were measured once, after the design of issue 13 was final), replayed live at
+/// the `--watch`/`top` and `serve` cadences: every live verdict is what `vramctl leaks`
+/// says on the same samples, every leak is found on every path, none falsely.
+#[test]
+fn live_and_batch_agree_on_the_held_back_leakset_half_at_10_s() {
+    let leakset = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/h200/leakset");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("leakset-10s.db");
+    let gz = std::fs::File::open(leakset.join("leakset-10s.db.gz")).unwrap();
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut bytes).unwrap();
+    std::fs::write(&db, bytes).unwrap();
+    let (holdout, tune): (Vec<_>, Vec<_>) =
+        labels::parse(&std::fs::read_to_string(leakset.join("labels.jsonl")).unwrap())
+            .unwrap()
+            .into_iter()
+            .partition(|w| labels::HalfArg::Holdout.keeps(w.half));
+    assert_eq!(holdout.len(), 16);
+    let ws = Workspace::new(jiff::tz::TimeZone::UTC).unwrap();
+    let sources = vec![Source {
+        name: "10s".into(),
+        what: "leak set, 10 s history".into(),
+        input: Input::Db(db),
+    }];
+    let settings = Settings {
+        half: labels::HalfArg::Holdout,
+        hidden_workloads: tune.len(),
+        idle_for: "60s".into(),
+        batch_every_ms: 10_000,
+        equality: true,
+        live: vec![LiveCadence::Interactive, LiveCadence::Scraped],
+    };
+    let reports = eval::evaluate(
+        &holdout,
+        &tune,
+        &sources,
+        &ws,
+        &vramctl(),
+        &settings,
+        &cfg(),
+        |_| {},
+    )
+    .unwrap();
+    let r = &reports[0];
+    assert!(r.same_samples_checked > 100, "{}", r.same_samples_checked);
+    assert!(
+        r.same_samples_mismatches.is_empty(),
+        "{:?}",
+        r.same_samples_mismatches
+    );
+    for s in &r.summaries {
+        assert_eq!((s.leaks, s.found, s.false_alarms), (8, 8, 0), "{}", s.path);
+        assert_eq!(s.idle_found, 1, "{}", s.path);
+    }
+    assert_eq!(r.summaries.len(), 3);
+}
