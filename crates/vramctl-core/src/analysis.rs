@@ -891,6 +891,31 @@ mod tests {
     }
 
     #[test]
+    fn windows_scale_with_the_sampling_interval() {
+        // At 100 ms and 1 s the configured times rule; at 10 s a plateau is three flat
+        // samples (30 s), not two, and the steadiness test needs five intervals (50 s).
+        let flat = |dt: i64| run(&series(100, dt, |_| GIB)).scale;
+        let s = flat(100);
+        assert_eq!(
+            (s.interval_ms, s.plateau_ms, s.min_steady_ms),
+            (100, 20_000, 40_000)
+        );
+        assert_eq!(flat(1000).plateau_ms, 20_000);
+        let s = flat(10_000);
+        assert_eq!((s.interval_ms, s.plateau_ms), (10_000, 30_000));
+        assert_eq!((s.min_leak_ms, s.min_steady_ms), (20_000, 50_000));
+        assert_eq!(s.min_irregular_ms, 60_000);
+        // A leak from the first step read every 10 s is still found, in two minutes.
+        let s = series(60, 10_000, |t| GIB + granule(t as f64 / 1000.0 * 20e6));
+        let changes = live_changes(&s, &ctx());
+        let first_leak = changes.iter().find(|c| c.1 == Verdict::Leak).map(|c| c.0);
+        assert!(
+            first_leak.is_some_and(|t| t <= 120_000),
+            "first leak at {first_leak:?}: {changes:?}"
+        );
+    }
+
+    #[test]
     fn warm_up_steps_that_stop_are_stable() {
         // Context, weights, optimizer state, a few cache steps, then a plateau.
         let steps = [

@@ -24,8 +24,8 @@
 //!    probability 1 − ((k − 1)/k)^m and so ever more rarely.
 //! 7. **rules**: `after-plateau` (growth resumed after a plateau, ≥ `min_leak_duration`),
 //!    `steady-growth` (growth since the start that does not slow down, ≥
-//!    `min_steady_duration`), `fills-device` (growth that fills the device within
-//!    `max_forecast_factor` times the time it has been growing).
+//!    `min_steady_duration`), `fills-device` (in warm-up, growth that fills the device
+//!    within `max_forecast_factor` times the time it has been growing).
 
 use serde::Serialize;
 
