@@ -66,6 +66,7 @@ fn ctx() -> SeriesContext {
         process_start_unix_ms: Some(T0),
         device_label: Some("GPU 0".to_owned()),
         ended: false,
+        device_total: false,
     }
 }
 

@@ -40,7 +40,7 @@ pub use idle::{
 pub use series::Sample;
 pub use stats::MannKendall;
 pub use tracker::{Cadence, ProcessTracker, VerdictChange};
-pub use trend::{LeakChecks, LeakRule, TrendTest};
+pub use trend::{LeakChecks, LeakRule, RegionKind, Scale, Steadiness, TrendTest};
 
 use config::ms;
 use idle::IdleFold;
@@ -103,6 +103,40 @@ pub struct SeriesContext {
     /// The process is no longer listed at the end of the data (it ended before the log
     /// did): its memory cannot fill the device any more, so there is no time to full.
     pub ended: bool,
+    /// The series is a device's used memory (all its processes together), not one
+    /// process's: the verdict is per device, and growth after a plateau may be a process
+    /// starting, so only the since-start rules (`steady-growth`, `fills-device`) judge it.
+    pub device_total: bool,
+}
+
+/// The memory series of one process (or device) as the analysis takes them: what NVML
+/// reports, and where the process reports it, what its framework's allocator has
+/// allocated (live tensors, without the cache the allocator keeps).
+///
+/// NVML's memory is the CUDA context plus the allocator's *reserved* cache, so a warm-up
+/// (the cache growing to cover the peak) and a leak both raise it. The allocated bytes
+/// tell them apart directly: a leak is retained *allocated* bytes growing; reserve growth
+/// over flat allocated bytes is cache. When `allocated` has samples the leak verdict is
+/// judged on it (`SeriesReport::basis`), the rest (idle, releases) on `memory`. No source
+/// fills it yet: the in-process agent of a later issue will (`agent` in
+/// `docs/leaks.md`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SeriesInputs<'a> {
+    /// NVML's per-process (or the device's used) memory.
+    pub memory: &'a [Sample],
+    /// The allocator's allocated bytes (`torch.cuda.memory_allocated()`), in time order;
+    /// empty when the process does not report them.
+    pub allocated: &'a [Sample],
+}
+
+/// Which series the leak verdict was judged on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// NVML's memory: the context plus the allocator's reserved cache.
+    Reserved,
+    /// The allocator's allocated bytes, reported by the process.
+    Allocated,
 }
 
 /// Activity evidence for the idle-holder verdict; every slice may be empty.
@@ -172,6 +206,17 @@ pub struct SeriesReport {
     pub noise_tolerance_bytes: u64,
     /// Idle evidence and idle periods.
     pub idle: IdleReport,
+    /// The windows of the analysis as scaled to this series' sampling interval.
+    pub scale: Scale,
+    /// The series the leak verdict was judged on.
+    pub basis: Basis,
+    /// The allocator's allocated bytes at the last sample, where the process reports them.
+    pub allocated_bytes: Option<u64>,
+    /// The verdict NVML's memory alone gives, where it differs from `verdict` because the
+    /// allocated bytes said otherwise (`leak` there, `stable` here: the cache grew).
+    pub reserved_verdict: Option<Verdict>,
+    /// The series is a device's total memory (all processes): the verdict is per device.
+    pub device_total: bool,
 }
 
 /// Why no report could be made.
@@ -201,9 +246,34 @@ pub fn analyze(
     ctx: &SeriesContext,
     cfg: &LeakConfig,
 ) -> Result<SeriesReport, AnalysisError> {
+    analyze_series(
+        &SeriesInputs {
+            memory: samples,
+            allocated: &[],
+        },
+        activity,
+        ctx,
+        cfg,
+    )
+}
+
+/// [`analyze`] with every series a process can have: NVML's memory and, where the
+/// process reports it, its allocator's allocated bytes ([`SeriesInputs`]).
+///
+/// # Errors
+/// As [`analyze`].
+pub fn analyze_series(
+    inputs: &SeriesInputs<'_>,
+    activity: &ActivityInputs<'_>,
+    ctx: &SeriesContext,
+    cfg: &LeakConfig,
+) -> Result<SeriesReport, AnalysisError> {
     let mut fold = SeriesFold::new(cfg.clone())?;
-    for s in samples {
+    for s in inputs.memory {
         fold.push(s);
+    }
+    for s in inputs.allocated {
+        fold.push_allocated(s);
     }
     fold_activity(&mut fold.idle, activity);
     fold.report(ctx)
@@ -219,6 +289,7 @@ pub fn analyze(
 pub struct SeriesFold {
     cfg: LeakConfig,
     series: Tiered,
+    allocated: Option<Tiered>,
     idle: IdleFold,
 }
 
@@ -231,6 +302,7 @@ impl SeriesFold {
         cfg.validate()?;
         Ok(Self {
             series: Tiered::new(cfg.tail_points, cfg.head_points),
+            allocated: None,
             idle: IdleFold::new(
                 ms(cfg.max_evidence_gap),
                 ms(cfg.idle_for),
@@ -243,6 +315,15 @@ impl SeriesFold {
     /// Adds a memory sample; `false` when it was ignored (not later than the previous one).
     pub fn push(&mut self, sample: &Sample) -> bool {
         self.series.push(sample)
+    }
+
+    /// Adds a sample of the allocator's allocated bytes (`Sample::bytes`); `false` when
+    /// it was ignored (not later than the previous one).
+    pub fn push_allocated(&mut self, sample: &Sample) -> bool {
+        let cfg = &self.cfg;
+        self.allocated
+            .get_or_insert_with(|| Tiered::new(cfg.tail_points, cfg.head_points))
+            .push(sample)
     }
 
     /// Adds a per-process SM activity sample.
@@ -270,7 +351,14 @@ impl SeriesFold {
     /// # Errors
     /// [`AnalysisError::NoSamples`] when no memory sample was accepted.
     pub fn report(&self, ctx: &SeriesContext) -> Result<SeriesReport, AnalysisError> {
-        report(&self.series, &self.idle, ctx, &self.cfg).ok_or(AnalysisError::NoSamples)
+        report(
+            &self.series,
+            self.allocated.as_ref(),
+            &self.idle,
+            ctx,
+            &self.cfg,
+        )
+        .ok_or(AnalysisError::NoSamples)
     }
 }
 
@@ -296,23 +384,25 @@ fn fold_activity(idle: &mut IdleFold, activity: &ActivityInputs<'_>) {
     }
 }
 
-/// Fewest distinct memory levels in the judged region for a time-to-full forecast: the
-/// fewest at which the exact one-sided Mann–Kendall test the leak rules use can tell a
-/// rise from chance at their `alpha` of 0.01 (all rising: p = 1/n!, 0.042 for 4 levels,
-/// 0.0083 for 5). With fewer, a slope is one or two steps extrapolated: a 3-sample burst
-/// was "full in 21 s". Derived from the test, not fitted to data; checked on the
-/// synthetic suite and the H200 fixtures (`docs/leaks.md`, "Time to full").
+/// Fewest distinct memory levels in the judged region for a rate: the fewest at which the
+/// exact one-sided Mann–Kendall test the leak rules use can tell a rise from chance at
+/// their `alpha` of 0.01 (all rising: p = 1/n!, 0.042 for 4 levels, 0.0083 for 5). With
+/// fewer, a slope is one or two steps extrapolated: a 3-sample burst was "full in 21 s",
+/// an idle holder's start-up allocation "growing 21 GB/s". So no time to full and no rate
+/// in the explanation from fewer (one allocation is a size, not a slope). Derived from
+/// the test, not fitted to data; checked on the synthetic suite and the H200 fixtures
+/// (`docs/leaks.md`, "Time to full").
 pub const MIN_FORECAST_LEVELS: usize = 5;
 
-fn forecast_levels_enough(region: &TrendTest) -> bool {
-    region
-        .mann_kendall
-        .is_some_and(|mk| mk.n >= MIN_FORECAST_LEVELS)
+/// Whether the judged region has enough levels for a rate.
+pub fn rate_known(region: &TrendTest) -> bool {
+    region.levels as usize >= MIN_FORECAST_LEVELS
 }
 
 /// The report for the current state of a series; `None` when it has no sample.
 pub(crate) fn report(
     series: &Tiered,
+    allocated: Option<&Tiered>,
     idle: &IdleFold,
     ctx: &SeriesContext,
     cfg: &LeakConfig,
@@ -320,26 +410,41 @@ pub(crate) fn report(
     let points = series.points();
     let last = *series.last()?;
     let first = series.first_t()?;
-    let trend = trend::analyze(
-        &points,
-        TrendInputs {
-            process_start_unix_ms: ctx.process_start_unix_ms,
-            free_bytes: ctx.free_bytes,
-        },
-        cfg,
-    );
+    let inputs = TrendInputs {
+        process_start_unix_ms: ctx.process_start_unix_ms,
+        free_bytes: ctx.free_bytes,
+        device_total: ctx.device_total,
+    };
+    let reserved = trend::analyze(&points, inputs, cfg);
+    // The allocator's own numbers, where the process reports them, judge the leak: the
+    // same analysis on the allocated bytes (a warm-up's cache does not show there).
+    let allocated_trend = allocated
+        .filter(|a| a.accepted >= 2)
+        .map(|a| trend::analyze(&a.points(), inputs, cfg));
+    let (trend, basis) = match allocated_trend {
+        Some(t) => (t, Basis::Allocated),
+        None => (reserved.clone(), Basis::Reserved),
+    };
     let idle_report = idle.report(last.t_last, series.last_change_ms);
     let idle_holder = idle_report
         .idle_sec
         .is_some_and(|s| s >= cfg.idle_for.as_secs_f64())
         && last.last >= cfg.min_idle_bytes;
-    let (verdict, rule) = match trend.verdict {
+    let memory_verdict = |t: &trend::Trend| match t.verdict {
         MemoryVerdict::Leak(rule) => (Verdict::Leak, Some(rule)),
         _ if idle_holder => (Verdict::IdleHolder, None),
         MemoryVerdict::Growing => (Verdict::Growing, None),
         MemoryVerdict::Sawtooth => (Verdict::Sawtooth, None),
+        // Releases are seen in NVML's memory (the allocator handing segments back).
+        MemoryVerdict::Stable if reserved.verdict == MemoryVerdict::Sawtooth => {
+            (Verdict::Sawtooth, None)
+        }
         MemoryVerdict::Stable => (Verdict::Stable, None),
     };
+    let (verdict, rule) = memory_verdict(&trend);
+    let reserved_verdict = (basis == Basis::Allocated)
+        .then(|| memory_verdict(&reserved).0)
+        .filter(|v| *v != verdict);
     let mut report = SeriesReport {
         verdict,
         explanation: String::new(),
@@ -358,20 +463,25 @@ pub(crate) fn report(
         p_value: trend.region.p_value(),
         time_to_full_sec: trend
             .time_to_full_sec
-            .filter(|_| !ctx.ended && forecast_levels_enough(&trend.region)),
+            .filter(|_| !ctx.ended && rate_known(&trend.region)),
         phase: if trend.settled_unix_ms.is_some() {
             Phase::Settled
         } else {
             Phase::WarmUp
         },
         settled_unix_ms: trend.settled_unix_ms,
-        trend: trend.region,
         checks: trend.checks,
-        releases: trend.releases,
-        release_period_ms: trend.release_period_ms,
+        releases: reserved.releases,
+        release_period_ms: reserved.release_period_ms,
         floor_window_ms: trend.floor_window_ms,
         noise_tolerance_bytes: trend.noise_tolerance_bytes,
         idle: idle_report,
+        scale: trend.scale,
+        basis,
+        allocated_bytes: allocated.and_then(|a| a.last()).map(|p| p.last),
+        reserved_verdict,
+        device_total: ctx.device_total,
+        trend: trend.region,
     };
     let device = ctx.device_label.as_deref().unwrap_or("the device");
     report.explanation = explain(
@@ -408,6 +518,7 @@ mod tests {
             process_start_unix_ms: Some(T0),
             device_label: Some("GPU 0".to_owned()),
             ended: false,
+            device_total: false,
         }
     }
 
@@ -547,10 +658,12 @@ mod tests {
         }
         let r = run(&s);
         assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
+        assert!((r.trend.levels as usize) < MIN_FORECAST_LEVELS);
+        // One or two steps are a size: no rate in the explanation either.
         assert!(
-            r.trend
-                .mann_kendall
-                .is_some_and(|mk| mk.n < MIN_FORECAST_LEVELS)
+            r.explanation.contains("a size, not yet a rate"),
+            "{}",
+            r.explanation
         );
         assert_eq!(r.time_to_full_sec, None);
         assert!(!r.explanation.contains("full in"), "{}", r.explanation);
@@ -573,49 +686,233 @@ mod tests {
         assert!(!r.explanation.contains("full in"), "{}", r.explanation);
     }
 
+    /// The verdicts a tracker gives while the samples are pushed one by one, as
+    /// `leaks --watch` gives them: (ms since T0, verdict) of every change.
+    fn live_changes(samples: &[Sample], c: &SeriesContext) -> Vec<(i64, Verdict)> {
+        let mut tracker = ProcessTracker::new(c.clone(), LeakConfig::default()).unwrap();
+        samples
+            .iter()
+            .filter_map(|x| tracker.push(*x))
+            .map(|c| (c.at_unix_ms - T0, c.to))
+            .collect()
+    }
+
     #[test]
-    fn growth_from_the_start_is_warm_up_unless_it_fills_the_device_soon() {
-        // 20 MB/s from the first sample for 60 s: warm-up, with 100 GiB free.
-        let s = series(600, 100, |t| granule(t as f64 / 1000.0 * 20e6));
-        let r = run(&s);
-        assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
-        assert_eq!(r.phase, Phase::WarmUp);
+    fn steady_growth_from_the_first_step_is_a_leak_within_a_minute() {
+        // 20 MB/s from the first sample (a `total_loss += loss` keeping every graph),
+        // 100 GiB free: no warm-up to wait for, the growth does not slow down.
+        let s = series(900, 100, |t| GIB + granule(t as f64 / 1000.0 * 20e6));
+        let changes = live_changes(&s, &ctx());
+        let first_leak = changes.iter().find(|c| c.1 == Verdict::Leak).map(|c| c.0);
         assert!(
-            r.explanation.contains("still warming up"),
+            first_leak.is_some_and(|t| t <= 60_000),
+            "first leak at {first_leak:?}: {changes:?}"
+        );
+        let r = run(&s);
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.rule, Some(LeakRule::SteadyGrowth));
+        assert!(r.checks.steady == Some(true));
+        assert!(
+            r.explanation.contains("steadily from its start"),
             "{}",
             r.explanation
         );
-        // The same with 1 GiB free: full in under a minute, so it is a leak now.
+        // Before `min_steady_duration` (40 s) it is only growing, with the reason.
+        let r = run(&s[..200]);
+        assert_eq!(r.verdict, Verdict::Growing, "{}", r.explanation);
+        // The same with 1 GiB free: full long before 40 s, so a leak already.
         let c = SeriesContext {
             free_bytes: Some(GIB),
             ..ctx()
         };
-        let r = analyze(&s, &ActivityInputs::default(), &c, &LeakConfig::default()).unwrap();
-        assert_eq!(r.verdict, Verdict::Leak);
-        assert_eq!(r.rule, Some(LeakRule::UrgentInWarmUp));
-        assert!(
-            r.explanation.contains("from its start"),
-            "{}",
-            r.explanation
-        );
-        // Without free memory known there is no time to full and no urgency.
-        let c = SeriesContext {
-            free_bytes: None,
-            ..ctx()
-        };
-        let r = analyze(&s, &ActivityInputs::default(), &c, &LeakConfig::default()).unwrap();
-        assert_eq!(r.verdict, Verdict::Growing);
-        assert_eq!(r.time_to_full_sec, None);
+        let r = analyze(
+            &s[..200],
+            &ActivityInputs::default(),
+            &c,
+            &LeakConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.rule, Some(LeakRule::FillsDevice));
     }
 
     #[test]
-    fn warm_up_that_goes_on_too_long_is_judged() {
-        // 1 MB/s from the start for 20 min: past max_warmup (10 min) it is a leak.
-        let s = series(1200, 1000, |t| GIB + granule(t as f64 / 1000.0 * 1e6));
+    fn a_warm_up_of_new_maxima_is_not_a_leak() {
+        // Dynamic shapes: every 200 ms a batch of a random length (i.i.d., heavy tailed),
+        // the cache grows to the largest seen so far. New maxima come ever more rarely:
+        // growth that slows down, never a leak, at 100 ms and at 1 s.
+        for dt in [100, 1000] {
+            let n = 600_000 / dt;
+            let mut max = 0.0_f64;
+            let s: Vec<Sample> = (0..n)
+                .map(|i| {
+                    let t = i * dt;
+                    for k in 0..(dt / 100).max(1) {
+                        let u = (noise(t / 100 + k) + 1.0) / 2.0;
+                        // Pareto(α = 1.5) lengths, 64 MiB each unit, capped at 16 GiB.
+                        let len = (1.0 - u).max(1e-9).powf(-1.0 / 1.5);
+                        max = max.max((len * 64.0 * MIB as f64).min(16.0 * GIB as f64));
+                    }
+                    Sample::new(T0 + t, 2 * GIB + granule(max))
+                })
+                .collect();
+            let changes = live_changes(&s, &ctx());
+            assert!(
+                changes.iter().all(|c| c.1 != Verdict::Leak),
+                "at {dt} ms: {changes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn slow_steady_growth_from_the_start_is_a_leak() {
+        // 1 MB/s from the start, at 1 s: a leak once 128 MiB have grown at the steady
+        // rate (~2.5 min), without waiting for the 10 min warm-up cap.
+        let s = series(400, 1000, |t| GIB + granule(t as f64 / 1000.0 * 1e6));
+        let changes = live_changes(&s, &ctx());
+        let first_leak = changes.iter().find(|c| c.1 == Verdict::Leak).map(|c| c.0);
+        assert!(
+            first_leak.is_some_and(|t| t <= 300_000),
+            "first leak at {first_leak:?}: {changes:?}"
+        );
         let r = run(&s);
+        assert_eq!(r.rule, Some(LeakRule::SteadyGrowth), "{}", r.explanation);
+        assert_eq!(r.phase, Phase::WarmUp);
+    }
+
+    #[test]
+    fn one_allocation_is_a_size_not_a_rate() {
+        // An idle holder's start-up: 12 GiB in one step, then flat. No rate, no forecast
+        // ("growing 21 GB/s … full in 6 s" was shown on the H200).
+        let mut s = vec![Sample::new(T0, 600 * MIB)];
+        s.extend(
+            series(20, 100, |_| 12 * GIB + 600 * MIB)
+                .into_iter()
+                .map(|x| Sample::new(x.t_unix_ms + 500, x.bytes)),
+        );
+        let r = run(&s);
+        assert_eq!(r.time_to_full_sec, None);
+        assert!(!r.explanation.contains("full in"), "{}", r.explanation);
+        assert!(!r.explanation.contains("/s"), "{}", r.explanation);
+        assert_ne!(r.verdict, Verdict::Leak);
+    }
+
+    #[test]
+    fn allocated_bytes_tell_cache_growth_from_a_leak() {
+        // NVML sees 20 MB/s from the start; the allocator says what it is.
+        let reserved = series(900, 100, |t| GIB + granule(t as f64 / 1000.0 * 20e6));
+        // Flat allocated bytes: the cache grew, not a leak.
+        let flat = series(900, 100, |_| 512 * MIB);
+        let judge = |allocated: &[Sample]| {
+            analyze_series(
+                &SeriesInputs {
+                    memory: &reserved,
+                    allocated,
+                },
+                &ActivityInputs::default(),
+                &ctx(),
+                &LeakConfig::default(),
+            )
+            .unwrap()
+        };
+        let r = judge(&flat);
+        assert_eq!(r.basis, Basis::Allocated);
+        assert_ne!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.reserved_verdict, Some(Verdict::Leak));
+        assert_eq!(r.allocated_bytes, Some(512 * MIB));
+        assert!(
+            r.explanation.contains("cache, not a leak"),
+            "{}",
+            r.explanation
+        );
+        // Allocated bytes retained at the same pace: a leak, judged on them.
+        let leaking = series(900, 100, |t| 512 * MIB + granule(t as f64 / 1000.0 * 20e6));
+        let r = judge(&leaking);
+        assert_eq!(r.basis, Basis::Allocated);
         assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
-        assert_eq!(r.rule, Some(LeakRule::SinceWarmUp));
-        assert_eq!(r.settled_unix_ms, Some(T0 + 600_000));
+        assert_eq!(r.reserved_verdict, None);
+        // Without them, NVML's memory alone.
+        let r = judge(&[]);
+        assert_eq!(r.basis, Basis::Reserved);
+        assert_eq!(r.verdict, Verdict::Leak);
+    }
+
+    #[test]
+    fn a_device_total_is_judged_per_device_without_episodes() {
+        // A device's used memory: flat, then a second process starts and loads 30 GiB
+        // over 15 s. For a process that is a leak after a plateau; for a device it is a
+        // process arriving, and the verdict says it is all processes together.
+        let s = series(1200, 100, |t| {
+            let loaded = ((t - 60_000).clamp(0, 15_000) as f64 / 15_000.0) * 30.0 * GIB as f64;
+            4 * GIB + granule(loaded)
+        });
+        let device = SeriesContext {
+            device_total: true,
+            process_start_unix_ms: None,
+            ..ctx()
+        };
+        let r = analyze(
+            &s[..720],
+            &ActivityInputs::default(),
+            &device,
+            &LeakConfig::default(),
+        )
+        .unwrap();
+        assert_ne!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert!(r.device_total);
+        assert!(
+            r.explanation.starts_with("all processes together: "),
+            "{}",
+            r.explanation
+        );
+        let process = analyze(
+            &s[..720],
+            &ActivityInputs::default(),
+            &ctx(),
+            &LeakConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            process.rule,
+            Some(LeakRule::AfterPlateau),
+            "{}",
+            process.explanation
+        );
+        // A device total that grows steadily from the start is still a leak (per device).
+        let s = series(900, 100, |t| 4 * GIB + granule(t as f64 / 1000.0 * 20e6));
+        let r = analyze(
+            &s,
+            &ActivityInputs::default(),
+            &device,
+            &LeakConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(r.rule, Some(LeakRule::SteadyGrowth), "{}", r.explanation);
+    }
+
+    #[test]
+    fn windows_scale_with_the_sampling_interval() {
+        // At 100 ms and 1 s the configured times rule; at 10 s a plateau is three flat
+        // samples (30 s), not two, and the steadiness test needs five intervals (50 s).
+        let flat = |dt: i64| run(&series(100, dt, |_| GIB)).scale;
+        let s = flat(100);
+        assert_eq!(
+            (s.interval_ms, s.plateau_ms, s.min_steady_ms),
+            (100, 20_000, 40_000)
+        );
+        assert_eq!(flat(1000).plateau_ms, 20_000);
+        let s = flat(10_000);
+        assert_eq!((s.interval_ms, s.plateau_ms), (10_000, 30_000));
+        assert_eq!((s.min_leak_ms, s.min_steady_ms), (20_000, 50_000));
+        assert_eq!(s.min_irregular_ms, 60_000);
+        // A leak from the first step read every 10 s is still found, in two minutes.
+        let s = series(60, 10_000, |t| GIB + granule(t as f64 / 1000.0 * 20e6));
+        let changes = live_changes(&s, &ctx());
+        let first_leak = changes.iter().find(|c| c.1 == Verdict::Leak).map(|c| c.0);
+        assert!(
+            first_leak.is_some_and(|t| t <= 120_000),
+            "first leak at {first_leak:?}: {changes:?}"
+        );
     }
 
     #[test]

@@ -487,6 +487,7 @@ pub fn analyse(
             ended: dev
                 .prev_obs_frame
                 .is_some_and(|last_list| series.last_frame[s].is_none_or(|f| f < last_list)),
+            device_total: false,
         };
         let Ok(report) = fold.report(&ctx) else {
             continue;
@@ -508,6 +509,7 @@ pub fn analyse(
             process_start_unix_ms: None,
             device_label: Some(label(&dev.record)),
             ended: false,
+            device_total: true,
         };
         if let Ok(report) = dev.fold.report(&ctx) {
             findings.push(Finding {
@@ -724,8 +726,8 @@ mod tests {
         let mut store = Store::open_in_memory().unwrap();
         // PID 7 appears at 10 s and grows 2 MB/s (in 2 MiB steps) from then on, never
         // plateauing. Over 700..900 s it has been running for more than the longest
-        // warm-up (10 min), so its growth is a leak; were its start unknown, the range's
-        // first sample would be its start and the growth warm-up.
+        // warm-up (10 min), so it is settled; its growth never slows down, so it is a
+        // leak by the steadiness of its growth.
         for i in 0..900 {
             let mut procs = vec![(1, GIB, None)];
             if i >= 10 {
@@ -742,7 +744,8 @@ mod tests {
         let findings = analyse(&mut store, range, &devices, &[], &LeakConfig::default()).unwrap();
         let r = &finding(&findings, 7).report;
         assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
-        assert_eq!(r.rule, Some(vramctl_core::analysis::LeakRule::SinceWarmUp));
+        assert_eq!(r.rule, Some(vramctl_core::analysis::LeakRule::SteadyGrowth));
+        assert!(r.checks.settled);
         // PID 1 was there when the history began: its start is unknown.
         assert_eq!(finding(&findings, 1).report.verdict, Verdict::Stable);
     }

@@ -3,7 +3,7 @@
 //! The analysis has no clock and no time zone: times default to UTC (`14:02:10 UTC`), and
 //! a frontend that wants local time passes its own formatter in [`ExplainStyle`].
 
-use super::{SeriesReport, Verdict};
+use super::{Basis, RegionKind, SeriesReport, Verdict};
 use crate::analysis::trend::LeakRule;
 
 /// How to name the device and print times.
@@ -86,8 +86,96 @@ fn p_value(p: f64) -> String {
     }
 }
 
+/// `+1.2 GiB in 45 s, p < 0.001`.
+fn evidence(r: &super::TrendTest) -> String {
+    format!(
+        "{} in {}, {}",
+        signed_bytes(r.net_growth_bytes),
+        duration(r.duration_sec),
+        p_value(r.p_value())
+    )
+}
+
+/// `growth in 9 of 9 windows of 5 s, where a warm-up grows in 1.9 (p < 0.001)`.
+fn windows(st: &super::Steadiness) -> String {
+    format!(
+        "growth in {} of {} windows of {}, where a warm-up that slows down grows in {:.1} ({})",
+        st.growing_windows,
+        st.windows.saturating_sub(1),
+        duration(st.window_sec),
+        st.expected_growing_windows,
+        p_value(st.p_value)
+    )
+}
+
+/// Why a growing series is not (yet) a leak, from its checks, in the terms of the rule
+/// that judged its region.
+fn not_yet(report: &SeriesReport) -> String {
+    let r = &report.trend;
+    let c = &report.checks;
+    let span = |ms: i64| duration(ms as f64 / 1000.0);
+    match r.region {
+        RegionKind::Episode => {
+            if c.irregular_staircase {
+                format!(
+                    "{} of irregular steps, as warm-up with growing shapes makes; not yet a leak",
+                    duration(r.growth_span_sec)
+                )
+            } else if !c.persistent {
+                format!("only {} of growth so far", duration(r.growth_span_sec))
+            } else if !c.material {
+                "too little growth yet for a leak".to_owned()
+            } else {
+                format!("not yet significant ({})", p_value(r.p_value()))
+            }
+        }
+        RegionKind::SinceStart => match &r.steadiness {
+            None => format!(
+                "{} of growth since its start, too short to tell a warm-up from a leak",
+                duration(r.duration_sec)
+            ),
+            Some(st) if c.steady != Some(true) => {
+                format!("slowing down as a warm-up does ({})", windows(st))
+            }
+            Some(_) if !c.persistent => format!(
+                "steady for {}; a leak from the start needs {}",
+                duration(r.growth_span_sec),
+                span(report.scale.min_steady_ms)
+            ),
+            Some(st) if !c.material => format!(
+                "too little growth yet for a leak ({} at this rate in {} after the first window)",
+                signed_bytes(
+                    (r.slope_bytes_per_sec * (report.last_unix_ms - st.later_from_unix_ms) as f64
+                        / 1000.0) as i64
+                ),
+                duration((report.last_unix_ms - st.later_from_unix_ms) as f64 / 1000.0)
+            ),
+            Some(_) => format!("not yet significant ({})", p_value(r.p_value())),
+        },
+    }
+}
+
 /// The explanation line of a report.
 pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
+    let line = explain_series(report, style);
+    let line = if report.basis == Basis::Allocated {
+        match report.reserved_verdict {
+            Some(Verdict::Leak | Verdict::Growing) => format!(
+                "{line} (by the allocated bytes; the reserved cache grew: cache, not a leak)"
+            ),
+            _ => format!("{line} (by the allocated bytes)"),
+        }
+    } else {
+        line
+    };
+    if report.device_total {
+        format!("all processes together: {line}")
+    } else {
+        line
+    }
+}
+
+fn explain_series(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
     if report.samples < 2 {
         return format!(
             "holds {} in a single sample; nothing to judge yet",
@@ -106,47 +194,49 @@ pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
         )
     });
     match report.verdict {
-        Verdict::Leak => {
-            let from_start = if report.rule == Some(LeakRule::UrgentInWarmUp) {
-                ", from its start"
-            } else {
-                ""
-            };
-            format!(
-                "leaks {}{since}{from_start} ({} in {}, {}){full}",
+        Verdict::Leak => match (report.rule, &r.steadiness) {
+            (Some(LeakRule::SteadyGrowth), Some(st)) => format!(
+                "leaks {}{since} ({}), steadily from its start: {}{full}",
                 rate(r.slope_bytes_per_sec),
-                signed_bytes(r.net_growth_bytes),
-                duration(r.duration_sec),
-                p_value(r.p_value()),
-            )
-        }
+                evidence(r),
+                windows(st),
+            ),
+            (Some(LeakRule::FillsDevice), _) => format!(
+                "leaks {}{since}, from its start ({}){full}",
+                rate(r.slope_bytes_per_sec),
+                evidence(r),
+            ),
+            _ => format!(
+                "leaks {}{since} ({}){full}",
+                rate(r.slope_bytes_per_sec),
+                evidence(r),
+            ),
+        },
         Verdict::Growing => {
-            let why = if !report.checks.settled {
-                "still warming up".to_owned()
-            } else if report.checks.irregular_staircase {
+            // One or two steps are a size, not a rate: a start-up allocation of 12 GiB
+            // read "growing 21 GB/s". And a jump then a plateau has a median slope of
+            // zero: "growing 0.0 B/s" would contradict itself.
+            if !super::rate_known(r) {
+                let steps = match r.levels.saturating_sub(1) {
+                    1 => "one step".to_owned(),
+                    n => format!("{n} steps"),
+                };
                 format!(
-                    "{} of irregular steps, as warm-up with growing shapes makes; not yet a leak",
-                    duration(r.growth_span_sec)
-                )
-            } else if !report.checks.persistent {
-                format!("only {} of growth so far", duration(r.growth_span_sec))
-            } else if !report.checks.material {
-                "too little growth yet for a leak".to_owned()
-            } else {
-                format!("not yet significant ({})", p_value(r.p_value()))
-            };
-            // A jump then a plateau (a process seen for its first seconds) has a median
-            // slope of zero: "growing 0.0 B/s" would contradict itself.
-            if r.slope_bytes_per_sec.abs() < 0.05 {
-                format!(
-                    "grew {}{since}; {why}{full}",
+                    "grew {}{since} in {steps}: a size, not yet a rate",
                     signed_bytes(r.net_growth_bytes)
                 )
+            } else if r.slope_bytes_per_sec.abs() < 0.05 {
+                format!(
+                    "grew {}{since}; {}{full}",
+                    signed_bytes(r.net_growth_bytes),
+                    not_yet(report)
+                )
             } else {
                 format!(
-                    "growing {}{since} ({}); {why}{full}",
+                    "growing {}{since} ({}); {}{full}",
                     rate(r.slope_bytes_per_sec),
                     signed_bytes(r.net_growth_bytes),
+                    not_yet(report)
                 )
             }
         }

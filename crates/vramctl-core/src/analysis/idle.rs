@@ -320,8 +320,13 @@ impl IdleFold {
                 if from >= to {
                     return;
                 }
+                // A span goes on across a stretch without evidence either way that is no
+                // longer than one source's samples may be apart (no activity came in it:
+                // that would have closed the span). Otherwise a process's exit, when its
+                // CPU time's last window is not complete and the device falls idle,
+                // restarted a 4-min idle span as 0.2 s.
                 match self.span {
-                    Some(ref mut span) if from <= span.to => {
+                    Some(ref mut span) if from <= span.to.saturating_add(self.max_gap_ms) => {
                         span.to = span.to.max(to);
                         span.evidence |= evidence.bit();
                     }
@@ -612,5 +617,44 @@ mod tests {
             cpu_time_ms: 10,
         });
         assert_eq!(f.report(60_000, None).idle_since_unix_ms, None);
+    }
+
+    #[test]
+    fn an_exit_does_not_restart_the_idle_span() {
+        // Idle by its CPU time (read every 10 s) for 290 s on a busy shared GPU; it exits
+        // at 295 s, before its CPU time's next window is complete, and the device falls
+        // idle. The span goes on to the end: it was 0.2 s long (the H200's 4 min 50 s
+        // holder ended `stable`) while it restarted at the device's first idle sample.
+        let mut f = fold();
+        for i in 0..=29 {
+            f.push_cpu(CpuSample {
+                t_unix_ms: i * 10_000,
+                cpu_time_ms: 5000,
+            });
+        }
+        for (t, util, procs) in [(294_800, 90, 3), (295_000, 0, 2), (295_200, 0, 2)] {
+            f.push_device(DeviceActivitySample {
+                t_unix_ms: t,
+                utilization_gpu_percent: util,
+                processes_on_device: procs,
+            });
+        }
+        let r = f.report(295_200, None);
+        assert_eq!(r.idle_since_unix_ms, Some(0));
+        assert_eq!(r.idle_sec, Some(295.2));
+        // A stretch longer than the evidence may be apart still breaks the span.
+        f.push_device(DeviceActivitySample {
+            t_unix_ms: 400_000,
+            utilization_gpu_percent: 90,
+            processes_on_device: 3,
+        });
+        for t in [500_000, 500_200] {
+            f.push_device(DeviceActivitySample {
+                t_unix_ms: t,
+                utilization_gpu_percent: 0,
+                processes_on_device: 2,
+            });
+        }
+        assert_eq!(f.report(500_200, None).idle_since_unix_ms, Some(500_000));
     }
 }

@@ -335,6 +335,7 @@ impl FleetTracker {
             process_start_unix_ms: facts.started_at_unix_ms,
             device_label: Some(label.clone()),
             ended: false,
+            device_total: false,
         };
         let tracker =
             ProcessTracker::new(ctx, self.cfg.leak.clone())?.with_cadence(self.cfg.cadence);

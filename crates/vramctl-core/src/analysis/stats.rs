@@ -138,6 +138,45 @@ fn sign(d: f64) -> i64 {
     }
 }
 
+/// P(X ≥ x) for X a sum of independent Bernoulli variables with success probabilities
+/// `probs` (the Poisson-binomial distribution), by dynamic programming: O(len²).
+pub fn poisson_binomial_upper_tail(probs: &[f64], x: usize) -> f64 {
+    if x == 0 {
+        return 1.0;
+    }
+    if x > probs.len() {
+        return 0.0;
+    }
+    // dist[j] = P(j successes so far).
+    let mut dist = vec![0.0_f64; probs.len() + 1];
+    dist[0] = 1.0;
+    for (i, &p) in probs.iter().enumerate() {
+        let p = p.clamp(0.0, 1.0);
+        for j in (0..=i + 1).rev() {
+            let stay = dist[j] * (1.0 - p);
+            let come = if j > 0 { dist[j - 1] * p } else { 0.0 };
+            dist[j] = stay + come;
+        }
+    }
+    dist[x..].iter().sum::<f64>().clamp(0.0, 1.0)
+}
+
+/// Probability that window `k` (1-based, of equal windows since the growth began) holds a
+/// new maximum of any of `sources` independent sequences of i.i.d. values arriving at a
+/// steady pace: the chance that the maximum of the first `k` windows' values is not
+/// among the first `k − 1` windows' is `1 − ((k − 1)/k)` for one sequence (the records
+/// of an i.i.d. sequence are independent events; `(k − 1)/k` is exactly the chance of
+/// no record in the k-th window), and for `sources` sequences `1 − ((k − 1)/k)^sources`.
+/// It is distribution-free: what the values are (batch shapes, request sizes) does not
+/// matter, only that they are exchangeable.
+pub fn record_window_probability(k: usize, sources: u32) -> f64 {
+    if k <= 1 {
+        return 1.0;
+    }
+    let none = (k - 1) as f64 / k as f64;
+    1.0 - none.powi(i32::try_from(sources).unwrap_or(i32::MAX))
+}
+
 /// Sizes of the groups of equal values that have more than one member.
 fn tie_groups(y: &[f64]) -> Vec<usize> {
     let mut sorted = y.to_vec();
@@ -285,6 +324,20 @@ fn erfc(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn poisson_binomial_tails_match_hand_counts() {
+        // Windows 2..=5 of a record process: 1/2, 1/3, 1/4, 1/5. All four: 1/120.
+        let probs: Vec<f64> = (2..=5).map(|k| record_window_probability(k, 1)).collect();
+        assert!((poisson_binomial_upper_tail(&probs, 4) - 1.0 / 120.0).abs() < 1e-12);
+        // At least three: 1/120 × (1 + 1 + 2 + 3 + 4) = 11/120.
+        assert!((poisson_binomial_upper_tail(&probs, 3) - 11.0 / 120.0).abs() < 1e-12);
+        assert_eq!(poisson_binomial_upper_tail(&probs, 0), 1.0);
+        assert_eq!(poisson_binomial_upper_tail(&probs, 5), 0.0);
+        // Two sources: window 2 holds a record of either with 1 − 1/4.
+        assert!((record_window_probability(2, 2) - 0.75).abs() < 1e-12);
+        assert_eq!(record_window_probability(1, 3), 1.0);
+    }
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol

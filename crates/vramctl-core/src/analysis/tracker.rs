@@ -72,6 +72,7 @@ pub struct ProcessTracker {
     max_ms: i64,
     ctx: SeriesContext,
     series: Tiered,
+    allocated: Option<Tiered>,
     idle: IdleFold,
     last_report: Option<SeriesReport>,
     last_analysis_ms: Option<i64>,
@@ -89,6 +90,7 @@ impl ProcessTracker {
         cfg.validate()?;
         Ok(Self {
             series: Tiered::new(cfg.tail_points, cfg.head_points),
+            allocated: None,
             idle: IdleFold::new(
                 ms(cfg.max_evidence_gap),
                 ms(cfg.idle_for),
@@ -152,6 +154,20 @@ impl ProcessTracker {
         })
     }
 
+    /// Adds a sample of the allocator's allocated bytes (where the process reports them,
+    /// [`SeriesInputs`](super::SeriesInputs)); push it before the tick's memory sample.
+    /// A change marks the analysis due, as a memory change does.
+    pub fn push_allocated(&mut self, sample: Sample) {
+        let cfg = &self.cfg;
+        let series = self
+            .allocated
+            .get_or_insert_with(|| Tiered::new(cfg.tail_points, cfg.head_points));
+        let before = series.last().map(|p| p.last);
+        if series.push(&sample) && before != Some(sample.bytes) {
+            self.dirty = true;
+        }
+    }
+
     /// Adds a per-process SM activity sample.
     pub fn push_sm(&mut self, sample: SmSample) {
         let before = self.idle.state_key();
@@ -180,7 +196,13 @@ impl ProcessTracker {
 
     /// Runs the analysis now, whatever the schedule, and keeps the result.
     pub fn analyze_now(&mut self) -> Option<&SeriesReport> {
-        let r = report(&self.series, &self.idle, &self.ctx, &self.cfg)?;
+        let r = report(
+            &self.series,
+            self.allocated.as_ref(),
+            &self.idle,
+            &self.ctx,
+            &self.cfg,
+        )?;
         self.last_analysis_ms = Some(r.last_unix_ms);
         self.dirty = false;
         self.analyses += 1;

@@ -1,4 +1,4 @@
-//! The memory side of the verdict: floor, plateaus, warm-up, growth episodes and the leak
+//! The memory side of the verdict: floor, plateaus, warm-up, growth regions and the leak
 //! rules. `docs/leaks.md` gives the method with its formulas; the names here follow it.
 //!
 //! Outline, on the points of a [`Tiered`](super::series::Tiered) series:
@@ -9,15 +9,23 @@
 //!    memory held through a whole cycle, so a sawtooth is flat and a rising floor shows.
 //! 3. **retained** R(t) = min F over [t, now]: what the process never gave back from t on.
 //!    R is non-decreasing; noise and releases do not move it.
-//! 4. **plateau** at t: R(t) − R(t − plateau) ≤ tol, with tol = max(step tolerance,
-//!    4 σ̂) and σ̂ from the falls of the floor (`noise_tolerance`).
-//! 5. **warm-up** lasts from the process start to the first plateau (at most `max_warmup`,
-//!    at least `min_warmup`).
-//! 6. **regions**: the current growth episode (since the last plateau), and everything
-//!    since warm-up ended; in warm-up, everything since the start. On each: onset = the last
-//!    point still at the region's base level, Theil–Sen slope of F, Mann–Kendall on the
-//!    distinct successive levels of F (the allocator's steps, not the repeated samples),
-//!    net growth R(now) − R(onset), and whether R still rose within the stall window.
+//! 4. **scale**: the sampling interval (median gap of the recent samples) sets the least
+//!    length of every window, so that a window is never one or two samples.
+//! 5. **plateau** at t: R(t) − R(t − plateau) ≤ tol, with tol = max(step tolerance,
+//!    4 σ̂) and σ̂ from the falls of the floor (`noise_tolerance`); warm-up ends at the
+//!    first plateau (the phase shown, and where episodes can begin).
+//! 6. **regions**: the growth since the process started (`since-start`) and, once it has
+//!    plateaued, the current episode (since the last plateau). On each: onset, Theil–Sen
+//!    slope of F, Mann–Kendall on the distinct successive levels of F, net growth, and
+//!    whether R still rose within the stall window. On the since-start region also the
+//!    **steadiness test**: the region cut into equal windows, the windows after the first
+//!    in which R grew, against a warm-up whose growth comes from new maxima (records of
+//!    exchangeable values: batch shapes, request sizes), which grows in window k with
+//!    probability 1 − ((k − 1)/k)^m and so ever more rarely.
+//! 7. **rules**: `after-plateau` (growth resumed after a plateau, ≥ `min_leak_duration`),
+//!    `steady-growth` (growth since the start that does not slow down, ≥
+//!    `min_steady_duration`), `fills-device` (in warm-up, growth that fills the device
+//!    within `max_forecast_factor` times the time it has been growing).
 
 use serde::Serialize;
 
@@ -29,33 +37,75 @@ use super::stats::{self, MannKendall};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LeakRule {
-    /// Growth resumed after the allocator's cache had plateaued, and keeps going.
+    /// Growth resumed after the retained memory had plateaued, and keeps going.
     AfterPlateau,
-    /// The retained memory has kept rising since warm-up ended (slow leaks, staircases with
-    /// long steps).
-    SinceWarmUp,
-    /// Still in warm-up, but at this slope the device is full within
-    /// `urgent_time_to_full`.
-    UrgentInWarmUp,
+    /// Growth since the process started that has not slowed down as a warm-up does
+    /// (the steadiness test), for at least `min_steady_duration`.
+    SteadyGrowth,
+    /// In warm-up (no plateau since the start), growth that fills the device within
+    /// `max_forecast_factor` times the time it has been growing: too fast to wait for
+    /// `min_steady_duration`.
+    FillsDevice,
+}
+
+/// Which part of the series a [`TrendTest`] judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RegionKind {
+    /// Everything since the process started (after `min_warmup`).
+    SinceStart,
+    /// The current growth episode: since the last plateau after warm-up.
+    Episode,
+}
+
+/// The steadiness test of the since-start region: does the growth go on at a steady
+/// pace, or does it slow down as a warm-up does?
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Steadiness {
+    /// Equal windows from the onset to the last sample (at most `steady_windows`, at
+    /// least one sample interval each).
+    pub windows: u32,
+    /// Length of one window, seconds.
+    pub window_sec: f64,
+    /// Windows after the first in which the retained memory grew by at least a quarter
+    /// of its mean growth per window there.
+    pub growing_windows: u32,
+    /// How many of them a warm-up of new maxima would grow in, on average.
+    pub expected_growing_windows: f64,
+    /// One-sided p-value of "a warm-up that slows down": the chance of at least
+    /// `growing_windows` under it.
+    pub p_value: f64,
+    /// End of the first window: the start-up allocations are behind.
+    pub later_from_unix_ms: i64,
+    /// Growth of the retained memory since then.
+    pub later_growth_bytes: i64,
 }
 
 /// The numbers of one judged region of the series.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TrendTest {
+    /// The part of the series judged.
+    pub region: RegionKind,
     /// Onset: the last point at the region's base level, ms since the Unix epoch.
     pub from_unix_ms: i64,
     /// From onset to the last sample.
     pub duration_sec: f64,
-    /// Theil–Sen slope of the floor since onset.
+    /// Theil–Sen slope of the floor: since onset for an episode; for the since-start
+    /// region since the end of the steadiness test's first window (the rate once the
+    /// start-up allocations are behind).
     pub slope_bytes_per_sec: f64,
     /// Retained memory now minus at onset.
     pub net_growth_bytes: i64,
+    /// Distinct successive levels of the floor since onset (a rate needs
+    /// [`MIN_FORECAST_LEVELS`](super::MIN_FORECAST_LEVELS)).
+    pub levels: u32,
     /// Times the retained memory rose since onset (the allocator's steps).
     pub rises: u32,
     /// Median time between steps (rises not far below the median rise; 0 with fewer than
     /// two).
     pub median_rise_gap_sec: f64,
-    /// From onset to the last step: how long the growth itself has gone on.
+    /// How long the growth itself has gone on: from onset (for the since-start region,
+    /// from the first rise) to the last step.
     pub growth_span_sec: f64,
     /// The rises, merged when less than a second apart, are equal in size (±10 %) and
     /// come at a steady rhythm (±25 %): the same allocation kept again and again.
@@ -68,6 +118,8 @@ pub struct TrendTest {
     pub releases: u32,
     /// The trend test; `None` when the region is flat within the noise tolerance.
     pub mann_kendall: Option<MannKendall>,
+    /// The steadiness test (the since-start region, when it was run).
+    pub steadiness: Option<Steadiness>,
 }
 
 impl TrendTest {
@@ -80,22 +132,29 @@ impl TrendTest {
 /// The gates of the leak rules, as evaluated on the region that was judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LeakChecks {
-    /// Warm-up is over.
+    /// Warm-up is over (the retained memory plateaued once since the start).
     pub settled: bool,
     /// Mann–Kendall p < alpha.
     pub significant: bool,
-    /// Net growth ≥ `min_growth_bytes` and slope ≥ `min_slope_bytes_per_sec`.
+    /// Enough growth: for an episode, net growth ≥ `min_growth_bytes` and slope ≥
+    /// `min_slope_bytes_per_sec`; since the start, the slope times the time since the
+    /// steadiness test's first window ≥ `min_growth_bytes`.
     pub material: bool,
-    /// Growth (onset to last rise) has lasted ≥ `min_leak_duration`; and, for a coarse
-    /// staircase (rises more than `coarse_step_gap` apart), the steps are regular or the
-    /// growth has lasted ≥ `min_irregular_duration`.
+    /// Growth (onset to last rise) has lasted long enough: `min_leak_duration` for an
+    /// episode (and, for a coarse staircase, regular steps or
+    /// `min_irregular_duration`), `min_steady_duration` since the start; each at least a
+    /// few sample intervals.
     pub persistent: bool,
     /// Still rising at the end.
     pub still_growing: bool,
+    /// The steadiness test rejects a warm-up that slows down (p < alpha); `None` for an
+    /// episode (not tested).
+    pub steady: Option<bool>,
     /// Growth long enough, but in coarse irregular steps for less than
-    /// `min_irregular_duration`: what holds back `persistent` (dynamic shapes warm up so).
+    /// `min_irregular_duration`: what holds back `persistent` for an episode.
     pub irregular_staircase: bool,
-    /// The device is full within `urgent_time_to_full` at this slope.
+    /// At this rate the device is full within `max_forecast_factor` times the time the
+    /// growth has lasted (the since-start region; without releases, from enough levels).
     pub urgent: bool,
 }
 
@@ -122,6 +181,8 @@ pub(crate) struct Trend {
     pub noise_tolerance_bytes: u64,
     pub floor_bytes: u64,
     pub time_to_full_sec: Option<f64>,
+    /// The windows as scaled to this series.
+    pub scale: Scale,
 }
 
 /// What the memory analysis needs besides the points.
@@ -129,6 +190,66 @@ pub(crate) struct Trend {
 pub(crate) struct TrendInputs {
     pub process_start_unix_ms: Option<i64>,
     pub free_bytes: Option<u64>,
+    /// The series is a device's total: growth after a plateau may be a new process
+    /// starting, so only the since-start rules judge it.
+    pub device_total: bool,
+}
+
+/// The windows of the analysis scaled to the series' sampling interval: each is the
+/// configured time, or this many sample intervals when that is longer, so that at a 10 s
+/// interval a plateau is not two samples and a growth span not one.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Scale {
+    /// Median gap between the recent samples, ms.
+    pub interval_ms: i64,
+    /// `plateau`, at least [`PLATEAU_SAMPLES`] intervals.
+    pub plateau_ms: i64,
+    /// `min_leak_duration`, at least [`SPAN_SAMPLES`] intervals.
+    pub min_leak_ms: i64,
+    /// `min_steady_duration`, at least [`STEADY_MIN_WINDOWS`] intervals.
+    pub min_steady_ms: i64,
+    /// `coarse_step_gap`, at least [`SPAN_SAMPLES`] intervals.
+    pub coarse_gap_ms: i64,
+    /// `min_irregular_duration`, at least [`IRREGULAR_SAMPLES`] intervals.
+    pub min_irregular_ms: i64,
+}
+
+/// Sample intervals in the shortest plateau: a stretch of three flat samples.
+pub const PLATEAU_SAMPLES: i64 = 3;
+/// Sample intervals in the shortest growth span, and in the widest step gap that is still
+/// continuous growth.
+pub const SPAN_SAMPLES: i64 = 2;
+/// Fewest windows of the steadiness test: with five, growth in the four after the first
+/// is p = 1/5! ≈ 0.0083 under one source of new maxima, the first count below `alpha`.
+pub const STEADY_MIN_WINDOWS: usize = 5;
+/// Sample intervals in the shortest irregular-staircase span.
+pub const IRREGULAR_SAMPLES: i64 = 6;
+/// A window of the steadiness test counts as growing when R grew in it by at least this
+/// fraction of the mean growth per window after the first: a sprinkle of 2 MiB segments
+/// is not growth beside a 400 MiB record.
+const GROWING_WINDOW_FRACTION: f64 = 0.25;
+/// Gaps from the last this many points give the sampling interval.
+const INTERVAL_POINTS: usize = 64;
+
+impl Scale {
+    fn of(times: &[i64], cfg: &LeakConfig) -> Self {
+        let from = times.len().saturating_sub(INTERVAL_POINTS + 1);
+        let mut gaps: Vec<f64> = times[from..]
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as f64)
+            .collect();
+        let interval_ms = (stats::median_in_place(&mut gaps).unwrap_or(1.0) as i64).max(1);
+        let at_least =
+            |d: std::time::Duration, samples: i64| ms(d).max(interval_ms.saturating_mul(samples));
+        Self {
+            interval_ms,
+            plateau_ms: at_least(cfg.plateau, PLATEAU_SAMPLES),
+            min_leak_ms: at_least(cfg.min_leak_duration, SPAN_SAMPLES),
+            min_steady_ms: at_least(cfg.min_steady_duration, STEADY_MIN_WINDOWS as i64),
+            coarse_gap_ms: at_least(cfg.coarse_step_gap, SPAN_SAMPLES),
+            min_irregular_ms: at_least(cfg.min_irregular_duration, IRREGULAR_SAMPLES),
+        }
+    }
 }
 
 struct Releases {
@@ -271,6 +392,7 @@ struct Series<'a> {
     tol: u64,
     eps: u64,
     cfg: &'a LeakConfig,
+    scale: Scale,
     release_times: Vec<i64>,
 }
 
@@ -279,9 +401,10 @@ impl Series<'_> {
         self.times.last().copied().unwrap_or(0)
     }
 
-    /// Plateau ending at point i: R rose by at most tol over the preceding `plateau`.
+    /// Plateau ending at point i: R rose by at most tol over the preceding plateau window.
     fn quiet(&self, i: usize) -> Option<bool> {
-        let start = self.times[i] - ms(self.cfg.plateau);
+        let plateau_ms = self.scale.plateau_ms;
+        let start = self.times[i] - plateau_ms;
         if start < self.times[0] {
             return None;
         }
@@ -289,13 +412,13 @@ impl Series<'_> {
         // Old points are time buckets wider than the plateau: there the tolerance is a
         // rate (tol per plateau), or a slow leak would look like endless growth.
         let span = (self.times[i] - self.times[j]) as f64;
-        let allowed = self.tol as f64 * (span / ms(self.cfg.plateau) as f64).max(1.0);
+        let allowed = self.tol as f64 * (span / plateau_ms as f64).max(1.0);
         Some(self.r[i].saturating_sub(self.r[j]) as f64 <= allowed)
     }
 
-    /// The numbers of the region that starts at point `from`, without the trend test
+    /// The numbers of the region that starts at point `from`, without the tests
     /// (`add_tests`), and the index of its onset.
-    fn region(&self, from: usize) -> (TrendTest, usize) {
+    fn region(&self, from: usize, kind: RegionKind) -> (TrendTest, usize) {
         let n = self.times.len();
         let base = self.r[from];
         // R is non-decreasing: the points at the base level are a prefix of the region.
@@ -317,20 +440,31 @@ impl Series<'_> {
             .filter(|r| r.1 as f64 >= SMALL_RISE_FRACTION * median_size)
             .collect();
         let last_step = steps.last().map(|r| r.0);
-        let growth_span_ms = last_step.map_or(0, |t| t - self.times[onset]);
+        // Since the start, growth is counted from the first rise seen, not from the last
+        // sample at the base: at a 10 s interval that sample may be 10 s before the
+        // growth began, and a rule that waits for a span must not count time unseen.
+        let span_from = match kind {
+            RegionKind::Episode => self.times[onset],
+            RegionKind::SinceStart => rises.first().map_or(self.times[onset], |r| r.0),
+        };
+        let growth_span_ms = last_step.map_or(0, |t| (t - span_from).max(0));
         let mut gaps: Vec<f64> = steps.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
         let median_gap = stats::median_in_place(&mut gaps).unwrap_or(0.0);
-        let stall_ms = (ms(self.cfg.plateau) as f64).max(self.cfg.stall_factor * median_gap) as i64;
+        let stall_ms =
+            (self.scale.plateau_ms as f64).max(self.cfg.stall_factor * median_gap) as i64;
         let recent = index_at(&self.times, now - stall_ms).map_or(onset, |k| k.max(onset));
         let still_growing = self.r[n - 1].saturating_sub(self.r[recent]) > self.tol
             && last_step.is_some_and(|t| now - t <= stall_ms);
         let onset_t = self.times[onset];
         let releases = self.release_times.iter().filter(|&&t| t > onset_t).count();
+        let levels = 1 + self.f[onset..].windows(2).filter(|w| w[0] != w[1]).count();
         let region = TrendTest {
+            region: kind,
             from_unix_ms: onset_t,
             duration_sec: (now - onset_t) as f64 / 1000.0,
             slope_bytes_per_sec: 0.0,
             net_growth_bytes: growth,
+            levels: u32::try_from(levels).unwrap_or(u32::MAX),
             rises: u32::try_from(rises.len()).unwrap_or(u32::MAX),
             growth_span_sec: growth_span_ms as f64 / 1000.0,
             median_rise_gap_sec: median_gap / 1000.0,
@@ -339,19 +473,83 @@ impl Series<'_> {
             stall_window_sec: stall_ms as f64 / 1000.0,
             releases: u32::try_from(releases).unwrap_or(u32::MAX),
             mann_kendall: None,
+            steadiness: None,
         };
         (region, onset)
     }
 
     /// Runs the Theil–Sen slope and the Mann–Kendall test on a region (O(m²), m ≤
-    /// `max_test_points`); a region flat within the noise tolerance is not tested.
+    /// `max_test_points`), and on the since-start region the steadiness test; a region
+    /// flat within the noise tolerance is not tested.
     fn add_tests(&self, region: &mut TrendTest, onset: usize) {
         let flat = region.net_growth_bytes <= i64::try_from(self.tol).unwrap_or(i64::MAX);
         if region.mann_kendall.is_some() || flat {
             return;
         }
-        region.slope_bytes_per_sec = self.slope(onset);
         region.mann_kendall = Some(self.mann_kendall(onset));
+        match region.region {
+            RegionKind::Episode => region.slope_bytes_per_sec = self.slope(onset),
+            RegionKind::SinceStart => {
+                let (steadiness, later) = self.steadiness(onset);
+                region.slope_bytes_per_sec = self.slope(later);
+                region.steadiness = steadiness;
+            }
+        }
+    }
+
+    /// The steadiness test on the region from `onset` to now, and the index where its
+    /// latest half starts. `None` when the region is too short for
+    /// [`STEADY_MIN_WINDOWS`] windows of at least one sample interval.
+    fn steadiness(&self, onset: usize) -> (Option<Steadiness>, usize) {
+        let n = self.times.len();
+        let t_on = self.times[onset];
+        let span = self.now() - t_on;
+        let at = |t: i64| index_at(&self.times, t).map_or(onset, |i| i.max(onset));
+        let by_interval = usize::try_from(span / self.scale.interval_ms.max(1)).unwrap_or(0);
+        let k = self.cfg.steady_windows.min(by_interval);
+        if k < STEADY_MIN_WINDOWS {
+            return (None, onset);
+        }
+        let width = span as f64 / k as f64;
+        // After the first window: the start-up allocations (context, weights, optimizer
+        // state) are behind, and the growth since then only grows with time under a
+        // steady leak (a moving half would make a coarse staircase flap around a gate).
+        let later = at(t_on + width as i64);
+        // R at the end of each window (window 0 ends at the onset).
+        let ends: Vec<u64> = (0..=k)
+            .map(|j| {
+                if j == k {
+                    self.r[n - 1]
+                } else {
+                    self.r[at(t_on + (width * j as f64) as i64)]
+                }
+            })
+            .collect();
+        let after_first = self.r[n - 1].saturating_sub(ends[1]) as f64;
+        let mean = after_first / (k - 1) as f64;
+        let growing = if after_first <= self.tol as f64 {
+            0
+        } else {
+            (2..=k)
+                .filter(|&j| {
+                    let g = ends[j].saturating_sub(ends[j - 1]);
+                    g > self.eps && g as f64 >= GROWING_WINDOW_FRACTION * mean
+                })
+                .count()
+        };
+        let probs: Vec<f64> = (2..=k)
+            .map(|j| stats::record_window_probability(j, self.cfg.warmup_record_sources))
+            .collect();
+        let steadiness = Steadiness {
+            windows: u32::try_from(k).unwrap_or(u32::MAX),
+            window_sec: width / 1000.0,
+            growing_windows: u32::try_from(growing).unwrap_or(u32::MAX),
+            expected_growing_windows: probs.iter().sum(),
+            p_value: stats::poisson_binomial_upper_tail(&probs, growing),
+            later_from_unix_ms: self.times[later],
+            later_growth_bytes: diff_i64(self.r[n - 1], self.r[later]),
+        };
+        (Some(steadiness), later)
     }
 
     /// Indices from `from` thinned to at most `max` points evenly spread in time.
@@ -411,17 +609,19 @@ impl Series<'_> {
 }
 
 /// Runs the memory analysis on the points of one series.
+#[allow(clippy::too_many_lines)]
 pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
     let times: Vec<i64> = points.iter().map(Point::t).collect();
     let n = points.len();
     let now = times.last().copied().unwrap_or(0);
     let t0 = times.first().copied().unwrap_or(0);
+    let scale = Scale::of(&times, cfg);
 
-    // 1–2: releases and the floor.
+    // 1–3: releases, the floor, the retained memory.
     let releases = find_releases(points, cfg);
     let ongoing = releases.cycle_ms.filter(|&cycle| {
         let last = releases.times.last().copied().unwrap_or(t0);
-        now - last <= 3 * cycle.max(1) + ms(cfg.plateau)
+        now - last <= 3 * cycle.max(1) + scale.plateau_ms
     });
     let window_ms = ongoing.map_or(0, |c| {
         (c.saturating_mul(3) / 2).min(ms(cfg.max_floor_window))
@@ -436,14 +636,15 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
         tol,
         eps: (tol / 4).max(1),
         cfg,
+        scale,
         release_times: releases.times.clone(),
     };
 
-    // 5: warm-up.
+    // 5: warm-up, which ends at the first plateau.
     let start = inputs.process_start_unix_ms.map_or(t0, |ps| ps.min(t0));
     let warm_lo = start.saturating_add(ms(cfg.min_warmup));
     let deadline = start.saturating_add(ms(cfg.max_warmup));
-    let plateau_ms = ms(cfg.plateau);
+    let plateau_ms = scale.plateau_ms;
     let quiet: Vec<Option<bool>> = (0..n).map(|i| s.quiet(i)).collect();
     let settled_unix_ms = if t0 >= deadline {
         Some(t0.max(warm_lo))
@@ -454,64 +655,50 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
             .or_else(|| (now >= deadline).then_some(deadline))
     };
 
-    // 6: regions. The trend tests are the costly part: run them only on a region that
-    // could be a leak or is reported as growing.
+    // 6: regions. The tests are the costly part: run them only on a region that could be
+    // a leak or is reported as growing.
     let index_from = |t: i64| s.times.partition_point(|&x| x < t).min(n - 1);
-    let judge =
-        |region: &TrendTest, settled: bool| checks_for(region, cfg, settled, inputs.free_bytes);
-    let (decision_region, checks, verdict) = match settled_unix_ms {
-        Some(settled) => {
+    let (mut whole, whole_onset) = s.region(index_from(warm_lo), RegionKind::SinceStart);
+    if could_fire(&whole, cfg) || growing(&whole, s.tol) {
+        s.add_tests(&mut whole, whole_onset);
+    }
+    let whole_checks = since_start_checks(&whole, &s, settled_unix_ms.is_some(), inputs.free_bytes);
+    // The current episode: from the last plateau after warm-up on. On a device's total,
+    // growth after a plateau may be a process starting: only the since-start rules.
+    let episode = settled_unix_ms
+        .filter(|_| !inputs.device_total)
+        .and_then(|settled| {
             let since = index_from(settled);
-            // The last plateau after warm-up: the current episode starts there.
-            let last_quiet = (since..n)
+            (since..n)
                 .rev()
-                .find(|&i| quiet[i] == Some(true) && s.times[i] - plateau_ms >= settled);
-            let mut episode = match last_quiet {
-                Some(i) if i < n - 1 => Some(s.region(i)),
-                _ => None,
-            };
-            if let Some((ep, k)) = &mut episode {
-                if could_fire(ep, cfg) || growing(ep, s.tol) {
-                    s.add_tests(ep, *k);
-                }
+                .find(|&i| quiet[i] == Some(true) && s.times[i] - plateau_ms >= settled)
+        })
+        .filter(|&i| i < n - 1)
+        .map(|i| {
+            let (mut ep, k) = s.region(i, RegionKind::Episode);
+            if could_fire(&ep, cfg) || growing(&ep, s.tol) {
+                s.add_tests(&mut ep, k);
             }
-            let episode = episode.map(|(ep, _)| {
-                let c = judge(&ep, true);
-                (ep, c)
-            });
-            match episode {
-                Some((ep, c)) if fires(&c) => (ep, c, MemoryVerdict::Leak(LeakRule::AfterPlateau)),
-                episode => {
-                    let (mut whole, k) = s.region(since);
-                    let growing_whole = last_quiet.is_none() && growing(&whole, s.tol);
-                    if could_fire(&whole, cfg) || growing_whole {
-                        s.add_tests(&mut whole, k);
-                    }
-                    let wc = judge(&whole, true);
-                    match episode {
-                        _ if fires(&wc) => (whole, wc, MemoryVerdict::Leak(LeakRule::SinceWarmUp)),
-                        Some((ep, c)) if growing(&ep, s.tol) => (ep, c, MemoryVerdict::Growing),
-                        _ if growing_whole => (whole, wc, MemoryVerdict::Growing),
-                        _ => (whole, wc, quiet_verdict(&releases, ongoing, cfg)),
-                    }
-                }
-            }
-        }
-        None => {
-            let (mut whole, k) = s.region(0);
-            if could_fire(&whole, cfg) || growing(&whole, s.tol) {
-                s.add_tests(&mut whole, k);
-            }
-            let c = judge(&whole, false);
-            let verdict = if fires(&c) && c.urgent && whole.releases == 0 {
-                MemoryVerdict::Leak(LeakRule::UrgentInWarmUp)
-            } else if growing(&whole, s.tol) {
-                MemoryVerdict::Growing
-            } else {
-                quiet_verdict(&releases, ongoing, cfg)
-            };
-            (whole, c, verdict)
-        }
+            let c = episode_checks(&ep, &s);
+            (ep, c)
+        });
+
+    // 7: the rules, in order, then what is not a leak.
+    let (decision_region, checks, verdict) = match episode {
+        Some((ep, c)) if fires(&c) => (ep, c, MemoryVerdict::Leak(LeakRule::AfterPlateau)),
+        _ if fires(&whole_checks) && whole_checks.steady == Some(true) => (
+            whole,
+            whole_checks,
+            MemoryVerdict::Leak(LeakRule::SteadyGrowth),
+        ),
+        _ if fills(&whole_checks) => (
+            whole,
+            whole_checks,
+            MemoryVerdict::Leak(LeakRule::FillsDevice),
+        ),
+        Some((ep, c)) if growing(&ep, s.tol) => (ep, c, MemoryVerdict::Growing),
+        _ if growing(&whole, s.tol) => (whole, whole_checks, MemoryVerdict::Growing),
+        _ => (whole, whole_checks, quiet_verdict(&releases, ongoing, cfg)),
     };
 
     let onset_unix_ms = matches!(verdict, MemoryVerdict::Leak(_) | MemoryVerdict::Growing)
@@ -533,6 +720,7 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
         floor_bytes: s.f.last().copied().unwrap_or(0),
         time_to_full_sec,
         region: decision_region,
+        scale,
     }
 }
 
@@ -592,36 +780,85 @@ fn time_to_full(free: Option<u64>, slope: f64) -> Option<f64> {
     (slope > 0.0).then(|| free as f64 / slope)
 }
 
-fn checks_for(
+fn at_least(bytes: i64, min: u64) -> bool {
+    bytes >= i64::try_from(min).unwrap_or(i64::MAX)
+}
+
+/// The gates of `after-plateau` on an episode.
+fn episode_checks(region: &TrendTest, s: &Series<'_>) -> LeakChecks {
+    let cfg = s.cfg;
+    let material = at_least(region.net_growth_bytes, cfg.min_growth_bytes)
+        && region.slope_bytes_per_sec >= cfg.min_slope_bytes_per_sec;
+    let long_enough = region.growth_span_sec * 1000.0 >= s.scale.min_leak_ms as f64;
+    let irregular_staircase = long_enough
+        && region.median_rise_gap_sec * 1000.0 > s.scale.coarse_gap_ms as f64
+        && !region.regular_steps
+        && region.growth_span_sec * 1000.0 < s.scale.min_irregular_ms as f64;
+    LeakChecks {
+        settled: true,
+        significant: region.p_value() < cfg.alpha,
+        material,
+        persistent: long_enough && !irregular_staircase,
+        still_growing: region.still_growing,
+        steady: None,
+        irregular_staircase,
+        urgent: false,
+    }
+}
+
+/// The gates of `steady-growth` and `fills-device` on the since-start region.
+fn since_start_checks(
     region: &TrendTest,
-    cfg: &LeakConfig,
+    s: &Series<'_>,
     settled: bool,
     free: Option<u64>,
 ) -> LeakChecks {
-    let material = region.net_growth_bytes
-        >= i64::try_from(cfg.min_growth_bytes).unwrap_or(i64::MAX)
+    let cfg = s.cfg;
+    // Growth at the steady rate over the later part: the robust slope times the time
+    // since the first window, which only grows while the rate holds (the growth itself
+    // would jump as the first window's end passes the tail of a start-up burst).
+    let later = region.steadiness.as_ref().map_or(
+        (region.net_growth_bytes as f64, region.duration_sec),
+        |st| {
+            (
+                region.slope_bytes_per_sec * (s.now() - st.later_from_unix_ms) as f64 / 1000.0,
+                (s.now() - st.later_from_unix_ms) as f64 / 1000.0,
+            )
+        },
+    );
+    let material = later.0 >= cfg.min_growth_bytes as f64
+        && later.1 > 0.0
         && region.slope_bytes_per_sec >= cfg.min_slope_bytes_per_sec;
+    let span_ms = region.growth_span_sec * 1000.0;
+    // A forecast may reach `max_forecast_factor` times as far as the growth it rests on,
+    // and needs a rate: enough levels, no release (a release is a cycle, not a trend),
+    // growth for the least episode span.
     let urgent = time_to_full(free, region.slope_bytes_per_sec)
-        .is_some_and(|eta| eta < cfg.urgent_time_to_full.as_secs_f64());
-    let long_enough = region.growth_span_sec >= cfg.min_leak_duration.as_secs_f64();
-    let irregular_staircase = long_enough
-        && region.median_rise_gap_sec > cfg.coarse_step_gap.as_secs_f64()
-        && !region.regular_steps
-        && region.growth_span_sec < cfg.min_irregular_duration.as_secs_f64();
+        .is_some_and(|eta| eta * 1000.0 <= cfg.max_forecast_factor * span_ms)
+        && span_ms >= s.scale.min_leak_ms as f64
+        && region.releases == 0
+        && region.levels as usize >= super::MIN_FORECAST_LEVELS;
     LeakChecks {
         settled,
         significant: region.p_value() < cfg.alpha,
         material,
-        persistent: long_enough && !irregular_staircase,
-        irregular_staircase,
+        persistent: span_ms >= s.scale.min_steady_ms as f64,
         still_growing: region.still_growing,
+        steady: Some(
+            region
+                .steadiness
+                .as_ref()
+                .is_some_and(|st| st.p_value < cfg.alpha),
+        ),
+        irregular_staircase: false,
         urgent,
     }
 }
 
-/// The gates that need no trend test: enough growth, long enough, still going.
+/// The gates that need no test: enough growth, long enough for the shortest rule, still
+/// going.
 fn could_fire(region: &TrendTest, cfg: &LeakConfig) -> bool {
-    region.net_growth_bytes >= i64::try_from(cfg.min_growth_bytes).unwrap_or(i64::MAX)
+    at_least(region.net_growth_bytes, cfg.min_growth_bytes)
         && region.growth_span_sec >= cfg.min_leak_duration.as_secs_f64()
         && region.still_growing
 }
@@ -629,4 +866,12 @@ fn could_fire(region: &TrendTest, cfg: &LeakConfig) -> bool {
 /// The gates every leak rule shares.
 fn fires(c: &LeakChecks) -> bool {
     c.significant && c.material && c.persistent && c.still_growing
+}
+
+/// `fills-device`: in warm-up (no plateau since the start), significant, material, still
+/// growing and urgent, whatever its span. Once the memory has plateaued, growth is judged
+/// as an episode (`after-plateau`): a model loaded in a 5 s burst after 30 s holding only
+/// the context is not a leak because the span since the start's first rise is long.
+fn fills(c: &LeakChecks) -> bool {
+    !c.settled && c.significant && c.material && c.still_growing && c.urgent
 }

@@ -190,6 +190,7 @@ fn evaluate_series(trace: &LabeledTrace, s: &LabeledSeries, cfg: &LeakConfig) ->
         process_start_unix_ms: s.process_start_unix_ms,
         device_label: Some("GPU 0".to_owned()),
         ended: false,
+        device_total: false,
     };
     let mut tracker = ProcessTracker::new(ctx, cfg.clone()).expect("valid config");
     let free = trace.device_free_bytes.as_deref().unwrap_or(&[]);

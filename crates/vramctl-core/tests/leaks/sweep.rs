@@ -279,8 +279,8 @@ fn rule_name(r: vramctl_core::analysis::LeakRule) -> &'static str {
     use vramctl_core::analysis::LeakRule;
     match r {
         LeakRule::AfterPlateau => "after-plateau",
-        LeakRule::SinceWarmUp => "since-warm-up",
-        LeakRule::UrgentInWarmUp => "urgent-in-warm-up",
+        LeakRule::SteadyGrowth => "steady-growth",
+        LeakRule::FillsDevice => "fills-device",
     }
 }
 

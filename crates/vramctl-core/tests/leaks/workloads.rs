@@ -140,6 +140,7 @@ fn h200_fixture_batch_numbers() {
             process_start_unix_ms: s.process_start_unix_ms,
             device_label: Some("GPU 0".to_owned()),
             ended: false,
+            device_total: false,
         };
         let activity = ActivityInputs {
             device: &s.device,
@@ -150,7 +151,7 @@ fn h200_fixture_batch_numbers() {
         match s.role.as_str() {
             "leak" => {
                 assert_eq!(r.verdict, Verdict::Leak);
-                assert_eq!(r.rule, Some(LeakRule::UrgentInWarmUp));
+                assert_eq!(r.rule, Some(LeakRule::FillsDevice));
                 // 256 MiB per 100 ms step ≈ 2.6 GB/s.
                 let slope = r.slope_bytes_per_sec;
                 assert!((2.4e9..2.8e9).contains(&slope), "{slope}");

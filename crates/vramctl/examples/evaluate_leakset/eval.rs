@@ -8,7 +8,7 @@ use serde::Serialize;
 use vramctl_core::analysis::{LeakConfig, Verdict};
 
 use super::batch::Vramctl;
-use super::labels::{Half, Workload};
+use super::labels::{Half, HalfArg, Workload};
 use super::live::{self, Change, LiveCadence, SeriesId, Timeline};
 use super::score::{self, GoalCheck, IntervalClass, Outcome, Summary};
 use super::sources::{Source, Workspace};
@@ -19,6 +19,10 @@ pub const BATCH: &str = "batch";
 /// How the evaluation runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Settings {
+    /// The half scored (`--half`).
+    pub half: HalfArg,
+    /// Labeled workloads of the other half(s), whose series were dropped unseen.
+    pub hidden_workloads: usize,
     /// `--idle-for` of every path (the recordings are minutes long).
     pub idle_for: String,
     /// Batch verdicts are taken at the first tick at or after every multiple of this
@@ -110,6 +114,17 @@ pub struct Report {
     pub sources: Vec<SourceReport>,
 }
 
+/// Whether `id` is the series of a workload left out of this evaluation (same PID,
+/// overlapping its labeled life).
+fn hidden_series(hidden: &[Workload], id: &SeriesId) -> bool {
+    hidden.iter().any(|w| w.pid == id.pid)
+}
+
+/// Removes the series of the workloads left out (`--half`) from `timelines`.
+fn drop_hidden(hidden: &[Workload], timelines: &mut BTreeMap<SeriesId, Timeline>) {
+    timelines.retain(|id, _| !hidden_series(hidden, id));
+}
+
 /// The halves present in `workloads`, in order.
 fn halves(workloads: &[Workload]) -> Vec<Half> {
     let set: BTreeSet<Half> = workloads.iter().map(|w| w.half).collect();
@@ -141,8 +156,12 @@ pub fn cutoffs(times: &[i64], every_ms: i64) -> Vec<i64> {
 ///
 /// # Errors
 /// When a source cannot be read or `vramctl leaks` fails.
+// The scorer's one entry point: each argument is a separate input of the run (the
+// scored and the hidden half among them), and a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     workloads: &[Workload],
+    hidden: &[Workload],
     sources: &[Source],
     ws: &Workspace,
     vramctl: &Vramctl,
@@ -154,16 +173,27 @@ pub fn evaluate(
     for source in sources {
         progress(&format!("{}: {}", source.name, source.what));
         out.push(
-            evaluate_source(workloads, source, ws, vramctl, settings, cfg, &mut progress)
-                .with_context(|| format!("source '{}'", source.name))?,
+            evaluate_source(
+                workloads,
+                hidden,
+                source,
+                ws,
+                vramctl,
+                settings,
+                cfg,
+                &mut progress,
+            )
+            .with_context(|| format!("source '{}'", source.name))?,
         );
     }
     Ok(out)
 }
 
 #[allow(clippy::too_many_lines)]
+#[allow(clippy::too_many_arguments)]
 fn evaluate_source(
     workloads: &[Workload],
+    hidden: &[Workload],
     source: &Source,
     ws: &Workspace,
     vramctl: &Vramctl,
@@ -192,8 +222,12 @@ fn evaluate_source(
     }
     let cuts = cutoffs(&times, settings.batch_every_ms);
     progress(&format!("  batch: {} runs of vramctl leaks", cuts.len()));
-    let batch = vramctl.timelines(&source.input, &cuts)?;
+    let mut batch = vramctl.timelines(&source.input, &cuts)?;
     let mut batch_runs = cuts.len();
+    // The other half's series: dropped before anything looks at them.
+    for timelines in paths.values_mut().chain(std::iter::once(&mut batch)) {
+        drop_hidden(hidden, timelines);
+    }
 
     // Who each series is.
     let mut role_of: BTreeMap<SeriesId, String> = BTreeMap::new();
@@ -231,7 +265,8 @@ fn evaluate_source(
             wanted.len()
         ));
         for (t, list) in wanted {
-            let findings = vramctl.findings(&source.input, Some(t))?;
+            let mut findings = vramctl.findings(&source.input, Some(t))?;
+            findings.retain(|f| !hidden_series(hidden, &f.id));
             batch_runs += 1;
             for (path, id, live) in list {
                 let batch = findings

@@ -46,6 +46,38 @@ impl Half {
     }
 }
 
+/// `--half`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HalfArg {
+    /// The tune half and the workloads without a half.
+    Tune,
+    /// The holdout half only.
+    Holdout,
+    /// Every workload.
+    All,
+}
+
+impl HalfArg {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tune => "tune",
+            Self::Holdout => "holdout",
+            Self::All => "all",
+        }
+    }
+
+    /// Whether a workload of `half` is scored.
+    pub fn keeps(self, half: Half) -> bool {
+        match self {
+            Self::Tune => matches!(half, Half::Tune | Half::Dev),
+            Self::Holdout => half == Half::Holdout,
+            Self::All => true,
+        }
+    }
+}
+
 /// What a workload really does, for the leak question.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

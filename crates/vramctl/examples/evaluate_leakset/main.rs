@@ -85,6 +85,12 @@ struct Args {
     /// the first H200 set's labels have none).
     #[arg(long, value_name = "ROLE=MBPS")]
     rate: Vec<String>,
+    /// Which workloads to score and print: `tune` (the half that may choose thresholds,
+    /// and labels without a half: the development set), `holdout` (report only: run it
+    /// once, on a final analysis) or `all`. The series of the workloads left out are
+    /// dropped from every table, check and timeline, not only from the scores.
+    #[arg(long, value_enum, default_value_t = labels::HalfArg::Tune)]
+    half: labels::HalfArg,
     /// Print the report as JSON instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -142,8 +148,20 @@ fn run() -> anyhow::Result<()> {
     let plain = ws.plain(&labels_path, "labels")?;
     let text = std::fs::read_to_string(&plain)
         .with_context(|| format!("cannot read '{}'", labels_path.display()))?;
-    let mut workloads =
+    let all_workloads =
         labels::parse(&text).with_context(|| format!("labels '{}'", labels_path.display()))?;
+    // The workloads of the other half are not scored, and their series are dropped from
+    // every timeline (`eval::evaluate`'s `hidden`): nothing of them is printed.
+    let (mut workloads, hidden): (Vec<_>, Vec<_>) = all_workloads
+        .into_iter()
+        .partition(|w| args.half.keeps(w.half));
+    if workloads.is_empty() {
+        bail!(
+            "--half {}: no workload of that half in '{}'",
+            args.half.name(),
+            labels_path.display()
+        );
+    }
     for r in &args.rate {
         let bad = || anyhow!("--rate '{r}' is not ROLE=MB/s, e.g. leak-fast=125");
         let (role, mb_s) = r.split_once('=').ok_or_else(bad)?;
@@ -177,6 +195,8 @@ fn run() -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let settings = Settings {
+        half: args.half,
+        hidden_workloads: hidden.len(),
         idle_for: args.idle_for.clone(),
         batch_every_ms: args.batch_every_ms.max(1),
         equality: !args.no_equality,
@@ -194,6 +214,7 @@ fn run() -> anyhow::Result<()> {
         .collect();
     let reports = eval::evaluate(
         &workloads,
+        &hidden,
         &sources,
         &ws,
         &vramctl,

@@ -97,7 +97,9 @@ pub fn markdown(report: &Report) -> String {
     let set = &report.settings;
     let _ = writeln!(
         s,
-        "`--idle-for {}`; batch verdicts every {} ms of recording; live cadences: {}.\n",
+        "`--half {}` ({} labeled workloads of the other half left out unseen); `--idle-for {}`; batch verdicts every {} ms of recording; live cadences: {}.\n",
+        set.half.name(),
+        set.hidden_workloads,
         set.idle_for,
         set.batch_every_ms,
         set.live

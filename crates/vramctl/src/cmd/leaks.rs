@@ -22,8 +22,8 @@ use serde::Serialize;
 use vramctl::leak_scan::{Finding, analyse, device_label, short_command};
 use vramctl::sample_source::{Source, SourceKind};
 use vramctl_core::analysis::{
-    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, SeriesReport,
-    TrendTest, Verdict, explain,
+    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
+    SeriesReport, Steadiness, TrendTest, Verdict, explain,
 };
 use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_store::format::rfc3339;
@@ -306,6 +306,7 @@ pub struct SeriesJson {
 /// `onset` above).
 #[derive(Debug, Serialize)]
 struct TrendJson {
+    region: RegionKind,
     duration_sec: f64,
     slope_bytes_per_sec: f64,
     net_growth_bytes: i64,
@@ -316,12 +317,15 @@ struct TrendJson {
     still_growing: bool,
     stall_window_sec: f64,
     releases: u32,
+    levels: u32,
     mann_kendall: Option<MannKendall>,
+    steadiness: Option<Steadiness>,
 }
 
 impl From<&TrendTest> for TrendJson {
     fn from(t: &TrendTest) -> Self {
         Self {
+            region: t.region,
             duration_sec: t.duration_sec,
             slope_bytes_per_sec: t.slope_bytes_per_sec,
             net_growth_bytes: t.net_growth_bytes,
@@ -332,7 +336,9 @@ impl From<&TrendTest> for TrendJson {
             still_growing: t.still_growing,
             stall_window_sec: t.stall_window_sec,
             releases: t.releases,
+            levels: t.levels,
             mann_kendall: t.mann_kendall,
+            steadiness: t.steadiness.clone(),
         }
     }
 }

@@ -178,8 +178,8 @@ fn trend_numbers(report: &SeriesReport, time: &dyn Fn(i64) -> String) -> Vec<(St
             "rule",
             match rule {
                 LeakRule::AfterPlateau => "growth resumed after a plateau",
-                LeakRule::SinceWarmUp => "growing ever since warm-up",
-                LeakRule::UrgentInWarmUp => "in warm-up, but fills the GPU soon",
+                LeakRule::SteadyGrowth => "steady since its start, not slowing as warm-up",
+                LeakRule::FillsDevice => "fills the GPU soon at this rate",
             }
             .to_owned(),
         ));

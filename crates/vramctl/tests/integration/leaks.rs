@@ -228,7 +228,16 @@ fn the_recorded_h200_history_finds_the_leaks_and_only_the_idle_holder() {
         .iter()
         .find(|s| s["pid"] == 684)
         .unwrap();
-    assert_eq!(idle["idle"]["evidence"], serde_json::json!(["cpu-time"]));
+    // Its CPU time shows it idle; the device's 0 % moments inside the span are counted
+    // too since a span goes on across a short stretch without evidence (issue 13).
+    assert!(
+        idle["idle"]["evidence"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("cpu-time")),
+        "{}",
+        idle["idle"]
+    );
     assert!(idle["idle"]["idle_sec"].as_f64().unwrap() > 200.0);
     let text = stdout_of(
         leaks()
@@ -959,4 +968,67 @@ fn a_leak_still_running_at_the_end_of_a_real_log_keeps_its_time_to_full() {
     assert_eq!(leak["verdict"], "leak");
     let eta = leak["time_to_full_sec"].as_f64().expect("a forecast");
     assert!((5.0..60.0).contains(&eta), "{eta}");
+}
+
+/// `testdata/h200/leakset/NAME` (gzip'd, binary) decompressed into `dir`.
+fn gunzip_leakset(name: &str, dir: &Path) -> PathBuf {
+    let file = std::fs::File::open(testdata("leakset").join(name)).expect("test helper");
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut bytes)
+        .expect("test helper");
+    let path = dir.join(name.trim_end_matches(".gz"));
+    std::fs::write(&path, bytes).expect("test helper");
+    path
+}
+
+/// The leak set's holdout half, held back from every threshold of issue 13 (its figures
+/// were measured once, after the design was final: `docs/leaks.md`). Its workloads' final
+/// batch verdicts, at 100 ms and at 10 s: every leak (seven from the first step, 1.5 to
+/// 250 MB/s, one after 120 s) ends `leak`, no other workload ends `leak`, and the idle
+/// holder that exits a minute before the end is still `idle-holder` (its exit used to
+/// restart its idle span).
+#[test]
+fn the_held_back_leakset_half_ends_with_its_labels() {
+    let labels = std::fs::read_to_string(testdata("leakset").join("labels.jsonl")).unwrap();
+    let holdout: Vec<(u64, String, bool, bool)> = labels
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["event"] == "start" && l["half"] == "holdout")
+        .map(|l| {
+            (
+                l["pid"].as_u64().unwrap(),
+                l["role"].as_str().unwrap().to_owned(),
+                l["leaks"] == true,
+                l["idle"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(holdout.len(), 16);
+    let dir = tempfile::tempdir().unwrap();
+    for db in ["leakset-100ms.db.gz", "leakset-10s.db.gz"] {
+        let path = gunzip_leakset(db, dir.path());
+        let json: Value = serde_json::from_str(&stdout_of(
+            vramctl_on("h200-idle.toml").arg("--db").arg(&path).args([
+                "leaks",
+                "--json",
+                "--since",
+                "all",
+                "--idle-for",
+                "60s",
+            ]),
+        ))
+        .unwrap();
+        let v = verdicts(&json);
+        for (pid, role, leaks, idle) in &holdout {
+            let got = v.get(pid).map(String::as_str);
+            if *leaks {
+                assert_eq!(got, Some("leak"), "{db}: {role} ({pid})");
+            } else if *idle {
+                assert_eq!(got, Some("idle-holder"), "{db}: {role} ({pid})");
+            } else {
+                assert_ne!(got, Some("leak"), "{db}: {role} ({pid})");
+            }
+        }
+    }
 }
