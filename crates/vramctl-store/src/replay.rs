@@ -320,6 +320,40 @@ impl Store {
     }
 }
 
+/// A recorded device as `DeviceInfo`, its MIG instances (`records` with it as parent) under
+/// it; `position` among the records stands in for an index the history does not have.
+/// What a history does not keep (minor number, MIG ids) is `None`.
+pub fn recorded_device_info(
+    records: &[DeviceRecord],
+    d: &DeviceRecord,
+    position: usize,
+) -> DeviceInfo {
+    let children: Vec<&DeviceRecord> = records
+        .iter()
+        .filter(|c| c.meta.parent_uuid.as_deref() == Some(d.meta.uuid.as_str()))
+        .collect();
+    DeviceInfo {
+        index: d
+            .meta
+            .index
+            .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
+        uuid: d.meta.uuid.clone(),
+        name: d.meta.name.clone(),
+        pci_bus_id: d.meta.pci_bus_id.clone(),
+        minor_number: None,
+        mig_enabled: (!children.is_empty()).then_some(true),
+        mig_instances: children
+            .iter()
+            .map(|c| MigInstanceInfo {
+                uuid: c.meta.uuid.clone(),
+                name: c.meta.name.clone(),
+                gpu_instance_id: None,
+                compute_instance_id: None,
+            })
+            .collect(),
+    }
+}
+
 /// What one moment's devices and readings are made from.
 struct Shape<'a> {
     records: &'a [DeviceRecord],
@@ -334,31 +368,7 @@ impl Shape<'_> {
     /// parent it is) under it. An index that was not recorded (an imported log names GPUs
     /// by UUID) is its position among the recorded devices.
     fn device_info(&self, d: &DeviceRecord, position: usize) -> DeviceInfo {
-        let children: Vec<&DeviceRecord> = self
-            .records
-            .iter()
-            .filter(|c| c.meta.parent_uuid.as_deref() == Some(d.meta.uuid.as_str()))
-            .collect();
-        DeviceInfo {
-            index: d
-                .meta
-                .index
-                .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
-            uuid: d.meta.uuid.clone(),
-            name: d.meta.name.clone(),
-            pci_bus_id: d.meta.pci_bus_id.clone(),
-            minor_number: None,
-            mig_enabled: (!children.is_empty()).then_some(true),
-            mig_instances: children
-                .iter()
-                .map(|c| MigInstanceInfo {
-                    uuid: c.meta.uuid.clone(),
-                    name: c.meta.name.clone(),
-                    gpu_instance_id: None,
-                    compute_instance_id: None,
-                })
-                .collect(),
-        }
+        recorded_device_info(self.records, d, position)
     }
 
     fn reading(&self, record: &DeviceRecord, metrics: &HashMap<Metric, Entry>) -> DeviceReading {

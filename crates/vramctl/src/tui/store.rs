@@ -17,12 +17,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use vramctl_core::types::{
-    DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, Field, MemoryReading,
-    MigInstanceInfo, MigReading, ProcessActivity, ProcessKind, ProcessUsage, Snapshot, Unavailable,
-};
+use vramctl_core::types::{DeviceInfo, DriverInfo, Snapshot};
 use vramctl_store::{
-    DEFAULT_KEY_INTERVAL_MS, DeviceRecord, Entry, Gap, Metric, OpenMode, ProcessRecord, SeriesRef,
+    DEFAULT_KEY_INTERVAL_MS, DeviceRecord, Entry, Metric, OpenMode, ProcessRecord, SeriesRef,
     Store, StoreError, TimeRange,
 };
 
@@ -52,7 +49,6 @@ struct Inner {
     /// Live: only processes of this boot can be the ones on screen.
     boot_id: Option<String>,
     devices: Vec<DeviceRecord>,
-    processes: HashMap<i64, ProcessRecord>,
     ticks_per_second: u64,
 }
 
@@ -74,7 +70,6 @@ impl StoreSource {
                 store,
                 boot_id,
                 devices: Vec::new(),
-                processes: HashMap::new(),
                 ticks_per_second: procfs::ticks_per_second().max(1),
             }),
         }
@@ -134,18 +129,6 @@ impl Inner {
         // A recorder may have added it since.
         self.refresh_devices()?;
         Ok(find(&self.devices))
-    }
-
-    fn process(&mut self, id: i64) -> Result<Option<&ProcessRecord>, String> {
-        if !self.processes.contains_key(&id) {
-            match self.store.process(id).map_err(|e| text(&e))? {
-                Some(record) => {
-                    self.processes.insert(id, record);
-                }
-                None => return Ok(None),
-            }
-        }
-        Ok(self.processes.get(&id))
     }
 
     /// The stored process that `pid` (started at `start`, when known) is in `[from, to]`.
@@ -322,38 +305,14 @@ impl Inner {
     }
 
     fn device_info(&self, d: &DeviceRecord, position: usize) -> DeviceInfo {
-        let children: Vec<&DeviceRecord> = self
-            .devices
-            .iter()
-            .filter(|c| c.meta.parent_uuid.as_deref() == Some(d.meta.uuid.as_str()))
-            .collect();
-        DeviceInfo {
-            index: d
-                .meta
-                .index
-                .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
-            uuid: d.meta.uuid.clone(),
-            name: d.meta.name.clone(),
-            pci_bus_id: d.meta.pci_bus_id.clone(),
-            minor_number: None,
-            mig_enabled: (!children.is_empty()).then_some(true),
-            mig_instances: children
-                .iter()
-                .map(|c| MigInstanceInfo {
-                    uuid: c.meta.uuid.clone(),
-                    name: c.meta.name.clone(),
-                    gpu_instance_id: None,
-                    compute_instance_id: None,
-                })
-                .collect(),
-        }
+        vramctl_store::replay::recorded_device_info(&self.devices, d, position)
     }
 
     /// The recorded moment at stored time `t` (a sample, or a bucket's start).
     fn observation_at(&mut self, t: i64) -> Result<Option<Observation>, String> {
-        // One pass over the minute before `t`: the state at `t`, and the first CPU-time
-        // reading of each process in that minute (for its CPU use).
-        let mut at: Option<Vec<(SeriesRef, Entry)>> = None;
+        // The first CPU-time reading of each process in the minute before `t` (for its CPU
+        // use); the moment itself is the store's (`vramctl_store::replay`), the one way a
+        // recorded moment is rebuilt (`status --replay` reads the same).
         let mut cpu_first: HashMap<i64, (i64, u64)> = HashMap::new();
         let mut cpu_ids: HashMap<u32, Option<i64>> = HashMap::new();
         self.store
@@ -374,81 +333,21 @@ impl Inner {
                             cpu_first.entry(p).or_insert((frame.t_ms, v));
                         }
                     }
-                    if frame.t_ms == t {
-                        at = Some(frame.iter().collect());
-                    }
                 },
             )
             .map_err(|e| text(&e))?;
-        let Some(entries) = at else {
+        let Some(moment) = self.store.moment_at(t).map_err(|e| text(&e))? else {
             return Ok(None);
         };
-        let gaps = self
-            .store
-            .gaps(TimeRange {
-                from_ms: t,
-                to_ms: t,
-            })
-            .map_err(|e| text(&e))?;
-        let gaps: Vec<Gap> = gaps
-            .into_iter()
-            .filter(|g| g.from_ms <= t && (g.open || t < g.to_ms))
-            .collect();
-        if self.devices.is_empty()
-            || entries.iter().any(|(s, _)| {
-                s.device_id
-                    .is_some_and(|d| !self.devices.iter().any(|r| r.id == d))
-            })
-        {
-            self.refresh_devices()?;
-        }
-
-        // Values by device, and by process on a device.
-        let mut by_device: BTreeMap<i64, HashMap<Metric, Entry>> = BTreeMap::new();
-        let mut by_process: BTreeMap<(i64, i64), HashMap<Metric, Entry>> = BTreeMap::new();
-        let mut cpu_now: HashMap<i64, u64> = HashMap::new();
-        for (series, entry) in &entries {
-            match (series.device_id, series.process_id) {
-                (Some(d), None) => {
-                    by_device
-                        .entry(d)
-                        .or_default()
-                        .insert(series.metric, *entry);
-                }
-                (Some(d), Some(p)) => {
-                    by_process
-                        .entry((d, p))
-                        .or_default()
-                        .insert(series.metric, *entry);
-                }
-                (None, Some(p)) if series.metric == Metric::ProcessCpuTicks => {
-                    if let Some(v) = last(*entry) {
-                        cpu_now.insert(p, v);
-                    }
-                }
-                _ => {}
-            }
-        }
 
         // Who the processes are.
-        let process_ids: Vec<i64> = {
-            let mut ids: Vec<i64> = by_process.keys().map(|&(_, p)| p).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        };
-        let mut pids: HashMap<i64, u32> = HashMap::new();
         let mut hosts = BTreeMap::new();
         let mut driver_names = BTreeMap::new();
         let tps = self.ticks_per_second;
-        for id in process_ids {
-            let Some(record) = self.process(id)?.cloned() else {
-                continue;
-            };
-            let pid = record.meta.key.pid;
-            pids.insert(id, pid);
+        for (&pid, process) in &moment.processes {
+            let record = &process.record;
             let command = record.meta.command.clone();
-            if record.meta.key.start_time_ticks.is_none() {
+            if !process.visible() {
                 // The recorder could not see it in /proc (another PID namespace, or an
                 // imported log): only the driver's name, if any.
                 if let Some(name) = command {
@@ -456,8 +355,8 @@ impl Inner {
                 }
                 continue;
             }
-            let cpu_ticks = cpu_now.get(&id).copied();
-            let cpu_percent = match (cpu_first.get(&id), cpu_ticks) {
+            let cpu_ticks = process.cpu_ticks;
+            let cpu_percent = match (cpu_first.get(&record.id), cpu_ticks) {
                 (Some(&(t0, v0)), Some(v1)) if t - t0 >= CPU_MIN_SPAN_MS && v1 >= v0 => {
                     #[allow(clippy::cast_precision_loss)]
                     let pct = (v1 - v0) as f64 / tps as f64 * 1000.0 / (t - t0) as f64 * 100.0;
@@ -486,60 +385,6 @@ impl Inner {
                 },
             );
         }
-
-        // The devices, MIG instances under their GPU.
-        let global_gap = gaps
-            .iter()
-            .find(|g| g.device_uuid.is_none() && g.metric.is_none());
-        let mut devices = Vec::new();
-        let no_values = HashMap::new();
-        for (position, record) in self.devices.iter().enumerate() {
-            if record.meta.parent_uuid.is_some() || record.first_seen_ms > t {
-                continue;
-            }
-            let info = Arc::new(self.device_info(record, position));
-            let device_gap = gaps.iter().find(|g| {
-                g.metric.is_none()
-                    && g.device_uuid
-                        .as_deref()
-                        .is_some_and(|u| u.eq_ignore_ascii_case(&record.meta.uuid))
-            });
-            // A device whose every value is missing has no series, only metric gaps
-            // (which stay open while the whole device is unreadable, so they come last).
-            let only_gaps = gaps.iter().any(|g| {
-                g.metric.is_some()
-                    && g.device_uuid
-                        .as_deref()
-                        .is_some_and(|u| u.eq_ignore_ascii_case(&record.meta.uuid))
-            });
-            let metrics = match (by_device.get(&record.id), device_gap.or(global_gap)) {
-                (Some(metrics), _) => metrics,
-                (None, Some(gap)) => {
-                    let state = match gap.reason.strip_prefix("GPU lost") {
-                        Some(rest) => DeviceState::Lost {
-                            reason: rest.trim_start_matches(": ").to_owned(),
-                        },
-                        None => DeviceState::Error {
-                            reason: gap.reason.clone(),
-                        },
-                    };
-                    devices.push(DeviceSnapshot { info, state });
-                    continue;
-                }
-                (None, None) if only_gaps => &no_values,
-                // Not recorded at this time (another session's device).
-                (None, None) => continue,
-            };
-            let state = DeviceState::Ok(self.reading(
-                record,
-                metrics,
-                &by_device,
-                &by_process,
-                &pids,
-                &gaps,
-            ));
-            devices.push(DeviceSnapshot { info, state });
-        }
         Ok(Some(Observation {
             snapshot: Arc::new(Snapshot {
                 taken_at_unix_ms: t,
@@ -547,7 +392,7 @@ impl Inner {
                 // (`vramctl_store::HistoryClock`): a replay's spans are its own.
                 monotonic_ms: t,
                 driver: Arc::new(DriverInfo::default()),
-                devices,
+                devices: moment.devices,
                 unopened: Vec::new(),
             }),
             hosts,
@@ -555,115 +400,6 @@ impl Inner {
             verdicts: super::verdict::Verdicts::default(),
         }))
     }
-
-    fn reading(
-        &self,
-        record: &DeviceRecord,
-        metrics: &HashMap<Metric, Entry>,
-        by_device: &BTreeMap<i64, HashMap<Metric, Entry>>,
-        by_process: &BTreeMap<(i64, i64), HashMap<Metric, Entry>>,
-        pids: &HashMap<i64, u32>,
-        gaps: &[Gap],
-    ) -> DeviceReading {
-        let value = |m: Metric| metrics.get(&m).copied().and_then(last);
-        let small = |m: Metric| value(m).and_then(|v| u32::try_from(v).ok());
-        let mut missing = BTreeMap::new();
-        for gap in gaps.iter().filter(|g| {
-            g.device_uuid
-                .as_deref()
-                .is_some_and(|u| u.eq_ignore_ascii_case(&record.meta.uuid))
-        }) {
-            let field = match gap.metric {
-                Some(
-                    Metric::UsedBytes
-                    | Metric::ReservedBytes
-                    | Metric::FreeBytes
-                    | Metric::TotalBytes,
-                ) => Field::Memory,
-                Some(Metric::UtilizationGpuPercent | Metric::UtilizationMemoryPercent) => {
-                    Field::Utilization
-                }
-                Some(Metric::TemperatureC) => Field::Temperature,
-                Some(Metric::PowerMw) => Field::Power,
-                Some(Metric::ProcessUsedBytes) => Field::ComputeProcesses,
-                _ => continue,
-            };
-            missing.insert(field, Unavailable::from(gap.reason.clone()));
-        }
-        let processes_missing = missing.contains_key(&Field::ComputeProcesses);
-        let mut processes = Vec::new();
-        let mut activity = Vec::new();
-        for (&(d, p), values) in by_process.range((record.id, i64::MIN)..=(record.id, i64::MAX)) {
-            debug_assert_eq!(d, record.id);
-            let (Some(&pid), Some(entry)) = (pids.get(&p), values.get(&Metric::ProcessUsedBytes))
-            else {
-                continue;
-            };
-            processes.push(ProcessUsage {
-                pid,
-                used_bytes: last(*entry),
-                kind: ProcessKind::Compute,
-                gpu_instance_id: None,
-                compute_instance_id: None,
-            });
-            if let Some(sm) = values
-                .get(&Metric::ProcessSmPercent)
-                .copied()
-                .and_then(last)
-                .and_then(|v| u32::try_from(v).ok())
-            {
-                activity.push(ProcessActivity {
-                    pid,
-                    sm_percent: sm,
-                    memory_percent: 0,
-                });
-            }
-        }
-        processes.sort_by_key(|p| p.pid);
-        let mig = self
-            .devices
-            .iter()
-            .filter(|c| c.meta.parent_uuid.as_deref() == Some(record.meta.uuid.as_str()))
-            .map(|c| MigReading {
-                uuid: c.meta.uuid.clone(),
-                memory: by_device.get(&c.id).and_then(memory_of),
-            })
-            .collect();
-        DeviceReading {
-            memory: memory_of(metrics),
-            utilization_gpu_percent: small(Metric::UtilizationGpuPercent),
-            utilization_memory_percent: small(Metric::UtilizationMemoryPercent),
-            temperature_c: small(Metric::TemperatureC),
-            power_mw: small(Metric::PowerMw),
-            processes: (!processes_missing).then_some(processes),
-            // Which processes ran is known only where the recording has activity samples;
-            // with none at this moment, idle cannot be told from not reported.
-            process_activity: (!activity.is_empty()).then_some(activity),
-            mig,
-            missing,
-            dropped: Vec::new(),
-        }
-    }
-}
-
-/// Memory figures from stored values. NVML reports all four; an imported log may lack the
-/// reservation or free memory, which `total = reserved + used + free` then gives.
-fn memory_of(metrics: &HashMap<Metric, Entry>) -> Option<MemoryReading> {
-    let value = |m: Metric| metrics.get(&m).copied().and_then(last);
-    let used = value(Metric::UsedBytes)?;
-    let total = value(Metric::TotalBytes)?;
-    let (reserved, free) = match (value(Metric::ReservedBytes), value(Metric::FreeBytes)) {
-        (Some(r), Some(f)) => (r, f),
-        (Some(r), None) => (r, total.saturating_sub(used + r)),
-        (None, Some(f)) => (total.saturating_sub(used + f), f),
-        (None, None) => (0, total.saturating_sub(used)),
-    };
-    Some(MemoryReading {
-        total_bytes: total,
-        used_bytes: used,
-        reserved_bytes: reserved,
-        free_bytes: free,
-    })
 }
 
 impl HistorySource for StoreSource {
@@ -756,6 +492,7 @@ mod tests {
     use super::*;
     use crate::tui::fixtures::{T0_MS, from_scenario, recorded};
     use crate::tui::replay::{Seek, seek_frame};
+    use vramctl_core::types::{DeviceState, Field, ProcessKind, Unavailable};
 
     /// What a recording cannot give back, removed from an observation: the driver's
     /// versions, which list a process came from, MIG instance ids, /proc facts other than
