@@ -10,15 +10,13 @@
 //! the agent speaks first only when answering, so the greeting of that convention is not used.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::local_socket::{Connection, FrameError, Peer, euid, remove_socket_if, socket_file_id};
+use crate::local_socket::{ConnectRefusal, Connection, FrameError, connect_now, euid};
 
 /// The protocol version this client speaks.
 pub const PROTOCOL: u32 = 1;
@@ -314,43 +312,23 @@ impl AgentClient {
             path: path.to_path_buf(),
             source,
         };
-        let before = socket_file_id(path);
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-            None,
-        )
-        .map_err(|e| io(e.into()))?;
-        let addr = SocketAddrUnix::new(path).map_err(|e| io(e.into()))?;
-        match rustix::net::connect(&fd, &addr) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::NOENT) => {
-                return Err(AgentError::NoAgent {
-                    pid,
-                    searched: path.parent().map(Path::to_path_buf).into_iter().collect(),
-                });
-            }
-            Err(rustix::io::Errno::CONNREFUSED) => {
-                let removed = before.is_some_and(|id| remove_socket_if(path, id));
-                return Err(AgentError::Stale {
-                    pid,
-                    path: path.to_path_buf(),
-                    removed,
-                });
-            }
-            Err(rustix::io::Errno::AGAIN) => return Err(AgentError::Busy { pid }),
-            Err(rustix::io::Errno::ACCESS | rustix::io::Errno::PERM) => {
-                return Err(AgentError::NotAllowed {
-                    pid,
-                    path: path.to_path_buf(),
-                });
-            }
-            Err(e) => return Err(io(e.into())),
-        }
-        let stream = UnixStream::from(fd);
-        stream.set_nonblocking(false).map_err(io)?;
-        let server = Peer::of(&stream).map_err(io)?;
+        let (stream, server) = connect_now(path).map_err(|refusal| match refusal {
+            ConnectRefusal::NotFound => AgentError::NoAgent {
+                pid,
+                searched: path.parent().map(Path::to_path_buf).into_iter().collect(),
+            },
+            ConnectRefusal::Stale { removed } => AgentError::Stale {
+                pid,
+                path: path.to_path_buf(),
+                removed,
+            },
+            ConnectRefusal::Busy => AgentError::Busy { pid },
+            ConnectRefusal::NoPermission => AgentError::NotAllowed {
+                pid,
+                path: path.to_path_buf(),
+            },
+            ConnectRefusal::Io(source) => io(source),
+        })?;
         let wrong = |reason: String| AgentError::WrongPeer {
             pid,
             path: path.to_path_buf(),

@@ -380,6 +380,56 @@ pub(crate) fn remove_socket_if(path: &Path, id: (u64, u64)) -> bool {
     socket_file_id(path) == Some(id) && std::fs::remove_file(path).is_ok()
 }
 
+/// Why [`connect_now`] did not connect.
+#[derive(Debug)]
+pub(crate) enum ConnectRefusal {
+    /// No socket file at the path.
+    NotFound,
+    /// A socket file nobody listens on; `removed` when it was still the file that refused
+    /// us and is gone now.
+    Stale { removed: bool },
+    /// The server's backlog is full.
+    Busy,
+    /// The file's mode (or the directory's) does not let us connect.
+    NoPermission,
+    /// Anything else.
+    Io(std::io::Error),
+}
+
+/// Connects to the Unix socket at `path` without ever waiting (a full backlog is
+/// [`ConnectRefusal::Busy`]), removes a stale socket that is still the one that refused us,
+/// and returns the blocking stream with the server's credentials: the one connect of the
+/// daemon's clients and the agent's.
+pub(crate) fn connect_now(path: &Path) -> Result<(UnixStream, Peer), ConnectRefusal> {
+    use rustix::io::Errno;
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let io = |e: Errno| ConnectRefusal::Io(e.into());
+    let before = socket_file_id(path);
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(io)?;
+    let addr = SocketAddrUnix::new(path).map_err(io)?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) => {}
+        Err(Errno::NOENT) => return Err(ConnectRefusal::NotFound),
+        Err(Errno::CONNREFUSED) => {
+            let removed = before.is_some_and(|id| remove_socket_if(path, id));
+            return Err(ConnectRefusal::Stale { removed });
+        }
+        Err(Errno::AGAIN) => return Err(ConnectRefusal::Busy),
+        Err(Errno::ACCESS | Errno::PERM) => return Err(ConnectRefusal::NoPermission),
+        Err(e) => return Err(io(e)),
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false).map_err(ConnectRefusal::Io)?;
+    let server = Peer::of(&stream).map_err(ConnectRefusal::Io)?;
+    Ok((stream, server))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

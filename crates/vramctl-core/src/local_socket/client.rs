@@ -3,17 +3,14 @@
 //! One deadline covers the whole exchange, so a server that never answers costs the
 //! client at most that long.
 
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{
-    Connection, ErrorReply, FrameError, Greeting, Peer, Reply, euid, remove_socket_if,
-    socket_file_id,
+    ConnectRefusal, Connection, ErrorReply, FrameError, Greeting, Peer, Reply, connect_now, euid,
 };
 
 /// Longest greeting line a client reads.
@@ -134,34 +131,16 @@ impl Client {
             path: owned(),
             source,
         };
-        let before = socket_file_id(path);
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-            None,
-        )
-        .map_err(|e| io(e.into()))?;
-        let addr = SocketAddrUnix::new(path).map_err(|e| io(e.into()))?;
-        match rustix::net::connect(&fd, &addr) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::NOENT) => return Err(ConnectError::NotFound { path: owned() }),
-            Err(rustix::io::Errno::CONNREFUSED) => {
-                let removed = before.is_some_and(|id| remove_socket_if(path, id));
-                return Err(ConnectError::Stale {
-                    path: owned(),
-                    removed,
-                });
-            }
-            Err(rustix::io::Errno::AGAIN) => return Err(ConnectError::Busy { path: owned() }),
-            Err(rustix::io::Errno::ACCESS | rustix::io::Errno::PERM) => {
-                return Err(ConnectError::NoPermission { path: owned() });
-            }
-            Err(e) => return Err(io(e.into())),
-        }
-        let stream = UnixStream::from(fd);
-        stream.set_nonblocking(false).map_err(io)?;
-        let server = Peer::of(&stream).map_err(io)?;
+        let (stream, server) = connect_now(path).map_err(|refusal| match refusal {
+            ConnectRefusal::NotFound => ConnectError::NotFound { path: owned() },
+            ConnectRefusal::Stale { removed } => ConnectError::Stale {
+                path: owned(),
+                removed,
+            },
+            ConnectRefusal::Busy => ConnectError::Busy { path: owned() },
+            ConnectRefusal::NoPermission => ConnectError::NoPermission { path: owned() },
+            ConnectRefusal::Io(source) => io(source),
+        })?;
         if server.uid != 0 && server.uid != euid() {
             return Err(ConnectError::Untrusted {
                 path: owned(),
