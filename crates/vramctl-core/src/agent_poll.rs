@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::agent_client::{self, Stats};
+use crate::agent_client::{self, AgentMemory, DeviceStats, Stats};
 use crate::process_catalog::{ProcessCatalog, listed_pids};
 use crate::types::Snapshot;
 
@@ -239,11 +239,31 @@ pub fn figures(poll: &AgentPoll, snapshot: &Snapshot) -> AgentFigures {
 /// the wrong GPU. `None` when no device matches; a sum is `None` when no matching device
 /// can say it.
 pub fn memory_on(stats: &Stats, nvml_uuid: &str, only_gpu: bool) -> Option<DeviceMemory> {
+    let matching = matching(stats, nvml_uuid, only_gpu)?;
+    Some(DeviceMemory {
+        allocated_bytes: sum(&matching, |d| d.allocated_bytes),
+        reserved_bytes: sum(&matching, |d| d.reserved_bytes),
+    })
+}
+
+/// [`memory_on`] as `ps` shows a process (allocated, cached, releasable), for one GPU:
+/// what `status` shows per device.
+pub fn agent_memory_on(stats: &Stats, nvml_uuid: &str, only_gpu: bool) -> Option<AgentMemory> {
+    let matching = matching(stats, nvml_uuid, only_gpu)?;
+    Some(AgentMemory {
+        allocated_bytes: sum(&matching, |d| d.allocated_bytes),
+        cached_bytes: sum(&matching, |d| d.cached_bytes),
+        releasable_bytes: sum(&matching, |d| d.releasable_bytes),
+    })
+}
+
+/// The agent's devices that are the GPU `nvml_uuid` (see [`memory_on`]); `None` if none.
+fn matching<'a>(stats: &'a Stats, nvml_uuid: &str, only_gpu: bool) -> Option<Vec<&'a DeviceStats>> {
     let bare = nvml_uuid
         .strip_prefix("GPU-")
         .or_else(|| nvml_uuid.strip_prefix("MIG-"))
         .unwrap_or(nvml_uuid);
-    let matching: Vec<_> = stats
+    let matching: Vec<&DeviceStats> = stats
         .devices
         .iter()
         .filter(|d| d.error.is_none())
@@ -252,21 +272,17 @@ pub fn memory_on(stats: &Stats, nvml_uuid: &str, only_gpu: bool) -> Option<Devic
             None => only_gpu,
         })
         .collect();
-    if matching.is_empty() {
-        return None;
-    }
-    let sum = |pick: fn(&agent_client::DeviceStats) -> Option<u64>| {
-        matching
-            .iter()
-            .filter_map(|d| pick(d))
-            .fold(None, |acc: Option<u64>, v| {
-                Some(acc.unwrap_or(0).saturating_add(v))
-            })
-    };
-    Some(DeviceMemory {
-        allocated_bytes: sum(|d| d.allocated_bytes),
-        reserved_bytes: sum(|d| d.reserved_bytes),
-    })
+    (!matching.is_empty()).then_some(matching)
+}
+
+/// Σ of a counter over devices; `None` when none of them says it.
+fn sum(devices: &[&DeviceStats], pick: fn(&DeviceStats) -> Option<u64>) -> Option<u64> {
+    devices
+        .iter()
+        .filter_map(|d| pick(d))
+        .fold(None, |acc: Option<u64>, v| {
+            Some(acc.unwrap_or(0).saturating_add(v))
+        })
 }
 
 #[cfg(test)]
@@ -274,7 +290,6 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::agent_client::DeviceStats;
 
     fn device(uuid: Option<&str>, allocated: u64, reserved: Option<u64>) -> DeviceStats {
         DeviceStats {

@@ -53,3 +53,67 @@ fn serve_exports_allocated_and_reserved_only_for_processes_with_an_agent() {
         assert_eq!(sample(&text, family, without.pid()), None, "{text}");
     }
 }
+
+#[test]
+fn status_shows_allocated_and_cached_beside_nvml_for_a_process_with_an_agent() {
+    let py = Py::agent(20 * GIB, GIB);
+    let without = Py::start();
+    let scenario = scenario(
+        py.dir.path(),
+        &[
+            (py.pid(), "22 GiB", "22 GiB"),
+            (without.pid(), "1 GiB", "1 GiB"),
+        ],
+    );
+    let output = vramctl_std(&scenario)
+        .args(["status", "--json", "--no-daemon"])
+        .output()
+        .expect("status runs");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let row = |pid: u32| {
+        json["devices"][0]["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pid"] == pid).cloned())
+            .unwrap_or_default()
+    };
+    let with = row(py.pid());
+    assert_eq!(with["used_bytes"], 22 * GIB, "{json}");
+    assert_eq!(with["agent"]["allocated_bytes"], GIB, "{json}");
+    assert_eq!(with["agent"]["cached_bytes"], 20 * GIB, "{json}");
+    assert_eq!(with["agent"]["releasable_bytes"], 20 * GIB, "{json}");
+    assert!(row(without.pid()).get("agent").is_none(), "{json}");
+
+    let text = vramctl_std(&scenario)
+        .args(["status", "--no-daemon"])
+        .output()
+        .expect("status runs");
+    let text = String::from_utf8_lossy(&text.stdout);
+    let header = text.lines().find(|l| l.contains("PID")).unwrap_or_default();
+    assert!(
+        header.contains("MEMORY") && header.contains("ALLOCATED") && header.contains("CACHED"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&py.pid().to_string()))
+        .unwrap_or_default();
+    assert!(
+        line.contains("1.0 GiB") && line.contains("20.0 GiB"),
+        "{text}"
+    );
+}
+
+#[test]
+fn status_without_any_agent_keeps_its_columns() {
+    let without = Py::start();
+    let scenario = scenario(without.dir.path(), &[(without.pid(), "1 GiB", "1 GiB")]);
+    let text = vramctl_std(&scenario)
+        .args(["status", "--no-daemon"])
+        .output()
+        .expect("status runs");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("PID") && !text.contains("ALLOCATED"),
+        "{text}"
+    );
+}
