@@ -778,12 +778,75 @@ mod tests {
                     err,
                     StoreError::NewerSchema {
                         found: 99,
-                        supported: 1,
+                        supported: schema::CURRENT,
                         ..
                     }
                 ),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn a_version_1_history_opens_upgraded_with_its_samples() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        store.close().unwrap();
+        // Version 1's tables are version 2's without `metric`: make the file version 1.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("DROP TABLE metric; DELETE FROM schema_version WHERE version = 2;")
+            .unwrap();
+        drop(conn);
+        let err = Store::open(&path, OpenMode::ReadOnly).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::OlderSchema {
+                    found: 1,
+                    current: 2,
+                    ..
+                }
+            ),
+            "a reader does not upgrade: {err}"
+        );
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0 + 1000, GIB, &[(7, GIB)])).unwrap();
+        store.close().unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        let name: String = conn
+            .query_row("SELECT name FROM metric WHERE code = 18", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!((version, name.as_str()), (2, "process_allocated_bytes"));
+        drop(conn);
+        let mut store = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        let d = store.devices().unwrap()[0].id;
+        let used = store
+            .device_metric(d, Metric::UsedBytes, crate::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(used.len(), 2, "the version 1 sample is kept");
+    }
+
+    #[test]
+    fn the_metric_table_names_every_metric() {
+        let (_dir, path) = temp();
+        Store::open(&path, OpenMode::Append)
+            .unwrap()
+            .close()
+            .unwrap();
+        let conn = Connection::open(&path).unwrap();
+        for metric in Metric::ALL {
+            let name: String = conn
+                .query_row(
+                    "SELECT name FROM metric WHERE code = ?1",
+                    [metric.code()],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(name, metric.name());
         }
     }
 

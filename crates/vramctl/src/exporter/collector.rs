@@ -170,7 +170,7 @@ impl Collector {
     pub fn collect_once(&mut self, now: Instant) {
         let started = Instant::now();
         let snapshot = self.source.sample(now, &mut self.stats).map(Arc::new);
-        let metadata = match &snapshot {
+        let mut metadata = match &snapshot {
             Some(snapshot) => {
                 self.stats.observe(snapshot);
                 let source = &mut self.source;
@@ -183,7 +183,7 @@ impl Collector {
             }
             None => ProcessMetadata::default(),
         };
-        let agents = match (&snapshot, &mut self.agents) {
+        metadata.agents = match (&snapshot, &mut self.agents) {
             (Some(snapshot), Some(poll)) => {
                 // Real time, not the snapshot's: the exchanges take real time, and a
                 // simulated clock must not make every tick ask every agent.
@@ -223,7 +223,7 @@ impl Collector {
                 snapshot: snapshot.as_deref(),
                 metadata: &metadata,
                 verdicts: &self.verdicts,
-                agents: &agents,
+                agents: &metadata.agents,
                 stats: &self.stats,
                 options: &self.config.render,
             },
