@@ -449,6 +449,11 @@ impl Store {
             });
         }
         if version < schema::CURRENT {
+            // A reader reads an older history as it is where every migration since only
+            // added what readers do not need (it cannot write the upgrade).
+            if !writable && version >= schema::READABLE_FROM {
+                return self.load_catalog();
+            }
             if !writable {
                 return Err(StoreError::OlderSchema {
                     path: self.path.clone(),
@@ -788,7 +793,7 @@ mod tests {
     }
 
     #[test]
-    fn a_version_1_history_opens_upgraded_with_its_samples() {
+    fn a_version_1_history_is_read_as_it_is_and_upgraded_by_a_writer() {
         let (_dir, path) = temp();
         let mut store = Store::open(&path, OpenMode::Append).unwrap();
         store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
@@ -798,18 +803,21 @@ mod tests {
         conn.execute_batch("DROP TABLE metric; DELETE FROM schema_version WHERE version = 2;")
             .unwrap();
         drop(conn);
-        let err = Store::open(&path, OpenMode::ReadOnly).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                StoreError::OlderSchema {
-                    found: 1,
-                    current: 2,
-                    ..
-                }
-            ),
-            "a reader does not upgrade: {err}"
-        );
+        // A reader reads it as it is (it may not be allowed to write the upgrade: root's
+        // recorder's history, the shipped example), and leaves it version 1.
+        let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        let d = reader.devices().unwrap()[0].id;
+        let used = reader
+            .device_metric(d, Metric::UsedBytes, crate::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(used.len(), 1);
+        drop(reader);
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 1, "a reader changes nothing");
+        drop(conn);
         let mut store = Store::open(&path, OpenMode::Append).unwrap();
         store.append(&tick(T0 + 1000, GIB, &[(7, GIB)])).unwrap();
         store.close().unwrap();

@@ -11,6 +11,12 @@ pub const APPLICATION_ID: i32 = 0x5652_4D43;
 /// The schema version this build writes.
 pub const CURRENT: i64 = 2;
 
+/// The oldest version a reader (`OpenMode::ReadOnly`) reads without upgrading it: every
+/// migration after it only adds what readers do not use (V2: the `metric` table; its new
+/// metric codes a v1 file simply has no series of). A reader of an older file says to
+/// upgrade it with a writer. Raise it when a migration changes what readers read.
+pub const READABLE_FROM: i64 = 1;
+
 /// Migration `i` moves version `i` to `i + 1` (version 0 is the empty file).
 pub const MIGRATIONS: [&str; 2] = [V1, V2];
 
