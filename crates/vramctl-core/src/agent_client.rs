@@ -684,13 +684,18 @@ pub const MEMORY_TIMEOUT: Duration = Duration::from_secs(1);
 /// [`Stats::memory`] of `pid`'s agent, or `None` when it has none or it did not answer
 /// within `timeout` (logged at debug: `ps` lists the process without these columns).
 pub fn memory_of(pid: u32, timeout: Duration) -> Option<AgentMemory> {
+    stats_of(pid, timeout).map(|stats| stats.memory())
+}
+
+/// `pid`'s agent's `stats` (per device), or `None` as for [`memory_of`].
+pub fn stats_of(pid: u32, timeout: Duration) -> Option<Stats> {
     let timeouts = Timeouts {
         quick: timeout,
         reclaim: timeout,
     };
     let asked = AgentClient::connect(pid, timeouts).and_then(|mut c| c.stats());
     match asked {
-        Ok(stats) => Some(stats.memory()),
+        Ok(stats) => Some(stats),
         Err(err) => {
             if !err.is_no_agent() {
                 tracing::debug!(pid, error = %err, "No answer from an agent.");

@@ -15,6 +15,7 @@
 
 pub mod agent_client;
 pub mod agent_package;
+pub mod agent_poll;
 pub mod analysis;
 pub mod audit_record;
 pub mod backend;

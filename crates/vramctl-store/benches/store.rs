@@ -41,6 +41,7 @@ fn tick(i: i64) -> TickSample {
                 pid,
                 used_bytes: Some(bytes),
                 sm_percent: None,
+                agent: None,
             });
             if i == 0 {
                 processes.push(ProcessSample {

@@ -72,6 +72,7 @@ fn tick(i: i64, interval_ms: i64) -> TickSample {
                 pid,
                 used_bytes: Some(bytes),
                 sm_percent: None,
+                agent: None,
             });
             if cpu_due {
                 processes.push(ProcessSample {

@@ -449,6 +449,11 @@ impl Store {
             });
         }
         if version < schema::CURRENT {
+            // A reader reads an older history as it is where every migration since only
+            // added what readers do not need (it cannot write the upgrade).
+            if !writable && version >= schema::READABLE_FROM {
+                return self.load_catalog();
+            }
             if !writable {
                 return Err(StoreError::OlderSchema {
                     path: self.path.clone(),
@@ -778,12 +783,78 @@ mod tests {
                     err,
                     StoreError::NewerSchema {
                         found: 99,
-                        supported: 1,
+                        supported: schema::CURRENT,
                         ..
                     }
                 ),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn a_version_1_history_is_read_as_it_is_and_upgraded_by_a_writer() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        store.close().unwrap();
+        // Version 1's tables are version 2's without `metric`: make the file version 1.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("DROP TABLE metric; DELETE FROM schema_version WHERE version = 2;")
+            .unwrap();
+        drop(conn);
+        // A reader reads it as it is (it may not be allowed to write the upgrade: root's
+        // recorder's history, the shipped example), and leaves it version 1.
+        let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        let d = reader.devices().unwrap()[0].id;
+        let used = reader
+            .device_metric(d, Metric::UsedBytes, crate::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(used.len(), 1);
+        drop(reader);
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 1, "a reader changes nothing");
+        drop(conn);
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0 + 1000, GIB, &[(7, GIB)])).unwrap();
+        store.close().unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        let name: String = conn
+            .query_row("SELECT name FROM metric WHERE code = 18", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!((version, name.as_str()), (2, "process_allocated_bytes"));
+        drop(conn);
+        let mut store = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        let d = store.devices().unwrap()[0].id;
+        let used = store
+            .device_metric(d, Metric::UsedBytes, crate::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(used.len(), 2, "the version 1 sample is kept");
+    }
+
+    #[test]
+    fn the_metric_table_names_every_metric() {
+        let (_dir, path) = temp();
+        Store::open(&path, OpenMode::Append)
+            .unwrap()
+            .close()
+            .unwrap();
+        let conn = Connection::open(&path).unwrap();
+        for metric in Metric::ALL {
+            let name: String = conn
+                .query_row(
+                    "SELECT name FROM metric WHERE code = ?1",
+                    [metric.code()],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(name, metric.name());
         }
     }
 

@@ -92,13 +92,13 @@ pub use codec::Entry;
 pub use db::{OpenMode, Store};
 pub use error::StoreError;
 pub use model::{
-    DeviceMeta, DeviceRecord, DeviceSample, DeviceSampleState, Gap, Metric, Observed, Point,
-    ProcessKey, ProcessList, ProcessMeta, ProcessOnDevice, ProcessRecord, ProcessSample,
+    AgentBytes, DeviceMeta, DeviceRecord, DeviceSample, DeviceSampleState, Gap, Metric, Observed,
+    Point, ProcessKey, ProcessList, ProcessMeta, ProcessOnDevice, ProcessRecord, ProcessSample,
     SessionInfo, TickSample, TimeRange,
 };
 pub use query::{Frame, SeriesRef, downsample};
 pub use retention::{Maintenance, Retention};
 pub use schema::CURRENT as SCHEMA_VERSION;
-pub use snapshot::device_samples;
+pub use snapshot::{add_agent_figures, device_samples};
 pub use timebase::{CLOCK_STEP, HistoryClock, Placement};
 pub use writer::DEFAULT_KEY_INTERVAL_MS;

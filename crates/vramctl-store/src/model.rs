@@ -33,11 +33,17 @@ pub enum Metric {
     ProcessSmPercent,
     /// A process's CPU time (user + system), clock ticks.
     ProcessCpuTicks,
+    /// Bytes in a process's live tensors on a device, as its framework says through the
+    /// in-process agent (only processes with one).
+    ProcessAllocatedBytes,
+    /// Bytes a process's framework allocator holds from the driver on a device (live
+    /// tensors plus cache), through the agent.
+    ProcessReservedBytes,
 }
 
 impl Metric {
     /// Every metric, in code order.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::UsedBytes,
         Self::ReservedBytes,
         Self::FreeBytes,
@@ -49,6 +55,8 @@ impl Metric {
         Self::ProcessUsedBytes,
         Self::ProcessSmPercent,
         Self::ProcessCpuTicks,
+        Self::ProcessAllocatedBytes,
+        Self::ProcessReservedBytes,
     ];
 
     /// The device-level metrics.
@@ -77,6 +85,8 @@ impl Metric {
             Self::ProcessUsedBytes => 16,
             Self::ProcessSmPercent => 17,
             Self::ProcessCpuTicks => 32,
+            Self::ProcessAllocatedBytes => 18,
+            Self::ProcessReservedBytes => 19,
         }
     }
 
@@ -99,6 +109,8 @@ impl Metric {
             Self::ProcessUsedBytes => "process_used_bytes",
             Self::ProcessSmPercent => "process_sm_percent",
             Self::ProcessCpuTicks => "process_cpu_ticks",
+            Self::ProcessAllocatedBytes => "process_allocated_bytes",
+            Self::ProcessReservedBytes => "process_reserved_bytes",
         }
     }
 
@@ -177,6 +189,18 @@ pub struct ProcessOnDevice {
     pub used_bytes: Option<u64>,
     /// SM activity, where reported.
     pub sm_percent: Option<u32>,
+    /// What the process's in-process agent says about this device; `None` without an
+    /// agent (its series stop: absent, never 0).
+    pub agent: Option<AgentBytes>,
+}
+
+/// A process's memory on a device as its framework counts it (the agent's `stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentBytes {
+    /// Bytes in live tensors ([`Metric::ProcessAllocatedBytes`]).
+    pub allocated_bytes: Option<u64>,
+    /// Bytes the allocator holds from the driver ([`Metric::ProcessReservedBytes`]).
+    pub reserved_bytes: Option<u64>,
 }
 
 /// Who a process is, as far as it is known.

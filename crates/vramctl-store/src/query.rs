@@ -425,6 +425,31 @@ impl Store {
         )
     }
 
+    /// One per-process, per-device series over `range`: [`Metric::ProcessUsedBytes`]
+    /// (NVML's figure, as [`Store::process_memory`]), [`Metric::ProcessAllocatedBytes`] or
+    /// [`Metric::ProcessReservedBytes`] (the agent's), [`Metric::ProcessSmPercent`]. Empty
+    /// where the process had no such series (no agent): so the leak analysis can judge
+    /// allocated bytes where an agent gave them and NVML's otherwise.
+    ///
+    /// # Errors
+    /// When SQLite fails or a frame is damaged.
+    pub fn process_device_metric(
+        &mut self,
+        process_id: i64,
+        device_id: i64,
+        metric: Metric,
+        range: TimeRange,
+    ) -> Result<Vec<Point>, StoreError> {
+        self.series_points(
+            SeriesRef {
+                metric,
+                device_id: Some(device_id),
+                process_id: Some(process_id),
+            },
+            range,
+        )
+    }
+
     /// A process's CPU time (clock ticks, cumulative) over `range`.
     ///
     /// # Errors

@@ -624,11 +624,13 @@ mod tests {
                             pid: 42,
                             used_bytes: Some(used),
                             sm_percent: Some(7),
+                            agent: None,
                         },
                         ProcessOnDevice {
                             pid: 9000,
                             used_bytes: None,
                             sm_percent: None,
+                            agent: None,
                         },
                     ]),
                 },

@@ -9,10 +9,36 @@
 pub const APPLICATION_ID: i32 = 0x5652_4D43;
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 1;
+pub const CURRENT: i64 = 2;
+
+/// The oldest version a reader (`OpenMode::ReadOnly`) reads without upgrading it: every
+/// migration after it only adds what readers do not use (V2: the `metric` table; its new
+/// metric codes a v1 file simply has no series of). A reader of an older file says to
+/// upgrade it with a writer. Raise it when a migration changes what readers read.
+pub const READABLE_FROM: i64 = 1;
 
 /// Migration `i` moves version `i` to `i + 1` (version 0 is the empty file).
-pub const MIGRATIONS: [&str; 1] = [V1];
+pub const MIGRATIONS: [&str; 2] = [V1, V2];
+
+/// Version 2 (issue 14): series of the in-process agent's figures
+/// (`process_allocated_bytes` 18, `process_reserved_bytes` 19). The tables are unchanged;
+/// the version moves so that a build of version 1, which would read such a history as if
+/// those processes had no agent (it skips series of metrics it does not know), refuses it
+/// and says to upgrade instead. The `metric` table names every code in the file, so a
+/// history explains its own series to `sqlite3` and to later builds.
+const V2: &str = "
+CREATE TABLE metric (
+    code INTEGER PRIMARY KEY,
+    name TEXT NOT NULL
+) STRICT;
+INSERT INTO metric (code, name) VALUES
+    (1, 'used_bytes'), (2, 'reserved_bytes'), (3, 'free_bytes'), (4, 'total_bytes'),
+    (5, 'utilization_gpu_percent'), (6, 'utilization_memory_percent'),
+    (7, 'temperature_c'), (8, 'power_mw'),
+    (16, 'process_used_bytes'), (17, 'process_sm_percent'),
+    (18, 'process_allocated_bytes'), (19, 'process_reserved_bytes'),
+    (32, 'process_cpu_ticks');
+";
 
 const V1: &str = "
 CREATE TABLE schema_version (

@@ -1,10 +1,38 @@
 //! From the sampler's [`Snapshot`] to the store's observations.
 
+use vramctl_core::agent_poll::AgentFigures;
 use vramctl_core::types::{DeviceState, Field, Snapshot, Unavailable};
 
 use crate::model::{
-    DeviceMeta, DeviceSample, DeviceSampleState, Metric, Observed, ProcessList, ProcessOnDevice,
+    AgentBytes, DeviceMeta, DeviceSample, DeviceSampleState, Metric, Observed, ProcessList,
+    ProcessOnDevice,
 };
+
+/// Puts the agents' figures (`vramctl_core::agent_poll::figures`, by GPU UUID and PID) on
+/// the processes of `devices`; a process without an entry keeps `agent: None` (its
+/// allocated and reserved series stop).
+pub fn add_agent_figures(devices: &mut [DeviceSample], figures: &AgentFigures) {
+    if figures.is_empty() {
+        return;
+    }
+    for device in devices {
+        let DeviceSampleState::Read {
+            processes: ProcessList::Observed(list),
+            ..
+        } = &mut device.state
+        else {
+            continue;
+        };
+        for p in list {
+            p.agent = figures
+                .get(&(device.device.uuid.clone(), p.pid))
+                .map(|m| AgentBytes {
+                    allocated_bytes: m.allocated_bytes,
+                    reserved_bytes: m.reserved_bytes,
+                });
+        }
+    }
+}
 
 /// What a snapshot observed of each device (and each MIG instance, as a device whose
 /// `parent_uuid` is its GPU). Everything a device did not report becomes a
@@ -100,6 +128,7 @@ pub fn device_samples(snapshot: &Snapshot) -> Vec<DeviceSample> {
                             .as_ref()
                             .and_then(|a| a.iter().find(|a| a.pid == p.pid))
                             .map(|a| a.sm_percent),
+                        agent: None,
                     })
                     .collect(),
             ),

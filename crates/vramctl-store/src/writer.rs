@@ -216,7 +216,10 @@ impl Store {
                         k.device == Some(d)
                             && matches!(
                                 k.metric,
-                                Metric::ProcessUsedBytes | Metric::ProcessSmPercent
+                                Metric::ProcessUsedBytes
+                                    | Metric::ProcessSmPercent
+                                    | Metric::ProcessAllocatedBytes
+                                    | Metric::ProcessReservedBytes
                             )
                     };
                     let gap = (Some(d), Some(Metric::ProcessUsedBytes.code()));
@@ -269,6 +272,19 @@ impl Store {
                                     )
                                     .map_err(err.clone())?;
                                     new.set(s, Some(Entry::Value(u64::from(sm))));
+                                    keep.insert(s);
+                                }
+                                // The agent's figures: a series while it answers, none
+                                // without one (never a 0 for "no agent").
+                                let agent = p.agent.unwrap_or_default();
+                                for (metric, bytes) in [
+                                    (Metric::ProcessAllocatedBytes, agent.allocated_bytes),
+                                    (Metric::ProcessReservedBytes, agent.reserved_bytes),
+                                ] {
+                                    let Some(bytes) = bytes else { continue };
+                                    let s = ensure_series(&tx, catalog, metric, Some(d), Some(pid))
+                                        .map_err(err.clone())?;
+                                    new.set(s, Some(Entry::Value(bytes)));
                                     keep.insert(s);
                                 }
                             }
@@ -1247,6 +1263,7 @@ pub(crate) mod tests {
                                 pid,
                                 used_bytes: Some(b),
                                 sm_percent: None,
+                                agent: None,
                             })
                             .collect(),
                     ),
@@ -1438,5 +1455,70 @@ pub(crate) mod tests {
         let p = store.processes_in(TimeRange::ALL).unwrap()[0].0.id;
         let cpu = store.process_cpu(p, TimeRange::ALL).unwrap();
         assert_eq!(values(&cpu), vec![(0, 100), (1000, 100), (2000, 250)]);
+    }
+
+    #[test]
+    fn agent_figures_are_series_only_while_an_agent_answers() {
+        use crate::model::AgentBytes;
+        let mut store = Store::open_in_memory().unwrap();
+        let with_agent = |t: i64, agent: Option<AgentBytes>| {
+            let mut tick = tick(t, 3 * GIB, &[(10, 3 * GIB), (11, GIB)]);
+            if let DeviceSampleState::Read {
+                processes: ProcessList::Observed(list),
+                ..
+            } = &mut tick.devices[0].state
+            {
+                list[0].agent = agent;
+            }
+            tick
+        };
+        let figures = |allocated: u64, reserved: Option<u64>| {
+            Some(AgentBytes {
+                allocated_bytes: Some(allocated),
+                reserved_bytes: reserved,
+            })
+        };
+        store
+            .append(&with_agent(T0, figures(GIB, Some(2 * GIB))))
+            .unwrap();
+        store
+            .append(&with_agent(T0 + 1000, figures(GIB, Some(2 * GIB))))
+            .unwrap();
+        store
+            .append(&with_agent(T0 + 2000, figures(2 * GIB, None)))
+            .unwrap();
+        store.append(&with_agent(T0 + 3000, None)).unwrap();
+        let d = store.devices().unwrap()[0].id;
+        let procs = store.processes_in(TimeRange::ALL).unwrap();
+        let id = |pid: u32| {
+            procs
+                .iter()
+                .find(|(p, _)| p.meta.key.pid == pid)
+                .map(|(p, _)| p.id)
+                .unwrap()
+        };
+        let series = |store: &mut Store, pid: u32, metric: Metric| {
+            values(
+                &store
+                    .process_device_metric(id(pid), d, metric, TimeRange::ALL)
+                    .unwrap(),
+            )
+        };
+        assert_eq!(
+            series(&mut store, 10, Metric::ProcessAllocatedBytes),
+            vec![(0, GIB), (1000, GIB), (2000, 2 * GIB)],
+            "ends when the agent no longer answers"
+        );
+        assert_eq!(
+            series(&mut store, 10, Metric::ProcessReservedBytes),
+            vec![(0, 2 * GIB), (1000, 2 * GIB)],
+            "a figure the framework cannot say is no sample, not 0"
+        );
+        assert!(series(&mut store, 11, Metric::ProcessAllocatedBytes).is_empty());
+        assert_eq!(
+            series(&mut store, 10, Metric::ProcessUsedBytes).len(),
+            4,
+            "NVML's figure goes on"
+        );
     }
 }

@@ -52,6 +52,7 @@ fn tick(i: i64) -> TickSample {
                 pid,
                 used_bytes: Some(bytes),
                 sm_percent: Some(u32::from(i % 3 == 0) * 40),
+                agent: None,
             });
             if i % 10 == 0 {
                 processes.push(ProcessSample {

@@ -226,6 +226,7 @@ mod tests {
                             pid: 7,
                             used_bytes: Some(u),
                             sm_percent: None,
+                            agent: None,
                         }]),
                     },
                     None => DeviceSampleState::Unreadable("GPU lost".into()),

@@ -627,6 +627,7 @@ fn status_tick(line: &str) -> Result<TickSample, String> {
                                 pid,
                                 used_bytes,
                                 sm_percent: None,
+                                agent: None,
                             });
                             if !tick.processes.iter().any(|x| x.meta.key.pid == pid) {
                                 tick.processes.push(ProcessSample {

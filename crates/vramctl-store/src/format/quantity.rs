@@ -27,7 +27,9 @@ impl Kind {
             | Metric::ReservedBytes
             | Metric::FreeBytes
             | Metric::TotalBytes
-            | Metric::ProcessUsedBytes => Self::Bytes,
+            | Metric::ProcessUsedBytes
+            | Metric::ProcessAllocatedBytes
+            | Metric::ProcessReservedBytes => Self::Bytes,
             Metric::UtilizationGpuPercent
             | Metric::UtilizationMemoryPercent
             | Metric::ProcessSmPercent => Self::Percent,

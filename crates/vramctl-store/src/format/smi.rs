@@ -583,6 +583,7 @@ pub(crate) fn parse_apps(
             pid,
             used_bytes: used.flatten(),
             sm_percent: None,
+            agent: None,
         };
         match tick.devices.iter_mut().find(|d| d.device.uuid == meta.uuid) {
             Some(DeviceSample {

@@ -376,6 +376,7 @@ impl Catalog {
                     pid,
                     used_bytes: p.used_bytes,
                     sm_percent: p.sm_percent,
+                    agent: None,
                 });
                 processes.entry(pid).or_insert_with(|| ProcessSample {
                     meta: record.meta.clone(),

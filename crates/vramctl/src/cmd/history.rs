@@ -56,6 +56,8 @@ enum Role {
     Device(i64, Metric),
     /// A shown process's memory on a shown device: (process, device).
     Process(i64, i64),
+    /// Its agent's allocated or reserved bytes there: (process, device, metric).
+    ProcessAgent(i64, i64, Metric),
     /// Not asked for.
     Skip,
 }
@@ -69,7 +71,15 @@ struct DeviceRow {
 /// What the scan produces: completed rows in time order.
 enum Row<'a> {
     Device(i64, i64, &'a DeviceRecord, &'a DeviceRow),
-    Process(i64, i64, i64, &'a DeviceRecord, Agg),
+    Process(i64, i64, i64, &'a DeviceRecord, Agg, AgentLast),
+}
+
+/// The last allocated and reserved bytes of a process's agent in a bucket (`None`: no
+/// agent then, or the framework cannot say).
+#[derive(Debug, Clone, Copy, Default)]
+struct AgentLast {
+    allocated_bytes: Option<u64>,
+    reserved_bytes: Option<u64>,
 }
 
 /// Runs `history`.
@@ -149,6 +159,7 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
      -> anyhow::Result<()> {
         let mut dev_rows: BTreeMap<i64, DeviceRow> = BTreeMap::new();
         let mut proc_rows: BTreeMap<(i64, i64), Agg> = BTreeMap::new();
+        let mut agent_rows: HashMap<(i64, i64), AgentLast> = HashMap::new();
         for (id, agg) in aggs.iter_mut().enumerate() {
             let Some(agg) = agg.take() else { continue };
             match roles.get(id).copied().flatten() {
@@ -157,6 +168,14 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
                 }
                 Some(Role::Process(p, d)) => {
                     proc_rows.insert((p, d), agg);
+                }
+                Some(Role::ProcessAgent(p, d, m)) => {
+                    let row = agent_rows.entry((p, d)).or_default();
+                    if m == Metric::ProcessAllocatedBytes {
+                        row.allocated_bytes = Some(agg.last);
+                    } else {
+                        row.reserved_bytes = Some(agg.last);
+                    }
                 }
                 Some(Role::Skip) | None => {}
             }
@@ -168,7 +187,8 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         }
         for ((p, d), agg) in proc_rows {
             if let Some(dev) = by_id.get(&d) {
-                sink.row(out, Row::Process(t, span, p, dev, agg), &processes)?;
+                let agent = agent_rows.get(&(p, d)).copied().unwrap_or_default();
+                sink.row(out, Row::Process(t, span, p, dev, agg, agent), &processes)?;
             }
         }
         Ok(())
@@ -210,6 +230,10 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
                     (Metric::ProcessUsedBytes, Some(p)) if processes.contains_key(&p) => {
                         Role::Process(p, d)
                     }
+                    (
+                        m @ (Metric::ProcessAllocatedBytes | Metric::ProcessReservedBytes),
+                        Some(p),
+                    ) if processes.contains_key(&p) => Role::ProcessAgent(p, d, m),
                     (m, None) if show_devices => Role::Device(d, m),
                     _ => Role::Skip,
                 }
@@ -337,7 +361,7 @@ impl Sink for Csv {
                         .map_or_else(String::new, |a| a.max.to_string()),
                 );
             }
-            Row::Process(t, span, p, dev, agg) => {
+            Row::Process(t, span, p, dev, agg, _) => {
                 let proc = processes.get(&p);
                 f.extend([
                     rfc3339(t),
@@ -419,6 +443,11 @@ struct JsonProcessSample {
     used_bytes: u64,
     used_bytes_min: u64,
     used_bytes_max: u64,
+    /// The in-process agent's figures at the end of the bucket; absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocated_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reserved_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -464,7 +493,7 @@ impl Sink for Json {
                 );
                 entry.samples.push(sample);
             }
-            Row::Process(t, span, p, dev, agg) => {
+            Row::Process(t, span, p, dev, agg, agent) => {
                 let Some(proc) = processes.get(&p) else {
                     return Ok(());
                 };
@@ -489,6 +518,8 @@ impl Sink for Json {
                     used_bytes: agg.last,
                     used_bytes_min: agg.min,
                     used_bytes_max: agg.max,
+                    allocated_bytes: agent.allocated_bytes,
+                    reserved_bytes: agent.reserved_bytes,
                 });
             }
         }
@@ -615,7 +646,7 @@ impl Sink for TableSink {
                 ]);
                 self.device_rows += 1;
             }
-            Row::Process(t, _, p, dev, agg) => {
+            Row::Process(t, _, p, dev, agg, _) => {
                 let proc = processes.get(&p);
                 let time = self.time(t);
                 self.processes.push(vec![

@@ -34,10 +34,11 @@ use std::time::Instant;
 use anyhow::bail;
 use vramctl::daemon_socket::server::{self as socket, DaemonSettings, DaemonSocket, SharedSampler};
 use vramctl_core::Backend;
+use vramctl_core::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::process_catalog::FactsSource;
 use vramctl_core::sampler::SessionHealth;
-use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
+use vramctl_store::{OpenMode, Retention, Store, TickSample, add_agent_figures, device_samples};
 
 use vramctl::live_loop::{
     LiveSampler, clock_of, open_backend, sampler_on, simulated_clock, stop_signals, wait_next_tick,
@@ -92,6 +93,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
         procs: Procs::new(),
         catalog: recorder_catalog(true),
+        agents: AgentPoll::new(PollLimits::default()),
     };
     // `status`, `ps` and `top` ask this recorder's sampler instead of starting NVML.
     let socket = DaemonSocket::start(
@@ -150,6 +152,8 @@ struct Recorder<'a> {
     procs: Procs,
     /// What /proc says about the GPU processes (read through by `procs`).
     catalog: ProcessCatalog,
+    /// The processes' agents, asked every 10 s (`vramctl_core::agent_poll`), not every tick.
+    agents: AgentPoll,
 }
 
 impl Recorder<'_> {
@@ -161,7 +165,7 @@ impl Recorder<'_> {
         if slot.is_none() && now.monotonic_ms >= self.next_init_ms {
             *slot = self.start_nvml(now.monotonic_ms);
         }
-        match slot.as_mut() {
+        let (mut sample, at, snapshot) = match slot.as_mut() {
             Some(sampler) => {
                 let snapshot = sampler.tick();
                 let backend = sampler.backend_mut();
@@ -193,6 +197,7 @@ impl Recorder<'_> {
                         processes,
                     },
                     at,
+                    Some(snapshot),
                 )
             }
             None => (
@@ -206,8 +211,22 @@ impl Recorder<'_> {
                     ..TickSample::default()
                 },
                 now,
+                None,
             ),
+        };
+        // Outside the sampler's lock: a slow agent must not hold up the local socket.
+        drop(slot);
+        if let Some(snapshot) = &snapshot {
+            self.agents.refresh(
+                Instant::now(),
+                &agent_poll::polled_processes(snapshot, &self.catalog),
+            );
+            add_agent_figures(
+                &mut sample.devices,
+                &agent_poll::figures(&self.agents, snapshot),
+            );
         }
+        (sample, at)
     }
 
     /// Starts NVML, or schedules the next attempt.

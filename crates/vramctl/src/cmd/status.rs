@@ -13,7 +13,7 @@
 //! (compute or graphics), MIG instance ids, sanity drops (`dropped`), unopened devices
 //! (`unopened`), and reasons for missing values that have no series.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
@@ -23,6 +23,8 @@ use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl::live_loop::sampler_on;
 use vramctl::live_source::ProcessLookup;
+use vramctl_core::agent_client::{self, AgentMemory, Stats};
+use vramctl_core::agent_poll;
 use vramctl_core::clock::ManualClock;
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::{
@@ -107,6 +109,10 @@ struct ProcessStatus {
     user: Option<String>,
     command: Option<String>,
     used_bytes: Option<u64>,
+    /// What the process's in-process agent says about this GPU (allocated, cached,
+    /// releasable), as `ps` shows it; absent for a process without one (docs/agent.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<AgentMemory>,
     /// `None`: replayed (a history does not keep it).
     kind: Option<ProcessKind>,
     gpu_instance_id: Option<u32>,
@@ -148,10 +154,11 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         let started = Instant::now();
         let snapshot = source.sample()?;
         let sampled = started.elapsed();
-        let report = {
+        let mut report = {
             let mut lookup = source.lookup();
             build(&snapshot, &filter, &mut Holders::Live(&mut lookup))
         };
+        ask_agents(&mut report, &snapshot);
         tracing::debug!(
             daemon = source.from_daemon(),
             tick_ms = sampled.as_secs_f64() * 1e3,
@@ -325,6 +332,34 @@ impl Holders<'_> {
     }
 }
 
+/// The allocated and cached memory, per GPU, of each visible process that has an agent:
+/// asked once per process as `ps` asks (`agent_client::stats_of`, `MEMORY_TIMEOUT` each),
+/// here in the client, so a daemon's answer and NVML read here show the same.
+fn ask_agents(report: &mut StatusReport, snapshot: &Snapshot) {
+    let mut gpus_of: HashMap<u32, usize> = HashMap::new();
+    for pid in snapshot
+        .devices
+        .iter()
+        .filter_map(|d| d.reading()?.processes.as_ref())
+        .flatten()
+        .map(|p| p.pid)
+    {
+        *gpus_of.entry(pid).or_default() += 1;
+    }
+    let mut stats: HashMap<u32, Option<Stats>> = HashMap::new();
+    for device in &mut report.devices {
+        for p in device.processes.iter_mut().flatten().filter(|p| p.visible) {
+            let answer = stats
+                .entry(p.pid)
+                .or_insert_with(|| agent_client::stats_of(p.pid, agent_client::MEMORY_TIMEOUT));
+            let only_gpu = gpus_of.get(&p.pid) == Some(&1);
+            p.agent = answer
+                .as_ref()
+                .and_then(|s| agent_poll::agent_memory_on(s, &device.uuid, only_gpu));
+        }
+    }
+}
+
 /// The report of a snapshot and who its processes are.
 fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &mut Holders<'_>) -> StatusReport {
     let devices = snapshot
@@ -436,6 +471,7 @@ fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessS
         user,
         command,
         used_bytes: process.used_bytes,
+        agent: None,
         // A history does not keep which list named a process.
         kind: (!holders.replayed()).then_some(process.kind),
         gpu_instance_id: process.gpu_instance_id,
@@ -695,15 +731,21 @@ fn render_mig(
 
 /// The process rows, the command column fitted into what the other columns leave.
 fn process_table(processes: &[&ProcessStatus], indent: &str, width: Option<usize>) -> Vec<String> {
-    let mut table = Table::new(&[
+    // Only when some process has an agent: the framework's view beside NVML's, as in `ps`.
+    let with_agent = processes.iter().any(|p| p.agent.is_some());
+    let mut columns = vec![
         ("PID", Align::Right),
         ("USER", Align::Left),
         ("MEMORY", Align::Right),
-        ("TYPE", Align::Left),
-        ("COMMAND", Align::Left),
-    ]);
+    ];
+    if with_agent {
+        columns.push(("ALLOCATED", Align::Right));
+        columns.push(("CACHED", Align::Right));
+    }
+    columns.extend([("TYPE", Align::Left), ("COMMAND", Align::Left)]);
+    let mut table = Table::new(&columns);
     for p in processes {
-        table.push(process_row(p));
+        table.push(process_row(p, with_agent));
     }
     let room = width.map(|w| {
         w.saturating_sub(indent.chars().count() + table.width_before_last())
@@ -743,20 +785,29 @@ fn command_cell(p: &ProcessStatus, room: Option<usize>) -> String {
     }
 }
 
-fn process_row(p: &ProcessStatus) -> Vec<String> {
+fn process_row(p: &ProcessStatus, with_agent: bool) -> Vec<String> {
     let kind = match p.kind {
         Some(ProcessKind::Compute) => "C",
         Some(ProcessKind::Graphics) => "G",
         Some(ProcessKind::ComputeAndGraphics) => "C+G",
         None => "-",
     };
-    vec![
+    let mut row = vec![
         p.pid.to_string(),
         p.user.clone().unwrap_or_else(|| "-".into()),
         units::opt_bytes(p.used_bytes),
-        kind.into(),
-        command_cell(p, None),
-    ]
+    ];
+    if with_agent {
+        let agent = p.agent.unwrap_or(AgentMemory {
+            allocated_bytes: None,
+            cached_bytes: None,
+            releasable_bytes: None,
+        });
+        row.push(units::opt_bytes(agent.allocated_bytes));
+        row.push(units::opt_bytes(agent.cached_bytes));
+    }
+    row.extend([kind.into(), command_cell(p, None)]);
+    row
 }
 
 fn render_processes(processes: &[&ProcessStatus], width: Option<usize>, lines: &mut Vec<String>) {

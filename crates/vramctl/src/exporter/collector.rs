@@ -7,10 +7,13 @@
 //! 3. the process catalog (`vramctl_core::process_catalog`) brought up to the snapshot, and
 //!    the labels made from it ([`ProcessMetadata::from_catalog`]): user, command, container
 //!    and pod, /proc read once per process identity;
-//! 4. the [`TickConsumer`]s, in the order added: the leak and idle analysis
+//! 4. the processes' agents, asked by an [`AgentPoll`] at its own cadence within a budget
+//!    per agent and per tick (`vramctl_core::agent_poll`; only with `--process-details
+//!    proc`, which may read /proc): allocated and reserved bytes per (GPU, process);
+//! 5. the [`TickConsumer`]s, in the order added: the leak and idle analysis
 //!    (`exporter::live_verdicts`), which fills the [`ProcessVerdicts`] it is handed before
 //!    rendering, and the history recorder (`serve --record`, `exporter::recording`);
-//! 5. [`render`] in both formats, published to the [`Cache`] that scrapes read.
+//! 6. [`render`] in both formats, published to the [`Cache`] that scrapes read.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
@@ -18,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use vramctl_core::agent_poll::{self, AgentFigures, AgentPoll, PollLimits};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::process_catalog::ProcessCatalog;
 use vramctl_core::types::Snapshot;
@@ -79,6 +83,7 @@ struct Rendered<'a> {
     snapshot: Option<&'a Snapshot>,
     metadata: &'a ProcessMetadata,
     verdicts: &'a ProcessVerdicts,
+    agents: &'a AgentFigures,
     stats: &'a Stats,
     options: &'a RenderOptions,
 }
@@ -90,6 +95,7 @@ fn publish(cache: &Cache, what: Rendered<'_>, starting: bool) {
             what.snapshot,
             what.metadata,
             what.verdicts,
+            what.agents,
             what.stats,
             what.options,
             format,
@@ -113,6 +119,8 @@ pub struct Collector {
     processes: ProcessCatalog,
     stats: Stats,
     verdicts: ProcessVerdicts,
+    /// The agents' last answers (`None` without `--process-details proc`).
+    agents: Option<AgentPoll>,
     consumers: Vec<Box<dyn TickConsumer>>,
     cache: Arc<Cache>,
 }
@@ -140,6 +148,8 @@ impl Collector {
             processes: ProcessCatalog::new(config.details.facts_source()),
             stats: Stats::new(config.peak_window),
             verdicts: ProcessVerdicts::new(),
+            agents: (config.details == DetailsSource::Proc)
+                .then(|| AgentPoll::new(PollLimits::default())),
             consumers: Vec::new(),
             cache,
             config,
@@ -160,7 +170,7 @@ impl Collector {
     pub fn collect_once(&mut self, now: Instant) {
         let started = Instant::now();
         let snapshot = self.source.sample(now, &mut self.stats).map(Arc::new);
-        let metadata = match &snapshot {
+        let mut metadata = match &snapshot {
             Some(snapshot) => {
                 self.stats.observe(snapshot);
                 let source = &mut self.source;
@@ -172,6 +182,18 @@ impl Collector {
                 ProcessMetadata::from_catalog(snapshot, &self.processes, self.config.details)
             }
             None => ProcessMetadata::default(),
+        };
+        metadata.agents = match (&snapshot, &mut self.agents) {
+            (Some(snapshot), Some(poll)) => {
+                // Real time, not the snapshot's: the exchanges take real time, and a
+                // simulated clock must not make every tick ask every agent.
+                poll.refresh(
+                    Instant::now(),
+                    &agent_poll::polled_processes(snapshot, &self.processes),
+                );
+                agent_poll::figures(poll, snapshot)
+            }
+            _ => AgentFigures::new(),
         };
         match &snapshot {
             Some(snapshot) => {
@@ -201,6 +223,7 @@ impl Collector {
                 snapshot: snapshot.as_deref(),
                 metadata: &metadata,
                 verdicts: &self.verdicts,
+                agents: &metadata.agents,
                 stats: &self.stats,
                 options: &self.config.render,
             },
@@ -218,6 +241,7 @@ impl Collector {
                 snapshot: None,
                 metadata: &ProcessMetadata::default(),
                 verdicts: &self.verdicts,
+                agents: &AgentFigures::new(),
                 stats: &self.stats,
                 options: &self.config.render,
             },

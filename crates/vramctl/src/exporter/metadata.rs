@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use vramctl_core::agent_poll::AgentFigures;
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
 use vramctl_core::types::Snapshot;
@@ -47,6 +48,9 @@ pub struct ProcessLabels {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessMetadata {
     by_pid: HashMap<u32, ProcessLabels>,
+    /// What their in-process agents say, by (GPU UUID, PID): filled by the collector from
+    /// its `AgentPoll` after the labels, read by the rendering and `serve --record`.
+    pub agents: AgentFigures,
 }
 
 impl ProcessMetadata {
@@ -87,7 +91,10 @@ impl ProcessMetadata {
             };
             by_pid.insert(pid, labels);
         }
-        Self { by_pid }
+        Self {
+            by_pid,
+            agents: AgentFigures::new(),
+        }
     }
 }
 

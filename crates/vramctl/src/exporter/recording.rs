@@ -13,7 +13,7 @@ use std::sync::Arc;
 use vramctl_core::clock::ClockTime;
 use vramctl_core::process_catalog::ProcessCatalog;
 use vramctl_core::types::Snapshot;
-use vramctl_store::{TickSample, device_samples};
+use vramctl_store::{TickSample, add_agent_figures, device_samples};
 
 use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
@@ -57,7 +57,7 @@ impl TickConsumer for HistoryRecorder {
     fn on_snapshot(
         &mut self,
         snapshot: &Arc<Snapshot>,
-        _metadata: &ProcessMetadata,
+        metadata: &ProcessMetadata,
         catalog: &mut ProcessCatalog,
         _verdicts: &mut ProcessVerdicts,
     ) {
@@ -67,11 +67,14 @@ impl TickConsumer for HistoryRecorder {
         let processes = self
             .procs
             .update(catalog, snapshot, snapshot.monotonic_ms, &mut |_| None);
+        let mut devices = device_samples(snapshot);
+        // The agents' figures the collector polled for this tick's rendering.
+        add_agent_figures(&mut devices, &metadata.agents);
         self.send(
             TickSample {
                 at_unix_ms: snapshot.taken_at_unix_ms,
                 unavailable: None,
-                devices: device_samples(snapshot),
+                devices,
                 processes,
             },
             snapshot.monotonic_ms,
@@ -210,5 +213,50 @@ mod tests {
             .process_cpu(processes[0].0.id, TimeRange::ALL)
             .unwrap();
         assert!(!cpu.is_empty(), "CPU time is recorded");
+    }
+
+    #[test]
+    fn serve_record_stores_the_agent_figures_the_collector_polled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let store = Store::open(&path, OpenMode::Append).unwrap();
+        let feed = StoreFeed::start(store, Retention::default(), 1000, 8, true).unwrap();
+        let mut recorder = HistoryRecorder::new(feed, Procs::new());
+        let mut catalog = ProcessCatalog::with_source(
+            FactsSource::Proc,
+            RefreshPolicy::default(),
+            None,
+            Box::new(LiveProc::new()),
+        );
+        let me = std::process::id();
+        let t0 = 1_764_000_000_000;
+        let mut metadata = ProcessMetadata::default();
+        metadata.agents.insert(
+            ("GPU-a".into(), me),
+            vramctl_core::agent_poll::DeviceMemory {
+                allocated_bytes: Some(1 << 20),
+                reserved_bytes: Some(3 << 20),
+            },
+        );
+        recorder.on_snapshot(
+            &snapshot(t0, 1 << 30, me),
+            &metadata,
+            &mut catalog,
+            &mut ProcessVerdicts::new(),
+        );
+        recorder.finish();
+        let mut store = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        let device = store.devices().unwrap()[0].id;
+        let process = store.processes_in(TimeRange::ALL).unwrap()[0].0.id;
+        let last = |store: &mut Store, metric| {
+            store
+                .process_device_metric(process, device, metric, TimeRange::ALL)
+                .unwrap()
+                .iter()
+                .map(|p| p.last)
+                .collect::<Vec<u64>>()
+        };
+        assert_eq!(last(&mut store, Metric::ProcessAllocatedBytes), [1 << 20]);
+        assert_eq!(last(&mut store, Metric::ProcessReservedBytes), [3 << 20]);
     }
 }

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use vramctl_core::agent_poll::AgentFigures;
 use vramctl_core::types::{DeviceInfo, DeviceState, ProcessUsage, Snapshot};
 
 use super::metadata::{ProcessLabels, ProcessMetadata};
@@ -132,6 +133,8 @@ families! {
     MIG_MEMORY_USED = "vramctl_mig_memory_used_bytes", Gauge, "Memory in use on a MIG device.";
     MIG_MEMORY_FREE = "vramctl_mig_memory_free_bytes", Gauge, "Free memory of a MIG device.";
     PROCESS_MEMORY = "vramctl_process_memory_used_bytes", Gauge, "GPU memory a process holds, as the driver attributes it (top --max-process-series per GPU).";
+    PROCESS_ALLOCATED = "vramctl_process_allocated_bytes", Gauge, "Bytes in the process's live tensors, as its framework says through the in-process agent (only processes with an agent; refreshed every 10 s).";
+    PROCESS_RESERVED = "vramctl_process_reserved_bytes", Gauge, "Bytes the process's framework allocator holds from the driver (live tensors plus cache), through the in-process agent (only processes with an agent; refreshed every 10 s).";
     PROCESS_LEAK = "vramctl_process_leak", Gauge, "1 when the leak analysis judges the process's memory to be leaking, else 0.";
     PROCESS_LEAK_SLOPE = "vramctl_process_leak_slope_bytes_per_second", Gauge, "Growth of the process's memory that the leak analysis measured.";
     PROCESS_IDLE_HOLDER = "vramctl_process_idle_holder", Gauge, "1 when the idle analysis judges the process an idle holder (at least --min-idle-mem held without GPU activity for --idle-for), else 0.";
@@ -172,6 +175,7 @@ pub fn render(
     snapshot: Option<&Snapshot>,
     metadata: &ProcessMetadata,
     verdicts: &ProcessVerdicts,
+    agents: &AgentFigures,
     stats: &Stats,
     options: &RenderOptions,
     format: Format,
@@ -212,7 +216,9 @@ pub fn render(
         }
     });
     if let Some(snapshot) = snapshot {
-        render_devices(&mut out, snapshot, metadata, verdicts, stats, options);
+        render_devices(
+            &mut out, snapshot, metadata, verdicts, agents, stats, options,
+        );
     }
     out.text
 }
@@ -236,6 +242,7 @@ fn render_devices(
     snapshot: &Snapshot,
     metadata: &ProcessMetadata,
     verdicts: &ProcessVerdicts,
+    agents: &AgentFigures,
     stats: &Stats,
     options: &RenderOptions,
 ) {
@@ -387,6 +394,21 @@ fn render_devices(
         for row in &rows {
             if let Some(used) = row.process.used_bytes {
                 f.row(&row.labels(), used);
+            }
+        }
+    });
+    let agent = |row: &ProcessRow<'_>| agents.get(&(row.device.info.uuid.clone(), row.process.pid));
+    out.family(&PROCESS_ALLOCATED, |f| {
+        for row in &rows {
+            if let Some(bytes) = agent(row).and_then(|a| a.allocated_bytes) {
+                f.row(&row.labels(), bytes);
+            }
+        }
+    });
+    out.family(&PROCESS_RESERVED, |f| {
+        for row in &rows {
+            if let Some(bytes) = agent(row).and_then(|a| a.reserved_bytes) {
+                f.row(&row.labels(), bytes);
             }
         }
     });
@@ -775,6 +797,7 @@ mod tests {
             Some(&snapshot(list)),
             &ProcessMetadata::default(),
             &ProcessVerdicts::new(),
+            &AgentFigures::new(),
             &stats(),
             &options(2),
             Format::Prometheus,
@@ -810,6 +833,7 @@ mod tests {
             Some(&snapshot(vec![process(10, Some(1))])),
             &metadata,
             &ProcessVerdicts::new(),
+            &AgentFigures::new(),
             &stats(),
             &options(20),
             Format::Prometheus,
@@ -826,6 +850,7 @@ mod tests {
             None,
             &ProcessMetadata::default(),
             &ProcessVerdicts::new(),
+            &AgentFigures::new(),
             &stats(),
             &options(20),
             Format::OpenMetrics,
@@ -852,6 +877,7 @@ mod tests {
             None,
             &ProcessMetadata::default(),
             &ProcessVerdicts::new(),
+            &AgentFigures::new(),
             &stats,
             &options(20),
             Format::Prometheus,
@@ -889,6 +915,7 @@ mod tests {
             Some(&snapshot(list.clone())),
             &ProcessMetadata::default(),
             &verdicts,
+            &AgentFigures::new(),
             &stats(),
             &options(1),
             Format::Prometheus,
@@ -906,6 +933,7 @@ mod tests {
             Some(&snapshot(list.clone())),
             &ProcessMetadata::default(),
             &verdicts,
+            &AgentFigures::new(),
             &stats(),
             &options(2),
             Format::Prometheus,
@@ -928,6 +956,7 @@ mod tests {
             Some(&snapshot(list)),
             &ProcessMetadata::default(),
             &ProcessVerdicts::new(),
+            &AgentFigures::new(),
             &stats(),
             &options(20),
             Format::Prometheus,
@@ -936,5 +965,60 @@ mod tests {
             !without.contains("vramctl_process_leak"),
             "no verdicts, no family"
         );
+    }
+
+    #[test]
+    fn agent_series_appear_only_for_processes_with_an_agent_and_never_as_zero() {
+        use vramctl_core::agent_poll::DeviceMemory;
+        let list = vec![
+            process(10, Some(100)),
+            process(11, Some(50)),
+            process(12, Some(70)),
+        ];
+        let mut agents = AgentFigures::new();
+        agents.insert(
+            ("GPU-a".into(), 10),
+            DeviceMemory {
+                allocated_bytes: Some(30),
+                reserved_bytes: Some(90),
+            },
+        );
+        // A framework that cannot say its reserved bytes (TensorFlow): no reserved sample.
+        agents.insert(
+            ("GPU-a".into(), 12),
+            DeviceMemory {
+                allocated_bytes: Some(0),
+                reserved_bytes: None,
+            },
+        );
+        let text = render(
+            Some(&snapshot(list)),
+            &ProcessMetadata::default(),
+            &ProcessVerdicts::new(),
+            &agents,
+            &stats(),
+            &options(20),
+            Format::Prometheus,
+        );
+        assert!(
+            text.contains(
+                "vramctl_process_allocated_bytes{gpu=\"0\",uuid=\"GPU-a\",pid=\"10\"} 30\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "vramctl_process_reserved_bytes{gpu=\"0\",uuid=\"GPU-a\",pid=\"10\"} 90\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("vramctl_process_allocated_bytes{gpu=\"0\",uuid=\"GPU-a\",pid=\"12\"")
+        );
+        assert!(
+            !text.contains("vramctl_process_reserved_bytes{gpu=\"0\",uuid=\"GPU-a\",pid=\"12\"")
+        );
+        assert!(!text.contains("_bytes{gpu=\"0\",uuid=\"GPU-a\",pid=\"11\"} 0\n"));
+        assert_eq!(text.matches("vramctl_process_allocated_bytes{").count(), 2);
     }
 }

@@ -247,6 +247,22 @@ fn status_and_ps_through_a_record_daemon_match_nvml_here_byte_for_byte() {
 }
 
 #[test]
+fn status_with_an_agent_through_a_daemon_matches_nvml_here_byte_for_byte() {
+    let py = crate::reclaim::Py::agent(3 << 30, 1 << 30);
+    let scenario = crate::reclaim::scenario(py.dir.path(), &[(py.pid(), "5 GiB", "5 GiB")]);
+    let runtime = py.dir.path().join("run");
+    let daemon = Daemon::start(record(&scenario, py.dir.path(), "1s"), &runtime);
+    let json = same_both_ways(&scenario, &runtime, &["status", "--json"]);
+    assert!(
+        json.contains("\"agent\":{\"allocated_bytes\":1073741824"),
+        "{json}"
+    );
+    let text = same_both_ways(&scenario, &runtime, &["status"]);
+    assert!(text.contains("ALLOCATED"), "{text}");
+    daemon.stop();
+}
+
+#[test]
 fn requests_to_a_recorder_add_nothing_to_its_history() {
     let scenario = mixed_scenario(std::process::id());
     let runtime = scenario.dir.path().join("run");

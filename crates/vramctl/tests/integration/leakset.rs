@@ -71,6 +71,7 @@ fn tick(t: i64, procs: &[(u32, u64, Option<u64>)]) -> TickSample {
                             pid,
                             used_bytes: Some(bytes),
                             sm_percent: None,
+                            agent: None,
                         })
                         .collect(),
                 ),

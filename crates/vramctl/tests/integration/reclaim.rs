@@ -20,15 +20,15 @@ fn repo() -> PathBuf {
 
 /// A Python process steered over stdin (`python/tests/target.py`), with its own
 /// `XDG_RUNTIME_DIR` (where its agent puts its socket) and the fake NVML's clock file.
-struct Py {
+pub(crate) struct Py {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Py {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("clock"), "0").expect("clock file");
         let python = repo().join("python");
@@ -65,7 +65,7 @@ impl Py {
         py
     }
 
-    fn exec(&mut self, code: &str) {
+    pub(crate) fn exec(&mut self, code: &str) {
         let line = serde_json::json!({"exec": code, "eval": "None"}).to_string();
         writeln!(self.stdin, "{line}").expect("send");
         let mut answer = String::new();
@@ -75,7 +75,7 @@ impl Py {
 
     /// torch with `cached` bytes in its cache and `kept` bytes in a live tensor, the agent
     /// started, and `empty_cache` moving the fake NVML's clock to 10 s.
-    fn agent(cached: u64, kept: u64) -> Self {
+    pub(crate) fn agent(cached: u64, kept: u64) -> Self {
         let mut py = Self::start();
         let clock = py.clock().display().to_string();
         py.exec(&format!(
@@ -93,11 +93,11 @@ impl Py {
         py
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    fn clock(&self) -> PathBuf {
+    pub(crate) fn clock(&self) -> PathBuf {
         self.dir.path().join("clock")
     }
 }
@@ -111,7 +111,7 @@ impl Drop for Py {
 
 /// One GPU; each `(pid, before, after)` a real process whose NVML figure is `before` until
 /// t = 10 s, `after` from then on.
-fn scenario(dir: &Path, processes: &[(u32, &str, &str)]) -> PathBuf {
+pub(crate) fn scenario(dir: &Path, processes: &[(u32, &str, &str)]) -> PathBuf {
     let mut text = String::from(
         "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-8cca1523-521a-59dd-48fa-95c44bc1b100\"\n\
          memory_total = \"140 GiB\"\nmemory_reserved = \"615 MiB\"\n",

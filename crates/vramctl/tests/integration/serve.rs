@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use crate::harness::{scenario, vramctl_std};
 
 /// A running `vramctl serve`, killed on drop.
-struct Served {
+pub(crate) struct Served {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Drop for Served {
@@ -30,7 +30,7 @@ impl Drop for Served {
 /// Starts `vramctl serve` on a free loopback port and waits until its first collection is
 /// served (with `--ticks`, its last): the "serving" line comes as soon as HTTP listens, the
 /// "first collection" line once the sampler has published.
-fn serve(cmd: Command, args: &[&str]) -> Served {
+pub(crate) fn serve(cmd: Command, args: &[&str]) -> Served {
     serve_until(cmd, args, "vramctl: the first collection is served")
 }
 
@@ -84,10 +84,10 @@ fn serve_scenario(name: &str, args: &[&str]) -> Served {
 }
 
 /// A parsed HTTP response.
-struct Response {
-    status: u16,
+pub(crate) struct Response {
+    pub(crate) status: u16,
     headers: String,
-    body: String,
+    pub(crate) body: String,
 }
 
 fn request_text(path: &str, extra_headers: &[(&str, &str)]) -> String {
@@ -115,7 +115,7 @@ fn parse_response(raw: &[u8]) -> Response {
 }
 
 /// Plain HTTP GET with `Connection: close`.
-fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+pub(crate) fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

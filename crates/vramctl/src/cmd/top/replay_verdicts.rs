@@ -170,6 +170,7 @@ mod tests {
                                 pid,
                                 used_bytes: Some(bytes),
                                 sm_percent: None,
+                                agent: None,
                             })
                             .collect(),
                     ),
