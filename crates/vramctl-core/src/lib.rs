@@ -14,6 +14,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod agent_client;
+pub mod allocator_snapshot;
 pub mod analysis;
 pub mod audit_record;
 pub mod backend;

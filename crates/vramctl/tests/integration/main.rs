@@ -1,6 +1,7 @@
 //! The one integration-test binary: drives the real `vramctl` binary against the fake NVML
 //! library and real processes. Each module covers one command.
 
+mod allocator_snapshot;
 mod clock;
 mod daemon;
 mod harness;

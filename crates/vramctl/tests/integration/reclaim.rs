@@ -11,24 +11,24 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use crate::harness::vramctl_std;
 
-const GIB: u64 = 1 << 30;
+pub(crate) const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// A Python process steered over stdin (`python/tests/target.py`), with its own
 /// `XDG_RUNTIME_DIR` (where its agent puts its socket) and the fake NVML's clock file.
-struct Py {
+pub(crate) struct Py {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Py {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("clock"), "0").expect("clock file");
         let python = repo().join("python");
@@ -65,7 +65,7 @@ impl Py {
         py
     }
 
-    fn exec(&mut self, code: &str) {
+    pub(crate) fn exec(&mut self, code: &str) {
         let line = serde_json::json!({"exec": code, "eval": "None"}).to_string();
         writeln!(self.stdin, "{line}").expect("send");
         let mut answer = String::new();
@@ -75,7 +75,7 @@ impl Py {
 
     /// torch with `cached` bytes in its cache and `kept` bytes in a live tensor, the agent
     /// started, and `empty_cache` moving the fake NVML's clock to 10 s.
-    fn agent(cached: u64, kept: u64) -> Self {
+    pub(crate) fn agent(cached: u64, kept: u64) -> Self {
         let mut py = Self::start();
         let clock = py.clock().display().to_string();
         py.exec(&format!(
@@ -93,11 +93,11 @@ impl Py {
         py
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    fn clock(&self) -> PathBuf {
+    pub(crate) fn clock(&self) -> PathBuf {
         self.dir.path().join("clock")
     }
 }
@@ -443,4 +443,96 @@ fn json_keys_are_the_documented_ones() {
     for key in keys {
         assert!(documented.contains(key), "'{key}' is not in docs/json.md");
     }
+}
+
+#[test]
+fn reclaim_deep_drops_the_last_exception_and_the_tensors_its_frames_held() {
+    let mut py = Py::agent(0, 0);
+    py.exec(
+        "import sys\n\
+         def step():\n\
+         \x20   activations = torch.empty(3 << 30, dtype=torch.uint8, device='cuda')\n\
+         \x20   raise MemoryError('CUDA out of memory (simulated)')\n\
+         try:\n\
+         \x20   step()\n\
+         except MemoryError:\n\
+         \x20   sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()",
+    );
+    let pid = py.pid();
+    let scenario = scenario(py.dir.path(), &[(pid, "4 GiB", "1 GiB")]);
+    let db = py.dir.path().join("history.db");
+    let (code, json, stderr) = reclaim(&scenario, &py.clock(), &db, &[&pid.to_string(), "--deep"]);
+    assert_eq!(code, 0, "{stderr} {json}");
+    let p = &json["processes"][0];
+    assert_eq!(p["released_bytes"], 3 * GIB, "{json}");
+    assert_eq!(p["nvml_returned_bytes"], 3 * GIB, "{json}");
+    let deep = &p["agent"]["deep"];
+    assert_eq!(deep["in_ipython"], false, "{deep}");
+    let dropped = &deep["dropped"][0];
+    assert_eq!(dropped["what"], "last_exception", "{deep}");
+    assert_eq!(
+        dropped["detail"],
+        "MemoryError: CUDA out of memory (simulated)"
+    );
+    assert_eq!(
+        (&dropped["tensors"], &dropped["tensor_bytes"]),
+        (&serde_json::json!(1), &serde_json::json!(3 * GIB))
+    );
+    assert!(
+        p["agent"]["gc"]["collected"].is_u64(),
+        "deep implies gc: {json}"
+    );
+}
+
+#[test]
+fn reclaim_deep_in_a_shell_says_what_it_dropped_by_name() {
+    let mut py = Py::agent(0, 0);
+    let ipython = repo().join("python/tests/fakes/ipython_pkg");
+    py.exec(&format!(
+        "import sys\n\
+         sys.path.insert(0, {:?})\n\
+         import IPython\n\
+         shell = IPython.make_shell()\n\
+         shell.displayhook(torch.empty(1 << 30, dtype=torch.uint8, device='cuda'))\n\
+         def cell():\n\
+         \x20   hidden = torch.empty(2 << 30, dtype=torch.uint8, device='cuda')\n\
+         \x20   1 / 0\n\
+         try:\n\
+         \x20   cell()\n\
+         except ZeroDivisionError:\n\
+         \x20   shell.show_error()",
+        ipython.display().to_string()
+    ));
+    let pid = py.pid();
+    let scenario = scenario(py.dir.path(), &[(pid, "4 GiB", "1 GiB")]);
+    let db = py.dir.path().join("history.db");
+    let output = vramctl_std(&scenario)
+        .env_remove("FAKE_NVML_TIME")
+        .env("FAKE_NVML_CLOCK_FILE", py.clock())
+        .args(["reclaim", &pid.to_string(), "--deep", "--db"])
+        .arg(&db)
+        .output()
+        .expect("vramctl runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("released 3.0 GiB"), "{text}");
+    assert!(
+        text.contains("deep: dropped the last exception (ZeroDivisionError: division by zero): "),
+        "{text}"
+    );
+    assert!(text.contains("1 tensor (2.0 GiB on the GPU)"), "{text}");
+    assert!(text.contains("InteractiveTB.tb"), "{text}");
+    assert!(
+        text.contains("deep: dropped the output cache: 1 entry [Out, _, _1]"),
+        "{text}"
+    );
+}
+
+#[test]
+fn deep_and_dry_run_together_are_a_usage_error() {
+    let output = vramctl_std(Path::new("/nonexistent"))
+        .args(["reclaim", "1", "--deep", "--dry-run"])
+        .output()
+        .expect("vramctl runs");
+    assert_eq!(output.status.code(), Some(2));
 }
