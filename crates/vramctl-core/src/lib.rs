@@ -25,6 +25,7 @@ pub mod local_socket;
 pub mod process_catalog;
 pub mod procinfo;
 pub mod reclaim;
+pub mod remote_exec;
 pub mod sampler;
 pub mod sanity;
 pub mod signal;

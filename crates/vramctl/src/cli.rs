@@ -962,6 +962,10 @@ Only processes running the vramctl agent (python/vramctl_agent: vramctl_agent.st
 none. The agent calls torch.cuda.empty_cache(), which returns only segments with no live
 tensor in them: what stays is listed with the tensors that pin it. Each reclaim is written
 to the audit log first, like kill (history --audit). Protocol and numbers: docs/agent.md.
+--attach reaches a Python 3.14+ process without the agent through sys.remote_exec: its
+main thread runs the reclaim at its next safe point (waited for up to --timeout); not
+available, with the reason, before 3.14, with PYTHON_DISABLE_REMOTE_DEBUG, for another
+user's process, under Yama's ptrace_scope, or without a python3.X of its version here.
 
 Exit codes:
   0  memory was released (--dry-run: would be) in at least one process
@@ -973,7 +977,8 @@ Examples:
   vramctl reclaim 4242
   vramctl reclaim --all --dry-run
   vramctl reclaim 4242 --gc --json
-  vramctl reclaim 4242 --deep";
+  vramctl reclaim 4242 --deep
+  vramctl reclaim --attach 4242";
 
 /// `vramctl reclaim`.
 #[derive(Debug, Args)]
@@ -995,6 +1000,11 @@ pub struct ReclaimArgs {
     /// Every process NVML lists on any GPU that has an agent
     #[arg(long)]
     pub all: bool,
+
+    /// For Python 3.14+ processes without the agent: run the same reclaim in each through
+    /// sys.remote_exec (PEP 768), if this user may attach to it; else say why not
+    #[arg(long, conflicts_with = "all")]
+    pub attach: bool,
 
     /// Run Python's gc.collect() first (frees tensors kept only by reference cycles)
     #[arg(long, conflicts_with = "dry_run")]

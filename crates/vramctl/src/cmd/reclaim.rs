@@ -45,6 +45,8 @@ pub fn run(global: &GlobalArgs, args: &ReclaimArgs) -> anyhow::Result<Exit> {
     let request = ReclaimRequest {
         selection: if args.all {
             Selection::All
+        } else if args.attach {
+            Selection::Attach(args.pids.clone())
         } else {
             Selection::Pids(args.pids.clone())
         },

@@ -536,3 +536,74 @@ fn deep_and_dry_run_together_are_a_usage_error() {
         .expect("vramctl runs");
     assert_eq!(output.status.code(), Some(2));
 }
+
+#[test]
+fn reclaim_attach_says_why_it_is_not_available_and_exits_1() {
+    // This machine's python3 is before 3.14 (the suite's target), one with an agent, and a
+    // process that is not Python at all.
+    let plain = Py::start();
+    let with_agent = Py::agent(GIB, 0);
+    let mut sleep = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+    let scenario = scenario(plain.dir.path(), &[]);
+    let db = plain.dir.path().join("history.db");
+    let pids = [plain.pid(), with_agent.pid(), sleep.id()].map(|p| p.to_string());
+    let mut args: Vec<&str> = vec!["--attach"];
+    args.extend(pids.iter().map(String::as_str));
+    let (code, json, stderr) = reclaim(&scenario, &plain.clock(), &db, &args);
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    assert_eq!(code, 1, "{stderr} {json}");
+    let by_pid = |pid: u32| {
+        json["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .cloned()
+            .expect("listed")
+    };
+    let p = by_pid(plain.pid());
+    assert_eq!(p["status"], "not_attachable", "{json}");
+    let too_old = &p["error"];
+    if too_old["code"] == "too_old" {
+        assert!(
+            too_old["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("needs 3.14 or later")),
+            "{too_old}"
+        );
+    } else {
+        // A python3 of 3.14 or later here: it may be attachable, or not for another reason.
+        assert!(
+            too_old["code"].is_string() || p["status"] != "not_attachable",
+            "{p}"
+        );
+    }
+    assert_eq!(
+        by_pid(with_agent.pid())["error"]["code"],
+        "has_agent",
+        "{json}"
+    );
+    assert_eq!(by_pid(sleep.id())["error"]["code"], "not_python", "{json}");
+    // Nothing was asked, so nothing was audited.
+    assert!(
+        !db.exists() || {
+            let audit = vramctl_std(&scenario)
+                .args(["history", "--audit", "--json", "--db"])
+                .arg(&db)
+                .output()
+                .expect("history runs");
+            let audit: serde_json::Value = serde_json::from_slice(&audit.stdout).expect("JSON");
+            audit["records"].as_array().is_none_or(Vec::is_empty)
+        }
+    );
+}
+
+#[test]
+fn attach_and_all_together_are_a_usage_error() {
+    let output = vramctl_std(Path::new("/nonexistent"))
+        .args(["reclaim", "--all", "--attach"])
+        .output()
+        .expect("vramctl runs");
+    assert_eq!(output.status.code(), Some(2));
+}
