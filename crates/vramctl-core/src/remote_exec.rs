@@ -621,7 +621,14 @@ impl Workspace {
                 .map(|d| d.as_nanos())
                 .unwrap_or(0)
         );
-        let root = std::env::temp_dir().join(format!("vramctl-attach-{}-{nonce}", plan.pid));
+        let me = crate::local_socket::euid();
+        // The process must reach the files: a root caller's own TMPDIR may be private to it.
+        let base = if me == plan.owner.0 {
+            std::env::temp_dir()
+        } else {
+            PathBuf::from("/tmp")
+        };
+        let root = base.join(format!("vramctl-attach-{}-{nonce}", plan.pid));
         std::fs::create_dir(&root)?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
         let package = format!("_vramctl_attach_{nonce}");
@@ -639,7 +646,6 @@ impl Workspace {
         for (name, text) in MODULES {
             write(&pkg_dir.join(name), text)?;
         }
-        let me = crate::local_socket::euid();
         if me == 0 && plan.owner.0 != 0 {
             // The process writes its result here and, if it runs late, removes it all.
             for entry in [root.clone(), pkg_dir.clone()] {
