@@ -976,8 +976,7 @@ Exit codes:
 Examples:
   vramctl reclaim 4242
   vramctl reclaim --all --dry-run
-  vramctl reclaim 4242 --gc --json
-  vramctl reclaim 4242 --deep
+  vramctl reclaim 4242 --deep --json
   vramctl reclaim --attach 4242";
 
 /// `vramctl reclaim`.
