@@ -148,6 +148,9 @@ class IPythonTest(unittest.TestCase):
             dropped = {d["what"]: d for d in answer["deep"]["dropped"]}
             self.assertEqual(dropped["last_exception"]["detail"], "ZeroDivisionError: division by zero")
             self.assertEqual(dropped["output_cache"]["entries"], 2)
+            self.assertEqual(dropped["output_cache"]["names"], ["Out", "_", "__", "_1", "_2"])
+            self.assertIn("InteractiveTB.tb", dropped["last_exception"]["names"])
+            self.assertEqual((dropped["last_exception"]["tensors"], dropped["last_exception"]["tensor_bytes"]), (1, 4 * GiB))
             self.assertEqual(answer["released_bytes"], 7 * GiB)
             self.assertIsNone(t.run("", "shell.InteractiveTB.tb"))
             self.assertEqual(t.run("", "(len(shell.user_ns['_oh']), shell.user_ns['_'], '_1' in shell.user_ns)"), [0, "", False])

@@ -286,6 +286,21 @@ class DeepTest(unittest.TestCase):
             self.assertGreaterEqual(dropped["frames_cleared"], 2)
             self.assertFalse(t.run("", "hasattr(sys, 'last_traceback')"))
 
+    def test_deep_names_what_it_dropped_and_counts_the_frames_tensors(self) -> None:
+        with Target() as t:
+            t.start_agent()
+            t.run(
+                SETUP
+                + "import sys\n"
+                + "def step():\n    a = torch.empty(GiB, dtype=torch.uint8, device='cuda')\n"
+                + "    b = torch.empty(2 * GiB, dtype=torch.uint8, device='cuda')\n    same = a\n    n = 3\n    1 / 0\n"
+                + "try:\n    step()\nexcept ZeroDivisionError:\n    sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()\n"
+            )
+            [dropped] = client.request(t.pid, "reclaim", deep=True)["deep"]["dropped"]
+            # `same` is `a` again: two tensors, 3 GiB, not three.
+            self.assertEqual((dropped["tensors"], dropped["tensor_bytes"]), (2, 3 * GiB))
+            self.assertEqual(dropped["names"], ["sys.last_type", "sys.last_value", "sys.last_traceback"])
+
     def test_deep_frees_the_tensors_of_a_traceback_that_something_else_still_holds(self) -> None:
         with Target() as t:
             t.start_agent()

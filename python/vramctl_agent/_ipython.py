@@ -17,6 +17,7 @@ attribute operation, atomic under the GIL.
 
 from __future__ import annotations
 
+import gc
 import sys
 import traceback
 
@@ -47,6 +48,45 @@ def _describe(value: object) -> str:
     return text if len(text) <= 200 else text[:199] + "…"
 
 
+def _tensor_storage(value, tensor_type):
+    """(key, bytes) of a GPU tensor's storage, so that views of one storage count once;
+    None for anything else. Never imports torch: `tensor_type` is the imported one's."""
+    if tensor_type is None or not isinstance(value, tensor_type):
+        return None
+    try:
+        if getattr(value, "is_cuda", True) is False:
+            return None
+        storage = getattr(value, "untyped_storage", None)
+        if storage is not None:
+            s = storage()
+            return ("storage", s.data_ptr()), int(s.nbytes())
+        return ("tensor", id(value)), int(value.nbytes)
+    except Exception:
+        return ("tensor", id(value)), 0
+
+
+def _count_tensors(tb, tensor_type, seen_frames: set, tensors: dict) -> None:
+    """The GPU tensors `tb`'s frames hold directly (their locals), into `tensors`."""
+    walk = tb
+    while walk is not None:
+        frame = walk.tb_frame
+        if id(frame) not in seen_frames:
+            seen_frames.add(id(frame))
+            # Not `frame.f_locals`: before 3.13 that makes a dict of the locals which the
+            # frame keeps, holding the tensors past `clear_frames`. The frame's own
+            # references are its locals (and evaluation stack), not a module's globals.
+            try:
+                values = gc.get_referents(frame)
+            except Exception:
+                values = []
+            for value in values:
+                found = _tensor_storage(value, tensor_type)
+                if found is not None:
+                    key, size = found
+                    tensors[key] = max(size, tensors.get(key, 0))
+        walk = walk.tb_next
+
+
 def _clear_tb_frames(tb) -> int:
     count = 0
     walk = tb
@@ -68,7 +108,7 @@ def _drop_last_exception(shell) -> dict | None:
         formatter = getattr(shell, name, None)
         held = getattr(formatter, "tb", None) if formatter is not None else None
         if held is not None:
-            formatter_tbs.append((formatter, held))
+            formatter_tbs.append((formatter, held, name))
     if value is None and tb is None and not formatter_tbs:
         return None
     frames = 0
@@ -79,7 +119,14 @@ def _drop_last_exception(shell) -> dict | None:
         seen.add(id(exc))
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
-    tbs = [tb] + [e.__traceback__ for e in chain] + [held for _, held in formatter_tbs]
+    tbs = [tb] + [e.__traceback__ for e in chain] + [held for _, held, _ in formatter_tbs]
+    torch = imported("torch")
+    tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
+    seen_frames: set = set()
+    tensors: dict = {}
+    for each in tbs:
+        if each is not None:
+            _count_tensors(each, tensor_type, seen_frames, tensors)
     cleared = set()
     for each in tbs:
         if each is not None and id(each) not in cleared:
@@ -90,18 +137,32 @@ def _drop_last_exception(shell) -> dict | None:
             exc.__traceback__ = None
         except Exception:
             pass
+    names = []
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             try:
                 delattr(sys, name)
+                names.append(f"sys.{name}")
             except AttributeError:
                 pass
-    for formatter, _ in formatter_tbs:
+    for formatter, _, name in formatter_tbs:
         try:
             formatter.tb = None
+            names.append(f"{name}.tb")
         except Exception:
             pass
-    return {"what": "last_exception", "detail": _describe(value), "frames_cleared": frames}
+    return {
+        "what": "last_exception",
+        "detail": _describe(value),
+        "names": names,
+        "frames_cleared": frames,
+        "tensors": len(tensors),
+        "tensor_bytes": sum(tensors.values()),
+    }
+
+
+def _is_empty_slot(value: object) -> bool:
+    return isinstance(value, str) and value == ""
 
 
 def _drop_output_cache(shell) -> dict | None:
@@ -112,10 +173,12 @@ def _drop_output_cache(shell) -> dict | None:
     out = user_ns.get("_oh")
     entries = len(out) if isinstance(out, dict) else 0
     numbered = [k for k in list(user_ns) if k.startswith("_") and k[1:].isdigit()]
-    held = [name for name in ("_", "__", "___") if user_ns.get(name, "") != ""]
+    # Not `!= ""`: a tensor compares element-wise (or refuses to compare with a string).
+    held = [name for name in ("_", "__", "___") if not _is_empty_slot(user_ns.get(name, ""))]
     if not entries and not numbered and not held:
         return None
     hidden = getattr(shell, "user_ns_hidden", None)
+    names = (["Out"] if entries else []) + held + sorted(numbered, key=lambda k: int(k[1:]))
     for key in numbered:
         user_ns.pop(key, None)
         if isinstance(hidden, dict):
@@ -134,7 +197,7 @@ def _drop_output_cache(shell) -> dict | None:
                 setattr(hook, name, "")
             except Exception:
                 pass
-    return {"what": "output_cache", "entries": max(entries, len(numbered))}
+    return {"what": "output_cache", "names": names, "entries": max(entries, len(numbered))}
 
 
 def deep_clean() -> dict:

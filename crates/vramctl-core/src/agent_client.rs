@@ -550,9 +550,109 @@ impl AgentClient {
     pub fn reclaim(&mut self, options: ReclaimOptions) -> Result<ReclaimAnswer, AgentError> {
         let mut fields = Map::new();
         fields.insert("gc".into(), Value::from(options.gc));
+        fields.insert("deep".into(), Value::from(options.deep));
         fields.insert("dry_run".into(), Value::from(options.dry_run));
         self.typed("reclaim", fields, self.timeouts.reclaim)
     }
+
+    /// `snapshot`: write `torch.cuda.memory._snapshot()` to `options.path` (created by the
+    /// agent with `O_EXCL`, as the process's user), and/or start or stop recording
+    /// allocation history; within `timeout` (taking and pickling a long history takes
+    /// seconds: `docs/agent.md`).
+    ///
+    /// # Errors
+    /// See [`AgentError`]; the agent's `io_error` (the file exists, the directory is not
+    /// writable) and `no_framework` are [`AgentError::Refused`] with that code and, for
+    /// `io_error`, the errno's name in `errno`.
+    pub fn snapshot(
+        &mut self,
+        options: &SnapshotOptions,
+        timeout: Duration,
+    ) -> Result<SnapshotAnswer, AgentError> {
+        let mut fields = Map::new();
+        if let Some(path) = &options.path {
+            fields.insert(
+                "path".into(),
+                Value::from(path.to_string_lossy().into_owned()),
+            );
+        }
+        match options.record {
+            None => {}
+            Some(HistoryRecord::Start {
+                max_entries,
+                all_stacks,
+            }) => {
+                fields.insert("record".into(), Value::from("start"));
+                fields.insert("max_entries".into(), Value::from(max_entries));
+                let stacks = if all_stacks { "all" } else { "python" };
+                fields.insert("stacks".into(), Value::from(stacks));
+            }
+            Some(HistoryRecord::Stop) => {
+                fields.insert("record".into(), Value::from("stop"));
+            }
+        }
+        self.typed("snapshot", fields, timeout)
+    }
+}
+
+/// What `snapshot` is asked to do: at least one of the two.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotOptions {
+    /// Where the agent writes the snapshot (absolute; the process's view of the file system).
+    pub path: Option<PathBuf>,
+    /// Start or stop recording allocation history (after the file is written).
+    pub record: Option<HistoryRecord>,
+}
+
+/// Starting or stopping `torch.cuda.memory._record_memory_history`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryRecord {
+    /// Start, keeping at most `max_entries` (1 … 1,000,000) in the ring buffer.
+    Start {
+        /// The ring buffer's bound.
+        max_entries: u32,
+        /// C++ frames too (slow, can stall under `torch.compile`).
+        all_stacks: bool,
+    },
+    /// Stop.
+    Stop,
+}
+
+/// The answer to `snapshot`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotAnswer {
+    /// The file written, when a path was asked for.
+    pub written: Option<WrittenSnapshot>,
+    /// What the agent has started recording (after this request).
+    pub history: HistoryState,
+}
+
+/// A snapshot file the agent wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WrittenSnapshot {
+    /// Its path (the process's view).
+    pub path: String,
+    /// Its size.
+    pub size_bytes: u64,
+    /// Segments in it.
+    pub segments: u64,
+    /// Allocation-history entries in it (0 unless history was recorded).
+    pub trace_entries: u64,
+    /// Taking it, under the allocator's lock.
+    pub snapshot_s: f64,
+    /// Pickling and writing it, under the GIL.
+    pub write_s: f64,
+}
+
+/// Allocation-history recording as the agent started it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryState {
+    /// Recording now.
+    pub recording: bool,
+    /// The ring buffer's bound, while recording.
+    pub max_entries: Option<u64>,
+    /// `python` or `all`, while recording.
+    pub stacks: Option<String>,
 }
 
 fn remaining(deadline: Instant) -> Duration {
@@ -575,6 +675,9 @@ fn kind(value: &Value) -> &'static str {
 pub struct ReclaimOptions {
     /// `gc.collect()` first (tensors kept only by reference cycles).
     pub gc: bool,
+    /// Also drop what an interactive shell keeps alive (the last exception's traceback and
+    /// its frames' locals, IPython's output cache); implies `gc` in the agent.
+    pub deep: bool,
     /// Say what would come back, change nothing (`gc` is then not allowed by the agent).
     pub dry_run: bool,
 }
@@ -744,6 +847,9 @@ pub struct ReclaimAnswer {
     pub dry_run: bool,
     /// `gc.collect()`'s result, when asked.
     pub gc: Option<GcResult>,
+    /// What `deep` dropped, when asked.
+    #[serde(default)]
+    pub deep: Option<DeepResult>,
     /// Per torch device.
     pub devices: Vec<ReclaimDevice>,
     /// Σ reserved before − after (for a dry run: what would be).
@@ -777,6 +883,44 @@ pub struct GcResult {
     pub collected: u64,
     /// How long it took.
     pub duration_s: f64,
+}
+
+/// What `deep` dropped from the interactive shell (`docs/agent.md`, `reclaim`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeepResult {
+    /// The process runs an IPython shell (without one only the last exception is dropped).
+    pub in_ipython: bool,
+    /// One entry per thing dropped.
+    #[serde(default)]
+    pub dropped: Vec<Dropped>,
+}
+
+/// One thing `deep` dropped: `last_exception` or `output_cache`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dropped {
+    /// `last_exception`, `output_cache`.
+    pub what: String,
+    /// The names it cleared (`sys.last_traceback`, `Out`, `_`, `_3`, …).
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// The exception, for `last_exception` (`ZeroDivisionError: division by zero`).
+    #[serde(default)]
+    pub detail: Option<String>,
+    /// Frames whose locals were cleared, for `last_exception`.
+    #[serde(default)]
+    pub frames_cleared: Option<u64>,
+    /// Tensors those frames' locals held, for `last_exception`.
+    #[serde(default)]
+    pub tensors: Option<u64>,
+    /// Their bytes on a GPU (Σ over distinct storages), for `last_exception`.
+    #[serde(default)]
+    pub tensor_bytes: Option<u64>,
+    /// Cached outputs dropped, for `output_cache`.
+    #[serde(default)]
+    pub entries: Option<u64>,
+    /// Why this step failed.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A framework that cannot release memory, and why.
@@ -1021,8 +1165,8 @@ mod tests {
         assert_eq!(torch.cached_bytes, Some(2 * GIB));
         let dry = client
             .reclaim(ReclaimOptions {
-                gc: false,
                 dry_run: true,
+                ..ReclaimOptions::default()
             })
             .unwrap();
         assert!(dry.dry_run);
@@ -1030,7 +1174,7 @@ mod tests {
         let done = client
             .reclaim(ReclaimOptions {
                 gc: true,
-                dry_run: false,
+                ..ReclaimOptions::default()
             })
             .unwrap();
         assert_eq!(done.released_bytes, 2 * GIB);
@@ -1059,7 +1203,7 @@ mod tests {
         // What the typed answer does not name is kept for the report.
         assert_eq!(seg.extra["segment_type"], "large");
         assert_eq!(seg.blocks[0].extra["state"], "active_allocated");
-        assert!(answer.extra.contains_key("deep"));
+        assert_eq!(answer.deep, None, "not asked for");
         assert!(!answer.extra.contains_key("protocol"));
     }
 

@@ -35,6 +35,7 @@ macro_rules! embed {
 pub const FILES: &[AgentFile] = &[
     embed!("__init__.py"),
     embed!("__main__.py"),
+    embed!("_attach.py"),
     embed!("_frameworks.py"),
     embed!("_hook.py"),
     embed!("_ipython.py"),

@@ -16,6 +16,7 @@
 pub mod agent_client;
 pub mod agent_package;
 pub mod agent_poll;
+pub mod allocator_snapshot;
 pub mod analysis;
 pub mod audit_record;
 pub mod backend;
@@ -26,6 +27,7 @@ pub mod local_socket;
 pub mod process_catalog;
 pub mod procinfo;
 pub mod reclaim;
+pub mod remote_exec;
 pub mod sampler;
 pub mod sanity;
 pub mod signal;

@@ -20,6 +20,7 @@ use crate::agent_client::{AgentClient, AgentError, ReclaimAnswer, ReclaimOptions
 use crate::audit_record::{AuditOutcome, AuditRecord};
 use crate::backend::Backend;
 use crate::procinfo::{self, ProcReader};
+use crate::remote_exec;
 use crate::sampler::Sampler;
 use crate::signal::{Actor, AuditSink};
 use crate::types::Snapshot;
@@ -43,6 +44,9 @@ pub enum Selection {
     Pids(Vec<u32>),
     /// Every process NVML lists on any GPU; those without an agent are reported as such.
     All,
+    /// These PIDs, without an agent: the same reclaim run in each through `sys.remote_exec`
+    /// (Python 3.14+, [`crate::remote_exec`]), or why that is not available.
+    Attach(Vec<u32>),
 }
 
 /// What the user asked for.
@@ -68,7 +72,7 @@ pub struct ProcessReclaim {
     /// Its user.
     pub user: Option<String>,
     /// `reclaimed`, `nothing_reclaimed`, `would_reclaim`, `nothing_to_reclaim`, `no_agent`,
-    /// `no_process`, `error`.
+    /// `not_attachable` (`--attach`: why in `error`), `no_process`, `error`.
     pub status: &'static str,
     /// NVML's figure for the process before (Σ over GPUs); `None` when NVML does not list it
     /// or cannot say.
@@ -154,12 +158,13 @@ pub fn reclaim<B: Backend>(
 ) -> ReclaimReport {
     let before = sampler.tick();
     let pids = match &request.selection {
-        Selection::Pids(pids) => {
+        Selection::Pids(pids) | Selection::Attach(pids) => {
             let unique: BTreeSet<u32> = pids.iter().copied().collect();
             unique.into_iter().collect()
         }
         Selection::All => nvml_pids(&before),
     };
+    let attach = matches!(request.selection, Selection::Attach(_));
     let actor = Actor::current();
     let boot_id = procinfo::boot_id().unwrap_or_default();
     let mut reader = ProcReader::new();
@@ -187,17 +192,32 @@ pub fn reclaim<B: Backend>(
             processes.push(result);
             continue;
         };
-        let mut client = match AgentClient::connect(pid, request.timeouts) {
-            Ok(client) => client,
-            Err(err) => {
-                result.status = if err.is_no_agent() {
-                    "no_agent"
-                } else {
-                    "error"
-                };
-                result.error = Some(summary(&err));
-                processes.push(result);
-                continue;
+        let mut transport = if attach {
+            match remote_exec::plan(pid) {
+                Ok(plan) => Transport::Attach(plan),
+                Err(why) => {
+                    result.status = "not_attachable";
+                    result.error = Some(ErrorSummary {
+                        code: why.code().to_owned(),
+                        message: why.to_string(),
+                    });
+                    processes.push(result);
+                    continue;
+                }
+            }
+        } else {
+            match AgentClient::connect(pid, request.timeouts) {
+                Ok(client) => Transport::Agent(Box::new(client)),
+                Err(err) => {
+                    result.status = if err.is_no_agent() {
+                        "no_agent"
+                    } else {
+                        "error"
+                    };
+                    result.error = Some(summary(&err));
+                    processes.push(result);
+                    continue;
+                }
             }
         };
         let audit = if request.options.dry_run {
@@ -237,17 +257,32 @@ pub fn reclaim<B: Backend>(
                 }
             }
         };
-        let answer = client.reclaim(request.options);
+        let answer = match &mut transport {
+            Transport::Agent(client) => client.reclaim(request.options).map_err(|err| {
+                let refused = matches!(&err, AgentError::Refused { code, .. } if code == "capturing" || code == "busy");
+                (summary(&err), refused)
+            }),
+            Transport::Attach(plan) => {
+                remote_exec::reclaim(plan, request.options, request.timeouts.reclaim).map_err(
+                    |err| {
+                        let refused = matches!(&err, remote_exec::AttachError::Refused { code, .. } if code == "capturing");
+                        (
+                            ErrorSummary {
+                                code: err.code().to_owned(),
+                                message: err.to_string(),
+                            },
+                            refused,
+                        )
+                    },
+                )
+            }
+        };
         let outcome = match &answer {
             Ok(a) => AuditOutcome::Reclaimed {
                 released_bytes: a.released_bytes,
             },
-            Err(AgentError::Refused { code, message, .. })
-                if code == "capturing" || code == "busy" =>
-            {
-                AuditOutcome::Refused(format!("{message} ({code})"))
-            }
-            Err(err) => AuditOutcome::Failed(err.to_string()),
+            Err((err, true)) => AuditOutcome::Refused(format!("{} ({})", err.message, err.code)),
+            Err((err, false)) => AuditOutcome::Failed(err.message.clone()),
         };
         if let Some(id) = audit {
             if let Err(err) = sink.after(id, &outcome) {
@@ -265,7 +300,7 @@ pub fn reclaim<B: Backend>(
                 };
                 result.agent = Some(a);
             }
-            Err(err) => result.error = Some(summary(&err)),
+            Err((err, _)) => result.error = Some(err),
         }
         processes.push(result);
     }
@@ -287,6 +322,12 @@ pub fn reclaim<B: Backend>(
         nvml_returned_bytes: nvml_total,
         processes,
     }
+}
+
+/// How a process is asked: its agent, or a script run in it through `sys.remote_exec`.
+enum Transport {
+    Agent(Box<AgentClient>),
+    Attach(remote_exec::Plan),
 }
 
 /// NVML after the reclaims: read again, up to [`NVML_SETTLE`], while a process that released

@@ -106,6 +106,7 @@ impl Command {
             Self::Kill(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reap(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reclaim(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Snapshot(_) => (None, None),
             Self::Serve(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Top(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Record(a) => (db(&a.db), nvml(&a.nvml)),
@@ -164,6 +165,10 @@ pub enum Command {
     /// without ending them; shows what the framework released and what NVML shows returned
     #[command(after_help = RECLAIM_HELP)]
     Reclaim(ReclaimArgs),
+    /// Take a live allocator snapshot of a process through its in-process agent, or start
+    /// or stop its allocation-history recording
+    #[command(after_help = SNAPSHOT_HELP)]
+    Snapshot(SnapshotArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
     #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
@@ -957,6 +962,10 @@ Only processes running the vramctl agent (python/vramctl_agent: vramctl_agent.st
 none. The agent calls torch.cuda.empty_cache(), which returns only segments with no live
 tensor in them: what stays is listed with the tensors that pin it. Each reclaim is written
 to the audit log first, like kill (history --audit). Protocol and numbers: docs/agent.md.
+--attach reaches a Python 3.14+ process without the agent through sys.remote_exec: its
+main thread runs the reclaim at its next safe point (waited for up to --timeout); not
+available, with the reason, before 3.14, with PYTHON_DISABLE_REMOTE_DEBUG, for another
+user's process, under Yama's ptrace_scope, or without a python3.X of its version here.
 
 Exit codes:
   0  memory was released (--dry-run: would be) in at least one process
@@ -967,7 +976,8 @@ Exit codes:
 Examples:
   vramctl reclaim 4242
   vramctl reclaim --all --dry-run
-  vramctl reclaim 4242 --gc --json";
+  vramctl reclaim 4242 --deep --json
+  vramctl reclaim --attach 4242";
 
 /// `vramctl reclaim`.
 #[derive(Debug, Args)]
@@ -990,9 +1000,20 @@ pub struct ReclaimArgs {
     #[arg(long)]
     pub all: bool,
 
+    /// For Python 3.14+ processes without the agent: run the same reclaim in each through
+    /// sys.remote_exec (PEP 768), if this user may attach to it; else say why not
+    #[arg(long, conflicts_with = "all")]
+    pub attach: bool,
+
     /// Run Python's gc.collect() first (frees tensors kept only by reference cycles)
     #[arg(long, conflicts_with = "dry_run")]
     pub gc: bool,
+
+    /// In IPython/Jupyter (and any REPL), also drop what the shell keeps alive: the last
+    /// exception's traceback with the locals of its frames, the output cache (Out, _, __,
+    /// ___); then gc.collect(). Meant for an idle notebook
+    #[arg(long, conflicts_with = "dry_run")]
+    pub deep: bool,
 
     /// Say what would be released, change nothing
     #[arg(long)]
@@ -1000,6 +1021,73 @@ pub struct ReclaimArgs {
 
     /// How long an agent may take to answer (a reclaim waits for kernels in flight)
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = wait)]
+    pub timeout: Duration,
+
+    /// Print JSON (schema in docs/json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+const SNAPSHOT_HELP: &str = "\
+The process's agent (docs/agent.md) writes torch.cuda.memory._snapshot() to FILE itself,
+as the process's user, in the process's view of the file system: FILE must not exist
+(never replaced) and its directory must be writable by that user. The file is a pickle
+(protocol 4, mode 0600) that PyTorch's memory_viz reads. Allocation stacks are in it only
+while history is recorded (--record start); a snapshot with --record stop keeps the history
+it stops.
+
+Exit codes:
+  0  the snapshot was written (and the recording started or stopped)
+  1  the process has no agent, or nothing to snapshot (torch not imported, CUDA not started)
+  2  usage error, no such process, FILE exists, its directory is missing or not writable
+     by the process's user, or the agent failed or did not answer within --timeout
+
+Examples:
+  vramctl snapshot --pid 4242 -o /tmp/4242.pickle
+  vramctl snapshot --pid 4242 --record start --max-entries 100000
+  vramctl snapshot --pid 4242 -o /tmp/4242-history.pickle --record stop";
+
+/// `--record` of `vramctl snapshot`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecordAction {
+    /// Start torch.cuda.memory._record_memory_history (bounded by --max-entries)
+    Start,
+    /// Stop it (after the snapshot, when -o is given too)
+    Stop,
+}
+
+/// `vramctl snapshot`.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// The process (PID)
+    #[arg(long, value_name = "PID")]
+    pub pid: u32,
+
+    /// Write the snapshot here (must not exist; the process's user must be able to create it)
+    #[arg(
+        short = 'o',
+        long,
+        value_name = "FILE",
+        required_unless_present = "record"
+    )]
+    pub output: Option<PathBuf>,
+
+    /// Start or stop recording allocation history (stacks of each allocation) in the process
+    #[arg(long, value_name = "ACTION")]
+    pub record: Option<RecordAction>,
+
+    /// With --record start: entries the history's ring buffer keeps (1 to 1000000; about
+    /// 80 bytes each in the snapshot)
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_entries: u32,
+
+    /// With --record start: record C++ frames too (slow; can stall under torch.compile)
+    #[arg(long)]
+    pub all_stacks: bool,
+
+    /// How long the agent may take (taking and pickling a long history takes seconds)
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = wait)]
     pub timeout: Duration,
 
     /// Print JSON (schema in docs/json.md)

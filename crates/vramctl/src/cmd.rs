@@ -14,6 +14,7 @@ pub mod reap;
 pub mod reclaim;
 pub mod record;
 pub mod serve;
+pub mod snapshot;
 pub mod status;
 pub mod top;
 
@@ -44,6 +45,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Kill(args) => kill::run(&cli.global, args),
         Command::Reap(args) => reap::run(&cli.global, args),
         Command::Reclaim(args) => reclaim::run(&cli.global, args),
+        Command::Snapshot(args) => snapshot::run(args),
         Command::Leaks(args) => leaks::run(&cli.global, args),
         Command::Plot(args) => plot::run(&cli.global, args),
     }

@@ -45,11 +45,14 @@ pub fn run(global: &GlobalArgs, args: &ReclaimArgs) -> anyhow::Result<Exit> {
     let request = ReclaimRequest {
         selection: if args.all {
             Selection::All
+        } else if args.attach {
+            Selection::Attach(args.pids.clone())
         } else {
             Selection::Pids(args.pids.clone())
         },
         options: ReclaimOptions {
             gc: args.gc,
+            deep: args.deep,
             dry_run: args.dry_run,
         },
         timeouts: Timeouts {
@@ -163,6 +166,7 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
                 .to_owned(),
         });
     }
+    lines.extend(render_deep(a));
     for u in &a.unsupported {
         lines.push(format!("  {}: {}", u.framework, u.reason));
     }
@@ -220,6 +224,67 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
              a small tensor no longer pins a whole segment"
                 .to_owned(),
         );
+    }
+    lines
+}
+
+/// What `--deep` dropped from the shell, and what `gc.collect()` found after it.
+fn render_deep(a: &vramctl_core::agent_client::ReclaimAnswer) -> Vec<String> {
+    let Some(deep) = &a.deep else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    if deep.dropped.is_empty() {
+        lines.push(format!(
+            "  deep: nothing to drop ({})",
+            if deep.in_ipython {
+                "no last exception, empty output cache"
+            } else {
+                "no IPython shell, no last exception"
+            }
+        ));
+    }
+    for d in &deep.dropped {
+        let names = if d.names.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", d.names.join(", "))
+        };
+        if let Some(error) = &d.error {
+            lines.push(format!(
+                "  deep: could not drop the {}: {error}",
+                d.what.replace('_', " ")
+            ));
+            continue;
+        }
+        lines.push(match d.what.as_str() {
+            "last_exception" => format!(
+                "  deep: dropped the last exception ({}): {} frame{} cleared, {} tensor{}{}{names}",
+                d.detail.as_deref().unwrap_or("unknown"),
+                d.frames_cleared.unwrap_or(0),
+                if d.frames_cleared == Some(1) { "" } else { "s" },
+                d.tensors.unwrap_or(0),
+                if d.tensors == Some(1) { "" } else { "s" },
+                d.tensor_bytes
+                    .filter(|b| *b > 0)
+                    .map(|b| format!(" ({} on the GPU)", units::bytes(b)))
+                    .unwrap_or_default(),
+            ),
+            "output_cache" => format!(
+                "  deep: dropped the output cache: {} entr{}{names}",
+                d.entries.unwrap_or(0),
+                if d.entries == Some(1) { "y" } else { "ies" },
+            ),
+            other => format!("  deep: dropped {other}{names}"),
+        });
+    }
+    if let Some(gc) = &a.gc {
+        lines.push(format!(
+            "  gc.collect() found {} unreachable object{} ({})",
+            gc.collected,
+            if gc.collected == 1 { "" } else { "s" },
+            units::seconds(gc.duration_s)
+        ));
     }
     lines
 }

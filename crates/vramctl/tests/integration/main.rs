@@ -2,6 +2,7 @@
 //! library and real processes. Each module covers one command.
 
 mod agent_series;
+mod allocator_snapshot;
 mod clock;
 mod daemon;
 mod harness;

@@ -11,10 +11,10 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use crate::harness::vramctl_std;
 
-const GIB: u64 = 1 << 30;
+pub(crate) const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -443,4 +443,167 @@ fn json_keys_are_the_documented_ones() {
     for key in keys {
         assert!(documented.contains(key), "'{key}' is not in docs/json.md");
     }
+}
+
+#[test]
+fn reclaim_deep_drops_the_last_exception_and_the_tensors_its_frames_held() {
+    let mut py = Py::agent(0, 0);
+    py.exec(
+        "import sys\n\
+         def step():\n\
+         \x20   activations = torch.empty(3 << 30, dtype=torch.uint8, device='cuda')\n\
+         \x20   raise MemoryError('CUDA out of memory (simulated)')\n\
+         try:\n\
+         \x20   step()\n\
+         except MemoryError:\n\
+         \x20   sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()",
+    );
+    let pid = py.pid();
+    let scenario = scenario(py.dir.path(), &[(pid, "4 GiB", "1 GiB")]);
+    let db = py.dir.path().join("history.db");
+    let (code, json, stderr) = reclaim(&scenario, &py.clock(), &db, &[&pid.to_string(), "--deep"]);
+    assert_eq!(code, 0, "{stderr} {json}");
+    let p = &json["processes"][0];
+    assert_eq!(p["released_bytes"], 3 * GIB, "{json}");
+    assert_eq!(p["nvml_returned_bytes"], 3 * GIB, "{json}");
+    let deep = &p["agent"]["deep"];
+    assert_eq!(deep["in_ipython"], false, "{deep}");
+    let dropped = &deep["dropped"][0];
+    assert_eq!(dropped["what"], "last_exception", "{deep}");
+    assert_eq!(
+        dropped["detail"],
+        "MemoryError: CUDA out of memory (simulated)"
+    );
+    assert_eq!(
+        (&dropped["tensors"], &dropped["tensor_bytes"]),
+        (&serde_json::json!(1), &serde_json::json!(3 * GIB))
+    );
+    assert!(
+        p["agent"]["gc"]["collected"].is_u64(),
+        "deep implies gc: {json}"
+    );
+}
+
+#[test]
+fn reclaim_deep_in_a_shell_says_what_it_dropped_by_name() {
+    let mut py = Py::agent(0, 0);
+    let ipython = repo().join("python/tests/fakes/ipython_pkg");
+    py.exec(&format!(
+        "import sys\n\
+         sys.path.insert(0, {:?})\n\
+         import IPython\n\
+         shell = IPython.make_shell()\n\
+         shell.displayhook(torch.empty(1 << 30, dtype=torch.uint8, device='cuda'))\n\
+         def cell():\n\
+         \x20   hidden = torch.empty(2 << 30, dtype=torch.uint8, device='cuda')\n\
+         \x20   1 / 0\n\
+         try:\n\
+         \x20   cell()\n\
+         except ZeroDivisionError:\n\
+         \x20   shell.show_error()",
+        ipython.display().to_string()
+    ));
+    let pid = py.pid();
+    let scenario = scenario(py.dir.path(), &[(pid, "4 GiB", "1 GiB")]);
+    let db = py.dir.path().join("history.db");
+    let output = vramctl_std(&scenario)
+        .env_remove("FAKE_NVML_TIME")
+        .env("FAKE_NVML_CLOCK_FILE", py.clock())
+        .args(["reclaim", &pid.to_string(), "--deep", "--db"])
+        .arg(&db)
+        .output()
+        .expect("vramctl runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("released 3.0 GiB"), "{text}");
+    assert!(
+        text.contains("deep: dropped the last exception (ZeroDivisionError: division by zero): "),
+        "{text}"
+    );
+    assert!(text.contains("1 tensor (2.0 GiB on the GPU)"), "{text}");
+    assert!(text.contains("InteractiveTB.tb"), "{text}");
+    assert!(
+        text.contains("deep: dropped the output cache: 1 entry [Out, _, _1]"),
+        "{text}"
+    );
+}
+
+#[test]
+fn deep_and_dry_run_together_are_a_usage_error() {
+    let output = vramctl_std(Path::new("/nonexistent"))
+        .args(["reclaim", "1", "--deep", "--dry-run"])
+        .output()
+        .expect("vramctl runs");
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn reclaim_attach_says_why_it_is_not_available_and_exits_1() {
+    // This machine's python3 is before 3.14 (the suite's target), one with an agent, and a
+    // process that is not Python at all.
+    let plain = Py::start();
+    let with_agent = Py::agent(GIB, 0);
+    let mut sleep = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+    let scenario = scenario(plain.dir.path(), &[]);
+    let db = plain.dir.path().join("history.db");
+    let pids = [plain.pid(), with_agent.pid(), sleep.id()].map(|p| p.to_string());
+    let mut args: Vec<&str> = vec!["--attach"];
+    args.extend(pids.iter().map(String::as_str));
+    let (code, json, stderr) = reclaim(&scenario, &plain.clock(), &db, &args);
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    assert_eq!(code, 1, "{stderr} {json}");
+    let by_pid = |pid: u32| {
+        json["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .cloned()
+            .expect("listed")
+    };
+    let p = by_pid(plain.pid());
+    assert_eq!(p["status"], "not_attachable", "{json}");
+    let too_old = &p["error"];
+    if too_old["code"] == "too_old" {
+        assert!(
+            too_old["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("needs 3.14 or later")),
+            "{too_old}"
+        );
+    } else {
+        // A python3 of 3.14 or later here: it may be attachable, or not for another reason.
+        assert!(
+            too_old["code"].is_string() || p["status"] != "not_attachable",
+            "{p}"
+        );
+    }
+    assert_eq!(
+        by_pid(with_agent.pid())["error"]["code"],
+        "has_agent",
+        "{json}"
+    );
+    assert_eq!(by_pid(sleep.id())["error"]["code"], "not_python", "{json}");
+    // Nothing was asked, so nothing was audited.
+    assert!(
+        !db.exists() || {
+            let audit = vramctl_std(&scenario)
+                .args(["history", "--audit", "--json", "--db"])
+                .arg(&db)
+                .output()
+                .expect("history runs");
+            let audit: serde_json::Value = serde_json::from_slice(&audit.stdout).expect("JSON");
+            audit["records"].as_array().is_none_or(Vec::is_empty)
+        }
+    );
+}
+
+#[test]
+fn attach_and_all_together_are_a_usage_error() {
+    let output = vramctl_std(Path::new("/nonexistent"))
+        .args(["reclaim", "--all", "--attach"])
+        .output()
+        .expect("vramctl runs");
+    assert_eq!(output.status.code(), Some(2));
 }

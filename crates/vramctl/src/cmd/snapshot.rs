@@ -1,0 +1,108 @@
+//! `vramctl snapshot`: a thin shell over `vramctl_core::allocator_snapshot` (checks of the
+//! path, the agent's `snapshot`): flags in, where the file is and its size out, the exit
+//! code.
+
+use std::io::Write;
+
+use anyhow::Context;
+use serde::Serialize;
+use vramctl_core::agent_client::HistoryRecord;
+use vramctl_core::allocator_snapshot::{self, SnapshotReport, SnapshotRequest};
+
+use crate::cli::{RecordAction, SnapshotArgs};
+use crate::exit::Exit;
+use vramctl::units;
+
+/// Version of the JSON below (docs/json.md).
+const SCHEMA: u32 = 1;
+
+#[derive(Serialize)]
+struct Document<'a> {
+    schema: u32,
+    #[serde(flatten)]
+    report: &'a SnapshotReport,
+}
+
+/// Runs `vramctl snapshot`.
+///
+/// # Errors
+/// The path refused, the agent failed or did not answer (exit 2), stdout closed. No agent,
+/// or nothing to snapshot, is exit 1 with its line on stderr.
+pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
+    let request = SnapshotRequest {
+        pid: args.pid,
+        output: args.output.clone(),
+        record: args.record.map(|r| match r {
+            RecordAction::Start => HistoryRecord::Start {
+                max_entries: args.max_entries,
+                all_stacks: args.all_stacks,
+            },
+            RecordAction::Stop => HistoryRecord::Stop,
+        }),
+        timeout: args.timeout,
+    };
+    let report = match allocator_snapshot::take(&request) {
+        Ok(report) => report,
+        Err(err) if err.is_not_available() => {
+            eprintln!("vramctl: {err}");
+            return Ok(Exit::ConditionHolds);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let mut out = std::io::stdout().lock();
+    let io = "cannot write to stdout";
+    if args.json {
+        serde_json::to_writer(
+            &mut out,
+            &Document {
+                schema: SCHEMA,
+                report: &report,
+            },
+        )
+        .context("cannot write JSON")?;
+        writeln!(out).context(io)?;
+    } else {
+        for line in render(&report) {
+            writeln!(out, "{line}").context(io)?;
+        }
+    }
+    out.flush().context(io)?;
+    Ok(Exit::Ok)
+}
+
+fn render(report: &SnapshotReport) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(w) = &report.written {
+        let shown = report
+            .local_path
+            .as_ref()
+            .map_or_else(|| w.path.clone(), |p| p.display().to_string());
+        lines.push(format!(
+            "allocator snapshot of PID {} written to '{shown}': {}, {} segment{}, {} history \
+             entr{} (taken in {}, written in {})",
+            report.pid,
+            units::bytes(w.size_bytes),
+            w.segments,
+            if w.segments == 1 { "" } else { "s" },
+            w.trace_entries,
+            if w.trace_entries == 1 { "y" } else { "ies" },
+            units::seconds(w.snapshot_s),
+            units::seconds(w.write_s),
+        ));
+    }
+    let h = &report.history;
+    lines.push(if h.recording {
+        format!(
+            "allocation history: recording (at most {} entries, {} stacks); stop with \
+             vramctl snapshot --pid {} --record stop",
+            h.max_entries.unwrap_or(0),
+            h.stacks.as_deref().unwrap_or("python"),
+            report.pid
+        )
+    } else {
+        "allocation history: not recorded by the agent (stacks appear in a snapshot only \
+         while it is: --record start)"
+            .to_owned()
+    });
+    lines
+}
