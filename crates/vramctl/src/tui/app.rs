@@ -642,7 +642,7 @@ mod tests {
         assert_eq!(order(&app), [303, 202, 101]);
         // A click on the USER header sorts by user; a second click reverses.
         let table = app.layout().table.unwrap();
-        let (_, x, _) = table::column_spans(table.width)[1];
+        let (_, x, _) = table::column_spans(table.width, false)[1];
         app.update(click(table.x + x + 1, table.y));
         assert_eq!(app.table.view.sort, Column::User);
         assert_eq!(order(&app), [101, 303, 202]);
