@@ -170,139 +170,17 @@ pub fn reclaim<B: Backend>(
     let mut reader = ProcReader::new();
     let mut processes = Vec::new();
     for pid in pids {
-        let details = reader.details(pid).filter(|d| !d.is_zombie());
-        let mut result = ProcessReclaim {
+        let nvml_before_bytes = nvml_used_bytes(&before, pid);
+        processes.push(reclaim_process(
             pid,
-            command: details.as_ref().map(|d| d.command.clone()),
-            user: details.as_ref().and_then(|d| d.user.clone()),
-            status: "error",
-            nvml_before_bytes: nvml_used_bytes(&before, pid),
-            nvml_after_bytes: None,
-            nvml_returned_bytes: None,
-            released_bytes: None,
-            agent: None,
-            error: None,
-        };
-        let Some(details) = details else {
-            result.status = "no_process";
-            result.error = Some(ErrorSummary {
-                code: "no_process".into(),
-                message: format!("no process with PID '{pid}' is running here"),
-            });
-            processes.push(result);
-            continue;
-        };
-        let mut transport = if attach {
-            match remote_exec::plan(pid) {
-                Ok(plan) => Transport::Attach(plan),
-                Err(why) => {
-                    result.status = "not_attachable";
-                    result.error = Some(ErrorSummary {
-                        code: why.code().to_owned(),
-                        message: why.to_string(),
-                    });
-                    processes.push(result);
-                    continue;
-                }
-            }
-        } else {
-            match AgentClient::connect(pid, request.timeouts) {
-                Ok(client) => Transport::Agent(Box::new(client)),
-                Err(err) => {
-                    result.status = if err.is_no_agent() {
-                        "no_agent"
-                    } else {
-                        "error"
-                    };
-                    result.error = Some(summary(&err));
-                    processes.push(result);
-                    continue;
-                }
-            }
-        };
-        let audit = if request.options.dry_run {
-            None
-        } else {
-            let record = AuditRecord {
-                at_unix_ms: jiff::Timestamp::now().as_millisecond(),
-                actor_uid: actor.uid,
-                actor_user: actor.user.clone(),
-                action: "reclaim".into(),
-                target: details
-                    .identity(&boot_id)
-                    .unwrap_or_else(|| procinfo::ProcessIdentity {
-                        boot_id: boot_id.clone(),
-                        pid,
-                        start_time_ticks: 0,
-                    }),
-                target_command: details.command.clone(),
-                target_user: details.user.clone(),
-                // No signal: the process's own agent acts.
-                signal: "none".into(),
-                reason: request.reason.clone(),
-                outcome: AuditOutcome::Pending,
-            };
-            match sink.before(&record) {
-                Ok(id) => Some(id),
-                Err(err) => {
-                    result.error = Some(ErrorSummary {
-                        code: "audit".into(),
-                        message: format!(
-                            "not reclaimed: the audit record could not be written ({})",
-                            err.0
-                        ),
-                    });
-                    processes.push(result);
-                    continue;
-                }
-            }
-        };
-        let answer = match &mut transport {
-            Transport::Agent(client) => client.reclaim(request.options).map_err(|err| {
-                let refused = matches!(&err, AgentError::Refused { code, .. } if code == "capturing" || code == "busy");
-                (summary(&err), refused)
-            }),
-            Transport::Attach(plan) => {
-                remote_exec::reclaim(plan, request.options, request.timeouts.reclaim).map_err(
-                    |err| {
-                        let refused = matches!(&err, remote_exec::AttachError::Refused { code, .. } if code == "capturing");
-                        (
-                            ErrorSummary {
-                                code: err.code().to_owned(),
-                                message: err.to_string(),
-                            },
-                            refused,
-                        )
-                    },
-                )
-            }
-        };
-        let outcome = match &answer {
-            Ok(a) => AuditOutcome::Reclaimed {
-                released_bytes: a.released_bytes,
-            },
-            Err((err, true)) => AuditOutcome::Refused(format!("{} ({})", err.message, err.code)),
-            Err((err, false)) => AuditOutcome::Failed(err.message.clone()),
-        };
-        if let Some(id) = audit {
-            if let Err(err) = sink.after(id, &outcome) {
-                tracing::warn!(error = %err.0, pid, "Could not record a reclaim's outcome.");
-            }
-        }
-        match answer {
-            Ok(a) => {
-                result.released_bytes = Some(a.released_bytes);
-                result.status = match (request.options.dry_run, a.released_bytes > 0) {
-                    (false, true) => "reclaimed",
-                    (false, false) => "nothing_reclaimed",
-                    (true, true) => "would_reclaim",
-                    (true, false) => "nothing_to_reclaim",
-                };
-                result.agent = Some(a);
-            }
-            Err((err, _)) => result.error = Some(err),
-        }
-        processes.push(result);
+            request,
+            attach,
+            nvml_before_bytes,
+            sink,
+            &mut reader,
+            &actor,
+            &boot_id,
+        ));
     }
     let after = settle(sampler, &processes);
     let mut nvml_total: Option<i64> = None;
@@ -322,6 +200,153 @@ pub fn reclaim<B: Backend>(
         nvml_returned_bytes: nvml_total,
         processes,
     }
+}
+
+/// One process's reclaim, without NVML (`reclaim` reads it around all of them; `top`
+/// leaves the figure after to its sampler): its agent asked (or, with `attach`, the same
+/// reclaim run in it through `sys.remote_exec`), the audit record written before (fail
+/// closed) and its outcome after, unless `request` is a dry run. `nvml_before_bytes` is
+/// passed through to the result.
+#[allow(clippy::too_many_arguments)]
+pub fn reclaim_process(
+    pid: u32,
+    request: &ReclaimRequest,
+    attach: bool,
+    nvml_before_bytes: Option<u64>,
+    sink: &mut dyn AuditSink,
+    reader: &mut ProcReader,
+    actor: &Actor,
+    boot_id: &str,
+) -> ProcessReclaim {
+    let details = reader.details(pid).filter(|d| !d.is_zombie());
+    let mut result = ProcessReclaim {
+        pid,
+        command: details.as_ref().map(|d| d.command.clone()),
+        user: details.as_ref().and_then(|d| d.user.clone()),
+        status: "error",
+        nvml_before_bytes,
+        nvml_after_bytes: None,
+        nvml_returned_bytes: None,
+        released_bytes: None,
+        agent: None,
+        error: None,
+    };
+    let Some(details) = details else {
+        result.status = "no_process";
+        result.error = Some(ErrorSummary {
+            code: "no_process".into(),
+            message: format!("no process with PID '{pid}' is running here"),
+        });
+        return result;
+    };
+    let mut transport = if attach {
+        match remote_exec::plan(pid) {
+            Ok(plan) => Transport::Attach(plan),
+            Err(why) => {
+                result.status = "not_attachable";
+                result.error = Some(ErrorSummary {
+                    code: why.code().to_owned(),
+                    message: why.to_string(),
+                });
+                return result;
+            }
+        }
+    } else {
+        match AgentClient::connect(pid, request.timeouts) {
+            Ok(client) => Transport::Agent(Box::new(client)),
+            Err(err) => {
+                result.status = if err.is_no_agent() {
+                    "no_agent"
+                } else {
+                    "error"
+                };
+                result.error = Some(summary(&err));
+                return result;
+            }
+        }
+    };
+    let audit = if request.options.dry_run {
+        None
+    } else {
+        let record = AuditRecord {
+            at_unix_ms: jiff::Timestamp::now().as_millisecond(),
+            actor_uid: actor.uid,
+            actor_user: actor.user.clone(),
+            action: "reclaim".into(),
+            target: details
+                .identity(boot_id)
+                .unwrap_or_else(|| procinfo::ProcessIdentity {
+                    boot_id: boot_id.to_owned(),
+                    pid,
+                    start_time_ticks: 0,
+                }),
+            target_command: details.command.clone(),
+            target_user: details.user.clone(),
+            // No signal: the process's own agent acts.
+            signal: "none".into(),
+            reason: request.reason.clone(),
+            outcome: AuditOutcome::Pending,
+        };
+        match sink.before(&record) {
+            Ok(id) => Some(id),
+            Err(err) => {
+                result.error = Some(ErrorSummary {
+                    code: "audit".into(),
+                    message: format!(
+                        "not reclaimed: the audit record could not be written ({})",
+                        err.0
+                    ),
+                });
+                return result;
+            }
+        }
+    };
+    let answer = match &mut transport {
+        Transport::Agent(client) => client.reclaim(request.options).map_err(|err| {
+            let refused = matches!(&err, AgentError::Refused { code, .. } if code == "capturing" || code == "busy");
+            (summary(&err), refused)
+        }),
+        Transport::Attach(plan) => {
+            remote_exec::reclaim(plan, request.options, request.timeouts.reclaim).map_err(
+                |err| {
+                    let refused = matches!(&err, remote_exec::AttachError::Refused { code, .. } if code == "capturing");
+                    (
+                        ErrorSummary {
+                            code: err.code().to_owned(),
+                            message: err.to_string(),
+                        },
+                        refused,
+                    )
+                },
+            )
+        }
+    };
+    let outcome = match &answer {
+        Ok(a) => AuditOutcome::Reclaimed {
+            released_bytes: a.released_bytes,
+        },
+        Err((err, true)) => AuditOutcome::Refused(format!("{} ({})", err.message, err.code)),
+        Err((err, false)) => AuditOutcome::Failed(err.message.clone()),
+    };
+    if let Some(id) = audit {
+        if let Err(err) = sink.after(id, &outcome) {
+            tracing::warn!(error = %err.0, pid, "Could not record a reclaim's outcome.");
+        }
+    }
+    match answer {
+        Ok(a) => {
+            result.released_bytes = Some(a.released_bytes);
+            result.status = match (request.options.dry_run, a.released_bytes > 0) {
+                (false, true) => "reclaimed",
+                (false, false) => "nothing_reclaimed",
+                (true, true) => "would_reclaim",
+                (true, false) => "nothing_to_reclaim",
+            };
+            result.agent = Some(a);
+        }
+        Err((err, _)) => result.error = Some(err),
+    }
+    result
 }
 
 /// How a process is asked: its agent, or a script run in it through `sys.remote_exec`.

@@ -31,6 +31,7 @@ pub mod kill;
 pub mod layout;
 pub mod memory_series;
 pub mod observe;
+pub mod reclaim;
 pub mod replay;
 pub mod store;
 pub mod table;

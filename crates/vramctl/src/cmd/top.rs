@@ -30,6 +30,7 @@ use vramctl::tui::event::{
     spawn_input, spawn_replay, spawn_sampler_after, spawn_signals,
 };
 use vramctl::tui::kill::{Actions, SignalKiller};
+use vramctl::tui::reclaim::AgentReclaimer;
 use vramctl::tui::store::StoreSource;
 use vramctl::tui::terminal::TerminalGuard;
 use vramctl::tui::verdict::AnalysisJudge;
@@ -158,9 +159,14 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
     let killer = SignalKiller::new(Box::new(move || {
         crate::audit_sink::open_sink(&sink_global).map_err(|e| format!("{e:#}"))
     }));
+    // The reclaim key's audit records go to the same log (`vramctl reclaim`'s).
+    let sink_global = global.clone();
+    let reclaimer = AgentReclaimer::new(Box::new(move || {
+        crate::audit_sink::open_sink(&sink_global).map_err(|e| format!("{e:#}"))
+    }));
+    let actions = Actions::new(args.readonly, Box::new(killer)).with_reclaimer(Box::new(reclaimer));
     let (actions, _actions) =
-        spawn_actions(Actions::new(args.readonly, Box::new(killer)), tx.clone())
-            .context("cannot start the action thread")?;
+        spawn_actions(actions, tx.clone()).context("cannot start the action thread")?;
 
     let (guard, mut terminal) = TerminalGuard::enter().context("cannot set up the terminal")?;
     let size = terminal.size().context("cannot read the terminal size")?;
@@ -181,6 +187,9 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 }
                 Effect::Kill(plan) => {
                     let _ = actions.send(ActionRequest::Kill(plan));
+                }
+                Effect::Reclaim(target) => {
+                    let _ = actions.send(ActionRequest::Reclaim(target));
                 }
                 Effect::MemoryOutcome { plan, freed_bytes } => {
                     let _ = actions.send(ActionRequest::MemoryOutcome { plan, freed_bytes });

@@ -27,6 +27,7 @@ pub mod effect;
 pub mod history_paging;
 pub mod kill_flow;
 pub mod process_table;
+pub mod reclaim_flow;
 pub mod transport;
 
 use std::collections::BTreeSet;
@@ -43,6 +44,7 @@ pub use self::effect::{Effect, Reply};
 use self::history_paging::{HistoryPaging, PagingEvent};
 use self::kill_flow::{KillEvent, KillFlow};
 use self::process_table::{Hosts, ProcessTable, TableEvent, rows_of};
+use self::reclaim_flow::{ReclaimEvent, ReclaimFlow};
 pub use self::transport::{SPEEDS, TICK_MS};
 use self::transport::{Transport, TransportEvent};
 use super::event::Event;
@@ -50,6 +52,7 @@ use super::kill::KillTarget;
 use super::layout::{self, Areas};
 use super::memory_series::{Point, SeriesKey};
 use super::observe::Observation;
+use super::reclaim::ReclaimTarget;
 use super::replay::ReplayFrame;
 use super::table::Row;
 use super::theme::Theme;
@@ -126,6 +129,8 @@ pub struct App {
     pub charts: Charts,
     /// The kill flow.
     pub kill: KillFlow,
+    /// The reclaim key's flow.
+    pub reclaim: ReclaimFlow,
     /// The help overlay is open.
     pub help: bool,
     /// A one-line message for the footer.
@@ -161,6 +166,7 @@ impl App {
             table: ProcessTable::default(),
             charts: Charts::default(),
             kill: KillFlow::new(config.readonly, replay),
+            reclaim: ReclaimFlow::new(config.readonly, replay),
             help: false,
             message: None,
             sampler_error: None,
@@ -234,6 +240,17 @@ impl App {
         ))
     }
 
+    /// The selected GPU process, for the reclaim key (`None` for a parent row).
+    pub fn reclaim_target(&self) -> Option<ReclaimTarget> {
+        let row = self.selected_row().filter(|r| r.holds_gpu())?;
+        let obs = self.latest.as_ref()?;
+        Some(ReclaimTarget {
+            pid: row.key.pid,
+            start_time_ticks: obs.hosts.get(&row.key.pid).and_then(|h| h.start_time_ticks),
+            command: row.command.clone(),
+        })
+    }
+
     /// The layout for the app's terminal size.
     pub fn layout(&self) -> Areas {
         self.layout_in(Rect::new(0, 0, self.size.0, self.size.1))
@@ -295,6 +312,12 @@ impl App {
             },
             Event::KillPlanned(result) => {
                 let reply = self.kill.update(KillEvent::Planned(result));
+                self.apply(reply)
+            }
+            Event::ReclaimFinished { target, outcome } => {
+                let reply = self
+                    .reclaim
+                    .update(ReclaimEvent::Finished { target, outcome });
                 self.apply(reply)
             }
             Event::KillFinished { plan, outcome } => {
@@ -477,6 +500,11 @@ impl App {
                 self.charts.update(ChartsEvent::ZoomOut);
                 self.window_changed()
             }
+            KeyCode::Char('R') => {
+                let target = self.reclaim_target();
+                let reply = self.reclaim.update(ReclaimEvent::Ask(target));
+                self.apply(reply)
+            }
             KeyCode::Char('K') | KeyCode::Delete | KeyCode::F(9) => {
                 let target = self.kill_target();
                 let reply = self.kill.update(KillEvent::Ask(target));
@@ -642,7 +670,7 @@ mod tests {
         assert_eq!(order(&app), [303, 202, 101]);
         // A click on the USER header sorts by user; a second click reverses.
         let table = app.layout().table.unwrap();
-        let (_, x, _) = table::column_spans(table.width)[1];
+        let (_, x, _) = table::column_spans(table.width, false)[1];
         app.update(click(table.x + x + 1, table.y));
         assert_eq!(app.table.view.sort, Column::User);
         assert_eq!(order(&app), [101, 303, 202]);
@@ -894,6 +922,28 @@ mod tests {
         };
         assert_eq!(flags(101), "L");
         assert_eq!(flags(202), "I");
+    }
+
+    #[test]
+    fn the_reclaim_key_asks_for_the_selected_process_and_the_footer_says_the_outcome() {
+        use crate::tui::reclaim::ReclaimOutcome;
+        let mut app = live();
+        app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
+        let effects = app.update(key(KeyCode::Char('R')));
+        let [Effect::Reclaim(target)] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        assert_eq!((target.pid, target.start_time_ticks), (101, Some(1010)));
+        assert!(app.message.as_deref().unwrap().contains("reclaiming"));
+        let target = target.clone();
+        app.update(Event::ReclaimFinished {
+            target,
+            outcome: ReclaimOutcome::NoAgent("no agent answers".into()),
+        });
+        assert_eq!(
+            app.message.as_deref(),
+            Some("PID 101: cannot reclaim: no agent answers")
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use vramctl_core::{Backend, Sampler};
 use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::observe::{HostReader, Observation};
+use super::reclaim::{ReclaimOutcome, ReclaimTarget};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
 use super::verdict::{Judge, ReplayJudge};
 
@@ -46,6 +47,13 @@ pub enum Event {
     KillPlanned(Result<KillPlan, String>),
     /// A signal asked the program to end (SIGTERM, SIGHUP, SIGQUIT).
     Terminate(i32),
+    /// A reclaim was carried out.
+    ReclaimFinished {
+        /// The process.
+        target: ReclaimTarget,
+        /// What happened.
+        outcome: ReclaimOutcome,
+    },
     /// The kill was carried out.
     KillFinished {
         /// What was planned.
@@ -215,6 +223,8 @@ pub enum ActionRequest {
     Plan(KillTarget),
     /// Carry out this plan.
     Kill(KillPlan),
+    /// Ask this process's agent to release its cache.
+    Reclaim(ReclaimTarget),
     /// Report what became of the memory (no answer is sent).
     MemoryOutcome {
         /// The kill.
@@ -224,7 +234,8 @@ pub enum ActionRequest {
     },
 }
 
-/// Runs kills off the UI thread (a kill waits for the process to exit).
+/// Runs kills and reclaims off the UI thread (a kill waits for the process to exit, a
+/// reclaim for the agent).
 pub fn spawn_actions(
     mut actions: Actions,
     tx: Sender<Event>,
@@ -239,6 +250,10 @@ pub fn spawn_actions(
                     ActionRequest::Kill(plan) => {
                         let outcome = actions.kill(&plan);
                         Event::KillFinished { plan, outcome }
+                    }
+                    ActionRequest::Reclaim(target) => {
+                        let outcome = actions.reclaim(&target);
+                        Event::ReclaimFinished { target, outcome }
                     }
                     ActionRequest::MemoryOutcome { plan, freed_bytes } => {
                         actions.memory_outcome(&plan, freed_bytes);

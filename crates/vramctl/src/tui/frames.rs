@@ -524,3 +524,62 @@ fn no_color_draws_no_colour_and_color_does() {
         }
     }
 }
+
+/// `observations` with agent figures, by each GPU's process order: the first with both
+/// figures, the second with an agent whose framework cannot say its cache, the third
+/// without an agent, and so on.
+fn with_agents(observations: &[Arc<Observation>]) -> Vec<Arc<Observation>> {
+    use vramctl_core::agent_client::AgentMemory;
+    let figures = [
+        Some(AgentMemory {
+            allocated_bytes: Some(1 << 30),
+            cached_bytes: Some(1 << 30),
+            releasable_bytes: Some(768 << 20),
+        }),
+        Some(AgentMemory {
+            allocated_bytes: Some(512 << 20),
+            cached_bytes: None,
+            releasable_bytes: None,
+        }),
+        None,
+    ];
+    observations
+        .iter()
+        .map(|o| {
+            let mut o = (**o).clone();
+            for device in &o.snapshot.devices {
+                let listed = device.reading().and_then(|r| r.processes.as_ref());
+                for (p, memory) in listed.into_iter().flatten().zip(figures.iter().cycle()) {
+                    if let Some(memory) = memory {
+                        o.agents.insert(p.pid, &device.info.uuid, *memory);
+                    }
+                }
+            }
+            Arc::new(o)
+        })
+        .collect()
+}
+
+#[test]
+fn agent_columns_appear_only_when_a_process_has_an_agent() {
+    let observations = from_scenario("eight-gpus-30-procs.toml", &every_10s(30));
+    let mut without = live(120, 40);
+    feed(&mut without, &observations);
+    let screen = frame(&without).to_string();
+    assert!(!screen.contains("ALLOC") && !screen.contains("CACHED"));
+
+    let mut with = live(120, 40);
+    feed(&mut with, &with_agents(&observations));
+    let screen = frame(&with).to_string();
+    assert!(screen.contains("ALLOC") && screen.contains("CACHED"));
+    insta::assert_snapshot!("agent_columns", frame(&with));
+}
+
+#[test]
+fn agent_figures_in_the_detail_pane() {
+    let observations = with_agents(&from_scenario("h200-training.toml", &every_10s(60)));
+    let mut app = live(120, 40);
+    feed(&mut app, &observations);
+    app.update(key(KeyCode::Enter));
+    insta::assert_snapshot!("agent_detail", frame(&app));
+}

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::tui::reclaim::{ReclaimOutcome, ReclaimTarget, Reclaimer};
 use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::clock::SystemClock;
 use vramctl_core::procinfo::ProcReader;
@@ -128,6 +129,7 @@ pub const READONLY_REASON: &str = "read-only session (--readonly): actions are d
 pub struct Actions {
     readonly: bool,
     killer: Box<dyn Killer>,
+    reclaimer: Option<Box<dyn Reclaimer>>,
 }
 
 impl std::fmt::Debug for Actions {
@@ -141,7 +143,29 @@ impl std::fmt::Debug for Actions {
 impl Actions {
     /// Actions through `killer`; none at all when `readonly`.
     pub fn new(readonly: bool, killer: Box<dyn Killer>) -> Self {
-        Self { readonly, killer }
+        Self {
+            readonly,
+            killer,
+            reclaimer: None,
+        }
+    }
+
+    /// These actions, reclaiming through `reclaimer` (without one, a reclaim is refused).
+    #[must_use]
+    pub fn with_reclaimer(mut self, reclaimer: Box<dyn Reclaimer>) -> Self {
+        self.reclaimer = Some(reclaimer);
+        self
+    }
+
+    /// [`Reclaimer::reclaim`], unless read-only.
+    pub fn reclaim(&mut self, target: &ReclaimTarget) -> ReclaimOutcome {
+        if self.readonly {
+            return ReclaimOutcome::Refused(READONLY_REASON.to_owned());
+        }
+        match &mut self.reclaimer {
+            Some(reclaimer) => reclaimer.reclaim(target),
+            None => ReclaimOutcome::Refused("reclaiming is not available here".to_owned()),
+        }
     }
 
     /// [`Killer::plan`], unless read-only.

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use vramctl_core::agent_client::AgentMemory;
+use vramctl_core::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::analysis::IdleState;
 use vramctl_core::analysis::live::ProcessFacts;
 use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
@@ -26,6 +28,10 @@ pub struct Observation {
     pub driver_names: BTreeMap<u32, String>,
     /// Leak and idle verdicts, per process and device (empty until the analysis is wired).
     pub verdicts: Verdicts,
+    /// What the processes' agents say of their framework's memory, per process and GPU
+    /// (empty when no process has an agent, and in a replay).
+    #[serde(default)]
+    pub agents: AgentFigures,
 }
 
 impl Observation {
@@ -36,6 +42,7 @@ impl Observation {
             hosts: BTreeMap::new(),
             driver_names: BTreeMap::new(),
             verdicts: Verdicts::default(),
+            agents: AgentFigures::default(),
         }
     }
 
@@ -126,6 +133,30 @@ impl Verdicts {
     }
 }
 
+/// The agents' figures by `(pid, device UUID)`: allocated and cached (reclaimable) bytes as
+/// `ps` shows them; a process without an agent has no entry (absent, never 0).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentFigures {
+    by_process: BTreeMap<(u32, String), AgentMemory>,
+}
+
+impl AgentFigures {
+    /// Records what `pid`'s agent says of the device `uuid`.
+    pub fn insert(&mut self, pid: u32, uuid: &str, memory: AgentMemory) {
+        self.by_process.insert((pid, uuid.to_owned()), memory);
+    }
+
+    /// What `pid`'s agent says of the device `uuid`, if it has an agent that names it.
+    pub fn get(&self, pid: u32, uuid: &str) -> Option<&AgentMemory> {
+        self.by_process.get(&(pid, uuid.to_owned()))
+    }
+
+    /// Whether no process has figures.
+    pub fn is_empty(&self) -> bool {
+        self.by_process.is_empty()
+    }
+}
+
 /// A process as /proc described it at the moment of the observation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostProcess {
@@ -171,9 +202,14 @@ impl HostProcess {
 /// GPU processes and their ancestors, user and command line once per process identity
 /// (boot, PID, start time), `/proc/PID/stat` (state, parent, CPU time) at most once a
 /// second per process, so hundreds of processes cost a few reads a tick.
+///
+/// It also asks the processes' agents for their memory (`vramctl_core::agent_poll`, the
+/// poll `serve` and `record` use: each agent at most every 10 s, 250 ms per agent and per
+/// tick), here on the sampler's thread, so a slow agent never stalls a frame.
 #[derive(Debug)]
 pub struct HostReader {
     catalog: ProcessCatalog,
+    agents: AgentPoll,
 }
 
 impl Default for HostReader {
@@ -185,8 +221,14 @@ impl Default for HostReader {
 impl HostReader {
     /// A reader of this system's /proc, knowing no process yet.
     pub fn new() -> Self {
+        Self::with_agents(AgentPoll::new(PollLimits::default()))
+    }
+
+    /// A reader asking the processes' agents through `agents` (tests give a stand-in).
+    pub fn with_agents(agents: AgentPoll) -> Self {
         Self {
             catalog: ProcessCatalog::new(FactsSource::Proc),
+            agents,
         }
     }
 
@@ -247,12 +289,47 @@ impl HostReader {
                 None => {}
             }
         }
+        let agents = self.agent_figures(&snapshot);
         Observation {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names,
             verdicts: Verdicts::default(),
+            agents,
         }
+    }
+
+    /// Asks the agents that are due, and gives every (process, GPU) figure the poll has.
+    fn agent_figures(&mut self, snapshot: &Snapshot) -> AgentFigures {
+        let polled = agent_poll::polled_processes(snapshot, &self.catalog);
+        self.agents.refresh(std::time::Instant::now(), &polled);
+        let mut gpus_of: BTreeMap<u32, usize> = BTreeMap::new();
+        for pid in snapshot
+            .devices
+            .iter()
+            .filter_map(|d| d.reading()?.processes.as_ref())
+            .flatten()
+            .map(|p| p.pid)
+        {
+            *gpus_of.entry(pid).or_default() += 1;
+        }
+        let mut out = AgentFigures::default();
+        for device in &snapshot.devices {
+            let Some(list) = device.reading().and_then(|r| r.processes.as_ref()) else {
+                continue;
+            };
+            for p in list {
+                let only_gpu = gpus_of.get(&p.pid) == Some(&1);
+                if let Some(memory) = self
+                    .agents
+                    .stats(p.pid)
+                    .and_then(|s| agent_poll::agent_memory_on(s, &device.info.uuid, only_gpu))
+                {
+                    out.insert(p.pid, &device.info.uuid, memory);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -328,5 +405,50 @@ mod tests {
         let obs = reader.observe(snapshot_with(&[pid], 0), |p| Some(format!("name of {p}")));
         assert!(!obs.hosts.contains_key(&pid));
         assert_eq!(obs.driver_names[&pid], "name of 4194305");
+    }
+
+    #[test]
+    fn agent_figures_go_only_to_processes_with_an_agent() {
+        use vramctl_core::agent_client::{DeviceStats, Stats};
+        let me = std::process::id();
+        let stranger = 4_194_305;
+        let poll = AgentPoll::with_ask(
+            PollLimits::default(),
+            Box::new(move |pid, _| {
+                (pid == me).then(|| Stats {
+                    taken_at: 0.0,
+                    devices: vec![DeviceStats {
+                        framework: "torch".into(),
+                        index: 0,
+                        uuid: Some("00000000-0000-0000-0000-000000000000".into()),
+                        allocated_bytes: Some(3),
+                        reserved_bytes: Some(10),
+                        cached_bytes: Some(7),
+                        releasable_bytes: Some(7),
+                        inactive_split_bytes: None,
+                        allocated_peak_bytes: None,
+                        reserved_peak_bytes: None,
+                        alloc_retries: None,
+                        ooms: None,
+                        error: None,
+                    }],
+                })
+            }),
+        );
+        let mut reader = HostReader::with_agents(poll);
+        let obs = reader.observe(snapshot_with(&[me, stranger], 1_000), |_| None);
+        let uuid = "GPU-00000000-0000-0000-0000-000000000000";
+        let mine = obs
+            .agents
+            .get(me, uuid)
+            .expect("our stand-in agent answered");
+        assert_eq!(
+            (mine.allocated_bytes, mine.cached_bytes),
+            (Some(3), Some(7))
+        );
+        assert!(
+            obs.agents.get(stranger, uuid).is_none(),
+            "no agent: absent, not 0"
+        );
     }
 }

@@ -398,6 +398,9 @@ impl Inner {
             hosts,
             driver_names,
             verdicts: super::verdict::Verdicts::default(),
+            // The history keeps the agents' series, not yet read back here: a replay
+            // shows no agent figures (absent, not 0).
+            agents: super::observe::AgentFigures::default(),
         }))
     }
 }
@@ -571,6 +574,7 @@ mod tests {
             hosts,
             driver_names: obs.driver_names.clone(),
             verdicts: super::super::verdict::Verdicts::default(),
+            agents: super::super::observe::AgentFigures::default(),
         }
     }
 

@@ -17,6 +17,12 @@ pub enum Column {
     Gpu,
     /// GPU memory held.
     Memory,
+    /// Bytes in live tensors, as the process's agent says (shown only when some process
+    /// has an agent).
+    Allocated,
+    /// The framework's cache (reserved − allocated), what a reclaim can return (shown
+    /// only when some process has an agent).
+    Cached,
     /// Change of that memory per minute, from `top`'s own samples.
     Delta,
     /// CPU use, percent of one core.
@@ -31,11 +37,13 @@ pub enum Column {
 
 impl Column {
     /// Every column, left to right.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::Pid,
         Self::User,
         Self::Gpu,
         Self::Memory,
+        Self::Allocated,
+        Self::Cached,
         Self::Delta,
         Self::Cpu,
         Self::Idle,
@@ -50,6 +58,8 @@ impl Column {
             Self::User => "USER",
             Self::Gpu => "GPU",
             Self::Memory => "MEM",
+            Self::Allocated => "ALLOC",
+            Self::Cached => "CACHED",
             Self::Delta => "Δ/MIN",
             Self::Cpu => "CPU%",
             Self::Idle => "IDLE",
@@ -64,7 +74,8 @@ impl Column {
             Self::Pid => Some(7),
             Self::User => Some(9),
             Self::Gpu => Some(5),
-            Self::Memory => Some(6),
+            Self::Memory | Self::Allocated => Some(6),
+            Self::Cached => Some(7),
             Self::Delta => Some(7),
             Self::Cpu => Some(5),
             Self::Idle => Some(6),
@@ -77,7 +88,13 @@ impl Column {
     pub fn right_aligned(self) -> bool {
         matches!(
             self,
-            Self::Pid | Self::Memory | Self::Delta | Self::Cpu | Self::Idle
+            Self::Pid
+                | Self::Memory
+                | Self::Allocated
+                | Self::Cached
+                | Self::Delta
+                | Self::Cpu
+                | Self::Idle
         )
     }
 
@@ -85,31 +102,58 @@ impl Column {
     pub fn descending_first(self) -> bool {
         matches!(
             self,
-            Self::Memory | Self::Delta | Self::Cpu | Self::Idle | Self::Flags
+            Self::Memory
+                | Self::Allocated
+                | Self::Cached
+                | Self::Delta
+                | Self::Cpu
+                | Self::Idle
+                | Self::Flags
         )
     }
 
-    /// The column after this one (wraps).
-    #[must_use]
-    pub fn next(self) -> Self {
-        let i = Self::ALL.iter().position(|&c| c == self).unwrap_or(0);
-        Self::ALL[(i + 1) % Self::ALL.len()]
+    /// Whether the column shows an agent's figure (shown only when some row has one).
+    pub fn from_agent(self) -> bool {
+        matches!(self, Self::Allocated | Self::Cached)
     }
 
-    /// The column before this one (wraps).
+    /// The columns shown: all, or without the agent's when `agents` is false.
+    pub fn shown(agents: bool) -> impl Iterator<Item = Self> {
+        Self::ALL
+            .into_iter()
+            .filter(move |c| agents || !c.from_agent())
+    }
+
+    /// The shown column after this one (wraps); `agents`: whether the agent's are shown.
     #[must_use]
-    pub fn prev(self) -> Self {
-        let i = Self::ALL.iter().position(|&c| c == self).unwrap_or(0);
-        Self::ALL[(i + Self::ALL.len() - 1) % Self::ALL.len()]
+    pub fn next(self, agents: bool) -> Self {
+        let shown: Vec<Self> = Self::shown(agents).collect();
+        let i = shown.iter().position(|&c| c == self).unwrap_or(0);
+        shown[(i + 1) % shown.len()]
+    }
+
+    /// The shown column before this one (wraps).
+    #[must_use]
+    pub fn prev(self, agents: bool) -> Self {
+        let shown: Vec<Self> = Self::shown(agents).collect();
+        let i = shown.iter().position(|&c| c == self).unwrap_or(0);
+        shown[(i + shown.len() - 1) % shown.len()]
     }
 }
 
-/// `(x offset, width)` of each column in a table `width` cells wide; one space between
-/// columns, the command gets the rest.
-pub fn column_spans(width: u16) -> Vec<(Column, u16, u16)> {
+/// Whether the agent's columns are shown: when some row has a figure from an agent (as
+/// `ps` and `status` show theirs), so a machine without agents keeps the table it had.
+pub fn agent_columns(rows: &[Row]) -> bool {
+    rows.iter()
+        .any(|r| r.allocated_bytes.is_some() || r.cached_bytes.is_some())
+}
+
+/// `(x offset, width)` of each shown column in a table `width` cells wide (`agents`: with
+/// the agent's columns); one space between columns, the command gets the rest.
+pub fn column_spans(width: u16, agents: bool) -> Vec<(Column, u16, u16)> {
     let mut x = 0u16;
     let mut out = Vec::with_capacity(Column::ALL.len());
-    for column in Column::ALL {
+    for column in Column::shown(agents) {
         let w = column.width().unwrap_or_else(|| width.saturating_sub(x));
         let w = w.min(width.saturating_sub(x));
         out.push((column, x, w));
@@ -198,6 +242,10 @@ pub struct Row {
     pub user: Option<String>,
     /// GPU memory held.
     pub used_bytes: Option<u64>,
+    /// Bytes in live tensors, as its agent says; `None` without an agent.
+    pub allocated_bytes: Option<u64>,
+    /// The framework's cache, as its agent says; `None` without an agent.
+    pub cached_bytes: Option<u64>,
     /// Change per minute.
     pub delta_per_min: Option<i64>,
     /// CPU percent.
@@ -224,6 +272,8 @@ impl Row {
             gpu_index: None,
             user: host.user.clone(),
             used_bytes: None,
+            allocated_bytes: None,
+            cached_bytes: None,
             delta_per_min: None,
             cpu_percent: host.cpu_percent,
             idle: None,
@@ -304,6 +354,8 @@ pub fn compare(a: &Row, b: &Row, view: &TableView) -> Ordering {
         Column::User => cmp_some(a.user.as_deref(), b.user.as_deref()),
         Column::Gpu => cmp_some(a.gpu_index, b.gpu_index).map(|o| o.then(a.gpu.cmp(&b.gpu))),
         Column::Memory => cmp_some(a.used_bytes, b.used_bytes),
+        Column::Allocated => cmp_some(a.allocated_bytes, b.allocated_bytes),
+        Column::Cached => cmp_some(a.cached_bytes, b.cached_bytes),
         Column::Delta => cmp_some(a.delta_per_min, b.delta_per_min),
         Column::Cpu => cmp_some(a.cpu_percent, b.cpu_percent),
         Column::Idle => cmp_some(a.idle.map(Idle::ms), b.idle.map(Idle::ms)),
@@ -330,6 +382,8 @@ fn is_unknown(row: &Row, column: Column) -> bool {
         Column::User => row.user.is_none(),
         Column::Gpu => row.gpu_index.is_none(),
         Column::Memory => row.used_bytes.is_none(),
+        Column::Allocated => row.allocated_bytes.is_none(),
+        Column::Cached => row.cached_bytes.is_none(),
         Column::Delta => row.delta_per_min.is_none(),
         Column::Cpu => row.cpu_percent.is_none(),
         Column::Idle => row.idle.is_none(),
@@ -469,6 +523,8 @@ mod tests {
             gpu_index: Some(gpu),
             user: Some(if pid % 2 == 0 { "alice" } else { "bob" }.into()),
             used_bytes: mem,
+            allocated_bytes: None,
+            cached_bytes: None,
             delta_per_min: None,
             cpu_percent: None,
             idle: None,
@@ -598,13 +654,13 @@ mod tests {
 
     #[test]
     fn column_spans_fill_the_width() {
-        let spans = column_spans(80);
+        let spans = column_spans(80, false);
         let (col, x, w) = *spans.last().unwrap();
         assert_eq!(col, Column::Command);
         assert_eq!(x + w, 80);
         assert!(w >= 20);
-        assert_eq!(Column::Pid.next(), Column::User);
-        assert_eq!(Column::Pid.prev(), Column::Command);
+        assert_eq!(Column::Pid.next(false), Column::User);
+        assert_eq!(Column::Pid.prev(false), Column::Command);
     }
 
     #[test]

@@ -195,6 +195,10 @@ fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
     ]);
     if !app.readonly() && !app.is_replay() {
         keys.push(("K", "kill"));
+        // Only where there is something to reclaim through: a process with an agent.
+        if crate::tui::table::agent_columns(&app.table.rows) {
+            keys.push(("R", "reclaim"));
+        }
     }
     let mut segments: Vec<(&str, Style)> = Vec::new();
     for (key, what) in &keys {

@@ -742,3 +742,100 @@ fn live_charts_reach_back_into_the_recorders_history() {
     let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
     assert!(screen.contains("vramctl exited 0"), "{screen}");
 }
+
+#[test]
+fn top_shows_an_agents_figures_and_the_reclaim_key_releases_its_cache() {
+    use crate::reclaim::{GIB, Py, scenario};
+    if skip_without_tmux() {
+        return;
+    }
+    // A real Python process with the agent and the stand-in torch: 1 GiB in a live
+    // tensor, 20 GiB cached; NVML lists it with 22 GiB.
+    let py = Py::agent(20 * GIB, GIB);
+    let pid = py.pid();
+    let path = scenario(py.dir.path(), &[(pid, "22 GiB", "22 GiB")]);
+    let text = std::fs::read_to_string(path).expect("scenario");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = crate::harness::private_runtime_dir();
+    let tmux = launch_env(
+        dir.path(),
+        &text,
+        &format!(
+            "VRAMCTL_RUNTIME_DIR='{}' XDG_RUNTIME_DIR='{}'",
+            runtime.display(),
+            py.dir.path().display()
+        ),
+        "top --interval 0.2",
+    );
+    // The agent's figures beside NVML's, asked on the sampler's thread.
+    let screen = tmux.wait_for("the agent's columns", |s| s.contains("CACHED"));
+    let row = screen
+        .lines()
+        .find(|l| l.trim_start().starts_with(&pid.to_string()))
+        .unwrap_or_else(|| panic!("a row for {pid}:\n{screen}"));
+    assert!(
+        row.contains("22.0G") && row.contains("1.0G") && row.contains("20.0G"),
+        "{row}"
+    );
+    assert!(screen.contains("R reclaim"), "{screen}");
+
+    // The reclaim key: the agent releases the cache; the footer says what came back.
+    tmux.keys(&["R"]);
+    let screen = tmux.wait_for("the reclaim's outcome", |s| s.contains("released"));
+    assert!(
+        screen.contains(&format!("PID {pid}: released 20.0G of cache (0B left)")),
+        "{screen}"
+    );
+    // Audited as `vramctl reclaim` is: the record before, the outcome after.
+    let audit_log = dir.path().join("audit.jsonl");
+    let started = Instant::now();
+    let audit = loop {
+        let audit = std::fs::read_to_string(&audit_log).unwrap_or_default();
+        if audit.contains("\"reclaimed\"") || started.elapsed() > PATIENCE {
+            break audit;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let lines: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let record = lines
+        .iter()
+        .find_map(|l| l.get("record"))
+        .unwrap_or_else(|| panic!("a record line: {audit}"));
+    assert_eq!(record["action"], "reclaim", "{audit}");
+    assert_eq!(record["target"]["pid"], pid, "{audit}");
+    assert!(
+        lines.iter().any(|l| l["outcome"]["outcome"] == "reclaimed"
+            && l["outcome"]["detail"]["released_bytes"] == 20 * GIB),
+        "{audit}"
+    );
+    tmux.keys(&["q"]);
+    tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+}
+
+#[test]
+fn the_reclaim_key_is_refused_read_only() {
+    if skip_without_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pid = free_pids(1)[0];
+    let tmux = launch_with(
+        dir.path(),
+        &format!(
+            "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\n\
+             memory_total = 150754820096\n\
+             [[gpu.process]]\npid = {pid}\nname = \"x\"\nmemory = \"2 GiB\"\n"
+        ),
+        "top --interval 0.2 --readonly",
+    );
+    tmux.wait_for("the process", |s| s.contains(&pid.to_string()));
+    tmux.keys(&["R"]);
+    let screen = tmux.wait_for("the refusal", |s| s.contains("read-only session"));
+    assert!(!screen.contains("R reclaim"), "{screen}");
+    assert!(!dir.path().join("audit.jsonl").exists());
+    tmux.keys(&["q"]);
+    tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+}

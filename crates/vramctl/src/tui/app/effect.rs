@@ -10,6 +10,7 @@
 
 use crate::tui::event::HistoryRequest;
 use crate::tui::kill::{KillPlan, KillTarget};
+use crate::tui::reclaim::ReclaimTarget;
 use crate::tui::replay::Seek;
 
 /// Something the loop must do for the state.
@@ -21,6 +22,8 @@ pub enum Effect {
     Plan(KillTarget),
     /// Carry out this kill (action worker).
     Kill(KillPlan),
+    /// Ask this process's agent to release its cache (action worker).
+    Reclaim(ReclaimTarget),
     /// Tell the killer (for its audit record) whether the memory was released:
     /// `Some(bytes)` freed, `None` still listed by the driver (action worker).
     MemoryOutcome {

@@ -820,6 +820,8 @@ mod tests {
             gpu_index: Some(0),
             user: Some("alice".into()),
             used_bytes: Some(GIB),
+            allocated_bytes: None,
+            cached_bytes: None,
             delta_per_min: None,
             cpu_percent: None,
             idle: None,

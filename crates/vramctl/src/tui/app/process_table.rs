@@ -195,8 +195,12 @@ impl ProcessTable {
             }
             KeyCode::Enter => self.detail = !self.detail && self.selected.is_some(),
             KeyCode::Char('/') => self.filter_editing = true,
-            KeyCode::Char('s') => self.sort_on(self.view.sort.next(), hosts),
-            KeyCode::Char('S') => self.sort_on(self.view.sort.prev(), hosts),
+            KeyCode::Char('s') => {
+                self.sort_on(self.view.sort.next(table::agent_columns(&self.rows)), hosts)
+            }
+            KeyCode::Char('S') => {
+                self.sort_on(self.view.sort.prev(table::agent_columns(&self.rows)), hosts)
+            }
             KeyCode::Char('r') => {
                 self.view.descending = !self.view.descending;
                 self.arrange(hosts);
@@ -252,9 +256,10 @@ impl ProcessTable {
         }
         if at.y == area.y {
             let x = at.x - area.x;
-            if let Some((column, _, _)) = table::column_spans(area.width)
-                .into_iter()
-                .find(|&(_, start, w)| x >= start && x < start + w.max(1) + 1)
+            if let Some((column, _, _)) =
+                table::column_spans(area.width, table::agent_columns(&self.rows))
+                    .into_iter()
+                    .find(|&(_, start, w)| x >= start && x < start + w.max(1) + 1)
             {
                 self.view.sort_by(column);
                 self.arrange(hosts);
@@ -288,6 +293,7 @@ pub fn rows_of(
         for p in reading.processes.iter().flatten() {
             let host = obs.hosts.get(&p.pid);
             let verdict = obs.verdicts.get(p.pid, uuid);
+            let agent = obs.agents.get(p.pid, uuid);
             let key = SeriesKey::Process {
                 uuid: uuid.clone(),
                 pid: p.pid,
@@ -311,6 +317,8 @@ pub fn rows_of(
                 gpu_index: Some(device.info.index),
                 user: host.and_then(|h| h.user.clone()),
                 used_bytes: p.used_bytes,
+                allocated_bytes: agent.and_then(|a| a.allocated_bytes),
+                cached_bytes: agent.and_then(|a| a.cached_bytes),
                 delta_per_min: delta(&key),
                 cpu_percent: host.and_then(|h| h.cpu_percent),
                 idle: idle_of(verdict, now),
@@ -363,6 +371,8 @@ mod tests {
             gpu_index: Some(0),
             user: Some(user.into()),
             used_bytes: Some(mem),
+            allocated_bytes: None,
+            cached_bytes: None,
             delta_per_min: None,
             cpu_percent: None,
             idle: None,
@@ -539,7 +549,7 @@ mod tests {
                 hosts: &hosts,
             });
         };
-        let (_, user_x, _) = table::column_spans(area.width)[1];
+        let (_, user_x, _) = table::column_spans(area.width, false)[1];
         click(&mut t, user_x + 1, 10);
         assert_eq!(t.view.sort, Column::User);
         assert_eq!(order(&t), [101, 303, 202]);

@@ -28,6 +28,10 @@ const HELP: &[(&str, &str)] = &[
     ("t", "tree view: processes under their parents"),
     ("z  Z", "zoom the charts in / out (1m 5m 15m 1h 6h 24h)"),
     ("K  Del  F9", "kill the selected process (asks first)"),
+    (
+        "R",
+        "reclaim: the selected process's agent releases its cache",
+    ),
     ("?  F1", "this help"),
     ("q  Ctrl-C", "quit"),
     ("", ""),

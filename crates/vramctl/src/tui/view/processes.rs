@@ -12,7 +12,7 @@ use super::{chart, put};
 use crate::tui::app::App;
 use crate::tui::format;
 use crate::tui::memory_series::SeriesKey;
-use crate::tui::table::{Column, Idle, Row, column_spans};
+use crate::tui::table::{Column, Idle, Row, agent_columns, column_spans};
 
 /// The text of one cell in a column `width` characters wide.
 fn cell(row: &Row, column: Column, width: u16) -> String {
@@ -27,6 +27,9 @@ fn cell(row: &Row, column: Column, width: u16) -> String {
                 String::new()
             }
         }
+        // Blank without an agent: nothing known, not 0.
+        Column::Allocated => row.allocated_bytes.map(format::bytes).unwrap_or_default(),
+        Column::Cached => row.cached_bytes.map(format::bytes).unwrap_or_default(),
         Column::Delta => row
             .delta_per_min
             .map_or_else(|| "-".to_owned(), format::signed_bytes),
@@ -61,7 +64,7 @@ fn aligned(text: &str, width: u16, right: bool) -> String {
 
 pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
     let t = app.theme;
-    let spans = column_spans(area.width);
+    let spans = column_spans(area.width, agent_columns(&app.table.rows));
     // Header, with the sort column marked.
     buf.set_style(Rect::new(area.x, area.y, area.width, 1), t.header());
     for &(column, x, w) in &spans {
@@ -231,6 +234,19 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
                 t.text(),
             ),
         ]);
+        if row.allocated_bytes.is_some() || row.cached_bytes.is_some() {
+            lines.push(vec![
+                label("agent"),
+                (
+                    format!(
+                        "{} allocated  {} cached (reclaimable)",
+                        format::opt_bytes(row.allocated_bytes),
+                        format::opt_bytes(row.cached_bytes),
+                    ),
+                    t.text(),
+                ),
+            ]);
+        }
         let verdict = row
             .key
             .uuid
