@@ -3,9 +3,7 @@
 //! and the stand-in torch).
 
 use crate::harness::vramctl_std;
-use crate::reclaim::{Py, scenario};
-
-const GIB: u64 = 1 << 30;
+use crate::reclaim::{GIB, Py, one_with_an_agent_one_without, scenario};
 
 /// The value of the sample of `family` whose labels include `pid="PID"`, if any.
 fn sample(text: &str, family: &str, pid: u32) -> Option<u64> {
@@ -17,15 +15,7 @@ fn sample(text: &str, family: &str, pid: u32) -> Option<u64> {
 
 #[test]
 fn serve_exports_allocated_and_reserved_only_for_processes_with_an_agent() {
-    let py = Py::agent(20 * GIB, GIB);
-    let without = Py::start();
-    let scenario = scenario(
-        py.dir.path(),
-        &[
-            (py.pid(), "22 GiB", "22 GiB"),
-            (without.pid(), "1 GiB", "1 GiB"),
-        ],
-    );
+    let (py, without, scenario) = one_with_an_agent_one_without();
     let served = crate::serve::serve(
         vramctl_std(&scenario),
         &["--interval", "3600", "--peak-window", "3600"],
@@ -56,15 +46,7 @@ fn serve_exports_allocated_and_reserved_only_for_processes_with_an_agent() {
 
 #[test]
 fn status_shows_allocated_and_cached_beside_nvml_for_a_process_with_an_agent() {
-    let py = Py::agent(20 * GIB, GIB);
-    let without = Py::start();
-    let scenario = scenario(
-        py.dir.path(),
-        &[
-            (py.pid(), "22 GiB", "22 GiB"),
-            (without.pid(), "1 GiB", "1 GiB"),
-        ],
-    );
+    let (py, without, scenario) = one_with_an_agent_one_without();
     let output = vramctl_std(&scenario)
         .args(["status", "--json", "--no-daemon"])
         .output()
@@ -120,15 +102,7 @@ fn status_without_any_agent_keeps_its_columns() {
 
 #[test]
 fn record_stores_allocated_and_reserved_and_history_and_export_show_them() {
-    let py = Py::agent(20 * GIB, GIB);
-    let without = Py::start();
-    let scenario = scenario(
-        py.dir.path(),
-        &[
-            (py.pid(), "22 GiB", "22 GiB"),
-            (without.pid(), "1 GiB", "1 GiB"),
-        ],
-    );
+    let (py, without, scenario) = one_with_an_agent_one_without();
     let db = py.dir.path().join("history.db");
     let recorded = vramctl_std(&scenario)
         .arg("--db")

@@ -111,6 +111,21 @@ impl Drop for Py {
 
 /// One GPU; each `(pid, before, after)` a real process whose NVML figure is `before` until
 /// t = 10 s, `after` from then on.
+/// Two stand-in torch processes, one with the agent (1 GiB kept, 20 GiB cached: NVML shows
+/// 22 GiB) and one without (1 GiB), and a scenario listing both on one GPU.
+pub(crate) fn one_with_an_agent_one_without() -> (Py, Py, PathBuf) {
+    let py = Py::agent(20 * GIB, GIB);
+    let without = Py::start();
+    let scenario = scenario(
+        py.dir.path(),
+        &[
+            (py.pid(), "22 GiB", "22 GiB"),
+            (without.pid(), "1 GiB", "1 GiB"),
+        ],
+    );
+    (py, without, scenario)
+}
+
 pub(crate) fn scenario(dir: &Path, processes: &[(u32, &str, &str)]) -> PathBuf {
     let mut text = String::from(
         "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-8cca1523-521a-59dd-48fa-95c44bc1b100\"\n\
@@ -391,15 +406,7 @@ fn an_audit_log_that_cannot_be_written_reclaims_nothing() {
 
 #[test]
 fn ps_shows_allocated_and_cached_beside_nvml_for_a_process_with_an_agent() {
-    let py = Py::agent(20 * GIB, GIB);
-    let without = Py::start();
-    let scenario = scenario(
-        py.dir.path(),
-        &[
-            (py.pid(), "22 GiB", "22 GiB"),
-            (without.pid(), "1 GiB", "1 GiB"),
-        ],
-    );
+    let (py, without, scenario) = one_with_an_agent_one_without();
     let output = vramctl_std(&scenario)
         .args(["ps", "--json", "--cpu-interval", "0"])
         .output()
