@@ -150,19 +150,24 @@ mod tests {
         })
     }
 
-    #[test]
-    fn snapshots_and_nvml_outages_are_recorded_and_flushed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("h.db");
-        let store = Store::open(&path, OpenMode::Append).unwrap();
+    /// A history recorder writing to a new history at `path`, and a catalog over this /proc.
+    fn recorder_on(path: &std::path::Path) -> (HistoryRecorder, ProcessCatalog) {
+        let store = Store::open(path, OpenMode::Append).unwrap();
         let feed = StoreFeed::start(store, Retention::default(), 1000, 8, true).unwrap();
-        let mut recorder = HistoryRecorder::new(feed, Procs::new());
-        let mut catalog = ProcessCatalog::with_source(
+        let catalog = ProcessCatalog::with_source(
             FactsSource::Proc,
             RefreshPolicy::default(),
             None,
             Box::new(LiveProc::new()),
         );
+        (HistoryRecorder::new(feed, Procs::new()), catalog)
+    }
+
+    #[test]
+    fn snapshots_and_nvml_outages_are_recorded_and_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let (mut recorder, mut catalog) = recorder_on(&path);
         let me = std::process::id();
         let t0 = 1_764_000_000_000;
         let mut verdicts = ProcessVerdicts::new();
@@ -219,15 +224,7 @@ mod tests {
     fn serve_record_stores_the_agent_figures_the_collector_polled() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.db");
-        let store = Store::open(&path, OpenMode::Append).unwrap();
-        let feed = StoreFeed::start(store, Retention::default(), 1000, 8, true).unwrap();
-        let mut recorder = HistoryRecorder::new(feed, Procs::new());
-        let mut catalog = ProcessCatalog::with_source(
-            FactsSource::Proc,
-            RefreshPolicy::default(),
-            None,
-            Box::new(LiveProc::new()),
-        );
+        let (mut recorder, mut catalog) = recorder_on(&path);
         let me = std::process::id();
         let t0 = 1_764_000_000_000;
         let mut metadata = ProcessMetadata::default();
