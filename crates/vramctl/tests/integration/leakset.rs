@@ -271,6 +271,45 @@ fn thinning_keeps_the_first_tick_of_each_interval_with_the_state_it_had() {
     assert_eq!(p.meta.key.start_time_ticks, Some(1007));
 }
 
+/// The scorer's settings of these tests: idle for 60 s, live = batch checked.
+fn settings(
+    half: labels::HalfArg,
+    hidden_workloads: usize,
+    batch_every_ms: i64,
+    live: Vec<LiveCadence>,
+) -> Settings {
+    Settings {
+        half,
+        hidden_workloads,
+        idle_for: "60s".into(),
+        batch_every_ms,
+        equality: true,
+        live,
+    }
+}
+
+/// `eval::evaluate` of `workloads` (with `hidden` left out unseen) on `sources`, through
+/// the built `vramctl` and the default analysis.
+fn score(
+    workloads: &[labels::Workload],
+    hidden: &[labels::Workload],
+    sources: &[Source],
+    ws: &Workspace,
+    settings: &Settings,
+) -> Vec<eval::SourceReport> {
+    eval::evaluate(
+        workloads,
+        hidden,
+        sources,
+        ws,
+        &vramctl(),
+        settings,
+        &cfg(),
+        |_| {},
+    )
+    .expect("the scorer runs")
+}
+
 #[test]
 fn the_scorer_gives_the_worked_out_scores_on_a_tiny_labeled_recording() {
     let dir = tempfile::tempdir().unwrap();
@@ -283,25 +322,13 @@ fn the_scorer_gives_the_worked_out_scores_on_a_tiny_labeled_recording() {
         what: "hand-made".into(),
         input: Input::Db(db),
     }];
-    let settings = Settings {
-        half: labels::HalfArg::All,
-        hidden_workloads: 0,
-        idle_for: "60s".into(),
-        batch_every_ms: 1000,
-        equality: true,
-        live: vec![LiveCadence::Interactive, LiveCadence::Scraped],
-    };
-    let reports = eval::evaluate(
-        &workloads,
-        &[],
-        &sources,
-        &ws,
-        &vramctl(),
-        &settings,
-        &cfg(),
-        |_| {},
-    )
-    .unwrap();
+    let settings = settings(
+        labels::HalfArg::All,
+        0,
+        1000,
+        vec![LiveCadence::Interactive, LiveCadence::Scraped],
+    );
+    let reports = score(&workloads, &[], &sources, &ws, &settings);
     let r = &reports[0];
     assert_eq!((r.ticks, r.interval_ms), (1200, 100));
     let report = eval::Report {
@@ -417,25 +444,13 @@ fn the_tune_half_is_scored_without_a_trace_of_the_holdout_series() {
         what: "hand-made".into(),
         input: Input::Db(db),
     }];
-    let settings = Settings {
-        half: labels::HalfArg::Tune,
-        hidden_workloads: holdout.len(),
-        idle_for: "60s".into(),
-        batch_every_ms: 1000,
-        equality: true,
-        live: vec![LiveCadence::Interactive, LiveCadence::Scraped],
-    };
-    let reports = eval::evaluate(
-        &tune,
-        &holdout,
-        &sources,
-        &ws,
-        &vramctl(),
-        &settings,
-        &cfg(),
-        |_| {},
-    )
-    .unwrap();
+    let settings = settings(
+        labels::HalfArg::Tune,
+        holdout.len(),
+        1000,
+        vec![LiveCadence::Interactive, LiveCadence::Scraped],
+    );
+    let reports = score(&tune, &holdout, &sources, &ws, &settings);
     let r = &reports[0];
     let hidden = |pid: u32| holdout.iter().any(|w| w.pid == pid);
     for (path, list) in &r.outcomes {
@@ -509,30 +524,18 @@ fn an_nvidia_smi_log_replays_live_at_its_process_rows_with_no_gaps_and_as_batch_
     let (_, timeline) = watch.iter().next().unwrap();
     let last = timeline.last_report.as_ref().unwrap();
     assert_eq!((last.samples, last.gaps), (150, 0));
-    let settings = Settings {
-        half: labels::HalfArg::All,
-        hidden_workloads: 0,
-        idle_for: "60s".into(),
-        batch_every_ms: 1000,
-        equality: true,
-        live: vec![LiveCadence::Interactive],
-    };
+    let settings = settings(
+        labels::HalfArg::All,
+        0,
+        1000,
+        vec![LiveCadence::Interactive],
+    );
     let sources = vec![Source {
         name: "smi-1s".into(),
         what: "hand-made nvidia-smi logs".into(),
         input,
     }];
-    let r = &eval::evaluate(
-        &workloads,
-        &[],
-        &sources,
-        &ws,
-        &vramctl(),
-        &settings,
-        &cfg(),
-        |_| {},
-    )
-    .unwrap()[0];
+    let r = &score(&workloads, &[], &sources, &ws, &settings)[0];
     assert_eq!((r.ticks, r.interval_ms), (150, 1000));
     assert_eq!(r.same_samples_mismatches, Vec::new());
     let batch = &r.outcomes[BATCH][0];
@@ -566,25 +569,13 @@ fn live_and_batch_agree_on_the_held_back_leakset_half_at_10_s() {
         what: "leak set, 10 s history".into(),
         input: Input::Db(db),
     }];
-    let settings = Settings {
-        half: labels::HalfArg::Holdout,
-        hidden_workloads: tune.len(),
-        idle_for: "60s".into(),
-        batch_every_ms: 10_000,
-        equality: true,
-        live: vec![LiveCadence::Interactive, LiveCadence::Scraped],
-    };
-    let reports = eval::evaluate(
-        &holdout,
-        &tune,
-        &sources,
-        &ws,
-        &vramctl(),
-        &settings,
-        &cfg(),
-        |_| {},
-    )
-    .unwrap();
+    let settings = settings(
+        labels::HalfArg::Holdout,
+        tune.len(),
+        10_000,
+        vec![LiveCadence::Interactive, LiveCadence::Scraped],
+    );
+    let reports = score(&holdout, &tune, &sources, &ws, &settings);
     let r = &reports[0];
     assert!(r.same_samples_checked > 100, "{}", r.same_samples_checked);
     assert!(
