@@ -138,10 +138,11 @@ def _start_from_environment(name: str, module) -> None:
         for other in TRIGGERS:
             if other != name:
                 cancel(other, _start_from_environment)
-    from . import _torch, start
+    from . import _run_report, _torch, start
 
     if name == "torch":
         _torch.install_capture_guard(module)
+    _run_report.arm()
     try:
         start(_started_by="env")
     except Exception as err:

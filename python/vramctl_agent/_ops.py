@@ -112,12 +112,17 @@ def hello(request: dict, peer: Peer, agent) -> dict:
     }
 
 
-def stats(request: dict, peer: Peer, agent) -> dict:
+def current_stats() -> dict:
+    """The `stats` answer: every framework's counters per device (also the run report's)."""
     return {
         "taken_at": time.time(),
         "frameworks": frameworks(),
         "devices": _torch.device_stats() + fw.jax_device_stats() + fw.tf_device_stats(),
     }
+
+
+def stats(request: dict, peer: Peer, agent) -> dict:
+    return current_stats()
 
 
 def _unsupported_reclaim() -> list[dict]:

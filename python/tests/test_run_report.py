@@ -1,0 +1,88 @@
+"""What `vramctl run` injects into a Python job: the sitecustomize that arms the agent in
+every interpreter of the job (chaining to the one it shadows), and the report of the
+framework's counters each process writes at exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from harness import GiB, PYTHON_DIR, fake_path
+
+
+class RunInjectionTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.base = tempfile.mkdtemp(prefix="vramctl-test-run-")
+        self.site = os.path.join(self.base, "python")
+        self.reports = os.path.join(self.base, "reports")
+        os.makedirs(self.reports)
+        shutil.copytree(os.path.join(PYTHON_DIR, "vramctl_agent"), os.path.join(self.site, "vramctl_agent"))
+        shutil.copy(
+            os.path.join(PYTHON_DIR, "vramctl_agent", "_run_site.py"), os.path.join(self.site, "sitecustomize.py")
+        )
+
+    def tearDown(self) -> None:
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def job(self, code: str, extra_path: list[str] = (), **env) -> subprocess.CompletedProcess:
+        path = [self.site, *extra_path, *fake_path("torch")]
+        environ = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(path),
+            VRAMCTL_AGENT="1",
+            VRAMCTL_RUN_REPORT_DIR=self.reports,
+            **env,
+        )
+        return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=30)
+
+    def reports_written(self) -> dict[int, dict]:
+        out = {}
+        for name in os.listdir(self.reports):
+            self.assertTrue(name.endswith(".json") and not name.startswith("."), name)
+            with open(os.path.join(self.reports, name), encoding="utf-8") as f:
+                report = json.load(f)
+            out[report["pid"]] = report
+        return out
+
+    def test_each_process_reports_its_peaks_at_exit_even_after_an_out_of_memory_error(self) -> None:
+        code = (
+            "import os, torch\n"
+            f"a = torch.empty(3 * {GiB}, dtype=torch.uint8, device='cuda'); del a\n"
+            "print(os.getpid())\n"
+            f"b = torch.empty(20 * {GiB}, dtype=torch.uint8, device='cuda')\n"
+        )
+        done = self.job(code, FAKE_TORCH_CAPACITY=str(10 * GiB))
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("out of memory", done.stderr)
+        pid = int(done.stdout.strip())
+        reports = self.reports_written()
+        self.assertEqual(list(reports), [pid])
+        device = next(d for d in reports[pid]["devices"] if d["framework"] == "torch")
+        self.assertEqual(device["allocated_peak_bytes"], 3 * GiB)
+        self.assertEqual(device["reserved_peak_bytes"], 3 * GiB)
+        self.assertGreaterEqual(device["ooms"], 1)
+
+    def test_a_process_that_never_imports_a_framework_writes_nothing(self) -> None:
+        done = self.job("print('hello')")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, "hello\n")
+        self.assertEqual(self.reports_written(), {})
+        self.assertNotIn("torch", done.stderr)
+
+    def test_the_sitecustomize_it_shadows_still_runs(self) -> None:
+        theirs = os.path.join(self.base, "theirs")
+        os.makedirs(theirs)
+        with open(os.path.join(theirs, "sitecustomize.py"), "w", encoding="utf-8") as f:
+            f.write("import builtins\nbuiltins.THEIRS_RAN = True\n")
+        done = self.job("import builtins; print(getattr(builtins, 'THEIRS_RAN', False))", extra_path=[theirs])
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.strip(), "True")
+
+
+if __name__ == "__main__":
+    unittest.main()
