@@ -42,11 +42,22 @@ pub const FILES: &[AgentFile] = &[
     embed!("_ops.py"),
     embed!("_paths.py"),
     embed!("_protocol.py"),
+    embed!("_run_report.py"),
+    embed!("_run_site.py"),
     embed!("_server.py"),
     embed!("_state.py"),
     embed!("_torch.py"),
     embed!("client.py"),
 ];
+
+/// The `sitecustomize.py` that `vramctl run` puts beside the package (`_run_site.py`): it
+/// arms the agent in every interpreter of the job.
+pub fn run_sitecustomize() -> &'static str {
+    FILES
+        .iter()
+        .find(|f| f.name == "_run_site.py")
+        .map_or("", |f| f.text)
+}
 
 /// The package's directory name, as Python imports it.
 pub const PACKAGE: &str = "vramctl_agent";

@@ -115,6 +115,8 @@ impl Command {
             Self::Import(a) => (db(&a.db), None),
             Self::Leaks(a) => (db(&a.source.db), nvml(&a.nvml)),
             Self::Plot(a) => (db(&a.source.db), None),
+            Self::Run(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::Fit(a) => (None, nvml(&a.nvml)),
         }
     }
 }
@@ -193,6 +195,14 @@ pub enum Command {
     /// Draw memory over time per GPU and process as a PNG or SVG chart
     #[command(after_help = PLOT_HELP)]
     Plot(PlotArgs),
+    /// Run a command and follow its process tree's GPU memory: peak per GPU and process,
+    /// out-of-memory errors, a CI budget guard (--max-vram)
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
+    /// Find the largest value of a parameter (batch size) for which a command fits in GPU
+    /// memory: a fresh process per trial, memory modelled from the first trials
+    #[command(after_help = FIT_HELP)]
+    Fit(FitArgs),
 }
 
 // Each command's help ends with 2-4 examples that parse (`examples_in_the_help_parse`).
@@ -956,6 +966,48 @@ pub struct KillArgs {
     pub json: bool,
 }
 
+const RUN_HELP: &str = "\
+The command's stdin, stdout and exit status pass through; its stderr is copied as it comes
+(a pipe, so it is scanned for out-of-memory errors of PyTorch, JAX/XLA, TensorFlow and
+CUDA). Signals sent to run are passed on; the terminal's Ctrl-C reaches the command
+directly. The report goes to stderr (--report FILE: there instead). A Python command gets
+the in-process agent (no install needed; --no-agent to leave it out), which adds the
+framework's exact peak allocated and reserved memory. What a 20 ms sample can miss:
+docs/run.md.
+
+Exit codes:
+  N    the command's own exit code (128+S when signal S ended it)
+  1    --max-vram: the peak went over the budget (whatever the command returned)
+  2    usage error, or the budget cannot be checked (--budget-of reserved without agent)
+  3    no usable NVIDIA driver (the command is not started)
+  126  the command cannot be executed; 127: not found
+
+Examples:
+  vramctl run -- python train.py --batch 32
+  vramctl run --max-vram 40GiB --json --report peak.json -- pytest tests/gpu
+  vramctl run --max-vram 90% --budget-of reserved -- python infer.py
+  vramctl run --record -o curve.png -- torchrun --nproc_per_node 2 train.py";
+
+const FIT_HELP: &str = "\
+The value goes where {} is in the command (every occurrence) and into VRAMCTL_FIT_VALUE.
+A trial succeeds when the command exits 0 (or prints a line matching --until-line, after
+which it is stopped); it fails when it runs out of GPU memory; any other failure stops the
+search and shows the trial's error. Each trial is a fresh process under run's monitoring,
+so a failed trial's cache and fragmentation never affect the next. The answer is always a
+value that succeeded. How the search works and what it was measured on: docs/fit.md.
+
+Exit codes:
+  0  found: the answer is on stdout (--json: the whole report)
+  1  nothing fits: the lowest value of --range ran out of memory
+  2  usage error, or a trial failed for another reason than memory (shown)
+  3  no usable NVIDIA driver
+
+Examples:
+  vramctl fit -- python train.py --batch-size {}
+  vramctl fit --range 8..2048 --margin 5% -- python train.py --batch-size {}
+  vramctl fit --until-line 'step 3 ' -- python train.py --seq-len {}
+  vramctl fit --strategy bisect --json -- ./train.sh";
+
 const RECLAIM_HELP: &str = "\
 Only processes running the vramctl agent (python/vramctl_agent: vramctl_agent.start(),
 %load_ext vramctl_agent, or VRAMCTL_AGENT=1) can be asked; others are reported as having
@@ -978,6 +1030,145 @@ Examples:
   vramctl reclaim --all --dry-run
   vramctl reclaim 4242 --deep --json
   vramctl reclaim --attach 4242";
+
+/// `vramctl run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
+    #[command(flatten)]
+    pub db: DbArg,
+
+    /// Exit 1 if the job's peak on any GPU went over SIZE (e.g. 40GiB) or P% of that GPU's
+    /// memory (e.g. 90%)
+    #[arg(long, value_name = "SIZE|P%", value_parser = budget)]
+    pub max_vram: Option<Budget>,
+
+    /// Which peak --max-vram checks: nvml (the process tree's memory as the driver counts
+    /// it, CUDA context included), reserved or allocated (the framework's own, through the
+    /// agent)
+    #[arg(long, value_enum, default_value_t = BudgetOf::Nvml, requires = "max_vram")]
+    pub budget_of: BudgetOf,
+
+    /// Inject the in-process agent [default: when the command is a Python interpreter or
+    /// a Python script such as torchrun]
+    #[arg(long, overrides_with = "no_agent")]
+    pub agent: bool,
+
+    /// Do not inject the agent
+    #[arg(long)]
+    pub no_agent: bool,
+
+    /// Time between samples (NVML is read this often)
+    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = run_interval)]
+    pub interval: Duration,
+
+    /// The report as JSON
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write the report to FILE instead of stderr
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+
+    /// Keep every sample in the history (--db), as vramctl record would
+    #[arg(long)]
+    pub record: bool,
+
+    /// Draw the job's memory over time to FILE (.png or .svg)
+    #[arg(short = 'o', long = "plot", value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+
+    /// Stop the command (SIGTERM, then SIGKILL 10 s later) after this long
+    #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
+    pub timeout: Option<Duration>,
+
+    /// The command and its arguments
+    #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// A memory budget as typed: a size, or a share of the device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    /// Bytes.
+    Bytes(u64),
+    /// A fraction (0, 1] of each device's total memory.
+    OfDevice(f64),
+}
+
+/// Which peak a budget is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BudgetOf {
+    /// NVML's figure for the process tree.
+    Nvml,
+    /// The framework's reserved peak (agent).
+    Reserved,
+    /// The framework's allocated peak (agent).
+    Allocated,
+}
+
+/// How `fit` searches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FitStrategy {
+    /// Model memory from the first trials, predict, confirm around the prediction.
+    Model,
+    /// Classic bisection (the baseline: 10-13 trials over 1..4096).
+    Bisect,
+}
+
+/// `vramctl fit`.
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
+    /// Values to search, LOW..HIGH (inclusive)
+    #[arg(long, value_name = "LOW..HIGH", default_value = "1..4096", value_parser = fit_range)]
+    pub range: (u64, u64),
+
+    /// Headroom to leave: a value counts only if its peak stayed under (100 - P)% of the
+    /// memory the job could use
+    #[arg(long, value_name = "P%", default_value = "0%", value_parser = margin)]
+    pub margin: f64,
+
+    /// Stop when the largest success and the smallest failure are within P% (0: exact)
+    #[arg(long, value_name = "P%", default_value = "2%", value_parser = tolerance)]
+    pub tolerance: f64,
+
+    /// How to search
+    #[arg(long, value_enum, default_value_t = FitStrategy::Model)]
+    pub strategy: FitStrategy,
+
+    /// A trial succeeds once a line of its stdout matches REGEX (it is then stopped)
+    #[arg(long, value_name = "REGEX")]
+    pub until_line: Option<String>,
+
+    /// Stop a trial after this long; a trial stopped so is a failure, not out of memory
+    #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
+    pub trial_timeout: Option<Duration>,
+
+    /// Inject the in-process agent [default: for Python commands]
+    #[arg(long, overrides_with = "no_agent")]
+    pub agent: bool,
+
+    /// Do not inject the agent (the model then uses NVML's figures only)
+    #[arg(long)]
+    pub no_agent: bool,
+
+    /// Time between samples within a trial
+    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = run_interval)]
+    pub interval: Duration,
+
+    /// The whole report as JSON on stdout
+    #[arg(long)]
+    pub json: bool,
+
+    /// The command, with {} where the value goes
+    #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
 
 /// `vramctl reclaim`.
 #[derive(Debug, Args)]
@@ -1335,6 +1526,61 @@ fn step(text: &str) -> Result<Step, String> {
         return Ok(Step::Raw);
     }
     duration_within(text, Duration::from_millis(1), Duration::MAX).map(Step::Every)
+}
+
+/// `--interval` of `run` and `fit`: 5 ms (NVML's memory call takes ~0.1 ms, a tick of a
+/// few devices well under 5 ms) to 10 s.
+fn run_interval(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::from_millis(5), Duration::from_secs(10))
+}
+
+/// `P%` (or a bare number of percent) as a fraction.
+fn percent_fraction(text: &str, max_percent: f64) -> Result<f64, String> {
+    let t = text.trim();
+    let number = t.strip_suffix('%').unwrap_or(t).trim();
+    match number.parse::<f64>() {
+        Ok(p) if p.is_finite() && (0.0..=max_percent).contains(&p) => Ok(p / 100.0),
+        _ => Err(format!(
+            "'{t}' is not a percentage from 0% to {max_percent}%; use e.g. 5%"
+        )),
+    }
+}
+
+fn margin(text: &str) -> Result<f64, String> {
+    percent_fraction(text, 50.0)
+}
+
+fn tolerance(text: &str) -> Result<f64, String> {
+    percent_fraction(text, 50.0)
+}
+
+/// `--max-vram`: `40GiB` or `90%`.
+fn budget(text: &str) -> Result<Budget, String> {
+    let t = text.trim();
+    if t.ends_with('%') {
+        let fraction = percent_fraction(t, 100.0)?;
+        if fraction <= 0.0 {
+            return Err(format!("'{t}' leaves no memory at all; use e.g. 90%"));
+        }
+        return Ok(Budget::OfDevice(fraction));
+    }
+    parse_size(t).map(Budget::Bytes)
+}
+
+/// `--range LOW..HIGH`.
+fn fit_range(text: &str) -> Result<(u64, u64), String> {
+    let t = text.trim();
+    let bad = || format!("'{t}' is not a range LOW..HIGH of whole numbers >= 1; use e.g. 1..4096");
+    let (low, high) = t.split_once("..").ok_or_else(bad)?;
+    let high = high.strip_prefix('=').unwrap_or(high);
+    let (low, high): (u64, u64) = (
+        low.trim().parse().map_err(|_| bad())?,
+        high.trim().parse().map_err(|_| bad())?,
+    );
+    if low == 0 || high < low {
+        return Err(bad());
+    }
+    Ok((low, high))
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {

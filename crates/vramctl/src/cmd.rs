@@ -3,6 +3,7 @@
 //! settings, the samples to analyse); the work itself is in the library (`lib.rs`).
 
 pub mod export;
+pub mod fit;
 pub mod history;
 pub mod import;
 pub mod info;
@@ -13,6 +14,7 @@ pub mod ps;
 pub mod reap;
 pub mod reclaim;
 pub mod record;
+pub mod run;
 pub mod serve;
 pub mod snapshot;
 pub mod status;
@@ -48,6 +50,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Snapshot(args) => snapshot::run(args),
         Command::Leaks(args) => leaks::run(&cli.global, args),
         Command::Plot(args) => plot::run(&cli.global, args),
+        Command::Run(args) => run::run(&cli.global, args),
+        Command::Fit(args) => fit::run(&cli.global, args),
     }
 }
 

@@ -15,6 +15,9 @@ pub enum Exit {
     Usage,
     /// 3: no usable NVIDIA driver.
     NoDriver,
+    /// `run`: the supervised command's own code (128 + S for signal S; 126/127 when it
+    /// could not be started), passed on.
+    Passed(u8),
 }
 
 impl From<Exit> for ExitCode {
@@ -24,6 +27,7 @@ impl From<Exit> for ExitCode {
             Exit::ConditionHolds => 1,
             Exit::Usage => 2,
             Exit::NoDriver => 3,
+            Exit::Passed(code) => code,
         })
     }
 }

@@ -23,5 +23,6 @@ pub mod memory_release;
 pub mod pattern;
 pub mod recorder;
 pub mod sample_source;
+pub mod supervised_run;
 pub mod tui;
 pub mod units;

@@ -71,9 +71,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// `vramctl: warning: <line>` on stderr (nothing when stderr is closed).
+pub(crate) fn print_warning(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "vramctl: warning: {line}");
+}
+
 /// `vramctl: error: <line>` on stderr; nothing (and no panic, as `eprintln!` would) when
 /// stderr is closed.
-fn print_error(line: &str) {
+pub(crate) fn print_error(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "vramctl: error: {line}");
 }
