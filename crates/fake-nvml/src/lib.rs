@@ -14,6 +14,8 @@
 //!   exist), which nvml-wrapper depends on;
 //! - `nvmlDeviceGetMemoryInfo_v2` keeps `total = reserved + used + free`;
 //! - a `real = true` process disappears, memory freed, once its PID exits;
+//! - `FAKE_NVML_PROCESS_DIR` announces real processes at run time, a file per PID
+//!   (`process_dir.rs`), read afresh at every call that answers processes or memory;
 //! - every call is counted (`calls.rs`): `fakeNvmlGetCallCount`, `FAKE_NVML_CALL_COUNTS`.
 
 // Exporting a C ABI is unsafe by nature: `#[unsafe(no_mangle)]` symbols and raw pointers
@@ -28,6 +30,7 @@ mod codes;
 mod exports;
 mod ffi;
 mod func;
+mod process_dir;
 mod scenario;
 mod size;
 mod state;
@@ -36,6 +39,7 @@ mod timeline;
 use std::path::PathBuf;
 
 pub use calls::ENV_CALL_COUNTS;
+pub use process_dir::ENV_PROCESS_DIR;
 pub use scenario::{LoadError, Scenario};
 pub use state::{ENV_CLOCK_FILE, ENV_SCENARIO, ENV_TIME};
 

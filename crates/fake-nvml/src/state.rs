@@ -15,6 +15,7 @@ use nvml_wrapper_sys::bindings::{nvmlDevice_st, nvmlDevice_t};
 use crate::clock::{Clock, ClockEnv};
 use crate::codes::{self, Ret};
 use crate::func::Func;
+use crate::process_dir::{DirProcess, ProcessDir};
 use crate::scenario::{
     Gpu, MemoryInfoFault, MigInstance, NO_INSTANCE, Process, ProcessKind, Scenario,
 };
@@ -76,6 +77,8 @@ pub struct Loaded {
     pub epoch_us: u64,
     /// The driver went away under this session (`[driver_reload]`): every call fails.
     pub broken: Option<Ret>,
+    /// `FAKE_NVML_PROCESS_DIR`: real processes announced at run time (`process_dir.rs`).
+    pub process_dir: Option<ProcessDir>,
 }
 
 /// One line on stderr, the only output the library ever makes.
@@ -135,6 +138,7 @@ impl State {
             clock,
             epoch_us,
             broken: None,
+            process_dir: ProcessDir::from_env(),
         });
         self.init_count = 1;
         self.scenario_path = Some(path);
@@ -281,8 +285,9 @@ impl ProcessList {
     }
 }
 
-/// A process's state on a real host. Only `real = true` processes are looked up.
-fn real_process_gone(pid: u32) -> bool {
+/// A process's state on a real host. Only `real = true` processes and those of
+/// `FAKE_NVML_PROCESS_DIR` are looked up.
+pub(crate) fn real_process_gone(pid: u32) -> bool {
     match std::fs::read(format!("/proc/{pid}/stat")) {
         // Not there (or dying: reading a vanishing task's stat fails with ESRCH).
         Err(e) => e.kind() != std::io::ErrorKind::PermissionDenied,
@@ -370,8 +375,16 @@ impl Loaded {
         })
     }
 
+    /// The processes `FAKE_NVML_PROCESS_DIR` announces now, read afresh (none without it).
+    fn dir_processes(&mut self) -> Vec<DirProcess> {
+        self.process_dir
+            .as_mut()
+            .map(ProcessDir::live)
+            .unwrap_or_default()
+    }
+
     /// The name `nvmlSystemGetProcessName` gives a PID: a live scenario process's `name`,
-    /// or a live `real` process's /proc comm.
+    /// or a live `real` (or process-directory) process's /proc comm.
     pub fn process_name(&mut self, pid: u32) -> R<String> {
         let t = self.now();
         for gpu in 0..self.scenario.gpus.len() {
@@ -390,6 +403,14 @@ impl Loaded {
                     }
                 }
             }
+        }
+        let gpus = self.scenario.gpus.len();
+        let announced = self
+            .dir_processes()
+            .iter()
+            .any(|p| p.pid == pid && p.gpus.iter().any(|(g, _)| *g < gpus));
+        if announced && let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            return Ok(comm.trim_end().to_owned());
         }
         Err(codes::NOT_FOUND)
     }
@@ -461,13 +482,36 @@ impl Device<'_> {
             .filter(move |p| is_live(p, t) && (mig.is_none() || p.mig_slot == mig))
     }
 
+    /// `(pid, bytes)` of the `FAKE_NVML_PROCESS_DIR` processes on this device, read
+    /// afresh. Only the whole GPU lists them (a file names no MIG device); a PID the scenario
+    /// already lists live on this GPU keeps the scenario's entry, as the driver lists a PID
+    /// once.
+    fn announced_processes(&mut self) -> Vec<(u32, u64)> {
+        if self.mig.is_some() {
+            return Vec::new();
+        }
+        let announced = self.loaded.dir_processes();
+        if announced.is_empty() {
+            return Vec::new();
+        }
+        let scenario_pids: Vec<u32> = self.live_processes().map(|p| p.pid).collect();
+        let gpu = self.gpu;
+        announced
+            .iter()
+            .filter(|p| !scenario_pids.contains(&p.pid))
+            .filter_map(|p| p.on_gpu(gpu).map(|bytes| (p.pid, bytes)))
+            .collect()
+    }
+
     /// Memory info in v2 terms (`total = reserved + used + free`), faults applied.
     pub fn memory(&mut self) -> R<Memory> {
         let t = self.t();
+        let announced = self.announced_processes();
         // NVML_VALUE_NOT_AVAILABLE entries carry no number to add up.
         let listed: u64 = self
             .live_processes()
             .map(|p| process_memory(p, t))
+            .chain(announced.iter().map(|(_, bytes)| *bytes))
             .filter(|m| *m != u64::MAX)
             .fold(0, u64::saturating_add);
         // Exited processes whose descriptors live on in a holder: still used, no longer
@@ -534,6 +578,11 @@ impl Device<'_> {
     pub fn processes(&mut self, list: ProcessList) -> Vec<ProcessEntry> {
         let t = self.t();
         let mig_on = self.gpu().mig_enabled();
+        // Announced processes are compute processes (what a CUDA job is).
+        let announced = match list {
+            ProcessList::Compute => self.announced_processes(),
+            ProcessList::Graphics | ProcessList::Mps => Vec::new(),
+        };
         self.live_processes()
             .filter(|p| list.includes(p.kind))
             .map(|p| ProcessEntry {
@@ -550,6 +599,12 @@ impl Device<'_> {
                     NO_INSTANCE
                 },
             })
+            .chain(announced.iter().map(|&(pid, used_memory)| ProcessEntry {
+                pid,
+                used_memory,
+                gpu_instance_id: NO_INSTANCE,
+                compute_instance_id: NO_INSTANCE,
+            }))
             .collect()
     }
 
@@ -567,6 +622,7 @@ impl Device<'_> {
         if timestamp <= last_seen_us {
             return Vec::new();
         }
+        let announced = self.announced_processes();
         self.live_processes()
             .map(|p| {
                 let local = t - p.start_s;
@@ -577,6 +633,8 @@ impl Device<'_> {
                     percent(p.mem_util.at(local)),
                 )
             })
+            // An announced process is a scenario process with no utilization timelines: 0 %.
+            .chain(announced.iter().map(|&(pid, _)| (pid, timestamp, 0, 0)))
             .collect()
     }
 }
@@ -628,6 +686,7 @@ mod tests {
             clock: Clock::Fixed { t },
             epoch_us: 1_000_000,
             broken: None,
+            process_dir: None,
         }
     }
 
@@ -831,6 +890,61 @@ mod tests {
         let mut l = loaded(text, 0.0);
         assert_eq!(device(&mut l, 0, None).memory().expect("memory").used, 0);
         assert!(l.scenario.gpus[0].processes[0].released);
+    }
+
+    #[test]
+    fn announced_processes_count_on_the_gpus_they_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let own = std::process::id();
+        // Our own PID: on GPU 0 (the scenario lists it too, with MIG off), GPU 1 (MIG on)
+        // and GPU 5, which does not exist: that line names no device, and nothing fails.
+        std::fs::write(dir.path().join(own.to_string()), "0 7\n1 40\n5 1\n").expect("write");
+        let text = format!(
+            "[[gpu]]\nmemory_total = 100\n[[gpu.process]]\npid = {own}\nreal = true\nmemory = 3\n\
+             [[gpu]]\nmemory_total = 100\nmig = {{ current = 1, pending = 1 }}\n\
+             [[gpu.mig_instance]]\ngpu_instance_id = 1\nmemory_total = 50\n"
+        );
+        let mut l = loaded(&text, 0.0);
+        l.process_dir = Some(ProcessDir::new(dir.path().to_path_buf()));
+        // The scenario's entry wins on GPU 0: the driver lists a PID once.
+        let gpu0 = device(&mut l, 0, None).processes(ProcessList::Compute);
+        assert_eq!(gpu0.len(), 1);
+        assert_eq!(gpu0[0].used_memory, 3);
+        assert_eq!(device(&mut l, 0, None).memory().expect("memory").used, 3);
+        // GPU 1: listed on the whole GPU, compute only, in no MIG device.
+        let gpu1 = device(&mut l, 1, None).processes(ProcessList::Compute);
+        assert_eq!(
+            gpu1,
+            [ProcessEntry {
+                pid: own,
+                used_memory: 40,
+                gpu_instance_id: NO_INSTANCE,
+                compute_instance_id: NO_INSTANCE
+            }]
+        );
+        assert_eq!(device(&mut l, 1, None).memory().expect("memory").used, 40);
+        assert!(
+            device(&mut l, 1, None)
+                .processes(ProcessList::Graphics)
+                .is_empty()
+        );
+        assert!(
+            device(&mut l, 1, Some(0))
+                .processes(ProcessList::Compute)
+                .is_empty()
+        );
+        assert_eq!(device(&mut l, 1, Some(0)).memory().expect("mig").used, 0);
+        assert_eq!(
+            device(&mut l, 1, None).utilization_samples(0),
+            [(own, 1_000_000, 0, 0)]
+        );
+        assert!(!l.process_name(own).expect("comm").is_empty());
+        std::fs::remove_file(dir.path().join(own.to_string())).expect("remove");
+        assert!(
+            device(&mut l, 1, None)
+                .processes(ProcessList::Compute)
+                .is_empty()
+        );
     }
 
     #[test]

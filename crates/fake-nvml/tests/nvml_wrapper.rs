@@ -48,6 +48,7 @@ fn serial() -> MutexGuard<'static, ()> {
         std::env::remove_var(fake_nvml::ENV_TIME);
         std::env::remove_var(fake_nvml::ENV_CLOCK_FILE);
         std::env::remove_var(fake_nvml::ENV_CALL_COUNTS);
+        std::env::remove_var(fake_nvml::ENV_PROCESS_DIR);
     }
     guard
 }
@@ -674,6 +675,121 @@ fn real_pid_disappears_and_frees_its_memory() {
         [31999]
     );
     assert_eq!(d.memory_info().expect("memory").used, GIB);
+    assert!(matches!(
+        nvml.sys_process_name(pid, 64),
+        Err(NvmlError::NotFound)
+    ));
+}
+
+/// Waits (at most 10 s) until the killed child `pid` is a zombie: SIGKILL is not instant.
+fn wait_until_zombie(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state == Some("Z") || std::time::Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// `used` of the v1 memory call (nvml-wrapper asks v2 only), GPU `index`, raw.
+fn memory_v1_used(index: c_uint) -> u64 {
+    let lib = raw_lib();
+    // SAFETY: the NVML signatures from the header; both out-pointers are valid.
+    unsafe {
+        let by_index = lib
+            .get::<unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> c_uint>(
+                b"nvmlDeviceGetHandleByIndex_v2\0",
+            )
+            .expect("by index");
+        let mem1 = lib
+            .get::<unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> c_uint>(
+                b"nvmlDeviceGetMemoryInfo\0",
+            )
+            .expect("memory v1");
+        let mut dev: nvmlDevice_t = std::ptr::null_mut();
+        assert_eq!(by_index(index, &mut dev), 0);
+        let mut m1 = nvmlMemory_t {
+            total: 0,
+            free: 0,
+            used: 0,
+        };
+        assert_eq!(mem1(dev, &mut m1), 0);
+        m1.used
+    }
+}
+
+#[test]
+fn a_pid_announced_in_the_process_dir_holds_memory_until_it_exits() {
+    let _serial = serial();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
+    let pid = child.id();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let procs = dir.path().join("procs");
+    let path = dir.path().join("dir.toml");
+    let scenario = "[[gpu]]\nmemory_total = \"80 GiB\"\n\
+                    [[gpu.process]]\npid = 31999\nname = \"fictional\"\nmemory = \"1 GiB\"\n";
+    std::fs::write(&path, scenario).expect("write scenario");
+    // Read at init, like the other variables; the directory itself may come later.
+    set_env(fake_nvml::ENV_PROCESS_DIR, &procs);
+    let nvml = init_ok(&path);
+    let d = nvml.device_by_index(0).expect("gpu 0");
+    assert_eq!(
+        pids(&d.running_compute_processes().expect("procs")),
+        [31999]
+    );
+    let before = d.memory_info().expect("memory").used;
+
+    std::fs::create_dir(&procs).expect("mkdir");
+    std::fs::write(procs.join(format!("{pid}.tmp")), "0 1073741824\n").expect("write");
+    assert_eq!(
+        pids(&d.running_compute_processes().expect("procs")),
+        [31999],
+        "a .tmp file is a writer's, not yet an announcement"
+    );
+    std::fs::rename(
+        procs.join(format!("{pid}.tmp")),
+        procs.join(pid.to_string()),
+    )
+    .expect("rename");
+    let listed = d.running_compute_processes().expect("procs");
+    assert_eq!(pids(&listed), [31999, pid]);
+    assert_eq!(listed[1].used_gpu_memory, UsedGpuMemory::Used(GIB));
+    assert_eq!(d.memory_info().expect("memory").used, before + GIB);
+    assert_eq!(memory_v1_used(0), before + GIB, "v1 counts it too");
+    assert_eq!(nvml.sys_process_name(pid, 64).expect("name"), "sleep");
+
+    // No caching: a changed file is what the next call answers; a malformed one is absent.
+    std::fs::write(procs.join(pid.to_string()), "0 3221225472\n").expect("rewrite");
+    assert_eq!(d.memory_info().expect("memory").used, before + 3 * GIB);
+    std::fs::write(procs.join(pid.to_string()), "0 3 GiB\n").expect("rewrite");
+    assert_eq!(
+        pids(&d.running_compute_processes().expect("procs")),
+        [31999]
+    );
+    std::fs::write(procs.join(pid.to_string()), "0 2147483648\n").expect("rewrite");
+    assert_eq!(d.memory_info().expect("memory").used, before + 2 * GIB);
+
+    // Killed, not yet reaped: a zombie holds no GPU memory.
+    child.kill().expect("kill");
+    wait_until_zombie(pid);
+    assert_eq!(
+        pids(&d.running_compute_processes().expect("procs")),
+        [31999]
+    );
+    assert_eq!(d.memory_info().expect("memory").used, before);
+    child.wait().expect("wait");
+    assert_eq!(
+        pids(&d.running_compute_processes().expect("procs")),
+        [31999]
+    );
     assert!(matches!(
         nvml.sys_process_name(pid, 64),
         Err(NvmlError::NotFound)
