@@ -17,6 +17,7 @@ mod ps;
 mod real_processes;
 mod reap;
 mod reclaim;
+mod run;
 mod record;
 mod serve;
 mod status;
