@@ -1,0 +1,893 @@
+//! `vramctl fit`'s search: which value to try next, from the outcomes and measured peaks of
+//! the trials so far, until the largest value that fits is known (issue 15).
+//!
+//! A pure state machine with no I/O: the caller runs each trial (a fresh process under
+//! `run`'s monitoring), calls [`Search::record`] with what it measured, and asks
+//! [`Search::next`] again. The same history always gives the same answer.
+//!
+//! A value is **ok** when its trial succeeded and, with a margin, its peak on every device
+//! stayed at or under `(1 − margin)·capacity` (the peak figure: NVML's, else the
+//! framework's reserved peak; with neither, success alone decides). Anything else is
+//! **bad**. Memory is assumed monotone in the value, so the search keeps a bracket
+//! (largest ok, smallest bad) and never proposes a value outside it, outside the range, or
+//! twice. The answer is always a value that was tried and was ok — never a prediction.
+//!
+//! Two strategies: [`Strategy::Bisect`], the classic baseline (low, high, then midpoints),
+//! and [`Strategy::Model`], which fits how each device's memory grows with the value and
+//! aims at the predicted edge, then confirms it with one trial (see [`Search`]).
+
+mod model;
+#[cfg(test)]
+mod simulation;
+
+pub use model::{Curve, DeviceModel, Figure, MAX_RELATIVE_RESIDUAL, Verdict};
+
+use serde::Serialize;
+
+/// How the search chooses its trials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Fit memory against the value and aim at the predicted edge.
+    Model,
+    /// Classic bisection: `low`, `high`, then midpoints.
+    Bisect,
+}
+
+/// What the user asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SearchSettings {
+    /// `--range low..high`, inclusive, `1 <= low <= high`.
+    pub low: u64,
+    pub high: u64,
+    /// Fraction of capacity to leave free, `0.0 ≤ margin < 0.5` (`--margin 5%` = 0.05).
+    pub margin: f64,
+    /// Stop when `bad − ok ≤ max(1, tolerance·ok)`; `0.0` is exact, `< 0.5`.
+    pub tolerance: f64,
+    pub strategy: Strategy,
+}
+
+/// What one trial's monitoring measured on one GPU it used (devices matched by uuid).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceMeasure {
+    pub uuid: String,
+    /// What this job could use on it: total − driver-reserved − other processes at trial start.
+    pub capacity_bytes: u64,
+    /// The trial's process tree's peak in NVML (context + framework pool).
+    pub nvml_peak_bytes: Option<u64>,
+    /// The framework's reserved peak (PyTorch `max_memory_reserved`) via the agent.
+    pub reserved_peak_bytes: Option<u64>,
+    /// The framework's allocated peak via the agent.
+    pub allocated_peak_bytes: Option<u64>,
+}
+
+impl DeviceMeasure {
+    /// The peak figure of the ok rule and the conservative demand: NVML's, else reserved.
+    fn peak_bytes(&self) -> Option<u64> {
+        self.nvml_peak_bytes.or(self.reserved_peak_bytes)
+    }
+
+    /// Allocated plus what lies outside the framework's pool (NVML − reserved, ≥ 0): the
+    /// job's need when its allocator's cache is squeezed out. Needs all three figures.
+    fn optimistic_bytes(&self) -> Option<u64> {
+        let (nvml, reserved, allocated) = (
+            self.nvml_peak_bytes?,
+            self.reserved_peak_bytes?,
+            self.allocated_peak_bytes?,
+        );
+        Some(allocated.saturating_add(nvml.saturating_sub(reserved)))
+    }
+}
+
+/// How a trial ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome", content = "devices")]
+pub enum Outcome {
+    Succeeded(Vec<DeviceMeasure>),
+    OutOfMemory(Vec<DeviceMeasure>),
+}
+
+/// Why a value is proposed (for the progress display and the report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// A small value whose peak feeds the model.
+    Calibrate,
+    /// Just under the model's predicted edge.
+    Predicted,
+    /// One step past the last ok (or below the last bad) that closes the bracket if the
+    /// model was right.
+    Confirm,
+    /// A step doubled after a confirmation that did not close the bracket.
+    Gallop,
+    /// The midpoint of the bracket.
+    Bisect,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Next {
+    Try { value: u64, reason: Reason },
+    Done(Conclusion),
+}
+
+/// How the search ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Conclusion {
+    /// The largest value that was ok; the bracket closed above it.
+    Found { value: u64 },
+    /// `high` itself was ok.
+    TopOfRange { value: u64 },
+    /// `low` was out of memory (or over the margin).
+    NothingFits,
+}
+
+/// The model as fitted now, for the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSummary {
+    /// One fit per device and constraint: the out-of-memory edge (capacity) and, with a
+    /// margin, the margin's edge (usable).
+    pub devices: Vec<DeviceModel>,
+    /// The smallest trusted prediction over them; `None` when none is trusted.
+    pub prediction: Option<u64>,
+    /// The value the search aims at for that prediction (a little below it).
+    pub aim: Option<u64>,
+}
+
+/// Settings the search cannot work with.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SearchError {
+    #[error(
+        "range '{low}..{high}' starts below 1: the value must be at least 1, e.g. --range 1..{high}"
+    )]
+    RangeBelowOne { low: u64, high: u64 },
+    #[error(
+        "range '{low}..{high}' is empty: give the smaller bound first, e.g. --range {high}..{low}"
+    )]
+    RangeEmpty { low: u64, high: u64 },
+    #[error(
+        "margin '{percent}%' is out of bounds: give a margin from 0% to below 50%, e.g. --margin 5%"
+    )]
+    Margin { percent: f64 },
+    #[error(
+        "tolerance '{tolerance}' is out of bounds: give a fraction from 0 (exact) to below 0.5, e.g. 0.02 for 2 %"
+    )]
+    Tolerance { tolerance: f64 },
+}
+
+/// One recorded trial.
+#[derive(Debug, Clone)]
+struct Trial {
+    value: u64,
+    ok: bool,
+    succeeded: bool,
+    devices: Vec<DeviceMeasure>,
+    /// What the search had proposed, when the value recorded is the one it proposed.
+    proposal: Option<Proposal>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// From the largest ok upward.
+    Up,
+    /// From the smallest bad downward.
+    Down,
+    /// Neither (calibration, prediction, midpoint).
+    Neither,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Proposal {
+    value: u64,
+    reason: Reason,
+    direction: Direction,
+    /// Distance from the bracket end it stepped from (for doubling a gallop).
+    step: u64,
+}
+
+/// The search.
+///
+/// # `Strategy::Model`, as built
+/// 1. **Calibrate** at `low`, then at `v2 = floor(low · 0.5 · usable / demand₁)` (min over
+///    devices), where `demand₁` is trial 1's conservative figure. The 0.5 is a safety
+///    factor argued, not fitted: even if *all* of trial 1's memory scaled with the value
+///    (no fixed part, `a = 0`), `v2` would use half the usable memory, so the second point
+///    fits and lies far enough from the first for a usable slope. When `v2 ≤ low + 1` (or
+///    trial 1 reported no figures) the value doubles instead.
+/// 2. **Predict** per device with a least-squares fit over every *succeeded* trial (an ok
+///    one or one over the margin: both measured a full peak; an out-of-memory trial's peak
+///    is cut short). Two constraints, each fitted with the figure that decides it:
+///    no out-of-memory — the *optimistic* figure (allocated + non-pool memory) when every
+///    succeeded trial has the agent's figures, else the *conservative* one (NVML peak),
+///    against the capacity; and with a margin, the ok rule itself — the conservative figure
+///    (the one the rule checks) against `usable = (1 − margin)·capacity`. The prediction
+///    is the minimum over devices and constraints.
+/// 3. **Check the fit** with three or more points (`model::fit_device`): a line with a
+///    relative residual over [`MAX_RELATIVE_RESIDUAL`], a slope ≤ 0, or a quadratic term
+///    worth more than that share of the limit at the edge is not extrapolated; a convex
+///    quadratic within the bound is used instead, else the search brackets.
+/// 4. **Aim** a little below the prediction `v`: the smallest `p ≥ floor(v·(1 − tol/2))`
+///    whose confirmation step `p + max(1, floor(tol·p))` passes `v`. A prediction right
+///    to within about ±tol/2 is then settled by one more trial.
+/// 5. **Confirm / gallop**: after an ok prediction the next trial is
+///    `ok + max(1, floor(tol·ok))` — a failure there closes the bracket; after a bad one,
+///    the smallest value whose success closes it, about `bad / (1 + tol)`. An upward
+///    confirmation that succeeds is followed by steps that double; one that would cross
+///    the middle of a known bracket, a direction reversed, or a downward confirmation
+///    that fails too (the model is off by more than the tolerance and has no new point
+///    to say by how much) bisects instead. At every step a refitted
+///    prediction strictly inside the bracket (new information: a prediction that failed
+///    and was not refitted is not inside) is used when it moves further than the step.
+/// 6. **Stop** when the bracket closes (`bad − ok ≤ max(1, tol·ok)`), `high` is ok or `low`
+///    is bad.
+#[derive(Debug, Clone)]
+pub struct Search {
+    settings: SearchSettings,
+    trials: Vec<Trial>,
+}
+
+impl Search {
+    /// A search over `settings`.
+    ///
+    /// # Errors
+    /// When the range is empty or starts at 0, or the margin or tolerance is out of bounds.
+    pub fn new(settings: SearchSettings) -> Result<Search, SearchError> {
+        let SearchSettings {
+            low,
+            high,
+            margin,
+            tolerance,
+            ..
+        } = settings;
+        if low < 1 {
+            return Err(SearchError::RangeBelowOne { low, high });
+        }
+        if low > high {
+            return Err(SearchError::RangeEmpty { low, high });
+        }
+        if !(0.0..0.5).contains(&margin) {
+            return Err(SearchError::Margin {
+                percent: margin * 100.0,
+            });
+        }
+        if !(0.0..0.5).contains(&tolerance) {
+            return Err(SearchError::Tolerance { tolerance });
+        }
+        Ok(Search {
+            settings,
+            trials: Vec::new(),
+        })
+    }
+
+    /// The settings it runs under.
+    #[must_use]
+    pub fn settings(&self) -> &SearchSettings {
+        &self.settings
+    }
+
+    /// The value to try next, or the conclusion. Pure: asking twice without a `record`
+    /// between gives the same answer. (Named by the brief's interface; not an iterator:
+    /// it does not advance.)
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Next {
+        match self.decide() {
+            Decision::Try(p) => Next::Try {
+                value: p.value,
+                reason: p.reason,
+            },
+            Decision::Done(c) => Next::Done(c),
+        }
+    }
+
+    /// Records how the trial at `value` ended (normally the value `next` proposed).
+    pub fn record(&mut self, value: u64, outcome: Outcome) {
+        let proposal = match self.decide() {
+            Decision::Try(p) if p.value == value => Some(p),
+            _ => None,
+        };
+        let (succeeded, devices) = match outcome {
+            Outcome::Succeeded(d) => (true, d),
+            Outcome::OutOfMemory(d) => (false, d),
+        };
+        let ok = succeeded && self.within_margin(&devices);
+        self.trials.push(Trial {
+            value,
+            ok,
+            succeeded,
+            devices,
+            proposal,
+        });
+    }
+
+    /// Whether the trial at `value` was ok (`None` when it was not tried).
+    #[must_use]
+    pub fn was_ok(&self, value: u64) -> Option<bool> {
+        self.trials.iter().find(|t| t.value == value).map(|t| t.ok)
+    }
+
+    /// (largest ok, smallest bad) within the range. An ok value above the smallest bad
+    /// (a non-monotone job, or noise at the edge) is not counted as the largest ok.
+    #[must_use]
+    pub fn bracket(&self) -> (Option<u64>, Option<u64>) {
+        let in_range = |t: &&Trial| (self.settings.low..=self.settings.high).contains(&t.value);
+        let bad = self
+            .trials
+            .iter()
+            .filter(in_range)
+            .filter(|t| !t.ok)
+            .map(|t| t.value)
+            .min();
+        let ok = self
+            .trials
+            .iter()
+            .filter(in_range)
+            .filter(|t| t.ok && bad.is_none_or(|b| t.value < b))
+            .map(|t| t.value)
+            .max();
+        (ok, bad)
+    }
+
+    /// The fitted model for the report; `None` before any trial succeeded with figures.
+    #[must_use]
+    pub fn model(&self) -> Option<ModelSummary> {
+        let devices = self.fits();
+        if devices.is_empty() {
+            return None;
+        }
+        let prediction = devices
+            .iter()
+            .filter(|d| d.verdict == Verdict::Trusted)
+            .filter_map(|d| d.prediction)
+            .min();
+        Some(ModelSummary {
+            devices,
+            prediction,
+            aim: prediction.map(|v| self.aim(v)),
+        })
+    }
+
+    fn within_margin(&self, devices: &[DeviceMeasure]) -> bool {
+        let margin = self.settings.margin;
+        if margin <= 0.0 {
+            return true;
+        }
+        devices.iter().all(|d| {
+            d.peak_bytes().is_none_or(|peak| {
+                #[allow(clippy::cast_precision_loss)]
+                let fits = peak as f64 <= (1.0 - margin) * d.capacity_bytes as f64;
+                fits
+            })
+        })
+    }
+
+    fn usable_bytes(&self, capacity_bytes: u64) -> u64 {
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let usable = ((1.0 - self.settings.margin) * capacity_bytes as f64).floor() as u64;
+        usable
+    }
+
+    /// One fit per device and constraint (see the type's docs, step 2).
+    fn fits(&self) -> Vec<DeviceModel> {
+        let succeeded: Vec<&Trial> = self.trials.iter().filter(|t| t.succeeded).collect();
+        let mut uuids: Vec<&str> = Vec::new();
+        for t in &succeeded {
+            for d in &t.devices {
+                if !uuids.contains(&d.uuid.as_str()) {
+                    uuids.push(&d.uuid);
+                }
+            }
+        }
+        let high = self.settings.high;
+        let mut out = Vec::new();
+        for uuid in uuids {
+            let on_device: Vec<(u64, &DeviceMeasure)> = succeeded
+                .iter()
+                .filter_map(|t| {
+                    t.devices
+                        .iter()
+                        .find(|d| d.uuid == uuid)
+                        .map(|d| (t.value, d))
+                })
+                .collect();
+            // The latest trial's capacity: other processes come and go between trials.
+            let Some(capacity) = self
+                .trials
+                .iter()
+                .rev()
+                .find_map(|t| t.devices.iter().find(|d| d.uuid == uuid))
+                .map(|d| d.capacity_bytes)
+            else {
+                continue;
+            };
+            let conservative: Vec<(u64, u64)> = on_device
+                .iter()
+                .filter_map(|&(v, d)| d.peak_bytes().map(|y| (v, y)))
+                .collect();
+            if conservative.is_empty() {
+                continue;
+            }
+            let optimistic: Option<Vec<(u64, u64)>> = on_device
+                .iter()
+                .map(|&(v, d)| d.optimistic_bytes().map(|y| (v, y)))
+                .collect();
+            let oom_edge = match optimistic {
+                Some(points) => {
+                    model::fit_device(uuid, Figure::Optimistic, capacity, &points, high)
+                }
+                None => {
+                    model::fit_device(uuid, Figure::Conservative, capacity, &conservative, high)
+                }
+            };
+            let margin_edge = (self.settings.margin > 0.0).then(|| {
+                model::fit_device(
+                    uuid,
+                    Figure::Conservative,
+                    self.usable_bytes(capacity),
+                    &conservative,
+                    high,
+                )
+            });
+            // Without the agent at a margin, the capacity fit of the same figure is never
+            // the binding one: keep only the margin's.
+            match margin_edge {
+                Some(m) if oom_edge.figure == Figure::Conservative => out.push(m),
+                Some(m) => {
+                    out.push(oom_edge);
+                    out.push(m);
+                }
+                None => out.push(oom_edge),
+            }
+        }
+        out
+    }
+
+    /// The value aimed at for a prediction `v` (the type's docs, step 4).
+    fn aim(&self, v: u64) -> u64 {
+        let tol = self.settings.tolerance;
+        // A prediction at `high` means high fits with room by the model: try it.
+        if v >= self.settings.high {
+            return self.settings.high;
+        }
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let start = ((v as f64) * (1.0 - tol / 2.0)).floor() as u64;
+        // Smallest p in [start, v] with p + up_step(p) > v; p = v always qualifies.
+        let (mut lo, mut hi) = (start.min(v), v);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if mid.saturating_add(self.up_step(mid)) > v {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    }
+
+    /// `max(1, floor(tol·ok))`: the widest bracket above `ok` that counts as closed.
+    fn up_step(&self, ok: u64) -> u64 {
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let step = (self.settings.tolerance * ok as f64).floor() as u64;
+        step.max(1)
+    }
+
+    fn closes(&self, ok: u64, bad: u64) -> bool {
+        bad.saturating_sub(ok) <= self.up_step(ok)
+    }
+
+    /// The smallest value in (ok, bad) whose success would close the bracket below `bad`.
+    fn down_target(&self, ok: u64, bad: u64) -> u64 {
+        let (mut lo, mut hi) = (ok + 1, bad - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.closes(mid, bad) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    }
+
+    /// Whether `v` may be proposed: in range, strictly inside the bracket.
+    fn inside(&self, v: u64, ok: u64, bad: Option<u64>) -> bool {
+        v > ok && v <= self.settings.high && bad.is_none_or(|b| v < b)
+    }
+
+    fn decide(&self) -> Decision {
+        let s = &self.settings;
+        let (ok, bad) = self.bracket();
+        if bad.is_some_and(|b| b <= s.low) {
+            return Decision::Done(Conclusion::NothingFits);
+        }
+        let Some(lo) = ok else {
+            return Decision::Try(Proposal {
+                value: s.low,
+                reason: Reason::Calibrate,
+                direction: Direction::Neither,
+                step: 0,
+            });
+        };
+        if lo >= s.high {
+            return Decision::Done(Conclusion::TopOfRange { value: lo });
+        }
+        if bad.is_some_and(|b| self.closes(lo, b)) {
+            return Decision::Done(Conclusion::Found { value: lo });
+        }
+        let proposal = match s.strategy {
+            Strategy::Bisect => match bad {
+                None => Proposal {
+                    value: s.high,
+                    reason: Reason::Bisect,
+                    direction: Direction::Neither,
+                    step: 0,
+                },
+                Some(b) => self.bisect(lo, b),
+            },
+            Strategy::Model => self.model_step(lo, bad),
+        };
+        debug_assert!(
+            self.inside(proposal.value, lo, bad),
+            "{proposal:?} outside {ok:?}..{bad:?}"
+        );
+        Decision::Try(proposal)
+    }
+
+    fn bisect(&self, ok: u64, bad: u64) -> Proposal {
+        Proposal {
+            value: ok + (bad - ok) / 2,
+            reason: Reason::Bisect,
+            direction: Direction::Neither,
+            step: 0,
+        }
+    }
+
+    /// One step of `Strategy::Model` with the bracket open: `lo` ok, `bad` (if known) bad.
+    fn model_step(&self, lo: u64, bad: Option<u64>) -> Proposal {
+        let high = self.settings.high;
+        let aim = self
+            .model()
+            .and_then(|m| m.aim)
+            .filter(|&p| self.inside(p, lo, bad));
+        let predicted = |value| Proposal {
+            value,
+            reason: Reason::Predicted,
+            direction: Direction::Neither,
+            step: 0,
+        };
+        // The last trial is there: `lo` is known.
+        let last = self.trials.last();
+        let last_ok = last.is_some_and(|t| t.ok);
+        let from = last.and_then(|t| t.proposal);
+
+        // A move up from `lo` by `step` (capped at `high`; a midpoint when it would cross
+        // the middle of a known bracket), unless a refitted prediction goes further.
+        let up = |step: u64, reason: Reason| -> Proposal {
+            let target = lo.saturating_add(step).min(high);
+            let mut p = match bad {
+                Some(b) if target > lo + (b - lo) / 2 && reason == Reason::Gallop => {
+                    self.bisect(lo, b)
+                }
+                Some(b) if target >= b => self.bisect(lo, b),
+                _ => Proposal {
+                    value: target,
+                    reason,
+                    direction: Direction::Up,
+                    step: target - lo,
+                },
+            };
+            if let Some(a) = aim.filter(|&a| a > p.value) {
+                p = predicted(a);
+            }
+            p
+        };
+        // The one move down from a failed prediction `b` whose success closes the
+        // bracket; a refitted prediction inside the bracket wins.
+        let down = |b: u64| -> Proposal {
+            if let Some(a) = aim {
+                return predicted(a);
+            }
+            let target = self.down_target(lo, b);
+            Proposal {
+                value: target,
+                reason: Reason::Confirm,
+                direction: Direction::Down,
+                step: b - target,
+            }
+        };
+        let bisect_or_aim = |b: u64| aim.map_or_else(|| self.bisect(lo, b), predicted);
+
+        match (from.map(|p| (p.reason, p.direction)), bad) {
+            // After a prediction: the one trial that settles it.
+            (Some((Reason::Predicted, _)), _) if last_ok => up(self.up_step(lo), Reason::Confirm),
+            (Some((Reason::Predicted, _)), Some(b)) => down(b),
+            // A confirmation or gallop that kept going: double its step.
+            (Some((Reason::Confirm | Reason::Gallop, Direction::Up)), _) if last_ok => {
+                let step = from.map_or(1, |p| p.step).saturating_mul(2).max(1);
+                up(step, Reason::Gallop)
+            }
+            // A confirmation below a failed prediction that failed too, a reversed
+            // direction, or bisecting already: bisect on. (Not a doubling step down: the
+            // failed confirmation shows the model off by more than the tolerance, and with
+            // no new point it cannot say by how much, so halving the bracket is the
+            // search whose cost does not depend on where the truth lies.)
+            (Some((Reason::Confirm | Reason::Gallop | Reason::Bisect, _)), Some(b)) => {
+                bisect_or_aim(b)
+            }
+            // After calibration (or a trial the search did not propose).
+            (_, _) => {
+                if let Some(a) = aim {
+                    return predicted(a);
+                }
+                match bad {
+                    Some(b) => self.bisect(lo, b),
+                    None if self.model().is_none_or(|m| {
+                        m.devices.iter().all(|d| d.verdict == Verdict::TooFewPoints)
+                    }) =>
+                    {
+                        self.second_calibration(lo)
+                    }
+                    // The model does not predict (flat, poor fit): bracket by doubling.
+                    None => up(lo, Reason::Gallop),
+                }
+            }
+        }
+    }
+
+    /// Trial 2 (the type's docs, step 1), from the largest ok `lo` with no bad known.
+    fn second_calibration(&self, lo: u64) -> Proposal {
+        let high = self.settings.high;
+        let scaled = self.trials.iter().find(|t| t.value == lo).and_then(|t| {
+            t.devices
+                .iter()
+                .filter_map(|d| {
+                    let demand = d.peak_bytes().filter(|&y| y > 0)?;
+                    #[allow(
+                        clippy::cast_precision_loss,
+                        clippy::cast_possible_truncation,
+                        clippy::cast_sign_loss
+                    )]
+                    let v = (lo as f64 * 0.5 * self.usable_bytes(d.capacity_bytes) as f64
+                        / demand as f64)
+                        .floor()
+                        .min(u64::MAX as f64) as u64;
+                    Some(v)
+                })
+                .min()
+        });
+        match scaled {
+            Some(v) if v > lo + 1 => Proposal {
+                value: v.min(high),
+                reason: Reason::Calibrate,
+                direction: Direction::Neither,
+                step: 0,
+            },
+            // Too close to tell a slope, or no figures: grow by doubling.
+            Some(_) => Proposal {
+                value: lo.saturating_mul(2).min(high),
+                reason: Reason::Calibrate,
+                direction: Direction::Neither,
+                step: 0,
+            },
+            None => Proposal {
+                value: lo.saturating_mul(2).min(high),
+                reason: Reason::Gallop,
+                direction: Direction::Up,
+                step: lo,
+            },
+        }
+    }
+}
+
+enum Decision {
+    Try(Proposal),
+    Done(Conclusion),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn settings(strategy: Strategy) -> SearchSettings {
+        SearchSettings {
+            low: 1,
+            high: 4096,
+            margin: 0.0,
+            tolerance: 0.02,
+            strategy,
+        }
+    }
+
+    fn measured(nvml: u64) -> Vec<DeviceMeasure> {
+        vec![DeviceMeasure {
+            uuid: "GPU-0".to_owned(),
+            capacity_bytes: 100 * GIB,
+            nvml_peak_bytes: Some(nvml),
+            reserved_peak_bytes: None,
+            allocated_peak_bytes: None,
+        }]
+    }
+
+    #[test]
+    fn settings_out_of_bounds_are_refused_with_the_value_and_a_fix() {
+        let err = |s: SearchSettings| Search::new(s).expect_err("refused").to_string();
+        let base = settings(Strategy::Model);
+        assert_eq!(
+            err(SearchSettings {
+                low: 0,
+                ..base.clone()
+            }),
+            "range '0..4096' starts below 1: the value must be at least 1, e.g. --range 1..4096"
+        );
+        assert_eq!(
+            err(SearchSettings {
+                low: 64,
+                high: 8,
+                ..base.clone()
+            }),
+            "range '64..8' is empty: give the smaller bound first, e.g. --range 8..64"
+        );
+        assert_eq!(
+            err(SearchSettings {
+                margin: 0.5,
+                ..base.clone()
+            }),
+            "margin '50%' is out of bounds: give a margin from 0% to below 50%, e.g. --margin 5%"
+        );
+        assert!(
+            err(SearchSettings {
+                tolerance: f64::NAN,
+                ..base
+            })
+            .starts_with("tolerance 'NaN'")
+        );
+    }
+
+    #[test]
+    fn bisect_tries_low_then_high_then_midpoints() {
+        let mut s = Search::new(settings(Strategy::Bisect)).expect("valid");
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 1,
+                reason: Reason::Calibrate
+            }
+        );
+        s.record(1, Outcome::Succeeded(measured(GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 4096,
+                reason: Reason::Bisect
+            }
+        );
+        s.record(4096, Outcome::OutOfMemory(measured(100 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 2048,
+                reason: Reason::Bisect
+            }
+        );
+    }
+
+    #[test]
+    fn a_success_over_the_margin_is_bad() {
+        let mut s = Search::new(SearchSettings {
+            margin: 0.05,
+            ..settings(Strategy::Bisect)
+        })
+        .expect("valid");
+        s.record(1, Outcome::Succeeded(measured(GIB)));
+        // 96 GiB of 100 succeeded but leaves less than 5 % free.
+        s.record(4096, Outcome::Succeeded(measured(96 * GIB)));
+        assert_eq!(s.bracket(), (Some(1), Some(4096)));
+    }
+
+    #[test]
+    fn a_success_with_no_figures_is_ok_by_success_alone() {
+        let mut s = Search::new(SearchSettings {
+            margin: 0.05,
+            ..settings(Strategy::Model)
+        })
+        .expect("valid");
+        s.record(1, Outcome::Succeeded(Vec::new()));
+        assert_eq!(s.was_ok(1), Some(true));
+        // No figures to scale from: the second value doubles.
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 2,
+                reason: Reason::Gallop
+            }
+        );
+    }
+
+    #[test]
+    fn an_ok_above_a_bad_does_not_move_the_bracket() {
+        let mut s = Search::new(settings(Strategy::Bisect)).expect("valid");
+        s.record(1, Outcome::Succeeded(measured(GIB)));
+        s.record(100, Outcome::OutOfMemory(measured(100 * GIB)));
+        // A flaky success above the failure (noise at the edge) is not the answer.
+        s.record(200, Outcome::Succeeded(measured(90 * GIB)));
+        assert_eq!(s.bracket(), (Some(1), Some(100)));
+    }
+
+    #[test]
+    fn a_value_the_search_did_not_propose_is_recorded_and_never_proposed_again() {
+        let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+        s.record(1, Outcome::Succeeded(measured(11 * GIB)));
+        s.record(3, Outcome::Succeeded(measured(13 * GIB)));
+        // 10 GiB + 1 GiB·v under 100 GiB: the edge at 90; a step of 2 % is under 1, so
+        // the aim is the edge itself (90 ok, then 91 closes).
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 90,
+                reason: Reason::Predicted
+            }
+        );
+        // The caller ran 50 instead: it counts as a point, and nothing at or below it is
+        // proposed again.
+        s.record(50, Outcome::Succeeded(measured(60 * GIB)));
+        assert_eq!(s.bracket(), (Some(50), None));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 90,
+                reason: Reason::Predicted
+            }
+        );
+        s.record(90, Outcome::Succeeded(measured(100 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 91,
+                reason: Reason::Confirm
+            }
+        );
+    }
+
+    #[test]
+    fn the_second_calibration_uses_half_the_usable_memory_if_all_of_it_scaled() {
+        let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+        s.record(2, Outcome::Succeeded(measured(10 * GIB)));
+        // floor(2 · 0.5 · 100 / 10) = 10.
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 10,
+                reason: Reason::Calibrate
+            }
+        );
+    }
+
+    #[test]
+    fn the_model_summary_names_the_figure_and_the_prediction() {
+        let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+        s.record(1, Outcome::Succeeded(measured(11 * GIB)));
+        s.record(3, Outcome::Succeeded(measured(13 * GIB)));
+        let m = s.model().expect("fitted");
+        assert_eq!(m.prediction, Some(90));
+        assert_eq!(m.aim, Some(90));
+        assert_eq!(m.devices.len(), 1);
+        assert_eq!(m.devices[0].figure, Figure::Conservative);
+        assert_eq!(m.devices[0].verdict, Verdict::Trusted);
+    }
+}
