@@ -90,8 +90,10 @@ def build_llama(args):
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         use_cache=False,
-        attn_implementation="sdpa",
     )
+    # Set on the config rather than as a constructor keyword: the attribute works across
+    # transformers 4.4x-5.x; main() checks the built model really uses it.
+    config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config)
     return model, config.vocab_size
 
