@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# `vramctl fit` (model-based search) against an exhaustive bisection, on a real GPU (issue 15).
+#
+#   scripts/fit-h200.sh BINARY OUTDIR [CASES]        (run from anywhere; cd's to the repo root)
+#
+# For each case (default: gpt2 llama llama-ckpt resnet; or $FIT_CASES; or the 3rd argument)
+# it runs, each trial a fresh python3 scripts/fit/train.py process:
+#   1. BINARY fit --strategy bisect --range R --tolerance 0 --margin 0 --json -- ... --batch {}
+#      the exhaustive bisection: the true largest batch, the baseline;
+#   2. BINARY fit --range R --margin 0 --json -- ... --batch {}
+#      the model-based search (default tolerance 2 %);
+# with R = $FIT_RANGE (default 1..4096). It measures the largest batch each finds, its trials
+# and the wall time of each whole search (date +%s.%N around it, beside the JSON's own wall_s).
+#
+# Writes to OUTDIR: <case>-bisect.json, <case>-fit.json (vramctl's --json, verbatim),
+# <case>-{bisect,fit}.log (its stderr), wall.tsv (case, search, exit status, seconds; appended),
+# failures.log (searches that exited non-zero), env.txt (GPU, driver, library versions) and
+# summary.md (scripts/fit/summarize.py: case, answers, trials, times, within 2 %?, time ratio,
+# then every trial). summary.md covers every case in OUTDIR, so the cases can be run in
+# separate calls into one OUTDIR (one call is limited to 10 minutes on the device machine).
+# With FIT_RUN_CHECK=1 it also runs
+#   BINARY run --json --report OUTDIR/run-gpt2.json -- python3 scripts/fit/train.py --model gpt2 --batch 8
+# (its stdout, with train.py's peak_allocated/peak_reserved, in run-gpt2.stdout) so summary.md
+# puts run's peaks beside PyTorch's own.
+#
+# A case that fails is logged and the next one runs. Each search is capped by FIT_TIMEOUT_S
+# (default 540 s). Nothing here changes a GPU setting: it only runs workloads and reads nvidia-smi.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bin="$(realpath "${1:?usage: fit-h200.sh BINARY OUTDIR [CASES]}")"
+out="$(realpath -m "${2:?usage: fit-h200.sh BINARY OUTDIR [CASES]}")"
+cases="${3:-${FIT_CASES:-gpt2 llama llama-ckpt resnet}}"
+range="${FIT_RANGE:-1..4096}"
+timeout_s="${FIT_TIMEOUT_S:-540}"
+mkdir -p "$out"
+cd "$here/.."
+export PYTHONDONTWRITEBYTECODE=1
+[ -s "$out/wall.tsv" ] || printf 'case\tsearch\texit\twall_s\n' > "$out/wall.tsv"
+
+if [ ! -s "$out/env.txt" ]; then
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c 'import sys, torch, torchvision, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "torchvision", torchvision.__version__, "transformers", transformers.__version__)'
+    "$bin" --version
+  } > "$out/env.txt" 2>&1
+fi
+
+train_args() {
+  case "$1" in
+    gpt2) echo "--model gpt2" ;;
+    llama) echo "--model llama" ;;
+    llama-ckpt) echo "--model llama --checkpointing" ;;
+    resnet) echo "--model resnet" ;;
+    *) return 1 ;;
+  esac
+}
+
+# search CASE NAME FIT-OPTIONS... : one whole `vramctl fit`, timed, its JSON and stderr kept.
+search() {
+  local c="$1" name="$2"; shift 2
+  local args t0 t1 rc
+  args="$(train_args "$c")"
+  echo "== $c $name: $bin fit $* --json -- python3 scripts/fit/train.py $args --batch {}" >&2
+  t0="$(date +%s.%N)"
+  # shellcheck disable=SC2086  # $args is a list of words on purpose
+  timeout -k 10 "$timeout_s" "$bin" fit "$@" --json -- python3 scripts/fit/train.py $args --batch '{}' \
+    > "$out/$c-$name.json" 2> "$out/$c-$name.log"
+  rc=$?
+  t1="$(date +%s.%N)"
+  local wall; wall="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')"
+  printf '%s\t%s\t%s\t%s\n' "$c" "$name" "$rc" "$wall" >> "$out/wall.tsv"
+  echo "   exit $rc after ${wall} s" >&2
+  if [ "$rc" -ne 0 ]; then
+    local why=""
+    case "$rc" in 124 | 137) why=" (stopped at FIT_TIMEOUT_S=${timeout_s} s)" ;; esac
+    echo "$(date -Is) $c $name: exit $rc after ${wall} s$why; tail of $c-$name.log:" >> "$out/failures.log"
+    tail -n 20 "$out/$c-$name.log" >> "$out/failures.log"
+  fi
+}
+
+for c in $cases; do
+  if ! train_args "$c" > /dev/null; then
+    echo "$(date -Is) unknown case '$c' (gpt2, llama, llama-ckpt, resnet): skipped" | tee -a "$out/failures.log" >&2
+    continue
+  fi
+  search "$c" bisect --strategy bisect --range "$range" --tolerance 0 --margin 0
+  search "$c" fit --range "$range" --margin 0
+done
+
+if [ "${FIT_RUN_CHECK:-0}" = 1 ]; then
+  echo "== run check: $bin run --json --report $out/run-gpt2.json -- python3 scripts/fit/train.py --model gpt2 --batch 8" >&2
+  timeout -k 10 "$timeout_s" "$bin" run --json --report "$out/run-gpt2.json" -- \
+    python3 scripts/fit/train.py --model gpt2 --batch 8 > "$out/run-gpt2.stdout" 2> "$out/run-gpt2.log"
+  rc=$?
+  echo "   exit $rc" >&2
+  [ "$rc" -eq 0 ] || echo "$(date -Is) run check: exit $rc (see run-gpt2.log)" >> "$out/failures.log"
+fi
+
+python3 scripts/fit/summarize.py fit "$out" || echo "$(date -Is) summarize.py failed" >> "$out/failures.log"
+cat "$out/summary.md" 2>/dev/null | sed -n '1,20p'

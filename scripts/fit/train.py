@@ -1,0 +1,170 @@
+"""One short training run at a given batch size: the trial command of `vramctl fit` (issue 15).
+
+    python3 scripts/fit/train.py --model {gpt2,llama,resnet} --batch N [--steps 2]
+                                 [--seq L] [--checkpointing]
+
+Models (random weights, built from a config: the GPU machine has no internet):
+  gpt2    transformers GPT2LMHeadModel(GPT2Config()), 124M, seq 1024, labels = input ids
+  llama   transformers LlamaForCausalLM, TinyLlama-1.1B shapes (hidden 2048, intermediate
+          5632, 22 layers, 32 heads, 4 kv heads, vocab 32000), seq 2048, attention sdpa;
+          --checkpointing turns on gradient checkpointing
+  resnet  torchvision resnet50(), 224x224 random images, 1000 classes, cross-entropy
+Every model: fp32 weights built directly on the GPU, bf16 autocast, AdamW, --steps optimizer
+steps (default 2: the optimizer state appears at the first step(), so step 0 alone is not the
+peak), random data made on the GPU, seed 0.
+
+On success it prints one line on stdout and exits 0:
+    ok batch=N peak_allocated=BYTES peak_reserved=BYTES model=M seq=L steps=S attn=A init_s=X steps_s=Y
+(peaks from torch.cuda.max_memory_allocated/reserved; init_s is process start -> model and
+optimizer ready, steps_s the training steps). An out-of-memory error is NOT caught: PyTorch's
+torch.OutOfMemoryError and its message go to stderr and the exit status is non-zero, which is
+what `vramctl fit` classifies as "does not fit".
+"""
+import argparse
+import time
+
+T_START = time.monotonic()
+
+import torch  # noqa: E402  (after T_START so init_s includes the import)
+
+SEED = 0
+DEFAULT_SEQ = {"gpt2": 1024, "llama": 2048, "resnet": 224}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, choices=sorted(DEFAULT_SEQ))
+    p.add_argument("--batch", required=True, type=int)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--seq", type=int, help="sequence length (image side for resnet); default per model")
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (llama, gpt2)")
+    args = p.parse_args()
+    if args.batch < 1:
+        p.error(f"--batch must be at least 1, got '{args.batch}'")
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got '{args.steps}'")
+    if args.checkpointing and args.model == "resnet":
+        p.error("--checkpointing is for the transformers models (gpt2, llama), not 'resnet'")
+    args.seq = args.seq or DEFAULT_SEQ[args.model]
+    return args
+
+
+def warm_up_library_handles():
+    """Create the cuBLAS/cuBLASLt/cuDNN handles while the GPU is still empty.
+
+    Those handles (and their small device buffers) are allocated outside PyTorch's caching
+    allocator on the first matmul/conv of each thread, backward's autograd thread included. Made
+    lazily on a nearly full GPU they fail as CUBLAS_STATUS_ALLOC_FAILED / a cuDNN status instead
+    of torch.OutOfMemoryError, which would read as "some other failure" to `fit`. A tiny forward
+    and backward through a Linear and a Conv2d under the same autocast makes them now.
+    """
+    lin = torch.nn.Linear(8, 8)
+    conv = torch.nn.Conv2d(3, 8, 3)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = lin(conv(x).mean(dim=(2, 3))).float().sum()
+    y.backward()
+    torch.cuda.synchronize()
+
+
+def build_gpt2(args):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    # use_cache off: a training step has no use for the key/value cache.
+    config = GPT2Config(n_positions=max(1024, args.seq), use_cache=False)
+    model = GPT2LMHeadModel(config)
+    return model, config.vocab_size
+
+
+def build_llama(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        max_position_embeddings=max(2048, args.seq),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
+    # Set on the config rather than as a constructor keyword: the attribute works across
+    # transformers 4.4x-5.x; main() checks the built model really uses it.
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config)
+    return model, config.vocab_size
+
+
+def build_resnet(_args):
+    from torchvision.models import resnet50
+
+    return resnet50(num_classes=1000), 1000
+
+
+def main():
+    args = parse_args()
+    torch.manual_seed(SEED)
+    # cudnn.benchmark tries algorithms with different workspaces: the peak would then vary
+    # from run to run at the same batch, and fit needs one answer per value.
+    torch.backends.cudnn.benchmark = False
+    torch.cuda.set_device(0)
+
+    with torch.device("cuda"):
+        warm_up_library_handles()
+        # Built on the GPU directly: a 1.1B init on the CPU alone takes ~10 s.
+        model, classes = {"gpt2": build_gpt2, "llama": build_llama, "resnet": build_resnet}[args.model](args)
+    # fp32 master weights under bf16 autocast (a no-op when the config already gave fp32).
+    model = model.to(dtype=torch.float32)
+    model.train()
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "-"
+    if args.model == "llama" and attn != "sdpa":
+        raise SystemExit(f"error: llama was built with attention '{attn}', not 'sdpa'")
+    if args.checkpointing:
+        # Non-reentrant: the recommended form, and the same behaviour across transformers versions.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Default AdamW (foreach on CUDA): its step makes a parameter-sized fp32 temporary, part
+    # of the real peak at small batches.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    if args.model == "resnet":
+        inputs = torch.randn(args.batch, 3, args.seq, args.seq, device="cuda", generator=gen)
+        targets = torch.randint(0, classes, (args.batch,), device="cuda", generator=gen)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def loss_of():
+            return loss_fn(model(inputs), targets)
+
+    else:
+        ids = torch.randint(0, classes, (args.batch, args.seq), device="cuda", generator=gen)
+
+        def loss_of():
+            return model(input_ids=ids, labels=ids).loss
+
+    torch.cuda.synchronize()
+    t_ready = time.monotonic()
+    for _ in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of()
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    t_end = time.monotonic()
+    if not torch.isfinite(loss.detach()).item():
+        raise SystemExit(f"error: loss is not finite ('{loss.item()}')")
+
+    print(
+        f"ok batch={args.batch} peak_allocated={torch.cuda.max_memory_allocated()} "
+        f"peak_reserved={torch.cuda.max_memory_reserved()} model={args.model}"
+        f"{'-ckpt' if args.checkpointing else ''} seq={args.seq} steps={args.steps} attn={attn} "
+        f"init_s={t_ready - T_START:.2f} steps_s={t_end - t_ready:.2f}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
