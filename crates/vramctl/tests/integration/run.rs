@@ -88,7 +88,7 @@ fn run_passes_stdin_and_stdout_through_untouched() {
     assert!(!stdout.contains("vramctl run"), "the report goes to stderr");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("vramctl run:"), "{stderr}");
-    assert!(stderr.contains("peak 612 MiB"), "{stderr}");
+    assert!(stderr.contains("peak 612.0 MiB"), "{stderr}");
 }
 
 #[test]
@@ -152,7 +152,7 @@ fn max_vram_fails_the_guard_only_when_the_peak_goes_over() {
         .expect("run");
     assert_eq!(over.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&over.stderr);
-    assert!(stderr.contains("is over --max-vram 1.00 GiB"), "{stderr}");
+    assert!(stderr.contains("NVML peak 1.5 GiB is over --max-vram 1.0 GiB"), "{stderr}");
     let within = under_vramctl(procs.path(), &["run", "--max-vram", "90%"], &["10"], &[])
         .output()
         .expect("run");
