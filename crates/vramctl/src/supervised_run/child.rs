@@ -464,8 +464,14 @@ impl RunningChild {
         }
         let me = i32::try_from(self.pid).ok().and_then(Pid::from_raw)?;
         loop {
-            let which = if self.reap_orphans { None } else { Some(me) };
-            match rustix::process::waitpid(which, WaitOptions::NOHANG) {
+            // `waitpid(None)` is pid 0, this process group only; `wait` is -1, any child
+            // (a trial has its own group).
+            let waited = if self.reap_orphans {
+                rustix::process::wait(WaitOptions::NOHANG)
+            } else {
+                rustix::process::waitpid(Some(me), WaitOptions::NOHANG)
+            };
+            match waited {
                 Ok(Some((pid, status))) => {
                     if pid == me {
                         self.status = status
