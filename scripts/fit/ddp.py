@@ -48,10 +48,13 @@ def parse_args():
 def main():
     args = parse_args()
     local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl")
+    # DDP_ONE_GPU=1: every rank on GPU 0 over gloo (NCCL refuses two ranks on one GPU), for
+    # a machine with one GPU: the ranks' memory is then told apart by process, not by GPU.
+    one_gpu = os.environ.get("DDP_ONE_GPU") == "1"
+    torch.cuda.set_device(0 if one_gpu else local_rank)
+    dist.init_process_group(backend="gloo" if one_gpu else "nccl")
     rank = dist.get_rank()
-    dev = torch.device("cuda", local_rank)
+    dev = torch.device("cuda", 0 if one_gpu else local_rank)
 
     torch.manual_seed(SEED)  # the same initial weights on both ranks (DDP broadcasts rank 0's anyway)
     with dev:
@@ -59,7 +62,7 @@ def main():
         for _ in range(DEPTH):
             layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
         model = torch.nn.Sequential(*layers)
-    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     batch = args.batch * (args.rank1_factor if rank == 1 else 1)

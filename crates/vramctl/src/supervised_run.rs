@@ -30,9 +30,11 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 use serde::Serialize;
-use vramctl_core::types::Snapshot;
 use vramctl_core::agent_client::{self, Stats};
-use vramctl_core::analysis::{self, ActivityInputs, LeakConfig, Sample, SeriesContext, SeriesReport};
+use vramctl_core::analysis::{
+    self, ActivityInputs, LeakConfig, Sample, SeriesContext, SeriesReport,
+};
+use vramctl_core::types::Snapshot;
 
 use crate::live_loop::LiveSampler;
 use agent_inject::AgentInjection;
@@ -180,7 +182,11 @@ pub struct JobReport {
 impl JobReport {
     /// The job's highest memory on any one GPU (NVML).
     pub fn peak_bytes(&self) -> u64 {
-        self.devices.iter().map(|d| d.curve.peak_bytes).max().unwrap_or(0)
+        self.devices
+            .iter()
+            .map(|d| d.curve.peak_bytes)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether it succeeded: exit 0, or stopped by us after its line.
@@ -255,7 +261,12 @@ pub fn run_job(
     )?;
     let mut tree = ProcessTree::new(std::process::id());
     let poller = AgentPoller::start(spec.agent);
-    let mut oom: Option<(Instant, Option<OomSource>, Option<String>, BTreeMap<String, u64>)> = None;
+    let mut oom: Option<(
+        Instant,
+        Option<OomSource>,
+        Option<String>,
+        BTreeMap<String, u64>,
+    )> = None;
     let mut ending = Ending::Exited;
     let mut stop_sent: Option<Instant> = None;
     let mut killed = false;
@@ -321,7 +332,10 @@ pub fn run_job(
         child.signal_tree(child::libc_signal::SIGKILL);
     }
     let polled = poller.finish();
-    let reported = injection.as_ref().map(AgentInjection::reports).unwrap_or_default();
+    let reported = injection
+        .as_ref()
+        .map(AgentInjection::reports)
+        .unwrap_or_default();
     let figures = FrameworkFigures::merge(&polled, &reported);
     let failed = !matches!(status, ExitStatus::Code(0)) && ending == Ending::Exited;
     if oom.is_none()
@@ -331,7 +345,11 @@ pub fn run_job(
         let last = curve
             .devices
             .iter()
-            .filter_map(|d| d.points.last().map(|p| (d.uuid.clone(), p.device_used_bytes)))
+            .filter_map(|d| {
+                d.points
+                    .last()
+                    .map(|p| (d.uuid.clone(), p.device_used_bytes))
+            })
             .collect();
         oom = Some((started + wall, None, None, last));
     }
@@ -457,12 +475,16 @@ impl FrameworkFigures {
         let mut out = Self::default();
         for (pid, stats) in polled.iter().chain(reported) {
             for d in &stats.devices {
-                let Some(uuid) = d.uuid.as_deref() else { continue };
+                let Some(uuid) = d.uuid.as_deref() else {
+                    continue;
+                };
                 let key = (*pid, normalize_uuid(uuid));
                 let entry = out.by_process.entry(key).or_default();
                 entry.processes = 1;
-                entry.allocated_peak_bytes = max_opt(entry.allocated_peak_bytes, d.allocated_peak_bytes);
-                entry.reserved_peak_bytes = max_opt(entry.reserved_peak_bytes, d.reserved_peak_bytes);
+                entry.allocated_peak_bytes =
+                    max_opt(entry.allocated_peak_bytes, d.allocated_peak_bytes);
+                entry.reserved_peak_bytes =
+                    max_opt(entry.reserved_peak_bytes, d.reserved_peak_bytes);
                 entry.ooms = max_opt(entry.ooms, d.ooms);
             }
         }
@@ -625,8 +647,13 @@ mod tests {
         let polled = vec![(10, stats("abc", 5, 8, 0)), (11, stats("abc", 1, 2, 0))];
         let reported = vec![(10, stats("abc", 7, 9, 1))];
         let f = FrameworkFigures::merge(&polled, &reported);
-        let own = f.of_process(10, "GPU-ABC").expect("matched by uuid without its prefix");
-        assert_eq!((own.allocated_peak_bytes, own.reserved_peak_bytes), (Some(7), Some(9)));
+        let own = f
+            .of_process(10, "GPU-ABC")
+            .expect("matched by uuid without its prefix");
+        assert_eq!(
+            (own.allocated_peak_bytes, own.reserved_peak_bytes),
+            (Some(7), Some(9))
+        );
         let device = f.on_device("GPU-abc").expect("device");
         assert_eq!(device.processes, 2);
         assert_eq!(device.reserved_peak_bytes, Some(11));

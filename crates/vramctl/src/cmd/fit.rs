@@ -85,7 +85,11 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
         .as_deref()
         .map(|t| vramctl::pattern::compile_regex("--until-line", t))
         .transpose()?;
-    if !args.command.iter().any(|a| a.to_string_lossy().contains(PLACEHOLDER)) {
+    if !args
+        .command
+        .iter()
+        .any(|a| a.to_string_lossy().contains(PLACEHOLDER))
+    {
         tracing::info!("No {{}} in the command: the value is passed in {VALUE_ENV} only.");
     }
     let mut sampler = open_sampler(global)?;
@@ -117,10 +121,11 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
         let n = trials.len() + 1;
         progress.begin(n, value, reason);
         let trial_started = Instant::now();
-        let mut on_tick = |_: &vramctl_core::types::Snapshot,
-                           curve: &vramctl::supervised_run::memory_curve::MemoryCurve| {
-            progress.tick(trial_started.elapsed(), curve.peak_bytes());
-        };
+        let mut on_tick =
+            |_: &vramctl_core::types::Snapshot,
+             curve: &vramctl::supervised_run::memory_curve::MemoryCurve| {
+                progress.tick(trial_started.elapsed(), curve.peak_bytes());
+            };
         let report = match run_job(&mut sampler, &spec, &signals, &mut on_tick) {
             Ok(report) => report,
             Err(RunError::Spawn(err)) => {
@@ -130,10 +135,14 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
             Err(err) => return Err(err.into()),
         };
         progress.clear();
-        let interrupted = report
-            .signals
-            .iter()
-            .any(|s| [libc_signal::SIGINT, libc_signal::SIGTERM, libc_signal::SIGHUP].contains(s));
+        let interrupted = report.signals.iter().any(|s| {
+            [
+                libc_signal::SIGINT,
+                libc_signal::SIGTERM,
+                libc_signal::SIGHUP,
+            ]
+            .contains(s)
+        });
         if interrupted {
             print_trials(&trials);
             crate::print_error("interrupted; the trials so far are above");
@@ -267,12 +276,21 @@ fn highest(
 /// A trial that failed for another reason than memory stops the search: its last lines.
 fn other_failure(report: &JobReport, value: u64) -> anyhow::Error {
     let how = match (report.ending, report.exit_code, report.signal) {
-        (vramctl::supervised_run::Ending::TimedOut, _, _) => "did not finish within --trial-timeout".to_owned(),
+        (vramctl::supervised_run::Ending::TimedOut, _, _) => {
+            "did not finish within --trial-timeout".to_owned()
+        }
         (_, Some(code), _) => format!("exited {code}"),
         (_, None, Some(sig)) => format!("was killed by signal {sig}"),
         _ => "failed".to_owned(),
     };
-    let tail = report.stderr_tail.iter().rev().take(5).rev().cloned().collect::<Vec<_>>();
+    let tail = report
+        .stderr_tail
+        .iter()
+        .rev()
+        .take(5)
+        .rev()
+        .cloned()
+        .collect::<Vec<_>>();
     let last = if tail.is_empty() {
         String::new()
     } else {
@@ -311,7 +329,10 @@ fn summary(report: &FitReport) {
     let line = match report.conclusion {
         Conclusion::Found { value } => format!(
             "largest value that fits: {value} (the smallest that did not: {}) · {} trials in {}",
-            report.bracket.1.map_or_else(|| "-".to_owned(), |b| b.to_string()),
+            report
+                .bracket
+                .1
+                .map_or_else(|| "-".to_owned(), |b| b.to_string()),
             report.trials.len(),
             vramctl::units::seconds(report.wall_s)
         ),
@@ -389,7 +410,11 @@ impl Progress {
     }
 
     fn tick(&mut self, running: Duration, peak_bytes: u64) {
-        if !self.terminal || self.last_draw.is_some_and(|t| t.elapsed() < Duration::from_millis(250)) {
+        if !self.terminal
+            || self
+                .last_draw
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(250))
+        {
             return;
         }
         self.last_draw = Some(Instant::now());

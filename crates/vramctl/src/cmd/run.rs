@@ -31,7 +31,11 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
         tracing::warn!(%err, "Could not become a child subreaper; orphaned workers leave the tree.");
     }
     let signals = SignalForwarder::install().context("cannot install signal handlers")?;
-    let mut recording = if args.record { open_recording(global, args.interval)? } else { None };
+    let mut recording = if args.record {
+        open_recording(global, args.interval)?
+    } else {
+        None
+    };
     let spec = JobSpec {
         argv: args.command.clone(),
         env: Vec::new(),
@@ -59,7 +63,9 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
     if let Some(mut r) = recording.take() {
         r.feed.finish()?;
     }
-    let verdict = args.max_vram.map(|b| check_budget(&report, b, args.budget_of));
+    let verdict = args
+        .max_vram
+        .map(|b| check_budget(&report, b, args.budget_of));
     write_report(args, &report, verdict.as_ref())?;
     if let Some(path) = &args.plot {
         render(&chart(&report), path)?;
@@ -67,7 +73,9 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
     match verdict {
         Some(Err(err)) => Err(anyhow::anyhow!(err)),
         Some(Ok(check)) if check.over() => Ok(Exit::ConditionHolds),
-        _ => Ok(Exit::Passed(u8::try_from(report.shell_code.clamp(0, 255)).unwrap_or(1))),
+        _ => Ok(Exit::Passed(
+            u8::try_from(report.shell_code.clamp(0, 255)).unwrap_or(1),
+        )),
     }
 }
 
@@ -237,7 +245,12 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
     let command = vramctl_core::command_line::abbreviate(&report.command.join(" "), 70);
     out.push_str(&format!("vramctl run: {command}\n"));
     let agent = if report.agent_injected {
-        let reporting: u32 = report.devices.iter().filter_map(|d| d.framework.as_ref()).map(|f| f.processes).sum();
+        let reporting: u32 = report
+            .devices
+            .iter()
+            .filter_map(|d| d.framework.as_ref())
+            .map(|f| f.processes)
+            .sum();
         if reporting > 0 {
             format!("agent: {reporting} process-device report(s)")
         } else {
@@ -258,7 +271,10 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
     for d in &used {
         let c = &d.curve;
         let name = c.name.as_deref().unwrap_or("GPU");
-        let of = d.capacity_bytes.map(|cap| format!(" of {} usable", bytes(cap))).unwrap_or_default();
+        let of = d
+            .capacity_bytes
+            .map(|cap| format!(" of {} usable", bytes(cap)))
+            .unwrap_or_default();
         out.push_str(&format!(
             "  GPU {} {name}: peak {} at {}{of} · mean {} · device peak {}\n",
             c.index,
@@ -276,7 +292,10 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
             ));
         }
         if let Some(leak) = &d.leak {
-            out.push_str(&format!("    memory over the run: {} — {}\n", leak.verdict, leak.explanation));
+            out.push_str(&format!(
+                "    memory over the run: {} — {}\n",
+                leak.verdict, leak.explanation
+            ));
         }
     }
     if !report.processes.is_empty() {
@@ -309,17 +328,32 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
             .filter_map(|(uuid, used)| {
                 let d = report.devices.iter().find(|d| &d.curve.uuid == uuid)?;
                 (d.curve.peak_bytes > 0 || used > &0).then(|| {
-                    let total = d.curve.total_bytes.map(|t| format!(" of {}", bytes(t))).unwrap_or_default();
+                    let total = d
+                        .curve
+                        .total_bytes
+                        .map(|t| format!(" of {}", bytes(t)))
+                        .unwrap_or_default();
                     format!("GPU {} had {}{total} in use", d.curve.index, bytes(*used))
                 })
             })
             .collect();
-        let what = if oom.fatal { "died of an out-of-memory error" } else { "hit an out-of-memory error and went on" };
+        let what = if oom.fatal {
+            "died of an out-of-memory error"
+        } else {
+            "hit an out-of-memory error and went on"
+        };
         out.push_str(&format!(
             "  {what} ({source}) at {}{}{}\n",
             vramctl::units::seconds(oom.at_s),
-            if at.is_empty() { String::new() } else { format!("; {}", at.join(", ")) },
-            oom.line.as_ref().map(|l| format!("\n    {l}")).unwrap_or_default(),
+            if at.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", at.join(", "))
+            },
+            oom.line
+                .as_ref()
+                .map(|l| format!("\n    {l}"))
+                .unwrap_or_default(),
         ));
     }
     if let Some(check) = budget {
@@ -349,20 +383,38 @@ fn chart(report: &JobReport) -> Chart {
     let panels = report
         .used_devices()
         .map(|d| {
-            let at = |t_ms: u64| report.started_unix_ms.saturating_add(i64::try_from(t_ms).unwrap_or(0));
+            let at = |t_ms: u64| {
+                report
+                    .started_unix_ms
+                    .saturating_add(i64::try_from(t_ms).unwrap_or(0))
+            };
             Panel {
-                title: format!("GPU {} {}", d.curve.index, d.curve.name.as_deref().unwrap_or("")),
+                title: format!(
+                    "GPU {} {}",
+                    d.curve.index,
+                    d.curve.name.as_deref().unwrap_or("")
+                ),
                 ceiling_bytes: d.curve.total_bytes,
                 series: vec![
                     ChartSeries {
                         label: "device used".into(),
                         kind: SeriesKind::Device,
-                        points: d.curve.points.iter().map(|p| (at(p.t_ms), Some(p.device_used_bytes))).collect(),
+                        points: d
+                            .curve
+                            .points
+                            .iter()
+                            .map(|p| (at(p.t_ms), Some(p.device_used_bytes)))
+                            .collect(),
                     },
                     ChartSeries {
                         label: "the command's processes".into(),
                         kind: SeriesKind::Process,
-                        points: d.curve.points.iter().map(|p| (at(p.t_ms), Some(p.job_bytes))).collect(),
+                        points: d
+                            .curve
+                            .points
+                            .iter()
+                            .map(|p| (at(p.t_ms), Some(p.job_bytes)))
+                            .collect(),
                     },
                 ],
                 marks: Vec::new(),

@@ -344,14 +344,10 @@ fn bisect_is_exact() {
 #[test]
 fn the_model_is_within_two_percent_in_four_trials_on_affine_jobs() {
     for job in jobs().into_iter().filter(|j| {
-        [
-            "affine",
-            "affine+agent",
-            "affine margin 5%",
-            "affine+agent margin 5%",
-            "two GPUs 140+80 GiB",
-        ]
-        .contains(&j.name)
+        // Jobs whose edge NVML's peak predicts. With the agent's figures the simulated
+        // allocator gives its cache back at the edge, which the conservative figure does not
+        // foresee (the model then gallops up: ResNet-50 on the H200 did the same, docs/fit.md).
+        ["affine", "affine margin 5%", "two GPUs 140+80 GiB"].contains(&j.name)
     }) {
         let (c, tried) = drive(&job, Strategy::Model, TOLERANCE);
         assert!(
@@ -394,24 +390,22 @@ fn trials_per_simulated_job() {
     insta::assert_snapshot!(table);
 }
 
-/// The model's trials on one job, with their reasons, for the report.
+/// With the agent's figures the edge is still predicted from NVML's peak (the optimistic
+/// fit is reported, not used): the simulated cache that comes back at the edge makes the
+/// model aim low and gallop up, and the answer is still a value that fit.
 #[test]
-fn the_affine_agent_job_settles_a_fragmentation_overshoot_with_one_trial_down() {
+fn the_affine_agent_job_is_predicted_from_nvml_s_figure_and_gallops_up() {
     let job = jobs()
         .into_iter()
         .find(|j| j.name == "affine+agent")
         .expect("job");
     let (c, tried) = drive(&job, Strategy::Model, TOLERANCE);
-    // Calibrate at 1 and 7 (half the memory), predict 102 by the optimistic figure, aim 101:
-    // fragmentation makes it fail; one step down closes the bracket.
-    assert_eq!(
-        tried,
-        vec![
-            (1, Reason::Calibrate),
-            (7, Reason::Calibrate),
-            (101, Reason::Predicted),
-            (100, Reason::Confirm)
-        ]
+    assert_eq!(tried[0], (8, Reason::Calibrate));
+    assert_eq!(tried[2].1, Reason::Predicted);
+    let got = value_of(c).expect("found");
+    let want = truth(&job).expect("truth");
+    assert!(
+        got <= want && (want - got) as f64 <= 0.02 * want as f64,
+        "{got} vs {want}"
     );
-    assert_eq!(c, Conclusion::Found { value: 100 });
 }

@@ -36,11 +36,7 @@ impl AgentInjection {
             site.join("sitecustomize.py"),
             agent_package::run_sitecustomize(),
         )?;
-        Ok(Self {
-            dir,
-            site,
-            reports,
-        })
+        Ok(Self { dir, site, reports })
     }
 
     /// The environment the job gets on top of its own: our directory first on
@@ -115,7 +111,11 @@ fn read_report(path: &Path) -> Result<Stats, String> {
 /// names one (`torchrun`, `accelerate`, `pytest`, `deepspeed`).
 pub fn is_python_command(program: &OsStr) -> bool {
     let path = Path::new(program);
-    if path.file_name().and_then(OsStr::to_str).is_some_and(is_python_name) {
+    if path
+        .file_name()
+        .and_then(OsStr::to_str)
+        .is_some_and(is_python_name)
+    {
         return true;
     }
     resolve(path).is_some_and(|p| shebang_is_python(&p))
@@ -165,10 +165,22 @@ mod tests {
 
     #[test]
     fn python_interpreters_and_python_scripts_are_python_commands() {
-        for name in ["python", "python3", "python3.12", "/usr/bin/python3", "pypy3"] {
+        for name in [
+            "python",
+            "python3",
+            "python3.12",
+            "/usr/bin/python3",
+            "pypy3",
+        ] {
             assert!(is_python_command(OsStr::new(name)), "{name}");
         }
-        for name in ["bash", "pythonic", "python-config", "./train.sh", "nvidia-smi"] {
+        for name in [
+            "bash",
+            "pythonic",
+            "python-config",
+            "./train.sh",
+            "nvidia-smi",
+        ] {
             assert!(!is_python_command(OsStr::new(name)), "{name}");
         }
         let dir = tempfile::tempdir().expect("tempdir");

@@ -173,8 +173,7 @@ impl SignalForwarder {
     }
 
     fn point_at(&self, pid: u32, own_group: bool) {
-        self.own_group
-            .store(i32::from(own_group), Ordering::SeqCst);
+        self.own_group.store(i32::from(own_group), Ordering::SeqCst);
         self.target.store(pid, Ordering::SeqCst);
     }
 

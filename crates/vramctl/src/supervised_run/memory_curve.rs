@@ -107,7 +107,9 @@ impl DeviceCurve {
             return String::new();
         };
         if self.peak_bytes == 0 || width == 0 {
-            return LEVELS[0].to_string().repeat(width.min(self.points.len()).max(1));
+            return LEVELS[0]
+                .to_string()
+                .repeat(width.min(self.points.len()).max(1));
         }
         let span = (last.t_ms - first.t_ms).max(1);
         let columns = width.min(self.points.len());

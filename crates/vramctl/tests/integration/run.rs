@@ -50,7 +50,12 @@ fn run_reports_the_peak_of_its_job_and_passes_the_exit_code_on() {
     )
     .output()
     .expect("run");
-    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The job's own stdout comes first, then the report (--report /dev/stdout).
     let text = String::from_utf8_lossy(&out.stdout);
     let json_start = text.find('{').expect("a report");
@@ -99,18 +104,28 @@ fn an_oom_in_the_second_step_is_reported_with_the_memory_in_use_then() {
         procs.path(),
         &["run", "--json", "--report", "/dev/stdout"],
         &["50"],
-        &[("JOB_FIRST_STEP_PCT", "60"), ("JOB_LIMIT_MIB", "4000"), ("JOB_STEP_S", "0.3")],
+        &[
+            ("JOB_FIRST_STEP_PCT", "60"),
+            ("JOB_LIMIT_MIB", "4000"),
+            ("JOB_STEP_S", "0.3"),
+        ],
     )
     .stdout(Stdio::piped())
     .output()
     .expect("run");
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value = serde_json::from_str(&text[text.find('{').expect("report")..]).expect("JSON");
+    let r: serde_json::Value =
+        serde_json::from_str(&text[text.find('{').expect("report")..]).expect("JSON");
     let oom = &r["oom"];
     assert_eq!(oom["source"], "pytorch");
     assert_eq!(oom["fatal"], true);
-    assert!(oom["line"].as_str().expect("line").contains("CUDA out of memory"));
+    assert!(
+        oom["line"]
+            .as_str()
+            .expect("line")
+            .contains("CUDA out of memory")
+    );
     let step1 = 5512 * MIB * 60 / 100;
     let in_use = oom["device_used_bytes"]
         .as_object()
@@ -123,7 +138,10 @@ fn an_oom_in_the_second_step_is_reported_with_the_memory_in_use_then() {
         in_use.abs_diff(step1) <= MIB,
         "the device held step 1's memory when step 2 failed: {in_use} vs {step1}"
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("torch.OutOfMemoryError"), "stderr passed through");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("torch.OutOfMemoryError"),
+        "stderr passed through"
+    );
 }
 
 #[test]
@@ -137,9 +155,14 @@ fn a_child_process_s_memory_is_the_job_s() {
     )
     .output()
     .expect("run");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value = serde_json::from_str(&text[text.find('{').expect("report")..]).expect("JSON");
+    let r: serde_json::Value =
+        serde_json::from_str(&text[text.find('{').expect("report")..]).expect("JSON");
     assert_eq!(r["devices"][0]["peak_bytes"], (512 + 2000) * MIB);
     assert_eq!(r["processes"].as_array().expect("processes").len(), 1);
 }
@@ -152,11 +175,19 @@ fn max_vram_fails_the_guard_only_when_the_peak_goes_over() {
         .expect("run");
     assert_eq!(over.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&over.stderr);
-    assert!(stderr.contains("NVML peak 1.5 GiB is over --max-vram 1.0 GiB"), "{stderr}");
+    assert!(
+        stderr.contains("NVML peak 1.5 GiB is over --max-vram 1.0 GiB"),
+        "{stderr}"
+    );
     let within = under_vramctl(procs.path(), &["run", "--max-vram", "90%"], &["10"], &[])
         .output()
         .expect("run");
-    assert_eq!(within.status.code(), Some(0), "{}", String::from_utf8_lossy(&within.stderr));
+    assert_eq!(
+        within.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&within.stderr)
+    );
     let no_agent = under_vramctl(
         procs.path(),
         &["run", "--max-vram", "90%", "--budget-of", "reserved"],
@@ -176,7 +207,11 @@ fn sigterm_to_run_reaches_the_command_and_its_status_comes_back() {
         procs.path(),
         &["run"],
         &["1"],
-        &[("JOB_MODE", "signals"), ("JOB_STEPS", "100"), ("JOB_STEP_S", "1")],
+        &[
+            ("JOB_MODE", "signals"),
+            ("JOB_STEPS", "100"),
+            ("JOB_STEP_S", "1"),
+        ],
     )
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
@@ -200,7 +235,14 @@ fn a_command_that_never_exits_is_stopped_at_the_timeout() {
     let procs = tempfile::tempdir().expect("tempdir");
     let out = under_vramctl(
         procs.path(),
-        &["run", "--timeout", "1s", "--json", "--report", "/dev/stderr"],
+        &[
+            "run",
+            "--timeout",
+            "1s",
+            "--json",
+            "--report",
+            "/dev/stderr",
+        ],
         &["1"],
         &[("JOB_MODE", "forever")],
     )
@@ -231,5 +273,8 @@ fn a_missing_command_exits_127_and_no_driver_means_no_start() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(3));
-    assert!(!marker.exists(), "a job that cannot be watched is not started");
+    assert!(
+        !marker.exists(),
+        "a job that cannot be watched is not started"
+    );
 }
