@@ -217,6 +217,15 @@ pub enum RunError {
     Agent(std::io::Error),
 }
 
+/// An out-of-memory error as first seen: when, from which allocator and line, and each
+/// GPU's used memory then.
+type SeenOom = (
+    Instant,
+    Option<OomSource>,
+    Option<String>,
+    BTreeMap<String, u64>,
+);
+
 /// How often the agents are asked while the job runs, and how long one may take. Their
 /// peak counters are exact whenever read, so the cadence only bounds how stale the figures
 /// of a process killed by SIGKILL (no exit report) can be.
@@ -261,12 +270,7 @@ pub fn run_job(
     )?;
     let mut tree = ProcessTree::new(std::process::id());
     let poller = AgentPoller::start(spec.agent);
-    let mut oom: Option<(
-        Instant,
-        Option<OomSource>,
-        Option<String>,
-        BTreeMap<String, u64>,
-    )> = None;
+    let mut oom: Option<SeenOom> = None;
     let mut ending = Ending::Exited;
     let mut stop_sent: Option<Instant> = None;
     let mut killed = false;

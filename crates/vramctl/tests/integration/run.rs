@@ -30,13 +30,11 @@ pub fn under_vramctl(
     cmd
 }
 
-fn report(output: &std::process::Output) -> serde_json::Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "JSON report ({e}); stderr: {}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+/// The JSON report `--report /dev/stdout` printed after the job's own stdout.
+fn report_after_job_output(stdout: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(stdout);
+    let start = text.find('{').expect("a report");
+    serde_json::from_str(&text[start..]).expect("JSON")
 }
 
 #[test]
@@ -114,9 +112,7 @@ fn an_oom_in_the_second_step_is_reported_with_the_memory_in_use_then() {
     .output()
     .expect("run");
     assert_eq!(out.status.code(), Some(1));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(&text[text.find('{').expect("report")..]).expect("JSON");
+    let r = report_after_job_output(&out.stdout);
     let oom = &r["oom"];
     assert_eq!(oom["source"], "pytorch");
     assert_eq!(oom["fatal"], true);
@@ -160,9 +156,7 @@ fn a_child_process_s_memory_is_the_job_s() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(&text[text.find('{').expect("report")..]).expect("JSON");
+    let r = report_after_job_output(&out.stdout);
     assert_eq!(r["devices"][0]["peak_bytes"], (512 + 2000) * MIB);
     assert_eq!(r["processes"].as_array().expect("processes").len(), 1);
 }
