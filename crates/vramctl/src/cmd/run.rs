@@ -116,9 +116,15 @@ fn open_recording(global: &GlobalArgs, interval: Duration) -> anyhow::Result<Opt
     let path = db_path(global)?;
     let mut store = match Store::open(&path, OpenMode::Append) {
         Ok(store) => store,
-        Err(err) if err.to_string().contains("recorded by") || err.to_string().contains("lock") => {
-            // A recorder already writes this history: it has the job's memory too.
-            crate::print_warning(&format!("not recording: {err}"));
+        Err(vramctl_store::StoreError::Io { cause, .. })
+            if cause.kind() == std::io::ErrorKind::WouldBlock =>
+        {
+            // A recorder already writes this history (it holds the writer's lock): it has
+            // the job's memory too.
+            crate::print_warning(&format!(
+                "not recording: another vramctl is already recording into '{}' ({cause})",
+                path.display()
+            ));
             return Ok(None);
         }
         Err(err) => return Err(err.into()),

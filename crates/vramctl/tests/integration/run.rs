@@ -272,3 +272,125 @@ fn a_missing_command_exits_127_and_no_driver_means_no_start() {
         "a job that cannot be watched is not started"
     );
 }
+
+#[test]
+fn a_python_job_gets_the_agent_and_its_framework_peaks_come_from_its_exit_report() {
+    // The stand-in torch (python/tests/fakes) allocates as the caching allocator does; the
+    // job announces its NVML memory itself, as the driver would list it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let procs = dir.path().join("procs");
+    std::fs::create_dir(&procs).expect("procs");
+    let scenario = crate::reclaim::scenario(dir.path(), &[]);
+    let python = crate::reclaim::repo().join("python");
+    let code = "import os, torch\n\
+        d = os.environ['FAKE_NVML_PROCESS_DIR']\n\
+        open(os.path.join(d, str(os.getpid())), 'w').write('0 4294967296\\n')\n\
+        a = torch.empty(3 << 30, dtype=torch.uint8, device='cuda'); del a\n\
+        b = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n\
+        import time; time.sleep(0.3)\n";
+    let out = vramctl_std(&scenario)
+        .env("FAKE_NVML_PROCESS_DIR", &procs)
+        .env("PYTHONPATH", python.join("tests/fakes/torch_pkg"))
+        .args([
+            "run",
+            "--json",
+            "--report",
+            "/dev/stdout",
+            "--",
+            "python3",
+            "-c",
+            code,
+        ])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report_after_job_output(&out.stdout);
+    assert_eq!(
+        r["agent_injected"], true,
+        "python3 gets the agent by default"
+    );
+    let device = &r["devices"][0];
+    assert_eq!(device["peak_bytes"], 4u64 << 30);
+    // 3 GiB, freed, then 1 GiB carved from the cached 3 GiB segment: the allocator's own
+    // peaks (3 GiB each), not NVML's 4 GiB.
+    assert_eq!(device["framework"]["allocated_peak_bytes"], 3u64 << 30);
+    assert_eq!(device["framework"]["reserved_peak_bytes"], 3u64 << 30);
+    let p = &r["processes"][0];
+    assert_eq!(p["allocated_peak_bytes"], 3u64 << 30);
+    // --no-agent leaves it out.
+    let out = vramctl_std(&scenario)
+        .env("FAKE_NVML_PROCESS_DIR", &procs)
+        .env("PYTHONPATH", python.join("tests/fakes/torch_pkg"))
+        .args([
+            "run",
+            "--no-agent",
+            "--json",
+            "--report",
+            "/dev/stdout",
+            "--",
+            "python3",
+            "-c",
+            code,
+        ])
+        .output()
+        .expect("run");
+    let r = report_after_job_output(&out.stdout);
+    assert_eq!(r["agent_injected"], false);
+    assert!(r["devices"][0]["framework"].is_null());
+}
+
+#[test]
+fn record_keeps_the_curve_in_the_history_and_plot_draws_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let procs = dir.path().join("procs");
+    std::fs::create_dir(&procs).expect("procs");
+    let db = dir.path().join("h.db");
+    let png = dir.path().join("curve.png");
+    let out = under_vramctl(
+        &procs,
+        &[
+            "run",
+            "--record",
+            "--db",
+            db.to_str().expect("utf-8"),
+            "-o",
+            png.to_str().expect("utf-8"),
+        ],
+        &["30"],
+        &[],
+    )
+    .output()
+    .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png).expect("the chart");
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let history = vramctl_std(&scenario("h200-idle.toml"))
+        .args([
+            "history",
+            "--db",
+            db.to_str().expect("utf-8"),
+            "--since",
+            "all",
+            "--json",
+        ])
+        .output()
+        .expect("history");
+    assert!(
+        history.status.success(),
+        "{}",
+        String::from_utf8_lossy(&history.stderr)
+    );
+    let text = String::from_utf8_lossy(&history.stdout);
+    assert!(
+        text.contains(&((512 + 3000) * MIB).to_string()),
+        "the job's memory was recorded: {text}"
+    );
+}
