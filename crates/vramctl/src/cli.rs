@@ -1051,18 +1051,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = BudgetOf::Nvml, requires = "max_vram")]
     pub budget_of: BudgetOf,
 
-    /// Inject the in-process agent [default: when the command is a Python interpreter or
-    /// a Python script such as torchrun]
-    #[arg(long, overrides_with = "no_agent")]
-    pub agent: bool,
-
-    /// Do not inject the agent
-    #[arg(long)]
-    pub no_agent: bool,
-
-    /// Time between samples (NVML is read this often)
-    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = run_interval)]
-    pub interval: Duration,
+    #[command(flatten)]
+    pub watch: WatchArgs,
 
     /// The report as JSON
     #[arg(long)]
@@ -1087,6 +1077,23 @@ pub struct RunArgs {
     /// The command and its arguments
     #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// How `run` and each `fit` trial watch the command.
+#[derive(Debug, Clone, Args)]
+pub struct WatchArgs {
+    /// Inject the in-process agent [default: when the command is a Python interpreter or
+    /// a Python script such as torchrun]
+    #[arg(long, overrides_with = "no_agent")]
+    pub agent: bool,
+
+    /// Do not inject the agent (fit's model then uses NVML's figures only)
+    #[arg(long)]
+    pub no_agent: bool,
+
+    /// Time between samples (NVML is read this often)
+    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = run_interval)]
+    pub interval: Duration,
 }
 
 /// A memory budget as typed: a size, or a share of the device.
@@ -1149,17 +1156,8 @@ pub struct FitArgs {
     #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
     pub trial_timeout: Option<Duration>,
 
-    /// Inject the in-process agent [default: for Python commands]
-    #[arg(long, overrides_with = "no_agent")]
-    pub agent: bool,
-
-    /// Do not inject the agent (the model then uses NVML's figures only)
-    #[arg(long)]
-    pub no_agent: bool,
-
-    /// Time between samples within a trial
-    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = run_interval)]
-    pub interval: Duration,
+    #[command(flatten)]
+    pub watch: WatchArgs,
 
     /// The whole report as JSON on stdout
     #[arg(long)]

@@ -93,7 +93,7 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
         tracing::info!("No {{}} in the command: the value is passed in {VALUE_ENV} only.");
     }
     let mut sampler = open_sampler(global)?;
-    let agent = wants_agent(args.agent, args.no_agent, &args.command);
+    let agent = wants_agent(args.watch.agent, args.watch.no_agent, &args.command);
     if let Err(err) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         tracing::warn!(%err, "Could not become a child subreaper.");
     }
@@ -114,7 +114,7 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
             output: Output::Captured,
             until_line: until_line.clone(),
             timeout: args.trial_timeout,
-            interval: args.interval,
+            interval: args.watch.interval,
             stop_grace: STOP_GRACE,
             reap_orphans: true,
         };

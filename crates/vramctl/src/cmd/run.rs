@@ -26,13 +26,13 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
     // NVML first: a job that cannot be watched is not started (a CI guard must not pass
     // unchecked).
     let mut sampler = open_sampler(global)?;
-    let agent = wants_agent(args.agent, args.no_agent, &args.command);
+    let agent = wants_agent(args.watch.agent, args.watch.no_agent, &args.command);
     if let Err(err) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         tracing::warn!(%err, "Could not become a child subreaper; orphaned workers leave the tree.");
     }
     let signals = SignalForwarder::install().context("cannot install signal handlers")?;
     let mut recording = if args.record {
-        open_recording(global, args.interval)?
+        open_recording(global, args.watch.interval)?
     } else {
         None
     };
@@ -43,7 +43,7 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
         output: Output::PassThrough,
         until_line: None,
         timeout: args.timeout,
-        interval: args.interval,
+        interval: args.watch.interval,
         stop_grace: STOP_GRACE,
         reap_orphans: true,
     };

@@ -57,6 +57,30 @@ pub struct DeviceCurve {
 }
 
 impl DeviceCurve {
+    /// An empty curve of the device `index` / `uuid` with what it reported before the job.
+    pub fn new(
+        index: u32,
+        uuid: String,
+        name: Option<String>,
+        memory: Option<&vramctl_core::types::MemoryReading>,
+    ) -> Self {
+        Self {
+            index,
+            uuid,
+            name,
+            total_bytes: memory.map(|m| m.total_bytes),
+            driver_reserved_bytes: memory.map(|m| m.reserved_bytes),
+            used_at_start_bytes: memory.map(|m| m.used_bytes),
+            peak_bytes: 0,
+            peak_at_ms: 0,
+            device_peak_used_bytes: 0,
+            mean_bytes: 0,
+            samples: 0,
+            sum_bytes: 0,
+            points: Vec::new(),
+        }
+    }
+
     /// The device's used memory at `t_ms`: the last sample at or before it (the first
     /// sample for a moment before any).
     pub fn used_at(&self, t_ms: u64) -> Option<u64> {
@@ -167,21 +191,12 @@ impl MemoryCurve {
             .iter()
             .map(|d| {
                 let memory = d.reading().and_then(|r| r.memory.as_ref());
-                DeviceCurve {
-                    index: d.info.index,
-                    uuid: d.info.uuid.clone(),
-                    name: d.info.name.clone(),
-                    total_bytes: memory.map(|m| m.total_bytes),
-                    driver_reserved_bytes: memory.map(|m| m.reserved_bytes),
-                    used_at_start_bytes: memory.map(|m| m.used_bytes),
-                    peak_bytes: 0,
-                    peak_at_ms: 0,
-                    device_peak_used_bytes: 0,
-                    mean_bytes: 0,
-                    samples: 0,
-                    sum_bytes: 0,
-                    points: Vec::new(),
-                }
+                DeviceCurve::new(
+                    d.info.index,
+                    d.info.uuid.clone(),
+                    d.info.name.clone(),
+                    memory,
+                )
             })
             .collect();
         Self {
@@ -253,21 +268,13 @@ mod tests {
     use super::*;
 
     fn curve(points: &[(u64, u64)]) -> DeviceCurve {
-        let mut c = DeviceCurve {
-            index: 0,
-            uuid: "GPU-0".into(),
-            name: None,
-            total_bytes: Some(100),
-            driver_reserved_bytes: Some(10),
-            used_at_start_bytes: Some(20),
-            peak_bytes: 0,
-            peak_at_ms: 0,
-            device_peak_used_bytes: 0,
-            mean_bytes: 0,
-            samples: 0,
-            sum_bytes: 0,
-            points: Vec::new(),
+        let memory = vramctl_core::types::MemoryReading {
+            total_bytes: 100,
+            used_bytes: 20,
+            reserved_bytes: 10,
+            free_bytes: 70,
         };
+        let mut c = DeviceCurve::new(0, "GPU-0".into(), None, Some(&memory));
         for &(t_ms, job_bytes) in points {
             c.push(CurvePoint {
                 t_ms,

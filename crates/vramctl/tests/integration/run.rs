@@ -288,21 +288,24 @@ fn a_python_job_gets_the_agent_and_its_framework_peaks_come_from_its_exit_report
         a = torch.empty(3 << 30, dtype=torch.uint8, device='cuda'); del a\n\
         b = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n\
         import time; time.sleep(0.3)\n";
-    let out = vramctl_std(&scenario)
-        .env("FAKE_NVML_PROCESS_DIR", &procs)
-        .env("PYTHONPATH", python.join("tests/fakes/torch_pkg"))
-        .args([
-            "run",
-            "--json",
-            "--report",
-            "/dev/stdout",
-            "--",
-            "python3",
-            "-c",
-            code,
-        ])
-        .output()
-        .expect("run");
+    let job = |flags: &[&str]| {
+        let mut cmd = vramctl_std(&scenario);
+        cmd.env("FAKE_NVML_PROCESS_DIR", &procs)
+            .env("PYTHONPATH", python.join("tests/fakes/torch_pkg"))
+            .arg("run")
+            .args(flags)
+            .args([
+                "--json",
+                "--report",
+                "/dev/stdout",
+                "--",
+                "python3",
+                "-c",
+                code,
+            ]);
+        cmd.output().expect("run")
+    };
+    let out = job(&[]);
     assert!(
         out.status.success(),
         "{}",
@@ -322,22 +325,7 @@ fn a_python_job_gets_the_agent_and_its_framework_peaks_come_from_its_exit_report
     let p = &r["processes"][0];
     assert_eq!(p["allocated_peak_bytes"], 3u64 << 30);
     // --no-agent leaves it out.
-    let out = vramctl_std(&scenario)
-        .env("FAKE_NVML_PROCESS_DIR", &procs)
-        .env("PYTHONPATH", python.join("tests/fakes/torch_pkg"))
-        .args([
-            "run",
-            "--no-agent",
-            "--json",
-            "--report",
-            "/dev/stdout",
-            "--",
-            "python3",
-            "-c",
-            code,
-        ])
-        .output()
-        .expect("run");
+    let out = job(&["--no-agent"]);
     let r = report_after_job_output(&out.stdout);
     assert_eq!(r["agent_injected"], false);
     assert!(r["devices"][0]["framework"].is_null());
