@@ -37,17 +37,22 @@ fn report_after_job_output(stdout: &[u8]) -> serde_json::Value {
     serde_json::from_str(&text[start..]).expect("JSON")
 }
 
-#[test]
-fn run_reports_the_peak_of_its_job_and_passes_the_exit_code_on() {
+/// `vramctl run --json --report /dev/stdout -- gpu-job.sh JOB_ARGS` with the job's variables.
+fn run_with_report(job_args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let procs = tempfile::tempdir().expect("tempdir");
-    let out = under_vramctl(
+    under_vramctl(
         procs.path(),
         &["run", "--json", "--report", "/dev/stdout"],
-        &["40"],
-        &[("JOB_EXIT", "7")],
+        job_args,
+        env,
     )
     .output()
-    .expect("run");
+    .expect("run")
+}
+
+#[test]
+fn run_reports_the_peak_of_its_job_and_passes_the_exit_code_on() {
+    let out = run_with_report(&["40"], &[("JOB_EXIT", "7")]);
     assert_eq!(
         out.status.code(),
         Some(7),
@@ -142,15 +147,7 @@ fn an_oom_in_the_second_step_is_reported_with_the_memory_in_use_then() {
 
 #[test]
 fn a_child_process_s_memory_is_the_job_s() {
-    let procs = tempfile::tempdir().expect("tempdir");
-    let out = under_vramctl(
-        procs.path(),
-        &["run", "--json", "--report", "/dev/stdout"],
-        &["20"],
-        &[("JOB_MODE", "child")],
-    )
-    .output()
-    .expect("run");
+    let out = run_with_report(&["20"], &[("JOB_MODE", "child")]);
     assert!(
         out.status.success(),
         "{}",
