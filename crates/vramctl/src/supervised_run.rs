@@ -436,8 +436,11 @@ fn leak_of(curve: &memory_curve::DeviceCurve, started_unix_ms: i64) -> Option<Le
     if curve.peak_bytes == 0 {
         return None;
     }
-    let samples: Vec<Sample> = curve
-        .points
+    // While the job held memory here: the samples before its first allocation and after
+    // it let go would read as a job "stable at 0 B".
+    let first = curve.points.iter().position(|p| p.job_bytes > 0)?;
+    let last = curve.points.iter().rposition(|p| p.job_bytes > 0)?;
+    let samples: Vec<Sample> = curve.points[first..=last]
         .iter()
         .map(|p| {
             Sample::new(
