@@ -1,0 +1,12 @@
+//! Reading PyTorch CUDA caching-allocator snapshots (`torch.cuda.memory._dump_snapshot()`,
+//! `torch.cuda.memory_snapshot()`) and summarizing them: [`pickle`] reads the file without
+//! executing anything, [`model`] turns it into typed segments, blocks and trace entries
+//! across torch versions, [`summary`] computes what `vramctl snapshot FILE` prints.
+
+pub mod pickle;
+pub mod model;
+pub mod summary;
+
+pub use model::{Snapshot, SnapshotError, open};
+pub use pickle::{Limits, PickleError};
+pub use summary::{Summary, summarize};
