@@ -381,7 +381,7 @@ impl Builder {
             }
         }
         let sum = |f: &dyn Fn(&Block) -> bool| -> u64 {
-            blocks.iter().filter(|b| f(b)).map(|b| b.size).sum()
+            blocks.iter().filter(|b| f(b)).fold(0u64, |a, b| a.saturating_add(b.size))
         };
         let allocated_size = uint(s, "allocated_size")
             .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated));
@@ -390,8 +390,7 @@ impl Builder {
             blocks
                 .iter()
                 .filter(|b| b.state.is_active())
-                .map(|b| b.requested_size)
-                .sum()
+                .try_fold(0u64, |a, b| Some(a.saturating_add(b.requested_size?)))
         });
         let pool = match s.get("segment_type").as_ref().and_then(Value::as_str) {
             Some(t) if &**t == "small" => Pool::Small,
@@ -414,7 +413,8 @@ impl Builder {
         Segment {
             device: int(s, "device").unwrap_or(0),
             address,
-            total_size: uint(s, "total_size").unwrap_or_else(|| blocks.iter().map(|b| b.size).sum()),
+            total_size: uint(s, "total_size")
+                .unwrap_or_else(|| blocks.iter().fold(0u64, |a, b| a.saturating_add(b.size))),
             allocated_size,
             active_size,
             requested_size,

@@ -44,11 +44,11 @@ pub struct Totals {
 
 impl Totals {
     fn add_segment(&mut self, s: &Segment) {
-        self.reserved_bytes += s.total_size;
-        self.allocated_bytes += s.allocated_size;
-        self.active_bytes += s.active_size;
+        self.reserved_bytes = self.reserved_bytes.saturating_add(s.total_size);
+        self.allocated_bytes = self.allocated_bytes.saturating_add(s.allocated_size);
+        self.active_bytes = self.active_bytes.saturating_add(s.active_size);
         self.requested_bytes = match (self.requested_bytes, s.requested_size) {
-            (Some(a), Some(b)) => Some(a + b),
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
             _ => None,
         };
         self.segments += 1;
@@ -60,21 +60,21 @@ impl Totals {
                 any_active = true;
                 self.active_blocks += 1;
                 self.internal_waste_bytes = match (self.internal_waste_bytes, b.requested_size) {
-                    (Some(w), Some(r)) => Some(w + b.size.saturating_sub(r)),
+                    (Some(w), Some(r)) => Some(w.saturating_add(b.size.saturating_sub(r))),
                     _ => None,
                 };
             }
             if b.state == BlockState::Inactive {
-                self.free_bytes += b.size;
+                self.free_bytes = self.free_bytes.saturating_add(b.size);
                 self.largest_free_block_bytes = self.largest_free_block_bytes.max(b.size);
                 if split {
-                    self.inactive_split_bytes += b.size;
+                    self.inactive_split_bytes = self.inactive_split_bytes.saturating_add(b.size);
                     self.inactive_split_blocks += 1;
                 }
             }
         }
         if !any_active {
-            self.releasable_bytes += s.total_size;
+            self.releasable_bytes = self.releasable_bytes.saturating_add(s.total_size);
         }
         self.fragmentation = fragmentation(self.largest_free_block_bytes, self.free_bytes);
     }
@@ -247,7 +247,7 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
         segs.insert(
             s.address,
             ReplaySegment {
-                end: s.address + s.total_size,
+                end: s.address.saturating_add(s.total_size),
                 stream: s.stream,
                 pool: s.pool,
                 active,
@@ -278,13 +278,13 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
                 // Undo: the memory was not there before. A map of part of an expandable
                 // segment shrinks it; a whole segment goes away.
                 if let Some(s) = segs.get(&addr) {
-                    if s.end <= addr + later.size {
+                    if s.end <= addr.saturating_add(later.size) {
                         segs.remove(&addr);
                         continue;
                     }
                 }
                 match segs.range_mut(..=addr).next_back() {
-                    Some((_, s)) if addr < s.end && addr + later.size >= s.end => s.end = addr,
+                    Some((_, s)) if addr < s.end && addr.saturating_add(later.size) >= s.end => s.end = addr,
                     _ => replayed = false,
                 }
             }
@@ -297,13 +297,13 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
                     .filter(|(_, s)| s.end == addr && s.stream == later.stream);
                 match grows {
                     Some((_, s)) if later.action == Action::SegmentUnmap => {
-                        s.end = addr + later.size;
+                        s.end = addr.saturating_add(later.size);
                     }
                     _ => {
                         segs.insert(
                             addr,
                             ReplaySegment {
-                                end: addr + later.size,
+                                end: addr.saturating_add(later.size),
                                 stream: later.stream,
                                 pool: if later.size <= 2 * SMALL_SIZE {
                                     Pool::Small
@@ -319,8 +319,8 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
             _ => {}
         }
     }
-    let mut free_bytes = 0;
-    let mut inactive_split_bytes = 0;
+    let mut free_bytes: u64 = 0;
+    let mut inactive_split_bytes: u64 = 0;
     let mut split_segments: BTreeSet<u64> = BTreeSet::new();
     let mut largest = 0;
     for (&start, s) in &segs {
@@ -328,19 +328,19 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
             continue;
         }
         let mut cursor = start;
-        let mut seg_free = 0;
+        let mut seg_free: u64 = 0;
         for (&a, &size) in &s.active {
             let gap = a.saturating_sub(cursor);
-            seg_free += gap;
+            seg_free = seg_free.saturating_add(gap);
             largest = largest.max(gap);
-            cursor = cursor.max(a + size);
+            cursor = cursor.max(a.saturating_add(size));
         }
         let tail = s.end.saturating_sub(cursor);
-        seg_free += tail;
+        seg_free = seg_free.saturating_add(tail);
         largest = largest.max(tail);
-        free_bytes += seg_free;
+        free_bytes = free_bytes.saturating_add(seg_free);
         if !s.active.is_empty() && seg_free > 0 {
-            inactive_split_bytes += seg_free;
+            inactive_split_bytes = inactive_split_bytes.saturating_add(seg_free);
             split_segments.insert(start);
         }
     }
@@ -368,7 +368,7 @@ fn advise(snap: &Snapshot, devices: &[DeviceSummary], oom: &[OomEvent]) -> Vec<A
     let mut out = Vec::new();
     for o in oom {
         let device_free = o.device_free_bytes.unwrap_or(0);
-        if o.requested_bytes > o.free_bytes + device_free {
+        if o.requested_bytes > o.free_bytes.saturating_add(device_free) {
             out.push(Advice {
                 setting: "none".to_owned(),
                 reason: format!(
@@ -384,7 +384,7 @@ fn advise(snap: &Snapshot, devices: &[DeviceSummary], oom: &[OomEvent]) -> Vec<A
             });
         } else if !expandable
             && o.requested_bytes > o.largest_free_block_bytes
-            && o.requested_bytes <= o.inactive_split_bytes + device_free
+            && o.requested_bytes <= o.inactive_split_bytes.saturating_add(device_free)
         {
             out.push(Advice {
                 setting: "expandable_segments:True".to_owned(),
