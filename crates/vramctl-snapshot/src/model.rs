@@ -21,7 +21,7 @@ use crate::pickle::{self, Limits, PickleError, Value};
 /// Why a file is not a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("cannot open '{path}': {source}")]
+    #[error("cannot open '{path}'")]
     Open {
         path: String,
         source: std::io::Error,

@@ -1,6 +1,6 @@
-//! `vramctl snapshot`: a thin shell over `vramctl_core::allocator_snapshot` (checks of the
-//! path, the agent's `snapshot`): flags in, where the file is and its size out, the exit
-//! code.
+//! `vramctl snapshot`: with FILE, a thin shell over `vramctl_snapshot` (read, summarize,
+//! print); with --pid, over `vramctl_core::allocator_snapshot` (checks of the path, the
+//! agent's `snapshot`): flags in, where the file is and its size out, the exit code.
 
 use std::io::Write;
 
@@ -29,8 +29,15 @@ struct Document<'a> {
 /// The path refused, the agent failed or did not answer (exit 2), stdout closed. No agent,
 /// or nothing to snapshot, is exit 1 with its line on stderr.
 pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
+    if let Some(file) = &args.file {
+        return summarize_file(file, args.json);
+    }
+    // clap requires FILE or --pid.
+    let Some(pid) = args.pid else {
+        anyhow::bail!("give a snapshot FILE to read, or --pid PID to take one");
+    };
     let request = SnapshotRequest {
-        pid: args.pid,
+        pid,
         output: args.output.clone(),
         record: args.record.map(|r| match r {
             RecordAction::Start => HistoryRecord::Start {
@@ -63,6 +70,44 @@ pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
         writeln!(out).context(io)?;
     } else {
         for line in render(&report) {
+            writeln!(out, "{line}").context(io)?;
+        }
+    }
+    out.flush().context(io)?;
+    Ok(Exit::Ok)
+}
+
+/// The summary's JSON (docs/json.md, "snapshot FILE").
+#[derive(Serialize)]
+struct SummaryDocument<'a> {
+    schema: u32,
+    file: String,
+    format: vramctl_snapshot::model::Format,
+    #[serde(flatten)]
+    summary: &'a vramctl_snapshot::Summary,
+}
+
+/// `vramctl snapshot FILE`.
+fn summarize_file(file: &std::path::Path, json: bool) -> anyhow::Result<Exit> {
+    let snap = vramctl_snapshot::open(file, vramctl_snapshot::Limits::default())
+        .with_context(|| format!("cannot read the snapshot '{}'", file.display()))?;
+    let summary = vramctl_snapshot::summarize(&snap);
+    let mut out = std::io::stdout().lock();
+    let io = "cannot write to stdout";
+    if json {
+        serde_json::to_writer(
+            &mut out,
+            &SummaryDocument {
+                schema: SCHEMA,
+                file: file.display().to_string(),
+                format: snap.format,
+                summary: &summary,
+            },
+        )
+        .context("cannot write JSON")?;
+        writeln!(out).context(io)?;
+    } else {
+        for line in vramctl_snapshot::summary::table(&summary) {
             writeln!(out, "{line}").context(io)?;
         }
     }
