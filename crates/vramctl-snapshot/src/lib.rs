@@ -6,6 +6,7 @@
 pub mod pickle;
 pub mod model;
 pub mod summary;
+pub mod top;
 
 pub use model::{Snapshot, SnapshotError, open};
 pub use pickle::{Limits, PickleError};

@@ -175,3 +175,25 @@ fn json_of_the_training_snapshot() {
     let (_, s) = load("snapshot-train.pickle");
     insta::assert_json_snapshot!(s);
 }
+
+#[test]
+fn top_groups_add_up_to_the_active_bytes() {
+    use vramctl_snapshot::top::{By, top};
+    for name in ["snapshot-train.pickle", "snap.pickle", "snapx.pickle"] {
+        let (snap, s) = load(name);
+        for by in [By::Stack, By::Frame, By::File] {
+            let (rows, total) = top(&snap, by, usize::MAX);
+            assert_eq!(total, s.devices[0].totals.active_bytes, "{name}");
+            assert_eq!(rows.iter().map(|r| r.bytes).sum::<u64>(), total, "{name}");
+            assert!(rows.windows(2).all(|w| w[0].bytes >= w[1].bytes));
+        }
+    }
+}
+
+#[test]
+fn top_by_frame_of_the_training_snapshot() {
+    use vramctl_snapshot::top::{By, top};
+    let (snap, _) = load("snapshot-train.pickle");
+    let (rows, _) = top(&snap, By::Frame, 5);
+    insta::assert_json_snapshot!(rows);
+}

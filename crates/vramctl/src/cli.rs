@@ -1247,9 +1247,21 @@ Exit codes:
 Examples:
   vramctl snapshot train.pickle
   vramctl snapshot train.pickle.gz --json
+  vramctl snapshot train.pickle --top 10 --by frame
   vramctl snapshot --pid 4242 -o /tmp/4242.pickle
   vramctl snapshot --pid 4242 --record start --max-entries 100000
   vramctl snapshot --pid 4242 -o /tmp/4242-history.pickle --record stop";
+
+/// `--by` of `vramctl snapshot FILE --top N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TopBy {
+    /// The allocation stack, user-code frames only, innermost first
+    Stack,
+    /// The innermost frame of user code
+    Frame,
+    /// The file of that frame
+    File,
+}
 
 /// `--record` of `vramctl snapshot`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1284,6 +1296,15 @@ pub struct SnapshotArgs {
     /// With --pid: start or stop recording allocation history (stacks of each allocation)
     #[arg(long, value_name = "ACTION")]
     pub record: Option<RecordAction>,
+
+    /// With FILE: also list the N groups holding the most live bytes (see --by)
+    #[arg(long, value_name = "N", requires = "file")]
+    pub top: Option<usize>,
+
+    /// With --top: group live bytes by allocation stack (torch-internal frames folded into
+    /// [torch]), by the innermost frame of user code, or by its file
+    #[arg(long, value_name = "KEY", default_value = "stack", requires = "top")]
+    pub by: TopBy,
 
     /// With --record start: entries the history's ring buffer keeps (1 to 1000000; about
     /// 80 bytes each in the snapshot)

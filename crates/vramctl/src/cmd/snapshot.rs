@@ -9,7 +9,7 @@ use serde::Serialize;
 use vramctl_core::agent_client::HistoryRecord;
 use vramctl_core::allocator_snapshot::{self, SnapshotReport, SnapshotRequest};
 
-use crate::cli::{RecordAction, SnapshotArgs};
+use crate::cli::{RecordAction, SnapshotArgs, TopBy};
 use crate::exit::Exit;
 use vramctl::units;
 
@@ -30,7 +30,7 @@ struct Document<'a> {
 /// or nothing to snapshot, is exit 1 with its line on stderr.
 pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
     if let Some(file) = &args.file {
-        return summarize_file(file, args.json);
+        return summarize_file(file, args);
     }
     // clap requires FILE or --pid.
     let Some(pid) = args.pid else {
@@ -85,13 +85,39 @@ struct SummaryDocument<'a> {
     format: vramctl_snapshot::model::Format,
     #[serde(flatten)]
     summary: &'a vramctl_snapshot::Summary,
+    /// With --top: the groups, largest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top: Option<TopDocument>,
+}
+
+#[derive(Serialize)]
+struct TopDocument {
+    by: &'static str,
+    /// Σ live (active) bytes over all groups, the share's denominator.
+    live_bytes: u64,
+    rows: Vec<vramctl_snapshot::top::TopRow>,
 }
 
 /// `vramctl snapshot FILE`.
-fn summarize_file(file: &std::path::Path, json: bool) -> anyhow::Result<Exit> {
+fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result<Exit> {
+    use vramctl_snapshot::top::{self, By};
     let snap = vramctl_snapshot::open(file, vramctl_snapshot::Limits::default())
         .with_context(|| format!("cannot read the snapshot '{}'", file.display()))?;
     let summary = vramctl_snapshot::summarize(&snap);
+    let top = args.top.map(|n| {
+        let (by, name) = match args.by {
+            TopBy::Stack => (By::Stack, "stack"),
+            TopBy::Frame => (By::Frame, "frame"),
+            TopBy::File => (By::File, "file"),
+        };
+        let (rows, live_bytes) = top::top(&snap, by, n);
+        TopDocument {
+            by: name,
+            live_bytes,
+            rows,
+        }
+    });
+    let json = args.json;
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
     if json {
@@ -102,6 +128,7 @@ fn summarize_file(file: &std::path::Path, json: bool) -> anyhow::Result<Exit> {
                 file: file.display().to_string(),
                 format: snap.format,
                 summary: &summary,
+                top,
             },
         )
         .context("cannot write JSON")?;
@@ -109,6 +136,28 @@ fn summarize_file(file: &std::path::Path, json: bool) -> anyhow::Result<Exit> {
     } else {
         for line in vramctl_snapshot::summary::table(&summary) {
             writeln!(out, "{line}").context(io)?;
+        }
+        if let Some(t) = &top {
+            writeln!(out, "top {} by {} (of {} live):", t.rows.len(), t.by, units::bytes(t.live_bytes))
+                .context(io)?;
+            for r in &t.rows {
+                #[allow(clippy::cast_precision_loss)]
+                let share = if t.live_bytes == 0 {
+                    0.0
+                } else {
+                    100.0 * r.bytes as f64 / t.live_bytes as f64
+                };
+                writeln!(
+                    out,
+                    "  {:>10}  {:>5.1}%  {:>5} block{}  {}",
+                    units::bytes(r.bytes),
+                    share,
+                    r.blocks,
+                    if r.blocks == 1 { " " } else { "s" },
+                    r.key
+                )
+                .context(io)?;
+            }
         }
     }
     out.flush().context(io)?;

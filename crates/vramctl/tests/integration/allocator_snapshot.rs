@@ -234,3 +234,17 @@ fn snapshot_file_and_pid_together_are_a_usage_error() {
     assert_eq!(code, 2);
     assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
+
+#[test]
+fn snapshot_file_top_lists_live_bytes_by_user_frame() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = snapshot(
+        out.path(),
+        &[&fixture("snapshot-train.pickle"), "--top", "2", "--by", "frame"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("top 2 by frame (of 453.2 MiB live):"), "{stdout}");
+    assert!(stdout.contains("<module> (/tmp/snap.py:10)"), "{stdout}");
+    let (code, _, _) = snapshot(out.path(), &["--pid", "1", "--top", "3"]);
+    assert_eq!(code, 2, "--top needs FILE");
+}
