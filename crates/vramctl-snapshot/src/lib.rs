@@ -3,8 +3,8 @@
 //! executing anything, [`model`] turns it into typed segments, blocks and trace entries
 //! across torch versions, [`summary`] computes what `vramctl snapshot FILE` prints.
 
-pub mod pickle;
 pub mod model;
+pub mod pickle;
 pub mod summary;
 pub mod top;
 

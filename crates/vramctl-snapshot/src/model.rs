@@ -381,7 +381,10 @@ impl Builder {
             }
         }
         let sum = |f: &dyn Fn(&Block) -> bool| -> u64 {
-            blocks.iter().filter(|b| f(b)).fold(0u64, |a, b| a.saturating_add(b.size))
+            blocks
+                .iter()
+                .filter(|b| f(b))
+                .fold(0u64, |a, b| a.saturating_add(b.size))
         };
         let allocated_size = uint(s, "allocated_size")
             .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated));

@@ -51,7 +51,9 @@ pub enum PickleError {
     BadOpcode { opcode: u8, at: u64 },
     #[error("pickle protocol {0} is not supported (2 to 5 are)")]
     Protocol(u8),
-    #[error("global '{module}.{name}' at byte {at} is not allowed (a snapshot holds plain data only; nothing is executed)")]
+    #[error(
+        "global '{module}.{name}' at byte {at} is not allowed (a snapshot holds plain data only; nothing is executed)"
+    )]
     GlobalNotAllowed {
         module: String,
         name: String,
@@ -580,13 +582,8 @@ impl<R: BufRead> Machine<R> {
                 b'c' => {
                     let module = self.line()?;
                     let name = self.line()?;
-                    let g = Global::allowed(&module, &name).ok_or(
-                        PickleError::GlobalNotAllowed {
-                            module,
-                            name,
-                            at,
-                        },
-                    )?;
+                    let g = Global::allowed(&module, &name)
+                        .ok_or(PickleError::GlobalNotAllowed { module, name, at })?;
                     self.push(Value::Callable(g))?;
                 }
                 0x93 => {
@@ -665,7 +662,11 @@ fn long(raw: &[u8]) -> Value {
         return Value::Int(0);
     }
     if raw.len() <= 8 {
-        let fill = if raw[raw.len() - 1] & 0x80 != 0 { 0xff } else { 0 };
+        let fill = if raw[raw.len() - 1] & 0x80 != 0 {
+            0xff
+        } else {
+            0
+        };
         let mut a = [fill; 8];
         a[..raw.len()].copy_from_slice(raw);
         return Value::Int(i64::from_le_bytes(a));

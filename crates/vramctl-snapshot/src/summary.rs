@@ -183,20 +183,22 @@ pub fn summarize(snap: &Snapshot) -> Summary {
     }
     let devices: Vec<DeviceSummary> = per_device
         .into_iter()
-        .map(|(device, (totals, expandable_segments, pools))| DeviceSummary {
-            device,
-            totals,
-            expandable_segments,
-            pools: pools
-                .into_iter()
-                .map(|((stream, pool, pool_id), totals)| PoolSummary {
-                    stream,
-                    pool,
-                    pool_id,
-                    totals,
-                })
-                .collect(),
-        })
+        .map(
+            |(device, (totals, expandable_segments, pools))| DeviceSummary {
+                device,
+                totals,
+                expandable_segments,
+                pools: pools
+                    .into_iter()
+                    .map(|((stream, pool, pool_id), totals)| PoolSummary {
+                        stream,
+                        pool,
+                        pool_id,
+                        totals,
+                    })
+                    .collect(),
+            },
+        )
         .collect();
     let mut oom = Vec::new();
     for (device, trace) in snap.device_traces.iter().enumerate() {
@@ -266,14 +268,12 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
                 }
                 _ => replayed = false,
             },
-            Action::FreeCompleted | Action::Free => {
-                match segs.range_mut(..=addr).next_back() {
-                    Some((_, s)) if addr < s.end => {
-                        s.active.insert(addr, later.size);
-                    }
-                    _ => replayed = false,
+            Action::FreeCompleted | Action::Free => match segs.range_mut(..=addr).next_back() {
+                Some((_, s)) if addr < s.end => {
+                    s.active.insert(addr, later.size);
                 }
-            }
+                _ => replayed = false,
+            },
             Action::SegmentAlloc | Action::SegmentMap => {
                 // Undo: the memory was not there before. A map of part of an expandable
                 // segment shrinks it; a whole segment goes away.
@@ -284,7 +284,9 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
                     }
                 }
                 match segs.range_mut(..=addr).next_back() {
-                    Some((_, s)) if addr < s.end && addr.saturating_add(later.size) >= s.end => s.end = addr,
+                    Some((_, s)) if addr < s.end && addr.saturating_add(later.size) >= s.end => {
+                        s.end = addr
+                    }
                     _ => replayed = false,
                 }
             }
@@ -397,7 +399,11 @@ fn advise(snap: &Snapshot, devices: &[DeviceSummary], oom: &[OomEvent]) -> Vec<A
                     o.device,
                     human(o.inactive_split_bytes),
                     o.inactive_split_segments,
-                    if o.inactive_split_segments == 1 { "" } else { "s" },
+                    if o.inactive_split_segments == 1 {
+                        ""
+                    } else {
+                        "s"
+                    },
                     human(o.largest_free_block_bytes),
                     human(device_free),
                 ),
@@ -467,7 +473,11 @@ pub fn table(s: &Summary) -> Vec<String> {
             human(t.free_bytes),
             human(t.inactive_split_bytes),
             t.inactive_split_blocks,
-            if t.inactive_split_blocks == 1 { "" } else { "s" },
+            if t.inactive_split_blocks == 1 {
+                ""
+            } else {
+                "s"
+            },
             human(t.releasable_bytes),
             human(t.largest_free_block_bytes),
             frag(t.fragmentation),
@@ -535,7 +545,10 @@ pub fn table(s: &Summary) -> Vec<String> {
         }
     }
     if s.oom.is_empty() {
-        out.push(format!("oom: none in the trace ({} entries)", s.trace_entries));
+        out.push(format!(
+            "oom: none in the trace ({} entries)",
+            s.trace_entries
+        ));
     }
     for o in &s.oom {
         out.push(format!(
@@ -549,9 +562,17 @@ pub fn table(s: &Summary) -> Vec<String> {
             human(o.free_bytes),
             human(o.inactive_split_bytes),
             o.inactive_split_segments,
-            if o.inactive_split_segments == 1 { "" } else { "s" },
+            if o.inactive_split_segments == 1 {
+                ""
+            } else {
+                "s"
+            },
             opt_human(o.device_free_bytes),
-            if o.replayed { "" } else { " (approximate: the trace did not replay cleanly)" },
+            if o.replayed {
+                ""
+            } else {
+                " (approximate: the trace did not replay cleanly)"
+            },
         ));
     }
     for a in &s.advice {

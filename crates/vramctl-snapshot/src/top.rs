@@ -146,7 +146,11 @@ mod tests {
             allocator_settings: None,
             frames: vec![
                 frame("??", 0, "at::empty"),
-                frame("/usr/lib/python3/site-packages/torch/nn/modules/linear.py", 125, "forward"),
+                frame(
+                    "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
                 frame("/home/u/train.py", 42, "step"),
                 frame("/home/u/train.py", 80, "main"),
                 frame("??", 0, "at::native::randn"),
@@ -169,6 +173,9 @@ mod tests {
         let (rows, _) = top(&snapshot(), By::File, 1);
         assert_eq!(rows.len(), 1);
         let (rows, _) = top(&snapshot(), By::Frame, 10);
-        assert!(rows.iter().any(|r| r.key == "step (/home/u/train.py:42)" && r.bytes == 3));
+        assert!(
+            rows.iter()
+                .any(|r| r.key == "step (/home/u/train.py:42)" && r.bytes == 3)
+        );
     }
 }

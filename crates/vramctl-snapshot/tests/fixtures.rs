@@ -10,7 +10,9 @@ use vramctl_snapshot::summary::{Summary, table};
 use vramctl_snapshot::{Limits, Snapshot, open, summarize};
 
 fn path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/h200/snapshots").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/h200/snapshots")
+        .join(name)
 }
 
 fn load(name: &str) -> (Snapshot, Summary) {
@@ -47,7 +49,11 @@ fn summary_equals_pythons_reading_of_each_fixture() {
         ] {
             assert_eq!(t[key], e[key], "{name}: {key}");
         }
-        assert_eq!(serde_json::json!(s.trace_entries), e["trace_entries"], "{name}");
+        assert_eq!(
+            serde_json::json!(s.trace_entries),
+            e["trace_entries"],
+            "{name}"
+        );
         let oom: Vec<u64> = s.oom.iter().map(|o| o.requested_bytes).collect();
         assert_eq!(serde_json::json!(oom), e["oom_requested_bytes"], "{name}");
     }
@@ -62,7 +68,10 @@ fn summary_equals_sums_of_the_blocks_and_segments_are_consistent() {
         let mut pools_reserved = 0;
         for seg in &snap.segments {
             let blocks: u64 = seg.blocks.iter().map(|b| b.size).sum();
-            assert_eq!(blocks, seg.total_size, "{name}: Σ block sizes == total_size");
+            assert_eq!(
+                blocks, seg.total_size,
+                "{name}: Σ block sizes == total_size"
+            );
             let alloc: u64 = seg
                 .blocks
                 .iter()
@@ -79,7 +88,10 @@ fn summary_equals_sums_of_the_blocks_and_segments_are_consistent() {
         for p in &d.pools {
             pools_reserved += p.totals.reserved_bytes;
         }
-        assert_eq!(pools_reserved, reserved, "{name}: pools add up to the device");
+        assert_eq!(
+            pools_reserved, reserved,
+            "{name}: pools add up to the device"
+        );
         // segsum's identity: free external + free internal + requested == reserved.
         let t = &d.totals;
         assert_eq!(
@@ -95,7 +107,10 @@ fn fragmentation_of_the_default_run_is_what_the_research_measured() {
     // research-pytorch-memory.md §1.4: largest inactive 14 MiB of 33 MiB → 0.575.
     let (_, s) = load("snap.pickle");
     let f = s.devices[0].totals.fragmentation.expect("free memory");
-    assert!((f - (1.0 - 14_680_064.0 / 34_553_344.0)).abs() < 1e-12, "{f}");
+    assert!(
+        (f - (1.0 - 14_680_064.0 / 34_553_344.0)).abs() < 1e-12,
+        "{f}"
+    );
     assert!((f - 0.575).abs() < 0.001);
 }
 
@@ -121,11 +136,18 @@ fn the_one_tib_oom_is_a_true_shortage_not_fragmentation() {
 fn shared_frame_lists_are_one_stack() {
     let (snap, _) = load("snap.pickle");
     let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
-    let with_stack = snap.device_traces[0].iter().filter(|e| e.stack != 0).count();
+    let with_stack = snap.device_traces[0]
+        .iter()
+        .filter(|e| e.stack != 0)
+        .count();
     assert!(with_stack > 0);
     // 436 entries point to 293 distinct lists in this file (research §1.2); interned
     // stacks can only be fewer.
-    assert!(snap.stacks.len() <= 294, "{} stacks for {entries} entries", snap.stacks.len());
+    assert!(
+        snap.stacks.len() <= 294,
+        "{} stacks for {entries} entries",
+        snap.stacks.len()
+    );
 }
 
 fn totals_json(s: &Summary) -> serde_json::Value {

@@ -16,7 +16,13 @@ fn read(bytes: &[u8]) -> Result<Value, PickleError> {
 fn unknown_opcode_is_an_error_naming_it() {
     let err = read(b"\x80\x04\xff.").expect_err("bad opcode");
     assert!(
-        matches!(err, PickleError::BadOpcode { opcode: 0xff, at: 2 }),
+        matches!(
+            err,
+            PickleError::BadOpcode {
+                opcode: 0xff,
+                at: 2
+            }
+        ),
         "{err}"
     );
 }
@@ -52,7 +58,10 @@ fn ordered_dict_is_built_without_importing_anything() {
 
 #[test]
 fn every_truncation_of_a_fixture_is_an_error() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/h200/snapshots/snap.pickle");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/h200/snapshots/snap.pickle"
+    );
     let bytes = std::fs::read(path).expect("fixture");
     for cut in (0..bytes.len() - 1).step_by(389) {
         let err = read(&bytes[..cut]).expect_err("truncated");
@@ -102,7 +111,10 @@ fn deep_nesting_is_dropped_without_overflowing_the_stack() {
 
 #[test]
 fn total_size_limit_holds() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/h200/snapshots/snap.pickle");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/h200/snapshots/snap.pickle"
+    );
     let bytes = std::fs::read(path).expect("fixture");
     let limits = Limits {
         max_total_bytes: 50_000,
@@ -148,7 +160,10 @@ fn a_self_containing_list_does_not_hang() {
 #[test]
 fn non_snapshot_pickles_are_refused_clearly() {
     let err = model::from_value(&read(b"\x80\x04K\x01.").expect("int")).expect_err("int");
-    assert!(err.to_string().starts_with("not an allocator snapshot"), "{err}");
+    assert!(
+        err.to_string().starts_with("not an allocator snapshot"),
+        "{err}"
+    );
     let err = model::from_value(&read(b"\x80\x04}.").expect("dict")).expect_err("{}");
     assert!(err.to_string().contains("'segments'"), "{err}");
 }
@@ -259,7 +274,11 @@ fn fragmented_oom(expandable: bool) -> Vec<u8> {
             "allocator_settings",
             P::D(vec![(
                 "PYTORCH_CUDA_ALLOC_CONF",
-                P::S(if expandable { "expandable_segments:True" } else { "" }),
+                P::S(if expandable {
+                    "expandable_segments:True"
+                } else {
+                    ""
+                }),
             )]),
         ),
     ]))
@@ -269,7 +288,11 @@ fn fragmented_oom(expandable: bool) -> Vec<u8> {
 fn oom_measures_the_free_block_at_the_oom_not_at_the_end() {
     let snap = model::read(&fragmented_oom(false)[..], Limits::default()).expect("snapshot");
     let s = summarize(&snap);
-    assert_eq!(s.devices[0].totals.largest_free_block_bytes, 20 << 20, "at the end");
+    assert_eq!(
+        s.devices[0].totals.largest_free_block_bytes,
+        20 << 20,
+        "at the end"
+    );
     let o = &s.oom[0];
     assert!(o.replayed);
     assert_eq!(o.largest_free_block_bytes, 8 << 20);
@@ -278,8 +301,16 @@ fn oom_measures_the_free_block_at_the_oom_not_at_the_end() {
     assert_eq!(o.inactive_split_segments, 1);
     assert_eq!(s.advice.len(), 1);
     assert_eq!(s.advice[0].setting, "expandable_segments:True");
-    assert!(s.advice[0].reason.contains("10.00 MiB request"), "{}", s.advice[0].reason);
-    assert!(s.advice[0].reason.contains("8.00 MiB inactive split across 1 segment"));
+    assert!(
+        s.advice[0].reason.contains("10.00 MiB request"),
+        "{}",
+        s.advice[0].reason
+    );
+    assert!(
+        s.advice[0]
+            .reason
+            .contains("8.00 MiB inactive split across 1 segment")
+    );
 }
 
 proptest! {

@@ -138,8 +138,14 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
             writeln!(out, "{line}").context(io)?;
         }
         if let Some(t) = &top {
-            writeln!(out, "top {} by {} (of {} live):", t.rows.len(), t.by, units::bytes(t.live_bytes))
-                .context(io)?;
+            writeln!(
+                out,
+                "top {} by {} (of {} live):",
+                t.rows.len(),
+                t.by,
+                units::bytes(t.live_bytes)
+            )
+            .context(io)?;
             for r in &t.rows {
                 #[allow(clippy::cast_precision_loss)]
                 let share = if t.live_bytes == 0 {

@@ -189,8 +189,7 @@ fn snapshot_file_prints_the_summary_of_an_h200_snapshot() {
 #[test]
 fn snapshot_file_json_has_the_documented_keys() {
     let out = tempfile::tempdir().expect("tempdir");
-    let (code, stdout, stderr) =
-        snapshot(out.path(), &[&fixture("snap.pickle.gz"), "--json"]);
+    let (code, stdout, stderr) = snapshot(out.path(), &[&fixture("snap.pickle.gz"), "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
     assert_eq!(v["schema"], 1);
@@ -240,10 +239,19 @@ fn snapshot_file_top_lists_live_bytes_by_user_frame() {
     let out = tempfile::tempdir().expect("tempdir");
     let (code, stdout, stderr) = snapshot(
         out.path(),
-        &[&fixture("snapshot-train.pickle"), "--top", "2", "--by", "frame"],
+        &[
+            &fixture("snapshot-train.pickle"),
+            "--top",
+            "2",
+            "--by",
+            "frame",
+        ],
     );
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains("top 2 by frame (of 453.2 MiB live):"), "{stdout}");
+    assert!(
+        stdout.contains("top 2 by frame (of 453.2 MiB live):"),
+        "{stdout}"
+    );
     assert!(stdout.contains("<module> (/tmp/snap.py:10)"), "{stdout}");
     let (code, _, _) = snapshot(out.path(), &["--pid", "1", "--top", "3"]);
     assert_eq!(code, 2, "--top needs FILE");
