@@ -157,6 +157,9 @@ pub struct Summary {
 
 const SMALL_SIZE: u64 = 1 << 20;
 
+/// (stream, pool, `segment_pool_id`): the set within which free blocks are reused.
+type PoolKey = (i64, Pool, (i64, i64));
+
 /// The pool an allocation of `size` bytes goes to (allocator's kSmallSize = 1 MiB).
 fn pool_of_request(size: u64) -> Pool {
     if size <= SMALL_SIZE {
@@ -168,8 +171,7 @@ fn pool_of_request(size: u64) -> Pool {
 
 /// Summarizes a snapshot.
 pub fn summarize(snap: &Snapshot) -> Summary {
-    let mut per_device: BTreeMap<i64, (Totals, bool, BTreeMap<(i64, Pool, (i64, i64)), Totals>)> =
-        BTreeMap::new();
+    let mut per_device: BTreeMap<i64, (Totals, bool, BTreeMap<PoolKey, Totals>)> = BTreeMap::new();
     for s in &snap.segments {
         let (totals, expandable, pools) = per_device
             .entry(s.device)
