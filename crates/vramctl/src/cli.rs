@@ -1246,9 +1246,7 @@ Exit codes:
 
 Examples:
   vramctl snapshot train.pickle
-  vramctl snapshot train.pickle.gz --json
-  vramctl snapshot train.pickle --top 10 --by frame
-  vramctl snapshot --pid 4242 -o /tmp/4242.pickle
+  vramctl snapshot train.pickle.gz --top 10 --by frame --json
   vramctl snapshot --pid 4242 --record start --max-entries 100000
   vramctl snapshot --pid 4242 -o /tmp/4242-history.pickle --record stop";
 
