@@ -167,7 +167,8 @@ pub enum Command {
     /// without ending them; shows what the framework released and what NVML shows returned
     #[command(after_help = RECLAIM_HELP)]
     Reclaim(ReclaimArgs),
-    /// Take a live allocator snapshot of a process through its in-process agent, or start
+    /// Read a PyTorch allocator snapshot file and explain it (reserved, allocated,
+    /// fragmentation, OOMs, advice), or take one live through a process's agent, or start
     /// or stop its allocation-history recording
     #[command(after_help = SNAPSHOT_HELP)]
     Snapshot(SnapshotArgs),
@@ -1218,7 +1219,15 @@ pub struct ReclaimArgs {
 }
 
 const SNAPSHOT_HELP: &str = "\
-The process's agent (docs/agent.md) writes torch.cuda.memory._snapshot() to FILE itself,
+With FILE: reads a snapshot that torch.cuda.memory._dump_snapshot() (or pickle.dump of
+torch.cuda.memory_snapshot()) wrote, plain or .gz, torch 1.12 to 2.11 formats, without
+executing anything from it, and prints per device and per stream/pool: reserved,
+allocated, active, requested (internal waste), inactive split, the largest free block
+against all free (fragmentation), segments and blocks; the trace's OOM events with the free
+memory at that moment; advice only when these numbers support it. Each number and the
+memory_stats() key it equals: docs/snapshot.md.
+
+With --pid: the process's agent (docs/agent.md) writes torch.cuda.memory._snapshot() to FILE itself,
 as the process's user, in the process's view of the file system: FILE must not exist
 (never replaced) and its directory must be writable by that user. The file is a pickle
 (protocol 4, mode 0600) that PyTorch's memory_viz reads. Allocation stacks are in it only
@@ -1226,15 +1235,29 @@ while history is recorded (--record start); a snapshot with --record stop keeps 
 it stops.
 
 Exit codes:
-  0  the snapshot was written (and the recording started or stopped)
+  0  FILE was read and summarized; the snapshot was written (and the recording started or
+     stopped)
   1  the process has no agent, or nothing to snapshot (torch not imported, CUDA not started)
-  2  usage error, no such process, FILE exists, its directory is missing or not writable
-     by the process's user, or the agent failed or did not answer within --timeout
+  2  usage error, FILE unreadable or not a snapshot (or a pickle that needs code run), no
+     such process, -o FILE exists, its directory is missing or not writable by the
+     process's user, or the agent failed or did not answer within --timeout
 
 Examples:
-  vramctl snapshot --pid 4242 -o /tmp/4242.pickle
+  vramctl snapshot train.pickle
+  vramctl snapshot train.pickle.gz --top 10 --by frame --json
   vramctl snapshot --pid 4242 --record start --max-entries 100000
   vramctl snapshot --pid 4242 -o /tmp/4242-history.pickle --record stop";
+
+/// `--by` of `vramctl snapshot FILE --top N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TopBy {
+    /// The allocation stack, user-code frames only, innermost first
+    Stack,
+    /// The innermost frame of user code
+    Frame,
+    /// The file of that frame
+    File,
+}
 
 /// `--record` of `vramctl snapshot`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1248,22 +1271,36 @@ pub enum RecordAction {
 /// `vramctl snapshot`.
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
-    /// The process (PID)
-    #[arg(long, value_name = "PID")]
-    pub pid: u32,
+    /// A snapshot file to read and summarize (pickle, or .gz of one)
+    #[arg(value_name = "FILE", conflicts_with_all = ["pid", "output", "record"], required_unless_present = "pid")]
+    pub file: Option<PathBuf>,
 
-    /// Write the snapshot here (must not exist; the process's user must be able to create it)
+    /// Take a live snapshot of this process through its agent (PID)
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+
+    /// With --pid: write the snapshot here (must not exist; the process's user must be able
+    /// to create it)
     #[arg(
         short = 'o',
         long,
         value_name = "FILE",
-        required_unless_present = "record"
+        required_unless_present_any = ["record", "file"]
     )]
     pub output: Option<PathBuf>,
 
-    /// Start or stop recording allocation history (stacks of each allocation) in the process
+    /// With --pid: start or stop recording allocation history (stacks of each allocation)
     #[arg(long, value_name = "ACTION")]
     pub record: Option<RecordAction>,
+
+    /// With FILE: also list the N groups holding the most live bytes (see --by)
+    #[arg(long, value_name = "N", requires = "file")]
+    pub top: Option<usize>,
+
+    /// With --top: group live bytes by allocation stack (torch-internal frames folded into
+    /// [torch]), by the innermost frame of user code, or by its file
+    #[arg(long, value_name = "KEY", default_value = "stack", requires = "top")]
+    pub by: TopBy,
 
     /// With --record start: entries the history's ring buffer keeps (1 to 1000000; about
     /// 80 bytes each in the snapshot)

@@ -165,3 +165,94 @@ fn snapshot_without_output_or_record_is_a_usage_error() {
     let (code, _, _) = snapshot(out.path(), &["--pid", "1"]);
     assert_eq!(code, 2);
 }
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../../testdata/h200/snapshots/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn snapshot_file_prints_the_summary_of_an_h200_snapshot() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = snapshot(out.path(), &[&fixture("snap.pickle")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.starts_with("device 0: reserved 146.00 MiB, allocated 113.05 MiB"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("fragmentation 0.575"), "{stdout}");
+    assert!(stdout.contains("oom: device 0 event 435"), "{stdout}");
+}
+
+#[test]
+fn snapshot_file_json_has_the_documented_keys() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = snapshot(out.path(), &[&fixture("snap.pickle.gz"), "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(v["schema"], 1);
+    assert_eq!(v["format"], "snapshot");
+    let d = &v["devices"][0];
+    assert_eq!(d["device"], 0);
+    assert_eq!(d["reserved_bytes"], 153_092_096);
+    assert_eq!(d["allocated_bytes"], 118_538_752);
+    for key in [
+        "active_bytes",
+        "requested_bytes",
+        "inactive_split_bytes",
+        "segments",
+        "largest_free_block_bytes",
+        "fragmentation",
+    ] {
+        assert!(d.get(key).is_some(), "{key}");
+    }
+    assert_eq!(v["oom"][0]["requested_bytes"], 1_u64 << 40);
+}
+
+#[test]
+fn snapshot_file_that_needs_code_run_is_refused_with_exit_2() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let evil = out.path().join("evil.pickle");
+    std::fs::write(&evil, b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00ls\x85R.").expect("write");
+    let (code, stdout, stderr) = snapshot(out.path(), &["evil.pickle"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("'os.system'"), "{stderr}");
+    assert!(stderr.contains("is not allowed"), "{stderr}");
+    let (code, _, stderr) = snapshot(out.path(), &["missing.pickle"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("cannot open 'missing.pickle'"), "{stderr}");
+}
+
+#[test]
+fn snapshot_file_and_pid_together_are_a_usage_error() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, _, stderr) = snapshot(out.path(), &[&fixture("snap.pickle"), "--pid", "1"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+#[test]
+fn snapshot_file_top_lists_live_bytes_by_user_frame() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = snapshot(
+        out.path(),
+        &[
+            &fixture("snapshot-train.pickle"),
+            "--top",
+            "2",
+            "--by",
+            "frame",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("top 2 by frame (of 453.2 MiB live):"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("<module> (/tmp/snap.py:10)"), "{stdout}");
+    let (code, _, _) = snapshot(out.path(), &["--pid", "1", "--top", "3"]);
+    assert_eq!(code, 2, "--top needs FILE");
+}

@@ -1,0 +1,13 @@
+//! Reading PyTorch CUDA caching-allocator snapshots (`torch.cuda.memory._dump_snapshot()`,
+//! `torch.cuda.memory_snapshot()`) and summarizing them: [`pickle`] reads the file without
+//! executing anything, [`model`] turns it into typed segments, blocks and trace entries
+//! across torch versions, [`summary`] computes what `vramctl snapshot FILE` prints.
+
+pub mod model;
+pub mod pickle;
+pub mod summary;
+pub mod top;
+
+pub use model::{Snapshot, SnapshotError, open};
+pub use pickle::{Limits, PickleError};
+pub use summary::{Summary, summarize};

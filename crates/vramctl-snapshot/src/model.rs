@@ -1,0 +1,448 @@
+//! Typed snapshot: segments, blocks, trace entries and allocator settings, read from the
+//! pickle's plain values across torch versions (research-pytorch-memory.md §1.3, §1.5):
+//! every field optional, unknown keys ignored, block addresses derived when missing,
+//! legacy (≤ 2.0) `history[0]` as the block's requested size and frames, a top-level list
+//! (`torch.cuda.memory_snapshot()`) as segments only.
+//!
+//! Stacks are interned: the snapshot shares one frame list between many blocks and trace
+//! entries, so each distinct list becomes one [`StackId`] (by pointer first, then by
+//! content), which keeps a GB-scale file small in memory.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::rc::Rc;
+
+use serde::Serialize;
+
+use crate::pickle::{self, Limits, PickleError, Value};
+
+/// Why a file is not a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("cannot open '{path}'")]
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Pickle(#[from] PickleError),
+    #[error("not an allocator snapshot: {0}")]
+    NotASnapshot(&'static str),
+}
+
+/// Index into [`Snapshot::stacks`]; 0 is the empty stack.
+pub type StackId = u32;
+/// Index into [`Snapshot::frames`].
+pub type FrameId = u32;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Frame {
+    pub filename: Rc<str>,
+    pub line: i64,
+    pub name: Rc<str>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    ActiveAllocated,
+    /// Freed by the program, not yet reusable (another stream, events).
+    ActivePendingFree,
+    Inactive,
+    Unknown,
+}
+
+impl BlockState {
+    pub fn is_active(self) -> bool {
+        matches!(self, Self::ActiveAllocated | Self::ActivePendingFree)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    /// Bytes the caller asked for (2.1+; legacy: `history[0].real_size`).
+    pub requested_size: Option<u64>,
+    pub state: BlockState,
+    pub stack: StackId,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    /// ≤ 1 MiB allocations, 2 MiB segments.
+    Small,
+    Large,
+    Unknown,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Segment {
+    pub device: i64,
+    pub address: u64,
+    pub total_size: u64,
+    /// The file's value, else Σ sizes of `active_allocated` blocks.
+    pub allocated_size: u64,
+    /// The file's value, else Σ sizes of active blocks.
+    pub active_size: u64,
+    /// The file's value, else Σ `requested_size` of active blocks (None when unknown).
+    pub requested_size: Option<u64>,
+    pub stream: i64,
+    pub pool: Pool,
+    /// `segment_pool_id`: (0, 0) is the default pool; others are private (graphs, MemPool).
+    pub pool_id: (i64, i64),
+    pub is_expandable: bool,
+    pub blocks: Vec<Block>,
+    pub stack: StackId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    /// ≤ 2.0 files: one event for both.
+    Free,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    Other(String),
+}
+
+impl Action {
+    fn parse(s: &str) -> Self {
+        match s {
+            "alloc" => Self::Alloc,
+            "free_requested" => Self::FreeRequested,
+            "free_completed" => Self::FreeCompleted,
+            "free" => Self::Free,
+            "segment_alloc" => Self::SegmentAlloc,
+            "segment_free" => Self::SegmentFree,
+            "segment_map" => Self::SegmentMap,
+            "segment_unmap" => Self::SegmentUnmap,
+            "snapshot" => Self::Snapshot,
+            "oom" => Self::Oom,
+            other => Self::Other(other.to_owned()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceEntry {
+    pub action: Action,
+    /// Absent for `oom`.
+    pub addr: Option<u64>,
+    pub size: u64,
+    pub stream: i64,
+    pub time_us: Option<i64>,
+    /// `oom` only: free bytes cudaMemGetInfo reported.
+    pub device_free: Option<u64>,
+    pub stack: StackId,
+}
+
+/// `allocator_settings` (2.3+).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AllocatorSettings {
+    pub alloc_conf: Option<String>,
+    /// None when unlimited (the file says -1).
+    pub max_split_size_bytes: Option<u64>,
+    pub garbage_collection_threshold: Option<f64>,
+    pub expandable_segments: Option<bool>,
+}
+
+/// Which shape the file had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// `_dump_snapshot()` / `_snapshot()`: a dict with `segments` (and traces, settings).
+    Snapshot,
+    /// `torch.cuda.memory_snapshot()`: the list of segments alone.
+    SegmentsOnly,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    pub format: Format,
+    pub segments: Vec<Segment>,
+    /// One list per device ordinal, oldest first.
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    pub allocator_settings: Option<AllocatorSettings>,
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<Vec<FrameId>>,
+}
+
+/// Opens a snapshot file (`.gz` or plain, told by its first bytes) and reads it streamed.
+///
+/// # Errors
+/// The file cannot be opened or read, is not a pickle the reader accepts, or not a snapshot.
+pub fn open(path: &Path, limits: Limits) -> Result<Snapshot, SnapshotError> {
+    let file = File::open(path).map_err(|source| SnapshotError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut buffered = BufReader::with_capacity(1 << 16, file);
+    let gz = buffered
+        .fill_buf()
+        .map_err(PickleError::Io)?
+        .starts_with(&[0x1f, 0x8b]);
+    let value = if gz {
+        let decoder = flate2::bufread::MultiGzDecoder::new(buffered);
+        pickle::read(BufReader::with_capacity(1 << 16, decoder), limits)?
+    } else {
+        pickle::read(buffered, limits)?
+    };
+    from_value(&value)
+}
+
+/// Reads a snapshot from any reader (plain pickle).
+///
+/// # Errors
+/// As [`open`].
+pub fn read<R: Read>(input: R, limits: Limits) -> Result<Snapshot, SnapshotError> {
+    let value = pickle::read(BufReader::new(input), limits)?;
+    from_value(&value)
+}
+
+/// Converts a pickle's values into a [`Snapshot`].
+///
+/// # Errors
+/// [`SnapshotError::NotASnapshot`] when the top level is neither a dict with `segments`
+/// nor a list of segment dicts.
+pub fn from_value(top: &Value) -> Result<Snapshot, SnapshotError> {
+    let mut b = Builder::default();
+    b.stacks.push(Vec::new());
+    let (format, segments_value) = match top {
+        Value::Dict(_) => (
+            Format::Snapshot,
+            top.get("segments")
+                .ok_or(SnapshotError::NotASnapshot("a dict without 'segments'"))?,
+        ),
+        Value::List(_) => (Format::SegmentsOnly, top.clone()),
+        _ => {
+            return Err(SnapshotError::NotASnapshot(
+                "neither a dict nor a list of segments at the top",
+            ));
+        }
+    };
+    let seq = segments_value
+        .as_seq()
+        .ok_or(SnapshotError::NotASnapshot("'segments' is not a list"))?;
+    let mut segments = Vec::with_capacity(seq.0.borrow().len());
+    for s in seq.0.borrow().iter() {
+        if s.as_dict().is_none() {
+            return Err(SnapshotError::NotASnapshot("a segment that is not a dict"));
+        }
+        segments.push(b.segment(s));
+    }
+    let mut device_traces = Vec::new();
+    if let Some(traces) = top.get("device_traces") {
+        if let Some(per_device) = traces.as_seq() {
+            for dev in per_device.0.borrow().iter() {
+                let mut entries = Vec::new();
+                if let Some(list) = dev.as_seq() {
+                    for e in list.0.borrow().iter() {
+                        if let Some(entry) = b.trace_entry(e) {
+                            entries.push(entry);
+                        }
+                    }
+                }
+                device_traces.push(entries);
+            }
+        }
+    }
+    let allocator_settings = top.get("allocator_settings").map(|s| AllocatorSettings {
+        alloc_conf: s
+            .get("PYTORCH_CUDA_ALLOC_CONF")
+            .and_then(|v| v.as_str().map(|x| x.to_string())),
+        max_split_size_bytes: s
+            .get("max_split_size")
+            .and_then(|v| v.as_int())
+            .and_then(|v| u64::try_from(v).ok()),
+        garbage_collection_threshold: s
+            .get("garbage_collection_threshold")
+            .and_then(|v| v.as_f64()),
+        expandable_segments: s.get("expandable_segments").and_then(|v| v.as_bool()),
+    });
+    Ok(Snapshot {
+        format,
+        segments,
+        device_traces,
+        allocator_settings,
+        frames: b.frames,
+        stacks: b.stacks,
+    })
+}
+
+fn uint(v: &Value, key: &str) -> Option<u64> {
+    v.get(key)
+        .and_then(|x| x.as_int())
+        .and_then(|x| u64::try_from(x).ok())
+}
+
+fn int(v: &Value, key: &str) -> Option<i64> {
+    v.get(key).and_then(|x| x.as_int())
+}
+
+#[derive(Default)]
+struct Builder {
+    frames: Vec<Frame>,
+    stacks: Vec<Vec<FrameId>>,
+    frame_ids: HashMap<Frame, FrameId>,
+    stack_by_ptr: HashMap<usize, StackId>,
+    stack_by_content: HashMap<Vec<FrameId>, StackId>,
+}
+
+impl Builder {
+    fn stack(&mut self, frames: Option<Value>) -> StackId {
+        let Some(list) = frames.as_ref().and_then(Value::as_seq) else {
+            return 0;
+        };
+        let ptr = Rc::as_ptr(list) as usize;
+        if let Some(&id) = self.stack_by_ptr.get(&ptr) {
+            return id;
+        }
+        let mut ids = Vec::new();
+        for f in list.0.borrow().iter() {
+            let frame = Frame {
+                filename: f
+                    .get("filename")
+                    .and_then(|v| v.as_str().cloned())
+                    .unwrap_or_else(|| Rc::from("??")),
+                line: int(f, "line").unwrap_or(0),
+                name: f
+                    .get("name")
+                    .and_then(|v| v.as_str().cloned())
+                    .unwrap_or_else(|| Rc::from("??")),
+            };
+            let next = u32::try_from(self.frames.len()).unwrap_or(u32::MAX);
+            let id = *self.frame_ids.entry(frame.clone()).or_insert_with(|| {
+                self.frames.push(frame);
+                next
+            });
+            ids.push(id);
+        }
+        let id = if ids.is_empty() {
+            0
+        } else {
+            let next = u32::try_from(self.stacks.len()).unwrap_or(u32::MAX);
+            match self.stack_by_content.get(&ids) {
+                Some(&id) => id,
+                None => {
+                    self.stack_by_content.insert(ids.clone(), next);
+                    self.stacks.push(ids);
+                    next
+                }
+            }
+        };
+        self.stack_by_ptr.insert(ptr, id);
+        id
+    }
+
+    fn segment(&mut self, s: &Value) -> Segment {
+        let address = uint(s, "address").unwrap_or(0);
+        let mut blocks = Vec::new();
+        let mut offset = address;
+        if let Some(list) = s.get("blocks").as_ref().and_then(Value::as_seq) {
+            for bv in list.0.borrow().iter() {
+                let size = uint(bv, "size").unwrap_or(0);
+                let state = match bv.get("state").as_ref().and_then(Value::as_str) {
+                    Some(s) if &**s == "active_allocated" => BlockState::ActiveAllocated,
+                    Some(s) if &**s == "active_pending_free" || &**s == "active_awaiting_free" => {
+                        BlockState::ActivePendingFree
+                    }
+                    Some(s) if &**s == "inactive" => BlockState::Inactive,
+                    _ => BlockState::Unknown,
+                };
+                // ≤ 2.0: the first history entry holds what 2.1 put on the block.
+                let legacy = bv
+                    .get("history")
+                    .and_then(|h| h.as_seq().and_then(|l| l.0.borrow().first().cloned()));
+                let requested_size = uint(bv, "requested_size")
+                    .or_else(|| legacy.as_ref().and_then(|h| uint(h, "real_size")));
+                let frames = bv
+                    .get("frames")
+                    .or_else(|| legacy.as_ref().and_then(|h| h.get("frames")));
+                let stack = self.stack(frames);
+                blocks.push(Block {
+                    address: uint(bv, "address").unwrap_or(offset),
+                    size,
+                    requested_size,
+                    state,
+                    stack,
+                });
+                offset = offset.saturating_add(size);
+            }
+        }
+        let sum = |f: &dyn Fn(&Block) -> bool| -> u64 {
+            blocks
+                .iter()
+                .filter(|b| f(b))
+                .fold(0u64, |a, b| a.saturating_add(b.size))
+        };
+        let allocated_size = uint(s, "allocated_size")
+            .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated));
+        let active_size = uint(s, "active_size").unwrap_or_else(|| sum(&|b| b.state.is_active()));
+        let requested_size = uint(s, "requested_size").or_else(|| {
+            blocks
+                .iter()
+                .filter(|b| b.state.is_active())
+                .try_fold(0u64, |a, b| Some(a.saturating_add(b.requested_size?)))
+        });
+        let pool = match s.get("segment_type").as_ref().and_then(Value::as_str) {
+            Some(t) if &**t == "small" => Pool::Small,
+            Some(t) if &**t == "large" => Pool::Large,
+            _ => Pool::Unknown,
+        };
+        let pool_id = s
+            .get("segment_pool_id")
+            .and_then(|p| {
+                p.as_seq().map(|t| {
+                    let t = t.0.borrow();
+                    (
+                        t.first().and_then(Value::as_int).unwrap_or(0),
+                        t.get(1).and_then(Value::as_int).unwrap_or(0),
+                    )
+                })
+            })
+            .unwrap_or((0, 0));
+        let stack = self.stack(s.get("frames"));
+        Segment {
+            device: int(s, "device").unwrap_or(0),
+            address,
+            total_size: uint(s, "total_size")
+                .unwrap_or_else(|| blocks.iter().fold(0u64, |a, b| a.saturating_add(b.size))),
+            allocated_size,
+            active_size,
+            requested_size,
+            stream: int(s, "stream").unwrap_or(0),
+            pool,
+            pool_id,
+            is_expandable: s
+                .get("is_expandable")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
+            blocks,
+            stack,
+        }
+    }
+
+    fn trace_entry(&mut self, e: &Value) -> Option<TraceEntry> {
+        let action = Action::parse(e.get("action")?.as_str()?);
+        Some(TraceEntry {
+            action,
+            addr: uint(e, "addr"),
+            size: uint(e, "size").unwrap_or(0),
+            stream: int(e, "stream").unwrap_or(0),
+            time_us: int(e, "time_us"),
+            device_free: uint(e, "device_free"),
+            stack: self.stack(e.get("frames")),
+        })
+    }
+}

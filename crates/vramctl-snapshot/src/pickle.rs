@@ -1,0 +1,675 @@
+//! A pickle reader made for allocator snapshots: the opcodes that Python's `pickle.dump`
+//! (protocols 2–5) and the C++ TorchScript pickler write for plain data, with shared
+//! references kept shared (`Rc`), and no code execution: the only globals accepted are a
+//! short allow-list of constructors that build plain data (`collections.OrderedDict`, the
+//! `torch.jit._pickle` list builders), handled here without importing anything.
+//!
+//! `serde-pickle` cannot read snapshots: Python memoizes every container and the snapshot
+//! shares one frame list between many blocks and trace entries, which serde-pickle treats
+//! as recursion (research-pytorch-memory.md §1.4).
+//!
+//! Memory is bounded by the input: every opcode byte creates at most one value, string and
+//! byte lengths are checked against [`Limits`] before anything is allocated, memo indices
+//! may not jump ahead, and nested values are dropped iteratively (no stack overflow on a
+//! deeply nested hostile file).
+
+use std::cell::RefCell;
+use std::io::{BufRead, Read};
+use std::rc::Rc;
+
+/// Bounds on what one pickle may make the reader do.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes read from the stream (after decompression).
+    pub max_total_bytes: u64,
+    /// Elements of one list, tuple or dict, and of the stack and memo.
+    pub max_container_len: usize,
+    /// Nesting depth of containers (and of MARKs).
+    pub max_depth: usize,
+}
+
+impl Default for Limits {
+    /// 16 GiB of pickle (snapshots "can easily be in the GB range"), 2^28 elements, depth
+    /// 256 (a snapshot nests 6 deep: dict → list → segment → list → block → frames).
+    fn default() -> Self {
+        Self {
+            max_total_bytes: 16 << 30,
+            max_container_len: 1 << 28,
+            max_depth: 256,
+        }
+    }
+}
+
+/// Why a pickle was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PickleError {
+    #[error("cannot read the pickle: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the pickle ends early, at byte {0} (truncated file?)")]
+    Truncated(u64),
+    #[error("unknown or unsupported pickle opcode 0x{opcode:02x} at byte {at}")]
+    BadOpcode { opcode: u8, at: u64 },
+    #[error("pickle protocol {0} is not supported (2 to 5 are)")]
+    Protocol(u8),
+    #[error(
+        "global '{module}.{name}' at byte {at} is not allowed (a snapshot holds plain data only; nothing is executed)"
+    )]
+    GlobalNotAllowed {
+        module: String,
+        name: String,
+        at: u64,
+    },
+    #[error("malformed pickle at byte {at}: {what}")]
+    Malformed { what: &'static str, at: u64 },
+    #[error("pickle exceeds the limit on {what} ({limit}) at byte {at}")]
+    Limit {
+        what: &'static str,
+        limit: u64,
+        at: u64,
+    },
+}
+
+/// A list or dict or tuple cell. Its `Drop` takes its children apart iteratively, so a
+/// deeply nested value never recurses in drop glue.
+#[derive(Debug, Default)]
+pub struct Items(pub RefCell<Vec<Value>>);
+
+/// A dict: pairs in insertion order (keys of a snapshot dict are few, so lookup is a scan).
+#[derive(Debug, Default)]
+pub struct Pairs(pub RefCell<Vec<(Value, Value)>>);
+
+/// A value of the pickle. Containers are shared: the same `Rc` wherever the pickle refers
+/// to the same object.
+#[derive(Debug, Clone)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer wider than 64 bits (little-endian two's complement), kept as bytes.
+    BigInt(Rc<[u8]>),
+    Float(f64),
+    Str(Rc<str>),
+    Bytes(Rc<[u8]>),
+    List(Rc<Items>),
+    Tuple(Rc<Items>),
+    Dict(Rc<Pairs>),
+    /// An allow-listed constructor pushed by GLOBAL/STACK_GLOBAL, waiting for its REDUCE.
+    Callable(Global),
+}
+
+impl Value {
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Self::Int(i) => Some(*i),
+            Self::Bool(b) => Some(i64::from(*b)),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Self::Float(f) => Some(*f),
+            #[allow(clippy::cast_precision_loss)]
+            Self::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Self::Bool(b) => Some(*b),
+            Self::Int(i) => Some(*i != 0),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&Rc<str>> {
+        match self {
+            Self::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    /// The elements of a list or tuple.
+    pub fn as_seq(&self) -> Option<&Rc<Items>> {
+        match self {
+            Self::List(l) | Self::Tuple(l) => Some(l),
+            _ => None,
+        }
+    }
+    pub fn as_dict(&self) -> Option<&Rc<Pairs>> {
+        match self {
+            Self::Dict(d) => Some(d),
+            _ => None,
+        }
+    }
+    /// `dict[key]` for a string key.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        let d = self.as_dict()?;
+        let pairs = d.0.borrow();
+        pairs
+            .iter()
+            .rev() // a later SETITEM of the same key wins, as in Python
+            .find(|(k, _)| k.as_str().is_some_and(|s| &**s == key))
+            .map(|(_, v)| v.clone())
+    }
+}
+
+/// Moves the children of containers no one else holds onto an explicit stack, so dropping
+/// a value nested N deep takes O(1) native stack.
+fn dismantle(mut pending: Vec<Value>) {
+    while let Some(v) = pending.pop() {
+        match v {
+            Value::List(rc) | Value::Tuple(rc) => {
+                if let Ok(items) = Rc::try_unwrap(rc) {
+                    pending.append(&mut items.0.borrow_mut());
+                }
+            }
+            Value::Dict(rc) => {
+                if let Ok(pairs) = Rc::try_unwrap(rc) {
+                    for (k, v) in pairs.0.borrow_mut().drain(..) {
+                        pending.push(k);
+                        pending.push(v);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Items {
+    fn drop(&mut self) {
+        let children = std::mem::take(self.0.get_mut());
+        if !children.is_empty() {
+            dismantle(children);
+        }
+    }
+}
+
+impl Drop for Pairs {
+    fn drop(&mut self) {
+        let pairs = std::mem::take(self.0.get_mut());
+        if !pairs.is_empty() {
+            dismantle(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect());
+        }
+    }
+}
+
+/// Reads one pickle from `input` (stops at STOP; what follows is not read).
+///
+/// # Errors
+/// Any [`PickleError`]: I/O, truncation, an opcode outside the supported set, a global
+/// outside the allow-list, a structure that is not well formed, a limit exceeded.
+pub fn read<R: BufRead>(input: R, limits: Limits) -> Result<Value, PickleError> {
+    Machine::new(input, limits).run()
+}
+
+/// Reads a pickle from a byte slice.
+///
+/// # Errors
+/// As [`read`].
+pub fn from_slice(bytes: &[u8], limits: Limits) -> Result<Value, PickleError> {
+    read(bytes, limits)
+}
+
+struct Machine<R> {
+    input: R,
+    pos: u64,
+    limits: Limits,
+    stack: Vec<Value>,
+    /// Stack lengths at each MARK.
+    marks: Vec<usize>,
+    memo: Vec<Option<Value>>,
+}
+
+impl<R: BufRead> Machine<R> {
+    fn new(input: R, limits: Limits) -> Self {
+        Self {
+            input,
+            pos: 0,
+            limits,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: Vec::new(),
+        }
+    }
+
+    fn malformed(&self, what: &'static str) -> PickleError {
+        PickleError::Malformed { what, at: self.pos }
+    }
+
+    fn limit(&self, what: &'static str, limit: u64) -> PickleError {
+        PickleError::Limit {
+            what,
+            limit,
+            at: self.pos,
+        }
+    }
+
+    fn advance(&mut self, n: u64) -> Result<(), PickleError> {
+        self.pos += n;
+        if self.pos > self.limits.max_total_bytes {
+            return Err(self.limit("total size", self.limits.max_total_bytes));
+        }
+        Ok(())
+    }
+
+    fn byte(&mut self) -> Result<u8, PickleError> {
+        let buf = self.input.fill_buf()?;
+        let Some(&b) = buf.first() else {
+            return Err(PickleError::Truncated(self.pos));
+        };
+        self.input.consume(1);
+        self.advance(1)?;
+        Ok(b)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], PickleError> {
+        let mut a = [0u8; N];
+        match self.input.read_exact(&mut a) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(PickleError::Truncated(self.pos));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.advance(N as u64)?;
+        Ok(a)
+    }
+
+    /// `n` bytes, read in pieces so that a hostile length allocates no more than the
+    /// bytes actually present.
+    fn bytes(&mut self, n: u64) -> Result<Vec<u8>, PickleError> {
+        if self.pos.saturating_add(n) > self.limits.max_total_bytes {
+            return Err(self.limit("total size", self.limits.max_total_bytes));
+        }
+        let mut out = Vec::with_capacity(usize::try_from(n.min(1 << 16)).unwrap_or(1 << 16));
+        let got = (&mut self.input).take(n).read_to_end(&mut out)?;
+        self.advance(got as u64)?;
+        if (got as u64) < n {
+            return Err(PickleError::Truncated(self.pos));
+        }
+        Ok(out)
+    }
+
+    fn string(&mut self, n: u64) -> Result<Value, PickleError> {
+        let raw = self.bytes(n)?;
+        // Python writes surrogates as-is ('surrogatepass'); a lossy decode keeps reading.
+        let s = match String::from_utf8(raw) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
+        Ok(Value::Str(Rc::from(s)))
+    }
+
+    fn line(&mut self) -> Result<String, PickleError> {
+        let mut out = Vec::new();
+        loop {
+            let b = self.byte()?;
+            if b == b'\n' {
+                break;
+            }
+            if out.len() >= 256 {
+                return Err(self.malformed("a GLOBAL name longer than 256 bytes"));
+            }
+            out.push(b);
+        }
+        String::from_utf8(out).map_err(|_| self.malformed("a GLOBAL name that is not UTF-8"))
+    }
+
+    fn push(&mut self, v: Value) -> Result<(), PickleError> {
+        if self.stack.len() >= self.limits.max_container_len {
+            return Err(self.limit("stack length", self.limits.max_container_len as u64));
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    fn pop(&mut self) -> Result<Value, PickleError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(self.malformed("pop from an empty stack (or across a MARK)"));
+        }
+        self.stack
+            .pop()
+            .ok_or_else(|| self.malformed("pop from an empty stack"))
+    }
+
+    fn top(&self) -> Result<&Value, PickleError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(self.malformed("no value on the stack"));
+        }
+        self.stack
+            .last()
+            .ok_or_else(|| self.malformed("no value on the stack"))
+    }
+
+    /// The values above the last MARK, and the MARK removed.
+    fn pop_mark(&mut self) -> Result<Vec<Value>, PickleError> {
+        let Some(at) = self.marks.pop() else {
+            return Err(self.malformed("no MARK to pop to"));
+        };
+        Ok(self.stack.split_off(at))
+    }
+
+    fn memo_put(&mut self, idx: usize) -> Result<(), PickleError> {
+        let v = self.top()?.clone();
+        // Writers number memo entries 0, 1, 2, …; a jump ahead would let a few bytes
+        // allocate a huge memo.
+        if idx > self.memo.len() + 1024 {
+            return Err(self.malformed("a memo index far beyond the entries so far"));
+        }
+        if idx >= self.limits.max_container_len {
+            return Err(self.limit("memo length", self.limits.max_container_len as u64));
+        }
+        if idx >= self.memo.len() {
+            self.memo.resize(idx + 1, None);
+        }
+        self.memo[idx] = Some(v);
+        Ok(())
+    }
+
+    fn memo_get(&mut self, idx: usize) -> Result<(), PickleError> {
+        let v = self
+            .memo
+            .get(idx)
+            .and_then(Clone::clone)
+            .ok_or_else(|| self.malformed("a memo reference to an entry never stored"))?;
+        self.push(v)
+    }
+
+    fn check_len(&self, len: usize) -> Result<(), PickleError> {
+        if len > self.limits.max_container_len {
+            return Err(self.limit("container length", self.limits.max_container_len as u64));
+        }
+        Ok(())
+    }
+
+    fn extend_list(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
+        let target = self.top()?.clone();
+        match target {
+            Value::List(l) => {
+                let mut v = l.0.borrow_mut();
+                self.check_len(v.len() + items.len())?;
+                v.extend(items);
+                Ok(())
+            }
+            _ => Err(self.malformed("APPEND to something that is not a list")),
+        }
+    }
+
+    fn set_items(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
+        if items.len() % 2 != 0 {
+            return Err(self.malformed("SETITEMS with an odd number of values"));
+        }
+        let target = self.top()?.clone();
+        match target {
+            Value::Dict(d) => {
+                let mut pairs = d.0.borrow_mut();
+                self.check_len(pairs.len() + items.len() / 2)?;
+                let mut it = items.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    pairs.push((k, v));
+                }
+                Ok(())
+            }
+            _ => Err(self.malformed("SETITEM on something that is not a dict")),
+        }
+    }
+
+    fn tuple(items: Vec<Value>) -> Value {
+        Value::Tuple(Rc::new(Items(RefCell::new(items))))
+    }
+
+    fn run(mut self) -> Result<Value, PickleError> {
+        loop {
+            let at = self.pos;
+            let op = self.byte()?;
+            match op {
+                0x80 => {
+                    let proto = self.byte()?;
+                    if !(2..=5).contains(&proto) {
+                        return Err(PickleError::Protocol(proto));
+                    }
+                }
+                // FRAME: a length hint for buffering; the stream is read the same either way.
+                0x95 => {
+                    self.array::<8>()?;
+                }
+                b'.' => {
+                    // STOP
+                    let v = self.pop()?;
+                    if !self.marks.is_empty() {
+                        return Err(self.malformed("STOP inside a MARK"));
+                    }
+                    return Ok(v);
+                }
+                b'(' => {
+                    if self.marks.len() >= self.limits.max_depth {
+                        return Err(self.limit("nesting depth", self.limits.max_depth as u64));
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'0' => {
+                    self.pop()?;
+                }
+                b'1' => {
+                    self.pop_mark()?;
+                }
+                b'2' => {
+                    let v = self.top()?.clone();
+                    self.push(v)?;
+                }
+                b'}' => self.push(Value::Dict(Rc::default()))?,
+                b']' => self.push(Value::List(Rc::default()))?,
+                b')' => self.push(Self::tuple(Vec::new()))?,
+                b'd' => {
+                    let items = self.pop_mark()?;
+                    self.push(Value::Dict(Rc::default()))?;
+                    self.set_items(items)?;
+                }
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    self.push(Value::List(Rc::new(Items(RefCell::new(items)))))?;
+                }
+                b't' => {
+                    let items = self.pop_mark()?;
+                    self.push(Self::tuple(items))?;
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + n {
+                        return Err(self.malformed("TUPLE1/2/3 with too few values"));
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    self.push(Self::tuple(items))?;
+                }
+                b'a' => {
+                    let v = self.pop()?;
+                    self.extend_list(vec![v])?;
+                }
+                b'e' => {
+                    let items = self.pop_mark()?;
+                    self.extend_list(items)?;
+                }
+                b's' => {
+                    let v = self.pop()?;
+                    let k = self.pop()?;
+                    self.set_items(vec![k, v])?;
+                }
+                b'u' => {
+                    let items = self.pop_mark()?;
+                    self.set_items(items)?;
+                }
+                b'N' => self.push(Value::None)?,
+                0x88 => self.push(Value::Bool(true))?,
+                0x89 => self.push(Value::Bool(false))?,
+                b'J' => {
+                    let v = i32::from_le_bytes(self.array()?);
+                    self.push(Value::Int(i64::from(v)))?;
+                }
+                b'K' => {
+                    let v = self.byte()?;
+                    self.push(Value::Int(i64::from(v)))?;
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(self.array()?);
+                    self.push(Value::Int(i64::from(v)))?;
+                }
+                0x8a => {
+                    let n = self.byte()?;
+                    let raw = self.bytes(u64::from(n))?;
+                    self.push(long(&raw))?;
+                }
+                0x8b => {
+                    let n = u32::from_le_bytes(self.array()?);
+                    let raw = self.bytes(u64::from(n))?;
+                    self.push(long(&raw))?;
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(self.array()?);
+                    self.push(Value::Float(v))?;
+                }
+                0x8c => {
+                    let n = self.byte()?;
+                    let s = self.string(u64::from(n))?;
+                    self.push(s)?;
+                }
+                b'X' => {
+                    let n = u32::from_le_bytes(self.array()?);
+                    let s = self.string(u64::from(n))?;
+                    self.push(s)?;
+                }
+                0x8d => {
+                    let n = u64::from_le_bytes(self.array()?);
+                    let s = self.string(n)?;
+                    self.push(s)?;
+                }
+                b'C' => {
+                    let n = self.byte()?;
+                    let b = self.bytes(u64::from(n))?;
+                    self.push(Value::Bytes(Rc::from(b)))?;
+                }
+                b'B' => {
+                    let n = u32::from_le_bytes(self.array()?);
+                    let b = self.bytes(u64::from(n))?;
+                    self.push(Value::Bytes(Rc::from(b)))?;
+                }
+                0x8e => {
+                    let n = u64::from_le_bytes(self.array()?);
+                    let b = self.bytes(n)?;
+                    self.push(Value::Bytes(Rc::from(b)))?;
+                }
+                0x94 => {
+                    let idx = self.memo.len();
+                    self.memo_put(idx)?;
+                }
+                b'q' => {
+                    let idx = self.byte()?;
+                    self.memo_put(usize::from(idx))?;
+                }
+                b'r' => {
+                    let idx = u32::from_le_bytes(self.array()?);
+                    self.memo_put(idx as usize)?;
+                }
+                b'h' => {
+                    let idx = self.byte()?;
+                    self.memo_get(usize::from(idx))?;
+                }
+                b'j' => {
+                    let idx = u32::from_le_bytes(self.array()?);
+                    self.memo_get(idx as usize)?;
+                }
+                b'c' => {
+                    let module = self.line()?;
+                    let name = self.line()?;
+                    let g = Global::allowed(&module, &name)
+                        .ok_or(PickleError::GlobalNotAllowed { module, name, at })?;
+                    self.push(Value::Callable(g))?;
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    let (Some(module), Some(name)) = (module.as_str(), name.as_str()) else {
+                        return Err(self.malformed("STACK_GLOBAL of values that are not strings"));
+                    };
+                    let g = Global::allowed(module, name).ok_or_else(|| {
+                        PickleError::GlobalNotAllowed {
+                            module: module.to_string(),
+                            name: name.to_string(),
+                            at,
+                        }
+                    })?;
+                    self.push(Value::Callable(g))?;
+                }
+                b'R' => {
+                    let args = self.pop()?;
+                    let Value::Callable(g) = self.pop()? else {
+                        return Err(self.malformed("REDUCE of something that is not a global"));
+                    };
+                    let args = args
+                        .as_seq()
+                        .map(|a| a.0.borrow().clone())
+                        .ok_or_else(|| self.malformed("REDUCE arguments that are not a tuple"))?;
+                    let v = g.call(args).ok_or_else(|| {
+                        self.malformed("arguments the allow-listed global does not take")
+                    })?;
+                    self.push(v)?;
+                }
+                _ => return Err(PickleError::BadOpcode { opcode: op, at }),
+            }
+        }
+    }
+}
+
+/// The constructors a snapshot may use, each doing what Python would, here, on plain data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Global {
+    /// `collections.OrderedDict()`: an empty dict (SETITEMS fill it).
+    OrderedDict,
+    /// `torch.jit._pickle.build_intlist(list)` and friends (TorchScript's typed lists):
+    /// the list itself.
+    BuildList,
+    /// `torch.jit._pickle.restore_type_tag(value, type_str)`: the value itself.
+    RestoreTypeTag,
+}
+
+impl Global {
+    fn allowed(module: &str, name: &str) -> Option<Self> {
+        match (module, name) {
+            ("collections", "OrderedDict") => Some(Self::OrderedDict),
+            (
+                "torch.jit._pickle",
+                "build_intlist" | "build_doublelist" | "build_boollist" | "build_stringlist",
+            ) => Some(Self::BuildList),
+            ("torch.jit._pickle", "restore_type_tag") => Some(Self::RestoreTypeTag),
+            _ => None,
+        }
+    }
+
+    fn call(self, args: Vec<Value>) -> Option<Value> {
+        match (self, args.as_slice()) {
+            (Self::OrderedDict, []) => Some(Value::Dict(Rc::default())),
+            (Self::BuildList, [l @ Value::List(_)]) => Some(l.clone()),
+            (Self::RestoreTypeTag, [v, Value::Str(_)]) => Some(v.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// LONG1/LONG4: little-endian two's complement.
+fn long(raw: &[u8]) -> Value {
+    if raw.is_empty() {
+        return Value::Int(0);
+    }
+    if raw.len() <= 8 {
+        let fill = if raw[raw.len() - 1] & 0x80 != 0 {
+            0xff
+        } else {
+            0
+        };
+        let mut a = [fill; 8];
+        a[..raw.len()].copy_from_slice(raw);
+        return Value::Int(i64::from_le_bytes(a));
+    }
+    Value::BigInt(Rc::from(raw))
+}

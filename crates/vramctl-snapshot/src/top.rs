@@ -1,0 +1,181 @@
+//! Who holds the memory: live bytes (active blocks: allocated and pending free) grouped by
+//! allocation stack, by the innermost frame of user code, or by its file. Torch-internal
+//! frames are folded: a stack keeps the Python frames of user code (a `.py` file outside
+//! the torch package) and shows the frames inside torch and C++ before them as `[torch]`,
+//! so allocations made through different kernels from one line of user code group
+//! together.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::model::{Frame, Snapshot, StackId};
+
+/// What `--by` groups on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    Stack,
+    Frame,
+    File,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TopRow {
+    /// The group: a folded stack (innermost first, joined by " < "), a frame, or a file.
+    pub key: String,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// Label of blocks allocated before history recording was on (the file has no stack).
+pub const NO_STACK: &str = "[no stack: allocated before recording started]";
+/// Label of stacks without a user frame.
+pub const NO_USER_FRAME: &str = "[torch: no Python frame of user code]";
+
+/// A frame of user code: Python, not inside the torch package.
+fn is_user_frame(f: &Frame) -> bool {
+    f.filename.ends_with(".py")
+        && !f.filename.contains("/torch/")
+        && !f.filename.starts_with("torch/")
+}
+
+fn frame_label(f: &Frame) -> String {
+    format!("{} ({}:{})", f.name, f.filename, f.line)
+}
+
+fn key(snap: &Snapshot, stack: StackId, by: By) -> String {
+    let Some(ids) = snap.stacks.get(stack as usize).filter(|s| !s.is_empty()) else {
+        return NO_STACK.to_owned();
+    };
+    let frames: Vec<&Frame> = ids
+        .iter()
+        .filter_map(|&i| snap.frames.get(i as usize))
+        .collect();
+    let first_user = frames.iter().position(|f| is_user_frame(f));
+    let Some(first_user) = first_user else {
+        return NO_USER_FRAME.to_owned();
+    };
+    match by {
+        By::File => frames[first_user].filename.to_string(),
+        By::Frame => frame_label(frames[first_user]),
+        By::Stack => {
+            let mut parts = Vec::new();
+            if first_user > 0 {
+                parts.push("[torch]".to_owned());
+            }
+            parts.extend(
+                frames[first_user..]
+                    .iter()
+                    .filter(|f| is_user_frame(f))
+                    .map(|f| frame_label(f)),
+            );
+            parts.join(" < ")
+        }
+    }
+}
+
+/// The `n` groups holding the most live bytes, largest first (ties by key), and the total
+/// over all groups (= Σ active block sizes).
+pub fn top(snap: &Snapshot, by: By, n: usize) -> (Vec<TopRow>, u64) {
+    let mut by_stack: HashMap<StackId, (u64, u64)> = HashMap::new();
+    for s in &snap.segments {
+        for b in s.blocks.iter().filter(|b| b.state.is_active()) {
+            let e = by_stack.entry(b.stack).or_default();
+            e.0 = e.0.saturating_add(b.size);
+            e.1 += 1;
+        }
+    }
+    let mut groups: HashMap<String, (u64, u64)> = HashMap::new();
+    for (stack, (bytes, blocks)) in by_stack {
+        let e = groups.entry(key(snap, stack, by)).or_default();
+        e.0 = e.0.saturating_add(bytes);
+        e.1 += blocks;
+    }
+    let total = groups.values().fold(0u64, |a, g| a.saturating_add(g.0));
+    let mut rows: Vec<TopRow> = groups
+        .into_iter()
+        .map(|(key, (bytes, blocks))| TopRow { key, bytes, blocks })
+        .collect();
+    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.key.cmp(&b.key)));
+    rows.truncate(n);
+    (rows, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::model::{Block, BlockState, Format, Pool, Segment};
+
+    fn frame(filename: &str, line: i64, name: &str) -> Frame {
+        Frame {
+            filename: Rc::from(filename),
+            line,
+            name: Rc::from(name),
+        }
+    }
+
+    /// Two blocks allocated from one line of user code through different torch paths; one
+    /// allocated before recording.
+    fn snapshot() -> Snapshot {
+        let block = |size, stack| Block {
+            address: 0,
+            size,
+            requested_size: Some(size),
+            state: BlockState::ActiveAllocated,
+            stack,
+        };
+        Snapshot {
+            format: Format::SegmentsOnly,
+            segments: vec![Segment {
+                device: 0,
+                address: 0,
+                total_size: 7,
+                allocated_size: 7,
+                active_size: 7,
+                requested_size: Some(7),
+                stream: 0,
+                pool: Pool::Small,
+                pool_id: (0, 0),
+                is_expandable: false,
+                blocks: vec![block(1, 1), block(2, 2), block(4, 0)],
+                stack: 0,
+            }],
+            device_traces: Vec::new(),
+            allocator_settings: None,
+            frames: vec![
+                frame("??", 0, "at::empty"),
+                frame(
+                    "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                frame("/home/u/train.py", 42, "step"),
+                frame("/home/u/train.py", 80, "main"),
+                frame("??", 0, "at::native::randn"),
+            ],
+            stacks: vec![vec![], vec![0, 1, 2, 3], vec![4, 0, 2, 3]],
+        }
+    }
+
+    #[test]
+    fn torch_frames_fold_so_one_user_line_is_one_group() {
+        let (rows, total) = top(&snapshot(), By::Stack, 10);
+        assert_eq!(total, 7);
+        assert_eq!(rows[0].key, NO_STACK);
+        assert_eq!(rows[0].bytes, 4);
+        assert_eq!(
+            rows[1].key,
+            "[torch] < step (/home/u/train.py:42) < main (/home/u/train.py:80)"
+        );
+        assert_eq!((rows[1].bytes, rows[1].blocks), (3, 2));
+        let (rows, _) = top(&snapshot(), By::File, 1);
+        assert_eq!(rows.len(), 1);
+        let (rows, _) = top(&snapshot(), By::Frame, 10);
+        assert!(
+            rows.iter()
+                .any(|r| r.key == "step (/home/u/train.py:42)" && r.bytes == 3)
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! The H200 fixtures (testdata/h200/snapshots): the summary's sums against Python's own
+//! reading of the same files (scripts/snapshot-expected.py → expected.json) and against
+//! sums made here from the blocks; the format variants (scripts/snapshot-variants.py) give
+//! the same numbers; insta snapshots of the table and the JSON.
+
+use std::path::PathBuf;
+
+use vramctl_snapshot::model::{BlockState, Format};
+use vramctl_snapshot::summary::{Summary, table};
+use vramctl_snapshot::{Limits, Snapshot, open, summarize};
+
+fn path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/h200/snapshots")
+        .join(name)
+}
+
+fn load(name: &str) -> (Snapshot, Summary) {
+    let snap = open(&path(name), Limits::default()).expect(name);
+    let summary = summarize(&snap);
+    (snap, summary)
+}
+
+fn expected(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(path("expected.json")).expect("expected.json");
+    let all: serde_json::Value = serde_json::from_str(&text).expect("json");
+    all[name].clone()
+}
+
+#[test]
+fn summary_equals_pythons_reading_of_each_fixture() {
+    for name in ["snapshot-train.pickle", "snap.pickle", "snapx.pickle"] {
+        let (_, s) = load(name);
+        let e = expected(name);
+        assert_eq!(s.devices.len(), 1, "{name}");
+        let t = serde_json::to_value(&s.devices[0].totals).expect("json");
+        for key in [
+            "reserved_bytes",
+            "allocated_bytes",
+            "active_bytes",
+            "requested_bytes",
+            "inactive_split_bytes",
+            "internal_waste_bytes",
+            "free_bytes",
+            "largest_free_block_bytes",
+            "segments",
+            "blocks",
+            "releasable_bytes",
+        ] {
+            assert_eq!(t[key], e[key], "{name}: {key}");
+        }
+        assert_eq!(
+            serde_json::json!(s.trace_entries),
+            e["trace_entries"],
+            "{name}"
+        );
+        let oom: Vec<u64> = s.oom.iter().map(|o| o.requested_bytes).collect();
+        assert_eq!(serde_json::json!(oom), e["oom_requested_bytes"], "{name}");
+    }
+}
+
+#[test]
+fn summary_equals_sums_of_the_blocks_and_segments_are_consistent() {
+    for name in ["snapshot-train.pickle", "snap.pickle", "snapx.pickle"] {
+        let (snap, s) = load(name);
+        let mut reserved = 0;
+        let mut allocated = 0;
+        let mut pools_reserved = 0;
+        for seg in &snap.segments {
+            let blocks: u64 = seg.blocks.iter().map(|b| b.size).sum();
+            assert_eq!(
+                blocks, seg.total_size,
+                "{name}: Σ block sizes == total_size"
+            );
+            let alloc: u64 = seg
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::ActiveAllocated)
+                .map(|b| b.size)
+                .sum();
+            assert_eq!(alloc, seg.allocated_size, "{name}: allocated_size");
+            reserved += seg.total_size;
+            allocated += alloc;
+        }
+        let d = &s.devices[0];
+        assert_eq!(d.totals.reserved_bytes, reserved);
+        assert_eq!(d.totals.allocated_bytes, allocated);
+        for p in &d.pools {
+            pools_reserved += p.totals.reserved_bytes;
+        }
+        assert_eq!(
+            pools_reserved, reserved,
+            "{name}: pools add up to the device"
+        );
+        // segsum's identity: free external + free internal + requested == reserved.
+        let t = &d.totals;
+        assert_eq!(
+            t.free_bytes + t.internal_waste_bytes.unwrap_or(0) + t.requested_bytes.unwrap_or(0),
+            t.reserved_bytes,
+            "{name}: external + internal + requested == reserved"
+        );
+    }
+}
+
+#[test]
+fn fragmentation_of_the_default_run_is_what_the_research_measured() {
+    // research-pytorch-memory.md §1.4: largest inactive 14 MiB of 33 MiB → 0.575.
+    let (_, s) = load("snap.pickle");
+    let f = s.devices[0].totals.fragmentation.expect("free memory");
+    assert!(
+        (f - (1.0 - 14_680_064.0 / 34_553_344.0)).abs() < 1e-12,
+        "{f}"
+    );
+    assert!((f - 0.575).abs() < 0.001);
+}
+
+#[test]
+fn expandable_run_is_reported_as_expandable() {
+    assert!(load("snapx.pickle").1.devices[0].expandable_segments);
+    assert!(!load("snap.pickle").1.devices[0].expandable_segments);
+}
+
+#[test]
+fn the_one_tib_oom_is_a_true_shortage_not_fragmentation() {
+    let (_, s) = load("snap.pickle");
+    assert_eq!(s.oom.len(), 1);
+    let o = &s.oom[0];
+    assert_eq!(o.requested_bytes, 1 << 40);
+    assert_eq!(o.device_free_bytes, Some(149_098_201_088));
+    assert!(o.replayed, "the trace replays back to the OOM");
+    assert_eq!(s.advice.len(), 1);
+    assert_eq!(s.advice[0].setting, "none");
+}
+
+#[test]
+fn shared_frame_lists_are_one_stack() {
+    let (snap, _) = load("snap.pickle");
+    let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
+    let with_stack = snap.device_traces[0]
+        .iter()
+        .filter(|e| e.stack != 0)
+        .count();
+    assert!(with_stack > 0);
+    // 436 entries point to 293 distinct lists in this file (research §1.2); interned
+    // stacks can only be fewer.
+    assert!(
+        snap.stacks.len() <= 294,
+        "{} stacks for {entries} entries",
+        snap.stacks.len()
+    );
+}
+
+fn totals_json(s: &Summary) -> serde_json::Value {
+    serde_json::to_value(&s.devices).expect("json")
+}
+
+#[test]
+fn format_variants_give_the_same_numbers() {
+    let (_, base) = load("snap.pickle");
+    for name in [
+        "snap-proto2.pickle",
+        "snap-proto5.pickle",
+        "snap.pickle.gz",
+        "ordered-dict.pickle",
+    ] {
+        let (_, s) = load(name);
+        assert_eq!(totals_json(&s), totals_json(&base), "{name}");
+    }
+    let (snap, s) = load("segments-only.pickle");
+    assert_eq!(snap.format, Format::SegmentsOnly);
+    assert_eq!(totals_json(&s), totals_json(&base));
+    assert!(s.oom.is_empty());
+}
+
+#[test]
+fn legacy_two_point_oh_blocks_read_through_their_history() {
+    let (snap, s) = load("legacy-2.0.pickle");
+    let (base_snap, base) = load("snap.pickle");
+    assert_eq!(totals_json(&s), totals_json(&base));
+    // Block addresses derived from the segment's address and sizes, = the recorded ones.
+    for (a, b) in snap.segments.iter().zip(&base_snap.segments) {
+        let a: Vec<u64> = a.blocks.iter().map(|b| b.address).collect();
+        let b: Vec<u64> = b.blocks.iter().map(|b| b.address).collect();
+        assert_eq!(a, b);
+    }
+    assert_eq!(s.oom.len(), 1);
+}
+
+#[test]
+fn table_of_the_training_snapshot() {
+    let (_, s) = load("snapshot-train.pickle");
+    insta::assert_snapshot!(table(&s).join("\n"));
+}
+
+#[test]
+fn json_of_the_training_snapshot() {
+    let (_, s) = load("snapshot-train.pickle");
+    insta::assert_json_snapshot!(s);
+}
+
+#[test]
+fn top_groups_add_up_to_the_active_bytes() {
+    use vramctl_snapshot::top::{By, top};
+    for name in ["snapshot-train.pickle", "snap.pickle", "snapx.pickle"] {
+        let (snap, s) = load(name);
+        for by in [By::Stack, By::Frame, By::File] {
+            let (rows, total) = top(&snap, by, usize::MAX);
+            assert_eq!(total, s.devices[0].totals.active_bytes, "{name}");
+            assert_eq!(rows.iter().map(|r| r.bytes).sum::<u64>(), total, "{name}");
+            assert!(rows.windows(2).all(|w| w[0].bytes >= w[1].bytes));
+        }
+    }
+}
+
+#[test]
+fn top_by_frame_of_the_training_snapshot() {
+    use vramctl_snapshot::top::{By, top};
+    let (snap, _) = load("snapshot-train.pickle");
+    let (rows, _) = top(&snap, By::Frame, 5);
+    insta::assert_json_snapshot!(rows);
+}
