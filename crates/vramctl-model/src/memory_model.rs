@@ -818,3 +818,320 @@ pub fn objective(family: Family) -> &'static str {
         _ => "causal LM",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn model(config: &str) -> Model {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/model/configs")
+            .join(config);
+        crate::read_model(&path, None).expect("config")
+    }
+
+    fn train_job(batch: u64, seq: u64) -> Job {
+        Job {
+            batch,
+            seq,
+            ..default_job(Mode::Train)
+        }
+    }
+
+    const CONTEXT: u64 = 767 * 1024 * 1024;
+
+    /// GPT-2 (124,439,808 params), fp32, AdamW, batch 1 × 512, SDPA, worked by hand in
+    /// docs/estimate.md: the step is the peak.
+    #[test]
+    fn gpt2_fp32_adamw_small_batch_terms_by_hand() {
+        let p = 124_439_808_u64;
+        let e = estimate(&model("gpt2.json"), &train_job(1, 512));
+        assert_eq!(e.term("weights"), 4 * p);
+        assert_eq!(e.term("optimizer states"), 8 * p);
+        assert_eq!(e.term("gradients"), 4 * p);
+        assert_eq!(e.term("optimizer step temporary"), 4 * p);
+        // Per token per block: LayerNorm 2 × (4 + 4) × 768, attention 4 × (768 + 2 × 768)
+        // + 4 × 768, MLP 2 × 4 × 3072, dropout masks 2 × 768 = 50,688; × 12 blocks, plus
+        // 9,984 outside the blocks; × 512 tokens.
+        assert_eq!(e.term("activations"), (50_688 * 12 + 9_984) * 512);
+        assert_eq!(e.term("logits and loss"), 512 * 50_257 * 12);
+        assert_eq!(e.peak_phase, "optimizer step");
+        // weights 4, states 8, gradients 4, the step's temporary 4 bytes per param.
+        let tensors = 20 * p;
+        assert_eq!(e.term("allocator overhead"), tensors / 10);
+        assert_eq!(e.term("CUDA context"), CONTEXT);
+        assert_eq!(
+            e.total_bytes,
+            tensors + e.term("allocator overhead") + CONTEXT
+        );
+        assert_eq!(e.total_bytes, 3_541_933_568);
+        let not_counted: Vec<_> = e
+            .terms
+            .iter()
+            .filter(|t| !t.at_peak)
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(not_counted, ["activations", "logits and loss"]);
+    }
+
+    #[test]
+    fn a_large_batch_peaks_in_backward_without_the_step_terms() {
+        let e = estimate(&model("gpt2.json"), &train_job(8, 512));
+        assert_eq!(e.peak_phase, "forward/backward");
+        let p = 124_439_808_u64;
+        let saved = (50_688 * 12 + 9_984) * 4096 + 4096 * 50_257 * 12;
+        let tensors = 12 * p + saved;
+        let overhead = e.term("allocator overhead");
+        assert_eq!(overhead, (tensors as f64 * 0.10).round() as u64);
+        assert_eq!(e.total_bytes, tensors + overhead + CONTEXT);
+    }
+
+    /// Llama-3-8B generation in bf16: the KV cache of GQA's 8 heads is exactly 1 GiB at
+    /// 4 sequences × 2,048 tokens.
+    #[test]
+    fn llama3_inference_kv_cache_counts_only_the_kv_heads() {
+        let job = Job {
+            batch: 4,
+            seq: 1024,
+            generated: 1024,
+            ..default_job(Mode::Infer)
+        };
+        let e = estimate(&model("llama-3-8b.json"), &job);
+        assert_eq!(e.term("weights"), 2 * 8_030_261_248);
+        assert_eq!(e.term("KV cache"), 2 * 32 * 1024 * 2 * 4 * 2048);
+        assert_eq!(e.term("KV cache"), 1 << 30);
+        assert_eq!(
+            e.term("prefill activations"),
+            2 * (8192 + 4096 + 2048 + 3 * 14_336) * 4 * 1024
+        );
+        assert_eq!(e.term("logits"), 4 * 128_256 * 6);
+        assert_eq!(e.peak_phase, "generation");
+        let fp8 = Job {
+            kv_dtype: Some(Dtype::F8),
+            ..job
+        };
+        assert_eq!(
+            estimate(&model("llama-3-8b.json"), &fp8).term("KV cache"),
+            1 << 29
+        );
+    }
+
+    /// PEFT reports 6,815,744 trainable parameters for Llama-3-8B with r=16 on q and v.
+    #[test]
+    fn lora_trains_only_the_adapters_on_a_quantised_base() {
+        let llama = model("llama-3-8b.json");
+        let job = Job {
+            precision: Precision::Bf16,
+            lora: Some(Lora {
+                rank: 16,
+                quant_base: Some(Quant::Int4),
+            }),
+            ..train_job(1, 512)
+        };
+        let e = estimate(&llama, &job);
+        let adapters = 6_815_744_u64;
+        assert_eq!(e.term("gradients"), 4 * adapters);
+        assert_eq!(e.term("optimizer states"), 8 * adapters);
+        let inv = llama.architecture.inventory();
+        let base = inv.linear_params as f64 * NF4_BYTES_PER_PARAM
+            + (inv.total() - inv.linear_params) as f64 * 2.0;
+        assert_eq!(
+            e.term("weights"),
+            (base + 4.0 * adapters as f64).round() as u64
+        );
+        let full = estimate(
+            &llama,
+            &Job {
+                lora: None,
+                ..job.clone()
+            },
+        );
+        assert!(
+            e.term("activations") < full.term("activations"),
+            "frozen linears save less"
+        );
+        assert!(e.total_bytes < full.total_bytes / 4);
+    }
+
+    /// DeepSpeed's own estimator for ZeRO-2 without offload: 2P + 18P/G (research round 2
+    /// §1.5, stage_1_and_2.py after PR #5099).
+    #[test]
+    fn zero2_model_states_match_deepspeeds_formula() {
+        let gpt2 = model("gpt2.json");
+        let p = 124_439_808_f64;
+        for gpus in [2_u64, 4, 8] {
+            let job = Job {
+                precision: Precision::Bf16,
+                gpus,
+                sharding: Sharding::Zero(2),
+                ..train_job(1, 512)
+            };
+            let e = estimate(&gpt2, &job);
+            let states = e.term("weights")
+                + e.term("master weights (fp32)")
+                + e.term("optimizer states")
+                + e.term("gradients");
+            let expected = 2.0 * p + 18.0 * p / gpus as f64;
+            assert!(
+                (states as f64 - expected).abs() <= 4.0,
+                "{gpus}: {states} vs {expected}"
+            );
+            assert_eq!(e.term("NCCL communicator"), 558 * 1024 * 1024);
+        }
+    }
+
+    #[test]
+    fn sharding_divides_what_each_stage_shards() {
+        let gpt2 = model("gpt2.json");
+        let with = |sharding, gpus| {
+            estimate(
+                &gpt2,
+                &Job {
+                    gpus,
+                    sharding,
+                    ..train_job(1, 512)
+                },
+            )
+        };
+        let one = with(Sharding::Replicated, 1);
+        let ddp = with(Sharding::Replicated, 2);
+        assert_eq!(ddp.term("DDP gradient buckets"), one.term("gradients"));
+        let fsdp = with(Sharding::Fsdp, 4);
+        assert_eq!(fsdp.term("weights"), one.term("weights") / 4);
+        assert_eq!(
+            fsdp.term("optimizer states"),
+            one.term("optimizer states") / 4
+        );
+        assert!(fsdp.term("gathered parameters") > 0);
+        let zero3 = with(Sharding::Zero(3), 4);
+        assert!(zero3.term("weights") < one.term("weights"));
+    }
+
+    #[test]
+    fn checkpointing_and_eager_attention_move_activations_the_right_way() {
+        let llama = model("llama-3-8b.json");
+        let base = Job {
+            precision: Precision::Bf16,
+            ..train_job(1, 4096)
+        };
+        let plain = estimate(&llama, &base);
+        let ckpt = estimate(
+            &llama,
+            &Job {
+                checkpointing: true,
+                ..base.clone()
+            },
+        );
+        let eager = estimate(
+            &llama,
+            &Job {
+                attention: Attention::Eager,
+                ..base.clone()
+            },
+        );
+        assert!(ckpt.term("activations") * 5 < plain.term("activations"));
+        assert!(eager.term("activations") > plain.term("activations"));
+        // SDPA's activations are linear in tokens (research round 2 §1.4 item 1): 4 × 2048
+        // and 1 × 8192 save the same; eager's grow with the square of the sequence.
+        let wide = estimate(
+            &llama,
+            &Job {
+                batch: 4,
+                seq: 2048,
+                ..base.clone()
+            },
+        );
+        let long = estimate(
+            &llama,
+            &Job {
+                batch: 1,
+                seq: 8192,
+                ..base.clone()
+            },
+        );
+        assert_eq!(wide.term("activations"), long.term("activations"));
+        // HF Llama's saved tensors in bf16: 12h + 4h + 4·kv + 8i per token per block
+        // (research round 2 §1.4 item 2).
+        let a = &llama.architecture;
+        let per_token = 12 * a.hidden + 4 * a.hidden + 4 * a.kv_dim() + 8 * a.intermediate;
+        let blocks = per_token * a.layers + 2 * a.hidden + 6 * a.hidden;
+        assert_eq!(plain.term("activations"), blocks * 4096);
+    }
+
+    #[test]
+    fn optimizers_hold_the_states_they_keep() {
+        let gpt2 = model("gpt2.json");
+        let p = 124_439_808_u64;
+        let states = |optimizer| {
+            estimate(
+                &gpt2,
+                &Job {
+                    optimizer,
+                    ..train_job(1, 128)
+                },
+            )
+            .term("optimizer states")
+        };
+        assert_eq!(states(Optimizer::Sgd), 0);
+        assert_eq!(states(Optimizer::SgdMomentum), 4 * p);
+        assert_eq!(states(Optimizer::Adam), 8 * p);
+        assert!(
+            states(Optimizer::Adafactor) < p / 50,
+            "factored: rows + columns"
+        );
+        let eight = states(Optimizer::Adamw8bit);
+        assert_eq!(
+            eight,
+            (p as f64 * ADAMW_8BIT_STATE_BYTES_PER_PARAM).round() as u64
+        );
+    }
+
+    #[test]
+    fn the_largest_batch_fits_and_one_more_does_not() {
+        let llama = model("llama-3-8b.json");
+        let job = Job {
+            precision: Precision::Bf16,
+            checkpointing: true,
+            ..train_job(1, 2048)
+        };
+        // 10 B/param of model states alone is 80.3 GB: an H200's 141 GiB, not an 80 GB card.
+        assert_eq!(largest_batch(&llama, &job, 80 * (1_u64 << 30)), None);
+        let capacity = 141 * (1_u64 << 30);
+        let batch = largest_batch(&llama, &job, capacity).expect("some batch fits");
+        let at = |batch| {
+            estimate(
+                &llama,
+                &Job {
+                    batch,
+                    ..job.clone()
+                },
+            )
+            .total_bytes
+        };
+        assert!(at(batch) <= capacity);
+        assert!(at(batch + 1) > capacity);
+        assert_eq!(largest_batch(&llama, &job, 1 << 30), None);
+        let seq = largest_seq(
+            &llama,
+            &Job {
+                batch: 1,
+                ..job.clone()
+            },
+            capacity,
+        )
+        .expect("seq");
+        assert!(seq <= 8192);
+        assert!(at(1) <= capacity);
+    }
+
+    #[test]
+    fn a_synthesized_model_holds_exactly_the_parameters_given() {
+        let model = Model::synthesized(7_000_000_000, Family::Llama);
+        let job = Job {
+            precision: Precision::Bf16,
+            ..train_job(1, 512)
+        };
+        assert_eq!(estimate(&model, &job).term("weights"), 14_000_000_000);
+    }
+}
