@@ -70,7 +70,7 @@ pub struct GgufInfo {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GgufError {
-    #[error("cannot read '{path}': {source}")]
+    #[error("cannot read '{path}'")]
     Io {
         path: PathBuf,
         source: std::io::Error,

@@ -137,6 +137,7 @@ pub enum Optimizer {
     Sgd,
     SgdMomentum,
     Adafactor,
+    #[serde(rename = "adamw-8bit")]
     Adamw8bit,
 }
 
@@ -259,6 +260,19 @@ fn whole(bytes: f64) -> u64 {
 #[allow(clippy::cast_precision_loss)]
 fn f(n: u64) -> f64 {
     n as f64
+}
+
+/// `124439808` → `124,439,808`, for notes and tables.
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The estimate of `job` on `model`, per GPU.
@@ -454,7 +468,7 @@ fn train(model: &Model, job: &Job) -> Estimate {
                     Some(_) => " in int8",
                     None => "",
                 },
-                whole(trainable),
+                grouped(whole(trainable)),
                 l.rank,
                 sharded(shard_weights)
             ),
@@ -545,12 +559,11 @@ fn train(model: &Model, job: &Job) -> Estimate {
         (
             tokens * (blocks * block + outside_blocks),
             format!(
-                "{} blocks × {} B per token ({:?} attention)",
+                "{} blocks × {} B per token ({} attention)",
                 arch.total_layers(),
-                whole(block),
-                job.attention
-            )
-            .to_lowercase(),
+                grouped(whole(block)),
+                attention_name(job.attention)
+            ),
         )
     };
     b.add("activations", activations, Phase::Backward, act_note);
@@ -558,7 +571,7 @@ fn train(model: &Model, job: &Job) -> Estimate {
         "logits and loss",
         tokens * f(arch.vocab) * LOGITS_BYTES_PER_TOKEN_PER_VOCAB,
         Phase::Backward,
-        format!("{} tokens × vocab {} × 12 B (16-bit logits, fp32 upcast and log-softmax, their gradient)", whole(tokens), arch.vocab),
+        format!("{} tokens × vocab {} × 12 B (16-bit logits, fp32 upcast and log-softmax, their gradient)", grouped(whole(tokens)), arch.vocab),
     );
     b.add(
         "gradients",
@@ -613,7 +626,7 @@ fn infer(model: &Model, job: &Job) -> Estimate {
             }
             _ => (
                 p.total * dense,
-                format!("{} params × {dense} B", whole(p.total)),
+                format!("{} params × {dense} B", grouped(whole(p.total))),
             ),
         },
     };
@@ -774,13 +787,15 @@ pub fn largest_batch(model: &Model, job: &Job, capacity_bytes: u64) -> Option<u6
 }
 
 /// The largest sequence (prompt) length at the job's batch, up to the model's maximum
-/// positions (or 1,048,576 where it has none), whose estimate fits.
+/// positions less the generated tokens (or 1,048,576 where it has none; never below the
+/// job's own sequence, which may exceed what the config says), whose estimate fits.
 pub fn largest_seq(model: &Model, job: &Job, capacity_bytes: u64) -> Option<u64> {
     let limit = model
         .architecture
         .max_positions
         .unwrap_or(1 << 20)
         .saturating_sub(job.generated)
+        .max(job.seq)
         .max(1);
     largest(limit, |seq| {
         estimate(model, &Job { seq, ..job.clone() }).total_bytes <= capacity_bytes
@@ -807,6 +822,38 @@ pub fn default_job(mode: Mode) -> Job {
         kv_dtype: None,
         gpus: 1,
         sharding: Sharding::Replicated,
+    }
+}
+
+/// `sdpa`, `eager`, `flash`.
+pub fn attention_name(attention: Attention) -> &'static str {
+    match attention {
+        Attention::Sdpa => "sdpa",
+        Attention::Eager => "eager",
+        Attention::Flash => "flash",
+    }
+}
+
+/// `adamw`, `sgd-momentum`, ... as `--optimizer` spells them.
+pub fn optimizer_name(optimizer: Optimizer) -> &'static str {
+    match optimizer {
+        Optimizer::Adamw => "adamw",
+        Optimizer::Adam => "adam",
+        Optimizer::Sgd => "sgd",
+        Optimizer::SgdMomentum => "sgd-momentum",
+        Optimizer::Adafactor => "adafactor",
+        Optimizer::Adamw8bit => "adamw-8bit",
+    }
+}
+
+/// `fp32`, `amp-bf16`, ... as `--precision` spells them.
+pub fn precision_name(precision: Precision) -> &'static str {
+    match precision {
+        Precision::Fp32 => "fp32",
+        Precision::Fp16 => "fp16",
+        Precision::Bf16 => "bf16",
+        Precision::AmpBf16 => "amp-bf16",
+        Precision::AmpFp16 => "amp-fp16",
     }
 }
 
@@ -1123,6 +1170,14 @@ mod tests {
         .expect("seq");
         assert!(seq <= 8192);
         assert!(at(1) <= capacity);
+    }
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1000), "1,000");
+        assert_eq!(grouped(124_439_808), "124,439,808");
     }
 
     #[test]

@@ -66,12 +66,12 @@ impl Model {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
-    #[error("cannot read '{path}': {source}")]
+    #[error("cannot read '{path}'")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("'{path}': {source}")]
+    #[error("'{path}' is not a config.json this reads")]
     Config { path: PathBuf, source: ConfigError },
     #[error("'{path}' is larger than {MAX_CONFIG_BYTES} bytes; it is not a config.json")]
     ConfigTooLarge { path: PathBuf },

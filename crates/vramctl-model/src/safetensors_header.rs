@@ -65,7 +65,7 @@ impl WeightsInfo {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SafetensorsError {
-    #[error("cannot read '{path}': {source}")]
+    #[error("cannot read '{path}'")]
     Io {
         path: PathBuf,
         source: std::io::Error,
