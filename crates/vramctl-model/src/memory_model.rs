@@ -1172,6 +1172,57 @@ mod tests {
         assert!(at(1) <= capacity);
     }
 
+    /// The search was capped at max positions − generated tokens, so a prompt of 4,096
+    /// with 512 generated on a 4,096-position config reported 3,584 while 4,096 fit.
+    #[test]
+    fn the_largest_seq_is_never_below_a_seq_that_fits() {
+        let model = Model::synthesized(7_000_000_000, Family::Llama);
+        let job = Job {
+            batch: 8,
+            seq: 4096,
+            generated: 512,
+            ..default_job(Mode::Infer)
+        };
+        let capacity = 80 * (1_u64 << 30);
+        assert!(estimate(&model, &job).total_bytes <= capacity);
+        let seq = largest_seq(&model, &job, capacity).expect("fits");
+        assert!(seq >= job.seq, "{seq}");
+    }
+
+    #[test]
+    fn every_family_estimates_in_both_modes_with_every_term_positive() {
+        for config in [
+            "gpt2.json",
+            "llama-3-8b.json",
+            "mistral-7b.json",
+            "qwen2-7b.json",
+            "qwen3-8b.json",
+            "gemma-2b.json",
+            "gemma-2-9b.json",
+            "phi-3-mini.json",
+            "bert-base.json",
+            "t5-small.json",
+            "mixtral-8x7b.json",
+            "qwen1.5-moe-a2.7b.json",
+        ] {
+            let m = model(config);
+            for mode in [Mode::Train, Mode::Infer] {
+                let e = estimate(
+                    &m,
+                    &Job {
+                        batch: 2,
+                        seq: 256,
+                        ..default_job(mode)
+                    },
+                );
+                assert!(e.terms.iter().all(|t| t.bytes > 0), "{config} {mode:?}");
+                assert!(e.total_bytes > e.term("weights"), "{config} {mode:?}");
+                let sum: u64 = e.terms.iter().filter(|t| t.at_peak).map(|t| t.bytes).sum();
+                assert_eq!(e.total_bytes, sum, "{config} {mode:?}");
+            }
+        }
+    }
+
     #[test]
     fn counts_are_grouped_by_thousands() {
         assert_eq!(grouped(0), "0");

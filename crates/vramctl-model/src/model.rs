@@ -341,6 +341,16 @@ mod tests {
         assert_eq!(a.params(), w.params);
     }
 
+    /// The message held the OS error and anyhow's chain added it again:
+    /// "cannot read 'x': No such file ... (os error 2): No such file ... (os error 2)".
+    #[test]
+    fn an_unreadable_model_leaves_the_os_error_to_the_source_chain() {
+        let err = read_model(Path::new("/nonexistent/config.json"), None).unwrap_err();
+        assert_eq!(err.to_string(), "cannot read '/nonexistent/config.json'");
+        let source = std::error::Error::source(&err).expect("the io error as source");
+        assert!(source.to_string().contains("os error 2"), "{source}");
+    }
+
     #[test]
     fn paths_that_are_no_model_say_what_to_give_instead() {
         let dir = tempfile::tempdir().expect("tempdir");
