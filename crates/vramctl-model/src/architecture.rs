@@ -203,6 +203,11 @@ impl Architecture {
         self.heads * self.head_dim
     }
 
+    /// [`Self::q_dim`] without overflow, for checking hostile shapes.
+    pub fn q_dim_saturating(&self) -> u64 {
+        self.heads.saturating_mul(self.head_dim)
+    }
+
     /// Width of the keys (and of the values) of all KV heads together.
     pub fn kv_dim(&self) -> u64 {
         self.kv_heads * self.head_dim

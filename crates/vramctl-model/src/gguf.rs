@@ -441,7 +441,7 @@ impl GgufInfo {
             None => None,
         };
         let plain = matches!(family, Family::Gpt2 | Family::Bert | Family::T5);
-        Ok(Architecture {
+        let architecture = Architecture {
             family,
             layers: need("block_count")?,
             decoder_layers: 0,
@@ -472,7 +472,9 @@ impl GgufInfo {
             hidden_dropout: false,
             attention_dropout: false,
             dtype: None,
-        })
+        };
+        crate::hf_config::check(&architecture).map_err(|e| format!("its metadata: {e}"))?;
+        Ok(architecture)
     }
 }
 
@@ -528,6 +530,36 @@ mod tests {
         // Q8_0: 8 blocks of 32 at 34 bytes; F32: 64 × 4.
         assert_eq!(info.weights.by_dtype["Q8_0"].bytes, 8 * 34);
         assert_eq!(info.weights.by_dtype["F32"].bytes, 256);
+    }
+
+    /// A GGUF's `{arch}.*` sizes went into the parameter count unchecked: a block count of
+    /// 2^62 overflowed it.
+    #[test]
+    fn hostile_architecture_metadata_is_refused_not_counted() {
+        let mut bytes = header(0, 5);
+        gguf_string(&mut bytes, "general.architecture");
+        bytes.extend_from_slice(&8_u32.to_le_bytes());
+        gguf_string(&mut bytes, "llama");
+        for (key, value) in [
+            ("llama.block_count", 1_u64 << 62),
+            ("llama.embedding_length", 4096),
+            ("llama.attention.head_count", 32),
+            ("llama.feed_forward_length", 11008),
+        ] {
+            gguf_string(&mut bytes, key);
+            bytes.extend_from_slice(&10_u32.to_le_bytes());
+            bytes.extend_from_slice(&value.to_le_bytes());
+        }
+        let info = read(&bytes).expect("the file itself is well formed");
+        let info = GgufInfo {
+            embedding_rows: Some(32_000),
+            ..info
+        };
+        let err = info.architecture().unwrap_err();
+        assert!(
+            err.contains("'num_hidden_layers' is 4611686018427387904"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -231,7 +231,12 @@ fn per_head(hidden: u64, heads: u64) -> Result<u64, ConfigError> {
     Ok(hidden / heads)
 }
 
-fn check(arch: &Architecture) -> Result<(), ConfigError> {
+/// Refuses shapes no model has: GQA heads that do not divide, more experts chosen than
+/// exist, and sizes beyond any model (which would overflow the parameter count).
+///
+/// # Errors
+/// The first field out of bounds.
+pub fn check(arch: &Architecture) -> Result<(), ConfigError> {
     if arch.kv_heads == 0 || arch.heads % arch.kv_heads != 0 {
         return Err(ConfigError::Inconsistent {
             field: "num_key_value_heads",
@@ -248,22 +253,52 @@ fn check(arch: &Architecture) -> Result<(), ConfigError> {
             });
         }
     }
-    // Sizes far beyond any model would overflow the parameter count; a config with them
-    // is hostile or broken.
-    const LIMIT: u64 = 1 << 24;
-    for (field, value) in [
-        ("hidden_size", arch.hidden),
-        ("intermediate_size", arch.intermediate),
-        ("num_hidden_layers", arch.total_layers()),
-        ("vocab_size", arch.vocab),
-        ("head_dim", arch.head_dim),
-        ("num_attention_heads", arch.heads),
+    // Sizes far beyond any model would overflow the parameter count. With widths ≤ 2^18,
+    // blocks ≤ 2^12 and experts ≤ 2^10, the largest product (h × expert width × 3 ×
+    // experts × blocks) is 2^60 and the ten-odd terms of the count add below 2^64.
+    // Real models stay far inside (Llama-3-405B: h 16,384, MLP 53,248, 126 blocks).
+    const WIDTH: u64 = 1 << 18;
+    let moe = arch.moe.unwrap_or(Moe {
+        experts: 0,
+        top_k: 0,
+        expert_intermediate: 0,
+        shared_expert_intermediate: 0,
+    });
+    for (field, value, limit) in [
+        ("hidden_size", arch.hidden, WIDTH),
+        ("intermediate_size", arch.intermediate, WIDTH),
+        ("head_dim", arch.head_dim, WIDTH),
+        ("num_attention_heads", arch.heads, WIDTH),
+        (
+            "query width (heads × head_dim)",
+            arch.q_dim_saturating(),
+            WIDTH,
+        ),
+        ("moe_intermediate_size", moe.expert_intermediate, WIDTH),
+        (
+            "shared_expert_intermediate_size",
+            moe.shared_expert_intermediate,
+            WIDTH,
+        ),
+        ("num_experts", moe.experts, 1 << 10),
+        (
+            "num_hidden_layers",
+            arch.layers
+                .saturating_add(arch.decoder_layers.saturating_mul(2)),
+            1 << 12,
+        ),
+        ("vocab_size", arch.vocab, 1 << 22),
+        (
+            "max_position_embeddings",
+            arch.max_positions.unwrap_or(0),
+            1 << 24,
+        ),
     ] {
-        if value > LIMIT {
+        if value > limit {
             return Err(ConfigError::Inconsistent {
                 field,
                 value,
-                why: "larger than any model (limit 16777216)",
+                why: "larger than any model",
             });
         }
     }
@@ -327,6 +362,30 @@ mod tests {
             parse_config(text),
             Err(ConfigError::Inconsistent {
                 field: "vocab_size",
+                ..
+            })
+        ));
+    }
+
+    /// Experts and max positions were not bounded: 2^40 experts overflowed the count.
+    #[test]
+    fn hostile_expert_counts_and_positions_are_refused_before_counting() {
+        let text = r#"{"model_type":"mixtral","hidden_size":4096,"num_attention_heads":32,
+            "num_hidden_layers":32,"intermediate_size":14336,"vocab_size":32000,
+            "num_local_experts":1099511627776,"num_experts_per_tok":2}"#;
+        assert!(matches!(
+            parse_config(text),
+            Err(ConfigError::Inconsistent {
+                field: "num_experts",
+                ..
+            })
+        ));
+        let text = r#"{"model_type":"gpt2","n_embd":768,"n_head":12,"n_layer":12,
+            "vocab_size":50257,"n_positions":1152921504606846976}"#;
+        assert!(matches!(
+            parse_config(text),
+            Err(ConfigError::Inconsistent {
+                field: "max_position_embeddings",
                 ..
             })
         ));
