@@ -742,7 +742,12 @@ fn finish(mut b: Builder, job: &Job, overhead: f64, grad_bytes: f64) -> Estimate
             note,
         })
         .collect();
-    let total_bytes = terms.iter().filter(|t| t.at_peak).map(|t| t.bytes).sum();
+    // Saturating: an absurd job (a million sequences of 16M tokens) has terms past u64.
+    let total_bytes = terms
+        .iter()
+        .filter(|t| t.at_peak)
+        .map(|t| t.bytes)
+        .fold(0, u64::saturating_add);
     Estimate {
         terms,
         peak_phase,
@@ -1221,6 +1226,14 @@ mod tests {
                 assert_eq!(e.total_bytes, sum, "{config} {mode:?}");
             }
         }
+    }
+
+    /// The total summed terms that had each saturated at u64::MAX: it overflowed (a panic
+    /// in a debug build).
+    #[test]
+    fn absurd_jobs_saturate_instead_of_overflowing() {
+        let e = estimate(&model("llama-3-8b.json"), &train_job(1_000_000, 16_777_216));
+        assert_eq!(e.total_bytes, u64::MAX);
     }
 
     #[test]
