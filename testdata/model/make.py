@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the small model files the vramctl-model tests read, with the formats' own
-libraries (pip install safetensors==0.8.0 gguf numpy; gguf-py as on PyPI in 2026):
+libraries (pip install safetensors==0.8.0 gguf==0.19.0 numpy, as used to make the committed files):
 
 - tiny-llama/: a Llama-shaped config.json and its model.safetensors (float16, the tensor
   names transformers writes), so the parameter count from the header can be checked
