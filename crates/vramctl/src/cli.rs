@@ -106,7 +106,7 @@ impl Command {
             Self::Kill(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reap(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reclaim(a) => (db(&a.db), nvml(&a.nvml)),
-            Self::Snapshot(_) => (None, None),
+            Self::Snapshot(_) | Self::Estimate(_) => (None, None),
             Self::Serve(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Top(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Record(a) => (db(&a.db), nvml(&a.nvml)),
@@ -204,6 +204,10 @@ pub enum Command {
     /// memory: a fresh process per trial, memory modelled from the first trials
     #[command(after_help = FIT_HELP)]
     Fit(FitArgs),
+    /// Predict the GPU memory a training step or generation needs, before it runs: a
+    /// breakdown by term, the total, and the largest batch that fits a GPU
+    #[command(after_help = ESTIMATE_HELP)]
+    Estimate(EstimateArgs),
 }
 
 // Each command's help ends with 2-4 examples that parse (`examples_in_the_help_parse`).
@@ -1009,6 +1013,24 @@ Examples:
   vramctl fit --until-line 'step 3 ' -- python train.py --seq-len {}
   vramctl fit --strategy bisect --json -- ./train.sh";
 
+const ESTIMATE_HELP: &str = "\
+Only headers are read (config.json, the safetensors header, the GGUF metadata and tensor
+table), never the weights. --train models one optimizer step of transformers' default
+path (loss on all tokens, SDPA attention); --batch is per GPU. The model, its terms and
+constants, and what each was measured on: docs/estimate.md. The error table against
+measured peaks is still to be measured (docs/estimate.md says which cases).
+
+Exit codes:
+  0  estimated (with --gpu: it fits)
+  1  with --gpu: it does not fit at this batch (the largest that does is shown)
+  2  usage error, or the model files cannot be read
+
+Examples:
+  vramctl estimate ./Llama-3-8B --train --batch 4 --seq 2048 --precision bf16 --checkpointing
+  vramctl estimate ./Llama-3-8B/config.json --lora-rank 16 --quant-base int4 --gpu 24GiB
+  vramctl estimate --params 7B --arch llama --infer --batch 8 --seq 4096 --gen 512 --json
+  vramctl estimate model.gguf --infer --seq 8192 --kv-dtype fp8 --gpu 80GiB";
+
 const RECLAIM_HELP: &str = "\
 Only processes running the vramctl agent (python/vramctl_agent: vramctl_agent.start(),
 %load_ext vramctl_agent, or VRAMCTL_AGENT=1) can be asked; others are reported as having
@@ -1266,6 +1288,158 @@ pub enum RecordAction {
     Start,
     /// Stop it (after the snapshot, when -o is given too)
     Stop,
+}
+
+/// `vramctl estimate`.
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    /// A Hugging Face model directory, its config.json, a .safetensors file,
+    /// model.safetensors.index.json, or a .gguf file
+    #[arg(value_name = "MODEL", required_unless_present = "params")]
+    pub model: Option<PathBuf>,
+
+    /// Instead of MODEL: the parameter count (7B, 350M, 124439808), sized as --arch
+    #[arg(long, value_name = "N", value_parser = param_count, requires = "arch", conflicts_with = "model")]
+    pub params: Option<u64>,
+
+    /// The model family (gpt2, llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, bert, t5,
+    /// mixtral, qwen2_moe) for --params, or for a .safetensors/.gguf file without one
+    #[arg(long, value_name = "A", value_parser = model_family)]
+    pub arch: Option<vramctl_model::Family>,
+
+    /// Model one training step (the default)
+    #[arg(long)]
+    pub train: bool,
+
+    /// Model generation: weights, KV cache, prefill
+    #[arg(long, conflicts_with = "train")]
+    pub infer: bool,
+
+    /// Sequences per GPU (the micro-batch; concurrent sequences for --infer)
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub batch: u64,
+
+    /// Tokens per sequence (the prompt for --infer)
+    #[arg(long, value_name = "N", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    pub seq: u64,
+
+    /// With --infer: tokens generated after the prompt
+    #[arg(long = "gen", value_name = "N", default_value_t = 0, requires = "infer",
+          value_parser = clap::value_parser!(u64).range(0..=16_777_216))]
+    pub generated: u64,
+
+    /// Weights and compute: amp-* keeps fp32 weights and autocasts [default: fp32 for
+    /// --train, the checkpoint's dtype for --infer]
+    #[arg(long, value_enum)]
+    pub precision: Option<EstimatePrecision>,
+
+    /// The optimizer (--train)
+    #[arg(long, value_enum, default_value_t = EstimateOptimizer::Adamw)]
+    pub optimizer: EstimateOptimizer,
+
+    /// Activation checkpointing on every block (--train)
+    #[arg(long, conflicts_with = "infer")]
+    pub checkpointing: bool,
+
+    /// The attention implementation (eager materialises the scores)
+    #[arg(long, value_enum, default_value_t = EstimateAttention::Sdpa)]
+    pub attention: EstimateAttention,
+
+    /// Fine-tune LoRA adapters of rank R on q and v, the base frozen
+    #[arg(long, value_name = "R", conflicts_with = "infer",
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub lora_rank: Option<u64>,
+
+    /// With --lora-rank: quantise the frozen base (int4: QLoRA's NF4)
+    #[arg(long, value_enum, requires = "lora_rank")]
+    pub quant_base: Option<EstimateBaseQuant>,
+
+    /// With --infer: quantised weights
+    #[arg(long, value_enum, requires = "infer")]
+    pub quant: Option<EstimateQuant>,
+
+    /// With --infer: the KV cache's dtype [default: the compute dtype]
+    #[arg(long, value_enum, requires = "infer")]
+    pub kv_dtype: Option<EstimateKvDtype>,
+
+    /// GPUs the training is spread over (DDP unless --zero or --fsdp)
+    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "infer",
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub gpus: u64,
+
+    /// DeepSpeed ZeRO stage (0 to 3)
+    #[arg(long, value_name = "STAGE", conflicts_with_all = ["fsdp", "infer"],
+          value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
+
+    /// PyTorch FSDP, full sharding
+    #[arg(long, conflicts_with = "infer")]
+    pub fsdp: bool,
+
+    /// Check against a GPU of this memory size (80GiB, 24GiB): does it fit, and the
+    /// largest batch and sequence that do (an index or name needs NVML: not yet)
+    #[arg(long, value_name = "SIZE", value_parser = gpu_size)]
+    pub gpu: Option<u64>,
+
+    /// Machine-readable output (docs/json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimatePrecision {
+    Fp32,
+    Fp16,
+    Bf16,
+    AmpBf16,
+    AmpFp16,
+}
+
+/// `--optimizer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimateOptimizer {
+    Adamw,
+    Adam,
+    Sgd,
+    SgdMomentum,
+    Adafactor,
+    #[value(name = "adamw-8bit")]
+    Adamw8bit,
+}
+
+/// `--attention`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimateAttention {
+    Sdpa,
+    Eager,
+    Flash,
+}
+
+/// `--quant-base`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimateBaseQuant {
+    Int4,
+    Int8,
+}
+
+/// `--quant`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimateQuant {
+    Int8,
+    Int4,
+    Fp8,
+}
+
+/// `--kv-dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimateKvDtype {
+    Fp32,
+    Fp16,
+    Bf16,
+    Fp8,
 }
 
 /// `vramctl snapshot`.
@@ -1620,6 +1794,38 @@ fn fit_range(text: &str) -> Result<(u64, u64), String> {
 
 fn parse_size(text: &str) -> Result<u64, String> {
     vramctl::units::parse_bytes(text)
+}
+
+fn param_count(text: &str) -> Result<u64, String> {
+    vramctl_model::architecture::parse_param_count(text)
+}
+
+fn model_family(text: &str) -> Result<vramctl_model::Family, String> {
+    vramctl_model::Family::from_model_type(text).ok_or_else(|| {
+        format!(
+            "'{text}' is not a supported family; use one of {}",
+            vramctl_model::Family::supported_list()
+        )
+    })
+}
+
+/// `--gpu` of estimate: a size with a unit. A bare number would be a GPU index, which
+/// needs NVML; estimate does not open it yet, so it says what to give instead.
+fn gpu_size(text: &str) -> Result<u64, String> {
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!(
+            "'{text}' looks like a GPU index; estimate takes the GPU's memory size for now, e.g. 80GiB"
+        ));
+    }
+    match vramctl::units::parse_bytes(text) {
+        Ok(0) => Err(format!(
+            "'{text}' is no memory; give the GPU's size, e.g. 80GiB"
+        )),
+        Ok(bytes) => Ok(bytes),
+        Err(_) => Err(format!(
+            "'{text}' is not a memory size (a GPU name needs NVML: not yet); give the GPU's size, e.g. 80GiB"
+        )),
+    }
 }
 
 fn parse_signal(text: &str) -> Result<vramctl_core::signal::Signal, String> {

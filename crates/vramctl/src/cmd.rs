@@ -2,6 +2,7 @@
 //! into the library's arguments (the history's path, the NVML session, the analysis'
 //! settings, the samples to analyse); the work itself is in the library (`lib.rs`).
 
+pub mod estimate;
 pub mod export;
 pub mod fit;
 pub mod history;
@@ -52,6 +53,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Plot(args) => plot::run(&cli.global, args),
         Command::Run(args) => run::run(&cli.global, args),
         Command::Fit(args) => fit::run(&cli.global, args),
+        Command::Estimate(args) => estimate::run(args),
     }
 }
 

@@ -1,0 +1,1256 @@
+//! The memory a job needs, as named terms that add up to the predicted peak of the
+//! process as `nvidia-smi` shows it (`docs/estimate.md` derives each term).
+//!
+//! Training is one optimizer step of the default path (transformers, loss on all tokens,
+//! `zero_grad(set_to_none=True)`): two phases peak, forward/backward and `optimizer.step()`,
+//! and the larger is the estimate; every term says whether it is held at that peak.
+//! Inference is generation: weights, the KV cache at prompt + generated length, the
+//! prefill's working set.
+//!
+//! Every constant below is named with where it came from. The ones marked "research
+//! round 2" were measured on one H200 in the project's research round
+//! (`research-round2.md` §1.4–1.5); they are not the issue's truth set, which is measured
+//! separately and must not be used to set them.
+
+use serde::Serialize;
+
+use crate::architecture::{Architecture, Dtype, Family, Mlp, Norm};
+use crate::model::Model;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// CUDA context, cuBLAS/cuDNN workspaces and other memory outside PyTorch's caching
+/// allocator: NVML's per-process figure minus `memory_reserved()` was a constant 767 MiB
+/// across the training runs (research round 2 §1.4 item 5; H200, CUDA 13.0, torch 2.11,
+/// lazy module loading). Other GPUs differ (a few hundred MiB on smaller parts, §1.5).
+pub const CUDA_CONTEXT_BYTES: f64 = 767.0 * MIB;
+
+/// One NCCL communicator (a process group of more than one GPU): 1,389 − 831 MiB on the
+/// H200 (research round 2 §1.5, the `ctx.py` stages table).
+pub const NCCL_COMMUNICATOR_BYTES: f64 = 558.0 * MIB;
+
+/// The caching allocator's reserved memory over what tensors hold (rounding to blocks and
+/// segments, fragmentation): reserved/allocated was 1.04–1.35 in research round 2 §1.4
+/// item 5, worst with checkpointing. The values are chosen inside that range (not fitted
+/// to any table); the truth set of the next session checks them.
+pub const ALLOCATOR_OVERHEAD_TRAIN: f64 = 0.10;
+/// As above, with activation checkpointing (recompute frees and re-allocates every block).
+pub const ALLOCATOR_OVERHEAD_CHECKPOINTING: f64 = 0.25;
+/// As above, for generation (few, large, long-lived blocks: weights and the KV cache).
+pub const ALLOCATOR_OVERHEAD_INFER: f64 = 0.05;
+
+/// Bytes per token per vocabulary entry at the loss's peak with transformers'
+/// `ForCausalLMLoss`: 16-bit logits, their fp32 upcast, the fp32 log-softmax it saves and
+/// the gradient at the start of backward (research round 2 §1.4 item 2, measured ≈ 12·V).
+pub const LOGITS_BYTES_PER_TOKEN_PER_VOCAB: f64 = 12.0;
+
+/// `torch.optim.AdamW`'s default foreach implementation makes one parameter-sized
+/// temporary in `step()` (research round 2 §1.4 item 3: ~20 B/param with fp32 weights).
+pub const ADAM_FOREACH_TEMPORARY_COPIES: f64 = 1.0;
+
+/// Autocast caches the 16-bit copy of each weight it casts for the forward and backward
+/// (research round 2 §1.5: +2 B/param with fp32 weights and AMP).
+pub const AUTOCAST_WEIGHT_CACHE_BYTES_PER_PARAM: f64 = 2.0;
+
+/// bitsandbytes' 8-bit AdamW: two 1-byte states and an fp32 absmax per block of 256
+/// (blockwise quantisation, Dettmers et al. 2022, "8-bit Optimizers via Block-wise
+/// Quantization"; block size as we read bitsandbytes, not measured here).
+pub const ADAMW_8BIT_STATE_BYTES_PER_PARAM: f64 = 2.0 * (1.0 + 4.0 / 256.0);
+
+/// QLoRA's NF4 with double quantisation: 4 bits and 0.127 bits of quantisation constants
+/// per parameter (Dettmers et al. 2023, QLoRA §3).
+pub const NF4_BYTES_PER_PARAM: f64 = (4.0 + 0.127) / 8.0;
+
+/// bitsandbytes LLM.int8() weights: one byte and an fp32 scale per row (negligible).
+pub const INT8_BYTES_PER_PARAM: f64 = 1.0;
+
+/// GPTQ/AWQ-style int4 inference weights: 4 bits and a 16-bit scale and zero per group of
+/// 128 (the group size both default to).
+pub const INT4_GROUP128_BYTES_PER_PARAM: f64 = 0.5 + 4.0 / 128.0;
+
+/// FP8 weights: one byte, a per-tensor scale (negligible).
+pub const FP8_BYTES_PER_PARAM: f64 = 1.0;
+
+/// What the job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Train,
+    Infer,
+}
+
+/// `--precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Bf16,
+    /// fp32 weights, bf16 autocast.
+    AmpBf16,
+    /// fp32 weights, fp16 autocast.
+    AmpFp16,
+}
+
+impl Precision {
+    /// Bytes of a weight as held.
+    pub fn param_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 | Precision::AmpBf16 | Precision::AmpFp16 => 4.0,
+            Precision::Fp16 | Precision::Bf16 => 2.0,
+        }
+    }
+
+    /// Bytes of an activation the matmuls produce.
+    pub fn compute_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            _ => 2.0,
+        }
+    }
+
+    /// Bytes of the residual stream (fp32 under autocast: embeddings and adds stay fp32).
+    pub fn residual_bytes(self) -> f64 {
+        self.param_bytes()
+    }
+
+    fn is_amp(self) -> bool {
+        matches!(self, Precision::AmpBf16 | Precision::AmpFp16)
+    }
+
+    /// The precision of a checkpoint stored in `dtype` (for `--infer` without `--precision`).
+    pub fn of_dtype(dtype: Option<Dtype>) -> Precision {
+        match dtype {
+            Some(Dtype::F32) => Precision::Fp32,
+            Some(Dtype::F16) => Precision::Fp16,
+            _ => Precision::Bf16,
+        }
+    }
+}
+
+/// `--optimizer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Optimizer {
+    Adamw,
+    Adam,
+    Sgd,
+    SgdMomentum,
+    Adafactor,
+    #[serde(rename = "adamw-8bit")]
+    Adamw8bit,
+}
+
+/// `--attention`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attention {
+    Sdpa,
+    Eager,
+    Flash,
+}
+
+/// `--quant` (inference weights) and `--quant-base` (LoRA's frozen base).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quant {
+    Int8,
+    Int4,
+    Fp8,
+}
+
+/// How training is spread over `gpus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "stage")]
+pub enum Sharding {
+    /// One GPU, or DDP replicas when `gpus > 1`.
+    Replicated,
+    /// DeepSpeed ZeRO stage 0–3.
+    Zero(u8),
+    /// PyTorch FSDP, full sharding.
+    Fsdp,
+}
+
+/// LoRA adapters on a frozen base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Lora {
+    pub rank: u64,
+    pub quant_base: Option<Quant>,
+}
+
+/// The job, as the command line gives it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Job {
+    pub mode: Mode,
+    /// Per GPU (the micro-batch).
+    pub batch: u64,
+    /// Tokens per sequence (the prompt for `--infer`).
+    pub seq: u64,
+    /// Tokens generated after the prompt (`--infer`).
+    pub generated: u64,
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    pub checkpointing: bool,
+    pub attention: Attention,
+    pub lora: Option<Lora>,
+    pub quant: Option<Quant>,
+    pub kv_dtype: Option<Dtype>,
+    pub gpus: u64,
+    pub sharding: Sharding,
+}
+
+/// One part of the estimate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Term {
+    pub name: &'static str,
+    pub bytes: u64,
+    /// Held at the peak phase (counted in the total).
+    pub at_peak: bool,
+    pub note: String,
+}
+
+/// The estimate: the terms and their total at the peak.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Estimate {
+    pub terms: Vec<Term>,
+    /// `forward/backward`, `optimizer step` or `generation`.
+    pub peak_phase: &'static str,
+    /// Per GPU, as nvidia-smi would show the process at its peak.
+    pub total_bytes: u64,
+}
+
+impl Estimate {
+    /// The bytes of the term named `name` (0 when there is none).
+    pub fn term(&self, name: &str) -> u64 {
+        self.terms
+            .iter()
+            .find(|t| t.name == name)
+            .map_or(0, |t| t.bytes)
+    }
+}
+
+struct Builder {
+    terms: Vec<(&'static str, f64, Phase, String)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Held all the time.
+    Always,
+    /// Only during forward/backward.
+    Backward,
+    /// Only during `optimizer.step()`.
+    Step,
+}
+
+impl Builder {
+    fn add(&mut self, name: &'static str, bytes: f64, phase: Phase, note: impl Into<String>) {
+        if bytes > 0.0 {
+            self.terms.push((name, bytes, phase, note.into()));
+        }
+    }
+}
+
+/// Bytes rounded to a whole number (terms are far below 2^53, where f64 is exact).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn whole(bytes: f64) -> u64 {
+    bytes.max(0.0).round() as u64
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn f(n: u64) -> f64 {
+    n as f64
+}
+
+/// `124439808` → `124,439,808`, for notes and tables.
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The estimate of `job` on `model`, per GPU.
+pub fn estimate(model: &Model, job: &Job) -> Estimate {
+    match job.mode {
+        Mode::Train => train(model, job),
+        Mode::Infer => infer(model, job),
+    }
+}
+
+/// Parameters split as the memory model needs: the blocks' linears (quantisable, LoRA's
+/// targets) and the rest, scaled so they add to the headers' exact count when there is one.
+struct Params {
+    total: f64,
+    linear: f64,
+    factored_state_elements: f64,
+}
+
+fn params_of(model: &Model) -> Params {
+    let inv = model.architecture.inventory();
+    let counted = f(inv.total().max(1));
+    let total = f(model.params());
+    Params {
+        total,
+        linear: total * f(inv.linear_params) / counted,
+        factored_state_elements: total * f(inv.factored_state_elements) / counted,
+    }
+}
+
+/// LoRA adapter parameters: rank-`r` A and B on q and v of every attention (PEFT's default
+/// `target_modules` for these families).
+fn lora_params(arch: &Architecture, rank: u64) -> (f64, f64) {
+    let sets = f(arch.layers + 2 * arch.decoder_layers);
+    let h = f(arch.hidden);
+    let r = f(rank);
+    let q = r * (h + f(arch.q_dim()));
+    let v = r * (h + f(arch.kv_dim()));
+    // Adafactor factors each adapter matrix: rows + columns of A (r × in) and B (out × r).
+    let factored = sets * 2.0 * (2.0 * r + h) + sets * (f(arch.q_dim()) + f(arch.kv_dim()));
+    (sets * (q + v), factored)
+}
+
+/// Bytes of optimizer state per trainable parameter held in `state_bytes` (the parameter's
+/// dtype, as torch's optimizers keep their states), and whether `step()` makes the
+/// foreach temporary.
+fn optimizer_state(opt: Optimizer, state_bytes: f64) -> (f64, bool, &'static str) {
+    match opt {
+        Optimizer::Adamw | Optimizer::Adam => (2.0 * state_bytes, true, "exp_avg and exp_avg_sq"),
+        Optimizer::Sgd => (0.0, false, "plain SGD keeps no state"),
+        Optimizer::SgdMomentum => (state_bytes, false, "the momentum buffer"),
+        // Adafactor is handled from the factored element count by the caller.
+        Optimizer::Adafactor => (0.0, false, "factored second moment (rows + columns)"),
+        Optimizer::Adamw8bit => (
+            ADAMW_8BIT_STATE_BYTES_PER_PARAM,
+            false,
+            "two 8-bit states with block absmax (bitsandbytes)",
+        ),
+    }
+}
+
+/// Activation bytes one block saves per token for backward (`docs/estimate.md`):
+/// the tensors transformers' implementation keeps, counted per kind of layer.
+fn block_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> f64 {
+    let a = job.precision.compute_bytes();
+    let r = job.precision.residual_bytes();
+    let h = f(arch.hidden);
+    // Norms: RMSNorm (transformers) saves its input upcast to fp32 and its product in the
+    // residual dtype, and under autocast the linear after it saves a 16-bit copy;
+    // LayerNorm saves its input and the linear its (cast) output.
+    let norm = match arch.norm {
+        Norm::RmsNorm => 4.0 + r + if (a - r).abs() > 0.0 { a } else { 0.0 },
+        Norm::LayerNorm => r + a,
+    } * h
+        * f(arch.norms_per_layer);
+    // Attention: q, k, v for the kernel, its output for o_proj.
+    let q = f(arch.q_dim());
+    let kv = f(arch.kv_dim());
+    let mut attention = a * (q + 2.0 * kv) + a * q;
+    if arch.qk_norm {
+        attention += (4.0 + a) * (q + kv);
+    }
+    if job.attention == Attention::Eager {
+        // Materialised scores: the softmax output per head and key, and with attention
+        // dropout its mask (1 byte) and output (Korthikanti et al. 2022's 5·a·s at 16 bits);
+        // GQA's repeat_kv saves full-width copies of k and v.
+        let per_score = a + if arch.attention_dropout { 1.0 + a } else { 0.0 };
+        attention += f(arch.heads) * f(seq) * per_score + a * 2.0 * (q - kv);
+    }
+    let mlp = match (arch.moe, arch.mlp) {
+        (Some(moe), _) => {
+            // Router logits in fp32, each chosen expert's gathered input and its SwiGLU
+            // (gate, up, activation, product), the shared expert on every token.
+            4.0 * f(moe.experts)
+                + f(moe.top_k) * (a * h + 4.0 * a * f(moe.expert_intermediate))
+                + if moe.shared_expert_intermediate > 0 {
+                    4.0 * a * f(moe.shared_expert_intermediate) + a * h
+                } else {
+                    0.0
+                }
+        }
+        (None, Mlp::Gated) => 4.0 * a * f(arch.intermediate),
+        (None, Mlp::Plain) => 2.0 * a * f(arch.intermediate),
+    };
+    // Dropout masks (1 byte) after attention and after the MLP.
+    let dropout = if arch.hidden_dropout { 2.0 * h } else { 0.0 };
+    let mut total = norm + attention + mlp + dropout;
+    if job.lora.is_some() {
+        // Frozen linears save no input for a weight gradient: o_proj's and the MLP output
+        // projection's inputs are not kept (the adapters' inputs, the norm outputs, are).
+        let down_input = match arch.moe {
+            Some(moe) => f(moe.top_k) * f(moe.expert_intermediate),
+            None => f(arch.intermediate),
+        };
+        total -= a * (q + down_input);
+    }
+    total
+}
+
+fn train(model: &Model, job: &Job) -> Estimate {
+    let arch = &model.architecture;
+    let p = params_of(model);
+    let g = f(job.gpus.max(1));
+    let mut b = Builder { terms: Vec::new() };
+    let param_bytes = job.precision.param_bytes();
+    let tokens = f(job.batch) * f(job.seq);
+
+    // What is trained, and in which dtype its weights, gradients and states are held.
+    let (trainable, trainable_bytes, frozen_bytes, factored) = match job.lora {
+        Some(lora) => {
+            let (adapters, factored) = lora_params(arch, lora.rank);
+            let base_16 = if job.precision == Precision::Fp32 {
+                4.0
+            } else {
+                2.0
+            };
+            let linear_bytes = match lora.quant_base {
+                Some(Quant::Int4) => NF4_BYTES_PER_PARAM,
+                Some(Quant::Int8 | Quant::Fp8) => INT8_BYTES_PER_PARAM,
+                None => base_16,
+            };
+            // PEFT upcasts adapters to fp32 (autocast_adapter_dtype=True, its default).
+            (
+                adapters,
+                4.0,
+                p.linear * linear_bytes + (p.total - p.linear) * base_16,
+                factored,
+            )
+        }
+        None => (p.total, param_bytes, 0.0, p.factored_state_elements),
+    };
+
+    // DeepSpeed ZeRO holds 16-bit weights and fp32 master weights, grads and states for
+    // 16-bit precisions (amp-* become its bf16/fp16 mode); torch (DDP, FSDP) keeps the
+    // precision's own dtypes.
+    let zero = match job.sharding {
+        Sharding::Zero(stage) => Some(stage),
+        _ => None,
+    };
+    let (weight_bytes, master_bytes) = match zero {
+        Some(_) if job.precision != Precision::Fp32 => (2.0, 4.0),
+        _ => (trainable_bytes, 0.0),
+    };
+    let state_dtype_bytes = if zero.is_some() { 4.0 } else { trainable_bytes };
+    let (mut state_per_param, foreach_temp, state_note) =
+        optimizer_state(job.optimizer, state_dtype_bytes);
+    if job.optimizer == Optimizer::Adafactor {
+        state_per_param = 4.0 * factored / trainable.max(1.0);
+    }
+
+    // Sharding divisors per term.
+    let stage = zero.unwrap_or(0);
+    let fsdp = job.sharding == Sharding::Fsdp;
+    let shard_states = if fsdp || stage >= 1 { g } else { 1.0 };
+    let shard_grads = if fsdp || stage >= 2 { g } else { 1.0 };
+    let shard_weights = if fsdp || stage >= 3 { g } else { 1.0 };
+    let sharded = |d: f64| {
+        if d > 1.0 {
+            format!(", sharded over {} GPUs", d)
+        } else {
+            String::new()
+        }
+    };
+
+    b.add(
+        "weights",
+        (trainable * weight_bytes + frozen_bytes) / shard_weights,
+        Phase::Always,
+        match job.lora {
+            Some(l) => format!(
+                "frozen base{} and {} LoRA rank-{} adapter params in fp32{}",
+                match l.quant_base {
+                    Some(Quant::Int4) => " in NF4",
+                    Some(_) => " in int8",
+                    None => "",
+                },
+                grouped(whole(trainable)),
+                l.rank,
+                sharded(shard_weights)
+            ),
+            None => format!(
+                "{} params × {} B{}",
+                whole(p.total),
+                weight_bytes,
+                sharded(shard_weights)
+            ),
+        },
+    );
+    if master_bytes > 0.0 {
+        b.add(
+            "master weights (fp32)",
+            trainable * master_bytes / shard_states,
+            Phase::Always,
+            format!(
+                "DeepSpeed keeps fp32 master weights{}",
+                sharded(shard_states)
+            ),
+        );
+    }
+    // DeepSpeed with 16-bit weights: 16-bit gradients (sharded from stage 2) and their fp32
+    // partition (sharded from stage 1).
+    let grad_bytes = trainable * weight_bytes / shard_grads
+        + if master_bytes > 0.0 {
+            trainable * 4.0 / shard_states
+        } else {
+            0.0
+        };
+    b.add(
+        "optimizer states",
+        trainable * state_per_param / shard_states,
+        Phase::Always,
+        format!("{state_note}{}", sharded(shard_states)),
+    );
+    if job.precision.is_amp() && job.lora.is_none() && zero.is_none() {
+        b.add(
+            "autocast weight cache",
+            p.linear * AUTOCAST_WEIGHT_CACHE_BYTES_PER_PARAM / shard_weights,
+            Phase::Backward,
+            "16-bit copies of the linear weights autocast keeps for the step",
+        );
+    }
+    if fsdp || stage >= 3 {
+        // The unit being computed is gathered whole: a block's (or the embedding's) weights,
+        // twice for the prefetch of the next, and its full gradient before reduce-scatter.
+        let per_layer = p.linear / f(arch.total_layers().max(1));
+        let embedding = f(arch.vocab * arch.hidden);
+        let unit = per_layer.max(embedding);
+        let gathered_bytes = if zero.is_some() {
+            2.0
+        } else {
+            job.precision.compute_bytes()
+        };
+        b.add(
+            "gathered parameters",
+            unit * (2.0 * gathered_bytes + weight_bytes),
+            Phase::Always,
+            "the largest unit's full weights (this one and the prefetched next) and its gradient",
+        );
+    }
+    if job.gpus > 1 && job.sharding == Sharding::Replicated {
+        b.add(
+            "DDP gradient buckets",
+            trainable * trainable_bytes,
+            Phase::Always,
+            "DDP's flat buckets hold a second copy of the gradients (gradient_as_bucket_view=False)",
+        );
+    }
+
+    // Activations.
+    let blocks = f(arch.total_layers());
+    let block = block_bytes_per_token(arch, job, job.seq);
+    let r = job.precision.residual_bytes();
+    let h = f(arch.hidden);
+    // The embedding's output (and its dropout mask) and the final norm.
+    let outside_blocks = r * h + if arch.hidden_dropout { h } else { 0.0 } + (4.0 + r) * h;
+    let (activations, act_note) = if job.checkpointing {
+        (
+            tokens * (blocks * r * h + block + outside_blocks),
+            format!(
+                "checkpointed: each of {} blocks keeps its input, one block's working set is recomputed",
+                arch.total_layers()
+            ),
+        )
+    } else {
+        (
+            tokens * (blocks * block + outside_blocks),
+            format!(
+                "{} blocks × {} B per token ({} attention)",
+                arch.total_layers(),
+                grouped(whole(block)),
+                attention_name(job.attention)
+            ),
+        )
+    };
+    b.add("activations", activations, Phase::Backward, act_note);
+    b.add(
+        "logits and loss",
+        tokens * f(arch.vocab) * LOGITS_BYTES_PER_TOKEN_PER_VOCAB,
+        Phase::Backward,
+        format!("{} tokens × vocab {} × 12 B (16-bit logits, fp32 upcast and log-softmax, their gradient)", grouped(whole(tokens)), arch.vocab),
+    );
+    b.add(
+        "gradients",
+        grad_bytes,
+        Phase::Step,
+        format!("one per trainable param{}", sharded(shard_grads)),
+    );
+    if foreach_temp {
+        b.add(
+            "optimizer step temporary",
+            trainable * state_dtype_bytes * ADAM_FOREACH_TEMPORARY_COPIES / shard_states,
+            Phase::Step,
+            "foreach AdamW's parameter-sized temporary in step()",
+        );
+    }
+    let overhead = if job.checkpointing {
+        ALLOCATOR_OVERHEAD_CHECKPOINTING
+    } else {
+        ALLOCATOR_OVERHEAD_TRAIN
+    };
+    finish(b, job, overhead, grad_bytes)
+}
+
+fn infer(model: &Model, job: &Job) -> Estimate {
+    let arch = &model.architecture;
+    let p = params_of(model);
+    let mut b = Builder { terms: Vec::new() };
+    let a = job.precision.compute_bytes();
+    // Generation runs in the 16-bit dtype unless asked for fp32 (amp-* means bf16/fp16 here).
+    let dense = if job.precision == Precision::Fp32 {
+        4.0
+    } else {
+        2.0
+    };
+    let batch = f(job.batch);
+    let (weights, note) = match job.quant {
+        Some(q) => {
+            let (bytes, name) = match q {
+                Quant::Int8 => (INT8_BYTES_PER_PARAM, "int8"),
+                Quant::Int4 => (INT4_GROUP128_BYTES_PER_PARAM, "int4 (group 128)"),
+                Quant::Fp8 => (FP8_BYTES_PER_PARAM, "fp8"),
+            };
+            (
+                p.linear * bytes + (p.total - p.linear) * dense,
+                format!("block linears in {name}, embeddings and norms in {dense} B"),
+            )
+        }
+        None => match (&model.weights, model.source) {
+            // A GGUF or safetensors checkpoint is loaded as stored.
+            (Some(w), crate::model::SourceKind::Gguf) if w.bytes > 0 => {
+                (f(w.bytes), "as stored in the GGUF file".to_owned())
+            }
+            _ => (
+                p.total * dense,
+                format!("{} params × {dense} B", grouped(whole(p.total))),
+            ),
+        },
+    };
+    b.add("weights", weights, Phase::Always, note);
+    let kv_bytes = job.kv_dtype.map_or(a, Dtype::bytes);
+    let context = f(job.seq + job.generated);
+    b.add(
+        "KV cache",
+        2.0 * f(arch.kv_cache_layers()) * f(arch.kv_dim()) * kv_bytes * batch * context,
+        Phase::Always,
+        format!(
+            "2 × {} layers × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} tokens",
+            arch.kv_cache_layers(),
+            arch.kv_heads,
+            arch.head_dim,
+            job.batch,
+            job.seq + job.generated
+        ),
+    );
+    // Prefill: one block's transient working set over the whole prompt (the residual and
+    // its normed copy, q/k/v, the MLP's intermediates), nothing saved for backward.
+    let h = f(arch.hidden);
+    let mlp = match arch.moe {
+        Some(moe) => f(moe.top_k) * (h + 3.0 * f(moe.expert_intermediate)),
+        None => match arch.mlp {
+            Mlp::Gated => 3.0 * f(arch.intermediate),
+            Mlp::Plain => 2.0 * f(arch.intermediate),
+        },
+    };
+    let mut working =
+        a * (2.0 * h + f(arch.q_dim()) + 2.0 * f(arch.kv_dim()) + mlp) * batch * f(job.seq);
+    if job.attention == Attention::Eager {
+        // Scores and their softmax for every head at once.
+        working += (a + 4.0) * f(arch.heads) * f(job.seq) * f(job.seq) * batch;
+    }
+    b.add(
+        "prefill activations",
+        working,
+        Phase::Always,
+        "one block's working set over the prompt",
+    );
+    b.add(
+        "logits",
+        batch * f(arch.vocab) * (a + 4.0),
+        Phase::Always,
+        "the last position's logits and their fp32 copy (generate keeps one position)",
+    );
+    finish(b, job, ALLOCATOR_OVERHEAD_INFER, 0.0)
+}
+
+/// Picks the peak phase, adds the allocator's overhead over the tensors held there and the
+/// memory outside the allocator, and freezes the terms.
+fn finish(mut b: Builder, job: &Job, overhead: f64, grad_bytes: f64) -> Estimate {
+    let sum = |phase: Phase| -> f64 {
+        b.terms
+            .iter()
+            .filter(|t| t.2 == Phase::Always || t.2 == phase)
+            .map(|t| t.1)
+            .sum()
+    };
+    let (peak_phase, peak_set) = if job.mode == Mode::Infer {
+        ("generation", Phase::Always)
+    } else {
+        // Forward/backward: from zero_grad(set_to_none) the gradients appear as backward
+        // frees activations; the phase holds the larger of the two (HF's
+        // "Model + Optimizer + max(Gradients, Activations)").
+        let backward_saved: f64 = b
+            .terms
+            .iter()
+            .filter(|t| t.2 == Phase::Backward)
+            .map(|t| t.1)
+            .sum();
+        let always = sum(Phase::Always);
+        let backward = always + backward_saved.max(grad_bytes);
+        let step = sum(Phase::Step);
+        if step > backward {
+            ("optimizer step", Phase::Step)
+        } else {
+            ("forward/backward", Phase::Backward)
+        }
+    };
+    let tensors = sum(peak_set);
+    b.add(
+        "allocator overhead",
+        tensors * overhead,
+        Phase::Always,
+        format!(
+            "{:.0} % of the tensors at the peak (caching allocator rounding and fragmentation)",
+            overhead * 100.0
+        ),
+    );
+    b.add(
+        "CUDA context",
+        CUDA_CONTEXT_BYTES,
+        Phase::Always,
+        "context and library workspaces outside PyTorch's allocator (767 MiB measured on an H200)",
+    );
+    if job.gpus > 1 {
+        b.add(
+            "NCCL communicator",
+            NCCL_COMMUNICATOR_BYTES,
+            Phase::Always,
+            "one process group's buffers (558 MiB measured on an H200)",
+        );
+    }
+    let terms: Vec<Term> = b
+        .terms
+        .into_iter()
+        .map(|(name, bytes, phase, note)| Term {
+            name,
+            bytes: whole(bytes),
+            at_peak: phase == Phase::Always || phase == peak_set,
+            note,
+        })
+        .collect();
+    // Saturating: an absurd job (a million sequences of 16M tokens) has terms past u64.
+    let total_bytes = terms
+        .iter()
+        .filter(|t| t.at_peak)
+        .map(|t| t.bytes)
+        .fold(0, u64::saturating_add);
+    Estimate {
+        terms,
+        peak_phase,
+        total_bytes,
+    }
+}
+
+/// The largest value in `1..=limit` for which `fits` holds, when `fits` is monotone
+/// (memory grows with batch and sequence); `None` when not even 1 fits.
+fn largest(limit: u64, fits: impl Fn(u64) -> bool) -> Option<u64> {
+    if !fits(1) {
+        return None;
+    }
+    let (mut lo, mut hi) = (1, limit);
+    if fits(hi) {
+        return Some(hi);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// The largest batch (up to 65,536) whose estimate fits in `capacity_bytes`.
+pub fn largest_batch(model: &Model, job: &Job, capacity_bytes: u64) -> Option<u64> {
+    largest(65_536, |batch| {
+        estimate(
+            model,
+            &Job {
+                batch,
+                ..job.clone()
+            },
+        )
+        .total_bytes
+            <= capacity_bytes
+    })
+}
+
+/// The largest sequence (prompt) length at the job's batch, up to the model's maximum
+/// positions less the generated tokens (or 1,048,576 where it has none; never below the
+/// job's own sequence, which may exceed what the config says), whose estimate fits.
+pub fn largest_seq(model: &Model, job: &Job, capacity_bytes: u64) -> Option<u64> {
+    let limit = model
+        .architecture
+        .max_positions
+        .unwrap_or(1 << 20)
+        .saturating_sub(job.generated)
+        .max(job.seq)
+        .max(1);
+    largest(limit, |seq| {
+        estimate(model, &Job { seq, ..job.clone() }).total_bytes <= capacity_bytes
+    })
+}
+
+/// A default job on `family`'s conventions, for tests and `--help` examples.
+pub fn default_job(mode: Mode) -> Job {
+    Job {
+        mode,
+        batch: 1,
+        seq: 512,
+        generated: 0,
+        precision: if mode == Mode::Train {
+            Precision::Fp32
+        } else {
+            Precision::Bf16
+        },
+        optimizer: Optimizer::Adamw,
+        checkpointing: false,
+        attention: Attention::Sdpa,
+        lora: None,
+        quant: None,
+        kv_dtype: None,
+        gpus: 1,
+        sharding: Sharding::Replicated,
+    }
+}
+
+/// `sdpa`, `eager`, `flash`.
+pub fn attention_name(attention: Attention) -> &'static str {
+    match attention {
+        Attention::Sdpa => "sdpa",
+        Attention::Eager => "eager",
+        Attention::Flash => "flash",
+    }
+}
+
+/// `adamw`, `sgd-momentum`, ... as `--optimizer` spells them.
+pub fn optimizer_name(optimizer: Optimizer) -> &'static str {
+    match optimizer {
+        Optimizer::Adamw => "adamw",
+        Optimizer::Adam => "adam",
+        Optimizer::Sgd => "sgd",
+        Optimizer::SgdMomentum => "sgd-momentum",
+        Optimizer::Adafactor => "adafactor",
+        Optimizer::Adamw8bit => "adamw-8bit",
+    }
+}
+
+/// `fp32`, `amp-bf16`, ... as `--precision` spells them.
+pub fn precision_name(precision: Precision) -> &'static str {
+    match precision {
+        Precision::Fp32 => "fp32",
+        Precision::Fp16 => "fp16",
+        Precision::Bf16 => "bf16",
+        Precision::AmpBf16 => "amp-bf16",
+        Precision::AmpFp16 => "amp-fp16",
+    }
+}
+
+/// Whether the family trains as a causal LM (for notes; BERT is masked LM, T5 seq2seq).
+pub fn objective(family: Family) -> &'static str {
+    match family {
+        Family::Bert => "masked LM",
+        Family::T5 => "seq2seq",
+        _ => "causal LM",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn model(config: &str) -> Model {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/model/configs")
+            .join(config);
+        crate::read_model(&path, None).expect("config")
+    }
+
+    fn train_job(batch: u64, seq: u64) -> Job {
+        Job {
+            batch,
+            seq,
+            ..default_job(Mode::Train)
+        }
+    }
+
+    const CONTEXT: u64 = 767 * 1024 * 1024;
+
+    /// GPT-2 (124,439,808 params), fp32, AdamW, batch 1 × 512, SDPA, worked by hand in
+    /// docs/estimate.md: the step is the peak.
+    #[test]
+    fn gpt2_fp32_adamw_small_batch_terms_by_hand() {
+        let p = 124_439_808_u64;
+        let e = estimate(&model("gpt2.json"), &train_job(1, 512));
+        assert_eq!(e.term("weights"), 4 * p);
+        assert_eq!(e.term("optimizer states"), 8 * p);
+        assert_eq!(e.term("gradients"), 4 * p);
+        assert_eq!(e.term("optimizer step temporary"), 4 * p);
+        // Per token per block: LayerNorm 2 × (4 + 4) × 768, attention 4 × (768 + 2 × 768)
+        // + 4 × 768, MLP 2 × 4 × 3072, dropout masks 2 × 768 = 50,688; × 12 blocks, plus
+        // 9,984 outside the blocks; × 512 tokens.
+        assert_eq!(e.term("activations"), (50_688 * 12 + 9_984) * 512);
+        assert_eq!(e.term("logits and loss"), 512 * 50_257 * 12);
+        assert_eq!(e.peak_phase, "optimizer step");
+        // weights 4, states 8, gradients 4, the step's temporary 4 bytes per param.
+        let tensors = 20 * p;
+        assert_eq!(e.term("allocator overhead"), tensors / 10);
+        assert_eq!(e.term("CUDA context"), CONTEXT);
+        assert_eq!(
+            e.total_bytes,
+            tensors + e.term("allocator overhead") + CONTEXT
+        );
+        assert_eq!(e.total_bytes, 3_541_933_568);
+        let not_counted: Vec<_> = e
+            .terms
+            .iter()
+            .filter(|t| !t.at_peak)
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(not_counted, ["activations", "logits and loss"]);
+    }
+
+    #[test]
+    fn a_large_batch_peaks_in_backward_without_the_step_terms() {
+        let e = estimate(&model("gpt2.json"), &train_job(8, 512));
+        assert_eq!(e.peak_phase, "forward/backward");
+        let p = 124_439_808_u64;
+        let saved = (50_688 * 12 + 9_984) * 4096 + 4096 * 50_257 * 12;
+        let tensors = 12 * p + saved;
+        let overhead = e.term("allocator overhead");
+        assert_eq!(overhead, (tensors as f64 * 0.10).round() as u64);
+        assert_eq!(e.total_bytes, tensors + overhead + CONTEXT);
+    }
+
+    /// Llama-3-8B generation in bf16: the KV cache of GQA's 8 heads is exactly 1 GiB at
+    /// 4 sequences × 2,048 tokens.
+    #[test]
+    fn llama3_inference_kv_cache_counts_only_the_kv_heads() {
+        let job = Job {
+            batch: 4,
+            seq: 1024,
+            generated: 1024,
+            ..default_job(Mode::Infer)
+        };
+        let e = estimate(&model("llama-3-8b.json"), &job);
+        assert_eq!(e.term("weights"), 2 * 8_030_261_248);
+        assert_eq!(e.term("KV cache"), 2 * 32 * 1024 * 2 * 4 * 2048);
+        assert_eq!(e.term("KV cache"), 1 << 30);
+        assert_eq!(
+            e.term("prefill activations"),
+            2 * (8192 + 4096 + 2048 + 3 * 14_336) * 4 * 1024
+        );
+        assert_eq!(e.term("logits"), 4 * 128_256 * 6);
+        assert_eq!(e.peak_phase, "generation");
+        let fp8 = Job {
+            kv_dtype: Some(Dtype::F8),
+            ..job
+        };
+        assert_eq!(
+            estimate(&model("llama-3-8b.json"), &fp8).term("KV cache"),
+            1 << 29
+        );
+    }
+
+    /// PEFT reports 6,815,744 trainable parameters for Llama-3-8B with r=16 on q and v.
+    #[test]
+    fn lora_trains_only_the_adapters_on_a_quantised_base() {
+        let llama = model("llama-3-8b.json");
+        let job = Job {
+            precision: Precision::Bf16,
+            lora: Some(Lora {
+                rank: 16,
+                quant_base: Some(Quant::Int4),
+            }),
+            ..train_job(1, 512)
+        };
+        let e = estimate(&llama, &job);
+        let adapters = 6_815_744_u64;
+        assert_eq!(e.term("gradients"), 4 * adapters);
+        assert_eq!(e.term("optimizer states"), 8 * adapters);
+        let inv = llama.architecture.inventory();
+        let base = inv.linear_params as f64 * NF4_BYTES_PER_PARAM
+            + (inv.total() - inv.linear_params) as f64 * 2.0;
+        assert_eq!(
+            e.term("weights"),
+            (base + 4.0 * adapters as f64).round() as u64
+        );
+        let full = estimate(
+            &llama,
+            &Job {
+                lora: None,
+                ..job.clone()
+            },
+        );
+        assert!(
+            e.term("activations") < full.term("activations"),
+            "frozen linears save less"
+        );
+        assert!(e.total_bytes < full.total_bytes / 4);
+    }
+
+    /// DeepSpeed's own estimator for ZeRO-2 without offload: 2P + 18P/G (research round 2
+    /// §1.5, stage_1_and_2.py after PR #5099).
+    #[test]
+    fn zero2_model_states_match_deepspeeds_formula() {
+        let gpt2 = model("gpt2.json");
+        let p = 124_439_808_f64;
+        for gpus in [2_u64, 4, 8] {
+            let job = Job {
+                precision: Precision::Bf16,
+                gpus,
+                sharding: Sharding::Zero(2),
+                ..train_job(1, 512)
+            };
+            let e = estimate(&gpt2, &job);
+            let states = e.term("weights")
+                + e.term("master weights (fp32)")
+                + e.term("optimizer states")
+                + e.term("gradients");
+            let expected = 2.0 * p + 18.0 * p / gpus as f64;
+            assert!(
+                (states as f64 - expected).abs() <= 4.0,
+                "{gpus}: {states} vs {expected}"
+            );
+            assert_eq!(e.term("NCCL communicator"), 558 * 1024 * 1024);
+        }
+    }
+
+    #[test]
+    fn sharding_divides_what_each_stage_shards() {
+        let gpt2 = model("gpt2.json");
+        let with = |sharding, gpus| {
+            estimate(
+                &gpt2,
+                &Job {
+                    gpus,
+                    sharding,
+                    ..train_job(1, 512)
+                },
+            )
+        };
+        let one = with(Sharding::Replicated, 1);
+        let ddp = with(Sharding::Replicated, 2);
+        assert_eq!(ddp.term("DDP gradient buckets"), one.term("gradients"));
+        let fsdp = with(Sharding::Fsdp, 4);
+        assert_eq!(fsdp.term("weights"), one.term("weights") / 4);
+        assert_eq!(
+            fsdp.term("optimizer states"),
+            one.term("optimizer states") / 4
+        );
+        assert!(fsdp.term("gathered parameters") > 0);
+        let zero3 = with(Sharding::Zero(3), 4);
+        assert!(zero3.term("weights") < one.term("weights"));
+    }
+
+    #[test]
+    fn checkpointing_and_eager_attention_move_activations_the_right_way() {
+        let llama = model("llama-3-8b.json");
+        let base = Job {
+            precision: Precision::Bf16,
+            ..train_job(1, 4096)
+        };
+        let plain = estimate(&llama, &base);
+        let ckpt = estimate(
+            &llama,
+            &Job {
+                checkpointing: true,
+                ..base.clone()
+            },
+        );
+        let eager = estimate(
+            &llama,
+            &Job {
+                attention: Attention::Eager,
+                ..base.clone()
+            },
+        );
+        assert!(ckpt.term("activations") * 5 < plain.term("activations"));
+        assert!(eager.term("activations") > plain.term("activations"));
+        // SDPA's activations are linear in tokens (research round 2 §1.4 item 1): 4 × 2048
+        // and 1 × 8192 save the same; eager's grow with the square of the sequence.
+        let wide = estimate(
+            &llama,
+            &Job {
+                batch: 4,
+                seq: 2048,
+                ..base.clone()
+            },
+        );
+        let long = estimate(
+            &llama,
+            &Job {
+                batch: 1,
+                seq: 8192,
+                ..base.clone()
+            },
+        );
+        assert_eq!(wide.term("activations"), long.term("activations"));
+        // HF Llama's saved tensors in bf16: 12h + 4h + 4·kv + 8i per token per block
+        // (research round 2 §1.4 item 2).
+        let a = &llama.architecture;
+        let per_token = 12 * a.hidden + 4 * a.hidden + 4 * a.kv_dim() + 8 * a.intermediate;
+        let blocks = per_token * a.layers + 2 * a.hidden + 6 * a.hidden;
+        assert_eq!(plain.term("activations"), blocks * 4096);
+    }
+
+    #[test]
+    fn optimizers_hold_the_states_they_keep() {
+        let gpt2 = model("gpt2.json");
+        let p = 124_439_808_u64;
+        let states = |optimizer| {
+            estimate(
+                &gpt2,
+                &Job {
+                    optimizer,
+                    ..train_job(1, 128)
+                },
+            )
+            .term("optimizer states")
+        };
+        assert_eq!(states(Optimizer::Sgd), 0);
+        assert_eq!(states(Optimizer::SgdMomentum), 4 * p);
+        assert_eq!(states(Optimizer::Adam), 8 * p);
+        assert!(
+            states(Optimizer::Adafactor) < p / 50,
+            "factored: rows + columns"
+        );
+        let eight = states(Optimizer::Adamw8bit);
+        assert_eq!(
+            eight,
+            (p as f64 * ADAMW_8BIT_STATE_BYTES_PER_PARAM).round() as u64
+        );
+    }
+
+    #[test]
+    fn the_largest_batch_fits_and_one_more_does_not() {
+        let llama = model("llama-3-8b.json");
+        let job = Job {
+            precision: Precision::Bf16,
+            checkpointing: true,
+            ..train_job(1, 2048)
+        };
+        // 10 B/param of model states alone is 80.3 GB: an H200's 141 GiB, not an 80 GB card.
+        assert_eq!(largest_batch(&llama, &job, 80 * (1_u64 << 30)), None);
+        let capacity = 141 * (1_u64 << 30);
+        let batch = largest_batch(&llama, &job, capacity).expect("some batch fits");
+        let at = |batch| {
+            estimate(
+                &llama,
+                &Job {
+                    batch,
+                    ..job.clone()
+                },
+            )
+            .total_bytes
+        };
+        assert!(at(batch) <= capacity);
+        assert!(at(batch + 1) > capacity);
+        assert_eq!(largest_batch(&llama, &job, 1 << 30), None);
+        let seq = largest_seq(
+            &llama,
+            &Job {
+                batch: 1,
+                ..job.clone()
+            },
+            capacity,
+        )
+        .expect("seq");
+        assert!(seq <= 8192);
+        assert!(at(1) <= capacity);
+    }
+
+    /// The search was capped at max positions − generated tokens, so a prompt of 4,096
+    /// with 512 generated on a 4,096-position config reported 3,584 while 4,096 fit.
+    #[test]
+    fn the_largest_seq_is_never_below_a_seq_that_fits() {
+        let model = Model::synthesized(7_000_000_000, Family::Llama);
+        let job = Job {
+            batch: 8,
+            seq: 4096,
+            generated: 512,
+            ..default_job(Mode::Infer)
+        };
+        let capacity = 80 * (1_u64 << 30);
+        assert!(estimate(&model, &job).total_bytes <= capacity);
+        let seq = largest_seq(&model, &job, capacity).expect("fits");
+        assert!(seq >= job.seq, "{seq}");
+    }
+
+    #[test]
+    fn every_family_estimates_in_both_modes_with_every_term_positive() {
+        for config in [
+            "gpt2.json",
+            "llama-3-8b.json",
+            "mistral-7b.json",
+            "qwen2-7b.json",
+            "qwen3-8b.json",
+            "gemma-2b.json",
+            "gemma-2-9b.json",
+            "phi-3-mini.json",
+            "bert-base.json",
+            "t5-small.json",
+            "mixtral-8x7b.json",
+            "qwen1.5-moe-a2.7b.json",
+        ] {
+            let m = model(config);
+            for mode in [Mode::Train, Mode::Infer] {
+                let e = estimate(
+                    &m,
+                    &Job {
+                        batch: 2,
+                        seq: 256,
+                        ..default_job(mode)
+                    },
+                );
+                assert!(e.terms.iter().all(|t| t.bytes > 0), "{config} {mode:?}");
+                assert!(e.total_bytes > e.term("weights"), "{config} {mode:?}");
+                let sum: u64 = e.terms.iter().filter(|t| t.at_peak).map(|t| t.bytes).sum();
+                assert_eq!(e.total_bytes, sum, "{config} {mode:?}");
+            }
+        }
+    }
+
+    /// The total summed terms that had each saturated at u64::MAX: it overflowed (a panic
+    /// in a debug build).
+    #[test]
+    fn absurd_jobs_saturate_instead_of_overflowing() {
+        let e = estimate(&model("llama-3-8b.json"), &train_job(1_000_000, 16_777_216));
+        assert_eq!(e.total_bytes, u64::MAX);
+    }
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1000), "1,000");
+        assert_eq!(grouped(124_439_808), "124,439,808");
+    }
+
+    #[test]
+    fn a_synthesized_model_holds_exactly_the_parameters_given() {
+        let model = Model::synthesized(7_000_000_000, Family::Llama);
+        let job = Job {
+            precision: Precision::Bf16,
+            ..train_job(1, 512)
+        };
+        assert_eq!(estimate(&model, &job).term("weights"), 14_000_000_000);
+    }
+}

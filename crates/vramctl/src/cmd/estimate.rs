@@ -1,0 +1,273 @@
+//! `vramctl estimate`: a thin shell over `vramctl_model` — the flags into a `Model` and a
+//! `Job`, the estimate and the largest batch out, as a table or JSON, and the exit code.
+
+use std::io::Write;
+
+use anyhow::Context;
+use serde::Serialize;
+use vramctl_model::memory_model::{
+    self, Attention, Estimate, Job, Lora, Mode, Optimizer, Precision, Quant, Sharding,
+};
+use vramctl_model::{Dtype, Model};
+
+use crate::cli::{
+    EstimateArgs, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateOptimizer,
+    EstimatePrecision, EstimateQuant,
+};
+use crate::exit::Exit;
+use crate::output::table::{Align, Table};
+use vramctl::units;
+
+/// Version of the JSON below (docs/json.md).
+const SCHEMA: u32 = 1;
+
+/// Does the job fit the GPU given with `--gpu`, and what would.
+#[derive(Debug, Serialize)]
+struct GpuCheck {
+    capacity_bytes: u64,
+    fits: bool,
+    /// The largest batch at the job's sequence length; `None` when not even 1 fits.
+    largest_batch: Option<u64>,
+    /// The largest sequence at the job's batch; `None` when not even 1 token fits.
+    largest_seq: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Document<'a> {
+    schema: u32,
+    model: ModelSummary<'a>,
+    job: &'a Job,
+    peak_phase: &'static str,
+    terms: &'a [memory_model::Term],
+    total_bytes: u64,
+    gpu: Option<&'a GpuCheck>,
+}
+
+#[derive(Serialize)]
+struct ModelSummary<'a> {
+    #[serde(flatten)]
+    model: &'a Model,
+    params: u64,
+}
+
+/// Runs `vramctl estimate`.
+///
+/// # Errors
+/// The model's files cannot be read or are malformed (exit 2), stdout closed.
+pub fn run(args: &EstimateArgs) -> anyhow::Result<Exit> {
+    let model = match (&args.model, args.params) {
+        (Some(path), _) => vramctl_model::read_model(path, args.arch)?,
+        (None, Some(params)) => {
+            // clap requires --arch with --params.
+            let family = args.arch.context("--params needs --arch A")?;
+            Model::synthesized(params, family)
+        }
+        (None, None) => anyhow::bail!("give MODEL, or --params N --arch A"),
+    };
+    let job = job_of(args, &model);
+    let estimate = memory_model::estimate(&model, &job);
+    let gpu = args.gpu.map(|capacity_bytes| GpuCheck {
+        capacity_bytes,
+        fits: estimate.total_bytes <= capacity_bytes,
+        largest_batch: memory_model::largest_batch(&model, &job, capacity_bytes),
+        largest_seq: memory_model::largest_seq(&model, &job, capacity_bytes),
+    });
+    let mut out = std::io::stdout().lock();
+    let io = "cannot write to stdout";
+    if args.json {
+        let document = Document {
+            schema: SCHEMA,
+            model: ModelSummary {
+                model: &model,
+                params: model.params(),
+            },
+            job: &job,
+            peak_phase: estimate.peak_phase,
+            terms: &estimate.terms,
+            total_bytes: estimate.total_bytes,
+            gpu: gpu.as_ref(),
+        };
+        serde_json::to_writer_pretty(&mut out, &document).context(io)?;
+        writeln!(out).context(io)?;
+    } else {
+        for line in render(&model, &job, &estimate, gpu.as_ref()) {
+            writeln!(out, "{line}").context(io)?;
+        }
+    }
+    Ok(match gpu {
+        Some(check) if !check.fits => Exit::ConditionHolds,
+        _ => Exit::Ok,
+    })
+}
+
+fn job_of(args: &EstimateArgs, model: &Model) -> Job {
+    let mode = if args.infer { Mode::Infer } else { Mode::Train };
+    let precision = match args.precision {
+        Some(EstimatePrecision::Fp32) => Precision::Fp32,
+        Some(EstimatePrecision::Fp16) => Precision::Fp16,
+        Some(EstimatePrecision::Bf16) => Precision::Bf16,
+        Some(EstimatePrecision::AmpBf16) => Precision::AmpBf16,
+        Some(EstimatePrecision::AmpFp16) => Precision::AmpFp16,
+        // transformers' Trainer trains in fp32 unless told; generation loads the
+        // checkpoint's dtype.
+        None if mode == Mode::Train => Precision::Fp32,
+        None => Precision::of_dtype(model.architecture.dtype),
+    };
+    Job {
+        mode,
+        batch: args.batch,
+        seq: args.seq,
+        generated: args.generated,
+        precision,
+        optimizer: match args.optimizer {
+            EstimateOptimizer::Adamw => Optimizer::Adamw,
+            EstimateOptimizer::Adam => Optimizer::Adam,
+            EstimateOptimizer::Sgd => Optimizer::Sgd,
+            EstimateOptimizer::SgdMomentum => Optimizer::SgdMomentum,
+            EstimateOptimizer::Adafactor => Optimizer::Adafactor,
+            EstimateOptimizer::Adamw8bit => Optimizer::Adamw8bit,
+        },
+        checkpointing: args.checkpointing,
+        attention: match args.attention {
+            EstimateAttention::Sdpa => Attention::Sdpa,
+            EstimateAttention::Eager => Attention::Eager,
+            EstimateAttention::Flash => Attention::Flash,
+        },
+        lora: args.lora_rank.map(|rank| Lora {
+            rank,
+            quant_base: args.quant_base.map(|q| match q {
+                EstimateBaseQuant::Int4 => Quant::Int4,
+                EstimateBaseQuant::Int8 => Quant::Int8,
+            }),
+        }),
+        quant: args.quant.map(|q| match q {
+            EstimateQuant::Int8 => Quant::Int8,
+            EstimateQuant::Int4 => Quant::Int4,
+            EstimateQuant::Fp8 => Quant::Fp8,
+        }),
+        kv_dtype: args.kv_dtype.map(|d| match d {
+            EstimateKvDtype::Fp32 => Dtype::F32,
+            EstimateKvDtype::Fp16 => Dtype::F16,
+            EstimateKvDtype::Bf16 => Dtype::Bf16,
+            EstimateKvDtype::Fp8 => Dtype::F8,
+        }),
+        gpus: args.gpus,
+        sharding: match (args.zero, args.fsdp) {
+            (Some(stage), _) => Sharding::Zero(stage),
+            (None, true) => Sharding::Fsdp,
+            (None, false) => Sharding::Replicated,
+        },
+    }
+}
+
+fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>) -> Vec<String> {
+    let arch = &model.architecture;
+    let source = match model.source {
+        vramctl_model::model::SourceKind::Config => "config.json",
+        vramctl_model::model::SourceKind::ConfigAndSafetensors => {
+            "config.json and safetensors headers"
+        }
+        vramctl_model::model::SourceKind::Safetensors => "safetensors headers, shape from --arch",
+        vramctl_model::model::SourceKind::Gguf => "GGUF metadata",
+        vramctl_model::model::SourceKind::Synthesized => "--params, shape from --arch",
+    };
+    let mut lines = vec![format!(
+        "model  {} ({source}): {} params, {} layers, hidden {}, {} heads ({} kv), vocab {}",
+        arch.family.model_type(),
+        memory_model::grouped(model.params()),
+        arch.total_layers(),
+        arch.hidden,
+        arch.heads,
+        arch.kv_heads,
+        arch.vocab
+    )];
+    let precision = memory_model::precision_name(job.precision);
+    let attention = memory_model::attention_name(job.attention);
+    let mut job_line = match job.mode {
+        Mode::Train => format!(
+            "job    train ({}), batch {} × seq {} per GPU, {precision}, {}, {attention} attention",
+            memory_model::objective(arch.family),
+            job.batch,
+            job.seq,
+            memory_model::optimizer_name(job.optimizer),
+        ),
+        Mode::Infer => format!(
+            "job    infer, batch {} × (prompt {} + generated {}), {precision}, {attention} attention",
+            job.batch, job.seq, job.generated
+        ),
+    };
+    if job.checkpointing {
+        job_line.push_str(", checkpointing");
+    }
+    if let Some(lora) = job.lora {
+        job_line.push_str(&format!(", lora rank {}", lora.rank));
+    }
+    if job.gpus > 1 || job.sharding != Sharding::Replicated {
+        let how = match job.sharding {
+            Sharding::Replicated => "ddp".to_owned(),
+            Sharding::Zero(stage) => format!("zero-{stage}"),
+            Sharding::Fsdp => "fsdp".to_owned(),
+        };
+        job_line.push_str(&format!(", {} gpus {how}", job.gpus));
+    }
+    lines.push(job_line);
+    lines.push(format!("peak   {}", estimate.peak_phase));
+    lines.push(String::new());
+    let mut table = Table::new(&[
+        ("TERM", Align::Left),
+        ("BYTES", Align::Right),
+        ("SHARE", Align::Right),
+        ("NOTE", Align::Left),
+    ]);
+    let total = estimate.total_bytes.max(1);
+    for term in &estimate.terms {
+        let share = if term.at_peak {
+            let tenths = u128::from(term.bytes) * 1000 / u128::from(total);
+            format!("{}.{} %", tenths / 10, tenths % 10)
+        } else {
+            "-".to_owned()
+        };
+        let note = if term.at_peak {
+            term.note.clone()
+        } else {
+            format!("not held at the peak; {}", term.note)
+        };
+        table.push(vec![
+            term.name.to_owned(),
+            units::bytes(term.bytes),
+            share,
+            note,
+        ]);
+    }
+    table.push(vec![
+        "total".to_owned(),
+        units::bytes(estimate.total_bytes),
+        "100.0 %".to_owned(),
+        format!(
+            "{} bytes per GPU at the peak, as nvidia-smi would show the process",
+            memory_model::grouped(estimate.total_bytes)
+        ),
+    ]);
+    lines.extend(table.render(""));
+    if let Some(check) = gpu {
+        lines.push(String::new());
+        let verdict = if check.fits { "fits" } else { "does not fit" };
+        let batch = match check.largest_batch {
+            Some(b) => format!("largest batch {b} at seq {}", job.seq),
+            None => format!("no batch fits at seq {}", job.seq),
+        };
+        let seq = match check.largest_seq {
+            Some(s) => format!("largest seq {s} at batch {}", job.batch),
+            None => format!("no seq fits at batch {}", job.batch),
+        };
+        lines.push(format!(
+            "gpu    {}: {verdict}; {batch}; {seq}",
+            units::bytes(check.capacity_bytes)
+        ));
+    }
+    lines.push(String::new());
+    lines.push(
+        "The measured error of these estimates is not known yet (docs/estimate.md).".to_owned(),
+    );
+    lines
+}

@@ -1,0 +1,201 @@
+//! `vramctl estimate` on the model files of testdata/model (made by make.py with the
+//! safetensors and gguf packages, and real models' config.json files). No GPU is asked.
+
+use std::path::{Path, PathBuf};
+
+use crate::harness::{json_of, redactions, stdout_of, vramctl_on};
+
+fn model(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/model")
+        .join(name)
+}
+
+fn estimate(args: &[&str]) -> assert_cmd::Command {
+    let mut cmd = vramctl_on("h200-idle.toml");
+    cmd.arg("estimate").args(args);
+    cmd
+}
+
+fn stderr_line(output: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(text.lines().count(), 1, "one line: {text}");
+    text.trim_end().to_owned()
+}
+
+#[test]
+fn llama3_training_table_with_a_gpu_check() {
+    let path = model("configs/llama-3-8b.json");
+    let out = stdout_of(&mut estimate(&[
+        path.to_str().expect("utf-8"),
+        "--train",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--precision",
+        "bf16",
+        "--checkpointing",
+        "--gpu",
+        "141GiB",
+    ]));
+    redactions().bind(|| insta::assert_snapshot!("estimate_llama3_train_table", out));
+}
+
+#[test]
+fn inference_json_from_a_directory_with_a_safetensors_header() {
+    let path = model("tiny-llama");
+    let doc = json_of(&mut estimate(&[
+        path.to_str().expect("utf-8"),
+        "--infer",
+        "--batch",
+        "2",
+        "--seq",
+        "64",
+        "--gen",
+        "16",
+        "--gpu",
+        "1GiB",
+        "--json",
+    ]));
+    assert_eq!(doc["schema"], 1);
+    assert_eq!(doc["model"]["source"], "config_and_safetensors");
+    assert_eq!(doc["model"]["params"], 26_784);
+    assert_eq!(doc["model"]["weights"]["by_dtype"]["F16"]["bytes"], 53_568);
+    // The checkpoint's dtype (float16) when --precision is not given.
+    assert_eq!(doc["job"]["precision"], "fp16");
+    // 2 × 2 layers × 16 (2 kv heads × 8) × 2 B × 2 sequences × 80 tokens.
+    let kv = doc["terms"]
+        .as_array()
+        .expect("terms")
+        .iter()
+        .find(|t| t["name"] == "KV cache")
+        .expect("a KV term");
+    assert_eq!(kv["bytes"], 2 * 2 * 16 * 2 * 2 * 80);
+    let sum: u64 = doc["terms"]
+        .as_array()
+        .expect("terms")
+        .iter()
+        .filter(|t| t["at_peak"] == true)
+        .map(|t| t["bytes"].as_u64().expect("bytes"))
+        .sum();
+    assert_eq!(
+        doc["total_bytes"], sum,
+        "the total is its terms at the peak"
+    );
+    assert_eq!(doc["gpu"]["fits"], true);
+    let mut doc = doc;
+    // Where the checkout is differs between machines.
+    doc["model"]["path"] = "[PATH]".into();
+    redactions().bind(|| insta::assert_json_snapshot!("estimate_tiny_llama_infer_json", doc));
+}
+
+#[test]
+fn gpt2_fp32_step_matches_the_hand_worked_total() {
+    let path = model("configs/gpt2.json");
+    let doc = json_of(&mut estimate(&[path.to_str().expect("utf-8"), "--json"]));
+    // docs/estimate.md works this case by hand.
+    assert_eq!(doc["total_bytes"], 3_541_933_568_u64);
+    assert_eq!(doc["peak_phase"], "optimizer step");
+    assert_eq!(doc["job"]["precision"], "fp32");
+    assert_eq!(doc["job"]["optimizer"], "adamw");
+}
+
+#[test]
+fn gguf_table_reads_the_metadata_and_tensor_bytes() {
+    let path = model("tiny-llama.gguf");
+    let out = stdout_of(&mut estimate(&[
+        path.to_str().expect("utf-8"),
+        "--infer",
+        "--seq",
+        "128",
+        "--kv-dtype",
+        "fp8",
+    ]));
+    assert!(
+        out.contains("llama (GGUF metadata): 26,784 params, 2 layers"),
+        "{out}"
+    );
+    // Loaded as stored: F16 + Q8_0 + F32 bytes.
+    assert!(out.contains("41.4 KiB"), "{out}");
+    redactions().bind(|| insta::assert_snapshot!("estimate_gguf_infer_table", out));
+}
+
+#[test]
+fn not_fitting_the_gpu_is_exit_1_with_the_largest_batch_that_does() {
+    let path = model("configs/llama-3-8b.json");
+    let output = estimate(&[
+        path.to_str().expect("utf-8"),
+        "--precision",
+        "bf16",
+        "--gpu",
+        "80GiB",
+    ])
+    .output()
+    .expect("run");
+    assert_eq!(output.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        out.contains("80.0 GiB: does not fit; no batch fits at seq 512"),
+        "{out}"
+    );
+    let lora = estimate(&[
+        path.to_str().expect("utf-8"),
+        "--lora-rank",
+        "16",
+        "--quant-base",
+        "int4",
+        "--precision",
+        "bf16",
+        "--gpu",
+        "24GiB",
+        "--json",
+    ])
+    .output()
+    .expect("run");
+    assert_eq!(lora.status.code(), Some(0), "QLoRA of 8B fits 24 GiB");
+    let doc: serde_json::Value = serde_json::from_slice(&lora.stdout).expect("json");
+    assert!(doc["gpu"]["largest_batch"].as_u64().expect("a batch") >= 1);
+}
+
+#[test]
+fn bad_models_are_one_line_errors_with_exit_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let falcon = dir.path().join("config.json");
+    std::fs::write(&falcon, r#"{"model_type": "falcon"}"#).expect("write");
+    let output = estimate(&[falcon.to_str().expect("utf-8")])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    let line = stderr_line(&output);
+    assert!(
+        line.contains("model_type 'falcon' is not supported"),
+        "{line}"
+    );
+    assert!(line.contains("--params N --arch A"), "{line}");
+
+    // A hostile header: 2^64 − 1 bytes declared in a 10-byte file.
+    let huge = dir.path().join("huge.safetensors");
+    let mut bytes = u64::MAX.to_le_bytes().to_vec();
+    bytes.extend_from_slice(b"{}");
+    std::fs::write(&huge, bytes).expect("write");
+    let output = estimate(&[huge.to_str().expect("utf-8"), "--arch", "llama"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr_line(&output).contains("more than the 100000000 allowed"));
+
+    let fake = dir.path().join("fake.gguf");
+    std::fs::write(&fake, b"GGML\x03\0\0\0").expect("write");
+    let output = estimate(&[fake.to_str().expect("utf-8")])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr_line(&output).contains("is not a GGUF file"));
+
+    let output = estimate(&["--params", "7B", "--arch", "llama", "--gpu", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr_line(&output).contains("'0' looks like a GPU index"));
+}
