@@ -422,12 +422,22 @@ fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// How far before the message an out-of-memory error's "memory in use" looks. The line is
+/// read when the reader thread gets to it, which on a loaded machine can be after the
+/// process has exited and its memory gone back; the failing allocation itself came before
+/// the message, with the memory still held.
+const OOM_LOOKBACK_MS: u64 = 500;
+
+/// Each GPU's highest used memory in the [`OOM_LOOKBACK_MS`] before `at`.
 fn used_at(curve: &MemoryCurve, started: Instant, at: Instant) -> BTreeMap<String, u64> {
     let t_ms = u64::try_from(at.saturating_duration_since(started).as_millis()).unwrap_or(u64::MAX);
     curve
         .devices
         .iter()
-        .filter_map(|d| d.used_at(t_ms).map(|u| (d.uuid.clone(), u)))
+        .filter_map(|d| {
+            d.highest_used_between(t_ms.saturating_sub(OOM_LOOKBACK_MS), t_ms)
+                .map(|u| (d.uuid.clone(), u))
+        })
         .collect()
 }
 

@@ -90,6 +90,17 @@ impl DeviceCurve {
             .map(|p| p.device_used_bytes)
     }
 
+    /// The device's highest used memory in `from_ms..=to_ms`, counting the sample in force
+    /// at `from_ms` ([`Self::used_at`] when none falls inside).
+    pub fn highest_used_between(&self, from_ms: u64, to_ms: u64) -> Option<u64> {
+        let inside = self
+            .points
+            .iter()
+            .filter(|p| p.t_ms >= from_ms && p.t_ms <= to_ms)
+            .map(|p| p.device_used_bytes);
+        inside.chain(self.used_at(from_ms)).max()
+    }
+
     /// What the job could use on this device: total − driver-reserved − what others used
     /// at its start.
     pub fn capacity_bytes(&self) -> Option<u64> {
@@ -294,6 +305,8 @@ mod tests {
         assert_eq!(c.capacity_bytes(), Some(70));
         assert_eq!(c.used_at(45), Some(90));
         assert_eq!(c.used_at(61), Some(30));
+        assert_eq!(c.highest_used_between(45, 70), Some(90));
+        assert_eq!(c.highest_used_between(61, 70), Some(30));
     }
 
     #[test]
