@@ -15,7 +15,7 @@ fn truth(base: u64, per: u64, quad_milli: u64, limit: u64) -> u64 {
 fn fit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value, String) {
     let procs = tempfile::tempdir().expect("tempdir");
     let limit = H200_USABLE_MIB.to_string();
-    let mut all_env = vec![("JOB_STEP_S", "0.05"), ("JOB_LIMIT_MIB", limit.as_str())];
+    let mut all_env = vec![("JOB_STEP_S", "0.15"), ("JOB_LIMIT_MIB", limit.as_str())];
     all_env.extend_from_slice(env);
     let mut full = vec!["fit", "--json"];
     full.extend_from_slice(args);
@@ -159,7 +159,7 @@ fn the_value_also_arrives_in_the_environment() {
         procs.path(),
         &["fit", "--json", "--range", "1..2048"],
         &[],
-        &[("JOB_STEP_S", "0.05"), ("JOB_LIMIT_MIB", &limit)],
+        &[("JOB_STEP_S", "0.15"), ("JOB_LIMIT_MIB", &limit)],
     );
     let out = cmd.output().expect("fit");
     assert_eq!(
