@@ -173,6 +173,20 @@ pub struct Architecture {
     pub attention_dropout: bool,
     /// The dtype the checkpoint is stored in, where the config says.
     pub dtype: Option<Dtype>,
+    /// Sliding-window attention (Mistral's `sliding_window`, Gemma 2's local layers);
+    /// `None` when every layer attends to the whole context.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// Layers that attend only to the last `tokens` tokens, whose KV cache therefore stops
+/// growing there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SlidingWindow {
+    /// The window (`sliding_window` of the config), in tokens.
+    pub tokens: u64,
+    /// How many of the decoder's layers are windowed (all of Mistral's, every other one
+    /// of Gemma 2's); the rest attend globally.
+    pub layers: u64,
 }
 
 /// Parameters by what they are, for quantisation (only block linears are quantised) and
@@ -435,6 +449,7 @@ pub fn synthesize(params: u64, family: Family) -> Architecture {
             hidden_dropout: matches!(family, Family::Gpt2 | Family::Bert | Family::T5),
             attention_dropout: matches!(family, Family::Gpt2 | Family::Bert),
             dtype: None,
+            sliding_window: None,
         }
     };
     // 1,024 blocks of 131,072 wide is far above any model; the loop ends well before.

@@ -472,6 +472,7 @@ impl GgufInfo {
             hidden_dropout: false,
             attention_dropout: false,
             dtype: None,
+            sliding_window: None,
         };
         crate::hf_config::check(&architecture).map_err(|e| format!("its metadata: {e}"))?;
         Ok(architecture)

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::architecture::{Architecture, Dtype, Family, Mlp, Moe, Norm};
+use crate::architecture::{Architecture, Dtype, Family, Mlp, Moe, Norm, SlidingWindow};
 
 /// A config larger than this is not a config (real ones are a few KiB; some carry
 /// quantisation tables of a few hundred KiB).
@@ -84,6 +84,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 hidden_dropout: c.positive("resid_pdrop", 0.1),
                 attention_dropout: c.positive("attn_pdrop", 0.1),
                 dtype,
+                sliding_window: None,
             }
         }
         Family::Bert => {
@@ -113,6 +114,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 hidden_dropout: c.positive("hidden_dropout_prob", 0.1),
                 attention_dropout: c.positive("attention_probs_dropout_prob", 0.1),
                 dtype,
+                sliding_window: None,
             }
         }
         Family::T5 => {
@@ -143,6 +145,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 hidden_dropout: c.positive("dropout_rate", 0.1),
                 attention_dropout: c.positive("dropout_rate", 0.1),
                 dtype,
+                sliding_window: None,
             }
         }
         _ => decoder(family, &c, dtype)?,
@@ -187,9 +190,10 @@ fn decoder(
         Family::Gemma | Family::Gemma2 => "gelu_pytorch_tanh",
         _ => "silu",
     };
+    let layers = c.int("num_hidden_layers")?;
     Ok(Architecture {
         family,
-        layers: c.int("num_hidden_layers")?,
+        layers,
         decoder_layers: 0,
         hidden,
         intermediate: c.int("intermediate_size")?,
@@ -217,7 +221,59 @@ fn decoder(
         hidden_dropout: false,
         attention_dropout: c.positive("attention_dropout", 0.0),
         dtype,
+        sliding_window: sliding_window(family, c, layers)?,
     })
+}
+
+/// Which layers attend to a window only, as transformers' config classes say: Mistral
+/// (and Mixtral, the same attention) window every layer when `sliding_window` is set
+/// (MistralConfig's default is 4096, an explicit `null` turns it off; Mixtral's default is
+/// off); Gemma 2 windows every other layer from the first (`layer_types`, or
+/// Gemma2Config's default: layer i is local when i is even, window 4096). A config's own
+/// `layer_types` list is counted as written. Qwen2's `use_sliding_window` is not read:
+/// transformers itself warns that its SDPA path ignores it.
+fn sliding_window(
+    family: Family,
+    c: &Fields<'_>,
+    layers: u64,
+) -> Result<Option<SlidingWindow>, ConfigError> {
+    const GEMMA2_AND_MISTRAL_DEFAULT_WINDOW: u64 = 4096;
+    let default = match family {
+        Family::Mistral | Family::Gemma2 => Some(GEMMA2_AND_MISTRAL_DEFAULT_WINDOW),
+        Family::Mixtral => None,
+        _ => return Ok(None),
+    };
+    let tokens = match c.0.get("sliding_window") {
+        None => default,
+        Some(Value::Null) => None,
+        Some(_) => Some(c.int("sliding_window")?),
+    };
+    let Some(tokens) = tokens else {
+        return Ok(None);
+    };
+    let windowed = match c.0.get("layer_types").and_then(Value::as_array) {
+        Some(types) => {
+            if u64::try_from(types.len()).ok() != Some(layers) {
+                return Err(ConfigError::Inconsistent {
+                    field: "layer_types",
+                    value: u64::try_from(types.len()).unwrap_or(u64::MAX),
+                    why: "it must name one type per hidden layer",
+                });
+            }
+            let sliding = types
+                .iter()
+                .filter(|t| t.as_str() == Some("sliding_attention"))
+                .count();
+            u64::try_from(sliding).unwrap_or(u64::MAX)
+        }
+        // Gemma 2: layers 0, 2, 4, ... are local.
+        None if family == Family::Gemma2 => layers.div_ceil(2),
+        None => layers,
+    };
+    Ok((windowed > 0).then_some(SlidingWindow {
+        tokens,
+        layers: windowed,
+    }))
 }
 
 fn per_head(hidden: u64, heads: u64) -> Result<u64, ConfigError> {
@@ -293,6 +349,11 @@ pub fn check(arch: &Architecture) -> Result<(), ConfigError> {
             arch.max_positions.unwrap_or(0),
             1 << 24,
         ),
+        (
+            "sliding_window",
+            arch.sliding_window.map_or(0, |w| w.tokens),
+            1 << 24,
+        ),
     ] {
         if value > limit {
             return Err(ConfigError::Inconsistent {
@@ -342,6 +403,55 @@ mod tests {
         assert!(text.contains("'falcon'"), "{text}");
         assert!(text.contains("gpt2, llama"), "{text}");
         assert!(text.contains("--params N --arch A"), "{text}");
+    }
+
+    fn window_of(text: &str) -> Option<SlidingWindow> {
+        parse_config(text).expect("config").sliding_window
+    }
+
+    /// Which layers are windowed follows transformers' config classes: Mistral's default
+    /// window 4096 on every layer, an explicit null none, Gemma 2's even layers, Mixtral
+    /// off unless set, `layer_types` counted as written; Llama never.
+    #[test]
+    fn sliding_windows_are_read_with_the_config_classes_defaults() {
+        let shape = r#""hidden_size":4096,"num_attention_heads":32,"num_key_value_heads":8,
+            "num_hidden_layers":5,"intermediate_size":14336,"vocab_size":32000"#;
+        let cfg = |extra: &str| format!(r#"{{{shape}{extra}}}"#);
+        let w = |tokens, layers| Some(SlidingWindow { tokens, layers });
+        assert_eq!(window_of(&cfg(r#","model_type":"mistral""#)), w(4096, 5));
+        assert_eq!(
+            window_of(&cfg(r#","model_type":"mistral","sliding_window":null"#)),
+            None
+        );
+        assert_eq!(
+            window_of(&cfg(r#","model_type":"mistral","sliding_window":1024"#)),
+            w(1024, 5)
+        );
+        assert_eq!(window_of(&cfg(r#","model_type":"gemma2""#)), w(4096, 3));
+        assert_eq!(window_of(&cfg(r#","model_type":"mixtral","num_local_experts":8,"num_experts_per_tok":2"#)), None);
+        assert_eq!(
+            window_of(&cfg(
+                r#","model_type":"gemma2","sliding_window":512,"layer_types":["full_attention","sliding_attention","full_attention","full_attention","sliding_attention"]"#
+            )),
+            w(512, 2)
+        );
+        assert_eq!(
+            window_of(&cfg(r#","model_type":"llama","sliding_window":4096"#)),
+            None
+        );
+        assert!(matches!(
+            parse_config(&cfg(
+                r#","model_type":"gemma2","layer_types":["sliding_attention"]"#
+            )),
+            Err(ConfigError::Inconsistent {
+                field: "layer_types",
+                ..
+            })
+        ));
+        assert_eq!(
+            parse_config(&cfg(r#","model_type":"mistral","sliding_window":"wide""#)),
+            Err(ConfigError::Field("sliding_window"))
+        );
     }
 
     #[test]

@@ -18,5 +18,5 @@ pub mod memory_model;
 pub mod model;
 pub mod safetensors_header;
 
-pub use architecture::{Architecture, Dtype, Family, synthesize};
+pub use architecture::{Architecture, Dtype, Family, SlidingWindow, synthesize};
 pub use model::{Model, ModelError, WeightsInfo, read_model};

@@ -632,18 +632,31 @@ fn infer(model: &Model, job: &Job) -> Estimate {
     };
     b.add("weights", weights, Phase::Always, note);
     let kv_bytes = job.kv_dtype.map_or(a, Dtype::bytes);
-    let context = f(job.seq + job.generated);
+    let cache = kv_cache_layer_tokens(arch, job.seq, job.generated);
+    let window_note = match (arch.sliding_window, cache.prefill_bound) {
+        (None, _) => String::new(),
+        (Some(w), false) => format!(
+            "; {} of them windowed to {} tokens (DynamicSlidingWindowLayer)",
+            w.layers, w.tokens
+        ),
+        (Some(w), true) => format!(
+            "; the prompt is longer than the {}-token window of {} layers, whose cache holds all of it until the first generated token (DynamicSlidingWindowLayer keeps a view of the prompt's keys)",
+            w.tokens, w.layers
+        ),
+    };
     b.add(
         "KV cache",
-        2.0 * f(arch.kv_cache_layers()) * f(arch.kv_dim()) * kv_bytes * batch * context,
+        2.0 * f(arch.kv_dim()) * kv_bytes * batch * f(cache.layer_tokens),
         Phase::Always,
         format!(
-            "2 × {} layers × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} tokens",
-            arch.kv_cache_layers(),
+            "2 × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} layer-tokens ({} layers, {} + {} tokens){window_note}",
             arch.kv_heads,
             arch.head_dim,
             job.batch,
-            job.seq + job.generated
+            grouped(cache.layer_tokens),
+            arch.kv_cache_layers(),
+            job.seq,
+            job.generated
         ),
     );
     // Prefill: one block's transient working set over the whole prompt (the residual and
@@ -662,12 +675,15 @@ fn infer(model: &Model, job: &Job) -> Estimate {
         // Scores and their softmax for every head at once.
         working += (a + 4.0) * f(arch.heads) * f(job.seq) * f(job.seq) * batch;
     }
-    b.add(
-        "prefill activations",
-        working,
-        Phase::Always,
-        "one block's working set over the prompt",
-    );
+    let mut prefill_note = "one block's working set over the prompt".to_owned();
+    if let Some(mask) = sliding_window_mask_bytes(arch, job) {
+        working += f(mask);
+        prefill_note.push_str(&format!(
+            "; with the {}-token sliding-window mask (batch × seq² bool) SDPA is given",
+            grouped(mask)
+        ));
+    }
+    b.add("prefill activations", working, Phase::Always, prefill_note);
     b.add(
         "logits",
         batch * f(arch.vocab) * (a + 4.0),
@@ -675,6 +691,56 @@ fn infer(model: &Model, job: &Job) -> Estimate {
         "the last position's logits and their fp32 copy (generate keeps one position)",
     );
     finish(b, job, ALLOCATOR_OVERHEAD_INFER, 0.0)
+}
+
+/// Sequence positions held by the KV cache at its peak, summed over the decoder's layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheTokens {
+    /// Σ over layers of the tokens that layer's cache holds.
+    pub layer_tokens: u64,
+    /// The peak is the end of the prefill (a prompt longer than the window), not the end
+    /// of generation.
+    pub prefill_bound: bool,
+}
+
+/// The KV cache of generation with transformers' `DynamicCache(config=...)`, which
+/// `generate` builds for Mistral, Mixtral and Gemma 2 since transformers 4.56 (it replaced
+/// Gemma 2's `HybridCache`): a full layer (`DynamicLayer`) holds every token; a windowed
+/// one (`DynamicSlidingWindowLayer`) concatenates its last `window − 1` tokens with the
+/// new one, then keeps a slice of that concatenation — `window` tokens of storage while
+/// generating, min(window, context) in all. The slice is a view, so right after the
+/// prefill a windowed layer still holds the whole prompt's storage until the first
+/// generated token replaces it; with a prompt longer than the window that moment, every
+/// layer at `seq` tokens, is the cache's peak.
+pub fn kv_cache_layer_tokens(arch: &Architecture, seq: u64, generated: u64) -> KvCacheTokens {
+    let layers = arch.kv_cache_layers();
+    let context = seq.saturating_add(generated);
+    let Some(window) = arch.sliding_window else {
+        return KvCacheTokens {
+            layer_tokens: layers.saturating_mul(context),
+            prefill_bound: false,
+        };
+    };
+    let windowed = window.layers.min(layers);
+    let generating = (layers - windowed)
+        .saturating_mul(context)
+        .saturating_add(windowed.saturating_mul(window.tokens.min(context)));
+    let after_prefill = layers.saturating_mul(seq);
+    KvCacheTokens {
+        layer_tokens: generating.max(after_prefill),
+        prefill_bound: after_prefill > generating,
+    }
+}
+
+/// The attention mask the prefill builds for windowed layers with SDPA: transformers'
+/// `sdpa_mask` may pass no mask (`is_causal`) only while the window restricts nothing
+/// (prompt ≤ window), else it materialises a bool mask of batch × seq × seq, shared by
+/// the windowed layers. Eager adds its own float mask whatever the window (not counted
+/// here, as for full attention); flash takes the window as an argument and needs none.
+pub fn sliding_window_mask_bytes(arch: &Architecture, job: &Job) -> Option<u64> {
+    let window = arch.sliding_window?;
+    (job.attention == Attention::Sdpa && job.seq > window.tokens)
+        .then(|| job.batch.saturating_mul(job.seq).saturating_mul(job.seq))
 }
 
 /// Picks the peak phase, adds the allocator's overhead over the tensors held there and the
@@ -967,6 +1033,81 @@ mod tests {
             estimate(&model("llama-3-8b.json"), &fp8).term("KV cache"),
             1 << 29
         );
+    }
+
+    /// Mistral-7B-v0.1 (32 layers, 8 kv heads × 128, window 4096), bf16: every layer's
+    /// cache stops at 4096 tokens while generating, and a prompt longer than the window
+    /// holds all of its tokens in every layer right after the prefill (the view), which
+    /// is then the peak; SDPA gets a batch × seq² bool mask once the window restricts.
+    #[test]
+    fn mistral_windowed_cache_stops_at_the_window_but_holds_a_longer_prompt() {
+        let mistral = model("mistral-7b.json");
+        let job = Job {
+            seq: 1024,
+            generated: 4096,
+            ..default_job(Mode::Infer)
+        };
+        let e = estimate(&mistral, &job);
+        // 2 × 1024 kv width × 2 B × 1 sequence × 32 layers × min(4096, 5120) tokens.
+        assert_eq!(e.term("KV cache"), 2 * 1024 * 2 * 32 * 4096);
+        assert_eq!(e.term("KV cache"), 512 << 20, "not the 640 MiB of 5,120 tokens");
+        let no_mask = 2 * (4096 + 4096 + 4096 + 2 * 1024 + 3 * 14_336) * 1024;
+        assert_eq!(e.term("prefill activations"), no_mask);
+
+        let long = Job {
+            seq: 8192,
+            generated: 256,
+            ..job
+        };
+        let e = estimate(&mistral, &long);
+        // After the prefill: 32 layers × 8192 tokens, above 32 × 4096 while generating.
+        assert_eq!(e.term("KV cache"), 2 * 1024 * 2 * 32 * 8192);
+        let working = 2 * (4096 + 4096 + 4096 + 2 * 1024 + 3 * 14_336) * 8192;
+        assert_eq!(e.term("prefill activations"), working + 8192 * 8192);
+        let flash = Job {
+            attention: Attention::Flash,
+            ..long
+        };
+        assert_eq!(
+            estimate(&mistral, &flash).term("prefill activations"),
+            working,
+            "flash takes the window as an argument, no mask"
+        );
+    }
+
+    /// Gemma-2-9B (42 layers, 21 of them local with window 4096; 8 kv heads × 256), bf16,
+    /// prompt 2048 + 4096 generated: 21 global layers × 6144 + 21 local × 4096 tokens.
+    #[test]
+    fn gemma2_local_layers_cache_the_window_and_global_layers_everything() {
+        let job = Job {
+            seq: 2048,
+            generated: 4096,
+            precision: Precision::Bf16,
+            ..default_job(Mode::Infer)
+        };
+        let e = estimate(&model("gemma-2-9b.json"), &job);
+        assert_eq!(e.term("KV cache"), 2 * 2048 * 2 * (21 * 6144 + 21 * 4096));
+        assert_eq!(e.term("KV cache"), 1_761_607_680);
+        let arch = &model("gemma-2-9b.json").architecture;
+        assert_eq!(
+            kv_cache_layer_tokens(arch, 2048, 4096),
+            KvCacheTokens {
+                layer_tokens: 215_040,
+                prefill_bound: false
+            }
+        );
+        // A prompt of 6000 + 100: after the prefill 42 × 6000 = 252,000 layer-tokens,
+        // more than 21 × 6100 + 21 × 4096 = 214,116 at the end.
+        assert_eq!(
+            kv_cache_layer_tokens(arch, 6000, 100),
+            KvCacheTokens {
+                layer_tokens: 252_000,
+                prefill_bound: true
+            }
+        );
+        // Llama has no window: every layer holds the whole context.
+        let llama = &model("llama-3-8b.json").architecture;
+        assert_eq!(kv_cache_layer_tokens(llama, 6000, 100).layer_tokens, 32 * 6100);
     }
 
     /// PEFT reports 6,815,744 trainable parameters for Llama-3-8B with r=16 on q and v.
