@@ -179,7 +179,7 @@ pub struct Lora {
 }
 
 /// The job, as the command line gives it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub mode: Mode,
     /// Per GPU (the micro-batch).
@@ -197,6 +197,34 @@ pub struct Job {
     pub kv_dtype: Option<Dtype>,
     pub gpus: u64,
     pub sharding: Sharding,
+}
+
+/// Field by field in declaration order, except that generation has no optimizer, so an
+/// `Infer` job does not list one (JSON readers took the default AdamW for part of it).
+impl Serialize for Job {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let infer = self.mode == Mode::Infer;
+        let mut s = serializer.serialize_struct("Job", if infer { 12 } else { 13 })?;
+        s.serialize_field("mode", &self.mode)?;
+        s.serialize_field("batch", &self.batch)?;
+        s.serialize_field("seq", &self.seq)?;
+        s.serialize_field("generated", &self.generated)?;
+        s.serialize_field("precision", &self.precision)?;
+        if infer {
+            s.skip_field("optimizer")?;
+        } else {
+            s.serialize_field("optimizer", &self.optimizer)?;
+        }
+        s.serialize_field("checkpointing", &self.checkpointing)?;
+        s.serialize_field("attention", &self.attention)?;
+        s.serialize_field("lora", &self.lora)?;
+        s.serialize_field("quant", &self.quant)?;
+        s.serialize_field("kv_dtype", &self.kv_dtype)?;
+        s.serialize_field("gpus", &self.gpus)?;
+        s.serialize_field("sharding", &self.sharding)?;
+        s.end()
+    }
 }
 
 /// One part of the estimate.
@@ -679,7 +707,7 @@ fn infer(model: &Model, job: &Job) -> Estimate {
     if let Some(mask) = sliding_window_mask_bytes(arch, job) {
         working += f(mask);
         prefill_note.push_str(&format!(
-            "; with the {}-token sliding-window mask (batch × seq² bool) SDPA is given",
+            "; with the sliding-window mask SDPA is given ({} bytes: batch × seq² bool)",
             grouped(mask)
         ));
     }
@@ -1108,6 +1136,23 @@ mod tests {
         // Llama has no window: every layer holds the whole context.
         let llama = &model("llama-3-8b.json").architecture;
         assert_eq!(kv_cache_layer_tokens(llama, 6000, 100).layer_tokens, 32 * 6100);
+    }
+
+    /// Part 1 listed `"optimizer": "adamw"` for generation, which has none.
+    #[test]
+    fn an_inference_job_lists_no_optimizer_and_training_keeps_its_fields_in_order() {
+        let infer = serde_json::to_value(default_job(Mode::Infer)).expect("json");
+        let fields = infer.as_object().expect("an object");
+        assert!(!fields.contains_key("optimizer"), "{infer}");
+        assert_eq!(fields.len(), 12);
+        let train = serde_json::to_string(&default_job(Mode::Train)).expect("json");
+        assert!(
+            train.starts_with(
+                r#"{"mode":"train","batch":1,"seq":512,"generated":0,"precision":"fp32","optimizer":"adamw","checkpointing":false"#
+            ),
+            "{train}"
+        );
+        assert!(train.ends_with(r#""gpus":1,"sharding":{"kind":"replicated"}}"#), "{train}");
     }
 
     /// PEFT reports 6,815,744 trainable parameters for Llama-3-8B with r=16 on q and v.
