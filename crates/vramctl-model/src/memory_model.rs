@@ -661,31 +661,45 @@ fn infer(model: &Model, job: &Job) -> Estimate {
     b.add("weights", weights, Phase::Always, note);
     let kv_bytes = job.kv_dtype.map_or(a, Dtype::bytes);
     let cache = kv_cache_layer_tokens(arch, job.seq, job.generated);
-    let window_note = match (arch.sliding_window, cache.prefill_bound) {
-        (None, _) => String::new(),
-        (Some(w), false) => format!(
-            "; {} of them windowed to {} tokens (DynamicSlidingWindowLayer)",
-            w.layers, w.tokens
+    let note = match arch.sliding_window {
+        None => format!(
+            "2 × {} layers × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} tokens",
+            arch.kv_cache_layers(),
+            arch.kv_heads,
+            arch.head_dim,
+            job.batch,
+            job.seq + job.generated
         ),
-        (Some(w), true) => format!(
-            "; the prompt is longer than the {}-token window of {} layers, whose cache holds all of it until the first generated token (DynamicSlidingWindowLayer keeps a view of the prompt's keys)",
-            w.tokens, w.layers
-        ),
+        Some(w) => {
+            let why = if cache.prefill_bound {
+                format!(
+                    "the prompt is longer than the window, and right after the prefill every layer still holds all of it (DynamicSlidingWindowLayer keeps a view of the prompt's keys)"
+                )
+            } else {
+                format!(
+                    "{} of {} layers hold min({}, {} + {}) tokens (DynamicSlidingWindowLayer), the others all",
+                    w.layers,
+                    arch.kv_cache_layers(),
+                    w.tokens,
+                    job.seq,
+                    job.generated
+                )
+            };
+            format!(
+                "2 × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} layer-tokens: window {}, {why}",
+                arch.kv_heads,
+                arch.head_dim,
+                job.batch,
+                grouped(cache.layer_tokens),
+                w.tokens
+            )
+        }
     };
     b.add(
         "KV cache",
         2.0 * f(arch.kv_dim()) * kv_bytes * batch * f(cache.layer_tokens),
         Phase::Always,
-        format!(
-            "2 × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} layer-tokens ({} layers, {} + {} tokens){window_note}",
-            arch.kv_heads,
-            arch.head_dim,
-            job.batch,
-            grouped(cache.layer_tokens),
-            arch.kv_cache_layers(),
-            job.seq,
-            job.generated
-        ),
+        note,
     );
     // Prefill: one block's transient working set over the whole prompt (the residual and
     // its normed copy, q/k/v, the MLP's intermediates), nothing saved for backward.

@@ -106,7 +106,8 @@ impl Command {
             Self::Kill(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reap(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reclaim(a) => (db(&a.db), nvml(&a.nvml)),
-            Self::Snapshot(_) | Self::Estimate(_) => (None, None),
+            Self::Snapshot(_) => (None, None),
+            Self::Estimate(a) => (None, nvml(&a.nvml)),
             Self::Serve(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Top(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Record(a) => (db(&a.db), nvml(&a.nvml)),
@@ -1023,11 +1024,13 @@ measured peaks is still to be measured (docs/estimate.md says which cases).
 Exit codes:
   0  estimated (with --gpu: it fits)
   1  with --gpu: it does not fit at this batch (the largest that does is shown)
-  2  usage error, or the model files cannot be read
+  2  usage error, the model files cannot be read, or no GPU matches --gpu
+  3  --gpu INDEX|NAME and no usable NVIDIA driver
 
 Examples:
   vramctl estimate ./Llama-3-8B --train --batch 4 --seq 2048 --precision bf16 --checkpointing
   vramctl estimate ./Llama-3-8B/config.json --lora-rank 16 --quant-base int4 --gpu 24GiB
+  vramctl estimate ./Mistral-7B --infer --seq 8192 --gen 512 --gpu 0
   vramctl estimate --params 7B --arch llama --infer --batch 8 --seq 4096 --gen 512 --json
   vramctl estimate model.gguf --infer --seq 8192 --kv-dtype fp8 --gpu 80GiB";
 
@@ -1378,10 +1381,14 @@ pub struct EstimateArgs {
     #[arg(long, conflicts_with = "infer")]
     pub fsdp: bool,
 
-    /// Check against a GPU of this memory size (80GiB, 24GiB): does it fit, and the
-    /// largest batch and sequence that do (an index or name needs NVML: not yet)
-    #[arg(long, value_name = "SIZE", value_parser = gpu_size)]
-    pub gpu: Option<u64>,
+    /// Check against a GPU: does it fit, and the largest batch and sequence that do. An
+    /// index (0) or a part of a name or UUID (H200, GPU-7778) asks NVML for that GPU's
+    /// usable memory now (total − driver reserved − in use); a size (80GiB) needs no GPU
+    #[arg(long, value_name = "INDEX|NAME|SIZE", value_parser = gpu_target)]
+    pub gpu: Option<GpuTarget>,
+
+    #[command(flatten)]
+    pub nvml: NvmlArg,
 
     /// Machine-readable output (docs/json.md)
     #[arg(long)]
@@ -1809,22 +1816,31 @@ fn model_family(text: &str) -> Result<vramctl_model::Family, String> {
     })
 }
 
-/// `--gpu` of estimate: a size with a unit. A bare number would be a GPU index, which
-/// needs NVML; estimate does not open it yet, so it says what to give instead.
-fn gpu_size(text: &str) -> Result<u64, String> {
-    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit()) {
-        return Err(format!(
-            "'{text}' looks like a GPU index; estimate takes the GPU's memory size for now, e.g. 80GiB"
-        ));
+/// `--gpu` of estimate: which GPU to check the job against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuTarget {
+    /// A memory size (`80GiB`): no GPU is asked.
+    Size(u64),
+    /// An NVML index, or a part of a name or UUID, resolved through NVML.
+    Device(String),
+}
+
+/// A bare number is an index (as everywhere else in vramctl), a number with a unit a size,
+/// anything else a name or UUID part for NVML to resolve.
+fn gpu_target(text: &str) -> Result<GpuTarget, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("'' names no GPU; give an index (0), a name (H200) or a size (80GiB)".into());
+    }
+    if text.chars().all(|c| c.is_ascii_digit()) {
+        return Ok(GpuTarget::Device(text.to_owned()));
     }
     match vramctl::units::parse_bytes(text) {
         Ok(0) => Err(format!(
             "'{text}' is no memory; give the GPU's size, e.g. 80GiB"
         )),
-        Ok(bytes) => Ok(bytes),
-        Err(_) => Err(format!(
-            "'{text}' is not a memory size (a GPU name needs NVML: not yet); give the GPU's size, e.g. 80GiB"
-        )),
+        Ok(bytes) => Ok(GpuTarget::Size(bytes)),
+        Err(_) => Ok(GpuTarget::Device(text.to_owned())),
     }
 }
 

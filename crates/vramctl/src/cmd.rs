@@ -53,7 +53,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Plot(args) => plot::run(&cli.global, args),
         Command::Run(args) => run::run(&cli.global, args),
         Command::Fit(args) => fit::run(&cli.global, args),
-        Command::Estimate(args) => estimate::run(args),
+        Command::Estimate(args) => estimate::run(&cli.global, args),
     }
 }
 

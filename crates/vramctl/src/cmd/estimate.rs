@@ -11,7 +11,7 @@ use vramctl_model::memory_model::{
 use vramctl_model::{Dtype, Model};
 
 use crate::cli::{
-    EstimateArgs, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateOptimizer,
+    EstimateArgs, GlobalArgs, GpuTarget, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateOptimizer,
     EstimatePrecision, EstimateQuant,
 };
 use crate::exit::Exit;
@@ -24,12 +24,38 @@ const SCHEMA: u32 = 1;
 /// Does the job fit the GPU given with `--gpu`, and what would.
 #[derive(Debug, Serialize)]
 struct GpuCheck {
+    /// What the job may use: the size given, or the device's usable memory now.
     capacity_bytes: u64,
+    /// The device `--gpu INDEX|NAME` chose; `None` for a size.
+    device: Option<GpuDevice>,
     fits: bool,
     /// The largest batch at the job's sequence length; `None` when not even 1 fits.
     largest_batch: Option<u64>,
     /// The largest sequence at the job's batch; `None` when not even 1 token fits.
     largest_seq: Option<u64>,
+}
+
+/// The GPU `--gpu INDEX|NAME` resolved to, and how its usable memory was counted.
+#[derive(Debug, Serialize)]
+struct GpuDevice {
+    index: u32,
+    uuid: String,
+    name: Option<String>,
+    total_bytes: u64,
+    /// Set aside by the driver and firmware (NVML's v2 `reserved`).
+    driver_reserved_bytes: u64,
+    /// In use by other processes now (NVML's `used`): the job is not running yet.
+    in_use_bytes: u64,
+    /// How many GPUs the selector matched; the one with the most usable memory is checked.
+    matched: usize,
+}
+
+impl GpuDevice {
+    fn usable_bytes(&self) -> u64 {
+        self.total_bytes
+            .saturating_sub(self.driver_reserved_bytes)
+            .saturating_sub(self.in_use_bytes)
+    }
 }
 
 #[derive(Serialize)]
@@ -53,8 +79,9 @@ struct ModelSummary<'a> {
 /// Runs `vramctl estimate`.
 ///
 /// # Errors
-/// The model's files cannot be read or are malformed (exit 2), stdout closed.
-pub fn run(args: &EstimateArgs) -> anyhow::Result<Exit> {
+/// The model's files cannot be read or are malformed (exit 2), no GPU matches `--gpu`
+/// (exit 2), NVML cannot be opened for `--gpu INDEX|NAME` (exit 3), stdout closed.
+pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
     let model = match (&args.model, args.params) {
         (Some(path), _) => vramctl_model::read_model(path, args.arch)?,
         (None, Some(params)) => {
@@ -66,8 +93,17 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<Exit> {
     };
     let job = job_of(args, &model);
     let estimate = memory_model::estimate(&model, &job);
-    let gpu = args.gpu.map(|capacity_bytes| GpuCheck {
+    let gpu = match &args.gpu {
+        None => None,
+        Some(GpuTarget::Size(bytes)) => Some((*bytes, None)),
+        Some(GpuTarget::Device(selector)) => {
+            let device = resolve_device(global, selector)?;
+            Some((device.usable_bytes(), Some(device)))
+        }
+    }
+    .map(|(capacity_bytes, device)| GpuCheck {
         capacity_bytes,
+        device,
         fits: estimate.total_bytes <= capacity_bytes,
         largest_batch: memory_model::largest_batch(&model, &job, capacity_bytes),
         largest_seq: memory_model::largest_seq(&model, &job, capacity_bytes),
@@ -98,6 +134,86 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<Exit> {
         Some(check) if !check.fits => Exit::ConditionHolds,
         _ => Exit::Ok,
     })
+}
+
+/// The GPU `selector` names, read from NVML now: an index exactly, else a part of the
+/// name or UUID (any case). Several matches (`H200` on an 8-GPU host) check the one with
+/// the most usable memory, the best place to start the job.
+///
+/// # Errors
+/// NVML cannot be opened (exit 3); no GPU matches, or the chosen one cannot report its
+/// memory (exit 2).
+fn resolve_device(global: &GlobalArgs, selector: &str) -> anyhow::Result<GpuDevice> {
+    let mut sampler = crate::cmd::open_sampler(global)?;
+    let snapshot = sampler.tick();
+    let wanted = selector.to_ascii_lowercase();
+    let by_index = selector.parse::<u32>().ok();
+    let matches = |info: &vramctl_core::types::DeviceInfo| match by_index {
+        Some(index) => info.index == index,
+        None => {
+            info.uuid.to_ascii_lowercase().contains(&wanted)
+                || info
+                    .name
+                    .as_ref()
+                    .is_some_and(|n| n.to_ascii_lowercase().contains(&wanted))
+        }
+    };
+    let chosen: Vec<_> = snapshot
+        .devices
+        .iter()
+        .filter(|d| matches(&d.info))
+        .collect();
+    if chosen.is_empty() {
+        let known: Vec<String> = snapshot
+            .devices
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {} ({})",
+                    d.info.index,
+                    d.info.name.as_deref().unwrap_or("unnamed"),
+                    d.info.uuid
+                )
+            })
+            .collect();
+        anyhow::bail!(
+            "no GPU matches '{selector}'; give an index, a part of a name or UUID of: {}, or a size such as 80GiB",
+            if known.is_empty() {
+                "none found".to_owned()
+            } else {
+                known.join(", ")
+            }
+        );
+    }
+    let matched = chosen.len();
+    let mut devices: Vec<GpuDevice> = Vec::new();
+    for d in chosen {
+        let Some(memory) = d.reading().and_then(|r| r.memory) else {
+            // One of several that cannot answer is passed over; a single one is an error.
+            if matched == 1 {
+                anyhow::bail!(
+                    "GPU {} ('{selector}') does not report its memory now; give its size instead, e.g. --gpu 80GiB",
+                    d.info.index
+                );
+            }
+            continue;
+        };
+        devices.push(GpuDevice {
+            index: d.info.index,
+            uuid: d.info.uuid.clone(),
+            name: d.info.name.clone(),
+            total_bytes: memory.total_bytes,
+            driver_reserved_bytes: memory.reserved_bytes,
+            in_use_bytes: memory.used_bytes,
+            matched,
+        });
+    }
+    devices
+        .into_iter()
+        .max_by_key(|d| (d.usable_bytes(), std::cmp::Reverse(d.index)))
+        .with_context(|| {
+            format!("none of the {matched} GPUs matching '{selector}' reports its memory now; give a size instead, e.g. --gpu 80GiB")
+        })
 }
 
 fn job_of(args: &EstimateArgs, model: &Model) -> Job {
@@ -260,10 +376,30 @@ fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>)
             Some(s) => format!("largest seq {s} at batch {}", job.batch),
             None => format!("no seq fits at batch {}", job.batch),
         };
-        lines.push(format!(
-            "gpu    {}: {verdict}; {batch}; {seq}",
-            units::bytes(check.capacity_bytes)
-        ));
+        match &check.device {
+            None => lines.push(format!(
+                "gpu    {}: {verdict}; {batch}; {seq}",
+                units::bytes(check.capacity_bytes)
+            )),
+            Some(d) => {
+                let which = if d.matched > 1 {
+                    format!(" (the most free of {} matching)", d.matched)
+                } else {
+                    String::new()
+                };
+                lines.push(format!(
+                    "gpu    {} {} ({}){which}: {} usable = {} total − {} driver reserved − {} in use now",
+                    d.index,
+                    d.name.as_deref().unwrap_or("unnamed"),
+                    d.uuid,
+                    units::bytes(check.capacity_bytes),
+                    units::bytes(d.total_bytes),
+                    units::bytes(d.driver_reserved_bytes),
+                    units::bytes(d.in_use_bytes),
+                ));
+                lines.push(format!("       {verdict}; {batch}; {seq}"));
+            }
+        }
     }
     lines.push(String::new());
     lines.push(

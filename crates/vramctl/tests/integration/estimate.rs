@@ -1,5 +1,6 @@
 //! `vramctl estimate` on the model files of testdata/model (made by make.py with the
-//! safetensors and gguf packages, and real models' config.json files). No GPU is asked.
+//! safetensors and gguf packages, and real models' config.json files). No GPU is asked,
+//! except by `--gpu INDEX|NAME`, on the fake NVML's scenarios.
 
 use std::path::{Path, PathBuf};
 
@@ -64,6 +65,7 @@ fn inference_json_from_a_directory_with_a_safetensors_header() {
     assert_eq!(doc["model"]["weights"]["by_dtype"]["F16"]["bytes"], 53_568);
     // The checkpoint's dtype (float16) when --precision is not given.
     assert_eq!(doc["job"]["precision"], "fp16");
+    assert_eq!(doc["job"].get("optimizer"), None, "generation has no optimizer");
     // 2 × 2 layers × 16 (2 kv heads × 8) × 2 B × 2 sequences × 80 tokens.
     let kv = doc["terms"]
         .as_array()
@@ -193,9 +195,112 @@ fn bad_models_are_one_line_errors_with_exit_2() {
     assert_eq!(output.status.code(), Some(2));
     assert!(stderr_line(&output).contains("is not a GGUF file"));
 
-    let output = estimate(&["--params", "7B", "--arch", "llama", "--gpu", "0"])
+    let output = estimate(&["--params", "7B", "--arch", "llama", "--gpu", "0GiB"])
         .output()
         .expect("run");
     assert_eq!(output.status.code(), Some(2));
-    assert!(stderr_line(&output).contains("'0' looks like a GPU index"));
+    assert!(stderr_line(&output).contains("'0GiB' is no memory"));
+}
+
+/// The idle H200 of h200-idle.toml: 150,754,820,096 total − 644,939,776 driver reserved −
+/// 0 in use = 150,109,880,320 usable.
+const H200_IDLE_USABLE_BYTES: u64 = 150_754_820_096 - 644_939_776;
+
+fn gpu_of(args: &[&str]) -> serde_json::Value {
+    let path = model("configs/mistral-7b.json");
+    let mut all = vec![path.to_str().expect("utf-8"), "--infer", "--json"];
+    all.extend_from_slice(args);
+    json_of(&mut estimate(&all))["gpu"].clone()
+}
+
+#[test]
+fn gpu_by_index_checks_its_usable_memory_from_nvml() {
+    let gpu = gpu_of(&["--gpu", "0"]);
+    assert_eq!(gpu["capacity_bytes"], H200_IDLE_USABLE_BYTES);
+    assert_eq!(gpu["device"]["index"], 0);
+    assert_eq!(gpu["device"]["name"], "NVIDIA H200");
+    assert_eq!(gpu["device"]["total_bytes"], 150_754_820_096_u64);
+    assert_eq!(gpu["device"]["driver_reserved_bytes"], 644_939_776);
+    assert_eq!(gpu["device"]["in_use_bytes"], 0);
+    assert_eq!(gpu["fits"], true);
+    // The same as giving that size: the device only sets the capacity.
+    let size = format!("{H200_IDLE_USABLE_BYTES}B");
+    let by_size = gpu_of(&["--gpu", &size]);
+    assert_eq!(by_size["capacity_bytes"], H200_IDLE_USABLE_BYTES);
+    assert_eq!(by_size["device"], serde_json::Value::Null);
+    assert_eq!(by_size["largest_batch"], gpu["largest_batch"]);
+
+    let path = model("configs/mistral-7b.json");
+    let out = stdout_of(&mut estimate(&[
+        path.to_str().expect("utf-8"),
+        "--infer",
+        "--gpu",
+        "0",
+    ]));
+    assert!(
+        out.contains(
+            "gpu    0 NVIDIA H200 (GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2): 139.8 GiB usable = 140.4 GiB total − 615.1 MiB driver reserved − 0 B in use now"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn gpu_by_name_or_uuid_part_counts_what_others_use_now() {
+    // h200-training.toml: the same H200 with 36.5 GiB in use by its processes.
+    let mut cmd = vramctl_on("h200-training.toml");
+    let path = model("configs/mistral-7b.json");
+    cmd.args([
+        "estimate",
+        path.to_str().expect("utf-8"),
+        "--infer",
+        "--json",
+        "--gpu",
+        "h200",
+    ]);
+    let gpu = json_of(&mut cmd)["gpu"].clone();
+    let in_use = gpu["device"]["in_use_bytes"].as_u64().expect("in use");
+    assert!(in_use > 36 << 30, "{gpu}");
+    assert_eq!(
+        gpu["capacity_bytes"].as_u64().expect("capacity"),
+        150_754_820_096 - 644_939_776 - in_use
+    );
+    assert_eq!(gpu_of(&["--gpu", "GPU-7778da7f"])["device"]["index"], 0);
+}
+
+#[test]
+fn an_unknown_gpu_is_a_one_line_error_naming_the_gpus_there() {
+    for selector in ["3", "A100"] {
+        let path = model("configs/mistral-7b.json");
+        let output = estimate(&[path.to_str().expect("utf-8"), "--gpu", selector])
+            .output()
+            .expect("run");
+        assert_eq!(output.status.code(), Some(2));
+        let line = stderr_line(&output);
+        assert!(line.contains(&format!("no GPU matches '{selector}'")), "{line}");
+        assert!(line.contains("0 NVIDIA H200 (GPU-7778da7f"), "{line}");
+        assert!(line.contains("80GiB"), "{line}");
+    }
+}
+
+#[test]
+fn gpu_by_index_without_a_driver_is_exit_3_and_a_size_needs_none() {
+    let path = model("configs/mistral-7b.json");
+    let output = vramctl_on("fault-driver-not-loaded.toml")
+        .args(["estimate", path.to_str().expect("utf-8"), "--gpu", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(3));
+    assert!(stderr_line(&output).contains("modprobe nvidia"));
+    let output = vramctl_on("fault-driver-not-loaded.toml")
+        .args([
+            "estimate",
+            path.to_str().expect("utf-8"),
+            "--infer",
+            "--gpu",
+            "141GiB",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(0), "a size opens no NVML");
 }
