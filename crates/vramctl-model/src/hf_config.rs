@@ -428,7 +428,12 @@ mod tests {
             w(1024, 5)
         );
         assert_eq!(window_of(&cfg(r#","model_type":"gemma2""#)), w(4096, 3));
-        assert_eq!(window_of(&cfg(r#","model_type":"mixtral","num_local_experts":8,"num_experts_per_tok":2"#)), None);
+        assert_eq!(
+            window_of(&cfg(
+                r#","model_type":"mixtral","num_local_experts":8,"num_experts_per_tok":2"#
+            )),
+            None
+        );
         assert_eq!(
             window_of(&cfg(
                 r#","model_type":"gemma2","sliding_window":512,"layer_types":["full_attention","sliding_attention","full_attention","full_attention","sliding_attention"]"#

@@ -1092,7 +1092,11 @@ mod tests {
         let e = estimate(&mistral, &job);
         // 2 × 1024 kv width × 2 B × 1 sequence × 32 layers × min(4096, 5120) tokens.
         assert_eq!(e.term("KV cache"), 2 * 1024 * 2 * 32 * 4096);
-        assert_eq!(e.term("KV cache"), 512 << 20, "not the 640 MiB of 5,120 tokens");
+        assert_eq!(
+            e.term("KV cache"),
+            512 << 20,
+            "not the 640 MiB of 5,120 tokens"
+        );
         let no_mask = 2 * (4096 + 4096 + 4096 + 2 * 1024 + 3 * 14_336) * 1024;
         assert_eq!(e.term("prefill activations"), no_mask);
 
@@ -1149,7 +1153,10 @@ mod tests {
         );
         // Llama has no window: every layer holds the whole context.
         let llama = &model("llama-3-8b.json").architecture;
-        assert_eq!(kv_cache_layer_tokens(llama, 6000, 100).layer_tokens, 32 * 6100);
+        assert_eq!(
+            kv_cache_layer_tokens(llama, 6000, 100).layer_tokens,
+            32 * 6100
+        );
     }
 
     /// Part 1 listed `"optimizer": "adamw"` for generation, which has none.
@@ -1166,7 +1173,10 @@ mod tests {
             ),
             "{train}"
         );
-        assert!(train.ends_with(r#""gpus":1,"sharding":{"kind":"replicated"}}"#), "{train}");
+        assert!(
+            train.ends_with(r#""gpus":1,"sharding":{"kind":"replicated"}}"#),
+            "{train}"
+        );
     }
 
     /// PEFT reports 6,815,744 trainable parameters for Llama-3-8B with r=16 on q and v.

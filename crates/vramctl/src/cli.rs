@@ -1855,6 +1855,26 @@ mod tests {
 
     use super::*;
 
+    /// Part 1 refused a bare number as "looks like a GPU index"; it is one now, and a name
+    /// is no longer refused as "not a memory size".
+    #[test]
+    fn estimate_gpu_reads_an_index_a_size_or_a_name() {
+        assert_eq!(gpu_target("0"), Ok(GpuTarget::Device("0".into())));
+        assert_eq!(gpu_target(" 12 "), Ok(GpuTarget::Device("12".into())));
+        assert_eq!(gpu_target("80GiB"), Ok(GpuTarget::Size(80 << 30)));
+        assert_eq!(gpu_target("H200"), Ok(GpuTarget::Device("H200".into())));
+        assert_eq!(
+            gpu_target("GPU-7778da7f"),
+            Ok(GpuTarget::Device("GPU-7778da7f".into()))
+        );
+        assert!(
+            gpu_target("0GiB")
+                .expect_err("no memory")
+                .contains("'0GiB' is no memory")
+        );
+        assert!(gpu_target("").is_err());
+    }
+
     #[test]
     fn verify_cli() {
         Cli::command().debug_assert();

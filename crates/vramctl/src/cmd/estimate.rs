@@ -11,8 +11,8 @@ use vramctl_model::memory_model::{
 use vramctl_model::{Dtype, Model};
 
 use crate::cli::{
-    EstimateArgs, GlobalArgs, GpuTarget, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateOptimizer,
-    EstimatePrecision, EstimateQuant,
+    EstimateArgs, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateOptimizer,
+    EstimatePrecision, EstimateQuant, GlobalArgs, GpuTarget,
 };
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};

@@ -65,7 +65,11 @@ fn inference_json_from_a_directory_with_a_safetensors_header() {
     assert_eq!(doc["model"]["weights"]["by_dtype"]["F16"]["bytes"], 53_568);
     // The checkpoint's dtype (float16) when --precision is not given.
     assert_eq!(doc["job"]["precision"], "fp16");
-    assert_eq!(doc["job"].get("optimizer"), None, "generation has no optimizer");
+    assert_eq!(
+        doc["job"].get("optimizer"),
+        None,
+        "generation has no optimizer"
+    );
     // 2 × 2 layers × 16 (2 kv heads × 8) × 2 B × 2 sequences × 80 tokens.
     let kv = doc["terms"]
         .as_array()
@@ -277,7 +281,10 @@ fn an_unknown_gpu_is_a_one_line_error_naming_the_gpus_there() {
             .expect("run");
         assert_eq!(output.status.code(), Some(2));
         let line = stderr_line(&output);
-        assert!(line.contains(&format!("no GPU matches '{selector}'")), "{line}");
+        assert!(
+            line.contains(&format!("no GPU matches '{selector}'")),
+            "{line}"
+        );
         assert!(line.contains("0 NVIDIA H200 (GPU-7778da7f"), "{line}");
         assert!(line.contains("80GiB"), "{line}");
     }
