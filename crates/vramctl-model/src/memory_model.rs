@@ -672,9 +672,7 @@ fn infer(model: &Model, job: &Job) -> Estimate {
         ),
         Some(w) => {
             let why = if cache.prefill_bound {
-                format!(
-                    "the prompt is longer than the window, and right after the prefill every layer still holds all of it (DynamicSlidingWindowLayer keeps a view of the prompt's keys)"
-                )
+                "the prompt is longer than the window, and right after the prefill every layer still holds all of it (DynamicSlidingWindowLayer keeps a view of the prompt's keys)".to_owned()
             } else {
                 format!(
                     "{} of {} layers hold min({}, {} + {}) tokens (DynamicSlidingWindowLayer), the others all",
