@@ -1030,9 +1030,8 @@ Exit codes:
 Examples:
   vramctl estimate ./Llama-3-8B --train --batch 4 --seq 2048 --precision bf16 --checkpointing
   vramctl estimate ./Llama-3-8B/config.json --lora-rank 16 --quant-base int4 --gpu 24GiB
-  vramctl estimate ./Mistral-7B --infer --seq 8192 --gen 512 --gpu 0
   vramctl estimate --params 7B --arch llama --infer --batch 8 --seq 4096 --gen 512 --json
-  vramctl estimate model.gguf --infer --seq 8192 --kv-dtype fp8 --gpu 80GiB";
+  vramctl estimate model.gguf --infer --seq 8192 --kv-dtype fp8 --gpu H200";
 
 const RECLAIM_HELP: &str = "\
 Only processes running the vramctl agent (python/vramctl_agent: vramctl_agent.start(),
