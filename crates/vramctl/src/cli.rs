@@ -1272,12 +1272,9 @@ Exit codes:
      failed or did not answer within --timeout
 
 Examples:
-  vramctl snapshot train.pickle
   vramctl snapshot train.pickle.gz --top 10 --by frame --json
-  vramctl snapshot train.pickle --collapsed > train.folded
   vramctl snapshot train.pickle -o flame.svg
   vramctl snapshot diff step-100.pickle step-200.pickle
-  vramctl snapshot --pid 4242 --record start --max-entries 100000
   vramctl snapshot --pid 4242 -o /tmp/4242-history.pickle --record stop";
 
 /// `--by` of `vramctl snapshot FILE --top N`.
@@ -1999,8 +1996,17 @@ mod tests {
 
     #[test]
     fn every_commands_help_ends_with_examples_that_parse() {
-        for sub in Cli::command().get_subcommands() {
-            let name = sub.get_name();
+        let top = Cli::command();
+        // Nested subcommands (`snapshot diff`) by their full name.
+        let mut subs: Vec<(String, &clap::Command)> = Vec::new();
+        for sub in top.get_subcommands() {
+            subs.push((sub.get_name().to_owned(), sub));
+            for nested in sub.get_subcommands().filter(|n| n.get_name() != "help") {
+                subs.push((format!("{} {}", sub.get_name(), nested.get_name()), nested));
+            }
+        }
+        for (name, sub) in subs {
+            let name = name.as_str();
             if name == "help" {
                 continue;
             }
