@@ -226,10 +226,9 @@ fn write_flame_graph(
             file.display()
         );
     }
-    let live_bytes = lines
-        .iter()
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
-        .fold(0u64, u64::saturating_add);
+    let live_bytes = vramctl_snapshot::top::live_by_stack(snap)
+        .values()
+        .fold(0u64, |total, &(bytes, _)| total.saturating_add(bytes));
     let name = file.file_name().map_or_else(
         || file.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
