@@ -1,8 +1,10 @@
 //! Reading PyTorch CUDA caching-allocator snapshots (`torch.cuda.memory._dump_snapshot()`,
 //! `torch.cuda.memory_snapshot()`) and summarizing them: [`pickle`] reads the file without
 //! executing anything, [`model`] turns it into typed segments, blocks and trace entries
-//! across torch versions, [`summary`] computes what `vramctl snapshot FILE` prints.
+//! across torch versions, [`summary`] computes what `vramctl snapshot FILE` prints, [`top`] who holds
+//! the live memory (also as collapsed stacks), [`diff`] what changed between two snapshots.
 
+pub mod diff;
 pub mod model;
 pub mod pickle;
 pub mod summary;

@@ -43,40 +43,57 @@ fn frame_label(f: &Frame) -> String {
     format!("{} ({}:{})", f.name, f.filename, f.line)
 }
 
-fn key(snap: &Snapshot, stack: StackId, by: By) -> String {
+/// The folded stack of `stack`, innermost first: `[torch]` (when frames inside torch or
+/// C++ come before the first user frame), then the user frames; or one label for a block
+/// without a stack or without a user frame.
+pub fn folded(snap: &Snapshot, stack: StackId) -> Vec<String> {
     let Some(ids) = snap.stacks.get(stack as usize).filter(|s| !s.is_empty()) else {
-        return NO_STACK.to_owned();
+        return vec![NO_STACK.to_owned()];
     };
     let frames: Vec<&Frame> = ids
         .iter()
         .filter_map(|&i| snap.frames.get(i as usize))
         .collect();
-    let first_user = frames.iter().position(|f| is_user_frame(f));
-    let Some(first_user) = first_user else {
-        return NO_USER_FRAME.to_owned();
+    let Some(first_user) = frames.iter().position(|f| is_user_frame(f)) else {
+        return vec![NO_USER_FRAME.to_owned()];
     };
+    let mut parts = Vec::new();
+    if first_user > 0 {
+        parts.push("[torch]".to_owned());
+    }
+    parts.extend(
+        frames[first_user..]
+            .iter()
+            .filter(|f| is_user_frame(f))
+            .map(|f| frame_label(f)),
+    );
+    parts
+}
+
+fn key(snap: &Snapshot, stack: StackId, by: By) -> String {
+    let parts = folded(snap, stack);
     match by {
-        By::File => frames[first_user].filename.to_string(),
-        By::Frame => frame_label(frames[first_user]),
-        By::Stack => {
-            let mut parts = Vec::new();
-            if first_user > 0 {
-                parts.push("[torch]".to_owned());
+        By::Stack => parts.join(" < "),
+        // The innermost user frame (after `[torch]`), or the one label.
+        By::Frame | By::File => {
+            let Some(ids) = snap.stacks.get(stack as usize) else {
+                return parts.join(" < ");
+            };
+            let user = ids
+                .iter()
+                .filter_map(|&i| snap.frames.get(i as usize))
+                .find(|f| is_user_frame(f));
+            match (user, by) {
+                (Some(f), By::File) => f.filename.to_string(),
+                (Some(f), _) => frame_label(f),
+                (None, _) => parts.join(" < "),
             }
-            parts.extend(
-                frames[first_user..]
-                    .iter()
-                    .filter(|f| is_user_frame(f))
-                    .map(|f| frame_label(f)),
-            );
-            parts.join(" < ")
         }
     }
 }
 
-/// The `n` groups holding the most live bytes, largest first (ties by key), and the total
-/// over all groups (= Σ active block sizes).
-pub fn top(snap: &Snapshot, by: By, n: usize) -> (Vec<TopRow>, u64) {
+/// Live bytes and blocks (active blocks) per stack id, over all devices.
+pub fn live_by_stack(snap: &Snapshot) -> HashMap<StackId, (u64, u64)> {
     let mut by_stack: HashMap<StackId, (u64, u64)> = HashMap::new();
     for s in &snap.segments {
         for b in s.blocks.iter().filter(|b| b.state.is_active()) {
@@ -85,12 +102,24 @@ pub fn top(snap: &Snapshot, by: By, n: usize) -> (Vec<TopRow>, u64) {
             e.1 += 1;
         }
     }
+    by_stack
+}
+
+/// Live bytes and blocks per group of `by`.
+pub fn live_by(snap: &Snapshot, by: By) -> HashMap<String, (u64, u64)> {
     let mut groups: HashMap<String, (u64, u64)> = HashMap::new();
-    for (stack, (bytes, blocks)) in by_stack {
+    for (stack, (bytes, blocks)) in live_by_stack(snap) {
         let e = groups.entry(key(snap, stack, by)).or_default();
         e.0 = e.0.saturating_add(bytes);
         e.1 += blocks;
     }
+    groups
+}
+
+/// The `n` groups holding the most live bytes, largest first (ties by key), and the total
+/// over all groups (= Σ active block sizes).
+pub fn top(snap: &Snapshot, by: By, n: usize) -> (Vec<TopRow>, u64) {
+    let groups = live_by(snap, by);
     let total = groups.values().fold(0u64, |a, g| a.saturating_add(g.0));
     let mut rows: Vec<TopRow> = groups
         .into_iter()
@@ -99,6 +128,36 @@ pub fn top(snap: &Snapshot, by: By, n: usize) -> (Vec<TopRow>, u64) {
     rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.key.cmp(&b.key)));
     rows.truncate(n);
     (rows, total)
+}
+
+/// A frame as a collapsed-stack field: `;` separates frames and a line ends the record,
+/// so both are replaced (a Python file or function name may hold either).
+fn collapsed_frame(label: &str) -> String {
+    label.replace([';', '\n', '\r'], ",")
+}
+
+/// Collapsed-stack lines (`root;…;leaf bytes`, the format of Brendan Gregg's
+/// `stackcollapse` scripts that flamegraph tools read): the folded stacks of `--top --by
+/// stack`, root first (the outermost user frame, `[torch]` last), live bytes per stack,
+/// sorted by stack. Their counts add up to Σ active block sizes.
+pub fn collapsed(snap: &Snapshot) -> Vec<String> {
+    let mut stacks: HashMap<String, u64> = HashMap::new();
+    for (stack, (bytes, _)) in live_by_stack(snap) {
+        let line = folded(snap, stack)
+            .iter()
+            .rev()
+            .map(|f| collapsed_frame(f))
+            .collect::<Vec<_>>()
+            .join(";");
+        let e = stacks.entry(line).or_default();
+        *e = e.saturating_add(bytes);
+    }
+    let mut lines: Vec<(String, u64)> = stacks.into_iter().filter(|(_, b)| *b > 0).collect();
+    lines.sort();
+    lines
+        .into_iter()
+        .map(|(stack, bytes)| format!("{stack} {bytes}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -177,5 +236,31 @@ mod tests {
             rows.iter()
                 .any(|r| r.key == "step (/home/u/train.py:42)" && r.bytes == 3)
         );
+    }
+
+    #[test]
+    fn collapsed_stacks_are_root_first_and_add_up_to_live_bytes() {
+        let lines = collapsed(&snapshot());
+        assert_eq!(
+            lines,
+            vec![
+                format!("{NO_STACK} 4"),
+                "main (/home/u/train.py:80);step (/home/u/train.py:42);[torch] 3".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_semicolon_in_a_frame_cannot_split_a_collapsed_stack() {
+        let mut snap = snapshot();
+        snap.frames[2].name = Rc::from("step;x\ny");
+        let lines = collapsed(&snap);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("step,x,y (/home/u/train.py:42);[torch] 3")),
+            "{lines:?}"
+        );
+        assert!(lines.iter().all(|l| l.matches(';').count() <= 2));
     }
 }

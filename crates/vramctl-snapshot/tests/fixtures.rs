@@ -219,3 +219,49 @@ fn top_by_frame_of_the_training_snapshot() {
     let (rows, _) = top(&snap, By::Frame, 5);
     insta::assert_json_snapshot!(rows);
 }
+
+/// The flame graph's totals equal the sum of live blocks (the truth rule): Python's
+/// active bytes of each fixture (expected.json), and each stack once.
+#[test]
+fn collapsed_stacks_add_up_to_pythons_active_bytes() {
+    use vramctl_snapshot::top::collapsed;
+    for name in ["snapshot-train.pickle", "snap.pickle", "snapx.pickle"] {
+        let (snap, _) = load(name);
+        let lines = collapsed(&snap);
+        let mut total = 0u64;
+        let mut stacks = std::collections::HashSet::new();
+        for line in &lines {
+            let (stack, bytes) = line.rsplit_once(' ').expect("stack and count");
+            assert!(!stack.is_empty() && !stack.contains('\n'), "{name}: {line}");
+            assert!(stacks.insert(stack.to_owned()), "{name}: {stack} twice");
+            total += bytes.parse::<u64>().expect("a count");
+        }
+        assert_eq!(
+            serde_json::json!(total),
+            expected(name)["active_bytes"],
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn diff_of_two_fixtures_accounts_for_every_live_byte() {
+    use vramctl_snapshot::diff::{Change, diff};
+    let (a, sa) = load("snap.pickle");
+    let (b, sb) = load("snapshot-train.pickle");
+    let d = diff(&a, &b);
+    assert_eq!(d.a_live_bytes, sa.devices[0].totals.active_bytes);
+    assert_eq!(d.b_live_bytes, sb.devices[0].totals.active_bytes);
+    // Unchanged stacks are left out, so the rows' deltas are the whole change.
+    let delta: i128 = d.rows.iter().map(|r| r.delta_bytes).sum();
+    assert_eq!(delta, d.delta_bytes);
+    assert!(
+        d.rows
+            .windows(2)
+            .all(|w| w[0].delta_bytes.unsigned_abs() >= w[1].delta_bytes.unsigned_abs())
+    );
+    assert!(d.rows.iter().any(|r| r.change == Change::Appeared));
+    let same = diff(&b, &b);
+    assert!(same.rows.is_empty());
+    assert_eq!(same.delta_bytes, 0);
+}

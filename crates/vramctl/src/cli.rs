@@ -171,7 +171,11 @@ pub enum Command {
     /// Read a PyTorch allocator snapshot file and explain it (reserved, allocated,
     /// fragmentation, OOMs, advice), or take one live through a process's agent, or start
     /// or stop its allocation-history recording
-    #[command(after_help = SNAPSHOT_HELP)]
+    #[command(
+        after_help = SNAPSHOT_HELP,
+        args_conflicts_with_subcommands = true,
+        subcommand_negates_reqs = true
+    )]
     Snapshot(SnapshotArgs),
     /// Prometheus exporter: /metrics (per-device and per-process memory) and /healthz
     #[command(after_help = SERVE_HELP)]
@@ -1249,7 +1253,9 @@ executing anything from it, and prints per device and per stream/pool: reserved,
 allocated, active, requested (internal waste), inactive split, the largest free block
 against all free (fragmentation), segments and blocks; the trace's OOM events with the free
 memory at that moment; advice only when these numbers support it. Each number and the
-memory_stats() key it equals: docs/snapshot.md.
+memory_stats() key it equals: docs/snapshot.md. --top N lists who holds the live memory,
+--collapsed prints it as collapsed stacks, -o FILE.svg draws it as a flame graph (inferno);
+`vramctl snapshot diff A B` shows what changed between two snapshots.
 
 With --pid: the process's agent (docs/agent.md) writes torch.cuda.memory._snapshot() to FILE itself,
 as the process's user, in the process's view of the file system: FILE must not exist
@@ -1262,14 +1268,15 @@ Exit codes:
   0  FILE was read and summarized; the snapshot was written (and the recording started or
      stopped)
   1  the process has no agent, or nothing to snapshot (torch not imported, CUDA not started)
-  2  usage error, FILE unreadable or not a snapshot (or a pickle that needs code run), no
-     such process, -o FILE exists, its directory is missing or not writable by the
-     process's user, or the agent failed or did not answer within --timeout
+  2  usage error, FILE unreadable or not a snapshot (or a pickle that needs code run), the
+     flame graph's -o not a .svg name or not writable; with --pid: no such process, -o FILE
+     exists, its directory is missing or not writable by the process's user, or the agent
+     failed or did not answer within --timeout
 
 Examples:
-  vramctl snapshot train.pickle
   vramctl snapshot train.pickle.gz --top 10 --by frame --json
-  vramctl snapshot --pid 4242 --record start --max-entries 100000
+  vramctl snapshot train.pickle -o flame.svg
+  vramctl snapshot diff step-100.pickle step-200.pickle
   vramctl snapshot --pid 4242 -o /tmp/4242-history.pickle --record stop";
 
 /// `--by` of `vramctl snapshot FILE --top N`.
@@ -1282,6 +1289,50 @@ pub enum TopBy {
     /// The file of that frame
     File,
 }
+
+/// Subcommands of `vramctl snapshot`.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotAction {
+    /// What changed between two snapshot files: live bytes and blocks by allocation stack
+    /// that appeared, grew, shrank or went away, largest change first
+    #[command(after_help = SNAPSHOT_DIFF_HELP)]
+    Diff(SnapshotDiffArgs),
+}
+
+/// `vramctl snapshot diff`.
+#[derive(Debug, Args)]
+pub struct SnapshotDiffArgs {
+    /// The earlier snapshot (pickle, or .gz of one)
+    #[arg(value_name = "A")]
+    pub a: PathBuf,
+
+    /// The later snapshot
+    #[arg(value_name = "B")]
+    pub b: PathBuf,
+
+    /// Show the N stacks that changed most (the totals line counts all of them)
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+
+    /// Print JSON (schema in docs/json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+const SNAPSHOT_DIFF_HELP: &str = "\
+Live memory (active blocks) of A and of B grouped by allocation stack, torch-internal frames
+folded into [torch] as in `vramctl snapshot FILE --top N --by stack`; a stack is listed when
+its bytes or blocks differ: appeared (none live in A), grew, shrank, gone (none live in B),
+reblocked (the same bytes in another number of blocks). A stack that grows from one
+snapshot to the next is where a leak is allocated. Method: docs/snapshot.md.
+
+Exit codes:
+  0  both files were read and compared (whether or not anything changed)
+  2  usage error, A or B unreadable or not a snapshot (or a pickle that needs code run)
+
+Examples:
+  vramctl snapshot diff step-100.pickle step-200.pickle
+  vramctl snapshot diff before.pickle.gz after.pickle.gz --top 5 --json";
 
 /// `--record` of `vramctl snapshot`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1451,8 +1502,12 @@ pub enum EstimateKvDtype {
 /// `vramctl snapshot`.
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
+    /// `diff A B`; without one, FILE or --pid.
+    #[command(subcommand)]
+    pub action: Option<SnapshotAction>,
+
     /// A snapshot file to read and summarize (pickle, or .gz of one)
-    #[arg(value_name = "FILE", conflicts_with_all = ["pid", "output", "record"], required_unless_present = "pid")]
+    #[arg(value_name = "FILE", conflicts_with_all = ["pid", "record"], required_unless_present = "pid")]
     pub file: Option<PathBuf>,
 
     /// Take a live snapshot of this process through its agent (PID)
@@ -1460,7 +1515,8 @@ pub struct SnapshotArgs {
     pub pid: Option<u32>,
 
     /// With --pid: write the snapshot here (must not exist; the process's user must be able
-    /// to create it)
+    /// to create it). With FILE: draw its live bytes by stack as an SVG flame graph here
+    /// (a name ending in .svg; replaced if it exists)
     #[arg(
         short = 'o',
         long,
@@ -1476,6 +1532,11 @@ pub struct SnapshotArgs {
     /// With FILE: also list the N groups holding the most live bytes (see --by)
     #[arg(long, value_name = "N", requires = "file")]
     pub top: Option<usize>,
+
+    /// With FILE: print its live bytes by stack as collapsed stacks instead of the summary
+    /// (`root;...;leaf bytes` per line, for flamegraph tools)
+    #[arg(long, requires = "file", conflicts_with_all = ["top", "json"])]
+    pub collapsed: bool,
 
     /// With --top: group live bytes by allocation stack (torch-internal frames folded into
     /// [torch]), by the innermost frame of user code, or by its file
@@ -1970,8 +2031,17 @@ mod tests {
 
     #[test]
     fn every_commands_help_ends_with_examples_that_parse() {
-        for sub in Cli::command().get_subcommands() {
-            let name = sub.get_name();
+        let top = Cli::command();
+        // Nested subcommands (`snapshot diff`) by their full name.
+        let mut subs: Vec<(String, &clap::Command)> = Vec::new();
+        for sub in top.get_subcommands() {
+            subs.push((sub.get_name().to_owned(), sub));
+            for nested in sub.get_subcommands().filter(|n| n.get_name() != "help") {
+                subs.push((format!("{} {}", sub.get_name(), nested.get_name()), nested));
+            }
+        }
+        for (name, sub) in subs {
+            let name = name.as_str();
             if name == "help" {
                 continue;
             }

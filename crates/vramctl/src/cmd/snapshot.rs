@@ -9,7 +9,7 @@ use serde::Serialize;
 use vramctl_core::agent_client::HistoryRecord;
 use vramctl_core::allocator_snapshot::{self, SnapshotReport, SnapshotRequest};
 
-use crate::cli::{RecordAction, SnapshotArgs, TopBy};
+use crate::cli::{RecordAction, SnapshotAction, SnapshotArgs, SnapshotDiffArgs, TopBy};
 use crate::exit::Exit;
 use vramctl::units;
 
@@ -29,6 +29,9 @@ struct Document<'a> {
 /// The path refused, the agent failed or did not answer (exit 2), stdout closed. No agent,
 /// or nothing to snapshot, is exit 1 with its line on stderr.
 pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
+    if let Some(SnapshotAction::Diff(diff_args)) = &args.action {
+        return diff_files(diff_args);
+    }
     if let Some(file) = &args.file {
         return summarize_file(file, args);
     }
@@ -88,6 +91,9 @@ struct SummaryDocument<'a> {
     /// With --top: the groups, largest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     top: Option<TopDocument>,
+    /// With -o: where the flame graph was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flame_graph: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -103,6 +109,22 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
     use vramctl_snapshot::top::{self, By};
     let snap = vramctl_snapshot::open(file, vramctl_snapshot::Limits::default())
         .with_context(|| format!("cannot read the snapshot '{}'", file.display()))?;
+    let flame_graph = match &args.output {
+        Some(svg) => {
+            write_flame_graph(&snap, file, svg)?;
+            Some(svg.display().to_string())
+        }
+        None => None,
+    };
+    if args.collapsed {
+        let mut out = std::io::stdout().lock();
+        let io = "cannot write to stdout";
+        for line in vramctl_snapshot::top::collapsed(&snap) {
+            writeln!(out, "{line}").context(io)?;
+        }
+        out.flush().context(io)?;
+        return Ok(Exit::Ok);
+    }
     let summary = vramctl_snapshot::summarize(&snap);
     let top = args.top.map(|n| {
         let (by, name) = match args.by {
@@ -129,6 +151,7 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
                 format: snap.format,
                 summary: &summary,
                 top,
+                flame_graph,
             },
         )
         .context("cannot write JSON")?;
@@ -165,6 +188,170 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
                 .context(io)?;
             }
         }
+        if let Some(svg) = &flame_graph {
+            writeln!(
+                out,
+                "flame graph of the live bytes by stack written to '{svg}'"
+            )
+            .context(io)?;
+        }
+    }
+    out.flush().context(io)?;
+    Ok(Exit::Ok)
+}
+
+/// Draws the live bytes of `snap` by folded stack (the `--collapsed` lines) as an SVG flame
+/// graph at `svg`, titled with the snapshot's file name and the live total. Drawn whole in
+/// memory first, so an error leaves no half-written file.
+fn write_flame_graph(
+    snap: &vramctl_snapshot::Snapshot,
+    file: &std::path::Path,
+    svg: &std::path::Path,
+) -> anyhow::Result<()> {
+    let is_svg = svg
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if !is_svg {
+        anyhow::bail!(
+            "cannot draw a flame graph as '{}': with FILE, -o names the SVG to write; use a \
+             name ending in .svg",
+            svg.display()
+        );
+    }
+    let lines = vramctl_snapshot::top::collapsed(snap);
+    if lines.is_empty() {
+        anyhow::bail!(
+            "'{}' has no live blocks: there is no flame graph to draw",
+            file.display()
+        );
+    }
+    let live_bytes = vramctl_snapshot::top::live_by_stack(snap)
+        .values()
+        .fold(0u64, |total, &(bytes, _)| total.saturating_add(bytes));
+    let name = file.file_name().map_or_else(
+        || file.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = format!("{name}: {} live", units::bytes(live_bytes));
+    options.subtitle = Some(
+        "live bytes by allocation stack (torch-internal frames folded into [torch])".to_owned(),
+    );
+    options.count_name = "bytes".to_owned();
+    options.name_type = "Frame:".to_owned();
+    // Colours from the frame names, so the same file draws the same SVG.
+    options.deterministic = true;
+    let mut bytes = Vec::new();
+    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut bytes)
+        .context("cannot draw the flame graph")?;
+    std::fs::write(svg, bytes)
+        .with_context(|| format!("cannot write the flame graph to '{}'", svg.display()))
+}
+
+/// The diff's JSON (docs/json.md, "snapshot diff").
+#[derive(Serialize)]
+struct DiffDocument<'a> {
+    schema: u32,
+    a: String,
+    b: String,
+    /// Stacks that changed, all of them; `rows` holds the first --top.
+    changed_stacks: usize,
+    #[serde(flatten)]
+    diff: &'a vramctl_snapshot::diff::Diff,
+}
+
+fn signed_bytes(delta: i128) -> String {
+    let magnitude = u64::try_from(delta.unsigned_abs()).unwrap_or(u64::MAX);
+    match delta.signum() {
+        1 => format!("+{}", units::bytes(magnitude)),
+        -1 => format!("-{}", units::bytes(magnitude)),
+        _ => "0 B".to_owned(),
+    }
+}
+
+/// `vramctl snapshot diff A B`.
+fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
+    use vramctl_snapshot::diff::Change;
+    let read = |p: &std::path::Path| {
+        vramctl_snapshot::open(p, vramctl_snapshot::Limits::default())
+            .with_context(|| format!("cannot read the snapshot '{}'", p.display()))
+    };
+    let a = read(&args.a)?;
+    let b = read(&args.b)?;
+    let mut diff = vramctl_snapshot::diff::diff(&a, &b);
+    let changed_stacks = diff.rows.len();
+    diff.rows.truncate(args.top);
+    let mut out = std::io::stdout().lock();
+    let io = "cannot write to stdout";
+    if args.json {
+        serde_json::to_writer(
+            &mut out,
+            &DiffDocument {
+                schema: SCHEMA,
+                a: args.a.display().to_string(),
+                b: args.b.display().to_string(),
+                changed_stacks,
+                diff: &diff,
+            },
+        )
+        .context("cannot write JSON")?;
+        writeln!(out).context(io)?;
+        out.flush().context(io)?;
+        return Ok(Exit::Ok);
+    }
+    writeln!(
+        out,
+        "live {} in {} blocks → {} in {} blocks ({}); {} stack{} changed",
+        units::bytes(diff.a_live_bytes),
+        diff.a_live_blocks,
+        units::bytes(diff.b_live_bytes),
+        diff.b_live_blocks,
+        signed_bytes(diff.delta_bytes),
+        changed_stacks,
+        if changed_stacks == 1 { "" } else { "s" },
+    )
+    .context(io)?;
+    if !diff.rows.is_empty() {
+        writeln!(
+            out,
+            "  {:<9}  {:>11}  {:>10}  {:>10}  {:>13}  STACK",
+            "CHANGE", "ΔBYTES", "A", "B", "BLOCKS A → B"
+        )
+        .context(io)?;
+    }
+    for r in &diff.rows {
+        let change = match r.change {
+            Change::Appeared => "appeared",
+            Change::Grew => "grew",
+            Change::Shrank => "shrank",
+            Change::Gone => "gone",
+            Change::Reblocked => "reblocked",
+        };
+        writeln!(
+            out,
+            "  {:<9}  {:>11}  {:>10}  {:>10}  {:>13}  {}",
+            change,
+            signed_bytes(r.delta_bytes),
+            units::bytes(r.a_bytes),
+            units::bytes(r.b_bytes),
+            format!("{} → {}", r.a_blocks, r.b_blocks),
+            r.stack
+        )
+        .context(io)?;
+    }
+    if changed_stacks > diff.rows.len() {
+        writeln!(
+            out,
+            "  … {} more changed stack{} (--top N to show them)",
+            changed_stacks - diff.rows.len(),
+            if changed_stacks - diff.rows.len() == 1 {
+                ""
+            } else {
+                "s"
+            }
+        )
+        .context(io)?;
     }
     out.flush().context(io)?;
     Ok(Exit::Ok)

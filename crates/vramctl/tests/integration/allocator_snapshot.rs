@@ -256,3 +256,132 @@ fn snapshot_file_top_lists_live_bytes_by_user_frame() {
     let (code, _, _) = snapshot(out.path(), &["--pid", "1", "--top", "3"]);
     assert_eq!(code, 2, "--top needs FILE");
 }
+
+#[test]
+fn snapshot_file_collapsed_stacks_add_up_to_the_live_bytes() {
+    let out = tempfile::tempdir().expect("tempdir");
+    // snap.pickle: 113.05 MiB active (118_538_752 B, Python's reading in expected.json).
+    let (code, stdout, stderr) = snapshot(out.path(), &[&fixture("snap.pickle"), "--collapsed"]);
+    assert_eq!(code, 0, "{stderr}");
+    let total: u64 = stdout
+        .lines()
+        .map(|l| {
+            let (_, n) = l.rsplit_once(' ').expect("stack and count");
+            n.parse::<u64>().expect("a count")
+        })
+        .sum();
+    assert_eq!(total, 118_538_752, "{stdout}");
+    assert!(
+        !stdout.contains("device 0:"),
+        "collapsed replaces the summary"
+    );
+    let (code, stdout, _) = snapshot(
+        out.path(),
+        &[&fixture("snapshot-train.pickle"), "--collapsed"],
+    );
+    assert_eq!(code, 0);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == "<module> (/tmp/snap.py:10);[torch] 268566528"),
+        "root first, [torch] the leaf: {stdout}"
+    );
+    let (code, _, _) = snapshot(out.path(), &["--pid", "1", "--collapsed"]);
+    assert_eq!(code, 2, "--collapsed needs FILE");
+}
+
+#[test]
+fn snapshot_file_o_svg_draws_a_flame_graph_naming_the_top_stack() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = snapshot(
+        out.path(),
+        &[&fixture("snapshot-train.pickle"), "-o", "flame.svg"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("flame graph of the live bytes by stack written to 'flame.svg'"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.starts_with("device 0:"),
+        "the summary is printed too"
+    );
+    let svg = std::fs::read_to_string(out.path().join("flame.svg")).expect("the SVG");
+    assert!(
+        svg.starts_with("<?xml") || svg.starts_with("<svg"),
+        "{svg:.200}"
+    );
+    assert!(svg.trim_end().ends_with("</svg>"));
+    // The top stack (--top 1 --by stack), its frame as XML escapes it, and the title.
+    assert!(svg.contains("&lt;module&gt; (/tmp/snap.py:10)"));
+    assert!(svg.contains("snapshot-train.pickle: 453.2 MiB live"));
+    assert!(svg.contains("268,566,528 bytes"));
+}
+
+#[test]
+fn snapshot_file_o_must_name_an_svg() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) =
+        snapshot(out.path(), &[&fixture("snap.pickle"), "-o", "flame.pickle"]);
+    assert_eq!(code, 2, "{stdout}");
+    assert!(stderr.contains("'flame.pickle'"), "{stderr}");
+    assert!(stderr.contains("ending in .svg"), "{stderr}");
+    assert!(!out.path().join("flame.pickle").exists());
+}
+
+#[test]
+fn snapshot_diff_lists_the_stacks_that_changed_largest_first() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (fixture("snap.pickle"), fixture("snapshot-train.pickle"));
+    let (code, stdout, stderr) = snapshot(out.path(), &["diff", &a, &b, "--top", "3"]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "live 113.0 MiB in 28 blocks → 453.2 MiB in 53 blocks (+340.1 MiB); 7 stacks changed"
+    );
+    assert!(lines[2].contains("appeared") && lines[2].ends_with("<module> (/tmp/snap.py:10)"));
+    assert!(lines[2].contains("+256.1 MiB") && lines[2].contains("0 → 32"));
+    assert!(lines[4].contains("gone") && lines[4].contains("(/tmp/g.py:6)"));
+    assert_eq!(lines[5], "  … 4 more changed stacks (--top N to show them)");
+
+    let (code, stdout, stderr) = snapshot(out.path(), &["diff", &a, &b, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(v["schema"], 1);
+    assert_eq!(v["a_live_bytes"], 118_538_752);
+    assert_eq!(v["changed_stacks"], 7);
+    let rows = v["rows"].as_array().expect("rows");
+    let delta: i64 = rows
+        .iter()
+        .map(|r| r["delta_bytes"].as_i64().expect("delta"))
+        .sum();
+    assert_eq!(serde_json::json!(delta), v["delta_bytes"]);
+    assert_eq!(rows[0]["change"], "appeared");
+    for key in ["stack", "a_bytes", "b_bytes", "a_blocks", "b_blocks"] {
+        assert!(rows[0].get(key).is_some(), "{key}");
+    }
+}
+
+#[test]
+fn snapshot_diff_of_a_file_against_itself_shows_no_change() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = snapshot(
+        out.path(),
+        &["diff", &fixture("snap.pickle"), &fixture("snap.pickle.gz")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        "live 113.0 MiB in 28 blocks → 113.0 MiB in 28 blocks (0 B); 0 stacks changed\n"
+    );
+    let (code, _, stderr) = snapshot(
+        out.path(),
+        &["diff", &fixture("snap.pickle"), "missing.pickle"],
+    );
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("cannot read the snapshot 'missing.pickle'"),
+        "{stderr}"
+    );
+}
