@@ -191,7 +191,8 @@ struct Proposal {
 /// The search.
 ///
 /// # `Strategy::Model`, as built
-/// 1. **Calibrate** at `low`, then at `v2 = floor(low · 0.5 · usable / demand₁)` (min over
+/// 1. **Calibrate** at [`FIRST_MODEL_VALUE`] (clamped to the range), then at
+///    `v2 = floor(v1 · 0.5 · usable / demand₁)` (min over
 ///    devices), where `demand₁` is trial 1's conservative figure. The 0.5 is a safety
 ///    factor argued, not fitted: even if *all* of trial 1's memory scaled with the value
 ///    (no fixed part, `a = 0`), `v2` would use half the usable memory, so the second point
@@ -199,21 +200,20 @@ struct Proposal {
 ///    trial 1 reported no figures) the value doubles instead.
 /// 2. **Predict** per device with a least-squares fit over every *succeeded* trial (an ok
 ///    one or one over the margin: both measured a full peak; an out-of-memory trial's peak
-///    is cut short). Two constraints, each fitted with the figure that decides it:
-///    no out-of-memory — the *optimistic* figure (allocated + non-pool memory) when every
-///    succeeded trial has the agent's figures, else the *conservative* one (NVML peak),
-///    against the capacity; and with a margin, the ok rule itself — the conservative figure
-///    (the one the rule checks) against `usable = (1 − margin)·capacity`. The prediction
-///    is the minimum over devices and constraints.
+///    is cut short), without the lowest value once there are three ([`local`]). The figure
+///    is the *conservative* one (NVML's peak, else reserved), against the capacity — or,
+///    with a margin, against `usable = (1 − margin)·capacity`. The *optimistic* fit
+///    (allocated + non-pool memory, with the agent) is in the report only. The prediction
+///    is the minimum over devices.
 /// 3. **Check the fit** with three or more points (`model::fit_device`): a line with a
 ///    relative residual over [`MAX_RELATIVE_RESIDUAL`], a slope ≤ 0, or a quadratic term
 ///    worth more than that share of the limit at the edge is not extrapolated; a convex
 ///    quadratic within the bound is used instead, else the search brackets.
 /// 4. **Aim** a little below the prediction `v`: the smallest `p ≥ floor(v·(1 − tol/2))`
-///    whose confirmation step `p + max(1, floor(tol·p))` passes `v`. A prediction right
+///    whose confirmation step `p + max(1, ceil(tol·p))` passes `v`. A prediction right
 ///    to within about ±tol/2 is then settled by one more trial.
 /// 5. **Confirm / gallop**: after an ok prediction the next trial is
-///    `ok + max(1, floor(tol·ok))` — a failure there closes the bracket; after a bad one,
+///    `ok + max(1, ceil(tol·ok))` — a failure there closes the bracket; after a bad one,
 ///    the smallest value whose success closes it, about `bad / (1 + tol)`. An upward
 ///    confirmation that succeeds is followed by steps that double; one that would cross
 ///    the middle of a known bracket, a direction reversed, or a downward confirmation
@@ -221,7 +221,7 @@ struct Proposal {
 ///    to say by how much) bisects instead. At every step a refitted
 ///    prediction strictly inside the bracket (new information: a prediction that failed
 ///    and was not refitted is not inside) is used when it moves further than the step.
-/// 6. **Stop** when the bracket closes (`bad − ok ≤ max(1, tol·ok)`), `high` is ok or `low`
+/// 6. **Stop** when the bracket closes (`bad − ok ≤ max(1, ceil(tol·ok))`), `high` is ok or `low`
 ///    is bad.
 #[derive(Debug, Clone)]
 pub struct Search {
