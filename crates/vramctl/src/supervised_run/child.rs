@@ -97,22 +97,24 @@ pub const FORWARDED: [i32; 6] = [
     libc_signal::SIGUSR2,
 ];
 
-/// Signal numbers (Linux), so this module needs no libc.
+/// Signal numbers as `i32`, the form signal-hook and wait statuses use (rustix's values).
 pub mod libc_signal {
+    use rustix::process::Signal;
+
     /// Interrupt.
-    pub const SIGINT: i32 = 2;
+    pub const SIGINT: i32 = Signal::INT.as_raw();
     /// Hang-up.
-    pub const SIGHUP: i32 = 1;
+    pub const SIGHUP: i32 = Signal::HUP.as_raw();
     /// Quit.
-    pub const SIGQUIT: i32 = 3;
+    pub const SIGQUIT: i32 = Signal::QUIT.as_raw();
     /// Kill.
-    pub const SIGKILL: i32 = 9;
+    pub const SIGKILL: i32 = Signal::KILL.as_raw();
     /// User 1.
-    pub const SIGUSR1: i32 = 10;
+    pub const SIGUSR1: i32 = Signal::USR1.as_raw();
     /// User 2.
-    pub const SIGUSR2: i32 = 12;
+    pub const SIGUSR2: i32 = Signal::USR2.as_raw();
     /// Terminate.
-    pub const SIGTERM: i32 = 15;
+    pub const SIGTERM: i32 = Signal::TERM.as_raw();
 }
 
 /// The signal thread: installed once per command, pointed at each job in turn.
