@@ -1822,12 +1822,22 @@ fn percent_fraction(text: &str, max_percent: f64) -> Result<f64, String> {
     }
 }
 
+/// `--margin` / `--tolerance`: from 0 to below 50 % (`fit`'s search needs a bracket to
+/// close and memory left to use), refused here in the user's own unit.
+fn below_half(text: &str) -> Result<f64, String> {
+    let fraction = percent_fraction(text, 50.0)?;
+    if fraction >= 0.5 {
+        return Err(format!("'{}' must be below 50%; use e.g. 5%", text.trim()));
+    }
+    Ok(fraction)
+}
+
 fn margin(text: &str) -> Result<f64, String> {
-    percent_fraction(text, 50.0)
+    below_half(text)
 }
 
 fn tolerance(text: &str) -> Result<f64, String> {
-    percent_fraction(text, 50.0)
+    below_half(text)
 }
 
 /// `--max-vram`: `40GiB` or `90%`.

@@ -180,4 +180,9 @@ fn a_bad_range_is_a_usage_error() {
         .expect("fit");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("'64..8' is not a range"));
+    let out = under_vramctl(procs.path(), &["fit", "--tolerance", "50%"], &["{}"], &[])
+        .output()
+        .expect("fit");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'50%' must be below 50%"));
 }
