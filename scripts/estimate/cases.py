@@ -42,6 +42,14 @@ CASES = [
     case("qwen3-6l-bf16-b4x1024", "qwen3-8b-6-layers", precision="bf16", batch=4, seq=1024, held_back=True),
     case("phi3-mini-bf16-ckpt-b8x1024", "phi-3-mini", precision="bf16", batch=8, seq=1024, ckpt=True,
          held_back=True),
+    # Tuning-only extras (added after the first measurement, to see slopes and checkpointing
+    # on the tuning side; never held back, never in place of a held-back row).
+    case("gpt2-fp32-b16x512", "gpt2", batch=16, seq=512),
+    case("gpt2-fp32-ckpt-b16x512", "gpt2", batch=16, seq=512, ckpt=True),
+    case("tinyllama-bf16-b2x2048", "tinyllama-1.1b", precision="bf16", batch=2, seq=2048),
+    case("tinyllama-bf16-ckpt-b8x1024", "tinyllama-1.1b", precision="bf16", batch=8, seq=1024, ckpt=True),
+    case("t5-small-ampbf16-b8x1024", "t5-small", precision="amp-bf16", batch=8, seq=1024),
+    case("bert-fp32-b16x256", "bert-base", batch=16, seq=256),
     # Inference: generate() with the KV cache, greedy, exactly `gen` new tokens.
     case("llama3-8b-infer-b1x2048+256", "llama-3-8b", mode="infer", precision="bf16", batch=1, seq=2048, gen=256),
     case("llama3-8b-infer-b16x1024+256", "llama-3-8b", mode="infer", precision="bf16", batch=16, seq=1024, gen=256),

@@ -121,16 +121,39 @@ def train(c, model, config):
     amp = c["precision"] == "amp-bf16"
     torch.cuda.synchronize()
     t_ready = time.monotonic()
-    for _ in range(STEPS):
+    phases = {}
+    for step in range(STEPS):
+        # With TRUTH_PHASES=1 the last step is measured phase by phase (the peaks are then
+        # not the whole run's: max_memory_allocated is reset between phases).
+        measure = os.environ.get("TRUTH_PHASES") == "1" and step == STEPS - 1
         opt.zero_grad(set_to_none=True)
+        if measure:
+            phases["static_bytes"] = mark()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             loss = model(**kwargs).loss
+        if measure:
+            phases["after_forward_bytes"] = torch.cuda.memory_allocated()
+            phases["forward_peak_bytes"] = mark()
         loss.backward()
+        if measure:
+            phases["after_backward_bytes"] = torch.cuda.memory_allocated()
+            phases["backward_peak_bytes"] = mark()
         opt.step()
+        if measure:
+            phases["step_peak_bytes"] = mark()
     torch.cuda.synchronize()
     if not torch.isfinite(loss.detach()).item():
         raise SystemExit(f"error: loss is not finite ('{loss.item()}')")
-    return t_ready, {"lora_impl": lora_impl, "trainable_params": sum(p.numel() for p in trainable)}
+    return t_ready, {"lora_impl": lora_impl, "trainable_params": sum(p.numel() for p in trainable),
+                     "phases": phases or None}
+
+
+def mark():
+    """The allocated peak since the last mark, then a new mark."""
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def infer(c, model, config):
