@@ -403,7 +403,7 @@ fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>)
     }
     lines.push(String::new());
     lines.push(
-        "The measured error of these estimates is not known yet (docs/estimate.md).".to_owned(),
+        "Measured on an H200 (docs/estimate.md): 24 of 28 cases within 10 % of nvidia-smi's peak; the 4 misses (up to 18 %) are held-back cases, 2 with checkpointing.".to_owned(),
     );
     lines
 }
