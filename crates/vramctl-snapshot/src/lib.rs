@@ -7,6 +7,7 @@
 pub mod diff;
 pub mod model;
 pub mod pickle;
+pub mod replay;
 pub mod summary;
 pub mod top;
 
