@@ -281,6 +281,14 @@ impl<'a> Replay<'a> {
             .fold(0u64, |a, (&start, s)| a.saturating_add(s.end - start))
     }
 
+    /// Σ sizes of the segments without an active block: what `empty_cache()` would return.
+    pub fn releasable_bytes(&self) -> u64 {
+        self.segs
+            .iter()
+            .filter(|(_, s)| s.blocks.is_empty())
+            .fold(0u64, |a, (&start, s)| a.saturating_add(s.end - start))
+    }
+
     /// Free space on one stream, in the pool a request of `pool` goes to: (free bytes,
     /// the largest contiguous free range, free bytes in segments that also hold an active
     /// block, how many such segments).
