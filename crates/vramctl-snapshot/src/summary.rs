@@ -3,11 +3,12 @@
 //! split, the OOM events of the trace with the largest free block at that moment, and
 //! advice only where these numbers support it. docs/snapshot.md says what each means.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::model::{Action, BlockState, Pool, Segment, Snapshot};
+use crate::replay::{self, Replay};
 
 /// Sums over a set of segments.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -224,130 +225,13 @@ pub fn summarize(snap: &Snapshot) -> Summary {
     }
 }
 
-/// A segment in the replay: its range and the active ranges inside it.
-struct ReplaySegment {
-    end: u64,
-    stream: i64,
-    pool: Pool,
-    /// Split if it holds more than one block; in the replay: holds an active range.
-    active: BTreeMap<u64, u64>,
-}
-
-/// Rebuilds the device's memory at trace event `at` by undoing, newest first, the events
-/// after it from the final state (the way the browser viewer's "allocator state history"
-/// works), then measures the free space on the OOM's stream and pool.
+/// The state at an `oom` event (rebuilt by [`Replay`]: the later events undone), measured
+/// on the OOM's stream and in the pool its size goes to.
 fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
-    let trace = &snap.device_traces[usize::try_from(device).unwrap_or(0)];
-    let e = &trace[at];
-    let pool = pool_of_request(e.size);
-    let mut segs: BTreeMap<u64, ReplaySegment> = BTreeMap::new();
-    for s in snap.segments.iter().filter(|s| s.device == device) {
-        let active = s
-            .blocks
-            .iter()
-            .filter(|b| b.state.is_active())
-            .map(|b| (b.address, b.size))
-            .collect();
-        segs.insert(
-            s.address,
-            ReplaySegment {
-                end: s.address.saturating_add(s.total_size),
-                stream: s.stream,
-                pool: s.pool,
-                active,
-            },
-        );
-    }
-    let mut replayed = true;
-    for later in trace[at + 1..].iter().rev() {
-        let Some(addr) = later.addr else { continue };
-        match later.action {
-            Action::Alloc => match segs.range_mut(..=addr).next_back() {
-                Some((_, s)) if addr < s.end => {
-                    if s.active.remove(&addr).is_none() {
-                        replayed = false;
-                    }
-                }
-                _ => replayed = false,
-            },
-            Action::FreeCompleted | Action::Free => match segs.range_mut(..=addr).next_back() {
-                Some((_, s)) if addr < s.end => {
-                    s.active.insert(addr, later.size);
-                }
-                _ => replayed = false,
-            },
-            Action::SegmentAlloc | Action::SegmentMap => {
-                // Undo: the memory was not there before. A map of part of an expandable
-                // segment shrinks it; a whole segment goes away.
-                if let Some(s) = segs.get(&addr) {
-                    if s.end <= addr.saturating_add(later.size) {
-                        segs.remove(&addr);
-                        continue;
-                    }
-                }
-                match segs.range_mut(..=addr).next_back() {
-                    Some((_, s)) if addr < s.end && addr.saturating_add(later.size) >= s.end => {
-                        s.end = addr
-                    }
-                    _ => replayed = false,
-                }
-            }
-            Action::SegmentFree | Action::SegmentUnmap => {
-                // Undo: a segment (or mapped range) of free memory existed. Segments of
-                // ≤ 2 MiB are the small pool's (kSmallBuffer); large ones are ≥ 10 MiB.
-                let grows = segs
-                    .range_mut(..=addr)
-                    .next_back()
-                    .filter(|(_, s)| s.end == addr && s.stream == later.stream);
-                match grows {
-                    Some((_, s)) if later.action == Action::SegmentUnmap => {
-                        s.end = addr.saturating_add(later.size);
-                    }
-                    _ => {
-                        segs.insert(
-                            addr,
-                            ReplaySegment {
-                                end: addr.saturating_add(later.size),
-                                stream: later.stream,
-                                pool: if later.size <= 2 * SMALL_SIZE {
-                                    Pool::Small
-                                } else {
-                                    Pool::Large
-                                },
-                                active: BTreeMap::new(),
-                            },
-                        );
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut free_bytes: u64 = 0;
-    let mut inactive_split_bytes: u64 = 0;
-    let mut split_segments: BTreeSet<u64> = BTreeSet::new();
-    let mut largest = 0;
-    for (&start, s) in &segs {
-        if s.stream != e.stream || (s.pool != pool && s.pool != Pool::Unknown) {
-            continue;
-        }
-        let mut cursor = start;
-        let mut seg_free: u64 = 0;
-        for (&a, &size) in &s.active {
-            let gap = a.saturating_sub(cursor);
-            seg_free = seg_free.saturating_add(gap);
-            largest = largest.max(gap);
-            cursor = cursor.max(a.saturating_add(size));
-        }
-        let tail = s.end.saturating_sub(cursor);
-        seg_free = seg_free.saturating_add(tail);
-        largest = largest.max(tail);
-        free_bytes = free_bytes.saturating_add(seg_free);
-        if !s.active.is_empty() && seg_free > 0 {
-            inactive_split_bytes = inactive_split_bytes.saturating_add(seg_free);
-            split_segments.insert(start);
-        }
-    }
+    let e = &replay::trace(snap, device)[at];
+    let state = Replay::after_event(snap, device, Some(at));
+    let (free_bytes, largest, inactive_split_bytes, inactive_split_segments) =
+        state.free_on(e.stream, pool_of_request(e.size));
     OomEvent {
         device,
         event: at,
@@ -357,9 +241,9 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
         device_free_bytes: e.device_free,
         free_bytes,
         inactive_split_bytes,
-        inactive_split_segments: split_segments.len() as u64,
+        inactive_split_segments,
         largest_free_block_bytes: largest,
-        replayed,
+        replayed: state.consistent,
     }
 }
 
@@ -459,6 +343,19 @@ pub fn table(s: &Summary) -> Vec<String> {
         out.push("no segments: the allocator held no memory when the snapshot was taken".into());
     }
     for d in &s.devices {
+        out.extend(device_lines(d));
+    }
+    out.extend(oom_lines(s));
+    for a in &s.advice {
+        out.push(format!("advice: {}: {}", a.setting, a.reason));
+    }
+    out
+}
+
+/// The lines of one device: its totals and its table of streams and pools.
+pub fn device_lines(d: &DeviceSummary) -> Vec<String> {
+    let mut out = Vec::new();
+    {
         let t = &d.totals;
         out.push(format!(
             "device {}: reserved {}, allocated {}, active {}, requested {} (internal waste {})",
@@ -546,6 +443,12 @@ pub fn table(s: &Summary) -> Vec<String> {
             out.push(line(&r.each_ref().map(String::as_str)));
         }
     }
+    out
+}
+
+/// The `oom:` lines: each OOM event, or that the trace has none.
+pub fn oom_lines(s: &Summary) -> Vec<String> {
+    let mut out = Vec::new();
     if s.oom.is_empty() {
         out.push(format!(
             "oom: none in the trace ({} entries)",
@@ -553,7 +456,15 @@ pub fn table(s: &Summary) -> Vec<String> {
         ));
     }
     for o in &s.oom {
-        out.push(format!(
+        out.push(oom_line(o));
+    }
+    out
+}
+
+/// One OOM event as a line.
+pub fn oom_line(o: &OomEvent) -> String {
+    {
+        format!(
             "oom: device {} event {} stream {}: requested {}, largest free block {} of {} free \
              on its stream and pool ({} inactive split in {} segment{}), device free {}{}",
             o.device,
@@ -575,10 +486,6 @@ pub fn table(s: &Summary) -> Vec<String> {
             } else {
                 " (approximate: the trace did not replay cleanly)"
             },
-        ));
+        )
     }
-    for a in &s.advice {
-        out.push(format!("advice: {}: {}", a.setting, a.reason));
-    }
-    out
 }

@@ -313,8 +313,18 @@ fn oom_measures_the_free_block_at_the_oom_not_at_the_end() {
     );
 }
 
+/// Cases per property: the default (what CI runs on every push, a few seconds) times
+/// `VRAMCTL_FUZZ_SCALE` for a longer run (docs/snapshot.md gives the figure of one).
+fn cases(default: u32) -> u32 {
+    let scale = std::env::var("VRAMCTL_FUZZ_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1);
+    default.saturating_mul(scale.max(1))
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(512), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
@@ -338,7 +348,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn mutated_fixtures_never_panic(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
@@ -358,6 +368,8 @@ proptest! {
         }
         if let Ok(snap) = model::read(&big[..], Limits::default()) {
             let _ = summarize(&snap);
+            // The replay behind timeline and --at, over whatever trace survived.
+            let _ = vramctl_snapshot::timeline::timeline(&snap, 4, 64);
         }
     }
 }

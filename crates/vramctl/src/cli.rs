@@ -1255,7 +1255,8 @@ against all free (fragmentation), segments and blocks; the trace's OOM events wi
 memory at that moment; advice only when these numbers support it. Each number and the
 memory_stats() key it equals: docs/snapshot.md. --top N lists who holds the live memory,
 --collapsed prints it as collapsed stacks, -o FILE.svg draws it as a flame graph (inferno);
-`vramctl snapshot diff A B` shows what changed between two snapshots.
+`vramctl snapshot diff A B` shows what changed between two snapshots, `vramctl snapshot
+timeline FILE -o FILE.png` live memory over the trace.
 
 With --pid: the process's agent (docs/agent.md) writes torch.cuda.memory._snapshot() to FILE itself,
 as the process's user, in the process's view of the file system: FILE must not exist
@@ -1297,7 +1298,59 @@ pub enum SnapshotAction {
     /// that appeared, grew, shrank or went away, largest change first
     #[command(after_help = SNAPSHOT_DIFF_HELP)]
     Diff(SnapshotDiffArgs),
+    /// Live memory over the file's trace, stacked by the top allocation stacks (PNG or
+    /// SVG), and the state at any event (--at)
+    #[command(after_help = SNAPSHOT_TIMELINE_HELP)]
+    Timeline(SnapshotTimelineArgs),
 }
+
+/// `vramctl snapshot timeline`.
+#[derive(Debug, Args)]
+pub struct SnapshotTimelineArgs {
+    /// The snapshot (pickle, or .gz of one) with a trace (history recorded)
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Draw the timeline here, PNG or SVG by the name's extension (replaced if it exists)
+    #[arg(short = 'o', long, value_name = "FILE.png|svg", required_unless_present_any = ["at", "json"])]
+    pub output: Option<PathBuf>,
+
+    /// Print the state right after this event: an index into the trace (0 the first, -1
+    /// the last) or `oom` (the first OOM event)
+    #[arg(long, value_name = "EVENT", allow_hyphen_values = true)]
+    pub at: Option<vramctl_snapshot::timeline::EventRef>,
+
+    /// Stack the N stacks holding the most live bytes at the peak; the rest is "other"
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=32))]
+    pub top: u16,
+
+    /// With --at: the device whose trace the event is in (default: the first with a trace)
+    #[arg(long, value_name = "ORDINAL", requires = "at")]
+    pub device: Option<i64>,
+
+    /// Print JSON (schema in docs/json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+const SNAPSHOT_TIMELINE_HELP: &str = "\
+From the trace (torch.cuda.memory._record_memory_history) the allocator's state is rebuilt
+after every event by undoing, newest first, the events after it; the chart stacks the live
+(active) bytes by the --top stacks at the peak (torch-internal frames folded into [torch],
+as in --top --by stack), the rest as \"other\", with reserved bytes as a line and OOM events
+marked. --at prints the summary's numbers and the top stacks at that event. Method:
+docs/snapshot.md.
+
+Exit codes:
+  0  read; the chart written and/or the state printed
+  2  usage error, FILE unreadable, not a snapshot or without a trace, an event outside the
+     trace (or no OOM for --at oom), -o not a .png/.svg name or not writable
+
+Examples:
+  vramctl snapshot timeline train.pickle -o timeline.png
+  vramctl snapshot timeline train.pickle --at oom
+  vramctl snapshot timeline train.pickle --at -1 --top 5 --json";
 
 /// `vramctl snapshot diff`.
 #[derive(Debug, Args)]

@@ -18,6 +18,7 @@ pub mod record;
 pub mod run;
 pub mod serve;
 pub mod snapshot;
+pub mod snapshot_timeline;
 pub mod status;
 pub mod top;
 

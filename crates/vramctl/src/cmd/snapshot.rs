@@ -14,7 +14,7 @@ use crate::exit::Exit;
 use vramctl::units;
 
 /// Version of the JSON below (docs/json.md).
-const SCHEMA: u32 = 1;
+pub(super) const SCHEMA: u32 = 1;
 
 #[derive(Serialize)]
 struct Document<'a> {
@@ -29,8 +29,12 @@ struct Document<'a> {
 /// The path refused, the agent failed or did not answer (exit 2), stdout closed. No agent,
 /// or nothing to snapshot, is exit 1 with its line on stderr.
 pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
-    if let Some(SnapshotAction::Diff(diff_args)) = &args.action {
-        return diff_files(diff_args);
+    match &args.action {
+        Some(SnapshotAction::Diff(diff_args)) => return diff_files(diff_args),
+        Some(SnapshotAction::Timeline(timeline_args)) => {
+            return super::snapshot_timeline::run(timeline_args);
+        }
+        None => {}
     }
     if let Some(file) = &args.file {
         return summarize_file(file, args);
@@ -97,11 +101,38 @@ struct SummaryDocument<'a> {
 }
 
 #[derive(Serialize)]
-struct TopDocument {
-    by: &'static str,
+pub(super) struct TopDocument {
+    pub(super) by: &'static str,
     /// Σ live (active) bytes over all groups, the share's denominator.
-    live_bytes: u64,
-    rows: Vec<vramctl_snapshot::top::TopRow>,
+    pub(super) live_bytes: u64,
+    pub(super) rows: Vec<vramctl_snapshot::top::TopRow>,
+}
+
+/// `top N by KEY (of X live)[where]:` and a line per group with its share.
+pub(super) fn top_lines(t: &TopDocument, when: &str) -> Vec<String> {
+    let mut out = vec![format!(
+        "top {} by {}{when} (of {} live):",
+        t.rows.len(),
+        t.by,
+        units::bytes(t.live_bytes)
+    )];
+    for r in &t.rows {
+        #[allow(clippy::cast_precision_loss)]
+        let share = if t.live_bytes == 0 {
+            0.0
+        } else {
+            100.0 * r.bytes as f64 / t.live_bytes as f64
+        };
+        out.push(format!(
+            "  {:>10}  {:>5.1}%  {:>5} block{}  {}",
+            units::bytes(r.bytes),
+            share,
+            r.blocks,
+            if r.blocks == 1 { " " } else { "s" },
+            r.key
+        ));
+    }
+    out
 }
 
 /// `vramctl snapshot FILE`.
@@ -161,31 +192,8 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
             writeln!(out, "{line}").context(io)?;
         }
         if let Some(t) = &top {
-            writeln!(
-                out,
-                "top {} by {} (of {} live):",
-                t.rows.len(),
-                t.by,
-                units::bytes(t.live_bytes)
-            )
-            .context(io)?;
-            for r in &t.rows {
-                #[allow(clippy::cast_precision_loss)]
-                let share = if t.live_bytes == 0 {
-                    0.0
-                } else {
-                    100.0 * r.bytes as f64 / t.live_bytes as f64
-                };
-                writeln!(
-                    out,
-                    "  {:>10}  {:>5.1}%  {:>5} block{}  {}",
-                    units::bytes(r.bytes),
-                    share,
-                    r.blocks,
-                    if r.blocks == 1 { " " } else { "s" },
-                    r.key
-                )
-                .context(io)?;
+            for line in top_lines(t, "") {
+                writeln!(out, "{line}").context(io)?;
             }
         }
         if let Some(svg) = &flame_graph {

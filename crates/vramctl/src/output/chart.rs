@@ -1,4 +1,5 @@
-//! Memory-over-time charts for `vramctl plot`, as PNG or SVG.
+//! Memory-over-time charts for `vramctl plot`, as PNG or SVG, and the stacked-area charts
+//! of `vramctl snapshot timeline` ([`stacked`]).
 //!
 //! The caller (`cmd/plot.rs`) turns history into a [`Chart`]: one [`Panel`] per device with
 //! the device's used memory, its processes, leak-onset marks and idle or gap spans. This
@@ -13,7 +14,10 @@ mod draw;
 mod memory_axis;
 mod palette;
 mod raster;
+mod stacked;
 mod time_axis;
+
+pub use stacked::{Layer, StackedChart, StackedMark, StackedPanel, render_stacked};
 
 use std::path::Path;
 use std::sync::OnceLock;

@@ -385,3 +385,125 @@ fn snapshot_diff_of_a_file_against_itself_shows_no_change() {
         "{stderr}"
     );
 }
+
+fn fixtures_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/h200/snapshots")
+}
+
+#[test]
+fn snapshot_timeline_at_the_oom_prints_the_state_then() {
+    let (code, stdout, stderr) = snapshot(
+        &fixtures_dir(),
+        &["timeline", "snap.pickle", "--at", "oom", "--top", "4"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn snapshot_timeline_at_the_last_event_is_the_plain_summary() {
+    let dir = fixtures_dir();
+    for file in ["snapshot-train.pickle", "snapx.pickle"] {
+        let (code, plain, _) = snapshot(&dir, &[file]);
+        assert_eq!(code, 0);
+        let (code, at, stderr) = snapshot(&dir, &["timeline", file, "--at", "-1"]);
+        assert_eq!(code, 0, "{stderr}");
+        // The summary's device lines (all but the oom and advice lines) appear as they are.
+        let device_lines: Vec<&str> = plain
+            .lines()
+            .take_while(|l| !l.starts_with("oom:"))
+            .collect();
+        assert!(
+            at.contains(&device_lines.join("\n")),
+            "{file}:\n{at}\nvs\n{plain}"
+        );
+    }
+}
+
+#[test]
+fn snapshot_timeline_json_points_end_at_the_summarys_active_bytes() {
+    let dir = fixtures_dir();
+    let (_, summary, _) = snapshot(&dir, &["snapshot-train.pickle", "--json"]);
+    let summary: serde_json::Value = serde_json::from_str(&summary).expect("json");
+    let (code, stdout, stderr) = snapshot(
+        &dir,
+        &[
+            "timeline",
+            "snapshot-train.pickle",
+            "--json",
+            "--top",
+            "2",
+            "--at",
+            "300",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let mut v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    let d = &v["devices"][0];
+    let points = d["points"].as_array().expect("points");
+    assert_eq!(points.len(), 1747);
+    assert_eq!(
+        points[points.len() - 1]["live_bytes"],
+        summary["devices"][0]["active_bytes"]
+    );
+    // The insta snapshot keeps the first and the last three points of the curve.
+    let kept: Vec<serde_json::Value> = points[..3]
+        .iter()
+        .chain(&points[points.len() - 3..])
+        .cloned()
+        .collect();
+    v["devices"][0]["points"] = serde_json::Value::Array(kept);
+    insta::assert_json_snapshot!(v);
+}
+
+#[test]
+fn snapshot_timeline_draws_png_and_svg() {
+    let out = tempfile::tempdir().expect("tempdir");
+    for name in ["t.png", "t.svg"] {
+        let target = out.path().join(name);
+        let (code, stdout, stderr) = snapshot(
+            out.path(),
+            &[
+                "timeline",
+                &fixture("snapshot-train.pickle"),
+                "-o",
+                target.to_str().expect("utf-8"),
+            ],
+        );
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.contains("timeline written to"), "{stdout}");
+        let bytes = std::fs::read(&target).expect("written");
+        assert!(bytes.len() > 10_000, "{name}: {} bytes", bytes.len());
+        if name.ends_with(".png") {
+            assert!(bytes.starts_with(b"\x89PNG"));
+        } else {
+            assert!(String::from_utf8_lossy(&bytes).contains("<svg"));
+        }
+    }
+    let (code, _, stderr) = snapshot(
+        out.path(),
+        &["timeline", &fixture("snap.pickle"), "-o", "t.pickle"],
+    );
+    assert_eq!(code, 2);
+    assert!(stderr.contains(".png or .svg"), "{stderr}");
+    assert!(!out.path().join("t.pickle").exists());
+}
+
+#[test]
+fn snapshot_timeline_of_a_file_without_a_trace_is_one_line_exit_2() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = snapshot(
+        out.path(),
+        &["timeline", &fixture("segments-only.pickle"), "-o", "t.png"],
+    );
+    assert_eq!(code, 2);
+    assert!(stdout.is_empty());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("has no trace to draw"), "{stderr}");
+    let (code, _, stderr) = snapshot(
+        out.path(),
+        &["timeline", &fixture("snapshot-train.pickle"), "--at", "oom"],
+    );
+    assert_eq!(code, 2);
+    assert!(stderr.contains("has no oom event"), "{stderr}");
+}
