@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use crate::clock::ClockTime;
 use crate::types::{DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice};
 
+pub mod combined;
+pub mod drm;
 pub mod nvml;
 
 /// The library could not be loaded or NVML could not start.
