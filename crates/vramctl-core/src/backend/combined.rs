@@ -37,7 +37,10 @@ impl CombinedBackend {
         }
     }
 
-    fn route(&mut self, device: &DeviceInfo) -> Result<(&mut dyn Backend, DeviceInfo), DeviceError> {
+    fn route(
+        &mut self,
+        device: &DeviceInfo,
+    ) -> Result<(&mut dyn Backend, DeviceInfo), DeviceError> {
         let (part, inner) = self
             .routes
             .get(&device.uuid)
@@ -173,5 +176,72 @@ impl Backend for CombinedBackend {
 
     fn library(&self) -> Option<&Path> {
         self.parts.iter().find_map(|p| p.library())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::drm::DrmBackend;
+    use crate::clock::ClockTime;
+    use std::path::PathBuf;
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/drm")
+            .join(name)
+    }
+
+    #[test]
+    fn later_backends_follow_with_their_own_devices_routed_back() {
+        let mut both = CombinedBackend::new(vec![
+            Box::new(DrmBackend::with_root(fixture("i915"))),
+            Box::new(DrmBackend::with_root(fixture("amdgpu-dgpu"))),
+        ]);
+        let e = both.enumerate().unwrap();
+        let ids: Vec<(u32, &str)> = e
+            .devices
+            .iter()
+            .map(|d| (d.index, d.uuid.as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            [(0, "PCI-8086-0000:00:02.0"), (1, "PCI-1002-0000:04:00.0")]
+        );
+        assert_eq!(both.device_count().unwrap(), 2);
+        both.begin_tick(ClockTime {
+            unix_ms: 0,
+            monotonic_ms: 0,
+        });
+        // Index 1 here is index 0 of the second backend: read through it, not the first.
+        let amd = both.read(&e.devices[1]).unwrap();
+        assert_eq!(amd.utilization_gpu_percent, Some(97));
+        let intel = both.read(&e.devices[0]).unwrap();
+        assert_eq!(intel.memory, None);
+    }
+
+    #[test]
+    fn one_backend_losing_its_device_leaves_the_other_reading() {
+        let dir = crate::backend::drm::tests::scratch("amdgpu-dgpu");
+        let mut both = CombinedBackend::new(vec![
+            Box::new(DrmBackend::with_root(fixture("i915"))),
+            Box::new(DrmBackend::with_root(dir.path())),
+        ]);
+        let e = both.enumerate().unwrap();
+        std::fs::remove_file(dir.path().join("sys/class/drm/card0")).unwrap();
+        assert!(matches!(
+            both.read(&e.devices[1]),
+            Err(DeviceError::Lost(_))
+        ));
+        assert!(both.read(&e.devices[0]).is_ok());
+        assert_eq!(both.device_count().unwrap(), 1);
+    }
+
+    #[test]
+    fn an_unknown_device_is_an_error_not_a_panic() {
+        let mut both = CombinedBackend::new(vec![Box::new(DrmBackend::with_root(fixture("i915")))]);
+        let mut stranger = both.enumerate().unwrap().devices.remove(0);
+        stranger.uuid = "PCI-1002-0000:09:00.0".into();
+        assert!(matches!(both.read(&stranger), Err(DeviceError::Failed(_))));
     }
 }

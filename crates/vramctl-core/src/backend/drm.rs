@@ -164,8 +164,13 @@ impl DrmBackend {
         if let Some((before_at, before)) = &self.engines_before {
             let elapsed_ns = (now.monotonic_ms - before_at.monotonic_ms).saturating_mul(1_000_000);
             if elapsed_ns > 0 {
-                self.engine_percent =
-                    engine_percent(before, &mut counters, &scan.clients, elapsed_ns, &self.cards);
+                self.engine_percent = engine_percent(
+                    before,
+                    &mut counters,
+                    &scan.clients,
+                    elapsed_ns,
+                    &self.cards,
+                );
             }
         }
         self.engines_before = Some((now, counters));
@@ -206,10 +211,10 @@ impl DrmBackend {
     fn utilization(&self, card: &Card, reading: &mut DeviceReading) {
         let device = card.device_dir();
         if card.driver == Driver::Amdgpu {
-            reading.utilization_gpu_percent = read_u64(&device.join("gpu_busy_percent"))
-                .and_then(|v| u32::try_from(v).ok());
-            reading.utilization_memory_percent = read_u64(&device.join("mem_busy_percent"))
-                .and_then(|v| u32::try_from(v).ok());
+            reading.utilization_gpu_percent =
+                read_u64(&device.join("gpu_busy_percent")).and_then(|v| u32::try_from(v).ok());
+            reading.utilization_memory_percent =
+                read_u64(&device.join("mem_busy_percent")).and_then(|v| u32::try_from(v).ok());
         }
         if reading.utilization_gpu_percent.is_none() {
             reading.utilization_gpu_percent = self.engine_percent.get(&card.pci_bus_id).copied();
@@ -229,7 +234,9 @@ impl DrmBackend {
             reading
                 .missing
                 .insert(Field::Temperature, Unavailable::NotSupported);
-            reading.missing.insert(Field::Power, Unavailable::NotSupported);
+            reading
+                .missing
+                .insert(Field::Power, Unavailable::NotSupported);
             return;
         };
         reading.temperature_c = ["temp1_input", "temp2_input"]
@@ -259,7 +266,9 @@ impl DrmBackend {
                 );
             }
         } else if reading.power_mw.is_none() {
-            reading.missing.insert(Field::Power, Unavailable::NotSupported);
+            reading
+                .missing
+                .insert(Field::Power, Unavailable::NotSupported);
         }
     }
 
@@ -410,7 +419,9 @@ fn engine_percent(
             let was = prev.ns.get(engine).copied().unwrap_or(*value);
             *value = (*value).max(was);
             let capacity = counters.capacity.get(engine).copied().unwrap_or(1).max(1);
-            let entry = busy_ns.entry((slot.clone(), engine.clone())).or_insert((0, capacity));
+            let entry = busy_ns
+                .entry((slot.clone(), engine.clone()))
+                .or_insert((0, capacity));
             entry.0 = entry.0.saturating_add(*value - was);
         }
         for (engine, value) in &mut counters.cycles {
@@ -439,11 +450,17 @@ fn engine_percent(
         *entry = (*entry).max(percent);
     };
     for ((slot, _), (ns, capacity)) in &busy_ns {
-        raise(slot, ns.saturating_mul(100) / elapsed_ns.saturating_mul(*capacity));
+        raise(
+            slot,
+            ns.saturating_mul(100) / elapsed_ns.saturating_mul(*capacity),
+        );
     }
     for ((slot, _), (cycles, ticks, capacity)) in &busy_cycles {
         if *ticks > 0 {
-            raise(slot, cycles.saturating_mul(100) / ticks.saturating_mul(*capacity));
+            raise(
+                slot,
+                cycles.saturating_mul(100) / ticks.saturating_mul(*capacity),
+            );
         }
     }
     out
@@ -540,7 +557,9 @@ fn diagnostics(card: &Card) -> DeviceDiagnostics {
         ..DeviceDiagnostics::default()
     };
     let hex32 = |path: &Path| sysfs::read_hex(path).map(u32::from);
-    if let (Some(vendor), Some(dev)) = (hex32(&device.join("vendor")), hex32(&device.join("device"))) {
+    if let (Some(vendor), Some(dev)) =
+        (hex32(&device.join("vendor")), hex32(&device.join("device")))
+    {
         // NVML's layout: device id in the high half, vendor in the low.
         d.pci_device_id = Some(dev << 16 | vendor);
     }
@@ -553,11 +572,12 @@ fn diagnostics(card: &Card) -> DeviceDiagnostics {
     d.vbios_version = read_text(&device.join("vbios_version"));
     d.serial = read_text(&device.join("serial_number"));
     d.board_part_number = read_text(&device.join("product_number"));
-    d.pcie_gen_current = read_text(&device.join("current_link_speed"))
-        .and_then(|s| sysfs::pcie_generation(&s));
+    d.pcie_gen_current =
+        read_text(&device.join("current_link_speed")).and_then(|s| sysfs::pcie_generation(&s));
     d.pcie_gen_max =
         read_text(&device.join("max_link_speed")).and_then(|s| sysfs::pcie_generation(&s));
-    d.pcie_width_current = read_u64(&device.join("current_link_width")).and_then(|v| u32::try_from(v).ok());
+    d.pcie_width_current =
+        read_u64(&device.join("current_link_width")).and_then(|v| u32::try_from(v).ok());
     d.pcie_width_max = read_u64(&device.join("max_link_width")).and_then(|v| u32::try_from(v).ok());
     match card.driver {
         Driver::Amdgpu => {
@@ -609,6 +629,8 @@ fn diagnostics(card: &Card) -> DeviceDiagnostics {
         ("memory", d.memory.is_none()),
         ("temperature", d.temperature_c.is_none()),
         ("power_limit", d.power_limit_mw.is_none()),
+        // No DRM driver publishes the memory bus width in sysfs.
+        ("memory_bus_width", true),
     ] {
         if missing {
             d.missing.insert(name.to_owned(), Unavailable::NotSupported);
@@ -638,4 +660,300 @@ pub fn amdgpu_extra_memory(device: &DeviceInfo, root: &Path) -> Vec<(&'static st
     .into_iter()
     .filter_map(|(name, file)| read_u64(&dir.join(file)).map(|v| (name, v)))
     .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::fs;
+
+    pub(crate) fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/drm")
+            .join(name)
+    }
+
+    /// A copy of a fixture tree a test may change (symlinks kept as links).
+    pub(crate) fn scratch(name: &str) -> tempfile::TempDir {
+        fn copy(from: &Path, to: &Path) {
+            fs::create_dir_all(to).unwrap();
+            for entry in fs::read_dir(from).unwrap() {
+                let entry = entry.unwrap();
+                let target = to.join(entry.file_name());
+                let kind = entry.file_type().unwrap();
+                if kind.is_symlink() {
+                    std::os::unix::fs::symlink(fs::read_link(entry.path()).unwrap(), &target)
+                        .unwrap();
+                } else if kind.is_dir() {
+                    copy(&entry.path(), &target);
+                } else {
+                    fs::copy(entry.path(), &target).unwrap();
+                }
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        copy(&fixture(name), dir.path());
+        dir
+    }
+
+    fn at(ms: i64) -> ClockTime {
+        ClockTime {
+            unix_ms: 1_700_000_000_000 + ms,
+            monotonic_ms: ms,
+        }
+    }
+
+    fn only_device(backend: &mut DrmBackend) -> DeviceInfo {
+        let e = backend.enumerate().unwrap();
+        assert_eq!(e.devices.len(), 1, "{:?}", e.devices);
+        e.devices.into_iter().next().unwrap()
+    }
+
+    fn tick(backend: &mut DrmBackend, device: &DeviceInfo, ms: i64) -> DeviceReading {
+        backend.begin_tick(at(ms));
+        backend.read(device).unwrap()
+    }
+
+    fn used(reading: &DeviceReading) -> Vec<(u32, Option<u64>)> {
+        reading
+            .processes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.pid, p.used_bytes))
+            .collect()
+    }
+
+    #[test]
+    fn a_bmc_display_and_connectors_are_not_gpus() {
+        let mut backend = DrmBackend::with_root(fixture("amdgpu-dgpu"));
+        let device = only_device(&mut backend);
+        assert_eq!(device.uuid, "PCI-1002-0000:04:00.0");
+        assert_eq!(device.pci_bus_id.as_deref(), Some("0000:04:00.0"));
+        assert_eq!(
+            device.name.as_deref(),
+            Some("Navi 21 [Radeon RX 6800/6800 XT / 6900 XT]")
+        );
+        assert_eq!(backend.device_count().unwrap(), 1);
+        assert_eq!(
+            backend.driver().driver_version.as_deref(),
+            Some("6.8.0-51-generic")
+        );
+    }
+
+    #[test]
+    fn one_client_behind_several_descriptors_and_a_fork_is_counted_once() {
+        let mut backend = DrmBackend::with_root(fixture("amdgpu-dgpu"));
+        let device = only_device(&mut backend);
+        let reading = tick(&mut backend, &device, 0);
+        // pid 4100: client 4 behind fds 5 and 6 (and its child 4101's fd 3), client 30 on
+        // fd 7; pid 2217: the old `drm-memory-vram` key only.
+        assert_eq!(
+            used(&reading),
+            [
+                (2217, Some(2068 << 10)),
+                (4100, Some((44_564 + 544_428) << 10))
+            ]
+        );
+        assert!(reading.dropped.is_empty(), "{:?}", reading.dropped);
+    }
+
+    #[test]
+    fn amdgpu_reports_vram_busy_percent_and_hwmon() {
+        let mut backend = DrmBackend::with_root(fixture("amdgpu-dgpu"));
+        let device = only_device(&mut backend);
+        let reading = tick(&mut backend, &device, 0);
+        let memory = reading.memory.unwrap();
+        assert_eq!(memory.total_bytes, 17_163_091_968);
+        assert_eq!(memory.used_bytes, 1_386_127_360);
+        assert_eq!(memory.used_bytes + memory.free_bytes, memory.total_bytes);
+        assert_eq!(reading.utilization_gpu_percent, Some(97));
+        assert_eq!(reading.utilization_memory_percent, Some(12));
+        assert_eq!(reading.temperature_c, Some(46));
+        assert_eq!(reading.power_mw, Some(9103));
+        let diag = backend.diagnostics(&device).unwrap();
+        assert_eq!(diag.pci_device_id, Some(0x73bf_1002));
+        assert_eq!(diag.max_sm_clock_mhz, Some(2575));
+        assert_eq!(diag.memory_clock_mhz, Some(1000));
+        assert_eq!(diag.pcie_gen_current, Some(4));
+        assert_eq!(diag.power_limit_mw, Some(220_000));
+        assert_eq!(diag.temperature_gpu_max_c, Some(89));
+        assert_eq!(diag.vbios_version.as_deref(), Some("113-D4120100-100"));
+        assert_eq!(
+            amdgpu_extra_memory(&device, &fixture("amdgpu-dgpu")),
+            [
+                ("gtt_total", 16_777_216_000),
+                ("gtt_used", 1_051_754_496),
+                ("visible_vram_total", 268_435_456),
+                ("visible_vram_used", 40_157_184)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_apu_shows_its_vram_carve_out_and_no_name_without_pci_ids() {
+        let mut backend = DrmBackend::with_root(fixture("amdgpu-apu"));
+        let device = only_device(&mut backend);
+        assert_eq!(device.name, None);
+        let reading = tick(&mut backend, &device, 0);
+        assert_eq!(reading.memory.map(|m| m.total_bytes), Some(512 << 20));
+        // The process's VRAM share, like the device's figure; its GTT is in `info`.
+        assert_eq!(used(&reading), [(5100, Some(5348 << 10))]);
+        assert_eq!(
+            reading.power_mw,
+            Some(9103),
+            "power1_input where no average"
+        );
+    }
+
+    #[test]
+    fn integrated_intel_counts_system_memory_and_unknown_stays_unknown() {
+        let mut backend = DrmBackend::with_root(fixture("i915"));
+        let device = only_device(&mut backend);
+        assert_eq!(
+            device.name.as_deref(),
+            Some("TigerLake-LP GT2 [Iris Xe Graphics]")
+        );
+        let reading = tick(&mut backend, &device, 0);
+        assert_eq!(reading.memory, None);
+        assert_eq!(
+            reading.missing.get(&Field::Memory),
+            Some(&Unavailable::NotSupported)
+        );
+        // 7296's kernel printed no memory keys: unknown, not 0.
+        assert_eq!(used(&reading), [(6100, Some(6044 << 10)), (7296, None)]);
+        assert_eq!(reading.temperature_c, None);
+        assert!(reading.missing.contains_key(&Field::Temperature));
+        assert_eq!(reading.utilization_gpu_percent, None, "first tick");
+        let diag = backend.diagnostics(&device).unwrap();
+        assert_eq!(diag.max_sm_clock_mhz, Some(1350));
+    }
+
+    #[test]
+    fn engine_time_between_ticks_is_utilization_over_capacity() {
+        let dir = scratch("i915");
+        let mut backend = DrmBackend::with_root(dir.path());
+        let device = only_device(&mut backend);
+        tick(&mut backend, &device, 0);
+        let fdinfo = dir.path().join("proc/6100/fdinfo/12");
+        let text = fs::read_to_string(&fdinfo).unwrap();
+        // 0.25 s of render in 1 s: 25 %; 1.2 s of video on 2 engines: 60 %.
+        let text = text
+            .replace("render:      346249 ns", "render:      250346249 ns")
+            .replace("video:       0 ns", "video:       1200000000 ns");
+        fs::write(&fdinfo, text).unwrap();
+        let reading = tick(&mut backend, &device, 1000);
+        assert_eq!(reading.utilization_gpu_percent, Some(60));
+        // A counter that goes back stays at its earlier value: nothing busy after.
+        let text = fs::read_to_string(&fdinfo)
+            .unwrap()
+            .replace("video:       1200000000 ns", "video:       0 ns");
+        fs::write(&fdinfo, text).unwrap();
+        assert_eq!(
+            tick(&mut backend, &device, 2000).utilization_gpu_percent,
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn xe_cycles_give_utilization_and_energy_gives_power() {
+        let dir = scratch("xe");
+        let mut backend = DrmBackend::with_root(dir.path());
+        let device = only_device(&mut backend);
+        assert_eq!(device.name.as_deref(), Some("DG2 [Arc A770 Graphics]"));
+        let first = tick(&mut backend, &device, 0);
+        assert_eq!(first.power_mw, None);
+        assert!(first.missing.contains_key(&Field::Power));
+        let fdinfo = dir.path().join("proc/8100/fdinfo/4");
+        let text = fs::read_to_string(&fdinfo)
+            .unwrap()
+            .replace("drm-cycles-rcs: 28257900", "drm-cycles-rcs: 78257900")
+            .replace(
+                "drm-total-cycles-rcs:   7655183225",
+                "drm-total-cycles-rcs:   7855183225",
+            );
+        fs::write(&fdinfo, text).unwrap();
+        let energy = dir
+            .path()
+            .join("sys/devices/pci0000:00/0000:00:01.0/0000:03:00.0/hwmon/hwmon3/energy1_input");
+        // 45 J in 500 ms: 90 W.
+        fs::write(&energy, "1330401000\n").unwrap();
+        let second = tick(&mut backend, &device, 500);
+        assert_eq!(second.utilization_gpu_percent, Some(25));
+        assert_eq!(second.power_mw, Some(90_000));
+    }
+
+    #[test]
+    fn malformed_fdinfo_lines_are_skipped_and_reported() {
+        let mut backend = DrmBackend::with_root(fixture("xe"));
+        let device = only_device(&mut backend);
+        let reading = tick(&mut backend, &device, 0);
+        let used = used(&reading);
+        assert!(used.contains(&(8100, Some(23_992 << 10))), "{used:?}");
+        assert!(used.contains(&(8200, Some(23_992 << 10))), "{used:?}");
+        let malformed: Vec<&Dropped> = reading
+            .dropped
+            .iter()
+            .filter(|d| d.what.contains("fdinfo line"))
+            .collect();
+        assert_eq!(malformed.len(), 1, "{:?}", reading.dropped);
+        // "drm-total-vram0 oops", the pasted line, and the key cut short at the end.
+        assert_eq!(malformed[0].what, "3 fdinfo line(s)");
+    }
+
+    #[test]
+    fn processes_without_permission_are_counted_not_hidden() {
+        use std::os::unix::fs::PermissionsExt;
+        if rustix::process::geteuid().is_root() {
+            // Root reads every fd/ directory; the integration test runs this as nobody.
+            eprintln!("skipped: root is never denied");
+            return;
+        }
+        let dir = scratch("xe");
+        fs::set_permissions(
+            dir.path().join("proc/8300/fd"),
+            fs::Permissions::from_mode(0o000),
+        )
+        .unwrap();
+        let mut backend = DrmBackend::with_root(dir.path());
+        let device = only_device(&mut backend);
+        let reading = tick(&mut backend, &device, 0);
+        assert!(
+            reading.dropped.iter().any(|d| d.what == "1 process"),
+            "{:?}",
+            reading.dropped
+        );
+    }
+
+    #[test]
+    fn a_device_that_disappears_is_lost_not_a_panic() {
+        let dir = scratch("amdgpu-dgpu");
+        let mut backend = DrmBackend::with_root(dir.path());
+        let device = only_device(&mut backend);
+        tick(&mut backend, &device, 0);
+        fs::remove_file(dir.path().join("sys/class/drm/card0")).unwrap();
+        backend.begin_tick(at(1000));
+        assert!(matches!(backend.read(&device), Err(DeviceError::Lost(_))));
+        assert!(matches!(
+            backend.diagnostics(&device),
+            Err(DeviceError::Lost(_))
+        ));
+        assert_eq!(backend.device_count().unwrap(), 0);
+    }
+
+    #[test]
+    fn no_drm_tree_means_no_devices() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = DrmBackend::with_root(dir.path());
+        assert!(backend.enumerate().unwrap().devices.is_empty());
+        assert_eq!(backend.device_count().unwrap(), 0);
+    }
+
+    #[test]
+    fn every_fixture_keeps_the_backend_contract() {
+        for name in ["amdgpu-dgpu", "amdgpu-apu", "i915", "xe"] {
+            let mut backend = DrmBackend::with_root(fixture(name));
+            crate::backend::contract::check_contract(&mut backend);
+        }
+    }
 }

@@ -93,7 +93,11 @@ fn scan_process(dir: &Path, pid: u32, minor_slots: &HashMap<String, String>, out
     };
     let mut denied = false;
     for entry in entries.filter_map(Result::ok) {
-        let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(target) = fs::read_link(entry.path()) else {
@@ -115,8 +119,7 @@ fn scan_process(dir: &Path, pid: u32, minor_slots: &HashMap<String, String>, out
         if info.driver.is_none() {
             continue;
         }
-        let Some(pci_bus_id) = info.pdev.clone().or_else(|| minor_slots.get(node).cloned())
-        else {
+        let Some(pci_bus_id) = info.pdev.clone().or_else(|| minor_slots.get(node).cloned()) else {
             out.unplaced_fds += 1;
             continue;
         };

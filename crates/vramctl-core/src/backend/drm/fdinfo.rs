@@ -85,7 +85,9 @@ fn record(out: &mut Fdinfo, name: &str, value: &str) -> bool {
         "driver" => return set_word(&mut out.driver, value),
         "pdev" => return set_word(&mut out.pdev, value),
         "client-id" => {
-            return number(value, &[]).map(|id| out.client_id = Some(id)).is_some();
+            return number(value, &[])
+                .map(|id| out.client_id = Some(id))
+                .is_some();
         }
         // Strings or figures we do not use.
         "client-name" => return true,
@@ -143,7 +145,12 @@ enum Slot {
 
 /// The size units the kernel prints (`drm_fdinfo_print_size`: none, `KiB`, `MiB`; `GiB`
 /// from later kernels).
-const SIZE_UNITS: &[(&str, u64)] = &[("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)];
+const SIZE_UNITS: &[(&str, u64)] = &[
+    ("B", 1),
+    ("KiB", 1 << 10),
+    ("MiB", 1 << 20),
+    ("GiB", 1 << 30),
+];
 
 fn set_word(slot: &mut Option<String>, value: &str) -> bool {
     if value.is_empty() || value.contains(char::is_whitespace) {

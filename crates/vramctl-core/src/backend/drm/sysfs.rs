@@ -186,10 +186,17 @@ pub fn dpm_levels_mhz(text: &str) -> (Option<u32>, Option<u32>) {
 pub fn pcie_generation(text: &str) -> Option<u32> {
     let rate: f64 = text.split_whitespace().next()?.parse().ok()?;
     // 2.5, 5, 8, 16, 32, 64 GT/s are generations 1 to 6.
-    [(2.5, 1), (5.0, 2), (8.0, 3), (16.0, 4), (32.0, 5), (64.0, 6)]
-        .into_iter()
-        .find(|(r, _)| (rate - r).abs() < 0.01)
-        .map(|(_, generation)| generation)
+    [
+        (2.5, 1),
+        (5.0, 2),
+        (8.0, 3),
+        (16.0, 4),
+        (32.0, 5),
+        (64.0, 6),
+    ]
+    .into_iter()
+    .find(|(r, _)| (rate - r).abs() < 0.01)
+    .map(|(_, generation)| generation)
 }
 
 /// The device's name from a `pci.ids` file under `root` (`/usr/share/hwdata`, then
