@@ -12,10 +12,11 @@ Exit codes:
   0  success (a broken pipe also exits 0)
   1  a condition you asked about holds (e.g. `leaks --fail-on-leak` found a leak)
   2  usage, input or runtime error (bad flag, malformed file, unreadable database)
-  3  no usable NVIDIA driver (NVML could not be loaded or started)";
+  3  no usable GPU driver (NVML could not be loaded or started and no AMD or Intel GPU
+     was found; with --backend drm, no AMD or Intel GPU)";
 
-/// GPU memory (VRAM) manager for NVIDIA GPUs: who holds memory now, how it changed, and
-/// what can be freed.
+/// GPU memory (VRAM) manager for NVIDIA, AMD and Intel GPUs: who holds memory now, how it
+/// changed, and what can be freed.
 #[derive(Debug, Parser)]
 #[command(name = "vramctl", version, after_help = EXIT_CODES, max_term_width = 100)]
 pub struct Cli {
@@ -49,6 +50,42 @@ pub struct GlobalArgs {
     /// History database
     #[arg(long, hide = true, value_name = "PATH")]
     pub db: Option<PathBuf>,
+
+    /// GPU sources: NVIDIA through NVML, AMD and Intel through sysfs and DRM fdinfo, or
+    /// both (docs/vendors.md)
+    #[arg(long, global = true, value_enum, default_value_t = BackendArg::All)]
+    pub backend: BackendArg,
+
+    /// Root of the sysfs and procfs the DRM backend reads (for tests: VRAMCTL_DRM_ROOT)
+    #[arg(skip)]
+    pub drm_root: Option<PathBuf>,
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// NVIDIA GPUs through NVML
+    Nvml,
+    /// AMD (amdgpu) and Intel (i915, xe) GPUs through sysfs and DRM fdinfo
+    Drm,
+    /// Both, NVML's GPUs first
+    All,
+}
+
+impl GlobalArgs {
+    /// Where the GPU sources are, for `live_loop::open_backend`.
+    pub fn backends(&self) -> vramctl::live_loop::BackendOptions {
+        use vramctl::live_loop::BackendChoice;
+        vramctl::live_loop::BackendOptions {
+            choice: match self.backend {
+                BackendArg::Nvml => BackendChoice::Nvml,
+                BackendArg::Drm => BackendChoice::Drm,
+                BackendArg::All => BackendChoice::All,
+            },
+            nvml_lib: self.nvml_lib.clone(),
+            drm_root: self.drm_root.clone(),
+        }
+    }
 }
 
 /// `--db`, on the commands that read or write the history (or its audit log).
@@ -84,6 +121,7 @@ impl Cli {
         self.global.nvml_lib = nvml
             .or_else(|| self.global.nvml_lib.take())
             .or_else(|| from_env("VRAMCTL_NVML_LIB"));
+        self.global.drm_root = from_env(vramctl_core::backend::drm::ROOT_ENV);
         // `--json` is the JSON `--format`, where a command has both.
         match &mut self.command {
             Command::History(a) if a.json => a.format = HistoryFormat::Json,
