@@ -56,10 +56,16 @@ fn tree(drm: u32) -> tempfile::TempDir {
                 let client = pid * 100 + fd / 2;
                 (
                     "/dev/dri/renderD128",
-                    fdinfo.replace("drm-client-id:\t4\n", &format!("drm-client-id:\t{client}\n")),
+                    fdinfo.replace(
+                        "drm-client-id:\t4\n",
+                        &format!("drm-client-id:\t{client}\n"),
+                    ),
                 )
             } else {
-                ("/dev/null", "pos:\t0\nflags:\t0100002\nmnt_id:\t11\nino:\t40\n".to_owned())
+                (
+                    "/dev/null",
+                    "pos:\t0\nflags:\t0100002\nmnt_id:\t11\nino:\t40\n".to_owned(),
+                )
             };
             symlink(target, proc_dir.join(format!("fd/{fd}"))).unwrap();
             fs::write(proc_dir.join(format!("fdinfo/{fd}")), text).unwrap();
@@ -99,9 +105,10 @@ fn bench(c: &mut Criterion) {
                         let fd = fd.unwrap();
                         let target = fs::read_link(fd.path()).unwrap();
                         if target.starts_with("/dev/dri") {
-                            bytes += fs::read_to_string(process.join("fdinfo").join(fd.file_name()))
-                                .unwrap()
-                                .len();
+                            bytes +=
+                                fs::read_to_string(process.join("fdinfo").join(fd.file_name()))
+                                    .unwrap()
+                                    .len();
                         }
                     }
                 }

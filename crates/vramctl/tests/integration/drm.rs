@@ -194,6 +194,19 @@ fn ps_and_info_read_drm_devices() {
     let text = info.to_string();
     assert!(text.contains("113-D4120100-100"), "vbios: {text}");
     assert!(text.contains("PCI-1002-0000:04:00.0"), "{text}");
+    assert_eq!(
+        info["devices"][0]["amdgpu_memory_bytes"]["gtt_used"],
+        1_051_754_496_u64
+    );
+    let text = stdout_of(
+        vramctl_on("h200-idle.toml")
+            .env("VRAMCTL_DRM_ROOT", drm_fixture("amdgpu-dgpu"))
+            .args(["--backend", "drm", "info"]),
+    );
+    assert!(
+        text.contains("GTT") && text.contains("1003.0 MiB used of"),
+        "{text}"
+    );
 }
 
 #[test]
