@@ -959,7 +959,7 @@ Exit codes:
   0  every target ended and its GPU memory was released
   1  a target was refused, not confirmed, still running, or its memory still held after --timeout
   2  usage, input or runtime error (bad PID, no confirmation possible, audit log not writable)
-  3  no usable NVIDIA driver (kill needs NVML to verify the memory was released)
+  3  no usable GPU driver (kill needs one to verify the memory was released)
 
 Examples:
   vramctl kill 4242
@@ -1027,7 +1027,7 @@ Exit codes:
   N    the command's own exit code (128+S when signal S ended it)
   1    --max-vram: the peak went over the budget (whatever the command returned)
   2    usage error, or the budget cannot be checked (--budget-of reserved without agent)
-  3    no usable NVIDIA driver (the command is not started)
+  3    no usable GPU driver (the command is not started)
   126  the command cannot be executed; 127: not found
 
 Examples:
@@ -1048,7 +1048,7 @@ Exit codes:
   0  found: the answer is on stdout (--json: the whole report)
   1  nothing fits: the lowest value of --range ran out of memory
   2  usage error, or a trial failed for another reason than memory (shown)
-  3  no usable NVIDIA driver
+  3  no usable GPU driver
 
 Examples:
   vramctl fit -- python train.py --batch-size {}
@@ -1067,7 +1067,7 @@ Exit codes:
   0  estimated (with --gpu: it fits)
   1  with --gpu: it does not fit at this batch (the largest that does is shown)
   2  usage error, the model files cannot be read, or no GPU matches --gpu
-  3  --gpu INDEX|NAME and no usable NVIDIA driver
+  3  --gpu INDEX|NAME and no usable GPU driver
 
 Examples:
   vramctl estimate ./Llama-3-8B --train --batch 4 --seq 2048 --precision bf16 --checkpointing
@@ -1090,7 +1090,7 @@ Exit codes:
   0  memory was released (--dry-run: would be) in at least one process
   1  nothing could be released: no agent, nothing cached, all pinned, refused
   2  usage error, or the audit log is not writable
-  3  no usable NVIDIA driver
+  3  no usable GPU driver
 
 Examples:
   vramctl reclaim 4242
@@ -1612,7 +1612,7 @@ Exit codes:
      running, or its memory still held after --timeout
   2  usage or input error (bad flag, malformed policy file with its file:line, unknown
      policy, audit log not writable with --apply)
-  3  no usable NVIDIA driver
+  3  no usable GPU driver
 With --every the loop exits 0 when stopped by SIGINT or SIGTERM.
 
 Examples:

@@ -100,7 +100,7 @@ fn help_documents_exit_codes() {
         .arg("--help")
         .assert()
         .success()
-        .stdout(predicate::str::contains("3  no usable NVIDIA driver"));
+        .stdout(predicate::str::contains("3  no usable GPU driver"));
 }
 
 #[test]
