@@ -210,7 +210,7 @@ fn ps_and_info_read_drm_devices() {
 }
 
 #[test]
-fn record_keeps_a_drm_gpu_in_the_history() {
+fn record_history_and_leaks_keep_a_drm_gpu() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("h.db");
     let out = vramctl_on("h200-idle.toml")
@@ -243,4 +243,19 @@ fn record_keeps_a_drm_gpu_in_the_history() {
     let text = history.to_string();
     assert!(text.contains("PCI-1002-0000:04:00.0"), "{text}");
     assert!(text.contains("1386127360"), "used bytes recorded: {text}");
+    // The leak scan reads the DRM GPU's processes from the history like NVML's.
+    let leaks = json_of(
+        vramctl_on("h200-idle.toml")
+            .arg("--db")
+            .arg(&db)
+            .args(["leaks", "--since", "all", "--json", "--tz", "UTC"]),
+    );
+    let series = leaks["series"].as_array().expect("series");
+    let mut pids: Vec<u64> = series
+        .iter()
+        .filter(|s| s["gpu_uuid"] == "PCI-1002-0000:04:00.0")
+        .map(|s| s["pid"].as_u64().expect("pid"))
+        .collect();
+    pids.sort_unstable();
+    assert_eq!(pids, [2217, 4100], "{leaks}");
 }
