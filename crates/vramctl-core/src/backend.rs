@@ -1,6 +1,8 @@
 //! The seam between vramctl and a source of GPU readings.
 //!
-//! [`NvmlBackend`](nvml::NvmlBackend) reads the driver through NVML; tests drive the same
+//! [`NvmlBackend`](nvml::NvmlBackend) reads the driver through NVML;
+//! [`DrmBackend`](drm::DrmBackend) reads AMD and Intel GPUs from sysfs and DRM fdinfo, and
+//! [`CombinedBackend`](combined::CombinedBackend) shows both in one run; tests drive the same
 //! code through the fake `libnvidia-ml` (`crates/fake-nvml`), so there is one real
 //! implementation and no in-process mock that could drift from it. The replay backend over a
 //! recorded history (`vramctl_store::replay::ReplayBackend`, in the store crate, which may
@@ -17,6 +19,8 @@ use std::path::{Path, PathBuf};
 use crate::clock::ClockTime;
 use crate::types::{DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice};
 
+pub mod combined;
+pub mod drm;
 pub mod nvml;
 
 /// The library could not be loaded or NVML could not start.
@@ -43,6 +47,12 @@ pub enum InitError {
         /// A short, fixed name of the failure (see [`InitError::code`]).
         code: &'static str,
     },
+    /// `--backend drm` found no AMD or Intel GPU (no `cardN` driven by amdgpu, i915 or xe).
+    #[error("no AMD or Intel GPU found in '{}'", dir.display())]
+    NoDrmDevices {
+        /// The sysfs directory looked in (`/sys/class/drm`).
+        dir: PathBuf,
+    },
 }
 
 impl InitError {
@@ -54,16 +64,20 @@ impl InitError {
                  VRAMCTL_NVML_LIB at the library"
             }
             Self::InitFailed { hint, .. } => hint,
+            Self::NoDrmDevices { .. } => {
+                "load the amdgpu, i915 or xe driver, or use --backend nvml (or all) for NVIDIA GPUs"
+            }
         }
     }
 
     /// A short, fixed name for the failure, from a small set, fit for a metric label:
     /// `library_not_loaded`, `not_nvml`, `driver_not_loaded`, `version_mismatch`,
-    /// `no_permission`, `library_not_found`, `other`.
+    /// `no_permission`, `library_not_found`, `no_drm_devices`, `other`.
     pub fn code(&self) -> &'static str {
         match self {
             Self::LibraryNotLoaded { .. } => "library_not_loaded",
             Self::InitFailed { code, .. } => code,
+            Self::NoDrmDevices { .. } => "no_drm_devices",
         }
     }
 }

@@ -7,7 +7,8 @@
 //! backend ──▶ sampler ──▶ store ──▶ analysis ──▶ frontends
 //! ```
 //!
-//! Only [`backend::nvml`] names `nvml_wrapper`; everything else speaks [`types`]. A value a
+//! Only [`backend::nvml`] names `nvml_wrapper`; [`backend::drm`] reads AMD and Intel GPUs
+//! from sysfs and DRM fdinfo, [`backend::combined`] shows both in one run; everything else speaks [`types`]. A value a
 //! device cannot report is `None`, never 0. Time is injected through [`clock::Clock`] so that
 //! nothing above the backend needs a wall clock in tests.
 #![warn(missing_docs)]
@@ -34,6 +35,8 @@ pub mod signal;
 pub mod types;
 pub mod wall_time;
 
+pub use backend::combined::CombinedBackend;
+pub use backend::drm::DrmBackend;
 pub use backend::nvml::NvmlBackend;
 pub use backend::{Backend, DeviceError, InitError};
 pub use sampler::Sampler;

@@ -206,7 +206,8 @@ impl Field {
     }
 }
 
-/// An entry the sampler refused to believe, and why.
+/// An entry the sampler refused to believe, or entries a backend could not read (the DRM
+/// backend's processes without permission, its malformed fdinfo lines), and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dropped {
     /// What kind of entry.
@@ -249,7 +250,7 @@ pub struct DeviceReading {
     pub mig: Vec<MigReading>,
     /// Why each absent field is absent.
     pub missing: BTreeMap<Field, Unavailable>,
-    /// Entries that failed the sanity checks.
+    /// Entries that failed the sanity checks, or that could not be read.
     pub dropped: Vec<Dropped>,
 }
 

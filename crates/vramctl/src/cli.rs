@@ -12,10 +12,11 @@ Exit codes:
   0  success (a broken pipe also exits 0)
   1  a condition you asked about holds (e.g. `leaks --fail-on-leak` found a leak)
   2  usage, input or runtime error (bad flag, malformed file, unreadable database)
-  3  no usable NVIDIA driver (NVML could not be loaded or started)";
+  3  no usable GPU driver (NVML could not be loaded or started and no AMD or Intel GPU
+     was found; with --backend drm, no AMD or Intel GPU)";
 
-/// GPU memory (VRAM) manager for NVIDIA GPUs: who holds memory now, how it changed, and
-/// what can be freed.
+/// GPU memory (VRAM) manager for NVIDIA, AMD and Intel GPUs: who holds memory now, how it
+/// changed, and what can be freed.
 #[derive(Debug, Parser)]
 #[command(name = "vramctl", version, after_help = EXIT_CODES, max_term_width = 100)]
 pub struct Cli {
@@ -49,6 +50,42 @@ pub struct GlobalArgs {
     /// History database
     #[arg(long, hide = true, value_name = "PATH")]
     pub db: Option<PathBuf>,
+
+    /// GPU sources: NVIDIA through NVML, AMD and Intel through sysfs and DRM fdinfo, or
+    /// both (docs/vendors.md)
+    #[arg(long, global = true, value_enum, default_value_t = BackendArg::All)]
+    pub backend: BackendArg,
+
+    /// Root of the sysfs and procfs the DRM backend reads (for tests: VRAMCTL_DRM_ROOT)
+    #[arg(skip)]
+    pub drm_root: Option<PathBuf>,
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// NVIDIA GPUs through NVML
+    Nvml,
+    /// AMD (amdgpu) and Intel (i915, xe) GPUs through sysfs and DRM fdinfo
+    Drm,
+    /// Both, NVML's GPUs first
+    All,
+}
+
+impl GlobalArgs {
+    /// Where the GPU sources are, for `live_loop::open_backend`.
+    pub fn backends(&self) -> vramctl::live_loop::BackendOptions {
+        use vramctl::live_loop::BackendChoice;
+        vramctl::live_loop::BackendOptions {
+            choice: match self.backend {
+                BackendArg::Nvml => BackendChoice::Nvml,
+                BackendArg::Drm => BackendChoice::Drm,
+                BackendArg::All => BackendChoice::All,
+            },
+            nvml_lib: self.nvml_lib.clone(),
+            drm_root: self.drm_root.clone(),
+        }
+    }
 }
 
 /// `--db`, on the commands that read or write the history (or its audit log).
@@ -84,6 +121,7 @@ impl Cli {
         self.global.nvml_lib = nvml
             .or_else(|| self.global.nvml_lib.take())
             .or_else(|| from_env("VRAMCTL_NVML_LIB"));
+        self.global.drm_root = from_env(vramctl_core::backend::drm::ROOT_ENV);
         // `--json` is the JSON `--format`, where a command has both.
         match &mut self.command {
             Command::History(a) if a.json => a.format = HistoryFormat::Json,
@@ -921,7 +959,7 @@ Exit codes:
   0  every target ended and its GPU memory was released
   1  a target was refused, not confirmed, still running, or its memory still held after --timeout
   2  usage, input or runtime error (bad PID, no confirmation possible, audit log not writable)
-  3  no usable NVIDIA driver (kill needs NVML to verify the memory was released)
+  3  no usable GPU driver (kill needs one to verify the memory was released)
 
 Examples:
   vramctl kill 4242
@@ -989,7 +1027,7 @@ Exit codes:
   N    the command's own exit code (128+S when signal S ended it)
   1    --max-vram: the peak went over the budget (whatever the command returned)
   2    usage error, or the budget cannot be checked (--budget-of reserved without agent)
-  3    no usable NVIDIA driver (the command is not started)
+  3    no usable GPU driver (the command is not started)
   126  the command cannot be executed; 127: not found
 
 Examples:
@@ -1010,7 +1048,7 @@ Exit codes:
   0  found: the answer is on stdout (--json: the whole report)
   1  nothing fits: the lowest value of --range ran out of memory
   2  usage error, or a trial failed for another reason than memory (shown)
-  3  no usable NVIDIA driver
+  3  no usable GPU driver
 
 Examples:
   vramctl fit -- python train.py --batch-size {}
@@ -1029,7 +1067,7 @@ Exit codes:
   0  estimated (with --gpu: it fits)
   1  with --gpu: it does not fit at this batch (the largest that does is shown)
   2  usage error, the model files cannot be read, or no GPU matches --gpu
-  3  --gpu INDEX|NAME and no usable NVIDIA driver
+  3  --gpu INDEX|NAME and no usable GPU driver
 
 Examples:
   vramctl estimate ./Llama-3-8B --train --batch 4 --seq 2048 --precision bf16 --checkpointing
@@ -1052,7 +1090,7 @@ Exit codes:
   0  memory was released (--dry-run: would be) in at least one process
   1  nothing could be released: no agent, nothing cached, all pinned, refused
   2  usage error, or the audit log is not writable
-  3  no usable NVIDIA driver
+  3  no usable GPU driver
 
 Examples:
   vramctl reclaim 4242
@@ -1627,7 +1665,7 @@ Exit codes:
      running, or its memory still held after --timeout
   2  usage or input error (bad flag, malformed policy file with its file:line, unknown
      policy, audit log not writable with --apply)
-  3  no usable NVIDIA driver
+  3  no usable GPU driver
 With --every the loop exits 0 when stopped by SIGINT or SIGTERM.
 
 Examples:

@@ -114,10 +114,10 @@ pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
     Ok(cfg)
 }
 
-/// Loads NVML and enumerates the GPUs (one NVML session for the whole process), from
-/// `--nvml-lib`.
+/// Opens the GPU sources (`--backend`, `--nvml-lib`) and enumerates the GPUs (one NVML
+/// session for the whole process).
 pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<LiveSampler> {
-    vramctl::live_loop::open_sampler(global.nvml_lib.as_deref())
+    vramctl::live_loop::open_sampler(&global.backends())
 }
 
 /// The devices now for `status` and `ps`: a running daemon's answer unless `no_daemon`
@@ -128,6 +128,8 @@ pub fn open_live(
     no_daemon: bool,
     process_stat: bool,
 ) -> anyhow::Result<LiveSource> {
+    // A daemon reads the default sources; another `--backend` reads here.
+    let no_daemon = no_daemon || !global.backends().daemon_may_answer();
     let ask = (!no_daemon).then(|| AskOptions {
         nvml_library: global.nvml_lib.clone(),
         process_stat,

@@ -13,7 +13,7 @@ pub enum Exit {
     ConditionHolds,
     /// 2: usage, input or runtime error.
     Usage,
-    /// 3: no usable NVIDIA driver.
+    /// 3: no usable GPU driver.
     NoDriver,
     /// `run`: the supervised command's own code (128 + S for signal S; 126/127 when it
     /// could not be started), passed on.

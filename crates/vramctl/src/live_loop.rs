@@ -7,24 +7,104 @@
 //! recorded history replayed (`vramctl_store::replay`), and ask the backend only through
 //! the trait.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use vramctl_core::clock::{Clock, ManualClock, SystemClock, WallStep};
 use vramctl_core::sanity::SanityLimits;
-use vramctl_core::{Backend, InitError, NvmlBackend, Sampler};
+use vramctl_core::{Backend, CombinedBackend, DrmBackend, InitError, NvmlBackend, Sampler};
 
 /// The sampler every frontend holds: one per process, over whichever backend was opened.
 pub type LiveSampler = Sampler<Box<dyn Backend>>;
 
-/// Loads NVML from `nvml_lib` (else the driver's library) and starts it.
+/// Which GPU sources a command reads (`--backend`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// NVIDIA GPUs through NVML only.
+    Nvml,
+    /// AMD and Intel GPUs through sysfs and DRM fdinfo only.
+    Drm,
+    /// Both: NVML's GPUs first (their indices as NVML counts them), the DRM ones after.
+    #[default]
+    All,
+}
+
+/// Where the GPU sources are: `--backend`, `--nvml-lib`, the DRM root.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendOptions {
+    /// Which sources.
+    pub choice: BackendChoice,
+    /// NVML library to load instead of `libnvidia-ml.so.1`.
+    pub nvml_lib: Option<PathBuf>,
+    /// The root the DRM backend reads `sys/` and `proc/` under (`/`; tests set
+    /// `VRAMCTL_DRM_ROOT`).
+    pub drm_root: Option<PathBuf>,
+}
+
+impl BackendOptions {
+    /// NVML from `nvml_lib` only: what the commands read before `--backend` existed.
+    pub fn nvml(nvml_lib: Option<PathBuf>) -> Self {
+        Self {
+            choice: BackendChoice::Nvml,
+            nvml_lib,
+            drm_root: None,
+        }
+    }
+
+    /// Whether a running daemon's answer means what reading here would: a daemon reads
+    /// every source (its own `--backend` is not in its answer), so `--backend nvml|drm`
+    /// reads here.
+    pub fn daemon_may_answer(&self) -> bool {
+        self.choice == BackendChoice::All
+    }
+
+    fn drm(&self) -> DrmBackend {
+        match &self.drm_root {
+            Some(root) => DrmBackend::with_root(root),
+            None => DrmBackend::open(),
+        }
+    }
+}
+
+/// Opens the GPU sources `options` names: NVML (from `nvml_lib`, else the driver's
+/// library), the DRM backend, or both. With `all`, a machine without NVIDIA's driver reads
+/// its DRM GPUs and one without DRM GPUs reads NVML alone, as before; only when neither
+/// has anything is it NVML's error (exit 3).
 ///
 /// # Errors
-/// The library cannot be loaded or NVML does not start (with a hint for the user).
-pub fn open_backend(nvml_lib: Option<&Path>) -> Result<Box<dyn Backend>, InitError> {
-    Ok(Box::new(NvmlBackend::open(nvml_lib)?))
+/// NVML cannot be loaded or started (and, with `all`, no DRM GPU was found either), or
+/// `drm` found no GPU; each with a hint for the user.
+pub fn open_backend(options: &BackendOptions) -> Result<Box<dyn Backend>, InitError> {
+    let nvml_lib = options.nvml_lib.as_deref();
+    match options.choice {
+        BackendChoice::Nvml => Ok(Box::new(NvmlBackend::open(nvml_lib)?)),
+        BackendChoice::Drm => {
+            let drm = options.drm();
+            if drm.card_count() == 0 {
+                return Err(InitError::NoDrmDevices {
+                    dir: drm.root().join("sys/class/drm"),
+                });
+            }
+            Ok(Box::new(drm))
+        }
+        BackendChoice::All => {
+            let drm = options.drm();
+            match (NvmlBackend::open(nvml_lib), drm.card_count()) {
+                (Ok(nvml), 0) => Ok(Box::new(nvml)),
+                (Ok(nvml), _) => Ok(Box::new(CombinedBackend::new(vec![
+                    Box::new(nvml),
+                    Box::new(drm),
+                ]))),
+                (Err(err), 0) => Err(err),
+                (Err(err), cards) => {
+                    tracing::info!(error = %err, cards, "No NVML; reading the DRM GPUs only.");
+                    Ok(Box::new(drm))
+                }
+            }
+        }
+    }
 }
 
 /// A sampler over `backend`, timed by `clock`, reading per-process SM activity when
@@ -50,13 +130,13 @@ pub fn clock_of(manual: Option<&ManualClock>) -> Box<dyn Clock> {
     }
 }
 
-/// Loads NVML and enumerates the GPUs (one NVML session for the whole process).
+/// Opens the GPU sources and enumerates the GPUs (one NVML session for the whole process).
 ///
 /// # Errors
 /// NVML cannot be loaded or started, or the GPUs cannot be listed.
-pub fn open_sampler(nvml_lib: Option<&Path>) -> anyhow::Result<LiveSampler> {
+pub fn open_sampler(options: &BackendOptions) -> anyhow::Result<LiveSampler> {
     let started = std::time::Instant::now();
-    let backend = open_backend(nvml_lib)?;
+    let backend = open_backend(options)?;
     let loaded = started.elapsed();
     let sampler = Sampler::new(backend).context("cannot list the GPUs")?;
     tracing::debug!(

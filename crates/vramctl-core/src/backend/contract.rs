@@ -39,6 +39,16 @@ pub(crate) fn scenario(name: &str) -> PathBuf {
 }
 
 fn is_uuid(s: &str) -> bool {
+    // A device without a UUID (the DRM backend's): `PCI-<vendor>-<slot>`.
+    if let Some(rest) = s.strip_prefix("PCI-") {
+        let (vendor, slot) = rest.split_at_checked(4).unwrap_or(("", ""));
+        return vendor.chars().all(|c| c.is_ascii_hexdigit())
+            && slot.len() == 13
+            && slot.starts_with('-')
+            && slot[1..]
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
+    }
     let Some(hex) = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-")) else {
         return false;
     };

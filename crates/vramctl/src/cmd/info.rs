@@ -52,6 +52,10 @@ struct DeviceInfoReport {
     pcie_current_bytes_per_sec: Option<u64>,
     pcie_max_bytes_per_sec: Option<u64>,
     mig_instances: Vec<MigInstanceInfo>,
+    /// amdgpu's GTT and CPU-visible VRAM (`gtt_total`, `gtt_used`, `visible_vram_total`,
+    /// `visible_vram_used`, bytes), where sysfs has them; absent elsewhere (docs/vendors.md).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    amdgpu_memory_bytes: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Runs `info`.
@@ -62,6 +66,10 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let driver = (**sampler.driver()).clone();
     // As enumerated at start-up: a whole tick (every reading of every GPU) is not needed.
     let unopened = sampler.unopened().to_vec();
+    let drm_root = global
+        .drm_root
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("/"));
     let devices = sampler
         .diagnostics()
         .into_iter()
@@ -91,6 +99,13 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
                     .and_then(DeviceDiagnostics::pcie_max_bytes_per_sec),
                 diagnostics,
                 mig_instances: info.mig_instances.clone(),
+                amdgpu_memory_bytes: if info.uuid.starts_with("PCI-1002-") {
+                    vramctl_core::backend::drm::amdgpu_extra_memory(&info, &drm_root)
+                        .into_iter()
+                        .collect()
+                } else {
+                    std::collections::BTreeMap::new()
+                },
             }
         })
         .collect();
@@ -300,6 +315,22 @@ fn render(report: &InfoReport, styles: &Styles) -> Vec<String> {
             f.opt("ECC errors", None, &["ecc_corrected_volatile"]);
         }
 
+        for (label, total, used) in [
+            ("GTT", "gtt_total", "gtt_used"),
+            (
+                "CPU-visible VRAM",
+                "visible_vram_total",
+                "visible_vram_used",
+            ),
+        ] {
+            let m = &device.amdgpu_memory_bytes;
+            if let (Some(total), Some(used)) = (m.get(total), m.get(used)) {
+                f.row(
+                    label,
+                    format!("{} used of {}", units::bytes(*used), units::bytes(*total)),
+                );
+            }
+        }
         f.section("PCIe", styles);
         f.opt(
             "Link now",

@@ -95,7 +95,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
 
     let manual = args.simulated_clock.map(ManualClock::new);
-    let backend = open_backend(global.nvml_lib.as_deref())?;
+    let backend = open_backend(&global.backends())?;
     let mut sampler =
         sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
     for p in &policies {

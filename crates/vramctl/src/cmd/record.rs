@@ -231,7 +231,7 @@ impl Recorder<'_> {
 
     /// Starts NVML, or schedules the next attempt.
     fn start_nvml(&mut self, now: i64) -> Option<LiveSampler> {
-        let opened = open_backend(self.global.nvml_lib.as_deref())
+        let opened = open_backend(&self.global.backends())
             .map_err(|e| format!("{e}; {}", e.hint()))
             .and_then(|backend| {
                 sampler_on(backend, clock_of(self.manual.as_ref()), true)

@@ -89,7 +89,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     let cache = Arc::new(Cache::new());
     let mut collector = Collector::new(
         CollectorConfig {
-            library: global.nvml_lib.clone(),
+            backends: global.backends(),
             interval,
             peak_window,
             details: args.process_details,

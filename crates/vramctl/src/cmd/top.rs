@@ -94,7 +94,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
         None => {
             // The first frame from a running daemon when one answers (no wait for NVML to
             // start: it starts on the sampler thread meanwhile), else from NVML here.
-            let first = if args.no_daemon {
+            let first = if args.no_daemon || !global.backends().daemon_may_answer() {
                 None
             } else {
                 ask(&AskOptions {

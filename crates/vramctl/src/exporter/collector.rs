@@ -60,8 +60,8 @@ pub trait TickConsumer: Send {
 /// How the sampler thread collects.
 #[derive(Debug, Clone)]
 pub struct CollectorConfig {
-    /// `--nvml-lib`.
-    pub library: Option<std::path::PathBuf>,
+    /// `--backend`, `--nvml-lib`.
+    pub backends: vramctl::live_loop::BackendOptions,
     /// `--interval`.
     pub interval: Duration,
     /// `--peak-window`.
@@ -143,7 +143,7 @@ impl Collector {
             None => Arc::new(SystemClock),
         };
         Self {
-            source: NvmlSource::new(config.library.clone(), config.interval, Arc::clone(&clock)),
+            source: NvmlSource::new(config.backends.clone(), config.interval, Arc::clone(&clock)),
             clock,
             processes: ProcessCatalog::new(config.details.facts_source()),
             stats: Stats::new(config.peak_window),
@@ -344,7 +344,9 @@ mod tests {
 
     fn config() -> CollectorConfig {
         CollectorConfig {
-            library: Some("/nonexistent/libnvidia-ml.so.1".into()),
+            backends: vramctl::live_loop::BackendOptions::nvml(Some(
+                "/nonexistent/libnvidia-ml.so.1".into(),
+            )),
             interval: Duration::from_secs(1),
             peak_window: Duration::from_secs(60),
             details: DetailsSource::None,

@@ -14,12 +14,11 @@
 //! of failing devices, backing off while reopening does not help), counted in
 //! `vramctl_nvml_reopens_total`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vramctl::daemon_socket::server::{self as socket, SharedSampler};
-use vramctl::live_loop::{LiveSampler, open_backend, sampler_on};
+use vramctl::live_loop::{BackendOptions, LiveSampler, open_backend, sampler_on};
 use vramctl_core::clock::Clock;
 use vramctl_core::sampler::SessionHealth;
 use vramctl_core::types::Snapshot;
@@ -31,7 +30,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 /// The sampler, once NVML is up.
 pub struct NvmlSource {
-    library: Option<PathBuf>,
+    backends: BackendOptions,
     clock: Arc<dyn Clock>,
     /// Shared with the local socket (`status`, `ps`), which makes an extra tick per request.
     sampler: SharedSampler,
@@ -47,7 +46,7 @@ pub struct NvmlSource {
 impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlSource")
-            .field("library", &self.library)
+            .field("backends", &self.backends)
             // Never wait for the lock here: a Debug print while sampling would deadlock.
             .field("up", &self.sampler.try_lock().map(|s| s.is_some()).ok())
             .field("backoff", &self.backoff)
@@ -56,14 +55,14 @@ impl std::fmt::Debug for NvmlSource {
 }
 
 impl NvmlSource {
-    /// A source that loads `library` (the default NVML library when `None`) on its first
-    /// [`sample`](Self::sample), retrying after `first_backoff`, doubling; its snapshots are
-    /// timed by `clock` (the system clock, or in tests a simulated one).
-    pub fn new(library: Option<PathBuf>, first_backoff: Duration, clock: Arc<dyn Clock>) -> Self {
+    /// A source that opens `backends` (NVML from its library, the DRM GPUs, or both) on its
+    /// first [`sample`](Self::sample), retrying after `first_backoff`, doubling; its
+    /// snapshots are timed by `clock` (the system clock, or in tests a simulated one).
+    pub fn new(backends: BackendOptions, first_backoff: Duration, clock: Arc<dyn Clock>) -> Self {
         let first_backoff = first_backoff.max(Duration::from_millis(10));
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Self {
-            library,
+            backends,
             clock,
             sampler: SharedSampler::default(),
             first_backoff,
@@ -137,7 +136,7 @@ impl NvmlSource {
     /// Starts NVML, or schedules the next attempt.
     fn try_open(&mut self, now: Instant, stats: &mut Stats) -> Option<LiveSampler> {
         let clock = Box::new(SharedClock(Arc::clone(&self.clock)));
-        let outcome = open_backend(self.library.as_deref())
+        let outcome = open_backend(&self.backends)
             .map_err(|err| (err.code(), format!("{err}; {}", err.hint())))
             .and_then(|backend| {
                 // Per-process SM activity: the idle analysis' best evidence, where the
@@ -192,11 +191,12 @@ impl Clock for SharedClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn a_missing_library_is_retried_with_doubling_backoff() {
         let mut source = NvmlSource::new(
-            Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
+            BackendOptions::nvml(Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1"))),
             Duration::from_secs(1),
             Arc::new(vramctl_core::clock::SystemClock),
         );
@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn the_backoff_stops_growing_at_the_cap() {
         let mut source = NvmlSource::new(
-            Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
+            BackendOptions::nvml(Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1"))),
             Duration::from_secs(100),
             Arc::new(vramctl_core::clock::SystemClock),
         );

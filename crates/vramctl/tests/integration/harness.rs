@@ -57,8 +57,22 @@ pub fn vramctl_std(scenario_path: &Path) -> std::process::Command {
         .env("FAKE_NVML_SCENARIO", scenario_path)
         .env("FAKE_NVML_TIME", "0")
         .env("NO_COLOR", "1")
-        .env("VRAMCTL_RUNTIME_DIR", private_runtime_dir());
+        .env("VRAMCTL_RUNTIME_DIR", private_runtime_dir())
+        .env("VRAMCTL_DRM_ROOT", no_drm_root());
     cmd
+}
+
+/// A DRM root with nothing in it: tests see only the fake NVML's GPUs, whatever cards the
+/// machine running them has (`tests/integration/drm.rs` points it at `testdata/drm/`).
+pub fn no_drm_root() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-drm-root")
+}
+
+/// A DRM fixture tree of `testdata/drm/`.
+pub fn drm_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/drm")
+        .join(name)
 }
 
 /// `vramctl` on a shipped example scenario.
@@ -168,6 +182,7 @@ impl Portable {
             .env("FAKE_NVML_TIME", "0")
             .env("NO_COLOR", "1")
             .env("VRAMCTL_RUNTIME_DIR", private_runtime_dir())
+            .env("VRAMCTL_DRM_ROOT", no_drm_root())
             .current_dir(self.dir.path());
         cmd
     }

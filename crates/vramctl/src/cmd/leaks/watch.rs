@@ -75,7 +75,7 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     let tz = time_zone(args.source.tz.as_deref())?;
     let mut days = DayLines::new(tz.clone());
     let manual = simulated_clock(args.simulated_clock, &args.simulated_clock_step);
-    let backend = open_backend(global.nvml_lib.as_deref())?;
+    let backend = open_backend(&global.backends())?;
     let mut sampler =
         sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
     let filter = GpuFilter::new(&args.source.gpu, sampler.devices())?;
