@@ -257,7 +257,7 @@ pub struct HostFacts {
 /// Runs every check, in the order of `docs/doctor.md`.
 pub fn judge(facts: &Facts) -> Vec<Finding> {
     let mut out = Vec::new();
-    out.extend(host_checks::driver(&facts.driver, &facts.host));
+    out.extend(host_checks::driver(&facts.driver));
     out.extend(host_checks::frameworks(&facts.driver, &facts.python));
     out.push(host_checks::visible_devices(
         &facts.driver,

@@ -668,7 +668,102 @@ fn mig(d: &DeviceDiagnostics, subject: &str, index: u32) -> Finding {
 
 #[cfg(test)]
 mod tests {
+    use vramctl_core::types::{DeviceReading, MemoryReading, ProcessKind, ProcessUsage};
+
+    use super::super::GpuIdentity;
     use super::*;
+
+    /// GPU 0 (`/dev/nvidia0`) with `used` bytes used and one listed process holding `held`.
+    fn gpu(used: u64, held: u64) -> GpuFacts {
+        GpuFacts {
+            id: GpuIdentity {
+                index: 0,
+                uuid: "GPU-0".into(),
+                name: None,
+                minor_number: Some(0),
+                pci_bus_id: None,
+            },
+            diagnostics: Ok(DeviceDiagnostics::default()),
+            health: Ok(None),
+            reading: Some(DeviceReading {
+                memory: Some(MemoryReading {
+                    total_bytes: 80 << 30,
+                    used_bytes: used,
+                    reserved_bytes: 0,
+                    free_bytes: (80 << 30) - used,
+                }),
+                processes: Some(vec![ProcessUsage {
+                    pid: 100,
+                    used_bytes: Some(held),
+                    kind: ProcessKind::Compute,
+                    gpu_instance_id: None,
+                    compute_instance_id: None,
+                }]),
+                ..DeviceReading::default()
+            }),
+        }
+    }
+
+    fn holder(pid: u32, command: &str, state: char, file: &str) -> Holder {
+        Holder {
+            pid,
+            command: command.into(),
+            uid: Some(0),
+            state: Some(state),
+            files: vec![file.into(), "/dev/nvidiactl".into()],
+        }
+    }
+
+    #[test]
+    fn memory_held_by_an_unlisted_holder_of_the_device_fails_and_names_it() {
+        let holders = HolderFacts {
+            holders: vec![
+                holder(100, "python3", 'S', "/dev/nvidia0"),
+                holder(200, "pt_data_worker", 'D', "/dev/nvidia0"),
+                // Another GPU's file, and a daemon without a context: not candidates.
+                holder(300, "python3", 'S', "/dev/nvidia1"),
+                holder(400, "nvidia-persistenced", 'S', "/dev/nvidia0"),
+            ],
+            unreadable: 0,
+            initial_pid_namespace: true,
+        };
+        let f = unaccounted_memory(&gpu(10 << 30, 4 << 30), &holders, "GPU 0");
+        assert_eq!(f.status, Status::Fail);
+        assert!(
+            f.summary
+                .contains("200 pt_data_worker (state D: stuck in the kernel)"),
+            "{}",
+            f.summary
+        );
+        assert!(
+            !f.summary.contains("300") && !f.summary.contains("400"),
+            "{}",
+            f.summary
+        );
+        assert!(f.fix.as_deref().is_some_and(|x| x.contains("GPU reset")));
+    }
+
+    #[test]
+    fn memory_nobody_holds_warns_with_where_to_look_and_overhead_is_ok() {
+        let nobody = HolderFacts {
+            initial_pid_namespace: false,
+            ..HolderFacts::default()
+        };
+        let f = unaccounted_memory(&gpu(10 << 30, 4 << 30), &nobody, "GPU 0");
+        assert_eq!(f.status, Status::Warn);
+        assert!(
+            f.fix
+                .as_deref()
+                .is_some_and(|x| x.contains("PID namespace"))
+        );
+        // Just under the threshold: driver and context overhead.
+        let f = unaccounted_memory(
+            &gpu((4 << 30) + UNACCOUNTED_BYTES - 1, 4 << 30),
+            &nobody,
+            "GPU 0",
+        );
+        assert_eq!(f.status, Status::Ok);
+    }
 
     #[test]
     fn reason_bits_are_named_in_header_order() {

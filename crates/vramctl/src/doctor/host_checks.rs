@@ -15,7 +15,7 @@ use super::{
 const HOST: &str = "host";
 
 /// `driver`: NVML started, with its versions; or why not (the command exits 3).
-pub fn driver(driver: &DriverFacts, host: &HostFacts) -> Vec<Finding> {
+pub fn driver(driver: &DriverFacts) -> Vec<Finding> {
     match driver {
         DriverFacts::Ready(ready) => {
             let mut status = Status::Ok;
@@ -53,10 +53,6 @@ pub fn driver(driver: &DriverFacts, host: &HostFacts) -> Vec<Finding> {
             let summary = match (no.code, module) {
                 ("library_not_loaded", Some(v)) => format!(
                     "the kernel module {v} is loaded but the NVML library cannot be loaded: {}",
-                    no.reason
-                ),
-                ("library_not_loaded", None) if host.container.is_some() => format!(
-                    "no NVIDIA driver in this container: no kernel module and no NVML library ({})",
                     no.reason
                 ),
                 ("library_not_loaded", None) => format!(

@@ -5,6 +5,7 @@ mod agent_series;
 mod allocator_snapshot;
 mod clock;
 mod daemon;
+mod doctor;
 mod estimate;
 mod fit;
 mod gpu_job;
