@@ -126,8 +126,8 @@ pub fn frameworks(driver: &DriverFacts, python: &PythonFacts) -> Vec<Finding> {
             match cuda_compat::judge(built, *cuda, *branch) {
                 Verdict::Runs => runs.push(label),
                 Verdict::RunsLimited => limited.push(label),
-                Verdict::DoesNotRun(why) if built.major > cuda.major => {
-                    let _ = why;
+                // A newer major: one sentence for all of them, with the branch it needs.
+                Verdict::DoesNotRun(_) if built.major > cuda.major => {
                     broken.entry(built.major).or_default().push(label);
                 }
                 Verdict::DoesNotRun(why) => other_broken.push(format!("{label}: {why}")),
@@ -193,6 +193,19 @@ pub fn frameworks(driver: &DriverFacts, python: &PythonFacts) -> Vec<Finding> {
         }
         out.push(finding);
     }
+    // An interpreter that did not say where its packages are: its frameworks are unknown.
+    for (interpreter, why) in &python.failed {
+        out.push(
+            Finding::new(
+                "frameworks",
+                interpreter.clone(),
+                Status::Warn,
+                format!("cannot ask it where its packages are: {why}"),
+            )
+            .fact("interpreter", interpreter)
+            .fix("name its environment or site-packages directory with --python PATH"),
+        );
+    }
     if out.is_empty() {
         let looked: Vec<String> = python
             .site_packages
@@ -210,8 +223,7 @@ pub fn frameworks(driver: &DriverFacts, python: &PythonFacts) -> Vec<Finding> {
                     format!("no CUDA framework in {}", looked.join(", "))
                 },
             )
-            .fact("site_packages", looked)
-            .fact("failed", &python.failed),
+            .fact("site_packages", looked),
         );
     }
     out

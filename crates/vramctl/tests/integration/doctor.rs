@@ -404,3 +404,18 @@ fn gpu_selection_limits_the_per_gpu_checks_and_a_bad_one_is_a_usage_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no GPU matches '9'"), "{stderr}");
 }
+
+#[test]
+fn a_named_python_that_cannot_be_asked_is_a_warning_not_silence() {
+    let mut cmd = doctor("h200-idle.toml", "no-xid.txt", &[]);
+    cmd.args(["--python", "/nonexistent/bin/python3"]);
+    let run = json_run(cmd);
+    let f = finding(&run.report, "frameworks", "/nonexistent/bin/python3");
+    assert_eq!(f["status"], "warn");
+    assert!(
+        f["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("cannot run '/nonexistent/bin/python3'")),
+        "{f:#}"
+    );
+}
