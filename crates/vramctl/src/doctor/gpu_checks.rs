@@ -147,16 +147,35 @@ fn unaccounted_memory(gpu: &GpuFacts, holders: &HolderFacts, subject: &str) -> F
                 format!("{} {}{state}", h.pid, h.command)
             })
             .collect();
+        let holding = format!(
+            "{} {} {} open without being listed: {}",
+            unlisted.len(),
+            if unlisted.len() == 1 {
+                "process has"
+            } else {
+                "processes have"
+            },
+            device_file.as_deref().unwrap_or("the device"),
+            names.join(", ")
+        );
+        // NVML names host PIDs; from another PID namespace none of ours match, so a holder
+        // is not evidence of a dead context, only of who uses the GPU here.
+        if !holders.initial_pid_namespace {
+            return base(
+                Status::Warn,
+                format!(
+                    "{} used is held by no listed process; NVML lists host PIDs, which this PID namespace does not show, and {holding}",
+                    bytes(unaccounted)
+                ),
+            )
+            .fix("run vramctl doctor on the host to tell which process holds it");
+        }
         let stuck = unlisted.iter().any(|h| h.state == Some('D'));
         return base(
             Status::Fail,
             format!(
-                "{} used is held by no listed process, and {} {} {} open without being listed: {}",
-                bytes(unaccounted),
-                unlisted.len(),
-                if unlisted.len() == 1 { "process has" } else { "processes have" },
-                device_file.as_deref().unwrap_or("the device"),
-                names.join(", ")
+                "{} used is held by no listed process, and {holding}",
+                bytes(unaccounted)
             ),
         )
         .fix(if stuck {
@@ -741,6 +760,15 @@ mod tests {
             f.summary
         );
         assert!(f.fix.as_deref().is_some_and(|x| x.contains("GPU reset")));
+        // From a container's PID namespace NVML's host PIDs never match ours: the holders
+        // are who uses the GPU here, not evidence of a dead context.
+        let in_container = HolderFacts {
+            initial_pid_namespace: false,
+            ..holders
+        };
+        let f = unaccounted_memory(&gpu(10 << 30, 4 << 30), &in_container, "GPU 0");
+        assert_eq!(f.status, Status::Warn);
+        assert!(f.summary.contains("host PIDs"), "{}", f.summary);
     }
 
     #[test]
