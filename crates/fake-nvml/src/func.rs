@@ -89,6 +89,7 @@ functions! {
     nvmlDeviceGetCurrentClocksThrottleReasons => Device,
     nvmlDeviceGetSupportedClocksEventReasons => Device,
     nvmlDeviceGetSupportedClocksThrottleReasons => Device,
+    nvmlDeviceGetFieldValues => Device,
     nvmlDeviceGetPersistenceMode => Device,
     nvmlDeviceGetComputeMode => Device,
     nvmlDeviceGetPowerManagementLimit => Device,

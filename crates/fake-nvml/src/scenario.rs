@@ -187,6 +187,9 @@ pub struct Gpu {
     pub retired_pages: Option<RetiredPages>,
     pub remapped_rows: Option<RemappedRows>,
     pub clock_event_reasons: Option<ClockEventReasons>,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): 0 none, 1 GPU reset, 2 node
+    /// reboot, 3 drain P2P, 4 drain and reset.
+    pub recovery_action: Option<u32>,
     pub persistence_mode: Option<bool>,
     pub compute_mode: Option<ComputeMode>,
     pub power_limit_mw: Option<u32>,

@@ -1213,6 +1213,7 @@ fn exports_exactly_the_intended_symbols() {
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         "nvmlDeviceGetEccMode",
         "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetFieldValues",
         "nvmlDeviceGetGpuInstanceId",
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         "nvmlDeviceGetHandleByIndex_v2",
@@ -1394,6 +1395,20 @@ fn health_facts_answer_from_the_scenario_and_absent_tables_are_not_supported() {
         hopper.supported_throttle_reasons().map(|r| r.bits()).ok(),
         Some(0x1ff)
     );
+    // The recovery action field answers in its slot; an unknown field fails only its own.
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let fields = hopper
+        .field_values_for(&[FieldId(230), FieldId(1)])
+        .expect("field values");
+    assert!(matches!(
+        fields[0].as_ref().map(|f| f.value.as_ref().ok()),
+        Ok(Some(SampleValue::U32(1)))
+    ));
+    assert!(matches!(
+        fields[1].as_ref().map(|f| f.value.is_err()),
+        Ok(true) | Err(NvmlError::NotSupported)
+    ));
 
     let lib = raw_lib();
     // SAFETY: the header's signatures; the handle is a live device of this session.

@@ -375,6 +375,10 @@ pub struct DeviceHealth {
     pub clock_event_reasons: Option<u64>,
     /// The reasons this GPU can report at all.
     pub clock_event_reasons_supported: Option<u64>,
+    /// What the driver says the GPU needs (NVML field 230,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`): 0 nothing, 1 a GPU reset, 2 a node reboot,
+    /// 3 draining peer-to-peer traffic, 4 a drain and reset.
+    pub recovery_action: Option<u32>,
     /// Why each absent field is absent, keyed by field name.
     pub missing: BTreeMap<String, Unavailable>,
 }

@@ -3,7 +3,7 @@
 //! Each answers NOT_SUPPORTED when the scenario leaves its table out, as a real GPU of the
 //! other generation does (page retirement before Ampere, row remapping from Ampere on).
 
-use std::os::raw::{c_uint, c_ulonglong};
+use std::os::raw::{c_int, c_uint, c_ulonglong};
 
 use nvml_wrapper_sys::bindings::*;
 
@@ -260,4 +260,43 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksThrottleReasons(
             true,
         )
     }
+}
+
+/// The one field the fake answers: the GPU recovery action (230).
+const FIELD_RECOVERY_ACTION: c_uint = 230;
+
+/// `nvmlDeviceGetFieldValues`: each requested field gets its own `nvmlReturn`; the fake
+/// knows only the recovery action (from `recovery_action`), every other field answers
+/// NOT_SUPPORTED in its slot while the call succeeds, as NVML does.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    values_count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> Ret {
+    guard(|| {
+        let n = usize::try_from(values_count).map_err(|_| codes::INVALID_ARGUMENT)?;
+        if values.is_null() || !values.is_aligned() {
+            return Err(codes::INVALID_ARGUMENT);
+        }
+        let action = with_device(Func::nvmlDeviceGetFieldValues, device, |d| {
+            Ok(d.whole_gpu()?.recovery_action)
+        })?;
+        // SAFETY: NVML's contract: `values` holds `valuesCount` entries the caller filled
+        // with field ids.
+        let slots = unsafe { std::slice::from_raw_parts_mut(values, n) };
+        for slot in slots {
+            slot.timestamp = 0;
+            slot.latencyUsec = 0;
+            match (slot.fieldId, action) {
+                (FIELD_RECOVERY_ACTION, Some(a)) => {
+                    slot.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
+                    slot.value = nvmlValue_t { uiVal: a };
+                    slot.nvmlReturn = codes::SUCCESS;
+                }
+                _ => slot.nvmlReturn = codes::NOT_SUPPORTED,
+            }
+        }
+        Ok(())
+    })
 }

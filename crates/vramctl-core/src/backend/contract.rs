@@ -109,6 +109,7 @@ pub(crate) fn check_contract(backend: &mut dyn Backend) {
                     "remapped_rows",
                 ),
                 (health.clock_event_reasons.is_none(), "clock_event_reasons"),
+                (health.recovery_action.is_none(), "recovery_action"),
             ] {
                 if absent {
                     assert!(
@@ -187,6 +188,7 @@ fn health_reads_the_scenario_and_unsupported_repair_schemes_are_none() {
     assert_eq!(hopper.remapped_rows_pending, Some(true));
     assert_eq!(hopper.clock_event_reasons, Some(0x24));
     assert_eq!(hopper.clock_event_reasons_supported, Some(0x1ff));
+    assert_eq!(hopper.recovery_action, Some(1));
     assert_eq!(hopper.retired_pages_double_bit, None);
     assert_eq!(
         hopper.missing.get("retired_pages_double_bit"),
@@ -202,6 +204,11 @@ fn health_reads_the_scenario_and_unsupported_repair_schemes_are_none() {
     );
     assert_eq!(volta.retired_pages_pending, Some(true));
     assert_eq!(volta.remapped_rows_uncorrectable, None);
+    assert_eq!(volta.recovery_action, None);
+    assert_eq!(
+        volta.missing.get("recovery_action"),
+        Some(&Unavailable::NotSupported)
+    );
 }
 
 #[test]

@@ -769,6 +769,11 @@ impl Backend for NvmlBackend {
             "clock_event_reasons_supported",
             raw::clock_event_reasons(&self.nvml, &device, true),
         )?;
+        h.recovery_action = diag(
+            m,
+            "recovery_action",
+            timed("nvmlDeviceGetFieldValues", || recovery_action(&device)),
+        )?;
         Ok(Some(h))
     }
 
@@ -798,6 +803,28 @@ impl Backend for NvmlBackend {
 
     fn library(&self) -> Option<&Path> {
         Some(NvmlBackend::library(self))
+    }
+}
+
+/// NVML's `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver says the GPU needs.
+/// It replaced the deprecated fields 226/227 (reset status, drain-and-reset status).
+const FIELD_GPU_RECOVERY_ACTION: u32 = 230;
+
+/// The recovery action field; a driver without it answers NOT_SUPPORTED in the field's own
+/// return code, which is passed on as the error.
+fn recovery_action(device: &Device<'_>) -> Result<u32, NvmlError> {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let sample = device
+        .field_values_for(&[FieldId(FIELD_GPU_RECOVERY_ACTION)])?
+        .into_iter()
+        .next()
+        .ok_or(NvmlError::Unknown)??;
+    match sample.value? {
+        SampleValue::U32(v) => Ok(v),
+        SampleValue::U64(v) => u32::try_from(v).map_err(|_| NvmlError::Unknown),
+        SampleValue::I64(v) => u32::try_from(v).map_err(|_| NvmlError::Unknown),
+        SampleValue::F64(_) => Err(NvmlError::Unknown),
     }
 }
 

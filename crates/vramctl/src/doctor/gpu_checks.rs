@@ -65,6 +65,7 @@ pub fn all(gpu: &GpuFacts, holders: &HolderFacts) -> Vec<Finding> {
         ecc(diag, &subject, index),
         retired_pages(health, &gpu.health, &subject, index),
         remapped_rows(health, &gpu.health, &subject, index),
+        recovery_action(health, &gpu.health, &subject, index),
         pcie_link(diag, utilization, &subject),
         clock_events(diag, health, &gpu.health, utilization, &subject, index),
         temperature(diag, &subject),
@@ -375,6 +376,50 @@ fn remapped_rows(
             "{corr} rows remapped for correctable, {unc} for uncorrectable errors; none pending"
         ),
     )
+}
+
+/// `recovery_action`: what the driver says the GPU needs (NVML field 230).
+fn recovery_action(
+    h: Option<&DeviceHealth>,
+    raw: &Result<Option<DeviceHealth>, String>,
+    subject: &str,
+    index: u32,
+) -> Finding {
+    let id = "recovery_action";
+    let Some(h) = h else {
+        return health_skipped(id, subject, raw);
+    };
+    let Some(action) = h.recovery_action else {
+        return Finding::new(
+            id,
+            subject,
+            Status::Skipped,
+            format!(
+                "the driver's recovery action: {}",
+                why(&h.missing, "recovery_action")
+            ),
+        );
+    };
+    let f = |status, summary: &str| {
+        Finding::new(id, subject, status, format!("the driver says: {summary}"))
+            .fact("recovery_action", action)
+    };
+    match action {
+        0 => f(Status::Ok, "no recovery needed"),
+        1 => f(Status::Warn, "a GPU reset is needed").fix(format!(
+            "reset the GPU when idle (nvidia-smi -r -i {index}), or reboot"
+        )),
+        2 => f(Status::Fail, "a node reboot is needed").fix("reboot the machine"),
+        3 => f(Status::Warn, "drain peer-to-peer traffic").fix(
+            "stop the jobs using peer-to-peer (NVLink) transfers on this GPU until the driver clears it",
+        ),
+        4 => f(Status::Fail, "drain the GPU and reset it").fix(format!(
+            "move the work off this GPU, then reset it (nvidia-smi -r -i {index})"
+        )),
+        other => f(Status::Warn, &format!("recovery action {other}")).fix(
+            "see NVIDIA's documentation of NVML_FI_DEV_GET_GPU_RECOVERY_ACTION for this value",
+        ),
+    }
 }
 
 /// `pcie_link`: generation and width now against the maximum, judged only under load.

@@ -127,6 +127,7 @@ fn doctor_on_an_idle_h200_passes_every_check_it_can_judge() {
         ("unaccounted_memory", "GPU 0"),
         ("ecc", "GPU 0"),
         ("remapped_rows", "GPU 0"),
+        ("recovery_action", "GPU 0"),
         ("pcie_link", "GPU 0"),
         ("clock_events", "GPU 0"),
         ("temperature", "GPU 0"),
@@ -179,6 +180,7 @@ fn doctor_warn_scenario_warns_on_every_check_it_degrades() {
         ("unaccounted_memory", "GPU 0"),
         ("ecc", "GPU 0"),
         ("remapped_rows", "GPU 0"),
+        ("recovery_action", "GPU 0"),
         ("pcie_link", "GPU 0"),
         ("clock_events", "GPU 0"),
         ("temperature", "GPU 0"),
@@ -190,6 +192,8 @@ fn doctor_warn_scenario_warns_on_every_check_it_degrades() {
         assert_eq!(status(r, id, subject), "warn", "{id} on {subject}");
     }
     assert_eq!(run.code, expected_code(r, false));
+    // The Volta of the scenario has no recovery action field: skipped, not "none needed".
+    assert_eq!(status(r, "recovery_action", "GPU 1"), "skipped");
     let remap = finding(r, "remapped_rows", "GPU 0");
     assert!(
         remap["fix"]
@@ -220,6 +224,7 @@ fn doctor_fail_scenario_fails_each_check_and_exits_1() {
         ("kernel_log", "host"),
         ("ecc", "GPU 0"),
         ("remapped_rows", "GPU 0"),
+        ("recovery_action", "GPU 0"),
         ("clock_events", "GPU 0"),
         ("temperature", "GPU 0"),
         ("compute_mode", "GPU 0"),
