@@ -123,14 +123,20 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// The widest subject that gets a column of its own.
+const SUBJECT_COLUMN_MAX: usize = 16;
+
 /// One line per finding (status, check, subject, summary), its fix on the next; a count
 /// at the end.
 fn render(report: &Report<'_>, styles: &Styles) -> Vec<String> {
     let checks = report.checks;
     let id_width = checks.iter().map(|f| f.id.len()).max().unwrap_or(5).max(5);
+    // `host`, `GPU 12`: a column. A site-packages path is longer than any column should
+    // be; it stands alone and its summary follows on the next line.
     let subject_width = checks
         .iter()
         .map(|f| f.subject.chars().count())
+        .filter(|&n| n <= SUBJECT_COLUMN_MAX)
         .max()
         .unwrap_or(7)
         .max(7);
@@ -149,10 +155,15 @@ fn render(report: &Report<'_>, styles: &Styles) -> Vec<String> {
             Status::Skipped => paint(styles.dim, &status),
             Status::Ok => status,
         };
-        lines.push(format!(
-            "{status} {:<id_width$} {:<subject_width$} {}",
-            f.id, f.subject, f.summary
-        ));
+        if f.subject.chars().count() > subject_width {
+            lines.push(format!("{status} {:<id_width$} {}", f.id, f.subject));
+            lines.push(format!("{:8} {}", "", f.summary));
+        } else {
+            lines.push(format!(
+                "{status} {:<id_width$} {:<subject_width$} {}",
+                f.id, f.subject, f.summary
+            ));
+        }
         if let Some(fix) = &f.fix {
             lines.push(format!(
                 "{:8} {}",
