@@ -16,6 +16,7 @@
 
 mod control;
 mod device;
+mod health;
 mod mig;
 mod readings;
 mod system;

@@ -184,6 +184,12 @@ pub struct Gpu {
     pub pcie: Option<Pcie>,
     pub bar1: Option<Bar1>,
     pub ecc: Option<Ecc>,
+    pub retired_pages: Option<RetiredPages>,
+    pub remapped_rows: Option<RemappedRows>,
+    pub clock_event_reasons: Option<ClockEventReasons>,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): 0 none, 1 GPU reset, 2 node
+    /// reboot, 3 drain P2P, 4 drain and reset.
+    pub recovery_action: Option<u32>,
     pub persistence_mode: Option<bool>,
     pub compute_mode: Option<ComputeMode>,
     pub power_limit_mw: Option<u32>,
@@ -277,6 +283,48 @@ pub struct Ecc {
     pub corrected_aggregate: u64,
     #[serde(default)]
     pub uncorrected_aggregate: u64,
+}
+
+/// Dynamic page retirement (Kepler to Volta; Ampere and later answer NOT_SUPPORTED and use
+/// row remapping).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetiredPages {
+    /// Pages retired for multiple single-bit errors.
+    #[serde(default)]
+    pub single_bit: u32,
+    /// Pages retired for a double-bit error.
+    #[serde(default)]
+    pub double_bit: u32,
+    /// Retirements waiting for the next driver reload.
+    #[serde(default)]
+    pub pending: bool,
+}
+
+/// Row remapping (Ampere and later): `nvmlDeviceGetRemappedRows`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemappedRows {
+    #[serde(default)]
+    pub correctable: u32,
+    #[serde(default)]
+    pub uncorrectable: u32,
+    /// A remap waits for a GPU reset.
+    #[serde(default)]
+    pub pending: bool,
+    /// A remap failed (no spare row left in a bank).
+    #[serde(default)]
+    pub failure: bool,
+}
+
+/// Clock event (throttle) reasons, the header's `nvmlClocksEventReason*` bits.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClockEventReasons {
+    /// The reasons now.
+    pub current: u64,
+    /// The reasons this GPU can report (default: every bit of `current`).
+    pub supported: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -1208,9 +1208,12 @@ fn exports_exactly_the_intended_symbols() {
         "nvmlDeviceGetCudaComputeCapability",
         "nvmlDeviceGetCurrPcieLinkGeneration",
         "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         "nvmlDeviceGetEccMode",
         "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetFieldValues",
         "nvmlDeviceGetGpuInstanceId",
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         "nvmlDeviceGetHandleByIndex_v2",
@@ -1236,7 +1239,13 @@ fn exports_exactly_the_intended_symbols() {
         "nvmlDeviceGetPowerManagementLimit",
         "nvmlDeviceGetPowerUsage",
         "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlDeviceGetRetiredPages_v2",
         "nvmlDeviceGetSerial",
+        "nvmlDeviceGetSupportedClocksEventReasons",
+        "nvmlDeviceGetSupportedClocksThrottleReasons",
         "nvmlDeviceGetTemperature",
         "nvmlDeviceGetTemperatureThreshold",
         "nvmlDeviceGetTotalEccErrors",
@@ -1348,4 +1357,85 @@ fn init_with_flags_works_too() {
     assert_eq!(nvml.device_count().expect("count"), 1);
     let uuid = CString::new("GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2").expect("cstring");
     assert!(nvml.device_by_uuid(uuid.to_str().expect("utf-8")).is_ok());
+}
+
+/// doctor's health facts through nvml-wrapper (page retirement with its count query and
+/// address fill) and the raw symbols it does not wrap (remapped rows, the new clock event
+/// reason names).
+#[test]
+fn health_facts_answer_from_the_scenario_and_absent_tables_are_not_supported() {
+    use nvml_wrapper::enum_wrappers::device::RetirementCause;
+    let _serial = serial();
+    let nvml = init_ok(&example("doctor-warn.toml"));
+    let volta = nvml.device_by_index(1).expect("gpu 1");
+    assert_eq!(
+        volta
+            .retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+            .expect("sbe")
+            .len(),
+        2
+    );
+    let dbe = volta
+        .retired_pages(RetirementCause::DoubleBitEccError)
+        .expect("dbe");
+    assert_eq!(dbe.len(), 1);
+    assert_ne!(dbe[0].address, 0);
+    assert!(volta.are_pages_pending_retired().expect("pending"));
+    assert!(matches!(
+        volta.current_throttle_reasons(),
+        Ok(r) if r.bits() == 0x1
+    ));
+
+    let hopper = nvml.device_by_index(0).expect("gpu 0");
+    assert!(matches!(
+        hopper.retired_pages(RetirementCause::DoubleBitEccError),
+        Err(NvmlError::NotSupported)
+    ));
+    assert_eq!(
+        hopper.supported_throttle_reasons().map(|r| r.bits()).ok(),
+        Some(0x1ff)
+    );
+    // The recovery action field answers in its slot; an unknown field fails only its own.
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let fields = hopper
+        .field_values_for(&[FieldId(230), FieldId(1)])
+        .expect("field values");
+    assert!(matches!(
+        fields[0].as_ref().map(|f| f.value.as_ref().ok()),
+        Ok(Some(SampleValue::U32(1)))
+    ));
+    assert!(matches!(
+        fields[1].as_ref().map(|f| f.value.is_err()),
+        Ok(true) | Err(NvmlError::NotSupported)
+    ));
+
+    let lib = raw_lib();
+    // SAFETY: the header's signatures; the handle is a live device of this session.
+    unsafe {
+        type Rows = unsafe extern "C" fn(
+            nvml_wrapper_sys::bindings::nvmlDevice_t,
+            *mut u32,
+            *mut u32,
+            *mut u32,
+            *mut u32,
+        ) -> u32;
+        type Reasons =
+            unsafe extern "C" fn(nvml_wrapper_sys::bindings::nvmlDevice_t, *mut u64) -> u32;
+        let rows: libloading::Symbol<'_, Rows> =
+            lib.get(b"nvmlDeviceGetRemappedRows\0").expect("symbol");
+        let (mut c, mut u, mut p, mut f) = (9, 9, 9, 9);
+        assert_eq!(rows(hopper.handle(), &mut c, &mut u, &mut p, &mut f), 0);
+        assert_eq!((c, u, p, f), (0, 1, 1, 0));
+        assert_eq!(
+            rows(volta.handle(), &mut c, &mut u, &mut p, &mut f),
+            nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+        );
+        let reasons: libloading::Symbol<'_, Reasons> = lib
+            .get(b"nvmlDeviceGetCurrentClocksEventReasons\0")
+            .expect("symbol");
+        let mut bits = 0_u64;
+        assert_eq!(reasons(hopper.handle(), &mut bits), 0);
+        assert_eq!(bits, 0x24);
+    }
 }

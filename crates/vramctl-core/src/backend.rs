@@ -17,7 +17,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::clock::ClockTime;
-use crate::types::{DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice};
+use crate::types::{
+    DeviceDiagnostics, DeviceHealth, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice,
+};
 
 pub mod combined;
 pub mod drm;
@@ -159,6 +161,16 @@ pub trait Backend: Send {
     /// When the device as a whole cannot be reached.
     fn diagnostics(&mut self, device: &DeviceInfo) -> Result<DeviceDiagnostics, DeviceError>;
 
+    /// Memory repair state and clock event reasons of one device (`vramctl doctor`);
+    /// `None` from a backend that has no such facts (the default).
+    ///
+    /// # Errors
+    /// When the device as a whole cannot be reached.
+    fn health(&mut self, device: &DeviceInfo) -> Result<Option<DeviceHealth>, DeviceError> {
+        let _ = device;
+        Ok(None)
+    }
+
     /// The process name the driver knows for `pid`, used when /proc cannot see the process.
     fn process_name(&mut self, _pid: u32) -> Option<String> {
         None
@@ -228,6 +240,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn diagnostics(&mut self, device: &DeviceInfo) -> Result<DeviceDiagnostics, DeviceError> {
         (**self).diagnostics(device)
+    }
+
+    fn health(&mut self, device: &DeviceInfo) -> Result<Option<DeviceHealth>, DeviceError> {
+        (**self).health(device)
     }
 
     fn process_name(&mut self, pid: u32) -> Option<String> {

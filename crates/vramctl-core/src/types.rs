@@ -351,6 +351,39 @@ impl fmt::Display for ComputeCapability {
     }
 }
 
+/// Health facts of one device that [`DeviceDiagnostics`] does not hold (`vramctl doctor`):
+/// how the memory has been repaired and why the clocks are held down now. Read on demand.
+///
+/// Page retirement answers on GPUs up to Volta, row remapping from Ampere on; the other
+/// one is `None` (not supported), never 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceHealth {
+    /// Pages retired for repeated single-bit ECC errors.
+    pub retired_pages_single_bit: Option<u32>,
+    /// Pages retired for a double-bit ECC error.
+    pub retired_pages_double_bit: Option<u32>,
+    /// Retirements that take effect at the next driver reload (reboot or GPU reset).
+    pub retired_pages_pending: Option<bool>,
+    /// Rows remapped for correctable errors.
+    pub remapped_rows_correctable: Option<u32>,
+    /// Rows remapped for uncorrectable errors.
+    pub remapped_rows_uncorrectable: Option<u32>,
+    /// A remap waits for a GPU reset.
+    pub remapped_rows_pending: Option<bool>,
+    /// A remap failed: a bank had no spare row left.
+    pub remapped_rows_failure: Option<bool>,
+    /// Clock event (throttle) reasons now, NVML's `nvmlClocksEventReason*` bit mask.
+    pub clock_event_reasons: Option<u64>,
+    /// The reasons this GPU can report at all.
+    pub clock_event_reasons_supported: Option<u64>,
+    /// What the driver says the GPU needs (NVML field 230,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`): 0 nothing, 1 a GPU reset, 2 a node reboot,
+    /// 3 draining peer-to-peer traffic, 4 a drain and reset.
+    pub recovery_action: Option<u32>,
+    /// Why each absent field is absent, keyed by field name.
+    pub missing: BTreeMap<String, Unavailable>,
+}
+
 /// Hardware diagnostics of one device (`vramctl info`), read on demand.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceDiagnostics {

@@ -140,6 +140,7 @@ impl Command {
         match self {
             Self::Status(a) => (None, nvml(&a.nvml)),
             Self::Info(a) => (None, nvml(&a.nvml)),
+            Self::Doctor(a) => (None, nvml(&a.nvml)),
             Self::Ps(a) => (None, nvml(&a.nvml)),
             Self::Kill(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Reap(a) => (db(&a.db), nvml(&a.nvml)),
@@ -191,6 +192,11 @@ pub enum Command {
     /// Hardware diagnostics per device (memory bus and bandwidth, PCIe, ECC, versions)
     #[command(after_help = INFO_HELP)]
     Info(InfoArgs),
+    /// Why the GPU or its memory misbehaves: driver and framework versions, memory nobody
+    /// accounts for, ECC and row remapping, Xid events, PCIe link, clocks, configuration;
+    /// each finding with its fix
+    #[command(after_help = DOCTOR_HELP)]
+    Doctor(DoctorArgs),
     /// Processes holding GPU memory, with user, command, age, CPU, RSS and container
     #[command(after_help = PS_HELP)]
     Ps(PsArgs),
@@ -265,6 +271,22 @@ Examples:
   vramctl status --watch 2s --gpu 0,1
   vramctl status --json | jq '.devices[].memory'
   vramctl status --replay ~/.local/state/vramctl/history.db --at '2026-11-29 20:31'";
+
+const DOCTOR_HELP: &str = "\
+Every check is ok, warn, fail or skipped (with why); checks that need no driver (Python
+frameworks, CUDA_VISIBLE_DEVICES, container, kernel log) run even without one. Checks,
+thresholds and sources: docs/doctor.md.
+
+Exit codes:
+  0  nothing failed
+  1  a check failed
+  2  usage error (bad flag, --gpu naming no GPU)
+  3  no usable NVIDIA driver (the reason is diagnosed; the other checks still print)
+
+Examples:
+  vramctl doctor
+  vramctl doctor --json --gpu 0
+  vramctl doctor --python ~/venvs/train/bin/python --python /opt/conda";
 
 const INFO_HELP: &str = "\
 Examples:
@@ -409,6 +431,31 @@ pub struct InfoArgs {
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
     pub gpu: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub nvml: NvmlArg,
+
+    /// Print JSON (schema in docs/json.md)
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only these devices (index or UUID; repeat or separate with commas)
+    #[arg(long, value_delimiter = ',', value_name = "GPU")]
+    pub gpu: Vec<String>,
+
+    /// A Python interpreter, environment prefix or site-packages directory whose
+    /// frameworks to check (repeat); replaces the ones found otherwise (VIRTUAL_ENV,
+    /// CONDA_PREFIX, python3 on PATH)
+    #[arg(long, value_name = "PATH")]
+    pub python: Vec<PathBuf>,
+
+    /// Read Xid events from this file (dmesg, journalctl -k or /dev/kmsg text, e.g. from
+    /// another machine) instead of this kernel's log
+    #[arg(long, value_name = "FILE")]
+    pub kernel_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 //! into the library's arguments (the history's path, the NVML session, the analysis'
 //! settings, the samples to analyse); the work itself is in the library (`lib.rs`).
 
+pub mod doctor;
 pub mod estimate;
 pub mod export;
 pub mod fit;
@@ -39,6 +40,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
     match &cli.command {
         Command::Status(args) => status::run(&cli.global, args),
         Command::Info(args) => info::run(&cli.global, args),
+        Command::Doctor(args) => doctor::run(&cli.global, args),
         Command::Serve(args) => serve::run(&cli.global, args),
         Command::Record(args) => record::run(&cli.global, args),
         Command::History(args) => history::run(&cli.global, args),

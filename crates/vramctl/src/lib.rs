@@ -12,6 +12,7 @@
 
 pub mod csv_record;
 pub mod daemon_socket;
+pub mod doctor;
 pub mod fit_search;
 pub mod gpu_holdings;
 pub mod gpu_selection;

@@ -103,6 +103,40 @@ pub(crate) fn check_contract(backend: &mut dyn Backend) {
                 assert!(diag.missing.contains_key("memory_bus_width"));
             }
         }
+        // Health facts: a count the device cannot give is None with its reason, never 0.
+        if let Ok(Some(health)) = backend.health(info) {
+            for (absent, key) in [
+                (
+                    health.retired_pages_double_bit.is_none(),
+                    "retired_pages_double_bit",
+                ),
+                (
+                    health.retired_pages_pending.is_none(),
+                    "retired_pages_pending",
+                ),
+                (
+                    health.remapped_rows_uncorrectable.is_none(),
+                    "remapped_rows",
+                ),
+                (health.clock_event_reasons.is_none(), "clock_event_reasons"),
+                (health.recovery_action.is_none(), "recovery_action"),
+            ] {
+                if absent {
+                    assert!(
+                        health.missing.contains_key(key),
+                        "{key} absent without a reason on {}",
+                        info.uuid
+                    );
+                }
+            }
+            // Rows are remapped or pages retired, never both on one GPU generation.
+            assert!(
+                health.remapped_rows_uncorrectable.is_none()
+                    || health.retired_pages_double_bit.is_none(),
+                "both memory repair schemes answered on {}",
+                info.uuid
+            );
+        }
     }
 }
 
@@ -118,6 +152,8 @@ fn nvml_backend_on_fake_scenarios_keeps_the_contract() {
         "fault-gpu-lost.toml",
         "fault-not-supported.toml",
         "fault-no-permission.toml",
+        "doctor-warn.toml",
+        "doctor-fail.toml",
     ] {
         // SAFETY (test-only): the lock above serialises every test that touches this
         // variable; nothing else in this binary reads it.
@@ -148,6 +184,40 @@ fn not_supported_is_none_with_its_reason() {
     assert!(
         saw_unsupported,
         "the scenario must make power unsupported on some GPU"
+    );
+}
+
+#[test]
+fn health_reads_the_scenario_and_unsupported_repair_schemes_are_none() {
+    let _guard = FAKE_NVML.lock().unwrap_or_else(|p| p.into_inner());
+    unsafe { std::env::set_var("FAKE_NVML_SCENARIO", scenario("doctor-warn.toml")) };
+    let mut backend = NvmlBackend::open(Some(&fake_library())).unwrap();
+    let enumeration = backend.enumerate().unwrap();
+    let hopper = backend.health(&enumeration.devices[0]).unwrap().unwrap();
+    assert_eq!(hopper.remapped_rows_uncorrectable, Some(1));
+    assert_eq!(hopper.remapped_rows_pending, Some(true));
+    assert_eq!(hopper.clock_event_reasons, Some(0x24));
+    assert_eq!(hopper.clock_event_reasons_supported, Some(0x1ff));
+    assert_eq!(hopper.recovery_action, Some(1));
+    assert_eq!(hopper.retired_pages_double_bit, None);
+    assert_eq!(
+        hopper.missing.get("retired_pages_double_bit"),
+        Some(&Unavailable::NotSupported)
+    );
+    let volta = backend.health(&enumeration.devices[1]).unwrap().unwrap();
+    assert_eq!(
+        (
+            volta.retired_pages_single_bit,
+            volta.retired_pages_double_bit
+        ),
+        (Some(2), Some(1))
+    );
+    assert_eq!(volta.retired_pages_pending, Some(true));
+    assert_eq!(volta.remapped_rows_uncorrectable, None);
+    assert_eq!(volta.recovery_action, None);
+    assert_eq!(
+        volta.missing.get("recovery_action"),
+        Some(&Unavailable::NotSupported)
     );
 }
 

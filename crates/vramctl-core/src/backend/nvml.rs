@@ -32,7 +32,8 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, ComputeMode, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
+    Clock, ComputeMode, EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+    TemperatureThreshold,
 };
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -42,8 +43,8 @@ use nvml_wrapper::{Device, Nvml};
 use super::{Backend, DeviceError, Enumeration, InitError};
 use crate::clock::{ClockTime, wall_jump_ms};
 use crate::types::{
-    ComputeCapability, DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, Field,
-    MemoryReading, MigInstanceInfo, MigReading, ProcessActivity, ProcessKind, ProcessUsage,
+    ComputeCapability, DeviceDiagnostics, DeviceHealth, DeviceInfo, DeviceReading, DriverInfo,
+    Field, MemoryReading, MigInstanceInfo, MigReading, ProcessActivity, ProcessKind, ProcessUsage,
     Unavailable, UnopenedDevice,
 };
 
@@ -720,6 +721,62 @@ impl Backend for NvmlBackend {
         Ok(d)
     }
 
+    fn health(&mut self, info: &DeviceInfo) -> Result<Option<DeviceHealth>, DeviceError> {
+        let device = self
+            .nvml
+            .device_by_index(info.index)
+            .map_err(device_error)?;
+        let mut h = DeviceHealth::default();
+        let m = &mut h.missing;
+        // Only the counts matter here; nvml-wrapper's call also fetches the addresses.
+        let count = |pages: Vec<_>| u32::try_from(pages.len()).unwrap_or(u32::MAX);
+        h.retired_pages_single_bit = diag(
+            m,
+            "retired_pages_single_bit",
+            device.retired_pages(RetirementCause::MultipleSingleBitEccErrors),
+        )?
+        .map(count);
+        h.retired_pages_double_bit = diag(
+            m,
+            "retired_pages_double_bit",
+            device.retired_pages(RetirementCause::DoubleBitEccError),
+        )?
+        .map(count);
+        h.retired_pages_pending = diag(
+            m,
+            "retired_pages_pending",
+            device.are_pages_pending_retired(),
+        )?;
+        if let Some(rows) = diag(
+            m,
+            "remapped_rows",
+            timed("nvmlDeviceGetRemappedRows", || {
+                raw::remapped_rows(&self.nvml, &device)
+            }),
+        )? {
+            h.remapped_rows_correctable = Some(rows.correctable);
+            h.remapped_rows_uncorrectable = Some(rows.uncorrectable);
+            h.remapped_rows_pending = Some(rows.pending);
+            h.remapped_rows_failure = Some(rows.failure);
+        }
+        h.clock_event_reasons = diag(
+            m,
+            "clock_event_reasons",
+            raw::clock_event_reasons(&self.nvml, &device, false),
+        )?;
+        h.clock_event_reasons_supported = diag(
+            m,
+            "clock_event_reasons_supported",
+            raw::clock_event_reasons(&self.nvml, &device, true),
+        )?;
+        h.recovery_action = diag(
+            m,
+            "recovery_action",
+            timed("nvmlDeviceGetFieldValues", || recovery_action(&device)),
+        )?;
+        Ok(Some(h))
+    }
+
     fn process_name(&mut self, pid: u32) -> Option<String> {
         // 256 bytes is what nvidia-smi shows; longer names are truncated by NVML.
         self.nvml
@@ -746,6 +803,28 @@ impl Backend for NvmlBackend {
 
     fn library(&self) -> Option<&Path> {
         Some(NvmlBackend::library(self))
+    }
+}
+
+/// NVML's `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver says the GPU needs.
+/// It replaced the deprecated fields 226/227 (reset status, drain-and-reset status).
+const FIELD_GPU_RECOVERY_ACTION: u32 = 230;
+
+/// The recovery action field; a driver without it answers NOT_SUPPORTED in the field's own
+/// return code, which is passed on as the error.
+fn recovery_action(device: &Device<'_>) -> Result<u32, NvmlError> {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let sample = device
+        .field_values_for(&[FieldId(FIELD_GPU_RECOVERY_ACTION)])?
+        .into_iter()
+        .next()
+        .ok_or(NvmlError::Unknown)??;
+    match sample.value? {
+        SampleValue::U32(v) => Ok(v),
+        SampleValue::U64(v) => u32::try_from(v).map_err(|_| NvmlError::Unknown),
+        SampleValue::I64(v) => u32::try_from(v).map_err(|_| NvmlError::Unknown),
+        SampleValue::F64(_) => Err(NvmlError::Unknown),
     }
 }
 
@@ -1061,6 +1140,81 @@ mod raw {
         Ok(ListAnswer::Listed(
             entries.into_iter().map(ProcessInfo::from).collect(),
         ))
+    }
+
+    /// What `nvmlDeviceGetRemappedRows` answers.
+    pub(super) struct RemappedRows {
+        pub(super) correctable: u32,
+        pub(super) uncorrectable: u32,
+        pub(super) pending: bool,
+        pub(super) failure: bool,
+    }
+
+    /// `nvmlDeviceGetRemappedRows` (Ampere and later), which nvml-wrapper 0.13 does not wrap.
+    pub(super) fn remapped_rows(
+        nvml: &Nvml,
+        device: &Device<'_>,
+    ) -> Result<RemappedRows, NvmlError> {
+        let call = nvml
+            .lib()
+            .nvmlDeviceGetRemappedRows
+            .as_ref()
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let (mut corr, mut unc, mut pending, mut failure): (c_uint, c_uint, c_uint, c_uint) =
+            (0, 0, 0, 0);
+        // SAFETY: `call` is this session's symbol with the header's signature; the handle
+        // comes from a live `Device` of this `Nvml` session; the four out-pointers are
+        // locals valid for the duration of the call.
+        let status = unsafe {
+            call(
+                device.handle(),
+                &mut corr,
+                &mut unc,
+                &mut pending,
+                &mut failure,
+            )
+        };
+        nvml_try(status)?;
+        Ok(RemappedRows {
+            correctable: corr,
+            uncorrectable: unc,
+            pending: pending != 0,
+            failure: failure != 0,
+        })
+    }
+
+    /// The clock event reasons now (`supported`: the ones the GPU can report), through
+    /// `nvmlDevice{Current,Supported}ClocksEventReasons` (driver 535 on) and the older
+    /// `…ThrottleReasons` name where the library lacks the new one. nvml-wrapper 0.13 calls
+    /// only the old name, which newer headers mark deprecated.
+    pub(super) fn clock_event_reasons(
+        nvml: &Nvml,
+        device: &Device<'_>,
+        supported: bool,
+    ) -> Result<u64, NvmlError> {
+        let lib = nvml.lib();
+        let (new, old, name) = if supported {
+            (
+                lib.nvmlDeviceGetSupportedClocksEventReasons.as_ref(),
+                lib.nvmlDeviceGetSupportedClocksThrottleReasons.as_ref(),
+                "nvmlDeviceGetSupportedClocksEventReasons",
+            )
+        } else {
+            (
+                lib.nvmlDeviceGetCurrentClocksEventReasons.as_ref(),
+                lib.nvmlDeviceGetCurrentClocksThrottleReasons.as_ref(),
+                "nvmlDeviceGetCurrentClocksEventReasons",
+            )
+        };
+        let call = new
+            .or(old)
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let mut reasons: std::os::raw::c_ulonglong = 0;
+        // SAFETY: both names share the header's signature (device, unsigned long long *);
+        // the handle comes from a live `Device` of this session; `reasons` is a local.
+        let status = super::timed(name, || unsafe { call(device.handle(), &mut reasons) });
+        nvml_try(status)?;
+        Ok(reasons)
     }
 
     /// `nvmlDeviceGetGpuInstanceId` on a MIG device handle.
