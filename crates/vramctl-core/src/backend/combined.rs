@@ -10,7 +10,9 @@ use std::path::Path;
 
 use super::{Backend, DeviceError, Enumeration};
 use crate::clock::ClockTime;
-use crate::types::{DeviceDiagnostics, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice};
+use crate::types::{
+    DeviceDiagnostics, DeviceHealth, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice,
+};
 
 /// Backends read together, in order.
 pub struct CombinedBackend {
@@ -148,6 +150,11 @@ impl Backend for CombinedBackend {
     fn diagnostics(&mut self, device: &DeviceInfo) -> Result<DeviceDiagnostics, DeviceError> {
         let (backend, inner) = self.route(device)?;
         backend.diagnostics(&inner)
+    }
+
+    fn health(&mut self, device: &DeviceInfo) -> Result<Option<DeviceHealth>, DeviceError> {
+        let (backend, inner) = self.route(device)?;
+        backend.health(&inner)
     }
 
     fn process_name(&mut self, pid: u32) -> Option<String> {

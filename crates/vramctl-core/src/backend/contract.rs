@@ -312,3 +312,21 @@ fn nvml_backend_on_the_real_driver_keeps_the_contract() {
     let mut backend = NvmlBackend::open(None).expect("NVML on this machine");
     check_contract(&mut backend);
 }
+
+#[test]
+fn a_combined_backend_passes_health_through_to_nvml() {
+    let _guard = FAKE_NVML.lock().unwrap_or_else(|p| p.into_inner());
+    unsafe { std::env::set_var("FAKE_NVML_SCENARIO", scenario("doctor-warn.toml")) };
+    let nvml = NvmlBackend::open(Some(&fake_library())).unwrap();
+    let drm = super::drm::DrmBackend::with_root(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/drm/i915"),
+    );
+    let mut both = super::combined::CombinedBackend::new(vec![Box::new(nvml), Box::new(drm)]);
+    let enumeration = both.enumerate().unwrap();
+    let hopper = both.health(&enumeration.devices[0]).unwrap().unwrap();
+    // doctor opens `--backend all`: the NVML GPU's health must not fall to the default None.
+    assert_eq!(hopper.remapped_rows_uncorrectable, Some(1));
+    let intel = enumeration.devices.last().unwrap();
+    assert!(intel.uuid.starts_with("PCI-8086"), "{}", intel.uuid);
+    assert!(both.health(intel).unwrap().is_none());
+}
