@@ -89,7 +89,11 @@ if report:
     if t:
         seen = [(w["version"], w["cuda"]) for f in by.get("frameworks", [])
                 for w in f["facts"].get("wheels", []) if w["name"] == "torch"]
-        check("torch's CUDA (wheel metadata vs torch.version.cuda)", (t.group(1), t.group(2)) in seen,
+        # torch.__version__ carries the wheel's local tag (2.11.0+cu130); the dist-info
+        # version doctor reads may not (the H200 run of 2026-12-02 compared them whole).
+        public = t.group(1).split("+")[0]
+        check("torch's CUDA (wheel metadata vs torch.version.cuda)",
+              any(v.split("+")[0] == public and c == t.group(2) for v, c in seen),
               f"doctor {seen} / import {t.group(1)} {t.group(2)}")
     else:
         lines.append("- torch could not be imported here (versions.txt says why): no torch comparison")
