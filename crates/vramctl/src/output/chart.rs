@@ -131,15 +131,48 @@ fn check_size(chart: &Chart) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What can be drawn on any plotters backend: `plot`'s `Chart` and `snapshot timeline`'s
+/// `StackedChart`, so both go through one SVG, one PNG and one file path.
+pub(crate) trait Drawing {
+    fn size_px(&self) -> (u32, u32);
+    fn draw_on<DB: DrawingBackend>(
+        &self,
+        root: &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    ) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static;
+}
+
+impl Drawing for Chart {
+    fn size_px(&self) -> (u32, u32) {
+        Chart::size_px(self)
+    }
+    fn draw_on<DB: DrawingBackend>(
+        &self,
+        root: &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    ) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        draw_on(root, self)
+    }
+}
+
 /// Draws `chart` to `path`, as PNG or SVG by the file's extension.
 pub fn render(chart: &Chart, path: &Path) -> anyhow::Result<()> {
+    check_size(chart)?;
+    render_to(chart, path)
+}
+
+/// Draws any drawing to `path`, as PNG or SVG by the file's extension.
+pub(crate) fn render_to(chart: &impl Drawing, path: &Path) -> anyhow::Result<()> {
     let extension = path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
     let bytes = match extension.as_deref() {
-        Some("svg") => render_svg(chart)?.into_bytes(),
-        Some("png") => render_png(chart)?,
+        Some("svg") => svg_of(chart)?.into_bytes(),
+        Some("png") => png_of(chart)?,
         Some(other) => bail!(
             "cannot draw a chart as '.{other}' ('{}'); use a file name ending in .png or .svg",
             path.display()
@@ -156,18 +189,26 @@ pub fn render(chart: &Chart, path: &Path) -> anyhow::Result<()> {
 /// The chart as an SVG document.
 pub fn render_svg(chart: &Chart) -> anyhow::Result<String> {
     check_size(chart)?;
-    register_font()?;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, chart.size_px()).into_drawing_area();
-        draw_on(&root, chart)?;
-    }
-    Ok(svg)
+    svg_of(chart)
 }
 
 /// The chart as a PNG file's bytes.
 pub fn render_png(chart: &Chart) -> anyhow::Result<Vec<u8>> {
     check_size(chart)?;
+    png_of(chart)
+}
+
+fn svg_of(chart: &impl Drawing) -> anyhow::Result<String> {
+    register_font()?;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, chart.size_px()).into_drawing_area();
+        chart.draw_on(&root)?;
+    }
+    Ok(svg)
+}
+
+fn png_of(chart: &impl Drawing) -> anyhow::Result<Vec<u8>> {
     register_font()?;
     let (width, height) = chart.size_px();
     let len = usize::try_from(u64::from(width) * u64::from(height) * 3)
@@ -180,7 +221,7 @@ pub fn render_png(chart: &Chart) -> anyhow::Result<Vec<u8>> {
                 "the embedded chart font cannot be read; this is a bug in this build of vramctl",
             )?
             .into_drawing_area();
-        draw_on(&root, chart)?;
+        chart.draw_on(&root)?;
     }
     let mut png_bytes = Vec::new();
     let mut encoder = png::Encoder::new(&mut png_bytes, width, height);

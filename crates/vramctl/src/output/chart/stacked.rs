@@ -3,13 +3,12 @@
 //! them (reserved memory), and marks at chosen x values (OOM events, `--at`). The same
 //! font, palette, memory axis and PNG path as the time charts of `vramctl plot`.
 
-use anyhow::Context as _;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::memory_axis::{MemoryAxis, format_bytes};
-use super::{FONT, palette, raster, register_font};
+use super::palette;
 
 const WIDTH: u32 = 1400;
 const TITLE_H: u32 = 52;
@@ -76,52 +75,19 @@ pub fn render_stacked(chart: &StackedChart, path: &std::path::Path) -> anyhow::R
             chart.panels.len()
         );
     }
-    let extension = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    register_font()?;
-    let bytes = match extension.as_deref() {
-        Some("svg") => {
-            let mut svg = String::new();
-            {
-                let root = SVGBackend::with_string(&mut svg, chart.size_px()).into_drawing_area();
-                draw_all(&root, chart)?;
-            }
-            svg.into_bytes()
-        }
-        Some("png") => {
-            let (width, height) = chart.size_px();
-            let len = usize::try_from(u64::from(width) * u64::from(height) * 3)
-                .context("chart too large to draw")?;
-            let mut rgb = vec![0u8; len];
-            {
-                let bitmap = BitMapBackend::with_buffer(&mut rgb, (width, height));
-                let root = raster::GlyphBitMap::new(bitmap, FONT)
-                    .context(
-                        "the embedded chart font cannot be read; this is a bug in this build of \
-                         vramctl",
-                    )?
-                    .into_drawing_area();
-                draw_all(&root, chart)?;
-            }
-            let mut png_bytes = Vec::new();
-            let mut encoder = png::Encoder::new(&mut png_bytes, width, height);
-            encoder.set_color(png::ColorType::Rgb);
-            encoder.set_depth(png::BitDepth::Eight);
-            encoder
-                .write_header()
-                .and_then(|mut writer| writer.write_image_data(&rgb))
-                .context("cannot encode chart as PNG")?;
-            png_bytes
-        }
-        _ => anyhow::bail!(
-            "cannot tell the chart format of '{}'; use a file name ending in .png or .svg",
-            path.display()
-        ),
-    };
-    std::fs::write(path, bytes)
-        .with_context(|| format!("cannot write chart to '{}'", path.display()))
+    super::render_to(chart, path)
+}
+
+impl super::Drawing for StackedChart {
+    fn size_px(&self) -> (u32, u32) {
+        StackedChart::size_px(self)
+    }
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        draw_all(root, self)
+    }
 }
 
 fn draw_all<DB: DrawingBackend>(
