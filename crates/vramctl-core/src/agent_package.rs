@@ -24,7 +24,10 @@ macro_rules! embed {
             name: $name,
             text: include_str!(concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/../../python/vramctl_agent/",
+                // A symlink to python/vramctl_agent, so that the published crate holds
+                // the files (cargo package copies them in; a path outside the crate
+                // would not be packaged).
+                "/vramctl_agent/",
                 $name
             )),
         }
