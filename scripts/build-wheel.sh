@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 MATURIN_VERSION=1.16.0
 ZIGLANG_VERSION=0.17.1
-venv=${VRAMCTL_PACKAGING_VENV:-target/packaging-venv}
+venv=$(realpath -m "${VRAMCTL_PACKAGING_VENV:-target/packaging-venv}")
 targets=("$@")
 [ "${#targets[@]}" -gt 0 ] || targets=(x86_64-unknown-linux-gnu)
 
@@ -41,7 +41,7 @@ for target in "${targets[@]}"; do
     rustup target add "$target"
   fi
   # maturin finds zig through the venv's `python -m ziglang`: the venv's bin goes first.
-  PATH="$PWD/$venv/bin:$PATH" "$venv/bin/maturin" build --release --zig \
-    --target "$target" --out .dist
+  PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --release --zig \
+    --compatibility manylinux2014 --target "$target" --out .dist
 done
 ls -l .dist/*.whl

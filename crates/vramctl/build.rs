@@ -64,7 +64,10 @@ fn from_git(manifest_dir: &Path) -> Option<String> {
     if let Some(branch) = git(manifest_dir, &["symbolic-ref", "-q", "HEAD"]) {
         watched.push(git(manifest_dir, &["rev-parse", "--git-path", &branch]));
     }
-    watched.push(git(manifest_dir, &["rev-parse", "--git-path", "packed-refs"]));
+    watched.push(git(
+        manifest_dir,
+        &["rev-parse", "--git-path", "packed-refs"],
+    ));
     for path in watched.into_iter().flatten() {
         let path = manifest_dir.join(path);
         if path.exists() {
@@ -76,7 +79,11 @@ fn from_git(manifest_dir: &Path) -> Option<String> {
 
 /// One line of git's output, or `None` if git is missing, fails, or this is no checkout.
 fn git(dir: &Path, args: &[&str]) -> Option<String> {
-    let output = Command::new("git").args(args).current_dir(dir).output().ok()?;
+    let output = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()?;
     if !output.status.success() {
         return None;
     }

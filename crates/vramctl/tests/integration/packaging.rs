@@ -60,7 +60,10 @@ fn version_names_the_version_commit_and_build_date() {
         assert!(built <= today.as_str() && built >= "2026-01-01", "{line}");
         let month: u32 = built[5..7].parse().unwrap();
         let day: u32 = built[8..10].parse().unwrap();
-        assert!((1..=12).contains(&month) && (1..=31).contains(&day), "{line}");
+        assert!(
+            (1..=12).contains(&month) && (1..=31).contains(&day),
+            "{line}"
+        );
     }
 }
 
@@ -132,11 +135,20 @@ fn man_writes_a_page_per_command_and_nested_command() {
             &page[..200.min(page.len())]
         );
         assert!(page.contains(".SH NAME"), "{name}");
-        assert!(page.contains(&format!("vramctl {}", env!("CARGO_PKG_VERSION"))), "{name}");
+        assert!(
+            page.contains(&format!("vramctl {}", env!("CARGO_PKG_VERSION"))),
+            "{name}"
+        );
     }
     let status = std::fs::read_to_string(out.join("vramctl-status.1")).unwrap();
-    assert!(status.contains("\\-\\-json"), "status's flags are on its page");
-    assert!(status.contains("Examples:"), "status's examples are on its page");
+    assert!(
+        status.contains("\\-\\-json"),
+        "status's flags are on its page"
+    );
+    assert!(
+        status.contains("Examples:"),
+        "status's examples are on its page"
+    );
 }
 
 #[test]
