@@ -28,11 +28,19 @@ fn main() {
     println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
 
-    let commit = from_env()
-        .or_else(|| from_vcs_info(&manifest_dir))
-        .or_else(|| from_git(&manifest_dir))
-        .unwrap_or_else(|| "unknown".to_owned());
+    let (commit, source) = match from_env() {
+        Some(commit) => (commit, "env"),
+        None => match from_vcs_info(&manifest_dir) {
+            Some(commit) => (commit, "vcs-info"),
+            None => match from_git(&manifest_dir) {
+                Some(commit) => (commit, "git"),
+                None => ("unknown".to_owned(), "none"),
+            },
+        },
+    };
     println!("cargo:rustc-env=VRAMCTL_GIT_COMMIT={commit}");
+    // Where the commit came from, for the test that checks it against `git rev-parse`.
+    println!("cargo:rustc-env=VRAMCTL_GIT_COMMIT_SOURCE={source}");
     println!("cargo:rustc-env=VRAMCTL_BUILD_DATE={}", build_date());
 }
 
