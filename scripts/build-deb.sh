@@ -50,7 +50,7 @@ fi
 
 # What the binary makes of itself, and the units with the packaged binary's path
 # (crates/vramctl/Cargo.toml's [package.metadata.deb] names these paths).
-stage=target/packaging/deb
+stage=.packaging/deb
 rm -rf "$stage"
 mkdir -p "$stage/completions" "$stage/systemd"
 "$binary" man --dir "$stage/man" >/dev/null

@@ -23,6 +23,8 @@ if dpkg-query -W -f='${Status}' vramctl 2>/dev/null | grep -q 'install ok'; then
 fi
 
 units_dir=""
+# A failed check leaves nothing installed for the next run (the user stays, as on purge).
+trap 'dpkg -P vramctl >/dev/null 2>&1 || true' EXIT
 dpkg -i "$deb"
 for dir in /usr/lib/systemd/system /lib/systemd/system; do
   [ -f "$dir/vramctl-record.service" ] && units_dir=$dir && break
