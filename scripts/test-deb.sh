@@ -22,9 +22,21 @@ if dpkg-query -W -f='${Status}' vramctl 2>/dev/null | grep -q 'install ok'; then
   fail "vramctl is already installed here; remove it first (dpkg -r vramctl) so the test starts clean"
 fi
 
+# The `vramctl` user and group stay after a purge (Debian policy), but this test removes
+# them again if it made them: a `vramctl` group changes how root's daemon socket is shared
+# (0660, docs/socket.md), which the integration tests expect absent (0600).
+had_user=0
+getent passwd vramctl >/dev/null && had_user=1
+cleanup() {
+  dpkg -P vramctl >/dev/null 2>&1 || true
+  if [ "$had_user" = 0 ] && getent passwd vramctl >/dev/null; then
+    userdel vramctl
+    ! getent group vramctl >/dev/null || groupdel vramctl
+  fi
+}
+trap cleanup EXIT
+
 units_dir=""
-# A failed check leaves nothing installed for the next run (the user stays, as on purge).
-trap 'dpkg -P vramctl >/dev/null 2>&1 || true' EXIT
 dpkg -i "$deb"
 for dir in /usr/lib/systemd/system /lib/systemd/system; do
   [ -f "$dir/vramctl-record.service" ] && units_dir=$dir && break
