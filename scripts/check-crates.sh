@@ -30,8 +30,8 @@ for crate in "${crates[@]}"; do
   grep -q '^src/lib.rs$' <<<"$list" || fail "$crate's list has no src/lib.rs"
   echo "$crate: $(wc -l <<<"$list") files"
 done
-cargo package -p vramctl-core --list --allow-dirty 2>/dev/null | grep -qx 'vramctl_agent/_ops.py' ||
-  fail "vramctl-core would publish without the agent's sources (vramctl_agent/)"
+cargo package -p vramctl-core --list --allow-dirty 2>/dev/null | grep -qx 'agent-sources/_ops.py' ||
+  fail "vramctl-core would publish without the agent's sources (agent-sources/)"
 for file in build.rs assets/fonts/DejaVuSans-subset.ttf src/main.rs; do
   cargo package -p vramctl --list --allow-dirty 2>/dev/null | grep -qx "$file" || fail "vramctl would publish without $file"
 done

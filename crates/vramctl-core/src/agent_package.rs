@@ -26,8 +26,9 @@ macro_rules! embed {
                 env!("CARGO_MANIFEST_DIR"),
                 // A symlink to python/vramctl_agent, so that the published crate holds
                 // the files (cargo package copies them in; a path outside the crate
-                // would not be packaged).
-                "/vramctl_agent/",
+                // would not be packaged). Not named `vramctl_agent`: Python run in
+                // this directory (the tests) would import it instead of the copy.
+                "/agent-sources/",
                 $name
             )),
         }
