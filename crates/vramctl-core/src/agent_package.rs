@@ -24,7 +24,11 @@ macro_rules! embed {
             name: $name,
             text: include_str!(concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/../../python/vramctl_agent/",
+                // A symlink to python/vramctl_agent, so that the published crate holds
+                // the files (cargo package copies them in; a path outside the crate
+                // would not be packaged). Not named `vramctl_agent`: Python run in
+                // this directory (the tests) would import it instead of the copy.
+                "/agent-sources/",
                 $name
             )),
         }

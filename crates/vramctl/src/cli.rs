@@ -15,10 +15,21 @@ Exit codes:
   3  no usable GPU driver (NVML could not be loaded or started and no AMD or Intel GPU
      was found; with --backend drm, no AMD or Intel GPU)";
 
+/// `vramctl --version`: the version, the commit and the build date (build.rs: `unknown`
+/// commit without git, the date from `SOURCE_DATE_EPOCH` when set).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("VRAMCTL_GIT_COMMIT"),
+    ", built ",
+    env!("VRAMCTL_BUILD_DATE"),
+    ")"
+);
+
 /// GPU memory (VRAM) manager for NVIDIA, AMD and Intel GPUs: who holds memory now, how it
 /// changed, and what can be freed.
 #[derive(Debug, Parser)]
-#[command(name = "vramctl", version, after_help = EXIT_CODES, max_term_width = 100)]
+#[command(name = "vramctl", version = VERSION, after_help = EXIT_CODES, max_term_width = 100)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -157,6 +168,7 @@ impl Command {
             Self::Plot(a) => (db(&a.source.db), None),
             Self::Run(a) => (db(&a.db), nvml(&a.nvml)),
             Self::Fit(a) => (None, nvml(&a.nvml)),
+            Self::Completions(_) | Self::Man(_) => (None, None),
         }
     }
 }
@@ -257,6 +269,44 @@ pub enum Command {
     /// breakdown by term, the total, and the largest batch that fits a GPU
     #[command(after_help = ESTIMATE_HELP)]
     Estimate(EstimateArgs),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell) to
+    /// stdout, for an installed binary without its package's completions
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions(CompletionsArgs),
+    /// Write a man page per command (vramctl.1, vramctl-status.1, ...) into a directory,
+    /// for an installed binary without its package's man pages
+    #[command(after_help = MAN_HELP)]
+    Man(ManArgs),
+}
+
+const COMPLETIONS_HELP: &str = "\
+The .deb installs them already; pip and cargo install have no place for them.
+
+Examples:
+  vramctl completions bash > ~/.local/share/bash-completion/completions/vramctl
+  vramctl completions zsh > ~/.zfunc/_vramctl
+  vramctl completions fish > ~/.config/fish/completions/vramctl.fish";
+
+const MAN_HELP: &str = "\
+The .deb installs them already (its build runs this); pip and cargo install have no place
+for them. Pages already in DIR with the same names are overwritten.
+
+Examples:
+  vramctl man --dir ~/.local/share/man/man1
+  vramctl man --dir target/man";
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Where to write the pages (created if missing; pages there are overwritten)
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 // Each command's help ends with 2-4 examples that parse (`examples_in_the_help_parse`).
@@ -2163,9 +2213,10 @@ mod tests {
         assert!(err.contains("'2h' is longer than 1h"), "{err}");
     }
 
-    /// `'a b' c` → `["a b", "c"]`, and nothing from a `|` on (the examples' shell).
+    /// `'a b' c` → `["a b", "c"]`, and nothing from a `|` or a `>` on (the examples' shell).
     fn words(line: &str) -> Vec<String> {
         let line = line.split(" | ").next().unwrap_or(line);
+        let line = line.split(" > ").next().unwrap_or(line);
         let mut words = Vec::new();
         for (i, part) in line.split('\'').enumerate() {
             if i % 2 == 1 {

@@ -3,6 +3,7 @@
 //! settings, the samples to analyse); the work itself is in the library (`lib.rs`).
 
 pub mod doctor;
+pub mod completions;
 pub mod estimate;
 pub mod export;
 pub mod fit;
@@ -11,6 +12,7 @@ pub mod import;
 pub mod info;
 pub mod kill;
 pub mod leaks;
+pub mod man;
 pub mod plot;
 pub mod ps;
 pub mod reap;
@@ -57,6 +59,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Run(args) => run::run(&cli.global, args),
         Command::Fit(args) => fit::run(&cli.global, args),
         Command::Estimate(args) => estimate::run(&cli.global, args),
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => man::run(args),
     }
 }
 

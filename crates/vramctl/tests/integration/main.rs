@@ -17,6 +17,7 @@ mod info;
 mod kill;
 mod leaks;
 mod leakset;
+mod packaging;
 mod ps;
 mod real_processes;
 mod reap;
