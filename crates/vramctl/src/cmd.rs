@@ -2,8 +2,8 @@
 //! into the library's arguments (the history's path, the NVML session, the analysis'
 //! settings, the samples to analyse); the work itself is in the library (`lib.rs`).
 
-pub mod doctor;
 pub mod completions;
+pub mod doctor;
 pub mod estimate;
 pub mod export;
 pub mod fit;
