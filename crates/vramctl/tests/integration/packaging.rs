@@ -129,7 +129,14 @@ fn man_writes_a_page_per_command_and_nested_command() {
     let mut expected: Vec<String> = listed_commands()
         .iter()
         .map(|c| format!("vramctl-{c}.1"))
-        .chain(["vramctl.1".to_owned(), "vramctl-snapshot-diff.1".to_owned()])
+        .chain(
+            [
+                "vramctl",
+                "vramctl-snapshot-diff",
+                "vramctl-snapshot-timeline",
+            ]
+            .map(|page| format!("{page}.1")),
+        )
         .collect();
     expected.sort();
     assert_eq!(names, expected);
