@@ -194,6 +194,18 @@ pub fn open(path: &Path, limits: Limits) -> Result<Snapshot, SnapshotError> {
     convert(&value, sink)
 }
 
+/// Reads a snapshot held in memory the way [`open`] reads a file: two passes, trace
+/// entries streamed into the model.
+///
+/// # Errors
+/// As [`open`].
+pub fn from_slice(bytes: &[u8], limits: Limits) -> Result<Snapshot, SnapshotError> {
+    let fetched = pickle::scan_fetched(bytes, limits)?;
+    let mut sink = Streamed::default();
+    let value = pickle::read_streaming(bytes, limits, fetched, &mut sink)?;
+    convert(&value, sink)
+}
+
 /// The file, decompressed when it starts like a gzip stream.
 fn reader(path: &Path) -> Result<Box<dyn BufRead>, SnapshotError> {
     let file = File::open(path).map_err(|source| SnapshotError::Open {

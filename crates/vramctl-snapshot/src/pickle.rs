@@ -332,21 +332,38 @@ fn dismantle(mut pending: Vec<Value>) {
     }
 }
 
+/// Whether dropping `v` may recurse: a container that no one else holds. Leaves (strings,
+/// numbers) and shared containers drop without recursion, so a dict of them — a frame, a
+/// trace entry — is dropped in place without building a work list.
+fn owns_container(v: &Value) -> bool {
+    match v {
+        Value::List(rc) | Value::Tuple(rc) => Rc::strong_count(rc) == 1,
+        Value::Dict(rc) => Rc::strong_count(rc) == 1,
+        _ => false,
+    }
+}
+
 impl Drop for Items {
     fn drop(&mut self) {
-        let children = std::mem::take(self.0.get_mut());
-        if !children.is_empty() {
-            dismantle(children);
+        if !self.0.get_mut().iter().any(owns_container) {
+            return;
         }
+        dismantle(std::mem::take(self.0.get_mut()));
     }
 }
 
 impl Drop for Pairs {
     fn drop(&mut self) {
-        let pairs = std::mem::take(self.0.get_mut());
-        if !pairs.is_empty() {
-            dismantle(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect());
+        if !self
+            .0
+            .get_mut()
+            .iter()
+            .any(|(k, v)| owns_container(k) || owns_container(v))
+        {
+            return;
         }
+        let pairs = std::mem::take(self.0.get_mut());
+        dismantle(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect());
     }
 }
 
@@ -475,11 +492,8 @@ impl<R: BufRead> Machine<'_, R> {
     fn string(&mut self, n: u64) -> Result<Value, PickleError> {
         let raw = self.bytes(n)?;
         // Python writes surrogates as-is ('surrogatepass'); a lossy decode keeps reading.
-        let s = match String::from_utf8(raw) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        };
-        Ok(Value::Str(Rc::from(s)))
+        // `from_utf8_lossy` borrows valid text, so a valid string is copied once, into the Rc.
+        Ok(Value::Str(Rc::from(&*String::from_utf8_lossy(&raw))))
     }
 
     fn line(&mut self) -> Result<String, PickleError> {

@@ -315,6 +315,18 @@ fn oom_measures_the_free_block_at_the_oom_not_at_the_end() {
 
 /// Cases per property: the default (what CI runs on every push, a few seconds) times
 /// `VRAMCTL_FUZZ_SCALE` for a longer run (docs/snapshot.md gives the figure of one).
+/// The streamed reading (two passes, trace entries converted while read) never panics,
+/// and when it gives a snapshot, it is the one the whole-tree reading gives.
+fn streamed_agrees(bytes: &[u8]) {
+    if let Ok(streamed) = model::from_slice(bytes, Limits::default()) {
+        let whole = model::read(bytes, Limits::default()).expect("streamed read, whole did not");
+        assert_eq!(
+            serde_json::to_string(&streamed).expect("json"),
+            serde_json::to_string(&whole).expect("json")
+        );
+    }
+}
+
 fn cases(default: u32) -> u32 {
     let scale = std::env::var("VRAMCTL_FUZZ_SCALE")
         .ok()
@@ -344,6 +356,7 @@ proptest! {
         let mut p = vec![0x80, 4];
         p.extend(bytes);
         let _ = read(&p).map(|v| model::from_value(&v).map(|s| summarize(&s)));
+        streamed_agrees(&p);
     }
 }
 
@@ -366,6 +379,8 @@ proptest! {
             let i = at % big.len();
             big[i] = *b;
         }
+        streamed_agrees(&bytes);
+        streamed_agrees(&big);
         if let Ok(snap) = model::read(&big[..], Limits::default()) {
             let _ = summarize(&snap);
             // The replay behind timeline and --at, over whatever trace survived.
