@@ -409,6 +409,9 @@ fn int(v: &Value, key: &str) -> Option<i64> {
     v.get(key).and_then(|x| x.as_int())
 }
 
+/// A frame by the addresses of its filename and name strings, and its line.
+type FramePtrKey = (usize, i64, usize);
+
 #[derive(Default)]
 struct Builder {
     frames: Vec<Frame>,
@@ -417,7 +420,7 @@ struct Builder {
     /// By the addresses of a frame's two strings (kept alive here, so an address is never
     /// reused): the strings are memoized by Python's pickler, so most frames hit here
     /// without hashing their text.
-    frame_by_ptr: HashMap<(usize, i64, usize), (FrameId, Rc<str>, Rc<str>)>,
+    frame_by_ptr: HashMap<FramePtrKey, (FrameId, Rc<str>, Rc<str>)>,
     /// By the address of a frame list that someone else holds too (the memo, for a list
     /// the file refers to again); the `Rc` is kept so the address is never reused.
     stack_by_ptr: HashMap<usize, (StackId, Rc<Items>)>,

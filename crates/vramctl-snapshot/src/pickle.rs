@@ -204,7 +204,9 @@ impl Fetched {
         self.0[word] |= 1 << (idx % 64);
     }
     fn contains(&self, idx: usize) -> bool {
-        self.0.get(idx / 64).is_some_and(|w| w & (1 << (idx % 64)) != 0)
+        self.0
+            .get(idx / 64)
+            .is_some_and(|w| w & (1 << (idx % 64)) != 0)
     }
 }
 
@@ -299,8 +301,24 @@ pub fn scan_fetched<R: BufRead>(mut input: R, limits: Limits) -> Result<Fetched,
                 }
                 true
             }
-            b'(' | b'0' | b'1' | b'2' | b'}' | b']' | b')' | b'd' | b'l' | b't' | 0x85..=0x89
-            | b'a' | b'e' | b's' | b'u' | b'N' | 0x93 | b'R' => true,
+            b'('
+            | b'0'
+            | b'1'
+            | b'2'
+            | b'}'
+            | b']'
+            | b')'
+            | b'd'
+            | b'l'
+            | b't'
+            | 0x85..=0x89
+            | b'a'
+            | b'e'
+            | b's'
+            | b'u'
+            | b'N'
+            | 0x93
+            | b'R' => true,
             _ => return Ok(fetched),
         };
         if !ok {
@@ -594,7 +612,9 @@ impl<R: BufRead> Machine<'_, R> {
             k >= 1
                 && (k - 1) % 2 == 0
                 && matches!(&self.stack[0], Value::Dict(_))
-                && self.stack[k].as_str().is_some_and(|s| &**s == "device_traces")
+                && self.stack[k]
+                    .as_str()
+                    .is_some_and(|s| &**s == "device_traces")
         };
         let outer_is_list = |o: usize| matches!(&self.stack[o], Value::List(_));
         match self.marks.as_slice() {
@@ -705,7 +725,10 @@ impl<R: BufRead> Machine<'_, R> {
                 }
                 b'l' => {
                     let items = self.pop_mark()?;
-                    self.push(Value::List(Rc::new(Items(RefCell::new(items), Cell::new(false)))))?;
+                    self.push(Value::List(Rc::new(Items(
+                        RefCell::new(items),
+                        Cell::new(false),
+                    ))))?;
                 }
                 b't' => {
                     let items = self.pop_mark()?;

@@ -454,7 +454,8 @@ fn trace_entries_are_handed_to_the_sink_and_not_kept_in_the_tree() {
 /// from the file's final value.
 #[test]
 fn a_trace_entry_changed_after_it_was_streamed_is_refused() {
-    let mut p = b"\x80\x04}\x94(\x8c\x0ddevice_traces]]}\x94\x8c\x06action\x8c\x05allocsaa".to_vec();
+    let mut p =
+        b"\x80\x04}\x94(\x8c\x0ddevice_traces]]}\x94\x8c\x06action\x8c\x05allocsaa".to_vec();
     p.extend_from_slice(b"h\x01\x8c\x04sizeK\x05s0u.");
     // Read whole, the pickle is fine (the entry has both keys).
     let whole = read(&p).expect("whole");
@@ -463,7 +464,10 @@ fn a_trace_entry_changed_after_it_was_streamed_is_refused() {
     let entry = dev0.as_seq().expect("list").0.borrow()[0].clone();
     assert_eq!(entry.get("size").and_then(|v| v.as_int()), Some(5));
     let err = read_streamed(&p, &mut Counting::default()).expect_err("changed after read");
-    assert!(err.to_string().contains("already read as a trace entry"), "{err}");
+    assert!(
+        err.to_string().contains("already read as a trace entry"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -513,7 +517,11 @@ fn frame_lists_freed_while_streaming_are_not_confused_by_their_address() {
     let streamed = model::open(&file, Limits::default()).expect("open");
     let _ = std::fs::remove_file(&file);
     let whole = model::read(&bytes[..], Limits::default()).expect("read");
-    assert_eq!(streamed.stacks.len(), 98, "97 distinct stacks and the empty one");
+    assert_eq!(
+        streamed.stacks.len(),
+        98,
+        "97 distinct stacks and the empty one"
+    );
     assert_eq!(
         serde_json::to_string(&streamed).expect("json"),
         serde_json::to_string(&whole).expect("json")
