@@ -244,6 +244,26 @@ pub fn scan_fetched<R: BufRead>(mut input: R, limits: Limits) -> Result<Fetched,
         }
     };
     loop {
+        // Fast path: the common opcodes decoded straight from the buffer, many per call;
+        // whatever it does not take (STOP, GLOBAL, an opcode near the buffer's end, an
+        // odd GET) goes through the opcode-by-opcode path below.
+        let buf = input.fill_buf()?;
+        let mut i = 0;
+        while let Some(step) = scan_one(&buf[i..], &mut fetched, &mut memo_len, limits) {
+            i += step;
+        }
+        if i > 0 {
+            input.consume(i);
+            pos += i as u64;
+            if pos > limits.max_total_bytes {
+                return Err(PickleError::Limit {
+                    what: "total size",
+                    limit: limits.max_total_bytes,
+                    at: pos,
+                });
+            }
+            continue;
+        }
         let Some(op) = arg(&mut input, 1, &mut pos)? else {
             return Ok(fetched);
         };
@@ -324,6 +344,70 @@ pub fn scan_fetched<R: BufRead>(mut input: R, limits: Limits) -> Result<Fetched,
         if !ok {
             return Ok(fetched);
         }
+    }
+}
+
+/// One opcode of the first pass decoded from `buf` when it is whole there and common:
+/// its length, or None to leave it to the slow path.
+fn scan_one(
+    buf: &[u8],
+    fetched: &mut Fetched,
+    memo_len: &mut usize,
+    limits: Limits,
+) -> Option<usize> {
+    let op = *buf.first()?;
+    let need = |n: usize| (buf.len() >= n).then_some(n);
+    let le = |from: usize, n: usize| -> Option<usize> {
+        let b = buf.get(from..from + n)?;
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(b);
+        usize::try_from(u64::from_le_bytes(a)).ok()
+    };
+    match op {
+        b'('
+        | b'0'
+        | b'1'
+        | b'2'
+        | b'}'
+        | b']'
+        | b')'
+        | b'd'
+        | b'l'
+        | b't'
+        | 0x85..=0x89
+        | b'a'
+        | b'e'
+        | b's'
+        | b'u'
+        | b'N'
+        | 0x93
+        | b'R' => Some(1),
+        0x94 => {
+            *memo_len += 1;
+            Some(1)
+        }
+        0x80 | b'K' => need(2),
+        b'M' => need(3),
+        b'J' => need(5),
+        0x95 | b'G' => need(9),
+        0x8a | 0x8c | b'C' => need(2 + le(1, 1)?),
+        0x8b | b'X' | b'B' => need(5usize.checked_add(le(1, 4)?)?),
+        b'q' | b'r' => {
+            let w = if op == b'q' { 1 } else { 4 };
+            let idx = le(1, w)?;
+            *memo_len = (*memo_len).max(idx.saturating_add(1));
+            Some(1 + w)
+        }
+        b'h' | b'j' => {
+            let w = if op == b'h' { 1 } else { 4 };
+            let idx = le(1, w)?;
+            if idx >= limits.max_container_len || idx > *memo_len + 1024 {
+                return None;
+            }
+            fetched.mark(idx);
+            Some(1 + w)
+        }
+        _ => None,
     }
 }
 
