@@ -4,7 +4,7 @@
     python3 scripts/snapshot-h200.py --bin .dist/vramctl --out $OUT/snapshot-h200
 
 1. Trains an MLP with varying batch sizes under
-   torch.cuda.memory._record_memory_history(max_entries=1_000_000) until the ring buffer is
+   torch.cuda.memory._record_memory_history(max_entries=1_400_000, --max-entries) until the ring buffer is
    full (or the training time budget is spent), takes torch.cuda.memory_stats() and then
    _dump_snapshot() at the same moment (nothing allocates between them), into a temporary
    directory: the big snapshot (>= 200 MB wanted) never goes into OUTDIR.
@@ -53,18 +53,19 @@ def measure(argv, stdout_path, timeout_s):
     return m["rc"], m["wall_s"], m["max_rss_kib"] * 1024
 
 
-def make_snapshot(path, train_budget_s):
+def make_snapshot(path, train_budget_s, max_entries):
     import torch
 
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
     dev = torch.device("cuda:0")
     model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).to(dev)
     opt = torch.optim.AdamW(model.parameters())
     # Varying batch sizes make the allocator split and cache blocks of many sizes (the
-    # fragmentation the summary is about); ~60 events per step, so 1e6 entries ~ 17k steps.
+    # fragmentation the summary is about); ~60 events per step, so 1e6 entries ~ 17k steps
+    # (154 MiB on the H200 with torch 2.11) and the default 1.4e6 ~ 23k steps (~215 MB).
     t0 = time.time()
     steps = 0
-    for step in range(20_000):
+    for step in range(max_entries // 60 + 2_000):
         x = torch.randn(64 + (step * 37) % 512, 2048, device=dev)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(x).float().pow(2).mean()
@@ -93,12 +94,14 @@ def main():
     ap.add_argument("--bin", required=True, help="the vramctl binary")
     ap.add_argument("--out", required=True, help="OUTDIR for the small result files")
     ap.add_argument("--train-s", type=float, default=150.0, help="training time budget")
+    ap.add_argument("--max-entries", type=int, default=1_400_000,
+                    help="_record_memory_history ring size (1e6 gave a 154 MiB file; >= 200 MB wanted)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="snapshot-h200-") as tmp:
         big = os.path.join(tmp, "big.pickle")
-        stats = make_snapshot(big, a.train_s)
+        stats = make_snapshot(big, a.train_s, a.max_entries)
         print(f"snapshot {stats['snapshot_bytes']} bytes after {stats['steps']} steps "
               f"({stats['train_s']:.0f} s), dumped in {stats['dump_s']:.1f} s", file=sys.stderr)
         with open(os.path.join(a.out, "memory-stats.json"), "w") as f:

@@ -16,7 +16,7 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use crate::pickle::{self, Limits, PickleError, Value};
+use crate::pickle::{self, Items, Limits, PickleError, TraceSink, Value};
 
 /// Why a file is not a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -182,7 +182,32 @@ pub struct Snapshot {
 ///
 /// # Errors
 /// The file cannot be opened or read, is not a pickle the reader accepts, or not a snapshot.
+///
+/// The file is read twice: a first pass over the opcodes finds which memo entries are
+/// referenced again ([`pickle::scan_fetched`]), so that the second pass keeps only those,
+/// and trace entries become [`TraceEntry`]s while they are read; the generic values of a
+/// million-entry trace are then never all alive at once (docs/benchmarks.md, issue 17).
 pub fn open(path: &Path, limits: Limits) -> Result<Snapshot, SnapshotError> {
+    let fetched = pickle::scan_fetched(reader(path)?, limits)?;
+    let mut sink = Streamed::default();
+    let value = pickle::read_streaming(reader(path)?, limits, fetched, &mut sink)?;
+    convert(&value, sink)
+}
+
+/// Reads a snapshot held in memory the way [`open`] reads a file: two passes, trace
+/// entries streamed into the model.
+///
+/// # Errors
+/// As [`open`].
+pub fn from_slice(bytes: &[u8], limits: Limits) -> Result<Snapshot, SnapshotError> {
+    let fetched = pickle::scan_fetched(bytes, limits)?;
+    let mut sink = Streamed::default();
+    let value = pickle::read_streaming(bytes, limits, fetched, &mut sink)?;
+    convert(&value, sink)
+}
+
+/// The file, decompressed when it starts like a gzip stream.
+fn reader(path: &Path) -> Result<Box<dyn BufRead>, SnapshotError> {
     let file = File::open(path).map_err(|source| SnapshotError::Open {
         path: path.display().to_string(),
         source,
@@ -192,13 +217,46 @@ pub fn open(path: &Path, limits: Limits) -> Result<Snapshot, SnapshotError> {
         .fill_buf()
         .map_err(PickleError::Io)?
         .starts_with(&[0x1f, 0x8b]);
-    let value = if gz {
+    Ok(if gz {
         let decoder = flate2::bufread::MultiGzDecoder::new(buffered);
-        pickle::read(BufReader::with_capacity(1 << 16, decoder), limits)?
+        Box::new(BufReader::with_capacity(1 << 16, decoder))
     } else {
-        pickle::read(buffered, limits)?
-    };
-    from_value(&value)
+        Box::new(buffered)
+    })
+}
+
+/// Trace entries taken from the pickle while it is read, by the per-device list they were
+/// appended to (the list's `Rc` is kept so its address cannot be reused by another list).
+struct Streamed {
+    b: Builder,
+    lists: HashMap<usize, (Rc<Items>, Vec<TraceEntry>)>,
+}
+
+impl Default for Streamed {
+    fn default() -> Self {
+        let mut b = Builder::default();
+        // Stack 0 is the empty stack, before anything is interned.
+        b.stacks.push(Vec::new());
+        Self {
+            b,
+            lists: HashMap::new(),
+        }
+    }
+}
+
+impl TraceSink for Streamed {
+    fn trace_items(&mut self, list: &Rc<Items>, items: Vec<Value>) {
+        let ptr = Rc::as_ptr(list) as usize;
+        let (_, entries) = self
+            .lists
+            .entry(ptr)
+            .or_insert_with(|| (Rc::clone(list), Vec::new()));
+        for e in &items {
+            if let Some(entry) = self.b.trace_entry(e) {
+                entries.push(entry);
+            }
+        }
+    }
 }
 
 /// Reads a snapshot from any reader (plain pickle).
@@ -216,8 +274,12 @@ pub fn read<R: Read>(input: R, limits: Limits) -> Result<Snapshot, SnapshotError
 /// [`SnapshotError::NotASnapshot`] when the top level is neither a dict with `segments`
 /// nor a list of segment dicts.
 pub fn from_value(top: &Value) -> Result<Snapshot, SnapshotError> {
-    let mut b = Builder::default();
-    b.stacks.push(Vec::new());
+    convert(top, Streamed::default())
+}
+
+/// [`from_value`] for a pickle whose trace entries may already be in `streamed`.
+fn convert(top: &Value, streamed: Streamed) -> Result<Snapshot, SnapshotError> {
+    let Streamed { mut b, lists } = streamed;
     let (format, segments_value) = match top {
         Value::Dict(_) => (
             Format::Snapshot,
@@ -247,6 +309,11 @@ pub fn from_value(top: &Value) -> Result<Snapshot, SnapshotError> {
             for dev in per_device.0.borrow().iter() {
                 let mut entries = Vec::new();
                 if let Some(list) = dev.as_seq() {
+                    // Entries the reader streamed come first: it streams only while the
+                    // list has no items of its own.
+                    if let Some((_, streamed)) = lists.get(&(Rc::as_ptr(list) as usize)) {
+                        entries.extend(streamed.iter().cloned());
+                    }
                     for e in list.0.borrow().iter() {
                         if let Some(entry) = b.trace_entry(e) {
                             entries.push(entry);
@@ -270,14 +337,66 @@ pub fn from_value(top: &Value) -> Result<Snapshot, SnapshotError> {
             .and_then(|v| v.as_f64()),
         expandable_segments: s.get("expandable_segments").and_then(|v| v.as_bool()),
     });
+    let (frames, stacks) = renumber(b, &mut segments, &mut device_traces);
     Ok(Snapshot {
         format,
         segments,
         device_traces,
         allocator_settings,
-        frames: b.frames,
-        stacks: b.stacks,
+        frames,
+        stacks,
     })
+}
+
+/// Numbers stacks and frames in the order of their first use by segments, blocks, then
+/// trace entries — the order a reading of the whole tree gives — whatever order they were
+/// interned in (streamed trace entries are interned before the segments are read), so
+/// that the output does not depend on how the file was read.
+fn renumber(
+    b: Builder,
+    segments: &mut [Segment],
+    device_traces: &mut [Vec<TraceEntry>],
+) -> (Vec<Frame>, Vec<Vec<FrameId>>) {
+    let mut stack_map: Vec<Option<StackId>> = vec![None; b.stacks.len()];
+    let mut frame_map: Vec<Option<FrameId>> = vec![None; b.frames.len()];
+    let mut stacks: Vec<Vec<FrameId>> = vec![Vec::new()];
+    let mut frames: Vec<Frame> = Vec::new();
+    if let Some(slot) = stack_map.first_mut() {
+        *slot = Some(0);
+    }
+    let mut map = |id: &mut StackId| {
+        let old = *id as usize;
+        if let Some(Some(new)) = stack_map.get(old) {
+            *id = *new;
+            return;
+        }
+        let new_frames: Vec<FrameId> = b.stacks[old]
+            .iter()
+            .map(|&f| {
+                let f = f as usize;
+                *frame_map[f].get_or_insert_with(|| {
+                    frames.push(b.frames[f].clone());
+                    u32::try_from(frames.len() - 1).unwrap_or(u32::MAX)
+                })
+            })
+            .collect();
+        let new = u32::try_from(stacks.len()).unwrap_or(u32::MAX);
+        stacks.push(new_frames);
+        stack_map[old] = Some(new);
+        *id = new;
+    };
+    for s in segments.iter_mut() {
+        for blk in &mut s.blocks {
+            map(&mut blk.stack);
+        }
+        map(&mut s.stack);
+    }
+    for t in device_traces.iter_mut() {
+        for e in t.iter_mut() {
+            map(&mut e.stack);
+        }
+    }
+    (frames, stacks)
 }
 
 fn uint(v: &Value, key: &str) -> Option<u64> {
@@ -290,12 +409,21 @@ fn int(v: &Value, key: &str) -> Option<i64> {
     v.get(key).and_then(|x| x.as_int())
 }
 
+/// A frame by the addresses of its filename and name strings, and its line.
+type FramePtrKey = (usize, i64, usize);
+
 #[derive(Default)]
 struct Builder {
     frames: Vec<Frame>,
     stacks: Vec<Vec<FrameId>>,
     frame_ids: HashMap<Frame, FrameId>,
-    stack_by_ptr: HashMap<usize, StackId>,
+    /// By the addresses of a frame's two strings (kept alive here, so an address is never
+    /// reused): the strings are memoized by Python's pickler, so most frames hit here
+    /// without hashing their text.
+    frame_by_ptr: HashMap<FramePtrKey, (FrameId, Rc<str>, Rc<str>)>,
+    /// By the address of a frame list that someone else holds too (the memo, for a list
+    /// the file refers to again); the `Rc` is kept so the address is never reused.
+    stack_by_ptr: HashMap<usize, (StackId, Rc<Items>)>,
     stack_by_content: HashMap<Vec<FrameId>, StackId>,
 }
 
@@ -305,27 +433,45 @@ impl Builder {
             return 0;
         };
         let ptr = Rc::as_ptr(list) as usize;
-        if let Some(&id) = self.stack_by_ptr.get(&ptr) {
+        if let Some(&(id, _)) = self.stack_by_ptr.get(&ptr) {
             return id;
         }
+        // `frames` is a clone taken from the parent dict, so 2 owners are the parent and
+        // this call; a third (the memo, another block or entry) means the file refers to
+        // the list again and the address is worth remembering.
+        let shared = Rc::strong_count(list) > 2;
         let mut ids = Vec::new();
         for f in list.0.borrow().iter() {
+            let given_filename = f.get("filename").and_then(|v| v.as_str().cloned());
+            let given_name = f.get("name").and_then(|v| v.as_str().cloned());
+            // Only frames with both strings in the file are looked up by address (a
+            // fallback string is new each time and would only grow the table).
+            let by_ptr = given_filename.is_some() && given_name.is_some();
+            let filename = given_filename.unwrap_or_else(|| Rc::from("??"));
+            let line = int(f, "line").unwrap_or(0);
+            let name = given_name.unwrap_or_else(|| Rc::from("??"));
+            let key = (
+                Rc::as_ptr(&filename).cast::<u8>() as usize,
+                line,
+                Rc::as_ptr(&name).cast::<u8>() as usize,
+            );
+            if let Some(&(id, _, _)) = self.frame_by_ptr.get(&key) {
+                ids.push(id);
+                continue;
+            }
             let frame = Frame {
-                filename: f
-                    .get("filename")
-                    .and_then(|v| v.as_str().cloned())
-                    .unwrap_or_else(|| Rc::from("??")),
-                line: int(f, "line").unwrap_or(0),
-                name: f
-                    .get("name")
-                    .and_then(|v| v.as_str().cloned())
-                    .unwrap_or_else(|| Rc::from("??")),
+                filename: Rc::clone(&filename),
+                line,
+                name: Rc::clone(&name),
             };
             let next = u32::try_from(self.frames.len()).unwrap_or(u32::MAX);
             let id = *self.frame_ids.entry(frame.clone()).or_insert_with(|| {
                 self.frames.push(frame);
                 next
             });
+            if by_ptr {
+                self.frame_by_ptr.insert(key, (id, filename, name));
+            }
             ids.push(id);
         }
         let id = if ids.is_empty() {
@@ -341,7 +487,9 @@ impl Builder {
                 }
             }
         };
-        self.stack_by_ptr.insert(ptr, id);
+        if shared {
+            self.stack_by_ptr.insert(ptr, (id, Rc::clone(list)));
+        }
         id
     }
 

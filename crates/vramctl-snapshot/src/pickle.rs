@@ -13,7 +13,7 @@
 //! may not jump ahead, and nested values are dropped iteratively (no stack overflow on a
 //! deeply nested hostile file).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::{BufRead, Read};
 use std::rc::Rc;
 
@@ -71,12 +71,14 @@ pub enum PickleError {
 
 /// A list or dict or tuple cell. Its `Drop` takes its children apart iteratively, so a
 /// deeply nested value never recurses in drop glue.
+/// The second field is set once the reader has handed the value to a [`TraceSink`]: a
+/// later change to it is refused, so what the sink read is what the file holds.
 #[derive(Debug, Default)]
-pub struct Items(pub RefCell<Vec<Value>>);
+pub struct Items(pub RefCell<Vec<Value>>, Cell<bool>);
 
 /// A dict: pairs in insertion order (keys of a snapshot dict are few, so lookup is a scan).
 #[derive(Debug, Default)]
-pub struct Pairs(pub RefCell<Vec<(Value, Value)>>);
+pub struct Pairs(pub RefCell<Vec<(Value, Value)>>, Cell<bool>);
 
 /// A value of the pickle. Containers are shared: the same `Rc` wherever the pickle refers
 /// to the same object.
@@ -151,6 +153,264 @@ impl Value {
     }
 }
 
+/// Marks a trace entry, its frame list and the frames in it as read (three levels are
+/// what a trace entry nests), so that a later APPEND or SETITEM on them is an error.
+fn freeze(v: &Value, depth: u8) {
+    match v {
+        Value::List(l) | Value::Tuple(l) => {
+            l.1.set(true);
+            if depth > 0 {
+                for c in l.0.borrow().iter() {
+                    freeze(c, depth - 1);
+                }
+            }
+        }
+        Value::Dict(d) => {
+            d.1.set(true);
+            if depth > 0 {
+                for (_, c) in d.0.borrow().iter() {
+                    freeze(c, depth - 1);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Where completed trace entries go while the pickle is still being read, so that a
+/// million entries (each a dict with its frame list) never live as generic values all at
+/// once. The reader calls it for the items appended to a list that sits at
+/// `top_dict["device_traces"][i]`; it is given the items only while that list has no
+/// items of its own, so entries taken by the sink always precede those left in the list.
+pub trait TraceSink {
+    /// `list` is the per-device list the `items` were appended to (the key under which
+    /// the sink files them); the items are frozen (see [`Items`]).
+    fn trace_items(&mut self, list: &Rc<Items>, items: Vec<Value>);
+}
+
+/// Memo indices that a GET refers to anywhere in the pickle (a bit per index), found by
+/// a first pass over the opcodes ([`scan_fetched`]). An entry no GET refers to is not
+/// kept in the memo, so a value the file never refers to again is freed as soon as its
+/// parent is.
+#[derive(Debug, Clone, Default)]
+pub struct Fetched(Vec<u64>);
+
+impl Fetched {
+    fn mark(&mut self, idx: usize) {
+        let word = idx / 64;
+        if word >= self.0.len() {
+            self.0.resize(word + 1, 0);
+        }
+        self.0[word] |= 1 << (idx % 64);
+    }
+    fn contains(&self, idx: usize) -> bool {
+        self.0
+            .get(idx / 64)
+            .is_some_and(|w| w & (1 << (idx % 64)) != 0)
+    }
+}
+
+/// The first pass: walks the opcodes without building anything and records which memo
+/// indices are fetched. It stops at STOP, at an opcode it does not know, or at the end of
+/// the input (the second pass reports what is wrong with the pickle).
+///
+/// # Errors
+/// I/O errors and the limits on total size and memo length.
+pub fn scan_fetched<R: BufRead>(mut input: R, limits: Limits) -> Result<Fetched, PickleError> {
+    let mut fetched = Fetched::default();
+    let mut pos: u64 = 0;
+    let mut memo_len: usize = 0;
+    let skip = |input: &mut R, n: u64, pos: &mut u64| -> Result<bool, PickleError> {
+        if pos.saturating_add(n) > limits.max_total_bytes {
+            return Err(PickleError::Limit {
+                what: "total size",
+                limit: limits.max_total_bytes,
+                at: *pos,
+            });
+        }
+        let got = std::io::copy(&mut input.take(n), &mut std::io::sink())?;
+        *pos += got;
+        Ok(got == n)
+    };
+    let arg = |input: &mut R, n: usize, pos: &mut u64| -> Result<Option<u64>, PickleError> {
+        let mut a = [0u8; 8];
+        match input.read_exact(&mut a[..n]) {
+            Ok(()) => {
+                *pos += n as u64;
+                Ok(Some(u64::from_le_bytes(a)))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    };
+    loop {
+        // Fast path: the common opcodes decoded straight from the buffer, many per call;
+        // whatever it does not take (STOP, GLOBAL, an opcode near the buffer's end, an
+        // odd GET) goes through the opcode-by-opcode path below.
+        let buf = input.fill_buf()?;
+        let mut i = 0;
+        while let Some(step) = scan_one(&buf[i..], &mut fetched, &mut memo_len, limits) {
+            i += step;
+        }
+        if i > 0 {
+            input.consume(i);
+            pos += i as u64;
+            if pos > limits.max_total_bytes {
+                return Err(PickleError::Limit {
+                    what: "total size",
+                    limit: limits.max_total_bytes,
+                    at: pos,
+                });
+            }
+            continue;
+        }
+        let Some(op) = arg(&mut input, 1, &mut pos)? else {
+            return Ok(fetched);
+        };
+        let ok = match op as u8 {
+            b'.' => return Ok(fetched),
+            0x80 | b'K' => arg(&mut input, 1, &mut pos)?.is_some(),
+            b'M' => arg(&mut input, 2, &mut pos)?.is_some(),
+            b'J' => arg(&mut input, 4, &mut pos)?.is_some(),
+            0x95 | b'G' => arg(&mut input, 8, &mut pos)?.is_some(),
+            0x8a | 0x8c | b'C' => match arg(&mut input, 1, &mut pos)? {
+                Some(n) => skip(&mut input, n, &mut pos)?,
+                None => false,
+            },
+            0x8b | b'X' | b'B' => match arg(&mut input, 4, &mut pos)? {
+                Some(n) => skip(&mut input, n, &mut pos)?,
+                None => false,
+            },
+            0x8d | 0x8e => match arg(&mut input, 8, &mut pos)? {
+                Some(n) => skip(&mut input, n, &mut pos)?,
+                None => false,
+            },
+            0x94 => {
+                memo_len += 1;
+                true
+            }
+            b'q' | b'r' => match arg(&mut input, if op as u8 == b'q' { 1 } else { 4 }, &mut pos)? {
+                Some(idx) => {
+                    let idx = usize::try_from(idx).unwrap_or(usize::MAX);
+                    memo_len = memo_len.max(idx.saturating_add(1));
+                    true
+                }
+                None => false,
+            },
+            b'h' | b'j' => match arg(&mut input, if op as u8 == b'h' { 1 } else { 4 }, &mut pos)? {
+                Some(idx) => {
+                    let idx = usize::try_from(idx).unwrap_or(usize::MAX);
+                    if idx >= limits.max_container_len || idx > memo_len + 1024 {
+                        // The second pass refuses this GET; nothing to record.
+                        return Ok(fetched);
+                    }
+                    fetched.mark(idx);
+                    true
+                }
+                None => false,
+            },
+            b'c' => {
+                // Two lines (module, name); the second pass bounds their length.
+                let mut lines = 0;
+                while lines < 2 {
+                    match arg(&mut input, 1, &mut pos)? {
+                        Some(b) if b == u64::from(b'\n') => lines += 1,
+                        Some(_) => {}
+                        None => return Ok(fetched),
+                    }
+                }
+                true
+            }
+            b'('
+            | b'0'
+            | b'1'
+            | b'2'
+            | b'}'
+            | b']'
+            | b')'
+            | b'd'
+            | b'l'
+            | b't'
+            | 0x85..=0x89
+            | b'a'
+            | b'e'
+            | b's'
+            | b'u'
+            | b'N'
+            | 0x93
+            | b'R' => true,
+            _ => return Ok(fetched),
+        };
+        if !ok {
+            return Ok(fetched);
+        }
+    }
+}
+
+/// One opcode of the first pass decoded from `buf` when it is whole there and common:
+/// its length, or None to leave it to the slow path.
+fn scan_one(
+    buf: &[u8],
+    fetched: &mut Fetched,
+    memo_len: &mut usize,
+    limits: Limits,
+) -> Option<usize> {
+    let op = *buf.first()?;
+    let need = |n: usize| (buf.len() >= n).then_some(n);
+    let le = |from: usize, n: usize| -> Option<usize> {
+        let b = buf.get(from..from + n)?;
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(b);
+        usize::try_from(u64::from_le_bytes(a)).ok()
+    };
+    match op {
+        b'('
+        | b'0'
+        | b'1'
+        | b'2'
+        | b'}'
+        | b']'
+        | b')'
+        | b'd'
+        | b'l'
+        | b't'
+        | 0x85..=0x89
+        | b'a'
+        | b'e'
+        | b's'
+        | b'u'
+        | b'N'
+        | 0x93
+        | b'R' => Some(1),
+        0x94 => {
+            *memo_len += 1;
+            Some(1)
+        }
+        0x80 | b'K' => need(2),
+        b'M' => need(3),
+        b'J' => need(5),
+        0x95 | b'G' => need(9),
+        0x8a | 0x8c | b'C' => need(2 + le(1, 1)?),
+        0x8b | b'X' | b'B' => need(5usize.checked_add(le(1, 4)?)?),
+        b'q' | b'r' => {
+            let w = if op == b'q' { 1 } else { 4 };
+            let idx = le(1, w)?;
+            *memo_len = (*memo_len).max(idx.saturating_add(1));
+            Some(1 + w)
+        }
+        b'h' | b'j' => {
+            let w = if op == b'h' { 1 } else { 4 };
+            let idx = le(1, w)?;
+            if idx >= limits.max_container_len || idx > *memo_len + 1024 {
+                return None;
+            }
+            fetched.mark(idx);
+            Some(1 + w)
+        }
+        _ => None,
+    }
+}
+
 /// Moves the children of containers no one else holds onto an explicit stack, so dropping
 /// a value nested N deep takes O(1) native stack.
 fn dismantle(mut pending: Vec<Value>) {
@@ -174,21 +434,38 @@ fn dismantle(mut pending: Vec<Value>) {
     }
 }
 
+/// Whether dropping `v` may recurse: a container that no one else holds. Leaves (strings,
+/// numbers) and shared containers drop without recursion, so a dict of them — a frame, a
+/// trace entry — is dropped in place without building a work list.
+fn owns_container(v: &Value) -> bool {
+    match v {
+        Value::List(rc) | Value::Tuple(rc) => Rc::strong_count(rc) == 1,
+        Value::Dict(rc) => Rc::strong_count(rc) == 1,
+        _ => false,
+    }
+}
+
 impl Drop for Items {
     fn drop(&mut self) {
-        let children = std::mem::take(self.0.get_mut());
-        if !children.is_empty() {
-            dismantle(children);
+        if !self.0.get_mut().iter().any(owns_container) {
+            return;
         }
+        dismantle(std::mem::take(self.0.get_mut()));
     }
 }
 
 impl Drop for Pairs {
     fn drop(&mut self) {
-        let pairs = std::mem::take(self.0.get_mut());
-        if !pairs.is_empty() {
-            dismantle(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect());
+        if !self
+            .0
+            .get_mut()
+            .iter()
+            .any(|(k, v)| owns_container(k) || owns_container(v))
+        {
+            return;
         }
+        let pairs = std::mem::take(self.0.get_mut());
+        dismantle(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect());
     }
 }
 
@@ -201,6 +478,26 @@ pub fn read<R: BufRead>(input: R, limits: Limits) -> Result<Value, PickleError> 
     Machine::new(input, limits).run()
 }
 
+/// Reads one pickle as [`read`] does, keeping in the memo only the entries in `fetched`
+/// (from [`scan_fetched`] over the same bytes) and handing completed device-trace
+/// entries to `sink` as they are read. A GET of an entry that was not kept is an error
+/// (the input differed from what the first pass read), never a wrong value.
+///
+/// # Errors
+/// As [`read`], and [`PickleError::Malformed`] when a value given to the sink is changed
+/// afterwards.
+pub fn read_streaming<R: BufRead>(
+    input: R,
+    limits: Limits,
+    fetched: Fetched,
+    sink: &mut dyn TraceSink,
+) -> Result<Value, PickleError> {
+    let mut m = Machine::new(input, limits);
+    m.fetched = Some(fetched);
+    m.sink = Some(sink);
+    m.run()
+}
+
 /// Reads a pickle from a byte slice.
 ///
 /// # Errors
@@ -209,8 +506,11 @@ pub fn from_slice(bytes: &[u8], limits: Limits) -> Result<Value, PickleError> {
     read(bytes, limits)
 }
 
-struct Machine<R> {
+struct Machine<'s, R> {
     input: R,
+    /// When set, memo entries outside it are not kept.
+    fetched: Option<Fetched>,
+    sink: Option<&'s mut dyn TraceSink>,
     pos: u64,
     limits: Limits,
     stack: Vec<Value>,
@@ -219,10 +519,12 @@ struct Machine<R> {
     memo: Vec<Option<Value>>,
 }
 
-impl<R: BufRead> Machine<R> {
+impl<R: BufRead> Machine<'_, R> {
     fn new(input: R, limits: Limits) -> Self {
         Self {
             input,
+            fetched: None,
+            sink: None,
             pos: 0,
             limits,
             stack: Vec::new(),
@@ -292,11 +594,8 @@ impl<R: BufRead> Machine<R> {
     fn string(&mut self, n: u64) -> Result<Value, PickleError> {
         let raw = self.bytes(n)?;
         // Python writes surrogates as-is ('surrogatepass'); a lossy decode keeps reading.
-        let s = match String::from_utf8(raw) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        };
-        Ok(Value::Str(Rc::from(s)))
+        // `from_utf8_lossy` borrows valid text, so a valid string is copied once, into the Rc.
+        Ok(Value::Str(Rc::from(&*String::from_utf8_lossy(&raw))))
     }
 
     fn line(&mut self) -> Result<String, PickleError> {
@@ -363,7 +662,8 @@ impl<R: BufRead> Machine<R> {
         if idx >= self.memo.len() {
             self.memo.resize(idx + 1, None);
         }
-        self.memo[idx] = Some(v);
+        let keep = self.fetched.as_ref().is_none_or(|f| f.contains(idx));
+        self.memo[idx] = keep.then_some(v);
         Ok(())
     }
 
@@ -372,7 +672,9 @@ impl<R: BufRead> Machine<R> {
             .memo
             .get(idx)
             .and_then(Clone::clone)
-            .ok_or_else(|| self.malformed("a memo reference to an entry never stored"))?;
+            .ok_or_else(|| {
+                self.malformed("a memo reference to an entry never stored (or not kept because the first pass saw no reference to it: did the file change while being read?)")
+            })?;
         self.push(v)
     }
 
@@ -383,10 +685,46 @@ impl<R: BufRead> Machine<R> {
         Ok(())
     }
 
+    /// Whether the list on top of the stack is `top_dict["device_traces"][i]` while the
+    /// pickle is being read: the stack then holds the top dict at 0 (its SETITEMS MARK at
+    /// 1), the key `device_traces` at an even offset from that MARK, the outer list, and
+    /// the per-device list either right after the outer list or in the batch above the
+    /// outer list's APPENDS MARK.
+    fn in_device_traces(&self) -> bool {
+        let n = self.stack.len();
+        let is_key = |k: usize| {
+            k >= 1
+                && (k - 1) % 2 == 0
+                && matches!(&self.stack[0], Value::Dict(_))
+                && self.stack[k]
+                    .as_str()
+                    .is_some_and(|s| &**s == "device_traces")
+        };
+        let outer_is_list = |o: usize| matches!(&self.stack[o], Value::List(_));
+        match self.marks.as_slice() {
+            [1] => n >= 3 && outer_is_list(n - 2) && is_key(n - 3),
+            [1, m] => *m >= 3 && *m < n && outer_is_list(*m - 1) && is_key(*m - 2),
+            _ => false,
+        }
+    }
+
     fn extend_list(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
         let target = self.top()?.clone();
         match target {
             Value::List(l) => {
+                if l.1.get() {
+                    return Err(self.malformed("APPEND to a list already read as a trace entry"));
+                }
+                if self.sink.is_some() && l.0.borrow().is_empty() && self.in_device_traces() {
+                    self.check_len(items.len())?;
+                    for it in &items {
+                        freeze(it, 3);
+                    }
+                    if let Some(sink) = self.sink.as_mut() {
+                        sink.trace_items(&l, items);
+                    }
+                    return Ok(());
+                }
                 let mut v = l.0.borrow_mut();
                 self.check_len(v.len() + items.len())?;
                 v.extend(items);
@@ -403,6 +741,9 @@ impl<R: BufRead> Machine<R> {
         let target = self.top()?.clone();
         match target {
             Value::Dict(d) => {
+                if d.1.get() {
+                    return Err(self.malformed("SETITEM on a dict already read as a trace entry"));
+                }
                 let mut pairs = d.0.borrow_mut();
                 self.check_len(pairs.len() + items.len() / 2)?;
                 let mut it = items.into_iter();
@@ -416,7 +757,7 @@ impl<R: BufRead> Machine<R> {
     }
 
     fn tuple(items: Vec<Value>) -> Value {
-        Value::Tuple(Rc::new(Items(RefCell::new(items))))
+        Value::Tuple(Rc::new(Items(RefCell::new(items), Cell::new(false))))
     }
 
     fn run(mut self) -> Result<Value, PickleError> {
@@ -468,7 +809,10 @@ impl<R: BufRead> Machine<R> {
                 }
                 b'l' => {
                     let items = self.pop_mark()?;
-                    self.push(Value::List(Rc::new(Items(RefCell::new(items)))))?;
+                    self.push(Value::List(Rc::new(Items(
+                        RefCell::new(items),
+                        Cell::new(false),
+                    ))))?;
                 }
                 b't' => {
                     let items = self.pop_mark()?;

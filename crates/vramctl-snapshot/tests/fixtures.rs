@@ -477,3 +477,38 @@ fn the_checking_set_gets_the_advice_it_should_and_no_other() {
     // A segments-only file has no trace, so no OOM and no advice.
     assert!(load("segments-only.pickle").1.advice.is_empty());
 }
+
+/// `open` reads a file in two passes, streaming trace entries into the model and keeping
+/// only memo entries the file refers to again; the snapshot it gives must equal the one
+/// made from the whole value tree (one pass, everything kept) — stacks and frames
+/// numbered the same, every field the same.
+#[test]
+fn streamed_reading_equals_reading_the_whole_tree() {
+    use vramctl_snapshot::{model, pickle};
+    for name in [
+        "snapshot-train.pickle",
+        "snap.pickle",
+        "snapx.pickle",
+        "snap-proto2.pickle",
+        "snap-proto5.pickle",
+        "snap.pickle.gz",
+        "legacy-2.0.pickle",
+        "ordered-dict.pickle",
+        "segments-only.pickle",
+    ] {
+        let streamed = open(&path(name), Limits::default()).expect(name);
+        let file = std::fs::File::open(path(name)).expect(name);
+        let whole = if name.ends_with(".gz") {
+            model::read(flate2::read::MultiGzDecoder::new(file), Limits::default())
+        } else {
+            let v = pickle::read(std::io::BufReader::new(file), Limits::default()).expect(name);
+            model::from_value(&v)
+        }
+        .expect(name);
+        assert_eq!(
+            serde_json::to_string(&streamed).expect("json"),
+            serde_json::to_string(&whole).expect("json"),
+            "{name}"
+        );
+    }
+}

@@ -315,6 +315,18 @@ fn oom_measures_the_free_block_at_the_oom_not_at_the_end() {
 
 /// Cases per property: the default (what CI runs on every push, a few seconds) times
 /// `VRAMCTL_FUZZ_SCALE` for a longer run (docs/snapshot.md gives the figure of one).
+/// The streamed reading (two passes, trace entries converted while read) never panics,
+/// and when it gives a snapshot, it is the one the whole-tree reading gives.
+fn streamed_agrees(bytes: &[u8]) {
+    if let Ok(streamed) = model::from_slice(bytes, Limits::default()) {
+        let whole = model::read(bytes, Limits::default()).expect("streamed read, whole did not");
+        assert_eq!(
+            serde_json::to_string(&streamed).expect("json"),
+            serde_json::to_string(&whole).expect("json")
+        );
+    }
+}
+
 fn cases(default: u32) -> u32 {
     let scale = std::env::var("VRAMCTL_FUZZ_SCALE")
         .ok()
@@ -344,6 +356,7 @@ proptest! {
         let mut p = vec![0x80, 4];
         p.extend(bytes);
         let _ = read(&p).map(|v| model::from_value(&v).map(|s| summarize(&s)));
+        streamed_agrees(&p);
     }
 }
 
@@ -366,6 +379,8 @@ proptest! {
             let i = at % big.len();
             big[i] = *b;
         }
+        streamed_agrees(&bytes);
+        streamed_agrees(&big);
         if let Ok(snap) = model::read(&big[..], Limits::default()) {
             let _ = summarize(&snap);
             // The replay behind timeline and --at, over whatever trace survived.
@@ -399,4 +414,120 @@ fn sizes_near_the_integer_limit_saturate_instead_of_overflowing() {
     let s = summarize(&snap);
     assert_eq!(s.devices[0].totals.reserved_bytes, u64::MAX);
     assert_eq!(s.devices[0].totals.free_bytes, u64::MAX);
+}
+
+/// Counts what the reader streams, keeping nothing.
+#[derive(Default)]
+struct Counting(usize);
+
+impl pickle::TraceSink for Counting {
+    fn trace_items(&mut self, _list: &Rc<pickle::Items>, items: Vec<Value>) {
+        self.0 += items.len();
+    }
+}
+
+fn read_streamed(bytes: &[u8], sink: &mut dyn pickle::TraceSink) -> Result<Value, PickleError> {
+    let fetched = pickle::scan_fetched(bytes, Limits::default())?;
+    pickle::read_streaming(bytes, Limits::default(), fetched, sink)
+}
+
+#[test]
+fn trace_entries_are_handed_to_the_sink_and_not_kept_in_the_tree() {
+    let bytes = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/h200/snapshots/snap.pickle"),
+    )
+    .expect("fixture");
+    let mut sink = Counting::default();
+    let v = read_streamed(&bytes, &mut sink).expect("pickle");
+    assert_eq!(sink.0, 436, "every entry of device_traces[0]");
+    let traces = v.get("device_traces").expect("device_traces");
+    let dev0 = traces.as_seq().expect("list").0.borrow()[0].clone();
+    assert!(dev0.as_seq().expect("list").0.borrow().is_empty());
+    // Segments are not trace entries: they stay in the tree.
+    let segs = v.get("segments").expect("segments");
+    assert_eq!(segs.as_seq().expect("list").0.borrow().len(), 7);
+}
+
+/// top = {'device_traces': [[entry]]}, then the entry is fetched from the memo and given
+/// one more key after the sink has read it: refused, so the sink's reading never differs
+/// from the file's final value.
+#[test]
+fn a_trace_entry_changed_after_it_was_streamed_is_refused() {
+    let mut p =
+        b"\x80\x04}\x94(\x8c\x0ddevice_traces]]}\x94\x8c\x06action\x8c\x05allocsaa".to_vec();
+    p.extend_from_slice(b"h\x01\x8c\x04sizeK\x05s0u.");
+    // Read whole, the pickle is fine (the entry has both keys).
+    let whole = read(&p).expect("whole");
+    let traces = whole.get("device_traces").expect("device_traces");
+    let dev0 = traces.as_seq().expect("list").0.borrow()[0].clone();
+    let entry = dev0.as_seq().expect("list").0.borrow()[0].clone();
+    assert_eq!(entry.get("size").and_then(|v| v.as_int()), Some(5));
+    let err = read_streamed(&p, &mut Counting::default()).expect_err("changed after read");
+    assert!(
+        err.to_string().contains("already read as a trace entry"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_memo_entry_not_kept_is_an_error_when_fetched_never_a_value() {
+    // [s, s] with the second a GET of memo 0; a first pass that did not see the GET (the
+    // file changed between the passes) leaves nothing to fetch.
+    let p = b"\x80\x04](\x8c\x01x\x94h\x00e.";
+    let err = pickle::read_streaming(
+        &p[..],
+        Limits::default(),
+        pickle::Fetched::default(),
+        &mut Counting::default(),
+    )
+    .expect_err("not kept");
+    assert!(err.to_string().contains("never stored"), "{err}");
+    // With the first pass, the same bytes read.
+    assert!(read_streamed(p, &mut Counting::default()).is_ok());
+}
+
+/// Streamed frame lists are freed once their entry is converted, so a later list can get
+/// the same address: stacks must be told apart by content then, not by address.
+#[test]
+fn frame_lists_freed_while_streaming_are_not_confused_by_their_address() {
+    let entries: Vec<P> = (0..3000)
+        .map(|i| {
+            P::D(vec![
+                ("action", P::S("alloc")),
+                ("addr", P::I(A + i * MIB)),
+                ("size", P::I(MIB)),
+                (
+                    "frames",
+                    P::L(vec![P::D(vec![
+                        ("filename", P::S("train.py")),
+                        ("line", P::I(i % 97)),
+                        ("name", P::S("step")),
+                    ])]),
+                ),
+            ])
+        })
+        .collect();
+    let bytes = pickle_of(&P::D(vec![
+        ("segments", P::L(vec![])),
+        ("device_traces", P::L(vec![P::L(entries)])),
+    ]));
+    let file = std::env::temp_dir().join(format!("vramctl-stream-{}.pickle", std::process::id()));
+    std::fs::write(&file, &bytes).expect("write");
+    let streamed = model::open(&file, Limits::default()).expect("open");
+    let _ = std::fs::remove_file(&file);
+    let whole = model::read(&bytes[..], Limits::default()).expect("read");
+    assert_eq!(
+        streamed.stacks.len(),
+        98,
+        "97 distinct stacks and the empty one"
+    );
+    assert_eq!(
+        serde_json::to_string(&streamed).expect("json"),
+        serde_json::to_string(&whole).expect("json")
+    );
+    for (i, e) in streamed.device_traces[0].iter().enumerate() {
+        let frame = streamed.stacks[e.stack as usize][0] as usize;
+        assert_eq!(streamed.frames[frame].line, (i % 97) as i64);
+    }
 }
