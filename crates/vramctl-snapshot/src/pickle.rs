@@ -321,30 +321,24 @@ pub fn scan_fetched<R: BufRead>(mut input: R, limits: Limits) -> Result<Fetched,
                 }
                 true
             }
-            b'('
-            | b'0'
-            | b'1'
-            | b'2'
-            | b'}'
-            | b']'
-            | b')'
-            | b'd'
-            | b'l'
-            | b't'
-            | 0x85..=0x89
-            | b'a'
-            | b'e'
-            | b's'
-            | b'u'
-            | b'N'
-            | 0x93
-            | b'R' => true,
+            op if is_bare_for_the_first_pass(op) => true,
             _ => return Ok(fetched),
         };
         if !ok {
             return Ok(fetched);
         }
     }
+}
+
+/// Opcodes without an argument that the first pass only steps over: marks, pops, the
+/// container builders, tuples, None, STACK_GLOBAL and REDUCE (their memo effects, if any,
+/// come from the MEMOIZE/PUT that follows).
+fn is_bare_for_the_first_pass(op: u8) -> bool {
+    matches!(
+        op,
+        b'(' | b'0' | b'1' | b'2' | b'}' | b']' | b')' | b'd' | b'l' | b't' | 0x85
+            ..=0x89 | b'a' | b'e' | b's' | b'u' | b'N' | 0x93 | b'R'
+    )
 }
 
 /// One opcode of the first pass decoded from `buf` when it is whole there and common:
@@ -364,24 +358,7 @@ fn scan_one(
         usize::try_from(u64::from_le_bytes(a)).ok()
     };
     match op {
-        b'('
-        | b'0'
-        | b'1'
-        | b'2'
-        | b'}'
-        | b']'
-        | b')'
-        | b'd'
-        | b'l'
-        | b't'
-        | 0x85..=0x89
-        | b'a'
-        | b'e'
-        | b's'
-        | b'u'
-        | b'N'
-        | 0x93
-        | b'R' => Some(1),
+        op if is_bare_for_the_first_pass(op) => Some(1),
         0x94 => {
             *memo_len += 1;
             Some(1)
