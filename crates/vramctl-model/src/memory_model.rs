@@ -739,7 +739,10 @@ fn train(model: &Model, job: &Job) -> Estimate {
         "allocator-resident buffers",
         ALLOCATOR_RESIDENT_TRAIN_BYTES,
         Phase::Always,
-        "cuBLAS workspaces, inputs, RoPE tables inside PyTorch's allocator (68 MiB measured)",
+        format!(
+            "cuBLAS workspaces, inputs, RoPE tables inside PyTorch's allocator ({:.0} MiB measured)",
+            ALLOCATOR_RESIDENT_TRAIN_BYTES / MIB
+        ),
     );
     let overhead = if job.checkpointing {
         ALLOCATOR_OVERHEAD_CHECKPOINTING
