@@ -186,13 +186,15 @@ pub(crate) fn render_to(chart: &impl Drawing, path: &Path) -> anyhow::Result<()>
         .with_context(|| format!("cannot write chart to '{}'", path.display()))
 }
 
-/// The chart as an SVG document.
+/// The chart as an SVG document, for the tests (`render` writes the files).
+#[cfg(test)]
 pub fn render_svg(chart: &Chart) -> anyhow::Result<String> {
     check_size(chart)?;
     svg_of(chart)
 }
 
-/// The chart as a PNG file's bytes.
+/// The chart as a PNG file's bytes, for the tests (`render` writes the files).
+#[cfg(test)]
 pub fn render_png(chart: &Chart) -> anyhow::Result<Vec<u8>> {
     check_size(chart)?;
     png_of(chart)

@@ -116,6 +116,7 @@ impl TimeAxis {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn ticks(&self) -> &[Tick] {
         &self.ticks
     }
