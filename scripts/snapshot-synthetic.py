@@ -1,19 +1,30 @@
 #!/usr/bin/env python3
 """A large allocator snapshot without a GPU or torch, for timing `vramctl snapshot` (issue 17):
 
-    python3 scripts/snapshot-synthetic.py SRC OUT N
+    python3 scripts/snapshot-synthetic.py [--fresh-frames] SRC OUT N
 
-Loads SRC (a `_dump_snapshot()` pickle, e.g. testdata/h200/snapshots/snap.pickle) and
-replicates its device_traces[0] entries to N entries: fresh entry dicts and fresh frame
-lists of fresh frame dicts (the worst case for a reader: nothing shared but the strings,
-which stay shared as torch's are), then `pickle.dump`s it (default protocol). 330,000
-entries give ~212 MB. Real torch files share frame lists between entries (1M entries were
-154 MiB on the H200), so they have fewer opcodes per entry than this one.
+Loads SRC (a `_dump_snapshot()` pickle, e.g. testdata/h200/snapshots/snapshot-train.pickle)
+and replicates its device_traces[0] entries to N entries, then `pickle.dump`s it (default
+protocol), as `_dump_snapshot()` does.
+
+By default the copy is shaped like torch's own files: a fresh dict and a fresh frame list
+per entry, holding the *same* frame dicts and strings (torch caches the frame dicts it
+builds, so the pickler writes each frame once and refers to it again with a memo GET).
+On snapshot-train.pickle (torch 2.11, H200) this gives ~190 bytes per entry, against 154
+in the H200's 1.3M-entry file: 1,100,000 entries give ~210 MB.
+
+--fresh-frames makes fresh frame dicts as well (nothing shared but the strings): the worst
+case for a reader, ~640 bytes per entry with snap.pickle (330,000 entries give ~212 MB).
 """
 import pickle
 import sys
 
-src, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+args = sys.argv[1:]
+fresh = "--fresh-frames" in args
+args = [a for a in args if a != "--fresh-frames"]
+if len(args) != 3:
+    raise SystemExit(__doc__)
+src, out, n = args[0], args[1], int(args[2])
 d = pickle.load(open(src, "rb"))
 t = d["device_traces"][0]
 new = []
@@ -21,7 +32,7 @@ for i in range(n):
     e = t[i % len(t)]
     f = dict(e)
     if "frames" in e:
-        f["frames"] = [dict(fr) for fr in e["frames"]]
+        f["frames"] = [dict(fr) for fr in e["frames"]] if fresh else list(e["frames"])
     new.append(f)
 d["device_traces"][0] = new
 with open(out, "wb") as fh:

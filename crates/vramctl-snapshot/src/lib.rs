@@ -13,6 +13,6 @@ pub mod summary;
 pub mod timeline;
 pub mod top;
 
-pub use model::{Snapshot, SnapshotError, open};
+pub use model::{Snapshot, SnapshotError, TraceStacks, open, open_with};
 pub use pickle::{Limits, PickleError};
 pub use summary::{Summary, summarize};

@@ -4,19 +4,26 @@
 //! legacy (≤ 2.0) `history[0]` as the block's requested size and frames, a top-level list
 //! (`torch.cuda.memory_snapshot()`) as segments only.
 //!
-//! Stacks are interned: the snapshot shares one frame list between many blocks and trace
-//! entries, so each distinct list becomes one [`StackId`] (by pointer first, then by
-//! content), which keeps a GB-scale file small in memory.
+//! Stacks are interned: the snapshot shares frames and frame lists between many blocks and
+//! trace entries, so each distinct frame becomes one [`FrameId`] and each distinct list one
+//! [`StackId`], which keeps a GB-scale file small in memory.
+//!
+//! Reading is one pass: trace entries become [`TraceEntry`]s while the pickle is read
+//! (the model is the reader's [`ListSink`] for `device_traces`), and the dicts and frame
+//! lists they came from are freed there and then; segments, a few thousand values, are
+//! converted once the pickle is read.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
 
+use hashbrown::HashMap;
 use serde::Serialize;
 
-use crate::pickle::{self, Items, Limits, PickleError, TraceSink, Value};
+use crate::pickle::{
+    self, Arena, Document, Interner, Limits, ListSink, Obj, ObjId, PickleError, StrId, V,
+};
 
 /// Why a file is not a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -116,24 +123,6 @@ pub enum Action {
     Other(String),
 }
 
-impl Action {
-    fn parse(s: &str) -> Self {
-        match s {
-            "alloc" => Self::Alloc,
-            "free_requested" => Self::FreeRequested,
-            "free_completed" => Self::FreeCompleted,
-            "free" => Self::Free,
-            "segment_alloc" => Self::SegmentAlloc,
-            "segment_free" => Self::SegmentFree,
-            "segment_map" => Self::SegmentMap,
-            "segment_unmap" => Self::SegmentUnmap,
-            "snapshot" => Self::Snapshot,
-            "oom" => Self::Oom,
-            other => Self::Other(other.to_owned()),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceEntry {
     pub action: Action,
@@ -167,181 +156,278 @@ pub enum Format {
     SegmentsOnly,
 }
 
+/// Whether a reading keeps the stacks of trace entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceStacks {
+    /// Every trace entry with its stack (`snapshot timeline`, `--at`).
+    #[default]
+    Read,
+    /// Trace entries with the empty stack (0), except those whose frame list a block or
+    /// segment also holds: the summary, `--top`, flame graphs and `diff` use blocks' stacks
+    /// only, and interning a million entries' frame lists is a third of the reading
+    /// (docs/benchmarks.md, issue 17).
+    Skip,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Snapshot {
     pub format: Format,
     pub segments: Vec<Segment>,
     /// One list per device ordinal, oldest first.
     pub device_traces: Vec<Vec<TraceEntry>>,
+    /// Whether the trace entries' stacks were read ([`TraceStacks::Skip`]: they are 0).
+    #[serde(skip)]
+    pub trace_stacks: TraceStacks,
     pub allocator_settings: Option<AllocatorSettings>,
     pub frames: Vec<Frame>,
     pub stacks: Vec<Vec<FrameId>>,
 }
 
-/// Opens a snapshot file (`.gz` or plain, told by its first bytes) and reads it streamed.
+/// Opens a snapshot file (`.gz` or plain, told by its first bytes) and reads it in one
+/// pass, trace entries typed while they are read.
 ///
 /// # Errors
 /// The file cannot be opened or read, is not a pickle the reader accepts, or not a snapshot.
-///
-/// The file is read twice: a first pass over the opcodes finds which memo entries are
-/// referenced again ([`pickle::scan_fetched`]), so that the second pass keeps only those,
-/// and trace entries become [`TraceEntry`]s while they are read; the generic values of a
-/// million-entry trace are then never all alive at once (docs/benchmarks.md, issue 17).
 pub fn open(path: &Path, limits: Limits) -> Result<Snapshot, SnapshotError> {
-    let fetched = pickle::scan_fetched(reader(path)?, limits)?;
-    let mut sink = Streamed::default();
-    let value = pickle::read_streaming(reader(path)?, limits, fetched, &mut sink)?;
-    convert(&value, sink)
+    open_with(path, limits, TraceStacks::Read)
 }
 
-/// Reads a snapshot held in memory the way [`open`] reads a file: two passes, trace
-/// entries streamed into the model.
+/// [`open`], with the trace entries' stacks read or not.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_with(
+    path: &Path,
+    limits: Limits,
+    trace_stacks: TraceStacks,
+) -> Result<Snapshot, SnapshotError> {
+    read_streamed(reader(path)?, limits, trace_stacks)
+}
+
+/// Reads a snapshot held in memory the way [`open`] reads a file.
 ///
 /// # Errors
 /// As [`open`].
 pub fn from_slice(bytes: &[u8], limits: Limits) -> Result<Snapshot, SnapshotError> {
-    let fetched = pickle::scan_fetched(bytes, limits)?;
-    let mut sink = Streamed::default();
-    let value = pickle::read_streaming(bytes, limits, fetched, &mut sink)?;
-    convert(&value, sink)
+    read_streamed(bytes, limits, TraceStacks::Read)
+}
+
+/// Reads a snapshot from any reader (plain pickle) the way [`open_with`] does.
+///
+/// # Errors
+/// As [`open`].
+pub fn read_streamed<R: Read>(
+    input: R,
+    limits: Limits,
+    trace_stacks: TraceStacks,
+) -> Result<Snapshot, SnapshotError> {
+    let mut b = Builder {
+        trace_stacks,
+        ..Builder::default()
+    };
+    let doc = pickle::read(input, limits, Interner::with_known(&KNOWN), Some(&mut b))?;
+    convert(doc, b)
+}
+
+/// Reads the whole pickle as generic values first and converts it afterwards: the
+/// reference the one-pass reading is checked against (the fuzz harness compares both).
+///
+/// # Errors
+/// As [`open`].
+pub fn read<R: Read>(input: R, limits: Limits) -> Result<Snapshot, SnapshotError> {
+    let doc = pickle::read(input, limits, Interner::with_known(&KNOWN), None)?;
+    convert(doc, Builder::default())
 }
 
 /// The file, decompressed when it starts like a gzip stream.
-fn reader(path: &Path) -> Result<Box<dyn BufRead>, SnapshotError> {
+fn reader(path: &Path) -> Result<Box<dyn Read>, SnapshotError> {
     let file = File::open(path).map_err(|source| SnapshotError::Open {
         path: path.display().to_string(),
         source,
     })?;
+    // Large reads pass a BufReader's buffer by; it is here to look at the first bytes.
     let mut buffered = BufReader::with_capacity(1 << 16, file);
     let gz = buffered
         .fill_buf()
         .map_err(PickleError::Io)?
         .starts_with(&[0x1f, 0x8b]);
     Ok(if gz {
-        let decoder = flate2::bufread::MultiGzDecoder::new(buffered);
-        Box::new(BufReader::with_capacity(1 << 16, decoder))
+        Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
     } else {
         Box::new(buffered)
     })
 }
 
-/// Trace entries taken from the pickle while it is read, by the per-device list they were
-/// appended to (the list's `Rc` is kept so its address cannot be reused by another list).
-struct Streamed {
-    b: Builder,
-    lists: HashMap<usize, (Rc<Items>, Vec<TraceEntry>)>,
-}
+/// Strings the reader interns first, so that the ids below are their indices (test
+/// `known_ids_are_the_known_strings`).
+const KNOWN: [&str; 27] = [
+    "??",
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "device_free",
+    "frames",
+    "filename",
+    "line",
+    "name",
+    "segments",
+    "device_traces",
+    "allocator_settings",
+    "blocks",
+    "history",
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "free",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+    "real_size",
+];
+const UNKNOWN_NAME: StrId = 0;
+const ACTION: StrId = 1;
+const ADDR: StrId = 2;
+const SIZE: StrId = 3;
+const STREAM: StrId = 4;
+const TIME_US: StrId = 5;
+const DEVICE_FREE: StrId = 6;
+const FRAMES: StrId = 7;
+const FILENAME: StrId = 8;
+const LINE: StrId = 9;
+const NAME: StrId = 10;
+const SEGMENTS: StrId = 11;
+const DEVICE_TRACES: StrId = 12;
+const ALLOCATOR_SETTINGS: StrId = 13;
+const BLOCKS: StrId = 14;
+const HISTORY: StrId = 15;
+const A_ALLOC: StrId = 16;
+const A_FREE_REQUESTED: StrId = 17;
+const A_FREE_COMPLETED: StrId = 18;
+const A_FREE: StrId = 19;
+const A_SEGMENT_ALLOC: StrId = 20;
+const A_SEGMENT_FREE: StrId = 21;
+const A_SEGMENT_MAP: StrId = 22;
+const A_SEGMENT_UNMAP: StrId = 23;
+const A_SNAPSHOT: StrId = 24;
+const A_OOM: StrId = 25;
+const REAL_SIZE: StrId = 26;
 
-impl Default for Streamed {
-    fn default() -> Self {
-        let mut b = Builder::default();
-        // Stack 0 is the empty stack, before anything is interned.
-        b.stacks.push(Vec::new());
-        Self {
-            b,
-            lists: HashMap::new(),
-        }
+/// The roles in which the model takes a container from the reader ([`Obj::Taken`]).
+const ROLE_ENTRY: u8 = 1;
+const ROLE_FRAME: u8 = 2;
+const ROLE_STACK: u8 = 3;
+/// A trace entry's frame list freed without being read ([`TraceStacks::Skip`]).
+const ROLE_STACK_SKIPPED: u8 = 4;
+
+/// Why a value cannot be read in the role the file puts it in a second time.
+const REUSED: &str =
+    "a value read as a trace entry, a frame or a frame list is used again as something else";
+
+fn action_of(arena: &Arena, id: StrId) -> Action {
+    match id {
+        A_ALLOC => Action::Alloc,
+        A_FREE_REQUESTED => Action::FreeRequested,
+        A_FREE_COMPLETED => Action::FreeCompleted,
+        A_FREE => Action::Free,
+        A_SEGMENT_ALLOC => Action::SegmentAlloc,
+        A_SEGMENT_FREE => Action::SegmentFree,
+        A_SEGMENT_MAP => Action::SegmentMap,
+        A_SEGMENT_UNMAP => Action::SegmentUnmap,
+        A_SNAPSHOT => Action::Snapshot,
+        A_OOM => Action::Oom,
+        other => Action::Other(arena.strings.get(other).to_string()),
     }
 }
 
-impl TraceSink for Streamed {
-    fn trace_items(&mut self, list: &Rc<Items>, items: Vec<Value>) {
-        let ptr = Rc::as_ptr(list) as usize;
-        let (_, entries) = self
-            .lists
-            .entry(ptr)
-            .or_insert_with(|| (Rc::clone(list), Vec::new()));
-        for e in &items {
-            if let Some(entry) = self.b.trace_entry(e) {
-                entries.push(entry);
-            }
-        }
-    }
-}
-
-/// Reads a snapshot from any reader (plain pickle).
-///
-/// # Errors
-/// As [`open`].
-pub fn read<R: Read>(input: R, limits: Limits) -> Result<Snapshot, SnapshotError> {
-    let value = pickle::read(BufReader::new(input), limits)?;
-    from_value(&value)
-}
-
-/// Converts a pickle's values into a [`Snapshot`].
-///
-/// # Errors
-/// [`SnapshotError::NotASnapshot`] when the top level is neither a dict with `segments`
-/// nor a list of segment dicts.
-pub fn from_value(top: &Value) -> Result<Snapshot, SnapshotError> {
-    convert(top, Streamed::default())
-}
-
-/// [`from_value`] for a pickle whose trace entries may already be in `streamed`.
-fn convert(top: &Value, streamed: Streamed) -> Result<Snapshot, SnapshotError> {
-    let Streamed { mut b, lists } = streamed;
+/// Converts what the reader made into a [`Snapshot`]; `b` holds the trace entries taken
+/// while reading, if any.
+fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
+    let Document { mut arena, top } = doc;
+    let arena = &mut arena;
     let (format, segments_value) = match top {
-        Value::Dict(_) => (
+        V::Dict(_) => (
             Format::Snapshot,
-            top.get("segments")
+            arena
+                .get_id(top, SEGMENTS)
                 .ok_or(SnapshotError::NotASnapshot("a dict without 'segments'"))?,
         ),
-        Value::List(_) => (Format::SegmentsOnly, top.clone()),
+        V::List(_) => (Format::SegmentsOnly, top),
         _ => {
             return Err(SnapshotError::NotASnapshot(
                 "neither a dict nor a list of segments at the top",
             ));
         }
     };
-    let seq = segments_value
-        .as_seq()
-        .ok_or(SnapshotError::NotASnapshot("'segments' is not a list"))?;
-    let mut segments = Vec::with_capacity(seq.0.borrow().len());
-    for s in seq.0.borrow().iter() {
-        if s.as_dict().is_none() {
+    let seq = arena
+        .seq(segments_value)
+        .ok_or(SnapshotError::NotASnapshot("'segments' is not a list"))?
+        .to_vec();
+    let mut segments = Vec::with_capacity(seq.len());
+    for s in seq {
+        if arena.pairs(s).is_none() {
             return Err(SnapshotError::NotASnapshot("a segment that is not a dict"));
         }
-        segments.push(b.segment(s));
+        segments.push(b.segment(arena, s).map_err(SnapshotError::NotASnapshot)?);
     }
     let mut device_traces = Vec::new();
-    if let Some(traces) = top.get("device_traces") {
-        if let Some(per_device) = traces.as_seq() {
-            for dev in per_device.0.borrow().iter() {
-                let mut entries = Vec::new();
-                if let Some(list) = dev.as_seq() {
-                    // Entries the reader streamed come first: it streams only while the
-                    // list has no items of its own.
-                    if let Some((_, streamed)) = lists.get(&(Rc::as_ptr(list) as usize)) {
-                        entries.extend(streamed.iter().cloned());
-                    }
-                    for e in list.0.borrow().iter() {
-                        if let Some(entry) = b.trace_entry(e) {
-                            entries.push(entry);
-                        }
-                    }
-                }
-                device_traces.push(entries);
+    if let Some(traces) = arena.get_id(top, DEVICE_TRACES)
+        && let Some(per_device) = arena.seq(traces).map(<[V]>::to_vec)
+    {
+        for dev in per_device {
+            let (V::List(o) | V::Tuple(o)) = dev else {
+                device_traces.push(Vec::new());
+                continue;
+            };
+            if matches!(arena.obj(o), Obj::Taken { .. }) {
+                return Err(SnapshotError::NotASnapshot(REUSED));
             }
+            // Entries the reader streamed come first: it streams only while the list has
+            // no items of its own.
+            let mut entries = b.take_streamed(o);
+            let items = arena.seq(dev).map(<[V]>::to_vec).unwrap_or_default();
+            for e in items {
+                if let Some(entry) = b
+                    .trace_entry(arena, e)
+                    .map_err(SnapshotError::NotASnapshot)?
+                {
+                    entries.push(entry);
+                }
+            }
+            device_traces.push(entries);
         }
     }
-    let allocator_settings = top.get("allocator_settings").map(|s| AllocatorSettings {
-        alloc_conf: s
-            .get("PYTORCH_CUDA_ALLOC_CONF")
-            .and_then(|v| v.as_str().map(|x| x.to_string())),
-        max_split_size_bytes: s
-            .get("max_split_size")
-            .and_then(|v| v.as_int())
-            .and_then(|v| u64::try_from(v).ok()),
-        garbage_collection_threshold: s
-            .get("garbage_collection_threshold")
-            .and_then(|v| v.as_f64()),
-        expandable_segments: s.get("expandable_segments").and_then(|v| v.as_bool()),
-    });
-    let (frames, stacks) = renumber(b, &mut segments, &mut device_traces);
+    let allocator_settings = arena
+        .get_id(top, ALLOCATOR_SETTINGS)
+        .map(|s| AllocatorSettings {
+            alloc_conf: arena
+                .get(s, "PYTORCH_CUDA_ALLOC_CONF")
+                .and_then(|v| arena.str(v).map(|x| x.to_string())),
+            max_split_size_bytes: arena
+                .get(s, "max_split_size")
+                .and_then(V::as_int)
+                .and_then(|v| u64::try_from(v).ok()),
+            garbage_collection_threshold: arena
+                .get(s, "garbage_collection_threshold")
+                .and_then(V::as_f64),
+            expandable_segments: arena.get(s, "expandable_segments").and_then(V::as_bool),
+        });
+    // A container taken while reading (a trace entry, a frame, a frame list) that the file
+    // also uses as something else was just read as missing: refuse rather than give a
+    // snapshot that differs from the file.
+    if arena.touched_taken() {
+        return Err(SnapshotError::NotASnapshot(REUSED));
+    }
+    let (frames, stacks) = renumber(&b, &mut segments, &mut device_traces);
     Ok(Snapshot {
         format,
         segments,
         device_traces,
+        trace_stacks: b.trace_stacks,
         allocator_settings,
         frames,
         stacks,
@@ -353,7 +439,7 @@ fn convert(top: &Value, streamed: Streamed) -> Result<Snapshot, SnapshotError> {
 /// interned in (streamed trace entries are interned before the segments are read), so
 /// that the output does not depend on how the file was read.
 fn renumber(
-    b: Builder,
+    b: &Builder,
     segments: &mut [Segment],
     device_traces: &mut [Vec<TraceEntry>],
 ) -> (Vec<Frame>, Vec<Vec<FrameId>>) {
@@ -399,134 +485,296 @@ fn renumber(
     (frames, stacks)
 }
 
-fn uint(v: &Value, key: &str) -> Option<u64> {
-    v.get(key)
-        .and_then(|x| x.as_int())
-        .and_then(|x| u64::try_from(x).ok())
+fn uint(v: Option<V>) -> Option<u64> {
+    v.and_then(V::as_int).and_then(|x| u64::try_from(x).ok())
 }
 
-fn int(v: &Value, key: &str) -> Option<i64> {
-    v.get(key).and_then(|x| x.as_int())
+fn int(v: Option<V>) -> Option<i64> {
+    v.and_then(V::as_int)
 }
 
-/// A frame by the addresses of its filename and name strings, and its line.
-type FramePtrKey = (usize, i64, usize);
-
-#[derive(Default)]
+/// The model being built: frames and stacks interned by content, and the trace entries
+/// taken while the pickle was read.
 struct Builder {
     frames: Vec<Frame>,
-    stacks: Vec<Vec<FrameId>>,
-    frame_ids: HashMap<Frame, FrameId>,
-    /// By the addresses of a frame's two strings (kept alive here, so an address is never
-    /// reused): the strings are memoized by Python's pickler, so most frames hit here
-    /// without hashing their text.
-    frame_by_ptr: HashMap<FramePtrKey, (FrameId, Rc<str>, Rc<str>)>,
-    /// By the address of a frame list that someone else holds too (the memo, for a list
-    /// the file refers to again); the `Rc` is kept so the address is never reused.
-    stack_by_ptr: HashMap<usize, (StackId, Rc<Items>)>,
-    stack_by_content: HashMap<Vec<FrameId>, StackId>,
+    /// A frame by its filename, line and name (strings are interned: equal ids, equal text).
+    frame_ids: HashMap<(StrId, i64, StrId), FrameId>,
+    /// 0 is the empty stack.
+    stacks: Vec<Box<[FrameId]>>,
+    stack_ids: HashMap<Box<[FrameId]>, StackId>,
+    /// A stack's frames while it is being looked up (no allocation when it is known).
+    scratch: Vec<FrameId>,
+    /// Trace entries taken from the per-device lists while reading, by list.
+    streamed: Vec<(ObjId, Vec<TraceEntry>)>,
+    trace_stacks: TraceStacks,
+    /// The containers made after the first streamed per-device list: what the trace made,
+    /// which no block or segment (read before it) holds.
+    first_trace_obj: Option<ObjId>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self {
+            frames: Vec::new(),
+            frame_ids: HashMap::new(),
+            stacks: vec![Box::from([])],
+            stack_ids: HashMap::new(),
+            scratch: Vec::new(),
+            streamed: Vec::new(),
+            trace_stacks: TraceStacks::Read,
+            first_trace_obj: None,
+        }
+    }
+}
+
+impl ListSink for Builder {
+    fn key(&self) -> StrId {
+        DEVICE_TRACES
+    }
+
+    fn take(
+        &mut self,
+        arena: &mut Arena,
+        list: ObjId,
+        items: &[V],
+        at: u64,
+    ) -> Result<(), PickleError> {
+        if self.first_trace_obj.is_none() {
+            self.first_trace_obj = Some(list.saturating_add(1));
+        }
+        let slot = match self.streamed.iter().position(|(l, _)| *l == list) {
+            Some(i) => i,
+            None => {
+                self.streamed.push((list, Vec::new()));
+                self.streamed.len() - 1
+            }
+        };
+        let mut entries = std::mem::take(&mut self.streamed[slot].1);
+        entries.reserve(items.len());
+        for &v in items {
+            match self.trace_entry(arena, v) {
+                Ok(Some(e)) => entries.push(e),
+                Ok(None) => {}
+                Err(what) => return Err(PickleError::Malformed { what, at }),
+            }
+        }
+        self.streamed[slot].1 = entries;
+        Ok(())
+    }
 }
 
 impl Builder {
-    fn stack(&mut self, frames: Option<Value>) -> StackId {
-        let Some(list) = frames.as_ref().and_then(Value::as_seq) else {
-            return 0;
-        };
-        let ptr = Rc::as_ptr(list) as usize;
-        if let Some(&(id, _)) = self.stack_by_ptr.get(&ptr) {
-            return id;
-        }
-        // `frames` is a clone taken from the parent dict, so 2 owners are the parent and
-        // this call; a third (the memo, another block or entry) means the file refers to
-        // the list again and the address is worth remembering.
-        let shared = Rc::strong_count(list) > 2;
-        let mut ids = Vec::new();
-        for f in list.0.borrow().iter() {
-            let given_filename = f.get("filename").and_then(|v| v.as_str().cloned());
-            let given_name = f.get("name").and_then(|v| v.as_str().cloned());
-            // Only frames with both strings in the file are looked up by address (a
-            // fallback string is new each time and would only grow the table).
-            let by_ptr = given_filename.is_some() && given_name.is_some();
-            let filename = given_filename.unwrap_or_else(|| Rc::from("??"));
-            let line = int(f, "line").unwrap_or(0);
-            let name = given_name.unwrap_or_else(|| Rc::from("??"));
-            let key = (
-                Rc::as_ptr(&filename).cast::<u8>() as usize,
-                line,
-                Rc::as_ptr(&name).cast::<u8>() as usize,
-            );
-            if let Some(&(id, _, _)) = self.frame_by_ptr.get(&key) {
-                ids.push(id);
-                continue;
-            }
-            let frame = Frame {
-                filename: Rc::clone(&filename),
-                line,
-                name: Rc::clone(&name),
-            };
-            let next = u32::try_from(self.frames.len()).unwrap_or(u32::MAX);
-            let id = *self.frame_ids.entry(frame.clone()).or_insert_with(|| {
-                self.frames.push(frame);
-                next
-            });
-            if by_ptr {
-                self.frame_by_ptr.insert(key, (id, filename, name));
-            }
-            ids.push(id);
-        }
-        let id = if ids.is_empty() {
-            0
-        } else {
-            let next = u32::try_from(self.stacks.len()).unwrap_or(u32::MAX);
-            match self.stack_by_content.get(&ids) {
-                Some(&id) => id,
-                None => {
-                    self.stack_by_content.insert(ids.clone(), next);
-                    self.stacks.push(ids);
-                    next
+    fn take_streamed(&mut self, list: ObjId) -> Vec<TraceEntry> {
+        self.streamed
+            .iter_mut()
+            .find(|(l, _)| *l == list)
+            .map(|(_, e)| std::mem::take(e))
+            .unwrap_or_default()
+    }
+
+    /// The frame of a frame dict (`??` for what the file leaves out); the dict is taken.
+    fn frame(&mut self, arena: &mut Arena, v: V) -> Result<FrameId, &'static str> {
+        let (mut filename, mut line, mut name) = (None, None, None);
+        if let V::Dict(o) = v {
+            match arena.obj(o) {
+                Obj::Taken {
+                    role: ROLE_FRAME,
+                    id,
+                } => return Ok(*id),
+                Obj::Dict(pairs) => {
+                    // A later key wins, as in Python.
+                    for &(k, val) in pairs {
+                        match k {
+                            V::Str(FILENAME) => filename = Some(val),
+                            V::Str(LINE) => line = Some(val),
+                            V::Str(NAME) => name = Some(val),
+                            _ => {}
+                        }
+                    }
                 }
+                _ => return Err(REUSED),
+            }
+        }
+        let text = |s: Option<V>| match s {
+            Some(V::Str(id)) => id,
+            _ => UNKNOWN_NAME,
+        };
+        let key = (text(filename), int(line).unwrap_or(0), text(name));
+        let next = FrameId::try_from(self.frames.len()).unwrap_or(FrameId::MAX);
+        let id = *self.frame_ids.entry(key).or_insert_with(|| {
+            self.frames.push(Frame {
+                filename: Rc::clone(arena.strings.get(key.0)),
+                line: key.1,
+                name: Rc::clone(arena.strings.get(key.2)),
+            });
+            next
+        });
+        if let V::Dict(o) = v {
+            arena.replace(
+                o,
+                Obj::Taken {
+                    role: ROLE_FRAME,
+                    id,
+                },
+            );
+        }
+        Ok(id)
+    }
+
+    /// The stack of a frame list (0, the empty stack, for anything but a list or tuple);
+    /// the list is taken, so a file that refers to it again gets the id without a lookup.
+    fn stack(&mut self, arena: &mut Arena, frames: Option<V>) -> Result<StackId, &'static str> {
+        let Some(V::List(o) | V::Tuple(o)) = frames else {
+            return Ok(0);
+        };
+        let items = match arena.replace(
+            o,
+            Obj::Taken {
+                role: ROLE_STACK,
+                id: 0,
+            },
+        ) {
+            Obj::List(items) | Obj::Tuple(items) => items,
+            taken @ Obj::Taken {
+                role: ROLE_STACK, ..
+            } => {
+                let Obj::Taken { id, .. } = taken else {
+                    return Ok(0);
+                };
+                arena.replace(o, taken);
+                return Ok(id);
+            }
+            other => {
+                arena.replace(o, other);
+                return Err(REUSED);
             }
         };
-        if shared {
-            self.stack_by_ptr.insert(ptr, (id, Rc::clone(list)));
-        }
+        let id = self.intern_stack(arena, o, &items);
+        arena.recycle(Obj::List(items));
         id
     }
 
-    fn segment(&mut self, s: &Value) -> Segment {
-        let address = uint(s, "address").unwrap_or(0);
+    /// A trace entry's stack: with [`TraceStacks::Skip`], a frame list the trace made is
+    /// freed unread (the empty stack); one that a block or segment holds too is read.
+    fn trace_stack(
+        &mut self,
+        arena: &mut Arena,
+        frames: Option<V>,
+    ) -> Result<StackId, &'static str> {
+        if self.trace_stacks == TraceStacks::Skip
+            && let Some(V::List(o) | V::Tuple(o)) = frames
+            && self.first_trace_obj.is_some_and(|first| o >= first)
+        {
+            match arena.obj(o) {
+                Obj::List(_) | Obj::Tuple(_) => {
+                    let items = arena.replace(
+                        o,
+                        Obj::Taken {
+                            role: ROLE_STACK_SKIPPED,
+                            id: 0,
+                        },
+                    );
+                    arena.recycle(items);
+                    return Ok(0);
+                }
+                Obj::Taken {
+                    role: ROLE_STACK_SKIPPED,
+                    ..
+                } => return Ok(0),
+                _ => {}
+            }
+        }
+        self.stack(arena, frames)
+    }
+
+    /// Interns the frames of list `o` (taken, its items given) and marks it read.
+    fn intern_stack(
+        &mut self,
+        arena: &mut Arena,
+        o: ObjId,
+        items: &[V],
+    ) -> Result<StackId, &'static str> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        for &f in items {
+            // Most frames of a real file are dicts already read (torch caches its frame
+            // dicts, the pickler refers to them again): their id without a call.
+            if let V::Dict(d) = f
+                && let Obj::Taken {
+                    role: ROLE_FRAME,
+                    id,
+                } = arena.obj(d)
+            {
+                scratch.push(*id);
+                continue;
+            }
+            match self.frame(arena, f) {
+                Ok(id) => scratch.push(id),
+                Err(e) => {
+                    self.scratch = scratch;
+                    return Err(e);
+                }
+            }
+        }
+        let id = if scratch.is_empty() {
+            0
+        } else if let Some(&id) = self.stack_ids.get(&scratch[..]) {
+            id
+        } else {
+            let id = StackId::try_from(self.stacks.len()).unwrap_or(StackId::MAX);
+            let frames: Box<[FrameId]> = Box::from(&scratch[..]);
+            self.stacks.push(frames.clone());
+            self.stack_ids.insert(frames, id);
+            id
+        };
+        self.scratch = scratch;
+        arena.replace(
+            o,
+            Obj::Taken {
+                role: ROLE_STACK,
+                id,
+            },
+        );
+        Ok(id)
+    }
+
+    fn segment(&mut self, arena: &mut Arena, s: V) -> Result<Segment, &'static str> {
+        let address = uint(arena.get(s, "address")).unwrap_or(0);
         let mut blocks = Vec::new();
         let mut offset = address;
-        if let Some(list) = s.get("blocks").as_ref().and_then(Value::as_seq) {
-            for bv in list.0.borrow().iter() {
-                let size = uint(bv, "size").unwrap_or(0);
-                let state = match bv.get("state").as_ref().and_then(Value::as_str) {
-                    Some(s) if &**s == "active_allocated" => BlockState::ActiveAllocated,
-                    Some(s) if &**s == "active_pending_free" || &**s == "active_awaiting_free" => {
-                        BlockState::ActivePendingFree
-                    }
-                    Some(s) if &**s == "inactive" => BlockState::Inactive,
-                    _ => BlockState::Unknown,
-                };
-                // ≤ 2.0: the first history entry holds what 2.1 put on the block.
-                let legacy = bv
-                    .get("history")
-                    .and_then(|h| h.as_seq().and_then(|l| l.0.borrow().first().cloned()));
-                let requested_size = uint(bv, "requested_size")
-                    .or_else(|| legacy.as_ref().and_then(|h| uint(h, "real_size")));
-                let frames = bv
-                    .get("frames")
-                    .or_else(|| legacy.as_ref().and_then(|h| h.get("frames")));
-                let stack = self.stack(frames);
-                blocks.push(Block {
-                    address: uint(bv, "address").unwrap_or(offset),
-                    size,
-                    requested_size,
-                    state,
-                    stack,
-                });
-                offset = offset.saturating_add(size);
-            }
+        let block_values = arena
+            .get_id(s, BLOCKS)
+            .and_then(|l| arena.seq(l).map(<[V]>::to_vec))
+            .unwrap_or_default();
+        for bv in block_values {
+            let size = uint(arena.get_id(bv, SIZE)).unwrap_or(0);
+            let state = match arena.get(bv, "state").and_then(|v| arena.str(v)) {
+                Some(s) if &**s == "active_allocated" => BlockState::ActiveAllocated,
+                Some(s) if &**s == "active_pending_free" || &**s == "active_awaiting_free" => {
+                    BlockState::ActivePendingFree
+                }
+                Some(s) if &**s == "inactive" => BlockState::Inactive,
+                _ => BlockState::Unknown,
+            };
+            // ≤ 2.0: the first history entry holds what 2.1 put on the block.
+            let legacy = arena
+                .get_id(bv, HISTORY)
+                .and_then(|h| arena.seq(h).and_then(|l| l.first().copied()));
+            let requested_size = uint(arena.get(bv, "requested_size"))
+                .or_else(|| legacy.and_then(|h| uint(arena.get_id(h, REAL_SIZE))));
+            let frames = arena
+                .get_id(bv, FRAMES)
+                .or_else(|| legacy.and_then(|h| arena.get_id(h, FRAMES)));
+            let address = uint(arena.get(bv, "address")).unwrap_or(offset);
+            let stack = self.stack(arena, frames)?;
+            blocks.push(Block {
+                address,
+                size,
+                requested_size,
+                state,
+                stack,
+            });
+            offset = offset.saturating_add(size);
         }
         let sum = |f: &dyn Fn(&Block) -> bool| -> u64 {
             blocks
@@ -534,63 +782,146 @@ impl Builder {
                 .filter(|b| f(b))
                 .fold(0u64, |a, b| a.saturating_add(b.size))
         };
-        let allocated_size = uint(s, "allocated_size")
+        let allocated_size = uint(arena.get(s, "allocated_size"))
             .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated));
-        let active_size = uint(s, "active_size").unwrap_or_else(|| sum(&|b| b.state.is_active()));
-        let requested_size = uint(s, "requested_size").or_else(|| {
+        let active_size =
+            uint(arena.get(s, "active_size")).unwrap_or_else(|| sum(&|b| b.state.is_active()));
+        let requested_size = uint(arena.get(s, "requested_size")).or_else(|| {
             blocks
                 .iter()
                 .filter(|b| b.state.is_active())
                 .try_fold(0u64, |a, b| Some(a.saturating_add(b.requested_size?)))
         });
-        let pool = match s.get("segment_type").as_ref().and_then(Value::as_str) {
+        let pool = match arena.get(s, "segment_type").and_then(|v| arena.str(v)) {
             Some(t) if &**t == "small" => Pool::Small,
             Some(t) if &**t == "large" => Pool::Large,
             _ => Pool::Unknown,
         };
-        let pool_id = s
-            .get("segment_pool_id")
+        let pool_id = arena
+            .get(s, "segment_pool_id")
             .and_then(|p| {
-                p.as_seq().map(|t| {
-                    let t = t.0.borrow();
+                arena.seq(p).map(|t| {
                     (
-                        t.first().and_then(Value::as_int).unwrap_or(0),
-                        t.get(1).and_then(Value::as_int).unwrap_or(0),
+                        t.first().and_then(|v| v.as_int()).unwrap_or(0),
+                        t.get(1).and_then(|v| v.as_int()).unwrap_or(0),
                     )
                 })
             })
             .unwrap_or((0, 0));
-        let stack = self.stack(s.get("frames"));
-        Segment {
-            device: int(s, "device").unwrap_or(0),
+        let total_size = uint(arena.get(s, "total_size"))
+            .unwrap_or_else(|| blocks.iter().fold(0u64, |a, b| a.saturating_add(b.size)));
+        let device = int(arena.get(s, "device")).unwrap_or(0);
+        let stream = int(arena.get_id(s, STREAM)).unwrap_or(0);
+        let is_expandable = arena
+            .get(s, "is_expandable")
+            .and_then(V::as_bool)
+            .unwrap_or(false);
+        let frames = arena.get_id(s, FRAMES);
+        let stack = self.stack(arena, frames)?;
+        Ok(Segment {
+            device,
             address,
-            total_size: uint(s, "total_size")
-                .unwrap_or_else(|| blocks.iter().fold(0u64, |a, b| a.saturating_add(b.size))),
+            total_size,
             allocated_size,
             active_size,
             requested_size,
-            stream: int(s, "stream").unwrap_or(0),
+            stream,
             pool,
             pool_id,
-            is_expandable: s
-                .get("is_expandable")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
+            is_expandable,
             blocks,
             stack,
-        }
+        })
     }
 
-    fn trace_entry(&mut self, e: &Value) -> Option<TraceEntry> {
-        let action = Action::parse(e.get("action")?.as_str()?);
-        Some(TraceEntry {
-            action,
-            addr: uint(e, "addr"),
-            size: uint(e, "size").unwrap_or(0),
-            stream: int(e, "stream").unwrap_or(0),
-            time_us: int(e, "time_us"),
-            device_free: uint(e, "device_free"),
-            stack: self.stack(e.get("frames")),
-        })
+    /// The entry of a trace entry dict (None for anything without a string `action`); the
+    /// dict is taken and its pairs freed.
+    fn trace_entry(&mut self, arena: &mut Arena, e: V) -> Result<Option<TraceEntry>, &'static str> {
+        let V::Dict(o) = e else {
+            return Ok(None);
+        };
+        let pairs = match arena.replace(
+            o,
+            Obj::Taken {
+                role: ROLE_ENTRY,
+                id: 0,
+            },
+        ) {
+            Obj::Dict(pairs) => pairs,
+            other => {
+                arena.replace(o, other);
+                return Err(REUSED);
+            }
+        };
+        let (mut action, mut addr, mut size, mut stream, mut time_us, mut device_free, mut frames) =
+            (None, None, None, None, None, None, None);
+        // A later key wins, as in Python.
+        for &(k, v) in &pairs {
+            match k {
+                V::Str(ACTION) => action = Some(v),
+                V::Str(ADDR) => addr = Some(v),
+                V::Str(SIZE) => size = Some(v),
+                V::Str(STREAM) => stream = Some(v),
+                V::Str(TIME_US) => time_us = Some(v),
+                V::Str(DEVICE_FREE) => device_free = Some(v),
+                V::Str(FRAMES) => frames = Some(v),
+                _ => {}
+            }
+        }
+        arena.recycle(Obj::Dict(pairs));
+        let Some(V::Str(action)) = action else {
+            return Ok(None);
+        };
+        Ok(Some(TraceEntry {
+            action: action_of(arena, action),
+            addr: uint(addr),
+            size: uint(size).unwrap_or(0),
+            stream: int(stream).unwrap_or(0),
+            time_us: int(time_us),
+            device_free: uint(device_free),
+            stack: self.trace_stack(arena, frames)?,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_ids_are_the_known_strings() {
+        let i = Interner::with_known(&KNOWN);
+        for (id, s) in [
+            (UNKNOWN_NAME, "??"),
+            (ACTION, "action"),
+            (ADDR, "addr"),
+            (SIZE, "size"),
+            (STREAM, "stream"),
+            (TIME_US, "time_us"),
+            (DEVICE_FREE, "device_free"),
+            (FRAMES, "frames"),
+            (FILENAME, "filename"),
+            (LINE, "line"),
+            (NAME, "name"),
+            (SEGMENTS, "segments"),
+            (DEVICE_TRACES, "device_traces"),
+            (ALLOCATOR_SETTINGS, "allocator_settings"),
+            (BLOCKS, "blocks"),
+            (HISTORY, "history"),
+            (A_ALLOC, "alloc"),
+            (A_FREE_REQUESTED, "free_requested"),
+            (A_FREE_COMPLETED, "free_completed"),
+            (A_FREE, "free"),
+            (A_SEGMENT_ALLOC, "segment_alloc"),
+            (A_SEGMENT_FREE, "segment_free"),
+            (A_SEGMENT_MAP, "segment_map"),
+            (A_SEGMENT_UNMAP, "segment_unmap"),
+            (A_SNAPSHOT, "snapshot"),
+            (A_OOM, "oom"),
+            (REAL_SIZE, "real_size"),
+        ] {
+            assert_eq!(i.id_of(s), Some(id), "{s}");
+        }
+        assert_eq!(i.id_of("not known"), None);
     }
 }

@@ -1,21 +1,31 @@
 //! A pickle reader made for allocator snapshots: the opcodes that Python's `pickle.dump`
 //! (protocols 2–5) and the C++ TorchScript pickler write for plain data, with shared
-//! references kept shared (`Rc`), and no code execution: the only globals accepted are a
-//! short allow-list of constructors that build plain data (`collections.OrderedDict`, the
+//! references kept shared, and no code execution: the only globals accepted are a short
+//! allow-list of constructors that build plain data (`collections.OrderedDict`, the
 //! `torch.jit._pickle` list builders), handled here without importing anything.
 //!
 //! `serde-pickle` cannot read snapshots: Python memoizes every container and the snapshot
 //! shares one frame list between many blocks and trace entries, which serde-pickle treats
 //! as recursion (research-pytorch-memory.md §1.4).
 //!
-//! Memory is bounded by the input: every opcode byte creates at most one value, string and
-//! byte lengths are checked against [`Limits`] before anything is allocated, memo indices
-//! may not jump ahead, and nested values are dropped iteratively (no stack overflow on a
-//! deeply nested hostile file).
+//! **How it is built for speed** (a 200 MB snapshot holds ~50 M opcodes): values are
+//! 16-byte [`V`]s that are `Copy`; containers live in one [`Arena`] and are referred to by
+//! index, so a memo GET is a copy of 16 bytes, never a reference count; strings are
+//! interned once (keys and actions then compare as integers); the input is decoded from a
+//! slice of a chunk buffer, refilled only when an opcode would cross its end. A
+//! [`ListSink`] takes the items appended to the lists at `top[key][i]` while the pickle is
+//! read (the model turns trace entries into typed ones there and frees their dicts), so a
+//! million-entry trace never lives as generic values; what the sink took is frozen
+//! ([`Obj::Taken`]): changing it later is an error, so what was read is what the file holds.
+//!
+//! Memory is bounded by the input: every opcode creates at most one value, a string's or
+//! bytes' declared length allocates only as its bytes arrive, memo indices may not jump
+//! ahead, and [`Limits`] bound the total size, lengths and MARK depth.
 
-use std::cell::{Cell, RefCell};
-use std::io::{BufRead, Read};
+use std::io::Read;
 use std::rc::Rc;
+
+use hashbrown::HashMap;
 
 /// Bounds on what one pickle may make the reader do.
 #[derive(Debug, Clone, Copy)]
@@ -24,7 +34,7 @@ pub struct Limits {
     pub max_total_bytes: u64,
     /// Elements of one list, tuple or dict, and of the stack and memo.
     pub max_container_len: usize,
-    /// Nesting depth of containers (and of MARKs).
+    /// Nesting depth of MARKs.
     pub max_depth: usize,
 }
 
@@ -69,615 +79,559 @@ pub enum PickleError {
     },
 }
 
-/// A list or dict or tuple cell. Its `Drop` takes its children apart iteratively, so a
-/// deeply nested value never recurses in drop glue.
-/// The second field is set once the reader has handed the value to a [`TraceSink`]: a
-/// later change to it is refused, so what the sink read is what the file holds.
-#[derive(Debug, Default)]
-pub struct Items(pub RefCell<Vec<Value>>, Cell<bool>);
+/// Index into [`Arena`]'s containers.
+pub type ObjId = u32;
+/// Index into [`Arena`]'s interned strings.
+pub type StrId = u32;
 
-/// A dict: pairs in insertion order (keys of a snapshot dict are few, so lookup is a scan).
-#[derive(Debug, Default)]
-pub struct Pairs(pub RefCell<Vec<(Value, Value)>>, Cell<bool>);
-
-/// A value of the pickle. Containers are shared: the same `Rc` wherever the pickle refers
-/// to the same object.
-#[derive(Debug, Clone)]
-pub enum Value {
+/// A value of the pickle: scalars inline, strings and containers by index into the
+/// [`Arena`]. The same container wherever the pickle refers to the same object.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum V {
     None,
     Bool(bool),
     Int(i64),
-    /// An integer wider than 64 bits (little-endian two's complement), kept as bytes.
-    BigInt(Rc<[u8]>),
+    /// An integer wider than 64 bits (little-endian two's complement), index into
+    /// [`Arena::bytes`].
+    BigInt(u32),
     Float(f64),
-    Str(Rc<str>),
-    Bytes(Rc<[u8]>),
-    List(Rc<Items>),
-    Tuple(Rc<Items>),
-    Dict(Rc<Pairs>),
+    Str(StrId),
+    /// Index into [`Arena::bytes`].
+    Bytes(u32),
+    List(ObjId),
+    Tuple(ObjId),
+    Dict(ObjId),
     /// An allow-listed constructor pushed by GLOBAL/STACK_GLOBAL, waiting for its REDUCE.
     Callable(Global),
+    /// A memo slot that was never stored; never on the stack.
+    Unset,
 }
 
-impl Value {
-    pub fn as_int(&self) -> Option<i64> {
+impl V {
+    pub fn as_int(self) -> Option<i64> {
         match self {
-            Self::Int(i) => Some(*i),
-            Self::Bool(b) => Some(i64::from(*b)),
+            Self::Int(i) => Some(i),
+            Self::Bool(b) => Some(i64::from(b)),
             _ => None,
         }
     }
-    pub fn as_f64(&self) -> Option<f64> {
+    pub fn as_f64(self) -> Option<f64> {
         match self {
-            Self::Float(f) => Some(*f),
+            Self::Float(f) => Some(f),
             #[allow(clippy::cast_precision_loss)]
-            Self::Int(i) => Some(*i as f64),
+            Self::Int(i) => Some(i as f64),
             _ => None,
         }
     }
-    pub fn as_bool(&self) -> Option<bool> {
+    pub fn as_bool(self) -> Option<bool> {
         match self {
-            Self::Bool(b) => Some(*b),
-            Self::Int(i) => Some(*i != 0),
+            Self::Bool(b) => Some(b),
+            Self::Int(i) => Some(i != 0),
             _ => None,
         }
     }
-    pub fn as_str(&self) -> Option<&Rc<str>> {
-        match self {
-            Self::Str(s) => Some(s),
-            _ => None,
+}
+
+/// A container of the pickle.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Obj {
+    List(Vec<V>),
+    Tuple(Vec<V>),
+    /// Pairs in insertion order (keys of a snapshot dict are few, so lookup is a scan).
+    Dict(Vec<(V, V)>),
+    /// Read by a consumer of the pickle (the model) in some role — a trace entry, a frame,
+    /// a frame list — and its contents freed: `role` and `id` are the consumer's. The
+    /// reader refuses any later change to it.
+    Taken {
+        role: u8,
+        id: u32,
+    },
+}
+
+/// Strings, each stored once: equal strings have equal ids.
+#[derive(Debug, Default)]
+pub struct Interner {
+    ids: HashMap<Rc<str>, StrId>,
+    strings: Vec<Rc<str>>,
+}
+
+impl Interner {
+    /// An interner whose first ids are `known`'s, in order (duplicates keep the first id).
+    pub fn with_known(known: &[&str]) -> Self {
+        let mut i = Self::default();
+        for k in known {
+            i.intern(k);
         }
+        i
     }
-    /// The elements of a list or tuple.
-    pub fn as_seq(&self) -> Option<&Rc<Items>> {
-        match self {
-            Self::List(l) | Self::Tuple(l) => Some(l),
-            _ => None,
+
+    pub fn intern(&mut self, s: &str) -> StrId {
+        if let Some(&id) = self.ids.get(s) {
+            return id;
         }
+        let id = StrId::try_from(self.strings.len()).unwrap_or(StrId::MAX);
+        let rc: Rc<str> = Rc::from(s);
+        self.strings.push(Rc::clone(&rc));
+        self.ids.insert(rc, id);
+        id
     }
-    pub fn as_dict(&self) -> Option<&Rc<Pairs>> {
-        match self {
-            Self::Dict(d) => Some(d),
-            _ => None,
-        }
+
+    /// The string of `id` (ids come from this interner, so it exists).
+    pub fn get(&self, id: StrId) -> &Rc<str> {
+        &self.strings[id as usize]
     }
-    /// `dict[key]` for a string key.
-    pub fn get(&self, key: &str) -> Option<Value> {
-        let d = self.as_dict()?;
-        let pairs = d.0.borrow();
-        pairs
-            .iter()
-            .rev() // a later SETITEM of the same key wins, as in Python
-            .find(|(k, _)| k.as_str().is_some_and(|s| &**s == key))
-            .map(|(_, v)| v.clone())
+
+    /// The id of `s`, when some string equal to it was interned.
+    pub fn id_of(&self, s: &str) -> Option<StrId> {
+        self.ids.get(s).copied()
     }
 }
 
-/// Marks a trace entry, its frame list and the frames in it as read (three levels are
-/// what a trace entry nests), so that a later APPEND or SETITEM on them is an error.
-fn freeze(v: &Value, depth: u8) {
-    match v {
-        Value::List(l) | Value::Tuple(l) => {
-            l.1.set(true);
-            if depth > 0 {
-                for c in l.0.borrow().iter() {
-                    freeze(c, depth - 1);
-                }
-            }
-        }
-        Value::Dict(d) => {
-            d.1.set(true);
-            if depth > 0 {
-                for (_, c) in d.0.borrow().iter() {
-                    freeze(c, depth - 1);
-                }
-            }
-        }
-        _ => {}
+/// Everything a pickle made: its containers, strings and byte strings.
+#[derive(Debug, Default)]
+pub struct Arena {
+    objs: Vec<Obj>,
+    pub strings: Interner,
+    /// Byte strings and wide integers.
+    pub bytes: Vec<Box<[u8]>>,
+    /// Emptied item and pair buffers of taken containers, handed to the next new ones: a
+    /// trace is a million containers of much the same size, made and taken batch after
+    /// batch, so in a steady state nothing is allocated or freed per entry.
+    spare_items: Vec<Vec<V>>,
+    spare_pairs: Vec<Vec<(V, V)>>,
+    /// Set when [`Arena::seq`] or [`Arena::pairs`] met a taken container: a value the
+    /// consumer took in one role was looked at again as plain data, which a consumer that
+    /// must give what the file holds treats as an error ([`Arena::touched_taken`]).
+    touched_taken: std::cell::Cell<bool>,
+}
+
+/// How many emptied buffers of each kind [`Arena::recycle`] keeps: a batch of APPENDS
+/// (1,000 entries from Python's pickler) is made before the model takes any of it, and
+/// each entry has a dict and a frame list.
+const SPARE_BUFFERS: usize = 4096;
+/// A buffer larger than this is freed, not kept (one huge list must not stay allocated).
+const SPARE_MAX_ITEMS: usize = 4096;
+
+impl Arena {
+    pub fn obj(&self, id: ObjId) -> &Obj {
+        &self.objs[id as usize]
     }
-}
 
-/// Where completed trace entries go while the pickle is still being read, so that a
-/// million entries (each a dict with its frame list) never live as generic values all at
-/// once. The reader calls it for the items appended to a list that sits at
-/// `top_dict["device_traces"][i]`; it is given the items only while that list has no
-/// items of its own, so entries taken by the sink always precede those left in the list.
-pub trait TraceSink {
-    /// `list` is the per-device list the `items` were appended to (the key under which
-    /// the sink files them); the items are frozen (see [`Items`]).
-    fn trace_items(&mut self, list: &Rc<Items>, items: Vec<Value>);
-}
-
-/// Memo indices that a GET refers to anywhere in the pickle (a bit per index), found by
-/// a first pass over the opcodes ([`scan_fetched`]). An entry no GET refers to is not
-/// kept in the memo, so a value the file never refers to again is freed as soon as its
-/// parent is.
-#[derive(Debug, Clone, Default)]
-pub struct Fetched(Vec<u64>);
-
-impl Fetched {
-    fn mark(&mut self, idx: usize) {
-        let word = idx / 64;
-        if word >= self.0.len() {
-            self.0.resize(word + 1, 0);
-        }
-        self.0[word] |= 1 << (idx % 64);
+    /// Puts `with` in place of container `id` and gives back what was there.
+    pub fn replace(&mut self, id: ObjId, with: Obj) -> Obj {
+        std::mem::replace(&mut self.objs[id as usize], with)
     }
-    fn contains(&self, idx: usize) -> bool {
-        self.0
-            .get(idx / 64)
-            .is_some_and(|w| w & (1 << (idx % 64)) != 0)
+
+    pub fn len(&self) -> usize {
+        self.objs.len()
     }
-}
 
-/// The first pass: walks the opcodes without building anything and records which memo
-/// indices are fetched. It stops at STOP, at an opcode it does not know, or at the end of
-/// the input (the second pass reports what is wrong with the pickle).
-///
-/// # Errors
-/// I/O errors and the limits on total size and memo length.
-pub fn scan_fetched<R: BufRead>(mut input: R, limits: Limits) -> Result<Fetched, PickleError> {
-    let mut fetched = Fetched::default();
-    let mut pos: u64 = 0;
-    let mut memo_len: usize = 0;
-    let skip = |input: &mut R, n: u64, pos: &mut u64| -> Result<bool, PickleError> {
-        if pos.saturating_add(n) > limits.max_total_bytes {
-            return Err(PickleError::Limit {
-                what: "total size",
-                limit: limits.max_total_bytes,
-                at: *pos,
-            });
-        }
-        let got = std::io::copy(&mut input.take(n), &mut std::io::sink())?;
-        *pos += got;
-        Ok(got == n)
-    };
-    let arg = |input: &mut R, n: usize, pos: &mut u64| -> Result<Option<u64>, PickleError> {
-        let mut a = [0u8; 8];
-        match input.read_exact(&mut a[..n]) {
-            Ok(()) => {
-                *pos += n as u64;
-                Ok(Some(u64::from_le_bytes(a)))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    };
-    loop {
-        // Fast path: the common opcodes decoded straight from the buffer, many per call;
-        // whatever it does not take (STOP, GLOBAL, an opcode near the buffer's end, an
-        // odd GET) goes through the opcode-by-opcode path below.
-        let buf = input.fill_buf()?;
-        let mut i = 0;
-        while let Some(step) = scan_one(&buf[i..], &mut fetched, &mut memo_len, limits) {
-            i += step;
-        }
-        if i > 0 {
-            input.consume(i);
-            pos += i as u64;
-            if pos > limits.max_total_bytes {
-                return Err(PickleError::Limit {
-                    what: "total size",
-                    limit: limits.max_total_bytes,
-                    at: pos,
-                });
-            }
-            continue;
-        }
-        let Some(op) = arg(&mut input, 1, &mut pos)? else {
-            return Ok(fetched);
-        };
-        let ok = match op as u8 {
-            b'.' => return Ok(fetched),
-            0x80 | b'K' => arg(&mut input, 1, &mut pos)?.is_some(),
-            b'M' => arg(&mut input, 2, &mut pos)?.is_some(),
-            b'J' => arg(&mut input, 4, &mut pos)?.is_some(),
-            0x95 | b'G' => arg(&mut input, 8, &mut pos)?.is_some(),
-            0x8a | 0x8c | b'C' => match arg(&mut input, 1, &mut pos)? {
-                Some(n) => skip(&mut input, n, &mut pos)?,
-                None => false,
-            },
-            0x8b | b'X' | b'B' => match arg(&mut input, 4, &mut pos)? {
-                Some(n) => skip(&mut input, n, &mut pos)?,
-                None => false,
-            },
-            0x8d | 0x8e => match arg(&mut input, 8, &mut pos)? {
-                Some(n) => skip(&mut input, n, &mut pos)?,
-                None => false,
-            },
-            0x94 => {
-                memo_len += 1;
-                true
-            }
-            b'q' | b'r' => match arg(&mut input, if op as u8 == b'q' { 1 } else { 4 }, &mut pos)? {
-                Some(idx) => {
-                    let idx = usize::try_from(idx).unwrap_or(usize::MAX);
-                    memo_len = memo_len.max(idx.saturating_add(1));
-                    true
-                }
-                None => false,
-            },
-            b'h' | b'j' => match arg(&mut input, if op as u8 == b'h' { 1 } else { 4 }, &mut pos)? {
-                Some(idx) => {
-                    let idx = usize::try_from(idx).unwrap_or(usize::MAX);
-                    if idx >= limits.max_container_len || idx > memo_len + 1024 {
-                        // The second pass refuses this GET; nothing to record.
-                        return Ok(fetched);
-                    }
-                    fetched.mark(idx);
-                    true
-                }
-                None => false,
-            },
-            b'c' => {
-                // Two lines (module, name); the second pass bounds their length.
-                let mut lines = 0;
-                while lines < 2 {
-                    match arg(&mut input, 1, &mut pos)? {
-                        Some(b) if b == u64::from(b'\n') => lines += 1,
-                        Some(_) => {}
-                        None => return Ok(fetched),
-                    }
-                }
-                true
-            }
-            op if is_bare_for_the_first_pass(op) => true,
-            _ => return Ok(fetched),
-        };
-        if !ok {
-            return Ok(fetched);
-        }
+    pub fn is_empty(&self) -> bool {
+        self.objs.is_empty()
     }
-}
 
-/// Opcodes without an argument that the first pass only steps over: marks, pops, the
-/// container builders, tuples, None, STACK_GLOBAL and REDUCE (their memo effects, if any,
-/// come from the MEMOIZE/PUT that follows).
-fn is_bare_for_the_first_pass(op: u8) -> bool {
-    matches!(
-        op,
-        b'(' | b'0' | b'1' | b'2' | b'}' | b']' | b')' | b'd' | b'l' | b't' | 0x85
-            ..=0x89 | b'a' | b'e' | b's' | b'u' | b'N' | 0x93 | b'R'
-    )
-}
-
-/// One opcode of the first pass decoded from `buf` when it is whole there and common:
-/// its length, or None to leave it to the slow path.
-fn scan_one(
-    buf: &[u8],
-    fetched: &mut Fetched,
-    memo_len: &mut usize,
-    limits: Limits,
-) -> Option<usize> {
-    let op = *buf.first()?;
-    let need = |n: usize| (buf.len() >= n).then_some(n);
-    let le = |from: usize, n: usize| -> Option<usize> {
-        let b = buf.get(from..from + n)?;
-        let mut a = [0u8; 8];
-        a[..n].copy_from_slice(b);
-        usize::try_from(u64::from_le_bytes(a)).ok()
-    };
-    match op {
-        op if is_bare_for_the_first_pass(op) => Some(1),
-        0x94 => {
-            *memo_len += 1;
-            Some(1)
-        }
-        0x80 | b'K' => need(2),
-        b'M' => need(3),
-        b'J' => need(5),
-        0x95 | b'G' => need(9),
-        0x8a | 0x8c | b'C' => need(2 + le(1, 1)?),
-        0x8b | b'X' | b'B' => need(5usize.checked_add(le(1, 4)?)?),
-        b'q' | b'r' => {
-            let w = if op == b'q' { 1 } else { 4 };
-            let idx = le(1, w)?;
-            *memo_len = (*memo_len).max(idx.saturating_add(1));
-            Some(1 + w)
-        }
-        b'h' | b'j' => {
-            let w = if op == b'h' { 1 } else { 4 };
-            let idx = le(1, w)?;
-            if idx >= limits.max_container_len || idx > *memo_len + 1024 {
-                return None;
+    /// Gives back the buffer of what [`Arena::replace`] returned, for new containers.
+    pub fn recycle(&mut self, o: Obj) {
+        match o {
+            Obj::List(mut v) | Obj::Tuple(mut v)
+                if self.spare_items.len() < SPARE_BUFFERS && v.capacity() <= SPARE_MAX_ITEMS =>
+            {
+                v.clear();
+                self.spare_items.push(v);
             }
-            fetched.mark(idx);
-            Some(1 + w)
-        }
-        _ => None,
-    }
-}
-
-/// Moves the children of containers no one else holds onto an explicit stack, so dropping
-/// a value nested N deep takes O(1) native stack.
-fn dismantle(mut pending: Vec<Value>) {
-    while let Some(v) = pending.pop() {
-        match v {
-            Value::List(rc) | Value::Tuple(rc) => {
-                if let Ok(items) = Rc::try_unwrap(rc) {
-                    pending.append(&mut items.0.borrow_mut());
-                }
-            }
-            Value::Dict(rc) => {
-                if let Ok(pairs) = Rc::try_unwrap(rc) {
-                    for (k, v) in pairs.0.borrow_mut().drain(..) {
-                        pending.push(k);
-                        pending.push(v);
-                    }
-                }
+            Obj::Dict(mut v)
+                if self.spare_pairs.len() < SPARE_BUFFERS && v.capacity() <= SPARE_MAX_ITEMS =>
+            {
+                v.clear();
+                self.spare_pairs.push(v);
             }
             _ => {}
         }
     }
-}
 
-/// Whether dropping `v` may recurse: a container that no one else holds. Leaves (strings,
-/// numbers) and shared containers drop without recursion, so a dict of them — a frame, a
-/// trace entry — is dropped in place without building a work list.
-fn owns_container(v: &Value) -> bool {
-    match v {
-        Value::List(rc) | Value::Tuple(rc) => Rc::strong_count(rc) == 1,
-        Value::Dict(rc) => Rc::strong_count(rc) == 1,
-        _ => false,
+    #[inline]
+    fn new_list(&mut self) -> Obj {
+        Obj::List(self.spare_items.pop().unwrap_or_default())
     }
-}
 
-impl Drop for Items {
-    fn drop(&mut self) {
-        if !self.0.get_mut().iter().any(owns_container) {
-            return;
+    #[inline]
+    fn new_dict(&mut self) -> Obj {
+        Obj::Dict(self.spare_pairs.pop().unwrap_or_default())
+    }
+
+    fn add(&mut self, o: Obj) -> ObjId {
+        let id = ObjId::try_from(self.objs.len()).unwrap_or(ObjId::MAX);
+        self.objs.push(o);
+        id
+    }
+
+    pub fn str(&self, v: V) -> Option<&Rc<str>> {
+        match v {
+            V::Str(id) => Some(self.strings.get(id)),
+            _ => None,
         }
-        dismantle(std::mem::take(self.0.get_mut()));
     }
-}
 
-impl Drop for Pairs {
-    fn drop(&mut self) {
-        if !self
-            .0
-            .get_mut()
+    /// The elements of a list or tuple (None for anything else, a taken one included).
+    pub fn seq(&self, v: V) -> Option<&[V]> {
+        match v {
+            V::List(o) | V::Tuple(o) => match self.obj(o) {
+                Obj::List(items) | Obj::Tuple(items) => Some(items),
+                _ => {
+                    self.touched_taken.set(true);
+                    None
+                }
+            },
+            _ => None,
+        }
+    }
+
+    /// The pairs of a dict (None for anything else, a taken one included).
+    pub fn pairs(&self, v: V) -> Option<&[(V, V)]> {
+        match v {
+            V::Dict(o) => match self.obj(o) {
+                Obj::Dict(pairs) => Some(pairs),
+                _ => {
+                    self.touched_taken.set(true);
+                    None
+                }
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether [`Arena::seq`] or [`Arena::pairs`] was asked for a taken container.
+    pub fn touched_taken(&self) -> bool {
+        self.touched_taken.get()
+    }
+
+    /// `dict[key]` for a string key; a later SETITEM of the same key wins, as in Python.
+    pub fn get(&self, v: V, key: &str) -> Option<V> {
+        let id = self.strings.id_of(key)?;
+        self.get_id(v, id)
+    }
+
+    /// [`Arena::get`] with the key's id.
+    pub fn get_id(&self, v: V, key: StrId) -> Option<V> {
+        self.pairs(v)?
             .iter()
-            .any(|(k, v)| owns_container(k) || owns_container(v))
-        {
-            return;
-        }
-        let pairs = std::mem::take(self.0.get_mut());
-        dismantle(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect());
+            .rev()
+            .find(|(k, _)| *k == V::Str(key))
+            .map(|(_, v)| *v)
     }
 }
 
-/// Reads one pickle from `input` (stops at STOP; what follows is not read).
+/// What a pickle read into: its top value and the arena it refers to.
+#[derive(Debug)]
+pub struct Document {
+    pub arena: Arena,
+    pub top: V,
+}
+
+/// Takes the items appended to the lists at `top[key][i]` (top the outermost dict, `key`
+/// [`ListSink::key`]) while the pickle is read. It is given a list's items only while that
+/// list has no items of its own, so what it took always precedes what is left in the list.
+pub trait ListSink {
+    /// The id (in the interner the reader was given) of the key whose lists are streamed.
+    fn key(&self) -> StrId;
+    /// `items` were appended to `list`; `at` is the byte of the APPEND(S), for errors.
+    ///
+    /// # Errors
+    /// Whatever makes the items unreadable to the sink; the whole read fails with it.
+    fn take(
+        &mut self,
+        arena: &mut Arena,
+        list: ObjId,
+        items: &[V],
+        at: u64,
+    ) -> Result<(), PickleError>;
+}
+
+/// Reads one pickle from `input` (stops at STOP; what follows is not read), with strings
+/// interned in `strings` (pass [`Interner::with_known`] to know the ids of keys ahead).
 ///
 /// # Errors
 /// Any [`PickleError`]: I/O, truncation, an opcode outside the supported set, a global
-/// outside the allow-list, a structure that is not well formed, a limit exceeded.
-pub fn read<R: BufRead>(input: R, limits: Limits) -> Result<Value, PickleError> {
-    Machine::new(input, limits).run()
-}
-
-/// Reads one pickle as [`read`] does, keeping in the memo only the entries in `fetched`
-/// (from [`scan_fetched`] over the same bytes) and handing completed device-trace
-/// entries to `sink` as they are read. A GET of an entry that was not kept is an error
-/// (the input differed from what the first pass read), never a wrong value.
-///
-/// # Errors
-/// As [`read`], and [`PickleError::Malformed`] when a value given to the sink is changed
-/// afterwards.
-pub fn read_streaming<R: BufRead>(
+/// outside the allow-list, a structure that is not well formed, a limit exceeded, or what
+/// the sink refused.
+pub fn read<R: Read>(
     input: R,
     limits: Limits,
-    fetched: Fetched,
-    sink: &mut dyn TraceSink,
-) -> Result<Value, PickleError> {
-    let mut m = Machine::new(input, limits);
-    m.fetched = Some(fetched);
-    m.sink = Some(sink);
-    m.run()
+    strings: Interner,
+    sink: Option<&mut dyn ListSink>,
+) -> Result<Document, PickleError> {
+    let mut input = Input::new(input, limits.max_total_bytes);
+    let mut m = Machine {
+        limits,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Vec::new(),
+        arena: Arena {
+            strings,
+            ..Arena::default()
+        },
+        stream_key: sink.as_ref().map(|s| s.key()),
+        sink,
+    };
+    let top = m.run(&mut input)?;
+    Ok(Document {
+        arena: m.arena,
+        top,
+    })
 }
 
-/// Reads a pickle from a byte slice.
+/// Reads a pickle from a byte slice, nothing streamed.
 ///
 /// # Errors
 /// As [`read`].
-pub fn from_slice(bytes: &[u8], limits: Limits) -> Result<Value, PickleError> {
-    read(bytes, limits)
+pub fn from_slice(bytes: &[u8], limits: Limits) -> Result<Document, PickleError> {
+    read(bytes, limits, Interner::default(), None)
 }
 
-struct Machine<'s, R> {
-    input: R,
-    /// When set, memo entries outside it are not kept.
-    fetched: Option<Fetched>,
-    sink: Option<&'s mut dyn TraceSink>,
-    pos: u64,
-    limits: Limits,
-    stack: Vec<Value>,
-    /// Stack lengths at each MARK.
-    marks: Vec<usize>,
-    memo: Vec<Option<Value>>,
+/// The bytes of a [`Read`] in a buffer that the decoder reads as a slice.
+struct Input<R> {
+    src: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    /// Stream offset of `buf[0]`.
+    base: u64,
+    eof: bool,
+    max_total: u64,
 }
 
-impl<R: BufRead> Machine<'_, R> {
-    fn new(input: R, limits: Limits) -> Self {
+/// What a refill asks for at least: the read call takes as much as the buffer holds.
+const CHUNK_BYTES: usize = 1 << 20;
+/// The longest module or name a GLOBAL opcode may have.
+const GLOBAL_NAME_BYTES: usize = 256;
+
+impl<R: Read> Input<R> {
+    fn new(src: R, max_total: u64) -> Self {
         Self {
-            input,
-            fetched: None,
-            sink: None,
+            src,
+            buf: Vec::new(),
             pos: 0,
-            limits,
-            stack: Vec::new(),
-            marks: Vec::new(),
-            memo: Vec::new(),
+            end: 0,
+            base: 0,
+            eof: false,
+            max_total,
         }
     }
 
-    fn malformed(&self, what: &'static str) -> PickleError {
-        PickleError::Malformed { what, at: self.pos }
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
     }
 
-    fn limit(&self, what: &'static str, limit: u64) -> PickleError {
-        PickleError::Limit {
-            what,
-            limit,
-            at: self.pos,
+    /// Makes `need` bytes ready at `pos` unless the stream ends first (then fewer are),
+    /// reading in chunks. The buffer grows only when it is full of bytes that arrived, so
+    /// a hostile declared length never allocates more than twice what the file holds.
+    fn fill(&mut self, need: usize) -> Result<(), PickleError> {
+        if self.end - self.pos >= need {
+            return Ok(());
         }
-    }
-
-    fn advance(&mut self, n: u64) -> Result<(), PickleError> {
-        self.pos += n;
-        if self.pos > self.limits.max_total_bytes {
-            return Err(self.limit("total size", self.limits.max_total_bytes));
+        if self.offset().saturating_add(need as u64) > self.max_total {
+            return Err(PickleError::Limit {
+                what: "total size",
+                limit: self.max_total,
+                at: self.offset(),
+            });
+        }
+        if self.pos > 0 {
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.base += self.pos as u64;
+            self.end -= self.pos;
+            self.pos = 0;
+        }
+        while self.end < need && !self.eof {
+            if self.end == self.buf.len() {
+                let grown = (self.buf.len() * 2).max(CHUNK_BYTES);
+                self.buf.resize(grown, 0);
+            }
+            // Never past the total-size limit: bytes beyond it are not read at all.
+            let room = usize::try_from(self.max_total.saturating_sub(self.base))
+                .unwrap_or(usize::MAX)
+                .min(self.buf.len());
+            if self.end >= room {
+                return Err(PickleError::Limit {
+                    what: "total size",
+                    limit: self.max_total,
+                    at: self.base + self.end as u64,
+                });
+            }
+            match self.src.read(&mut self.buf[self.end..room]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     }
+}
 
-    fn byte(&mut self) -> Result<u8, PickleError> {
-        let buf = self.input.fill_buf()?;
-        let Some(&b) = buf.first() else {
-            return Err(PickleError::Truncated(self.pos));
-        };
-        self.input.consume(1);
-        self.advance(1)?;
-        Ok(b)
+fn le_usize(b: &[u8]) -> usize {
+    let mut a = [0u8; 8];
+    a[..b.len()].copy_from_slice(b);
+    usize::try_from(u64::from_le_bytes(a)).unwrap_or(usize::MAX)
+}
+
+struct Machine<'s> {
+    limits: Limits,
+    stack: Vec<V>,
+    /// Stack lengths at each MARK.
+    marks: Vec<usize>,
+    memo: Vec<V>,
+    arena: Arena,
+    stream_key: Option<StrId>,
+    sink: Option<&'s mut dyn ListSink>,
+}
+
+impl Machine<'_> {
+    fn malformed(what: &'static str, at: u64) -> PickleError {
+        PickleError::Malformed { what, at }
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], PickleError> {
-        let mut a = [0u8; N];
-        match self.input.read_exact(&mut a) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(PickleError::Truncated(self.pos));
-            }
-            Err(e) => return Err(e.into()),
+    fn limit(&self, what: &'static str, at: u64) -> PickleError {
+        PickleError::Limit {
+            what,
+            limit: self.limits.max_container_len as u64,
+            at,
         }
-        self.advance(N as u64)?;
-        Ok(a)
     }
 
-    /// `n` bytes, read in pieces so that a hostile length allocates no more than the
-    /// bytes actually present.
-    fn bytes(&mut self, n: u64) -> Result<Vec<u8>, PickleError> {
-        if self.pos.saturating_add(n) > self.limits.max_total_bytes {
-            return Err(self.limit("total size", self.limits.max_total_bytes));
-        }
-        let mut out = Vec::with_capacity(usize::try_from(n.min(1 << 16)).unwrap_or(1 << 16));
-        let got = (&mut self.input).take(n).read_to_end(&mut out)?;
-        self.advance(got as u64)?;
-        if (got as u64) < n {
-            return Err(PickleError::Truncated(self.pos));
-        }
-        Ok(out)
-    }
-
-    fn string(&mut self, n: u64) -> Result<Value, PickleError> {
-        let raw = self.bytes(n)?;
-        // Python writes surrogates as-is ('surrogatepass'); a lossy decode keeps reading.
-        // `from_utf8_lossy` borrows valid text, so a valid string is copied once, into the Rc.
-        Ok(Value::Str(Rc::from(&*String::from_utf8_lossy(&raw))))
-    }
-
-    fn line(&mut self) -> Result<String, PickleError> {
-        let mut out = Vec::new();
-        loop {
-            let b = self.byte()?;
-            if b == b'\n' {
-                break;
-            }
-            if out.len() >= 256 {
-                return Err(self.malformed("a GLOBAL name longer than 256 bytes"));
-            }
-            out.push(b);
-        }
-        String::from_utf8(out).map_err(|_| self.malformed("a GLOBAL name that is not UTF-8"))
-    }
-
-    fn push(&mut self, v: Value) -> Result<(), PickleError> {
+    #[inline(always)]
+    fn push(&mut self, v: V, at: u64) -> Result<(), PickleError> {
         if self.stack.len() >= self.limits.max_container_len {
-            return Err(self.limit("stack length", self.limits.max_container_len as u64));
+            return Err(self.limit("stack length", at));
         }
         self.stack.push(v);
         Ok(())
     }
 
-    fn pop(&mut self) -> Result<Value, PickleError> {
-        let floor = self.marks.last().copied().unwrap_or(0);
-        if self.stack.len() <= floor {
-            return Err(self.malformed("pop from an empty stack (or across a MARK)"));
+    #[inline]
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    #[inline]
+    fn pop(&mut self, at: u64) -> Result<V, PickleError> {
+        if self.stack.len() <= self.floor() {
+            return Err(Self::malformed(
+                "pop from an empty stack (or across a MARK)",
+                at,
+            ));
         }
         self.stack
             .pop()
-            .ok_or_else(|| self.malformed("pop from an empty stack"))
+            .ok_or_else(|| Self::malformed("pop from an empty stack", at))
     }
 
-    fn top(&self) -> Result<&Value, PickleError> {
-        let floor = self.marks.last().copied().unwrap_or(0);
-        if self.stack.len() <= floor {
-            return Err(self.malformed("no value on the stack"));
+    #[inline]
+    fn top(&self, at: u64) -> Result<V, PickleError> {
+        if self.stack.len() <= self.floor() {
+            return Err(Self::malformed("no value on the stack", at));
         }
         self.stack
             .last()
-            .ok_or_else(|| self.malformed("no value on the stack"))
+            .copied()
+            .ok_or_else(|| Self::malformed("no value on the stack", at))
     }
 
-    /// The values above the last MARK, and the MARK removed.
-    fn pop_mark(&mut self) -> Result<Vec<Value>, PickleError> {
-        let Some(at) = self.marks.pop() else {
-            return Err(self.malformed("no MARK to pop to"));
-        };
-        Ok(self.stack.split_off(at))
+    /// The MARK removed; the values above it stay on the stack from the returned index.
+    fn pop_mark(&mut self, at: u64) -> Result<usize, PickleError> {
+        self.marks
+            .pop()
+            .ok_or_else(|| Self::malformed("no MARK to pop to", at))
     }
 
-    fn memo_put(&mut self, idx: usize) -> Result<(), PickleError> {
-        let v = self.top()?.clone();
+    fn new_obj(&mut self, o: Obj) -> ObjId {
+        self.arena.add(o)
+    }
+
+    #[inline(always)]
+    fn memo_put(&mut self, idx: usize, at: u64) -> Result<(), PickleError> {
+        let v = self.top(at)?;
+        if idx == self.memo.len() {
+            if idx >= self.limits.max_container_len {
+                return Err(self.limit("memo length", at));
+            }
+            self.memo.push(v);
+            return Ok(());
+        }
         // Writers number memo entries 0, 1, 2, …; a jump ahead would let a few bytes
         // allocate a huge memo.
         if idx > self.memo.len() + 1024 {
-            return Err(self.malformed("a memo index far beyond the entries so far"));
+            return Err(Self::malformed(
+                "a memo index far beyond the entries so far",
+                at,
+            ));
         }
         if idx >= self.limits.max_container_len {
-            return Err(self.limit("memo length", self.limits.max_container_len as u64));
+            return Err(self.limit("memo length", at));
         }
         if idx >= self.memo.len() {
-            self.memo.resize(idx + 1, None);
+            self.memo.resize(idx + 1, V::Unset);
         }
-        let keep = self.fetched.as_ref().is_none_or(|f| f.contains(idx));
-        self.memo[idx] = keep.then_some(v);
+        self.memo[idx] = v;
         Ok(())
     }
 
-    fn memo_get(&mut self, idx: usize) -> Result<(), PickleError> {
-        let v = self
-            .memo
-            .get(idx)
-            .and_then(Clone::clone)
-            .ok_or_else(|| {
-                self.malformed("a memo reference to an entry never stored (or not kept because the first pass saw no reference to it: did the file change while being read?)")
-            })?;
-        self.push(v)
+    #[inline(always)]
+    fn memo_get(&mut self, idx: usize, at: u64) -> Result<(), PickleError> {
+        match self.memo.get(idx) {
+            Some(&v) if !matches!(v, V::Unset) => self.push(v, at),
+            _ => Err(Self::malformed(
+                "a memo reference to an entry never stored",
+                at,
+            )),
+        }
     }
 
-    fn check_len(&self, len: usize) -> Result<(), PickleError> {
+    /// Pushes the memo values of the BINGET/LONG_BINGET opcodes at the start of `buf`, as
+    /// many as are whole there and refer to stored entries, and gives the bytes they took
+    /// (0 leaves the first one, and any error, to the opcode-by-opcode path).
+    #[inline(always)]
+    fn memo_get_run(&mut self, buf: &[u8]) -> usize {
+        let mut i = 0;
+        loop {
+            let (idx, len) = match buf.get(i..) {
+                Some([b'h', idx, ..]) => (usize::from(*idx), 2),
+                Some([b'j', a, b, c, d, ..]) => (u32::from_le_bytes([*a, *b, *c, *d]) as usize, 5),
+                _ => return i,
+            };
+            match self.memo.get(idx) {
+                Some(&v)
+                    if !matches!(v, V::Unset)
+                        && self.stack.len() < self.limits.max_container_len =>
+                {
+                    self.stack.push(v);
+                    i += len;
+                }
+                _ => return i,
+            }
+        }
+    }
+
+    fn check_len(&self, len: usize, at: u64) -> Result<(), PickleError> {
         if len > self.limits.max_container_len {
-            return Err(self.limit("container length", self.limits.max_container_len as u64));
+            return Err(self.limit("container length", at));
         }
         Ok(())
     }
 
-    /// Whether the list on top of the stack is `top_dict["device_traces"][i]` while the
-    /// pickle is being read: the stack then holds the top dict at 0 (its SETITEMS MARK at
-    /// 1), the key `device_traces` at an even offset from that MARK, the outer list, and
-    /// the per-device list either right after the outer list or in the batch above the
-    /// outer list's APPENDS MARK.
-    fn in_device_traces(&self) -> bool {
-        let n = self.stack.len();
+    /// Whether the list at `stack[n - 1]` is `top_dict[key][i]` (the streamed key) while the
+    /// pickle is being read, `n` being the stack's length without the values being added:
+    /// the stack then holds the top dict at 0 (its SETITEMS MARK at 1), the key at an even
+    /// offset from that MARK, the outer list, and the per-device list either right after
+    /// the outer list or in the batch above the outer list's APPENDS MARK.
+    fn in_streamed_list(&self, key: StrId, n: usize) -> bool {
         let is_key = |k: usize| {
             k >= 1
                 && (k - 1) % 2 == 0
-                && matches!(&self.stack[0], Value::Dict(_))
-                && self.stack[k]
-                    .as_str()
-                    .is_some_and(|s| &**s == "device_traces")
+                && matches!(self.stack[0], V::Dict(_))
+                && self.stack[k] == V::Str(key)
         };
-        let outer_is_list = |o: usize| matches!(&self.stack[o], Value::List(_));
+        let outer_is_list = |o: usize| matches!(self.stack[o], V::List(_));
         match self.marks.as_slice() {
             [1] => n >= 3 && outer_is_list(n - 2) && is_key(n - 3),
             [1, m] => *m >= 3 && *m < n && outer_is_list(*m - 1) && is_key(*m - 2),
@@ -685,261 +639,490 @@ impl<R: BufRead> Machine<'_, R> {
         }
     }
 
-    fn extend_list(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
-        let target = self.top()?.clone();
-        match target {
-            Value::List(l) => {
-                if l.1.get() {
-                    return Err(self.malformed("APPEND to a list already read as a trace entry"));
-                }
-                if self.sink.is_some() && l.0.borrow().is_empty() && self.in_device_traces() {
-                    self.check_len(items.len())?;
-                    for it in &items {
-                        freeze(it, 3);
-                    }
-                    if let Some(sink) = self.sink.as_mut() {
-                        sink.trace_items(&l, items);
-                    }
-                    return Ok(());
-                }
-                let mut v = l.0.borrow_mut();
-                self.check_len(v.len() + items.len())?;
-                v.extend(items);
-                Ok(())
+    /// The container at `stack[from - 1]`, which the values from `from` on are added to; it
+    /// must be above the innermost MARK.
+    fn target(&self, from: usize, at: u64) -> Result<V, PickleError> {
+        if from == 0 || from - 1 < self.floor() {
+            return Err(Self::malformed("no container below the values to add", at));
+        }
+        Ok(self.stack[from - 1])
+    }
+
+    /// Appends `stack[from..]` to the list below them, then drops them from the stack.
+    fn extend_list(&mut self, from: usize, at: u64) -> Result<(), PickleError> {
+        let V::List(o) = self.target(from, at)? else {
+            return Err(Self::malformed(
+                "APPEND to something that is not a list",
+                at,
+            ));
+        };
+        let count = self.stack.len() - from;
+        let streamed = match (&self.arena.objs[o as usize], self.stream_key) {
+            (Obj::List(l), Some(key)) => {
+                l.is_empty() && self.sink.is_some() && self.in_streamed_list(key, from)
             }
-            _ => Err(self.malformed("APPEND to something that is not a list")),
-        }
-    }
-
-    fn set_items(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
-        if items.len() % 2 != 0 {
-            return Err(self.malformed("SETITEMS with an odd number of values"));
-        }
-        let target = self.top()?.clone();
-        match target {
-            Value::Dict(d) => {
-                if d.1.get() {
-                    return Err(self.malformed("SETITEM on a dict already read as a trace entry"));
-                }
-                let mut pairs = d.0.borrow_mut();
-                self.check_len(pairs.len() + items.len() / 2)?;
-                let mut it = items.into_iter();
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    pairs.push((k, v));
-                }
-                Ok(())
+            _ => false,
+        };
+        if streamed {
+            self.check_len(count, at)?;
+            if let Some(sink) = self.sink.as_mut() {
+                sink.take(&mut self.arena, o, &self.stack[from..], at)?;
             }
-            _ => Err(self.malformed("SETITEM on something that is not a dict")),
+        } else {
+            let max = self.limits.max_container_len;
+            match &mut self.arena.objs[o as usize] {
+                Obj::List(l) => {
+                    if l.len() + count > max {
+                        return Err(self.limit("container length", at));
+                    }
+                    l.extend_from_slice(&self.stack[from..]);
+                }
+                Obj::Taken { .. } => {
+                    return Err(Self::malformed(
+                        "APPEND to a list already read (as a trace entry, a frame or a frame list)",
+                        at,
+                    ));
+                }
+                _ => {
+                    return Err(Self::malformed(
+                        "APPEND to something that is not a list",
+                        at,
+                    ));
+                }
+            }
+        }
+        self.stack.truncate(from);
+        Ok(())
+    }
+
+    /// Sets the pairs `stack[from..]` in the dict below them, then drops them.
+    fn set_items(&mut self, from: usize, at: u64) -> Result<(), PickleError> {
+        let count = self.stack.len() - from;
+        if count % 2 != 0 {
+            return Err(Self::malformed("SETITEMS with an odd number of values", at));
+        }
+        let V::Dict(o) = self.target(from, at)? else {
+            return Err(Self::malformed(
+                "SETITEM on something that is not a dict",
+                at,
+            ));
+        };
+        let max = self.limits.max_container_len;
+        match &mut self.arena.objs[o as usize] {
+            Obj::Dict(pairs) => {
+                if pairs.len() + count / 2 > max {
+                    return Err(self.limit("container length", at));
+                }
+                pairs.extend(self.stack[from..].chunks_exact(2).map(|kv| (kv[0], kv[1])));
+            }
+            Obj::Taken { .. } => {
+                return Err(Self::malformed(
+                    "SETITEM on a dict already read (as a trace entry, a frame or a frame list)",
+                    at,
+                ));
+            }
+            _ => {
+                return Err(Self::malformed(
+                    "SETITEM on something that is not a dict",
+                    at,
+                ));
+            }
+        }
+        self.stack.truncate(from);
+        Ok(())
+    }
+
+    fn string(&mut self, raw: &[u8]) -> V {
+        // Python writes surrogates as-is ('surrogatepass'); a lossy decode keeps reading.
+        V::Str(self.arena.strings.intern(&String::from_utf8_lossy(raw)))
+    }
+
+    fn blob(&mut self, raw: &[u8], big_int: bool) -> V {
+        let id = u32::try_from(self.arena.bytes.len()).unwrap_or(u32::MAX);
+        self.arena.bytes.push(Box::from(raw));
+        if big_int { V::BigInt(id) } else { V::Bytes(id) }
+    }
+
+    /// LONG1/LONG4: little-endian two's complement; wider than 64 bits kept as bytes.
+    fn long(&mut self, raw: &[u8]) -> V {
+        if raw.len() <= 8 {
+            long_inline(raw)
+        } else {
+            self.blob(raw, true)
         }
     }
 
-    fn tuple(items: Vec<Value>) -> Value {
-        Value::Tuple(Rc::new(Items(RefCell::new(items), Cell::new(false))))
-    }
-
-    fn run(mut self) -> Result<Value, PickleError> {
+    /// Reads opcodes until STOP. The inner loop decodes from a slice of the buffer with its
+    /// position in a register; an opcode whose bytes are not all there yet leaves it with
+    /// how many it needs, the buffer is refilled, and decoding goes on where it stopped.
+    fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<V, PickleError> {
+        // Bytes the next opcode needs at `input.pos`: 1 to start, more when one was cut.
+        let mut need = 1;
         loop {
-            let at = self.pos;
-            let op = self.byte()?;
-            match op {
-                0x80 => {
-                    let proto = self.byte()?;
-                    if !(2..=5).contains(&proto) {
-                        return Err(PickleError::Protocol(proto));
-                    }
-                }
-                // FRAME: a length hint for buffering; the stream is read the same either way.
-                0x95 => {
-                    self.array::<8>()?;
-                }
-                b'.' => {
-                    // STOP
-                    let v = self.pop()?;
-                    if !self.marks.is_empty() {
-                        return Err(self.malformed("STOP inside a MARK"));
-                    }
-                    return Ok(v);
-                }
-                b'(' => {
-                    if self.marks.len() >= self.limits.max_depth {
-                        return Err(self.limit("nesting depth", self.limits.max_depth as u64));
-                    }
-                    self.marks.push(self.stack.len());
-                }
-                b'0' => {
-                    self.pop()?;
-                }
-                b'1' => {
-                    self.pop_mark()?;
-                }
-                b'2' => {
-                    let v = self.top()?.clone();
-                    self.push(v)?;
-                }
-                b'}' => self.push(Value::Dict(Rc::default()))?,
-                b']' => self.push(Value::List(Rc::default()))?,
-                b')' => self.push(Self::tuple(Vec::new()))?,
-                b'd' => {
-                    let items = self.pop_mark()?;
-                    self.push(Value::Dict(Rc::default()))?;
-                    self.set_items(items)?;
-                }
-                b'l' => {
-                    let items = self.pop_mark()?;
-                    self.push(Value::List(Rc::new(Items(
-                        RefCell::new(items),
-                        Cell::new(false),
-                    ))))?;
-                }
-                b't' => {
-                    let items = self.pop_mark()?;
-                    self.push(Self::tuple(items))?;
-                }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    if self.stack.len() < floor + n {
-                        return Err(self.malformed("TUPLE1/2/3 with too few values"));
-                    }
-                    let items = self.stack.split_off(self.stack.len() - n);
-                    self.push(Self::tuple(items))?;
-                }
-                b'a' => {
-                    let v = self.pop()?;
-                    self.extend_list(vec![v])?;
-                }
-                b'e' => {
-                    let items = self.pop_mark()?;
-                    self.extend_list(items)?;
-                }
-                b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    self.set_items(vec![k, v])?;
-                }
-                b'u' => {
-                    let items = self.pop_mark()?;
-                    self.set_items(items)?;
-                }
-                b'N' => self.push(Value::None)?,
-                0x88 => self.push(Value::Bool(true))?,
-                0x89 => self.push(Value::Bool(false))?,
-                b'J' => {
-                    let v = i32::from_le_bytes(self.array()?);
-                    self.push(Value::Int(i64::from(v)))?;
-                }
-                b'K' => {
-                    let v = self.byte()?;
-                    self.push(Value::Int(i64::from(v)))?;
-                }
-                b'M' => {
-                    let v = u16::from_le_bytes(self.array()?);
-                    self.push(Value::Int(i64::from(v)))?;
-                }
-                0x8a => {
-                    let n = self.byte()?;
-                    let raw = self.bytes(u64::from(n))?;
-                    self.push(long(&raw))?;
-                }
-                0x8b => {
-                    let n = u32::from_le_bytes(self.array()?);
-                    let raw = self.bytes(u64::from(n))?;
-                    self.push(long(&raw))?;
-                }
-                b'G' => {
-                    let v = f64::from_be_bytes(self.array()?);
-                    self.push(Value::Float(v))?;
-                }
-                0x8c => {
-                    let n = self.byte()?;
-                    let s = self.string(u64::from(n))?;
-                    self.push(s)?;
-                }
-                b'X' => {
-                    let n = u32::from_le_bytes(self.array()?);
-                    let s = self.string(u64::from(n))?;
-                    self.push(s)?;
-                }
-                0x8d => {
-                    let n = u64::from_le_bytes(self.array()?);
-                    let s = self.string(n)?;
-                    self.push(s)?;
-                }
-                b'C' => {
-                    let n = self.byte()?;
-                    let b = self.bytes(u64::from(n))?;
-                    self.push(Value::Bytes(Rc::from(b)))?;
-                }
-                b'B' => {
-                    let n = u32::from_le_bytes(self.array()?);
-                    let b = self.bytes(u64::from(n))?;
-                    self.push(Value::Bytes(Rc::from(b)))?;
-                }
-                0x8e => {
-                    let n = u64::from_le_bytes(self.array()?);
-                    let b = self.bytes(n)?;
-                    self.push(Value::Bytes(Rc::from(b)))?;
-                }
-                0x94 => {
-                    let idx = self.memo.len();
-                    self.memo_put(idx)?;
-                }
-                b'q' => {
-                    let idx = self.byte()?;
-                    self.memo_put(usize::from(idx))?;
-                }
-                b'r' => {
-                    let idx = u32::from_le_bytes(self.array()?);
-                    self.memo_put(idx as usize)?;
-                }
-                b'h' => {
-                    let idx = self.byte()?;
-                    self.memo_get(usize::from(idx))?;
-                }
-                b'j' => {
-                    let idx = u32::from_le_bytes(self.array()?);
-                    self.memo_get(idx as usize)?;
-                }
-                b'c' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    let g = Global::allowed(&module, &name)
-                        .ok_or(PickleError::GlobalNotAllowed { module, name, at })?;
-                    self.push(Value::Callable(g))?;
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    let (Some(module), Some(name)) = (module.as_str(), name.as_str()) else {
-                        return Err(self.malformed("STACK_GLOBAL of values that are not strings"));
-                    };
-                    let g = Global::allowed(module, name).ok_or_else(|| {
-                        PickleError::GlobalNotAllowed {
-                            module: module.to_string(),
-                            name: name.to_string(),
-                            at,
-                        }
-                    })?;
-                    self.push(Value::Callable(g))?;
-                }
-                b'R' => {
-                    let args = self.pop()?;
-                    let Value::Callable(g) = self.pop()? else {
-                        return Err(self.malformed("REDUCE of something that is not a global"));
-                    };
-                    let args = args
-                        .as_seq()
-                        .map(|a| a.0.borrow().clone())
-                        .ok_or_else(|| self.malformed("REDUCE arguments that are not a tuple"))?;
-                    let v = g.call(args).ok_or_else(|| {
-                        self.malformed("arguments the allow-listed global does not take")
-                    })?;
-                    self.push(v)?;
-                }
-                _ => return Err(PickleError::BadOpcode { opcode: op, at }),
+            input.fill(need)?;
+            let (base, end, mut p) = (input.base, input.end, input.pos);
+            if end - p < need && input.eof {
+                return Err(PickleError::Truncated(base + end as u64));
             }
+            let buf = &input.buf[..end];
+            need = loop {
+                let at = base + p as u64;
+                let Some(&op) = buf.get(p) else {
+                    break 1;
+                };
+                // `arg!(n)`: the n bytes after the opcode, or leave for a refill.
+                macro_rules! arg {
+                    ($n:expr) => {{
+                        let n: usize = $n;
+                        match buf.get(p + 1..(p + 1).saturating_add(n)) {
+                            Some(b) => b,
+                            None => break 1usize.saturating_add(n),
+                        }
+                    }};
+                }
+                match op {
+                    // BINGET, LONG_BINGET, MEMOIZE: most of a snapshot's opcodes.
+                    b'h' | b'j' => {
+                        // A run of GETs (a frame list is ~30 in a row) in one loop.
+                        let run = self.memo_get_run(&buf[p..]);
+                        if run > 0 {
+                            p += run;
+                            continue;
+                        }
+                        let (idx, len) = if op == b'h' {
+                            (usize::from(arg!(1)[0]), 2)
+                        } else {
+                            let b = arg!(4);
+                            (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize, 5)
+                        };
+                        p += len;
+                        self.memo_get(idx, at)?;
+                    }
+                    0x94 => {
+                        p += 1;
+                        let idx = self.memo.len();
+                        self.memo_put(idx, at)?;
+                    }
+                    b'q' => {
+                        let idx = usize::from(arg!(1)[0]);
+                        p += 2;
+                        self.memo_put(idx, at)?;
+                    }
+                    b'r' => {
+                        let b = arg!(4);
+                        let idx = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                        p += 5;
+                        self.memo_put(idx, at)?;
+                    }
+                    b'(' => {
+                        p += 1;
+                        if self.marks.len() >= self.limits.max_depth {
+                            return Err(PickleError::Limit {
+                                what: "nesting depth",
+                                limit: self.limits.max_depth as u64,
+                                at,
+                            });
+                        }
+                        self.marks.push(self.stack.len());
+                    }
+                    b'K' => {
+                        let v = i64::from(arg!(1)[0]);
+                        p += 2;
+                        self.push(V::Int(v), at)?;
+                    }
+                    b'M' => {
+                        let b = arg!(2);
+                        let v = i64::from(u16::from_le_bytes([b[0], b[1]]));
+                        p += 3;
+                        self.push(V::Int(v), at)?;
+                    }
+                    b'J' => {
+                        let b = arg!(4);
+                        let v = i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                        p += 5;
+                        self.push(V::Int(v), at)?;
+                    }
+                    // LONG1, LONG4
+                    0x8a | 0x8b => {
+                        let width = if op == 0x8a { 1 } else { 4 };
+                        let n = le_usize(arg!(width));
+                        let raw = &arg!(width.saturating_add(n))[width..];
+                        let v = if raw.len() == 8 {
+                            // The addresses and times of a trace: no call to copy them.
+                            let mut a = [0u8; 8];
+                            a.copy_from_slice(raw);
+                            V::Int(i64::from_le_bytes(a))
+                        } else {
+                            self.long(raw)
+                        };
+                        p += 1 + width + n;
+                        self.push(v, at)?;
+                    }
+                    b'G' => {
+                        let b = arg!(8);
+                        let mut a = [0u8; 8];
+                        a.copy_from_slice(b);
+                        p += 9;
+                        self.push(V::Float(f64::from_be_bytes(a)), at)?;
+                    }
+                    // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8 and the three BINBYTES.
+                    0x8c | b'X' | 0x8d | b'C' | b'B' | 0x8e => {
+                        let width = match op {
+                            0x8c | b'C' => 1,
+                            b'X' | b'B' => 4,
+                            _ => 8,
+                        };
+                        let n = le_usize(arg!(width));
+                        if at
+                            .saturating_add((1 + width) as u64)
+                            .saturating_add(n as u64)
+                            > self.limits.max_total_bytes
+                        {
+                            return Err(PickleError::Limit {
+                                what: "total size",
+                                limit: self.limits.max_total_bytes,
+                                at,
+                            });
+                        }
+                        let raw = &arg!(width.saturating_add(n))[width..];
+                        let v = if matches!(op, 0x8c | b'X' | 0x8d) {
+                            self.string(raw)
+                        } else {
+                            self.blob(raw, false)
+                        };
+                        p += 1 + width + n;
+                        self.push(v, at)?;
+                    }
+                    b'}' => {
+                        p += 1;
+                        let d = self.arena.new_dict();
+                        let o = self.new_obj(d);
+                        self.push(V::Dict(o), at)?;
+                    }
+                    b']' => {
+                        p += 1;
+                        let l = self.arena.new_list();
+                        let o = self.new_obj(l);
+                        self.push(V::List(o), at)?;
+                    }
+                    b')' => {
+                        p += 1;
+                        let o = self.new_obj(Obj::Tuple(Vec::new()));
+                        self.push(V::Tuple(o), at)?;
+                    }
+                    b'e' => {
+                        p += 1;
+                        let from = self.pop_mark(at)?;
+                        self.extend_list(from, at)?;
+                    }
+                    b'a' => {
+                        p += 1;
+                        if self.stack.len() < self.floor() + 2 {
+                            return Err(Self::malformed("APPEND without a list and a value", at));
+                        }
+                        self.extend_list(self.stack.len() - 1, at)?;
+                    }
+                    b'u' => {
+                        p += 1;
+                        let from = self.pop_mark(at)?;
+                        self.set_items(from, at)?;
+                    }
+                    b's' => {
+                        p += 1;
+                        if self.stack.len() < self.floor() + 3 {
+                            return Err(Self::malformed(
+                                "SETITEM without a dict, key and value",
+                                at,
+                            ));
+                        }
+                        self.set_items(self.stack.len() - 2, at)?;
+                    }
+                    b'd' => {
+                        p += 1;
+                        let from = self.pop_mark(at)?;
+                        if (self.stack.len() - from) % 2 != 0 {
+                            return Err(Self::malformed("DICT with an odd number of values", at));
+                        }
+                        let pairs = self.stack[from..]
+                            .chunks_exact(2)
+                            .map(|kv| (kv[0], kv[1]))
+                            .collect();
+                        self.stack.truncate(from);
+                        let o = self.new_obj(Obj::Dict(pairs));
+                        self.push(V::Dict(o), at)?;
+                    }
+                    b'l' | b't' => {
+                        p += 1;
+                        let from = self.pop_mark(at)?;
+                        let items = self.stack.split_off(from);
+                        let (o, v): (Obj, fn(ObjId) -> V) = if op == b'l' {
+                            (Obj::List(items), V::List)
+                        } else {
+                            (Obj::Tuple(items), V::Tuple)
+                        };
+                        let id = self.new_obj(o);
+                        self.push(v(id), at)?;
+                    }
+                    0x85..=0x87 => {
+                        p += 1;
+                        let n = usize::from(op - 0x84);
+                        if self.stack.len() < self.floor() + n {
+                            return Err(Self::malformed("TUPLE1/2/3 with too few values", at));
+                        }
+                        let items = self.stack.split_off(self.stack.len() - n);
+                        let o = self.new_obj(Obj::Tuple(items));
+                        self.push(V::Tuple(o), at)?;
+                    }
+                    b'N' => {
+                        p += 1;
+                        self.push(V::None, at)?;
+                    }
+                    0x88 | 0x89 => {
+                        p += 1;
+                        self.push(V::Bool(op == 0x88), at)?;
+                    }
+                    0x80 => {
+                        let proto = arg!(1)[0];
+                        p += 2;
+                        if !(2..=5).contains(&proto) {
+                            return Err(PickleError::Protocol(proto));
+                        }
+                    }
+                    // FRAME: a length hint for buffering; the stream is read the same either way.
+                    0x95 => {
+                        arg!(8);
+                        p += 9;
+                    }
+                    b'.' => {
+                        p += 1;
+                        input.pos = p;
+                        let v = self.pop(at)?;
+                        if !self.marks.is_empty() {
+                            return Err(Self::malformed("STOP inside a MARK", at));
+                        }
+                        return Ok(v);
+                    }
+                    b'0' => {
+                        p += 1;
+                        self.pop(at)?;
+                    }
+                    b'1' => {
+                        p += 1;
+                        let from = self.pop_mark(at)?;
+                        self.stack.truncate(from);
+                    }
+                    b'2' => {
+                        p += 1;
+                        let v = self.top(at)?;
+                        self.push(v, at)?;
+                    }
+                    b'c' => {
+                        // Two lines, module and name, each at most 256 bytes.
+                        let rest = &buf[p + 1..];
+                        let window = &rest[..rest.len().min(2 * GLOBAL_NAME_BYTES + 2)];
+                        let mut lines = window.split_inclusive(|&b| b == b'\n');
+                        let (Some(module), Some(name)) = (lines.next(), lines.next()) else {
+                            if window.len() > 2 * GLOBAL_NAME_BYTES + 1 {
+                                return Err(Self::malformed(
+                                    "a GLOBAL name longer than 256 bytes",
+                                    at,
+                                ));
+                            }
+                            break rest.len() + 2;
+                        };
+                        let (Some(module), Some(name)) =
+                            (module.strip_suffix(b"\n"), name.strip_suffix(b"\n"))
+                        else {
+                            if window.len() > 2 * GLOBAL_NAME_BYTES + 1 {
+                                return Err(Self::malformed(
+                                    "a GLOBAL name longer than 256 bytes",
+                                    at,
+                                ));
+                            }
+                            break rest.len() + 2;
+                        };
+                        if module.len() > GLOBAL_NAME_BYTES || name.len() > GLOBAL_NAME_BYTES {
+                            return Err(Self::malformed("a GLOBAL name longer than 256 bytes", at));
+                        }
+                        let text = |b: &[u8]| {
+                            std::str::from_utf8(b)
+                                .map(str::to_owned)
+                                .map_err(|_| Self::malformed("a GLOBAL name that is not UTF-8", at))
+                        };
+                        let (module_len, name_len) = (module.len(), name.len());
+                        let (module, name) = (text(module)?, text(name)?);
+                        p += 1 + module_len + 1 + name_len + 1;
+                        let g = Global::allowed(&module, &name)
+                            .ok_or(PickleError::GlobalNotAllowed { module, name, at })?;
+                        self.push(V::Callable(g), at)?;
+                    }
+                    0x93 => {
+                        p += 1;
+                        let name = self.pop(at)?;
+                        let module = self.pop(at)?;
+                        let (Some(module), Some(name)) =
+                            (self.arena.str(module), self.arena.str(name))
+                        else {
+                            return Err(Self::malformed(
+                                "STACK_GLOBAL of values that are not strings",
+                                at,
+                            ));
+                        };
+                        let g = Global::allowed(module, name).ok_or_else(|| {
+                            PickleError::GlobalNotAllowed {
+                                module: module.to_string(),
+                                name: name.to_string(),
+                                at,
+                            }
+                        })?;
+                        self.push(V::Callable(g), at)?;
+                    }
+                    b'R' => {
+                        p += 1;
+                        let args = self.pop(at)?;
+                        let V::Callable(g) = self.pop(at)? else {
+                            return Err(Self::malformed(
+                                "REDUCE of something that is not a global",
+                                at,
+                            ));
+                        };
+                        let args = self
+                            .arena
+                            .seq(args)
+                            .ok_or_else(|| {
+                                Self::malformed("REDUCE arguments that are not a tuple", at)
+                            })?
+                            .to_vec();
+                        let v = self.call(g, &args).ok_or_else(|| {
+                            Self::malformed("arguments the allow-listed global does not take", at)
+                        })?;
+                        self.push(v, at)?;
+                    }
+                    _ => return Err(PickleError::BadOpcode { opcode: op, at }),
+                }
+            };
+            input.pos = p;
         }
     }
+
+    fn call(&mut self, g: Global, args: &[V]) -> Option<V> {
+        match (g, args) {
+            (Global::OrderedDict, []) => Some(V::Dict(self.new_obj(Obj::Dict(Vec::new())))),
+            (Global::BuildList, [l @ V::List(_)]) => Some(*l),
+            (Global::RestoreTypeTag, [v, V::Str(_)]) => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+/// LONG1 of at most 8 bytes: little-endian two's complement.
+fn long_inline(raw: &[u8]) -> V {
+    let Some(&last) = raw.last() else {
+        return V::Int(0);
+    };
+    let mut a = [if last & 0x80 != 0 { 0xff } else { 0 }; 8];
+    a[..raw.len()].copy_from_slice(raw);
+    V::Int(i64::from_le_bytes(a))
 }
 
 /// The constructors a snapshot may use, each doing what Python would, here, on plain data.
@@ -966,31 +1149,4 @@ impl Global {
             _ => None,
         }
     }
-
-    fn call(self, args: Vec<Value>) -> Option<Value> {
-        match (self, args.as_slice()) {
-            (Self::OrderedDict, []) => Some(Value::Dict(Rc::default())),
-            (Self::BuildList, [l @ Value::List(_)]) => Some(l.clone()),
-            (Self::RestoreTypeTag, [v, Value::Str(_)]) => Some(v.clone()),
-            _ => None,
-        }
-    }
-}
-
-/// LONG1/LONG4: little-endian two's complement.
-fn long(raw: &[u8]) -> Value {
-    if raw.is_empty() {
-        return Value::Int(0);
-    }
-    if raw.len() <= 8 {
-        let fill = if raw[raw.len() - 1] & 0x80 != 0 {
-            0xff
-        } else {
-            0
-        };
-        let mut a = [fill; 8];
-        a[..raw.len()].copy_from_slice(raw);
-        return Value::Int(i64::from_le_bytes(a));
-    }
-    Value::BigInt(Rc::from(raw))
 }

@@ -336,6 +336,7 @@ impl<'a> Replay<'a> {
             format: self.snap.format,
             segments,
             device_traces: Vec::new(),
+            trace_stacks: self.snap.trace_stacks,
             allocator_settings: self.snap.allocator_settings.clone(),
             frames: self.snap.frames.clone(),
             stacks: self.snap.stacks.clone(),

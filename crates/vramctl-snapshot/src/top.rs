@@ -187,6 +187,7 @@ mod tests {
         };
         Snapshot {
             format: Format::SegmentsOnly,
+            trace_stacks: crate::model::TraceStacks::Read,
             segments: vec![Segment {
                 device: 0,
                 address: 0,

@@ -2,13 +2,13 @@
 //! a proptest harness over random bytes and mutated fixtures (bounded cases, run in CI).
 //! Also the OOM replay on a hand-made trace.
 
-use std::rc::Rc;
-
 use proptest::prelude::*;
-use vramctl_snapshot::pickle::{self, Limits, PickleError, Value};
-use vramctl_snapshot::{model, summarize};
+use vramctl_snapshot::pickle::{
+    self, Arena, Document, Limits, ListSink, Obj, ObjId, PickleError, V,
+};
+use vramctl_snapshot::{Snapshot, TraceStacks, model, summarize};
 
-fn read(bytes: &[u8]) -> Result<Value, PickleError> {
+fn read(bytes: &[u8]) -> Result<Document, PickleError> {
     pickle::from_slice(bytes, Limits::default())
 }
 
@@ -51,9 +51,9 @@ fn globals_outside_the_allow_list_are_refused_not_called() {
 
 #[test]
 fn ordered_dict_is_built_without_importing_anything() {
-    let v = read(b"\x80\x04\x8c\x0bcollections\x8c\x0bOrderedDict\x93)R\x8c\x01kK\x01s.")
+    let d = read(b"\x80\x04\x8c\x0bcollections\x8c\x0bOrderedDict\x93)R\x8c\x01kK\x01s.")
         .expect("OrderedDict");
-    assert_eq!(v.get("k").and_then(|v| v.as_int()), Some(1));
+    assert_eq!(d.arena.get(d.top, "k").and_then(V::as_int), Some(1));
 }
 
 #[test]
@@ -101,8 +101,9 @@ fn deep_nesting_is_dropped_without_overflowing_the_stack() {
     p.extend(std::iter::repeat_n(b']', depth));
     p.extend(std::iter::repeat_n(b'a', depth - 1));
     p.push(b'.');
-    let v = read(&p).expect("nested lists are data");
-    drop(v);
+    let d = read(&p).expect("nested lists are data");
+    assert_eq!(d.arena.len(), depth);
+    drop(d);
     // MARKs nest as deep as the limit only.
     let mut p = vec![0x80, 4];
     p.extend(std::iter::repeat_n(b'(', 10_000));
@@ -139,32 +140,33 @@ fn container_length_limit_holds() {
 #[test]
 fn shared_references_stay_shared() {
     // pickle.dumps([a, a], protocol=4) with a = ['x']: the case serde-pickle refuses.
-    let v = read(b"\x80\x04\x95\x0e\x00\x00\x00\x00\x00\x00\x00]\x94(]\x94\x8c\x01x\x94ah\x01e.")
+    let d = read(b"\x80\x04\x95\x0e\x00\x00\x00\x00\x00\x00\x00]\x94(]\x94\x8c\x01x\x94ah\x01e.")
         .expect("shared list");
-    let items = v.as_seq().expect("list").0.borrow();
-    let (Some(Value::List(a)), Some(Value::List(b))) = (items.first(), items.get(1)) else {
-        panic!("two lists");
+    let items = d.arena.seq(d.top).expect("list");
+    let [V::List(a), V::List(b)] = items else {
+        panic!("two lists: {items:?}");
     };
-    assert!(Rc::ptr_eq(a, b));
+    assert_eq!(a, b, "one list, referred to twice");
 }
 
 #[test]
 fn a_self_containing_list_does_not_hang() {
     // l = []; l.append(l)
-    let v = read(b"\x80\x04]\x94h\x00a.").expect("recursive list");
-    assert!(v.as_seq().is_some());
+    let p = b"\x80\x04]\x94h\x00a.";
+    let d = read(p).expect("recursive list");
+    assert_eq!(d.arena.seq(d.top), Some(&[d.top][..]));
     // Its element is a list, not a segment dict.
-    assert!(model::from_value(&v).is_err());
+    assert!(model::read(&p[..], Limits::default()).is_err());
 }
 
 #[test]
 fn non_snapshot_pickles_are_refused_clearly() {
-    let err = model::from_value(&read(b"\x80\x04K\x01.").expect("int")).expect_err("int");
+    let err = model::read(&b"\x80\x04K\x01."[..], Limits::default()).expect_err("int");
     assert!(
         err.to_string().starts_with("not an allocator snapshot"),
         "{err}"
     );
-    let err = model::from_value(&read(b"\x80\x04}.").expect("dict")).expect_err("{}");
+    let err = model::read(&b"\x80\x04}."[..], Limits::default()).expect_err("{}");
     assert!(err.to_string().contains("'segments'"), "{err}");
 }
 
@@ -315,8 +317,12 @@ fn oom_measures_the_free_block_at_the_oom_not_at_the_end() {
 
 /// Cases per property: the default (what CI runs on every push, a few seconds) times
 /// `VRAMCTL_FUZZ_SCALE` for a longer run (docs/snapshot.md gives the figure of one).
-/// The streamed reading (two passes, trace entries converted while read) never panics,
+/// The one-pass reading (trace entries typed while read, their dicts freed) never panics,
 /// and when it gives a snapshot, it is the one the whole-tree reading gives.
+/// Reading without the trace entries' stacks gives the same snapshot but for those stacks
+/// (empty, or the same frames where a block holds the list too) whenever both readings
+/// succeed (what it does not read, it cannot find wrong: a broken trace stack fails only
+/// the full reading).
 fn streamed_agrees(bytes: &[u8]) {
     if let Ok(streamed) = model::from_slice(bytes, Limits::default()) {
         let whole = model::read(bytes, Limits::default()).expect("streamed read, whole did not");
@@ -324,6 +330,61 @@ fn streamed_agrees(bytes: &[u8]) {
             serde_json::to_string(&streamed).expect("json"),
             serde_json::to_string(&whole).expect("json")
         );
+    }
+    if let (Ok(skipped), Ok(full)) = (
+        model::read_streamed(bytes, Limits::default(), TraceStacks::Skip),
+        model::read(bytes, Limits::default()),
+    ) {
+        same_but_trace_stacks(&skipped, &full);
+    }
+}
+
+/// The frames of a stack, as text.
+fn frames_of(s: &Snapshot, stack: u32) -> Vec<String> {
+    s.stacks[stack as usize]
+        .iter()
+        .map(|&f| format!("{:?}", s.frames[f as usize]))
+        .collect()
+}
+
+pub fn same_but_trace_stacks(skipped: &Snapshot, full: &Snapshot) {
+    assert_eq!(
+        serde_json::to_string(&summarize(skipped)).expect("json"),
+        serde_json::to_string(&summarize(full)).expect("json")
+    );
+    assert_eq!(skipped.segments.len(), full.segments.len());
+    for (a, b) in skipped.segments.iter().zip(&full.segments) {
+        assert_eq!(frames_of(skipped, a.stack), frames_of(full, b.stack));
+        assert_eq!(a.blocks.len(), b.blocks.len());
+        for (x, y) in a.blocks.iter().zip(&b.blocks) {
+            assert_eq!(frames_of(skipped, x.stack), frames_of(full, y.stack));
+        }
+    }
+    assert_eq!(skipped.device_traces.len(), full.device_traces.len());
+    for (a, b) in skipped.device_traces.iter().zip(&full.device_traces) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(
+                (
+                    &x.action,
+                    x.addr,
+                    x.size,
+                    x.stream,
+                    x.time_us,
+                    x.device_free
+                ),
+                (
+                    &y.action,
+                    y.addr,
+                    y.size,
+                    y.stream,
+                    y.time_us,
+                    y.device_free
+                )
+            );
+            let fx = frames_of(skipped, x.stack);
+            assert!(fx.is_empty() || fx == frames_of(full, y.stack));
+        }
     }
 }
 
@@ -340,11 +401,10 @@ proptest! {
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-        if let Ok(v) = read(&bytes) {
-            if let Ok(snap) = model::from_value(&v) {
-                let _ = summarize(&snap);
-            }
+        if let Ok(snap) = model::read(&bytes[..], Limits::default()) {
+            let _ = summarize(&snap);
         }
+        streamed_agrees(&bytes);
     }
 
     #[test]
@@ -355,7 +415,7 @@ proptest! {
         0..256)) {
         let mut p = vec![0x80, 4];
         p.extend(bytes);
-        let _ = read(&p).map(|v| model::from_value(&v).map(|s| summarize(&s)));
+        let _ = model::read(&p[..], Limits::default()).map(|s| summarize(&s));
         streamed_agrees(&p);
     }
 }
@@ -417,41 +477,45 @@ fn sizes_near_the_integer_limit_saturate_instead_of_overflowing() {
 }
 
 /// Counts what the reader streams, keeping nothing.
-#[derive(Default)]
 struct Counting(usize);
 
-impl pickle::TraceSink for Counting {
-    fn trace_items(&mut self, _list: &Rc<pickle::Items>, items: Vec<Value>) {
+impl ListSink for Counting {
+    fn key(&self) -> u32 {
+        0 // "device_traces", the first known string
+    }
+    fn take(&mut self, _: &mut Arena, _: ObjId, items: &[V], _: u64) -> Result<(), PickleError> {
         self.0 += items.len();
+        Ok(())
     }
 }
 
-fn read_streamed(bytes: &[u8], sink: &mut dyn pickle::TraceSink) -> Result<Value, PickleError> {
-    let fetched = pickle::scan_fetched(bytes, Limits::default())?;
-    pickle::read_streaming(bytes, Limits::default(), fetched, sink)
-}
-
 #[test]
-fn trace_entries_are_handed_to_the_sink_and_not_kept_in_the_tree() {
+fn trace_entries_are_handed_to_the_sink_and_not_kept_in_the_arena() {
     let bytes = std::fs::read(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../testdata/h200/snapshots/snap.pickle"),
     )
     .expect("fixture");
-    let mut sink = Counting::default();
-    let v = read_streamed(&bytes, &mut sink).expect("pickle");
+    let mut sink = Counting(0);
+    let d = pickle::read(
+        &bytes[..],
+        Limits::default(),
+        pickle::Interner::with_known(&["device_traces"]),
+        Some(&mut sink),
+    )
+    .expect("pickle");
     assert_eq!(sink.0, 436, "every entry of device_traces[0]");
-    let traces = v.get("device_traces").expect("device_traces");
-    let dev0 = traces.as_seq().expect("list").0.borrow()[0].clone();
-    assert!(dev0.as_seq().expect("list").0.borrow().is_empty());
-    // Segments are not trace entries: they stay in the tree.
-    let segs = v.get("segments").expect("segments");
-    assert_eq!(segs.as_seq().expect("list").0.borrow().len(), 7);
+    let traces = d.arena.get(d.top, "device_traces").expect("device_traces");
+    let dev0 = d.arena.seq(traces).expect("list")[0];
+    assert_eq!(d.arena.seq(dev0), Some(&[][..]));
+    // Segments are not trace entries: they stay in the arena.
+    let segs = d.arena.get(d.top, "segments").expect("segments");
+    assert_eq!(d.arena.seq(segs).expect("list").len(), 7);
 }
 
 /// top = {'device_traces': [[entry]]}, then the entry is fetched from the memo and given
-/// one more key after the sink has read it: refused, so the sink's reading never differs
-/// from the file's final value.
+/// one more key after the model has read it: refused, so the one-pass reading never
+/// differs from the file's final value.
 #[test]
 fn a_trace_entry_changed_after_it_was_streamed_is_refused() {
     let mut p =
@@ -459,36 +523,20 @@ fn a_trace_entry_changed_after_it_was_streamed_is_refused() {
     p.extend_from_slice(b"h\x01\x8c\x04sizeK\x05s0u.");
     // Read whole, the pickle is fine (the entry has both keys).
     let whole = read(&p).expect("whole");
-    let traces = whole.get("device_traces").expect("device_traces");
-    let dev0 = traces.as_seq().expect("list").0.borrow()[0].clone();
-    let entry = dev0.as_seq().expect("list").0.borrow()[0].clone();
-    assert_eq!(entry.get("size").and_then(|v| v.as_int()), Some(5));
-    let err = read_streamed(&p, &mut Counting::default()).expect_err("changed after read");
-    assert!(
-        err.to_string().contains("already read as a trace entry"),
-        "{err}"
-    );
+    let traces = whole
+        .arena
+        .get(whole.top, "device_traces")
+        .expect("device_traces");
+    let dev0 = whole.arena.seq(traces).expect("list")[0];
+    let entry = whole.arena.seq(dev0).expect("list")[0];
+    assert_eq!(whole.arena.get(entry, "size").and_then(V::as_int), Some(5));
+    let err = model::from_slice(&p, Limits::default()).expect_err("changed after read");
+    assert!(err.to_string().contains("already read"), "{err}");
+    assert!(matches!(whole.arena.obj(0), Obj::Dict(_)));
 }
 
-#[test]
-fn a_memo_entry_not_kept_is_an_error_when_fetched_never_a_value() {
-    // [s, s] with the second a GET of memo 0; a first pass that did not see the GET (the
-    // file changed between the passes) leaves nothing to fetch.
-    let p = b"\x80\x04](\x8c\x01x\x94h\x00e.";
-    let err = pickle::read_streaming(
-        &p[..],
-        Limits::default(),
-        pickle::Fetched::default(),
-        &mut Counting::default(),
-    )
-    .expect_err("not kept");
-    assert!(err.to_string().contains("never stored"), "{err}");
-    // With the first pass, the same bytes read.
-    assert!(read_streamed(p, &mut Counting::default()).is_ok());
-}
-
-/// Streamed frame lists are freed once their entry is converted, so a later list can get
-/// the same address: stacks must be told apart by content then, not by address.
+/// Streamed frame lists are freed once their entry is converted: stacks are told apart by
+/// their frames' content, and each frame list read as a stack keeps its id.
 #[test]
 fn frame_lists_freed_while_streaming_are_not_confused_by_their_address() {
     let entries: Vec<P> = (0..3000)

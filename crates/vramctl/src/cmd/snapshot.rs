@@ -138,8 +138,14 @@ pub(super) fn top_lines(t: &TopDocument, when: &str) -> Vec<String> {
 /// `vramctl snapshot FILE`.
 fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result<Exit> {
     use vramctl_snapshot::top::{self, By};
-    let snap = vramctl_snapshot::open(file, vramctl_snapshot::Limits::default())
-        .with_context(|| format!("cannot read the snapshot '{}'", file.display()))?;
+    // Every output here is made from segments and blocks: the trace is read for its OOM
+    // events, its entries' stacks are not (a third of the reading of a large file).
+    let snap = vramctl_snapshot::open_with(
+        file,
+        vramctl_snapshot::Limits::default(),
+        vramctl_snapshot::TraceStacks::Skip,
+    )
+    .with_context(|| format!("cannot read the snapshot '{}'", file.display()))?;
     let flame_graph = match &args.output {
         Some(svg) => {
             write_flame_graph(&snap, file, svg)?;
@@ -282,8 +288,13 @@ fn signed_bytes(delta: i128) -> String {
 fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
     use vramctl_snapshot::diff::Change;
     let read = |p: &std::path::Path| {
-        vramctl_snapshot::open(p, vramctl_snapshot::Limits::default())
-            .with_context(|| format!("cannot read the snapshot '{}'", p.display()))
+        // `diff` compares blocks: the trace entries' stacks are not read.
+        vramctl_snapshot::open_with(
+            p,
+            vramctl_snapshot::Limits::default(),
+            vramctl_snapshot::TraceStacks::Skip,
+        )
+        .with_context(|| format!("cannot read the snapshot '{}'", p.display()))
     };
     let a = read(&args.a)?;
     let b = read(&args.b)?;
