@@ -377,10 +377,17 @@ def main():
     }
     # After torch's peaks are read: neither adds to them (the census's own peak and any
     # growth of reserved memory are in its record).
+    # Neither may cost the case its line: a failure is recorded instead.
     if TRACE:
-        line["trace_events"] = write_trace(TRACE)
+        try:
+            line["trace_events"] = write_trace(TRACE)
+        except Exception as e:  # noqa: BLE001
+            line["trace_error"] = repr(e)
     if PHASES and c["mode"] == "train" and not c["ckpt"]:
-        line["census"] = census(c, model, config)
+        try:
+            line["census"] = census(c, model, config)
+        except Exception as e:  # noqa: BLE001
+            line["census_error"] = repr(e)
     print(json.dumps(line), flush=True)
 
 
