@@ -146,7 +146,7 @@ def main():
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--unprofiled-training", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
     binary = os.path.realpath(a.binary)
     out = os.path.realpath(a.outdir)
     names = a.cases or (unprofiled_training() if a.unprofiled_training else [c["name"] for c in CASES])
