@@ -2,14 +2,14 @@
 
     python3 scripts/estimate/compare.py BINARY [--write]
 
-Reads testdata/h200/estimate/truth-raw.jsonl (the measured cases; a case measured twice
-keeps its first line) and truth-phases.jsonl (the tuning-only extras), runs
-`BINARY estimate ... --json` for each case of cases.py, and prints per case: NVML's
-measured peak, the estimate and its error, accelerate's estimate-memory figure and the
-formula-only estimate (the same terms without CUDA context, allocator overhead and
-allocator-resident buffers) with their errors. --write also writes
-testdata/h200/estimate/truth.jsonl, which the Rust regression test reads (estimate args,
-measured NVML peak, held back or not).
+Reads the measured cases from testdata/h200/estimate/ (MEASURED, in order; a case measured
+twice keeps its first line, so a case keeps the measurement it was first reported with),
+runs `BINARY estimate ... --json` for each case of cases.py, and prints per case: its set
+(tuning, seen, held back), NVML's measured peak, the estimate and its error, accelerate's
+estimate-memory figure and the formula-only estimate (the same terms without CUDA context,
+allocator overhead and allocator-resident buffers) with their errors; then the error per
+set. --write also writes testdata/h200/estimate/truth.jsonl, which the Rust regression
+test reads (estimate args, measured NVML peak, set).
 """
 import json
 import os
@@ -23,11 +23,16 @@ from cases import CASES, estimate_args  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DATA = os.path.join(ROOT, "testdata/h200/estimate")
 NOT_FORMULA = {"CUDA context", "allocator overhead", "allocator-resident buffers"}
+# Round 1: the first measurement, then the tuning-only extras with phases. Round 2: the
+# phase run of scripts/estimate-phases-h200.sh (tuning and seen cases only).
+MEASURED = ("truth-raw.jsonl", "truth-phases.jsonl", "truth-phases-round2.jsonl")
+ENV_FILES = ("env.txt", "env-round2.txt")
+SET_LABEL = {"tuning": "tune", "seen": "seen", "held_back": "held"}
 
 
 def measured():
     out = {}
-    for name in ("truth-raw.jsonl", "truth-phases.jsonl"):
+    for name in MEASURED:
         path = os.path.join(DATA, name)
         if os.path.exists(path):
             for line in open(path):
@@ -39,11 +44,23 @@ def measured():
 
 def accelerate_figures():
     figs = {}
-    for line in open(os.path.join(DATA, "env.txt")):
-        if line.startswith("{"):
-            row = json.loads(line)
-            figs[row["config"]] = row
+    for name in ENV_FILES:
+        path = os.path.join(DATA, name)
+        if not os.path.exists(path):
+            continue
+        for line in open(path):
+            if line.startswith("{"):
+                row = json.loads(line)
+                figs.setdefault(row["config"], row)
     return figs
+
+
+def peak_allocated(torch_line):
+    """The run's peak allocated bytes: the line's own, unless round 1's phase profile reset
+    the peak between phases (then unknown); round 2's records give the run's peak."""
+    if torch_line.get("run_peak_allocated_bytes") is not None:
+        return torch_line["run_peak_allocated_bytes"]
+    return None if torch_line.get("phases") else torch_line["peak_allocated_bytes"]
 
 
 def accelerate_of(c, figs):
@@ -64,7 +81,7 @@ def main():
     figs = accelerate_figures()
     rows = []
     gib = 2 ** 30
-    print(f"{'case':34} {'set':5} {'NVML':>7} {'est':>7} {'err':>7} {'accel':>7} {'err':>7} {'formula':>7} {'err':>7}")
+    print(f"{'case':36} {'set':5} {'NVML':>7} {'est':>7} {'err':>7} {'accel':>7} {'err':>7} {'formula':>7} {'err':>7}")
     for c in CASES:
         r = truth.get(c["name"])
         if r is None:
@@ -78,19 +95,18 @@ def main():
         acc = accelerate_of(c, figs)
         err = lambda x: None if x is None else (x - nvml) / nvml  # noqa: E731
         fmt = lambda x: "-" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
-        print(f"{c['name']:34} {'held' if c['held_back'] else 'tune':5} {nvml / gib:7.2f} {total / gib:7.2f} "
+        print(f"{c['name']:36} {SET_LABEL[c['set']]:5} {nvml / gib:7.2f} {total / gib:7.2f} "
               f"{fmt(err(total)):>7} {'-' if acc is None else f'{acc / gib:7.2f}':>7} {fmt(err(acc)):>7} "
               f"{formula / gib:7.2f} {fmt(err(formula)):>7}")
-        rows.append({"case": c["name"], "held_back": c["held_back"], "args": args[1:],
+        rows.append({"case": c["name"], "set": c["set"], "args": args[1:],
                      "config": c["config"], "nvml_peak_bytes": nvml,
                      "peak_reserved_bytes": r["torch"]["peak_reserved_bytes"],
-                     "peak_allocated_bytes": r["torch"]["peak_allocated_bytes"]
-                     if not (r["torch"].get("phases")) else None,
+                     "peak_allocated_bytes": peak_allocated(r["torch"]),
                      "estimate_bytes": total, "accelerate_bytes": acc, "formula_bytes": formula})
-    for held in (False, True):
-        errs = [abs(x["estimate_bytes"] - x["nvml_peak_bytes"]) / x["nvml_peak_bytes"] for x in rows if x["held_back"] == held]
+    for name in ("tuning", "seen", "held_back"):
+        errs = [abs(x["estimate_bytes"] - x["nvml_peak_bytes"]) / x["nvml_peak_bytes"] for x in rows if x["set"] == name]
         if errs:
-            print(f"{'held back' if held else 'tuning'}: {len(errs)} cases, max |error| {100 * max(errs):.1f}%, "
+            print(f"{name.replace('_', ' ')}: {len(errs)} cases, max |error| {100 * max(errs):.1f}%, "
                   f"mean {100 * sum(errs) / len(errs):.1f}%, within 10%: {sum(e <= 0.10 for e in errs)}")
     if write:
         with open(os.path.join(DATA, "truth.jsonl"), "w") as f:

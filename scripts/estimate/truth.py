@@ -19,9 +19,31 @@ memory in PyTorch's cache, which is not what a user's job holds). Then, as peopl
 Prints one JSON line on stdout: the case, torch's max_memory_allocated / max_memory_reserved,
 the parameter count, versions, times. NVML's per-process peak comes from `vramctl run`, which
 runs this script (scripts/estimate-h200.sh).
+
+Environment (training cases; none of it allocates GPU memory or changes what is allocated):
+
+  TRUTH_PHASES=1  mark every phase of every step: after zero_grad ("start"), the forward,
+                  the loss's backward (a hook on the logits' gradient: the loss and its
+                  upcasts are done, the blocks' backward and recompute not yet), the whole
+                  backward, optimizer.step(). Each mark holds the allocated and reserved
+                  bytes now and at their peak since the previous mark, and counters of
+                  torch.cuda.memory_stats() that tell fragmentation apart (STATS); peaks are
+                  reset at each mark, so the line's own peak_allocated_bytes is the last
+                  phase's and run_peak_allocated_bytes the run's. Round 1's keys for the last
+                  step (static_bytes, after_forward_bytes, ...) are kept. Without
+                  checkpointing it adds a census of the saved tensors: one more forward after
+                  the measured steps (under saved_tensors_hooks that return each tensor
+                  unchanged; its graph is dropped without a backward) counting the bytes
+                  autograd keeps per module and dtype, each storage once.
+  TRUTH_TRACE=P   record the caching allocator's history (alloc, free, segment alloc/free,
+                  sizes and addresses; no stack traces) from before the model is built, and
+                  write it with the final segments to P (gzipped JSON): what a replay of the
+                  allocator needs to explain reserved minus allocated.
 """
+import gzip
 import json
 import os
+import re
 import sys
 import time
 
@@ -36,6 +58,17 @@ from cases import BY_NAME  # noqa: E402
 STEPS = 3
 SEED = 0
 DTYPES = {"fp32": torch.float32, "amp-bf16": torch.float32, "bf16": torch.bfloat16}
+PHASES = os.environ.get("TRUTH_PHASES") == "1"
+TRACE = os.environ.get("TRUTH_TRACE")
+TRACE_MAX_ENTRIES = 2_000_000
+# memory_stats() counters recorded at each phase mark: cudaMalloc/cudaFree calls and
+# retries, free bytes inside split blocks (what a larger request cannot use), requested
+# versus rounded bytes, segments per pool.
+STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free",
+         "inactive_split_bytes.all.current", "inactive_split_bytes.all.peak",
+         "inactive_split.all.current", "requested_bytes.all.peak", "active_bytes.all.peak",
+         "segment.all.current", "segment.large_pool.current",
+         "reserved_bytes.large_pool.current", "reserved_bytes.small_pool.current")
 
 
 def build(c):
@@ -121,39 +154,180 @@ def train(c, model, config):
     amp = c["precision"] == "amp-bf16"
     torch.cuda.synchronize()
     t_ready = time.monotonic()
-    phases = {}
+    marks = []
     for step in range(STEPS):
-        # With TRUTH_PHASES=1 the last step is measured phase by phase (the peaks are then
-        # not the whole run's: max_memory_allocated is reset between phases).
-        measure = os.environ.get("TRUTH_PHASES") == "1" and step == STEPS - 1
         opt.zero_grad(set_to_none=True)
-        if measure:
-            phases["static_bytes"] = mark()
+        if PHASES:
+            marks.append(mark("start", step))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            loss = model(**kwargs).loss
-        if measure:
-            phases["after_forward_bytes"] = torch.cuda.memory_allocated()
-            phases["forward_peak_bytes"] = mark()
+            out = model(**kwargs)
+        loss = out.loss
+        if PHASES:
+            mark_at_logits_gradient(out, marks, step)
+        # The output holds the logits; a job that keeps only the loss lets them go here,
+        # before the forward's mark (as round 1 measured it).
+        del out
+        if PHASES:
+            marks.append(mark("forward", step))
         loss.backward()
-        if measure:
-            phases["after_backward_bytes"] = torch.cuda.memory_allocated()
-            phases["backward_peak_bytes"] = mark()
+        if PHASES:
+            marks.append(mark("backward", step))
         opt.step()
-        if measure:
-            phases["step_peak_bytes"] = mark()
+        if PHASES:
+            marks.append(mark("step", step))
     torch.cuda.synchronize()
     if not torch.isfinite(loss.detach()).item():
         raise SystemExit(f"error: loss is not finite ('{loss.item()}')")
-    return t_ready, {"lora_impl": lora_impl, "trainable_params": sum(p.numel() for p in trainable),
-                     "phases": phases or None}
+    del loss
+    extra = {"lora_impl": lora_impl, "trainable_params": sum(p.numel() for p in trainable)}
+    if PHASES:
+        extra["phases"] = phases_of(marks)
+        extra["run_peak_allocated_bytes"] = max(m["allocated_peak"] for m in marks)
+    extra["model"] = model  # wrapped by PEFT with LoRA; taken out before the line is printed
+    return t_ready, extra
 
 
-def mark():
-    """The allocated peak since the last mark, then a new mark."""
+def mark(at, step):
+    """Allocated and reserved bytes now and at their peak since the last mark, a few
+    allocator counters, then a new mark (peaks reset)."""
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated()
+    s = torch.cuda.memory_stats()
+    rec = {"step": step, "at": at, "t_us": time.time_ns() // 1000,
+           "allocated_peak": s.get("allocated_bytes.all.peak", 0),
+           "allocated": s.get("allocated_bytes.all.current", 0),
+           "reserved_peak": s.get("reserved_bytes.all.peak", 0),
+           "reserved": s.get("reserved_bytes.all.current", 0)}
+    rec.update({k: s.get(k) for k in STATS})
     torch.cuda.reset_peak_memory_stats()
-    return peak
+    return rec
+
+
+def mark_at_logits_gradient(out, marks, step):
+    """Marks the moment the logits' gradient is made: the loss's backward (its fp32 upcast,
+    log-softmax and their gradients) is over and the blocks' backward has not begun. The
+    hook holds no reference to the logits."""
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.requires_grad:
+        logits.register_hook(lambda _grad: marks.append(mark("loss_backward", step)))
+
+
+def phases_of(marks):
+    """Round 1's keys for the last step (its `static_bytes` is the peak before the last
+    forward), the last step's loss-backward peak, and every mark."""
+    last = STEPS - 1
+    at = {m["at"]: m for m in marks if m["step"] == last}
+    before = [m for m in marks if m["step"] < last or m["at"] == "start"]
+    backward = [at[k]["allocated_peak"] for k in ("loss_backward", "backward") if k in at]
+    return {
+        "static_bytes": max(m["allocated_peak"] for m in before),
+        "after_forward_bytes": at["forward"]["allocated"],
+        "forward_peak_bytes": at["forward"]["allocated_peak"],
+        "loss_backward_peak_bytes": at["loss_backward"]["allocated_peak"] if "loss_backward" in at else None,
+        "after_backward_bytes": at["backward"]["allocated"],
+        "backward_peak_bytes": max(backward),
+        "step_peak_bytes": at["step"]["allocated_peak"],
+        "marks": marks,
+    }
+
+
+def census(c, model, config):
+    """The bytes autograd saves in one forward, per module (layer indices as *) and dtype,
+    each storage counted once and given to the first module that saves it; parameters and
+    autocast's cached weight casts apart. Run after the measured steps: a forward whose
+    graph is dropped without a backward, so it holds less than a training step (the
+    gradients are let go first, as zero_grad does, and the optimizer is gone)."""
+    model.zero_grad(set_to_none=True)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    names = {id(m): re.sub(r"\.\d+(?=\.|$)", ".*", n) or "(model)" for n, m in model.named_modules()}
+    stack = []
+    saved = {}
+    weight_casts = 0
+
+    def pre(module, _args):
+        stack.append(names.get(id(module), type(module).__name__))
+
+    def post(_module, _args, _out):
+        if stack:
+            stack.pop()
+
+    def pack(t):
+        nonlocal weight_casts
+        if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+            return t
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in params or ptr in saved:
+            return t
+        fn = t.grad_fn
+        if fn is not None and type(fn).__name__ == "ToCopyBackward0" and any(
+                f is not None and type(f).__name__ == "AccumulateGrad" for f, _ in fn.next_functions):
+            weight_casts += storage.nbytes()
+            saved[ptr] = None
+            return t
+        saved[ptr] = (stack[-1] if stack else "(outside modules)", str(t.dtype).removeprefix("torch."),
+                      storage.nbytes())
+        return t
+
+    tokens = c["batch"] * c["seq"]
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    ids = torch.randint(0, config.vocab_size, (c["batch"], c["seq"]), device="cuda", generator=gen)
+    kwargs = {"input_ids": ids, "labels": ids}
+    if config.model_type == "t5":
+        kwargs["labels"] = torch.randint(0, config.vocab_size, (c["batch"], c["seq"]), device="cuda",
+                                         generator=gen)
+    reserved_before = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+             torch.nn.modules.module.register_module_forward_hook(post)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=c["precision"] == "amp-bf16"):
+                loss = model(**kwargs).loss
+    finally:
+        for h in hooks:
+            h.remove()
+    del loss
+    torch.cuda.synchronize()
+    by_module = {}
+    for entry in saved.values():
+        if entry is None:
+            continue
+        module, dtype, nbytes = entry
+        by_module.setdefault(module, {}).setdefault(dtype, 0)
+        by_module[module][dtype] += nbytes
+    total = sum(sum(d.values()) for d in by_module.values())
+    return {
+        "tokens": tokens,
+        "saved_bytes": total,
+        "saved_bytes_per_token": round(total / tokens, 1),
+        "weight_cast_bytes": weight_casts,
+        "by_module": dict(sorted(by_module.items(), key=lambda kv: -sum(kv[1].values()))),
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+        "reserved_growth_bytes": torch.cuda.memory_reserved() - reserved_before,
+    }
+
+
+def write_trace(path):
+    """The allocator's recorded history and its segments now, compactly: events as
+    [action, address, size, time_us] (a alloc, f free requested, F free completed, S/s
+    segment alloc/free, M/m segment map/unmap, o OOM), segments as [address, total,
+    allocated, [[block size, a(ctive)/p(ending free)/i(nactive)], ...]]."""
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    codes = {"alloc": "a", "free_requested": "f", "free_completed": "F", "segment_alloc": "S",
+             "segment_free": "s", "segment_map": "M", "segment_unmap": "m", "oom": "o", "snapshot": "n"}
+    device = torch.cuda.current_device()
+    traces = snap.get("device_traces", [])
+    events = [[codes.get(e["action"], e["action"]), e.get("addr", 0), e.get("size", 0), e.get("time_us", 0)]
+              for e in (traces[device] if device < len(traces) else [])]
+    segments = [[seg["address"], seg["total_size"], seg["allocated_size"],
+                 [[b["size"], b["state"][:1] if b["state"] != "active_pending_free" else "p"]
+                  for b in seg["blocks"]]]
+                for seg in snap.get("segments", []) if seg.get("device", device) == device]
+    with gzip.open(path, "wt") as f:
+        json.dump({"max_entries": TRACE_MAX_ENTRIES, "events": events, "segments": segments}, f,
+                  separators=(",", ":"))
+    return len(events)
 
 
 def infer(c, model, config):
@@ -181,11 +355,15 @@ def main():
     c = BY_NAME[sys.argv[1]]
     torch.manual_seed(SEED)
     torch.cuda.set_device(0)
+    if TRACE:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None,
+                                                 max_entries=TRACE_MAX_ENTRIES)
     model, config = build(c)
     params = sum(p.numel() for p in model.parameters())
     t_ready, extra = (train if c["mode"] == "train" else infer)(c, model, config)
+    model = extra.pop("model", model)
     t_end = time.monotonic()
-    print(json.dumps({
+    line = {
         "case": c["name"],
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
@@ -196,7 +374,21 @@ def main():
         "init_s": round(t_ready - T_START, 2),
         "work_s": round(t_end - t_ready, 2),
         **extra,
-    }), flush=True)
+    }
+    # After torch's peaks are read: neither adds to them (the census's own peak and any
+    # growth of reserved memory are in its record).
+    # Neither may cost the case its line: a failure is recorded instead.
+    if TRACE:
+        try:
+            line["trace_events"] = write_trace(TRACE)
+        except Exception as e:  # noqa: BLE001
+            line["trace_error"] = repr(e)
+    if PHASES and c["mode"] == "train" and not c["ckpt"]:
+        try:
+            line["census"] = census(c, model, config)
+        except Exception as e:  # noqa: BLE001
+            line["census_error"] = repr(e)
+    print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

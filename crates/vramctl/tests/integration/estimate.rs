@@ -312,9 +312,10 @@ fn gpu_by_index_without_a_driver_is_exit_3_and_a_size_needs_none() {
     assert_eq!(output.status.code(), Some(0), "a size opens no NVML");
 }
 
-/// The held-back cases of the H200 truth set that missed 10 % when first measured, with
-/// that error (docs/estimate.md, "Error table"): they may not get worse than it by more
-/// than 2 points; every other case must stay within 10 %.
+/// The cases of the H200 truth set that missed 10 % when first measured, with that error
+/// (docs/estimate.md, "Error table"): all `seen` (held back in the first round), they may
+/// not get worse than it by more than 2 points; every other case must stay within 10 %.
+/// A tuning case never gets such an allowance.
 const KNOWN_MISSES: &[(&str, f64)] = &[
     ("gpt2-fp32-ckpt-b32x1024", 0.183),
     ("phi3-mini-bf16-ckpt-b8x1024", 0.167),
@@ -331,6 +332,11 @@ fn h200_truth_set_estimates_stay_within_their_measured_error() {
     for line in table.lines() {
         let row: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
         let name = row["case"].as_str().expect("case");
+        let set = row["set"].as_str().expect("set");
+        assert!(
+            ["tuning", "seen", "held_back"].contains(&set),
+            "{name}: set '{set}'"
+        );
         let config = root.join(row["config"].as_str().expect("config"));
         let mut args = vec![config.to_str().expect("utf-8").to_owned()];
         args.extend(
@@ -346,10 +352,11 @@ fn h200_truth_set_estimates_stay_within_their_measured_error() {
         let predicted = doc["total_bytes"].as_f64().expect("total");
         let measured = row["nvml_peak_bytes"].as_f64().expect("measured");
         let error = (predicted - measured) / measured;
-        let bound = KNOWN_MISSES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map_or(0.10, |(_, e)| e.abs() + 0.02);
+        let known_miss = KNOWN_MISSES.iter().find(|(n, _)| *n == name);
+        if known_miss.is_some() {
+            assert_eq!(set, "seen", "{name}: only a seen case keeps its first miss");
+        }
+        let bound = known_miss.map_or(0.10, |(_, e)| e.abs() + 0.02);
         assert!(
             error.abs() <= bound,
             "{name}: predicted {predicted}, measured {measured}: error {:.1} % over {:.1} %",
