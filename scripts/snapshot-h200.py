@@ -8,10 +8,12 @@
    full (or the training time budget is spent), takes torch.cuda.memory_stats() and then
    _dump_snapshot() at the same moment (nothing allocates between them), into a temporary
    directory: the big snapshot (>= 200 MB wanted) never goes into OUTDIR.
-2. Times `python -m torch.cuda._memory_viz stats FILE` and `segments FILE` against
-   `BIN snapshot FILE --json` and `BIN snapshot timeline FILE --json` on that file: wall time
-   and the peak RSS of each command, measured by a small wrapper process around it
-   (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss after it waited for that one child).
+2. Times `python -m torch.cuda._memory_viz stats FILE` (twice) and `segments FILE`, and a
+   bare `pickle.load` of it, against `BIN snapshot FILE --json` (three times) and
+   `BIN snapshot timeline FILE --json` on that file: wall time and the peak RSS of each
+   command, measured by a small wrapper process around it
+   (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss after it waited for that one child); the
+   figure of a repeated command is its fastest run, every run is kept.
 3. Compares vramctl's per-device numbers with memory_stats()'s `<name>.all.current`.
 
 Writes at most 6 small files into OUTDIR: memory-stats.json (torch's numbers, versions,
@@ -109,28 +111,39 @@ def main():
 
         runs = {}
         ours_json = os.path.join(a.out, "vramctl-summary.json")
-        for name, argv, out in [
-            ("vramctl snapshot --json", [a.bin, "snapshot", big, "--json"], ours_json),
+        # (name, argv, stdout, times): the fast commands three times (the figure is the
+        # fastest; all are kept), the Python ones twice (the first pays for a cold import).
+        for name, argv, out, times in [
+            ("vramctl snapshot --json", [a.bin, "snapshot", big, "--json"], ours_json, 3),
             ("vramctl snapshot timeline --json",
-             [a.bin, "snapshot", "timeline", big, "--json"], os.devnull),
+             [a.bin, "snapshot", "timeline", big, "--json"], os.devnull, 2),
             ("vramctl snapshot timeline -o png",
              [a.bin, "snapshot", "timeline", big, "-o", os.path.join(a.out, "timeline.png")],
-             os.devnull),
+             os.devnull, 1),
             ("_memory_viz stats", [sys.executable, "-m", "torch.cuda._memory_viz", "stats", big],
-             os.path.join(a.out, "memory-viz-stats.txt")),
+             os.path.join(a.out, "memory-viz-stats.txt"), 2),
+            ("pickle.load (the floor of any Python reader)",
+             [sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))",
+              big], os.devnull, 1),
             ("_memory_viz segments",
              [sys.executable, "-m", "torch.cuda._memory_viz", "segments", big,
-              "-o", os.path.join(tmp, "segments.svg")], os.devnull),
+              "-o", os.path.join(tmp, "segments.svg")], os.devnull, 1),
         ]:
-            left = 340 - (time.time() - started)
-            if left < 10:
-                runs[name] = {"skipped": "out of the 6-minute budget"}
-                continue
-            try:
-                rc, wall, rss = measure(argv, out, left)
-                runs[name] = {"rc": rc, "wall_s": round(wall, 3), "max_rss_bytes": rss}
-            except (subprocess.TimeoutExpired, RuntimeError) as e:
-                runs[name] = {"failed": str(e)}
+            tries = []
+            for _ in range(times):
+                left = 340 - (time.time() - started)
+                if left < 10:
+                    tries.append({"skipped": "out of the 6-minute budget"})
+                    break
+                try:
+                    rc, wall, rss = measure(argv, out, left)
+                    tries.append({"rc": rc, "wall_s": round(wall, 3), "max_rss_bytes": rss})
+                except (subprocess.TimeoutExpired, RuntimeError) as e:
+                    tries.append({"failed": str(e)})
+            # Only runs that succeeded give a figure.
+            timed = [t for t in tries if t.get("rc") == 0]
+            runs[name] = dict(min(timed, key=lambda t: t["wall_s"]) if timed else tries[-1])
+            runs[name]["tries"] = tries
             print(f"{name}: {runs[name]}", file=sys.stderr)
 
         compare = {}
@@ -151,7 +164,8 @@ def main():
     ours_run = runs.get("vramctl snapshot --json", {})
     viz_run = runs.get("_memory_viz stats", {})
     speedup = (viz_run["wall_s"] / ours_run["wall_s"]
-               if "wall_s" in viz_run and ours_run.get("wall_s") else None)
+               if viz_run.get("rc") == 0 and ours_run.get("rc") == 0 and ours_run.get("wall_s")
+               else None)
     results = {"snapshot_bytes": size, "runs": runs, "speedup_vs_memory_viz_stats": speedup,
                "rss_over_file_size": (ours_run["max_rss_bytes"] / size
                                       if "max_rss_bytes" in ours_run else None),
@@ -164,8 +178,9 @@ def main():
         f.write("| command | wall | peak RSS | RSS / file |\n| --- | --- | --- | --- |\n")
         for name, r in runs.items():
             if "wall_s" in r:
-                f.write(f"| `{name}` | {r['wall_s']:.2f} s | {r['max_rss_bytes'] / mib:.0f} MiB "
-                        f"| {r['max_rss_bytes'] / size:.2f} |\n")
+                walls = ", ".join(f"{t['wall_s']:.2f}" for t in r["tries"] if "wall_s" in t)
+                f.write(f"| `{name}` | {r['wall_s']:.2f} s (runs: {walls}) "
+                        f"| {r['max_rss_bytes'] / mib:.0f} MiB | {r['max_rss_bytes'] / size:.2f} |\n")
             else:
                 f.write(f"| `{name}` | {r} | | |\n")
         f.write(f"\nspeed-up over `_memory_viz stats`: {speedup and f'{speedup:.1f}x'}\n\n")
