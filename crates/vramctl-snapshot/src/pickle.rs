@@ -176,6 +176,17 @@ impl Interner {
         id
     }
 
+    /// [`Interner::intern`] for bytes of the pickle: UTF-8 as Python writes it, surrogates
+    /// as-is ('surrogatepass'), which a lossy decode turns into U+FFFD so reading goes on.
+    /// Valid text (nearly all of it) is checked by `from_utf8`, several times faster than
+    /// the lossy decode's chunking.
+    pub fn intern_utf8(&mut self, raw: &[u8]) -> StrId {
+        match std::str::from_utf8(raw) {
+            Ok(s) => self.intern(s),
+            Err(_) => self.intern(&String::from_utf8_lossy(raw)),
+        }
+    }
+
     /// The string of `id` (ids come from this interner, so it exists).
     pub fn get(&self, id: StrId) -> &Rc<str> {
         &self.strings[id as usize]
@@ -733,8 +744,7 @@ impl Machine<'_> {
     }
 
     fn string(&mut self, raw: &[u8]) -> V {
-        // Python writes surrogates as-is ('surrogatepass'); a lossy decode keeps reading.
-        V::Str(self.arena.strings.intern(&String::from_utf8_lossy(raw)))
+        V::Str(self.arena.strings.intern_utf8(raw))
     }
 
     fn blob(&mut self, raw: &[u8], big_int: bool) -> V {
