@@ -12,6 +12,7 @@
 //! No NVML, no store: pure functions over files and numbers.
 
 pub mod architecture;
+pub mod caching_allocator;
 pub mod gguf;
 pub mod hf_config;
 pub mod memory_model;
