@@ -18,6 +18,7 @@ pub mod hf_config;
 pub mod memory_model;
 pub mod model;
 pub mod safetensors_header;
+pub mod training_step;
 
 pub use architecture::{Architecture, Dtype, Family, SlidingWindow, synthesize};
 pub use model::{Model, ModelError, WeightsInfo, read_model};
