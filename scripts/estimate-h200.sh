@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The `vramctl estimate` truth set on a real GPU (issue 16).
 #
-#   scripts/estimate-h200.sh [-j J] [--budget-gb G] [--trace] [--dry-run] BINARY OUTDIR [CASE...]
+#   scripts/estimate-h200.sh [-j J] [--budget-gb G] [--trace] [--dry-run] [--held-back] BINARY OUTDIR [CASE...]
 #
-# CASE... defaults to every case of cases.py. Each case is a fresh
+# CASE... defaults to every case of cases.py; --held-back takes the held-back ones (and
+# refuses if one has been measured: scripts/estimate-heldback-h200.sh is their one run). Each case is a fresh
 # `python3 scripts/estimate/truth.py CASE` under
 #   BINARY run --json --report R --interval 20ms -- python3 ...
 # so NVML's per-process peak is sampled every 20 ms (the tree's bytes as nvidia-smi counts
@@ -22,7 +23,7 @@
 # --dry-run prints the plan and its packing and runs nothing (no GPU needed).
 # Nothing here changes a GPU setting.
 set -uo pipefail
-usage="usage: estimate-h200.sh [-j J] [--budget-gb G] [--trace] [--dry-run] BINARY OUTDIR [CASE...]"
+usage="usage: estimate-h200.sh [-j J] [--budget-gb G] [--trace] [--dry-run] [--held-back] BINARY OUTDIR [CASE...]"
 jobs="${ESTIMATE_JOBS:-1}"
 budget=120
 runner_flags=()
@@ -35,6 +36,7 @@ while [ $# -gt 0 ]; do
     --trace) runner_flags+=(--trace); shift ;;
     --dry-run) runner_flags+=(--dry-run); dry=1; shift ;;
     --unprofiled-training) runner_flags+=(--unprofiled-training); shift ;;
+    --held-back) runner_flags+=(--held-back); shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     -*) echo "error: unknown option '$1'" >&2; echo "$usage" >&2; exit 2 ;;
     *) break ;;

@@ -1,7 +1,7 @@
 """Run cases of the `vramctl estimate` truth set under `vramctl run`, several at once (issue 16).
 
     python3 scripts/estimate/runner.py BINARY OUTDIR [--jobs J] [--budget-gb G]
-        [--record NAME] [--trace] [--dry-run] (CASE... | --unprofiled-training)
+        [--record NAME] [--trace] [--dry-run] (CASE... | --unprofiled-training | --held-back)
 
 Each case is a fresh `python3 scripts/estimate/truth.py CASE` under
 
@@ -22,7 +22,8 @@ allocator history). --dry-run prints the plan (the order, the packing and its ex
 wall time from round 1's durations, 20 s for a case never run) and runs nothing; the plan
 is written to OUTDIR/plan.txt as well when it runs. --unprofiled-training takes every
 training case that is not held back and has no phase profile in testdata/h200/estimate/
-yet (round 2's phase run).
+yet (round 2's phase run). --held-back takes every held-back case and refuses to run if
+testdata/h200/estimate/ holds a measurement of one already (the one evaluation run).
 """
 import argparse
 import json
@@ -65,14 +66,32 @@ def unprofiled_training():
             if c["mode"] == "train" and c["set"] != "held_back" and c["name"] not in profiled]
 
 
-def past_wall_s():
-    """Each case's wall time when it last ran alone (round 1), for the dry run's timeline."""
+def held_back():
+    """Every held-back case; an error if one has a measurement in testdata already."""
+    names = [c["name"] for c in CASES if c["set"] == "held_back"]
+    seen = sorted({r["case"] for name in MEASURED for r in lines_of(name)} & set(names))
+    if seen:
+        raise SystemExit(f"error: held-back case(s) measured already: {', '.join(seen)}")
+    return names
+
+
+def past_wall_s(names):
+    """Each case's wall time when it last ran alone (round 1), for the dry run's timeline; a
+    case never run takes the longest of a measured case of its config and mode."""
     walls = {}
     for name in MEASURED:
         for r in lines_of(name):
             if r.get("wall_s") and not r.get("alongside"):
                 walls[r["case"]] = r["wall_s"]
-    return walls
+    alike = {}
+    for n in names:
+        if n not in walls:
+            c = BY_NAME[n]
+            like = [w for m, w in walls.items()
+                    if m in BY_NAME and (BY_NAME[m]["config"], BY_NAME[m]["mode"]) == (c["config"], c["mode"])]
+            if like:
+                alike[n] = max(like)
+    return walls, alike
 
 
 def pack(order, sizes, jobs, budget, duration):
@@ -96,12 +115,16 @@ def pack(order, sizes, jobs, budget, duration):
     return schedule
 
 
-def plan_text(order, sizes, jobs, budget, walls):
+def plan_text(order, sizes, jobs, budget, walls_alike):
+    walls, alike = walls_alike
+    walls = {**alike, **walls}
     schedule = pack(order, sizes, jobs, budget, lambda c: walls.get(c, ASSUMED_WALL_S))
     lines = [f"plan: {len(order)} cases, at most {jobs} at once, estimates summed within {budget / GB:.0f} GB"]
-    lines.append(f"{'start s':>8} {'end s':>7} {'estimate GB':>11}  case (round-1 wall time, else {ASSUMED_WALL_S:.0f} s)")
+    lines.append(f"{'start s':>8} {'end s':>7} {'estimate GB':>11}  case (its wall time alone, else the longest "
+                 f"of its config and mode, else {ASSUMED_WALL_S:.0f} s)")
     for start, end, c in schedule:
-        lines.append(f"{start:8.1f} {end:7.1f} {sizes[c] / GB:11.1f}  {c}" + ("" if c in walls else "  (assumed)"))
+        note = "  (like its config)" if c in alike else "" if c in walls else "  (assumed)"
+        lines.append(f"{start:8.1f} {end:7.1f} {sizes[c] / GB:11.1f}  {c}{note}")
     total = max((end for _, end, _ in schedule), default=0.0)
     lines.append(f"expected wall time {total:.0f} s for the cases (one at a time: "
                  f"{sum(walls.get(c, ASSUMED_WALL_S) for c in order):.0f} s)")
@@ -146,10 +169,16 @@ def main():
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--unprofiled-training", action="store_true")
+    ap.add_argument("--held-back", action="store_true")
     a = ap.parse_intermixed_args()
     binary = os.path.realpath(a.binary)
     out = os.path.realpath(a.outdir)
-    names = a.cases or (unprofiled_training() if a.unprofiled_training else [c["name"] for c in CASES])
+    if a.held_back:
+        names = held_back()
+    elif a.cases or not a.unprofiled_training:
+        names = a.cases or [c["name"] for c in CASES]
+    else:
+        names = unprofiled_training()
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise SystemExit(f"error: unknown case(s) {', '.join(unknown)} (cases.py lists them)")
@@ -158,7 +187,7 @@ def main():
     budget = a.budget_gb * GB
     sizes = {n: estimate_bytes(binary, BY_NAME[n]) for n in names}
     order = sorted(names, key=lambda n: -sizes[n])
-    text = plan_text(order, sizes, a.jobs, budget, past_wall_s())
+    text = plan_text(order, sizes, a.jobs, budget, past_wall_s(names))
     print(text, file=sys.stderr, flush=True)
     if a.dry_run:
         return

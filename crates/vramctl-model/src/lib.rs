@@ -12,11 +12,13 @@
 //! No NVML, no store: pure functions over files and numbers.
 
 pub mod architecture;
+pub mod caching_allocator;
 pub mod gguf;
 pub mod hf_config;
 pub mod memory_model;
 pub mod model;
 pub mod safetensors_header;
+pub mod training_step;
 
 pub use architecture::{Architecture, Dtype, Family, SlidingWindow, synthesize};
 pub use model::{Model, ModelError, WeightsInfo, read_model};

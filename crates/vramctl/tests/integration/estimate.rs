@@ -100,8 +100,9 @@ fn inference_json_from_a_directory_with_a_safetensors_header() {
 fn gpt2_fp32_step_matches_the_hand_worked_total() {
     let path = model("configs/gpt2.json");
     let doc = json_of(&mut estimate(&[path.to_str().expect("utf-8"), "--json"]));
-    // docs/estimate.md works this case by hand.
-    assert_eq!(doc["total_bytes"], 3_478_948_183_u64);
+    // docs/estimate.md works this case by hand (the allocator term is the replay's since
+    // round 2: 418,375,680 B where 5.5 % of the tensors gave 140,805,463).
+    assert_eq!(doc["total_bytes"], 3_756_518_400_u64);
     assert_eq!(doc["peak_phase"], "optimizer step");
     assert_eq!(doc["job"]["precision"], "fp32");
     assert_eq!(doc["job"]["optimizer"], "adamw");
@@ -312,17 +313,11 @@ fn gpu_by_index_without_a_driver_is_exit_3_and_a_size_needs_none() {
     assert_eq!(output.status.code(), Some(0), "a size opens no NVML");
 }
 
-/// The cases of the H200 truth set that missed 10 % when first measured, with that error
-/// (docs/estimate.md, "Error table"): all `seen` (held back in the first round), they may
-/// not get worse than it by more than 2 points; every other case must stay within 10 %.
-/// A tuning case never gets such an allowance.
-const KNOWN_MISSES: &[(&str, f64)] = &[
-    ("gpt2-fp32-ckpt-b32x1024", 0.183),
-    ("phi3-mini-bf16-ckpt-b8x1024", 0.167),
-    ("qwen3-6l-bf16-b4x1024", -0.118),
-    ("bert-ampbf16-b64x512", -0.106),
-];
-
+/// Every measured case of the H200 truth set (tuning and seen; a held-back case has no
+/// measurement yet) within 10 % of its NVML peak. The seen cases that missed in round 1
+/// (gpt2-fp32-ckpt-b32x1024 +18.3 %, phi3-mini-bf16-ckpt-b8x1024 +16.7 %,
+/// qwen3-6l-bf16-b4x1024 −11.8 %, bert-ampbf16-b64x512 −10.6 %) have no allowance since the
+/// allocator replay (docs/estimate.md, "Error table").
 #[test]
 fn h200_truth_set_estimates_stay_within_their_measured_error() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -352,18 +347,12 @@ fn h200_truth_set_estimates_stay_within_their_measured_error() {
         let predicted = doc["total_bytes"].as_f64().expect("total");
         let measured = row["nvml_peak_bytes"].as_f64().expect("measured");
         let error = (predicted - measured) / measured;
-        let known_miss = KNOWN_MISSES.iter().find(|(n, _)| *n == name);
-        if known_miss.is_some() {
-            assert_eq!(set, "seen", "{name}: only a seen case keeps its first miss");
-        }
-        let bound = known_miss.map_or(0.10, |(_, e)| e.abs() + 0.02);
         assert!(
-            error.abs() <= bound,
-            "{name}: predicted {predicted}, measured {measured}: error {:.1} % over {:.1} %",
-            100.0 * error,
-            100.0 * bound
+            error.abs() <= 0.10,
+            "{name} ({set}): predicted {predicted}, measured {measured}: error {:.1} %",
+            100.0 * error
         );
         cases += 1;
     }
-    assert!(cases >= 28, "the truth set has {cases} cases");
+    assert!(cases >= 40, "the truth set has {cases} cases");
 }
