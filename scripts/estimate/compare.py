@@ -25,7 +25,8 @@ DATA = os.path.join(ROOT, "testdata/h200/estimate")
 NOT_FORMULA = {"CUDA context", "allocator overhead", "allocator-resident buffers"}
 # Round 1: the first measurement, then the tuning-only extras with phases. Round 2: the
 # phase run of scripts/estimate-phases-h200.sh (tuning and seen cases only).
-MEASURED = ("truth-raw.jsonl", "truth-phases.jsonl", "truth-phases-round2.jsonl")
+MEASURED = ("truth-raw.jsonl", "truth-phases.jsonl", "truth-phases-round2.jsonl",
+            "truth-heldback.jsonl")
 ENV_FILES = ("env.txt", "env-round2.txt")
 SET_LABEL = {"tuning": "tune", "seen": "seen", "held_back": "held"}
 

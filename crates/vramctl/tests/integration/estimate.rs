@@ -313,8 +313,9 @@ fn gpu_by_index_without_a_driver_is_exit_3_and_a_size_needs_none() {
     assert_eq!(output.status.code(), Some(0), "a size opens no NVML");
 }
 
-/// Every measured case of the H200 truth set (tuning and seen; a held-back case has no
-/// measurement yet) within 10 % of its NVML peak. The seen cases that missed in round 1
+/// Every measured case of the H200 truth set (tuning, seen, and round 2's 17 held-back
+/// cases, measured once after the model was frozen) within 10 % of its NVML peak. The seen
+/// cases that missed in round 1
 /// (gpt2-fp32-ckpt-b32x1024 +18.3 %, phi3-mini-bf16-ckpt-b8x1024 +16.7 %,
 /// qwen3-6l-bf16-b4x1024 −11.8 %, bert-ampbf16-b64x512 −10.6 %) have no allowance since the
 /// allocator replay (docs/estimate.md, "Error table").
@@ -354,5 +355,5 @@ fn h200_truth_set_estimates_stay_within_their_measured_error() {
         );
         cases += 1;
     }
-    assert!(cases >= 40, "the truth set has {cases} cases");
+    assert!(cases >= 57, "the truth set has {cases} cases");
 }
