@@ -1792,38 +1792,14 @@ impl Graph {
                 if let Some(r) = cx.lora {
                     // PEFT wraps q_proj and v_proj after the model is built: A then B, fp32
                     for l in &mut layers {
-                        l.w.insert("q_lora_a", self.params.len());
-                        self.params.push(Param {
-                            numel: r * h,
-                            es: 4,
-                            trainable: true,
-                            bias: 0,
-                        });
-                        self.grads.push(None);
-                        l.w.insert("q_lora_b", self.params.len());
-                        self.params.push(Param {
-                            numel: q * r,
-                            es: 4,
-                            trainable: true,
-                            bias: 0,
-                        });
-                        self.grads.push(None);
-                        l.w.insert("v_lora_a", self.params.len());
-                        self.params.push(Param {
-                            numel: r * h,
-                            es: 4,
-                            trainable: true,
-                            bias: 0,
-                        });
-                        self.grads.push(None);
-                        l.w.insert("v_lora_b", self.params.len());
-                        self.params.push(Param {
-                            numel: kv * r,
-                            es: 4,
-                            trainable: true,
-                            bias: 0,
-                        });
-                        self.grads.push(None);
+                        for (name, numel) in [
+                            ("q_lora_a", r * h),
+                            ("q_lora_b", q * r),
+                            ("v_lora_a", r * h),
+                            ("v_lora_b", kv * r),
+                        ] {
+                            l.w.insert(name, self.register(numel, 4, true, 0));
+                        }
                     }
                 }
             }
