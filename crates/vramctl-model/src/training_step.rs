@@ -21,6 +21,7 @@
 //! reserved within 0.25 % (`docs/estimate.md`).
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use crate::architecture::{Architecture, Family};
 use crate::caching_allocator::{BlockId, CachingAllocator};
@@ -121,6 +122,26 @@ struct Tensor {
     base: Option<Tid>,
     grad: Option<Tid>,
     block: Option<BlockId>,
+}
+
+/// Where a backward node hands a gradient it made.
+#[derive(Debug, Clone, Copy)]
+enum GradTo {
+    /// An input of the op: into its gradient, as the engine adds them ([`Graph::give`]).
+    Input(Tid),
+    /// A weight: its `.grad`, or under autocast its bf16 copy (whose node makes the fp32
+    /// `.grad`).
+    Weight(usize, Option<Tid>),
+    /// A bias's or a norm's gradient ([`Graph::small_grad`]).
+    Small { kept: bool },
+}
+
+/// The gradients a node made, in the order they are handed on (`None`: one it did not make,
+/// for an input or a weight that needs none).
+fn made<const N: usize>(
+    grads: [(GradTo, Option<Tid>); N],
+) -> impl IntoIterator<Item = (GradTo, Tid)> {
+    grads.into_iter().filter_map(|(to, v)| v.map(|v| (to, v)))
 }
 
 #[derive(Debug, Clone)]
@@ -420,18 +441,6 @@ impl Graph {
         }
     }
 
-    /// A node's end: its input gradient is freed when the engine's call returns, then its
-    /// saved tensors go (at apply's exit already, in a recomputed block: they were unpacked).
-    fn finish(&mut self, g: Tid, saved: &[Tid], early: bool) {
-        if early {
-            self.release(saved);
-        }
-        self.drop_ref(g);
-        if !early {
-            self.release(saved);
-        }
-    }
-
     fn node(&mut self, f: Node) {
         self.nodes.push(f);
     }
@@ -504,6 +513,115 @@ impl Graph {
         }
     }
 
+    // ------------------------------------------------------------------ backward nodes
+
+    /// A gradient of `x`'s shape and dtype.
+    fn grad_like(&mut self, x: Tid) -> Tid {
+        self.alloc(self.numel(x), self.es(x), true)
+    }
+
+    /// Hands a node's gradients on, in order.
+    fn hand_on(&mut self, grads: impl IntoIterator<Item = (GradTo, Tid)>) {
+        for (to, v) in grads {
+            match to {
+                GradTo::Input(x) => self.give(x, v),
+                GradTo::Weight(w, None) => self.grad_to_param(w, v),
+                GradTo::Weight(_, Some(c)) => self.give(c, v),
+                GradTo::Small { kept } => self.small_grad(v, kept),
+            }
+        }
+    }
+
+    /// `out`'s backward node, in the shape most of PyTorch's have. Without a gradient for
+    /// `out` it only lets `saved` go. With one: `apply` (the node's function, given the
+    /// incoming gradient) allocates the inputs' gradients and its temporaries; `sum_to` is
+    /// what the engine does once apply has returned (sum a broadcast input's gradient to its
+    /// shape); the incoming gradient is freed as the engine's call returns; the gradients are
+    /// handed on in order. `saved` go after the incoming gradient, or, with `early` (in a
+    /// recomputed block: they were unpacked), at apply's exit already.
+    fn backward_node_summing<T, G>(
+        &mut self,
+        out: Tid,
+        saved: Vec<Tid>,
+        early: bool,
+        apply: impl FnOnce(&mut Graph, Tid) -> T + 'static,
+        sum_to: impl FnOnce(&mut Graph, T) -> G + 'static,
+    ) where
+        G: IntoIterator<Item = (GradTo, Tid)>,
+    {
+        self.node(Box::new(move |g: &mut Graph| {
+            let Some(gr) = g.take(out) else {
+                g.release(&saved);
+                return;
+            };
+            let made = apply(g, gr);
+            if early {
+                g.release(&saved);
+            }
+            let grads = sum_to(g, made);
+            g.drop_ref(gr);
+            if !early {
+                g.release(&saved);
+            }
+            g.hand_on(grads);
+        }));
+    }
+
+    /// [`Graph::backward_node_summing`] with nothing to sum: `apply` makes the gradients.
+    fn backward_node<G>(
+        &mut self,
+        out: Tid,
+        saved: Vec<Tid>,
+        early: bool,
+        apply: impl FnOnce(&mut Graph, Tid) -> G + 'static,
+    ) where
+        G: IntoIterator<Item = (GradTo, Tid)> + 'static,
+    {
+        self.backward_node_summing(out, saved, early, apply, |_, grads| grads);
+    }
+
+    /// `out`'s backward hands `x` a new tensor of x's shape and dtype (a copy, a cast, zeros
+    /// with the gradient copied in, an expand), the incoming gradient let go.
+    fn backward_copies(&mut self, out: Tid, x: Tid) {
+        self.backward_node(out, Vec::new(), false, move |g, _| {
+            [(GradTo::Input(x), g.grad_like(x))]
+        });
+    }
+
+    /// `out`'s backward hands `x` the incoming gradient as it is.
+    fn backward_passes(&mut self, out: Tid, x: Tid) {
+        self.node(Box::new(move |g: &mut Graph| {
+            if let Some(gr) = g.take(out) {
+                g.give(x, gr);
+            }
+        }));
+    }
+
+    /// `out`'s backward hands the incoming gradient to both `a` and `b` (a sum's), or to the
+    /// one that needs it.
+    fn backward_to_both(&mut self, out: Tid, a: Tid, b: Tid) {
+        let (ra, rb) = (self.rg(a), self.rg(b));
+        self.node(Box::new(move |g: &mut Graph| {
+            let Some(gr) = g.take(out) else { return };
+            if ra && rb {
+                let s = g.share(gr);
+                g.give(a, s);
+                g.give(b, gr);
+            } else if ra {
+                g.give(a, gr);
+            } else {
+                g.give(b, gr);
+            }
+        }));
+    }
+
+    /// `x = op(x)` in Python: the op's output, x's old tensor let go once the op returns.
+    fn rebind(&mut self, x: Tid, op: impl FnOnce(&mut Graph, Tid) -> Tid) -> Tid {
+        let y = op(self, x);
+        self.drop_ref(x);
+        y
+    }
+
     fn first_matmul(&mut self) {
         if !self.main_workspace {
             self.main_workspace = true;
@@ -537,18 +655,34 @@ impl Graph {
         if self.es(x) == es {
             return self.keep(x);
         }
+        self.unsaved_op(x, self.numel(x), es, Graph::backward_copies)
+    }
+
+    /// An op on `x` alone that saves nothing: a new tensor of `numel` × `es` bytes, needing a
+    /// gradient when x does; `backward` makes its node (out, x).
+    fn unsaved_op(
+        &mut self,
+        x: Tid,
+        numel: u64,
+        es: u64,
+        backward: fn(&mut Graph, Tid, Tid),
+    ) -> Tid {
         let rg = self.rg(x);
-        let out = self.alloc(self.numel(x), es, rg);
+        let out = self.alloc(numel, es, rg);
         if rg {
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(out) {
-                    let gx = g.alloc(g.numel(x), g.es(x), true);
-                    g.drop_ref(gr);
-                    g.give(x, gx);
-                }
-            }));
+            backward(self, out, x);
         }
         out
+    }
+
+    /// What an op that autocast runs in fp32 takes of `x`: x cast to fp32 under autocast, else
+    /// x as it is.
+    fn fp32_under_autocast(&mut self, x: Tid) -> Tid {
+        if self.cx.amp {
+            self.cast(x, 4)
+        } else {
+            self.keep(x)
+        }
     }
 
     /// An elementwise op on x (output of `numel` × `es`); backward: `temps` temporaries of x's
@@ -575,21 +709,14 @@ impl Graph {
         if saves_out {
             saved.extend(self.save(&[out]));
         }
-        let early = self.recomputing;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&saved);
-                return;
-            };
-            let (n, e) = (g.numel(x), g.es(x));
-            let tmp: Vec<Tid> = (0..temps).map(|_| g.alloc(n, e, true)).collect();
-            let gx = g.alloc(n, e, true);
+        self.backward_node(out, saved, self.recomputing, move |g, _| {
+            let tmp: Vec<Tid> = (0..temps).map(|_| g.grad_like(x)).collect();
+            let gx = g.grad_like(x);
             for &t in tmp.iter().rev() {
                 g.drop_ref(t);
             }
-            g.finish(gr, &saved, early);
-            g.give(x, gx);
-        }));
+            [(GradTo::Input(x), gx)]
+        });
         out
     }
 
@@ -600,50 +727,21 @@ impl Graph {
 
     /// A reduction over the last dim to `numel` elements (mean); backward expands.
     fn reduce_last(&mut self, x: Tid, numel: u64) -> Tid {
-        let rg = self.rg(x);
-        let out = self.alloc(numel, self.es(x), rg);
+        let out = self.unsaved_op(x, numel, self.es(x), Graph::backward_copies);
         self.t[out].bcast = true;
-        if rg {
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(out) {
-                    let gx = g.alloc(g.numel(x), g.es(x), true);
-                    g.drop_ref(gr);
-                    g.give(x, gx);
-                }
-            }));
-        }
         out
     }
 
     /// `x + scalar` and the like: a new tensor, the gradient passed through.
     fn passthrough(&mut self, x: Tid) -> Tid {
-        let rg = self.rg(x);
-        let out = self.alloc(self.numel(x), self.es(x), rg);
+        let out = self.unsaved_op(x, self.numel(x), self.es(x), Graph::backward_passes);
         self.t[out].bcast = self.t[x].bcast;
-        if rg {
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(out) {
-                    g.give(x, gr);
-                }
-            }));
-        }
         out
     }
 
     /// `x * python scalar`: saves nothing.
     fn scalar_mul(&mut self, x: Tid) -> Tid {
-        let rg = self.rg(x);
-        let out = self.alloc(self.numel(x), self.es(x), rg);
-        if rg {
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(out) {
-                    let gx = g.alloc(g.numel(out), g.es(out), true);
-                    g.drop_ref(gr);
-                    g.give(x, gx);
-                }
-            }));
-        }
-        out
+        self.unsaved_op(x, self.numel(x), self.es(x), Graph::backward_copies)
     }
 
     /// `a * b` (a self, b other; either may broadcast over the tokens). MulBackward0: other's
@@ -667,56 +765,44 @@ impl Graph {
         if !rg {
             return out;
         }
-        let early = self.recomputing;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&saved);
-                return;
-            };
-            let full = |g: &mut Graph, x: Tid| -> Tid {
-                let f = g.alloc(g.numel(out), g.es(out), true);
-                if g.t[x].bcast || g.es(x) == g.es(out) {
-                    return f;
-                }
-                let c = g.alloc(g.numel(x), g.es(x), true);
-                g.drop_ref(f);
-                c
-            };
-            let mut gb = if rb { Some(full(g, b)) } else { None };
-            let mut ga = if ra { Some(full(g, a)) } else { None };
-            if early {
-                g.release(&saved);
+        // each operand's gradient at the output's size, cast to the operand's dtype
+        let full = move |g: &mut Graph, x: Tid| -> Tid {
+            let f = g.grad_like(out);
+            if g.t[x].bcast || g.es(x) == g.es(out) {
+                return f;
             }
-            let reduce = |g: &mut Graph, f: Tid, x: Tid| -> Tid {
-                let r = g.alloc(g.numel(x), g.es(x), true);
-                if staging > 0 && g.numel(x).saturating_mul(64) < g.numel(out) {
-                    let s = g.alloc(staging, 1, false);
-                    g.drop_ref(s);
-                }
-                g.drop_ref(f);
-                r
-            };
-            if let Some(f) = gb
-                && g.t[b].bcast
-            {
-                gb = Some(reduce(g, f, b));
+            let c = g.grad_like(x);
+            g.drop_ref(f);
+            c
+        };
+        // a broadcast one summed to its shape
+        let sum_to = move |g: &mut Graph, f: Tid, x: Tid| -> Tid {
+            if !g.t[x].bcast {
+                return f;
             }
-            if let Some(f) = ga
-                && g.t[a].bcast
-            {
-                ga = Some(reduce(g, f, a));
+            let r = g.grad_like(x);
+            if staging > 0 && g.numel(x).saturating_mul(64) < g.numel(out) {
+                let s = g.alloc(staging, 1, false);
+                g.drop_ref(s);
             }
-            g.drop_ref(gr);
-            if !early {
-                g.release(&saved);
-            }
-            if let Some(x) = ga {
-                g.give(a, x);
-            }
-            if let Some(x) = gb {
-                g.give(b, x);
-            }
-        }));
+            g.drop_ref(f);
+            r
+        };
+        self.backward_node_summing(
+            out,
+            saved,
+            self.recomputing,
+            move |g, _| {
+                let gb = rb.then(|| full(g, b));
+                let ga = ra.then(|| full(g, a));
+                (ga, gb)
+            },
+            move |g, (ga, gb)| {
+                let gb = gb.map(|f| sum_to(g, f, b));
+                let ga = ga.map(|f| sum_to(g, f, a));
+                made([(GradTo::Input(a), ga), (GradTo::Input(b), gb)])
+            },
+        );
         out
     }
 
@@ -727,18 +813,7 @@ impl Graph {
         let n = self.numel(a).max(self.numel(b));
         let out = self.alloc(n, es, ra || rb);
         if ra || rb {
-            self.node(Box::new(move |g: &mut Graph| {
-                let Some(gr) = g.take(out) else { return };
-                if ra && rb {
-                    let s = g.share(gr);
-                    g.give(a, s);
-                    g.give(b, gr);
-                } else if ra {
-                    g.give(a, gr);
-                } else {
-                    g.give(b, gr);
-                }
-            }));
+            self.backward_to_both(out, a, b);
         }
         out
     }
@@ -749,17 +824,10 @@ impl Graph {
         let rg = self.rg(x);
         let n = self.numel(x);
         let out = self.view_of(x, n, rg);
-        if rg {
-            self.node(Box::new(move |g: &mut Graph| {
-                let Some(gr) = g.take(out) else { return };
-                if copy {
-                    let c = g.alloc(g.numel(x), g.es(x), true);
-                    g.drop_ref(gr);
-                    g.give(x, c);
-                } else {
-                    g.give(x, gr);
-                }
-            }));
+        match (rg, copy) {
+            (true, true) => self.backward_copies(out, x),
+            (true, false) => self.backward_passes(out, x),
+            (false, _) => {}
         }
         out
     }
@@ -769,13 +837,7 @@ impl Graph {
         let rg = self.rg(x);
         let v = self.view_of(x, numel, rg);
         if rg {
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(v) {
-                    let z = g.alloc(g.numel(x), g.es(x), true);
-                    g.drop_ref(gr);
-                    g.give(x, z);
-                }
-            }));
+            self.backward_copies(v, x);
         }
         v
     }
@@ -886,47 +948,24 @@ impl Graph {
         if !rg {
             return out;
         }
-        let early = self.recomputing;
         let (pn, pes, bias) = (self.params[w].numel, self.params[w].es, self.params[w].bias);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&saved);
-                return;
-            };
+        self.backward_node(out, saved, self.recomputing, move |g, _| {
             g.bwd_workspace();
-            let gw = if trains {
-                Some(if wc.is_some() {
+            let gw = trains.then(|| {
+                if wc.is_some() {
                     g.alloc(pn, es, true)
                 } else {
                     g.alloc_view(pn, pes)
-                })
-            } else {
-                None
-            };
-            let gb = if trains && bias > 0 {
-                Some(g.alloc(bias, es, true))
-            } else {
-                None
-            };
-            let gx = if xrg {
-                Some(g.alloc_view(g.numel(x), g.es(x)))
-            } else {
-                None
-            };
-            g.finish(gr, &saved, early);
-            if let Some(v) = gx {
-                g.give(x, v);
-            }
-            if let Some(v) = gw {
-                match wc {
-                    None => g.grad_to_param(w, v),
-                    Some(c) => g.give(c, v),
                 }
-            }
-            if let Some(v) = gb {
-                g.drop_ref(v);
-            }
-        }));
+            });
+            let gb = (trains && bias > 0).then(|| g.alloc(bias, es, true));
+            let gx = xrg.then(|| g.alloc_view(g.numel(x), g.es(x)));
+            made([
+                (GradTo::Input(x), gx),
+                (GradTo::Weight(w, wc), gw),
+                (GradTo::Small { kept: false }, gb),
+            ])
+        });
         out
     }
 
@@ -952,55 +991,35 @@ impl Graph {
         self.first_matmul();
         let t = self.cx.t;
         let out = self.alloc(t * out_features, es, rg);
-        let early = self.recomputing;
         let (pn, pes) = (self.params[w].numel, self.params[w].es);
         if rg {
-            self.node(Box::new(move |g: &mut Graph| {
-                let mut all = saved_w.clone();
-                all.extend(saved_x.iter().copied());
-                let Some(gr) = g.take(out) else {
-                    g.release(&all);
-                    return;
-                };
-                g.bwd_workspace();
-                let gx = if xrg {
-                    Some(g.alloc_view(g.numel(xc), g.es(xc)))
-                } else {
-                    None
-                };
-                let gw = if trains {
-                    Some(g.alloc(pn, if wc.is_some() { es } else { pes }, true))
-                } else {
-                    None
-                };
-                if early {
-                    g.release(&all);
-                }
-                let gb = if trains {
-                    let b = g.alloc(out_features, es, true);
-                    let s = g.alloc(reduce_staging(t, out_features), 1, false);
-                    g.drop_ref(s);
-                    Some(b)
-                } else {
-                    None
-                };
-                g.drop_ref(gr);
-                if !early {
-                    g.release(&all);
-                }
-                if let Some(v) = gx {
-                    g.give(xc, v);
-                }
-                if let Some(v) = gw {
-                    match wc {
-                        None => g.grad_to_param(w, v),
-                        Some(c) => g.give(c, v),
-                    }
-                }
-                if let Some(v) = gb {
-                    g.small_grad(v, wc.is_none());
-                }
-            }));
+            let mut saved = saved_w;
+            saved.extend(saved_x);
+            self.backward_node_summing(
+                out,
+                saved,
+                self.recomputing,
+                move |g, _| {
+                    g.bwd_workspace();
+                    let gx = xrg.then(|| g.alloc_view(g.numel(xc), g.es(xc)));
+                    let gw = trains.then(|| g.alloc(pn, if wc.is_some() { es } else { pes }, true));
+                    (gx, gw)
+                },
+                move |g, (gx, gw)| {
+                    // the bias's: the output's gradient summed over the tokens
+                    let gb = trains.then(|| {
+                        let b = g.alloc(out_features, es, true);
+                        let s = g.alloc(reduce_staging(t, out_features), 1, false);
+                        g.drop_ref(s);
+                        b
+                    });
+                    made([
+                        (GradTo::Input(xc), gx),
+                        (GradTo::Weight(w, wc), gw),
+                        (GradTo::Small { kept: wc.is_none() }, gb),
+                    ])
+                },
+            );
         }
         self.drop_ref(xc);
         if let Some(c) = wc {
@@ -1017,16 +1036,9 @@ impl Graph {
         let out = self.alloc(n, self.es(x), rg);
         let saved = self.save(&[mask]);
         if rg {
-            let early = self.recomputing;
-            self.node(Box::new(move |g: &mut Graph| {
-                let Some(gr) = g.take(out) else {
-                    g.release(&saved);
-                    return;
-                };
-                let gx = g.alloc(g.numel(x), g.es(x), true);
-                g.finish(gr, &saved, early);
-                g.give(x, gx);
-            }));
+            self.backward_node(out, saved, self.recomputing, move |g, _| {
+                [(GradTo::Input(x), g.grad_like(x))]
+            });
         } else {
             self.release(&saved);
         }
@@ -1037,11 +1049,7 @@ impl Graph {
     /// `native_layer_norm` (an fp32 op under autocast): output, mean and rstd; backward:
     /// the input's gradient and the weight's and bias's (computed in the kernel).
     fn layer_norm(&mut self, x: Tid, width: u64, trains: bool) -> Tid {
-        let xin = if self.cx.amp {
-            self.cast(x, 4)
-        } else {
-            self.keep(x)
-        };
+        let xin = self.fp32_under_autocast(x);
         let mut saved = self.save(&[xin]);
         let (n, es) = (self.numel(xin), self.es(xin));
         let rg = self.rg(xin) || trains;
@@ -1050,30 +1058,19 @@ impl Graph {
         let mean = self.alloc(t, 4, false);
         let rstd = self.alloc(t, 4, false);
         saved.extend(self.save(&[mean, rstd]));
-        let early = self.recomputing;
         let xrg = self.rg(xin);
-        self.node(Box::new(move |g: &mut Graph| {
-            let rev: Vec<Tid> = saved.iter().rev().copied().collect();
-            let Some(gr) = g.take(out) else {
-                g.release(&rev);
-                return;
-            };
-            let gx = if xrg {
-                Some(g.alloc(n, es, true))
-            } else {
-                None
-            };
+        // its saved tensors go in the reverse of the order they were saved: rstd, mean, input
+        saved.reverse();
+        self.backward_node(out, saved, self.recomputing, move |g, _| {
+            let gx = xrg.then(|| g.alloc(n, es, true));
             if trains {
                 let a = g.alloc(width, es, true);
                 let b = g.alloc(width, es, true);
                 g.small_grad(a, true);
                 g.small_grad(b, true);
             }
-            g.finish(gr, &rev, early);
-            if let Some(v) = gx {
-                g.give(xin, v);
-            }
-        }));
+            made([(GradTo::Input(xin), gx)])
+        });
         self.drop_all(&[mean, rstd, xin]);
         out
     }
@@ -1162,12 +1159,18 @@ impl Graph {
         qe
     }
 
-    /// Autocast casts an attention's inputs to bf16, arguments evaluated right to left.
+    /// Autocast casts an attention's inputs to bf16.
     fn attention_inputs(&mut self, q: Tid, k: Tid, v: Tid) -> (Tid, Tid, Tid) {
-        if self.cx.amp {
-            let vc = self.cast(v, 2);
-            let kc = self.cast(k, 2);
-            let qc = self.cast(q, 2);
+        self.qkv_cast(q, k, v, 2, self.cx.amp)
+    }
+
+    /// q, k and v cast to `es` when `cast`, arguments evaluated right to left (v first), else
+    /// kept as they are.
+    fn qkv_cast(&mut self, q: Tid, k: Tid, v: Tid, es: u64, cast: bool) -> (Tid, Tid, Tid) {
+        if cast {
+            let vc = self.cast(v, es);
+            let kc = self.cast(k, es);
+            let qc = self.cast(q, es);
             (qc, kc, vc)
         } else {
             (self.keep(q), self.keep(k), self.keep(v))
@@ -1190,70 +1193,36 @@ impl Graph {
         out
     }
 
-    /// Flash attention: output and logsumexp saved with q, k, v; backward allocates dq, dk,
-    /// dv and one workspace (fp32 dq accumulator, the expanded dk/dv of GQA, softmax sums).
+    /// Flash attention: logsumexp over the rows; backward's one workspace holds the fp32 dq
+    /// accumulator, the expanded dk/dv of GQA and the softmax sums.
     fn flash(&mut self, qc: Tid, kc: Tid, vc: Tid) -> Tid {
         let cx = self.cx.clone();
-        let mut saved = self.save(&[kc, qc, vc]);
         let es = self.es(qc);
-        let out = self.alloc(cx.t * cx.q, es, true);
-        let lse = self.alloc(cx.b * cx.heads * cx.seq, 4, false);
-        saved.extend(self.save(&[lse, out]));
-        let early = self.recomputing;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&saved);
-                return;
-            };
-            let dq = g.alloc(g.numel(qc), es, true);
-            let dk = g.alloc(g.numel(kc), es, true);
-            let dv = g.alloc(g.numel(vc), es, true);
-            let gqa = if cx.kv < cx.q {
-                2 * es * cx.t * cx.q
-            } else {
-                0
-            };
-            let ws = g.alloc(
-                4 * cx.t * cx.q + gqa + 4 * cx.b * cx.heads * cx.seq + 256,
-                1,
-                false,
-            );
+        let gqa = if cx.kv < cx.q {
+            2 * es * cx.t * cx.q
+        } else {
+            0
+        };
+        let workspace = 4 * cx.t * cx.q + gqa + 4 * cx.b * cx.heads * cx.seq + 256;
+        let lse = cx.b * cx.heads * cx.seq;
+        self.fused_attention(qc, kc, vc, None, lse, move |g| {
+            let ws = g.alloc(workspace, 1, false);
             g.drop_ref(ws);
-            g.finish(gr, &saved, early);
-            g.give(qc, dq);
-            g.give(kc, dk);
-            g.give(vc, dv);
-        }));
-        self.drop_ref(lse);
-        out
+        })
     }
 
-    /// Memory-efficient attention (fp32, or a float mask that needs no gradient): output
-    /// and logsumexp (sequence padded to 32); backward: dq, dk, dv, a temporary of q's size,
-    /// two per-row buffers, then a workspace.
+    /// Memory-efficient attention (fp32, or a float mask that needs no gradient): logsumexp
+    /// over the rows padded to 32; backward's scratch: a temporary of q's size, two per-row
+    /// buffers, then a workspace.
     fn efficient(&mut self, qc: Tid, kc: Tid, vc: Tid, bias: Option<Tid>) -> Tid {
         let cx = self.cx.clone();
-        let mut keep = vec![kc, qc, vc];
-        if let Some(b) = bias {
-            keep.push(b);
-        }
-        let mut saved = self.save(&keep);
         let es = self.es(qc);
-        let out = self.alloc(cx.t * cx.q, es, true);
-        let lse = self.alloc(cx.b * cx.heads * cx.seq.div_ceil(32) * 32, 4, false);
-        saved.extend(self.save(&[lse, out]));
-        let early = self.recomputing;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&saved);
-                return;
-            };
-            let dq = g.alloc(g.numel(qc), es, true);
-            let dk = g.alloc(g.numel(kc), es, true);
-            let dv = g.alloc(g.numel(vc), es, true);
+        let rows = cx.b * cx.heads * cx.seq;
+        let lse = cx.b * cx.heads * cx.seq.div_ceil(32) * 32;
+        self.fused_attention(qc, kc, vc, bias, lse, move |g| {
             let t1 = g.alloc(cx.t * cx.q, es, false);
-            let d1 = g.alloc(cx.b * cx.heads * cx.seq, 4, false);
-            let d2 = g.alloc(cx.b * cx.heads * cx.seq, 4, false);
+            let d1 = g.alloc(rows, 4, false);
+            let d2 = g.alloc(rows, 4, false);
             g.drop_all(&[d1, t1]);
             let ws = g.alloc(
                 4 * cx.t * cx.q + 4 * cx.b * cx.heads * cx.head_dim,
@@ -1261,31 +1230,67 @@ impl Graph {
                 false,
             );
             g.drop_all(&[d2, ws]);
-            g.finish(gr, &saved, early);
-            g.give(qc, dq);
-            g.give(kc, dk);
-            g.give(vc, dv);
-        }));
+        })
+    }
+
+    /// A fused SDPA kernel (flash, memory-efficient): k, q, v (and a float mask) saved, then
+    /// the output and its fp32 logsumexp (`lse` elements), both saved; backward allocates dq,
+    /// dk and dv, then the kernel's `scratch`.
+    fn fused_attention(
+        &mut self,
+        qc: Tid,
+        kc: Tid,
+        vc: Tid,
+        bias: Option<Tid>,
+        lse: u64,
+        scratch: impl FnOnce(&mut Graph) + 'static,
+    ) -> Tid {
+        let mut keep = vec![kc, qc, vc];
+        keep.extend(bias);
+        let mut saved = self.save(&keep);
+        let es = self.es(qc);
+        let out = self.alloc(self.cx.t * self.cx.q, es, true);
+        let lse = self.alloc(lse, 4, false);
+        saved.extend(self.save(&[lse, out]));
+        self.backward_node(out, saved, self.recomputing, move |g, _| {
+            let dq = g.alloc(g.numel(qc), es, true);
+            let dk = g.alloc(g.numel(kc), es, true);
+            let dv = g.alloc(g.numel(vc), es, true);
+            scratch(g);
+            [
+                (GradTo::Input(qc), dq),
+                (GradTo::Input(kc), dk),
+                (GradTo::Input(vc), dv),
+            ]
+        });
         self.drop_ref(lse);
+        out
+    }
+
+    /// `a @ b` over an attention's heads (`numel` elements of `es` bytes), both operands
+    /// saved; backward: a's gradient, then b's, in the product's dtype. `early`: see
+    /// [`Graph::backward_node_summing`].
+    fn bmm(&mut self, a: Tid, b: Tid, numel: u64, es: u64, early: bool) -> Tid {
+        let saved = self.save(&[a, b]);
+        let out = self.alloc(numel, es, true);
+        self.backward_node(out, saved, early, move |g, _| {
+            let ga = g.alloc(g.numel(a), es, true);
+            let gb = g.alloc(g.numel(b), es, true);
+            [(GradTo::Input(a), ga), (GradTo::Input(b), gb)]
+        });
         out
     }
 
     /// SDPA's math path (T5's self-attention, whose mask needs a gradient; fp32 with GQA):
     /// 16-bit inputs upcast to fp32; q and k scaled and made contiguous for bmm (saved), GQA's
     /// k and v repeated; the scores, the mask added in place, softmax (saved), dropout (mask
-    /// and output saved), v contiguous (saved), bmm; the output cast back.
+    /// and output saved), v contiguous (saved), bmm; the output cast back. Its nodes let their
+    /// saved tensors go after the incoming gradient, in a recomputed block too (`early` false).
     fn math_attention(&mut self, q: Tid, k: Tid, v: Tid, bias: Option<Tid>, dropout: bool) -> Tid {
         let cx = self.cx.clone();
         let s = cx.b * cx.heads * cx.seq * cx.seq;
         let low = self.es(q) == 2;
-        let (q, k, v) = if low {
-            let vv = self.cast(v, 4);
-            let kk = self.cast(k, 4);
-            let qq = self.cast(q, 4);
-            (qq, kk, vv)
-        } else {
-            (self.keep(q), self.keep(k), self.keep(v))
-        };
+        let (q, k, v) = self.qkv_cast(q, k, v, 4, low);
         let es = 4;
         let groups = (cx.heads / cx.kv_heads.max(1)).max(1);
         let (k, v) = if groups > 1 {
@@ -1300,93 +1305,62 @@ impl Graph {
         let ks = self.scalar_mul(k);
         let qcont = self.passthrough(qs);
         let kcont = self.passthrough(ks);
-        let sv = self.save(&[qcont, kcont]);
-        let mut scores = self.alloc(s, es, true);
-        let sc0 = scores;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(sc0) else {
-                g.release(&sv);
-                return;
-            };
-            let gq = g.alloc(g.numel(qcont), es, true);
-            let gk = g.alloc(g.numel(kcont), es, true);
-            g.finish(gr, &sv, false);
-            g.give(qcont, gq);
-            g.give(kcont, gk);
-        }));
+        let mut scores = self.bmm(qcont, kcont, s, es, false);
         self.drop_all(&[ks, qcont, kcont]);
         if let Some(b) = bias
             && self.rg(b)
         {
             // attn.add_(mask): the same storage, a node handing the gradient to both
             let added = self.view_of(scores, s, true);
-            let before = scores;
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(added) {
-                    let sh = g.share(gr);
-                    g.give(before, sh);
-                    g.give(b, gr);
-                }
-            }));
+            self.backward_to_both(added, scores, b);
             self.drop_ref(scores);
             scores = added;
         }
         let sm = self.alloc(s, es, true);
         let t = self.alloc(s, 1, false);
         self.drop_ref(t);
-        let svs = self.save(&[sm]);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(sm) else {
-                g.release(&svs);
-                return;
-            };
-            let gx = g.alloc(s, es, true);
-            g.finish(gr, &svs, false);
-            g.give(scores, gx);
-        }));
+        let saved = self.save(&[sm]);
+        self.backward_node(sm, saved, false, move |g, _| {
+            [(GradTo::Input(scores), g.alloc(s, es, true))]
+        });
         self.drop_ref(scores);
         let probs = if dropout {
-            let d = self.dropout(sm);
-            self.drop_ref(sm);
-            d
+            self.rebind(sm, Graph::dropout)
         } else {
             sm
         };
         let vcont = self.passthrough(v);
-        let sv2 = self.save(&[probs, vcont]);
-        let out = self.alloc(cx.t * cx.q, es, true);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&sv2);
-                return;
-            };
-            let ga = g.alloc(s, es, true);
-            let gv = g.alloc(g.numel(vcont), es, true);
-            g.finish(gr, &sv2, false);
-            g.give(probs, ga);
-            g.give(vcont, gv);
-        }));
+        let out = self.bmm(probs, vcont, cx.t * cx.q, es, false);
         self.drop_all(&[probs, vcont, qs]);
         let out = if low {
-            let o = self.cast(out, 2);
-            self.drop_ref(out);
-            self.drop_all(&[q, k, v]);
-            o
+            self.rebind(out, |g, o| g.cast(o, 2))
         } else {
-            self.drop_all(&[q, k, v]);
             out
         };
-        let oc = self.passthrough(out);
-        self.drop_ref(out);
-        oc
+        self.drop_all(&[q, k, v]);
+        self.rebind(out, Graph::passthrough)
     }
 
-    /// transformers' eager attention (Llama-style): repeat_kv copies, q·kᵀ (q made contiguous
-    /// for bmm), · scaling, + mask, softmax in fp32, back to q's dtype (dropout p = 0 returns
-    /// it), · v, transpose(1, 2).contiguous().
+    /// transformers' eager attention weights from q and k (both let go once multiplied):
+    /// q·kᵀ, · scaling, + the causal mask, softmax in `softmax_es`, back to q's dtype.
+    fn eager_weights(&mut self, q: Tid, k: Tid, softmax_es: u64) -> Tid {
+        let s = self.cx.b * self.cx.heads * self.cx.seq * self.cx.seq;
+        let es = self.es(q);
+        let scores = self.bmm(q, k, s, es, self.recomputing);
+        self.drop_all(&[q, k]);
+        let mut scaled = self.rebind(scores, Graph::scalar_mul);
+        if let Some(m) = self.causal_mask {
+            scaled = self.rebind(scaled, |g, x| g.add(x, m));
+        }
+        let sm = self.rebind(scaled, |g, x| g.elem(x, false, true, 0, s, softmax_es));
+        self.rebind(sm, |g, x| g.cast(x, es))
+    }
+
+    /// transformers' eager attention (Llama-style): repeat_kv copies, q made contiguous for
+    /// bmm, the weights (softmax in fp32; dropout p = 0 returns them), · v,
+    /// transpose(1, 2).contiguous().
     fn eager_llama(&mut self, q: Tid, k: Tid, v: Tid) -> Tid {
         let cx = self.cx.clone();
-        let s = cx.b * cx.heads * cx.seq * cx.seq;
         let es = self.es(q);
         let groups = (cx.heads / cx.kv_heads.max(1)).max(1);
         let (kr, vr) = if groups > 1 {
@@ -1398,133 +1372,57 @@ impl Graph {
             (self.keep(k), self.keep(v))
         };
         let qc = self.passthrough(q);
-        let sv = self.save(&[qc, kr]);
-        let sc = self.alloc(s, es, true);
-        let early = self.recomputing;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(sc) else {
-                g.release(&sv);
-                return;
-            };
-            let gq = g.alloc(g.numel(qc), es, true);
-            let gk = g.alloc(g.numel(kr), es, true);
-            g.finish(gr, &sv, early);
-            g.give(qc, gq);
-            g.give(kr, gk);
-        }));
-        self.drop_all(&[qc, kr]);
-        let mut sc2 = self.scalar_mul(sc);
-        self.drop_ref(sc);
-        if let Some(m) = self.causal_mask {
-            let sc3 = self.add(sc2, m);
-            self.drop_ref(sc2);
-            sc2 = sc3;
-        }
-        let sm = self.elem(sc2, false, true, 0, s, 4);
-        self.drop_ref(sc2);
-        let p16 = self.cast(sm, es);
-        self.drop_ref(sm);
-        let sv2 = self.save(&[p16, vr]);
-        let out = self.alloc(cx.t * cx.q, es, true);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&sv2);
-                return;
-            };
-            let ga = g.alloc(s, es, true);
-            let gv = g.alloc(g.numel(vr), es, true);
-            g.finish(gr, &sv2, early);
-            g.give(p16, ga);
-            g.give(vr, gv);
-        }));
+        let p16 = self.eager_weights(qc, kr, 4);
+        let out = self.bmm(p16, vr, cx.t * cx.q, es, self.recomputing);
         self.drop_all(&[p16, vr]);
-        let oc = self.passthrough(out);
-        self.drop_ref(out);
-        oc
+        self.rebind(out, Graph::passthrough)
     }
 
-    /// GPT-2's eager attention: q·kᵀ (both made contiguous), · scale, the causal mask applied
-    /// by `torch.where` (a new tensor), softmax, back to the value's dtype, dropout, · v.
+    /// GPT-2's eager attention: q and k made contiguous, the weights (the causal mask applied
+    /// by `torch.where`, a new tensor; softmax an fp32 op under autocast), dropout, · v.
     fn eager_gpt2(&mut self, q: Tid, k: Tid, v: Tid) -> Tid {
         let cx = self.cx.clone();
-        let s = cx.b * cx.heads * cx.seq * cx.seq;
         let (qc0, kc0, vc0) = self.attention_inputs(q, k, v);
         let es = self.es(qc0);
         let qc = self.passthrough(qc0);
         let kc = self.passthrough(kc0);
-        let sv = self.save(&[qc, kc]);
-        let sc = self.alloc(s, es, true);
-        let early = self.recomputing;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(sc) else {
-                g.release(&sv);
-                return;
-            };
-            let gq = g.alloc(g.numel(qc), es, true);
-            let gk = g.alloc(g.numel(kc), es, true);
-            g.finish(gr, &sv, early);
-            g.give(qc, gq);
-            g.give(kc, gk);
-        }));
-        self.drop_all(&[qc, kc]);
-        let sc2 = self.scalar_mul(sc);
-        self.drop_ref(sc);
-        let sc3 = match self.causal_mask {
-            Some(m) => self.add(sc2, m),
-            None => self.keep(sc2),
-        };
-        self.drop_ref(sc2);
-        // softmax is an fp32 op under autocast
-        let smes = if self.cx.amp { 4 } else { es };
-        let sm = self.elem(sc3, false, true, 0, s, smes);
-        self.drop_ref(sc3);
-        let p = self.cast(sm, es);
-        self.drop_ref(sm);
-        let pd = self.dropout(p);
-        self.drop_ref(p);
+        let softmax_es = if self.cx.amp { 4 } else { es };
+        let p = self.eager_weights(qc, kc, softmax_es);
+        let pd = self.rebind(p, Graph::dropout);
         let vcont = self.passthrough(vc0);
-        let sv2 = self.save(&[pd, vcont]);
-        let out = self.alloc(cx.t * cx.q, es, true);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&sv2);
-                return;
-            };
-            let ga = g.alloc(s, es, true);
-            let gv = g.alloc(g.numel(vcont), es, true);
-            g.finish(gr, &sv2, early);
-            g.give(pd, ga);
-            g.give(vcont, gv);
-        }));
+        let out = self.bmm(pd, vcont, cx.t * cx.q, es, self.recomputing);
         self.drop_all(&[pd, vcont, qc0, kc0, vc0]);
-        let oc = self.passthrough(out);
-        self.drop_ref(out);
-        oc
+        self.rebind(out, Graph::passthrough)
     }
 
-    /// `nn.Embedding` over the tokens; backward: the weight's gradient and, above 3072
-    /// indices, the sort-based kernel's fp32 partial sums (numel / 10 + min(numel, rows)
-    /// segments).
+    /// The sort-based embedding backward's fp32 partial sums over `indices` indices of a
+    /// `width`-wide table of `rows` rows: indices / 10 + min(indices, rows) segments, above
+    /// 3072 indices only; made and let go.
+    fn embedding_scratch(&mut self, indices: u64, width: u64, rows: u64) {
+        if indices > 3072 {
+            let tmp = self.alloc(4 * width * (indices / 10 + indices.min(rows)), 1, false);
+            self.drop_ref(tmp);
+        }
+    }
+
+    /// `nn.Embedding` over the tokens; backward: the weight's gradient and the sort-based
+    /// kernel's partial sums.
     fn embedding(&mut self, w: usize, rows: u64) -> Tid {
-        let cx = self.cx.clone();
-        let (pn, pes, trains) = (
-            self.params[w].numel,
-            self.params[w].es,
-            self.params[w].trainable,
-        );
+        let t = self.cx.t;
+        let Param {
+            numel: pn,
+            es: pes,
+            trainable,
+            ..
+        } = self.params[w];
         let width = pn / rows.max(1);
-        let out = self.alloc(cx.t * width, pes, trains);
-        if trains {
-            self.node(Box::new(move |g: &mut Graph| {
-                let Some(gr) = g.take(out) else { return };
+        let out = self.alloc(t * width, pes, trainable);
+        if trainable {
+            self.backward_node(out, Vec::new(), false, move |g, _| {
                 let gw = g.alloc(pn, pes, true);
-                if cx.t > 3072 {
-                    let tmp = g.alloc(4 * width * (cx.t / 10 + cx.t.min(rows)), 1, false);
-                    g.drop_ref(tmp);
-                }
-                g.drop_ref(gr);
-                g.grad_to_param(w, gw);
-            }));
+                g.embedding_scratch(t, width, rows);
+                [(GradTo::Weight(w, None), gw)]
+            });
         }
         out
     }
@@ -1532,16 +1430,17 @@ impl Graph {
     /// A position embedding over positions [1, seq]: added to [batch, seq, h], so its
     /// gradient is first summed over the batch; few indices, no segment buffer.
     fn position_embedding(&mut self, w: usize) -> Tid {
-        let (pn, pes, trains) = (
-            self.params[w].numel,
-            self.params[w].es,
-            self.params[w].trainable,
-        );
+        let Param {
+            numel: pn,
+            es: pes,
+            trainable,
+            ..
+        } = self.params[w];
         let h = self.cx.h;
         let seq = self.cx.seq;
-        let out = self.alloc(seq * h, pes, trains);
+        let out = self.alloc(seq * h, pes, trainable);
         self.t[out].bcast = true;
-        if trains {
+        if trainable {
             self.node(Box::new(move |g: &mut Graph| {
                 let Some(gr) = g.take(out) else { return };
                 let sum = g.alloc(seq * h, pes, true);
@@ -1554,28 +1453,35 @@ impl Graph {
         out
     }
 
+    /// `log_softmax` over `n` elements of `x` (saved); backward: x's gradient.
+    fn log_softmax(&mut self, x: Tid, n: u64) -> Tid {
+        let es = self.es(x);
+        let ls = self.alloc(n, es, true);
+        let saved = self.save(&[ls]);
+        self.backward_node(ls, saved, self.recomputing, move |g, _| {
+            [(GradTo::Input(x), g.alloc(n, es, true))]
+        });
+        ls
+    }
+
+    /// `nll_loss`'s node, the loss's own (the root: it runs with no gradient coming in): the
+    /// gradient of its `n` fp32 inputs, `saved` let go, handed to `x`.
+    fn nll_backward(&mut self, x: Tid, n: u64, saved: Vec<Tid>) {
+        self.node(Box::new(move |g: &mut Graph| {
+            let gx = g.alloc(n, 4, true);
+            g.release(&saved);
+            g.give(x, gx);
+        }));
+    }
+
     /// transformers' `ForCausalLMLoss`: `logits.float()`, cross_entropy (log_softmax saved,
     /// nll).
     fn causal_lm_loss(&mut self, logits: Tid) -> Tid {
         let n = self.cx.t * self.cx.vocab;
         let f = self.cast(logits, 4);
-        let ls = self.alloc(n, 4, true);
-        let saved = self.save(&[ls]);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(ls) else {
-                g.release(&saved);
-                return;
-            };
-            let gx = g.alloc(n, 4, true);
-            g.drop_ref(gr);
-            g.release(&saved);
-            g.give(f, gx);
-        }));
+        let ls = self.log_softmax(f, n);
         let loss = self.alloc(1, 4, true);
-        self.node(Box::new(move |g: &mut Graph| {
-            let gx = g.alloc(n, 4, true);
-            g.give(ls, gx);
-        }));
+        self.nll_backward(ls, n, Vec::new());
         self.drop_all(&[f, ls]);
         loss
     }
@@ -1584,31 +1490,11 @@ impl Graph {
     /// dtype (saved), then nll_loss, which autocast runs in fp32 (its input cast, saved).
     fn cross_entropy_module(&mut self, logits: Tid) -> Tid {
         let n = self.cx.t * self.cx.vocab;
-        let es = self.es(logits);
-        let ls = self.alloc(n, es, true);
-        let saved_ls = self.save(&[ls]);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(ls) else {
-                g.release(&saved_ls);
-                return;
-            };
-            let gx = g.alloc(n, es, true);
-            g.drop_ref(gr);
-            g.release(&saved_ls);
-            g.give(logits, gx);
-        }));
-        let f = if self.cx.amp {
-            self.cast(ls, 4)
-        } else {
-            self.keep(ls)
-        };
-        let saved_f = self.save(&[f]);
+        let ls = self.log_softmax(logits, n);
+        let f = self.fp32_under_autocast(ls);
+        let saved = self.save(&[f]);
         let loss = self.alloc(1, 4, true);
-        self.node(Box::new(move |g: &mut Graph| {
-            let gx = g.alloc(n, 4, true);
-            g.release(&saved_f);
-            g.give(f, gx);
-        }));
+        self.nll_backward(f, n, saved);
         self.drop_all(&[f, ls]);
         loss
     }
@@ -1856,6 +1742,26 @@ impl Graph {
         }
     }
 
+    /// A stack's blocks `layers` in turn, each one's output taking its input's place.
+    fn blocks(&mut self, f: BlockFn, layers: Range<usize>, x: Tid) -> Tid {
+        let mut x = x;
+        for l in layers {
+            x = self.rebind(x, |g, x| g.block(f, l, x));
+        }
+        x
+    }
+
+    /// create_causal_mask for eager attention: a float mask [batch, 1, seq, seq] in the
+    /// hidden states' dtype (`x`'s); none for SDPA.
+    fn causal_mask_for(&mut self, x: Tid) {
+        self.causal_mask = None;
+        if self.cx.eager {
+            let (es, cx) = (self.es(x), &self.cx);
+            let numel = cx.b * cx.seq * cx.seq;
+            self.causal_mask = Some(self.alloc(numel, es, false));
+        }
+    }
+
     fn autocast_exit(&mut self) {
         let cached: Vec<Tid> = self.wcache.drain().map(|(_, t)| t).collect();
         for t in cached {
@@ -1869,29 +1775,29 @@ impl Graph {
     /// scaling added to the base result (promoted to fp32), cast back.
     fn lora_linear(&mut self, x: Tid, w: usize, a: usize, b: usize, out_features: u64) -> Tid {
         let r = self.cx.lora.unwrap_or(1);
-        let result = if self.params[w].bias > 0 {
-            self.addmm(x, w, out_features)
-        } else {
-            self.linear(x, w, out_features)
-        };
+        let result = self.nn_linear(x, w, out_features);
         let x32 = self.cast(x, 4);
         let (amp, ca) = (self.cx.amp, self.cx.a);
         self.cx.amp = false;
         self.cx.a = 4;
-        let ao = self.mm(x32, a, r, None);
-        self.drop_ref(x32);
-        let bo = self.mm(ao, b, out_features, None);
-        self.drop_ref(ao);
+        let ao = self.rebind(x32, |g, x| g.mm(x, a, r, None));
+        let bo = self.rebind(ao, |g, x| g.mm(x, b, out_features, None));
         self.cx.amp = amp;
         self.cx.a = ca;
-        let sc = self.scalar_mul(bo);
-        self.drop_ref(bo);
+        let sc = self.rebind(bo, Graph::scalar_mul);
         let tot = self.add(result, sc);
         self.drop_all(&[result, sc]);
         let es = self.es(result);
-        let out = self.cast(tot, es);
-        self.drop_ref(tot);
-        out
+        self.rebind(tot, |g, x| g.cast(x, es))
+    }
+
+    /// `nn.Linear`: with a bias, addmm (on a contiguous 3-D input); without, `F.linear`.
+    fn nn_linear(&mut self, x: Tid, w: usize, out_features: u64) -> Tid {
+        if self.params[w].bias > 0 {
+            self.addmm(x, w, out_features)
+        } else {
+            self.linear(x, w, out_features)
+        }
     }
 
     fn llama_block(g: &mut Graph, l: usize, x: Tid) -> Tid {
@@ -1909,50 +1815,43 @@ impl Graph {
             let ks = g.slice(qkv, t * kv);
             let vv = g.slice(qkv, t * kv);
             g.drop_ref(qkv);
-            let qt = g.view(qs, true);
-            g.drop_ref(qs);
-            let kt = g.view(ks, true);
-            g.drop_ref(ks);
+            let qt = g.rebind(qs, |g, x| g.view(x, true));
+            let kt = g.rebind(ks, |g, x| g.view(x, true));
             // partial rotary: q[..., :rot] and the (empty) rest, concatenated back
             let qr = g.slice(qt, g.numel(qt));
             let kr = g.slice(kt, g.numel(kt));
             let qi = g.rope(qr);
-            let qe = g.cat(&[qi]);
-            g.drop_ref(qi);
+            let qe = g.rebind(qi, |g, x| g.cat(&[x]));
             let ki = g.rope(kr);
-            let ke = g.cat(&[ki]);
-            g.drop_ref(ki);
+            let ke = g.rebind(ki, |g, x| g.cat(&[x]));
             g.drop_all(&[qr, kr]);
             (qe, ke, vv, qt, kt)
         } else {
             let lin = |g: &mut Graph, name: &'static str, out: u64, lora: Option<(&str, &str)>| {
                 let w = g.lp(l, name);
-                let bias = g.params[w].bias > 0;
                 match (g.cx.lora, lora) {
                     (Some(_), Some((a, b))) => {
                         let (pa, pb) = (g.lp(l, a), g.lp(l, b));
                         g.lora_linear(n1, w, pa, pb, out)
                     }
-                    _ if bias => g.addmm(n1, w, out),
-                    _ => g.linear(n1, w, out),
+                    _ => g.nn_linear(n1, w, out),
+                }
+            };
+            // [b, s, heads, d] transposed to [b, heads, s, d], then (Qwen3) q_norm / k_norm
+            let to_heads = |g: &mut Graph, x: Tid, heads: u64| {
+                let xt = g.rebind(x, |g, x| g.view(x, true));
+                if cx.qk_norm {
+                    g.rebind(xt, |g, x| {
+                        g.rms_norm(x, cx.head_dim, t * heads, NormStyle::Llama)
+                    })
+                } else {
+                    xt
                 }
             };
             let qq = lin(g, "q", q, Some(("q_lora_a", "q_lora_b")));
-            let mut qt = g.view(qq, true);
-            g.drop_ref(qq);
-            if cx.qk_norm {
-                let qn = g.rms_norm(qt, cx.head_dim, t * cx.heads, NormStyle::Llama);
-                g.drop_ref(qt);
-                qt = qn;
-            }
+            let qt = to_heads(g, qq, cx.heads);
             let kk = lin(g, "k", kv, None);
-            let mut kt = g.view(kk, true);
-            g.drop_ref(kk);
-            if cx.qk_norm {
-                let kn = g.rms_norm(kt, cx.head_dim, t * cx.kv_heads, NormStyle::Llama);
-                g.drop_ref(kt);
-                kt = kn;
-            }
+            let kt = to_heads(g, kk, cx.kv_heads);
             let vv = lin(g, "v", kv, Some(("v_lora_a", "v_lora_b")));
             let qe = g.rope(qt);
             let ke = g.rope(kt);
@@ -1966,16 +1865,12 @@ impl Graph {
         };
         if cx.family == Family::Phi3 {
             // the kernel's output has q's layout ([b, heads, s, d] after the cat): a copy
-            let oc = g.passthrough(o);
-            g.drop_ref(o);
-            o = oc;
+            o = g.rebind(o, Graph::passthrough);
         }
         let mut oo = g.linear(o, g.lp(l, "o"), h);
         g.drop_all(&[o, qe, ke, vv, n1]);
         if gemma2 {
-            let p = g.rms_norm(oo, h, t, style);
-            g.drop_ref(oo);
-            oo = p;
+            oo = g.rebind(oo, |g, x| g.rms_norm(x, h, t, style));
         }
         let h1 = g.add(x, oo);
         g.drop_ref(oo);
@@ -1989,17 +1884,13 @@ impl Graph {
             let act = g.unary(parts[0], true, false, 0);
             let prod = g.mul(parts[1], act, 0);
             g.drop_all(&[parts[0], parts[1], act]);
-            let down = g.linear(prod, g.lp(l, "down"), h);
-            g.drop_ref(prod);
-            down
+            g.rebind(prod, |g, x| g.linear(x, g.lp(l, "down"), h))
         } else {
             g.gated_mlp(n2, g.lp(l, "gate"), g.lp(l, "up"), g.lp(l, "down"), i)
         };
         g.drop_ref(n2);
         if gemma2 {
-            let p = g.rms_norm(down, h, t, style);
-            g.drop_ref(down);
-            down = p;
+            down = g.rebind(down, |g, x| g.rms_norm(x, h, t, style));
         }
         let h2 = g.add(h1, down);
         g.drop_all(&[down, h1]);
@@ -2010,14 +1901,11 @@ impl Graph {
     fn gated_mlp(&mut self, x: Tid, gate: usize, up: usize, down: usize, width: u64) -> Tid {
         let h = self.cx.h;
         let ga = self.linear(x, gate, width);
-        let act = self.unary(ga, true, false, 0);
-        self.drop_ref(ga);
+        let act = self.rebind(ga, |g, x| g.unary(x, true, false, 0));
         let u = self.linear(x, up, width);
         let prod = self.mul(act, u, 0);
         self.drop_all(&[act, u]);
-        let d = self.linear(prod, down, h);
-        self.drop_ref(prod);
-        d
+        self.rebind(prod, |g, x| g.linear(x, down, h))
     }
 
     /// Mixtral's / Qwen2-MoE's sparse block as transformers 5 runs it by default (the
@@ -2050,9 +1938,7 @@ impl Graph {
         let probs = if mixtral {
             // router_logits.float(), softmax
             let lf = self.cast(logits, 4);
-            let p = self.unary(lf, false, true, 0);
-            self.drop_ref(lf);
-            p
+            self.rebind(lf, |g, x| g.unary(x, false, true, 0))
         } else {
             // softmax(dtype=float): fp32 out, its backward straight to the logits' dtype
             self.elem(logits, false, true, 0, t * e, 4)
@@ -2060,13 +1946,7 @@ impl Graph {
         let topv = self.alloc(t * k, 4, self.rg(probs));
         let top_idx = self.alloc(t * k, 8, false);
         if self.rg(probs) {
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(topv) {
-                    let gx = g.alloc(t * e, 4, true);
-                    g.drop_ref(gr);
-                    g.give(probs, gx);
-                }
-            }));
+            self.backward_copies(topv, probs);
         }
         self.drop_all(&[probs, logits]);
         let weights = if mixtral {
@@ -2093,29 +1973,19 @@ impl Graph {
         // selected.masked_fill_(sentinel_mask, 0): in place; backward a masked copy
         let sel_m = self.view_of(sel, s * h, self.rg(sel));
         if self.rg(sel) {
-            self.node(Box::new(move |g: &mut Graph| {
-                if let Some(gr) = g.take(sel_m) {
-                    let c = g.alloc(g.numel(sel), g.es(sel), true);
-                    g.drop_ref(gr);
-                    g.give(sel, c);
-                }
-            }));
+            self.backward_copies(sel_m, sel);
         }
         self.drop_ref(sel);
         let (wgu, wdown) = (self.lp(l, "gate_up"), self.lp(l, "down"));
-        let gu = self.grouped_mm(sel_m, wgu, s, 2 * ie);
-        self.drop_ref(sel_m);
-        let gum = self.scalar_mul(gu); // masked_fill (out of place)
-        self.drop_ref(gu);
+        let gu = self.rebind(sel_m, |g, x| g.grouped_mm(x, wgu, s, 2 * ie));
+        let gum = self.rebind(gu, Graph::scalar_mul); // masked_fill (out of place)
         let parts = self.split(gum, &[s * ie, s * ie]);
         self.drop_ref(gum);
         let act = self.unary(parts[0], true, false, 0);
         let prod = self.mul(act, parts[1], 0);
         self.drop_all(&[act, parts[0], parts[1]]);
-        let down = self.grouped_mm(prod, wdown, s, h);
-        self.drop_ref(prod);
-        let dm = self.scalar_mul(down);
-        self.drop_ref(down);
+        let down = self.rebind(prod, |g, x| g.grouped_mm(x, wdown, s, h));
+        let dm = self.rebind(down, Graph::scalar_mul);
         let weighted = self.mul(dm, sw, 0);
         self.drop_all(&[dm, sw]);
         let inv = self.alloc(s, 8, false);
@@ -2136,13 +2006,11 @@ impl Graph {
         }
         self.drop_ref(back);
         let xes = self.es(x);
-        let fin = self.cast(summed, xes);
-        self.drop_ref(summed);
+        let fin = self.rebind(summed, |g, x| g.cast(x, xes));
         match shared_out {
             Some(so) => {
                 let gl = self.linear(x, self.lp(l, "sgate_gate"), 1);
-                let sg = self.unary(gl, false, true, 0);
-                self.drop_ref(gl);
+                let sg = self.rebind(gl, |g, x| g.unary(x, false, true, 0));
                 self.t[sg].bcast = true;
                 let gated = self.mul(sg, so, 0);
                 self.drop_all(&[sg, so]);
@@ -2164,13 +2032,8 @@ impl Graph {
         if !rg {
             return out;
         }
-        let early = self.recomputing;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&saved);
-                return;
-            };
-            let z = g.alloc(g.numel(x), g.es(x), true);
+        self.backward_node(out, saved, self.recomputing, move |g, gr| {
+            let z = g.grad_like(x);
             let n = g.numel(idx);
             let temps: Vec<Tid> = (0..3).map(|_| g.alloc(n, 8, false)).collect();
             if g.t[gr].base.is_some() {
@@ -2178,9 +2041,8 @@ impl Graph {
                 g.drop_ref(c);
             }
             g.drop_all(&temps);
-            g.finish(gr, &saved, early);
-            g.give(x, z);
-        }));
+            [(GradTo::Input(x), z)]
+        });
         out
     }
 
@@ -2199,31 +2061,12 @@ impl Graph {
         if !rg {
             return out;
         }
-        let early = self.recomputing;
         let pn = self.params[w].numel;
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(out) else {
-                g.release(&saved);
-                return;
-            };
-            let gx = if xrg {
-                Some(g.alloc(g.numel(xc), g.es(xc), true))
-            } else {
-                None
-            };
-            let gw = if trains {
-                Some(g.alloc(pn, pes, true))
-            } else {
-                None
-            };
-            g.finish(gr, &saved, early);
-            if let Some(v) = gx {
-                g.give(xc, v);
-            }
-            if let Some(v) = gw {
-                g.grad_to_param(w, v);
-            }
-        }));
+        self.backward_node(out, saved, self.recomputing, move |g, _| {
+            let gx = xrg.then(|| g.grad_like(xc));
+            let gw = trains.then(|| g.alloc(pn, pes, true));
+            made([(GradTo::Input(xc), gx), (GradTo::Weight(w, None), gw)])
+        });
         out
     }
 
@@ -2233,23 +2076,12 @@ impl Graph {
         let mut emb = self.embedding(embed, cx.vocab);
         if matches!(cx.family, Family::Gemma | Family::Gemma2) {
             let sc = self.constant(0, cx.p, false);
-            let e2 = self.mul(emb, sc, 0);
-            self.drop_ref(emb);
-            emb = e2;
+            emb = self.rebind(emb, |g, x| g.mul(x, sc, 0));
         }
-        self.causal_mask = None;
-        if cx.eager {
-            // create_causal_mask: a float mask [batch, 1, seq, seq] in the hidden states' dtype
-            let es = self.es(emb);
-            self.causal_mask = Some(self.alloc(cx.b * cx.seq * cx.seq, es, false));
-        }
+        self.causal_mask_for(emb);
         self.rotary_embedding();
-        let mut x = self.keep(emb);
-        for l in 0..cx.layers {
-            let y = self.block(Graph::llama_block, l, x);
-            self.drop_ref(x);
-            x = y;
-        }
+        let x = self.keep(emb);
+        let x = self.blocks(Graph::llama_block, 0..cx.layers, x);
         let style = if matches!(cx.family, Family::Gemma | Family::Gemma2) {
             NormStyle::Gemma
         } else {
@@ -2261,13 +2093,9 @@ impl Graph {
         let mut logits = self.linear(xn, head, cx.vocab);
         if cx.family == Family::Gemma2 {
             // final_logit_softcapping: / cap, tanh (saved), · cap, each rebinding `logits`
-            let d = self.scalar_mul(logits);
-            self.drop_ref(logits);
-            let th = self.unary(d, false, true, 0);
-            self.drop_ref(d);
-            let m = self.scalar_mul(th);
-            self.drop_ref(th);
-            logits = m;
+            logits = self.rebind(logits, Graph::scalar_mul);
+            logits = self.rebind(logits, |g, x| g.unary(x, false, true, 0));
+            logits = self.rebind(logits, Graph::scalar_mul);
         }
         let loss = self.causal_lm_loss(logits);
         self.drop_ref(xn);
@@ -2287,25 +2115,15 @@ impl Graph {
     /// autocast).
     fn gelu_new(&mut self, x: Tid) -> Tid {
         let half = self.scalar_mul(x);
-        let xp = if self.cx.amp {
-            self.cast(x, 4)
-        } else {
-            self.keep(x)
-        };
-        let p = self.unary(xp, true, false, 2);
-        self.drop_ref(xp);
-        let t2 = self.scalar_mul(p);
-        self.drop_ref(p);
-        let t3 = self.add(x, t2);
-        self.drop_ref(t2);
-        let t4 = self.scalar_mul(t3);
-        self.drop_ref(t3);
-        let th = self.unary(t4, false, true, 0);
-        self.drop_ref(t4);
-        let t5 = self.passthrough(th);
-        self.drop_ref(th);
-        let out = self.mul(half, t5, 0);
-        self.drop_all(&[half, t5]);
+        let xp = self.fp32_under_autocast(x);
+        let mut y = self.rebind(xp, |g, x| g.unary(x, true, false, 2)); // x³
+        y = self.rebind(y, Graph::scalar_mul);
+        y = self.rebind(y, |g, y| g.add(x, y));
+        y = self.rebind(y, Graph::scalar_mul);
+        y = self.rebind(y, |g, y| g.unary(y, false, true, 0)); // tanh
+        y = self.rebind(y, Graph::passthrough); // 1 +
+        let out = self.mul(half, y, 0);
+        self.drop_all(&[half, y]);
         out
     }
 
@@ -2321,21 +2139,16 @@ impl Graph {
         } else {
             g.sdpa_dropout(parts[0], parts[1], parts[2])
         };
-        let o = g.addmm(a, g.lp(l, "c_proj"), h);
-        g.drop_ref(a);
-        let od = g.dropout(o);
-        g.drop_ref(o);
+        let o = g.rebind(a, |g, x| g.addmm(x, g.lp(l, "c_proj"), h));
+        let od = g.rebind(o, Graph::dropout);
         g.drop_all(&parts);
         let h1 = g.add(od, x);
         g.drop_ref(n1);
         let n2 = g.layer_norm(h1, h, true);
         let f1 = g.addmm(n2, g.lp(l, "c_fc"), i);
-        let ge = g.gelu_new(f1);
-        g.drop_ref(f1);
-        let f2 = g.addmm(ge, g.lp(l, "mlp_proj"), h);
-        g.drop_ref(ge);
-        let fd = g.dropout(f2);
-        g.drop_ref(f2);
+        let ge = g.rebind(f1, Graph::gelu_new);
+        let f2 = g.rebind(ge, |g, x| g.addmm(x, g.lp(l, "mlp_proj"), h));
+        let fd = g.rebind(f2, Graph::dropout);
         let h2 = g.add(h1, fd);
         g.drop_all(&[n2, h1, od, fd]);
         h2
@@ -2359,18 +2172,9 @@ impl Graph {
         let emb = self.embedding(wte, cx.vocab);
         let pos = self.position_embedding(self.tp("wpe"));
         let x0 = self.add(emb, pos);
-        self.causal_mask = None;
-        if cx.eager {
-            let es = self.es(x0);
-            self.causal_mask = Some(self.alloc(cx.b * cx.seq * cx.seq, es, false));
-        }
-        let mut x = self.dropout(x0);
-        self.drop_ref(x0);
-        for l in 0..cx.layers {
-            let y = self.block(Graph::gpt2_block, l, x);
-            self.drop_ref(x);
-            x = y;
-        }
+        self.causal_mask_for(x0);
+        let x = self.rebind(x0, Graph::dropout);
+        let x = self.blocks(Graph::gpt2_block, 0..cx.layers, x);
         let xn = self.layer_norm(x, cx.h, true);
         self.drop_all(&[x, emb, pos]);
         let logits = self.linear(xn, wte, cx.vocab);
@@ -2389,25 +2193,19 @@ impl Graph {
         let mut views = Vec::new();
         for name in ["q", "k", "v"] {
             let y = g.addmm(x, g.lp(l, name), h);
-            views.push(g.view(y, false));
-            g.drop_ref(y);
+            views.push(g.rebind(y, |g, y| g.view(y, false)));
         }
         let a = g.sdpa_dropout(views[0], views[1], views[2]);
         g.drop_all(&views);
-        let d = g.addmm(a, g.lp(l, "ao"), h);
-        g.drop_ref(a);
-        let dd = g.dropout(d);
-        g.drop_ref(d);
+        let d = g.rebind(a, |g, x| g.addmm(x, g.lp(l, "ao"), h));
+        let dd = g.rebind(d, Graph::dropout);
         let r = g.add(dd, x);
         let ao = g.layer_norm(r, h, true);
         g.drop_all(&[dd, r]);
         let it = g.addmm(ao, g.lp(l, "inter"), i);
-        let ig = g.unary(it, true, false, 0);
-        g.drop_ref(it);
-        let o = g.addmm(ig, g.lp(l, "out"), h);
-        g.drop_ref(ig);
-        let od = g.dropout(o);
-        g.drop_ref(o);
+        let ig = g.rebind(it, |g, x| g.unary(x, true, false, 0));
+        let o = g.rebind(ig, |g, x| g.addmm(x, g.lp(l, "out"), h));
+        let od = g.rebind(o, Graph::dropout);
         let r2 = g.add(od, ao);
         let out = g.layer_norm(r2, h, true);
         g.drop_all(&[od, r2, ao]);
@@ -2421,25 +2219,16 @@ impl Graph {
         let ttype = self.embedding(self.tp("type"), 2);
         let e1 = self.add(word, ttype);
         let pos = self.position_embedding(self.tp("pos"));
-        let e2 = self.add(e1, pos);
-        self.drop_ref(e1);
-        let e3 = self.layer_norm(e2, cx.h, true);
-        self.drop_ref(e2);
-        let mut x = self.dropout(e3);
-        self.drop_ref(e3);
+        let e2 = self.rebind(e1, |g, x| g.add(x, pos));
+        let e3 = self.rebind(e2, |g, x| g.layer_norm(x, cx.h, true));
+        let x = self.rebind(e3, Graph::dropout);
         self.drop_all(&[word, ttype, pos]);
         let emb_out = self.keep(x);
-        for l in 0..cx.layers {
-            let y = self.block(Graph::bert_layer, l, x);
-            self.drop_ref(x);
-            x = y;
-        }
+        let x = self.blocks(Graph::bert_layer, 0..cx.layers, x);
         self.drop_ref(emb_out);
         let t = self.addmm(x, self.tp("tr"), cx.h);
-        let tg = self.unary(t, true, false, 0);
-        self.drop_ref(t);
-        let tl = self.layer_norm(tg, cx.h, true);
-        self.drop_ref(tg);
+        let tg = self.rebind(t, |g, x| g.unary(x, true, false, 0));
+        let tl = self.rebind(tg, |g, x| g.layer_norm(x, cx.h, true));
         // the decoder: the word embeddings' weight (tied), its own bias
         let dec = self.register_alias(word_w, cx.vocab);
         let logits = self.addmm(tl, dec, cx.vocab);
@@ -2504,16 +2293,12 @@ impl Graph {
         self.drop_all(&[w, rel]);
         let es = if self.cx.amp { 4 } else { self.cx.p };
         let values = self.alloc(heads * s2, es, true);
-        self.node(Box::new(move |g: &mut Graph| {
-            let Some(gr) = g.take(values) else { return };
+        // backward: the embedding's gradient, over 32 buckets
+        self.backward_node(values, Vec::new(), false, move |g, _| {
             let gw = g.alloc(32 * heads, es, true);
-            if s2 > 3072 {
-                let tmp = g.alloc(4 * heads * (s2 / 10 + s2.min(32)), 1, false);
-                g.drop_ref(tmp);
-            }
-            g.drop_ref(gr);
-            g.small_grad(gw, true);
-        }));
+            g.embedding_scratch(s2, heads, 32);
+            [(GradTo::Small { kept: true }, gw)]
+        });
         self.drop_ref(acc);
         values
     }
@@ -2533,30 +2318,21 @@ impl Graph {
         } else {
             ["q", "k", "v", "o"]
         };
-        let qq = self.linear(x, self.lp(l, names[0]), cx.q);
-        let qt = self.view(qq, false);
-        self.drop_ref(qq);
-        let kk = self.linear(src, self.lp(l, names[1]), cx.q);
-        let kt = self.view(kk, false);
-        self.drop_ref(kk);
-        let vv = self.linear(src, self.lp(l, names[2]), cx.q);
-        let vt = self.view(vv, false);
-        self.drop_ref(vv);
-        let a = if cross {
-            let (qc, kc, vc) = self.attention_inputs(qt, kt, vt);
-            let o = if self.cx.eager {
-                self.math_attention(qc, kc, vc, Some(bias), true)
-            } else {
-                self.efficient(qc, kc, vc, Some(bias))
-            };
-            self.drop_all(&[qc, kc, vc]);
-            o
-        } else {
-            let (qc, kc, vc) = self.attention_inputs(qt, kt, vt);
-            let o = self.math_attention(qc, kc, vc, Some(bias), true);
-            self.drop_all(&[qc, kc, vc]);
-            o
+        let heads = |g: &mut Graph, src: Tid, name: &str| {
+            let y = g.linear(src, g.lp(l, name), cx.q);
+            g.rebind(y, |g, y| g.view(y, false))
         };
+        let qt = heads(self, x, names[0]);
+        let kt = heads(self, src, names[1]);
+        let vt = heads(self, src, names[2]);
+        let (qc, kc, vc) = self.attention_inputs(qt, kt, vt);
+        // the self-attention's mask needs a gradient: the math path
+        let a = if cross && !self.cx.eager {
+            self.efficient(qc, kc, vc, Some(bias))
+        } else {
+            self.math_attention(qc, kc, vc, Some(bias), true)
+        };
+        self.drop_all(&[qc, kc, vc]);
         let o = self.linear(a, self.lp(l, names[3]), cx.h);
         self.drop_all(&[a, qt, kt, vt]);
         o
@@ -2578,23 +2354,15 @@ impl Graph {
         };
         let mask = if decoder {
             // create_position_bias_mask: torch.where(causal, position_bias, min) per layer
-            let es = g.es(bias);
-            let m = g.alloc(g.numel(bias), es, true);
-            g.node(Box::new(move |gg: &mut Graph| {
-                if let Some(gr) = gg.take(m) {
-                    let gx = gg.alloc(gg.numel(bias), es, true);
-                    gg.drop_ref(gr);
-                    gg.give(bias, gx);
-                }
-            }));
+            let m = g.alloc(g.numel(bias), g.es(bias), true);
+            g.backward_copies(m, bias);
             m
         } else {
             g.keep(bias)
         };
         let o = g.t5_attention(l, n, None, mask, false);
         g.drop_ref(mask);
-        let od = g.dropout(o);
-        g.drop_ref(o);
+        let od = g.rebind(o, Graph::dropout);
         let mut hcur = g.add(x, od);
         g.drop_all(&[od, n]);
         if decoder {
@@ -2610,67 +2378,48 @@ impl Graph {
             };
             let enc = g.t5.enc_out;
             let o1 = g.t5_attention(l, n1, enc, cross_bias, true);
-            let od1 = g.dropout(o1);
-            g.drop_ref(o1);
+            let od1 = g.rebind(o1, Graph::dropout);
             let h2 = g.add(hcur, od1);
             g.drop_all(&[od1, n1, hcur]);
             hcur = h2;
         }
         let nf = g.rms_norm(hcur, h, t, NormStyle::T5);
         let wi = g.linear(nf, g.lp(l, "wi"), i);
-        let r = g.unary(wi, false, true, 0);
-        g.drop_ref(wi);
-        let rd = g.dropout(r);
-        g.drop_ref(r);
-        let wo = g.linear(rd, g.lp(l, "wo"), h);
-        g.drop_ref(rd);
-        let wd = g.dropout(wo);
-        g.drop_ref(wo);
+        let r = g.rebind(wi, |g, x| g.unary(x, false, true, 0));
+        let rd = g.rebind(r, Graph::dropout);
+        let wo = g.rebind(rd, |g, x| g.linear(x, g.lp(l, "wo"), h));
+        let wd = g.rebind(wo, Graph::dropout);
         let out = g.add(hcur, wd);
         g.drop_all(&[wd, nf, hcur]);
         out
     }
 
-    fn t5_forward(&mut self) -> (Tid, Tid) {
-        let cx = self.cx.clone();
-        let shared = self.tp("shared");
-        let e = self.embedding(shared, cx.vocab);
-        let mut x = self.dropout(e);
-        self.drop_ref(e);
-        self.t5 = T5State::default();
-        for l in 0..cx.layers {
-            let y = self.block(Graph::t5_block, l, x);
-            self.drop_ref(x);
-            x = y;
-        }
-        let xn = self.rms_norm(x, cx.h, cx.t, NormStyle::T5);
-        self.drop_ref(x);
-        let enc = self.dropout(xn);
-        self.drop_ref(xn);
+    /// A T5 stack: the shared embedding, dropout, the blocks `layers`, the final norm and
+    /// dropout; the stack's position bias let go at its end.
+    fn t5_stack(&mut self, layers: Range<usize>) -> Tid {
+        let (h, t) = (self.cx.h, self.cx.t);
+        let e = self.embedding(self.tp("shared"), self.cx.vocab);
+        let x = self.rebind(e, Graph::dropout);
+        let x = self.blocks(Graph::t5_block, layers, x);
+        let xn = self.rebind(x, |g, x| g.rms_norm(x, h, t, NormStyle::T5));
+        let out = self.rebind(xn, Graph::dropout);
         if let Some(b) = self.t5.bias.take() {
             self.drop_ref(b);
         }
+        out
+    }
+
+    fn t5_forward(&mut self) -> (Tid, Tid) {
+        let cx = self.cx.clone();
+        self.t5 = T5State::default();
+        let enc = self.t5_stack(0..cx.layers);
         self.t5.enc_out = Some(enc);
-        let d = self.embedding(shared, cx.vocab);
-        let mut x = self.dropout(d);
-        self.drop_ref(d);
-        for l in 0..cx.decoder_layers {
-            let y = self.block(Graph::t5_block, cx.layers + l, x);
-            self.drop_ref(x);
-            x = y;
-        }
-        let xn = self.rms_norm(x, cx.h, cx.t, NormStyle::T5);
-        self.drop_ref(x);
-        let dec = self.dropout(xn);
-        self.drop_ref(xn);
-        for b in [self.t5.bias.take(), self.t5.cross_bias.take()]
-            .into_iter()
-            .flatten()
-        {
+        let dec = self.t5_stack(cx.layers..cx.layers + cx.decoder_layers);
+        if let Some(b) = self.t5.cross_bias.take() {
             self.drop_ref(b);
         }
         let seq_out = self.scalar_mul(dec);
-        let logits = self.linear(seq_out, shared, cx.vocab);
+        let logits = self.linear(seq_out, self.tp("shared"), cx.vocab);
         self.drop_all(&[seq_out, dec, enc]);
         self.t5.enc_out = None;
         self.autocast_exit();
@@ -2783,6 +2532,17 @@ mod tests {
         }
     }
 
+    /// `job(batch, seq)` changed by `change`, replayed.
+    fn replayed(
+        a: &Architecture,
+        (batch, seq): (u64, u64),
+        change: fn(&mut StepJob),
+    ) -> StepReplay {
+        let mut j = job(batch, seq);
+        change(&mut j);
+        replay(a, &j).expect("replayed")
+    }
+
     /// TinyLlama in bf16: 1,100,048,384 parameters hold weights, gradients, two AdamW states
     /// and the step's temporary (10 B each) at least; checkpointing keeps less than the full
     /// graph; LoRA holds no base gradients or states (4 B per parameter of states alone,
@@ -2790,23 +2550,9 @@ mod tests {
     #[test]
     fn checkpointing_and_lora_hold_less_than_the_full_step() {
         let a = arch("tinyllama-1.1b.json");
-        let plain = replay(&a, &job(4, 1024)).expect("replayed");
-        let ckpt = replay(
-            &a,
-            &StepJob {
-                checkpointing: true,
-                ..job(4, 1024)
-            },
-        )
-        .expect("replayed");
-        let lora = replay(
-            &a,
-            &StepJob {
-                lora: Some(16),
-                ..job(4, 1024)
-            },
-        )
-        .expect("replayed");
+        let plain = replayed(&a, (4, 1024), |_| {});
+        let ckpt = replayed(&a, (4, 1024), |j| j.checkpointing = true);
+        let lora = replayed(&a, (4, 1024), |j| j.lora = Some(16));
         assert!(plain.peak_allocated > 10 * 1_100_048_384);
         assert!(ckpt.peak_allocated < plain.peak_allocated);
         assert!(plain.peak_allocated - lora.peak_allocated > 4 * 1_100_048_384);
@@ -2821,15 +2567,8 @@ mod tests {
     #[test]
     fn sharded_states_come_off_the_step() {
         let a = arch("tinyllama-1.1b.json");
-        let one = replay(&a, &job(1, 128)).expect("replayed");
-        let zero1 = replay(
-            &a,
-            &StepJob {
-                state_shards: 4,
-                ..job(1, 128)
-            },
-        )
-        .expect("replayed");
+        let one = replayed(&a, (1, 128), |_| {});
+        let zero1 = replayed(&a, (1, 128), |j| j.state_shards = 4);
         let off = one.peak_allocated - zero1.peak_allocated;
         let expected = 3 * 6 * 1_100_048_384 / 4;
         assert!(
