@@ -1763,7 +1763,11 @@ impl Graph {
     }
 
     fn autocast_exit(&mut self) {
-        let cached: Vec<Tid> = self.wcache.drain().map(|(_, t)| t).collect();
+        // PyTorch clears its cast cache in a hash map's order; any fixed order does, and
+        // the order the casts were made (ids rise with creation) keeps the replay, and so
+        // the estimate, the same from run to run, which a map's drain order would not.
+        let mut cached: Vec<Tid> = self.wcache.drain().map(|(_, t)| t).collect();
+        cached.sort_unstable();
         for t in cached {
             self.drop_ref(t);
         }
