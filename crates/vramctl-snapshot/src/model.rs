@@ -225,7 +225,7 @@ pub fn read_streamed<R: Read>(
         trace_stacks,
         ..Builder::default()
     };
-    let doc = pickle::read(input, limits, Interner::with_known(&KNOWN), Some(&mut b))?;
+    let doc = pickle::read(input, limits, Interner::with_known(KNOWN), Some(&mut b))?;
     convert(doc, b)
 }
 
@@ -235,7 +235,7 @@ pub fn read_streamed<R: Read>(
 /// # Errors
 /// As [`open`].
 pub fn read<R: Read>(input: R, limits: Limits) -> Result<Snapshot, SnapshotError> {
-    let doc = pickle::read(input, limits, Interner::with_known(&KNOWN), None)?;
+    let doc = pickle::read(input, limits, Interner::with_known(KNOWN), None)?;
     convert(doc, Builder::default())
 }
 
@@ -258,64 +258,49 @@ fn reader(path: &Path) -> Result<Box<dyn Read>, SnapshotError> {
     })
 }
 
-/// Strings the reader interns first, so that the ids below are their indices (test
-/// `known_ids_are_the_known_strings`).
-const KNOWN: [&str; 27] = [
-    "??",
-    "action",
-    "addr",
-    "size",
-    "stream",
-    "time_us",
-    "device_free",
-    "frames",
-    "filename",
-    "line",
-    "name",
-    "segments",
-    "device_traces",
-    "allocator_settings",
-    "blocks",
-    "history",
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "free",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "snapshot",
-    "oom",
-    "real_size",
-];
-const UNKNOWN_NAME: StrId = 0;
-const ACTION: StrId = 1;
-const ADDR: StrId = 2;
-const SIZE: StrId = 3;
-const STREAM: StrId = 4;
-const TIME_US: StrId = 5;
-const DEVICE_FREE: StrId = 6;
-const FRAMES: StrId = 7;
-const FILENAME: StrId = 8;
-const LINE: StrId = 9;
-const NAME: StrId = 10;
-const SEGMENTS: StrId = 11;
-const DEVICE_TRACES: StrId = 12;
-const ALLOCATOR_SETTINGS: StrId = 13;
-const BLOCKS: StrId = 14;
-const HISTORY: StrId = 15;
-const A_ALLOC: StrId = 16;
-const A_FREE_REQUESTED: StrId = 17;
-const A_FREE_COMPLETED: StrId = 18;
-const A_FREE: StrId = 19;
-const A_SEGMENT_ALLOC: StrId = 20;
-const A_SEGMENT_FREE: StrId = 21;
-const A_SEGMENT_MAP: StrId = 22;
-const A_SEGMENT_UNMAP: StrId = 23;
-const A_SNAPSHOT: StrId = 24;
-const A_OOM: StrId = 25;
-const REAL_SIZE: StrId = 26;
+/// Declares the strings the reader interns first (`KNOWN`, in order) and, for each, a
+/// constant holding its id, which is its index: one list, so the two cannot drift apart.
+macro_rules! known_strings {
+    ($($name:ident = $text:literal,)*) => {
+        const KNOWN: &[&str] = &[$($text),*];
+        known_strings!(@ids 0, $($name,)*);
+    };
+    (@ids $n:expr, $name:ident, $($rest:ident,)*) => {
+        const $name: StrId = $n;
+        known_strings!(@ids $n + 1, $($rest,)*);
+    };
+    (@ids $n:expr,) => {};
+}
+
+known_strings! {
+    UNKNOWN_NAME = "??",
+    ACTION = "action",
+    ADDR = "addr",
+    SIZE = "size",
+    STREAM = "stream",
+    TIME_US = "time_us",
+    DEVICE_FREE = "device_free",
+    FRAMES = "frames",
+    FILENAME = "filename",
+    LINE = "line",
+    NAME = "name",
+    SEGMENTS = "segments",
+    DEVICE_TRACES = "device_traces",
+    ALLOCATOR_SETTINGS = "allocator_settings",
+    BLOCKS = "blocks",
+    HISTORY = "history",
+    A_ALLOC = "alloc",
+    A_FREE_REQUESTED = "free_requested",
+    A_FREE_COMPLETED = "free_completed",
+    A_FREE = "free",
+    A_SEGMENT_ALLOC = "segment_alloc",
+    A_SEGMENT_FREE = "segment_free",
+    A_SEGMENT_MAP = "segment_map",
+    A_SEGMENT_UNMAP = "segment_unmap",
+    A_SNAPSHOT = "snapshot",
+    A_OOM = "oom",
+    REAL_SIZE = "real_size",
+}
 
 /// The roles in which the model takes a container from the reader ([`Obj::Taken`]).
 const ROLE_ENTRY: u8 = 1;
@@ -325,8 +310,8 @@ const ROLE_STACK: u8 = 3;
 const ROLE_STACK_SKIPPED: u8 = 4;
 
 /// Why a value cannot be read in the role the file puts it in a second time.
-const REUSED: &str =
-    "a value read as a trace entry, a frame or a frame list is used again as something else";
+const REUSED: &str = "the pickle uses one of its trace entries, frames or frame lists a second \
+     time as something else (torch never writes that: the file was edited or is damaged)";
 
 fn action_of(arena: &Arena, id: StrId) -> Action {
     match id {
@@ -888,40 +873,15 @@ impl Builder {
 mod tests {
     use super::*;
 
+    /// The interner gives the known strings their indices as ids (so the constants name
+    /// them), which fails if a string were listed twice.
     #[test]
     fn known_ids_are_the_known_strings() {
-        let i = Interner::with_known(&KNOWN);
-        for (id, s) in [
-            (UNKNOWN_NAME, "??"),
-            (ACTION, "action"),
-            (ADDR, "addr"),
-            (SIZE, "size"),
-            (STREAM, "stream"),
-            (TIME_US, "time_us"),
-            (DEVICE_FREE, "device_free"),
-            (FRAMES, "frames"),
-            (FILENAME, "filename"),
-            (LINE, "line"),
-            (NAME, "name"),
-            (SEGMENTS, "segments"),
-            (DEVICE_TRACES, "device_traces"),
-            (ALLOCATOR_SETTINGS, "allocator_settings"),
-            (BLOCKS, "blocks"),
-            (HISTORY, "history"),
-            (A_ALLOC, "alloc"),
-            (A_FREE_REQUESTED, "free_requested"),
-            (A_FREE_COMPLETED, "free_completed"),
-            (A_FREE, "free"),
-            (A_SEGMENT_ALLOC, "segment_alloc"),
-            (A_SEGMENT_FREE, "segment_free"),
-            (A_SEGMENT_MAP, "segment_map"),
-            (A_SEGMENT_UNMAP, "segment_unmap"),
-            (A_SNAPSHOT, "snapshot"),
-            (A_OOM, "oom"),
-            (REAL_SIZE, "real_size"),
-        ] {
-            assert_eq!(i.id_of(s), Some(id), "{s}");
+        let i = Interner::with_known(KNOWN);
+        for (id, s) in KNOWN.iter().enumerate() {
+            assert_eq!(i.id_of(s), Some(StrId::try_from(id).expect("few")), "{s}");
         }
+        assert_eq!((ACTION, A_OOM), (1, 25));
         assert_eq!(i.id_of("not known"), None);
     }
 }

@@ -555,10 +555,6 @@ impl Machine<'_> {
             .ok_or_else(|| Self::malformed("no MARK to pop to", at))
     }
 
-    fn new_obj(&mut self, o: Obj) -> ObjId {
-        self.arena.add(o)
-    }
-
     #[inline(always)]
     fn memo_put(&mut self, idx: usize, at: u64) -> Result<(), PickleError> {
         let v = self.top(at)?;
@@ -906,18 +902,18 @@ impl Machine<'_> {
                     b'}' => {
                         p += 1;
                         let d = self.arena.new_dict();
-                        let o = self.new_obj(d);
+                        let o = self.arena.add(d);
                         self.push(V::Dict(o), at)?;
                     }
                     b']' => {
                         p += 1;
                         let l = self.arena.new_list();
-                        let o = self.new_obj(l);
+                        let o = self.arena.add(l);
                         self.push(V::List(o), at)?;
                     }
                     b')' => {
                         p += 1;
-                        let o = self.new_obj(Obj::Tuple(Vec::new()));
+                        let o = self.arena.add(Obj::Tuple(Vec::new()));
                         self.push(V::Tuple(o), at)?;
                     }
                     b'e' => {
@@ -958,7 +954,7 @@ impl Machine<'_> {
                             .map(|kv| (kv[0], kv[1]))
                             .collect();
                         self.stack.truncate(from);
-                        let o = self.new_obj(Obj::Dict(pairs));
+                        let o = self.arena.add(Obj::Dict(pairs));
                         self.push(V::Dict(o), at)?;
                     }
                     b'l' | b't' => {
@@ -970,7 +966,7 @@ impl Machine<'_> {
                         } else {
                             (Obj::Tuple(items), V::Tuple)
                         };
-                        let id = self.new_obj(o);
+                        let id = self.arena.add(o);
                         self.push(v(id), at)?;
                     }
                     0x85..=0x87 => {
@@ -980,7 +976,7 @@ impl Machine<'_> {
                             return Err(Self::malformed("TUPLE1/2/3 with too few values", at));
                         }
                         let items = self.stack.split_off(self.stack.len() - n);
-                        let o = self.new_obj(Obj::Tuple(items));
+                        let o = self.arena.add(Obj::Tuple(items));
                         self.push(V::Tuple(o), at)?;
                     }
                     b'N' => {
@@ -1117,7 +1113,7 @@ impl Machine<'_> {
 
     fn call(&mut self, g: Global, args: &[V]) -> Option<V> {
         match (g, args) {
-            (Global::OrderedDict, []) => Some(V::Dict(self.new_obj(Obj::Dict(Vec::new())))),
+            (Global::OrderedDict, []) => Some(V::Dict(self.arena.add(Obj::Dict(Vec::new())))),
             (Global::BuildList, [l @ V::List(_)]) => Some(*l),
             (Global::RestoreTypeTag, [v, V::Str(_)]) => Some(*v),
             _ => None,
