@@ -164,7 +164,7 @@ pub enum TraceStacks {
     Read,
     /// Trace entries with the empty stack (0), except those whose frame list a block or
     /// segment also holds: the summary, `--top`, flame graphs and `diff` use blocks' stacks
-    /// only, and interning a million entries' frame lists is a third of the reading
+    /// only, and interning a million entries' frame lists is reading work none of them uses
     /// (docs/benchmarks.md, issue 17).
     Skip,
 }

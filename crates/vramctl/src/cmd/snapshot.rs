@@ -139,7 +139,7 @@ pub(super) fn top_lines(t: &TopDocument, when: &str) -> Vec<String> {
 fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result<Exit> {
     use vramctl_snapshot::top::{self, By};
     // Every output here is made from segments and blocks: the trace is read for its OOM
-    // events, its entries' stacks are not (a third of the reading of a large file).
+    // events, its entries' stacks are not (none of these outputs uses them).
     let snap = vramctl_snapshot::open_with(
         file,
         vramctl_snapshot::Limits::default(),
