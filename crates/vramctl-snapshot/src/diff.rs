@@ -110,7 +110,7 @@ pub fn diff(a: &Snapshot, b: &Snapshot) -> Diff {
 
 #[cfg(test)]
 mod tests {
-    use std::rc::Rc;
+    use std::sync::Arc;
 
     use super::*;
     use crate::model::{Block, BlockState, Format, Frame, Pool, Segment};
@@ -119,13 +119,14 @@ mod tests {
     /// code (`a.py`, `b.py`, `c.py`, `d.py`), stack 0 none.
     fn snap(blocks: &[(u64, u32)]) -> Snapshot {
         let frame = |f: &str, line| Frame {
-            filename: Rc::from(f),
+            filename: Arc::from(f),
             line,
-            name: Rc::from("f"),
+            name: Arc::from("f"),
         };
         Snapshot {
             format: Format::SegmentsOnly,
             trace_stacks: crate::model::TraceStacks::Read,
+            parallel_parts: 0,
             segments: vec![Segment {
                 device: 0,
                 address: 0,

@@ -16,13 +16,14 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use hashbrown::HashMap;
 use serde::Serialize;
 
 use crate::pickle::{
-    self, Arena, Document, Interner, Limits, ListSink, Obj, ObjId, PickleError, StrId, V,
+    self, Arena, Document, FileSource, Interner, Limits, ListSink, Obj, ObjId, Parallelism,
+    PartValues, PickleError, Source, SplitSink, StrId, V,
 };
 
 /// Why a file is not a snapshot.
@@ -46,9 +47,9 @@ pub type FrameId = u32;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Frame {
-    pub filename: Rc<str>,
+    pub filename: Arc<str>,
     pub line: i64,
-    pub name: Rc<str>,
+    pub name: Arc<str>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -181,6 +182,9 @@ pub struct Snapshot {
     pub allocator_settings: Option<AllocatorSettings>,
     pub frames: Vec<Frame>,
     pub stacks: Vec<Vec<FrameId>>,
+    /// How many parts of the trace were decoded on other threads ([`read_parallel`]).
+    #[serde(skip)]
+    pub parallel_parts: usize,
 }
 
 /// Opens a snapshot file (`.gz` or plain, told by its first bytes) and reads it in one
@@ -201,7 +205,42 @@ pub fn open_with(
     limits: Limits,
     trace_stacks: TraceStacks,
 ) -> Result<Snapshot, SnapshotError> {
+    // Without trace stacks, a plain file is read on this machine's cores (its trace is
+    // nearly all of the work; `pickle/parallel.rs`). Pipes and `.gz` are read in one pass.
+    if trace_stacks == TraceStacks::Skip {
+        let file = File::open(path).map_err(|source| SnapshotError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        if file.metadata().is_ok_and(|m| m.is_file()) {
+            let src = FileSource::new(file).map_err(PickleError::Io)?;
+            let mut magic = [0u8; 2];
+            let n = src.read_at(&mut magic, 0).map_err(PickleError::Io)?;
+            if magic[..n] != [0x1f, 0x8b] {
+                return read_parallel(&src, limits, Parallelism::of_this_machine());
+            }
+        }
+    }
     read_streamed(reader(path)?, limits, trace_stacks)
+}
+
+/// Reads a snapshot the way [`open_with`] reads a plain file with [`TraceStacks::Skip`]:
+/// the trace decoded on `par.threads` threads where the file allows it; the same snapshot
+/// as [`read_streamed`] with [`TraceStacks::Skip`] gives.
+///
+/// # Errors
+/// As [`open`].
+pub fn read_parallel(
+    src: &dyn Source,
+    limits: Limits,
+    par: Parallelism,
+) -> Result<Snapshot, SnapshotError> {
+    let mut b = Builder {
+        trace_stacks: TraceStacks::Skip,
+        ..Builder::default()
+    };
+    let doc = pickle::read_parallel(src, limits, Interner::with_known(KNOWN), &mut b, par)?;
+    convert(doc, b)
 }
 
 /// Reads a snapshot held in memory the way [`open`] reads a file.
@@ -332,7 +371,11 @@ fn action_of(arena: &Arena, id: StrId) -> Action {
 /// Converts what the reader made into a [`Snapshot`]; `b` holds the trace entries taken
 /// while reading, if any.
 fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
-    let Document { mut arena, top } = doc;
+    let Document {
+        mut arena,
+        top,
+        parts,
+    } = doc;
     let arena = &mut arena;
     let (format, segments_value) = match top {
         V::Dict(_) => (
@@ -376,11 +419,14 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
             let mut entries = b.take_streamed(o);
             let items = arena.seq(dev).map(<[V]>::to_vec).unwrap_or_default();
             for e in items {
-                if let Some(entry) = b
+                match b
                     .trace_entry(arena, e)
                     .map_err(SnapshotError::NotASnapshot)?
                 {
-                    entries.push(entry);
+                    Entry::Typed(entry) => entries.push(entry),
+                    Entry::Skipped => {}
+                    // Only a part of a parallel reading meets values held elsewhere.
+                    Entry::Deferred(_) => return Err(SnapshotError::NotASnapshot(ELSEWHERE)),
                 }
             }
             device_traces.push(entries);
@@ -416,6 +462,7 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
         allocator_settings,
         frames,
         stacks,
+        parallel_parts: parts,
     })
 }
 
@@ -495,6 +542,57 @@ struct Builder {
     /// The containers made after the first streamed per-device list: what the trace made,
     /// which no block or segment (read before it) holds.
     first_trace_obj: Option<ObjId>,
+    /// A part of a parallel reading: the entries whose key, action or number lies in
+    /// another part, by position in the part's list (a placeholder there until
+    /// [`SplitSink::absorb`]), with the APPENDS' byte and the entry's pairs.
+    deferred: Vec<Deferred>,
+    /// Frame lists another part holds, by memo index, in the order first used (with that
+    /// entry's position and byte); an entry that uses one has `stack = PENDING | index`.
+    pending: Vec<(u32, u32, u64)>,
+    pending_ids: HashMap<u32, u32>,
+    /// The position and byte of the entry being typed.
+    position: u32,
+    at: u64,
+}
+
+/// A trace entry's stack that a part of a parallel reading left to resolve (module doc of
+/// `pickle/parallel.rs`): the low bits index [`Builder::pending`].
+const PENDING: StackId = 1 << 31;
+
+/// Why a value held elsewhere was met where none can be.
+const ELSEWHERE: &str = "a value of another part of a parallel reading where none can be";
+
+/// A trace entry a part of a parallel reading could not type: its position in the part's
+/// list, the byte of its APPENDS, and its pairs.
+struct Deferred {
+    position: u32,
+    at: u64,
+    pairs: Vec<(V, V)>,
+}
+
+/// What a trace entry's dict gives.
+enum Entry {
+    Typed(TraceEntry),
+    /// No string `action`: not an entry (skipped, as torch's viewer does).
+    Skipped,
+    /// In a part of a parallel reading: the pairs, some of whose keys or values lie in
+    /// another part.
+    Deferred(Vec<(V, V)>),
+}
+
+impl TraceEntry {
+    /// What stands in a part's list for an entry typed when it is taken in.
+    fn placeholder() -> Self {
+        Self {
+            action: Action::Snapshot,
+            addr: None,
+            size: 0,
+            stream: 0,
+            time_us: None,
+            device_free: None,
+            stack: 0,
+        }
+    }
 }
 
 impl Default for Builder {
@@ -508,6 +606,11 @@ impl Default for Builder {
             streamed: Vec::new(),
             trace_stacks: TraceStacks::Read,
             first_trace_obj: None,
+            deferred: Vec::new(),
+            pending: Vec::new(),
+            pending_ids: HashMap::new(),
+            position: 0,
+            at: 0,
         }
     }
 }
@@ -537,13 +640,128 @@ impl ListSink for Builder {
         let mut entries = std::mem::take(&mut self.streamed[slot].1);
         entries.reserve(items.len());
         for &v in items {
+            self.position = u32::try_from(entries.len()).unwrap_or(u32::MAX);
+            self.at = at;
             match self.trace_entry(arena, v) {
-                Ok(Some(e)) => entries.push(e),
-                Ok(None) => {}
+                Ok(Entry::Typed(e)) => entries.push(e),
+                Ok(Entry::Skipped) => {}
+                Ok(Entry::Deferred(pairs)) => {
+                    self.deferred.push(Deferred {
+                        position: self.position,
+                        at,
+                        pairs,
+                    });
+                    entries.push(TraceEntry::placeholder());
+                }
                 Err(what) => return Err(PickleError::Malformed { what, at }),
             }
         }
         self.streamed[slot].1 = entries;
+        Ok(())
+    }
+}
+
+impl SplitSink for Builder {
+    type Part = Self;
+
+    /// A builder for a part of the trace read on another thread: trace stacks skipped
+    /// (only [`TraceStacks::Skip`] reads in parallel), everything it makes trace-made.
+    fn part(&self) -> Self {
+        Self {
+            trace_stacks: TraceStacks::Skip,
+            first_trace_obj: Some(0),
+            ..Self::default()
+        }
+    }
+
+    fn first_key(&self) -> StrId {
+        ACTION
+    }
+
+    fn absorb(
+        &mut self,
+        arena: &mut Arena,
+        list: ObjId,
+        mut part: Self,
+        values: &mut dyn PartValues,
+    ) -> Result<(), PickleError> {
+        let mut entries = part.streamed.pop().map(|(_, e)| e).unwrap_or_default();
+        // What the part left to resolve, in the order of the entries that met it (so
+        // frame lists are taken in the order one reading takes them).
+        let mut stacks = vec![0; part.pending.len()];
+        let mut dropped = Vec::new();
+        let mut deferred = part.deferred.into_iter().peekable();
+        let mut pending = part.pending.iter().enumerate().peekable();
+        loop {
+            let next_deferred = deferred.peek().map(|d| d.position);
+            let next_pending = pending.peek().map(|(_, p)| p.1);
+            match (next_deferred, next_pending) {
+                (Some(d), p) if p.is_none_or(|p| d < p) => {
+                    let Some(Deferred {
+                        position: pos,
+                        at,
+                        pairs,
+                    }) = deferred.next()
+                    else {
+                        break;
+                    };
+                    let mut main = Vec::with_capacity(pairs.len());
+                    for (k, v) in pairs {
+                        main.push((values.in_main(arena, k)?, values.in_main(arena, v)?));
+                    }
+                    let dict = arena.add_dict(main);
+                    let typed = self
+                        .trace_entry(arena, dict)
+                        .map_err(|what| PickleError::Malformed { what, at })?;
+                    match typed {
+                        Entry::Typed(e) => entries[pos as usize] = e,
+                        Entry::Skipped => dropped.push(pos as usize),
+                        Entry::Deferred(_) => {
+                            return Err(PickleError::Malformed {
+                                what: ELSEWHERE,
+                                at,
+                            });
+                        }
+                    }
+                }
+                (_, Some(_)) => {
+                    let Some((slot, &(idx, _, at))) = pending.next() else {
+                        break;
+                    };
+                    stacks[slot] = if values.take_list_in_place(idx, ROLE_STACK_SKIPPED) {
+                        0
+                    } else {
+                        let v = values.in_main(arena, V::Elsewhere(idx))?;
+                        self.trace_stack(arena, Some(v))
+                            .map_err(|what| PickleError::Malformed { what, at })?
+                    };
+                }
+                _ => break,
+            }
+        }
+        if !stacks.is_empty() {
+            for e in &mut entries {
+                if e.stack & PENDING != 0 {
+                    e.stack = stacks[(e.stack & !PENDING) as usize];
+                }
+            }
+        }
+        if !dropped.is_empty() {
+            let mut i = 0;
+            let mut next = dropped.iter().peekable();
+            entries.retain(|_| {
+                let keep = next.peek() != Some(&&i);
+                if !keep {
+                    next.next();
+                }
+                i += 1;
+                keep
+            });
+        }
+        match self.streamed.iter_mut().find(|(l, _)| *l == list) {
+            Some((_, e)) => e.extend(entries),
+            None => self.streamed.push((list, entries)),
+        }
         Ok(())
     }
 }
@@ -588,9 +806,9 @@ impl Builder {
         let next = FrameId::try_from(self.frames.len()).unwrap_or(FrameId::MAX);
         let id = *self.frame_ids.entry(key).or_insert_with(|| {
             self.frames.push(Frame {
-                filename: Rc::clone(arena.strings.get(key.0)),
+                filename: Arc::clone(arena.strings.get(key.0)),
                 line: key.1,
-                name: Rc::clone(arena.strings.get(key.2)),
+                name: Arc::clone(arena.strings.get(key.2)),
             });
             next
         });
@@ -646,6 +864,15 @@ impl Builder {
         arena: &mut Arena,
         frames: Option<V>,
     ) -> Result<StackId, &'static str> {
+        if let Some(V::Elsewhere(idx)) = frames {
+            // A part of a parallel reading: resolved when the part is taken in.
+            let next = u32::try_from(self.pending.len()).unwrap_or(u32::MAX);
+            let slot = *self.pending_ids.entry(idx).or_insert_with(|| {
+                self.pending.push((idx, self.position, self.at));
+                next
+            });
+            return Ok(PENDING | slot);
+        }
         if self.trace_stacks == TraceStacks::Skip
             && let Some(V::List(o) | V::Tuple(o)) = frames
             && self.first_trace_obj.is_some_and(|first| o >= first)
@@ -819,11 +1046,11 @@ impl Builder {
         })
     }
 
-    /// The entry of a trace entry dict (None for anything without a string `action`); the
-    /// dict is taken and its pairs freed.
-    fn trace_entry(&mut self, arena: &mut Arena, e: V) -> Result<Option<TraceEntry>, &'static str> {
+    /// The entry of a trace entry dict (not one without a string `action`); the dict is
+    /// taken and its pairs freed.
+    fn trace_entry(&mut self, arena: &mut Arena, e: V) -> Result<Entry, &'static str> {
         let V::Dict(o) = e else {
-            return Ok(None);
+            return Ok(Entry::Skipped);
         };
         let pairs = match arena.replace(
             o,
@@ -840,9 +1067,11 @@ impl Builder {
         };
         let (mut action, mut addr, mut size, mut stream, mut time_us, mut device_free, mut frames) =
             (None, None, None, None, None, None, None);
+        let mut elsewhere = false;
         // A later key wins, as in Python.
         for &(k, v) in &pairs {
             match k {
+                V::Elsewhere(_) => elsewhere = true,
                 V::Str(ACTION) => action = Some(v),
                 V::Str(ADDR) => addr = Some(v),
                 V::Str(SIZE) => size = Some(v),
@@ -853,11 +1082,19 @@ impl Builder {
                 _ => {}
             }
         }
+        let is_elsewhere = |v: Option<V>| matches!(v, Some(V::Elsewhere(_)));
+        if elsewhere
+            || [action, addr, size, stream, time_us, device_free]
+                .into_iter()
+                .any(is_elsewhere)
+        {
+            return Ok(Entry::Deferred(pairs));
+        }
         arena.recycle(Obj::Dict(pairs));
         let Some(V::Str(action)) = action else {
-            return Ok(None);
+            return Ok(Entry::Skipped);
         };
-        Ok(Some(TraceEntry {
+        Ok(Entry::Typed(TraceEntry {
             action: action_of(arena, action),
             addr: uint(addr),
             size: uint(size).unwrap_or(0),

@@ -23,7 +23,12 @@
 //! ahead, and [`Limits`] bound the total size, lengths and MARK depth.
 
 use std::io::Read;
-use std::rc::Rc;
+use std::sync::Arc;
+
+mod parallel;
+pub use parallel::{
+    FileSource, Parallelism, PartValues, Source, SplitSink, read_parallel, reframe,
+};
 
 use hashbrown::HashMap;
 
@@ -103,6 +108,10 @@ pub enum V {
     Dict(ObjId),
     /// An allow-listed constructor pushed by GLOBAL/STACK_GLOBAL, waiting for its REDUCE.
     Callable(Global),
+    /// A value another part of a parallel reading holds, by its memo index: a part of the
+    /// trace read on another thread refers to what it did not read this way, and the
+    /// reading resolves it when it is used (`parallel.rs`). Never in a [`Document`].
+    Elsewhere(u32),
     /// A memo slot that was never stored; never on the stack.
     Unset,
 }
@@ -151,8 +160,11 @@ pub enum Obj {
 /// Strings, each stored once: equal strings have equal ids.
 #[derive(Debug, Default)]
 pub struct Interner {
-    ids: HashMap<Rc<str>, StrId>,
-    strings: Vec<Rc<str>>,
+    ids: HashMap<Arc<str>, StrId>,
+    strings: Vec<Arc<str>>,
+    /// How many strings [`Interner::with_known`] was given: ids below it mean the same
+    /// string in every interner made from the same list.
+    known: StrId,
 }
 
 impl Interner {
@@ -162,7 +174,16 @@ impl Interner {
         for k in known {
             i.intern(k);
         }
+        i.known = StrId::try_from(i.strings.len()).unwrap_or(StrId::MAX);
         i
+    }
+
+    /// The strings [`Interner::with_known`] was given (an interner for another thread).
+    pub fn known(&self) -> Vec<String> {
+        self.strings[..self.known as usize]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     }
 
     pub fn intern(&mut self, s: &str) -> StrId {
@@ -170,8 +191,8 @@ impl Interner {
             return id;
         }
         let id = StrId::try_from(self.strings.len()).unwrap_or(StrId::MAX);
-        let rc: Rc<str> = Rc::from(s);
-        self.strings.push(Rc::clone(&rc));
+        let rc: Arc<str> = Arc::from(s);
+        self.strings.push(Arc::clone(&rc));
         self.ids.insert(rc, id);
         id
     }
@@ -188,7 +209,7 @@ impl Interner {
     }
 
     /// The string of `id` (ids come from this interner, so it exists).
-    pub fn get(&self, id: StrId) -> &Rc<str> {
+    pub fn get(&self, id: StrId) -> &Arc<str> {
         &self.strings[id as usize]
     }
 
@@ -270,13 +291,18 @@ impl Arena {
         Obj::Dict(self.spare_pairs.pop().unwrap_or_default())
     }
 
+    /// A new dict of `pairs` (a value made by a consumer of the reading, not read).
+    pub fn add_dict(&mut self, pairs: Vec<(V, V)>) -> V {
+        V::Dict(self.add(Obj::Dict(pairs)))
+    }
+
     fn add(&mut self, o: Obj) -> ObjId {
         let id = ObjId::try_from(self.objs.len()).unwrap_or(ObjId::MAX);
         self.objs.push(o);
         id
     }
 
-    pub fn str(&self, v: V) -> Option<&Rc<str>> {
+    pub fn str(&self, v: V) -> Option<&Arc<str>> {
         match v {
             V::Str(id) => Some(self.strings.get(id)),
             _ => None,
@@ -337,6 +363,8 @@ impl Arena {
 pub struct Document {
     pub arena: Arena,
     pub top: V,
+    /// How many parts of the pickle were decoded on other threads ([`read_parallel`]).
+    pub parts: usize,
 }
 
 /// Takes the items appended to the lists at `top[key][i]` (top the outermost dict, `key`
@@ -372,23 +400,20 @@ pub fn read<R: Read>(
     sink: Option<&mut dyn ListSink>,
 ) -> Result<Document, PickleError> {
     let mut input = Input::new(input, limits.max_total_bytes);
-    let mut m = Machine {
-        limits,
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: Vec::new(),
-        arena: Arena {
-            strings,
-            ..Arena::default()
-        },
-        stream_key: sink.as_ref().map(|s| s.key()),
-        sink,
-    };
-    let top = m.run(&mut input)?;
-    Ok(Document {
-        arena: m.arena,
-        top,
-    })
+    let mut m = Machine::new(limits, strings, sink);
+    loop {
+        // Without a limit on the input and a handoff asked for, the first step is the end.
+        match m.run::<_, false>(&mut input)? {
+            Step::Stop(top) => {
+                return Ok(Document {
+                    arena: m.arena,
+                    top,
+                    parts: 0,
+                });
+            }
+            Step::Paused | Step::Handoff | Step::Boundary => {}
+        }
+    }
 }
 
 /// Reads a pickle from a byte slice, nothing streamed.
@@ -409,6 +434,8 @@ struct Input<R> {
     base: u64,
     eof: bool,
     max_total: u64,
+    /// Whether the end of `src` is where a parallel reading pauses, not the pickle's end.
+    at_limit: bool,
 }
 
 /// What a refill asks for at least: the read call takes as much as the buffer holds.
@@ -418,14 +445,20 @@ const GLOBAL_NAME_BYTES: usize = 256;
 
 impl<R: Read> Input<R> {
     fn new(src: R, max_total: u64) -> Self {
+        Self::starting_at(src, 0, max_total, false)
+    }
+
+    /// An input whose first byte is byte `base` of the pickle.
+    fn starting_at(src: R, base: u64, max_total: u64, at_limit: bool) -> Self {
         Self {
             src,
             buf: Vec::new(),
             pos: 0,
             end: 0,
-            base: 0,
+            base,
             eof: false,
             max_total,
+            at_limit,
         }
     }
 
@@ -486,18 +519,76 @@ fn le_usize(b: &[u8]) -> usize {
     usize::try_from(u64::from_le_bytes(a)).unwrap_or(usize::MAX)
 }
 
-struct Machine<'s> {
+/// Where [`Machine::run`] stopped, when it did not fail.
+enum Step {
+    /// STOP, with the pickle's value.
+    Stop(V),
+    /// The input's limit was reached (a parallel reading's next part may start there).
+    Paused,
+    /// The first batch of a streamed list was taken (a parallel reading starts its parts).
+    Handoff,
+    /// A part of a parallel reading reached its end (`parallel.rs`).
+    Boundary,
+}
+
+struct Machine<'s, S: ListSink + ?Sized> {
     limits: Limits,
+    /// The stack length and MARK depth at which the machine refuses more: the limits, less
+    /// what a part of a parallel reading leaves for the reading it continues.
+    max_stack: usize,
+    max_depth: usize,
     stack: Vec<V>,
     /// Stack lengths at each MARK.
     marks: Vec<usize>,
+    /// Memo entries from index `memo_base` on (0 but in a parallel reading: in a part, its
+    /// first; in the main reading, after the parts it took in, whose entries they hold).
     memo: Vec<V>,
+    memo_base: usize,
+    /// A part of a parallel reading: the main reading's memo as it stood at the handoff,
+    /// in the part's terms ([`parallel`]); empty otherwise.
+    outer_memo: Vec<V>,
+    /// Whether a memo index was skipped (BINPUT ahead), leaving entries unset.
+    memo_holes: bool,
     arena: Arena,
     stream_key: Option<StrId>,
-    sink: Option<&'s mut dyn ListSink>,
+    sink: Option<&'s mut S>,
+    /// A part of a parallel reading: the list its batches stream to, standing in for the
+    /// list of the main reading that the part continues.
+    seed: Option<ObjId>,
+    /// The main reading of a parallel one: return [`Step::Handoff`] after the first batch
+    /// a sink takes.
+    handoff_armed: bool,
+    /// A part of a parallel reading: what it sees of the rest (`parallel.rs`).
+    part: Option<parallel::PartView>,
+    /// The main reading of a parallel one: the parts it took in, which the memo refers to.
+    parts: Option<Box<parallel::Parts>>,
 }
 
-impl Machine<'_> {
+impl<'s, S: ListSink + ?Sized> Machine<'s, S> {
+    fn new(limits: Limits, strings: Interner, sink: Option<&'s mut S>) -> Self {
+        Self {
+            limits,
+            max_stack: limits.max_container_len,
+            max_depth: limits.max_depth,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: Vec::new(),
+            memo_base: 0,
+            outer_memo: Vec::new(),
+            memo_holes: false,
+            arena: Arena {
+                strings,
+                ..Arena::default()
+            },
+            stream_key: sink.as_ref().map(|s| s.key()),
+            sink,
+            seed: None,
+            handoff_armed: false,
+            part: None,
+            parts: None,
+        }
+    }
+
     fn malformed(what: &'static str, at: u64) -> PickleError {
         PickleError::Malformed { what, at }
     }
@@ -512,7 +603,7 @@ impl Machine<'_> {
 
     #[inline(always)]
     fn push(&mut self, v: V, at: u64) -> Result<(), PickleError> {
-        if self.stack.len() >= self.limits.max_container_len {
+        if self.stack.len() >= self.max_stack {
             return Err(self.limit("stack length", at));
         }
         self.stack.push(v);
@@ -555,10 +646,16 @@ impl Machine<'_> {
             .ok_or_else(|| Self::malformed("no MARK to pop to", at))
     }
 
+    /// The memo index the next MEMOIZE stores at.
+    #[inline(always)]
+    fn memo_next(&self) -> usize {
+        self.memo_base + self.memo.len()
+    }
+
     #[inline(always)]
     fn memo_put(&mut self, idx: usize, at: u64) -> Result<(), PickleError> {
         let v = self.top(at)?;
-        if idx == self.memo.len() {
+        if idx == self.memo_next() {
             if idx >= self.limits.max_container_len {
                 return Err(self.limit("memo length", at));
             }
@@ -567,7 +664,7 @@ impl Machine<'_> {
         }
         // Writers number memo entries 0, 1, 2, …; a jump ahead would let a few bytes
         // allocate a huge memo.
-        if idx > self.memo.len() + 1024 {
+        if idx > self.memo_next() + 1024 {
             return Err(Self::malformed(
                 "a memo index far beyond the entries so far",
                 at,
@@ -576,29 +673,61 @@ impl Machine<'_> {
         if idx >= self.limits.max_container_len {
             return Err(self.limit("memo length", at));
         }
-        if idx >= self.memo.len() {
-            self.memo.resize(idx + 1, V::Unset);
+        // Only a part of a parallel reading has a base; it does not change what it did not
+        // read (the reading then goes on without the part).
+        let Some(local) = idx.checked_sub(self.memo_base) else {
+            // The main reading stores over an entry of its past (its parts hold some).
+            if let Some(parts) = self.parts.as_deref_mut() {
+                parts.store_over(idx, v);
+                return Ok(());
+            }
+            return Err(Self::malformed(
+                "a memo entry stored again outside this part of the reading",
+                at,
+            ));
+        };
+        if local >= self.memo.len() {
+            self.memo.resize(local + 1, V::Unset);
+            self.memo_holes = true;
         }
-        self.memo[idx] = v;
+        self.memo[local] = v;
         Ok(())
     }
 
     #[inline(always)]
     fn memo_get(&mut self, idx: usize, at: u64) -> Result<(), PickleError> {
-        match self.memo.get(idx) {
-            Some(&v) if !matches!(v, V::Unset) => self.push(v, at),
-            _ => Err(Self::malformed(
-                "a memo reference to an entry never stored",
-                at,
-            )),
-        }
+        let v = match self.memo.get(idx.wrapping_sub(self.memo_base)) {
+            Some(&v) => v,
+            // A part of a parallel reading: what it did not read is elsewhere.
+            None if idx < self.memo_base => self
+                .outer_memo
+                .get(idx)
+                .copied()
+                .unwrap_or(V::Elsewhere(u32::try_from(idx).unwrap_or(u32::MAX))),
+            None => V::Unset,
+        };
+        let v = match v {
+            V::Unset => {
+                return Err(Self::malformed(
+                    "a memo reference to an entry never stored",
+                    at,
+                ));
+            }
+            // The main reading resolves what its parts read, once (`parallel.rs`).
+            V::Elsewhere(i) if self.parts.is_some() => self.resolve_elsewhere(i, at)?,
+            v => v,
+        };
+        self.push(v, at)
     }
 
     /// Pushes the memo values of the BINGET/LONG_BINGET opcodes at the start of `buf`, as
     /// many as are whole there and refer to stored entries, and gives the bytes they took
     /// (0 leaves the first one, and any error, to the opcode-by-opcode path).
+    ///
+    /// A part of a parallel reading (`PART`) pushes what lies elsewhere as it is; the main
+    /// reading leaves it to [`Machine::memo_get`], which resolves it.
     #[inline(always)]
-    fn memo_get_run(&mut self, buf: &[u8]) -> usize {
+    fn memo_get_run<const PART: bool>(&mut self, buf: &[u8]) -> usize {
         let mut i = 0;
         loop {
             let (idx, len) = match buf.get(i..) {
@@ -606,16 +735,23 @@ impl Machine<'_> {
                 Some([b'j', a, b, c, d, ..]) => (u32::from_le_bytes([*a, *b, *c, *d]) as usize, 5),
                 _ => return i,
             };
-            match self.memo.get(idx) {
-                Some(&v)
-                    if !matches!(v, V::Unset)
-                        && self.stack.len() < self.limits.max_container_len =>
-                {
-                    self.stack.push(v);
-                    i += len;
-                }
-                _ => return i,
+            let v = match self.memo.get(idx.wrapping_sub(self.memo_base)) {
+                Some(&v) => v,
+                None if PART && idx < self.memo_base => self
+                    .outer_memo
+                    .get(idx)
+                    .copied()
+                    .unwrap_or(V::Elsewhere(u32::try_from(idx).unwrap_or(u32::MAX))),
+                None => return i,
+            };
+            if matches!(v, V::Unset)
+                || (!PART && matches!(v, V::Elsewhere(_)))
+                || self.stack.len() >= self.max_stack
+            {
+                return i;
             }
+            self.stack.push(v);
+            i += len;
         }
     }
 
@@ -655,8 +791,9 @@ impl Machine<'_> {
         Ok(self.stack[from - 1])
     }
 
-    /// Appends `stack[from..]` to the list below them, then drops them from the stack.
-    fn extend_list(&mut self, from: usize, at: u64) -> Result<(), PickleError> {
+    /// Appends `stack[from..]` to the list below them, then drops them from the stack;
+    /// gives whether a sink took them.
+    fn extend_list(&mut self, from: usize, at: u64) -> Result<bool, PickleError> {
         let V::List(o) = self.target(from, at)? else {
             return Err(Self::malformed(
                 "APPEND to something that is not a list",
@@ -666,7 +803,9 @@ impl Machine<'_> {
         let count = self.stack.len() - from;
         let streamed = match (&self.arena.objs[o as usize], self.stream_key) {
             (Obj::List(l), Some(key)) => {
-                l.is_empty() && self.sink.is_some() && self.in_streamed_list(key, from)
+                l.is_empty()
+                    && self.sink.is_some()
+                    && (self.seed == Some(o) || self.in_streamed_list(key, from))
             }
             _ => false,
         };
@@ -699,7 +838,7 @@ impl Machine<'_> {
             }
         }
         self.stack.truncate(from);
-        Ok(())
+        Ok(streamed)
     }
 
     /// Sets the pairs `stack[from..]` in the dict below them, then drops them.
@@ -761,13 +900,21 @@ impl Machine<'_> {
     /// Reads opcodes until STOP. The inner loop decodes from a slice of the buffer with its
     /// position in a register; an opcode whose bytes are not all there yet leaves it with
     /// how many it needs, the buffer is refilled, and decoding goes on where it stopped.
-    fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<V, PickleError> {
+    ///
+    /// `PART` is true for a part of a parallel reading, which stops at its boundary.
+    fn run<R: Read, const PART: bool>(
+        &mut self,
+        input: &mut Input<R>,
+    ) -> Result<Step, PickleError> {
         // Bytes the next opcode needs at `input.pos`: 1 to start, more when one was cut.
         let mut need = 1;
         loop {
             input.fill(need)?;
             let (base, end, mut p) = (input.base, input.end, input.pos);
             if end - p < need && input.eof {
+                if input.at_limit {
+                    return Ok(Step::Paused);
+                }
                 return Err(PickleError::Truncated(base + end as u64));
             }
             let buf = &input.buf[..end];
@@ -776,6 +923,14 @@ impl Machine<'_> {
                 let Some(&op) = buf.get(p) else {
                     break 1;
                 };
+                if PART
+                    && let Some(part) = &mut self.part
+                    && part.between
+                    && part.ends_before(op, at)
+                {
+                    input.pos = p;
+                    return Ok(Step::Boundary);
+                }
                 // `arg!(n)`: the n bytes after the opcode, or leave for a refill.
                 macro_rules! arg {
                     ($n:expr) => {{
@@ -790,7 +945,7 @@ impl Machine<'_> {
                     // BINGET, LONG_BINGET, MEMOIZE: most of a snapshot's opcodes.
                     b'h' | b'j' => {
                         // A run of GETs (a frame list is ~30 in a row) in one loop.
-                        let run = self.memo_get_run(&buf[p..]);
+                        let run = self.memo_get_run::<PART>(&buf[p..]);
                         if run > 0 {
                             p += run;
                             continue;
@@ -806,7 +961,7 @@ impl Machine<'_> {
                     }
                     0x94 => {
                         p += 1;
-                        let idx = self.memo.len();
+                        let idx = self.memo_next();
                         self.memo_put(idx, at)?;
                     }
                     b'q' => {
@@ -822,7 +977,7 @@ impl Machine<'_> {
                     }
                     b'(' => {
                         p += 1;
-                        if self.marks.len() >= self.limits.max_depth {
+                        if self.marks.len() >= self.max_depth {
                             return Err(PickleError::Limit {
                                 what: "nesting depth",
                                 limit: self.limits.max_depth as u64,
@@ -919,14 +1074,22 @@ impl Machine<'_> {
                     b'e' => {
                         p += 1;
                         let from = self.pop_mark(at)?;
-                        self.extend_list(from, at)?;
+                        let streamed = self.extend_list(from, at)?;
+                        if self.after_append::<PART>(streamed) {
+                            input.pos = p;
+                            return Ok(Step::Handoff);
+                        }
                     }
                     b'a' => {
                         p += 1;
                         if self.stack.len() < self.floor() + 2 {
                             return Err(Self::malformed("APPEND without a list and a value", at));
                         }
-                        self.extend_list(self.stack.len() - 1, at)?;
+                        let streamed = self.extend_list(self.stack.len() - 1, at)?;
+                        if self.after_append::<PART>(streamed) {
+                            input.pos = p;
+                            return Ok(Step::Handoff);
+                        }
                     }
                     b'u' => {
                         p += 1;
@@ -1006,7 +1169,7 @@ impl Machine<'_> {
                         if !self.marks.is_empty() {
                             return Err(Self::malformed("STOP inside a MARK", at));
                         }
-                        return Ok(v);
+                        return Ok(Step::Stop(v));
                     }
                     b'0' => {
                         p += 1;
@@ -1108,6 +1271,26 @@ impl Machine<'_> {
                 }
             };
             input.pos = p;
+        }
+    }
+
+    /// After an APPEND(S) (`streamed`: a sink took the items): whether the main reading of
+    /// a parallel one hands off now; a part notes when it is between two batches.
+    #[inline]
+    fn after_append<const PART: bool>(&mut self, streamed: bool) -> bool {
+        if PART {
+            if self.stack.len() == 1
+                && self.marks.len() == 1
+                && let Some(part) = &mut self.part
+            {
+                part.between = true;
+            }
+            false
+        } else if streamed && self.handoff_armed {
+            self.handoff_armed = false;
+            true
+        } else {
+            false
         }
     }
 

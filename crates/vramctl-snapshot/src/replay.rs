@@ -337,6 +337,7 @@ impl<'a> Replay<'a> {
             segments,
             device_traces: Vec::new(),
             trace_stacks: self.snap.trace_stacks,
+            parallel_parts: 0,
             allocator_settings: self.snap.allocator_settings.clone(),
             frames: self.snap.frames.clone(),
             stacks: self.snap.stacks.clone(),

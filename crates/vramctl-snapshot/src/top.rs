@@ -162,16 +162,16 @@ pub fn collapsed(snap: &Snapshot) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::rc::Rc;
+    use std::sync::Arc;
 
     use super::*;
     use crate::model::{Block, BlockState, Format, Pool, Segment};
 
     fn frame(filename: &str, line: i64, name: &str) -> Frame {
         Frame {
-            filename: Rc::from(filename),
+            filename: Arc::from(filename),
             line,
-            name: Rc::from(name),
+            name: Arc::from(name),
         }
     }
 
@@ -188,6 +188,7 @@ mod tests {
         Snapshot {
             format: Format::SegmentsOnly,
             trace_stacks: crate::model::TraceStacks::Read,
+            parallel_parts: 0,
             segments: vec![Segment {
                 device: 0,
                 address: 0,
@@ -254,7 +255,7 @@ mod tests {
     #[test]
     fn a_semicolon_in_a_frame_cannot_split_a_collapsed_stack() {
         let mut snap = snapshot();
-        snap.frames[2].name = Rc::from("step;x\ny");
+        snap.frames[2].name = Arc::from("step;x\ny");
         let lines = collapsed(&snap);
         assert!(
             lines

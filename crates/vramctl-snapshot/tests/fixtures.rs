@@ -539,3 +539,71 @@ fn streamed_reading_equals_reading_the_whole_tree() {
         );
     }
 }
+
+/// A fixture's pickle bytes (decompressed when `.gz`).
+fn bytes_of(name: &str) -> Vec<u8> {
+    let raw = std::fs::read(path(name)).expect(name);
+    if name.ends_with(".gz") {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&raw[..]), &mut out)
+            .expect(name);
+        out
+    } else {
+        raw
+    }
+}
+
+/// The trace decoded on several threads gives the snapshot one reading gives, byte for
+/// byte as JSON, whatever the frames and the number of threads; small frames make parts
+/// of these small files, and the synthetic ones (scripts/snapshot-synthetic.py on
+/// snapshot-train.pickle: 6,000 entries sharing torch's frame dicts; 2 devices of 2,500
+/// entries with fresh frame dicts) hold many batches, so many parts are taken in.
+#[test]
+fn the_parallel_reading_gives_what_one_reading_gives() {
+    use vramctl_snapshot::model;
+    use vramctl_snapshot::pickle::{Parallelism, reframe};
+    for name in [
+        "synthetic-6000.pickle.gz",
+        "synthetic-2dev.pickle.gz",
+        "snapshot-train.pickle",
+        "snap.pickle",
+        "snapx.pickle",
+        "ordered-dict.pickle",
+        "legacy-2.0.pickle",
+        "segments-only.pickle",
+        "snap-proto2.pickle",
+    ] {
+        let bytes = bytes_of(name);
+        let one =
+            model::read_streamed(&bytes[..], Limits::default(), TraceStacks::Skip).expect(name);
+        let one = serde_json::to_string(&one).expect("json");
+        let mut parts = 0;
+        for frame in [usize::MAX, 65_536, 4096, 700] {
+            let framed = if frame == usize::MAX {
+                bytes.clone()
+            } else if let Some(f) = reframe(&bytes, frame) {
+                f
+            } else {
+                assert_eq!(name, "snap-proto2.pickle", "only protocol 2 has no frames");
+                continue;
+            };
+            for threads in [2, 3, 8] {
+                let par = Parallelism {
+                    threads,
+                    min_chunk_bytes: 1,
+                };
+                let snap = model::read_parallel(&framed, Limits::default(), par)
+                    .unwrap_or_else(|e| panic!("{name} frame {frame} threads {threads}: {e}"));
+                parts += snap.parallel_parts;
+                assert_eq!(
+                    serde_json::to_string(&snap).expect("json"),
+                    one,
+                    "{name}, frames of {frame}, {threads} threads"
+                );
+            }
+        }
+        if name.starts_with("synthetic") {
+            assert!(parts > 20, "{name}: only {parts} parts taken in");
+        }
+    }
+}

@@ -579,3 +579,50 @@ fn frame_lists_freed_while_streaming_are_not_confused_by_their_address() {
         assert_eq!(streamed.frames[frame].line, (i % 97) as i64);
     }
 }
+
+/// The synthetic 6,000-entry snapshot (testdata/h200/snapshots/synthetic-6000.pickle.gz)
+/// in frames of 2 KiB, so that a reading on a few threads takes many parts in.
+fn framed_synthetic() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/h200/snapshots/synthetic-6000.pickle.gz"
+        );
+        let raw = std::fs::read(path).expect("fixture");
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&raw[..]), &mut bytes)
+            .expect("gzip");
+        pickle::reframe(&bytes, 2048).expect("protocol 4")
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(64), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Damaged anywhere, a snapshot read on several threads gives what one reading gives:
+    /// the same snapshot, or an error where one reading has one too (a part that meets
+    /// anything unusual is dropped and its bytes read by the main reading).
+    #[test]
+    fn the_parallel_reading_of_damaged_files_agrees_with_one_reading(
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+        threads in 2usize..6,
+    ) {
+        let mut bytes = framed_synthetic().to_vec();
+        let len = bytes.len();
+        for (at, b) in &edits {
+            bytes[at % len] = *b;
+        }
+        let par = pickle::Parallelism { threads, min_chunk_bytes: 1 };
+        let parallel = model::read_parallel(&bytes, Limits::default(), par);
+        let one = model::read_streamed(&bytes[..], Limits::default(), TraceStacks::Skip);
+        match (parallel, one) {
+            (Ok(p), Ok(o)) => assert_eq!(
+                serde_json::to_string(&p).expect("json"),
+                serde_json::to_string(&o).expect("json")
+            ),
+            (Err(_), Err(_)) => {}
+            (p, o) => panic!("parallel: {:?}, one reading: {:?}", p.err(), o.err()),
+        }
+    }
+}
