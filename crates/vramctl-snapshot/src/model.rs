@@ -137,6 +137,95 @@ pub struct TraceEntry {
     pub stack: StackId,
 }
 
+/// One device's trace entries, oldest first, kept as the lists the reading made them in:
+/// a parallel reading's parts each make one, and joining a million entries into one list
+/// would cost a copy and the page faults of its new memory (docs/benchmarks.md, issue 17).
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    chunks: Vec<Vec<TraceEntry>>,
+    /// The index of each chunk's first entry.
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl Trace {
+    /// No entries.
+    pub const EMPTY: Self = Self {
+        chunks: Vec::new(),
+        starts: Vec::new(),
+        len: 0,
+    };
+
+    /// The entries of `chunks`, in order.
+    pub fn from_chunks(chunks: Vec<Vec<TraceEntry>>) -> Self {
+        let chunks: Vec<Vec<TraceEntry>> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
+        let mut starts = Vec::with_capacity(chunks.len());
+        let mut len = 0;
+        for c in &chunks {
+            starts.push(len);
+            len += c.len();
+        }
+        Self {
+            chunks,
+            starts,
+            len,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn get(&self, i: usize) -> Option<&TraceEntry> {
+        let c = self.starts.partition_point(|&s| s <= i).checked_sub(1)?;
+        self.chunks[c].get(i - self.starts[c])
+    }
+
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &TraceEntry> + Clone {
+        self.chunks.iter().flatten()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut TraceEntry> {
+        self.chunks.iter_mut().flatten()
+    }
+}
+
+impl From<Vec<TraceEntry>> for Trace {
+    fn from(entries: Vec<TraceEntry>) -> Self {
+        Self::from_chunks(vec![entries])
+    }
+}
+
+/// Entry `i`, as a slice's index: out of range is a bug of the caller and panics.
+impl std::ops::Index<usize> for Trace {
+    type Output = TraceEntry;
+
+    fn index(&self, i: usize) -> &TraceEntry {
+        let c = self.starts.partition_point(|&s| s <= i).saturating_sub(1);
+        &self.chunks[c][i - self.starts.get(c).copied().unwrap_or(0)]
+    }
+}
+
+impl<'a> IntoIterator for &'a Trace {
+    type Item = &'a TraceEntry;
+    type IntoIter = std::iter::Flatten<std::slice::Iter<'a, Vec<TraceEntry>>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.chunks.iter().flatten()
+    }
+}
+
+/// As the list of its entries.
+impl Serialize for Trace {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
 /// `allocator_settings` (2.3+).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct AllocatorSettings {
@@ -175,7 +264,7 @@ pub struct Snapshot {
     pub format: Format,
     pub segments: Vec<Segment>,
     /// One list per device ordinal, oldest first.
-    pub device_traces: Vec<Vec<TraceEntry>>,
+    pub device_traces: Vec<Trace>,
     /// Whether the trace entries' stacks were read ([`TraceStacks::Skip`]: they are 0).
     #[serde(skip)]
     pub trace_stacks: TraceStacks,
@@ -408,7 +497,7 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
     {
         for dev in per_device {
             let (V::List(o) | V::Tuple(o)) = dev else {
-                device_traces.push(Vec::new());
+                device_traces.push(Trace::default());
                 continue;
             };
             if matches!(arena.obj(o), Obj::Taken { .. }) {
@@ -416,7 +505,8 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
             }
             // Entries the reader streamed come first: it streams only while the list has
             // no items of its own.
-            let mut entries = b.take_streamed(o);
+            let mut chunks = b.take_streamed(o);
+            let mut entries = Vec::new();
             let items = arena.seq(dev).map(<[V]>::to_vec).unwrap_or_default();
             for e in items {
                 match b
@@ -429,7 +519,8 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
                     Entry::Deferred(_) => return Err(SnapshotError::NotASnapshot(ELSEWHERE)),
                 }
             }
-            device_traces.push(entries);
+            chunks.push(entries);
+            device_traces.push(Trace::from_chunks(chunks));
         }
     }
     let allocator_settings = arena
@@ -473,7 +564,7 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
 fn renumber(
     b: &Builder,
     segments: &mut [Segment],
-    device_traces: &mut [Vec<TraceEntry>],
+    device_traces: &mut [Trace],
 ) -> (Vec<Frame>, Vec<Vec<FrameId>>) {
     let mut stack_map: Vec<Option<StackId>> = vec![None; b.stacks.len()];
     let mut frame_map: Vec<Option<FrameId>> = vec![None; b.frames.len()];
@@ -536,8 +627,9 @@ struct Builder {
     stack_ids: HashMap<Box<[FrameId]>, StackId>,
     /// A stack's frames while it is being looked up (no allocation when it is known).
     scratch: Vec<FrameId>,
-    /// Trace entries taken from the per-device lists while reading, by list.
-    streamed: Vec<(ObjId, Vec<TraceEntry>)>,
+    /// Trace entries taken from the per-device lists while reading, by list: the entries
+    /// taken here, and the lists of the parts taken in, in order.
+    streamed: Vec<(ObjId, Vec<Vec<TraceEntry>>)>,
     trace_stacks: TraceStacks,
     /// The containers made after the first streamed per-device list: what the trace made,
     /// which no block or segment (read before it) holds.
@@ -637,7 +729,12 @@ impl ListSink for Builder {
                 self.streamed.len() - 1
             }
         };
-        let mut entries = std::mem::take(&mut self.streamed[slot].1);
+        let chunks = &mut self.streamed[slot].1;
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
+        let last = chunks.len() - 1;
+        let mut entries = std::mem::take(&mut chunks[last]);
         entries.reserve(items.len());
         for &v in items {
             self.position = u32::try_from(entries.len()).unwrap_or(u32::MAX);
@@ -656,7 +753,9 @@ impl ListSink for Builder {
                 Err(what) => return Err(PickleError::Malformed { what, at }),
             }
         }
-        self.streamed[slot].1 = entries;
+        if let Some(last) = self.streamed[slot].1.last_mut() {
+            *last = entries;
+        }
         Ok(())
     }
 }
@@ -685,7 +784,15 @@ impl SplitSink for Builder {
         mut part: Self,
         values: &mut dyn PartValues,
     ) -> Result<(), PickleError> {
-        let mut entries = part.streamed.pop().map(|(_, e)| e).unwrap_or_default();
+        let mut entries: Vec<TraceEntry> = part
+            .streamed
+            .pop()
+            .map(|(_, mut chunks)| match chunks.len() {
+                // A part's sink takes one list into one chunk: moved, not copied.
+                1 => chunks.pop().unwrap_or_default(),
+                _ => chunks.into_iter().flatten().collect(),
+            })
+            .unwrap_or_default();
         // What the part left to resolve, in the order of the entries that met it (so
         // frame lists are taken in the order one reading takes them).
         let mut stacks = vec![0; part.pending.len()];
@@ -758,16 +865,18 @@ impl SplitSink for Builder {
                 keep
             });
         }
+        // The part's list is kept as it is, a chunk of the device's trace; entries taken
+        // here later go to a chunk after it.
         match self.streamed.iter_mut().find(|(l, _)| *l == list) {
-            Some((_, e)) => e.extend(entries),
-            None => self.streamed.push((list, entries)),
+            Some((_, chunks)) => chunks.extend([entries, Vec::new()]),
+            None => self.streamed.push((list, vec![entries, Vec::new()])),
         }
         Ok(())
     }
 }
 
 impl Builder {
-    fn take_streamed(&mut self, list: ObjId) -> Vec<TraceEntry> {
+    fn take_streamed(&mut self, list: ObjId) -> Vec<Vec<TraceEntry>> {
         self.streamed
             .iter_mut()
             .find(|(l, _)| *l == list)

@@ -14,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{Action, Block, BlockState, Pool, Segment, Snapshot, StackId, TraceEntry};
+use crate::model::{
+    Action, Block, BlockState, Pool, Segment, Snapshot, StackId, Trace, TraceEntry,
+};
 
 /// The allocator's kMinBlockSize: every block is a multiple of it.
 const MIN_BLOCK_BYTES: u64 = 512;
@@ -400,11 +402,12 @@ fn rebuilt_segment(device: i64, start: u64, s: &ReplaySegment) -> Segment {
 }
 
 /// The trace of `device` (empty when the file has none for it).
-pub fn trace(snap: &Snapshot, device: i64) -> &[TraceEntry] {
+pub fn trace(snap: &Snapshot, device: i64) -> &Trace {
+    static EMPTY: Trace = Trace::EMPTY;
     usize::try_from(device)
         .ok()
         .and_then(|d| snap.device_traces.get(d))
-        .map_or(&[], Vec::as_slice)
+        .unwrap_or(&EMPTY)
 }
 
 #[cfg(test)]

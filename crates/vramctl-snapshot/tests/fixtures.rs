@@ -135,7 +135,11 @@ fn the_one_tib_oom_is_a_true_shortage_not_fragmentation() {
 #[test]
 fn shared_frame_lists_are_one_stack() {
     let (snap, _) = load("snap.pickle");
-    let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
+    let entries: usize = snap
+        .device_traces
+        .iter()
+        .map(vramctl_snapshot::model::Trace::len)
+        .sum();
     let with_stack = snap.device_traces[0]
         .iter()
         .filter(|e| e.stack != 0)
