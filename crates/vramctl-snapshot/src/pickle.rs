@@ -544,8 +544,9 @@ struct Machine<'s, S: ListSink + ?Sized> {
     /// first; in the main reading, after the parts it took in, whose entries they hold).
     memo: Vec<V>,
     memo_base: usize,
-    /// A part of a parallel reading: the main reading's memo as it stood at the handoff,
-    /// in the part's terms ([`parallel`]); empty otherwise.
+    /// In a parallel reading, the main reading's memo as it stood at the handoff: in a
+    /// part, in the part's terms; in the main reading once it took parts in, a copy of its
+    /// first entries, so GETs of them stay on the fast path ([`parallel`]). Else empty.
     outer_memo: Vec<V>,
     /// Whether a memo index was skipped (BINPUT ahead), leaving entries unset.
     memo_holes: bool,
@@ -679,6 +680,9 @@ impl<'s, S: ListSink + ?Sized> Machine<'s, S> {
             // The main reading stores over an entry of its past (its parts hold some).
             if let Some(parts) = self.parts.as_deref_mut() {
                 parts.store_over(idx, v);
+                if let Some(slot) = self.outer_memo.get_mut(idx) {
+                    *slot = v;
+                }
                 return Ok(());
             }
             return Err(Self::malformed(
@@ -737,11 +741,11 @@ impl<'s, S: ListSink + ?Sized> Machine<'s, S> {
             };
             let v = match self.memo.get(idx.wrapping_sub(self.memo_base)) {
                 Some(&v) => v,
-                None if PART && idx < self.memo_base => self
-                    .outer_memo
-                    .get(idx)
-                    .copied()
-                    .unwrap_or(V::Elsewhere(u32::try_from(idx).unwrap_or(u32::MAX))),
+                None if idx < self.memo_base => match self.outer_memo.get(idx) {
+                    Some(&v) => v,
+                    None if PART => V::Elsewhere(u32::try_from(idx).unwrap_or(u32::MAX)),
+                    None => return i,
+                },
                 None => return i,
             };
             if matches!(v, V::Unset)

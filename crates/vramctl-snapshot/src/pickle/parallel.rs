@@ -565,6 +565,28 @@ fn op_len(b: &[u8]) -> Option<usize> {
     })
 }
 
+/// The length of each opcode that has one length (0: any other, or unknown), as
+/// [`op_len`] gives it; BINPUT and LONG_BINPUT are left out, the walk refuses them.
+const FIXED_LEN: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut op = 0;
+    while op < 256 {
+        t[op] = match op as u8 {
+            b'}' | b']' | b')' | b'(' | b'e' | b'a' | b'u' | b's' | b'd' | b'l' | b't' | 0x85
+            | 0x86 | 0x87 | b'N' | 0x88 | 0x89 | b'.' | b'0' | b'1' | b'2' | 0x93 | b'R' | 0x94 => {
+                1
+            }
+            b'h' | b'K' | 0x80 => 2,
+            b'M' => 3,
+            b'j' | b'J' => 5,
+            b'G' | 0x95 => 9,
+            _ => 0,
+        };
+        op += 1;
+    }
+    t
+};
+
 /// What walking a chunk found.
 struct Walked {
     /// MEMOIZEs in the chunk.
@@ -634,22 +656,18 @@ fn walk(src: &dyn Source, from: u64, to: u64, key: Option<usize>) -> Option<Walk
             };
             i += len;
         }
-        // The rest only counts MEMOIZEs: the commonest opcodes by hand, the others by
+        // The rest only counts MEMOIZEs: opcodes of one length by a table, the others by
         // their header.
         while i < safe {
             let op = b[i];
-            i += match op {
-                0x94 => {
-                    memoized += 1;
-                    1
-                }
-                b'}' | b']' | b'(' | b'e' | b'a' | b'u' | b's' | b'N' | 0x88 | 0x89 => 1,
-                b'h' | b'K' => 2,
-                b'M' => 3,
-                b'j' | b'J' => 5,
-                0x8a | 0x8c => 2 + usize::from(*b.get(i + 1)?),
-                b'q' | b'r' => return None,
-                _ => op_len(&b[i..])?,
+            memoized += usize::from(op == 0x94);
+            i += match FIXED_LEN[usize::from(op)] {
+                0 => match op {
+                    0x8a | 0x8c => 2 + usize::from(*b.get(i + 1)?),
+                    b'q' | b'r' => return None,
+                    _ => op_len(&b[i..])?,
+                },
+                n => usize::from(n),
             };
         }
         if i == 0 {
@@ -833,6 +851,7 @@ impl<P: ListSink + Send> Plan<P> {
                 parts,
                 memo,
                 memo_base,
+                outer_memo,
                 arena,
                 sink,
                 ..
@@ -841,6 +860,11 @@ impl<P: ListSink + Send> Plan<P> {
             // The main reading's memo so far moves to `parts`; its own goes on after the part.
             let len = part.memo.len();
             if !memo.is_empty() {
+                // The first entries (segments, the first batch: what the rest refers to
+                // most) stay on the GET's fast path too.
+                if *memo_base == 0 {
+                    outer_memo.clone_from(memo);
+                }
                 parts.main.push((*memo_base, std::mem::take(memo)));
             }
             *memo_base = base + len;
