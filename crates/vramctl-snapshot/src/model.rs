@@ -295,8 +295,11 @@ pub fn open_with(
     trace_stacks: TraceStacks,
 ) -> Result<Snapshot, SnapshotError> {
     // Without trace stacks, a plain file is read on this machine's cores (its trace is
-    // nearly all of the work; `pickle/parallel.rs`). Pipes and `.gz` are read in one pass.
-    if trace_stacks == TraceStacks::Skip {
+    // nearly all of the work; `pickle/parallel.rs`). Pipes, `.gz` and a machine of one
+    // core are read in one pass (on one core, the one-pass reading runs ~13 % fewer
+    // instructions: docs/benchmarks.md, issue 17).
+    let par = Parallelism::of_this_machine();
+    if trace_stacks == TraceStacks::Skip && par.threads > 1 {
         let file = File::open(path).map_err(|source| SnapshotError::Open {
             path: path.display().to_string(),
             source,
@@ -306,7 +309,7 @@ pub fn open_with(
             let mut magic = [0u8; 2];
             let n = src.read_at(&mut magic, 0).map_err(PickleError::Io)?;
             if magic[..n] != [0x1f, 0x8b] {
-                return read_parallel(&src, limits, Parallelism::of_this_machine());
+                return read_parallel(&src, limits, par);
             }
         }
     }

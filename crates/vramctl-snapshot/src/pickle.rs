@@ -739,6 +739,22 @@ impl<'s, S: ListSink + ?Sized> Machine<'s, S> {
                 Some([b'j', a, b, c, d, ..]) => (u32::from_le_bytes([*a, *b, *c, *d]) as usize, 5),
                 _ => return i,
             };
+            // One reading (and the main one before it took parts in): the loop it had
+            // before parallel reading, ~3 instructions per GET fewer than the general one
+            // below (16 M of 383 M on an 18 MB file, callgrind).
+            if !PART && self.memo_base == 0 {
+                match self.memo.get(idx) {
+                    Some(&v)
+                        if !matches!(v, V::Unset | V::Elsewhere(_))
+                            && self.stack.len() < self.max_stack =>
+                    {
+                        self.stack.push(v);
+                        i += len;
+                        continue;
+                    }
+                    _ => return i,
+                }
+            }
             let v = match self.memo.get(idx.wrapping_sub(self.memo_base)) {
                 Some(&v) => v,
                 None if idx < self.memo_base => match self.outer_memo.get(idx) {
