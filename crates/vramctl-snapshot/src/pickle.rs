@@ -17,6 +17,8 @@
 //! read (the model turns trace entries into typed ones there and frees their dicts), so a
 //! million-entry trace never lives as generic values; what the sink took is frozen
 //! ([`Obj::Taken`]): changing it later is an error, so what was read is what the file holds.
+//! [`read_parallel`] decodes a streamed list's batches on several threads where a file's
+//! FRAMEs allow it, with the same result (`pickle/parallel.rs`).
 //!
 //! Memory is bounded by the input: every opcode creates at most one value, a string's or
 //! bytes' declared length allocates only as its bytes arrive, memo indices may not jump
@@ -559,7 +561,8 @@ struct Machine<'s, S: ListSink + ?Sized> {
     /// The main reading of a parallel one: return [`Step::Handoff`] after the first batch
     /// a sink takes.
     handoff_armed: bool,
-    /// A part of a parallel reading: what it sees of the rest (`parallel.rs`).
+    /// A part of a parallel reading: where it ends, and whether it stands between two
+    /// batches (`parallel.rs`).
     part: Option<parallel::PartView>,
     /// The main reading of a parallel one: the parts it took in, which the memo refers to.
     parts: Option<Box<parallel::Parts>>,
