@@ -186,7 +186,7 @@ impl Trace {
     }
 
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &TraceEntry> + Clone {
-        self.chunks.iter().flatten()
+        self.into_iter()
     }
 
     fn iter_mut(&mut self) -> impl Iterator<Item = &mut TraceEntry> {
@@ -205,8 +205,10 @@ impl std::ops::Index<usize> for Trace {
     type Output = TraceEntry;
 
     fn index(&self, i: usize) -> &TraceEntry {
-        let c = self.starts.partition_point(|&s| s <= i).saturating_sub(1);
-        &self.chunks[c][i - self.starts.get(c).copied().unwrap_or(0)]
+        match self.get(i) {
+            Some(e) => e,
+            None => panic!("trace entry {i} of {}", self.len),
+        }
     }
 }
 
@@ -294,26 +296,27 @@ pub fn open_with(
     limits: Limits,
     trace_stacks: TraceStacks,
 ) -> Result<Snapshot, SnapshotError> {
+    let file = File::open(path).map_err(|source| SnapshotError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
     // Without trace stacks, a plain file is read on this machine's cores (its trace is
     // nearly all of the work; `pickle/parallel.rs`). Pipes, `.gz` and a machine of one
-    // core are read in one pass (on one core, the one-pass reading runs ~13 % fewer
-    // instructions: docs/benchmarks.md, issue 17).
+    // core (nothing to split) are read in one pass.
     let par = Parallelism::of_this_machine();
-    if trace_stacks == TraceStacks::Skip && par.threads > 1 {
-        let file = File::open(path).map_err(|source| SnapshotError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
-        if file.metadata().is_ok_and(|m| m.is_file()) {
-            let src = FileSource::new(file).map_err(PickleError::Io)?;
-            let mut magic = [0u8; 2];
-            let n = src.read_at(&mut magic, 0).map_err(PickleError::Io)?;
-            if magic[..n] != [0x1f, 0x8b] {
-                return read_parallel(&src, limits, par);
-            }
+    if trace_stacks == TraceStacks::Skip
+        && par.threads > 1
+        && file.metadata().is_ok_and(|m| m.is_file())
+    {
+        let src = FileSource::new(file).map_err(PickleError::Io)?;
+        let mut magic = [0u8; 2];
+        let n = src.read_at(&mut magic, 0).map_err(PickleError::Io)?;
+        if magic[..n] != GZIP_MAGIC {
+            return read_parallel(&src, limits, par);
         }
+        return read_streamed(reader(src.into_file())?, limits, trace_stacks);
     }
-    read_streamed(reader(path)?, limits, trace_stacks)
+    read_streamed(reader(file)?, limits, trace_stacks)
 }
 
 /// Reads a snapshot the way [`open_with`] reads a plain file with [`TraceStacks::Skip`]:
@@ -370,18 +373,17 @@ pub fn read<R: Read>(input: R, limits: Limits) -> Result<Snapshot, SnapshotError
     convert(doc, Builder::default())
 }
 
+/// The first bytes of a gzip stream.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
 /// The file, decompressed when it starts like a gzip stream.
-fn reader(path: &Path) -> Result<Box<dyn Read>, SnapshotError> {
-    let file = File::open(path).map_err(|source| SnapshotError::Open {
-        path: path.display().to_string(),
-        source,
-    })?;
+fn reader(file: File) -> Result<Box<dyn Read>, SnapshotError> {
     // Large reads pass a BufReader's buffer by; it is here to look at the first bytes.
     let mut buffered = BufReader::with_capacity(1 << 16, file);
     let gz = buffered
         .fill_buf()
         .map_err(PickleError::Io)?
-        .starts_with(&[0x1f, 0x8b]);
+        .starts_with(&GZIP_MAGIC);
     Ok(if gz {
         Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
     } else {
@@ -641,9 +643,9 @@ struct Builder {
     /// another part, by position in the part's list (a placeholder there until
     /// [`SplitSink::absorb`]), with the APPENDS' byte and the entry's pairs.
     deferred: Vec<Deferred>,
-    /// Frame lists another part holds, by memo index, in the order first used (with that
-    /// entry's position and byte); an entry that uses one has `stack = PENDING | index`.
-    pending: Vec<(u32, u32, u64)>,
+    /// Frame lists another part holds, in the order first used; an entry that uses one
+    /// has `stack = PENDING | its index here`.
+    pending: Vec<Pending>,
     pending_ids: HashMap<u32, u32>,
     /// The position and byte of the entry being typed.
     position: u32,
@@ -663,6 +665,14 @@ struct Deferred {
     position: u32,
     at: u64,
     pairs: Vec<(V, V)>,
+}
+
+/// A frame list a part of a parallel reading met in another part: its memo index, and
+/// the position in the part's list and APPENDS' byte of the first entry that used it.
+struct Pending {
+    idx: u32,
+    position: u32,
+    at: u64,
 }
 
 /// What a trace entry's dict gives.
@@ -804,7 +814,7 @@ impl SplitSink for Builder {
         let mut pending = part.pending.iter().enumerate().peekable();
         loop {
             let next_deferred = deferred.peek().map(|d| d.position);
-            let next_pending = pending.peek().map(|(_, p)| p.1);
+            let next_pending = pending.peek().map(|(_, p)| p.position);
             match (next_deferred, next_pending) {
                 (Some(d), p) if p.is_none_or(|p| d < p) => {
                     let Some(Deferred {
@@ -817,7 +827,7 @@ impl SplitSink for Builder {
                     };
                     let mut main = Vec::with_capacity(pairs.len());
                     for (k, v) in pairs {
-                        main.push((values.in_main(arena, k)?, values.in_main(arena, v)?));
+                        main.push((values.in_main(arena, k, at)?, values.in_main(arena, v, at)?));
                     }
                     let dict = arena.add_dict(main);
                     let typed = self
@@ -835,13 +845,13 @@ impl SplitSink for Builder {
                     }
                 }
                 (_, Some(_)) => {
-                    let Some((slot, &(idx, _, at))) = pending.next() else {
+                    let Some((slot, &Pending { idx, at, .. })) = pending.next() else {
                         break;
                     };
                     stacks[slot] = if values.take_list_in_place(idx, ROLE_STACK_SKIPPED) {
                         0
                     } else {
-                        let v = values.in_main(arena, V::Elsewhere(idx))?;
+                        let v = values.in_main(arena, V::Elsewhere(idx), at)?;
                         self.trace_stack(arena, Some(v))
                             .map_err(|what| PickleError::Malformed { what, at })?
                     };
@@ -857,15 +867,11 @@ impl SplitSink for Builder {
             }
         }
         if !dropped.is_empty() {
+            // `dropped` is in order of position.
             let mut i = 0;
-            let mut next = dropped.iter().peekable();
             entries.retain(|_| {
-                let keep = next.peek() != Some(&&i);
-                if !keep {
-                    next.next();
-                }
                 i += 1;
-                keep
+                dropped.binary_search(&(i - 1)).is_err()
             });
         }
         // The part's list is kept as it is, a chunk of the device's trace; entries taken
@@ -980,7 +986,11 @@ impl Builder {
             // A part of a parallel reading: resolved when the part is taken in.
             let next = u32::try_from(self.pending.len()).unwrap_or(u32::MAX);
             let slot = *self.pending_ids.entry(idx).or_insert_with(|| {
-                self.pending.push((idx, self.position, self.at));
+                self.pending.push(Pending {
+                    idx,
+                    position: self.position,
+                    at: self.at,
+                });
                 next
             });
             return Ok(PENDING | slot);

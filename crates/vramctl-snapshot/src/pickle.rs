@@ -403,18 +403,23 @@ pub fn read<R: Read>(
 ) -> Result<Document, PickleError> {
     let mut input = Input::new(input, limits.max_total_bytes);
     let mut m = Machine::new(limits, strings, sink);
-    loop {
-        // Without a limit on the input and a handoff asked for, the first step is the end.
-        match m.run::<_, false>(&mut input)? {
-            Step::Stop(top) => {
-                return Ok(Document {
-                    arena: m.arena,
-                    top,
-                    parts: 0,
-                });
-            }
-            Step::Paused | Step::Handoff | Step::Boundary => {}
-        }
+    // Without a limit on the input nor a handoff asked for, the only step is the end.
+    match m.run::<_, false>(&mut input)? {
+        Step::Stop(top) => Ok(Document {
+            arena: m.arena,
+            top,
+            parts: 0,
+        }),
+        Step::Paused | Step::Handoff | Step::Boundary => Err(stopped_early(input.offset())),
+    }
+}
+
+/// The machine stopped where only a parallel reading's steps stop it: a bug of the reader,
+/// reported rather than looped on.
+fn stopped_early(at: u64) -> PickleError {
+    PickleError::Malformed {
+        what: "the reader stopped before STOP where nothing asked it to (a bug of vramctl)",
+        at,
     }
 }
 
@@ -677,8 +682,8 @@ impl<'s, S: ListSink + ?Sized> Machine<'s, S> {
         if idx >= self.limits.max_container_len {
             return Err(self.limit("memo length", at));
         }
-        // Only a part of a parallel reading has a base; it does not change what it did not
-        // read (the reading then goes on without the part).
+        // Below the base: a part does not change what it did not read (the reading then goes
+        // on without the part); the main reading keeps what it stores over there.
         let Some(local) = idx.checked_sub(self.memo_base) else {
             // The main reading stores over an entry of its past (its parts hold some).
             if let Some(parts) = self.parts.as_deref_mut() {

@@ -98,6 +98,11 @@ impl FileSource {
         let size = file.metadata()?.len();
         Ok(Self { file, size })
     }
+
+    /// The file, for a reading in one pass after all.
+    pub fn into_file(self) -> std::fs::File {
+        self.file
+    }
 }
 
 impl Source for FileSource {
@@ -151,8 +156,8 @@ pub struct Parallelism {
 }
 
 impl Parallelism {
-    /// This machine's cores, at most 16, and chunks of at least 4 MiB (below that, a
-    /// thread's start and the parts' edges cost more than they save).
+    /// This machine's cores, at most 16, and chunks of at least 4 MiB (a floor chosen, not
+    /// tuned: a file of a few MiB is read in one pass).
     pub fn of_this_machine() -> Self {
         Self {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(16)),
@@ -192,8 +197,8 @@ pub trait PartValues {
     /// reading's `arena`; containers are copied there once, so later uses share the copy.
     ///
     /// # Errors
-    /// The value refers to a memo entry never stored.
-    fn in_main(&mut self, arena: &mut Arena, v: V) -> Result<V, PickleError>;
+    /// The value refers to a memo entry never stored (`at`: the byte the error names).
+    fn in_main(&mut self, arena: &mut Arena, v: V, at: u64) -> Result<V, PickleError>;
     /// When memo entry `idx` is a list or tuple that another part made and the main
     /// reading has not copied, marks it taken in `role` where it is (or finds it taken in
     /// that role already): true. False for anything else, which the caller takes through
@@ -296,8 +301,8 @@ impl Parts {
 
     /// Value `v` of part `p` as a value of the main `arena`.
     fn in_main(&mut self, arena: &mut Arena, p: usize, v: V) -> Option<V> {
-        // Containers are copied breadth-first from a work list, not by recursion: a part
-        // may hold lists nested a million deep.
+        // Containers are copied from a work list, not by recursion: a part may hold lists
+        // nested a million deep.
         let mut work = Vec::new();
         let top = self.shallow(arena, p, v, &mut work)?;
         while let Some((p, o, copy)) = work.pop() {
@@ -421,12 +426,12 @@ struct Resolver<'a> {
 }
 
 impl PartValues for Resolver<'_> {
-    fn in_main(&mut self, arena: &mut Arena, v: V) -> Result<V, PickleError> {
+    fn in_main(&mut self, arena: &mut Arena, v: V, at: u64) -> Result<V, PickleError> {
         self.parts
             .in_main(arena, self.part, v)
             .ok_or(PickleError::Malformed {
-                what: "a memo reference to an entry never stored (in a part read in parallel)",
-                at: 0,
+                what: "a memo reference to an entry never stored",
+                at,
             })
     }
 
@@ -514,7 +519,8 @@ pub fn read_parallel<S: SplitSink>(
                     at = end;
                 }
             }
-            Step::Boundary => {}
+            // Only a part stops at a boundary.
+            Step::Boundary => return Err(super::stopped_early(at)),
         }
         limit = plan.as_mut().and_then(|p| p.next_start(at));
     }
@@ -678,6 +684,18 @@ fn walk(src: &dyn Source, from: u64, to: u64, key: Option<usize>) -> Option<Walk
     (pos == to).then_some(Walked { memoized, start })
 }
 
+/// Runs each job on its own thread and gives their results in order (None for a job that
+/// gave none, or panicked).
+fn each_on_a_thread<T: Send, F: FnOnce() -> Option<T> + Send>(jobs: Vec<F>) -> Vec<Option<T>> {
+    std::thread::scope(|s| {
+        let threads: Vec<_> = jobs.into_iter().map(|job| s.spawn(job)).collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().ok().flatten())
+            .collect()
+    })
+}
+
 /// A chunk and the part read from it.
 struct Chunk<P> {
     /// Where its first batch starts, and the memo index there.
@@ -731,17 +749,13 @@ impl<P: ListSink + Send> Plan<P> {
         }
         let head = walk(src, at, bounds[0], None)?.memoized;
         let ends: Vec<u64> = bounds.iter().skip(1).copied().chain([size]).collect();
-        let walked: Vec<Option<Walked>> = std::thread::scope(|s| {
-            let threads: Vec<_> = bounds
+        let walked: Vec<Option<Walked>> = each_on_a_thread(
+            bounds
                 .iter()
                 .zip(&ends)
-                .map(|(&from, &to)| s.spawn(move || walk(src, from, to, Some(key))))
-                .collect();
-            threads
-                .into_iter()
-                .map(|t| t.join().ok().flatten())
-                .collect()
-        });
+                .map(|(&from, &to)| move || walk(src, from, to, Some(key)))
+                .collect(),
+        );
         // Memo indices are known up to the first chunk that could not be walked.
         let mut count = m.memo.len() + head;
         let mut chunks = Vec::new();
@@ -766,33 +780,20 @@ impl<P: ListSink + Send> Plan<P> {
         }
         let known = m.arena.strings.known();
         let (outer, strings) = (&m.memo[..], &m.arena.strings);
-        let parts: Vec<Option<PartRead<P>>> = std::thread::scope(|s| {
-            let threads: Vec<_> = chunks
+        let parts: Vec<Option<PartRead<P>>> = each_on_a_thread(
+            chunks
                 .iter()
                 .zip(&not_before)
                 .map(|(c, &not_before)| {
-                    let start = c.start;
-                    let (known, part) = (&known, sink.part());
-                    s.spawn(move || {
+                    let (start, known, part) = (c.start, &known, sink.part());
+                    move || {
                         let (from, base) = start?;
-                        read_part(
-                            src,
-                            limits,
-                            known,
-                            (outer, strings),
-                            part,
-                            from,
-                            base,
-                            not_before,
-                        )
-                    })
+                        let outer = (outer, strings);
+                        read_part(src, limits, known, outer, part, from, base, not_before)
+                    }
                 })
-                .collect();
-            threads
-                .into_iter()
-                .map(|t| t.join().ok().flatten())
-                .collect()
-        });
+                .collect(),
+        );
         for (c, p) in chunks.iter_mut().zip(parts) {
             c.part = p;
         }
