@@ -506,28 +506,29 @@ pub fn python_version(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let soname_version = || {
-        libpython.iter().find_map(|m| {
-            version_in(m.path.rsplit('/').next()?.strip_prefix("libpython")?)
-        })
+        libpython
+            .iter()
+            .find_map(|m| version_in(m.path.rsplit('/').next()?.strip_prefix("libpython")?))
     };
     let stdlib_version = || {
         mappings(maps).find_map(|m| {
-            m.path
-                .split('/')
-                .find_map(|part| version_in(part.strip_prefix("python")?).filter(|_| {
+            m.path.split('/').find_map(|part| {
+                version_in(part.strip_prefix("python")?).filter(|_| {
                     // `python3.11`, `python3.11t`: a directory, not `python3.11-config`.
                     part.trim_start_matches("python")
                         .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
                         .trim_end_matches('t')
                         .is_empty()
-                }))
+                })
+            })
         })
     };
     let version = elf_version
         .or_else(soname_version)
         .or_else(|| exe_name.strip_prefix("python").and_then(version_in))
         .or_else(stdlib_version);
-    let is_python = elf_version.is_some() || !libpython.is_empty() || exe_name.starts_with("python");
+    let is_python =
+        elf_version.is_some() || !libpython.is_empty() || exe_name.starts_with("python");
     (is_python, version)
 }
 
@@ -701,7 +702,11 @@ pub fn find_interpreter(
     if let Some(first) = untrusted.first() {
         looked.push_str(&format!(
             "; not run, as {} does not control it: {first}",
-            if facts.caller_uid == 0 { "root" } else { "neither root nor you" }
+            if facts.caller_uid == 0 {
+                "root"
+            } else {
+                "neither root nor you"
+            }
         ));
         if untrusted.len() > 1 {
             looked.push_str(&format!(" and {} more", untrusted.len() - 1));
@@ -844,13 +849,12 @@ pub fn reclaim(
 ) -> Result<ReclaimAnswer, AttachError> {
     let pid = plan.pid;
     let base = workspace_base(plan);
-    let workspace = Workspace::create(&base, pid, plan.owner, modules()).map_err(|source| {
-        AttachError::Io {
+    let workspace =
+        Workspace::create(&base, pid, plan.owner, modules()).map_err(|source| AttachError::Io {
             pid,
             path: base.clone(),
             source,
-        }
-    })?;
+        })?;
     let deadline = Instant::now() + timeout;
     let deadline_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1132,7 +1136,10 @@ mod tests {
             }))
             .expect_err("the helper runs as uid 1001");
             assert_eq!(err.code(), "ptrace_scope", "{err}");
-            assert!(err.to_string().contains("runs as the process's user"), "{err}");
+            assert!(
+                err.to_string().contains("runs as the process's user"),
+                "{err}"
+            );
             assert!(
                 judge(&root(Facts {
                     target_uids: [0; 3],
@@ -1230,7 +1237,9 @@ mod tests {
             .output()
             .expect("python3 runs");
         let text = String::from_utf8_lossy(&out.stdout);
-        let mut words = text.split_whitespace().map(|w| w.parse().expect("a number"));
+        let mut words = text
+            .split_whitespace()
+            .map(|w| w.parse().expect("a number"));
         (words.next().expect("major"), words.next().expect("minor"))
     }
 
@@ -1265,7 +1274,11 @@ mod tests {
             assert_eq!(found.expect_err("no remote_exec").code(), "no_remote_exec");
         } else {
             let found = found.expect("usable");
-            assert!(found.ends_with(&name) || found.is_absolute(), "{}", found.display());
+            assert!(
+                found.ends_with(&name) || found.is_absolute(),
+                "{}",
+                found.display()
+            );
         }
     }
 
@@ -1356,9 +1369,8 @@ mod tests {
             gid: 0,
         };
         let base = tempfile::tempdir().expect("tempdir");
-        let create = || {
-            Workspace::create(base.path(), child.id(), owner, modules()).expect("workspace")
-        };
+        let create =
+            || Workspace::create(base.path(), child.id(), owner, modules()).expect("workspace");
         let write = |w: &Workspace, options, deadline| {
             w.write_request(
                 &request_text(w, options, deadline),
@@ -1388,8 +1400,8 @@ mod tests {
             serde_json::json!([]),
             "names, modules or paths left behind"
         );
-        let answer = wait_for(&workspace, child.id(), Instant::now(), Duration::ZERO)
-            .expect("answered");
+        let answer =
+            wait_for(&workspace, child.id(), Instant::now(), Duration::ZERO).expect("answered");
         assert_eq!(answer.released_bytes, 3 << 30);
         assert_eq!(answer.outcome, "released_all");
         assert!(answer.gc.is_some());

@@ -247,7 +247,13 @@ mod tests {
         sym(&mut f, 1, rodata_addr, 3);
         sym(&mut f, 11, rodata_addr, 3);
         assert_eq!(f.len(), 176);
-        let section = |f: &mut Vec<u8>, kind: u64, addr: u64, offset: u64, size: u64, link: u64, entsize: u64| {
+        let section = |f: &mut Vec<u8>,
+                       kind: u64,
+                       addr: u64,
+                       offset: u64,
+                       size: u64,
+                       link: u64,
+                       entsize: u64| {
             put(f, 0, 4);
             put(f, kind, 4);
             put(f, 0, 8);

@@ -80,8 +80,8 @@ pub fn trusted_executable(path: &Path, caller_uid: u32) -> Result<PathBuf, Strin
             continue;
         }
         let next = resolved.join(&name);
-        let meta = std::fs::symlink_metadata(&next)
-            .map_err(|e| format!("'{}': {e}", next.display()))?;
+        let meta =
+            std::fs::symlink_metadata(&next).map_err(|e| format!("'{}': {e}", next.display()))?;
         let kind = meta.file_type();
         if kind.is_symlink() {
             links += 1;
@@ -105,10 +105,7 @@ pub fn trusted_executable(path: &Path, caller_uid: u32) -> Result<PathBuf, Strin
             return Err(format!("'{}' is not a directory", next.display()));
         }
         if !kind.is_file() || meta.permissions().mode() & 0o111 == 0 {
-            return Err(format!(
-                "'{}' is not an executable file",
-                next.display()
-            ));
+            return Err(format!("'{}' is not an executable file", next.display()));
         }
         return Ok(next);
     }
@@ -134,7 +131,10 @@ fn components_reversed(path: &Path) -> Vec<OsString> {
 /// the supplementary groups when it sets the uid).
 pub fn command(program: &Path, run_as: Option<RunAs>) -> Command {
     let mut command = Command::new(program);
-    command.env_clear().env("PATH", HELPER_PATH).current_dir("/");
+    command
+        .env_clear()
+        .env("PATH", HELPER_PATH)
+        .current_dir("/");
     if let Some(who) = run_as {
         command.gid(who.gid).uid(who.uid);
     }
@@ -269,7 +269,10 @@ mod tests {
         std::fs::write(&exe, "#!/bin/sh\n").expect("write");
         std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let why = trusted_executable(&exe, me).expect_err("under /tmp");
-        assert!(why.contains("'/tmp' is writable by its group or others"), "{why}");
+        assert!(
+            why.contains("'/tmp' is writable by its group or others"),
+            "{why}"
+        );
         for (path, needle) in [
             ("relative/python3.14", "not an absolute path"),
             ("/usr/bin/python3.14 (deleted)", "deleted"),
@@ -323,7 +326,8 @@ mod tests {
     #[test]
     fn a_bounded_run_keeps_a_bounded_output_and_ends_at_its_deadline() {
         let out = run_bounded(
-            command(Path::new("/bin/sh"), None).args(["-c", "head -c 1000000 /dev/zero; echo oops >&2; exit 3"]),
+            command(Path::new("/bin/sh"), None)
+                .args(["-c", "head -c 1000000 /dev/zero; echo oops >&2; exit 3"]),
             Duration::from_secs(10),
         )
         .expect("runs");

@@ -164,7 +164,13 @@ impl Workspace {
 
     /// Creates `name` in `dir` (never through a link, never over anything), writes `text`,
     /// and makes it readable by the target's group.
-    fn write_at(dir: &OwnedFd, name: &str, text: &str, owner: Owner, hand_over: bool) -> std::io::Result<()> {
+    fn write_at(
+        dir: &OwnedFd,
+        name: &str,
+        text: &str,
+        owner: Owner,
+        hand_over: bool,
+    ) -> std::io::Result<()> {
         let fd = rustix::fs::openat(
             dir,
             name,
@@ -190,10 +196,26 @@ impl Workspace {
     /// # Errors
     /// Any failure to write or hand over.
     pub fn write_request(&self, request: &str, bootstrap: &str) -> std::io::Result<PathBuf> {
-        Self::write_at(&self.dir, "request.json", request, self.owner, self.hand_over)?;
-        Self::write_at(&self.dir, "attach.py", bootstrap, self.owner, self.hand_over)?;
+        Self::write_at(
+            &self.dir,
+            "request.json",
+            request,
+            self.owner,
+            self.hand_over,
+        )?;
+        Self::write_at(
+            &self.dir,
+            "attach.py",
+            bootstrap,
+            self.owner,
+            self.hand_over,
+        )?;
         if self.hand_over {
-            rustix::fs::fchown(&self.out, Some(uid(self.owner.uid)), Some(gid(self.owner.gid)))?;
+            rustix::fs::fchown(
+                &self.out,
+                Some(uid(self.owner.uid)),
+                Some(gid(self.owner.gid)),
+            )?;
             for dir in [&self.pkg, &self.dir] {
                 rustix::fs::fchown(dir, None, Some(gid(self.owner.gid)))?;
                 rustix::fs::fchmod(dir, Mode::from_raw_mode(0o750))?;
@@ -231,7 +253,8 @@ impl Workspace {
             Err(e) => return Err(e.into()),
         };
         let stat = rustix::fs::fstat(&fd)?;
-        let regular = rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
+        let regular =
+            rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
         if !regular || stat.st_uid != self.owner.uid || stat.st_nlink != 1 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -242,7 +265,9 @@ impl Workspace {
             ));
         }
         let mut text = Vec::new();
-        std::fs::File::from(fd).take(max_bytes).read_to_end(&mut text)?;
+        std::fs::File::from(fd)
+            .take(max_bytes)
+            .read_to_end(&mut text)?;
         Ok(Some(text))
     }
 
@@ -301,17 +326,32 @@ mod tests {
         );
         assert_eq!(ws.read_result(100).expect("absent"), None);
         std::fs::write(ws.result(), "{\"ok\": true}").expect("result");
-        assert_eq!(ws.read_result(100).expect("read").as_deref(), Some(&b"{\"ok\": true}"[..]));
-        assert_eq!(ws.read_result(4).expect("read").as_deref(), Some(&b"{\"ok"[..]), "bounded");
+        assert_eq!(
+            ws.read_result(100).expect("read").as_deref(),
+            Some(&b"{\"ok\": true}"[..])
+        );
+        assert_eq!(
+            ws.read_result(4).expect("read").as_deref(),
+            Some(&b"{\"ok"[..]),
+            "bounded"
+        );
         // A link in out/ is never followed.
         std::fs::remove_file(ws.result()).expect("rm");
         std::os::unix::fs::symlink("/etc/passwd", ws.result()).expect("symlink");
-        assert_eq!(ws.read_result(100).expect_err("a link").kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(
+            ws.read_result(100).expect_err("a link").kind(),
+            std::io::ErrorKind::InvalidData
+        );
         std::fs::remove_file(ws.result()).expect("rm");
         // Nor a second link to another file.
         std::fs::write(base.path().join("elsewhere"), "{}").expect("write");
         std::fs::hard_link(base.path().join("elsewhere"), ws.result()).expect("link");
-        assert!(ws.read_result(100).expect_err("two links").to_string().contains("2 links"));
+        assert!(
+            ws.read_result(100)
+                .expect_err("two links")
+                .to_string()
+                .contains("2 links")
+        );
         std::fs::write(ws.root.join("out").join("junk"), "").expect("junk");
         ws.remove();
         assert!(!ws.root.exists(), "all removed");
@@ -329,7 +369,10 @@ mod tests {
             return;
         }
         let base = tempfile::tempdir_in("/tmp").expect("tempdir");
-        let owner = Owner { uid: 65534, gid: 65533 };
+        let owner = Owner {
+            uid: 65534,
+            gid: 65533,
+        };
         let ws = Workspace::create(base.path(), 7, owner, modules()).expect("created");
         // Before the hand-over: root's alone.
         let meta = std::fs::metadata(&ws.root).expect("root");
@@ -341,13 +384,21 @@ mod tests {
         };
         assert_eq!(mode(&ws.root), (0, 65533, 0o750));
         assert_eq!(mode(&ws.root.join(&ws.package)), (0, 65533, 0o750));
-        assert_eq!(mode(&ws.root.join(&ws.package).join("a.py")), (0, 65533, 0o640));
+        assert_eq!(
+            mode(&ws.root.join(&ws.package).join("a.py")),
+            (0, 65533, 0o640)
+        );
         assert_eq!(mode(&ws.root.join("request.json")), (0, 65533, 0o640));
         assert_eq!(mode(&ws.root.join("attach.py")), (0, 65533, 0o640));
         assert_eq!(mode(&ws.root.join("out")), (65534, 65533, 0o700));
         // A result root wrote is not the target's.
         std::fs::write(ws.result(), "{}").expect("result");
-        assert!(ws.read_result(100).expect_err("root's").to_string().contains("uid 65534"));
+        assert!(
+            ws.read_result(100)
+                .expect_err("root's")
+                .to_string()
+                .contains("uid 65534")
+        );
         ws.remove();
         assert!(!ws.root.exists(), "all removed");
     }
