@@ -1181,7 +1181,9 @@ to the audit log first, like kill (history --audit). Protocol and numbers: docs/
 --attach reaches a Python 3.14+ process without the agent through sys.remote_exec: its
 main thread runs the reclaim at its next safe point (waited for up to --timeout); not
 available, with the reason, before 3.14, with PYTHON_DISABLE_REMOTE_DEBUG, for another
-user's process, under Yama's ptrace_scope, or without a python3.X of its version here.
+user's process, under Yama's ptrace_scope, or without a root-owned python3.X of its version
+here. Nothing the process's user can write is ever run: its version is read from its files,
+and the helper runs with the process's uid and gid.
 
 Exit codes:
   0  memory was released (--dry-run: would be) in at least one process

@@ -22,6 +22,7 @@ mod ps;
 mod real_processes;
 mod reap;
 mod reclaim;
+mod reclaim_attach;
 mod record;
 mod run;
 mod serve;
