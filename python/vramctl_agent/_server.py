@@ -207,7 +207,7 @@ class Agent:
                 if os.getpid() != self.pid:
                     return
                 response = self._answer(line, peer)
-                if not self._send(conn, proto.trim_to_limit(response)):
+                if not self._send(conn, self._encode(response)):
                     return
         except Exception:
             log.warning("vramctl agent: a connection failed", exc_info=True)
@@ -229,6 +229,20 @@ class Agent:
             log.warning("vramctl agent: a request failed", exc_info=True)
             op = request.get("op") if isinstance(request, dict) else None
             return proto.error_response(proto.INTERNAL_ERROR, f"{type(err).__name__}: {str(err)[:300]}", op if isinstance(op, str) else None)
+
+    def _encode(self, response: dict) -> bytes:
+        """The answer's line; an answer that cannot be JSON (a bug: a value JSON cannot
+        carry) is replaced by `internal_error`, so that every request is still answered."""
+        try:
+            return proto.trim_to_limit(response)
+        except (ValueError, TypeError) as err:
+            log.warning("vramctl agent: an answer could not be encoded", exc_info=True)
+            op = response.get("op")
+            return proto.encode_line(
+                proto.error_response(
+                    proto.INTERNAL_ERROR, f"the answer could not be written as JSON: {str(err)[:300]}", op if isinstance(op, str) else None
+                )
+            )
 
     def _read_line(self, conn: socket.socket, buffer: bytearray) -> bytes | None:
         """One line without its newline; None at the end of input. The whole line must
