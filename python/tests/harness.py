@@ -52,8 +52,19 @@ class TargetFailed(AssertionError):
     pass
 
 
+# Signals a target starts with at their default action whatever the test run inherited: a
+# suite started under `nohup` (SIGHUP ignored) or from a script's background job (SIGINT
+# ignored) would otherwise hand that to every target, and the agent rightly leaves an
+# ignored signal alone. A test that wants one ignored says so (Target(ignore_signals=...)).
+DEFAULT_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+
+
 class Target:
-    """A child interpreter that runs code sent to it and answers with JSON lines."""
+    """A child interpreter that runs code sent to it and answers with JSON lines.
+
+    With `uid` it runs as that user, from a copy of the agent package, the fakes and
+    target.py that every user can read (the checkout may sit in a 0700 home directory), and
+    with an interpreter that user may run (python_for_uid) unless `python` is given."""
 
     def __init__(
         self,
@@ -64,12 +75,26 @@ class Target:
         python: str | None = None,
         pythonpath: list[str] | None = None,
         args: list[str] | None = None,
+        ignore_signals: tuple = (),
     ) -> None:
         self._own_runtime = runtime_dir is None
+        self._copy: str | None = None
+        self.proc = None
         self.runtime_dir = runtime_dir if runtime_dir is not None else tempfile.mkdtemp(prefix="vramctl-test-run-")
         if self._own_runtime and uid is not None:
             os.chown(self.runtime_dir, uid, uid)
         self.stderr_file = tempfile.TemporaryFile()
+        target = TARGET
+        if uid is not None:
+            if python is None:
+                python = python_for_uid(uid)
+                if python is None:
+                    self._cleanup()
+                    raise unittest.SkipTest(f"no interpreter that uid {uid} may run")
+            self._copy, copied_path = world_readable_copy(*fakes)
+            target = os.path.join(self._copy, "target.py")
+            if pythonpath is None:
+                pythonpath = copied_path
         path = list(pythonpath) if pythonpath is not None else [PYTHON_DIR] + fake_path(*fakes)
         environment = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -81,16 +106,17 @@ class Target:
         }
         environment.update(env or {})
         environment = {k: v for k, v in environment.items() if v is not None}
-        preexec = None
-        if uid is not None:
 
-            def preexec() -> None:
+        def preexec() -> None:
+            for sig in DEFAULT_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN if sig in ignore_signals else signal.SIG_DFL)
+            if uid is not None:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
 
         self.proc = subprocess.Popen(
-            [python or sys.executable, *(args or []), TARGET],
+            [python or sys.executable, *(args or []), target],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr_file,
@@ -99,9 +125,13 @@ class Target:
             cwd="/",
         )
         self.pid = self.proc.pid
-        hello = self._read(timeout_s=20)
-        if not hello.get("ready"):
-            raise TargetFailed(f"the target did not start: {hello} {self.stderr()}")
+        try:
+            hello = self._read(timeout_s=20)
+            if not hello.get("ready"):
+                raise TargetFailed(f"the target did not start: {hello} {self.stderr()}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
 
     def _read(self, timeout_s: float) -> dict:
         stdout = self.proc.stdout
@@ -146,15 +176,21 @@ class Target:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(20)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(20)
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
         self.stderr_file.close()
         if self._own_runtime:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):

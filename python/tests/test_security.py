@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import AGENT_UID, OTHER_UID, Target, TargetFailed, client, is_root, needs_root, python_for_uid, world_readable_copy
+from harness import AGENT_UID, OTHER_UID, Target, TargetFailed, client, is_root, needs_root
 
 from vramctl_agent import _protocol as proto
 
@@ -102,20 +102,13 @@ class PeerTest(unittest.TestCase):
             self.assertTrue(client.request(path, "hello")["ok"])  # and it carries on
 
     def test_root_may_read_and_act_on_another_users_agent(self) -> None:
-        python = python_for_uid(AGENT_UID)
-        if python is None:
-            self.skipTest(f"no interpreter that uid {AGENT_UID} may run")
-        base, pythonpath = world_readable_copy("torch")
-        try:
-            with Target(uid=AGENT_UID, python=python, pythonpath=pythonpath) as t:
-                path = t.start_agent()
-                self.assertEqual(os.stat(path).st_uid, AGENT_UID)
-                hello = client.request(t.pid, "hello")
-                self.assertEqual(hello["uid"], AGENT_UID)
-                t.run("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del x")
-                self.assertEqual(client.request(t.pid, "reclaim")["released_bytes"], 1 << 30)
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        with Target(uid=AGENT_UID) as t:
+            path = t.start_agent()
+            self.assertEqual(os.stat(path).st_uid, AGENT_UID)
+            hello = client.request(t.pid, "hello")
+            self.assertEqual(hello["uid"], AGENT_UID)
+            t.run("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del x")
+            self.assertEqual(client.request(t.pid, "reclaim")["released_bytes"], 1 << 30)
 
 
 @needs_root
@@ -125,21 +118,16 @@ class FallbackTest(unittest.TestCase):
     fallback = f"/tmp/vramctl-{AGENT_UID}"
 
     def setUp(self) -> None:
-        self.python = python_for_uid(AGENT_UID)
-        if self.python is None:
-            self.skipTest(f"no interpreter that uid {AGENT_UID} may run")
         shutil.rmtree(self.fallback, ignore_errors=True)
-        self.base, self.pythonpath = world_readable_copy("torch")
         self.runtime = tempfile.mkdtemp(prefix="vramctl-test-xdg-")
         os.chown(self.runtime, AGENT_UID, AGENT_UID)
 
     def tearDown(self) -> None:
-        shutil.rmtree(self.base, ignore_errors=True)
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.fallback, ignore_errors=True)
 
     def agent(self, runtime_dir: str) -> Target:
-        return Target(uid=AGENT_UID, python=self.python, pythonpath=self.pythonpath, runtime_dir=runtime_dir)
+        return Target(uid=AGENT_UID, runtime_dir=runtime_dir)
 
     def assert_fallback(self, t: Target, path: str) -> None:
         self.assertEqual(path, os.path.join(self.fallback, f"agent-{t.pid}.sock"))
@@ -149,7 +137,7 @@ class FallbackTest(unittest.TestCase):
         self.assertEqual(client.request(t.pid, "hello")["socket"], path)
 
     def test_no_runtime_dir_uses_the_fallback(self) -> None:
-        with Target(uid=AGENT_UID, python=self.python, pythonpath=self.pythonpath, env={"XDG_RUNTIME_DIR": None}) as t:
+        with Target(uid=AGENT_UID, env={"XDG_RUNTIME_DIR": None}) as t:
             self.assert_fallback(t, t.start_agent())
 
     def test_an_unwritable_runtime_dir_uses_the_fallback(self) -> None:
