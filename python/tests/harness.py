@@ -13,6 +13,7 @@ import json
 import os
 import random
 import select
+import socket
 import shutil
 import signal
 import subprocess
@@ -254,3 +255,107 @@ def python_for_uid(uid: int) -> str | None:
 
 def needs_root(test):
     return unittest.skipUnless(is_root(), "needs root (to act as other users); CI runs as root")(test)
+
+
+class PlantedSocket:
+    """A listening socket bound and served by a forked child running as `uid` (an attacker),
+    which answers every connection with `reply` and reports over a pipe whatever it was
+    sent. With `make_dir`, the child first creates the socket's directory (mode 0777), as a
+    squatter in /tmp would."""
+
+    def __init__(self, uid: int, path: str, reply: bytes, make_dir: bool = False) -> None:
+        self.path = path
+        read_end, write_end = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into unittest
+            try:
+                os.close(read_end)
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                if make_dir:
+                    os.mkdir(os.path.dirname(path))
+                    os.chmod(os.path.dirname(path), 0o777)
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listener.bind(path)
+                os.chmod(path, 0o777)
+                listener.listen(8)
+                os.write(write_end, b"ready\n")
+                while True:
+                    conn, _ = listener.accept()
+                    conn.settimeout(2)
+                    try:
+                        data = conn.recv(65536)
+                    except OSError:
+                        data = b""
+                    if data:
+                        os.write(write_end, b"request " + data.replace(b"\n", b" ") + b"\n")
+                    try:
+                        conn.sendall(reply)
+                    except OSError:
+                        pass
+                    conn.close()
+            except BaseException as err:  # noqa: B902 - report to the parent
+                os.write(write_end, f"error {err!r}\n".encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        self._pipe = os.fdopen(read_end, "rb")
+        ready, _, _ = select.select([self._pipe], [], [], 10)
+        line = self._pipe.readline() if ready else b""
+        if line != b"ready\n":
+            self.close()
+            raise AssertionError(f"the planted socket did not start: {line!r}")
+
+    def requests(self) -> list[bytes]:
+        """What clients sent it so far."""
+        out = []
+        while select.select([self._pipe], [], [], 0.2)[0]:
+            line = self._pipe.readline()
+            if not line:
+                break
+            out.append(line.rstrip(b"\n"))
+        return out
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "PlantedSocket":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        self._pipe.close()
+
+
+class another_user:
+    """A user created for one test (useradd) and removed after it (userdel); its uid is
+    `.uid`. Skips the test, saying why on stderr, when not root or useradd fails."""
+
+    def __init__(self) -> None:
+        self.name = f"vramctl-t{random.SystemRandom().randrange(16**6):06x}"
+        self.uid = -1
+
+    def __enter__(self) -> "another_user":
+        import pwd
+
+        if not is_root():
+            print(f"\nskipped: creating a user needs root (uid {os.geteuid()})", file=sys.stderr)
+            raise unittest.SkipTest("creating a user needs root")
+        done = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", self.name],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            print(f"\nskipped: useradd {self.name} failed: {done.stderr.strip()}", file=sys.stderr)
+            raise unittest.SkipTest(f"useradd failed: {done.stderr.strip()}")
+        self.uid = pwd.getpwnam(self.name).pw_uid
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["userdel", self.name], capture_output=True)
