@@ -243,10 +243,91 @@ pub const FALLBACK_BASE: &str = "/tmp";
 /// `mkdtemp`, mode 0700), in name order. Only real directories (never followed) owned by
 /// `uid` or root and writable by neither group nor others count: another user can make
 /// look-alike names but never a directory owned by `uid`, so look-alikes are passed over and
-/// can neither pose as the agent nor hide it. Costs one read of `/tmp`'s names.
+/// can neither pose as the agent nor hide it.
+///
+/// Reading `/tmp`'s names costs in proportion to how many there are, and this runs for every
+/// process looked up (`ps`, `serve`'s poll), most of which have no agent: the last listing
+/// per uid is kept while `/tmp` is unchanged (same inode and modification time), and only the
+/// directories it found are checked again. A listing is kept only once `/tmp` has been
+/// unchanged for a second: file times move in clock ticks, and a directory made in the tick
+/// of the listing would otherwise stay unseen.
 pub fn fallback_dirs(uid: u32) -> Vec<PathBuf> {
-    fallback_dirs_in(Path::new(FALLBACK_BASE), uid)
+    fallback_dirs_at(Path::new(FALLBACK_BASE), uid)
 }
+
+/// [`fallback_dirs`] in `base`, with its kept listing.
+fn fallback_dirs_at(base: &Path, uid: u32) -> Vec<PathBuf> {
+    let Some(stamp) = dir_stamp(base) else {
+        return Vec::new();
+    };
+    let mut cache = match FALLBACK_LISTINGS.lock() {
+        Ok(cache) => cache,
+        // A panic elsewhere while holding it left a listing that is still a listing.
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if let Some(listing) = cache
+        .iter()
+        .find(|l| l.uid == uid && l.stamp == stamp && l.base == base)
+    {
+        return listing
+            .dirs
+            .iter()
+            .filter(|dir| is_trusted_dir(dir, uid))
+            .cloned()
+            .collect();
+    }
+    let dirs = fallback_dirs_in(base, uid);
+    let settled = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .is_ok_and(|now| {
+            i128::from(stamp.mtime_s) * 1_000_000_000 + i128::from(stamp.mtime_ns)
+                < i128::try_from(now.as_nanos()).unwrap_or(i128::MAX) - 1_000_000_000
+        });
+    cache.retain(|l| l.uid != uid || l.base != base);
+    if settled {
+        // A few uids at a time are looked up; bound it anyway.
+        if cache.len() >= 64 {
+            cache.remove(0);
+        }
+        cache.push(FallbackListing {
+            base: base.to_path_buf(),
+            uid,
+            stamp,
+            dirs: dirs.clone(),
+        });
+    }
+    dirs
+}
+
+/// A directory's identity and modification time: when equal, no entry was added, removed
+/// or renamed in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirStamp {
+    dev: u64,
+    ino: u64,
+    mtime_s: i64,
+    mtime_ns: i64,
+}
+
+fn dir_stamp(dir: &Path) -> Option<DirStamp> {
+    std::fs::metadata(dir).ok().map(|m| DirStamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        mtime_s: m.mtime(),
+        mtime_ns: m.mtime_nsec(),
+    })
+}
+
+/// The fresh private directories [`fallback_dirs`] found for a uid, and when.
+struct FallbackListing {
+    base: PathBuf,
+    uid: u32,
+    stamp: DirStamp,
+    dirs: Vec<PathBuf>,
+}
+
+static FALLBACK_LISTINGS: std::sync::Mutex<Vec<FallbackListing>> =
+    std::sync::Mutex::new(Vec::new());
 
 /// [`fallback_dirs`] in `base`.
 pub fn fallback_dirs_in(base: &Path, uid: u32) -> Vec<PathBuf> {
@@ -1486,6 +1567,51 @@ mod tests {
             eprintln!("not root: the directory of another user is not checked");
             assert_eq!(fallback_dirs_in(base.path(), uid), vec![theirs, good]);
         }
+    }
+
+    #[test]
+    fn a_kept_listing_of_fresh_directories_is_checked_again_and_renewed_when_tmp_changes() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let uid = euid();
+        let set_mode = |dir: &Path, mode: u32| {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let good = base.path().join(format!("vramctl-{uid}.good0000"));
+        std::fs::create_dir(&good).unwrap();
+        set_mode(&good, 0o700);
+        // Unchanged for 10 s: the listing is kept.
+        let settled = std::time::SystemTime::now() - Duration::from_secs(10);
+        let set_base_time = |when: std::time::SystemTime| {
+            std::fs::File::open(base.path())
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+        };
+        set_base_time(settled);
+        assert_eq!(fallback_dirs_at(base.path(), uid), vec![good.clone()]);
+        // Kept, but each directory in it is checked again: opened to others, it is dropped.
+        set_mode(&good, 0o777);
+        assert_eq!(fallback_dirs_at(base.path(), uid), Vec::<PathBuf>::new());
+        set_mode(&good, 0o700);
+        assert_eq!(fallback_dirs_at(base.path(), uid), vec![good.clone()]);
+        // A directory made since changes the base's time: read again, it is seen.
+        let new = base.path().join(format!("vramctl-{uid}.new00000"));
+        std::fs::create_dir(&new).unwrap();
+        set_mode(&new, 0o700);
+        assert_eq!(
+            fallback_dirs_at(base.path(), uid),
+            vec![good.clone(), new.clone()]
+        );
+        // (The kept listing is what saves the reading: with the base's time put back, the
+        // listing of before is what comes back.)
+        set_base_time(settled);
+        assert_eq!(fallback_dirs_at(base.path(), uid), vec![good.clone(), new]);
+        let third = base.path().join(format!("vramctl-{uid}.third000"));
+        std::fs::create_dir(&third).unwrap();
+        set_mode(&third, 0o700);
+        set_base_time(settled);
+        assert!(!fallback_dirs_at(base.path(), uid).contains(&third));
     }
 
     #[test]
