@@ -1058,8 +1058,13 @@ mod tests {
             "no transaction is left open after: {err}"
         );
         write_lock_is_free(&path).expect("another writer is not locked out");
-        store.conn.execute_batch("DROP TRIGGER break_commit").unwrap();
-        store.append(&tick(T0 + 2000, 3 * GIB, &[(7, GIB)])).unwrap();
+        store
+            .conn
+            .execute_batch("DROP TRIGGER break_commit")
+            .unwrap();
+        store
+            .append(&tick(T0 + 2000, 3 * GIB, &[(7, GIB)]))
+            .unwrap();
         // Committed: another connection reads it, and the failed tick is a gap.
         let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
         assert_eq!(
@@ -1114,8 +1119,12 @@ mod tests {
         );
         // Space again.
         store.set_max_page_count(1 << 30).unwrap();
-        store.append(&tick(T0 + 6000, 7 * GIB, &[(7, GIB)])).unwrap();
-        store.append(&tick(T0 + 7000, 8 * GIB, &[(7, GIB)])).unwrap();
+        store
+            .append(&tick(T0 + 6000, 7 * GIB, &[(7, GIB)]))
+            .unwrap();
+        store
+            .append(&tick(T0 + 7000, 8 * GIB, &[(7, GIB)]))
+            .unwrap();
         assert_eq!(store.unwritten(), None);
         let key = |t: i64| -> bool {
             store
@@ -1123,7 +1132,10 @@ mod tests {
                 .query_row("SELECT key FROM frame WHERE t_ms = ?1", [t], |r| r.get(0))
                 .unwrap()
         };
-        assert!(key(T0 + 6000), "the first frame after a failure is a key frame");
+        assert!(
+            key(T0 + 6000),
+            "the first frame after a failure is a key frame"
+        );
         assert!(!key(T0 + 7000), "then deltas again");
         let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
         assert_eq!(
@@ -1209,10 +1221,7 @@ mod tests {
         store.append(&tick(T0 + 1000, GIB, &[(7, GIB)])).unwrap();
         let gaps = store.gaps(crate::model::TimeRange::ALL).unwrap();
         assert!(gaps.iter().all(|g| g.reason != "uncommitted"), "{gaps:?}");
-        assert_eq!(
-            store.tick_count(crate::model::TimeRange::ALL).unwrap(),
-            2
-        );
+        assert_eq!(store.tick_count(crate::model::TimeRange::ALL).unwrap(), 2);
     }
 
     #[test]
