@@ -105,6 +105,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         Arc::clone(&cache),
     );
     collector.add_consumer(Box::new(analysis));
+    let recording = recorder.as_ref().map(HistoryRecorder::writer_health);
     if let Some(recorder) = recorder {
         collector.add_consumer(Box::new(recorder));
     }
@@ -146,6 +147,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         web,
         max_requests: args.max_requests,
         stale_after: (interval * 5).max(Duration::from_secs(10)),
+        recording,
     };
     let served = server::serve(listener, cache, settings, server::termination());
     drop(socket);

@@ -33,6 +33,7 @@ use super::auth::Authenticator;
 use super::cache::Cache;
 use super::render::{Format, render_tail};
 use super::webconfig::WebConfig;
+use vramctl::recorder::{WriterHealth, WriterStatus};
 
 /// Open connections at most; beyond, new ones are closed at once.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -56,6 +57,8 @@ pub struct ServerSettings {
     pub max_requests: usize,
     /// `/healthz` answers 503 when the last publish is older than this.
     pub stale_after: Duration,
+    /// `serve --record`: the history writer, whose failures `/healthz` reports.
+    pub recording: Option<Arc<WriterHealth>>,
 }
 
 struct State {
@@ -64,6 +67,7 @@ struct State {
     headers: Vec<(HeaderName, HeaderValue)>,
     in_flight: Semaphore,
     stale_after: Duration,
+    recording: Option<Arc<WriterHealth>>,
 }
 
 /// Serves `listener` until `shutdown` completes. Blocks the calling thread.
@@ -129,6 +133,7 @@ async fn accept_loop(
         headers,
         in_flight: Semaphore::new(settings.max_requests.max(1)),
         stale_after: settings.stale_after,
+        recording: settings.recording.clone(),
     });
     let tls = settings
         .web
@@ -304,10 +309,35 @@ fn health(state: &State) -> Response<Full<Bytes>> {
                     &format!("stale: the last sample is {:.1} s old\n", age.as_secs_f64()),
                     state,
                 )
+            } else if let Some(degraded) = state.recording.as_deref().and_then(recording_trouble) {
+                text(StatusCode::SERVICE_UNAVAILABLE, &degraded, state)
             } else {
                 text(StatusCode::OK, "ok\n", state)
             }
         }
+    }
+}
+
+/// `/healthz`'s answer while `serve --record` cannot record (the sampler and `/metrics`
+/// are fine): the writer's failure and its reason. `None` while it writes.
+fn recording_trouble(recording: &WriterHealth) -> Option<String> {
+    match recording.status() {
+        WriterStatus::Writing => None,
+        WriterStatus::Failing {
+            since,
+            ticks,
+            reason,
+        } => Some(format!(
+            "degraded: history writes have failed for {:.1} s ({ticks} samples not written, \
+             recorded as a gap once writing works again): {reason}; metrics are served\n",
+            Instant::now()
+                .saturating_duration_since(since)
+                .as_secs_f64()
+        )),
+        WriterStatus::Stopped { reason } => Some(format!(
+            "degraded: the history writer stopped: {reason}; metrics are served, history is \
+             not recorded\n"
+        )),
     }
 }
 

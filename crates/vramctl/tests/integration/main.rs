@@ -5,6 +5,7 @@ mod agent_series;
 mod allocator_snapshot;
 mod clock;
 mod daemon;
+mod disk_full;
 mod doctor;
 mod drm;
 mod estimate;

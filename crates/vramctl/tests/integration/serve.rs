@@ -16,7 +16,7 @@ use crate::harness::{scenario, vramctl_std};
 
 /// A running `vramctl serve`, killed on drop.
 pub(crate) struct Served {
-    child: Child,
+    pub(crate) child: Child,
     pub(crate) addr: SocketAddr,
 }
 
