@@ -18,6 +18,19 @@ pub const PID_MAX_LIMIT: u32 = 4_194_304;
 /// give (2^63, 2^64-1). The largest GPU on sale in 2025 has 288 GB.
 pub const MAX_MEMORY_BYTES: u64 = 1 << 50;
 
+/// No utilization the driver reports is above 100 % (a share of its sample window).
+pub const MAX_PERCENT: u64 = 100;
+
+/// Above this a temperature is not one a GPU's sensor can mean: GPUs slow down near 90 °C
+/// and shut down near 100 °C, silicon is rated to about 105–125 °C; 150 °C leaves room
+/// for a memory sensor on a bad day. A log saying 900 °C is damaged or forged.
+pub const MAX_TEMPERATURE_C: u64 = 150;
+
+/// Above this a power draw is not one a GPU can mean: the largest boards in 2025 draw about
+/// 1.2 kW (B200), a GB200 superchip 2.7 kW; 10 kW leaves room for what comes next. NVML
+/// reports milliwatts in 32 bits, so a bad figure can reach 4.29 MW.
+pub const MAX_POWER_MW: u64 = 10_000_000;
+
 /// Limits a reading is checked against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SanityLimits {
@@ -51,6 +64,41 @@ pub fn sanitize(reading: &mut DeviceReading, limits: SanityLimits) {
                 .missing
                 .insert(Field::Memory, Unavailable::Insane(why));
         }
+    }
+    let checks: [(Field, Option<String>); 3] = [
+        (
+            Field::Utilization,
+            [
+                reading.utilization_gpu_percent,
+                reading.utilization_memory_percent,
+            ]
+            .into_iter()
+            .flatten()
+            .find_map(|p| percent_problem(u64::from(p))),
+        ),
+        (
+            Field::Temperature,
+            reading
+                .temperature_c
+                .and_then(|c| temperature_problem(u64::from(c))),
+        ),
+        (
+            Field::Power,
+            reading.power_mw.and_then(|p| power_problem(u64::from(p))),
+        ),
+    ];
+    for (field, why) in checks {
+        let Some(why) = why else { continue };
+        tracing::warn!(field = field.as_str(), reason = %why, "Dropped a reading.");
+        match field {
+            Field::Utilization => {
+                reading.utilization_gpu_percent = None;
+                reading.utilization_memory_percent = None;
+            }
+            Field::Temperature => reading.temperature_c = None,
+            _ => reading.power_mw = None,
+        }
+        reading.missing.insert(field, Unavailable::Insane(why));
     }
     let total = reading.memory.map(|m| m.total_bytes);
     if let Some(processes) = reading.processes.as_mut() {
@@ -112,6 +160,29 @@ pub fn process_problem(
             "{used} bytes is more than the device's {total} bytes"
         )),
         _ => None,
+    })
+}
+
+/// Why a utilization (GPU, memory controller, a process's SM share) cannot be true, if it
+/// cannot: above [`MAX_PERCENT`].
+pub fn percent_problem(percent: u64) -> Option<String> {
+    (percent > MAX_PERCENT).then(|| format!("{percent} % is more than 100 %"))
+}
+
+/// Why a GPU temperature cannot be true, if it cannot: above [`MAX_TEMPERATURE_C`].
+pub fn temperature_problem(celsius: u64) -> Option<String> {
+    (celsius > MAX_TEMPERATURE_C)
+        .then(|| format!("{celsius} °C is hotter than any GPU runs (above {MAX_TEMPERATURE_C} °C)"))
+}
+
+/// Why a power draw cannot be true, if it cannot: above [`MAX_POWER_MW`].
+pub fn power_problem(milliwatts: u64) -> Option<String> {
+    (milliwatts > MAX_POWER_MW).then(|| {
+        format!(
+            "{} W is more than any GPU draws (above {} W)",
+            milliwatts / 1000,
+            MAX_POWER_MW / 1000
+        )
     })
 }
 
@@ -218,6 +289,33 @@ mod tests {
             memory_problem(Some(150_754_820_096), Some(1 << 30), &[644_939_776]),
             None
         );
+    }
+
+    #[test]
+    fn utilization_temperature_and_power_no_gpu_can_mean_are_dropped_with_reasons() {
+        let mut reading = DeviceReading {
+            memory: Some(memory(1000, 500)),
+            utilization_gpu_percent: Some(250),
+            utilization_memory_percent: Some(10),
+            temperature_c: Some(900),
+            power_mw: Some(u32::MAX),
+            ..DeviceReading::default()
+        };
+        sanitize(&mut reading, LIMITS);
+        assert_eq!(reading.utilization_gpu_percent, None);
+        assert_eq!(reading.temperature_c, None);
+        assert_eq!(reading.power_mw, None);
+        for field in [Field::Utilization, Field::Temperature, Field::Power] {
+            assert!(
+                matches!(reading.missing.get(&field), Some(Unavailable::Insane(_))),
+                "{field:?}"
+            );
+        }
+        // The edges are kept: 100 %, 150 °C, 10 kW.
+        assert_eq!(percent_problem(100), None);
+        assert_eq!(temperature_problem(150), None);
+        assert_eq!(power_problem(10_000_000), None);
+        assert!(power_problem(99_999_999_000).is_some());
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Import and export formats.
 //!
-//! Import reads whole files into ticks and appends them in time order (several files are
-//! merged by time: an nvidia-smi `--query-gpu` log and a `--query-compute-apps` log of the
-//! same run make one history). A row that cannot be read is reported by file and line and
-//! skipped, or with `strict` ends the import before anything is written — never dropped
+//! Import reads files as streams of ticks and appends them in time order (several files
+//! are merged by time: an nvidia-smi `--query-gpu` log and a `--query-compute-apps` log of
+//! the same run make one history), in one transaction. Inputs are bounded (`input.rs`:
+//! regular files only, [`MAX_LINE_BYTES`] per line, [`MAX_COLUMNS`] per header), so memory
+//! does not grow with the files. A row that cannot be read is reported by file and line
+//! and skipped, or with `strict` ends the import and nothing is written — never dropped
 //! silently.
 //!
 //! | format | read | written |
@@ -19,16 +21,20 @@
 //! that zone ([`ImportOptions::tz`], `--tz`), by default the importing machine's.
 
 pub mod gpuz;
+mod input;
 pub mod ndjson;
 mod quantity;
 pub mod smi;
 
-use std::collections::HashMap;
+pub use input::{MAX_COLUMNS, MAX_LINE_BYTES};
+
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use jiff::tz::TimeZone;
 
+use self::input::Input;
 use crate::db::Store;
 use crate::error::StoreError;
 use crate::model::{
@@ -121,8 +127,17 @@ pub struct ImportReport {
     pub rows: u64,
     /// Ticks appended.
     pub ticks: u64,
-    /// Rows skipped, with why.
+    /// Rows skipped, with why: the first [`KEEP_SKIPPED`] of them (a file of nothing but
+    /// bad rows must not fill memory with messages); [`ImportReport::skipped_total`] counts
+    /// them all.
     pub skipped: Vec<BadRow>,
+    /// Every row skipped.
+    pub skipped_total: u64,
+    /// Values no GPU can mean (250 % utilization, 900 °C, 99999999 W), stored as gaps
+    /// with the reason instead.
+    pub dropped_values: u64,
+    /// The first of them, for the message.
+    pub dropped_example: Option<String>,
     /// Columns present in the files that vramctl does not record.
     pub ignored_columns: Vec<String>,
     /// What the user should know about how the files were read (rows put on a GPU the
@@ -142,6 +157,19 @@ pub enum ImportError {
         /// The system's error.
         cause: std::io::Error,
     },
+    /// Not a regular file (a FIFO, a device such as `/dev/zero`, a socket, a directory):
+    /// refused before anything is read, since such an input need not ever end.
+    #[error("'{}' is {kind}, not a regular file; import reads files", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// A line longer than [`MAX_LINE_BYTES`] or a header wider than [`MAX_COLUMNS`]: the
+    /// file is not read on (skipping cannot help: such a file is not a log).
+    #[error("{0}")]
+    Limit(BadRow),
     /// A row is bad and `strict` was asked, or the file is unusable from its first line.
     #[error("{0}")]
     Bad(BadRow),
@@ -192,7 +220,8 @@ impl ImportError {
             Self::Gpu { .. } => Some("name the GPU of its rows with --gpu (an index or UUID)"),
             Self::Overlap { .. } => Some("import into a new database with --db"),
             Self::Store(e) => e.hint(),
-            Self::Read { .. } => None,
+            Self::NotAFile { .. } => Some("save what it gives to a file and import that"),
+            Self::Read { .. } | Self::Limit(_) => None,
         }
     }
 }
@@ -202,10 +231,15 @@ pub(crate) struct Rows<'a> {
     pub path: &'a Path,
     pub strict: bool,
     pub skipped: Vec<BadRow>,
+    pub skipped_total: u64,
     pub read: u64,
     pub ignored: Vec<String>,
+    ignored_set: HashSet<String>,
     pub notes: Vec<String>,
 }
+
+/// How many skipped rows a report keeps with their messages (the rest are counted).
+pub const KEEP_SKIPPED: usize = 100;
 
 impl<'a> Rows<'a> {
     fn new(path: &'a Path, strict: bool) -> Self {
@@ -213,9 +247,20 @@ impl<'a> Rows<'a> {
             path,
             strict,
             skipped: Vec::new(),
+            skipped_total: 0,
             read: 0,
             ignored: Vec::new(),
+            ignored_set: HashSet::new(),
             notes: Vec::new(),
+        }
+    }
+
+    /// A column the file has that vramctl does not record (each name once; a set, so a
+    /// header of many columns costs its width, not its square).
+    pub fn ignore(&mut self, name: String) {
+        header_work(1);
+        if self.ignored_set.insert(name.clone()) {
+            self.ignored.push(name);
         }
     }
 
@@ -228,8 +273,20 @@ impl<'a> Rows<'a> {
         if self.strict {
             return Err(ImportError::Bad(row));
         }
-        self.skipped.push(row);
+        self.skipped_total += 1;
+        if self.skipped.len() < KEEP_SKIPPED {
+            self.skipped.push(row);
+        }
         Ok(())
+    }
+
+    /// A limit of what vramctl reads was passed (see [`ImportError::Limit`]).
+    pub fn limit(&self, line: usize, message: impl Into<String>) -> ImportError {
+        ImportError::Limit(BadRow {
+            file: self.path.to_path_buf(),
+            line,
+            message: message.into(),
+        })
     }
 
     pub fn fatal(&self, line: usize, message: impl Into<String>) -> ImportError {
@@ -244,14 +301,79 @@ impl<'a> Rows<'a> {
 impl ImportReport {
     fn absorb(&mut self, rows: Rows<'_>) {
         self.rows += rows.read;
-        self.skipped.extend(rows.skipped);
+        self.skipped_total += rows.skipped_total;
+        let room = KEEP_SKIPPED.saturating_sub(self.skipped.len());
+        self.skipped.extend(rows.skipped.into_iter().take(room));
         self.notes.extend(rows.notes);
+        let mut seen: HashSet<String> = self.ignored_columns.iter().cloned().collect();
+        header_work(seen.len());
         for column in rows.ignored {
-            if !self.ignored_columns.contains(&column) {
+            header_work(1);
+            if seen.insert(column.clone()) {
                 self.ignored_columns.push(column);
             }
         }
     }
+
+    /// Drops from `tick` the values no GPU can mean (the sanity rules of live readings:
+    /// utilization above 100 %, a temperature or power no GPU reaches): each becomes a
+    /// missing value with the reason, so the history has a gap that says why.
+    fn drop_insane(&mut self, tick: &mut TickSample) {
+        use vramctl_core::sanity::{percent_problem, power_problem, temperature_problem};
+        for dev in &mut tick.devices {
+            let DeviceSampleState::Read { metrics, processes } = &mut dev.state else {
+                continue;
+            };
+            for (metric, observed) in metrics.iter_mut() {
+                let Observed::Value(v) = observed else {
+                    continue;
+                };
+                let why = match metric {
+                    Metric::UtilizationGpuPercent | Metric::UtilizationMemoryPercent => {
+                        percent_problem(*v)
+                    }
+                    Metric::TemperatureC => temperature_problem(*v),
+                    Metric::PowerMw => power_problem(*v),
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    self.note_dropped(&dev.device.uuid, *metric, &why);
+                    *observed = Observed::Missing(format!("dropped: {why}"));
+                }
+            }
+            if let ProcessList::Observed(list) = processes {
+                for p in list.iter_mut() {
+                    if let Some(why) = p.sm_percent.and_then(|sm| percent_problem(u64::from(sm))) {
+                        self.note_dropped(&dev.device.uuid, Metric::ProcessSmPercent, &why);
+                        p.sm_percent = None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn note_dropped(&mut self, uuid: &str, metric: Metric, why: &str) {
+        self.dropped_values += 1;
+        if self.dropped_example.is_none() {
+            self.dropped_example = Some(format!("{} of {}: {why}", metric.name(), shown(uuid, 60)));
+        }
+    }
+}
+
+/// Counts the steps spent on header columns in tests (classifying a column, looking a name
+/// up): `import_is_linear_in_header_columns` checks they grow with the width, not its
+/// square. Each step that looks at a column calls it; nothing in a release counts.
+#[cfg(test)]
+pub(crate) fn header_work(steps: usize) {
+    HEADER_WORK.with(|w| w.set(w.get() + steps));
+}
+
+#[cfg(not(test))]
+pub(crate) fn header_work(_steps: usize) {}
+
+#[cfg(test)]
+thread_local! {
+    static HEADER_WORK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Sanity limits for imported logs: the log may come from another machine, so the PID
@@ -261,16 +383,16 @@ pub(crate) const IMPORT_LIMITS: vramctl_core::sanity::SanityLimits =
         pid_max: vramctl_core::sanity::PID_MAX_LIMIT,
     };
 
-/// Guesses a file's format from its first line.
+/// Guesses a file's format from its first line that is not blank (`None`: there is none).
 ///
 /// # Errors
 /// [`ImportError::Unknown`] when it looks like none of them.
-pub fn sniff(path: &Path, text: &str, columns: Option<&[String]>) -> Result<Format, ImportError> {
-    let first = text
-        .lines()
-        .map(|l| l.trim_start_matches('\u{feff}').trim())
-        .find(|l| !l.is_empty())
-        .unwrap_or("");
+pub fn sniff(
+    path: &Path,
+    first: Option<&str>,
+    columns: Option<&[String]>,
+) -> Result<Format, ImportError> {
+    let first = first.map_or("", |l| l.trim_start_matches('\u{feff}').trim());
     let unknown = |why: &str| ImportError::Unknown {
         path: path.to_path_buf(),
         why: why.to_owned(),
@@ -338,11 +460,11 @@ pub fn sniff(path: &Path, text: &str, columns: Option<&[String]>) -> Result<Form
 fn decide(
     asked: Option<Format>,
     path: &Path,
-    text: &str,
+    first: Option<&str>,
     columns: Option<&[String]>,
 ) -> Result<Format, ImportError> {
     match asked {
-        Some(Format::Ndjson | Format::StatusJson) => match sniff(path, text, None) {
+        Some(Format::Ndjson | Format::StatusJson) => match sniff(path, first, None) {
             Ok(f @ (Format::Ndjson | Format::StatusJson)) => Ok(f),
             Ok(_) | Err(_) => Err(ImportError::Unknown {
                 path: path.to_path_buf(),
@@ -351,7 +473,7 @@ fn decide(
             }),
         },
         Some(f) => Ok(f),
-        None => sniff(path, text, columns),
+        None => sniff(path, first, columns),
     }
 }
 
@@ -385,19 +507,6 @@ pub fn shown(text: &str, n: usize) -> String {
     out
 }
 
-/// A file's text: UTF-8, or else (GPU-Z writes Windows-1252: `°C` as one byte) each byte
-/// as the character of that code (Latin-1, which agrees with Windows-1252 on `°`).
-fn read_text(path: &Path) -> Result<String, ImportError> {
-    let bytes = std::fs::read(path).map_err(|cause| ImportError::Read {
-        path: path.to_path_buf(),
-        cause,
-    })?;
-    Ok(match String::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => e.into_bytes().iter().map(|&b| char::from(b)).collect(),
-    })
-}
-
 /// What the other files of an import (and the history) say about the GPUs: where an apps
 /// log without a GPU column goes, and the totals its values are checked against.
 #[derive(Debug, Default)]
@@ -411,8 +520,8 @@ pub(crate) struct Companion {
 }
 
 impl Companion {
-    fn learn(&mut self, ticks: &[TickSample]) {
-        for tick in ticks {
+    fn learn(&mut self, tick: &TickSample) {
+        {
             for dev in &tick.devices {
                 if !self.devices.iter().any(|d| d.uuid == dev.device.uuid) {
                     self.devices.push(dev.device.clone());
@@ -540,15 +649,130 @@ impl Companion {
 /// The device of an apps log's rows when neither its file nor any other names a GPU.
 pub const UNNAMED_GPU: &str = "GPU-unnamed";
 
+/// One file's ticks, read as they are asked for.
+enum Source {
+    Gpu(Box<smi::GpuReader>),
+    Apps(Box<smi::AppsReader>),
+    Gpuz(Box<gpuz::GpuzReader>),
+    Status(Box<ndjson::StatusReader>),
+}
+
+impl Source {
+    /// Opens `path` as `format` (not [`Format::Ndjson`], which is written as it is) and
+    /// reads its header.
+    fn open(
+        path: &Path,
+        format: Format,
+        options: &ImportOptions,
+        rows: &mut Rows<'_>,
+        companion: &Companion,
+    ) -> Result<Self, ImportError> {
+        let input = Input::open(path)?;
+        Ok(match format {
+            Format::SmiGpu => Self::Gpu(Box::new(smi::GpuReader::open(input, options, rows)?)),
+            Format::SmiApps => Self::Apps(Box::new(smi::AppsReader::open(
+                input, options, rows, companion,
+            )?)),
+            Format::Gpuz => Self::Gpuz(Box::new(gpuz::GpuzReader::open(input, options, rows)?)),
+            Format::StatusJson | Format::Ndjson => {
+                Self::Status(Box::new(ndjson::StatusReader::new(input)))
+            }
+        })
+    }
+
+    /// Whether the tick last handed out holds only if other files go on past it (an apps
+    /// log's loop after its last rows, [`smi::AppsReader::next_tick`]).
+    fn is_trailing(&self) -> bool {
+        matches!(self, Self::Apps(r) if r.is_trailing())
+    }
+
+    fn next_tick(&mut self, rows: &mut Rows<'_>) -> Result<Option<TickSample>, ImportError> {
+        match self {
+            Self::Gpu(r) => r.next_tick(rows),
+            Self::Apps(r) => r.next_tick(rows),
+            Self::Gpuz(r) => r.next_tick(rows),
+            Self::Status(r) => r.next_tick(rows),
+        }
+    }
+}
+
+/// The files' ticks merged by time: each file's next tick is held, the earliest handed out,
+/// ticks of the same millisecond folded into one (in the order of the files). Each file's
+/// ticks are in time order (a row that is not after the one before is a bad row), so only
+/// one tick per file is held at a time.
+struct Merge {
+    /// (file index, its source, its next tick).
+    heads: Vec<(usize, Source, Option<TickSample>)>,
+}
+
+impl Merge {
+    fn new(sources: Vec<(usize, Source)>, rows: &mut [Rows<'_>]) -> Result<Self, ImportError> {
+        let mut heads = Vec::with_capacity(sources.len());
+        for (i, mut source) in sources {
+            let first = source.next_tick(&mut rows[i])?;
+            heads.push((i, source, first));
+        }
+        Ok(Self { heads })
+    }
+
+    /// The next merged tick and the file its first part came from.
+    fn next(&mut self, rows: &mut [Rows<'_>]) -> Result<Option<(usize, TickSample)>, ImportError> {
+        // A trailing tick is kept only where another file goes on: when it is the earliest
+        // and no other file has a tick left, it is dropped.
+        for k in 0..self.heads.len() {
+            if !self.heads[k].1.is_trailing() || self.heads[k].2.is_none() {
+                continue;
+            }
+            let others = self
+                .heads
+                .iter()
+                .enumerate()
+                .any(|(j, h)| j != k && h.2.is_some());
+            if !others {
+                let (i, source, head) = &mut self.heads[k];
+                *head = source.next_tick(&mut rows[*i])?;
+            }
+        }
+        let Some(at) = self
+            .heads
+            .iter()
+            .filter_map(|(_, _, t)| t.as_ref().map(|t| t.at_unix_ms))
+            .min()
+        else {
+            return Ok(None);
+        };
+        let mut merged: Option<(usize, TickSample)> = None;
+        for (i, source, head) in &mut self.heads {
+            if head.as_ref().is_none_or(|t| t.at_unix_ms != at) {
+                continue;
+            }
+            let next = source.next_tick(&mut rows[*i])?;
+            let Some(tick) = std::mem::replace(head, next) else {
+                continue;
+            };
+            match merged.as_mut() {
+                None => merged = Some((*i, tick)),
+                Some((_, into)) => merge(into, tick),
+            }
+        }
+        Ok(merged)
+    }
+}
+
 /// Reads `paths` into `store`, merged by time, in one transaction: every file is written,
 /// or (a bad row with `strict`, a store failure, the process killed) none.
 ///
-/// Each file's format is decided by itself. Files are parsed completely first (so a strict
-/// failure writes nothing); GPU logs before apps logs, so an apps log without a GPU column
-/// can be put on its companion log's GPU (see [`ImportOptions::gpu`]) and its values
-/// checked against that GPU's total. NDJSON exports are written as they are (lossless);
-/// the rest is merged by time and appended as ticks — into the history's last samples when
-/// they are of another kind (the apps log of a run whose GPU log an earlier import wrote).
+/// Each file's format is decided by itself. Files are read as streams, a line at a time
+/// (`input.rs`: regular files only, lines and columns bounded), and their ticks merged by
+/// time and written as they come, so memory does not grow with the files; a strict failure
+/// rolls the transaction back, so it still writes nothing. An apps log without a GPU column
+/// is put on its companion log's GPU (see [`ImportOptions::gpu`]) and its values checked
+/// against that GPU's total: the other files are read once first to learn their GPUs.
+/// NDJSON exports are written as they are (lossless); the rest is appended as ticks — or,
+/// when it starts before the history's last sample, merged into those last samples (the
+/// apps log of a run whose GPU log an earlier import wrote; those new ticks are held in
+/// memory to be merged). Values no GPU can mean become gaps with the reason
+/// ([`ImportReport::dropped_values`]).
 ///
 /// # Errors
 /// See [`ImportError`].
@@ -558,57 +782,58 @@ pub fn import_files(
     options: &ImportOptions,
 ) -> Result<ImportReport, ImportError> {
     let mut report = ImportReport::default();
-    let mut inputs = Vec::with_capacity(paths.len());
+    let mut formats = Vec::with_capacity(paths.len());
     for path in paths {
-        let text = read_text(path)?;
-        let format = decide(options.format, path, &text, options.columns.as_deref())?;
+        let first = Input::first_line(path)?;
+        let format = decide(
+            options.format,
+            path,
+            first.as_deref(),
+            options.columns.as_deref(),
+        )?;
         report.files.push((path.clone(), format));
-        inputs.push((path, text, format));
+        formats.push(format);
     }
-    let mut pieces: Vec<(i64, usize, usize, TickSample)> = Vec::new();
     let mut companion = Companion::default();
-    let mut ndjson_files = Vec::new();
-    for (file_index, (path, text, format)) in inputs.iter().enumerate() {
-        let mut rows = Rows::new(path, options.strict);
-        let ticks = match format {
-            Format::Ndjson => {
-                ndjson_files.push(file_index);
+    if formats.contains(&Format::SmiApps) {
+        for (path, &format) in paths.iter().zip(&formats) {
+            if matches!(format, Format::SmiApps | Format::Ndjson) {
                 continue;
             }
-            Format::SmiApps => continue,
-            Format::SmiGpu => smi::parse_gpu(text, options, &mut rows)?,
-            Format::Gpuz => gpuz::parse(text, path, options, &mut rows)?,
-            Format::StatusJson => ndjson::parse_status(text, &mut rows)?,
-        };
-        companion.learn(&ticks);
-        report.absorb(rows);
-        pieces.extend(
-            ticks
-                .into_iter()
-                .enumerate()
-                .map(|(i, t)| (t.at_unix_ms, file_index, i, t)),
-        );
-    }
-    if inputs.iter().any(|(_, _, f)| *f == Format::SmiApps) {
+            // A first reading that only learns the GPUs; its bad rows are reported by the
+            // second.
+            let mut scratch = Rows::new(path, false);
+            let mut source = Source::open(path, format, options, &mut scratch, &companion)?;
+            while let Some(tick) = source.next_tick(&mut scratch)? {
+                companion.learn(&tick);
+            }
+        }
         companion.learn_history(store)?;
     }
-    for (file_index, (path, text, format)) in inputs.iter().enumerate() {
-        if *format != Format::SmiApps {
-            continue;
+    let mut rows: Vec<Rows<'_>> = paths.iter().map(|p| Rows::new(p, options.strict)).collect();
+    // Every header is read (and every apps log's GPU decided) before anything is written.
+    let mut sources = Vec::new();
+    for (i, (path, &format)) in paths.iter().zip(&formats).enumerate() {
+        if format != Format::Ndjson {
+            let source = Source::open(path, format, options, &mut rows[i], &companion)?;
+            sources.push((i, source));
         }
-        let mut rows = Rows::new(path, options.strict);
-        let ticks = smi::parse_apps(text, options, &mut rows, &companion)?;
-        report.absorb(rows);
-        pieces.extend(
-            ticks
-                .into_iter()
-                .enumerate()
-                .map(|(i, t)| (t.at_unix_ms, file_index, i, t)),
-        );
     }
     store.begin_import_transaction()?;
-    match write(store, &mut report, pieces, &ndjson_files, &inputs, options) {
+    test_pause("begin");
+    let result = write(store, &mut report, paths, &formats, &mut rows, sources);
+    // The report lists the GPU logs' rows and notes before the apps logs' (as they were
+    // read before streaming).
+    let (apps, others): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .zip(&formats)
+        .partition(|(_, f)| **f == Format::SmiApps);
+    for (r, _) in others.into_iter().chain(apps) {
+        report.absorb(r);
+    }
+    match result {
         Ok(()) => {
+            test_pause("commit");
             store.commit_import_transaction()?;
             Ok(report)
         }
@@ -623,29 +848,22 @@ pub fn import_files(
 fn write(
     store: &mut Store,
     report: &mut ImportReport,
-    mut pieces: Vec<(i64, usize, usize, TickSample)>,
-    ndjson_files: &[usize],
-    inputs: &[(&PathBuf, String, Format)],
-    options: &ImportOptions,
+    paths: &[PathBuf],
+    formats: &[Format],
+    rows: &mut [Rows<'_>],
+    sources: Vec<(usize, Source)>,
 ) -> Result<(), ImportError> {
-    for &i in ndjson_files {
-        let (path, text, _) = &inputs[i];
-        let mut rows = Rows::new(path, options.strict);
-        report.ticks += ndjson::import(store, text, &mut rows)?;
-        report.absorb(rows);
-    }
-    if pieces.is_empty() {
-        return Ok(());
-    }
-    pieces.sort_by_key(|p| (p.0, p.1, p.2));
-    let first_file = inputs[pieces[0].1].0.clone();
-    let mut ticks: Vec<TickSample> = Vec::new();
-    for (_, _, _, tick) in pieces {
-        match ticks.last_mut() {
-            Some(m) if m.at_unix_ms == tick.at_unix_ms => merge(m, tick),
-            _ => ticks.push(tick),
+    for (i, format) in formats.iter().enumerate() {
+        if *format == Format::Ndjson {
+            let mut input = Input::open(&paths[i])?;
+            report.ticks += ndjson::import(store, &mut input, &mut rows[i])?;
         }
     }
+    let mut merged = Merge::new(sources, rows)?;
+    let Some((first_file, mut first)) = merged.next(rows)? else {
+        return Ok(());
+    };
+    report.drop_insane(&mut first);
     let source = report
         .files
         .iter()
@@ -657,13 +875,21 @@ fn write(
         ..Default::default()
     };
     match store.last_sample_ms()? {
-        Some(last) if ticks[0].at_unix_ms <= last => {
+        Some(last) if first.at_unix_ms <= last => {
+            // Merged into the history's last samples: the stored frames are replayed among
+            // the new ticks, which are checked against them first, so they are held.
+            let at = first.at_unix_ms;
+            let mut ticks = vec![first];
+            while let Some((_, mut tick)) = merged.next(rows)? {
+                report.drop_insane(&mut tick);
+                ticks.push(tick);
+            }
             match store.import_over_tail(&ticks, &session)? {
                 Ok(frames) => report.ticks += frames,
                 Err(conflict) => {
                     return Err(ImportError::Overlap {
-                        path: first_file,
-                        at: rfc3339(ticks[0].at_unix_ms),
+                        path: paths[first_file].clone(),
+                        at: rfc3339(at),
                         last: rfc3339(last),
                         why: conflict.0,
                     });
@@ -672,14 +898,44 @@ fn write(
         }
         _ => {
             store.begin_session(&session)?;
-            for tick in &ticks {
-                store.append(tick)?;
+            store.append(&first)?;
+            report.ticks += 1;
+            test_pause("written");
+            while let Some((_, mut tick)) = merged.next(rows)? {
+                report.drop_insane(&mut tick);
+                store.append(&tick)?;
                 report.ticks += 1;
             }
         }
     }
     Ok(())
 }
+
+/// The environment variable of [`test_pause`].
+pub const TEST_PAUSE_ENV: &str = "VRAMCTL_TEST_IMPORT_PAUSE";
+
+/// Debug builds only: with `VRAMCTL_TEST_IMPORT_PAUSE=POINT:FILE` an import that reaches
+/// POINT (`begin`: its transaction open, nothing written; `written`: the first sample
+/// written; `commit`: everything written, not committed) creates FILE and waits there, so a
+/// test can `kill -9` it at that point for certain instead of guessing from CPU time (a
+/// guess that landed after the commit under load). The wait is bounded (60 s) so a test
+/// that forgets to kill does not hang. Release builds have no such hook.
+#[cfg(debug_assertions)]
+fn test_pause(point: &str) {
+    let Ok(spec) = std::env::var(TEST_PAUSE_ENV) else {
+        return;
+    };
+    let Some((at, file)) = spec.split_once(':') else {
+        return;
+    };
+    if at != point || std::fs::write(file, point).is_err() {
+        return;
+    }
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+#[cfg(not(debug_assertions))]
+fn test_pause(_point: &str) {}
 
 /// Folds `other` (same time) into `into`.
 fn merge(into: &mut TickSample, other: TickSample) {
@@ -731,4 +987,72 @@ fn merge_device(into: &mut DeviceSample, other: DeviceSample) {
 pub fn rfc3339(unix_ms: i64) -> String {
     jiff::Timestamp::from_millisecond(unix_ms)
         .map_or_else(|_| unix_ms.to_string(), |t| format!("{t:.3}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Imports a one-row log whose header has `width` columns vramctl does not record,
+    /// and returns the steps spent on header columns.
+    fn header_steps(dir: &Path, format: Format, width: usize) -> usize {
+        let path = dir.join(format!("{}-{width}.csv", format.name()));
+        let mut header = match format {
+            Format::Gpuz => "Date, Memory Used [MB]".to_owned(),
+            _ => "timestamp, uuid, memory.used [MiB]".to_owned(),
+        };
+        let mut row = match format {
+            Format::Gpuz => "2026-11-29 20:31:31, 100".to_owned(),
+            _ => "2026/11/29 20:31:31.000, GPU-1, 100 MiB".to_owned(),
+        };
+        for i in 0..width {
+            header.push_str(&format!(", extra.sensor.{i}"));
+            row.push_str(", 1");
+        }
+        std::fs::write(&path, format!("{header}\n{row}\n")).unwrap();
+        let mut store = Store::open_in_memory().unwrap();
+        HEADER_WORK.with(|w| w.set(0));
+        let options = ImportOptions {
+            tz: TimeZone::UTC,
+            strict: true,
+            ..ImportOptions::default()
+        };
+        let report = import_files(&mut store, &[path], &options).unwrap();
+        assert_eq!(report.ignored_columns.len(), width);
+        assert_eq!(report.ticks, 1);
+        HEADER_WORK.with(std::cell::Cell::get)
+    }
+
+    #[test]
+    fn import_is_linear_in_header_columns() {
+        // Once each column was looked up in the list of those seen (and GPU-Z's compared
+        // with every other): 100,000 columns took 15 s. Steps are counted, not timed.
+        let dir = tempfile::tempdir().unwrap();
+        for format in [Format::SmiGpu, Format::Gpuz] {
+            let small = header_steps(dir.path(), format, 1000);
+            let large = header_steps(dir.path(), format, 4000);
+            assert!(
+                large <= 4 * small + 100 && large <= 5 * 4000,
+                "{}: {small} steps for 1000 columns, {large} for 4000",
+                format.name()
+            );
+        }
+    }
+
+    #[test]
+    fn a_header_wider_than_the_limit_is_one_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wide.csv");
+        let header: Vec<String> = (0..=MAX_COLUMNS).map(|i| format!("c{i}")).collect();
+        std::fs::write(&path, format!("timestamp, {}\n", header.join(", "))).unwrap();
+        let mut store = Store::open_in_memory().unwrap();
+        let options = ImportOptions {
+            format: Some(Format::SmiGpu),
+            tz: TimeZone::UTC,
+            ..ImportOptions::default()
+        };
+        let err = import_files(&mut store, &[path], &options).unwrap_err();
+        assert!(matches!(err, ImportError::Limit(_)), "{err}");
+        assert!(err.to_string().contains("more than 4096 columns"), "{err}");
+    }
 }

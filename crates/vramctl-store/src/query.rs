@@ -90,6 +90,34 @@ impl Frame<'_> {
         (false, false)
     }
 
+    /// Whether this frame sampled series `id`, rather than carrying its value over from an
+    /// earlier frame. A recorded frame samples everything; an imported log's frame only
+    /// what its rows had: an nvidia-smi GPU log's row a device's metrics, an apps log's rows
+    /// its process list (the two logs of one run alternate, milliseconds apart). The store
+    /// keeps the other values present (a moment replayed shows the whole state), so a reader
+    /// that lists samples — `history` — lists only the sampled ones, or every process of an
+    /// apps log would be listed again at each GPU-log time (and after the apps log ended,
+    /// through any later log of the same GPU).
+    pub fn sampled(&self, id: u32) -> bool {
+        if self.observed.is_none() {
+            return true;
+        }
+        let Some(k) = self.catalog.series(id) else {
+            return false;
+        };
+        match k.device {
+            None => true,
+            Some(d) => {
+                let (metrics, processes) = self.observed(d);
+                if k.process.is_some() {
+                    processes
+                } else {
+                    metrics
+                }
+            }
+        }
+    }
+
     /// Whether this frame observed every device (see [`Frame::observed`]).
     pub fn observed_all(&self) -> bool {
         self.observed.is_none()

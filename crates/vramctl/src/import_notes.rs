@@ -16,11 +16,24 @@ pub fn print_report_notes(err: &mut impl Write, report: &ImportReport) {
     for bad in report.skipped.iter().take(LIST_AT_MOST) {
         let _ = writeln!(err, "vramctl: skipped {bad}");
     }
-    if report.skipped.len() > LIST_AT_MOST {
+    let listed = report.skipped.len().min(LIST_AT_MOST) as u64;
+    if report.skipped_total > listed {
         let _ = writeln!(
             err,
             "vramctl: skipped {} more bad rows",
-            report.skipped.len() - LIST_AT_MOST
+            report.skipped_total - listed
+        );
+    }
+    if report.dropped_values > 0 {
+        let _ = writeln!(
+            err,
+            "vramctl: note: {} values no GPU can mean were dropped and stored as gaps with the \
+             reason{}",
+            report.dropped_values,
+            report
+                .dropped_example
+                .as_ref()
+                .map_or_else(String::new, |e| format!(" (the first: {e})"))
         );
     }
 }

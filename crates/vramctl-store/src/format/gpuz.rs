@@ -41,8 +41,12 @@
 //! others are counted in a note. A header padded with NUL bytes (GPU-Z stopped while
 //! writing, the first row after them on the same line) is read as the lines it holds.
 
-use std::path::Path;
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 
+use jiff::tz::TimeZone;
+
+use super::input::{Input, MAX_COLUMNS};
 use super::quantity::ColumnUnit;
 use super::{ImportError, ImportOptions, Rows, shown};
 use crate::model::{
@@ -64,6 +68,7 @@ enum Column {
 }
 
 fn column(name: &str) -> Column {
+    super::header_work(1);
     let lower = name.to_ascii_lowercase();
     let base = lower
         .split_once(" [")
@@ -84,98 +89,203 @@ fn column(name: &str) -> Column {
     Column::Metric(metric, rank)
 }
 
-/// Parses a GPU-Z sensor log into ticks.
-///
-/// # Errors
-/// A file without a `Date` column; with `strict`, the first bad row.
-pub(crate) fn parse(
-    text: &str,
-    path: &Path,
-    options: &ImportOptions,
-    rows: &mut Rows<'_>,
-) -> Result<Vec<TickSample>, ImportError> {
-    // A run of NULs is where GPU-Z stopped writing and began again (a file preallocated or
-    // cut short): what follows it is a line of its own, on the same line number.
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .flat_map(|(i, l)| {
-            l.split('\0')
-                .map(move |piece| (i + 1, piece.trim_end_matches('\r')))
-        })
-        .filter(|(_, l)| !l.trim_matches([' ', '\t']).is_empty());
-    let Some((header_line, header)) = lines.next() else {
-        return Ok(Vec::new());
-    };
-    let names: Vec<&str> = fields(header);
-    if names.first().map(|n| n.eq_ignore_ascii_case("date")) != Some(true) {
-        return Err(rows.fatal(
-            header_line,
-            "the first column is not 'Date'; is this a GPU-Z sensor log?",
-        ));
+/// A GPU-Z sensor log read as ticks, a line at a time.
+pub(crate) struct GpuzReader {
+    input: Input,
+    path: PathBuf,
+    tz: TimeZone,
+    /// The pieces of the current line between NUL runs, with its number.
+    pieces: VecDeque<(usize, String)>,
+    header_key: Vec<String>,
+    columns: Vec<Option<Metric>>,
+    units: Vec<Option<ColumnUnit>>,
+    device: DeviceMeta,
+    /// Ticks ready to hand out (a session's gap before the row that follows it).
+    ready: VecDeque<TickSample>,
+    last_ms: Option<i64>,
+    sessions: usize,
+    same_second: usize,
+    new_session: bool,
+    finished: bool,
+}
+
+impl GpuzReader {
+    /// Reads the header.
+    ///
+    /// # Errors
+    /// A file without a `Date` column.
+    pub fn open(
+        input: Input,
+        options: &ImportOptions,
+        rows: &mut Rows<'_>,
+    ) -> Result<Self, ImportError> {
+        let path = input.path().to_path_buf();
+        let mut reader = Self {
+            input,
+            path,
+            tz: options.tz.clone(),
+            pieces: VecDeque::new(),
+            header_key: Vec::new(),
+            columns: Vec::new(),
+            units: Vec::new(),
+            device: DeviceMeta::default(),
+            ready: VecDeque::new(),
+            last_ms: None,
+            sessions: 1,
+            same_second: 0,
+            new_session: false,
+            finished: false,
+        };
+        let Some((header_line, header)) = reader.next_piece()? else {
+            reader.finished = true;
+            return Ok(reader);
+        };
+        let names: Vec<String> = fields(&header).into_iter().map(str::to_owned).collect();
+        if names.first().map(|n| n.eq_ignore_ascii_case("date")) != Some(true) {
+            return Err(rows.fatal(
+                header_line,
+                "the first column is not 'Date'; is this a GPU-Z sensor log?",
+            ));
+        }
+        if names.len() > MAX_COLUMNS {
+            return Err(rows.limit(
+                header_line,
+                format!("the header has more than {MAX_COLUMNS} columns, the most vramctl reads"),
+            ));
+        }
+        // The best-ranked column of each metric (power: board, else GPU, else chip), found
+        // in one pass so a wide header costs its width, not its square.
+        let kinds: Vec<Column> = names.iter().skip(1).map(|n| column(n)).collect();
+        let mut best: HashMap<Metric, u8> = HashMap::new();
+        for kind in &kinds {
+            if let Column::Metric(m, rank) = *kind {
+                let b = best.entry(m).or_insert(rank);
+                *b = (*b).min(rank);
+            }
+        }
+        reader.columns = kinds
+            .iter()
+            .map(|kind| match *kind {
+                Column::Metric(m, rank) if best.get(&m) == Some(&rank) => Some(m),
+                _ => None,
+            })
+            .collect();
+        for (name, col) in names.iter().skip(1).zip(&reader.columns) {
+            if col.is_none() {
+                rows.ignore(name.clone());
+            }
+        }
+        reader.units = reader
+            .columns
+            .iter()
+            .map(|c| {
+                c.and_then(|m| match m {
+                    Metric::UsedBytes => ColumnUnit::with_factor(m, MIB),
+                    Metric::PowerMw => ColumnUnit::with_factor(m, 1000.0),
+                    _ => ColumnUnit::with_factor(m, 1.0),
+                })
+            })
+            .collect();
+        reader.device = DeviceMeta {
+            uuid: format!(
+                "GPUZ-{}",
+                reader
+                    .path
+                    .file_name()
+                    .map_or_else(|| "log".into(), |f| f.to_string_lossy())
+            ),
+            ..DeviceMeta::default()
+        };
+        reader.header_key = names;
+        Ok(reader)
     }
-    let header_key = names.clone();
-    let mut columns: Vec<Option<Metric>> = Vec::with_capacity(names.len());
-    for name in names.iter().skip(1) {
-        let best = names.iter().skip(1).filter_map(|n| match column(n) {
-            Column::Metric(m, rank) => Some((m, rank)),
-            Column::Ignored => None,
-        });
-        columns.push(match column(name) {
-            // A lower-ranked column of a metric another column gives better: ignored.
-            Column::Metric(m, rank) if best.filter(|b| b.0 == m).all(|b| b.1 >= rank) => Some(m),
-            _ => None,
-        });
-    }
-    for (name, col) in names.iter().skip(1).zip(&columns) {
-        if col.is_none() && !rows.ignored.iter().any(|i| i == name) {
-            rows.ignored.push((*name).to_owned());
+
+    /// The next piece of text that is not blank: a line, or a part of one between NUL runs
+    /// (GPU-Z stopped while writing).
+    fn next_piece(&mut self) -> Result<Option<(usize, String)>, ImportError> {
+        loop {
+            if let Some(piece) = self.pieces.pop_front() {
+                return Ok(Some(piece));
+            }
+            let Some((line_no, line)) = self.input.next_line()? else {
+                return Ok(None);
+            };
+            self.pieces.extend(
+                line.split('\0')
+                    .map(|piece| piece.trim_end_matches('\r'))
+                    .filter(|piece| !piece.trim_matches([' ', '\t']).is_empty())
+                    .map(|piece| (line_no, piece.to_owned())),
+            );
         }
     }
-    let units: Vec<Option<ColumnUnit>> = columns
-        .iter()
-        .map(|c| {
-            c.and_then(|m| match m {
-                Metric::UsedBytes => ColumnUnit::with_factor(m, MIB),
-                Metric::PowerMw => ColumnUnit::with_factor(m, 1000.0),
-                _ => ColumnUnit::with_factor(m, 1.0),
-            })
-        })
-        .collect();
-    let device = DeviceMeta {
-        uuid: format!(
-            "GPUZ-{}",
-            path.file_name()
-                .map_or_else(|| "log".into(), |f| f.to_string_lossy())
-        ),
-        ..DeviceMeta::default()
-    };
-    let mut ticks: Vec<TickSample> = Vec::new();
-    let (mut sessions, mut same_second) = (1usize, 0usize);
-    let mut new_session = false;
-    for (line_no, line) in lines {
+
+    /// The next tick; `None` at the end (then the file's notes are added to `rows`).
+    ///
+    /// # Errors
+    /// With `strict`, the first bad row; a line too long.
+    pub fn next_tick(&mut self, rows: &mut Rows<'_>) -> Result<Option<TickSample>, ImportError> {
+        loop {
+            if let Some(tick) = self.ready.pop_front() {
+                return Ok(Some(tick));
+            }
+            if self.finished {
+                return Ok(None);
+            }
+            let Some((line_no, line)) = self.next_piece()? else {
+                self.finished = true;
+                self.notes(rows);
+                return Ok(None);
+            };
+            self.line(line_no, &line, rows)?;
+        }
+    }
+
+    fn notes(&self, rows: &mut Rows<'_>) {
+        let path = &self.path;
+        if self.sessions > 1 {
+            rows.notes.push(format!(
+                "'{}' holds {} GPU-Z logging sessions; the time between them is a gap",
+                path.display(),
+                self.sessions
+            ));
+        }
+        if self.same_second > 0 {
+            rows.notes.push(format!(
+                "'{}': {} rows logged within the same second as the row before them \
+                 were not kept (GPU-Z logs whole seconds)",
+                path.display(),
+                self.same_second
+            ));
+        }
+    }
+
+    fn line(&mut self, line_no: usize, line: &str, rows: &mut Rows<'_>) -> Result<(), ImportError> {
         let values = fields(line);
-        if values == header_key {
-            // GPU-Z started logging again into this file.
-            sessions += 1;
-            new_session = true;
-            continue;
+        if values.len() == self.header_key.len()
+            && values
+                .iter()
+                .zip(&self.header_key)
+                .all(|(v, h)| *v == h.as_str())
+        {
+            self.sessions += 1;
+            self.new_session = true;
+            return Ok(());
         }
         rows.read += 1;
-        if values.len() != names.len() {
+        if values.len() != self.header_key.len() {
             rows.bad(
                 line_no,
                 format!(
                     "{} fields where the header has {} (truncated line?)",
                     values.len(),
-                    names.len()
+                    self.header_key.len()
                 ),
             )?;
-            continue;
+            return Ok(());
         }
         let at = match jiff::civil::DateTime::strptime("%Y-%m-%d %H:%M:%S%.f", values[0])
             .ok()
-            .and_then(|dt| dt.to_zoned_datetime(options.tz.clone()).ok())
+            .and_then(|dt| dt.to_zoned_datetime(self.tz.clone()).ok())
         {
             Some(z) => z.timestamp().as_millisecond(),
             None => {
@@ -186,15 +296,14 @@ pub(crate) fn parse(
                         shown(values[0], 30)
                     ),
                 )?;
-                continue;
+                return Ok(());
             }
         };
-        if let Some(last) = ticks.last().map(|t| t.at_unix_ms) {
+        if let Some(last) = self.last_ms {
             if at <= last {
-                if at / 1000 == last / 1000 && !new_session {
-                    // Another reading within the same logged second.
-                    same_second += 1;
-                    continue;
+                if at / 1000 == last / 1000 && !self.new_session {
+                    self.same_second += 1;
+                    return Ok(());
                 }
                 rows.bad(
                     line_no,
@@ -203,12 +312,12 @@ pub(crate) fn parse(
                         shown(values[0], 30)
                     ),
                 )?;
-                continue;
+                return Ok(());
             }
         }
         let mut metrics = Vec::new();
         let mut error = None;
-        for ((metric, unit), raw) in columns.iter().zip(&units).zip(&values[1..]) {
+        for ((metric, unit), raw) in self.columns.iter().zip(&self.units).zip(&values[1..]) {
             let (Some(metric), Some(unit)) = (metric, unit) else {
                 continue;
             };
@@ -233,28 +342,28 @@ pub(crate) fn parse(
         }
         if let Some(e) = error {
             rows.bad(line_no, e)?;
-            continue;
+            return Ok(());
         }
-        if new_session {
-            if let Some(last) = ticks.last().map(|t| t.at_unix_ms) {
-                // The gap starts just after the last row of the previous session.
+        if self.new_session {
+            if let Some(last) = self.last_ms {
                 if last + 1 < at {
-                    ticks.push(TickSample {
+                    self.ready.push_back(TickSample {
                         at_unix_ms: last + 1,
                         devices: vec![DeviceSample {
-                            device: device.clone(),
+                            device: self.device.clone(),
                             state: DeviceSampleState::Unreadable(SESSION_GAP_REASON.into()),
                         }],
                         ..TickSample::default()
                     });
                 }
             }
-            new_session = false;
+            self.new_session = false;
         }
-        ticks.push(TickSample {
+        self.last_ms = Some(at);
+        self.ready.push_back(TickSample {
             at_unix_ms: at,
             devices: vec![DeviceSample {
-                device: device.clone(),
+                device: self.device.clone(),
                 state: DeviceSampleState::Read {
                     metrics,
                     processes: ProcessList::NotObserved,
@@ -262,21 +371,8 @@ pub(crate) fn parse(
             }],
             ..TickSample::default()
         });
+        Ok(())
     }
-    if sessions > 1 {
-        rows.notes.push(format!(
-            "'{}' holds {sessions} GPU-Z logging sessions; the time between them is a gap",
-            path.display()
-        ));
-    }
-    if same_second > 0 {
-        rows.notes.push(format!(
-            "'{}': {same_second} rows logged within the same second as the row before them \
-             were not kept (GPU-Z logs whole seconds)",
-            path.display()
-        ));
-    }
-    Ok(ticks)
 }
 
 /// Fields of a line, trimmed, without the empty one after the trailing comma.

@@ -25,6 +25,7 @@ use std::io::Write;
 use serde_json::{Value, json};
 use vramctl_core::audit_record::AuditRecord;
 
+use super::input::Input;
 use super::{ImportError, Rows, rfc3339, shown};
 use crate::codec::{self, Entry, State};
 use crate::db::Store;
@@ -219,7 +220,7 @@ pub fn export(
 /// ones after it), a newer schema, data not after the store's last sample, a store failure.
 pub(crate) fn import(
     store: &mut Store,
-    text: &str,
+    input: &mut Input,
     rows: &mut Rows<'_>,
 ) -> Result<u64, ImportError> {
     let mut devices: HashMap<i64, i64> = HashMap::new();
@@ -233,13 +234,12 @@ pub(crate) fn import(
     let mut seen_header = false;
     let mut began = false;
     let last = store.last_sample_ms()?;
-    for (i, line) in text.lines().enumerate() {
-        let line_no = i + 1;
+    while let Some((line_no, line)) = input.next_line()? {
         if line.trim().is_empty() {
             continue;
         }
         rows.read += 1;
-        let v: Value = serde_json::from_str(line).map_err(|e| {
+        let v: Value = serde_json::from_str(&line).map_err(|e| {
             rows.fatal(
                 line_no,
                 format!("not JSON ({e}); the export is truncated or damaged"),
@@ -483,36 +483,44 @@ pub(crate) fn import(
     Ok(frames)
 }
 
-/// Reads `vramctl status --json --watch` output (schema 1) into ticks.
-///
-/// # Errors
-/// With `strict`, the first bad line.
-pub(crate) fn parse_status(
-    text: &str,
-    rows: &mut Rows<'_>,
-) -> Result<Vec<TickSample>, ImportError> {
-    let mut ticks: Vec<TickSample> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line_no = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        rows.read += 1;
-        match status_tick(line) {
-            Ok(tick) => {
-                if ticks
-                    .last()
-                    .is_some_and(|t| tick.at_unix_ms <= t.at_unix_ms)
-                {
-                    rows.bad(line_no, "its time is not after the previous line's")?;
-                    continue;
-                }
-                ticks.push(tick);
-            }
-            Err(e) => rows.bad(line_no, e)?,
+/// Reads `vramctl status --json --watch` output (schema 1) as ticks, one line at a time.
+pub(crate) struct StatusReader {
+    input: Input,
+    last_ms: Option<i64>,
+}
+
+impl StatusReader {
+    pub fn new(input: Input) -> Self {
+        Self {
+            input,
+            last_ms: None,
         }
     }
-    Ok(ticks)
+
+    /// The next tick; `None` at the end.
+    ///
+    /// # Errors
+    /// With `strict`, the first bad line.
+    pub fn next_tick(&mut self, rows: &mut Rows<'_>) -> Result<Option<TickSample>, ImportError> {
+        while let Some((line_no, line)) = self.input.next_line()? {
+            if line.trim().is_empty() {
+                continue;
+            }
+            rows.read += 1;
+            match status_tick(&line) {
+                Ok(tick) => {
+                    if self.last_ms.is_some_and(|t| tick.at_unix_ms <= t) {
+                        rows.bad(line_no, "its time is not after the previous line's")?;
+                        continue;
+                    }
+                    self.last_ms = Some(tick.at_unix_ms);
+                    return Ok(Some(tick));
+                }
+                Err(e) => rows.bad(line_no, e)?,
+            }
+        }
+        Ok(None)
+    }
 }
 
 fn status_tick(line: &str) -> Result<TickSample, String> {

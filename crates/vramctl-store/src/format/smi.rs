@@ -8,10 +8,12 @@
 //! record are ignored (and listed in the report). Rows of one loop share a timestamp and
 //! become one tick.
 //!
-//! Rows are read as CSV (the `csv` crate): nvidia-smi's own unquoted rows, and the quoted
-//! fields `vramctl export` writes for a command line holding a comma, a quote or a newline.
-//! nvidia-smi itself does not quote, so in its own logs a process name with a comma still
-//! cannot be told apart (rejected as a row with too many fields).
+//! Rows are read as CSV a record at a time (`input.rs`, bounded): nvidia-smi's own unquoted
+//! rows, and quoted fields — the ones `vramctl export` writes for a command line holding a
+//! comma, a quote or a newline, and `, "x"` as other tools write them after nvidia-smi's
+//! `, ` (spaces before the opening quote are allowed). nvidia-smi itself does not quote, so
+//! in its own logs a process name with a comma still cannot be told apart (rejected as a
+//! row with too many fields).
 //!
 //! A value's own unit wins over the column's (`quantity.rs`), and every row passes the
 //! same sanity rules as live readings (`vramctl_core::sanity`): used above total, a figure
@@ -22,11 +24,12 @@
 //! other files or of the history, else a single unnamed GPU ([`super::UNNAMED_GPU`]); with
 //! several GPUs known and no `--gpu` it is refused, naming them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;
 
 use jiff::tz::TimeZone;
 
+use super::input::{Input, MAX_COLUMNS, Record};
 use super::quantity::{ColumnUnit, split_header};
 use super::{Companion, IMPORT_LIMITS, ImportError, ImportOptions, Rows, shown};
 use crate::db::Store;
@@ -79,6 +82,7 @@ fn default_unit(metric: Metric) -> &'static str {
 }
 
 fn gpu_column(header: &str) -> Result<GpuColumn, String> {
+    super::header_work(1);
     let (name, unit) = split_header(header);
     Ok(match name.as_str() {
         "timestamp" => GpuColumn::Timestamp,
@@ -111,6 +115,7 @@ enum AppColumn {
 }
 
 fn app_column(header: &str) -> Result<AppColumn, String> {
+    super::header_work(1);
     let (name, unit) = split_header(header);
     Ok(match name.as_str() {
         "timestamp" => AppColumn::Timestamp,
@@ -139,54 +144,15 @@ pub(crate) fn looks_like_data(line: &str) -> bool {
     first.starts_with(|c: char| c.is_ascii_digit()) || first.starts_with("GPU-")
 }
 
-/// A CSV record with the line it starts on.
-struct Record {
-    line: usize,
-    fields: Vec<String>,
-}
-
-/// The file's records (blank lines left out), read as CSV: quoted fields may hold commas,
-/// quotes and newlines; nvidia-smi's `, ` separators are trimmed.
-fn records(text: &str) -> Vec<Record> {
-    let text = text.trim_start_matches('\u{feff}');
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(text.as_bytes());
-    let mut out = Vec::new();
-    let mut record = csv::StringRecord::new();
-    loop {
-        let line = usize::try_from(reader.position().line()).unwrap_or(0);
-        match reader.read_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {
-                if record.iter().all(str::is_empty) {
-                    continue;
-                }
-                let line = record
-                    .position()
-                    .map_or(line, |p| usize::try_from(p.line()).unwrap_or(line));
-                out.push(Record {
-                    line,
-                    fields: record.iter().map(str::to_owned).collect(),
-                });
-            }
-            // Input is already text; a reader error cannot repeat, so stop at it.
-            Err(_) => break,
-        }
-    }
-    out
-}
-
-/// The header's column names (with their units), and the index where data starts.
+/// The header's column names (with their units), and the first data record when the file
+/// has no header line (`noheader`: the names come from `--columns`).
 fn header(
-    records: &[Record],
+    input: &mut Input,
     options: &ImportOptions,
     rows: &Rows<'_>,
-) -> Result<(Vec<String>, usize), ImportError> {
-    let Some(first) = records.first() else {
-        return Ok((Vec::new(), 0));
+) -> Result<(Vec<String>, usize, Option<Record>), ImportError> {
+    let Some(first) = input.next_record()? else {
+        return Ok((Vec::new(), 1, None));
     };
     if looks_like_data(first.fields.first().map_or("", String::as_str)) {
         let Some(columns) = &options.columns else {
@@ -195,9 +161,43 @@ fn header(
                 "no header line (written with 'noheader'); pass the column list with --columns",
             ));
         };
-        return Ok((columns.clone(), 0));
+        return Ok((columns.clone(), first.line, Some(first)));
     }
-    Ok((first.fields.clone(), 1))
+    if first.fields.len() > MAX_COLUMNS {
+        return Err(rows.limit(
+            first.line,
+            format!("the header has more than {MAX_COLUMNS} columns, the most vramctl reads"),
+        ));
+    }
+    Ok((first.fields, first.line, None))
+}
+
+/// The next data record: a pending first one, else the next of the file that is not the
+/// header repeated; a record whose quoting is broken is a bad row.
+fn next_data(
+    input: &mut Input,
+    held: &mut Option<Record>,
+    header: Option<&[String]>,
+    rows: &mut Rows<'_>,
+) -> Result<Option<Record>, ImportError> {
+    loop {
+        let record = match held.take() {
+            Some(r) => r,
+            None => match input.next_record()? {
+                Some(r) => r,
+                None => return Ok(None),
+            },
+        };
+        if header.is_some_and(|h| h == record.fields.as_slice()) {
+            continue;
+        }
+        rows.read += 1;
+        if let Some(problem) = &record.problem {
+            rows.bad(record.line, problem.clone())?;
+            continue;
+        }
+        return Ok(Some(record));
+    }
 }
 
 /// A value: `[N/A]`, `[Not Supported]`… are missing with a reason; else a number with an
@@ -263,57 +263,98 @@ fn device_uuid(uuid: Option<&str>, bus: Option<&str>, index: Option<u32>) -> Str
 
 fn note_ignored(rows: &mut Rows<'_>, names: impl Iterator<Item = String>) {
     for name in names {
-        let name = shown(&name, 60);
-        if !rows.ignored.contains(&name) {
-            rows.ignored.push(name);
-        }
+        rows.ignore(shown(&name, 60));
     }
 }
 
-/// Parses a `--query-gpu` log into ticks (one per timestamp).
-///
-/// # Errors
-/// A missing timestamp column or header, a header unit that is not the column's; with
-/// `strict`, the first bad row.
-pub(crate) fn parse_gpu(
-    text: &str,
-    options: &ImportOptions,
-    rows: &mut Rows<'_>,
-) -> Result<Vec<TickSample>, ImportError> {
-    let records = records(text);
-    let (names, start) = header(&records, options, rows)?;
-    let header_line = records.first().map_or(1, |r| r.line);
-    let columns: Vec<GpuColumn> = names
-        .iter()
-        .map(|n| gpu_column(n))
-        .collect::<Result<_, _>>()
-        .map_err(|e| rows.fatal(header_line, e))?;
-    note_ignored(
-        rows,
-        columns.iter().filter_map(|c| match c {
-            GpuColumn::Ignored(n) => Some(n.clone()),
-            _ => None,
-        }),
-    );
-    if !columns.contains(&GpuColumn::Timestamp) {
-        return Err(rows.fatal(
-            header_line,
-            "no 'timestamp' column; add timestamp to --query-gpu",
-        ));
-    }
-    let stamp_at = columns
-        .iter()
-        .position(|c| *c == GpuColumn::Timestamp)
-        .unwrap_or(0);
-    let header_fields = (start == 1).then(|| records[0].fields.clone());
-    let mut ticks: Vec<TickSample> = Vec::new();
-    let mut last_stamp = String::new();
-    for record in &records[start..] {
-        let (line_no, fields) = (record.line, &record.fields);
-        if Some(fields) == header_fields.as_ref() {
-            continue;
+/// A `--query-gpu` log read as ticks (one per timestamp), a row at a time.
+pub(crate) struct GpuReader {
+    input: Input,
+    columns: Vec<GpuColumn>,
+    header: Option<Vec<String>>,
+    held: Option<Record>,
+    stamp_at: usize,
+    tz: TimeZone,
+    /// The tick being filled (rows of one loop share its timestamp).
+    pending: Option<TickSample>,
+    last_stamp: String,
+}
+
+impl GpuReader {
+    /// Reads the header.
+    ///
+    /// # Errors
+    /// A missing timestamp column or header, a header unit that is not the column's.
+    pub fn open(
+        mut input: Input,
+        options: &ImportOptions,
+        rows: &mut Rows<'_>,
+    ) -> Result<Self, ImportError> {
+        let (names, header_line, held) = header(&mut input, options, rows)?;
+        let columns: Vec<GpuColumn> = names
+            .iter()
+            .map(|n| gpu_column(n))
+            .collect::<Result<_, _>>()
+            .map_err(|e| rows.fatal(header_line, e))?;
+        note_ignored(
+            rows,
+            columns.iter().filter_map(|c| match c {
+                GpuColumn::Ignored(n) => Some(n.clone()),
+                _ => None,
+            }),
+        );
+        let has_rows = held.is_some() || !names.is_empty();
+        if has_rows && !columns.contains(&GpuColumn::Timestamp) {
+            return Err(rows.fatal(
+                header_line,
+                "no 'timestamp' column; add timestamp to --query-gpu",
+            ));
         }
-        rows.read += 1;
+        let stamp_at = columns
+            .iter()
+            .position(|c| *c == GpuColumn::Timestamp)
+            .unwrap_or(0);
+        Ok(Self {
+            input,
+            columns,
+            header: held.is_none().then_some(names),
+            held,
+            stamp_at,
+            tz: options.tz.clone(),
+            pending: None,
+            last_stamp: String::new(),
+        })
+    }
+
+    /// The next tick; `None` at the end.
+    ///
+    /// # Errors
+    /// With `strict`, the first bad row; a line too long.
+    pub fn next_tick(&mut self, rows: &mut Rows<'_>) -> Result<Option<TickSample>, ImportError> {
+        loop {
+            let Some(record) = next_data(
+                &mut self.input,
+                &mut self.held,
+                self.header.as_deref(),
+                rows,
+            )?
+            else {
+                return Ok(self.pending.take());
+            };
+            if let Some(done) = self.row(&record, rows)? {
+                return Ok(Some(done));
+            }
+        }
+    }
+
+    /// Takes one row in; returns the tick it completed, if it started a new one.
+    fn row(
+        &mut self,
+        record: &Record,
+        rows: &mut Rows<'_>,
+    ) -> Result<Option<TickSample>, ImportError> {
+        let (line_no, fields) = (record.line, &record.fields);
+        let columns = &self.columns;
         if fields.len() != columns.len() {
             rows.bad(
                 line_no,
@@ -323,7 +364,7 @@ pub(crate) fn parse_gpu(
                     columns.len()
                 ),
             )?;
-            continue;
+            return Ok(None);
         }
         let mut at = None;
         let (mut uuid, mut bus, mut index, mut name) = (None, None, None, None);
@@ -331,7 +372,7 @@ pub(crate) fn parse_gpu(
         let mut error = None;
         for (column, field) in columns.iter().zip(fields) {
             match column {
-                GpuColumn::Timestamp => match timestamp(field, &options.tz) {
+                GpuColumn::Timestamp => match timestamp(field, &self.tz) {
                     Ok(t) => at = Some(t),
                     Err(e) => error = Some(e),
                 },
@@ -357,9 +398,9 @@ pub(crate) fn parse_gpu(
         }
         if let Some(e) = error {
             rows.bad(line_no, e)?;
-            continue;
+            return Ok(None);
         }
-        let Some(at) = at else { continue };
+        let Some(at) = at else { return Ok(None) };
         let device = DeviceSample {
             device: DeviceMeta {
                 uuid: device_uuid(uuid.as_deref(), bus.as_deref(), index),
@@ -373,10 +414,11 @@ pub(crate) fn parse_gpu(
                 processes: ProcessList::NotObserved,
             },
         };
-        let stamp = fields[stamp_at].as_str();
-        match ticks.last_mut() {
+        let stamp = fields[self.stamp_at].as_str();
+        let mut done = None;
+        match self.pending.as_mut() {
             Some(tick)
-                if stamp == last_stamp
+                if stamp == self.last_stamp
                     && !tick
                         .devices
                         .iter()
@@ -384,8 +426,8 @@ pub(crate) fn parse_gpu(
             {
                 tick.devices.push(device);
             }
-            _ => {
-                if ticks.last().is_some_and(|t| at <= t.at_unix_ms) {
+            pending => {
+                if pending.as_ref().is_some_and(|t| at <= t.at_unix_ms) {
                     rows.bad(
                         line_no,
                         format!(
@@ -393,18 +435,18 @@ pub(crate) fn parse_gpu(
                             shown(stamp, 40)
                         ),
                     )?;
-                    continue;
+                    return Ok(None);
                 }
-                ticks.push(TickSample {
+                done = self.pending.replace(TickSample {
                     at_unix_ms: at,
                     devices: vec![device],
                     ..TickSample::default()
                 });
             }
         }
-        stamp.clone_into(&mut last_stamp);
+        stamp.clone_into(&mut self.last_stamp);
+        Ok(done)
     }
-    Ok(ticks)
 }
 
 /// The sanity rule of live readings, on one row's memory figures.
@@ -422,47 +464,80 @@ fn memory_problem(metrics: &[(Metric, Observed)]) -> Option<String> {
     vramctl_core::sanity::memory_problem(get(Metric::TotalBytes), get(Metric::UsedBytes), &others)
 }
 
-/// Parses a `--query-compute-apps` log into ticks (one per timestamp). `companion`: the
-/// GPUs (and their totals) of the other files and of the history.
-///
-/// # Errors
-/// As [`parse_gpu`]; also a log without `pid`, and one without a GPU column whose rows
-/// cannot be put on one GPU ([`ImportError::Gpu`]).
-pub(crate) fn parse_apps(
-    text: &str,
-    options: &ImportOptions,
-    rows: &mut Rows<'_>,
-    companion: &Companion,
-) -> Result<Vec<TickSample>, ImportError> {
-    let records = records(text);
-    let (names, start) = header(&records, options, rows)?;
-    let header_line = records.first().map_or(1, |r| r.line);
-    let columns: Vec<AppColumn> = names
-        .iter()
-        .map(|n| app_column(n))
-        .collect::<Result<_, _>>()
-        .map_err(|e| rows.fatal(header_line, e))?;
-    note_ignored(
-        rows,
-        columns.iter().filter_map(|c| match c {
-            AppColumn::Ignored(n) => Some(n.clone()),
-            _ => None,
-        }),
-    );
-    if !columns.contains(&AppColumn::Timestamp) {
-        return Err(rows.fatal(
-            header_line,
-            "no 'timestamp' column; add timestamp to --query-compute-apps",
-        ));
-    }
-    if !columns.contains(&AppColumn::Pid) {
-        return Err(rows.fatal(
-            header_line,
-            "no 'pid' column; add pid to --query-compute-apps",
-        ));
-    }
-    let unnamed_gpu =
-        if columns.contains(&AppColumn::GpuUuid) || columns.contains(&AppColumn::GpuBusId) {
+/// A `--query-compute-apps` log read as ticks (one per timestamp), a row at a time.
+pub(crate) struct AppsReader {
+    input: Input,
+    columns: Vec<AppColumn>,
+    header: Option<Vec<String>>,
+    held: Option<Record>,
+    stamp_at: usize,
+    tz: TimeZone,
+    unnamed_gpu: Option<DeviceMeta>,
+    /// The totals of the GPUs, from the other files and the history.
+    totals: HashMap<String, u64>,
+    pending: Option<TickSample>,
+    last_stamp: String,
+    /// Every GPU seen so far, in the order seen: each gets an (maybe empty) process list
+    /// at each later timestamp, so a process that leaves is seen to leave.
+    known: Vec<DeviceMeta>,
+    known_uuids: HashSet<String>,
+    /// The last intervals between loops (at most [`INTERVALS_KEPT`]), for the log's period.
+    intervals: VecDeque<i64>,
+    /// Ticks ready to hand out before reading on.
+    ready: VecDeque<TickSample>,
+    /// The last tick handed out is the one [`AppsReader::next_tick`] adds after the log's
+    /// last rows (see there): the caller keeps it only if other files go on past it.
+    trailing: bool,
+    trailing_tick: Option<TickSample>,
+    finished: bool,
+}
+
+/// How many recent loop intervals an apps log's period is taken from (their median).
+const INTERVALS_KEPT: usize = 15;
+
+impl AppsReader {
+    /// Reads the header. `companion`: the GPUs (and their totals) of the other files and of
+    /// the history.
+    ///
+    /// # Errors
+    /// As [`GpuReader::open`]; also a log without `pid`, and one without a GPU column
+    /// whose rows cannot be put on one GPU ([`ImportError::Gpu`]).
+    pub fn open(
+        mut input: Input,
+        options: &ImportOptions,
+        rows: &mut Rows<'_>,
+        companion: &Companion,
+    ) -> Result<Self, ImportError> {
+        let (names, header_line, held) = header(&mut input, options, rows)?;
+        let columns: Vec<AppColumn> = names
+            .iter()
+            .map(|n| app_column(n))
+            .collect::<Result<_, _>>()
+            .map_err(|e| rows.fatal(header_line, e))?;
+        note_ignored(
+            rows,
+            columns.iter().filter_map(|c| match c {
+                AppColumn::Ignored(n) => Some(n.clone()),
+                _ => None,
+            }),
+        );
+        let has_rows = held.is_some() || !names.is_empty();
+        if has_rows && !columns.contains(&AppColumn::Timestamp) {
+            return Err(rows.fatal(
+                header_line,
+                "no 'timestamp' column; add timestamp to --query-compute-apps",
+            ));
+        }
+        if has_rows && !columns.contains(&AppColumn::Pid) {
+            return Err(rows.fatal(
+                header_line,
+                "no 'pid' column; add pid to --query-compute-apps",
+            ));
+        }
+        let unnamed_gpu = if !has_rows
+            || columns.contains(&AppColumn::GpuUuid)
+            || columns.contains(&AppColumn::GpuBusId)
+        {
             None
         } else {
             let (meta, how) = companion
@@ -477,22 +552,165 @@ pub(crate) fn parse_apps(
             ));
             Some(meta)
         };
-    let stamp_at = columns
-        .iter()
-        .position(|c| *c == AppColumn::Timestamp)
-        .unwrap_or(0);
-    let header_fields = (start == 1).then(|| records[0].fields.clone());
-    let mut ticks: Vec<TickSample> = Vec::new();
-    let mut last_stamp = String::new();
-    // Every GPU seen so far gets an (maybe empty) process list at each timestamp, so a
-    // process that leaves is seen to leave.
-    let mut gpus: BTreeMap<String, DeviceMeta> = BTreeMap::new();
-    for record in &records[start..] {
-        let (line_no, fields) = (record.line, &record.fields);
-        if Some(fields) == header_fields.as_ref() {
-            continue;
+        let stamp_at = columns
+            .iter()
+            .position(|c| *c == AppColumn::Timestamp)
+            .unwrap_or(0);
+        Ok(Self {
+            input,
+            columns,
+            header: held.is_none().then_some(names),
+            held,
+            stamp_at,
+            tz: options.tz.clone(),
+            unnamed_gpu,
+            totals: companion.totals.clone(),
+            pending: None,
+            last_stamp: String::new(),
+            known: Vec::new(),
+            known_uuids: HashSet::new(),
+            intervals: VecDeque::new(),
+            ready: VecDeque::new(),
+            trailing: false,
+            trailing_tick: None,
+            finished: false,
+        })
+    }
+
+    /// The next tick; `None` at the end.
+    ///
+    /// nvidia-smi writes nothing for a loop that finds no process, so where the rows stop
+    /// for longer than one and a half of the log's period (the median of its last loop
+    /// intervals), the loop after the last rows found none: a tick with every GPU's list
+    /// empty is handed out at that time. This is what lets a process be seen to end when
+    /// it was the last one (without it, it stayed on the GPU through every later sample of
+    /// the other files — "full in 2 h" for a process long gone —, and an export of a
+    /// history, which can only leave such loops out, did not import back the same). After
+    /// the log's last rows the same tick is handed out marked as trailing
+    /// ([`AppsReader::is_trailing`]): it holds only if the other files go on past it.
+    ///
+    /// # Errors
+    /// With `strict`, the first bad row; a line too long.
+    pub fn next_tick(&mut self, rows: &mut Rows<'_>) -> Result<Option<TickSample>, ImportError> {
+        self.trailing = false;
+        loop {
+            if let Some(tick) = self.ready.pop_front() {
+                return Ok(Some(tick));
+            }
+            if self.finished {
+                let last = self.trailing_tick.take();
+                self.trailing = last.is_some();
+                return Ok(last);
+            }
+            let Some(record) = next_data(
+                &mut self.input,
+                &mut self.held,
+                self.header.as_deref(),
+                rows,
+            )?
+            else {
+                self.finished = true;
+                if let Some(last) = self.pending.take() {
+                    let at = last.at_unix_ms;
+                    let tick = self.complete(last);
+                    self.ready.push_back(tick);
+                    self.trailing_tick = self.period().map(|p| self.empty_tick(at + p));
+                }
+                continue;
+            };
+            if let Some(done) = self.row(&record, rows)? {
+                let done_at = done.at_unix_ms;
+                let tick = self.complete(done);
+                self.ready.push_back(tick);
+                let next_at = self.pending.as_ref().map(|t| t.at_unix_ms);
+                if let (Some(next_at), Some(period)) = (next_at, self.period()) {
+                    if (next_at - done_at) * 2 > period * 3 {
+                        let empty = self.empty_tick(done_at + period);
+                        self.ready.push_back(empty);
+                    }
+                }
+                if let Some(next_at) = next_at {
+                    if self.intervals.len() == INTERVALS_KEPT {
+                        self.intervals.pop_front();
+                    }
+                    self.intervals.push_back(next_at - done_at);
+                }
+            }
         }
-        rows.read += 1;
+    }
+
+    /// Whether the tick last handed out is the one added after the log's last rows.
+    pub fn is_trailing(&self) -> bool {
+        self.trailing
+    }
+
+    /// The log's period: the median of its last loop intervals (`None` before three).
+    fn period(&self) -> Option<i64> {
+        if self.intervals.len() < 3 {
+            return None;
+        }
+        let mut sorted: Vec<i64> = self.intervals.iter().copied().collect();
+        sorted.sort_unstable();
+        sorted.get(sorted.len() / 2).copied().filter(|&p| p > 0)
+    }
+
+    /// A loop that found no process: every GPU seen so far with an empty list.
+    fn empty_tick(&self, at: i64) -> TickSample {
+        TickSample {
+            at_unix_ms: at,
+            devices: self
+                .known
+                .iter()
+                .map(|meta| DeviceSample {
+                    device: meta.clone(),
+                    state: DeviceSampleState::Read {
+                        metrics: Vec::new(),
+                        processes: ProcessList::Observed(Vec::new()),
+                    },
+                })
+                .collect(),
+            ..TickSample::default()
+        }
+    }
+
+    /// A finished tick: GPUs known by then but without rows at its time had no processes.
+    fn complete(&mut self, mut tick: TickSample) -> TickSample {
+        for d in &tick.devices {
+            if self.known_uuids.insert(d.device.uuid.clone()) {
+                self.known.push(d.device.clone());
+            }
+        }
+        if tick.devices.len() < self.known.len() {
+            let present: HashSet<&str> = tick
+                .devices
+                .iter()
+                .map(|d| d.device.uuid.as_str())
+                .collect();
+            let missing: Vec<DeviceSample> = self
+                .known
+                .iter()
+                .filter(|meta| !present.contains(meta.uuid.as_str()))
+                .map(|meta| DeviceSample {
+                    device: meta.clone(),
+                    state: DeviceSampleState::Read {
+                        metrics: Vec::new(),
+                        processes: ProcessList::Observed(Vec::new()),
+                    },
+                })
+                .collect();
+            tick.devices.extend(missing);
+        }
+        tick
+    }
+
+    /// Takes one row in; returns the tick it completed, if it started a new one.
+    fn row(
+        &mut self,
+        record: &Record,
+        rows: &mut Rows<'_>,
+    ) -> Result<Option<TickSample>, ImportError> {
+        let (line_no, fields) = (record.line, &record.fields);
+        let columns = &self.columns;
         if fields.len() != columns.len() {
             rows.bad(
                 line_no,
@@ -502,7 +720,7 @@ pub(crate) fn parse_apps(
                     columns.len()
                 ),
             )?;
-            continue;
+            return Ok(None);
         }
         let mut at = None;
         let (mut uuid, mut bus, mut gpu_name, mut pid, mut pname, mut used) =
@@ -510,7 +728,7 @@ pub(crate) fn parse_apps(
         let mut error = None;
         for (column, field) in columns.iter().zip(fields) {
             match column {
-                AppColumn::Timestamp => match timestamp(field, &options.tz) {
+                AppColumn::Timestamp => match timestamp(field, &self.tz) {
                     Ok(t) => at = Some(t),
                     Err(e) => error = Some(e),
                 },
@@ -533,7 +751,7 @@ pub(crate) fn parse_apps(
                 break;
             }
         }
-        let meta = match &unnamed_gpu {
+        let meta = match &self.unnamed_gpu {
             Some(meta) => meta.clone(),
             None => DeviceMeta {
                 uuid: device_uuid(uuid.as_deref(), bus.as_deref(), None),
@@ -544,23 +762,22 @@ pub(crate) fn parse_apps(
             },
         };
         if let (None, Some(pid)) = (&error, pid) {
-            let total = companion.totals.get(&meta.uuid).copied();
+            let total = self.totals.get(&meta.uuid).copied();
             error =
                 vramctl_core::sanity::process_problem(pid, used.flatten(), total, IMPORT_LIMITS)
                     .map(|why| format!("impossible process entry: {why}"));
         }
         if let Some(e) = error {
             rows.bad(line_no, e)?;
-            continue;
+            return Ok(None);
         }
         let (Some(at), Some(pid)) = (at, pid) else {
-            continue;
+            return Ok(None);
         };
-        gpus.entry(meta.uuid.clone())
-            .or_insert_with(|| meta.clone());
-        let stamp = fields[stamp_at].as_str();
-        if stamp != last_stamp || ticks.is_empty() {
-            if ticks.last().is_some_and(|t| at <= t.at_unix_ms) {
+        let stamp = fields[self.stamp_at].as_str();
+        let mut done = None;
+        if stamp != self.last_stamp || self.pending.is_none() {
+            if self.pending.as_ref().is_some_and(|t| at <= t.at_unix_ms) {
                 rows.bad(
                     line_no,
                     format!(
@@ -568,16 +785,16 @@ pub(crate) fn parse_apps(
                         shown(stamp, 40)
                     ),
                 )?;
-                continue;
+                return Ok(None);
             }
-            ticks.push(TickSample {
+            done = self.pending.replace(TickSample {
                 at_unix_ms: at,
                 ..TickSample::default()
             });
-            stamp.clone_into(&mut last_stamp);
+            stamp.clone_into(&mut self.last_stamp);
         }
-        let Some(tick) = ticks.last_mut() else {
-            continue;
+        let Some(tick) = self.pending.as_mut() else {
+            return Ok(done);
         };
         let process = ProcessOnDevice {
             pid,
@@ -616,30 +833,8 @@ pub(crate) fn parse_apps(
                 cpu_ticks: None,
             });
         }
+        Ok(done)
     }
-    // Second pass: GPUs known by then but without rows at a timestamp had no processes.
-    let mut known: Vec<&DeviceMeta> = Vec::new();
-    for tick in &mut ticks {
-        for d in &tick.devices {
-            if !known.iter().any(|k| k.uuid == d.device.uuid) {
-                if let Some(meta) = gpus.get(&d.device.uuid) {
-                    known.push(meta);
-                }
-            }
-        }
-        for meta in &known {
-            if !tick.devices.iter().any(|d| d.device.uuid == meta.uuid) {
-                tick.devices.push(DeviceSample {
-                    device: (*meta).clone(),
-                    state: DeviceSampleState::Read {
-                        metrics: Vec::new(),
-                        processes: ProcessList::Observed(Vec::new()),
-                    },
-                });
-            }
-        }
-    }
-    Ok(ticks)
 }
 
 /// `csv`, `csv,noheader`, `csv,nounits`, `csv,noheader,nounits` (as nvidia-smi's

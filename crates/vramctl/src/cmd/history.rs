@@ -149,6 +149,7 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let mut roles: Vec<Option<Role>> = Vec::new();
     let mut aggs: Vec<Option<Agg>> = Vec::new();
     let mut bucket: Option<(i64, i64)> = None;
+    let mut bucket_partial = false;
     let mut failure: Option<anyhow::Error> = None;
     let flush = |t: i64,
                  span: i64,
@@ -238,7 +239,9 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
                     _ => Role::Skip,
                 }
             });
-            if role == Role::Skip {
+            // A value an imported log's frame carried over without sampling it is not a
+            // sample (`Frame::sampled`).
+            if role == Role::Skip || !frame.sampled(id) {
                 return;
             }
             let Some(v) = frame.entry(id).and_then(Entry::min_max_last) else {
@@ -255,7 +258,10 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
                 }
             }
         };
-        match frame.changed().filter(|_| !new_bucket) {
+        // Where frames sample only part of the state (an imported log), a series can be
+        // sampled without changing: such a bucket looks at every present series.
+        bucket_partial = (bucket_partial && !new_bucket) || !frame.observed_all();
+        match frame.changed().filter(|_| !new_bucket && !bucket_partial) {
             Some(changed) => changed.iter().for_each(|&id| merge(id)),
             None => frame.entries().for_each(|(id, _)| merge(id)),
         }

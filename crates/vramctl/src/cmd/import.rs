@@ -58,10 +58,10 @@ pub fn run(global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<Exit> {
         report.rows,
         formats.join(", "),
         path.display(),
-        if report.skipped.is_empty() {
+        if report.skipped_total == 0 {
             String::new()
         } else {
-            format!("; {} bad rows skipped", report.skipped.len())
+            format!("; {} bad rows skipped", report.skipped_total)
         }
     );
     Ok(Exit::Ok)
