@@ -7,6 +7,7 @@ mod clock;
 mod daemon;
 mod doctor;
 mod drm;
+mod escapes;
 mod estimate;
 mod fit;
 mod gpu_job;
