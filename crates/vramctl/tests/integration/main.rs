@@ -8,6 +8,7 @@ mod daemon;
 mod disk_full;
 mod doctor;
 mod drm;
+mod escapes;
 mod estimate;
 mod fit;
 mod gpu_job;
