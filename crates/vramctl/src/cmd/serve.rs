@@ -197,10 +197,12 @@ fn connection_limits(max_connections: usize, max_per_peer: usize) -> Limits {
             .unwrap_or(usize::MAX)
             .max(1);
         if room < max_connections {
-            tracing::warn!(
-                max_connections,
-                open_file_limit = soft,
-                "--web.max-connections is above what the open-file limit allows; using {room}."
+            // On stderr, not only in the log (whose default level hides warnings): a flag
+            // the operator set is not obeyed.
+            let _ = writeln!(
+                std::io::stderr(),
+                "vramctl: --web.max-connections {max_connections} is more than the open-file \
+                 limit ({soft}) leaves room for; serving at most {room} connections"
             );
             limits.max_connections = room;
         }

@@ -671,6 +671,32 @@ fn a_real_scrape_answers_while_slow_clients_hold_connections() {
 }
 
 #[test]
+fn a_low_open_file_limit_does_not_stop_scrapes() {
+    raise_open_file_limit();
+    // serve under `ulimit -n 100` (soft and hard): it lowers --web.max-connections to
+    // 100 - 64 = 36 and says so, so a flood meets the cap, not EMFILE.
+    let vramctl = vramctl_std(&scenario("h200-idle.toml"));
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -n 100 && exec \"$0\" \"$@\""])
+        .arg(vramctl.get_program())
+        .env_clear();
+    for (name, value) in vramctl.get_envs() {
+        if let Some(value) = value {
+            cmd.env(name, value);
+        }
+    }
+    let served = serve(cmd, &["--process-details", "none"]);
+    let attackers: Vec<TcpStream> = (0..300).map(|_| slow_client(served.addr)).collect();
+    for i in 0..20 {
+        assert_full_scrape(
+            &get(served.addr, "/metrics", &[]),
+            &format!("scrape {i} with 300 slow clients and 100 descriptors"),
+        );
+    }
+    drop(attackers);
+}
+
+#[test]
 fn a_client_that_never_reads_is_dropped() {
     let served = serve_scenario(
         "h200-idle.toml",
