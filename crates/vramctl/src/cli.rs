@@ -553,6 +553,20 @@ pub struct ServeArgs {
     #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
     pub max_requests: usize,
 
+    /// Open connections at most; beyond, a new one displaces an idle one (never one being
+    /// served); at most the file-descriptor limit less 64
+    #[arg(long = "web.max-connections", value_name = "N", default_value_t = crate::exporter::connections::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Open connections of one peer at most (an IPv4 address, an IPv6 /64; all loopback
+    /// addresses are one peer); beyond, its own idle ones give way
+    #[arg(long = "web.max-connections-per-peer", value_name = "N", default_value_t = crate::exporter::connections::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: usize,
+
+    /// Test only: the TLS handshake, request head and response write timeout
+    #[arg(long = "web.io-timeout", hide = true, value_name = "DURATION", value_parser = positive_duration)]
+    pub io_timeout: Option<Duration>,
+
     /// Also record history, as `vramctl record` does, into DB (default: --db, VRAMCTL_DB or
     /// $XDG_STATE_HOME/vramctl/history.db)
     #[arg(long, value_name = "DB", num_args = 0..=1)]
