@@ -638,6 +638,7 @@ impl Store {
     }
 
     /// Commits the transaction [`Store::begin_import_transaction`] started.
+    ///
     /// A `COMMIT` that fails (a full disk) may leave the transaction open: it is rolled
     /// back, and nothing of the import stays.
     pub(crate) fn commit_import_transaction(&mut self) -> Result<(), StoreError> {
