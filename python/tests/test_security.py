@@ -94,8 +94,7 @@ def forged_hello(pid: int) -> bytes:
     return json.dumps({"protocol": 1, "ok": True, "op": "hello", "id": 1, "pid": pid, "uid": AGENT_UID, "forged": True}).encode() + b"\n"
 
 
-@needs_root
-class PlantedSocketTest(unittest.TestCase):
+class PlantedSocketTest(unittest.TestCase):  # another_user() skips, on stderr, when not root
     """Another user plants a listening socket where a client looks for the agent of a process
     of AGENT_UID that has none (XDG_RUNTIME_DIR unset: /tmp/vramctl-AGENT_UID) and answers
     with forged JSON. The client must never send it a request nor print what it says."""
