@@ -554,6 +554,7 @@ mod tests {
             in_flight: Semaphore::new(1),
             verifications: Mutex::new(HashMap::new()),
             stale_after: Duration::from_secs(10),
+            recording: None,
             io_timeout: IO_TIMEOUT,
         }
     }
