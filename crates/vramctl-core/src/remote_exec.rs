@@ -8,9 +8,9 @@
 //! such symbol, as before 3.11). The agent's own modules (embedded in the binary, so nothing
 //! needs installing) are written under a private package name into a fresh directory the
 //! process can read but not change ([`workspace`]), with a bootstrap script and the request;
-//! a helper interpreter of the process's `major.minor` — `python3.X` found only where root
-//! (or the caller) controls every directory on its way ([`helper`]), never the process's
-//! own executable — runs `sys.remote_exec(PID, script)` with the process's uid and gid,
+//! a helper interpreter of the process's `major.minor` — its own executable or `python3.X`
+//! on `PATH`, only where root (or the caller) controls the file and every directory on its
+//! way ([`helper`]) — runs `sys.remote_exec(PID, script)` with the process's uid and gid,
 //! which only writes the script's path into the process's memory; its main thread runs the
 //! script at its next safe evaluation point, which writes the answer to a result file in
 //! `out/` (a temporary name, renamed). vramctl waits for that file up to a deadline, then
@@ -654,10 +654,12 @@ fn interpreter_version(interpreter: &Path, run_as: Option<RunAs>) -> Option<((u3
     Some(((major, minor), words.next() == Some("True")))
 }
 
-/// The helper interpreter: the first `python{major}.{minor}` in `search` (`PATH`'s
-/// directories, then [`STANDARD_DIRS`]) that root (or the caller) controls all the way
-/// ([`helper::trusted_executable`]) and that, run with `run_as`'s credentials, says it is
-/// that version with `sys.remote_exec`. Never the process's own executable.
+/// The helper interpreter: the first of the process's executable (where it is a `python*`
+/// binary: the very build it runs, for an install not on `PATH`) and `python{major}.{minor}`
+/// in `search` (`PATH`'s directories, then [`STANDARD_DIRS`]) that root (or the caller)
+/// controls all the way ([`helper::trusted_executable`]: never a `"<path> (deleted)"`, never
+/// a file its user can write) and that, run with `run_as`'s credentials, says it is that
+/// version with `sys.remote_exec`.
 ///
 /// # Errors
 /// [`Unavailable::NoInterpreter`] (with the first candidate not trusted, and why),
@@ -672,8 +674,11 @@ pub fn find_interpreter(
     let mut without = None;
     let mut untrusted = Vec::new();
     let mut tried = std::collections::HashSet::new();
-    for dir in search {
-        let candidate = dir.join(&name);
+    let own = facts.exe.iter().filter(|e| {
+        e.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+    });
+    for candidate in own.cloned().chain(search.iter().map(|d| d.join(&name))) {
         if !tried.insert(candidate.clone()) || std::fs::symlink_metadata(&candidate).is_err() {
             continue;
         }
@@ -698,7 +703,10 @@ pub fn find_interpreter(
             interpreter: interpreter.display().to_string(),
         });
     }
-    let mut looked = format!("{name} on PATH and in {}", STANDARD_DIRS.join(", "));
+    let mut looked = format!(
+        "its executable, {name} on PATH and in {}",
+        STANDARD_DIRS.join(", ")
+    );
     if let Some(first) = untrusted.first() {
         looked.push_str(&format!(
             "; not run, as {} does not control it: {first}",
@@ -1284,22 +1292,34 @@ mod tests {
 
     #[test]
     fn a_helper_in_a_directory_another_user_controls_is_never_run() {
-        // A `python3.14` under /tmp (writable by everyone) that would leave a mark if run.
+        // A `python3.14` under /tmp (writable by everyone), and the process's executable
+        // "deleted" with a script at its literal name, each leaving a mark if run.
         let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
         let mark = dir.path().join("ran");
-        let exe = dir.path().join("python3.14");
-        std::fs::write(
-            &exe,
-            format!("#!/bin/sh\ntouch '{}'\necho 3 14 True\n", mark.display()),
-        )
-        .expect("write");
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let err = find_interpreter(&facts(), (3, 14), &[dir.path().to_path_buf()], None)
+        let trap = |name: &str| {
+            let exe = dir.path().join(name);
+            std::fs::write(
+                &exe,
+                format!("#!/bin/sh\ntouch '{}'\necho 3 14 True\n", mark.display()),
+            )
+            .expect("write");
+            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            exe
+        };
+        trap("python3.14");
+        let deleted = trap("python3.14 (deleted)");
+        let f = Facts {
+            exe: Some(deleted),
+            ..facts()
+        };
+        let err = find_interpreter(&f, (3, 14), &[dir.path().to_path_buf()], None)
             .expect_err("not trusted");
         assert_eq!(err.code(), "no_interpreter");
-        assert!(err.to_string().contains("not run, as"), "{err}");
-        assert!(err.to_string().contains("'/tmp' is writable"), "{err}");
-        assert!(!mark.exists(), "the untrusted helper ran");
+        let text = err.to_string();
+        assert!(text.contains("not run, as"), "{text}");
+        assert!(text.contains("names a deleted file"), "{text}");
+        assert!(text.contains("and 1 more"), "{text}");
+        assert!(!mark.exists(), "an untrusted helper ran");
     }
 
     #[test]
