@@ -1,8 +1,8 @@
 //! `vramctl doctor`: collect the facts, judge them (`vramctl::doctor`), print the findings.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 use std::time::Instant;
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;

@@ -1,8 +1,8 @@
 //! `vramctl estimate`: a thin shell over `vramctl_model` — the flags into a `Model` and a
 //! `Job`, the estimate and the largest batch out, as a table or JSON, and the exit code.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;

@@ -8,9 +8,9 @@
 
 mod audit_report;
 
-use vramctl_core::untrusted::Untrusted;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::{Context, bail};
 use jiff::tz::TimeZone;
@@ -676,7 +676,7 @@ impl Sink for TableSink {
         devices: &[DeviceRecord],
     ) -> anyhow::Result<()> {
         let w = |out: &mut dyn Write, line: &str| {
-            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")
+            writeln!(out, "{}", Untrusted(line)).context("cannot write to stdout")
         };
         let step = if step_ms == 0 {
             "every sample".to_owned()

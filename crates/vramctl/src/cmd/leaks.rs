@@ -14,8 +14,8 @@
 
 mod watch;
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use jiff::tz::TimeZone;

@@ -8,11 +8,11 @@
 //! descendants without GPU memory too (data-loader workers under their trainer), which is
 //! what `kill --tree` would reach.
 
-use vramctl_core::untrusted::Untrusted;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::{Context, bail};
 use regex::Regex;

@@ -18,11 +18,11 @@ mod decide;
 mod evidence;
 mod policy;
 
-use vramctl_core::untrusted::Untrusted;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;

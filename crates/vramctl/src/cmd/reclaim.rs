@@ -1,8 +1,8 @@
 //! `vramctl reclaim`: a thin shell over `vramctl_core::reclaim` (the agents' client, NVML
 //! before and after, the audit): flags in, the report out as text or JSON, the exit code.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;

@@ -2,9 +2,9 @@
 //! `::replay` — the curve drawn through `output::chart::render_stacked`, the state at
 //! `--at EVENT` printed with the summary's own lines.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 use std::path::Path;
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;

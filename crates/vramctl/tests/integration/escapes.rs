@@ -46,8 +46,12 @@ pub fn forged_shown() -> String {
 /// Asserts that `bytes` (what a command printed for a person) hold no character that acts on
 /// a terminal but line ends, and returns them as text.
 pub fn assert_printable(what: &str, bytes: &[u8]) -> String {
-    let text = String::from_utf8(bytes.to_vec())
-        .unwrap_or_else(|e| panic!("{what}: not UTF-8 ({e}): {:?}", String::from_utf8_lossy(bytes)));
+    let text = String::from_utf8(bytes.to_vec()).unwrap_or_else(|e| {
+        panic!(
+            "{what}: not UTF-8 ({e}): {:?}",
+            String::from_utf8_lossy(bytes)
+        )
+    });
     let bad: Vec<char> = text
         .chars()
         .filter(|&c| c != '\n' && needs_escape(c))
@@ -90,8 +94,12 @@ fn kill_plan_escapes_a_forged_command_line_before_the_prompt() {
 
     // The JSON keeps the command line as it is.
     let mut cmd = vramctl_std(scenario.path());
-    cmd.env("VRAMCTL_DB", scenario.db())
-        .args(["kill", "--dry-run", "--json", &target.pid().to_string()]);
+    cmd.env("VRAMCTL_DB", scenario.db()).args([
+        "kill",
+        "--dry-run",
+        "--json",
+        &target.pid().to_string(),
+    ]);
     let out = run(&mut cmd);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(
@@ -117,7 +125,11 @@ fn status_and_ps_escape_a_forged_command_line() {
             }
             let out = run(cmd.args(args));
             let what = format!("{args:?} COLUMNS={columns:?}");
-            assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let text = assert_printable(&what, &out.stdout);
             // Shortened or whole, the command starts on the process's line.
             let line = line_with(&text, r"\u{1b}");
@@ -135,7 +147,10 @@ fn status_and_ps_escape_a_forged_command_line() {
     let out = run(cmd.args(["ps", "--json"]));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let listed = serde_json::to_string(&json).expect("JSON");
-    assert!(listed.contains(r#"\u001b[2K\rKill 0 processes? [y/N]\n"#), "{listed}");
+    assert!(
+        listed.contains(r#"\u001b[2K\rKill 0 processes? [y/N]\n"#),
+        "{listed}"
+    );
 }
 
 /// A one-GPU scenario on the fake's step clock holding `pid` idle (SM 0 %), in `dir`.
@@ -163,7 +178,10 @@ fn history_leaks_and_reap_escape_a_recorded_command_line() {
     let db = dir.path().join("history.db");
     let vramctl = |args: &[&str]| -> Output {
         let mut cmd = vramctl_std(&scenario);
-        cmd.env_remove("FAKE_NVML_TIME").arg("--db").arg(&db).args(args);
+        cmd.env_remove("FAKE_NVML_TIME")
+            .arg("--db")
+            .arg(&db)
+            .args(args);
         run(&mut cmd)
     };
     let out = vramctl(&[
@@ -175,7 +193,11 @@ fn history_leaks_and_reap_escape_a_recorded_command_line() {
         "--simulated-clock",
         &T0.to_string(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Stored as it was read: escaping is for people.
     let json = vramctl(&["history", "--since", "all", "--format", "json"]);
     let stored = String::from_utf8(json.stdout).expect("UTF-8");
@@ -227,6 +249,26 @@ fn estimate_errors_escape_names_from_model_files() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains(r"model_type '\u{1b}[2K\rllama\u{202e}\u{9b}2J' is not supported"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn snapshot_errors_escape_strings_from_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("evil.pickle");
+    // Protocol 2, then a GLOBAL whose module and name (each up to a line end) hold an OSC
+    // title change, a carriage return and a bidi override.
+    let mut pickle = b"\x80\x02c".to_vec();
+    pickle.extend_from_slice("os\x1b]0;owned\x07\r\nsystem\u{202e}\n.".as_bytes());
+    std::fs::write(&file, pickle).expect("write pickle");
+    let mut cmd = vramctl_std(&dir.path().join("no-scenario.toml"));
+    let out = run(cmd.arg("snapshot").arg(&file));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = assert_printable("snapshot's error", &out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(r"global 'os\u{1b}]0;owned\u{7}\r.system\u{202e}'"),
         "{stderr}"
     );
 }

@@ -5,8 +5,8 @@
 //! A record still `pending` was written before its signal and never updated: vramctl
 //! stopped between the two, so the signal may or may not have been sent.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
+use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use jiff::tz::TimeZone;
