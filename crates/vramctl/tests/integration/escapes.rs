@@ -108,6 +108,66 @@ fn kill_plan_escapes_a_forged_command_line_before_the_prompt() {
     );
 }
 
+/// The same in a real terminal (tmux): what root reads just above the real question is the
+/// plan, one row for the target, its forged prompt shown escaped on that row.
+#[test]
+fn kill_plan_escapes_a_forged_command_line_before_the_prompt_in_a_terminal() {
+    if crate::top::skip_without_tmux() {
+        return;
+    }
+    let target = forged_process();
+    let pid = target.pid();
+    let scenario = Scenario::new(1, &[Holder::real(0, pid, "1 GiB")]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = format!(
+        "env -i PATH=\"$PATH\" TERM=\"$TERM\" VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' \
+         FAKE_NVML_TIME=0 NO_COLOR=1 VRAMCTL_RUNTIME_DIR='{}' VRAMCTL_DRM_ROOT='{}' \
+         VRAMCTL_DB='{}' '{}' kill {pid}\n\
+         echo \"vramctl exited $?\"\n\
+         read _\n",
+        crate::harness::fake_library().display(),
+        scenario.path().display(),
+        crate::harness::private_runtime_dir().display(),
+        crate::harness::no_drm_root().display(),
+        scenario.db().display(),
+        assert_cmd::cargo::cargo_bin("vramctl").display(),
+    );
+    let script_path = dir.path().join("kill.sh");
+    std::fs::write(&script_path, script).expect("write script");
+    let tmux = crate::top::Tmux::start(
+        dir.path(),
+        &format!("sh '{}'", script_path.display()),
+        200,
+        20,
+    );
+    let screen = tmux.wait_for("the question", |s| {
+        s.contains("? [y/N]") && s.contains("send ")
+    });
+    let lines: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "the header, the target, the question:\n{screen}"
+    );
+    assert!(
+        lines[0].contains("PID") && lines[0].contains("COMMAND"),
+        "{screen}"
+    );
+    assert!(
+        lines[1].trim_start().starts_with(&pid.to_string()),
+        "{screen}"
+    );
+    assert!(lines[1].ends_with(&forged_shown()), "{screen}");
+    assert!(
+        lines[2].starts_with("send SIGTERM to 1 process, SIGKILL after"),
+        "{screen}"
+    );
+    tmux.keys(&["n", "Enter"]);
+    let screen = tmux.wait_for("kill to end", |s| s.contains("vramctl exited"));
+    assert!(screen.contains("nothing was signalled"), "{screen}");
+    assert!(target.alive());
+}
+
 #[test]
 fn status_and_ps_escape_a_forged_command_line() {
     let target = forged_process();
