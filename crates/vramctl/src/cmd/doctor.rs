@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::time::Instant;
-use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;
@@ -11,6 +10,7 @@ use vramctl::doctor::{
 };
 use vramctl::gpu_selection::GpuFilter;
 use vramctl_core::InitError;
+use vramctl_core::untrusted::Untrusted;
 
 use super::open_sampler;
 use crate::cli::{DoctorArgs, GlobalArgs};

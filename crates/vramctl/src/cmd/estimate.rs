@@ -2,10 +2,10 @@
 //! `Job`, the estimate and the largest batch out, as a table or JSON, and the exit code.
 
 use std::io::Write;
-use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_model::memory_model::{
     self, Attention, Estimate, Job, Lora, Mode, Optimizer, Precision, Quant, Sharding,
 };

@@ -10,11 +10,11 @@ mod audit_report;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use vramctl_core::untrusted::Untrusted;
 
 use anyhow::{Context, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{self, When};
 use vramctl_store::{DeviceRecord, Entry, Gap, Metric, ProcessRecord, TimeRange, format::rfc3339};
 

@@ -22,7 +22,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vramctl_core::untrusted::Untrusted;
 
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
@@ -58,6 +57,7 @@ use vramctl::memory_release::{
     still_held, verify_release,
 };
 use vramctl::units;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::zone as time_zone;
 use vramctl_core::wall_time::{clock, same_day};
 

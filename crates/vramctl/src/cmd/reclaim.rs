@@ -2,13 +2,13 @@
 //! before and after, the audit): flags in, the report out as text or JSON, the exit code.
 
 use std::io::Write;
-use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;
 use vramctl_core::agent_client::{ReclaimOptions, Timeouts};
 use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimReport, ReclaimRequest, Selection};
 use vramctl_core::signal::{AuditSink, MemoryAuditLog};
+use vramctl_core::untrusted::Untrusted;
 
 use super::open_sampler;
 use crate::audit_sink::open_sink;

@@ -4,10 +4,10 @@
 
 use std::io::Write;
 use std::path::Path;
-use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_snapshot::replay::Replay;
 use vramctl_snapshot::summary::{DeviceSummary, OomEvent};
 use vramctl_snapshot::timeline::{self, DeviceTimeline};

@@ -6,7 +6,6 @@
 //! stopped between the two, so the signal may or may not have been sent.
 
 use std::io::Write;
-use vramctl_core::untrusted::Untrusted;
 
 use anyhow::Context;
 use jiff::tz::TimeZone;
@@ -21,6 +20,7 @@ use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use vramctl::csv_record::{CsvRecord, write_csv_record};
 use vramctl::units;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{clock, zone_label};
 
 /// Version of the JSON below.
