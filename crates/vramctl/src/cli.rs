@@ -1234,9 +1234,15 @@ pub struct RunArgs {
     #[arg(short = 'o', long = "plot", value_name = "FILE")]
     pub plot: Option<PathBuf>,
 
-    /// Stop the command (SIGTERM, then SIGKILL 10 s later) after this long
+    /// Stop the command and every process it started (SIGTERM, then SIGKILL --grace
+    /// later) after this long
     #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
     pub timeout: Option<Duration>,
+
+    /// How long the job's processes get between SIGTERM and SIGKILL when they are stopped
+    /// (--timeout, or processes left running when the command exits)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub grace: Duration,
 
     /// The command and its arguments
     #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]

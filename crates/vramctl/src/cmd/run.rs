@@ -18,7 +18,8 @@ use crate::cli::{Budget, BudgetOf, GlobalArgs, RunArgs};
 use crate::exit::Exit;
 use crate::output::chart::{Chart, ChartSeries, Panel, SeriesKind, render};
 
-/// How long a stopped job gets between SIGTERM and SIGKILL.
+/// How long a stopped job gets between SIGTERM and SIGKILL (`run --grace`'s default; each
+/// `fit` trial's).
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs `run`.
@@ -44,7 +45,7 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
         until_line: None,
         timeout: args.timeout,
         interval: args.watch.interval,
-        stop_grace: STOP_GRACE,
+        stop_grace: args.grace,
         reap_orphans: true,
     };
     let mut on_tick = |snapshot: &vramctl_core::types::Snapshot, _: &_| {
