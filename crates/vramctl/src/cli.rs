@@ -1054,7 +1054,8 @@ pub enum PsSort {
 const KILL_HELP: &str = "\
 Exit codes:
   0  every target ended and its GPU memory was released
-  1  a target was refused, not confirmed, still running, or its memory still held after --timeout
+  1  a target was refused (one holding no GPU memory, unless --force), not confirmed, still
+     running, or its memory still held after --timeout
   2  usage, input or runtime error (bad PID, no confirmation possible, audit log not writable)
   3  no usable GPU driver (kill needs one to verify the memory was released)
 
@@ -1071,8 +1072,9 @@ pub struct KillArgs {
     #[command(flatten)]
     pub nvml: NvmlArg,
 
-    /// Processes to end: PID, or PID@START to insist on the process that started at that
-    /// clock tick (`ps --json` prints start_time_ticks)
+    /// Processes to end: PID, PID@START to insist on the process that started at that clock
+    /// tick, or PID@START:ID on the exact process (`ps --json` prints start_time_ticks and
+    /// pidfd_id)
     #[arg(required = true, value_name = "PID")]
     pub targets: Vec<String>,
 
@@ -1092,6 +1094,12 @@ pub struct KillArgs {
     /// Also end every descendant (each pinned and checked on its own)
     #[arg(long)]
     pub tree: bool,
+
+    /// Signal a named process even when NVML lists no GPU memory for it now (without it,
+    /// such a PID is refused: its GPU user may have exited and the PID gone to another
+    /// process)
+    #[arg(long)]
+    pub force: bool,
 
     /// Do not ask for confirmation
     #[arg(short, long)]
