@@ -659,8 +659,8 @@ fn kill_never_signals_a_reused_pid() {
         let Some(bystander) = sleeper_with_pid(pid) else {
             continue;
         };
-        let same_tick = vramctl_core::procinfo::read_stat(pid)
-            .is_ok_and(|s| s.start_time_ticks == start);
+        let same_tick =
+            vramctl_core::procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start);
         let done = same_tick || id.is_none();
         case = Some((pid, start, id, bystander, same_tick));
         if done {

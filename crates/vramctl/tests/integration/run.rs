@@ -585,3 +585,52 @@ fn run_killed_with_sigkill_takes_its_job_with_it() {
         }
     }
 }
+
+#[test]
+fn run_timeout_as_another_user_ends_the_job_by_the_subreaper_s_tree() {
+    // Not root: no cgroup can be made (none is delegated here), so the job is kept by the
+    // subreaper's tree, and a child that ignores SIGTERM still goes at the timeout.
+    if !crate::real_processes::is_root() {
+        eprintln!("skipped: running vramctl as another uid (65534) needs root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let portable = crate::harness::Portable::new(&scenario("h200-idle.toml"));
+    let dir = portable.dir.path().join("job");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let script = "sh -c 'trap \"\" TERM; echo $$ >> \"$PIDS\"; exec sleep 600 >/dev/null 2>&1' &
+        echo $$ >> \"$PIDS\"; wait";
+    let out = portable
+        .command()
+        .env("PIDS", dir.join("pids"))
+        .args(["run", "--json", "--report"])
+        .arg(dir.join("report.json"))
+        .args([
+            "--timeout",
+            "1s",
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run");
+    let pids = job_pids(&dir.join("pids"), 2);
+    let alive: Vec<&JobPid> = pids.iter().filter(|p| still_running(p)).collect();
+    tidy(&pids);
+    assert!(
+        alive.is_empty(),
+        "{alive:?} outlived run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = report_in(&dir);
+    assert_eq!(report["ending"], "timed-out");
+    assert_eq!(report["containment"], "subreaper", "{report}");
+}
