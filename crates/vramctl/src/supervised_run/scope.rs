@@ -492,6 +492,20 @@ fn kill_cgroup(dir: &Path) -> std::io::Result<()> {
     match std::fs::write(dir.join("cgroup.kill"), b"1") {
         Ok(()) => Ok(()),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            // The scope's name is unique (our PID and a counter), so a process whose cgroup
+            // path ends with it is a member.
+            let name = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(|n| format!("/{n}"))
+                .unwrap_or_default();
+            let member = |pid: u32| {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| {
+                    text.lines()
+                        .filter_map(|l| l.strip_prefix("0::"))
+                        .any(|path| path.ends_with(&name))
+                })
+            };
             for _ in 0..MAX_KILL_ROUNDS {
                 let text = std::fs::read_to_string(dir.join("cgroup.procs"))?;
                 let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
@@ -499,9 +513,7 @@ fn kill_cgroup(dir: &Path) -> std::io::Result<()> {
                     return Ok(());
                 }
                 for pid in pids {
-                    if let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
-                        let _ = rustix::process::kill_process(p, Signal::KILL);
-                    }
+                    signal_member(pid, Signal::KILL, member);
                 }
             }
             Ok(())
