@@ -219,6 +219,31 @@ pub struct Candidate {
     pub ppid: u32,
     /// Whether it must prove GPU use at signal time ([`Expectation::gpu_proof`]).
     pub gpu_proof: bool,
+    /// Its pidfd's inode number when chosen, where the kernel has pidfs (Linux 6.9): unique
+    /// to one process for the whole boot, so it tells apart two processes that got the
+    /// same PID within one clock tick, which the start time cannot ([`pidfd_id`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidfd_id: Option<u64>,
+}
+
+/// `PIDFS_MAGIC`: the file system of pidfds since Linux 6.9, whose inode numbers are never
+/// reused during a boot. Before it, every pidfd shares one anonymous inode.
+const PIDFS_MAGIC: u64 = 0x5049_4446;
+
+/// The unique id of the process `fd` pins (its pidfs inode number), where the kernel has
+/// one; `None` on kernels before 6.9.
+pub fn pidfd_id(fd: &std::os::fd::OwnedFd) -> Option<u64> {
+    let fs = rustix::fs::fstatfs(fd).ok()?;
+    // The field's type differs between architectures and libcs.
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+    let magic = fs.f_type as u64;
+    if magic != PIDFS_MAGIC {
+        return None;
+    }
+    let st = rustix::fs::fstat(fd).ok()?;
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+    let ino = st.st_ino as u64;
+    Some(ino)
 }
 
 /// How a target came to be chosen; decides whether it must prove it is a GPU user in a
@@ -244,7 +269,14 @@ pub fn inspect(
     procs: &mut ProcReader,
 ) -> Result<Candidate, Refusal> {
     check_pid(pid, actor)?;
+    // Pinned before /proc is read: if the pinned process is still running after the read,
+    // what was read is about it, and its pidfs id is the identity to insist on later.
+    let pinned = open_pidfd(pid).ok();
     let facts = read_facts(pid)?;
+    let pidfd_id = pinned
+        .as_ref()
+        .filter(|fd| !handle::fd_exited(fd))
+        .and_then(pidfd_id);
     let gpu_proof = provenance == Provenance::Named;
     check_process(
         pid,
@@ -274,6 +306,7 @@ pub fn inspect(
         state: facts.stat.state,
         ppid: facts.stat.ppid,
         gpu_proof,
+        pidfd_id,
     })
 }
 
@@ -630,6 +663,17 @@ fn pin(
         }
     };
     slot.report.pinned = handle.is_pinned();
+    // Finer than the start time: the pidfd now open must pin the very process chosen.
+    if let (Some(want), Some(got)) = (candidate.pidfd_id, handle.pidfd_id())
+        && want != got
+    {
+        let refusal = Refusal::IdentityMismatch {
+            pid,
+            detail: format!("pidfd id {got}, chosen as {want}"),
+        };
+        refuse(&mut slot, refusal, sink);
+        return slot;
+    }
     // The re-check after pinning: if the process now under this PID still has the recorded
     // start time, it is the one the fd pins.
     match verify(candidate, actor) {

@@ -1068,7 +1068,8 @@ pub enum PsSort {
 const KILL_HELP: &str = "\
 Exit codes:
   0  every target ended and its GPU memory was released
-  1  a target was refused, not confirmed, still running, or its memory still held after --timeout
+  1  a target was refused (one holding no GPU memory, unless --force), not confirmed, still
+     running, or its memory still held after --timeout
   2  usage, input or runtime error (bad PID, no confirmation possible, audit log not writable)
   3  no usable GPU driver (kill needs one to verify the memory was released)
 
@@ -1085,8 +1086,9 @@ pub struct KillArgs {
     #[command(flatten)]
     pub nvml: NvmlArg,
 
-    /// Processes to end: PID, or PID@START to insist on the process that started at that
-    /// clock tick (`ps --json` prints start_time_ticks)
+    /// Processes to end: PID, PID@START to insist on the process that started at that clock
+    /// tick, or PID@START:ID on the exact process (`ps --json` prints start_time_ticks and
+    /// pidfd_id)
     #[arg(required = true, value_name = "PID")]
     pub targets: Vec<String>,
 
@@ -1106,6 +1108,12 @@ pub struct KillArgs {
     /// Also end every descendant (each pinned and checked on its own)
     #[arg(long)]
     pub tree: bool,
+
+    /// Signal a named process even when NVML lists no GPU memory for it now (without it,
+    /// such a PID is refused: its GPU user may have exited and the PID gone to another
+    /// process)
+    #[arg(long)]
+    pub force: bool,
 
     /// Do not ask for confirmation
     #[arg(short, long)]
@@ -1250,9 +1258,15 @@ pub struct RunArgs {
     #[arg(short = 'o', long = "plot", value_name = "FILE")]
     pub plot: Option<PathBuf>,
 
-    /// Stop the command (SIGTERM, then SIGKILL 10 s later) after this long
+    /// Stop the command and every process it started (SIGTERM, then SIGKILL --grace
+    /// later) after this long
     #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
     pub timeout: Option<Duration>,
+
+    /// How long the job's processes get between SIGTERM and SIGKILL when they are stopped
+    /// (--timeout, or processes left running when the command exits)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
+    pub grace: Duration,
 
     /// The command and its arguments
     #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]

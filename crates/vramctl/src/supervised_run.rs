@@ -8,6 +8,11 @@
 //!      └─ waitpid: the exit status; the agents' exit reports ──────┘
 //! ```
 //!
+//! The job's processes are kept in a [`scope::JobScope`] (a cgroup v2 scope, else the
+//! subreaper's tree): `--timeout` and `--until-line` stop all of them, and whatever is
+//! still running when the command exits is stopped too (SIGTERM, SIGKILL after the grace),
+//! so nothing of the job outlives `run`.
+//!
 //! What NVML can and cannot see: a tick reads each GPU's used memory and its per-process
 //! figures, which for PyTorch are the CUDA context plus the caching allocator's reserved
 //! pool. The pool only grows between `empty_cache` calls, so a 20 ms tick sees its peak
@@ -20,6 +25,7 @@ pub mod agent_inject;
 pub mod child;
 pub mod memory_curve;
 pub mod oom;
+pub mod scope;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -38,9 +44,10 @@ use vramctl_core::types::Snapshot;
 
 use crate::live_loop::LiveSampler;
 use agent_inject::AgentInjection;
-use child::{ChildEvent, ChildSpec, ExitStatus, Output, RunningChild, SignalForwarder, SpawnError};
+use child::{ChildEvent, ChildSpec, ExitStatus, Output, SignalForwarder, SpawnError};
 use memory_curve::MemoryCurve;
 use oom::OomSource;
+use scope::JobScope;
 use tree::ProcessTree;
 
 /// What to run and how.
@@ -60,7 +67,8 @@ pub struct JobSpec {
     pub timeout: Option<Duration>,
     /// Sampling interval.
     pub interval: Duration,
-    /// Between SIGTERM and SIGKILL when stopping it.
+    /// Between SIGTERM and SIGKILL when stopping it (or what is left of it once its
+    /// command exited).
     pub stop_grace: Duration,
     /// `run` made itself a child subreaper, so it reaps every child (see [`tree`]).
     pub reap_orphans: bool,
@@ -168,6 +176,14 @@ pub struct JobReport {
     pub processes: Vec<ProcessReport>,
     /// The out-of-memory error it hit, if any.
     pub oom: Option<OomFinding>,
+    /// How the job's processes were kept: `cgroup` or `subreaper` (`docs/run.md`).
+    pub containment: &'static str,
+    /// The job's processes still running when its command exited (or was stopped), which
+    /// `run` then stopped.
+    pub leftover_processes: usize,
+    /// Of those, how many were still there after SIGKILL (uninterruptible sleep): the
+    /// only ones that outlive `run`.
+    pub unkillable_processes: usize,
     /// Its last lines of stderr (kept for `fit`'s report of a failed trial).
     #[serde(skip)]
     pub stderr_tail: Vec<String>,
@@ -258,16 +274,19 @@ pub fn run_job(
     let mut curve = MemoryCurve::starting_from(&first);
     let started = Instant::now();
     let started_unix_ms = first.taken_at_unix_ms;
-    let mut child = child::spawn(
-        &ChildSpec {
-            argv: &spec.argv,
-            env: &env,
-            output: spec.output,
-            until_line: spec.until_line.as_ref(),
-            reap_orphans: spec.reap_orphans,
-        },
-        signals,
-    )?;
+    let mut scope = JobScope::new();
+    let mut child = match child::spawn(&child_spec(spec, &env, &scope), signals) {
+        Ok(child) => child,
+        Err(err) if scope.kind() == scope::Kind::Cgroup => {
+            // The kernel may refuse the move into the scope (a cgroup we could create but
+            // not enter): nothing was executed, so start it again without one. A command
+            // that cannot start fails the same way again and is reported then.
+            tracing::debug!(%err, "The command did not start in its cgroup; trying without.");
+            scope = JobScope::without_cgroup();
+            child::spawn(&child_spec(spec, &env, &scope), signals)?
+        }
+        Err(err) => return Err(err.into()),
+    };
     let mut tree = ProcessTree::new(std::process::id());
     let poller = AgentPoller::start(spec.agent);
     let mut oom: Option<SeenOom> = None;
@@ -293,7 +312,7 @@ pub fn run_job(
                 ChildEvent::UntilLine { .. } => {
                     if stop_sent.is_none() {
                         ending = Ending::StoppedAfterLine;
-                        stop(&child, &mut stop_sent);
+                        stop(&scope, &mut stop_sent);
                     }
                 }
                 ChildEvent::Signal { signal, .. } => seen_signals.push(signal),
@@ -304,16 +323,17 @@ pub fn run_job(
             && started.elapsed() >= limit
         {
             ending = Ending::TimedOut;
-            stop(&child, &mut stop_sent);
+            stop(&scope, &mut stop_sent);
         }
         if let Some(sent) = stop_sent
             && !killed
             && sent.elapsed() >= spec.stop_grace
         {
-            child.signal_tree(child::libc_signal::SIGKILL);
+            scope.kill_all();
             killed = true;
         }
         if let Some(status) = child.poll_exit() {
+            signals.release();
             break status;
         }
         n = n.wrapping_add(1);
@@ -321,6 +341,20 @@ pub fn run_job(
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
     };
     let wall = started.elapsed();
+    // Whatever of the job still runs goes now: after its command exited by itself (a
+    // daemon it left, a worker), or when it was stopped and the rest is in its grace.
+    let (leftover_processes, unkillable_processes) =
+        scope.stop_rest(stop_sent, spec.stop_grace, KILL_WAIT, &mut || {
+            child.reap_orphans();
+        });
+    if unkillable_processes > 0 {
+        tracing::warn!(
+            unkillable_processes,
+            "Processes of the job survived SIGKILL (uninterruptible sleep, usually in a driver)."
+        );
+    }
+    let containment = scope.kind().as_str();
+    scope.close();
     // The streams end when the last holder exits; a descendant still running keeps them.
     child.finish_streams(Duration::from_millis(500));
     for event in child.drain() {
@@ -330,10 +364,6 @@ pub fn run_job(
             let used = used_at(&curve, started, at);
             oom = Some((at, Some(source), Some(line), used));
         }
-    }
-    if ending == Ending::StoppedAfterLine || ending == Ending::TimedOut {
-        // Whatever is left of the tree goes with it.
-        child.signal_tree(child::libc_signal::SIGKILL);
     }
     let polled = poller.finish();
     let reported = injection
@@ -407,16 +437,41 @@ pub fn run_job(
         devices,
         processes,
         oom,
+        containment,
+        leftover_processes,
+        unkillable_processes,
         stderr_tail: child.stderr_lines(20),
         stdout_tail: child.stdout_lines(20),
         signals: seen_signals,
     })
 }
 
-fn stop(child: &RunningChild, sent: &mut Option<Instant>) {
-    child.signal_tree(child::libc_signal::SIGTERM);
+fn child_spec<'a>(
+    spec: &'a JobSpec,
+    env: &'a [(OsString, OsString)],
+    scope: &'a JobScope,
+) -> ChildSpec<'a> {
+    ChildSpec {
+        argv: &spec.argv,
+        env,
+        output: spec.output,
+        until_line: spec.until_line.as_ref(),
+        reap_orphans: spec.reap_orphans,
+        scope,
+    }
+}
+
+/// SIGTERM (and SIGCONT, so that a stopped process can act on it) to every process of the
+/// job.
+fn stop(scope: &JobScope, sent: &mut Option<Instant>) {
+    scope.signal_all(rustix::process::Signal::TERM);
+    scope.signal_all(rustix::process::Signal::CONT);
     *sent = Some(Instant::now());
 }
+
+/// How long the job's processes get to go after SIGKILL before the rest is reported as
+/// unkillable (uninterruptible sleep).
+const KILL_WAIT: Duration = Duration::from_secs(5);
 
 fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)

@@ -97,6 +97,11 @@ impl PidHandle {
         self.fd.is_some()
     }
 
+    /// The pinned process's pidfs id (Linux 6.9), unique for the boot ([`super::pidfd_id`]).
+    pub fn pidfd_id(&self) -> Option<u64> {
+        self.fd.as_ref().and_then(super::pidfd_id)
+    }
+
     /// Sends `signal`: through the pidfd, or with kill(2) when there is none (the caller has
     /// just re-verified the process).
     pub(crate) fn send(&self, signal: Signal) -> Result<(), Errno> {
@@ -128,6 +133,16 @@ impl PidHandle {
             Ok(stat) => stat.is_zombie() || stat.start_time_ticks != self.start_time_ticks,
         }
     }
+}
+
+/// Whether the process `fd` pins has terminated (a zombie counts), without waiting.
+pub(crate) fn fd_exited(fd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
 }
 
 /// Waits until every handle's process has terminated or `deadline` passes; when each was

@@ -153,6 +153,13 @@ pub enum Refusal {
         /// What the kernel said.
         reason: String,
     },
+    /// Named on the command line, but NVML lists no GPU memory for it now: the process
+    /// that held it may have exited and its PID gone to a bystander (`kill --force`
+    /// signals it anyway).
+    NoGpuMemory {
+        /// The PID.
+        pid: u32,
+    },
     /// /proc could not tell who the process is.
     Unreadable {
         /// The PID.
@@ -180,6 +187,7 @@ impl Refusal {
             | Self::OtherBoot { pid }
             | Self::NotProvenGpuUser { pid, .. }
             | Self::NoPidfd { pid, .. }
+            | Self::NoGpuMemory { pid }
             | Self::Unreadable { pid, .. } => *pid,
         }
     }
@@ -252,6 +260,11 @@ impl fmt::Display for Refusal {
             Self::OtherBoot { pid } => write!(
                 f,
                 "PID {pid} was recorded in another boot; that process no longer exists"
+            ),
+            Self::NoGpuMemory { pid } => write!(
+                f,
+                "PID {pid} holds no GPU memory now (NVML lists it on no GPU): if it held some, it \
+                 has exited and the PID may name another process; --force signals it anyway"
             ),
             Self::NotProvenGpuUser { pid, detail } => write!(
                 f,

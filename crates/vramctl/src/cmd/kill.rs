@@ -36,11 +36,14 @@ use vramctl::units;
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
 
-/// A PID as typed: `1234` or `1234@START`.
+/// A PID as typed: `1234`, `1234@START` or `1234@START:ID`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Named {
     pid: u32,
     start_time_ticks: Option<u64>,
+    /// The pidfs id (`ps --json`'s `pidfd_id`): finer than the start time, which is in
+    /// clock ticks (10 ms) and so the same for two processes started within one tick.
+    pidfd_id: Option<u64>,
 }
 
 fn parse_target(text: &str) -> anyhow::Result<Named> {
@@ -48,21 +51,58 @@ fn parse_target(text: &str) -> anyhow::Result<Named> {
         Some((pid, start)) => (pid, Some(start)),
         None => (text, None),
     };
+    let (start, id) = match start.map(|s| s.split_once(':')) {
+        Some(Some((start, id))) => (Some(start), Some(id)),
+        Some(None) => (start, None),
+        None => (None, None),
+    };
     let pid = pid.trim().parse::<u32>().ok();
     let start = start.map(|s| s.trim().parse::<u64>().ok());
-    match (pid, start) {
-        (Some(pid), None) => Ok(Named {
+    let id = id.map(|s| s.trim().parse::<u64>().ok());
+    match (pid, start, id) {
+        (Some(pid), None, None) => Ok(Named {
             pid,
             start_time_ticks: None,
+            pidfd_id: None,
         }),
-        (Some(pid), Some(Some(start))) => Ok(Named {
+        (Some(pid), Some(Some(start)), None) => Ok(Named {
             pid,
             start_time_ticks: Some(start),
+            pidfd_id: None,
+        }),
+        (Some(pid), Some(Some(start)), Some(Some(id))) => Ok(Named {
+            pid,
+            start_time_ticks: Some(start),
+            pidfd_id: Some(id),
         }),
         _ => bail!(
-            "'{text}' is not a PID; use a number, or PID@START with the start time in clock \
-             ticks as `vramctl ps --json` prints it"
+            "'{text}' is not a PID; use a number, or PID@START (or PID@START:ID) with the start \
+             time in clock ticks and the pidfd id as `vramctl ps --json` prints them"
         ),
+    }
+}
+
+/// `PID@START:ID`: the process must be the one with that pidfs id. A kernel without pidfs
+/// (before 6.9) cannot tell, and an identity it cannot check is not taken as matching.
+fn check_pidfd_id(
+    verdict: Result<Candidate, Refusal>,
+    want: Option<u64>,
+) -> Result<Candidate, Refusal> {
+    let candidate = verdict?;
+    let Some(want) = want else {
+        return Ok(candidate);
+    };
+    let pid = candidate.identity.pid;
+    match candidate.pidfd_id {
+        Some(got) if got == want => Ok(candidate),
+        Some(got) => Err(Refusal::IdentityMismatch {
+            pid,
+            detail: format!("pidfd id {got}, not {want}"),
+        }),
+        None => Err(Refusal::IdentityMismatch {
+            pid,
+            detail: format!("pidfd id {want} given, and this kernel has no pidfd ids to check it"),
+        }),
     }
 }
 
@@ -84,7 +124,10 @@ fn plan(named: &[Named], tree: bool, actor: &Actor, procs: &mut ProcReader) -> V
         if !seen.insert(n.pid) {
             continue;
         }
-        let verdict = signal::inspect(n.pid, actor, n.start_time_ticks, Provenance::Named, procs);
+        let verdict = check_pidfd_id(
+            signal::inspect(n.pid, actor, n.start_time_ticks, Provenance::Named, procs),
+            n.pidfd_id,
+        );
         let go = verdict.is_ok();
         entries.push(PlanEntry {
             pid: n.pid,
@@ -110,6 +153,41 @@ fn plan(named: &[Named], tree: bool, actor: &Actor, procs: &mut ProcReader) -> V
         }
     }
     entries
+}
+
+/// Refuses each named target for which NVML lists no GPU memory — with `--tree`, none for
+/// it and none for any of its planned descendants (a launcher whose workers hold the
+/// memory) — and drops the descendants planned under a target so refused.
+fn refuse_without_gpu_memory(
+    entries: &mut Vec<PlanEntry>,
+    held: &std::collections::BTreeMap<u32, Vec<GpuHolding>>,
+) {
+    let holds = |pid: u32| held.get(&pid).is_some_and(|g| !g.is_empty());
+    // `plan` lists each named target followed by its descendants.
+    let mut refused_roots = HashSet::new();
+    let mut i = 0;
+    while i < entries.len() {
+        let end = entries[i + 1..]
+            .iter()
+            .position(|e| e.tree_parent.is_none())
+            .map_or(entries.len(), |n| i + 1 + n);
+        let group_holds = entries[i..end].iter().any(|e| holds(e.pid));
+        if entries[i].verdict.is_ok() && !group_holds {
+            let pid = entries[i].pid;
+            entries[i].verdict = Err(Refusal::NoGpuMemory { pid });
+            refused_roots.insert(i);
+        }
+        i = end;
+    }
+    let mut index = 0;
+    let mut in_refused = false;
+    entries.retain(|e| {
+        if e.tree_parent.is_none() {
+            in_refused = refused_roots.contains(&index);
+        }
+        index += 1;
+        e.tree_parent.is_none() || !in_refused
+    });
 }
 
 /// The whole `kill --json` document.
@@ -166,10 +244,17 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         .collect::<anyhow::Result<Vec<Named>>>()?;
     let actor = Actor::current();
     let mut sampler = open_sampler(global)?;
+    let mut procs = ProcReader::new();
+    // Who each target is, first; NVML's sample after. A target whose identity is unchanged
+    // when it is pinned (`signal::execute`) was that process all along, so what the sample
+    // says about its PID is about it. Sampled first, the PID could have passed from the
+    // GPU user to a bystander between the two, and the bystander would look like a holder.
+    let mut entries = plan(&named, args.tree, &actor, &mut procs);
     let before = sampler.tick();
     let held_before = holdings(&before, &GpuFilter::default());
-    let mut procs = ProcReader::new();
-    let entries = plan(&named, args.tree, &actor, &mut procs);
+    if !args.force {
+        refuse_without_gpu_memory(&mut entries, &held_before);
+    }
     // Descendants of the named targets, kept (even without --tree) to say who still holds
     // memory if some is left.
     let watch: Vec<(u32, u32)> = entries
@@ -502,18 +587,41 @@ mod tests {
             parse_target("1234").unwrap(),
             Named {
                 pid: 1234,
-                start_time_ticks: None
+                start_time_ticks: None,
+                pidfd_id: None,
             }
         );
         assert_eq!(
             parse_target("1234@98765").unwrap(),
             Named {
                 pid: 1234,
-                start_time_ticks: Some(98765)
+                start_time_ticks: Some(98765),
+                pidfd_id: None,
+            }
+        );
+        assert_eq!(
+            parse_target("1234@98765:4567").unwrap(),
+            Named {
+                pid: 1234,
+                start_time_ticks: Some(98765),
+                pidfd_id: Some(4567),
             }
         );
         assert_eq!(parse_target("4294967295").unwrap().pid, u32::MAX);
-        for bad in ["", "abc", "-1", "4294967296", "12@", "12@x", "@5", "1.5"] {
+        for bad in [
+            "",
+            "abc",
+            "-1",
+            "4294967296",
+            "12@",
+            "12@x",
+            "@5",
+            "1.5",
+            "12@5:",
+            "12@5:x",
+            "12@:5",
+            "12:5",
+        ] {
             let err = parse_target(bad).unwrap_err().to_string();
             assert!(err.starts_with(&format!("'{bad}' is not a PID")), "{err}");
         }

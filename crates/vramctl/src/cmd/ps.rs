@@ -71,6 +71,8 @@ struct PsProcess {
     visible: bool,
     /// With the boot id, its identity: `vramctl kill PID@START` insists on it.
     start_time_ticks: Option<u64>,
+    /// Its pidfd's id (Linux 6.9+), finer than the start time: `kill PID@START:ID`.
+    pidfd_id: Option<u64>,
     user: Option<String>,
     uid: Option<u32>,
     /// Command line; for an invisible PID, the driver's process name.
@@ -307,6 +309,16 @@ fn build(
     }
 }
 
+/// The pidfs id of the process `pid` that started at `start_time_ticks`: pinned first, then
+/// its start time read again, so the id is not another process's that took the PID since.
+fn pidfd_id_of(pid: u32, start_time_ticks: u64) -> Option<u64> {
+    let handle = vramctl_core::signal::PidHandle::pin(pid).ok()?;
+    let same = procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start_time_ticks);
+    (same && !handle.has_exited())
+        .then(|| handle.pidfd_id())
+        .flatten()
+}
+
 fn row(
     pid: u32,
     details: Option<&ProcessDetails>,
@@ -319,6 +331,7 @@ fn row(
         pid,
         visible: details.is_some(),
         start_time_ticks: details.and_then(|d| d.start_time_ticks),
+        pidfd_id: details.and_then(|d| pidfd_id_of(pid, d.start_time_ticks?)),
         user: details.and_then(|d| d.user.clone().or_else(|| d.uid.map(|u| u.to_string()))),
         uid: details.and_then(|d| d.uid),
         command,
@@ -726,6 +739,7 @@ mod tests {
             pid,
             visible: true,
             start_time_ticks: Some(u64::from(pid) * 10),
+            pidfd_id: None,
             user: Some("alice".into()),
             uid: Some(1000),
             command: Some(command.into()),

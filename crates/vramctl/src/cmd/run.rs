@@ -18,7 +18,8 @@ use crate::cli::{Budget, BudgetOf, GlobalArgs, RunArgs};
 use crate::exit::Exit;
 use crate::output::chart::{Chart, ChartSeries, Panel, SeriesKind, render};
 
-/// How long a stopped job gets between SIGTERM and SIGKILL.
+/// How long a stopped job gets between SIGTERM and SIGKILL (`run --grace`'s default; each
+/// `fit` trial's).
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs `run`.
@@ -44,7 +45,7 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
         until_line: None,
         timeout: args.timeout,
         interval: args.watch.interval,
-        stop_grace: STOP_GRACE,
+        stop_grace: args.grace,
         reap_orphans: true,
     };
     let mut on_tick = |snapshot: &vramctl_core::types::Snapshot, _: &_| {
@@ -270,6 +271,20 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
         vramctl::units::seconds(report.wall_s),
         report.interval_ms
     ));
+    if report.leftover_processes > 0 {
+        // Said, because a job that leaves processes behind usually did not mean to.
+        out.push_str(&format!(
+            "  {} of the job still running when the command ended: stopped (containment: {})\n",
+            plural(report.leftover_processes, "process", "processes"),
+            report.containment
+        ));
+    }
+    if report.unkillable_processes > 0 {
+        out.push_str(&format!(
+            "  {} survived SIGKILL (uninterruptible sleep, usually in a driver) and outlive run\n",
+            plural(report.unkillable_processes, "process", "processes")
+        ));
+    }
     let used: Vec<&DeviceReport> = report.used_devices().collect();
     if used.is_empty() {
         out.push_str("  no GPU memory held by the command's processes\n");
@@ -382,6 +397,10 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
         }
     }
     out
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// The job's memory per GPU it used: the device's used memory and the job's share.

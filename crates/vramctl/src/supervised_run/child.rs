@@ -1,6 +1,7 @@
 //! The supervised command as a process: started with its standard streams passed through
 //! (stderr copied byte for byte while its lines are scanned for out-of-memory errors),
-//! signals forwarded, its exit status collected, and stopped — the whole tree — when asked.
+//! signals forwarded, its exit status collected. Where its processes are kept, and how they
+//! are stopped, is [`super::scope`].
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -15,6 +16,7 @@ use regex::Regex;
 use rustix::process::{Pid, Signal, WaitOptions};
 
 use super::oom::{self, OomSource};
+use super::scope::JobScope;
 
 /// Where the command's output goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +181,12 @@ impl SignalForwarder {
         self.target.store(pid, Ordering::SeqCst);
     }
 
+    /// Forwards nothing more: the job's command has exited and been reaped, so its PID may
+    /// name another process by now.
+    pub fn release(&self) {
+        self.target.store(0, Ordering::SeqCst);
+    }
+
     /// The signals that came since the last call.
     pub fn drain(&self) -> Vec<ChildEvent> {
         self.events.try_iter().collect()
@@ -267,7 +275,6 @@ impl SpawnError {
 #[derive(Debug)]
 pub struct RunningChild {
     pid: u32,
-    own_group: bool,
     reap_orphans: bool,
     events: Receiver<ChildEvent>,
     stdout_tail: Arc<Mutex<Tail>>,
@@ -289,6 +296,8 @@ pub struct ChildSpec<'a> {
     pub until_line: Option<&'a Regex>,
     /// `run` is a child subreaper: reap every child that comes to it, not only this one.
     pub reap_orphans: bool,
+    /// Where its processes are kept: the command joins it before `exec`.
+    pub scope: &'a JobScope,
 }
 
 /// Starts the command and points `signals` at it.
@@ -320,6 +329,7 @@ pub fn spawn(spec: &ChildSpec<'_>, signals: &SignalForwarder) -> Result<RunningC
         // Ctrl-C comes to us first (the trial has no terminal input anyway).
         command.process_group(0);
     }
+    spec.scope.prepare(&mut command);
     let mut child = command.spawn().map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => SpawnError::NotFound {
             program: shown.clone(),
@@ -365,7 +375,6 @@ pub fn spawn(spec: &ChildSpec<'_>, signals: &SignalForwarder) -> Result<RunningC
     drop(child);
     Ok(RunningChild {
         pid,
-        own_group: captured,
         reap_orphans: spec.reap_orphans,
         events,
         stdout_tail,
@@ -492,15 +501,20 @@ impl RunningChild {
         }
     }
 
-    /// Sends `signal` to the command: to its process group when it has its own, else to it
-    /// and every descendant (read from /proc).
-    pub fn signal_tree(&self, signal: i32) {
-        if self.own_group {
-            send(self.pid, true, signal);
+    /// Reaps the children that exited since, the command's orphans that came to us among
+    /// them (a subreaper only: otherwise `wait(-1)` could take a status that is not ours).
+    pub fn reap_orphans(&mut self) {
+        if !self.reap_orphans {
+            return;
         }
-        send(self.pid, false, signal);
-        for (pid, _) in vramctl_core::procinfo::descendants(self.pid) {
-            send(pid, false, signal);
+        let me = i32::try_from(self.pid).ok().and_then(Pid::from_raw);
+        while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
+            if Some(pid) == me && self.status.is_none() {
+                self.status = status
+                    .exit_status()
+                    .map(ExitStatus::Code)
+                    .or_else(|| status.terminating_signal().map(ExitStatus::Signal));
+            }
         }
     }
 

@@ -570,3 +570,136 @@ fn json_keys_are_the_documented_ones() {
         assert!(documented.contains(key), "'{key}' is not in docs/json.md");
     }
 }
+
+#[test]
+fn kill_refuses_a_pid_that_holds_no_gpu_memory() {
+    // What a PID typed from an old listing looks like once its GPU user has exited and the
+    // number went to another process: NVML lists nothing for it.
+    let mut target = sleeper();
+    let pid = target.pid().to_string();
+    let scenario = Scenario::new(1, &[]);
+    let out = output(&mut kill(&scenario, &["--yes", &pid]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let lines: Vec<String> = text(&out).lines().map(str::to_owned).collect();
+    assert_eq!(
+        lines,
+        [format!(
+            "refused: PID {pid} holds no GPU memory now (NVML lists it on no GPU): if it held \
+             some, it has exited and the PID may name another process; --force signals it anyway"
+        )]
+    );
+    assert!(target.alive());
+    assert!(!scenario.db().exists(), "nothing sent, nothing written");
+
+    // With --tree, a launcher whose descendant holds the memory is not refused.
+    let t = tree();
+    let held = Scenario::new(1, &[Holder::real(0, t.grandchild, "2 GiB")]);
+    let out = output(&mut kill(
+        &held,
+        &["--dry-run", "--json", "--tree", &t.root.pid().to_string()],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = json(&out);
+    assert!(
+        report["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["outcome"] == "would_signal"),
+        "{report}"
+    );
+
+    // --force signals it anyway.
+    let out = output(&mut kill(&scenario, &["--yes", "--force", &pid]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(target.killed_by(), Some(15));
+}
+
+/// `sleep 600` under PID `pid`: `ns_last_pid` set to `pid - 1` just before the fork (root
+/// only; another fork on the machine may take the number first, so up to 500 tries).
+fn sleeper_with_pid(pid: u32) -> Option<crate::real_processes::Spawned> {
+    for _ in 0..500 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+        let s = sleeper();
+        if s.pid() == pid {
+            return Some(s);
+        }
+    }
+    None
+}
+
+#[test]
+fn kill_never_signals_a_reused_pid() {
+    if !is_root() {
+        eprintln!("skipped: handing a PID to a new process (ns_last_pid) needs root");
+        return;
+    }
+    // The GPU user, as `ps --json` showed it: PID, start time and pidfd id; it exits, is
+    // reaped, and a bystander gets its PID. Tried until the bystander starts within the
+    // same 10 ms clock tick, where only the pidfd id tells the two apart (or 50 times).
+    let mut case = None;
+    for _ in 0..50 {
+        let mut first = sleeper();
+        let pid = first.pid();
+        let start = vramctl_core::procinfo::read_stat(pid)
+            .unwrap()
+            .start_time_ticks;
+        let id = vramctl_core::signal::PidHandle::pin(pid)
+            .ok()
+            .and_then(|h| h.pidfd_id());
+        first.child.kill().expect("kill");
+        first.child.wait().expect("reap");
+        // Its drop would signal its process group, whose id the bystander may have now.
+        std::mem::forget(first);
+        if id.is_none() {
+            // Without pidfs only the start time tells processes apart, and a bystander of
+            // the same tick would pass for the first: not a case this kernel can refuse.
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+        let Some(bystander) = sleeper_with_pid(pid) else {
+            continue;
+        };
+        let same_tick =
+            vramctl_core::procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start);
+        let done = same_tick || id.is_none();
+        case = Some((pid, start, id, bystander, same_tick));
+        if done {
+            break;
+        }
+    }
+    let Some((pid, start, id, bystander, same_tick)) = case else {
+        eprintln!("skipped: no PID could be handed to a new process (ns_last_pid)");
+        return;
+    };
+    if id.is_none() {
+        eprintln!("this kernel has no pidfd ids (before 6.9): the start time alone is checked");
+    }
+    eprintln!("the bystander started in the same clock tick: {same_tick}");
+    let identity = match id {
+        Some(id) => format!("{pid}@{start}:{id}"),
+        None => format!("{pid}@{start}"),
+    };
+
+    // The old identity, with a listing that still names the PID: refused.
+    let listed = Scenario::new(1, &[Holder::real(0, pid, "1 GiB")]);
+    let out = output(&mut kill(&listed, &["--yes", &identity]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        text(&out).starts_with(&format!("refused: PID {pid} now names another process")),
+        "{}",
+        text(&out)
+    );
+    assert!(bystander.alive(), "the bystander was signalled");
+
+    // The bare PID, where the driver lists nothing for it now: refused.
+    let unlisted = Scenario::new(1, &[]);
+    let out = output(&mut kill(&unlisted, &["--yes", &pid.to_string()]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        text(&out).contains("holds no GPU memory now"),
+        "{}",
+        text(&out)
+    );
+    assert!(bystander.alive(), "the bystander was signalled");
+    assert!(!listed.db().exists() && !unlisted.db().exists());
+}

@@ -379,3 +379,258 @@ fn record_keeps_the_curve_in_the_history_and_plot_draws_it() {
         "the job's memory was recorded: {text}"
     );
 }
+
+/// The two ways `run` keeps a job (`supervised_run::scope`): the default (a cgroup v2
+/// scope where one can be made, as root here) and the subreaper's tree, forced.
+const CONTAINMENTS: [(&str, Option<&str>); 2] = [
+    ("default", None),
+    ("subreaper", Some("VRAMCTL_RUN_NO_CGROUP")),
+];
+
+/// A process of a job, as it was when it wrote its PID: (pid, start time).
+type JobPid = (u32, u64);
+
+/// The PIDs the job's processes wrote to `file`, one a line, once there are `n` (20 s at
+/// most), each with its start time read at once so that a later reuse is told apart.
+fn job_pids(file: &std::path::Path, n: usize) -> Vec<JobPid> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.len() >= n {
+            return pids
+                .into_iter()
+                .map(|pid| {
+                    let start = vramctl_core::procinfo::read_stat(pid)
+                        .map(|s| s.start_time_ticks)
+                        .unwrap_or(0);
+                    (pid, start)
+                })
+                .collect();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job wrote {} of {n} PIDs: {text:?}",
+            pids.len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether the process is still running: there, with its start time, and not a zombie (a
+/// zombie has exited; only its PID is left for its parent, or init, to collect).
+fn still_running(&(pid, start): &JobPid) -> bool {
+    vramctl_core::procinfo::read_stat(pid)
+        .is_ok_and(|s| s.start_time_ticks == start && !s.is_zombie())
+}
+
+/// SIGKILL to what a failed test leaves (checked to be the same process first).
+fn tidy(pids: &[JobPid]) {
+    for p in pids.iter().filter(|p| still_running(p)) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &p.0.to_string()])
+            .status();
+    }
+}
+
+/// `vramctl run --json --report FILE ARGS -- sh -c SCRIPT`, the script's `$PIDS` a file in
+/// `dir`.
+fn run_sh(dir: &std::path::Path, env: Option<&str>, args: &[&str], script: &str) -> Command {
+    let mut cmd = vramctl_std(&scenario("h200-idle.toml"));
+    cmd.env("PIDS", dir.join("pids"))
+        .arg("run")
+        .arg("--json")
+        .arg("--report")
+        .arg(dir.join("report.json"))
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null());
+    if let Some(var) = env {
+        cmd.env(var, "1");
+    }
+    cmd
+}
+
+fn report_in(dir: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("report.json")).expect("the report");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+#[test]
+fn run_timeout_kills_a_child_that_ignores_sigterm() {
+    // The shell dies of SIGTERM at the timeout; its child ignores it and is re-parented to
+    // `run`. It used to be forgotten with its parent, and outlive `run`.
+    let script = "sh -c 'trap \"\" TERM; echo $$ >> \"$PIDS\"; exec sleep 600 >/dev/null 2>&1' &
+        echo $$ >> \"$PIDS\"; wait";
+    for (mode, env) in CONTAINMENTS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cmd = run_sh(
+            dir.path(),
+            env,
+            &["--timeout", "1s", "--grace", "300ms"],
+            script,
+        );
+        let out = cmd.output().expect("run");
+        let pids = job_pids(&dir.path().join("pids"), 2);
+        let alive: Vec<&JobPid> = pids.iter().filter(|p| still_running(p)).collect();
+        tidy(&pids);
+        assert!(
+            alive.is_empty(),
+            "{mode}: {alive:?} outlived run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = report_in(dir.path());
+        assert_eq!(report["ending"], "timed-out", "{mode}");
+        assert_eq!(
+            out.status.code(),
+            Some(143),
+            "{mode}: the shell died of SIGTERM"
+        );
+        assert!(
+            report["leftover_processes"].as_u64() >= Some(1),
+            "{mode}: {report}"
+        );
+        if env.is_some() {
+            assert_eq!(report["containment"], "subreaper");
+        } else if report["containment"] != "cgroup" {
+            eprintln!(
+                "no cgroup v2 scope could be made here: only the subreaper's tree was tested"
+            );
+        }
+    }
+}
+
+#[test]
+fn run_timeout_kills_a_double_forked_daemon() {
+    // A daemon the classic way: a subshell forks it into a session of its own and exits, so
+    // it is nobody's descendant but `run`'s (a subreaper), in no process group of the job's.
+    let script = "( setsid sh -c 'trap \"\" TERM HUP; echo $$ >> \"$PIDS\"; exec sleep 600 >/dev/null 2>&1' & )
+        echo $$ >> \"$PIDS\"; exec sleep 600";
+    for (mode, env) in CONTAINMENTS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let started = std::time::Instant::now();
+        let out = run_sh(
+            dir.path(),
+            env,
+            &["--timeout", "1s", "--grace", "300ms"],
+            script,
+        )
+        .output()
+        .expect("run");
+        let pids = job_pids(&dir.path().join("pids"), 2);
+        let alive: Vec<&JobPid> = pids.iter().filter(|p| still_running(p)).collect();
+        tidy(&pids);
+        assert!(
+            alive.is_empty(),
+            "{mode}: {alive:?} outlived run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(report_in(dir.path())["ending"], "timed-out", "{mode}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{mode}: run waited {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+fn run_killed_with_sigkill_takes_its_job_with_it() {
+    // The command, a child of it that ignores SIGTERM, and a double-forked daemon; then
+    // `run` is killed with SIGKILL, which it cannot catch.
+    let script = "sh -c 'trap \"\" TERM; echo $$ >> \"$PIDS\"; exec sleep 600 >/dev/null 2>&1' &
+        ( setsid sh -c 'trap \"\" TERM HUP; echo $$ >> \"$PIDS\"; exec sleep 600 >/dev/null 2>&1' & )
+        echo $$ >> \"$PIDS\"; wait";
+    for (mode, env) in CONTAINMENTS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut run = run_sh(dir.path(), env, &[], script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run");
+        let pids = job_pids(&dir.path().join("pids"), 3);
+        // The command itself is the one that wrote its PID last (the others are started
+        // before it writes), but which line is whose does not matter: find it by parent.
+        let command = pids
+            .iter()
+            .copied()
+            .find(|(pid, _)| {
+                vramctl_core::procinfo::read_stat(*pid).is_ok_and(|s| s.ppid == run.id())
+            })
+            .expect("the command is run's child");
+        let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", command.0))
+            .unwrap_or_default()
+            .contains("vramctl-run.");
+        run.kill().expect("SIGKILL");
+        run.wait().expect("reap run");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let expected: Vec<JobPid> = if cgroup {
+            pids.clone()
+        } else {
+            // Without a cgroup, only the command has a death signal (docs/run.md).
+            eprintln!("{mode}: no cgroup scope; only the command itself is checked");
+            vec![command]
+        };
+        while expected.iter().any(still_running) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let alive: Vec<&JobPid> = expected.iter().filter(|p| still_running(p)).collect();
+        tidy(&pids);
+        assert!(alive.is_empty(), "{mode}: {alive:?} outlived run's SIGKILL");
+        if env.is_some() {
+            assert!(
+                !cgroup,
+                "{mode}: VRAMCTL_RUN_NO_CGROUP keeps the job out of cgroups"
+            );
+        }
+    }
+}
+
+#[test]
+fn run_timeout_as_another_user_ends_the_job_by_the_subreaper_s_tree() {
+    // Not root: no cgroup can be made (none is delegated here), so the job is kept by the
+    // subreaper's tree, and a child that ignores SIGTERM still goes at the timeout.
+    if !crate::real_processes::is_root() {
+        eprintln!("skipped: running vramctl as another uid (65534) needs root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let portable = crate::harness::Portable::new(&scenario("h200-idle.toml"));
+    let dir = portable.dir.path().join("job");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let script = "sh -c 'trap \"\" TERM; echo $$ >> \"$PIDS\"; exec sleep 600 >/dev/null 2>&1' &
+        echo $$ >> \"$PIDS\"; wait";
+    let out = portable
+        .command()
+        .env("PIDS", dir.join("pids"))
+        .args(["run", "--json", "--report"])
+        .arg(dir.join("report.json"))
+        .args([
+            "--timeout",
+            "1s",
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run");
+    let pids = job_pids(&dir.join("pids"), 2);
+    let alive: Vec<&JobPid> = pids.iter().filter(|p| still_running(p)).collect();
+    tidy(&pids);
+    assert!(
+        alive.is_empty(),
+        "{alive:?} outlived run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = report_in(&dir);
+    assert_eq!(report["ending"], "timed-out");
+    assert_eq!(report["containment"], "subreaper", "{report}");
+}
