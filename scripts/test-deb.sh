@@ -10,6 +10,8 @@
 # dpkg -r: binary, pages, completions and units are gone; the user stays.
 # dpkg -P: /var/lib/vramctl is gone and dpkg forgets the package; the user still stays
 #   (Debian leaves system users in place, docs/packaging.md).
+# Then, where it made the user itself: installs again beside an admin's own `vramctl` group
+#   (docs/socket.md), and the user joins that group.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,4 +91,18 @@ if dpkg-query -W vramctl >/dev/null 2>&1; then
   fail "dpkg still knows vramctl after dpkg -P: $(dpkg-query -W -f='${Status}' vramctl)"
 fi
 getent passwd vramctl >/dev/null || fail "dpkg -P removed the vramctl user (Debian keeps system users)"
+
+# The package installs where the admin made a `vramctl` group first, as docs/socket.md
+# tells them to (issue 29: useradd --user-group exited 9 there and dpkg -i failed). Only
+# when this test made the user, so an admin's real user and group are never touched.
+if [ "$had_user" = 0 ]; then
+  userdel vramctl
+  ! getent group vramctl >/dev/null || groupdel vramctl
+  groupadd --system vramctl
+  gid=$(getent group vramctl | cut -d: -f3)
+  dpkg -i "$deb" || fail "dpkg -i failed where a vramctl group already exists"
+  getent passwd vramctl >/dev/null || fail "no vramctl user after install beside an existing group"
+  [ "$(id -g vramctl)" = "$gid" ] || fail "the vramctl user did not join the existing vramctl group (gid $(id -g vramctl), group $gid)"
+  dpkg -P vramctl
+fi
 echo "scripts/test-deb.sh: ok: $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB) installed, removed and purged"

@@ -9,6 +9,10 @@
 # - tmux: the `top` end-to-end test types keys into the real terminal UI.
 # Before them, the in-process agent's tests (python/tests, standard-library unittest, real
 # interpreters with stand-in frameworks; as root they also act as other users) need python3.
+# Both suites run whatever the other's result (exit status 1 if either failed; one summary
+# line each at the end). They pass from a checkout other users cannot read (a 0700 home)
+# and under `nohup`: what other users run is copied somewhere they can read it, and the
+# tests' child processes start with SIGHUP/SIGINT/SIGTERM at their defaults.
 # As root, a missing package is installed with apt-get. Otherwise this says which packages
 # are missing, and the tests that need them are skipped (VRAMCTL_SKIP_PROMETHEUS=1,
 # VRAMCTL_SKIP_TMUX=1) so that the rest still runs and passes; CI runs as root and never
@@ -56,10 +60,31 @@ if ! command -v tmux >/dev/null 2>&1; then
   export VRAMCTL_SKIP_TMUX=1
 fi
 
+# Both suites always run, so that a failure in one never hides the other's result; each
+# ends with one summary line, and the exit status is 1 if either failed.
+python_result="passed"
 if command -v python3 >/dev/null 2>&1; then
-  python3 -m unittest discover -s python/tests -t python/tests
+  if python3 -m unittest discover -s python/tests -t python/tests; then
+    python_result="passed"
+  else
+    python_result="FAILED (exit $?)"
+  fi
+elif [ "${VRAMCTL_TEST_STRICT:-0}" = 1 ]; then
+  echo "scripts/test.sh: error: python3 is missing and VRAMCTL_TEST_STRICT=1" >&2
+  python_result="FAILED (python3 is missing)"
 else
   skip "python3"
+  python_result="skipped (python3 is missing)"
 fi
 
-exec cargo test --workspace "$@"
+if cargo test --workspace "$@"; then
+  rust_result="passed"
+else
+  rust_result="FAILED (exit $?)"
+fi
+
+echo "scripts/test.sh: python tests (python/tests): $python_result"
+echo "scripts/test.sh: rust tests (cargo test --workspace $*): $rust_result"
+case "$python_result $rust_result" in
+  *FAILED*) exit 1 ;;
+esac

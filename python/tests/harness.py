@@ -13,6 +13,7 @@ import json
 import os
 import random
 import select
+import socket
 import shutil
 import signal
 import subprocess
@@ -52,8 +53,19 @@ class TargetFailed(AssertionError):
     pass
 
 
+# Signals a target starts with at their default action whatever the test run inherited: a
+# suite started under `nohup` (SIGHUP ignored) or from a script's background job (SIGINT
+# ignored) would otherwise hand that to every target, and the agent rightly leaves an
+# ignored signal alone. A test that wants one ignored says so (Target(ignore_signals=...)).
+DEFAULT_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+
+
 class Target:
-    """A child interpreter that runs code sent to it and answers with JSON lines."""
+    """A child interpreter that runs code sent to it and answers with JSON lines.
+
+    With `uid` it runs as that user, from a copy of the agent package, the fakes and
+    target.py that every user can read (the checkout may sit in a 0700 home directory), and
+    with an interpreter that user may run (python_for_uid) unless `python` is given."""
 
     def __init__(
         self,
@@ -64,12 +76,26 @@ class Target:
         python: str | None = None,
         pythonpath: list[str] | None = None,
         args: list[str] | None = None,
+        ignore_signals: tuple = (),
     ) -> None:
         self._own_runtime = runtime_dir is None
+        self._copy: str | None = None
+        self.proc = None
         self.runtime_dir = runtime_dir if runtime_dir is not None else tempfile.mkdtemp(prefix="vramctl-test-run-")
         if self._own_runtime and uid is not None:
             os.chown(self.runtime_dir, uid, uid)
         self.stderr_file = tempfile.TemporaryFile()
+        target = TARGET
+        if uid is not None:
+            if python is None:
+                python = python_for_uid(uid)
+                if python is None:
+                    self._cleanup()
+                    raise unittest.SkipTest(f"no interpreter that uid {uid} may run")
+            self._copy, copied_path = world_readable_copy(*fakes)
+            target = os.path.join(self._copy, "target.py")
+            if pythonpath is None:
+                pythonpath = copied_path
         path = list(pythonpath) if pythonpath is not None else [PYTHON_DIR] + fake_path(*fakes)
         environment = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -81,16 +107,17 @@ class Target:
         }
         environment.update(env or {})
         environment = {k: v for k, v in environment.items() if v is not None}
-        preexec = None
-        if uid is not None:
 
-            def preexec() -> None:
+        def preexec() -> None:
+            for sig in DEFAULT_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN if sig in ignore_signals else signal.SIG_DFL)
+            if uid is not None:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
 
         self.proc = subprocess.Popen(
-            [python or sys.executable, *(args or []), TARGET],
+            [python or sys.executable, *(args or []), target],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr_file,
@@ -99,9 +126,13 @@ class Target:
             cwd="/",
         )
         self.pid = self.proc.pid
-        hello = self._read(timeout_s=20)
-        if not hello.get("ready"):
-            raise TargetFailed(f"the target did not start: {hello} {self.stderr()}")
+        try:
+            hello = self._read(timeout_s=20)
+            if not hello.get("ready"):
+                raise TargetFailed(f"the target did not start: {hello} {self.stderr()}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
 
     def _read(self, timeout_s: float) -> dict:
         stdout = self.proc.stdout
@@ -146,15 +177,21 @@ class Target:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(20)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(20)
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
         self.stderr_file.close()
         if self._own_runtime:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
@@ -218,3 +255,107 @@ def python_for_uid(uid: int) -> str | None:
 
 def needs_root(test):
     return unittest.skipUnless(is_root(), "needs root (to act as other users); CI runs as root")(test)
+
+
+class PlantedSocket:
+    """A listening socket bound and served by a forked child running as `uid` (an attacker),
+    which answers every connection with `reply` and reports over a pipe whatever it was
+    sent. With `make_dir`, the child first creates the socket's directory (mode 0777), as a
+    squatter in /tmp would."""
+
+    def __init__(self, uid: int, path: str, reply: bytes, make_dir: bool = False) -> None:
+        self.path = path
+        read_end, write_end = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into unittest
+            try:
+                os.close(read_end)
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                if make_dir:
+                    os.mkdir(os.path.dirname(path))
+                    os.chmod(os.path.dirname(path), 0o777)
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listener.bind(path)
+                os.chmod(path, 0o777)
+                listener.listen(8)
+                os.write(write_end, b"ready\n")
+                while True:
+                    conn, _ = listener.accept()
+                    conn.settimeout(2)
+                    try:
+                        data = conn.recv(65536)
+                    except OSError:
+                        data = b""
+                    if data:
+                        os.write(write_end, b"request " + data.replace(b"\n", b" ") + b"\n")
+                    try:
+                        conn.sendall(reply)
+                    except OSError:
+                        pass
+                    conn.close()
+            except BaseException as err:  # noqa: B902 - report to the parent
+                os.write(write_end, f"error {err!r}\n".encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        self._pipe = os.fdopen(read_end, "rb")
+        ready, _, _ = select.select([self._pipe], [], [], 10)
+        line = self._pipe.readline() if ready else b""
+        if line != b"ready\n":
+            self.close()
+            raise AssertionError(f"the planted socket did not start: {line!r}")
+
+    def requests(self) -> list[bytes]:
+        """What clients sent it so far."""
+        out = []
+        while select.select([self._pipe], [], [], 0.2)[0]:
+            line = self._pipe.readline()
+            if not line:
+                break
+            out.append(line.rstrip(b"\n"))
+        return out
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "PlantedSocket":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        self._pipe.close()
+
+
+class another_user:
+    """A user created for one test (useradd) and removed after it (userdel); its uid is
+    `.uid`. Skips the test, saying why on stderr, when not root or useradd fails."""
+
+    def __init__(self) -> None:
+        self.name = f"vramctl-t{random.SystemRandom().randrange(16**6):06x}"
+        self.uid = -1
+
+    def __enter__(self) -> "another_user":
+        import pwd
+
+        if not is_root():
+            print(f"\nskipped: creating a user needs root (uid {os.geteuid()})", file=sys.stderr)
+            raise unittest.SkipTest("creating a user needs root")
+        done = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", self.name],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            print(f"\nskipped: useradd {self.name} failed: {done.stderr.strip()}", file=sys.stderr)
+            raise unittest.SkipTest(f"useradd failed: {done.stderr.strip()}")
+        self.uid = pwd.getpwnam(self.name).pw_uid
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["userdel", self.name], capture_output=True)

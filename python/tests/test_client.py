@@ -124,6 +124,35 @@ class MisbehavingAgentTest(unittest.TestCase):
                     conn.request("hello", pad="x" * 300000)
                 self.assertEqual(raised.exception.code, proto.BUSY)
 
+    def test_a_socket_served_by_another_process_is_not_believed(self) -> None:
+        # The right directory, the right user, the right name, but this test process serves
+        # it, not the process asked about: the kernel's SO_PEERCRED says so.
+        with Target() as t:
+            directory = os.path.join(t.runtime_dir, "vramctl")
+            os.mkdir(directory, 0o700)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.addCleanup(listener.close)
+            listener.bind(os.path.join(directory, f"agent-{t.pid}.sock"))
+            listener.listen(1)
+            with self.assertRaises(client.WrongPeer) as raised:
+                client.request(t.pid, "hello", timeout_s=2)
+            self.assertIn(f"it is served by process {os.getpid()}, not {t.pid}", str(raised.exception))
+
+    def test_a_socket_behind_a_symlink_is_not_followed(self) -> None:
+        with FakeAgent(lambda line: b'{"protocol": 1, "ok": true}\n') as fake:
+            link = os.path.join(fake.dir, "agent-2.sock")
+            os.symlink(fake.path, link)
+            with self.assertRaises(client.WrongPeer) as raised:
+                client.request(link, "hello", timeout_s=2)
+            self.assertIn("is not a socket (a symlink)", str(raised.exception))
+            linked_dir = fake.dir + "-link"
+            os.symlink(fake.dir, linked_dir)
+            self.addCleanup(os.unlink, linked_dir)
+            with self.assertRaises(client.WrongPeer) as raised:
+                client.request(os.path.join(linked_dir, "agent-1.sock"), "hello", timeout_s=2)
+            self.assertIn("is a symlink", str(raised.exception))
+            self.assertFalse(fake.answered.is_set())
+
     def test_no_socket_is_no_agent(self) -> None:
         with self.assertRaises(client.NoAgent):
             client.request("/nonexistent/agent-1.sock", "hello")

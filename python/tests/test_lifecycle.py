@@ -53,6 +53,16 @@ class ExitTest(unittest.TestCase):
                 self.assertEqual(t.kill(sig), -sig)
                 self.assertFalse(os.path.exists(path))
 
+    def test_a_sighup_the_program_ignores_stays_ignored(self) -> None:
+        # A program started under nohup ignores SIGHUP: the agent must not turn a hangup
+        # into its death, and the socket stays for as long as the process lives.
+        with Target(ignore_signals=(signal.SIGHUP,)) as t:
+            path = t.start_agent()
+            self.assertEqual(t.run("import signal", "signal.getsignal(signal.SIGHUP) is signal.SIG_IGN"), True)
+            t.proc.send_signal(signal.SIGHUP)
+            self.assertEqual(t.run("", "1"), 1)  # still alive and answering
+            self.assertTrue(client.request(path, "hello")["ok"])
+
     def test_a_handler_the_program_installed_is_left_alone(self) -> None:
         with Target() as t:
             t.run("import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))")

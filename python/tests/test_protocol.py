@@ -114,6 +114,25 @@ class ProtocolTest(unittest.TestCase):
                 self.assertTrue(answers[1]["ok"])
         self.assert_alive()
 
+    def test_an_id_beyond_a_doubles_range_is_answered_with_a_null_id(self) -> None:
+        # 1e400 parses as infinity, which no JSON answer can carry: once it killed the
+        # answer on its way out and the client heard nothing.
+        for literal in (b"1e400", b"-1e400", b"1E+999"):
+            with self.subTest(id=literal):
+                answers = raw(self.path, b'{"op":"hello","id":' + literal + b'}\n{"op":"hello","id":2}\n')
+                self.assertEqual(len(answers), 2, answers)
+                self.assertFalse(answers[0]["ok"])
+                self.assertEqual(answers[0]["error"]["code"], proto.BAD_REQUEST)
+                self.assertIn("id", answers[0])
+                self.assertIsNone(answers[0]["id"])
+                self.assertEqual(answers[0]["op"], "hello")
+                self.assertEqual(answers[1]["id"], 2)
+                self.assertTrue(answers[1]["ok"])
+        # Large but finite ids are still echoed as the numbers they are.
+        [answer] = raw(self.path, b'{"op":"hello","id":1e300}\n')
+        self.assertEqual(answer["id"], 1e300)
+        self.assertTrue(answer["ok"])
+
     def test_an_unsupported_protocol_answer_says_which_the_agent_speaks(self) -> None:
         answer = raw(self.path, b'{"op":"hello","protocol":2}\n')[0]
         self.assertEqual(answer["error"]["supported"], [1])

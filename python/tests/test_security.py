@@ -7,16 +7,18 @@ so that their fallback directory (/tmp/vramctl-<uid>) is the tests' own."""
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import unittest
 
-from harness import AGENT_UID, OTHER_UID, Target, TargetFailed, client, is_root, needs_root, python_for_uid, world_readable_copy
+from harness import AGENT_UID, OTHER_UID, PlantedSocket, Target, TargetFailed, another_user, client, is_root, needs_root, python_for_uid, world_readable_copy
 
 from vramctl_agent import _protocol as proto
 
@@ -67,6 +69,89 @@ def connect_as(uid: int, path: str, request: bytes = b'{"op":"hello"}\n') -> dic
     return json.loads(data)
 
 
+def client_command_as(uid: int, *args: str) -> subprocess.CompletedProcess:
+    """`python3 -m vramctl_agent.client ARGS` run as `uid`, from a copy that uid can read."""
+    python = python_for_uid(uid)
+    if python is None:
+        raise unittest.SkipTest(f"no interpreter that uid {uid} may run")
+    base, _ = world_readable_copy()
+    try:
+
+        def preexec() -> None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": base, "PYTHONDONTWRITEBYTECODE": "1"}
+        return subprocess.run(
+            [python, "-m", "vramctl_agent.client", *args], capture_output=True, text=True, env=environment, preexec_fn=preexec, cwd="/", timeout=60
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def forged_hello(pid: int) -> bytes:
+    return json.dumps({"protocol": 1, "ok": True, "op": "hello", "id": 1, "pid": pid, "uid": AGENT_UID, "forged": True}).encode() + b"\n"
+
+
+class PlantedSocketTest(unittest.TestCase):  # another_user() skips, on stderr, when not root
+    """Another user plants a listening socket where a client looks for the agent of a process
+    of AGENT_UID that has none (XDG_RUNTIME_DIR unset: /tmp/vramctl-AGENT_UID) and answers
+    with forged JSON. The client must never send it a request nor print what it says."""
+
+    fallback = f"/tmp/vramctl-{AGENT_UID}"
+
+    def setUp(self) -> None:
+        shutil.rmtree(self.fallback, ignore_errors=True)
+        self.addCleanup(shutil.rmtree, self.fallback, True)
+
+    def assert_refused(self, t: Target, planted: PlantedSocket, because: str) -> None:
+        with self.assertRaises(client.WrongPeer) as raised:
+            client.request(t.pid, "hello")
+        self.assertIn(because, str(raised.exception))
+        cli = self.command_as_root(str(t.pid), "hello")
+        self.assertEqual(cli.returncode, 2, cli.stdout + cli.stderr)
+        self.assertEqual(cli.stdout, "")
+        self.assertIn(because, cli.stderr)
+        own = client_command_as(AGENT_UID, str(t.pid), "hello")  # the process's own user
+        self.assertEqual(own.returncode, 2, own.stdout + own.stderr)
+        self.assertEqual(own.stdout, "")
+        self.assertEqual(planted.requests(), [])
+
+    def command_as_root(self, *args: str) -> subprocess.CompletedProcess:
+        from harness import PYTHON_DIR
+
+        environment = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+        return subprocess.run([sys.executable, "-m", "vramctl_agent.client", *args], capture_output=True, text=True, env=environment, timeout=60)
+
+    def test_client_refuses_a_socket_another_user_planted(self) -> None:
+        with another_user() as attacker, Target(uid=AGENT_UID, env={"XDG_RUNTIME_DIR": None}) as t:
+            path = os.path.join(self.fallback, f"agent-{t.pid}.sock")
+            # 1. The squatter's own directory at the fallback's name.
+            with PlantedSocket(attacker.uid, path, forged_hello(t.pid), make_dir=True) as planted:
+                self.assertEqual(os.lstat(self.fallback).st_uid, attacker.uid)
+                self.assert_refused(t, planted, f"'{self.fallback}' belongs to uid {attacker.uid}, not {AGENT_UID}")
+            shutil.rmtree(self.fallback)
+            # 2. The user's own directory, left writable by others: anyone could have put it there.
+            os.mkdir(self.fallback)
+            os.chown(self.fallback, AGENT_UID, AGENT_UID)
+            os.chmod(self.fallback, 0o777)
+            with PlantedSocket(attacker.uid, path, forged_hello(t.pid)) as planted:
+                self.assert_refused(t, planted, f"'{self.fallback}' may be written by others")
+            shutil.rmtree(self.fallback)
+            # 3. A private directory of the user's and a socket file of the user's, served by
+            #    the attacker (root moved it there): only the kernel's word (SO_PEERCRED) tells.
+            elsewhere = tempfile.mkdtemp(prefix="vramctl-test-planted-")
+            self.addCleanup(shutil.rmtree, elsewhere, True)
+            os.chmod(elsewhere, 0o777)
+            with PlantedSocket(attacker.uid, os.path.join(elsewhere, "s"), forged_hello(t.pid)) as planted:
+                os.mkdir(self.fallback, 0o700)
+                os.chown(self.fallback, AGENT_UID, AGENT_UID)
+                os.rename(os.path.join(elsewhere, "s"), path)
+                os.lchown(path, AGENT_UID, AGENT_UID)
+                self.assert_refused(t, planted, f"it is served by uid {attacker.uid}, not {AGENT_UID}")
+
+
 @needs_root
 class PeerTest(unittest.TestCase):
     def test_the_socket_directory_is_0700_and_the_socket_0600(self) -> None:
@@ -102,20 +187,13 @@ class PeerTest(unittest.TestCase):
             self.assertTrue(client.request(path, "hello")["ok"])  # and it carries on
 
     def test_root_may_read_and_act_on_another_users_agent(self) -> None:
-        python = python_for_uid(AGENT_UID)
-        if python is None:
-            self.skipTest(f"no interpreter that uid {AGENT_UID} may run")
-        base, pythonpath = world_readable_copy("torch")
-        try:
-            with Target(uid=AGENT_UID, python=python, pythonpath=pythonpath) as t:
-                path = t.start_agent()
-                self.assertEqual(os.stat(path).st_uid, AGENT_UID)
-                hello = client.request(t.pid, "hello")
-                self.assertEqual(hello["uid"], AGENT_UID)
-                t.run("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del x")
-                self.assertEqual(client.request(t.pid, "reclaim")["released_bytes"], 1 << 30)
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        with Target(uid=AGENT_UID) as t:
+            path = t.start_agent()
+            self.assertEqual(os.stat(path).st_uid, AGENT_UID)
+            hello = client.request(t.pid, "hello")
+            self.assertEqual(hello["uid"], AGENT_UID)
+            t.run("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del x")
+            self.assertEqual(client.request(t.pid, "reclaim")["released_bytes"], 1 << 30)
 
 
 @needs_root
@@ -125,21 +203,18 @@ class FallbackTest(unittest.TestCase):
     fallback = f"/tmp/vramctl-{AGENT_UID}"
 
     def setUp(self) -> None:
-        self.python = python_for_uid(AGENT_UID)
-        if self.python is None:
-            self.skipTest(f"no interpreter that uid {AGENT_UID} may run")
         shutil.rmtree(self.fallback, ignore_errors=True)
-        self.base, self.pythonpath = world_readable_copy("torch")
         self.runtime = tempfile.mkdtemp(prefix="vramctl-test-xdg-")
         os.chown(self.runtime, AGENT_UID, AGENT_UID)
 
     def tearDown(self) -> None:
-        shutil.rmtree(self.base, ignore_errors=True)
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.fallback, ignore_errors=True)
+        for fresh in glob.glob(f"{self.fallback}.*"):
+            shutil.rmtree(fresh, ignore_errors=True)
 
     def agent(self, runtime_dir: str) -> Target:
-        return Target(uid=AGENT_UID, python=self.python, pythonpath=self.pythonpath, runtime_dir=runtime_dir)
+        return Target(uid=AGENT_UID, runtime_dir=runtime_dir)
 
     def assert_fallback(self, t: Target, path: str) -> None:
         self.assertEqual(path, os.path.join(self.fallback, f"agent-{t.pid}.sock"))
@@ -149,7 +224,7 @@ class FallbackTest(unittest.TestCase):
         self.assertEqual(client.request(t.pid, "hello")["socket"], path)
 
     def test_no_runtime_dir_uses_the_fallback(self) -> None:
-        with Target(uid=AGENT_UID, python=self.python, pythonpath=self.pythonpath, env={"XDG_RUNTIME_DIR": None}) as t:
+        with Target(uid=AGENT_UID, env={"XDG_RUNTIME_DIR": None}) as t:
             self.assert_fallback(t, t.start_agent())
 
     def test_an_unwritable_runtime_dir_uses_the_fallback(self) -> None:
@@ -222,18 +297,56 @@ class FallbackTest(unittest.TestCase):
         finally:
             subprocess.run(["umount", self.runtime], check=True)
 
+    def test_a_squatted_fallback_directory_moves_the_agent_to_a_fresh_private_one(self) -> None:
+        # XDG_RUNTIME_DIR unset and someone else made /tmp/vramctl-<uid>: that once stopped
+        # the agent from starting at all.
+        os.mkdir(self.fallback)
+        os.chmod(self.fallback, 0o777)
+        os.chown(self.fallback, OTHER_UID, OTHER_UID)
+        with Target(uid=AGENT_UID, env={"XDG_RUNTIME_DIR": None}) as t:
+            # The squatter also makes a look-alike of the fresh directory, sorting first,
+            # with a socket at the agent's name: clients must pass it over.
+            decoy = f"{self.fallback}.000decoy"
+            with PlantedSocket(OTHER_UID, os.path.join(decoy, f"agent-{t.pid}.sock"), forged_hello(t.pid), make_dir=True) as planted:
+                path = t.start_agent()
+                fresh = os.path.dirname(path)
+                self.assertTrue(fresh.startswith(f"{self.fallback}."), path)
+                self.assertNotEqual(fresh, decoy)
+                self.assertEqual(os.path.basename(path), f"agent-{t.pid}.sock")
+                info = os.lstat(fresh)
+                self.assertTrue(stat.S_ISDIR(info.st_mode))
+                self.assertEqual((info.st_uid, stat.S_IMODE(info.st_mode)), (AGENT_UID, 0o700))
+                # Said on stderr (no logging configured in the target), with why.
+                self.assertIn(f"'{self.fallback}' belongs to uid {OTHER_UID}, not {AGENT_UID}", t.stderr())
+                self.assertIn(f"using a fresh private directory '{fresh}' instead", t.stderr())
+                # Clients find it by PID: root, and the process's own user.
+                self.assertEqual(client.request(t.pid, "hello")["socket"], path)
+                own = client_command_as(AGENT_UID, str(t.pid), "hello")
+                self.assertEqual(own.returncode, 0, own.stderr)
+                self.assertEqual(json.loads(own.stdout)["socket"], path)
+                listed = {a["path"]: a["state"] for a in client.list_agents(uid=AGENT_UID)}
+                self.assertEqual(listed[path], "live")
+                self.assertEqual(listed[os.path.join(decoy, f"agent-{t.pid}.sock")], "untrusted")
+                self.assertEqual(planted.requests(), [])
+            self.assertEqual(os.listdir(self.fallback), [])
+            self.assertEqual(t.finish(), 0)
+            self.assertFalse(os.path.exists(fresh))  # removed with the socket at exit
+
     def test_no_usable_directory_is_an_error_that_says_why_for_each(self) -> None:
         os.chown(self.runtime, 0, 0)
         os.chmod(self.runtime, 0o755)
         os.mkdir(self.fallback, 0o700)
         os.chown(self.fallback, OTHER_UID, OTHER_UID)
         with self.agent(self.runtime) as t:
+            # Where even a fresh directory cannot be made.
+            t.run("import vramctl_agent._paths as p\np.FALLBACK_BASE = '/nonexistent'")
             with self.assertRaises(TargetFailed) as failed:
                 t.start_agent()
             message = str(failed.exception)
             self.assertIn("AgentError: no usable socket directory", message)
             self.assertIn(f"cannot create '{self.runtime}/vramctl'", message)
             self.assertIn(f"'{self.fallback}' belongs to uid {OTHER_UID}, not {AGENT_UID}", message)
+            self.assertIn("cannot create a fresh private directory in '/nonexistent'", message)
 
 
 class WithoutRootTest(unittest.TestCase):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import json
+import math
 import os
 import platform
 import sys
@@ -297,9 +298,21 @@ def answer(request: object, peer: Peer, agent) -> dict:
     if not isinstance(request, dict):
         return proto.error_response(proto.BAD_REQUEST, f"a request is a JSON object, not {type(request).__name__}")
     request_id = request.get("id")
+    op = request.get("op")
+    if isinstance(request_id, float) and not math.isfinite(request_id):
+        # A number beyond a double's range (1e400, -1e400) parses as infinity, which no JSON
+        # answer can carry; echoing the digits would give clients that parse numbers as
+        # doubles (serde_json) a line they cannot read. The answer says so with `"id": null`,
+        # as docs/agent.md promises, rather than dying on the way out and never answering.
+        response = proto.error_response(
+            proto.BAD_REQUEST,
+            "'id' is a number beyond the range of a double and cannot be echoed; use a string or a smaller number",
+            op if isinstance(op, str) else None,
+        )
+        response["id"] = None
+        return response
     if request_id is not None and (not isinstance(request_id, (str, int, float, bool)) or len(str(request_id)) > 256):
         return proto.error_response(proto.BAD_REQUEST, "'id' must be a string or number of at most 256 characters")
-    op = request.get("op")
     version = request.get("protocol", proto.PROTOCOL)
     if isinstance(version, bool) or not isinstance(version, int):
         return proto.error_response(proto.BAD_REQUEST, f"'protocol' must be an integer, not {_show(version)}", op, request_id)

@@ -61,6 +61,7 @@ class Agent:
         self.max_connections = int(max_connections)
         self.path: str | None = None
         self.skipped: list[str] = []  # why each earlier candidate directory was not used
+        self._made_dir: str | None = None  # the fresh private directory we made, if any
         self._listener: socket.socket | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file
         self._stopping = threading.Event()
@@ -89,13 +90,43 @@ class Agent:
             self.path = path
             break
         else:
-            raise AgentError("no usable socket directory: " + "; ".join(self.skipped))
-        if self.skipped:
+            self.path = self._start_in_fresh_dir()
+        if self._made_dir is not None:
+            # Said at WARNING (on stderr where the program configured no logging): the usual
+            # place is blocked, quite possibly by someone else on purpose.
+            log.warning(
+                "vramctl agent: %s; using a fresh private directory '%s' instead (clients find it by its owner)",
+                "; ".join(self.skipped),
+                self._made_dir,
+            )
+        elif self.skipped:
             log.info("vramctl agent: %s; using '%s'", "; ".join(self.skipped), self.path)
         self._thread = threading.Thread(target=self._serve, name="vramctl-agent", daemon=True)
         self._thread.start()
         log.info("vramctl agent: listening on '%s' (pid %d)", self.path, self.pid)
         return self.path
+
+    def _start_in_fresh_dir(self) -> str:
+        """Every usual directory is unusable (typically: XDG_RUNTIME_DIR unset and someone
+        else created /tmp/vramctl-<uid>): listen in a directory made now, which nobody can
+        have planted. Clients look for these by name and owner (_paths.fallback_dirs)."""
+        try:
+            directory = _paths.make_fallback_dir(self.uid)
+        except OSError as err:
+            self.skipped.append(f"cannot create a fresh private directory in '{_paths.FALLBACK_BASE}': {err.strerror or err}")
+            raise AgentError("no usable socket directory: " + "; ".join(self.skipped)) from None
+        path = os.path.join(directory, _paths.socket_name(self.pid))
+        try:
+            self._listener = self._bind(directory, path)
+        except OSError as err:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+            self.skipped.append(f"cannot create a socket in '{directory}': {err.strerror or err}")
+            raise AgentError("no usable socket directory: " + "; ".join(self.skipped)) from None
+        self._made_dir = directory
+        return path
 
     def _bind(self, directory: str, path: str) -> socket.socket:
         state = _paths.probe(path)
@@ -207,7 +238,7 @@ class Agent:
                 if os.getpid() != self.pid:
                     return
                 response = self._answer(line, peer)
-                if not self._send(conn, proto.trim_to_limit(response)):
+                if not self._send(conn, self._encode(response)):
                     return
         except Exception:
             log.warning("vramctl agent: a connection failed", exc_info=True)
@@ -229,6 +260,20 @@ class Agent:
             log.warning("vramctl agent: a request failed", exc_info=True)
             op = request.get("op") if isinstance(request, dict) else None
             return proto.error_response(proto.INTERNAL_ERROR, f"{type(err).__name__}: {str(err)[:300]}", op if isinstance(op, str) else None)
+
+    def _encode(self, response: dict) -> bytes:
+        """The answer's line; an answer that cannot be JSON (a bug: a value JSON cannot
+        carry) is replaced by `internal_error`, so that every request is still answered."""
+        try:
+            return proto.trim_to_limit(response)
+        except (ValueError, TypeError) as err:
+            log.warning("vramctl agent: an answer could not be encoded", exc_info=True)
+            op = response.get("op")
+            return proto.encode_line(
+                proto.error_response(
+                    proto.INTERNAL_ERROR, f"the answer could not be written as JSON: {str(err)[:300]}", op if isinstance(op, str) else None
+                )
+            )
 
     def _read_line(self, conn: socket.socket, buffer: bytearray) -> bytes | None:
         """One line without its newline; None at the end of input. The whole line must
@@ -287,6 +332,11 @@ class Agent:
                 os.unlink(path)
         except OSError:
             pass
+        if self._made_dir is not None:
+            try:
+                os.rmdir(self._made_dir)  # only when empty; it is ours alone
+            except OSError:
+                pass
 
     def stop(self) -> None:
         self._stopping.set()

@@ -7,10 +7,12 @@
     python3 -m vramctl_agent.client PID snapshot --record start [--max-entries N] [--stacks python|all]
     python3 -m vramctl_agent.client PID snapshot --record stop
     python3 -m vramctl_agent.client PID reset-peak
+    python3 -m vramctl_agent.client PID hello --socket PATH   # PID 0: a socket of our own user
     python3 -m vramctl_agent.client list [--clean] [--all-users]
 
 Prints the agent's answer as JSON. Exit status: 0 answered ok, 1 the agent answered with an
-error, 2 usage error or no answer (no agent, a stale socket (removed), a timeout, refused).
+error, 2 usage error or no answer (no agent, a stale socket (removed), a timeout, refused,
+or a socket that is not provably the process's agent: WrongPeer, never asked).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import errno
 import json
 import os
 import socket
+import stat
+import struct
 import sys
 import time
 
@@ -57,6 +61,14 @@ class AccessDenied(ClientError):
     code = "permission_denied"
 
 
+class WrongPeer(ClientError):
+    """A socket that is not provably the agent asked for: in a directory someone else could
+    have made or may write, owned by someone else, or served by another user or process.
+    Never talked to: what it would answer could be forged."""
+
+    code = "wrong_peer"
+
+
 class BadAnswer(ClientError):
     code = "bad_answer"
 
@@ -75,10 +87,16 @@ class AgentRefused(ClientError):
 
 
 def _owner_of(pid: int) -> int | None:
+    """The effective uid of `pid` (`Uid:` of /proc/PID/status, readable by anyone; the owner
+    of /proc/PID is root for a process that is not dumpable), or None when it is gone."""
     try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
         return None
+    return None
 
 
 def _runtime_dir_of(pid: int) -> str | None:
@@ -97,7 +115,9 @@ def _runtime_dir_of(pid: int) -> str | None:
 def candidate_dirs(pid: int | None = None, uid: int | None = None) -> list[str]:
     """Where the agent of `pid` (owned by `uid`) may have put its socket, most likely first:
     the process's own XDG_RUNTIME_DIR, ours if we are its user, the systemd default
-    /run/user/<uid>, and the fallback /tmp/vramctl-<uid>."""
+    /run/user/<uid>, the fallback /tmp/vramctl-<uid>, and the fresh private directories
+    /tmp/vramctl-<uid>.XXXXXXXX that `uid` owns (where an agent goes when someone else made
+    /tmp/vramctl-<uid>)."""
     if uid is None:
         uid = _owner_of(pid) if pid is not None else None
         if uid is None:
@@ -110,6 +130,7 @@ def candidate_dirs(pid: int | None = None, uid: int | None = None) -> list[str]:
         dirs.extend(_paths.candidate_dirs(uid)[:-1])
     dirs.append(f"/run/user/{uid}/vramctl")
     dirs.append(f"/tmp/vramctl-{uid}")
+    dirs.extend(_paths.fallback_dirs(uid))
     seen, out = set(), []
     for directory in dirs:
         if directory not in seen:
@@ -134,12 +155,54 @@ def socket_paths(pid: int, uid: int | None = None) -> list[str]:
 # --- talking ---------------------------------------------------------------------------
 
 
-class Connection:
-    """One connection; requests on it are answered in order."""
+def untrusted_socket_reason(path: str, uid: int) -> str | None:
+    """Why the socket file at `path` cannot be believed to be an agent of `uid`, or None:
+    its directory must pass _paths.untrusted_reason, and the file itself (never followed)
+    must be a socket owned by `uid` or root. A missing file is not judged here (connect
+    says NoAgent)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.lexists(directory):
+        return None
+    reason = _paths.untrusted_reason(directory, uid)
+    if reason is not None:
+        return reason
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot stat '{path}': {err.strerror}"
+    if not stat.S_ISSOCK(info.st_mode):
+        return f"'{path}' is not a socket" + (" (a symlink)" if stat.S_ISLNK(info.st_mode) else "")
+    if info.st_uid not in (uid, 0):
+        return f"'{path}' belongs to uid {info.st_uid}, not {uid}"
+    return None
 
-    def __init__(self, path: str, timeout_s: float = 5.0) -> None:
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, as the kernel recorded them when it
+    listened (struct ucred of SO_PEERCRED)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+class Connection:
+    """One connection; requests on it are answered in order.
+
+    Before a byte is sent, the socket must be shown to belong to `expect_uid` (default: our
+    own euid) or root — its directory, the file and, from the kernel, the process serving
+    it — and, when `expect_pid` is given, to be served by that process (when the kernel can
+    say: 0 means another PID namespace). Anything else is WrongPeer: a socket another user
+    planted in /tmp/vramctl-<uid> is never asked."""
+
+    def __init__(self, path: str, timeout_s: float = 5.0, expect_uid: int | None = None, expect_pid: int | None = None) -> None:
         self.path = path
         self._buffer = bytearray()
+        uid = os.geteuid() if expect_uid is None else expect_uid
+        reason = untrusted_socket_reason(path, uid)
+        if reason is not None:
+            raise WrongPeer(f"not talking to '{path}': {reason}")
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.settimeout(timeout_s)
         try:
@@ -147,6 +210,17 @@ class Connection:
         except BaseException as err:
             self._socket.close()
             raise _connect_error(path, err) from None
+        try:
+            peer_pid, peer_uid, _ = peer_credentials(self._socket)
+        except OSError as err:
+            self._socket.close()
+            raise WrongPeer(f"not talking to '{path}': the kernel does not say who serves it ({err.strerror or err})") from None
+        if peer_uid not in (uid, 0):
+            self._socket.close()
+            raise WrongPeer(f"not talking to '{path}': it is served by uid {peer_uid}, not {uid}")
+        if expect_pid is not None and peer_pid not in (0, expect_pid):
+            self._socket.close()
+            raise WrongPeer(f"not talking to '{path}': it is served by process {peer_pid}, not {expect_pid}")
 
     def __enter__(self) -> "Connection":
         return self
@@ -249,54 +323,86 @@ def _check_answer(line: bytes, path: str) -> dict:
     return answer
 
 
-def connect(target: int | str, timeout_s: float = 5.0, uid: int | None = None) -> Connection:
+def connect(target: int | str, timeout_s: float = 5.0, uid: int | None = None, pid: int | None = None) -> Connection:
     """A connection to the agent of a PID (found as candidate_dirs says; stale sockets met on
-    the way are removed) or at a socket path."""
+    the way are removed) or at a socket path.
+
+    The agent must be the process's user's (`uid`, default: the process's effective uid, ours
+    when it is gone) or root's, and served by that process (Connection). For a path, `pid`
+    names the process when known; without it the socket must be ours or root's. Sockets that
+    fail the checks are passed over (another may be the real one) and reported as WrongPeer
+    when no other answers."""
     if isinstance(target, str):
-        return Connection(target, timeout_s)
+        expect_uid = uid if uid is not None else (_owner_of(pid) if pid is not None else None)
+        return Connection(target, timeout_s, expect_uid=expect_uid, expect_pid=pid)
+    if uid is None:
+        uid = _owner_of(target)
+        if uid is None:
+            uid = os.geteuid()
     paths = socket_paths(target, uid)
     if not paths:
         raise NoAgent(
             f"no agent socket for pid {target} (looked in {', '.join(repr(d) for d in candidate_dirs(target, uid))}); "
             "start one in the process with vramctl_agent.start(), %load_ext vramctl_agent or VRAMCTL_AGENT=1"
         )
-    last: ClientError | None = None
+    stale: StaleAgent | None = None
+    refused: list[str] = []
     for path in paths:
         try:
-            return Connection(path, timeout_s)
+            return Connection(path, timeout_s, expect_uid=uid, expect_pid=target)
         except StaleAgent as err:
-            last = err
-    assert last is not None
-    raise last
+            stale = stale or err
+        except WrongPeer as err:
+            refused.append(str(err))
+    if stale is not None:
+        raise stale
+    raise WrongPeer(f"no agent of pid {target} (uid {uid}) that can be believed: " + "; ".join(refused))
 
 
-def request(target: int | str, op: str, timeout_s: float | None = None, check: bool = True, **fields) -> dict:
-    """One request on a new connection."""
+def request(target: int | str, op: str, timeout_s: float | None = None, check: bool = True, pid: int | None = None, **fields) -> dict:
+    """One request on a new connection (`pid`: the process a socket path belongs to)."""
     budget = timeout_s if timeout_s is not None else proto.CLIENT_TIMEOUT_S.get(op, 5.0)
-    with connect(target, timeout_s=min(budget, 5.0)) as conn:
+    with connect(target, timeout_s=min(budget, 5.0), pid=pid) as conn:
         return conn.request(op, timeout_s=budget, check=check, **fields)
+
+
+def _uid_of_tmp_name(name: str) -> int | None:
+    """The uid in `vramctl-<uid>` or `vramctl-<uid>.XXXXXXXX`, or None for another name."""
+    if not name.startswith("vramctl-"):
+        return None
+    digits = name[len("vramctl-") :].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else None
 
 
 def list_agents(uid: int | None = None, all_users: bool = False, clean: bool = False) -> list[dict]:
     """The agent sockets in the socket directories of `uid` (default: ours), or of every user
-    (root), each with its state: live, stale, or removed (stale, and `clean` removed it)."""
+    (root), each with its state: live, stale, removed (stale, and `clean` removed it), or
+    untrusted (in a directory or a file that is not the user's: never probed nor removed,
+    `reason` says why)."""
+    dirs: list[tuple[str, int]] = []  # (directory, the uid whose it must be)
     if all_users:
-        dirs = []
-        for base in ("/run/user",):
-            try:
-                dirs.extend(os.path.join(base, entry, "vramctl") for entry in sorted(os.listdir(base)))
-            except OSError:
-                pass
+        if os.environ.get("XDG_RUNTIME_DIR"):
+            dirs.append((os.path.join(os.environ["XDG_RUNTIME_DIR"], "vramctl"), os.geteuid()))
         try:
-            dirs.extend(os.path.join("/tmp", e) for e in sorted(os.listdir("/tmp")) if e.startswith("vramctl-"))
+            dirs.extend((os.path.join("/run/user", e, "vramctl"), int(e)) for e in sorted(os.listdir("/run/user")) if e.isdigit())
         except OSError:
             pass
-        if os.environ.get("XDG_RUNTIME_DIR"):
-            dirs.insert(0, os.path.join(os.environ["XDG_RUNTIME_DIR"], "vramctl"))
+        try:
+            for entry in sorted(os.listdir("/tmp")):
+                owner = _uid_of_tmp_name(entry)
+                if owner is not None:
+                    dirs.append((os.path.join("/tmp", entry), owner))
+        except OSError:
+            pass
     else:
-        dirs = candidate_dirs(None, uid if uid is not None else os.geteuid())
+        uid = uid if uid is not None else os.geteuid()
+        # With the look-alikes of the fresh private directories that are not the user's, so
+        # that a squatter's shows (as untrusted).
+        looked = candidate_dirs(None, uid)
+        looked += [d for d in _paths.fallback_dirs(uid, trusted_only=False) if d not in looked]
+        dirs = [(d, uid) for d in looked]
     out, seen = [], set()
-    for directory in dirs:
+    for directory, owner in dirs:
         try:
             names = sorted(os.listdir(directory))
         except OSError:
@@ -307,10 +413,17 @@ def list_agents(uid: int | None = None, all_users: bool = False, clean: bool = F
             if pid is None or path in seen:
                 continue
             seen.add(path)
-            state = _paths.probe(path)
-            if state == "stale" and clean and _paths.remove_if_stale(path):
-                state = "removed"
-            out.append({"path": path, "pid": pid, "state": state, "pid_exists": os.path.exists(f"/proc/{pid}")})
+            entry = {"path": path, "pid": pid, "uid": owner}
+            reason = untrusted_socket_reason(path, owner)
+            if reason is not None:
+                entry.update(state="untrusted", reason=reason)
+            else:
+                state = _paths.probe(path)
+                if state == "stale" and clean and _paths.remove_if_stale(path):
+                    state = "removed"
+                entry["state"] = state
+            entry["pid_exists"] = os.path.exists(f"/proc/{pid}")
+            out.append(entry)
     return out
 
 
@@ -361,8 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.overwrite:
             fields["overwrite"] = True
     target: int | str = args.socket if args.socket else int(args.target)
+    # With --socket, a PID (not 0) says whose agent it must be; without, it must be ours or root's.
+    pid = int(args.target) if args.socket and args.target.isdigit() and int(args.target) > 0 else None
     try:
-        answer = request(target, args.op, timeout_s=args.timeout, check=False, **fields)
+        answer = request(target, args.op, timeout_s=args.timeout, check=False, pid=pid, **fields)
     except ClientError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2

@@ -200,8 +200,9 @@ pub fn socket_name(pid: u32) -> String {
 /// Where an agent of `pid` may have its socket, in the order `docs/agent.md` gives: the
 /// process's own `$XDG_RUNTIME_DIR/vramctl` (from `/proc/PID/environ`, readable by its user
 /// and root), this client's `$XDG_RUNTIME_DIR/vramctl` when it is the process's user,
-/// `/run/user/UID/vramctl`, `/tmp/vramctl-UID` (`UID` the owner of `/proc/PID`, the
-/// process's effective uid; this client's own when the process is gone).
+/// `/run/user/UID/vramctl`, `/tmp/vramctl-UID`, then the fresh private directories
+/// `/tmp/vramctl-UID.*` ([`fallback_dirs`]) (`UID` the owner of `/proc/PID`, the process's
+/// effective uid; this client's own when the process is gone).
 pub fn candidate_dirs(pid: u32) -> Vec<PathBuf> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let owner = std::fs::metadata(&proc_dir).ok().map(|m| m.uid());
@@ -223,6 +224,7 @@ pub fn candidate_dirs(pid: u32) -> Vec<PathBuf> {
     }
     dirs.push(PathBuf::from(format!("/run/user/{uid}/vramctl")));
     dirs.push(PathBuf::from(format!("/tmp/vramctl-{uid}")));
+    dirs.extend(fallback_dirs(uid));
     let mut seen = Vec::new();
     dirs.retain(|d| {
         let fresh = !seen.contains(d);
@@ -230,6 +232,127 @@ pub fn candidate_dirs(pid: u32) -> Vec<PathBuf> {
         fresh
     });
     dirs
+}
+
+/// Where an agent makes a fresh private directory when none of its usual ones is usable
+/// (`XDG_RUNTIME_DIR` unset and someone else made `/tmp/vramctl-UID`): the Python agent's
+/// `_paths.FALLBACK_BASE`.
+pub const FALLBACK_BASE: &str = "/tmp";
+
+/// `uid`'s fresh private directories, `/tmp/vramctl-UID.XXXXXXXX` (the agent makes them with
+/// `mkdtemp`, mode 0700), in name order. Only real directories (never followed) owned by
+/// `uid` or root and writable by neither group nor others count: another user can make
+/// look-alike names but never a directory owned by `uid`, so look-alikes are passed over and
+/// can neither pose as the agent nor hide it.
+///
+/// Reading `/tmp`'s names costs in proportion to how many there are, and this runs for every
+/// process looked up (`ps`, `serve`'s poll), most of which have no agent: the last listing
+/// per uid is kept while `/tmp` is unchanged (same inode and modification time), and only the
+/// directories it found are checked again. A listing is kept only once `/tmp` has been
+/// unchanged for a second: file times move in clock ticks, and a directory made in the tick
+/// of the listing would otherwise stay unseen.
+pub fn fallback_dirs(uid: u32) -> Vec<PathBuf> {
+    fallback_dirs_at(Path::new(FALLBACK_BASE), uid)
+}
+
+/// [`fallback_dirs`] in `base`, with its kept listing.
+fn fallback_dirs_at(base: &Path, uid: u32) -> Vec<PathBuf> {
+    let Some(stamp) = dir_stamp(base) else {
+        return Vec::new();
+    };
+    let mut cache = match FALLBACK_LISTINGS.lock() {
+        Ok(cache) => cache,
+        // A panic elsewhere while holding it left a listing that is still a listing.
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if let Some(listing) = cache
+        .iter()
+        .find(|l| l.uid == uid && l.stamp == stamp && l.base == base)
+    {
+        return listing
+            .dirs
+            .iter()
+            .filter(|dir| is_trusted_dir(dir, uid))
+            .cloned()
+            .collect();
+    }
+    let dirs = fallback_dirs_in(base, uid);
+    let settled = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .is_ok_and(|now| {
+            i128::from(stamp.mtime_s) * 1_000_000_000 + i128::from(stamp.mtime_ns)
+                < i128::try_from(now.as_nanos()).unwrap_or(i128::MAX) - 1_000_000_000
+        });
+    cache.retain(|l| l.uid != uid || l.base != base);
+    if settled {
+        // A few uids at a time are looked up; bound it anyway.
+        if cache.len() >= 64 {
+            cache.remove(0);
+        }
+        cache.push(FallbackListing {
+            base: base.to_path_buf(),
+            uid,
+            stamp,
+            dirs: dirs.clone(),
+        });
+    }
+    dirs
+}
+
+/// A directory's identity and modification time: when equal, no entry was added, removed
+/// or renamed in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirStamp {
+    dev: u64,
+    ino: u64,
+    mtime_s: i64,
+    mtime_ns: i64,
+}
+
+fn dir_stamp(dir: &Path) -> Option<DirStamp> {
+    std::fs::metadata(dir).ok().map(|m| DirStamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        mtime_s: m.mtime(),
+        mtime_ns: m.mtime_nsec(),
+    })
+}
+
+/// The fresh private directories [`fallback_dirs`] found for a uid, and when.
+struct FallbackListing {
+    base: PathBuf,
+    uid: u32,
+    stamp: DirStamp,
+    dirs: Vec<PathBuf>,
+}
+
+static FALLBACK_LISTINGS: std::sync::Mutex<Vec<FallbackListing>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// [`fallback_dirs`] in `base`.
+pub fn fallback_dirs_in(base: &Path, uid: u32) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    // The dot keeps uid 10's apart from uid 100's and from the fixed `/tmp/vramctl-UID`.
+    let prefix = format!("vramctl-{uid}.");
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().as_bytes().starts_with(prefix.as_bytes()))
+        .map(|e| e.path())
+        .filter(|dir| is_trusted_dir(dir, uid))
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Whether `dir` is a real directory (not followed) owned by `uid` or root that neither its
+/// group nor others may write: nobody else can have put a socket in it.
+fn is_trusted_dir(dir: &Path, uid: u32) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| {
+        m.file_type().is_dir() && (m.uid() == uid || m.uid() == 0) && m.mode() & 0o022 == 0
+    })
 }
 
 /// `XDG_RUNTIME_DIR` of an environment block (`NUL`-separated `NAME=value`), when absolute.
@@ -1384,6 +1507,111 @@ mod tests {
             AgentClient::connect_at(parent, &path, quick(200)),
             Err(AgentError::WrongPeer { .. })
         ));
+    }
+
+    #[test]
+    fn a_real_agent_in_a_fresh_private_directory_is_found_by_pid() {
+        // Every usual directory unusable (as when XDG_RUNTIME_DIR is unset and someone else
+        // made /tmp/vramctl-UID; not done for real here: that directory is shared with
+        // whatever else runs as this uid): the agent makes /tmp/vramctl-UID.XXXXXXXX.
+        let mut p = PyProcess::start();
+        let path = p.exec(
+            "import vramctl_agent, vramctl_agent._paths as paths\npaths.candidate_dirs = lambda uid, environ=None: []",
+            "vramctl_agent.start()",
+        );
+        let path = PathBuf::from(path.as_str().expect("a socket path"));
+        let dir = path.parent().expect("a directory").to_path_buf();
+        assert!(
+            dir.to_string_lossy()
+                .starts_with(&format!("/tmp/vramctl-{}.", euid())),
+            "{}",
+            path.display()
+        );
+        assert!(candidate_dirs(p.pid()).contains(&dir));
+        let mut client = AgentClient::connect(p.pid(), quick(5000)).expect("found by pid");
+        assert_eq!(client.path(), path);
+        assert_eq!(client.hello().expect("hello").pid, p.pid());
+        drop(client);
+        p.exec("vramctl_agent.stop()", "None");
+        assert!(
+            !dir.exists(),
+            "the agent removes its fresh directory when it stops"
+        );
+    }
+
+    #[test]
+    fn fresh_directories_that_are_not_the_users_own_are_passed_over() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let uid = euid();
+        let make = |name: &str, mode: u32| {
+            let dir = base.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            dir
+        };
+        let good = make(&format!("vramctl-{uid}.good0000"), 0o700);
+        make(&format!("vramctl-{uid}.open0000"), 0o777);
+        make(&format!("vramctl-{uid}.group000"), 0o770);
+        make(&format!("vramctl-{uid}0.other000"), 0o700); // uid 10 is not uid 1
+        make(&format!("vramctl-{uid}"), 0o700); // the fixed name, listed on its own
+        std::os::unix::fs::symlink(&good, base.path().join(format!("vramctl-{uid}.link0000")))
+            .unwrap();
+        std::fs::write(base.path().join(format!("vramctl-{uid}.file0000")), b"").unwrap();
+        let theirs = make(&format!("vramctl-{uid}.aaaa0000"), 0o700);
+        if uid == 0 {
+            // Owned by another user: root can make one; a look-alike a squatter made.
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            assert_eq!(fallback_dirs_in(base.path(), uid), vec![good]);
+        } else {
+            eprintln!("not root: the directory of another user is not checked");
+            assert_eq!(fallback_dirs_in(base.path(), uid), vec![theirs, good]);
+        }
+    }
+
+    #[test]
+    fn a_kept_listing_of_fresh_directories_is_checked_again_and_renewed_when_tmp_changes() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let uid = euid();
+        let set_mode = |dir: &Path, mode: u32| {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let good = base.path().join(format!("vramctl-{uid}.good0000"));
+        std::fs::create_dir(&good).unwrap();
+        set_mode(&good, 0o700);
+        // Unchanged for 10 s: the listing is kept.
+        let settled = std::time::SystemTime::now() - Duration::from_secs(10);
+        let set_base_time = |when: std::time::SystemTime| {
+            std::fs::File::open(base.path())
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+        };
+        set_base_time(settled);
+        assert_eq!(fallback_dirs_at(base.path(), uid), vec![good.clone()]);
+        // Kept, but each directory in it is checked again: opened to others, it is dropped.
+        set_mode(&good, 0o777);
+        assert_eq!(fallback_dirs_at(base.path(), uid), Vec::<PathBuf>::new());
+        set_mode(&good, 0o700);
+        assert_eq!(fallback_dirs_at(base.path(), uid), vec![good.clone()]);
+        // A directory made since changes the base's time: read again, it is seen.
+        let new = base.path().join(format!("vramctl-{uid}.new00000"));
+        std::fs::create_dir(&new).unwrap();
+        set_mode(&new, 0o700);
+        assert_eq!(
+            fallback_dirs_at(base.path(), uid),
+            vec![good.clone(), new.clone()]
+        );
+        // (The kept listing is what saves the reading: with the base's time put back, the
+        // listing of before is what comes back.)
+        set_base_time(settled);
+        assert_eq!(fallback_dirs_at(base.path(), uid), vec![good.clone(), new]);
+        let third = base.path().join(format!("vramctl-{uid}.third000"));
+        std::fs::create_dir(&third).unwrap();
+        set_mode(&third, 0o700);
+        set_base_time(settled);
+        assert!(!fallback_dirs_at(base.path(), uid).contains(&third));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! elided. A command line that fits is returned whole.
 //!
 //! One function for every place that shortens a command (`leaks`, `plot` legends, `ps`,
-//! `status`, `top`, the exporter's `command` label), so they all agree.
+//! `status`, `top`, the exporter's `command` label), so they all agree; it escapes what
+//! could act on a terminal ([`crate::untrusted`]) before it measures.
 
 /// Marks what was elided.
 pub const ELLIPSIS: char = '…';
@@ -23,9 +24,12 @@ const MIN_NAME_CHARS: usize = 8;
 /// room the rest is a bare `…`.
 const MIN_ARG_CHARS: usize = 6;
 
-/// `command` in at most `max_chars` characters (see the module docs).
+/// `command` in at most `max_chars` characters (see the module docs), escaped first
+/// ([`crate::untrusted::escape`]: a command line is another user's text, and what this
+/// returns is shown to people), so the width counts what the terminal shows.
 pub fn abbreviate(command: &str, max_chars: usize) -> String {
-    let command = command.trim();
+    let escaped = crate::untrusted::escape(command.trim());
+    let command: &str = &escaped;
     if chars(command) <= max_chars {
         return command.to_owned();
     }
@@ -459,6 +463,25 @@ mod tests {
             abbreviate("/usr/bin/python train.py --lr 3e-4", 16),
             "python train.py…"
         );
+    }
+
+    #[test]
+    fn a_command_line_is_escaped_before_it_is_measured() {
+        let forged = "/usr/bin/python3 train.py \x1b[2K\rKill 0 processes? [y/N]\u{202e}";
+        assert_eq!(
+            abbreviate(forged, 200),
+            "/usr/bin/python3 train.py \\u{1b}[2K\\rKill 0 processes? [y/N]\\u{202e}"
+        );
+        for max in 0..=80 {
+            let got = abbreviate(forged, max);
+            assert!(chars(&got) <= max, "{max}: {got:?}");
+            assert!(
+                !got.chars().any(crate::untrusted::needs_escape),
+                "{max}: {got:?}"
+            );
+        }
+        // A forged line end is no word break: it stays inside the word it was in.
+        assert_eq!(abbreviate("/bin/sleep 1\nforged", 12), "sleep 1\\nfo…");
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod sampler;
 pub mod sanity;
 pub mod signal;
 pub mod types;
+pub mod untrusted;
 pub mod wall_time;
 
 pub use backend::combined::CombinedBackend;

@@ -258,6 +258,25 @@ pub fn read_status(pid: u32) -> Result<Status, ProcError> {
     Ok(parse_status(&String::from_utf8_lossy(&bytes)))
 }
 
+/// `/proc/PID/cmdline` as one line: the arguments joined by spaces, each byte that is not
+/// UTF-8 as `\xHH` ([`crate::untrusted::from_bytes`]; a command line is whatever bytes its
+/// owner chose, and one of them must not hide the whole line), control characters kept
+/// as they are (escaped when shown). `None` when it cannot be read.
+pub fn read_cmdline(pid: u32) -> Option<String> {
+    let bytes = read_proc_file(pid, "cmdline").ok()?;
+    Some(cmdline_text(&bytes))
+}
+
+/// The arguments of a `cmdline` file (NUL-separated, empty ones dropped) joined by spaces.
+pub fn cmdline_text(bytes: &[u8]) -> String {
+    bytes
+        .split(|&b| b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(crate::untrusted::from_bytes)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn read_proc_file(pid: u32, file: &'static str) -> Result<Vec<u8>, ProcError> {
     if pid == 0 || i32::try_from(pid).is_err() {
         return Err(ProcError::NotFound { pid });
@@ -617,8 +636,8 @@ impl ProcReader {
             .and_then(|s| s.uid_real)
             .or_else(|| process.uid().ok());
         let user = uid.and_then(|uid| self.user_name(uid));
-        let command = match process.cmdline() {
-            Ok(args) if !args.is_empty() => args.join(" "),
+        let command = match read_cmdline(pid) {
+            Some(command) if !command.is_empty() => command,
             _ => format!("[{}]", stat.as_ref().map_or("?", |s| s.comm.as_str())),
         };
         let container = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
@@ -723,6 +742,41 @@ mod tests {
         let started = me.started_at_unix_ms.expect("boot time known");
         let now = crate::clock::Clock::now_unix_ms(&crate::clock::SystemClock);
         assert!(started <= now + 1000, "{started} vs {now}");
+    }
+
+    #[test]
+    fn a_command_line_that_is_not_utf8_is_read_with_its_bytes_named() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        // Before, one such byte made the whole line unreadable and `[comm]` stood for it.
+        assert_eq!(
+            cmdline_text(b"python3\0tr\xc3\xa4in.py\0--tag\0\xff\x9b2J\0\0"),
+            "python3 träin.py --tag \\xff\\x9b2J"
+        );
+        assert_eq!(cmdline_text(b""), "");
+        let mut child = std::process::Command::new("sleep")
+            .arg0(std::ffi::OsStr::from_bytes(b"sle\xffep\x1b[2K"))
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        // The command line is there once exec is done; wait for it (bounded).
+        let mut command = String::new();
+        for _ in 0..200 {
+            command = ProcReader::new().details(pid).map(|d| d.command).unwrap_or_default();
+            if command.ends_with(" 30") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        // Stored raw (the ESC stays, JSON escapes it); shown escaped.
+        assert_eq!(command, "sle\\xffep\x1b[2K 30");
+        assert_eq!(
+            crate::untrusted::escape(&command),
+            "sle\\xffep\\u{1b}[2K 30"
+        );
     }
 
     #[test]

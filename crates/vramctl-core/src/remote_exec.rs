@@ -2,30 +2,48 @@
 //! that has no agent, through `sys.remote_exec` (PEP 768), or a clear word on why that is
 //! not possible there.
 //!
-//! How: the agent's own modules (embedded in the binary, so nothing needs installing) are
-//! written under a private package name into a fresh directory the process can read, with a
-//! bootstrap script and the request; a helper interpreter of the process's `major.minor`
-//! (its own executable where it is one, else `python3.X` on `PATH`) runs
-//! `sys.remote_exec(PID, script)`, which only writes the script's path into the process's
-//! memory; its main thread runs the script at its next safe evaluation point, which writes
-//! the answer to a result file (a temporary name, renamed). vramctl waits for that file up to
-//! a deadline. There is no way to know when, or whether, the script will run (a main thread
-//! inside a long C call runs it when the call returns), so a script that runs after the
-//! deadline does nothing, removes its directory and says `too_late` to nobody.
+//! How: the process's Python version is read from its files, never by running them
+//! ([`elf`]: `Py_Version` in the executable or the mapped libpython; the names of the
+//! mapped libpython and standard library, and of the executable, only where there is no
+//! such symbol, as before 3.11). The agent's own modules (embedded in the binary, so nothing
+//! needs installing) are written under a private package name into a fresh directory the
+//! process can read but not change ([`workspace`]), with a bootstrap script and the request;
+//! a helper interpreter of the process's `major.minor` — its own executable or `python3.X`
+//! on `PATH`, only where root (or the caller) controls the file and every directory on its
+//! way ([`helper`]) — runs `sys.remote_exec(PID, script)` with the process's uid and gid,
+//! which only writes the script's path into the process's memory; its main thread runs the
+//! script at its next safe evaluation point, which writes the answer to a result file in
+//! `out/` (a temporary name, renamed). vramctl waits for that file up to a deadline, then
+//! removes the directory. There is no way to know when, or whether, the script will run (a
+//! main thread inside a long C call runs it when the call returns): a script that runs after
+//! the deadline finds its files gone, or, if it started just before, does nothing and says
+//! `too_late` to nobody.
+//!
+//! What root never does here: run a file the process's user can write (its executable, a
+//! `"<path> (deleted)"`, a `python3.X` of theirs), run anything with root's credentials
+//! for another user's process, or write, follow or remove anything through a name that user
+//! can change.
 //!
 //! What makes it unavailable, each a [`Unavailable`] with one line: not Python, its version
 //! unknown or below 3.14, remote debugging disabled in it (`PYTHON_DISABLE_REMOTE_DEBUG`,
 //! `-X disable-remote-debug`), another user's process for a caller who is not root, Yama's
 //! `ptrace_scope` (1: only root or an ancestor; 2: only root; 3: nobody), another mount
-//! namespace (the script's path would not be its), no interpreter of its version here, one
-//! without `sys.remote_exec` (built `--without-remote-debug`), or an agent already running
-//! in it (then `vramctl reclaim PID` asks that).
+//! namespace (the script's path would not be its), differing real/effective/saved ids (a
+//! setuid or setgid program: its own user cannot attach to it), no trusted interpreter of
+//! its version here, one without `sys.remote_exec` (built `--without-remote-debug`), or an
+//! agent already running in it (then `vramctl reclaim PID` asks that).
+
+pub mod elf;
+pub mod helper;
+pub mod workspace;
 
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use helper::RunAs;
+use workspace::{Owner, Workspace};
 
 use crate::agent_client::{self, ReclaimAnswer, ReclaimOptions};
 
@@ -59,6 +77,11 @@ pub const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL_STEP: Duration = Duration::from_millis(20);
 /// The longest result read (the agent keeps its answers under 1 MiB).
 const MAX_RESULT_BYTES: u64 = agent_client::MAX_ANSWER_BYTES as u64;
+/// The most read of one of the process's /proc files (`maps`, `environ`, `cmdline`).
+const MAX_PROC_FILE_BYTES: u64 = 16 << 20;
+/// Where a helper interpreter is also looked for, after `PATH`'s directories (a root
+/// shell's `PATH` may lack them).
+pub const STANDARD_DIRS: &[&str] = &["/usr/local/bin", "/usr/bin", "/bin"];
 
 /// Why `--attach` cannot be used on a process.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -144,6 +167,19 @@ pub enum Unavailable {
         /// The process.
         pid: u32,
     },
+    /// Its real, effective and saved uids (or gids) differ: the helper runs with its ids,
+    /// which the kernel does not let attach to it.
+    #[error(
+        "process {pid} runs with differing real, effective and saved ids (uids {uids}, gids {gids}), as a setuid or setgid program does; --attach runs as the process's user, which may not attach to it"
+    )]
+    MixedCredentials {
+        /// The process.
+        pid: u32,
+        /// Its uids, `real/effective/saved`.
+        uids: String,
+        /// Its gids, `real/effective/saved`.
+        gids: String,
+    },
     /// No helper interpreter of the right version.
     #[error(
         "no Python {major}.{minor} here to call sys.remote_exec for process {pid} (looked for {looked}); install python{major}.{minor}"
@@ -188,6 +224,7 @@ impl Unavailable {
             Self::NotSameUser { .. } => "not_same_user",
             Self::PtraceScope { .. } => "ptrace_scope",
             Self::OtherMountNamespace { .. } => "other_mount_namespace",
+            Self::MixedCredentials { .. } => "mixed_credentials",
             Self::NoInterpreter { .. } => "no_interpreter",
             Self::NoRemoteExec { .. } => "no_remote_exec",
             Self::HasAgent { .. } => "has_agent",
@@ -272,21 +309,22 @@ impl AttachError {
 pub struct Facts {
     /// The process.
     pub pid: u32,
-    /// Its executable (`/proc/PID/exe`), when readable.
+    /// Its executable (`/proc/PID/exe`), when readable: shown, never run.
     pub exe: Option<PathBuf>,
-    /// Its Python `major.minor`, when told.
+    /// Its Python `major.minor`, when told by its files (see [`python_version`]).
     pub version: Option<(u32, u32)>,
-    /// It looks like Python (its executable's name, or libpython mapped).
+    /// It looks like Python (`Py_Version` in its executable, libpython mapped, or its
+    /// executable's name).
     pub is_python: bool,
     /// `PYTHON_DISABLE_REMOTE_DEBUG` set (non-empty) in its environment, or `-X
     /// disable-remote-debug` on its command line.
     pub disabled_by: Option<String>,
     /// Its uids (real, effective, saved).
     pub target_uids: [u32; 3],
+    /// Its gids (real, effective, saved).
+    pub target_gids: [u32; 3],
     /// The caller's effective uid.
     pub caller_uid: u32,
-    /// The caller is one of its ancestors.
-    pub caller_is_ancestor: bool,
     /// `kernel.yama.ptrace_scope` (`None`: no Yama, classic ptrace rules).
     pub ptrace_scope: Option<u32>,
     /// It shares the caller's mount namespace.
@@ -295,8 +333,32 @@ pub struct Facts {
     pub has_agent: bool,
 }
 
+/// At most `MAX_PROC_FILE_BYTES` of a /proc file (empty when unreadable).
+fn read_proc(path: &Path) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.take(MAX_PROC_FILE_BYTES).read_to_end(&mut bytes);
+    }
+    bytes
+}
+
+/// The three ids after `field` (`Uid:`, `Gid:`) in /proc/PID/status (`u32::MAX` where
+/// missing).
+fn ids(status: &str, field: &str) -> [u32; 3] {
+    let values: Vec<u32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(|r| {
+            r.split_whitespace()
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    [0, 1, 2].map(|i| values.get(i).copied().unwrap_or(u32::MAX))
+}
+
 impl Facts {
-    /// Reads them from /proc.
+    /// Reads them from /proc, running nothing.
     ///
     /// # Errors
     /// [`Unavailable::NoProcess`] when `/proc/PID` is not there.
@@ -304,40 +366,11 @@ impl Facts {
         let proc_dir = PathBuf::from(format!("/proc/{pid}"));
         let status = std::fs::read_to_string(proc_dir.join("status"))
             .map_err(|_| Unavailable::NoProcess { pid })?;
-        let uids: Vec<u32> = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .map(|r| {
-                r.split_whitespace()
-                    .filter_map(|v| v.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let target_uids = [0, 1, 2].map(|i| uids.get(i).copied().unwrap_or(u32::MAX));
         let exe = std::fs::read_link(proc_dir.join("exe")).ok();
-        let exe_name = exe
-            .as_ref()
-            .and_then(|e| e.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let maps = std::fs::read_to_string(proc_dir.join("maps")).unwrap_or_default();
-        let lib_version = maps.lines().find_map(|l| {
-            let name = l.rsplit('/').next()?;
-            version_in(name.strip_prefix("libpython")?)
-        });
-        let is_python = exe_name.starts_with("python") || lib_version.is_some();
-        let mut version = exe_name
-            .strip_prefix("python")
-            .and_then(version_in)
-            .or(lib_version);
-        if version.is_none() && exe_name.starts_with("python") {
-            // `python3`, `python`: ask the same binary, which is its version by definition.
-            version = exe
-                .as_ref()
-                .and_then(|e| interpreter_version(e).map(|(v, _)| v));
-        }
-        let environ = std::fs::read(proc_dir.join("environ")).unwrap_or_default();
-        let cmdline = std::fs::read(proc_dir.join("cmdline")).unwrap_or_default();
+        let maps = String::from_utf8_lossy(&read_proc(&proc_dir.join("maps"))).into_owned();
+        let (is_python, version) = python_version(&proc_dir, exe.as_deref(), &maps);
+        let environ = read_proc(&proc_dir.join("environ"));
+        let cmdline = read_proc(&proc_dir.join("cmdline"));
         let disabled_by = disabled_by(&environ, &cmdline);
         let caller_uid = crate::local_socket::euid();
         let ptrace_scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
@@ -364,14 +397,139 @@ impl Facts {
             version,
             is_python,
             disabled_by,
-            target_uids,
+            target_uids: ids(&status, "Uid:"),
+            target_gids: ids(&status, "Gid:"),
             caller_uid,
-            caller_is_ancestor: is_ancestor(std::process::id(), pid),
             ptrace_scope,
             same_mount_namespace,
             has_agent,
         })
     }
+}
+
+/// One file-backed line of /proc/PID/maps.
+struct Mapping<'a> {
+    /// `major:minor` of its device, hexadecimal.
+    dev: &'a str,
+    inode: u64,
+    path: &'a str,
+}
+
+fn mappings(maps: &str) -> impl Iterator<Item = Mapping<'_>> {
+    maps.lines().filter_map(|line| {
+        // `start-end perms offset dev inode path`: the fields hold no '/'.
+        let path = &line[line.find('/')?..];
+        let mut fields = line.split_whitespace();
+        let dev = fields.nth(3)?;
+        let inode = fields.next()?.parse().ok()?;
+        Some(Mapping { dev, inode, path })
+    })
+}
+
+/// The file a mapping names, opened for reading only if it is still the very file mapped:
+/// opened as a path only (`O_PATH`, which opens no device and follows no final link), its
+/// device and inode compared with the mapping's, then reopened through that descriptor.
+fn open_mapped(m: &Mapping<'_>) -> Option<std::fs::File> {
+    use rustix::fs::{Mode, OFlags};
+    if m.path.ends_with(" (deleted)") {
+        return None;
+    }
+    let fd = rustix::fs::open(
+        m.path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let stat = rustix::fs::fstat(&fd).ok()?;
+    let dev = format!(
+        "{:02x}:{:02x}",
+        rustix::fs::major(stat.st_dev),
+        rustix::fs::minor(stat.st_dev)
+    );
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile
+        || stat.st_ino != m.inode
+        || !m.dev.eq_ignore_ascii_case(&dev)
+    {
+        return None;
+    }
+    open_regular(Path::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())))
+}
+
+/// `path` opened for reading, without blocking, only if it is a regular file.
+fn open_regular(path: &Path) -> Option<std::fs::File> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let stat = rustix::fs::fstat(&fd).ok()?;
+    (rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile)
+        .then(|| std::fs::File::from(fd))
+}
+
+/// Whether the process is Python, and its `major.minor`, read from its files without
+/// running anything of it, first found wins:
+/// 1. `Py_Version` in its executable (`/proc/PID/exe`: the inode it runs, even deleted);
+/// 2. `Py_Version` in a mapped `libpython*` (the mapped inode only);
+/// 3. names, for a Python before 3.11, which has no `Py_Version`: the mapped
+///    `libpython3.X` soname, the executable's name `python3.X`, a mapped file under a
+///    `python3.X/` directory (the standard library's compiled modules).
+///
+/// What the process's user wrote in these is not trusted for anything but choosing which
+/// root-owned helper to try, which then runs with that user's credentials.
+pub fn python_version(
+    proc_dir: &Path,
+    exe: Option<&Path>,
+    maps: &str,
+) -> (bool, Option<(u32, u32)>) {
+    let exe_version = open_regular(&proc_dir.join("exe")).and_then(|f| elf::py_version(&f));
+    let libpython: Vec<Mapping<'_>> = mappings(maps)
+        .filter(|m| {
+            m.path
+                .rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libpython"))
+        })
+        .collect();
+    let lib_version = || {
+        let mut seen = std::collections::HashSet::new();
+        libpython
+            .iter()
+            .filter(|m| seen.insert((m.dev, m.inode)))
+            .find_map(|m| open_mapped(m).and_then(|f| elf::py_version(&f)))
+    };
+    let elf_version = exe_version.or_else(lib_version).map(|v| v.major_minor());
+    let exe_name = exe
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let soname_version = || {
+        libpython
+            .iter()
+            .find_map(|m| version_in(m.path.rsplit('/').next()?.strip_prefix("libpython")?))
+    };
+    let stdlib_version = || {
+        mappings(maps).find_map(|m| {
+            m.path.split('/').find_map(|part| {
+                version_in(part.strip_prefix("python")?).filter(|_| {
+                    // `python3.11`, `python3.11t`: a directory, not `python3.11-config`.
+                    part.trim_start_matches("python")
+                        .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
+                        .trim_end_matches('t')
+                        .is_empty()
+                })
+            })
+        })
+    };
+    let version = elf_version
+        .or_else(soname_version)
+        .or_else(|| exe_name.strip_prefix("python").and_then(version_in))
+        .or_else(stdlib_version);
+    let is_python =
+        elf_version.is_some() || !libpython.is_empty() || exe_name.starts_with("python");
+    (is_python, version)
 }
 
 /// `3.14` (and what follows: `3.14.so.1.0`, `3.14t`) at the start of `text`.
@@ -397,32 +555,6 @@ fn disabled_by(environ: &[u8], cmdline: &[u8]) -> Option<String> {
         .any(|w| w[0] == b"-X" && w[1] == b"disable-remote-debug")
         || args.iter().any(|a| *a == b"-Xdisable-remote-debug");
     xopt.then(|| "it was started with -X disable-remote-debug".into())
-}
-
-/// Whether `ancestor` is a parent, grandparent, … of `pid` (Yama scope 1 lets an ancestor
-/// attach).
-fn is_ancestor(ancestor: u32, pid: u32) -> bool {
-    let mut walk = pid;
-    for _ in 0..64 {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{walk}/stat")) else {
-            return false;
-        };
-        let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            return false;
-        };
-        if ppid == ancestor {
-            return true;
-        }
-        if ppid <= 1 {
-            return false;
-        }
-        walk = ppid;
-    }
-    false
 }
 
 /// Whether an attach may be tried, from `facts` alone: the first reason that forbids it.
@@ -463,14 +595,31 @@ pub fn judge(facts: &Facts) -> Result<(u32, u32), Unavailable> {
             caller_uid: facts.caller_uid,
         });
     }
+    let consistent = |ids: &[u32; 3]| ids.iter().all(|&i| i == ids[0]);
+    if !consistent(&facts.target_uids) || !consistent(&facts.target_gids) {
+        let show = |ids: &[u32; 3]| format!("{}/{}/{}", ids[0], ids[1], ids[2]);
+        return Err(Unavailable::MixedCredentials {
+            pid,
+            uids: show(&facts.target_uids),
+            gids: show(&facts.target_gids),
+        });
+    }
+    // The helper runs with the process's uid and gid, so it holds CAP_SYS_PTRACE only for
+    // a process of root's; and it is never the process's ancestor (it is vramctl's child).
+    let helper_is_root = root && facts.target_uids[0] == 0;
     let scope = |scope, why| Err(Unavailable::PtraceScope { pid, scope, why });
     match facts.ptrace_scope {
         Some(s @ 3..) => return scope(s, "forbids every attach until reboot"),
-        Some(2) if !root => return scope(2, "lets only root attach"),
-        Some(1) if !root && !facts.caller_is_ancestor => {
+        Some(2) if !helper_is_root => {
+            return scope(
+                2,
+                "lets only root attach, and --attach runs as the process's user",
+            );
+        }
+        Some(1) if !helper_is_root => {
             return scope(
                 1,
-                "lets only root or the process's ancestors attach (run vramctl as root, or set it to 0)",
+                "lets a process attach only to its descendants, and --attach runs as the process's user beside it (set it to 0, or start the agent in the process)",
             );
         }
         _ => {}
@@ -481,11 +630,12 @@ pub fn judge(facts: &Facts) -> Result<(u32, u32), Unavailable> {
     Ok((major, minor))
 }
 
-/// `(major, minor)` of `interpreter` and whether it has `sys.remote_exec`, or `None` when it
-/// does not run as Python within [`HELPER_TIMEOUT`].
-fn interpreter_version(interpreter: &Path) -> Option<((u32, u32), bool)> {
-    let out = run_bounded(
-        Command::new(interpreter).args([
+/// `(major, minor)` of `interpreter` and whether it has `sys.remote_exec`, asked with
+/// `run_as`'s credentials, or `None` when it does not run as Python within
+/// [`HELPER_TIMEOUT`].
+fn interpreter_version(interpreter: &Path, run_as: Option<RunAs>) -> Option<((u32, u32), bool)> {
+    let out = helper::run_bounded(
+        helper::command(interpreter, run_as).args([
             "-I",
             "-S",
             "-c",
@@ -504,34 +654,45 @@ fn interpreter_version(interpreter: &Path) -> Option<((u32, u32), bool)> {
     Some(((major, minor), words.next() == Some("True")))
 }
 
-/// The helper interpreter: the process's own executable when it is a `python*` binary (the
-/// very version it runs, pre-releases included), else `python{major}.{minor}` on `search`
-/// (`PATH`'s directories).
+/// The helper interpreter: the first of the process's executable (where it is a `python*`
+/// binary: the very build it runs, for an install not on `PATH`) and `python{major}.{minor}`
+/// in `search` (`PATH`'s directories, then [`STANDARD_DIRS`]) that root (or the caller)
+/// controls all the way ([`helper::trusted_executable`]: never a `"<path> (deleted)"`, never
+/// a file its user can write) and that, run with `run_as`'s credentials, says it is that
+/// version with `sys.remote_exec`.
 ///
 /// # Errors
-/// [`Unavailable::NoInterpreter`], [`Unavailable::NoRemoteExec`].
+/// [`Unavailable::NoInterpreter`] (with the first candidate not trusted, and why),
+/// [`Unavailable::NoRemoteExec`].
 pub fn find_interpreter(
     facts: &Facts,
     version: (u32, u32),
     search: &[PathBuf],
+    run_as: Option<RunAs>,
 ) -> Result<PathBuf, Unavailable> {
     let name = format!("python{}.{}", version.0, version.1);
-    let mut candidates = Vec::new();
-    if let Some(exe) = &facts.exe {
-        if exe
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("python"))
-        {
-            candidates.push(exe.clone());
-        }
-    }
-    candidates.extend(search.iter().map(|d| d.join(&name)));
     let mut without = None;
-    for candidate in &candidates {
-        match interpreter_version(candidate) {
-            Some((v, true)) if v == version => return Ok(candidate.clone()),
+    let mut untrusted = Vec::new();
+    let mut tried = std::collections::HashSet::new();
+    let own = facts.exe.iter().filter(|e| {
+        e.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+    });
+    for candidate in own.cloned().chain(search.iter().map(|d| d.join(&name))) {
+        if !tried.insert(candidate.clone()) || std::fs::symlink_metadata(&candidate).is_err() {
+            continue;
+        }
+        let resolved = match helper::trusted_executable(&candidate, facts.caller_uid) {
+            Ok(resolved) => resolved,
+            Err(why) => {
+                untrusted.push(format!("'{}' ({why})", candidate.display()));
+                continue;
+            }
+        };
+        match interpreter_version(&resolved, run_as) {
+            Some((v, true)) if v == version => return Ok(resolved),
             Some((v, false)) if v == version => {
-                without.get_or_insert_with(|| candidate.clone());
+                without.get_or_insert(resolved);
             }
             _ => {}
         }
@@ -542,27 +703,42 @@ pub fn find_interpreter(
             interpreter: interpreter.display().to_string(),
         });
     }
+    let mut looked = format!(
+        "its executable, {name} on PATH and in {}",
+        STANDARD_DIRS.join(", ")
+    );
+    if let Some(first) = untrusted.first() {
+        looked.push_str(&format!(
+            "; not run, as {} does not control it: {first}",
+            if facts.caller_uid == 0 {
+                "root"
+            } else {
+                "neither root nor you"
+            }
+        ));
+        if untrusted.len() > 1 {
+            looked.push_str(&format!(" and {} more", untrusted.len() - 1));
+        }
+    }
     Err(Unavailable::NoInterpreter {
         pid: facts.pid,
         major: version.0,
         minor: version.1,
-        looked: if search.is_empty() {
-            "its executable".to_owned()
-        } else {
-            format!("its executable and {name} on PATH")
-        },
+        looked,
     })
 }
 
-/// `PATH`'s directories.
+/// `PATH`'s absolute directories, then [`STANDARD_DIRS`].
 pub fn path_dirs() -> Vec<PathBuf> {
-    std::env::var_os("PATH")
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|p| {
             std::env::split_paths(&p)
                 .filter(|d| d.is_absolute())
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    dirs.extend(STANDARD_DIRS.iter().map(PathBuf::from));
+    dirs
 }
 
 /// A process an attach may be tried on, and the interpreter that will do it.
@@ -572,10 +748,12 @@ pub struct Plan {
     pub pid: u32,
     /// Its Python `major.minor`.
     pub version: (u32, u32),
-    /// The helper interpreter.
+    /// The helper interpreter (resolved: no symbolic link left).
     pub interpreter: PathBuf,
-    /// Its uid and gid (the files are made its when the caller is root).
-    owner: (u32, u32),
+    /// Its uid and gid: the files are made readable by its group, `out/` its.
+    owner: Owner,
+    /// The helper's credentials when the caller is root: the process's.
+    run_as: Option<RunAs>,
 }
 
 /// Whether `pid` can be attached to, and with what.
@@ -585,101 +763,57 @@ pub struct Plan {
 pub fn plan(pid: u32) -> Result<Plan, Unavailable> {
     let facts = Facts::gather(pid)?;
     let version = judge(&facts)?;
-    let interpreter = find_interpreter(&facts, version, &path_dirs())?;
-    let meta =
-        std::fs::metadata(format!("/proc/{pid}")).map_err(|_| Unavailable::NoProcess { pid })?;
+    let owner = Owner {
+        uid: facts.target_uids[0],
+        gid: facts.target_gids[0],
+    };
+    let run_as = (facts.caller_uid == 0).then_some(RunAs {
+        uid: owner.uid,
+        gid: owner.gid,
+    });
+    let interpreter = find_interpreter(&facts, version, &path_dirs(), run_as)?;
     Ok(Plan {
         pid,
         version,
         interpreter,
-        owner: (meta.uid(), meta.gid()),
+        owner,
+        run_as,
     })
 }
 
-/// The directory of one attach: the package, the bootstrap, the request, the result.
-struct Workspace {
-    root: PathBuf,
-    package: String,
+/// Where the workspace is made: the caller's temporary directory for its own process, else
+/// `/tmp` (a root caller's `TMPDIR` may be private to it).
+fn workspace_base(plan: &Plan) -> PathBuf {
+    if crate::local_socket::euid() == plan.owner.uid {
+        std::env::temp_dir()
+    } else {
+        PathBuf::from("/tmp")
+    }
 }
 
-impl Workspace {
-    fn create(plan: &Plan) -> std::io::Result<Self> {
-        let nonce = format!(
-            "{:x}{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        );
-        let me = crate::local_socket::euid();
-        // The process must reach the files: a root caller's own TMPDIR may be private to it.
-        let base = if me == plan.owner.0 {
-            std::env::temp_dir()
-        } else {
-            PathBuf::from("/tmp")
-        };
-        let root = base.join(format!("vramctl-attach-{}-{nonce}", plan.pid));
-        std::fs::create_dir(&root)?;
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
-        let package = format!("_vramctl_attach_{nonce}");
-        let pkg_dir = root.join(&package);
-        std::fs::create_dir(&pkg_dir)?;
-        let write = |path: &Path, text: &str| -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(path)?;
-            std::io::Write::write_all(&mut f, text.as_bytes())
-        };
-        write(&pkg_dir.join("__init__.py"), "")?;
-        for (name, text) in modules() {
-            write(&pkg_dir.join(name), text)?;
-        }
-        if me == 0 && plan.owner.0 != 0 {
-            // The process writes its result here and, if it runs late, removes it all.
-            for entry in [root.clone(), pkg_dir.clone()] {
-                std::os::unix::fs::chown(&entry, Some(plan.owner.0), Some(plan.owner.1))?;
-            }
-        }
-        Ok(Self { root, package })
-    }
-
-    fn write_request(
-        &self,
-        options: ReclaimOptions,
-        deadline_unix_s: f64,
-    ) -> std::io::Result<PathBuf> {
-        let request = serde_json::json!({
-            "gc": options.gc,
-            "deep": options.deep,
-            "dry_run": options.dry_run,
-            "result": self.result().display().to_string(),
-            "deadline": deadline_unix_s,
-        });
-        let path = self.root.join("request.json");
-        std::fs::write(&path, request.to_string())?;
-        let script = self.root.join("attach.py");
-        std::fs::write(&script, bootstrap(&self.root, &self.package))?;
-        Ok(script)
-    }
-
-    fn result(&self) -> PathBuf {
-        self.root.join("result.json")
-    }
+/// The request the script reads.
+fn request_text(workspace: &Workspace, options: ReclaimOptions, deadline_unix_s: f64) -> String {
+    serde_json::json!({
+        "gc": options.gc,
+        "deep": options.deep,
+        "dry_run": options.dry_run,
+        "result": workspace.result().display().to_string(),
+        "deadline": deadline_unix_s,
+    })
+    .to_string()
 }
 
 /// The script the process runs: everything inside one function whose name is removed
 /// afterwards, the package imported from the workspace and forgotten again (`sys.path`,
-/// `sys.modules`), every failure reported in the result file rather than raised into the
-/// process's main thread; a late run removes the workspace.
+/// `sys.path_importer_cache`, `sys.modules`), every failure reported in the result file
+/// (in `out/`, the only place the process may write) rather than raised into the process's
+/// main thread. vramctl removes the workspace itself.
 fn bootstrap(root: &Path, package: &str) -> String {
     let root = serde_json::to_string(&root.display().to_string()).unwrap_or_default();
     let package = serde_json::to_string(package).unwrap_or_default();
     format!(
         r#"def _vramctl_attach():
-    import importlib, json, os, shutil, sys, time
+    import importlib, json, os, sys
     root, package = {root}, {package}
     request = os.path.join(root, "request.json")
     sys.path.insert(0, root)
@@ -687,9 +821,12 @@ fn bootstrap(root: &Path, package: &str) -> String {
         importlib.import_module(package + "._attach").run(request)
     except BaseException as err:
         try:
-            with open(os.path.join(root, "result.json.tmp"), "w") as out:
-                json.dump({{"ok": False, "pid": os.getpid(), "error": {{"code": "attach_error", "message": type(err).__name__ + ": " + str(err)[:300]}}}}, out)
-            os.replace(os.path.join(root, "result.json.tmp"), os.path.join(root, "result.json"))
+            out = os.path.join(root, "out")
+            tmp = os.path.join(out, "result.json.%d.tmp" % os.getpid())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({{"ok": False, "pid": os.getpid(), "error": {{"code": "attach_error", "message": type(err).__name__ + ": " + str(err)[:300]}}}}, f)
+            os.replace(tmp, os.path.join(out, "result.json"))
         except OSError:
             pass
     finally:
@@ -697,45 +834,16 @@ fn bootstrap(root: &Path, package: &str) -> String {
             sys.path.remove(root)
         except ValueError:
             pass
+        for path in (root, os.path.join(root, package)):
+            sys.path_importer_cache.pop(path, None)
         for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
             del sys.modules[name]
-        try:
-            with open(request) as f:
-                late = time.time() > json.load(f).get("deadline", float("inf"))
-        except (OSError, ValueError):
-            late = False
-        if late:
-            shutil.rmtree(root, ignore_errors=True)
 try:
     _vramctl_attach()
 finally:
     del _vramctl_attach
 "#
     )
-}
-
-/// Runs `command` with its output captured, killed at `timeout`.
-fn run_bounded(command: &mut Command, timeout: Duration) -> std::io::Result<std::process::Output> {
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        if child.try_wait()?.is_some() {
-            return child.wait_with_output();
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("did not end within {:.0} s", timeout.as_secs_f64()),
-            ));
-        }
-        std::thread::sleep(POLL_STEP);
-    }
 }
 
 /// Runs the reclaim in the process of `plan` and waits for its answer up to `timeout`.
@@ -748,30 +856,39 @@ pub fn reclaim(
     timeout: Duration,
 ) -> Result<ReclaimAnswer, AttachError> {
     let pid = plan.pid;
-    let io = |path: &Path, source| AttachError::Io {
-        pid,
-        path: path.to_path_buf(),
-        source,
-    };
-    let workspace = Workspace::create(plan).map_err(|e| io(&std::env::temp_dir(), e))?;
+    let base = workspace_base(plan);
+    let workspace =
+        Workspace::create(&base, pid, plan.owner, modules()).map_err(|source| AttachError::Io {
+            pid,
+            path: base.clone(),
+            source,
+        })?;
     let deadline = Instant::now() + timeout;
     let deadline_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
         + timeout.as_secs_f64();
-    let script = workspace
-        .write_request(options, deadline_unix_s)
-        .map_err(|e| io(&workspace.root, e))?;
-    let result =
-        deliver(plan, &script).and_then(|()| wait_for(&workspace.result(), pid, deadline, timeout));
-    // A script that has not run yet needs its files; it removes them itself when it runs late.
-    if !matches!(result, Err(AttachError::Timeout { .. })) {
-        let _ = std::fs::remove_dir_all(&workspace.root);
-    }
+    let result = workspace
+        .write_request(
+            &request_text(&workspace, options, deadline_unix_s),
+            &bootstrap(&workspace.root, &workspace.package),
+        )
+        .map_err(|source| AttachError::Io {
+            pid,
+            path: workspace.root.clone(),
+            source,
+        })
+        .and_then(|script| deliver(plan, &script))
+        .and_then(|()| wait_for(&workspace, pid, deadline, timeout));
+    // Also after a timeout: a script that runs later finds no file (the process's Python
+    // says "Can't open debugger script" on its stderr) or, if it opened it just before,
+    // sees its deadline passed and does nothing.
+    workspace.remove();
     result
 }
 
-/// `python3.X -c 'import sys; sys.remote_exec(PID, script)'`.
+/// `python3.X -c 'import sys; sys.remote_exec(PID, script)'`, with the process's
+/// credentials when the caller is root.
 fn deliver(plan: &Plan, script: &Path) -> Result<(), AttachError> {
     let code = format!(
         "import sys; sys.remote_exec({}, {})",
@@ -783,8 +900,8 @@ fn deliver(plan: &Plan, script: &Path) -> Result<(), AttachError> {
         interpreter: plan.interpreter.display().to_string(),
         message,
     };
-    let out = run_bounded(
-        Command::new(&plan.interpreter).args(["-I", "-S", "-c", &code]),
+    let out = helper::run_bounded(
+        helper::command(&plan.interpreter, plan.run_as).args(["-I", "-S", "-c", &code]),
         HELPER_TIMEOUT,
     )
     .map_err(|e| helper(e.to_string()))?;
@@ -801,48 +918,28 @@ fn deliver(plan: &Plan, script: &Path) -> Result<(), AttachError> {
     ))
 }
 
-/// Waits for the result file and reads it (no symlink followed, bounded).
+/// Waits for the result file and reads it ([`Workspace::read_result`]: no link followed,
+/// only the process's user's own file, bounded).
 fn wait_for(
-    path: &Path,
+    workspace: &Workspace,
     pid: u32,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<ReclaimAnswer, AttachError> {
     loop {
-        // Not through a symlink, never blocking on a FIFO: the directory is the process's.
-        let opened = rustix::fs::open(
-            path,
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::NOFOLLOW
-                | rustix::fs::OFlags::NONBLOCK
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map(std::fs::File::from)
-        .map_err(std::io::Error::from);
-        match opened {
-            Ok(file) => {
-                if !file.metadata().is_ok_and(|m| m.is_file()) {
-                    return Err(AttachError::Malformed {
-                        pid,
-                        reason: format!("'{}' is not a regular file", path.display()),
-                    });
-                }
-                let mut text = Vec::new();
-                file.take(MAX_RESULT_BYTES)
-                    .read_to_end(&mut text)
-                    .map_err(|e| AttachError::Io {
-                        pid,
-                        path: path.to_path_buf(),
-                        source: e,
-                    })?;
-                return parse_result(&text, pid);
+        match workspace.read_result(MAX_RESULT_BYTES) {
+            Ok(Some(text)) => return parse_result(&text, pid),
+            Ok(None) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                return Err(AttachError::Malformed {
+                    pid,
+                    reason: format!("'{}': {e}", workspace.result().display()),
+                });
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
                 return Err(AttachError::Io {
                     pid,
-                    path: path.to_path_buf(),
+                    path: workspace.result(),
                     source,
                 });
             }
@@ -889,6 +986,8 @@ fn parse_result(text: &[u8], pid: u32) -> Result<ReclaimAnswer, AttachError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
 
     fn facts() -> Facts {
         Facts {
@@ -898,8 +997,8 @@ mod tests {
             is_python: true,
             disabled_by: None,
             target_uids: [1000; 3],
+            target_gids: [1000; 3],
             caller_uid: 1000,
-            caller_is_ancestor: false,
             ptrace_scope: Some(0),
             same_mount_namespace: true,
             has_agent: false,
@@ -996,7 +1095,7 @@ mod tests {
                     ..facts()
                 },
                 "ptrace_scope",
-                "ptrace_scope is 1",
+                "ptrace_scope is 1, which lets a process attach only to its descendants",
             ),
             (
                 Facts {
@@ -1027,23 +1126,53 @@ mod tests {
             assert_eq!(err.code(), code, "{err}");
             assert!(err.to_string().contains(needle), "{err} lacks {needle}");
         }
-        // What root and an ancestor may do.
+        // Root may attach to another user's process where Yama lets that user's helper
+        // attach, and to its own processes under scopes 1 and 2; nobody else there (the
+        // helper runs as the process's user, and is not its ancestor).
         assert!(
             judge(&root(Facts {
                 target_uids: [1001; 3],
-                ptrace_scope: Some(2),
                 ..facts()
             }))
             .is_ok()
         );
-        assert!(
-            judge(&Facts {
-                ptrace_scope: Some(1),
-                caller_is_ancestor: true,
+        for scope in [1, 2] {
+            let err = judge(&root(Facts {
+                target_uids: [1001; 3],
+                ptrace_scope: Some(scope),
+                ..facts()
+            }))
+            .expect_err("the helper runs as uid 1001");
+            assert_eq!(err.code(), "ptrace_scope", "{err}");
+            assert!(
+                err.to_string().contains("runs as the process's user"),
+                "{err}"
+            );
+            assert!(
+                judge(&root(Facts {
+                    target_uids: [0; 3],
+                    target_gids: [0; 3],
+                    ptrace_scope: Some(scope),
+                    ..facts()
+                }))
+                .is_ok()
+            );
+        }
+    }
+
+    #[test]
+    fn a_process_with_differing_ids_is_not_attached_even_by_root() {
+        for (uids, gids) in [([1000, 0, 0], [1000; 3]), ([1000; 3], [1000, 1000, 50])] {
+            let err = judge(&Facts {
+                caller_uid: 0,
+                target_uids: uids,
+                target_gids: gids,
                 ..facts()
             })
-            .is_ok()
-        );
+            .expect_err("mixed");
+            assert_eq!(err.code(), "mixed_credentials", "{err}");
+            assert!(err.to_string().contains("setuid or setgid"), "{err}");
+        }
     }
 
     #[test]
@@ -1093,9 +1222,7 @@ mod tests {
             .read_line(&mut ready)
             .expect("ready");
         let facts = Facts::gather(child.id()).expect("running");
-        let version = interpreter_version(Path::new("python3"))
-            .expect("python3 answers")
-            .0;
+        let version = python3_version();
         let err = plan(child.id());
         let _ = child.kill();
         let _ = child.wait();
@@ -1111,35 +1238,88 @@ mod tests {
         }
     }
 
+    /// This machine's `python3`'s `major.minor` (asked in the test only).
+    fn python3_version() -> (u32, u32) {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(*sys.version_info[:2])"])
+            .output()
+            .expect("python3 runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut words = text
+            .split_whitespace()
+            .map(|w| w.parse().expect("a number"));
+        (words.next().expect("major"), words.next().expect("minor"))
+    }
+
     #[test]
     fn no_interpreter_of_the_version_is_said_with_where_it_looked() {
         let empty = tempfile::tempdir().expect("tempdir");
-        let f = Facts {
-            exe: Some("/nonexistent/python3.14".into()),
-            ..facts()
-        };
-        let err = find_interpreter(&f, (3, 14), &[empty.path().to_path_buf()]).expect_err("none");
+        let err = find_interpreter(&facts(), (3, 14), &[empty.path().to_path_buf()], None)
+            .expect_err("none");
         assert_eq!(err.code(), "no_interpreter");
         assert!(err.to_string().contains("install python3.14"), "{err}");
-        // One of the right version without sys.remote_exec (here: this machine's python3
-        // asked for its own version, which before 3.14 has none).
-        let python3 = path_dirs()
+        // One of the right version without sys.remote_exec: this machine's python3.X, which
+        // before 3.14 has none.
+        let version = python3_version();
+        let name = format!("python{}.{}", version.0, version.1);
+        let me = crate::local_socket::euid();
+        let trusted = path_dirs()
             .into_iter()
-            .map(|d| d.join("python3"))
-            .find(|p| p.exists());
-        if let Some(python3) = python3 {
-            let (version, has) = interpreter_version(&python3).expect("python3 answers");
-            let f = Facts {
-                exe: Some(python3.clone()),
+            .map(|d| d.join(&name))
+            .any(|p| p.exists() && helper::trusted_executable(&p, me).is_ok());
+        let found = find_interpreter(
+            &Facts {
+                caller_uid: me,
                 ..facts()
-            };
-            let found = find_interpreter(&f, version, &[]);
-            if has {
-                assert_eq!(found.expect("usable"), python3);
-            } else {
-                assert_eq!(found.expect_err("no remote_exec").code(), "no_remote_exec");
-            }
+            },
+            version,
+            &path_dirs(),
+            None,
+        );
+        if !trusted {
+            eprintln!("SKIPPED: no trusted {name} here");
+        } else if version < MIN_VERSION {
+            assert_eq!(found.expect_err("no remote_exec").code(), "no_remote_exec");
+        } else {
+            let found = found.expect("usable");
+            assert!(
+                found.ends_with(&name) || found.is_absolute(),
+                "{}",
+                found.display()
+            );
         }
+    }
+
+    #[test]
+    fn a_helper_in_a_directory_another_user_controls_is_never_run() {
+        // A `python3.14` under /tmp (writable by everyone), and the process's executable
+        // "deleted" with a script at its literal name, each leaving a mark if run.
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let mark = dir.path().join("ran");
+        let trap = |name: &str| {
+            let exe = dir.path().join(name);
+            std::fs::write(
+                &exe,
+                format!("#!/bin/sh\ntouch '{}'\necho 3 14 True\n", mark.display()),
+            )
+            .expect("write");
+            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            exe
+        };
+        trap("python3.14");
+        let deleted = trap("python3.14 (deleted)");
+        let f = Facts {
+            exe: Some(deleted),
+            ..facts()
+        };
+        let err = find_interpreter(&f, (3, 14), &[dir.path().to_path_buf()], None)
+            .expect_err("not trusted");
+        assert_eq!(err.code(), "no_interpreter");
+        let text = err.to_string();
+        assert!(text.contains("not run, as"), "{text}");
+        assert!(text.contains("names a deleted file"), "{text}");
+        assert!(text.contains("and 1 more"), "{text}");
+        assert!(!mark.exists(), "an untrusted helper ran");
     }
 
     #[test]
@@ -1204,28 +1384,35 @@ mod tests {
             "import torch\nx = torch.empty(3 << 30, dtype=torch.uint8, device='cuda')\ndel x",
             "None",
         );
-        let plan = Plan {
-            pid: child.id(),
-            version: (3, 14),
-            interpreter: PathBuf::from("unused"),
-            owner: (crate::local_socket::euid(), 0),
+        let owner = Owner {
+            uid: crate::local_socket::euid(),
+            gid: 0,
         };
-        let workspace = Workspace::create(&plan).expect("workspace");
-        let script = workspace
-            .write_request(
-                ReclaimOptions {
-                    gc: true,
-                    ..ReclaimOptions::default()
-                },
-                4.0e9,
+        let base = tempfile::tempdir().expect("tempdir");
+        let create =
+            || Workspace::create(base.path(), child.id(), owner, modules()).expect("workspace");
+        let write = |w: &Workspace, options, deadline| {
+            w.write_request(
+                &request_text(w, options, deadline),
+                &bootstrap(&w.root, &w.package),
             )
-            .expect("request");
+            .expect("request")
+        };
+        let workspace = create();
+        let script = write(
+            &workspace,
+            ReclaimOptions {
+                gc: true,
+                ..ReclaimOptions::default()
+            },
+            4.0e9,
+        );
         let ran = exec(
             &format!(
                 "exec(compile(open({:?}).read(), 'attach.py', 'exec'), globals())",
                 script.display().to_string()
             ),
-            "[n for n in globals() if 'vramctl' in n] + [m for m in __import__('sys').modules if 'vramctl' in m] + [p for p in __import__('sys').path if 'vramctl-attach' in p]",
+            "[n for n in globals() if 'vramctl' in n] + [m for m in __import__('sys').modules if 'vramctl' in m] + [p for p in __import__('sys').path + list(__import__('sys').path_importer_cache) if 'vramctl-attach' in p]",
         );
         assert_eq!(ran["ok"], true, "{ran}");
         assert_eq!(
@@ -1233,27 +1420,21 @@ mod tests {
             serde_json::json!([]),
             "names, modules or paths left behind"
         );
-        let answer = wait_for(
-            &workspace.result(),
-            child.id(),
-            Instant::now(),
-            Duration::ZERO,
-        )
-        .expect("answered");
+        let answer =
+            wait_for(&workspace, child.id(), Instant::now(), Duration::ZERO).expect("answered");
         assert_eq!(answer.released_bytes, 3 << 30);
         assert_eq!(answer.outcome, "released_all");
         assert!(answer.gc.is_some());
-        let _ = std::fs::remove_dir_all(&workspace.root);
+        workspace.remove();
+        assert!(!workspace.root.exists(), "removed");
 
-        // Past the deadline: nothing done, the workspace removed by the script itself.
+        // Past the deadline: nothing done, said in the result.
         exec(
             "x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\ndel x",
             "None",
         );
-        let workspace = Workspace::create(&plan).expect("workspace");
-        let script = workspace
-            .write_request(ReclaimOptions::default(), 1.0)
-            .expect("request");
+        let workspace = create();
+        let script = write(&workspace, ReclaimOptions::default(), 1.0);
         exec(
             &format!(
                 "exec(compile(open({:?}).read(), 'attach.py', 'exec'), globals())",
@@ -1261,10 +1442,18 @@ mod tests {
             ),
             "None",
         );
-        assert!(
-            !workspace.root.exists(),
-            "a late script removes its workspace"
+        let late = wait_for(&workspace, child.id(), Instant::now(), Duration::ZERO);
+        assert_eq!(late.expect_err("too late").code(), "too_late");
+        workspace.remove();
+        // Its files gone, a script run later does nothing at all.
+        let gone = exec(
+            &format!(
+                "exec(compile(open({:?}).read(), 'attach.py', 'exec'), globals())",
+                script.display().to_string()
+            ),
+            "None",
         );
+        assert_eq!(gone["ok"], false, "{gone}");
         let reserved = exec("", "torch.cuda.memory_reserved(0)");
         assert_eq!(reserved["value"], 1_u64 << 30, "still cached");
         let _ = child.kill();

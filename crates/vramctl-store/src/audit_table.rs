@@ -147,6 +147,9 @@ impl Store {
             tx.commit()?;
             Ok(value)
         })();
+        if result.is_err() {
+            self.end_failed_transaction();
+        }
         let restored = self.conn.execute_batch("PRAGMA synchronous = NORMAL");
         let value = result.map_err(err.clone())?;
         restored.map_err(err)?;

@@ -68,6 +68,10 @@ pub struct Store {
     notice: Option<String>,
     /// An import's transaction is open (`writer.rs`).
     pub(crate) import_tx: bool,
+    /// Ticks [`Store::append`] could not write since the last it did (`writer.rs`).
+    pub(crate) unwritten: Option<crate::writer::Unwritten>,
+    /// What [`Store::set_max_page_count`] set, applied again if the connection is reopened.
+    max_page_count: Option<u64>,
 }
 
 /// Files and directories an open created.
@@ -232,6 +236,8 @@ impl Store {
             created: created.clone(),
             notice: None,
             import_tx: false,
+            unwritten: None,
+            max_page_count: None,
         };
         store.prepare()?;
         Ok(store)
@@ -284,6 +290,8 @@ impl Store {
             created: Created::default(),
             notice,
             import_tx: false,
+            unwritten: None,
+            max_page_count: None,
         };
         store.prepare()?;
         Ok(store)
@@ -331,6 +339,8 @@ impl Store {
             created: Created::default(),
             notice: None,
             import_tx: false,
+            unwritten: None,
+            max_page_count: None,
         };
         store.prepare()?;
         Ok(store)
@@ -610,10 +620,67 @@ impl Store {
     ///
     /// # Errors
     /// When SQLite cannot be asked.
-    pub fn set_max_page_count(&self, pages: u64) -> Result<(), StoreError> {
+    pub fn set_max_page_count(&mut self, pages: u64) -> Result<(), StoreError> {
         self.conn
             .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
-            .map_err(self.err("cannot configure"))
+            .map_err(self.err("cannot configure"))?;
+        self.max_page_count = Some(pages);
+        Ok(())
+    }
+
+    /// After a failed write: leaves no transaction open. An open transaction holds the
+    /// database's write lock, so every other writer (`kill`'s audit row, an import) would
+    /// fail with "database is locked" for as long as this connection lives, and the
+    /// recorder's next ticks would go into it and never be committed. SQLite may or may not
+    /// have rolled the transaction back itself (on `SQLITE_FULL` it depends on where the
+    /// write failed; a failed `COMMIT` leaves it open): it is rolled back here if it is
+    /// still open, and if even that fails, the connection is closed (which rolls back) and
+    /// opened again. An import's own transaction is left to the import, which abandons it
+    /// as a whole (`Store::rollback_import`).
+    pub(crate) fn end_failed_transaction(&mut self) {
+        if self.import_tx || self.conn.is_autocommit() {
+            return;
+        }
+        if let Err(err) = self.conn.execute_batch("ROLLBACK") {
+            tracing::warn!(path = %self.path.display(), error = %err, "Could not roll back after a failed write.");
+        }
+        if self.conn.is_autocommit() {
+            return;
+        }
+        if let Err(err) = self.reopen() {
+            tracing::error!(path = %self.path.display(), error = %err, "Could not reopen the history after a failed write; its transaction stays open.");
+        }
+    }
+
+    /// Replaces the connection by a new one on the same file, configured as
+    /// [`Store::open`] left it (the schema checks are not repeated: the file is the one
+    /// this store checked). Dropping the old connection rolls back what it had open. An
+    /// in-memory store cannot be reopened (its data lives in the connection).
+    pub(crate) fn reopen(&mut self) -> Result<(), StoreError> {
+        if self.mode == OpenMode::ReadOnly || self.path == Path::new(":memory:") {
+            return Err(StoreError::Unwritable {
+                path: self.path.clone(),
+                detail: "this connection cannot be reopened".into(),
+            });
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&self.path, flags)
+            .map_err(|e| StoreError::sqlite(&self.path, "cannot reopen", e))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(|e| StoreError::sqlite(&self.path, "cannot configure", e))?;
+        conn.execute_batch(
+            "PRAGMA synchronous = NORMAL;
+             PRAGMA foreign_keys = ON;
+             PRAGMA journal_size_limit = 67108864;",
+        )
+        .map_err(|e| StoreError::sqlite(&self.path, "cannot configure", e))?;
+        if let Some(pages) = self.max_page_count {
+            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
+                .map_err(|e| StoreError::sqlite(&self.path, "cannot configure", e))?;
+        }
+        drop(std::mem::replace(&mut self.conn, conn));
+        tracing::info!(path = %self.path.display(), "Reopened the history.");
+        Ok(())
     }
 
     /// Checkpoints the WAL into the database and truncates it, and runs `PRAGMA optimize`.
@@ -705,6 +772,7 @@ fn lock(db: &Path) -> Result<nix::fcntl::Flock<File>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::SessionInfo;
     use crate::writer::tests::{GIB, T0, tick};
 
     fn temp() -> (tempfile::TempDir, PathBuf) {
@@ -927,7 +995,238 @@ mod tests {
             store.tick_count(crate::model::TimeRange::ALL).unwrap(),
             written + 1
         );
+        assert!(
+            write_failed_gaps(&store).is_empty(),
+            "the failed tick was written when retried: nothing was lost"
+        );
+        assert_eq!(store.unwritten(), None);
         assert_eq!(store.integrity_check().unwrap(), vec!["ok".to_owned()]);
+    }
+
+    fn write_failed_gaps(store: &Store) -> Vec<crate::model::Gap> {
+        store
+            .gaps(crate::model::TimeRange::ALL)
+            .unwrap()
+            .into_iter()
+            .filter(|g| g.reason.starts_with(crate::writer::WRITE_FAILED))
+            .collect()
+    }
+
+    fn used_points(store: &mut Store, range: crate::model::TimeRange) -> Vec<(i64, u64)> {
+        let d = store.devices().unwrap()[0].id;
+        store
+            .device_metric(d, Metric::UsedBytes, range)
+            .unwrap()
+            .iter()
+            .map(|p| (p.unix_ms - T0, p.last / GIB))
+            .collect()
+    }
+
+    /// Whether another connection can take the write lock at once (what `kill`'s audit row
+    /// needs): a transaction left open by the writer holds it.
+    fn write_lock_is_free(path: &Path) -> Result<(), rusqlite::Error> {
+        let other = Connection::open(path)?;
+        other.busy_timeout(std::time::Duration::ZERO)?;
+        other.execute_batch("BEGIN IMMEDIATE; ROLLBACK;")
+    }
+
+    /// A failed COMMIT used to leave its transaction open: the recorder's later ticks went
+    /// into it and were never committed, and every other writer got "database is locked".
+    #[test]
+    fn a_failed_commit_leaves_no_transaction_open_nor_the_write_lock_held() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        // A COMMIT that fails and leaves the transaction open, as SQLite does for a
+        // deferred constraint and may do for a disk that fills while the WAL is written:
+        // every frame written breaks a deferred foreign key.
+        store
+            .conn
+            .execute_batch(
+                "CREATE TEMP TABLE parent (id INTEGER PRIMARY KEY);
+                 CREATE TEMP TABLE child (
+                     p INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
+                 CREATE TEMP TRIGGER break_commit AFTER INSERT ON frame
+                 BEGIN INSERT INTO child VALUES (1); END;",
+            )
+            .unwrap();
+        let err = store
+            .append(&tick(T0 + 1000, 2 * GIB, &[(7, GIB)]))
+            .unwrap_err();
+        assert!(
+            store.conn.is_autocommit(),
+            "no transaction is left open after: {err}"
+        );
+        write_lock_is_free(&path).expect("another writer is not locked out");
+        // Retention starts its own transaction: it used to fail with "cannot start a
+        // transaction within a transaction" for as long as the recorder ran.
+        store
+            .maintain(&crate::retention::Retention::default(), T0 + 60_000)
+            .expect("retention runs after a failed tick");
+        store
+            .conn
+            .execute_batch("DROP TRIGGER break_commit")
+            .unwrap();
+        store
+            .append(&tick(T0 + 2000, 3 * GIB, &[(7, GIB)]))
+            .unwrap();
+        // Committed: another connection reads it, and the failed tick is a gap.
+        let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        assert_eq!(
+            used_points(&mut reader, crate::model::TimeRange::ALL),
+            [(0, 1), (2000, 3)]
+        );
+        let gaps = write_failed_gaps(&reader);
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert_eq!((gaps[0].from_ms, gaps[0].to_ms), (T0 + 1000, T0 + 1000));
+        assert!(
+            gaps[0].reason.ends_with("; 1 sample not written"),
+            "{}",
+            gaps[0].reason
+        );
+        assert_eq!(gaps[0].device_uuid, None);
+        assert_eq!(reader.integrity_check().unwrap(), vec!["ok".to_owned()]);
+    }
+
+    #[test]
+    fn disk_full_ticks_become_one_gap_and_the_tick_after_them_is_a_key_frame() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        // No key frame is due by time in this test: one after the gap is the failure's.
+        store.begin_session(&SessionInfo::default()).unwrap();
+        store.set_key_interval_ms(3_600_000);
+        for i in 0..3u64 {
+            let t = T0 + 1000 * i as i64;
+            store.append(&tick(t, (i + 1) * GIB, &[(7, GIB)])).unwrap();
+        }
+        store
+            .set_max_page_count(store.size_bytes().unwrap() / 4096)
+            .unwrap();
+        // Ticks naming hundreds of new processes need new pages: each fails.
+        for i in 3..6u32 {
+            let many: Vec<(u32, u64)> = (0..300).map(|p| (1000 + i * 300 + p, GIB)).collect();
+            let err = store
+                .append(&tick(T0 + 1000 * i64::from(i), 4 * GIB, &many))
+                .unwrap_err();
+            assert!(matches!(err, StoreError::DiskFull { .. }), "{err}");
+            assert!(store.conn.is_autocommit(), "rolled back: {err}");
+            // kill's audit row can be written meanwhile (its connection has no page cap).
+            write_lock_is_free(&path).expect("the write lock is free while writes fail");
+        }
+        assert_eq!(
+            store.unwritten(),
+            Some(&crate::writer::Unwritten {
+                from_ms: T0 + 3000,
+                to_ms: T0 + 5000,
+                ticks: 3,
+                cause: "disk full".into()
+            })
+        );
+        // Space again.
+        store.set_max_page_count(1 << 30).unwrap();
+        store
+            .append(&tick(T0 + 6000, 7 * GIB, &[(7, GIB)]))
+            .unwrap();
+        store
+            .append(&tick(T0 + 7000, 8 * GIB, &[(7, GIB)]))
+            .unwrap();
+        assert_eq!(store.unwritten(), None);
+        let key = |t: i64| -> bool {
+            store
+                .conn
+                .query_row("SELECT key FROM frame WHERE t_ms = ?1", [t], |r| r.get(0))
+                .unwrap()
+        };
+        assert!(
+            key(T0 + 6000),
+            "the first frame after a failure is a key frame"
+        );
+        assert!(!key(T0 + 7000), "then deltas again");
+        let mut reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        assert_eq!(
+            used_points(&mut reader, crate::model::TimeRange::ALL),
+            [(0, 1), (1000, 2), (2000, 3), (6000, 7), (7000, 8)]
+        );
+        // A reader starting after the gap decodes from the key frame written after it.
+        let after = crate::model::TimeRange {
+            from_ms: T0 + 6500,
+            to_ms: T0 + 9000,
+        };
+        assert_eq!(used_points(&mut reader, after), [(7000, 8)]);
+        let gaps = write_failed_gaps(&reader);
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert_eq!(
+            (gaps[0].from_ms, gaps[0].to_ms, gaps[0].open),
+            (T0 + 3000, T0 + 5000, false),
+            "exactly the ticks not written"
+        );
+        assert_eq!(
+            gaps[0].reason,
+            "write-failed: disk full; 3 samples not written"
+        );
+        let pids: Vec<u32> = reader
+            .processes_in(crate::model::TimeRange::ALL)
+            .unwrap()
+            .iter()
+            .map(|(p, _)| p.meta.key.pid)
+            .collect();
+        assert_eq!(pids, [7], "nothing of the failed ticks is kept");
+        assert_eq!(reader.integrity_check().unwrap(), vec!["ok".to_owned()]);
+    }
+
+    #[test]
+    fn a_writer_stopping_while_writes_fail_records_their_gap_once_it_can() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        store
+            .set_max_page_count(store.size_bytes().unwrap() / 4096)
+            .unwrap();
+        let many: Vec<(u32, u64)> = (1000..1400).map(|p| (p, GIB)).collect();
+        assert!(store.append(&tick(T0 + 1000, GIB, &many)).is_err());
+        assert!(store.append(&tick(T0 + 2000, GIB, &many)).is_err());
+        store.set_max_page_count(1 << 30).unwrap();
+        let gap = store.record_unwritten_gap().unwrap().expect("a gap");
+        assert_eq!((gap.from_ms, gap.to_ms), (T0 + 1000, T0 + 2000));
+        assert_eq!(store.unwritten(), None);
+        assert_eq!(store.record_unwritten_gap().unwrap(), None);
+        store.close().unwrap();
+        let reader = Store::open(&path, OpenMode::ReadOnly).unwrap();
+        let gaps = write_failed_gaps(&reader);
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert_eq!(
+            gaps[0].reason,
+            "write-failed: disk full; 2 samples not written"
+        );
+    }
+
+    /// The last resort when even `ROLLBACK` fails: a new connection, the old one's
+    /// transaction rolled back with it.
+    #[test]
+    fn reopening_ends_a_transaction_left_open() {
+        let (_dir, path) = temp();
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
+        store.set_max_page_count(5000).unwrap();
+        store
+            .conn
+            .execute_batch(
+                "BEGIN IMMEDIATE; INSERT INTO gap (from_ms, to_ms, open, reason) \
+                 VALUES (0, 0, 0, 'uncommitted');",
+            )
+            .unwrap();
+        assert!(write_lock_is_free(&path).is_err(), "held before");
+        store.reopen().unwrap();
+        write_lock_is_free(&path).expect("released by the reopen");
+        let pages: i64 = store
+            .conn
+            .query_row("PRAGMA max_page_count", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(pages, 5000, "configured as before");
+        store.append(&tick(T0 + 1000, GIB, &[(7, GIB)])).unwrap();
+        let gaps = store.gaps(crate::model::TimeRange::ALL).unwrap();
+        assert!(gaps.iter().all(|g| g.reason != "uncommitted"), "{gaps:?}");
+        assert_eq!(store.tick_count(crate::model::TimeRange::ALL).unwrap(), 2);
     }
 
     #[test]

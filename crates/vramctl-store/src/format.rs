@@ -488,21 +488,16 @@ pub fn csv_writer<W: std::io::Write>(out: W) -> csv::Writer<W> {
         .from_writer(out)
 }
 
-/// `text` as it may be quoted in a message: control characters (a terminal escape, a
-/// carriage return, a NUL from a damaged file) escaped as `\u{1b}`, `\r`, …, and cut to
-/// `n` characters. Every message that quotes a file's content goes through this.
+/// `text` as it may be quoted in a message: cut to `n` characters, then escaped as every
+/// human output escapes another user's text (`vramctl_core::untrusted::escape`: a terminal
+/// escape, a carriage return, a NUL from a damaged file, a bidi override as `\u{1b}`,
+/// `\r`, …). Every message that quotes a file's content goes through this.
 pub fn shown(text: &str, n: usize) -> String {
-    let mut out = String::new();
-    for (i, c) in text.chars().enumerate() {
-        if i == n {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(n).collect();
+    let mut out = vramctl_core::untrusted::escape(&head).into_owned();
+    if chars.next().is_some() {
+        out.push('…');
     }
     out
 }

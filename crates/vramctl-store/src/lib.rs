@@ -101,4 +101,4 @@ pub use retention::{Maintenance, Retention};
 pub use schema::CURRENT as SCHEMA_VERSION;
 pub use snapshot::{add_agent_figures, device_samples};
 pub use timebase::{CLOCK_STEP, HistoryClock, Placement};
-pub use writer::DEFAULT_KEY_INTERVAL_MS;
+pub use writer::{DEFAULT_KEY_INTERVAL_MS, Unwritten, WRITE_FAILED};

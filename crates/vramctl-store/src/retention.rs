@@ -134,6 +134,20 @@ impl Store {
         retention: &Retention,
         now_ms: i64,
     ) -> Result<Maintenance, StoreError> {
+        let result = self.maintain_inner(retention, now_ms);
+        if result.is_err() {
+            // A failed rollup (a full disk) must not leave its transaction, and with it
+            // the write lock, behind.
+            self.end_failed_transaction();
+        }
+        result
+    }
+
+    fn maintain_inner(
+        &mut self,
+        retention: &Retention,
+        now_ms: i64,
+    ) -> Result<Maintenance, StoreError> {
         let mut report = Maintenance::default();
         let mut finer: Option<i64> = None;
         for &(res, _) in &retention.tiers {

@@ -16,6 +16,59 @@ use crate::model::{
 /// reader decodes at most this much before its range starts.
 pub const DEFAULT_KEY_INTERVAL_MS: i64 = 60_000;
 
+/// Start of the reason of a gap over ticks that could not be written (`write-failed: disk
+/// full; 12 samples not written`).
+pub const WRITE_FAILED: &str = "write-failed";
+
+/// Ticks [`Store::append`] failed to write since the last one it wrote. They are recorded
+/// as one gap over every device, from the first to the last of them, reason
+/// [`WRITE_FAILED`]`: CAUSE; N samples not written`, in the same transaction as the next
+/// tick written (or by [`Store::record_unwritten_gap`]): the gap is stored exactly when
+/// something after it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unwritten {
+    /// Time of the first tick not written.
+    pub from_ms: i64,
+    /// Time of the last tick not written.
+    pub to_ms: i64,
+    /// How many ticks were not written.
+    pub ticks: u64,
+    /// Why the first of them failed (`disk full`, or the error).
+    pub cause: String,
+}
+
+impl Unwritten {
+    /// The gap to record with a tick written at `t`: all of them when `t` is after them;
+    /// when `t` is one of their times again (a caller retrying a failed tick; the recorder
+    /// never does), only those before it, without a count; none when it retries the first.
+    fn gap_before(&self, t: i64) -> Option<Gap> {
+        if t > self.to_ms {
+            return Some(self.gap());
+        }
+        (self.from_ms < t).then(|| Gap {
+            to_ms: t - 1,
+            reason: format!("{WRITE_FAILED}: {}", self.cause),
+            ..self.gap()
+        })
+    }
+
+    /// The gap these ticks are.
+    pub fn gap(&self) -> Gap {
+        let plural = if self.ticks == 1 { "" } else { "s" };
+        Gap {
+            device_uuid: None,
+            metric: None,
+            from_ms: self.from_ms,
+            to_ms: self.to_ms,
+            open: false,
+            reason: format!(
+                "{WRITE_FAILED}: {}; {} sample{plural} not written",
+                self.cause, self.ticks
+            ),
+        }
+    }
+}
+
 /// Gap scope: (device id or all, metric code or the whole device).
 type GapKey = (Option<i64>, Option<i64>);
 
@@ -119,6 +172,11 @@ impl Store {
     /// Appends one tick in one transaction (`synchronous=NORMAL`: an application crash
     /// loses nothing committed; a power cut may lose the last moments).
     ///
+    /// A failed write leaves no transaction open (it would hold the write lock and swallow
+    /// the next ticks), is remembered as [`Unwritten`] and becomes a gap with the next tick
+    /// written, and makes that tick a key frame (whatever the failure left behind, the
+    /// frames after it decode on their own).
+    ///
     /// # Errors
     /// [`StoreError::OutOfOrder`] when `tick` is not after the last stored tick;
     /// [`StoreError::DiskFull`] / [`StoreError::Unwritable`] when the write fails (nothing
@@ -131,7 +189,33 @@ impl Store {
             })?;
         }
         let result = self.append_inner(tick);
-        if result.is_err() {
+        if let Err(err) = &result {
+            self.end_failed_transaction();
+            // Out of order: refused before anything was written, not a lost tick. Inside
+            // an import the whole import fails and is undone.
+            if !matches!(err, StoreError::OutOfOrder { .. }) && !self.import_tx {
+                let t = tick.at_unix_ms;
+                match &mut self.unwritten {
+                    Some(u) => {
+                        u.to_ms = u.to_ms.max(t);
+                        u.ticks += 1;
+                    }
+                    None => {
+                        self.unwritten = Some(Unwritten {
+                            from_ms: t,
+                            to_ms: t,
+                            ticks: 1,
+                            cause: match err {
+                                StoreError::DiskFull { .. } => "disk full".to_owned(),
+                                other => other.to_string(),
+                            },
+                        });
+                    }
+                }
+            }
+            if let Some(w) = self.writer.as_mut() {
+                w.last_key_ms = None;
+            }
             // The transaction rolled back: forget the process ids handed out inside it, and
             // only those. Forgetting every id split each process the next tick lists without
             // naming it (the recorder names a process when it is new and every 10 s) into a
@@ -158,6 +242,7 @@ impl Store {
             conn,
             catalog,
             writer,
+            unwritten,
             ..
         } = self;
         let Some(w) = writer.as_mut() else {
@@ -369,7 +454,12 @@ impl Store {
                 .and_then(|mut s| s.execute(params![t, id]))
                 .map_err(err.clone())?;
         }
+        // The ticks lost before this one, stored with it or not at all.
+        if let Some(lost) = unwritten.as_ref().and_then(|u| u.gap_before(t)) {
+            insert_closed_gap(&tx, None, &lost).map_err(err.clone())?;
+        }
         tx.commit().map_err(err)?;
+        *unwritten = None;
 
         w.state = new;
         w.last_t_ms = Some(t);
@@ -394,21 +484,48 @@ impl Store {
             .device_uuid
             .as_ref()
             .and_then(|u| self.catalog.device_ids.get(u).copied());
-        self.conn
-            .execute(
-                "INSERT INTO gap (device_id, metric, from_ms, to_ms, open, reason) \
-                 VALUES (?1, ?2, ?3, ?4, 0, ?5)",
-                params![
-                    device,
-                    gap.metric.map(Metric::code),
-                    gap.from_ms,
-                    gap.to_ms,
-                    gap.reason
-                ],
-            )
-            .map_err(self.err("cannot write a gap"))?;
-        Ok(())
+        let written =
+            insert_closed_gap(&self.conn, device, gap).map_err(self.err("cannot write a gap"));
+        if written.is_err() {
+            self.end_failed_transaction();
+        }
+        written
     }
+
+    /// The ticks [`Store::append`] could not write since the last one it wrote, if any.
+    pub fn unwritten(&self) -> Option<&Unwritten> {
+        self.unwritten.as_ref()
+    }
+
+    /// Records the [`Unwritten`] ticks as their gap now, without a tick after them (a
+    /// recorder stopping while writes fail). `Ok(None)` when there are none.
+    ///
+    /// # Errors
+    /// When the gap cannot be written either; the ticks stay [`Store::unwritten`].
+    pub fn record_unwritten_gap(&mut self) -> Result<Option<Gap>, StoreError> {
+        let Some(gap) = self.unwritten.as_ref().map(Unwritten::gap) else {
+            return Ok(None);
+        };
+        self.record_gap(&gap)?;
+        self.unwritten = None;
+        Ok(Some(gap))
+    }
+}
+
+/// Inserts a gap that is over (`device`: its row id, when it has one).
+fn insert_closed_gap(conn: &Connection, device: Option<i64>, gap: &Gap) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO gap (device_id, metric, from_ms, to_ms, open, reason) \
+         VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+    )?
+    .execute(params![
+        device,
+        gap.metric.map(Metric::code),
+        gap.from_ms,
+        gap.to_ms,
+        gap.reason
+    ])?;
+    Ok(())
 }
 
 /// `None` when the tick looked at every device (the usual case, free to store); else which
@@ -521,24 +638,34 @@ impl Store {
     }
 
     /// Commits the transaction [`Store::begin_import_transaction`] started.
+    ///
+    /// A `COMMIT` that fails (a full disk) may leave the transaction open: it is rolled
+    /// back, and nothing of the import stays.
     pub(crate) fn commit_import_transaction(&mut self) -> Result<(), StoreError> {
         self.import_tx = false;
-        if !self.conn.is_autocommit() {
-            self.conn
-                .execute_batch("COMMIT")
-                .map_err(self.err("cannot import"))?;
-        }
-        Ok(())
+        self.commit_open_transaction()
     }
 
     /// Commits the open NDJSON import batch, unless it runs inside an import transaction.
     pub(crate) fn flush_import(&mut self) -> Result<(), StoreError> {
-        if !self.import_tx && !self.conn.is_autocommit() {
-            self.conn
-                .execute_batch("COMMIT")
-                .map_err(self.err("cannot import"))?;
+        if self.import_tx {
+            return Ok(());
         }
-        Ok(())
+        self.commit_open_transaction()
+    }
+
+    fn commit_open_transaction(&mut self) -> Result<(), StoreError> {
+        if self.conn.is_autocommit() {
+            return Ok(());
+        }
+        let committed = self
+            .conn
+            .execute_batch("COMMIT")
+            .map_err(self.err("cannot import"));
+        if committed.is_err() {
+            self.end_failed_transaction();
+        }
+        committed
     }
 
     /// Writes a frame whose full state is known (raw when `span_ms == 0`, else a bucket).
@@ -1005,21 +1132,35 @@ fn decode_observed(raw: &[u8]) -> impl Iterator<Item = (i64, bool, bool)> + '_ {
 }
 
 /// One tick's writes: `SAVEPOINT` begins a transaction when none is open and nests inside
-/// an import's; dropped without [`TickSavepoint::commit`] (an error), it undoes the tick.
+/// an import's; dropped without a successful [`TickSavepoint::commit`] (an error), it
+/// undoes the tick.
 struct TickSavepoint<'c> {
     conn: &'c Connection,
     done: bool,
+    /// The savepoint began the transaction (no import's was open): its `RELEASE` is the
+    /// `COMMIT`, and undoing it must end the transaction.
+    outermost: bool,
 }
 
 impl<'c> TickSavepoint<'c> {
     fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
+        let outermost = conn.is_autocommit();
         conn.execute_batch("SAVEPOINT tick")?;
-        Ok(Self { conn, done: false })
+        Ok(Self {
+            conn,
+            done: false,
+            outermost,
+        })
     }
 
+    /// Commits (outermost) or folds the tick into the enclosing transaction. On failure
+    /// the tick is undone when dropped: a `COMMIT` that fails (a full disk while the WAL
+    /// is written) may leave the transaction open, and the next tick's savepoint would
+    /// then nest inside it and never be committed.
     fn commit(mut self) -> rusqlite::Result<()> {
+        self.conn.execute_batch("RELEASE tick")?;
         self.done = true;
-        self.conn.execute_batch("RELEASE tick")
+        Ok(())
     }
 }
 
@@ -1033,9 +1174,19 @@ impl std::ops::Deref for TickSavepoint<'_> {
 
 impl Drop for TickSavepoint<'_> {
     fn drop(&mut self) {
-        if !self.done {
-            // SQLite may already have rolled a failed statement's transaction back (disk
-            // full): then there is no savepoint left, and that is fine.
+        if self.done {
+            return;
+        }
+        if self.outermost {
+            // SQLite may already have rolled the transaction back (some `SQLITE_FULL`
+            // failures do); if not, end it, whatever state the failure left it in.
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+        } else {
+            // Inside an import's transaction: undo this tick only (the import fails and
+            // rolls back as a whole). The savepoint may be gone with a transaction SQLite
+            // rolled back already: then there is nothing to undo.
             let _ = self.conn.execute_batch("ROLLBACK TO tick; RELEASE tick");
         }
     }

@@ -553,6 +553,20 @@ pub struct ServeArgs {
     #[arg(long = "web.max-requests", value_name = "N", default_value_t = 40)]
     pub max_requests: usize,
 
+    /// Open connections at most; beyond, a new one displaces an idle one (never one being
+    /// served); at most the file-descriptor limit less 64
+    #[arg(long = "web.max-connections", value_name = "N", default_value_t = crate::exporter::connections::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Open connections of one peer at most (an IPv4 address, an IPv6 /64; all loopback
+    /// addresses are one peer); beyond, its own idle ones give way
+    #[arg(long = "web.max-connections-per-peer", value_name = "N", default_value_t = crate::exporter::connections::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: usize,
+
+    /// Test only: the TLS handshake, request head and response write timeout
+    #[arg(long = "web.io-timeout", hide = true, value_name = "DURATION", value_parser = positive_duration)]
+    pub io_timeout: Option<Duration>,
+
     /// Also record history, as `vramctl record` does, into DB (default: --db, VRAMCTL_DB or
     /// $XDG_STATE_HOME/vramctl/history.db)
     #[arg(long, value_name = "DB", num_args = 0..=1)]
@@ -1181,7 +1195,9 @@ to the audit log first, like kill (history --audit). Protocol and numbers: docs/
 --attach reaches a Python 3.14+ process without the agent through sys.remote_exec: its
 main thread runs the reclaim at its next safe point (waited for up to --timeout); not
 available, with the reason, before 3.14, with PYTHON_DISABLE_REMOTE_DEBUG, for another
-user's process, under Yama's ptrace_scope, or without a python3.X of its version here.
+user's process, under Yama's ptrace_scope, or without a root-owned python3.X of its version
+here. Nothing the process's user can write is ever run: its version is read from its files,
+and the helper runs with the process's uid and gid.
 
 Exit codes:
   0  memory was released (--dry-run: would be) in at least one process

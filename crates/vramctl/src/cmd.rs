@@ -31,6 +31,7 @@ use vramctl::live_loop::LiveSampler;
 use vramctl::live_source::LiveSource;
 use vramctl::sample_source::{self, Source, SourceKind, Window};
 use vramctl_core::analysis::LeakConfig;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time;
 use vramctl_store::format::{Format, ImportOptions};
 
@@ -94,7 +95,7 @@ pub fn db_path(global: &GlobalArgs) -> anyhow::Result<std::path::PathBuf> {
 pub fn open_history(path: &std::path::Path) -> anyhow::Result<vramctl_store::Store> {
     let store = vramctl_store::Store::open(path, vramctl_store::OpenMode::ReadOnly)?;
     if let Some(notice) = store.notice() {
-        eprintln!("vramctl: note: {notice}");
+        eprintln!("vramctl: note: {}", Untrusted(&notice.to_string()));
     }
     Ok(store)
 }

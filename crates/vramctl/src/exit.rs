@@ -36,6 +36,8 @@ impl From<Exit> for ExitCode {
 pub fn classify(err: &anyhow::Error) -> Exit {
     for cause in err.chain() {
         // `vramctl status | head -1`: the reader left; that is not our failure.
+        // Writers wrap the I/O error: serde_json and the csv crate (whose error names no
+        // source, so the chain never reaches the io::Error inside it).
         let kind = cause
             .downcast_ref::<std::io::Error>()
             .map(std::io::Error::kind)
@@ -43,6 +45,10 @@ pub fn classify(err: &anyhow::Error) -> Exit {
                 cause
                     .downcast_ref::<serde_json::Error>()
                     .and_then(serde_json::Error::io_error_kind)
+            })
+            .or_else(|| match cause.downcast_ref::<csv::Error>()?.kind() {
+                csv::ErrorKind::Io(io) => Some(io.kind()),
+                _ => None,
             });
         if kind == Some(std::io::ErrorKind::BrokenPipe) {
             return Exit::Ok;
@@ -81,6 +87,13 @@ mod tests {
     fn broken_pipe_is_success() {
         let err = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
             .context("writing the table");
+        assert_eq!(classify(&err), Exit::Ok);
+    }
+
+    #[test]
+    fn broken_pipe_inside_a_csv_error_is_success() {
+        let csv_err = csv::Error::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        let err = anyhow::Error::from(csv_err).context("writing the export");
         assert_eq!(classify(&err), Exit::Ok);
     }
 

@@ -24,6 +24,7 @@
 pub mod auth;
 pub mod cache;
 pub mod collector;
+pub mod connections;
 pub mod live_verdicts;
 pub mod metadata;
 pub mod recording;
@@ -31,4 +32,5 @@ pub mod render;
 pub mod server;
 pub mod source;
 pub mod stats;
+pub mod timed_io;
 pub mod webconfig;

@@ -3,18 +3,20 @@
 
 use std::io::Write;
 
+use vramctl_core::untrusted::Untrusted;
 use vramctl_store::format::ImportReport;
 
 /// Skipped rows listed one by one; more are counted.
 const LIST_AT_MOST: usize = 20;
 
-/// The skipped rows (the first few one by one) and the notes of a report, on stderr.
+/// The skipped rows (the first few one by one) and the notes of a report, on stderr,
+/// escaped: they quote the file's cells.
 pub fn print_report_notes(err: &mut impl Write, report: &ImportReport) {
     for note in &report.notes {
-        let _ = writeln!(err, "vramctl: note: {note}");
+        let _ = writeln!(err, "vramctl: note: {}", Untrusted(note));
     }
     for bad in report.skipped.iter().take(LIST_AT_MOST) {
-        let _ = writeln!(err, "vramctl: skipped {bad}");
+        let _ = writeln!(err, "vramctl: skipped {}", Untrusted(&bad.to_string()));
     }
     let listed = report.skipped.len().min(LIST_AT_MOST) as u64;
     if report.skipped_total > listed {

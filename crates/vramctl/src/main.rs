@@ -18,6 +18,7 @@ use clap::Parser;
 
 use crate::cli::Cli;
 use crate::exit::Exit;
+use vramctl_core::untrusted::Untrusted;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -71,16 +72,21 @@ fn main() -> ExitCode {
     }
 }
 
-/// `vramctl: warning: <line>` on stderr (nothing when stderr is closed).
+/// `vramctl: warning: <line>` on stderr (nothing when stderr is closed), escaped as
+/// [`print_error`].
 pub(crate) fn print_warning(line: &str) {
     use std::io::Write;
+    let line = Untrusted(line);
     let _ = writeln!(std::io::stderr(), "vramctl: warning: {line}");
 }
 
 /// `vramctl: error: <line>` on stderr; nothing (and no panic, as `eprintln!` would) when
-/// stderr is closed.
+/// stderr is closed. The line is escaped (`vramctl_core::untrusted`): errors quote what
+/// other users wrote (a name in a model file, a CSV cell, a string in a snapshot, a
+/// command line), and one line stays one line.
 pub(crate) fn print_error(line: &str) {
     use std::io::Write;
+    let line = Untrusted(line);
     let _ = writeln!(std::io::stderr(), "vramctl: error: {line}");
 }
 

@@ -14,6 +14,7 @@ use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::procinfo::{self, ProcError, ProcReader};
 use vramctl_core::signal::{AuditSink, TargetOutcome, TargetReport};
 use vramctl_core::types::Snapshot;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::{Backend, Sampler};
 
 use crate::gpu_holdings::GpuHolding;
@@ -417,7 +418,7 @@ pub fn release_lines(devices: &[DeviceRelease], still_held: &[StillHeld]) -> Vec
                 "GPU {}: still held: PID {} ({}): {}",
                 s.index,
                 h.pid,
-                h.command.as_deref().unwrap_or("?"),
+                Untrusted(h.command.as_deref().unwrap_or("?")),
                 h.why
             ));
         }

@@ -9,12 +9,17 @@
 //! then sends it over a bounded channel without waiting; when the writer is behind (a
 //! stalled disk) the tick is dropped and the dropped stretch is recorded as a gap ("the
 //! writer fell behind") once there is room again. The writer commits one transaction per
-//! tick, runs retention once a minute, and turns write failures (disk full, read-only
-//! file) into a gap once writing works again.
+//! tick and runs retention once a minute. A tick that cannot be written (disk full,
+//! read-only file) leaves no transaction open (the store rolls it back, so the write lock
+//! is never held across a failure) and the ticks lost are recorded as one `write-failed`
+//! gap together with the first tick written again; the writer's state is shared with
+//! `serve`'s `/healthz` ([`WriterHealth`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use anyhow::{Context, anyhow};
 use vramctl_core::clock::ClockTime;
@@ -53,6 +58,54 @@ pub fn channel_capacity(interval_ms: i64) -> usize {
     usize::try_from((10_000 / interval_ms.max(1)).clamp(8, 128)).unwrap_or(8)
 }
 
+/// Gaps kept while they cannot be written (writes failing), at most.
+const UNRECORDED_GAPS_MAX: usize = 1024;
+
+/// What the history writer is doing now.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum WriterStatus {
+    /// Every tick so far was written (or the last write worked again).
+    #[default]
+    Writing,
+    /// Writes fail: since the first failed tick (monotonic), how many ticks were not
+    /// written so far, and the last error.
+    Failing {
+        /// When the first of them failed.
+        since: Instant,
+        /// Ticks not written so far.
+        ticks: u64,
+        /// The last write's error.
+        reason: String,
+    },
+    /// The writer stopped on an error that retrying cannot fix; nothing is recorded any
+    /// more.
+    Stopped {
+        /// The error.
+        reason: String,
+    },
+}
+
+/// The writer thread's [`WriterStatus`], shared with whoever reports health (`serve`'s
+/// `/healthz`). Updated once per tick; reading it never waits on the disk.
+#[derive(Debug, Default)]
+pub struct WriterHealth {
+    status: Mutex<WriterStatus>,
+}
+
+impl WriterHealth {
+    /// The writer's state now.
+    pub fn status(&self) -> WriterStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, status: WriterStatus) {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
+    }
+}
+
 /// What the sampler side sends the writer.
 enum Msg {
     Tick(TickSample),
@@ -64,6 +117,8 @@ enum Msg {
 pub struct StoreFeed {
     tx: Option<SyncSender<Msg>>,
     writer: Option<JoinHandle<Result<(), StoreError>>>,
+    /// What the writer is doing (`serve`'s `/healthz`).
+    health: Arc<WriterHealth>,
     /// Wait for room instead of dropping (simulated time: a test run must be complete).
     wait: bool,
     /// The ticks' times in the history.
@@ -100,13 +155,16 @@ impl StoreFeed {
     ) -> anyhow::Result<Self> {
         let clock = HistoryClock::new(store.last_sample_ms()?, interval_ms);
         let (tx, rx) = mpsc::sync_channel::<Msg>(capacity.max(1));
+        let health = Arc::new(WriterHealth::default());
+        let writer_health = Arc::clone(&health);
         let writer = std::thread::Builder::new()
             .name("vramctl-writer".into())
-            .spawn(move || write_loop(store, &rx, &retention))
+            .spawn(move || write_loop(store, &rx, &retention, &writer_health))
             .context("cannot start the writer thread")?;
         Ok(Self {
             tx: Some(tx),
             writer: Some(writer),
+            health,
             wait,
             clock,
             dropped: None,
@@ -120,11 +178,17 @@ impl StoreFeed {
         Self {
             tx: Some(tx),
             writer: None,
+            health: Arc::default(),
             wait,
             clock: HistoryClock::new(stored_before_ms, 1),
             dropped: None,
             pending: VecDeque::new(),
         }
+    }
+
+    /// What the writer is doing, shared: `serve`'s `/healthz` reads it.
+    pub fn health(&self) -> Arc<WriterHealth> {
+        Arc::clone(&self.health)
     }
 
     /// Hands a tick, read when the monotonic clock said `monotonic_ms`, to the writer
@@ -339,41 +403,46 @@ impl Procs {
     }
 }
 
-/// The writer thread: one transaction per tick, retention once a minute, and write
-/// failures turned into a gap once writing works again.
+/// The writer thread: one transaction per tick, retention once a minute, ticks that cannot
+/// be written kept as a gap (written with the next tick that can be), gaps that cannot be
+/// written kept until they can, and its state in `health`.
 fn write_loop(
     mut store: Store,
     rx: &Receiver<Msg>,
     retention: &Retention,
+    health: &WriterHealth,
 ) -> Result<(), StoreError> {
-    let mut failing: Option<(i64, i64, String)> = None;
     let mut last_maintained: Option<i64> = None;
+    // Gaps sent while writes failed (a clock step, dropped ticks), oldest first.
+    let mut unrecorded = UnrecordedGaps::default();
+    let mut failing_since: Option<Instant> = None;
     for msg in rx {
         match msg {
             Msg::Gap(gap) => {
-                if let Err(err) = store.record_gap(&gap) {
-                    tracing::warn!(error = %err, "Could not record a gap.");
+                if failing_since.is_some() {
+                    unrecorded.push(gap);
+                } else if let Err(err) = store.record_gap(&gap) {
+                    tracing::warn!(error = %err, "Could not record a gap; will retry.");
+                    unrecorded.push(gap);
                 }
             }
             Msg::Tick(tick) => {
                 let t = tick.at_unix_ms;
+                let lost = store.unwritten().cloned();
                 match store.append(&tick) {
                     Ok(()) => {
                         tracing::debug!(t_ms = t, "Committed a tick.");
-                        if let Some((from, to, reason)) = failing.take() {
-                            tracing::info!(from_ms = from, to_ms = to, "Writing works again.");
-                            let gap = Gap {
-                                device_uuid: None,
-                                metric: None,
-                                from_ms: from,
-                                to_ms: to,
-                                open: false,
-                                reason: format!("could not write: {reason}"),
-                            };
-                            if let Err(err) = store.record_gap(&gap) {
-                                tracing::warn!(error = %err, "Could not record a gap.");
-                            }
+                        if failing_since.take().is_some() {
+                            tracing::info!(
+                                t_ms = t,
+                                from_ms = lost.as_ref().map(|u| u.from_ms),
+                                to_ms = lost.as_ref().map(|u| u.to_ms),
+                                samples = lost.as_ref().map(|u| u.ticks),
+                                "Writing works again; the samples not written are recorded as a gap."
+                            );
+                            health.set(WriterStatus::Writing);
                         }
+                        unrecorded.record(&mut store);
                         if last_maintained.is_none_or(|m| t - m >= MAINTAIN_EVERY_MS) {
                             last_maintained = Some(t);
                             match store.maintain(retention, t) {
@@ -382,26 +451,52 @@ fn write_loop(
                             }
                         }
                     }
-                    Err(err) if err.is_transient_write_failure() => match &mut failing {
-                        None => {
+                    Err(err) if err.is_transient_write_failure() => {
+                        tracing::debug!(t_ms = t, error = %err, "Could not write a tick.");
+                        let since = *failing_since.get_or_insert_with(|| {
                             tracing::error!(error = %err, hint = err.hint().unwrap_or(""), "Cannot write samples; will keep retrying.");
-                            failing = Some((t, t, err.to_string()));
-                        }
-                        Some((_, to, _)) => *to = t,
-                    },
+                            Instant::now()
+                        });
+                        health.set(WriterStatus::Failing {
+                            since,
+                            ticks: store.unwritten().map_or(1, |u| u.ticks),
+                            reason: err.to_string(),
+                        });
+                    }
                     Err(err) => {
                         tracing::error!(error = %err, "Cannot write samples; stopping.");
+                        health.set(WriterStatus::Stopped {
+                            reason: err.to_string(),
+                        });
                         return Err(err);
                     }
                 }
             }
         }
     }
-    if let Some((from, to, _)) = failing {
+    // Stopping while writes fail: the ticks not written are a gap if it can be written now.
+    if let Some(lost) = store.unwritten().cloned() {
+        match store.record_unwritten_gap() {
+            Ok(_) => tracing::warn!(
+                from_ms = lost.from_ms,
+                to_ms = lost.to_ms,
+                samples = lost.ticks,
+                "Stopped while writes were failing; the samples not written are recorded as a gap."
+            ),
+            Err(err) => tracing::warn!(
+                from_ms = lost.from_ms,
+                to_ms = lost.to_ms,
+                samples = lost.ticks,
+                error = %err,
+                "Stopped while writes were failing; those samples are lost and not even their gap could be written."
+            ),
+        }
+    }
+    unrecorded.record(&mut store);
+    if !unrecorded.gaps.is_empty() {
         tracing::warn!(
-            from_ms = from,
-            to_ms = to,
-            "Stopped while writes were failing; those samples are lost."
+            gaps = unrecorded.gaps.len(),
+            "Stopped with gaps that could not be written."
         );
     }
     match store.close() {
@@ -411,6 +506,35 @@ fn write_loop(
             Ok(())
         }
         other => other,
+    }
+}
+
+/// Gaps the writer could not write yet, written in order once writes work again; at most
+/// [`UNRECORDED_GAPS_MAX`] (beyond, the oldest is given up, and said).
+#[derive(Debug, Default)]
+struct UnrecordedGaps {
+    gaps: VecDeque<Gap>,
+}
+
+impl UnrecordedGaps {
+    fn push(&mut self, gap: Gap) {
+        if self.gaps.len() >= UNRECORDED_GAPS_MAX {
+            if let Some(old) = self.gaps.pop_front() {
+                tracing::warn!(from_ms = old.from_ms, to_ms = old.to_ms, reason = %old.reason, "Gave up a gap that could not be written.");
+            }
+        }
+        self.gaps.push_back(gap);
+    }
+
+    /// Writes the kept gaps until one fails.
+    fn record(&mut self, store: &mut Store) {
+        while let Some(gap) = self.gaps.front() {
+            if let Err(err) = store.record_gap(gap) {
+                tracing::debug!(error = %err, "Could not record a kept gap yet.");
+                return;
+            }
+            self.gaps.pop_front();
+        }
     }
 }
 
@@ -643,6 +767,52 @@ mod tests {
             t0 + 3000
         );
         assert!(gaps[0].starts_with(&expected), "{got:?}");
+    }
+
+    /// `serve --record`'s `/healthz` reads this: a writer whose ticks fail says so, with
+    /// the reason and how many were not written, and keeps running.
+    #[test]
+    fn the_writer_reports_failing_writes_to_its_health() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let mut store = Store::open(&path, OpenMode::Append).unwrap();
+        let t0 = 1_764_000_000_000;
+        let tick = |t: i64, pids: &[u32]| {
+            let s = snapshot(t, pids);
+            TickSample {
+                at_unix_ms: t,
+                unavailable: None,
+                devices: device_samples(&s),
+                processes: Vec::new(),
+            }
+        };
+        store.append(&tick(t0, &[7])).unwrap();
+        store
+            .set_max_page_count(store.size_bytes().unwrap() / 4096)
+            .unwrap();
+        let mut feed = StoreFeed::start(store, Retention::default(), 1000, 8, true).unwrap();
+        let health = feed.health();
+        assert_eq!(health.status(), WriterStatus::Writing);
+        // Hundreds of new processes a tick need new pages, which the cap refuses.
+        for i in 1..=3u32 {
+            let pids: Vec<u32> = (0..300).map(|p| 1000 + i * 300 + p).collect();
+            assert!(feed.send(tick(t0 + i64::from(i) * 1000, &pids), i64::from(i) * 1000));
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            let status = health.status();
+            if matches!(status, WriterStatus::Failing { ticks: 3, .. }) || Instant::now() > deadline
+            {
+                break status;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let WriterStatus::Failing { reason, .. } = &status else {
+            panic!("{status:?}");
+        };
+        assert!(reason.contains("is full"), "{reason}");
+        feed.finish()
+            .expect("the writer keeps running through failed writes");
     }
 
     #[test]

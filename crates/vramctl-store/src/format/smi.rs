@@ -936,11 +936,12 @@ pub enum ExportError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// Writing the output failed.
-    #[error("cannot write the export: {0}")]
+    /// Writing the output failed. (The cause is the error's source, printed once by the
+    /// caller's chain; naming it here too printed it twice.)
+    #[error("cannot write the export")]
     Write(#[from] std::io::Error),
     /// Writing a CSV record failed.
-    #[error("cannot write the export: {0}")]
+    #[error("cannot write the export")]
     Csv(#[from] csv::Error),
 }
 

@@ -1,5 +1,6 @@
 //! `vramctl doctor`: collect the facts, judge them (`vramctl::doctor`), print the findings.
 
+use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 use std::time::Instant;
 
@@ -148,6 +149,9 @@ fn render(report: &Report<'_>, styles: &Styles) -> Vec<String> {
         ),
     )];
     for f in checks {
+        // A finding quotes what it found: process names, kernel log lines, package
+        // metadata; escaped (the styles are ours, added after).
+        let (subject, summary) = (Untrusted(&f.subject), Untrusted(&f.summary));
         let status = format!("{:<8}", f.status.as_str());
         let status = match f.status {
             Status::Fail => paint(styles.bad, &status),
@@ -156,19 +160,19 @@ fn render(report: &Report<'_>, styles: &Styles) -> Vec<String> {
             Status::Ok => status,
         };
         if f.subject.chars().count() > subject_width {
-            lines.push(format!("{status} {:<id_width$} {}", f.id, f.subject));
-            lines.push(format!("{:8} {}", "", f.summary));
+            lines.push(format!("{status} {:<id_width$} {subject}", f.id));
+            lines.push(format!("{:8} {summary}", ""));
         } else {
             lines.push(format!(
-                "{status} {:<id_width$} {:<subject_width$} {}",
-                f.id, f.subject, f.summary
+                "{status} {:<id_width$} {subject:<subject_width$} {summary}",
+                f.id
             ));
         }
         if let Some(fix) = &f.fix {
             lines.push(format!(
                 "{:8} {}",
                 "",
-                paint(styles.dim, &format!("fix: {fix}"))
+                paint(styles.dim, &format!("fix: {}", Untrusted(fix)))
             ));
         }
     }

@@ -1,6 +1,7 @@
 //! `vramctl estimate`: a thin shell over `vramctl_model` — the flags into a `Model` and a
 //! `Job`, the estimate and the largest batch out, as a table or JSON, and the exit code.
 
+use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
@@ -127,7 +128,7 @@ pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
         writeln!(out).context(io)?;
     } else {
         for line in render(&model, &job, &estimate, gpu.as_ref()) {
-            writeln!(out, "{line}").context(io)?;
+            writeln!(out, "{}", Untrusted(&line)).context(io)?;
         }
     }
     Ok(match gpu {

@@ -8,6 +8,7 @@
 
 mod audit_report;
 
+use vramctl_core::untrusted::Untrusted;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
@@ -681,7 +682,7 @@ impl Sink for TableSink {
         devices: &[DeviceRecord],
     ) -> anyhow::Result<()> {
         let w = |out: &mut dyn Write, line: &str| {
-            writeln!(out, "{line}").context("cannot write to stdout")
+            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")
         };
         let step = if step_ms == 0 {
             "every sample".to_owned()

@@ -12,6 +12,7 @@ use vramctl_store::{OpenMode, Store};
 use super::{db_path, import_format};
 use crate::cli::{GlobalArgs, ImportArgs};
 use crate::exit::Exit;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::zone as time_zone;
 
 /// Runs `import`.
@@ -43,7 +44,7 @@ pub fn run(global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<Exit> {
         let _ = writeln!(
             err,
             "vramctl: columns not recorded by vramctl, ignored: {}",
-            report.ignored_columns.join(", ")
+            Untrusted(&report.ignored_columns.join(", "))
         );
     }
     let formats: Vec<String> = report
@@ -56,8 +57,8 @@ pub fn run(global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<Exit> {
         "vramctl: imported {} samples from {} rows of {} into '{}'{}",
         report.ticks,
         report.rows,
-        formats.join(", "),
-        path.display(),
+        Untrusted(&formats.join(", ")),
+        Untrusted(&path.display().to_string()),
         if report.skipped_total == 0 {
             String::new()
         } else {

@@ -17,6 +17,7 @@ use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::signal::{
     self, Actor, Candidate, KillRequest, Provenance, Refusal, Target, TargetReport,
 };
+use vramctl_core::untrusted::Untrusted;
 use vramctl_store::format::rfc3339;
 
 use super::open_sampler;
@@ -198,7 +199,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
     let refused = entries.len() - go.len();
     if !args.json {
         for line in render_plan(&report) {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
+            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
         }
         out.flush().context("cannot write to stdout")?;
     }
@@ -269,7 +270,7 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
     report.ok = all_ended && report.devices.iter().all(|d| d.released);
     if !args.json {
         for line in render_results(&report) {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
+            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
         }
     }
     finish(&mut out, args.json, &report)
@@ -395,7 +396,7 @@ fn render_plan(report: &KillReport) -> Vec<String> {
         if t.outcome == "refused" {
             refusals.push(format!(
                 "refused: {}",
-                t.detail.as_deref().unwrap_or("no reason given")
+                Untrusted(t.detail.as_deref().unwrap_or("no reason given"))
             ));
             continue;
         }
@@ -472,14 +473,14 @@ fn render_results(report: &KillReport) -> Vec<String> {
             "refused" if t.signals.is_empty() && t.pinned.is_some() => format!(
                 "PID {}: refused at signal time: {}",
                 t.pid,
-                t.detail.as_deref().unwrap_or("?")
+                Untrusted(t.detail.as_deref().unwrap_or("?"))
             ),
             "refused" => continue,
             _ => format!(
                 "PID {}: {}: {}",
                 t.pid,
                 t.outcome.replace('_', " "),
-                t.detail.as_deref().unwrap_or("?")
+                Untrusted(t.detail.as_deref().unwrap_or("?"))
             ),
         };
         lines.push(line);

@@ -14,6 +14,7 @@
 
 mod watch;
 
+use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
@@ -58,7 +59,7 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs) -> anyhow::Result<Exit> {
         writeln!(out).context("cannot write to stdout")?;
     } else {
         for line in human(&source, &findings) {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
+            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
         }
     }
     out.flush().context("cannot write to stdout")?;

@@ -8,6 +8,7 @@
 //! descendants without GPU memory too (data-loader workers under their trainer), which is
 //! what `kill --tree` would reach.
 
+use vramctl_core::untrusted::Untrusted;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -158,7 +159,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         writeln!(out).context("cannot write to stdout")?;
     } else {
         for line in render(&report, terminal::width()) {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
+            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
         }
     }
     out.flush().context("cannot write to stdout")?;

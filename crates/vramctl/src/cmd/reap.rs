@@ -18,6 +18,7 @@ mod decide;
 mod evidence;
 mod policy;
 
+use vramctl_core::untrusted::Untrusted;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
@@ -566,7 +567,7 @@ impl Runner<'_> {
             writeln!(out).context("cannot write to stdout")?;
         } else {
             for line in self.human(report) {
-                writeln!(out, "{line}").context("cannot write to stdout")?;
+                writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
             }
         }
         out.flush().context("cannot write to stdout")

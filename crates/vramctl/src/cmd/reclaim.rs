@@ -1,6 +1,7 @@
 //! `vramctl reclaim`: a thin shell over `vramctl_core::reclaim` (the agents' client, NVML
 //! before and after, the audit): flags in, the report out as text or JSON, the exit code.
 
+use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
@@ -79,7 +80,7 @@ pub fn run(global: &GlobalArgs, args: &ReclaimArgs) -> anyhow::Result<Exit> {
         writeln!(out).context(io)?;
     } else {
         for line in render(&report, args.all) {
-            writeln!(out, "{line}").context(io)?;
+            writeln!(out, "{}", Untrusted(&line)).context(io)?;
         }
     }
     out.flush().context(io)?;

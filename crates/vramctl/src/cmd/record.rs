@@ -10,8 +10,10 @@
 //! (1 s doubling to 5 min) and recorded as a gap over every device; a session that stops
 //! working (a driver reloaded, a GPU reset: `SessionHealth`) is shut down and started
 //! again the same way; a lost GPU and values a device cannot report are gaps with their
-//! reasons. Write failures (disk full, file made read-only) are logged, the ticks in
-//! between become a gap, and writing resumes when it can. A wall-clock step never stops it either: the history keeps increasing times with
+//! reasons. Write failures (disk full, file made read-only) are logged once, each failed
+//! tick is rolled back at once (no transaction, so no write lock, survives a failure: `kill`
+//! can write its audit row beside it), the ticks not written become one `write-failed` gap
+//! stored with the next tick written, and writing resumes when it can. A wall-clock step never stops it either: the history keeps increasing times with
 //! the spacing the monotonic clock measured and records the step as a `clock-step` gap
 //! (`vramctl_store::HistoryClock`), also when the history's last sample is in the future
 //! at start (it used to exit 2 there: a crash loop under systemd). Intervals, backoffs and

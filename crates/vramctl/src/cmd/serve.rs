@@ -31,11 +31,13 @@ use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
 use crate::exporter::cache::Cache;
 use crate::exporter::collector::{Collector, CollectorConfig};
+use crate::exporter::connections::Limits;
 use crate::exporter::live_verdicts::LiveAnalysis;
 use crate::exporter::recording::HistoryRecorder;
 use crate::exporter::render::RenderOptions;
 use crate::exporter::server::{self, ServerSettings};
 use crate::exporter::webconfig::WebConfig;
+use rustix::process::Rlimit;
 use vramctl::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
@@ -52,6 +54,13 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if args.max_requests == 0 {
         bail!("--web.max-requests '0' would refuse every request; use 1 or more");
     }
+    if args.max_connections == 0 {
+        bail!("--web.max-connections '0' would refuse every connection; use 1 or more");
+    }
+    if args.max_connections_per_peer == 0 {
+        bail!("--web.max-connections-per-peer '0' would refuse every connection; use 1 or more");
+    }
+    let limits = connection_limits(args.max_connections, args.max_connections_per_peer);
     let leak = leak_config(&args.analysis)?;
     // /proc is read only with `--process-details proc` (`DetailsSource::facts_source`): with
     // `nvml` or `none` the daemon may run outside the host's PID namespace.
@@ -105,6 +114,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         Arc::clone(&cache),
     );
     collector.add_consumer(Box::new(analysis));
+    let recording = recorder.as_ref().map(HistoryRecorder::writer_health);
     if let Some(recorder) = recorder {
         collector.add_consumer(Box::new(recorder));
     }
@@ -146,6 +156,9 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         web,
         max_requests: args.max_requests,
         stale_after: (interval * 5).max(Duration::from_secs(10)),
+        recording,
+        limits,
+        io_timeout: args.io_timeout.unwrap_or(server::IO_TIMEOUT),
     };
     let served = server::serve(listener, cache, settings, server::termination());
     drop(socket);
@@ -155,6 +168,48 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     }
     served.context("the HTTP server failed")?;
     Ok(Exit::Ok)
+}
+
+/// File descriptors kept for everything but connections: NVML, /proc, the history
+/// database, the daemon socket, logs.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The connection limits in force: the open-file limit's soft value is raised to its hard
+/// one (as Go's runtime does), and `--web.max-connections` is cut to what it leaves room for,
+/// so the cap, not EMFILE, is what a flood of connections meets.
+fn connection_limits(max_connections: usize, max_per_peer: usize) -> Limits {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => limit = raised,
+            Err(err) => tracing::debug!(error = %err, "Cannot raise the open-file limit."),
+        }
+    }
+    let mut limits = Limits {
+        max_connections,
+        max_per_peer,
+    };
+    if let Some(soft) = limit.current {
+        let room = usize::try_from(soft.saturating_sub(RESERVED_DESCRIPTORS))
+            .unwrap_or(usize::MAX)
+            .max(1);
+        if room < max_connections {
+            // On stderr, not only in the log (whose default level hides warnings): a flag
+            // the operator set is not obeyed.
+            let _ = writeln!(
+                std::io::stderr(),
+                "vramctl: --web.max-connections {max_connections} is more than the open-file \
+                 limit ({soft}) leaves room for; serving at most {room} connections"
+            );
+            limits.max_connections = room;
+        }
+    }
+    limits
 }
 
 /// Retention of `serve --record` when `--retain` is not given (as for `vramctl record`).

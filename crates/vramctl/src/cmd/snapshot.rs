@@ -8,6 +8,7 @@ use anyhow::Context;
 use serde::Serialize;
 use vramctl_core::agent_client::HistoryRecord;
 use vramctl_core::allocator_snapshot::{self, SnapshotReport, SnapshotRequest};
+use vramctl_core::untrusted::Untrusted;
 
 use crate::cli::{RecordAction, SnapshotAction, SnapshotArgs, SnapshotDiffArgs, TopBy};
 use crate::exit::Exit;
@@ -58,7 +59,8 @@ pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
     let report = match allocator_snapshot::take(&request) {
         Ok(report) => report,
         Err(err) if err.is_not_available() => {
-            eprintln!("vramctl: {err}");
+            // The process's agent wrote part of it.
+            eprintln!("vramctl: {}", Untrusted(&err.to_string()));
             return Ok(Exit::ConditionHolds);
         }
         Err(err) => return Err(err.into()),
@@ -77,7 +79,7 @@ pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
         writeln!(out).context(io)?;
     } else {
         for line in render(&report) {
-            writeln!(out, "{line}").context(io)?;
+            writeln!(out, "{}", Untrusted(&line)).context(io)?;
         }
     }
     out.flush().context(io)?;
@@ -157,7 +159,7 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
         let mut out = std::io::stdout().lock();
         let io = "cannot write to stdout";
         for line in vramctl_snapshot::top::collapsed(&snap) {
-            writeln!(out, "{line}").context(io)?;
+            writeln!(out, "{}", Untrusted(&line)).context(io)?;
         }
         out.flush().context(io)?;
         return Ok(Exit::Ok);
@@ -195,11 +197,11 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
         writeln!(out).context(io)?;
     } else {
         for line in vramctl_snapshot::summary::table(&summary) {
-            writeln!(out, "{line}").context(io)?;
+            writeln!(out, "{}", Untrusted(&line)).context(io)?;
         }
         if let Some(t) = &top {
             for line in top_lines(t, "") {
-                writeln!(out, "{line}").context(io)?;
+                writeln!(out, "{}", Untrusted(&line)).context(io)?;
             }
         }
         if let Some(svg) = &flame_graph {

@@ -2,6 +2,7 @@
 //! `::replay` — the curve drawn through `output::chart::render_stacked`, the state at
 //! `--at EVENT` printed with the summary's own lines.
 
+use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 use std::path::Path;
 
@@ -137,7 +138,7 @@ pub fn run(args: &SnapshotTimelineArgs) -> anyhow::Result<Exit> {
         }
         if let Some(a) = &at {
             for l in at_lines(a) {
-                writeln!(out, "{l}").context(io)?;
+                writeln!(out, "{}", Untrusted(&l)).context(io)?;
             }
         }
         if let Some(path) = &chart {

@@ -30,6 +30,7 @@ use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::{
     DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind, ProcessUsage, Snapshot,
 };
+use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
 use vramctl_store::format::rfc3339;
 use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
@@ -869,7 +870,8 @@ fn render_compact(
             .count();
         let listed: Vec<&ProcessStatus> = d.processes.iter().flatten().collect();
         for (i, p) in listed.iter().enumerate() {
-            let user = p.user.as_deref().unwrap_or("-");
+            // A user name is escaped as the command is (`abbreviate` escapes it).
+            let user = escape(p.user.as_deref().unwrap_or("-"));
             let memory = p.used_bytes.map_or_else(|| "-".to_owned(), short_bytes);
             let command = p.command.as_deref().unwrap_or("?");
             // ` user:` + `(memory)`, and room kept for ` +N` when others follow.

@@ -5,22 +5,29 @@
 //!   same time (no user enumeration by timing). The toolkit uses a fixed cost-10 dummy;
 //!   matching the configured cost also covers files with cost 12 hashes.
 //! - bcrypt runs one at a time (a mutex): a flood of guesses costs one core, not all.
-//! - Outcomes are cached per (user, password), bounded, so Prometheus' scrape every few
-//!   seconds pays bcrypt once, not every time.
+//! - Outcomes are cached per (user, password), so Prometheus' scrape every few seconds pays
+//!   bcrypt once, not every time. Credentials that passed are kept apart from those that
+//!   failed: a flood of wrong passwords fills (and clears) only the cache of failures, so a
+//!   scrape whose credentials passed once is answered from [`Authenticator::cached`]
+//!   without queueing behind the flood's bcrypt runs.
 //!
 //! [`Authenticator::check`] blocks for a bcrypt (tens of ms at cost 10): the server runs it
-//! on tokio's blocking pool.
+//! on tokio's blocking pool, a few at a time (`server::MAX_PENDING_VERIFICATIONS`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use anyhow::bail;
 use base64::Engine as _;
 
-/// Most cached outcomes; beyond it the cache starts over (an attacker trying many
-/// passwords cannot grow it).
+/// Most cached failures; beyond it that cache starts over (an attacker trying many
+/// passwords cannot grow it, nor push out credentials that passed).
 const CACHE_CAPACITY: usize = 100;
+/// Most cached credentials that passed. Only someone who knows a password can add one
+/// (bcrypt ignores what follows a password's 72nd byte, so one password has many forms):
+/// bounded all the same.
+const VERIFIED_CAPACITY: usize = 32;
 
 /// Salt of the dummy hash: any fixed value does, the hash is never matched.
 const DUMMY_SALT: [u8; 16] = *b"vramctl-no-user!";
@@ -31,7 +38,10 @@ pub struct Authenticator {
     users: BTreeMap<String, String>,
     dummy_hash: String,
     bcrypt: Mutex<()>,
+    /// Credentials that failed.
     cache: Mutex<HashMap<(String, String), bool>>,
+    /// Credentials that passed.
+    verified: Mutex<HashSet<(String, String)>>,
     bcrypt_runs: AtomicU64,
 }
 
@@ -58,23 +68,44 @@ impl Authenticator {
             dummy_hash,
             bcrypt: Mutex::new(()),
             cache: Mutex::new(HashMap::new()),
+            verified: Mutex::new(HashSet::new()),
             bcrypt_runs: AtomicU64::new(0),
         })
     }
 
-    /// Whether `authorization` (the header's value) carries a valid user and password.
-    pub fn check(&self, authorization: Option<&str>) -> bool {
-        let Some((user, password)) = authorization.and_then(parse_basic) else {
-            return false;
+    /// The outcome for `authorization` when it needs no bcrypt: a header that is not basic
+    /// auth (false), or credentials checked before. `None`: [`Self::check`] must run.
+    /// Cheap; the server calls it before queueing a bcrypt.
+    pub fn cached(&self, authorization: &str) -> Option<bool> {
+        let Some(key) = parse_basic(authorization) else {
+            return Some(false);
         };
-        let key = (user, password);
-        if let Some(ok) = self
-            .cache
+        self.lookup(&key)
+    }
+
+    fn lookup(&self, key: &(String, String)) -> Option<bool> {
+        if self
+            .verified
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
+            .contains(key)
         {
-            return *ok;
+            return Some(true);
+        }
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied()
+    }
+
+    /// Whether `authorization` (the header's value) carries a valid user and password.
+    pub fn check(&self, authorization: Option<&str>) -> bool {
+        let Some(key) = authorization.and_then(parse_basic) else {
+            return false;
+        };
+        if let Some(ok) = self.lookup(&key) {
+            return ok;
         }
         let (user, password) = &key;
         let (hash, known) = match self.users.get(user) {
@@ -87,11 +118,19 @@ impl Authenticator {
             bcrypt::verify(password, hash).unwrap_or(false)
         };
         let ok = known && matched;
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
+        if ok {
+            let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+            if verified.len() >= VERIFIED_CAPACITY {
+                verified.clear();
+            }
+            verified.insert(key);
+        } else {
+            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            if cache.len() >= CACHE_CAPACITY {
+                cache.clear();
+            }
+            cache.insert(key, false);
         }
-        cache.insert(key, ok);
         ok
     }
 
@@ -195,6 +234,24 @@ mod tests {
         }
         let len = auth.cache.lock().expect("lock").len();
         assert!(len <= CACHE_CAPACITY, "{len}");
+    }
+
+    #[test]
+    fn a_flood_of_wrong_passwords_never_pushes_out_credentials_that_passed() {
+        let auth = authenticator(4);
+        let right = header("prometheus", "right");
+        assert_eq!(auth.cached(&right), None, "not checked yet");
+        assert!(auth.check(Some(&right)));
+        for i in 0..(3 * CACHE_CAPACITY) {
+            assert!(!auth.check(Some(&header("prometheus", &format!("guess{i}")))));
+        }
+        assert_eq!(
+            auth.cached(&right),
+            Some(true),
+            "still answered without bcrypt"
+        );
+        assert_eq!(auth.cached("Bearer x"), Some(false), "not basic: no bcrypt");
+        assert_eq!(auth.cached(&header("prometheus", "new guess")), None);
     }
 
     #[test]

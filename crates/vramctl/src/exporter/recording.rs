@@ -6,7 +6,8 @@
 //! dropped while the writer is behind become a gap. Ticks in which NVML is down are
 //! recorded as a gap with the reason, as `record` does. The store is opened (and its
 //! single-writer lock taken) before the daemon serves anything; it is flushed and
-//! checkpointed when the sampler stops.
+//! checkpointed when the sampler stops. While writes fail (a full disk), `/healthz` says so
+//! from the writer's [`WriterHealth`].
 
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use vramctl_store::{TickSample, add_agent_figures, device_samples};
 use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
 use super::render::ProcessVerdicts;
-use vramctl::recorder::{Procs, StoreFeed};
+use vramctl::recorder::{Procs, StoreFeed, WriterHealth};
 
 /// Records every tick into the history store.
 #[derive(Debug)]
@@ -37,6 +38,11 @@ impl HistoryRecorder {
             procs,
             stopped: false,
         }
+    }
+
+    /// What the history writer is doing, for `/healthz`.
+    pub fn writer_health(&self) -> Arc<WriterHealth> {
+        self.feed.health()
     }
 
     fn send(&mut self, tick: TickSample, monotonic_ms: i64) {

@@ -1,4 +1,10 @@
 //! Aligned text columns, measured in characters so that `°C` and `█` line up.
+//!
+//! Every cell is escaped as it goes in ([`vramctl_core::untrusted::escape`]): cells hold
+//! command lines, user and container names that other users choose, and a table is what
+//! root reads before it acts, so no command can print one raw.
+
+use vramctl_core::untrusted::escape;
 
 /// Where a column's text sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +33,9 @@ impl Table {
         }
     }
 
-    /// Appends a row; missing cells are empty.
+    /// Appends a row, each cell escaped; missing cells are empty.
     pub fn push(&mut self, row: Vec<String>) {
-        self.rows.push(row);
+        self.rows.push(row.into_iter().map(escaped).collect());
     }
 
     fn widths(&self) -> Vec<usize> {
@@ -58,7 +64,7 @@ impl Table {
         let last = self.headers.len().saturating_sub(1);
         for (i, row) in self.rows.iter_mut().enumerate() {
             if let Some(cell) = row.get_mut(last) {
-                *cell = f(i, cell);
+                *cell = escaped(f(i, cell));
             }
         }
     }
@@ -97,6 +103,14 @@ impl Table {
     }
 }
 
+/// `cell` escaped, reusing it when nothing needed escaping.
+fn escaped(cell: String) -> String {
+    match escape(&cell) {
+        std::borrow::Cow::Borrowed(_) => cell,
+        std::borrow::Cow::Owned(e) => e,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +131,21 @@ mod tests {
                 "      7  alice  python train.py",
                 "  31001  bob    x",
             ]
+        );
+    }
+
+    #[test]
+    fn a_table_never_prints_a_cell_raw() {
+        let mut t = Table::new(&[("USER", Align::Left), ("COMMAND", Align::Left)]);
+        t.push(vec![
+            "eve\u{202e}".into(),
+            "sleep 1 \x1b[2K\rKill 0 processes? [y/N]".into(),
+        ]);
+        t.fit_last(|_, _| "\x1b]0;title\x07\nforged".to_owned());
+        let text = t.render("").join("\n");
+        assert_eq!(
+            text,
+            "USER         COMMAND\neve\\u{202e}  \\u{1b}]0;title\\u{7}\\nforged"
         );
     }
 }

@@ -265,13 +265,8 @@ impl MemoryCurve {
 }
 
 fn command_of(pid: u32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let words: Vec<String> = raw
-        .split(|&b| b == 0)
-        .filter(|w| !w.is_empty())
-        .map(|w| String::from_utf8_lossy(w).into_owned())
-        .collect();
-    (!words.is_empty()).then(|| vramctl_core::command_line::abbreviate(&words.join(" "), 80))
+    let command = vramctl_core::procinfo::read_cmdline(pid)?;
+    (!command.is_empty()).then(|| vramctl_core::command_line::abbreviate(&command, 80))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use ratatui::Frame;
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
+use vramctl_core::untrusted::escape;
 
 use super::app::{App, Mode};
 use super::format;
@@ -73,13 +74,19 @@ fn draw_too_small(area: Rect, buf: &mut Buffer) {
 }
 
 /// Writes `segments` left to right from `(x, y)`, cut at `right`; returns the next x.
+///
+/// Each segment is escaped (`vramctl_core::untrusted`): ratatui drops control characters
+/// and zero-width ones such as a bidi override without a trace, so `\x1b[2K` would show
+/// as `[2K` and a command line would not read as what it is; escaped, it reads as in
+/// `ps` and `status`.
 pub(crate) fn put(buf: &mut Buffer, x: u16, y: u16, right: u16, segments: &[(&str, Style)]) -> u16 {
     let mut x = x;
     for (text, style) in segments {
         if x >= right {
             break;
         }
-        let (next, _) = buf.set_stringn(x, y, text, usize::from(right - x), *style);
+        let text = escape(text);
+        let (next, _) = buf.set_stringn(x, y, &text, usize::from(right - x), *style);
         x = next;
     }
     x
@@ -216,6 +223,8 @@ fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
 
 /// `text` cut into lines of at most `width` characters, at spaces where it can.
 pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
+    // Escaped before it is measured, as `put` will show it.
+    let text = escape(text);
     let width = width.max(1);
     let mut lines = Vec::new();
     let mut line = String::new();

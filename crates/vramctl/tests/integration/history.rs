@@ -1246,3 +1246,29 @@ fn format_is_always_the_output_format() {
     );
     assert!(ndjson.lines().count() > 10);
 }
+
+#[test]
+fn every_export_and_history_into_a_closed_pipe_exits_0_silently() {
+    // The README's `export --format smi-apps | head`: the csv crate's error hid the
+    // EPIPE from the exit-code mapping (exit 2) and the message named its cause twice.
+    let db = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-recording.db");
+    let runs: [&[&str]; 5] = [
+        &["export", "--since", "all", "--format", "smi-apps"],
+        &["export", "--since", "all", "--format", "smi-gpu"],
+        &["export", "--since", "all", "--format", "ndjson"],
+        &["history", "--since", "all", "--step", "1m"],
+        &["history", "--since", "all", "--json"],
+    ];
+    for args in runs {
+        let output = vramctl_std(&scenario("h200-idle.toml"))
+            .arg("--db")
+            .arg(&db)
+            .args(args)
+            .args(["--tz", "UTC"])
+            .stdout(closed_pipe())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stderr), "", "{args:?}");
+    }
+}

@@ -839,3 +839,38 @@ fn the_reclaim_key_is_refused_read_only() {
     tmux.keys(&["q"]);
     tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
 }
+
+#[test]
+fn top_shows_a_forged_command_line_escaped_in_the_table_and_the_detail_pane() {
+    if skip_without_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let target = crate::escapes::forged_process();
+    let pid = target.pid();
+    let scenario = format!(
+        "[[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\n\
+         memory_total = 150754820096\n\n[[gpu.process]]\npid = {pid}\nreal = true\n\
+         memory = \"1 GiB\"\n"
+    );
+    let tmux = launch(dir.path(), &scenario);
+    // Raw, the escape would have erased the row (or, dropped by ratatui, shown `[2K`);
+    // escaped, it reads as in `ps`.
+    let screen = tmux.wait_for("the forged row", |s| {
+        table_rows(s)
+            .iter()
+            .any(|(p, row)| *p == pid && row.contains(r"\u{1b}[2K\rKill 0 processes?"))
+    });
+    assert!(screen.contains(" vramctl top "), "{screen}");
+    tmux.keys(&["g", "Enter"]);
+    let screen = tmux.wait_for("the detail pane", |s| {
+        s.contains(&format!("PID {pid} on GPU 0"))
+    });
+    // The pane shows the command line from its start, escaped too (no forged line end).
+    let pane = screen
+        .lines()
+        .find(|l| l.contains("command ") && l.contains(r"\u{1b}[2K\rKill"));
+    assert!(pane.is_some(), "{screen}");
+    tmux.keys(&["q"]);
+    tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+}

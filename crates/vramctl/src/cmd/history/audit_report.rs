@@ -5,6 +5,7 @@
 //! A record still `pending` was written before its signal and never updated: vramctl
 //! stopped between the two, so the signal may or may not have been sent.
 
+use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
@@ -226,7 +227,7 @@ fn write(
                 ]);
             }
             for line in table.render("") {
-                writeln!(out, "{line}").context(io)?;
+                writeln!(out, "{}", Untrusted(&line)).context(io)?;
             }
             // The reasons are long (a policy's evidence): one line each, by row.
             writeln!(out).context(io)?;
@@ -237,7 +238,7 @@ fn write(
                     clock(tz, row.record.at_unix_ms, dated),
                     row.record.action,
                     row.record.target.pid,
-                    row.record.reason
+                    Untrusted(&row.record.reason)
                 )
                 .context(io)?;
             }

@@ -7,6 +7,7 @@ use ratatui::text::Span;
 use ratatui::widgets::{Block, Widget};
 
 use vramctl_core::command_line::abbreviate;
+use vramctl_core::untrusted::escape;
 
 use super::{chart, put};
 use crate::tui::app::App;
@@ -52,9 +53,11 @@ fn cell(row: &Row, column: Column, width: u16) -> String {
     }
 }
 
+/// `text` fitted into `width`, escaped first (a user or container name is another
+/// user's text; the command is escaped by `abbreviate`).
 fn aligned(text: &str, width: u16, right: bool) -> String {
     let w = usize::from(width);
-    let text = format::fit(text, w);
+    let text = format::fit(&escape(text), w);
     if right {
         format!("{text:>w$}")
     } else {
