@@ -763,7 +763,10 @@ mod tests {
         // The command line is there once exec is done; wait for it (bounded).
         let mut command = String::new();
         for _ in 0..200 {
-            command = ProcReader::new().details(pid).map(|d| d.command).unwrap_or_default();
+            command = ProcReader::new()
+                .details(pid)
+                .map(|d| d.command)
+                .unwrap_or_default();
             if command.ends_with(" 30") {
                 break;
             }

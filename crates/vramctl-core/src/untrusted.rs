@@ -144,7 +144,10 @@ mod tests {
             let got = escape(&format!("x{c}y")).into_owned();
             assert_eq!(got, format!("x\\u{{{:x}}}y", u32::from(c)));
         }
-        assert_eq!(escape("\u{200e}\u{200f}\u{61c}"), "\\u{200e}\\u{200f}\\u{61c}");
+        assert_eq!(
+            escape("\u{200e}\u{200f}\u{61c}"),
+            "\\u{200e}\\u{200f}\\u{61c}"
+        );
         assert_eq!(escape("a\u{2028}b\u{2029}"), "a\\u{2028}b\\u{2029}");
     }
 

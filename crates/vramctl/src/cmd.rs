@@ -95,7 +95,7 @@ pub fn db_path(global: &GlobalArgs) -> anyhow::Result<std::path::PathBuf> {
 pub fn open_history(path: &std::path::Path) -> anyhow::Result<vramctl_store::Store> {
     let store = vramctl_store::Store::open(path, vramctl_store::OpenMode::ReadOnly)?;
     if let Some(notice) = store.notice() {
-        eprintln!("vramctl: note: {}", Untrusted(&notice.to_string()));
+        eprintln!("vramctl: note: {}", Untrusted(notice));
     }
     Ok(store)
 }

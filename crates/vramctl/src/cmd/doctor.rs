@@ -1,6 +1,5 @@
 //! `vramctl doctor`: collect the facts, judge them (`vramctl::doctor`), print the findings.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 use std::time::Instant;
 
@@ -11,6 +10,7 @@ use vramctl::doctor::{
 };
 use vramctl::gpu_selection::GpuFilter;
 use vramctl_core::InitError;
+use vramctl_core::untrusted::Untrusted;
 
 use super::open_sampler;
 use crate::cli::{DoctorArgs, GlobalArgs};

@@ -1,11 +1,11 @@
 //! `vramctl estimate`: a thin shell over `vramctl_model` — the flags into a `Model` and a
 //! `Job`, the estimate and the largest batch out, as a table or JSON, and the exit code.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_model::memory_model::{
     self, Attention, Estimate, Job, Lora, Mode, Optimizer, Precision, Quant, Sharding,
 };

@@ -8,13 +8,13 @@
 
 mod audit_report;
 
-use vramctl_core::untrusted::Untrusted;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use anyhow::{Context, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{self, When};
 use vramctl_store::{DeviceRecord, Entry, Gap, Metric, ProcessRecord, TimeRange, format::rfc3339};
 
@@ -682,7 +682,7 @@ impl Sink for TableSink {
         devices: &[DeviceRecord],
     ) -> anyhow::Result<()> {
         let w = |out: &mut dyn Write, line: &str| {
-            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")
+            writeln!(out, "{}", Untrusted(line)).context("cannot write to stdout")
         };
         let step = if step_ms == 0 {
             "every sample".to_owned()

@@ -14,7 +14,6 @@
 
 mod watch;
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
@@ -26,6 +25,7 @@ use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
     SeriesReport, Steadiness, TrendTest, Verdict, explain,
 };
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_store::format::rfc3339;
 

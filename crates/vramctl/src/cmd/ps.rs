@@ -8,7 +8,6 @@
 //! descendants without GPU memory too (data-loader workers under their trainer), which is
 //! what `kill --tree` would reach.
 
-use vramctl_core::untrusted::Untrusted;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -22,6 +21,7 @@ use vramctl_core::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceState, Snapshot};
+use vramctl_core::untrusted::Untrusted;
 use vramctl_store::format::rfc3339;
 
 use vramctl::gpu_holdings::{GpuHolding, holdings, total_bytes};

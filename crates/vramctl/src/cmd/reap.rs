@@ -18,7 +18,6 @@ mod decide;
 mod evidence;
 mod policy;
 
-use vramctl_core::untrusted::Untrusted;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
@@ -58,6 +57,7 @@ use vramctl::memory_release::{
     still_held, verify_release,
 };
 use vramctl::units;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::zone as time_zone;
 use vramctl_core::wall_time::{clock, same_day};
 

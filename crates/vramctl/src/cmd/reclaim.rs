@@ -1,7 +1,6 @@
 //! `vramctl reclaim`: a thin shell over `vramctl_core::reclaim` (the agents' client, NVML
 //! before and after, the audit): flags in, the report out as text or JSON, the exit code.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
@@ -9,6 +8,7 @@ use serde::Serialize;
 use vramctl_core::agent_client::{ReclaimOptions, Timeouts};
 use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimReport, ReclaimRequest, Selection};
 use vramctl_core::signal::{AuditSink, MemoryAuditLog};
+use vramctl_core::untrusted::Untrusted;
 
 use super::open_sampler;
 use crate::audit_sink::open_sink;

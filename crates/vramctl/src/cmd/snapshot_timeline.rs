@@ -2,12 +2,12 @@
 //! `::replay` — the curve drawn through `output::chart::render_stacked`, the state at
 //! `--at EVENT` printed with the summary's own lines.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_snapshot::replay::Replay;
 use vramctl_snapshot::summary::{DeviceSummary, OomEvent};
 use vramctl_snapshot::timeline::{self, DeviceTimeline};

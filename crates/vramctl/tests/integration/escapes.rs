@@ -46,8 +46,12 @@ pub fn forged_shown() -> String {
 /// Asserts that `bytes` (what a command printed for a person) hold no character that acts on
 /// a terminal but line ends, and returns them as text.
 pub fn assert_printable(what: &str, bytes: &[u8]) -> String {
-    let text = String::from_utf8(bytes.to_vec())
-        .unwrap_or_else(|e| panic!("{what}: not UTF-8 ({e}): {:?}", String::from_utf8_lossy(bytes)));
+    let text = String::from_utf8(bytes.to_vec()).unwrap_or_else(|e| {
+        panic!(
+            "{what}: not UTF-8 ({e}): {:?}",
+            String::from_utf8_lossy(bytes)
+        )
+    });
     let bad: Vec<char> = text
         .chars()
         .filter(|&c| c != '\n' && needs_escape(c))
@@ -90,14 +94,78 @@ fn kill_plan_escapes_a_forged_command_line_before_the_prompt() {
 
     // The JSON keeps the command line as it is.
     let mut cmd = vramctl_std(scenario.path());
-    cmd.env("VRAMCTL_DB", scenario.db())
-        .args(["kill", "--dry-run", "--json", &target.pid().to_string()]);
+    cmd.env("VRAMCTL_DB", scenario.db()).args([
+        "kill",
+        "--dry-run",
+        "--json",
+        &target.pid().to_string(),
+    ]);
     let out = run(&mut cmd);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(
         json["targets"][0]["command"],
         format!("{FORGED} -c {SCRIPT} {NOT_UTF8_SHOWN}")
     );
+}
+
+/// The same in a real terminal (tmux): what root reads just above the real question is the
+/// plan, one row for the target, its forged prompt shown escaped on that row.
+#[test]
+fn kill_plan_escapes_a_forged_command_line_before_the_prompt_in_a_terminal() {
+    if crate::top::skip_without_tmux() {
+        return;
+    }
+    let target = forged_process();
+    let pid = target.pid();
+    let scenario = Scenario::new(1, &[Holder::real(0, pid, "1 GiB")]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = format!(
+        "env -i PATH=\"$PATH\" TERM=\"$TERM\" VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' \
+         FAKE_NVML_TIME=0 NO_COLOR=1 VRAMCTL_RUNTIME_DIR='{}' VRAMCTL_DRM_ROOT='{}' \
+         VRAMCTL_DB='{}' '{}' kill {pid}\n\
+         echo \"vramctl exited $?\"\n\
+         read _\n",
+        crate::harness::fake_library().display(),
+        scenario.path().display(),
+        crate::harness::private_runtime_dir().display(),
+        crate::harness::no_drm_root().display(),
+        scenario.db().display(),
+        assert_cmd::cargo::cargo_bin("vramctl").display(),
+    );
+    let script_path = dir.path().join("kill.sh");
+    std::fs::write(&script_path, script).expect("write script");
+    let tmux = crate::top::Tmux::start(
+        dir.path(),
+        &format!("sh '{}'", script_path.display()),
+        200,
+        20,
+    );
+    let screen = tmux.wait_for("the question", |s| {
+        s.contains("? [y/N]") && s.contains("send ")
+    });
+    let lines: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "the header, the target, the question:\n{screen}"
+    );
+    assert!(
+        lines[0].contains("PID") && lines[0].contains("COMMAND"),
+        "{screen}"
+    );
+    assert!(
+        lines[1].trim_start().starts_with(&pid.to_string()),
+        "{screen}"
+    );
+    assert!(lines[1].ends_with(&forged_shown()), "{screen}");
+    assert!(
+        lines[2].starts_with("send SIGTERM to 1 process, SIGKILL after"),
+        "{screen}"
+    );
+    tmux.keys(&["n", "Enter"]);
+    let screen = tmux.wait_for("kill to end", |s| s.contains("vramctl exited"));
+    assert!(screen.contains("nothing was signalled"), "{screen}");
+    assert!(target.alive());
 }
 
 #[test]
@@ -117,7 +185,11 @@ fn status_and_ps_escape_a_forged_command_line() {
             }
             let out = run(cmd.args(args));
             let what = format!("{args:?} COLUMNS={columns:?}");
-            assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let text = assert_printable(&what, &out.stdout);
             // Shortened or whole, the command starts on the process's line.
             let line = line_with(&text, r"\u{1b}");
@@ -135,7 +207,10 @@ fn status_and_ps_escape_a_forged_command_line() {
     let out = run(cmd.args(["ps", "--json"]));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let listed = serde_json::to_string(&json).expect("JSON");
-    assert!(listed.contains(r#"\u001b[2K\rKill 0 processes? [y/N]\n"#), "{listed}");
+    assert!(
+        listed.contains(r#"\u001b[2K\rKill 0 processes? [y/N]\n"#),
+        "{listed}"
+    );
 }
 
 /// A one-GPU scenario on the fake's step clock holding `pid` idle (SM 0 %), in `dir`.
@@ -163,7 +238,10 @@ fn history_leaks_and_reap_escape_a_recorded_command_line() {
     let db = dir.path().join("history.db");
     let vramctl = |args: &[&str]| -> Output {
         let mut cmd = vramctl_std(&scenario);
-        cmd.env_remove("FAKE_NVML_TIME").arg("--db").arg(&db).args(args);
+        cmd.env_remove("FAKE_NVML_TIME")
+            .arg("--db")
+            .arg(&db)
+            .args(args);
         run(&mut cmd)
     };
     let out = vramctl(&[
@@ -175,7 +253,11 @@ fn history_leaks_and_reap_escape_a_recorded_command_line() {
         "--simulated-clock",
         &T0.to_string(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Stored as it was read: escaping is for people.
     let json = vramctl(&["history", "--since", "all", "--format", "json"]);
     let stored = String::from_utf8(json.stdout).expect("UTF-8");
@@ -227,6 +309,26 @@ fn estimate_errors_escape_names_from_model_files() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains(r"model_type '\u{1b}[2K\rllama\u{202e}\u{9b}2J' is not supported"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn snapshot_errors_escape_strings_from_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("evil.pickle");
+    // Protocol 2, then a GLOBAL whose module and name (each up to a line end) hold an OSC
+    // title change, a carriage return and a bidi override.
+    let mut pickle = b"\x80\x02c".to_vec();
+    pickle.extend_from_slice("os\x1b]0;owned\x07\r\nsystem\u{202e}\n.".as_bytes());
+    std::fs::write(&file, pickle).expect("write pickle");
+    let mut cmd = vramctl_std(&dir.path().join("no-scenario.toml"));
+    let out = run(cmd.arg("snapshot").arg(&file));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = assert_printable("snapshot's error", &out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(r"global 'os\u{1b}]0;owned\u{7}\r.system\u{202e}'"),
         "{stderr}"
     );
 }

@@ -18,7 +18,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 const SESSION: &str = "top";
 
 /// A private tmux server (its own socket, no user configuration), killed on drop.
-struct Tmux {
+pub(crate) struct Tmux {
     socket: PathBuf,
 }
 
@@ -40,7 +40,7 @@ impl Tmux {
     }
 
     /// Starts `command` in a new `width`×`height` session.
-    fn start(dir: &Path, command: &str, width: u16, height: u16) -> Self {
+    pub(crate) fn start(dir: &Path, command: &str, width: u16, height: u16) -> Self {
         let tmux = Self {
             socket: dir.join("tmux.sock"),
         };
@@ -59,11 +59,11 @@ impl Tmux {
         tmux
     }
 
-    fn screen(&self) -> String {
+    pub(crate) fn screen(&self) -> String {
         self.run(&["capture-pane", "-p", "-t", SESSION])
     }
 
-    fn keys(&self, keys: &[&str]) {
+    pub(crate) fn keys(&self, keys: &[&str]) {
         let mut args = vec!["send-keys", "-t", SESSION];
         args.extend_from_slice(keys);
         self.run(&args);
@@ -81,7 +81,7 @@ impl Tmux {
 
     /// The screen once `ready` holds for it; fails with the last screen after
     /// [`PATIENCE`].
-    fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    pub(crate) fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
         let started = Instant::now();
         loop {
             let screen = self.screen();
@@ -242,7 +242,7 @@ fn assert_terminal_restored(tmux: &Tmux) -> String {
 
 /// Whether to skip a tmux test: only when tmux is missing and `VRAMCTL_SKIP_TMUX=1`;
 /// missing without it fails.
-fn skip_without_tmux() -> bool {
+pub(crate) fn skip_without_tmux() -> bool {
     if tmux_available() {
         return false;
     }

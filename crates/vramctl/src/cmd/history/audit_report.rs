@@ -5,7 +5,6 @@
 //! A record still `pending` was written before its signal and never updated: vramctl
 //! stopped between the two, so the signal may or may not have been sent.
 
-use vramctl_core::untrusted::Untrusted;
 use std::io::Write;
 
 use anyhow::Context;
@@ -21,6 +20,7 @@ use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use vramctl::csv_record::{CsvRecord, write_csv_record};
 use vramctl::units;
+use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{clock, zone_label};
 
 /// Version of the JSON below.
