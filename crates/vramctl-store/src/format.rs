@@ -510,26 +510,43 @@ pub(crate) struct Companion {
     pub devices: Vec<DeviceMeta>,
     /// Largest total memory known per UUID.
     pub totals: HashMap<String, u64>,
+    /// The UUIDs of `devices`.
+    uuids: HashSet<String>,
     /// Whether the GPUs came from the history rather than the files.
     from_history: bool,
 }
 
 impl Companion {
     fn learn(&mut self, tick: &TickSample) {
-        {
-            for dev in &tick.devices {
-                if !self.devices.iter().any(|d| d.uuid == dev.device.uuid) {
-                    self.devices.push(dev.device.clone());
+        for dev in &tick.devices {
+            let total = match &dev.state {
+                DeviceSampleState::Read { metrics, .. } => {
+                    metrics
+                        .iter()
+                        .find_map(|(metric, value)| match (metric, value) {
+                            (Metric::TotalBytes, Observed::Value(v)) => Some(*v),
+                            _ => None,
+                        })
                 }
-                if let DeviceSampleState::Read { metrics, .. } = &dev.state {
-                    for (metric, value) in metrics {
-                        if let (Metric::TotalBytes, Observed::Value(v)) = (metric, value) {
-                            let total = self.totals.entry(dev.device.uuid.clone()).or_default();
-                            *total = (*total).max(*v);
-                        }
-                    }
-                }
-            }
+                DeviceSampleState::Unreadable(_) => None,
+            };
+            self.learn_device(&dev.device, total);
+        }
+    }
+
+    /// Whether a GPU of this UUID is known.
+    pub(crate) fn knows(&self, uuid: &str) -> bool {
+        self.uuids.contains(uuid)
+    }
+
+    /// One row's GPU and its total memory, if it gives one.
+    pub(crate) fn learn_device(&mut self, device: &DeviceMeta, total: Option<u64>) {
+        if self.uuids.insert(device.uuid.clone()) {
+            self.devices.push(device.clone());
+        }
+        if let Some(v) = total {
+            let total = self.totals.entry(device.uuid.clone()).or_default();
+            *total = (*total).max(v);
         }
     }
 
@@ -548,7 +565,7 @@ impl Companion {
             if let Some(total) = total {
                 self.totals.insert(record.meta.uuid.clone(), total);
             }
-            if !self.devices.iter().any(|d| d.uuid == record.meta.uuid) {
+            if self.uuids.insert(record.meta.uuid.clone()) {
                 if self.devices.is_empty() {
                     self.from_history = true;
                 }
@@ -798,9 +815,13 @@ pub fn import_files(
             // A first reading that only learns the GPUs; its bad rows are reported by the
             // second.
             let mut scratch = Rows::new(path, false);
-            let mut source = Source::open(path, format, options, &mut scratch, &companion)?;
-            while let Some(tick) = source.next_tick(&mut scratch)? {
-                companion.learn(&tick);
+            match Source::open(path, format, options, &mut scratch, &companion)? {
+                Source::Gpu(reader) => reader.learn(&mut scratch, &mut companion)?,
+                mut source => {
+                    while let Some(tick) = source.next_tick(&mut scratch)? {
+                        companion.learn(&tick);
+                    }
+                }
             }
         }
         companion.learn_history(store)?;

@@ -102,14 +102,17 @@ impl Frame<'_> {
         if self.observed.is_none() {
             return true;
         }
-        let Some(k) = self.catalog.series(id) else {
-            return false;
-        };
-        match k.device {
+        self.series(id).is_some_and(|s| self.sampled_series(s))
+    }
+
+    /// [`Frame::sampled`] of a series named by what it is.
+    pub fn sampled_series(&self, series: SeriesRef) -> bool {
+        match series.device_id {
+            _ if self.observed.is_none() => true,
             None => true,
             Some(d) => {
                 let (metrics, processes) = self.observed(d);
-                if k.process.is_some() {
+                if series.process_id.is_some() {
                     processes
                 } else {
                     metrics
@@ -388,7 +391,8 @@ impl Store {
         Ok(())
     }
 
-    /// Points of one series in `range` (unknown values are left out).
+    /// Points of one series in `range` (unknown values are left out, and so are values an
+    /// imported log's frame only carried over: [`Frame::sampled`]).
     ///
     /// # Errors
     /// When SQLite fails or a frame is damaged.
@@ -399,6 +403,9 @@ impl Store {
     ) -> Result<Vec<Point>, StoreError> {
         let mut points = Vec::new();
         self.scan(range, |frame| {
+            if !frame.sampled_series(series) {
+                return;
+            }
             if let Some((min, max, last)) = frame.get(series).and_then(Entry::min_max_last) {
                 points.push(Point {
                     unix_ms: frame.t_ms,

@@ -191,6 +191,22 @@ impl Input {
             let Some((line, text)) = self.next_line()? else {
                 return Ok(None);
             };
+            if !text.contains('"') {
+                // Most lines (all of nvidia-smi's own) quote nothing: split them directly.
+                let fields: Vec<String> = text
+                    .split(',')
+                    .take(MAX_COLUMNS + 1)
+                    .map(|f| f.trim().to_owned())
+                    .collect();
+                if fields.iter().all(String::is_empty) {
+                    continue;
+                }
+                return Ok(Some(Record {
+                    line,
+                    fields,
+                    problem: None,
+                }));
+            }
             let mut splitter = Splitter::default();
             let mut open = splitter.feed(&text);
             let mut length = text.len();

@@ -326,6 +326,62 @@ impl GpuReader {
         })
     }
 
+    /// Reads the log only for its GPUs and their totals (what an apps log without a GPU
+    /// column, and the check of its figures, need before it is read): no times, no ticks.
+    /// A row whose memory figures cannot be true teaches nothing, as it is a bad row.
+    ///
+    /// # Errors
+    /// A line too long, a read error.
+    pub fn learn(
+        mut self,
+        rows: &mut Rows<'_>,
+        companion: &mut Companion,
+    ) -> Result<(), ImportError> {
+        while let Some(record) = next_data(
+            &mut self.input,
+            &mut self.held,
+            self.header.as_deref(),
+            rows,
+        )? {
+            if record.fields.len() != self.columns.len() {
+                continue;
+            }
+            let (mut uuid, mut bus, mut index, mut name) = (None, None, None, None);
+            let mut total = None;
+            for (column, field) in self.columns.iter().zip(&record.fields) {
+                match column {
+                    GpuColumn::Index => index = field.parse::<u32>().ok(),
+                    GpuColumn::Uuid => uuid = Some(field.as_str()),
+                    GpuColumn::Name => name = Some(field.as_str()),
+                    GpuColumn::PciBusId => bus = Some(field.as_str()),
+                    GpuColumn::Value(Metric::TotalBytes, unit) => {
+                        total = match value(field, *unit) {
+                            Ok(Observed::Value(v)) => Some(v),
+                            _ => None,
+                        };
+                    }
+                    _ => {}
+                }
+            }
+            // A total no GPU can have teaches nothing (its row is a bad row).
+            let total = total
+                .filter(|&t| memory_problem(&[(Metric::TotalBytes, Observed::Value(t))]).is_none());
+            let uuid = device_uuid(uuid, bus, index);
+            if total.is_none() && companion.knows(&uuid) {
+                continue;
+            }
+            let device = DeviceMeta {
+                uuid,
+                index,
+                name: name.map(str::to_owned),
+                pci_bus_id: bus.map(str::to_owned),
+                parent_uuid: None,
+            };
+            companion.learn_device(&device, total);
+        }
+        Ok(())
+    }
+
     /// The next tick; `None` at the end.
     ///
     /// # Errors
