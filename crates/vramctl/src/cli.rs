@@ -654,7 +654,8 @@ pub struct HistoryArgs {
     pub db: DbArg,
 
     /// Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a time (RFC 3339
-    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: 1h; with --audit: all]
+    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: the 24 hours before the history's
+    /// last sample, as for leaks and plot; with --audit: all]
     #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
     pub since: Option<When>,
 
