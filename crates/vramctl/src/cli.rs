@@ -1904,7 +1904,7 @@ const MAX_WAIT: Duration = Duration::from_secs(86_400);
 
 /// Any duration, by the one parser (`vramctl_core::duration`): `500ms`, `2s`, `1h30m`,
 /// `1.5s`, or a bare number of seconds.
-fn duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     vramctl_core::duration::parse(text).map_err(|e| e.to_string())
 }
 
