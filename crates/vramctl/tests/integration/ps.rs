@@ -237,6 +237,61 @@ fn filters_and_sorting() {
 }
 
 #[test]
+fn a_filter_that_hides_every_holder_says_so_and_how_many_it_hid() {
+    // Issue 29: `ps --user alice` said "no process holds GPU memory" while four did: the
+    // answer to the filter read as an idle GPU.
+    let (a, b) = (sleeper(), sleeper());
+    let ghost = unused_pids(1)[0];
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, a.pid(), "1 GiB"),
+            Holder::real(0, b.pid(), "2 GiB"),
+            Holder::fictional(0, ghost, "3 GiB"),
+        ],
+    );
+    let ps = |args: &[&str]| {
+        let mut all = vec!["ps", "--cpu-interval", "0"];
+        all.extend_from_slice(args);
+        stdout_of(vramctl(scenario.path()).args(all))
+    };
+    assert_eq!(
+        ps(&["--user", "3999999"]),
+        "no process of uid 3999999 holds GPU memory (3 others do)\n"
+    );
+    assert_eq!(
+        ps(&["--match", "^no such command$", "--min-mem", "1GiB"]),
+        "no process matching '^no such command$', holding at least 1.0 GiB holds GPU memory \
+         (3 others do)\n"
+    );
+    let json = json_of(vramctl(scenario.path()).args([
+        "ps",
+        "--json",
+        "--cpu-interval",
+        "0",
+        "--user",
+        "3999999",
+    ]));
+    assert_eq!(json["filtered_out"], 3);
+    // Without a filter nothing is hidden; on an idle GPU the answer is as before.
+    assert_eq!(
+        json_of(vramctl(scenario.path()).args(["ps", "--json", "--cpu-interval", "0"]))["filtered_out"],
+        0
+    );
+    let idle = stdout_of(vramctl_on("h200-idle.toml").args([
+        "ps",
+        "--user",
+        "3999999",
+        "--cpu-interval",
+        "0",
+    ]));
+    assert_eq!(
+        idle,
+        "no process of uid 3999999 holds GPU memory (nor does any other)\n"
+    );
+}
+
+#[test]
 fn a_zombie_is_flagged() {
     let mut zombie = std::process::Command::new("true").spawn().expect("true");
     assert!(crate::real_processes::ends(zombie.id()));
