@@ -69,8 +69,10 @@ impl Default for Limits {
 /// Why a pickle was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PickleError {
+    /// The I/O error is in the message and not a `source`: a report of the whole chain
+    /// (anyhow's `{:#}`) would say it twice.
     #[error("cannot read the pickle: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("the pickle ends early, at byte {0} (truncated file?)")]
     Truncated(u64),
     #[error("unknown or unsupported pickle opcode 0x{opcode:02x} at byte {at}")]
@@ -93,6 +95,12 @@ pub enum PickleError {
         limit: u64,
         at: u64,
     },
+}
+
+impl From<std::io::Error> for PickleError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
 }
 
 /// Index into [`Arena`]'s containers.

@@ -916,6 +916,18 @@ fn gzip_bomb(members: usize) -> Vec<u8> {
     out
 }
 
+/// An error and its sources, as a report of the whole chain prints them.
+fn out_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// `bytes` in a file of its own, removed when dropped.
 struct TempFile(std::path::PathBuf);
 
@@ -949,6 +961,9 @@ fn gzip_bomb_is_refused_with_one_line() {
     assert!(err.contains("64.00 MiB"), "{err}");
     assert!(!err.contains('\n'), "one line: {err}");
     assert!(allocated < 256 << 20, "allocated {allocated} B");
+    // Said once, also where the whole chain of causes is printed (the CLI's one line).
+    let chain = out_chain(&model::open(&bomb.0, Limits::default()).expect_err("bomb"));
+    assert_eq!(chain.matches("gzip bomb").count(), 1, "{chain}");
     // Beyond the allowance the ratio bounds it: 200 times a 50 KB file is 10 MB.
     let limits = Limits {
         gzip_allowance_bytes: 1 << 20,
