@@ -205,7 +205,7 @@ struct Selection {
 }
 
 impl Selection {
-    /// What the options ask for, as words after "process": `of user alice, matching
+    /// What the options ask for, as words after "process": `of user alice matching
     /// 'train'`, `of uid 1001`; empty without options.
     fn words(&self) -> String {
         let mut words = Vec::new();
@@ -226,7 +226,7 @@ impl Selection {
         if let Some(min) = self.min_bytes {
             words.push(format!("holding at least {}", units::bytes(min)));
         }
-        words.join(", ")
+        words.join(" ")
     }
 
     fn keeps(&self, p: &PsProcess) -> bool {
