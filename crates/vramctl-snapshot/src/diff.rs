@@ -127,6 +127,7 @@ mod tests {
             format: Format::SegmentsOnly,
             trace_stacks: crate::model::TraceStacks::Read,
             parallel_parts: 0,
+            negative_sizes: 0,
             segments: vec![Segment {
                 device: 0,
                 address: 0,

@@ -17,6 +17,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashMap;
 use serde::Serialize;
@@ -276,6 +277,10 @@ pub struct Snapshot {
     /// How many parts of the trace were decoded on other threads ([`read_parallel`]).
     #[serde(skip)]
     pub parallel_parts: usize,
+    /// Sizes of segments and blocks that the file gives as negative numbers (read as
+    /// missing); the summary flags such a file as damaged (`summary::damage`).
+    #[serde(skip)]
+    pub negative_sizes: u64,
 }
 
 /// Opens a snapshot file (`.gz` or plain, told by its first bytes) and reads it in one
@@ -314,9 +319,9 @@ pub fn open_with(
         if magic[..n] != GZIP_MAGIC {
             return read_parallel(&src, limits, par);
         }
-        return read_streamed(reader(src.into_file())?, limits, trace_stacks);
+        return read_streamed(reader(src.into_file(), limits)?, limits, trace_stacks);
     }
-    read_streamed(reader(file)?, limits, trace_stacks)
+    read_streamed(reader(file, limits)?, limits, trace_stacks)
 }
 
 /// Reads a snapshot the way [`open_with`] reads a plain file with [`TraceStacks::Skip`]:
@@ -376,19 +381,100 @@ pub fn read<R: Read>(input: R, limits: Limits) -> Result<Snapshot, SnapshotError
 /// The first bytes of a gzip stream.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
-/// The file, decompressed when it starts like a gzip stream.
-fn reader(file: File) -> Result<Box<dyn Read>, SnapshotError> {
+/// The file, decompressed when it starts like a gzip stream, no further than `limits`
+/// allow ([`BoundedGz`]).
+fn reader(file: File, limits: Limits) -> Result<Box<dyn Read>, SnapshotError> {
+    // A regular file's size bounds what it may decompress to from the first byte; a pipe's
+    // bound grows with what was read of it.
+    let known_len = file
+        .metadata()
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .map(|m| m.len());
+    let consumed = Arc::new(AtomicU64::new(0));
     // Large reads pass a BufReader's buffer by; it is here to look at the first bytes.
-    let mut buffered = BufReader::with_capacity(1 << 16, file);
+    let mut buffered = BufReader::with_capacity(
+        1 << 16,
+        Counted {
+            inner: file,
+            consumed: Arc::clone(&consumed),
+        },
+    );
     let gz = buffered
         .fill_buf()
         .map_err(PickleError::Io)?
         .starts_with(&GZIP_MAGIC);
     Ok(if gz {
-        Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
+        Box::new(BoundedGz {
+            inner: flate2::bufread::MultiGzDecoder::new(buffered),
+            consumed,
+            known_len,
+            out_bytes: 0,
+            limits,
+        })
     } else {
         Box::new(buffered)
     })
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    consumed: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.consumed.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// A gzip stream decompressed no further than [`Limits::max_gzip_ratio`] times the
+/// compressed bytes (the file's size, or what was read of a pipe) or
+/// [`Limits::gzip_allowance_bytes`], whichever is more: a 2 MB gzip bomb would otherwise
+/// make gigabytes of pickle (issue 29). [`Limits::max_total_bytes`] bounds it too (the
+/// pickle reader counts the decompressed bytes). Each read asks for no more than the bound
+/// leaves, so the decoder never writes past it.
+struct BoundedGz<R: BufRead> {
+    inner: flate2::bufread::MultiGzDecoder<R>,
+    consumed: Arc<AtomicU64>,
+    known_len: Option<u64>,
+    out_bytes: u64,
+    limits: Limits,
+}
+
+impl<R: BufRead> Read for BoundedGz<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let compressed_bytes = self
+            .known_len
+            .unwrap_or(0)
+            .max(self.consumed.load(Ordering::Relaxed));
+        let bound_bytes = compressed_bytes
+            .saturating_mul(self.limits.max_gzip_ratio)
+            .max(self.limits.gzip_allowance_bytes);
+        // One byte past the bound is asked for, to tell a stream that ends exactly there
+        // from one that goes on.
+        let room = bound_bytes.saturating_sub(self.out_bytes).saturating_add(1);
+        let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.out_bytes = self.out_bytes.saturating_add(n as u64);
+        if self.out_bytes > bound_bytes {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the gzip stream decompresses to more than {} ({} times its {} compressed, \
+                     or {}): a gzip bomb or not a snapshot; refused (docs/snapshot.md, limits)",
+                    crate::summary::human(bound_bytes),
+                    self.limits.max_gzip_ratio,
+                    crate::summary::human(compressed_bytes),
+                    crate::summary::human(self.limits.gzip_allowance_bytes),
+                ),
+            ));
+        }
+        Ok(n)
+    }
 }
 
 /// Declares the strings the reader interns first (`KNOWN`, in order) and, for each, a
@@ -441,10 +527,22 @@ const ROLE_FRAME: u8 = 2;
 const ROLE_STACK: u8 = 3;
 /// A trace entry's frame list freed without being read ([`TraceStacks::Skip`]).
 const ROLE_STACK_SKIPPED: u8 = 4;
+/// A segment dict, a segment's block list and a block dict, once converted: torch writes
+/// each once, so a second reference to one is refused ([`SHARED`]) rather than read again.
+const ROLE_SEGMENT: u8 = 5;
+const ROLE_BLOCKS: u8 = 6;
+const ROLE_BLOCK: u8 = 7;
 
 /// Why a value cannot be read in the role the file puts it in a second time.
-const REUSED: &str = "the pickle uses one of its trace entries, frames or frame lists a second \
+const REUSED: &str = "the pickle uses one of its segments, blocks, trace entries, frames or frame lists a second \
      time as something else (torch never writes that: the file was edited or is damaged)";
+
+/// Why a segment, block list or block met a second time is refused: torch writes each once
+/// (only frames and frame lists are shared), and reading one again for every reference
+/// would let a few bytes of memo GETs stand for the same memory many times over — a 40 KB
+/// file describing terabytes, at a cost that grows with the square of the file (issue 29).
+const SHARED: &str = "the pickle refers to one segment, block list or block from two places \
+     (torch writes each once: the file was edited or is damaged)";
 
 fn action_of(arena: &Arena, id: StrId) -> Action {
     match id {
@@ -491,10 +589,32 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
         .to_vec();
     let mut segments = Vec::with_capacity(seq.len());
     for s in seq {
+        if let V::Dict(o) = s
+            && matches!(
+                arena.obj(o),
+                Obj::Taken {
+                    role: ROLE_SEGMENT,
+                    ..
+                }
+            )
+        {
+            return Err(SnapshotError::NotASnapshot(SHARED));
+        }
         if arena.pairs(s).is_none() {
             return Err(SnapshotError::NotASnapshot("a segment that is not a dict"));
         }
         segments.push(b.segment(arena, s).map_err(SnapshotError::NotASnapshot)?);
+        // Taken once read, so that a second reference to it is seen (and its pairs freed).
+        if let V::Dict(o) = s {
+            let pairs = arena.replace(
+                o,
+                Obj::Taken {
+                    role: ROLE_SEGMENT,
+                    id: 0,
+                },
+            );
+            arena.recycle(pairs);
+        }
     }
     let mut device_traces = Vec::new();
     if let Some(traces) = arena.get_id(top, DEVICE_TRACES)
@@ -559,6 +679,7 @@ fn convert(doc: Document, mut b: Builder) -> Result<Snapshot, SnapshotError> {
         frames,
         stacks,
         parallel_parts: parts,
+        negative_sizes: b.negative_sizes,
     })
 }
 
@@ -650,6 +771,8 @@ struct Builder {
     /// The position and byte of the entry being typed.
     position: u32,
     at: u64,
+    /// Segment and block sizes the file gives as negative ([`Snapshot::negative_sizes`]).
+    negative_sizes: u64,
 }
 
 /// A trace entry's stack that a part of a parallel reading left to resolve (module doc of
@@ -716,6 +839,7 @@ impl Default for Builder {
             pending_ids: HashMap::new(),
             position: 0,
             at: 0,
+            negative_sizes: 0,
         }
     }
 }
@@ -1072,16 +1196,56 @@ impl Builder {
         Ok(id)
     }
 
+    /// A size: a non-negative integer; a negative one is counted (a damaged file) and read
+    /// as missing.
+    fn size(&mut self, v: Option<V>) -> Option<u64> {
+        let i = v.and_then(V::as_int)?;
+        let size = u64::try_from(i).ok();
+        if size.is_none() {
+            self.negative_sizes += 1;
+        }
+        size
+    }
+
     fn segment(&mut self, arena: &mut Arena, s: V) -> Result<Segment, &'static str> {
         let address = uint(arena.get(s, "address")).unwrap_or(0);
         let mut blocks = Vec::new();
         let mut offset = address;
-        let block_values = arena
-            .get_id(s, BLOCKS)
-            .and_then(|l| arena.seq(l).map(<[V]>::to_vec))
-            .unwrap_or_default();
-        for bv in block_values {
-            let size = uint(arena.get_id(bv, SIZE)).unwrap_or(0);
+        // The block list and each block are taken as they are read (a second reference
+        // to one is an error, not a second reading of it: [`SHARED`]).
+        let block_values = match arena.get_id(s, BLOCKS) {
+            Some(V::List(l) | V::Tuple(l)) => match arena.replace(
+                l,
+                Obj::Taken {
+                    role: ROLE_BLOCKS,
+                    id: 0,
+                },
+            ) {
+                Obj::List(items) | Obj::Tuple(items) => items,
+                taken @ Obj::Taken {
+                    role: ROLE_BLOCKS, ..
+                } => {
+                    arena.replace(l, taken);
+                    return Err(SHARED);
+                }
+                other => {
+                    arena.replace(l, other);
+                    return Err(REUSED);
+                }
+            },
+            _ => Vec::new(),
+        };
+        for &bv in &block_values {
+            if let V::Dict(o) = bv {
+                match arena.obj(o) {
+                    Obj::Dict(_) => {}
+                    Obj::Taken {
+                        role: ROLE_BLOCK, ..
+                    } => return Err(SHARED),
+                    _ => return Err(REUSED),
+                }
+            }
+            let size = self.size(arena.get_id(bv, SIZE)).unwrap_or(0);
             let state = match arena.get(bv, "state").and_then(|v| arena.str(v)) {
                 Some(s) if &**s == "active_allocated" => BlockState::ActiveAllocated,
                 Some(s) if &**s == "active_pending_free" || &**s == "active_awaiting_free" => {
@@ -1094,7 +1258,8 @@ impl Builder {
             let legacy = arena
                 .get_id(bv, HISTORY)
                 .and_then(|h| arena.seq(h).and_then(|l| l.first().copied()));
-            let requested_size = uint(arena.get(bv, "requested_size"))
+            let requested_size = self
+                .size(arena.get(bv, "requested_size"))
                 .or_else(|| legacy.and_then(|h| uint(arena.get_id(h, REAL_SIZE))));
             let frames = arena
                 .get_id(bv, FRAMES)
@@ -1109,18 +1274,31 @@ impl Builder {
                 stack,
             });
             offset = offset.saturating_add(size);
+            if let V::Dict(o) = bv {
+                let pairs = arena.replace(
+                    o,
+                    Obj::Taken {
+                        role: ROLE_BLOCK,
+                        id: 0,
+                    },
+                );
+                arena.recycle(pairs);
+            }
         }
+        arena.recycle(Obj::List(block_values));
         let sum = |f: &dyn Fn(&Block) -> bool| -> u64 {
             blocks
                 .iter()
                 .filter(|b| f(b))
                 .fold(0u64, |a, b| a.saturating_add(b.size))
         };
-        let allocated_size = uint(arena.get(s, "allocated_size"))
+        let allocated_size = self
+            .size(arena.get(s, "allocated_size"))
             .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated));
-        let active_size =
-            uint(arena.get(s, "active_size")).unwrap_or_else(|| sum(&|b| b.state.is_active()));
-        let requested_size = uint(arena.get(s, "requested_size")).or_else(|| {
+        let active_size = self
+            .size(arena.get(s, "active_size"))
+            .unwrap_or_else(|| sum(&|b| b.state.is_active()));
+        let requested_size = self.size(arena.get(s, "requested_size")).or_else(|| {
             blocks
                 .iter()
                 .filter(|b| b.state.is_active())
@@ -1142,7 +1320,8 @@ impl Builder {
                 })
             })
             .unwrap_or((0, 0));
-        let total_size = uint(arena.get(s, "total_size"))
+        let total_size = self
+            .size(arena.get(s, "total_size"))
             .unwrap_or_else(|| blocks.iter().fold(0u64, |a, b| a.saturating_add(b.size)));
         let device = int(arena.get(s, "device")).unwrap_or(0);
         let stream = int(arena.get_id(s, STREAM)).unwrap_or(0);

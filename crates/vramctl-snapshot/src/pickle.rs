@@ -43,16 +43,25 @@ pub struct Limits {
     pub max_container_len: usize,
     /// Nesting depth of MARKs.
     pub max_depth: usize,
+    /// A `.gz` file decompresses to at most this many times its own size ...
+    pub max_gzip_ratio: u64,
+    /// ... or to this many bytes, whichever is more (a small file of a real snapshot may
+    /// compress better than the ratio; this much is cheap to read whatever it holds).
+    pub gzip_allowance_bytes: u64,
 }
 
 impl Default for Limits {
     /// 16 GiB of pickle (snapshots "can easily be in the GB range"), 2^28 elements, depth
-    /// 256 (a snapshot nests 6 deep: dict → list → segment → list → block → frames).
+    /// 256 (a snapshot nests 6 deep: dict → list → segment → list → block → frames); a
+    /// `.gz` at most 200 times its size or 64 MiB (real snapshots compress 10 to 25 times:
+    /// docs/snapshot.md; deflate's own maximum, ~1032:1, would let a 2 MB file become 2 GB).
     fn default() -> Self {
         Self {
             max_total_bytes: 16 << 30,
             max_container_len: 1 << 28,
             max_depth: 256,
+            max_gzip_ratio: 200,
+            gzip_allowance_bytes: 64 << 20,
         }
     }
 }
@@ -60,8 +69,10 @@ impl Default for Limits {
 /// Why a pickle was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PickleError {
+    /// The I/O error is in the message and not a `source`: a report of the whole chain
+    /// (anyhow's `{:#}`) would say it twice.
     #[error("cannot read the pickle: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("the pickle ends early, at byte {0} (truncated file?)")]
     Truncated(u64),
     #[error("unknown or unsupported pickle opcode 0x{opcode:02x} at byte {at}")]
@@ -84,6 +95,12 @@ pub enum PickleError {
         limit: u64,
         at: u64,
     },
+}
+
+impl From<std::io::Error> for PickleError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
 }
 
 /// Index into [`Arena`]'s containers.

@@ -127,11 +127,17 @@ impl<'a> Replay<'a> {
     /// first event).
     pub fn after_event(snap: &'a Snapshot, device: i64, event: Option<usize>) -> Self {
         let mut r = Self::at_end(snap, device);
-        let stop = event.map_or(0, |e| e.saturating_add(1));
-        while r.at > stop {
-            r.undo_last();
-        }
+        r.undo_to(event);
         r
+    }
+
+    /// Undoes events until the state is the one right after `event` (`None`: before the
+    /// first); a state already older stays as it is.
+    pub fn undo_to(&mut self, event: Option<usize>) {
+        let stop = event.map_or(0, |e| e.saturating_add(1));
+        while self.at > stop {
+            self.undo_last();
+        }
     }
 
     /// Undoes the newest event not undone yet; `None` when the start is reached.
@@ -340,6 +346,7 @@ impl<'a> Replay<'a> {
             device_traces: Vec::new(),
             trace_stacks: self.snap.trace_stacks,
             parallel_parts: 0,
+            negative_sizes: self.snap.negative_sizes,
             allocator_settings: self.snap.allocator_settings.clone(),
             frames: self.snap.frames.clone(),
             stacks: self.snap.stacks.clone(),

@@ -149,14 +149,28 @@ pub struct Advice {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub devices: Vec<DeviceSummary>,
+    /// The `oom` events of the trace, oldest first: the newest
+    /// [`MAX_OOM_EVENTS_PER_DEVICE`] of each device.
     pub oom: Vec<OomEvent>,
+    /// `oom` events older than those in [`Summary::oom`], not measured.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub oom_events_not_analyzed: u64,
     pub advice: Vec<Advice>,
+    /// Why the file's numbers cannot be true (empty when nothing says so): a block beyond
+    /// its segment, blocks or allocated/active/requested bytes larger than their segment,
+    /// a negative or absurd size. The sums above are the file's, as it gives them.
+    pub damaged: Vec<String>,
     pub trace_entries: u64,
     /// `allocator_settings.PYTORCH_CUDA_ALLOC_CONF` where the file has it.
     pub alloc_conf: Option<String>,
 }
 
 const SMALL_SIZE: u64 = 1 << 20;
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 /// (stream, pool, `segment_pool_id`): the set within which free blocks are reused.
 type PoolKey = (i64, Pool, (i64, i64));
@@ -204,13 +218,22 @@ pub fn summarize(snap: &Snapshot) -> Summary {
         )
         .collect();
     let mut oom = Vec::new();
+    let mut oom_events_not_analyzed = 0u64;
     for (device, trace) in snap.device_traces.iter().enumerate() {
         let device = i64::try_from(device).unwrap_or(i64::MAX);
-        for (i, e) in trace.iter().enumerate() {
-            if e.action == Action::Oom {
-                oom.push(oom_at(snap, device, i));
-            }
-        }
+        let mut events: Vec<usize> = trace
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Oom)
+            .map(|(i, _)| i)
+            .collect();
+        // Each OOM measures the free space of its device (a pass over its blocks): a
+        // file of many OOM entries and many blocks would cost their product, so only the
+        // newest ones are measured (the last is the one that ended the program).
+        let skip = events.len().saturating_sub(MAX_OOM_EVENTS_PER_DEVICE);
+        oom_events_not_analyzed += skip as u64;
+        events.drain(..skip);
+        oom.extend(oom_states(snap, device, &events));
     }
     let advice = advise(snap, &devices, &oom);
     Summary {
@@ -221,15 +244,120 @@ pub fn summarize(snap: &Snapshot) -> Summary {
             .and_then(|s| s.alloc_conf.clone()),
         devices,
         oom,
+        oom_events_not_analyzed,
         advice,
+        damaged: damage(snap),
     }
 }
 
-/// The state at an `oom` event (rebuilt by [`Replay`]: the later events undone), measured
-/// on the OOM's stream and in the pool its size goes to.
-fn oom_at(snap: &Snapshot, device: i64, at: usize) -> OomEvent {
+/// A size no GPU's allocator reports (1 PiB: a thousand times an H200's memory); the
+/// 49-bit virtual address space of current GPUs is half of it.
+pub const ABSURD_BYTES: u64 = 1 << 50;
+
+/// Why `snap`'s numbers cannot be true: one line per kind of impossibility, with how many
+/// segments have it and the first of them, so that a damaged or edited file is not read
+/// as a plausible one ("allocated 30.52 TiB" in a 16 MiB segment, issue 29).
+pub fn damage(snap: &Snapshot) -> Vec<String> {
+    // Per kind: how many segments, and the first one's details.
+    let mut kinds: Vec<(&'static str, u64, String)> = Vec::new();
+    let mut note = |kind: &'static str, first: &dyn Fn() -> String| match kinds
+        .iter_mut()
+        .find(|(k, _, _)| *k == kind)
+    {
+        Some(k) => k.1 += 1,
+        None => kinds.push((kind, 1, first())),
+    };
+    for s in &snap.segments {
+        let at = || format!("device {} segment {:#x}", s.device, s.address);
+        let end = s.address.checked_add(s.total_size);
+        if s.total_size >= ABSURD_BYTES || s.blocks.iter().any(|b| b.size >= ABSURD_BYTES) {
+            note("of absurd size (1 PiB or more)", &|| {
+                format!("{}: {}", at(), human(s.total_size))
+            });
+        }
+        for (what, value) in [
+            ("allocated", Some(s.allocated_size)),
+            ("active", Some(s.active_size)),
+            ("requested", s.requested_size),
+        ] {
+            if let Some(v) = value.filter(|&v| v > s.total_size) {
+                note(
+                    "whose allocated, active or requested bytes exceed the segment's size",
+                    &|| format!("{}: {what} {} of {}", at(), human(v), human(s.total_size)),
+                );
+                break;
+            }
+        }
+        let blocks_bytes = s.blocks.iter().fold(0u64, |a, b| a.saturating_add(b.size));
+        if blocks_bytes > s.total_size {
+            note(
+                "whose blocks add up to more than the segment's size",
+                &|| {
+                    format!(
+                        "{}: {} in blocks of {}",
+                        at(),
+                        human(blocks_bytes),
+                        human(s.total_size)
+                    )
+                },
+            );
+        }
+        let outside = s.blocks.iter().find(|b| {
+            b.address < s.address
+                || match (b.address.checked_add(b.size), end) {
+                    (Some(b_end), Some(end)) => b_end > end,
+                    _ => true,
+                }
+        });
+        if let Some(b) = outside {
+            note("with a block outside the segment", &|| {
+                format!("{}: block {:#x} of {}", at(), b.address, human(b.size))
+            });
+        }
+    }
+    let mut out: Vec<String> = kinds
+        .into_iter()
+        .map(|(kind, n, first)| {
+            format!(
+                "{n} segment{} {kind} (first: {first})",
+                if n == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    if snap.negative_sizes > 0 {
+        out.push(format!(
+            "{} negative size{} (read as missing)",
+            snap.negative_sizes,
+            if snap.negative_sizes == 1 { "" } else { "s" }
+        ));
+    }
+    out
+}
+
+/// The most `oom` events of one device that the summary measures ([`Summary::oom`]).
+pub const MAX_OOM_EVENTS_PER_DEVICE: usize = 100;
+
+/// The states at the `oom` events `at` (trace indices, ascending) of a device, rebuilt by
+/// one [`Replay`] that undoes the trace once, newest first (not once per event, which
+/// would cost the trace's length for each), each measured on the OOM's stream and in the
+/// pool its size goes to.
+fn oom_states(snap: &Snapshot, device: i64, at: &[usize]) -> Vec<OomEvent> {
+    let mut state = Replay::at_end(snap, device);
+    let mut out: Vec<OomEvent> = at
+        .iter()
+        .rev()
+        .map(|&i| {
+            state.undo_to(Some(i));
+            oom_at(snap, device, i, &state)
+        })
+        .collect();
+    out.reverse();
+    out
+}
+
+/// The OOM event `at` of a device, measured in `state` (the state right after it).
+fn oom_at(snap: &Snapshot, device: i64, at: usize, state: &Replay<'_>) -> OomEvent {
     let e = &replay::trace(snap, device)[at];
-    let state = Replay::after_event(snap, device, Some(at));
     let (free_bytes, largest, inactive_split_bytes, inactive_split_segments) =
         state.free_on(e.stream, pool_of_request(e.size));
     OomEvent {
@@ -339,6 +467,11 @@ fn frag(v: Option<f64>) -> String {
 /// The text `vramctl snapshot FILE` prints.
 pub fn table(s: &Summary) -> Vec<String> {
     let mut out = Vec::new();
+    for d in &s.damaged {
+        out.push(format!(
+            "damaged: {d}: the numbers below are the file's and cannot all be true"
+        ));
+    }
     if s.devices.is_empty() {
         out.push("no segments: the allocator held no memory when the snapshot was taken".into());
     }
@@ -453,6 +586,18 @@ pub fn oom_lines(s: &Summary) -> Vec<String> {
         out.push(format!(
             "oom: none in the trace ({} entries)",
             s.trace_entries
+        ));
+    }
+    if s.oom_events_not_analyzed > 0 {
+        out.push(format!(
+            "oom: {} older oom event{} not measured (the newest {} of each device are)",
+            s.oom_events_not_analyzed,
+            if s.oom_events_not_analyzed == 1 {
+                ""
+            } else {
+                "s"
+            },
+            MAX_OOM_EVENTS_PER_DEVICE
         ));
     }
     for o in &s.oom {

@@ -107,12 +107,19 @@ fn device_timeline(
     }
     // The top stacks at the peak.
     let at_peak = Replay::after_event(snap, device, Some(peak_event));
-    let mut groups: HashMap<String, u64> = HashMap::new();
+    // Bytes per stack id first: a stack is folded once, not once per block that has it
+    // (blocks sharing one long frame list would cost blocks × frames).
+    let mut by_stack_id: HashMap<StackId, u64> = HashMap::new();
     for b in at_peak.live_blocks() {
-        let e = groups
-            .entry(top::folded(snap, b.stack).join(" < "))
-            .or_default();
+        let e = by_stack_id.entry(b.stack).or_default();
         *e = e.saturating_add(b.size);
+    }
+    let mut groups: HashMap<String, u64> = HashMap::new();
+    for (stack, bytes) in by_stack_id {
+        let e = groups
+            .entry(top::folded(snap, stack).join(" < "))
+            .or_default();
+        *e = e.saturating_add(bytes);
     }
     let mut ranked: Vec<(String, u64)> = groups.into_iter().collect();
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));

@@ -171,11 +171,16 @@ fn non_snapshot_pickles_are_refused_clearly() {
 }
 
 /// A tiny protocol-4 writer for hand-made snapshots.
+#[derive(Clone)]
 enum P {
     I(i64),
     S(&'static str),
     L(Vec<P>),
     D(Vec<(&'static str, P)>),
+    /// The value, stored in the memo at this index (LONG_BINPUT; indices from 0 in order).
+    Put(u32, Box<P>),
+    /// The value stored at this memo index (LONG_BINGET): a shared reference.
+    Get(u32),
 }
 
 fn emit(p: &P, out: &mut Vec<u8>) {
@@ -206,6 +211,15 @@ fn emit(p: &P, out: &mut Vec<u8>) {
                 emit(v, out);
             }
             out.push(b'u');
+        }
+        P::Put(idx, v) => {
+            emit(v, out);
+            out.push(b'r');
+            out.extend_from_slice(&idx.to_le_bytes());
+        }
+        P::Get(idx) => {
+            out.push(b'j');
+            out.extend_from_slice(&idx.to_le_bytes());
         }
     }
 }
@@ -625,4 +639,413 @@ proptest! {
             (p, o) => panic!("parallel: {:?}, one reading: {:?}", p.err(), o.err()),
         }
     }
+}
+
+/// Counts the bytes each thread allocates, so that a test measures the memory a reading
+/// and its analysis take (on the test's own thread: `model::read` and the analyses run on
+/// the caller's thread) without the other tests running beside it.
+struct CountingAlloc;
+
+thread_local! {
+    static ALLOCATED_BYTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count(bytes: usize) {
+    // `try_with`: nothing to count once the thread's locals are gone.
+    let _ = ALLOCATED_BYTES.try_with(|a| a.set(a.get().saturating_add(bytes as u64)));
+}
+
+// Safety: every call is passed on to the system allocator unchanged; counting touches a
+// thread-local `Cell` that neither allocates nor has a destructor.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size());
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        count(new.saturating_sub(layout.size()));
+        unsafe { std::alloc::System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// What `f` returns, and the bytes this thread allocated while it ran.
+fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let before = ALLOCATED_BYTES.with(std::cell::Cell::get);
+    let out = f();
+    (out, ALLOCATED_BYTES.with(std::cell::Cell::get) - before)
+}
+
+/// Everything `vramctl snapshot FILE` and `snapshot timeline` compute from a file: the
+/// reading, the summary (with its OOM replay), `--top` by each grouping, the collapsed
+/// stacks and the timeline. Its error, when the reading refuses the file.
+fn analyse(bytes: &[u8]) -> Result<usize, String> {
+    use vramctl_snapshot::top::{self, By};
+    let snap = model::read(bytes, Limits::default()).map_err(|e| e.to_string())?;
+    let s = summarize(&snap);
+    let mut n = s.oom.len() + s.damaged.len();
+    for by in [By::Stack, By::Frame, By::File] {
+        n += top::top(&snap, by, 20).0.len();
+    }
+    n += top::collapsed(&snap).len();
+    n += vramctl_snapshot::timeline::timeline(&snap, 5, 200)
+        .devices
+        .len();
+    Ok(n)
+}
+
+fn block(i: i64, frames: Option<P>) -> P {
+    let mut pairs = vec![
+        ("address", P::I(A + 512 * i)),
+        ("size", P::I(512)),
+        ("requested_size", P::I(500)),
+        ("state", P::S("active_allocated")),
+    ];
+    if let Some(f) = frames {
+        pairs.push(("frames", f));
+    }
+    P::D(pairs)
+}
+
+fn segment(address: i64, n_blocks: i64, blocks: P) -> P {
+    P::D(vec![
+        ("device", P::I(0)),
+        ("address", P::I(address)),
+        ("total_size", P::I(512 * n_blocks)),
+        ("stream", P::I(0)),
+        ("segment_type", P::S("large")),
+        ("blocks", blocks),
+    ])
+}
+
+fn snapshot_of(segments: Vec<P>, trace: Vec<P>) -> Vec<u8> {
+    pickle_of(&P::D(vec![
+        ("segments", P::L(segments)),
+        ("device_traces", P::L(vec![P::L(trace)])),
+    ]))
+}
+
+/// The hostile shapes of issue 29, each with `n` shared references (the file grows
+/// linearly with `n`), and whether torch could have written it (then it must be read).
+fn shared_reference_files(n: i64) -> Vec<(&'static str, Vec<u8>, bool)> {
+    let blocks = |n| P::L((0..n).map(|i| block(i, None)).collect());
+    // One frame list of n frames, memo index 0, then referred to again.
+    let frames = P::Put(
+        0,
+        Box::new(P::L(
+            (0..n)
+                .map(|i| {
+                    P::D(vec![
+                        ("filename", P::S("/home/u/train.py")),
+                        ("line", P::I(i)),
+                        ("name", P::S("step")),
+                    ])
+                })
+                .collect(),
+        )),
+    );
+    vec![
+        (
+            // One segment of n blocks, listed n times.
+            "one segment listed n times",
+            snapshot_of(
+                std::iter::once(P::Put(0, Box::new(segment(A, n, blocks(n)))))
+                    .chain((1..n).map(|_| P::Get(0)))
+                    .collect(),
+                Vec::new(),
+            ),
+            false,
+        ),
+        (
+            // n segments sharing one list of n blocks.
+            "one block list in n segments",
+            snapshot_of(
+                std::iter::once(segment(A, n, P::Put(0, Box::new(blocks(n)))))
+                    .chain((1..n).map(|i| segment(A + (i << 32), n, P::Get(0))))
+                    .collect(),
+                Vec::new(),
+            ),
+            false,
+        ),
+        (
+            // One block listed n times in its segment.
+            "one block listed n times",
+            snapshot_of(
+                vec![segment(
+                    A,
+                    n,
+                    P::L(
+                        std::iter::once(P::Put(0, Box::new(block(0, None))))
+                            .chain((1..n).map(|_| P::Get(0)))
+                            .collect(),
+                    ),
+                )],
+                Vec::new(),
+            ),
+            false,
+        ),
+        (
+            // What torch does share, taken to the extreme: n blocks and n trace entries
+            // holding one frame list of n frames.
+            "one frame list of n frames in n blocks and n trace entries",
+            snapshot_of(
+                vec![segment(
+                    A,
+                    n,
+                    P::L(
+                        std::iter::once(block(0, Some(frames)))
+                            .chain((1..n).map(|i| block(i, Some(P::Get(0)))))
+                            .collect(),
+                    ),
+                )],
+                (0..n)
+                    .map(|i| {
+                        P::D(vec![
+                            ("action", P::S("alloc")),
+                            ("addr", P::I(A + 512 * i)),
+                            ("size", P::I(512)),
+                            ("stream", P::I(0)),
+                            ("frames", P::Get(0)),
+                        ])
+                    })
+                    .collect(),
+            ),
+            true,
+        ),
+        (
+            // n OOM events against n blocks: each measures the free space of the device.
+            "n oom events and n blocks",
+            snapshot_of(
+                vec![segment(A, n, blocks(n))],
+                (0..n)
+                    .map(|_| {
+                        P::D(vec![
+                            ("action", P::S("oom")),
+                            ("size", P::I(1 << 40)),
+                            ("stream", P::I(0)),
+                            ("device_free", P::I(0)),
+                        ])
+                    })
+                    .collect(),
+            ),
+            true,
+        ),
+    ]
+}
+
+#[test]
+fn shared_references_cost_linear_time_and_memory() {
+    // Issue 29: a 40 KB file of shared references took 3.7 GB and 11 s, growing with the
+    // square of the count. Ten times the references must cost about ten times as much
+    // (allocated bytes per byte of file, small and the same at both sizes), not a hundred.
+    let small = shared_reference_files(400);
+    let large = shared_reference_files(4000);
+    for ((what, small, torch_could), (_, large, _)) in small.into_iter().zip(large) {
+        let (small_out, small_alloc) = allocated_by(|| analyse(&small));
+        let (large_out, large_alloc) = allocated_by(|| analyse(&large));
+        if torch_could {
+            small_out.unwrap_or_else(|e| panic!("{what}: {e}"));
+            large_out.unwrap_or_else(|e| panic!("{what}: {e}"));
+        } else {
+            for out in [small_out, large_out] {
+                let err = out.expect_err(what);
+                assert!(err.contains("from two places"), "{what}: {err}");
+                assert!(!err.contains('\n'), "{what}: one line: {err}");
+            }
+        }
+        let per_byte = |alloc: u64, file: &[u8]| alloc / file.len() as u64;
+        let (small_per_byte, large_per_byte) =
+            (per_byte(small_alloc, &small), per_byte(large_alloc, &large));
+        eprintln!(
+            "{what}: {} B file: {small_alloc} B allocated; {} B file: {large_alloc} B allocated",
+            small.len(),
+            large.len()
+        );
+        // Linear: the larger file costs at most 3 times as much per byte as the smaller
+        // (quadratic would be 10 times), and never more than 200 bytes per byte of file.
+        assert!(
+            large_per_byte <= 3 * small_per_byte.max(1) && large_per_byte <= 200,
+            "{what}: {small_per_byte} B/B at {} B, {large_per_byte} B/B at {} B",
+            small.len(),
+            large.len()
+        );
+    }
+}
+
+#[test]
+fn only_the_newest_oom_events_of_a_device_are_measured() {
+    let n = vramctl_snapshot::summary::MAX_OOM_EVENTS_PER_DEVICE + 5;
+    let (_, file, _) = shared_reference_files(i64::try_from(n).expect("small"))
+        .into_iter()
+        .find(|(w, _, _)| w.contains("oom"))
+        .expect("oom file");
+    let s = summarize(&model::read(&file[..], Limits::default()).expect("snapshot"));
+    assert_eq!(s.oom.len(), n - 5);
+    assert_eq!(s.oom_events_not_analyzed, 5);
+    assert_eq!(s.oom[0].event, 5, "the newest, oldest first");
+    let lines = vramctl_snapshot::summary::oom_lines(&s);
+    assert!(
+        lines[0].contains("5 older oom events not measured"),
+        "{lines:?}"
+    );
+}
+
+/// A gzip bomb shaped as a snapshot: a pickle that declares a `members` MiB byte string
+/// and holds it, zeros, as `members` gzip members of 1 MiB each (a member compresses
+/// to about 1 KB; the decoder reads concatenated members as one stream, as gzip does).
+fn gzip_bomb(members: usize) -> Vec<u8> {
+    use std::io::Write;
+    let gz = |bytes: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(bytes).expect("in memory");
+        e.finish().expect("in memory")
+    };
+    let mut head = vec![0x80, 4, 0x8e];
+    head.extend_from_slice(&((members as u64) << 20).to_le_bytes());
+    let mut out = gz(&head);
+    let member = gz(&vec![0u8; 1 << 20]);
+    for _ in 0..members {
+        out.extend_from_slice(&member);
+    }
+    out
+}
+
+/// An error and its sources, as a report of the whole chain prints them.
+fn out_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// `bytes` in a file of its own, removed when dropped.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, bytes: &[u8]) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "vramctl-snapshot-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::write(&path, bytes).expect("temp file");
+        Self(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn gzip_bomb_is_refused_with_one_line() {
+    // Issue 29: a 2 MB .gz reached 6.3 GB resident, a 4 MB one asked for 8 GiB. 300 KB
+    // that decompress to 300 MiB: refused once 64 MiB (the allowance, more than 200 times
+    // the file) have come out, having allocated a small multiple of that.
+    let bomb = TempFile::new("bomb.pickle.gz", &gzip_bomb(300));
+    assert!(std::fs::metadata(&bomb.0).expect("bomb").len() < 400_000);
+    let (out, allocated) = allocated_by(|| model::open(&bomb.0, Limits::default()));
+    let err = out.expect_err("a gzip bomb").to_string();
+    assert!(err.contains("gzip bomb"), "{err}");
+    assert!(err.contains("64.00 MiB"), "{err}");
+    assert!(!err.contains('\n'), "one line: {err}");
+    assert!(allocated < 256 << 20, "allocated {allocated} B");
+    // Said once, also where the whole chain of causes is printed (the CLI's one line).
+    let chain = out_chain(&model::open(&bomb.0, Limits::default()).expect_err("bomb"));
+    assert_eq!(chain.matches("gzip bomb").count(), 1, "{chain}");
+    // Beyond the allowance the ratio bounds it: 200 times a 50 KB file is 10 MB.
+    let limits = Limits {
+        gzip_allowance_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let bomb = TempFile::new("small-bomb.pickle.gz", &gzip_bomb(50));
+    let err = model::open(&bomb.0, limits).expect_err("bomb").to_string();
+    assert!(err.contains("200 times"), "{err}");
+    // Real snapshots compress 10 to 25 times: read as before, with the allowance made
+    // small enough that the ratio decides.
+    for f in [
+        "snap.pickle.gz",
+        "synthetic-2dev.pickle.gz",
+        "synthetic-6000.pickle.gz",
+    ] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/h200/snapshots")
+            .join(f);
+        model::open(&path, limits).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+}
+
+#[test]
+fn impossible_totals_mark_the_snapshot_damaged() {
+    let seg = |address: i64, allocated: i64, blocks: Vec<P>| {
+        P::D(vec![
+            ("device", P::I(0)),
+            ("address", P::I(address)),
+            ("total_size", P::I(16 * MIB)),
+            ("allocated_size", P::I(allocated)),
+            ("blocks", P::L(blocks)),
+        ])
+    };
+    let blk = |address: i64, size: i64| {
+        P::D(vec![
+            ("address", P::I(address)),
+            ("size", P::I(size)),
+            ("state", P::S("active_allocated")),
+        ])
+    };
+    let b = 1i64 << 40;
+    let file = pickle_of(&P::D(vec![(
+        "segments",
+        P::L(vec![
+            // Issue 29's file: "allocated 30.52 TiB" in a 16 MiB segment.
+            seg(A, 30 * b + b / 2, vec![blk(A, 16 * MIB)]),
+            // A block beyond its segment's end.
+            seg(A + b, 8 * MIB, vec![blk(A + b + 12 * MIB, 8 * MIB)]),
+            // Blocks adding up to more than the segment, and a negative size.
+            seg(
+                A + 2 * b,
+                16 * MIB,
+                vec![
+                    blk(A + 2 * b, 16 * MIB),
+                    blk(A + 2 * b, 16 * MIB),
+                    blk(A, -5),
+                ],
+            ),
+        ]),
+    )]));
+    let s = summarize(&model::read(&file[..], Limits::default()).expect("snapshot"));
+    let damaged = s.damaged.join("\n");
+    for want in [
+        "2 segments whose allocated, active or requested bytes exceed the segment's size \
+         (first: device 0 segment 0x7f0000000000: allocated 30.50 TiB of 16.00 MiB)",
+        "2 segments with a block outside the segment (first: device 0 segment 0x800000000000: \
+         block 0x800000c00000 of 8.00 MiB)",
+        "1 segment whose blocks add up to more than the segment's size (first: device 0 \
+         segment 0x810000000000: 32.00 MiB in blocks of 16.00 MiB)",
+        "1 negative size (read as missing)",
+    ] {
+        assert!(damaged.contains(want), "{want}\nnot in\n{damaged}");
+    }
+    let table = vramctl_snapshot::summary::table(&s);
+    assert!(table[0].starts_with("damaged: "), "{table:?}");
+    let json = serde_json::to_value(&s).expect("json");
+    assert_eq!(json["damaged"].as_array().map(Vec::len), Some(4));
+    // A file torch wrote is not damaged.
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/h200/snapshots/snap.pickle"
+    );
+    let snap = model::open(std::path::Path::new(fixture), Limits::default()).expect("fixture");
+    assert_eq!(summarize(&snap).damaged, Vec::<String>::new());
 }

@@ -281,8 +281,10 @@ pub enum MomentLookup {
 /// that was taken or written late (a slow NVML read, a busy disk) still count, so that
 /// `--at now` on a running recorder finds its last sample. Chosen on the recorder's
 /// behaviour (a tick is due every interval and the timebase places a late one on the next
-/// slot), checked in the integration test `status_replay_says_when_there_is_no_such_moment`
-/// on a fake-NVML recording.
+/// slot), checked in the integration test
+/// `status_replay_shows_the_last_sample_at_or_before_when_and_how_old_it_is` on a fake-NVML
+/// recording. `status --replay` still shows an older moment (the last at or before the time
+/// asked for), saying that the recording had ended or paused.
 pub const STALE_SPACINGS: i64 = 2;
 
 impl Store {

@@ -668,7 +668,8 @@ pub struct HistoryArgs {
     pub db: DbArg,
 
     /// Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a time (RFC 3339
-    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: 1h; with --audit: all]
+    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: the 24 hours before the history's
+    /// last sample, as for leaks and plot; with --audit: all]
     #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
     pub since: Option<When>,
 
@@ -1933,7 +1934,7 @@ const MAX_WAIT: Duration = Duration::from_secs(86_400);
 
 /// Any duration, by the one parser (`vramctl_core::duration`): `500ms`, `2s`, `1h30m`,
 /// `1.5s`, or a bare number of seconds.
-fn duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     vramctl_core::duration::parse(text).map_err(|e| e.to_string())
 }
 

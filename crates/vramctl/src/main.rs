@@ -120,8 +120,33 @@ fn usage_error(err: &clap::Error) -> ExitCode {
         let _ = write!(std::io::stderr(), "{help}");
         return Exit::Usage.into();
     }
-    print_error(&usage_error_line(err, command.as_deref()));
+    let line = match watch_given_a_duration(&args, command.as_deref(), err.kind()) {
+        Some(line) => line,
+        None => usage_error_line(err, command.as_deref()),
+    };
+    print_error(&line);
     Exit::Usage.into()
+}
+
+/// `leaks --watch 1s` (as `status --watch 1s` is written): `leaks --watch` takes no value,
+/// so clap reads `1s` as a FILE and says `--watch` cannot be used with files, which sends
+/// the user looking for a file they never named. Say what happened and what to type.
+fn watch_given_a_duration(
+    args: &[std::ffi::OsString],
+    command: Option<&str>,
+    kind: clap::error::ErrorKind,
+) -> Option<String> {
+    if command != Some("leaks") || kind != clap::error::ErrorKind::ArgumentConflict {
+        return None;
+    }
+    let at = args.iter().position(|a| a == "--watch")?;
+    let value = args.get(at + 1)?.to_str()?;
+    cli::duration(value).ok()?;
+    Some(format!(
+        "'leaks --watch' takes no value: '{value}' was read as a FILE to analyse; the time \
+         between samples is --interval (vramctl leaks --watch --interval {value}); see \
+         'vramctl leaks --help'"
+    ))
 }
 
 /// The subcommand named on the command line, if any (`status` in `vramctl --color never

@@ -13,8 +13,19 @@ use vramctl_store::{DeviceRecord, Store, TimeRange};
 
 use crate::gpu_selection::select_devices;
 
-/// Without `--since`, the history is analysed over this long before its last sample.
-const DEFAULT_SPAN_MS: i64 = 24 * 3_600_000;
+/// Without `--since`, the history is read over this long before its last sample: by
+/// `leaks`, `plot` and `history` alike, so that one recording shows the same samples in
+/// each ([`default_since_ms`]).
+pub const DEFAULT_SPAN_MS: i64 = 24 * 3_600_000;
+
+/// Where a window without `--since` starts: [`DEFAULT_SPAN_MS`] before the history's last
+/// sample (or before `until_ms`, when that is earlier); `i64::MIN` (everything) for a
+/// history without samples.
+pub fn default_since_ms(bounds: Option<(i64, i64)>, until_ms: i64) -> i64 {
+    bounds.map_or(i64::MIN, |(_, last)| {
+        last.min(until_ms).saturating_sub(DEFAULT_SPAN_MS)
+    })
+}
 
 /// Where the samples come from.
 #[derive(Debug, Clone)]
@@ -90,10 +101,8 @@ pub fn resolve(
     };
     let since = match window.since {
         Some(s) => s.resolve(now, &tz).context("--since")?,
-        None => match (&kind, bounds) {
-            (SourceKind::Store(_), Some((_, last))) => {
-                last.min(until).saturating_sub(DEFAULT_SPAN_MS)
-            }
+        None => match &kind {
+            SourceKind::Store(_) => default_since_ms(bounds, until),
             _ => i64::MIN,
         },
     };

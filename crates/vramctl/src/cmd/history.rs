@@ -87,27 +87,42 @@ struct AgentLast {
 pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let tz = wall_time::zone(args.tz.as_deref())?;
     let now = jiff::Timestamp::now().as_millisecond();
-    let since = args.since.clone().unwrap_or(if args.audit {
-        When::All
-    } else {
-        When::Ago { ms: 3_600_000 }
-    });
-    let range = TimeRange {
-        from_ms: since.resolve(now, &tz).context("--since")?,
-        to_ms: match &args.until {
-            Some(u) => u.resolve(now, &tz).context("--until")?,
-            None => i64::MAX,
-        },
+    let to_ms = match &args.until {
+        Some(u) => u.resolve(now, &tz).context("--until")?,
+        None => i64::MAX,
     };
-    if range.from_ms > range.to_ms {
-        bail!("--since '{since}' is after --until");
-    }
     if args.audit {
+        let since = args.since.clone().unwrap_or(When::All);
+        let range = TimeRange {
+            from_ms: since.resolve(now, &tz).context("--since")?,
+            to_ms,
+        };
+        if range.from_ms > range.to_ms {
+            bail!("--since '{since}' is after --until");
+        }
         return audit_report::run(&db_path(global)?, args, range, &tz);
     }
     let mut store = super::open_history(&db_path(global)?)?;
     let devices = select_devices(store.devices()?, &args.gpu)?;
     let bounds = store.time_bounds()?;
+    // Without --since: the window `leaks` and `plot` read (the 24 hours before the last
+    // sample), not the last hour before now, which an older recording has nothing in.
+    let range = TimeRange {
+        from_ms: match &args.since {
+            Some(since) => since.resolve(now, &tz).context("--since")?,
+            None => vramctl::sample_source::default_since_ms(bounds, to_ms),
+        },
+        to_ms,
+    };
+    if range.from_ms > range.to_ms {
+        bail!(
+            "--since '{}' is after --until",
+            args.since
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        );
+    }
     let step_ms = match args.step {
         Some(Step::Raw) => 0,
         Some(Step::Every(length)) => super::millis(length),

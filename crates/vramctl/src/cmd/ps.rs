@@ -51,6 +51,11 @@ pub struct PsReport {
     /// Whether rows are nested (`tree_parent` set, descendants without GPU memory listed).
     tree: bool,
     processes: Vec<PsProcess>,
+    /// GPU processes that `--user`, `--match` or `--min-mem` left out.
+    filtered_out: usize,
+    /// What those options ask for, in words (`of user alice`); empty without them.
+    #[serde(skip)]
+    filter_words: String,
     unaccounted: Vec<Unaccounted>,
     devices_not_read: Vec<DeviceProblem>,
     /// GPUs the driver counts that could not be opened at all (lost before the first
@@ -203,6 +208,30 @@ struct Selection {
 }
 
 impl Selection {
+    /// What the options ask for, as words after "process": `of user alice matching
+    /// 'train'`, `of uid 1001`; empty without options.
+    fn words(&self) -> String {
+        let mut words = Vec::new();
+        if !self.users.is_empty() {
+            let names: Vec<String> = self
+                .users
+                .iter()
+                .map(|u| match &u.name {
+                    Some(name) => format!("user {name}"),
+                    None => format!("uid {}", u.uid),
+                })
+                .collect();
+            words.push(format!("of {}", names.join(" or ")));
+        }
+        if let Some(re) = &self.pattern {
+            words.push(format!("matching '{}'", re.as_str()));
+        }
+        if let Some(min) = self.min_bytes {
+            words.push(format!("holding at least {}", units::bytes(min)));
+        }
+        words.join(" ")
+    }
+
     fn keeps(&self, p: &PsProcess) -> bool {
         let user_ok = self.users.is_empty()
             || self.users.iter().any(|u| {
@@ -230,7 +259,7 @@ fn build(
     sort: PsSort,
 ) -> PsReport {
     let now_ms = snapshot.taken_at_unix_ms;
-    let mut rows: Vec<PsProcess> = holdings(snapshot, filter)
+    let all: Vec<PsProcess> = holdings(snapshot, filter)
         .into_iter()
         .map(|(pid, gpus)| {
             let details = lookup.details(pid);
@@ -240,8 +269,10 @@ fn build(
                 .or_else(|| lookup.driver_name(pid));
             row(pid, details.as_ref(), command, gpus, now_ms)
         })
-        .filter(|p| selection.keeps(p))
         .collect();
+    let listed = all.len();
+    let mut rows: Vec<PsProcess> = all.into_iter().filter(|p| selection.keeps(p)).collect();
+    let filtered_out = listed - rows.len();
 
     if tree {
         add_tree(&mut rows, procs, now_ms);
@@ -296,6 +327,8 @@ fn build(
         cpu_interval_s: None,
         tree,
         processes: rows,
+        filtered_out,
+        filter_words: selection.words(),
         unaccounted,
         devices_not_read,
         unopened: snapshot
@@ -610,7 +643,20 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
     }
     let mut lines = Vec::new();
     if report.processes.is_empty() && report.unaccounted.is_empty() {
-        lines.push("no process holds GPU memory".to_owned());
+        // A filter that hides every holder must not read as "the GPUs are free".
+        lines.push(match report.filtered_out {
+            0 if report.filter_words.is_empty() => "no process holds GPU memory".to_owned(),
+            0 => format!(
+                "no process {} holds GPU memory (nor does any other)",
+                report.filter_words
+            ),
+            n => format!(
+                "no process {} holds GPU memory ({n} other{} {})",
+                report.filter_words,
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "does" } else { "do" }
+            ),
+        });
     } else {
         lines.extend(table.render(""));
     }
@@ -825,6 +871,8 @@ mod tests {
             cpu_interval_s: Some(0.2),
             tree: true,
             processes: rows,
+            filtered_out: 0,
+            filter_words: String::new(),
             unaccounted: vec![Unaccounted {
                 index: 0,
                 uuid: "GPU-0".into(),

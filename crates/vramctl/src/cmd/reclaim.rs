@@ -150,7 +150,7 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
         "  the framework {verb} {} of {} cached ({}{})",
         units::bytes(a.released_bytes),
         units::bytes(a.cached_before_bytes),
-        a.outcome.replace('_', " "),
+        outcome_words(a, dry_run),
         a.empty_cache_s
             .map(|s| format!(", empty_cache {}", units::seconds(s)))
             .unwrap_or_default()
@@ -227,6 +227,24 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
         );
     }
     lines
+}
+
+/// The agent's outcome in words. A dry run releases nothing, whatever the agent's outcome
+/// names (it sums what `empty_cache` would return as if released): what would happen.
+fn outcome_words(a: &vramctl_core::agent_client::ReclaimAnswer, dry_run: bool) -> String {
+    if !dry_run {
+        return a.outcome.replace('_', " ");
+    }
+    match a.outcome.as_str() {
+        "nothing_cached" => "nothing cached".to_owned(),
+        "no_gpu_allocator" => "no GPU allocator".to_owned(),
+        _ if a.released_bytes == 0 => "nothing would be released".to_owned(),
+        _ if a.released_bytes >= a.cached_before_bytes => "all of it would be released".to_owned(),
+        _ => format!(
+            "{} would stay cached",
+            units::bytes(a.cached_before_bytes.saturating_sub(a.released_bytes))
+        ),
+    }
 }
 
 /// What `--deep` dropped from the shell, and what `gc.collect()` found after it.

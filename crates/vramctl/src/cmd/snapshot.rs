@@ -148,6 +148,13 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
         vramctl_snapshot::TraceStacks::Skip,
     )
     .with_context(|| format!("cannot read the snapshot '{}'", file.display()))?;
+    // The summary (text and JSON) says when the file's numbers cannot be true; the flame
+    // graph and the collapsed stacks have no place for it: stderr does.
+    if args.collapsed || args.output.is_some() {
+        for why in vramctl_snapshot::summary::damage(&snap) {
+            crate::print_warning(&format!("'{}' is damaged: {why}", file.display()));
+        }
+    }
     let flame_graph = match &args.output {
         Some(svg) => {
             write_flame_graph(&snap, file, svg)?;

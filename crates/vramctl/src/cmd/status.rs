@@ -72,6 +72,11 @@ struct ReplayStatus {
     database: String,
     /// The moment asked for (RFC 3339 UTC); `taken_at` is the recorded one shown.
     at: String,
+    /// How much older than `at` the sample shown is (0 without `--at`).
+    sample_age_ms: i64,
+    /// Why the sample is older than the recording's spacing (the recording had ended or
+    /// paused by `at`), said in the text output too; `None` when it is not.
+    stale: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -213,8 +218,8 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
         .transpose()
         .context("--at")?;
     let shown_at = || at.map(ToString::to_string).unwrap_or_default();
-    let moment = match store.moment_near(asked)? {
-        MomentLookup::Found(moment) => *moment,
+    let (moment, stale) = match store.moment_near(asked)? {
+        MomentLookup::Found(moment) => (*moment, None),
         MomentLookup::Empty => bail!(
             "'{}' holds no samples; record some with 'vramctl record'",
             db.display()
@@ -225,21 +230,22 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
             shown_at(),
             rfc3339(first_ms)
         ),
-        MomentLookup::AfterLast { last_ms } => bail!(
-            "'{}' ends at {}, before --at '{}'; use an earlier --at, or none for its last sample",
-            db.display(),
-            rfc3339(last_ms),
-            shown_at()
+        // The README's promise: the last sample at or before WHEN, however old, saying how
+        // old (a time before the first sample has none, and stays an error).
+        MomentLookup::AfterLast { last_ms } => (
+            last_sample_before(&mut store, db, asked)?,
+            Some(format!("the recording ended at {}", rfc3339(last_ms))),
         ),
         MomentLookup::InGap {
             stops_ms,
             resumes_ms,
-        } => bail!(
-            "'{}' has no sample near --at '{}': the recording stops at {} and resumes at {}; use a time in the recording",
-            db.display(),
-            shown_at(),
-            rfc3339(stops_ms),
-            rfc3339(resumes_ms)
+        } => (
+            last_sample_before(&mut store, db, asked)?,
+            Some(format!(
+                "the recording paused at {} and resumed at {}",
+                rfc3339(stops_ms),
+                rfc3339(resumes_ms)
+            )),
         ),
     };
     let holders = RecordedProcesses::of(&moment);
@@ -257,6 +263,8 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
     report.replay = Some(ReplayStatus {
         database: db.display().to_string(),
         at: rfc3339(asked.unwrap_or(recorded_at)),
+        sample_age_ms: asked.map_or(0, |a| a.saturating_sub(recorded_at)),
+        stale,
     });
     let styles = Styles::for_stdout(global.color);
     print(
@@ -268,6 +276,17 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
         terminal::width(),
     )?;
     Ok(Exit::Ok)
+}
+
+/// The last sample at or before `asked` (which the lookup found to exist).
+fn last_sample_before(
+    store: &mut vramctl_store::Store,
+    db: &Path,
+    asked: Option<i64>,
+) -> anyhow::Result<vramctl_store::replay::RecordedMoment> {
+    store
+        .moment_at_or_before(asked.unwrap_or(i64::MAX))?
+        .ok_or_else(|| anyhow!("'{}' lost its samples while it was read", db.display()))
 }
 
 /// One report, as JSON or as text.
@@ -500,6 +519,7 @@ fn render(
 ) -> Vec<String> {
     let mut lines = Vec::new();
     lines.push(paint(styles.dim, &fit_line(&header(report, tz), width)));
+    lines.extend(stale_line(report, tz));
     if report.devices.is_empty() && report.unopened.as_ref().is_none_or(Vec::is_empty) {
         lines.push("no NVIDIA GPU found".into());
     }
@@ -535,6 +555,20 @@ fn header(report: &StatusReport, tz: &TimeZone) -> String {
         header.push(format!("recorded in {}", replay.database));
     }
     header.join(" · ")
+}
+
+/// In a replay whose sample is older than the recording's spacing: how old, and why.
+fn stale_line(report: &StatusReport, tz: &TimeZone) -> Option<String> {
+    let replay = report.replay.as_ref()?;
+    let why = replay.stale.as_ref()?;
+    Some(format!(
+        "the last sample at or before {} is {} older: {why}",
+        wall_time::labelled(
+            tz,
+            report.taken_at_unix_ms.saturating_add(replay.sample_age_ms)
+        ),
+        units::age(u64::try_from(replay.sample_age_ms / 1000).unwrap_or(0)),
+    ))
 }
 
 fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines: &mut Vec<String>) {
@@ -829,6 +863,7 @@ fn render_compact(
     width: Option<usize>,
 ) -> Vec<String> {
     let mut lines = vec![paint(styles.dim, &fit_line(&header(report, tz), width))];
+    lines.extend(stale_line(report, tz));
     for d in &report.devices {
         let name = d.name.as_deref().unwrap_or("(name not reported)");
         let head = format!("[{}] {name}", d.index);

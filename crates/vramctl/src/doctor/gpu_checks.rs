@@ -1,7 +1,7 @@
 //! The checks of one GPU: memory nobody accounts for, memory health, link and clocks,
 //! configuration. Pure functions of a [`GpuFacts`] (and the device-file holders).
 
-use vramctl_core::types::{DeviceDiagnostics, DeviceHealth, Unavailable};
+use vramctl_core::types::{ComputeCapability, DeviceDiagnostics, DeviceHealth, Unavailable};
 
 use super::{Finding, GpuFacts, Holder, HolderFacts, Status};
 use crate::units::bytes;
@@ -63,8 +63,8 @@ pub fn all(gpu: &GpuFacts, holders: &HolderFacts) -> Vec<Finding> {
     let mut out = vec![
         unaccounted_memory(gpu, holders, &subject),
         ecc(diag, &subject, index),
-        retired_pages(health, &gpu.health, &subject, index),
-        remapped_rows(health, &gpu.health, &subject, index),
+        retired_pages(health, &gpu.health, generation(diag), &subject, index),
+        remapped_rows(health, &gpu.health, generation(diag), &subject, index),
         recovery_action(health, &gpu.health, &subject, index),
         pcie_link(diag, utilization, &subject),
         clock_events(diag, health, &gpu.health, utilization, &subject, index),
@@ -285,10 +285,30 @@ fn health_skipped(
     Finding::new(id, subject, Status::Skipped, why)
 }
 
+/// Which way a GPU's memory replaces bad cells: Ampere (compute capability 8.0) and later
+/// remap rows, earlier GPUs retire pages; with the compute capability that says so. `None`:
+/// the driver does not say which GPU it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Generation {
+    RetiresPages(ComputeCapability),
+    RemapsRows(ComputeCapability),
+}
+
+fn generation(diag: &DeviceDiagnostics) -> Option<Generation> {
+    diag.compute_capability.map(|cc| {
+        if cc.major >= 8 {
+            Generation::RemapsRows(cc)
+        } else {
+            Generation::RetiresPages(cc)
+        }
+    })
+}
+
 /// `retired_pages`: dynamic page retirement (GPUs up to Volta).
 fn retired_pages(
     h: Option<&DeviceHealth>,
     raw: &Result<Option<DeviceHealth>, String>,
+    generation: Option<Generation>,
     subject: &str,
     index: u32,
 ) -> Finding {
@@ -301,10 +321,23 @@ fn retired_pages(
             id,
             subject,
             Status::Skipped,
-            format!(
-                "page retirement: {} (GPUs from Ampere on remap rows instead)",
-                why(&h.missing, "retired_pages_double_bit")
-            ),
+            // Said of this GPU, so that the two checks never contradict each other (issue 29:
+            // each skip blamed the other generation when both were unreadable on one GPU).
+            match generation {
+                Some(Generation::RemapsRows(cc)) => format!(
+                    "page retirement: {} (compute capability {cc}: this GPU remaps rows \
+                     instead, see remapped_rows)",
+                    why(&h.missing, "retired_pages_double_bit"),
+                ),
+                Some(Generation::RetiresPages(_)) => format!(
+                    "page retirement: {}",
+                    why(&h.missing, "retired_pages_double_bit")
+                ),
+                None => format!(
+                    "page retirement: {} (GPUs before Ampere retire pages, later ones remap rows)",
+                    why(&h.missing, "retired_pages_double_bit")
+                ),
+            },
         );
     };
     let f = |status, summary| {
@@ -330,6 +363,7 @@ fn retired_pages(
 fn remapped_rows(
     h: Option<&DeviceHealth>,
     raw: &Result<Option<DeviceHealth>, String>,
+    generation: Option<Generation>,
     subject: &str,
     index: u32,
 ) -> Finding {
@@ -343,10 +377,20 @@ fn remapped_rows(
             id,
             subject,
             Status::Skipped,
-            format!(
-                "row remapping: {} (GPUs before Ampere retire pages instead)",
-                why(&h.missing, "remapped_rows")
-            ),
+            match generation {
+                Some(Generation::RetiresPages(cc)) => format!(
+                    "row remapping: {} (compute capability {cc}: this GPU retires pages \
+                     instead, see retired_pages)",
+                    why(&h.missing, "remapped_rows"),
+                ),
+                Some(Generation::RemapsRows(_)) => {
+                    format!("row remapping: {}", why(&h.missing, "remapped_rows"))
+                }
+                None => format!(
+                    "row remapping: {} (GPUs before Ampere retire pages, later ones remap rows)",
+                    why(&h.missing, "remapped_rows")
+                ),
+            },
         );
     };
     let f = |status, summary| {

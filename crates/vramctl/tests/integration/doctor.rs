@@ -424,3 +424,42 @@ fn a_named_python_that_cannot_be_asked_is_a_warning_not_silence() {
         "{f:#}"
     );
 }
+
+#[test]
+fn skip_reasons_of_page_retirement_and_row_remapping_agree_on_the_gpus_generation() {
+    // Issue 29: on one Hopper GPU with neither answer, page retirement was skipped because
+    // "GPUs from Ampere on remap rows instead" and row remapping because "GPUs before
+    // Ampere retire pages instead": each blamed the other generation.
+    let run = json_run(doctor("h200-training.toml", "no-xid.txt", &[]));
+    let summary = |id: &str| {
+        finding(&run.report, id, "GPU 0")["summary"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (retired, remapped) = (summary("retired_pages"), summary("remapped_rows"));
+    assert_eq!(status(&run.report, "retired_pages", "GPU 0"), "skipped");
+    assert_eq!(status(&run.report, "remapped_rows", "GPU 0"), "skipped");
+    assert!(
+        retired
+            .ends_with("(compute capability 9.0: this GPU remaps rows instead, see remapped_rows)"),
+        "{retired}"
+    );
+    assert!(
+        !remapped.contains("retire pages") && remapped.starts_with("row remapping: "),
+        "{remapped}"
+    );
+    // A GPU whose generation the driver does not say (no compute capability): neither
+    // check claims one.
+    let run = json_run(doctor("fault-not-supported.toml", "no-xid.txt", &[]));
+    for id in ["retired_pages", "remapped_rows"] {
+        let s = finding(&run.report, id, "GPU 0")["summary"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            s.ends_with("(GPUs before Ampere retire pages, later ones remap rows)"),
+            "{id}: {s}"
+        );
+    }
+}

@@ -1272,3 +1272,56 @@ fn every_export_and_history_into_a_closed_pipe_exits_0_silently() {
         assert_eq!(String::from_utf8_lossy(&output.stderr), "", "{args:?}");
     }
 }
+
+#[test]
+fn history_without_since_shows_the_window_leaks_and_plot_read() {
+    // Issue 29: `history` with no --since read the hour before now, so a recording of last
+    // week said "no samples in this range" where `leaks` and `plot` (the 24 hours before
+    // the recording's last sample) showed its data. One default for all three now.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scenario = write_scenario(dir.path(), "");
+    let db = dir.path().join("h.db");
+    ok(&record(&scenario, &db, 6));
+    let text = ok(&on_db(&db)
+        .args(["history", "--tz", "UTC"])
+        .output()
+        .expect("runs"));
+    assert!(!text.contains("no samples in this range"), "{text}");
+    assert!(text.contains("python leak.py"), "{text}");
+    let json = |since: Option<&str>| {
+        let mut cmd = on_db(&db);
+        cmd.args(["history", "--json"]);
+        if let Some(s) = since {
+            cmd.args(["--since", s]);
+        }
+        serde_json::from_str::<Value>(&ok(&cmd.output().expect("runs"))).expect("JSON")
+    };
+    let (default, all) = (json(None), json(Some("all")));
+    // From 24 hours before the last sample (20:31:36), so the whole (short) recording.
+    assert_eq!(default["from"], "2026-11-28T20:31:36.000Z");
+    for key in ["devices", "processes"] {
+        assert_eq!(default[key], all[key], "{key}");
+    }
+    assert_eq!(
+        default["devices"][0]["samples"].as_array().map(Vec::len),
+        Some(6)
+    );
+    // What it read before: the hour before now, which has none of this recording.
+    let hour = json(Some("1h"));
+    let samples = |doc: &Value, key: &str| -> usize {
+        doc[key].as_array().map_or(0, |items| {
+            items
+                .iter()
+                .map(|i| i["samples"].as_array().map_or(0, Vec::len))
+                .sum()
+        })
+    };
+    assert_eq!(
+        (samples(&hour, "devices"), samples(&hour, "processes")),
+        (0, 0),
+        "{hour}"
+    );
+    // leaks reads the same window: it judges the processes of that recording.
+    let leaks = ok(&on_db(&db).args(["leaks", "--json"]).output().expect("runs"));
+    assert!(leaks.contains("32701"), "{leaks}");
+}

@@ -1032,3 +1032,28 @@ fn the_held_back_leakset_half_ends_with_its_labels() {
         }
     }
 }
+
+#[test]
+fn watch_given_a_duration_says_that_it_takes_none_and_names_interval() {
+    // Issue 29: `leaks --watch 1s` (written as `status --watch 1s` is) said "--watch cannot
+    // be used with '[FILE]...'": `1s` was read as a file the user never meant to name.
+    let out = vramctl_on("h200-idle.toml")
+        .args(["leaks", "--watch", "1s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        stderr,
+        "vramctl: error: 'leaks --watch' takes no value: '1s' was read as a FILE to analyse; \
+         the time between samples is --interval (vramctl leaks --watch --interval 1s); see \
+         'vramctl leaks --help'\n"
+    );
+    // A real file with --watch keeps clap's own message.
+    let out = vramctl_on("h200-idle.toml")
+        .args(["leaks", "--watch", "/nonexistent.csv"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}

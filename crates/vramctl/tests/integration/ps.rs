@@ -237,6 +237,141 @@ fn filters_and_sorting() {
 }
 
 #[test]
+fn a_filter_that_hides_every_holder_says_so_and_how_many_it_hid() {
+    // Issue 29: `ps --user alice` said "no process holds GPU memory" while four did: the
+    // answer to the filter read as an idle GPU.
+    let (a, b) = (sleeper(), sleeper());
+    let ghost = unused_pids(1)[0];
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, a.pid(), "1 GiB"),
+            Holder::real(0, b.pid(), "2 GiB"),
+            Holder::fictional(0, ghost, "3 GiB"),
+        ],
+    );
+    let ps = |args: &[&str]| {
+        let mut all = vec!["ps", "--cpu-interval", "0"];
+        all.extend_from_slice(args);
+        stdout_of(vramctl(scenario.path()).args(all))
+    };
+    assert_eq!(
+        ps(&["--user", "3999999"]),
+        "no process of uid 3999999 holds GPU memory (3 others do)\n"
+    );
+    assert_eq!(
+        ps(&["--match", "^no such command$", "--min-mem", "1GiB"]),
+        "no process matching '^no such command$' holding at least 1.0 GiB holds GPU memory \
+         (3 others do)\n"
+    );
+    let json = json_of(vramctl(scenario.path()).args([
+        "ps",
+        "--json",
+        "--cpu-interval",
+        "0",
+        "--user",
+        "3999999",
+    ]));
+    assert_eq!(json["filtered_out"], 3);
+    // Without a filter nothing is hidden; on an idle GPU the answer is as before.
+    assert_eq!(
+        json_of(vramctl(scenario.path()).args(["ps", "--json", "--cpu-interval", "0"]))["filtered_out"],
+        0
+    );
+    let idle = stdout_of(vramctl_on("h200-idle.toml").args([
+        "ps",
+        "--user",
+        "3999999",
+        "--cpu-interval",
+        "0",
+    ]));
+    assert_eq!(
+        idle,
+        "no process of uid 3999999 holds GPU memory (nor does any other)\n"
+    );
+}
+
+/// A system user made for one test and removed when dropped.
+struct TestUser(String);
+
+impl TestUser {
+    /// `None` (and a loud line) when this cannot make users (not root, no `useradd`).
+    fn create(name: &str) -> Option<Self> {
+        let made = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .stderr(std::process::Stdio::null())
+            .status();
+        if made.is_ok_and(|s| s.success()) {
+            Some(Self(name.to_owned()))
+        } else {
+            eprintln!("SKIPPED: cannot create the user '{name}' (useradd needs root)");
+            None
+        }
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("userdel").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn user_filter_lists_another_users_processes_and_counts_the_rest() {
+    // Issue 29's `ps --user alice` with a real second user (created here, removed after):
+    // her process is listed by name and by uid; hidden by a further filter, it is counted.
+    use std::os::unix::process::CommandExt;
+    let name = format!("vt29ps{}", std::process::id() % 100_000);
+    let Some(user) = TestUser::create(&name) else {
+        return;
+    };
+    let uid = vramctl_core::procinfo::uid_of_user(&user.0).expect("the new user's uid");
+    let hers =
+        crate::real_processes::spawn(std::process::Command::new("sleep").arg("600").uid(uid));
+    let mine = sleeper();
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, hers.pid(), "4 GiB"),
+            Holder::real(0, mine.pid(), "2 GiB"),
+        ],
+    );
+    let ps = |args: &[&str]| {
+        let mut all = vec!["ps", "--json", "--cpu-interval", "0"];
+        all.extend_from_slice(args);
+        json_of(vramctl(scenario.path()).args(all))
+    };
+    for who in [user.0.clone(), uid.to_string()] {
+        let report = ps(&["--user", &who]);
+        assert_eq!(pids(&report), [u64::from(hers.pid())], "--user {who}");
+        assert_eq!(report["filtered_out"], 1, "--user {who}");
+        assert_eq!(processes(&report)[0]["user"], user.0.as_str());
+    }
+    let text = stdout_of(vramctl(scenario.path()).args([
+        "ps",
+        "--cpu-interval",
+        "0",
+        "--user",
+        &user.0,
+        "--min-mem",
+        "5GiB",
+    ]));
+    assert_eq!(
+        text,
+        format!(
+            "no process of user {} holding at least 5.0 GiB holds GPU memory (2 others do)\n",
+            user.0
+        )
+    );
+}
+
+#[test]
 fn a_zombie_is_flagged() {
     let mut zombie = std::process::Command::new("true").spawn().expect("true");
     assert!(crate::real_processes::ends(zombie.id()));

@@ -230,6 +230,33 @@ fn a_dry_run_says_what_would_come_back_and_changes_nothing() {
 }
 
 #[test]
+fn a_dry_run_says_what_would_happen_not_that_it_released_some() {
+    // Issue 29: `reclaim --dry-run` said "(released some)" of a run that released nothing.
+    let py = Py::agent(3 * GIB, GIB);
+    let pid = py.pid();
+    let scenario = scenario(py.dir.path(), &[(pid, "5 GiB", "5 GiB")]);
+    let db = py.dir.path().join("history.db");
+    let output = vramctl_std(&scenario)
+        .env_remove("FAKE_NVML_TIME")
+        .env("FAKE_NVML_CLOCK_FILE", py.clock())
+        .args(["reclaim", &pid.to_string(), "--dry-run", "--db"])
+        .arg(&db)
+        .output()
+        .expect("vramctl runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(!text.contains("released some"), "{text}");
+    // 3 GiB cached, 1 GiB live: all of the cache would come back (the agent's outcome for a
+    // dry run, `released_some`, counts nothing as released).
+    assert!(
+        text.lines().any(|l| l
+            == "  the framework would release 3.0 GiB of 3.0 GiB cached (all of it would be released)"),
+        "{text}"
+    );
+    assert!(text.contains("dry run: nothing was released"), "{text}");
+}
+
+#[test]
 fn nothing_to_reclaim_exits_1_and_says_so() {
     let py = Py::agent(0, 4 * GIB);
     let pid = py.pid();

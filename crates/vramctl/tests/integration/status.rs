@@ -715,7 +715,7 @@ fn status_replay_at_a_recorded_moment_is_status_at_that_moment() {
 }
 
 #[test]
-fn status_replay_says_when_there_is_no_such_moment() {
+fn status_replay_shows_the_last_sample_at_or_before_when_and_how_old_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let path = replay_scenario(dir.path(), 1);
     let db = dir.path().join("history.db");
@@ -742,8 +742,9 @@ fn status_replay_says_when_there_is_no_such_moment() {
             && err.contains("its first is at 2026-11-29T20:31:31.000Z"),
         "{err}"
     );
-    // After the recording ended (it sampled each second until 20:31:32): not its last
-    // moment passed off as that time; within two spacings of it, the last.
+    // After the recording ended (it sampled each second until 20:31:32): its last sample,
+    // as the README says ("the last sample at or before WHEN"), saying how old it is —
+    // `--at 10m` included, the issue-29 case (this recording is days older than now).
     let after = vramctl(&path)
         .arg("status")
         .arg("--replay")
@@ -751,22 +752,42 @@ fn status_replay_says_when_there_is_no_such_moment() {
         .args(["--at", "2026-11-29T20:31:35Z"])
         .output()
         .unwrap();
-    assert_eq!(after.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&after.stderr);
-    assert_eq!(
-        err.trim_end(),
-        format!(
-            "vramctl: error: '{}' ends at 2026-11-29T20:31:32.000Z, before --at \
-             '2026-11-29T20:31:35Z'; use an earlier --at, or none for its last sample",
-            db.display()
-        )
+    assert_eq!(after.status.code(), Some(0), "{after:?}");
+    let out = String::from_utf8_lossy(&after.stdout);
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("the last sample at or before ")
+                && l.ends_with(" is 3s older: the recording ended at 2026-11-29T20:31:32.000Z")),
+        "{out}"
     );
+    let after = json_of(vramctl(&path).arg("status").arg("--replay").arg(&db).args([
+        "--at",
+        "2026-11-29T20:31:35Z",
+        "--json",
+    ]));
+    assert_eq!(after["taken_at"], "2026-11-29T20:31:32.000Z");
+    assert_eq!(after["replay"]["sample_age_ms"], 3000);
+    assert_eq!(
+        after["replay"]["stale"],
+        "the recording ended at 2026-11-29T20:31:32.000Z"
+    );
+    let ten_minutes_ago = json_of(
+        vramctl(&path)
+            .arg("status")
+            .arg("--replay")
+            .arg(&db)
+            .args(["--at", "10m", "--json"]),
+    );
+    assert_eq!(ten_minutes_ago["taken_at"], "2026-11-29T20:31:32.000Z");
+    assert!(ten_minutes_ago["replay"]["sample_age_ms"].as_i64().unwrap() > 600_000);
     let near_end = json_of(vramctl(&path).arg("status").arg("--replay").arg(&db).args([
         "--at",
         "2026-11-29T20:31:34Z",
         "--json",
     ]));
     assert_eq!(near_end["taken_at"], "2026-11-29T20:31:32.000Z");
+    assert_eq!(near_end["replay"]["stale"], serde_json::Value::Null);
     // `all` is the end of time: the last sample.
     let all = json_of(
         vramctl(&path)

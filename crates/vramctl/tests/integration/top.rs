@@ -625,6 +625,15 @@ fn replay_of_a_recording_moves_the_cursor_and_gives_the_terminal_back() {
     tmux.wait_for("the first sample again", |s| {
         s.contains("2026-11-29 20:31:31 UTC")
     });
+    // Issue 29: keys sent in a burst (one send-keys, faster than a seek comes back) are
+    // each carried out: four → are four samples on, not one.
+    tmux.keys(&["Right", "Right", "Right", "Right"]);
+    let screen = tmux.wait_for("four samples on", |s| s.contains("2026-11-29 20:31:35 UTC"));
+    assert!(row_of(&screen, fictional).contains("15.0G"), "{screen}");
+    tmux.keys(&["b"]);
+    tmux.wait_for("the first sample once more", |s| {
+        s.contains("2026-11-29 20:31:31 UTC")
+    });
     // Space plays at 1× (a recorded second per second), space again pauses.
     tmux.keys(&["Space"]);
     tmux.wait_for("playing", |s| s.contains("REPLAY ▶"));

@@ -14,6 +14,9 @@ use crate::tui::replay::Seek;
 pub const TICK_MS: i64 = 200;
 /// Replay speeds, in recorded seconds per second.
 pub const SPEEDS: [u32; 8] = [1, 2, 5, 10, 30, 60, 300, 600];
+/// Seek keys kept while a seek is outstanding (a held arrow key repeats ~30 times a
+/// second; more than this are dropped, and said to be).
+pub const MAX_QUEUED_KEYS: usize = 64;
 
 /// What the transport reacts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +65,11 @@ pub struct Transport {
     pub play_ms: Option<i64>,
     /// A seek is outstanding.
     pub waiting: bool,
+    /// Seek keys pressed while a seek was outstanding, oldest first: each is carried out
+    /// from the frame the one before it brings. A seek is relative to the cursor, which
+    /// moves only when its frame comes back, so keys sent in a burst (`→→→`) would
+    /// otherwise all ask for the same frame and move the cursor once (issue 29).
+    pub queued: std::collections::VecDeque<KeyCode>,
 }
 
 impl Transport {
@@ -91,6 +99,7 @@ impl Transport {
             TransportEvent::Failed(reason) => {
                 self.waiting = false;
                 self.playing = false;
+                self.queued.clear();
                 Reply::say(format!("cannot read the recording: {reason}"))
             }
             TransportEvent::Reload { now_ms } => match now_ms {
@@ -115,6 +124,8 @@ impl Transport {
         self.waiting = false;
         self.range = range;
         let Some(t) = frame_ms else {
+            // Past either end: the rest of a burst would only say so again.
+            self.queued.clear();
             self.playing = false;
             let had_frame = now_ms.is_some();
             return Reply::say(match seek {
@@ -128,7 +139,11 @@ impl Transport {
         if now_ms != Some(t) && !self.playing {
             self.play_ms = Some(t);
         }
-        Reply::done()
+        // The next key of a burst, from the cursor this frame puts on screen.
+        match self.queued.pop_front() {
+            Some(code) => self.key(code, Some(t)),
+            None => Reply::done(),
+        }
     }
 
     fn tick(&mut self) -> Reply {
@@ -181,6 +196,13 @@ impl Transport {
             _ => return Reply::ignored(),
         };
         self.playing = false;
+        if self.waiting {
+            if self.queued.len() >= MAX_QUEUED_KEYS {
+                return Reply::say("too many keys at once: some were dropped");
+            }
+            self.queued.push_back(code);
+            return Reply::done();
+        }
         self.seek(seek)
     }
 }
@@ -249,11 +271,15 @@ mod tests {
         ];
         for (code, seek) in cases {
             t.playing = true;
+            // Each as the first key after a frame (a key while a seek is outstanding waits
+            // for its frame: the test below).
+            t.waiting = false;
             assert_eq!(seeks(&key(&mut t, code, T)), [seek], "{code:?}");
             assert!(!t.playing && t.waiting, "{code:?}");
         }
         // Without a frame on screen, the cursor is the recording's start.
         t.range = Some((T, T + 100_000));
+        t.waiting = false;
         let reply = t.update(TransportEvent::Key {
             code: KeyCode::Right,
             now_ms: None,
@@ -262,6 +288,57 @@ mod tests {
         // Not a transport key: the App offers it to the others.
         assert!(key(&mut t, KeyCode::Char('s'), T).ignored);
         assert!(key(&mut t, KeyCode::Down, T).ignored);
+    }
+
+    #[test]
+    fn keys_sent_in_a_burst_are_each_carried_out_from_the_frame_before() {
+        // Issue 29: `→→→` sent at once moved the cursor once — each seek asked for the
+        // sample after the same cursor, which only moves when a frame comes back.
+        let mut t = Transport {
+            range: Some((T, T + 100_000)),
+            ..Transport::default()
+        };
+        assert_eq!(seeks(&key(&mut t, KeyCode::Right, T)), [Seek::After(T)]);
+        for code in [KeyCode::Right, KeyCode::Right, KeyCode::Char(']')] {
+            assert_eq!(key(&mut t, code, T), Reply::done(), "queued, not sent");
+        }
+        // Each frame brings the next key's seek, from the frame's own time.
+        let reply = frame(&mut t, Seek::After(T), Some(T + 1_000), Some(T));
+        assert_eq!(seeks(&reply), [Seek::After(T + 1_000)]);
+        let reply = frame(
+            &mut t,
+            Seek::After(T + 1_000),
+            Some(T + 2_000),
+            Some(T + 1_000),
+        );
+        assert_eq!(seeks(&reply), [Seek::After(T + 2_000)]);
+        let reply = frame(
+            &mut t,
+            Seek::After(T + 2_000),
+            Some(T + 3_000),
+            Some(T + 2_000),
+        );
+        assert_eq!(seeks(&reply), [Seek::AtOrBefore(T + 63_000)]);
+        let reply = frame(
+            &mut t,
+            Seek::AtOrBefore(T + 63_000),
+            Some(T + 63_000),
+            Some(T + 3_000),
+        );
+        assert_eq!(reply, Reply::done());
+        assert!(!t.waiting && t.queued.is_empty());
+        // Past the end, the rest of a burst is dropped with the one message.
+        let _ = key(&mut t, KeyCode::Right, T + 100_000);
+        let _ = key(&mut t, KeyCode::Right, T + 100_000);
+        let reply = frame(&mut t, Seek::After(T + 100_000), None, Some(T + 100_000));
+        assert_eq!(reply.message.as_deref(), Some("end of the recording"));
+        assert!(seeks(&reply).is_empty() && t.queued.is_empty());
+        // A burst longer than the queue says that keys were dropped.
+        let _ = key(&mut t, KeyCode::Left, T);
+        for _ in 0..MAX_QUEUED_KEYS {
+            assert_eq!(key(&mut t, KeyCode::Left, T), Reply::done());
+        }
+        assert!(key(&mut t, KeyCode::Left, T).message.is_some());
     }
 
     #[test]
@@ -326,6 +403,7 @@ mod tests {
             speed: 7,
             play_ms: Some(T),
             waiting: false,
+            queued: std::collections::VecDeque::new(),
         };
         assert_eq!(
             t.update(TransportEvent::Tick).message.as_deref(),
