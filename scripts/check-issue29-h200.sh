@@ -7,6 +7,8 @@
 #   OUT=/some/dir scripts/check-issue29-h200.sh        (binary: .dist/vramctl, as root)
 #
 # Parts:
+#   real     scripts/check-real-gpu.sh: status/info against nvidia-smi and pynvml (no regression
+#            from the new sanity bounds, escaping or identity reads)
 #   attach   scripts/attach-safety-h200.sh: reclaim --attach on a real PyTorch process works
 #            or refuses in one line; no file of the target's user is ever run (items 1-2)
 #   jobctl   scripts/jobctl-h200.sh: run --timeout ends a CUDA job with a SIGTERM-ignoring
@@ -38,10 +40,11 @@ part() { # part NAME COMMAND...: runs a part's script, its output kept, its resu
   say "== $name"
   "$@" > "$OUT/parts/$name.log" 2>&1
   local rc=$?
-  grep -E '^(PASS|FAIL|FAILED|ok|attach-safety|jobctl-h200|serve-attack)' "$OUT/parts/$name.log" | tee -a "$summary"
+  grep -E '^(PASS|FAIL|FAILED|ok|MISMATCH|[0-9]+ mismatches|attach-safety|jobctl-h200|serve-attack)' "$OUT/parts/$name.log" | tee -a "$summary"
   [ "$rc" = 0 ] && pass "$name (exit 0)" || fail "$name" "exit $rc, see parts/$name.log"
 }
 
+part real scripts/check-real-gpu.sh "$VRAMCTL" "$OUT/parts/real"
 part attach env OUT="$OUT/parts/attach" VRAMCTL="$VRAMCTL" scripts/attach-safety-h200.sh
 part jobctl scripts/jobctl-h200.sh "$VRAMCTL" "$OUT/parts/jobctl"
 
