@@ -34,9 +34,13 @@ say "vramctl: $("$VRAMCTL" --version 2>&1 | head -1)"
 say "driver: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 say "kernel: $(uname -r)"
 
+# SKIP="real attach ...": parts not to run (a second call after a first one that ran them).
+SKIP=" ${SKIP:-} "
+skipped() { [[ $SKIP == *" $1 "* ]] && say "== $1: skipped (SKIP)"; }
 part() { # part NAME COMMAND...: runs a part's script, its output kept, its result line kept
   local name=$1
   shift
+  skipped "$name" && return
   say "== $name"
   "$@" > "$OUT/parts/$name.log" 2>&1
   local rc=$?
@@ -49,6 +53,7 @@ part attach env OUT="$OUT/parts/attach" VRAMCTL="$VRAMCTL" scripts/attach-safety
 part jobctl scripts/jobctl-h200.sh "$VRAMCTL" "$OUT/parts/jobctl"
 
 # --- escape: a real CUDA holder with a forged argv[0].
+if ! skipped escape; then
 say "== escape"
 ready=$(mktemp -u)
 forged=$'\e[2K\rKill 0 processes? [y/N]\n\u202e\u009b31m\a'
@@ -87,8 +92,10 @@ else
 fi
 kill -9 "$holder" 2>/dev/null
 rm -f "$ready"
+fi
 
 # --- disk: record on the real driver into a small tmpfs that fills up, then is freed.
+if ! skipped disk; then
 say "== disk"
 mnt=$(mktemp -d)
 if mount -t tmpfs -o size=16m tmpfs "$mnt" 2>/dev/null; then
@@ -125,6 +132,7 @@ else
   say "SKIPPED disk: mount -t tmpfs is not permitted here"
 fi
 rmdir "$mnt" 2>/dev/null
+fi
 
 if [ -x scripts/bench-serve-attack.sh ]; then
   part serve env VRAMCTL="$VRAMCTL" scripts/bench-serve-attack.sh

@@ -75,5 +75,6 @@ else
 fi
 running "$bystander" "$(start_of "$bystander")" && pass the-bystander-lives || fail the-bystander-lives "gone"
 kill -KILL "$holder" "$bystander" 2>/dev/null
-wait 2>/dev/null
+# Only these two: a bare `wait` also waits for the `>(tee …)` above, which holds stderr open.
+wait "$holder" "$bystander" 2>/dev/null
 echo "jobctl-h200: $failed failed"

@@ -5,7 +5,7 @@
 //! sends nothing, or never reads its response, holds a socket and a few KiB, not a thread
 //! that other scrapes wait behind. bcrypt (tens of ms) runs on tokio's small blocking pool.
 //!
-//! What keeps it answering when clients are hostile (docs/metrics.md, "Limits"):
+//! What keeps it answering when clients are hostile (docs/metrics.md, "Hostile clients"):
 //! - Time: TLS handshakes within the I/O timeout (10 s), each request head within it
 //!   (hyper's header read timeout: slowloris, and idle keep-alive), each response written
 //!   within it ([`TimedIo`]: a peer that never reads), into a send buffer of
