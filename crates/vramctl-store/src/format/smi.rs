@@ -54,6 +54,15 @@ enum GpuColumn {
     Ignored(String),
 }
 
+impl GpuColumn {
+    fn ignored_name(&self) -> Option<&String> {
+        match self {
+            Self::Ignored(name) => Some(name),
+            _ => None,
+        }
+    }
+}
+
 fn gpu_metric(name: &str) -> Option<Metric> {
     Some(match name {
         "memory.total" => Metric::TotalBytes,
@@ -112,6 +121,15 @@ enum AppColumn {
     ProcessName,
     UsedMemory(ColumnUnit),
     Ignored(String),
+}
+
+impl AppColumn {
+    fn ignored_name(&self) -> Option<&String> {
+        match self {
+            Self::Ignored(name) => Some(name),
+            _ => None,
+        }
+    }
 }
 
 fn app_column(header: &str) -> Result<AppColumn, String> {
@@ -267,6 +285,59 @@ fn note_ignored(rows: &mut Rows<'_>, names: impl Iterator<Item = String>) {
     }
 }
 
+/// A log's header with its columns typed: what both nvidia-smi readers start from.
+struct TypedHeader<C> {
+    columns: Vec<C>,
+    /// The header's names, to pass over the header where the file repeats it; `None` for
+    /// a `noheader` file.
+    header: Option<Vec<String>>,
+    /// A `noheader` file's first data record.
+    held: Option<Record>,
+    /// Where the header is (or would be), for errors about it.
+    line: usize,
+    /// Whether the file has anything but an empty header.
+    has_rows: bool,
+    /// The timestamp column's position.
+    stamp_at: usize,
+}
+
+/// Reads the header and types its columns with `column`: an unknown column is an error,
+/// the ignored ones are noted, a log with rows and no `timestamp` column is an error
+/// naming the query flag (`--query-gpu`, `--query-compute-apps`) that adds it.
+fn typed_header<C: PartialEq>(
+    input: &mut Input,
+    options: &ImportOptions,
+    rows: &mut Rows<'_>,
+    column: fn(&str) -> Result<C, String>,
+    ignored_name: fn(&C) -> Option<&String>,
+    timestamp: &C,
+    query_flag: &str,
+) -> Result<TypedHeader<C>, ImportError> {
+    let (names, line, held) = header(input, options, rows)?;
+    let columns: Vec<C> = names
+        .iter()
+        .map(|n| column(n))
+        .collect::<Result<_, _>>()
+        .map_err(|e| rows.fatal(line, e))?;
+    note_ignored(rows, columns.iter().filter_map(ignored_name).cloned());
+    let has_rows = held.is_some() || !names.is_empty();
+    let stamp_at = columns.iter().position(|c| c == timestamp);
+    if has_rows && stamp_at.is_none() {
+        return Err(rows.fatal(
+            line,
+            format!("no 'timestamp' column; add timestamp to {query_flag}"),
+        ));
+    }
+    Ok(TypedHeader {
+        header: held.is_none().then_some(names),
+        columns,
+        held,
+        line,
+        has_rows,
+        stamp_at: stamp_at.unwrap_or(0),
+    })
+}
+
 /// A `--query-gpu` log read as ticks (one per timestamp), a row at a time.
 pub(crate) struct GpuReader {
     input: Input,
@@ -290,36 +361,21 @@ impl GpuReader {
         options: &ImportOptions,
         rows: &mut Rows<'_>,
     ) -> Result<Self, ImportError> {
-        let (names, header_line, held) = header(&mut input, options, rows)?;
-        let columns: Vec<GpuColumn> = names
-            .iter()
-            .map(|n| gpu_column(n))
-            .collect::<Result<_, _>>()
-            .map_err(|e| rows.fatal(header_line, e))?;
-        note_ignored(
+        let typed = typed_header(
+            &mut input,
+            options,
             rows,
-            columns.iter().filter_map(|c| match c {
-                GpuColumn::Ignored(n) => Some(n.clone()),
-                _ => None,
-            }),
-        );
-        let has_rows = held.is_some() || !names.is_empty();
-        if has_rows && !columns.contains(&GpuColumn::Timestamp) {
-            return Err(rows.fatal(
-                header_line,
-                "no 'timestamp' column; add timestamp to --query-gpu",
-            ));
-        }
-        let stamp_at = columns
-            .iter()
-            .position(|c| *c == GpuColumn::Timestamp)
-            .unwrap_or(0);
+            gpu_column,
+            GpuColumn::ignored_name,
+            &GpuColumn::Timestamp,
+            "--query-gpu",
+        )?;
         Ok(Self {
             input,
-            columns,
-            header: held.is_none().then_some(names),
-            held,
-            stamp_at,
+            columns: typed.columns,
+            header: typed.header,
+            held: typed.held,
+            stamp_at: typed.stamp_at,
             tz: options.tz.clone(),
             pending: None,
             last_stamp: String::new(),
@@ -564,26 +620,16 @@ impl AppsReader {
         rows: &mut Rows<'_>,
         companion: &Companion,
     ) -> Result<Self, ImportError> {
-        let (names, header_line, held) = header(&mut input, options, rows)?;
-        let columns: Vec<AppColumn> = names
-            .iter()
-            .map(|n| app_column(n))
-            .collect::<Result<_, _>>()
-            .map_err(|e| rows.fatal(header_line, e))?;
-        note_ignored(
+        let typed = typed_header(
+            &mut input,
+            options,
             rows,
-            columns.iter().filter_map(|c| match c {
-                AppColumn::Ignored(n) => Some(n.clone()),
-                _ => None,
-            }),
-        );
-        let has_rows = held.is_some() || !names.is_empty();
-        if has_rows && !columns.contains(&AppColumn::Timestamp) {
-            return Err(rows.fatal(
-                header_line,
-                "no 'timestamp' column; add timestamp to --query-compute-apps",
-            ));
-        }
+            app_column,
+            AppColumn::ignored_name,
+            &AppColumn::Timestamp,
+            "--query-compute-apps",
+        )?;
+        let (columns, has_rows, header_line) = (typed.columns, typed.has_rows, typed.line);
         if has_rows && !columns.contains(&AppColumn::Pid) {
             return Err(rows.fatal(
                 header_line,
@@ -608,16 +654,12 @@ impl AppsReader {
             ));
             Some(meta)
         };
-        let stamp_at = columns
-            .iter()
-            .position(|c| *c == AppColumn::Timestamp)
-            .unwrap_or(0);
         Ok(Self {
             input,
             columns,
-            header: held.is_none().then_some(names),
-            held,
-            stamp_at,
+            header: typed.header,
+            held: typed.held,
+            stamp_at: typed.stamp_at,
             tz: options.tz.clone(),
             unnamed_gpu,
             totals: companion.totals.clone(),
