@@ -61,6 +61,10 @@ enum Role {
     Cpu(usize),
     /// A device metric: device index.
     Device(usize, Metric),
+    /// The memory of a process left out by the PID filter: index in `Series::others`. Only
+    /// counted in the processes on its device, so that a selected process beside it is
+    /// not taken to be alone there (then the device's utilization would count as its own).
+    Other(usize),
     Skip,
 }
 
@@ -102,6 +106,10 @@ struct Series {
     /// Process slots: row id → slot; current CPU ticks per slot.
     slots: HashMap<i64, usize>,
     cpu: Vec<Option<u64>>,
+    /// Processes on a device left out by the PID filter: device index and whether it
+    /// holds memory now; by (process row id, device index).
+    others: Vec<(usize, bool)>,
+    others_index: HashMap<(i64, usize), usize>,
 }
 
 /// One series at one tick in the table: one strided read per cell when the folds are fed.
@@ -233,8 +241,9 @@ impl Pipe {
     }
 }
 
-/// Analyses every process in `range` on `devices` (all of `pids`, or every process when
-/// `pids` is empty).
+/// Analyses every process in `range` on `devices` and reports those of `pids` (every
+/// process when `pids` is empty). The processes left out still count in the number of
+/// processes on their device: the filter narrows what is reported, not the evidence.
 ///
 /// # Errors
 /// When the store fails, or the settings are invalid.
@@ -246,11 +255,8 @@ pub fn analyse(
     cfg: &LeakConfig,
 ) -> anyhow::Result<Vec<Finding>> {
     cfg.validate()?;
-    let processes: HashMap<i64, ProcessRecord> = store
-        .all_processes()?
-        .into_iter()
-        .filter(|(_, p)| pids.is_empty() || pids.contains(&p.meta.key.pid))
-        .collect();
+    // Every process, selected or not: the ones left out still share their devices.
+    let processes: HashMap<i64, ProcessRecord> = store.all_processes()?.into_iter().collect();
     let history_start = store.time_bounds()?.map(|(lo, _)| lo);
     let ticks_per_second = procfs::ticks_per_second().max(1);
 
@@ -324,6 +330,7 @@ pub fn analyse(
             series.memory.iter_mut().for_each(|m| *m = None);
             series.sm.iter_mut().for_each(|m| *m = None);
             series.cpu.iter_mut().for_each(|m| *m = None);
+            series.others.iter_mut().for_each(|(_, held)| *held = false);
             for d in &mut devs {
                 (d.util, d.free, d.used) = (None, None, None);
             }
@@ -337,7 +344,14 @@ pub fn analyse(
             let role = match roles[i] {
                 Some(role) => role,
                 None => {
-                    let role = resolve(frame.series(id), &dev_index, &processes, &mut series, cfg)?;
+                    let role = resolve(
+                        frame.series(id),
+                        &dev_index,
+                        &processes,
+                        pids,
+                        &mut series,
+                        cfg,
+                    )?;
                     roles[i] = Some(role);
                     role
                 }
@@ -351,6 +365,11 @@ pub fn analyse(
                     series.sm[s] = value.map(|v| u32::try_from(v.2).unwrap_or(u32::MAX - 1));
                 }
                 Role::Cpu(slot) => series.cpu[slot] = value.map(|v| v.2),
+                Role::Other(o) => {
+                    let held = &mut series.others[o].1;
+                    present_dirty |= *held != value.is_some();
+                    *held = value.is_some();
+                }
                 Role::Device(d, metric) => {
                     let dev = &mut devs[d];
                     match metric {
@@ -392,6 +411,11 @@ pub fn analyse(
             for &s in &present {
                 let d = series.device[s];
                 devs[d].procs_now = devs[d].procs_now.saturating_add(1);
+            }
+            for &(d, held) in &series.others {
+                if held {
+                    devs[d].procs_now = devs[d].procs_now.saturating_add(1);
+                }
             }
             present_dirty = false;
         }
@@ -523,16 +547,23 @@ pub fn analyse(
     Ok(findings)
 }
 
-/// What series `id` is to this analysis; creates the process's fold on first sight.
+/// What series `id` is to this analysis; creates the process's fold on first sight (only
+/// for a process of `pids`, or any when it is empty).
 fn resolve(
     series_ref: Option<SeriesRef>,
     dev_index: &HashMap<i64, usize>,
     processes: &HashMap<i64, ProcessRecord>,
+    pids: &[u32],
     series: &mut Series,
     cfg: &LeakConfig,
 ) -> anyhow::Result<Role> {
     let Some(r) = series_ref else {
         return Ok(Role::Skip);
+    };
+    let selected = |p: &i64| {
+        processes
+            .get(p)
+            .is_some_and(|rec| pids.is_empty() || pids.contains(&rec.meta.key.pid))
     };
     let device = r.device_id.and_then(|d| dev_index.get(&d).copied());
     let slot = |series: &mut Series, p: i64| -> usize {
@@ -544,12 +575,8 @@ fn resolve(
         slot
     };
     Ok(match (r.metric, r.process_id, device) {
-        (Metric::ProcessCpuTicks, Some(p), _) if processes.contains_key(&p) => {
-            Role::Cpu(slot(series, p))
-        }
-        (Metric::ProcessUsedBytes | Metric::ProcessSmPercent, Some(p), Some(d))
-            if processes.contains_key(&p) =>
-        {
+        (Metric::ProcessCpuTicks, Some(p), _) if selected(&p) => Role::Cpu(slot(series, p)),
+        (Metric::ProcessUsedBytes | Metric::ProcessSmPercent, Some(p), Some(d)) if selected(&p) => {
             let s = match series.index.get(&(p, d)) {
                 Some(&s) => s,
                 None => {
@@ -573,6 +600,14 @@ fn resolve(
             } else {
                 Role::Sm(s)
             }
+        }
+        (Metric::ProcessUsedBytes, Some(p), Some(d)) if processes.contains_key(&p) => {
+            let next = series.others.len();
+            let o = *series.others_index.entry((p, d)).or_insert(next);
+            if o == next {
+                series.others.push((d, false));
+            }
+            Role::Other(o)
         }
         (
             m @ (Metric::UtilizationGpuPercent
@@ -720,6 +755,37 @@ mod tests {
         assert_eq!(finding(&findings, 1).total_bytes, Some(100 * GIB));
         // Time to full uses the device's free memory at the process's last sample.
         assert_eq!(busy.time_to_full_sec, None);
+    }
+
+    #[test]
+    fn the_pid_filter_still_counts_the_other_processes_on_the_device() {
+        // PID 1 holds 4 GiB with no CPU use beside PID 2, which keeps the GPU at 90 %.
+        // Selected alone (as `leaks --pid`, `plot --pid` and `reap`'s evidence do), it
+        // must not look alone on the GPU, or PID 2's utilization would count as its own.
+        let mut store = Store::open_in_memory().unwrap();
+        for i in 0..300 {
+            let cpu_due = i % 10 == 0;
+            let procs = [
+                (1, 4 * GIB, cpu_due.then_some(500)),
+                (
+                    2,
+                    2 * GIB,
+                    cpu_due.then_some(100 * u64::try_from(i).unwrap()),
+                ),
+            ];
+            store.append(&tick(T0 + i * 1000, 90, &procs)).unwrap();
+        }
+        let cfg = LeakConfig {
+            idle_for: Duration::from_secs(120),
+            ..LeakConfig::default()
+        };
+        let all = run(&mut store, &cfg);
+        let devices = store.devices().unwrap();
+        let selected = analyse(&mut store, TimeRange::ALL, &devices, &[1], &cfg).unwrap();
+        assert_eq!(selected.len(), 1);
+        let (one, every) = (&finding(&selected, 1).report, &finding(&all, 1).report);
+        assert_eq!(one.verdict, Verdict::IdleHolder, "{}", one.explanation);
+        assert_eq!(one, every);
     }
 
     #[test]

@@ -247,6 +247,40 @@ fn the_recorded_h200_history_finds_the_leaks_and_only_the_idle_holder() {
     redactions().bind(|| insta::assert_snapshot!("leaks_h200_recorded_history", text));
 }
 
+/// Issue 30: `--pid` once ran before the processes on each GPU were counted, so the idle
+/// holder looked alone on its busy GPU and the others' utilization counted as its own
+/// activity (`stable`). The filter narrows what is reported, not the evidence.
+#[test]
+fn a_pid_filter_does_not_make_an_idle_holder_look_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = h200_history(dir.path());
+    let idle_holder = |extra: &[&str]| -> Value {
+        let json: Value = serde_json::from_str(&stdout_of(
+            leaks()
+                .arg(&history)
+                .args(["--json", "--idle-for", "60s"])
+                .args(extra),
+        ))
+        .unwrap();
+        json["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["pid"] == 684)
+            .unwrap()
+            .clone()
+    };
+    let all = idle_holder(&[]);
+    assert_eq!(all["verdict"], "idle-holder");
+    // The GPU is shared: 683's request loop and the leaks keep it busy.
+    let alone = idle_holder(&["--pid", "684"]);
+    assert_eq!(alone["verdict"], "idle-holder", "{}", alone["explanation"]);
+    assert_eq!(alone["idle"], all["idle"]);
+    assert_eq!(alone, all);
+    // With a busy neighbour selected too, nothing changes either.
+    assert_eq!(idle_holder(&["--pid", "683,684"]), all);
+}
+
 /// The README's first command: `leaks` on the real H200 history in `examples/`, which it
 /// must read without changing a byte.
 #[test]
