@@ -390,6 +390,18 @@ pub fn cpu_percent(
     ticks_percent(used, elapsed, ticks_per_second)
 }
 
+/// How long a process that started `start_time_ticks` after boot has lived, from
+/// `/proc/uptime` as ps(1) computes it: the boot time in whole seconds (`btime`) would put
+/// up to a second of error into a young process's age.
+pub fn age_from_uptime(start_time_ticks: u64, ticks_per_second: u64) -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/uptime").ok()?;
+    let uptime_s: f64 = text.split_whitespace().next()?.parse().ok()?;
+    let uptime = Duration::try_from_secs_f64(uptime_s).ok()?;
+    let started =
+        Duration::from_millis(start_time_ticks.checked_mul(1000)? / ticks_per_second.max(1));
+    uptime.checked_sub(started)
+}
+
 /// CPU use in percent of one core averaged over the process's whole life (what ps(1)
 /// shows as `%CPU`).
 pub fn cpu_percent_lifetime(cpu_ticks: u64, age: Duration, ticks_per_second: u64) -> Option<f64> {
@@ -739,6 +751,12 @@ mod tests {
         assert!(!me.kernel_thread);
         assert!(me.rss_bytes.is_some_and(|rss| rss > 0));
         assert!(me.threads.is_some_and(|t| t >= 1));
+        let age = age_from_uptime(
+            me.start_time_ticks.expect("stat"),
+            reader.ticks_per_second(),
+        )
+        .expect("uptime readable");
+        assert!(age < Duration::from_secs(24 * 3600), "{age:?}");
         let started = me.started_at_unix_ms.expect("boot time known");
         let now = crate::clock::Clock::now_unix_ms(&crate::clock::SystemClock);
         assert!(started <= now + 1000, "{started} vs {now}");

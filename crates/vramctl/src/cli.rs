@@ -348,6 +348,8 @@ With a vramctl record or serve running, ps asks it on its local socket and needs
 start-up of its own (docs/socket.md); the output is the same. --no-daemon reads NVML here.
 Processes running the in-process agent (docs/agent.md) add ALLOCATED (live tensors) and
 CACHED (the framework's cache, which vramctl reclaim returns) beside NVML's MEMORY.
+CPU% is each process's average over its lifetime (ps(1)'s %CPU); --cpu-interval 1s
+measures it over the next second instead.
 
 Examples:
   vramctl ps --tree
@@ -1040,9 +1042,10 @@ pub struct PsArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub min_mem: Option<u64>,
 
-    /// Measure CPU % over this long (e.g. 200ms, 1s; at most 1m); 0 averages over each
-    /// process's lifetime
-    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = cpu_interval)]
+    /// Measure CPU % over this long (e.g. 200ms, 1s; at most 1m), waiting that long; by
+    /// default (0) CPU % is each process's average over its lifetime, as ps(1)'s %CPU, and
+    /// ps answers at once
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = cpu_interval)]
     pub cpu_interval: Duration,
 
     /// Read the GPUs here even when a vramctl daemon (record, serve) could answer on its

@@ -482,15 +482,26 @@ fn compare(a: &PsProcess, b: &PsProcess, sort: PsSort) -> Ordering {
     key.then(a.pid.cmp(&b.pid))
 }
 
-/// CPU % from two readings `interval` apart, or over each process's lifetime.
+/// CPU % over each process's lifetime (the default, as ps(1)'s %CPU: no wait, so `ps`
+/// costs what `status` does), or from two readings `interval` apart (`--cpu-interval`,
+/// which waits that long whenever a listed process is visible).
 fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcReader) {
     let tps = procs.ticks_per_second();
     let Some(interval) = interval else {
+        report.cpu_interval_s = None;
         for p in &mut report.processes {
-            if let (Some(ticks), Some(age)) = (p.cpu_ticks, p.age_s) {
-                p.cpu_percent =
-                    procinfo::cpu_percent_lifetime(ticks, Duration::from_secs(age), tps)
-                        .map(round1);
+            // Its age from the uptime, as ps(1): `age_s` is whole seconds from a boot time
+            // in whole seconds, too coarse for a young process's average. Both clocks count
+            // in ticks, so a process younger than one reads as 0 s old: it has lived at
+            // least one tick.
+            let one_tick = Duration::from_secs(1) / u32::try_from(tps.max(1)).unwrap_or(100);
+            let age = p
+                .start_time_ticks
+                .and_then(|start| procinfo::age_from_uptime(start, tps))
+                .or_else(|| p.age_s.map(Duration::from_secs))
+                .map(|age| age.max(one_tick));
+            if let (Some(ticks), Some(age)) = (p.cpu_ticks, age) {
+                p.cpu_percent = procinfo::cpu_percent_lifetime(ticks, age, tps).map(round1);
             }
         }
         return;

@@ -394,7 +394,25 @@ fn a_zombie_is_flagged() {
 }
 
 #[test]
-fn cpu_is_measured_over_an_interval_by_default() {
+fn ps_does_not_wait_for_a_cpu_window_by_default() {
+    // Issue 30: a 200 ms CPU window by default made `ps` 8× slower than `status` whenever a
+    // GPU process was visible. By default CPU % is the lifetime average, as ps(1)'s %CPU,
+    // and the report says so (`cpu_interval_s: null`) rather than claiming a window.
+    let s = sleeper();
+    let scenario = Scenario::new(1, &[Holder::real(0, s.pid(), "1 GiB")]);
+    let report = json_of(vramctl(scenario.path()).args(["ps", "--json"]));
+    assert_eq!(report["cpu_interval_s"], Value::Null, "{report}");
+    let p = &processes(&report)[0];
+    assert_eq!(p["visible"], true, "{report}");
+    // A sleeping process has used (next to) no CPU in its life.
+    let Some(cpu) = p["cpu_percent"].as_f64() else {
+        panic!("no lifetime CPU %: {report}");
+    };
+    assert!((0.0..5.0).contains(&cpu), "{report}");
+}
+
+#[test]
+fn cpu_is_measured_over_an_interval_when_asked() {
     let s = sleeper();
     let scenario = Scenario::new(1, &[Holder::real(0, s.pid(), "1 GiB")]);
     let report = json_of(vramctl(scenario.path()).args(["ps", "--json", "--cpu-interval", "0.05"]));
