@@ -86,7 +86,7 @@ impl ProcessDir {
             if self.exited.contains(&key) {
                 continue;
             }
-            if crate::state::real_process_gone(pid) {
+            if real_process_gone(pid) {
                 self.exited.insert(key);
                 continue;
             }
@@ -135,6 +135,25 @@ fn parse(text: &str) -> Option<Vec<(usize, u64)>> {
     }
     gpus.sort_by_key(|(g, _)| *g);
     Some(gpus)
+}
+
+/// A process's state on a real host (here, not in `state`, which names this file's
+/// processes, so that the two files do not name each other). Only `real = true` processes and those of
+/// `FAKE_NVML_PROCESS_DIR` are looked up.
+pub(crate) fn real_process_gone(pid: u32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        // Not there (or dying: reading a vanishing task's stat fails with ESRCH).
+        Err(e) => e.kind() != std::io::ErrorKind::PermissionDenied,
+        Ok(stat) => {
+            // "pid (comm) S ...": the state follows the last ')', comm may contain ')'.
+            let state = stat
+                .iter()
+                .rposition(|b| *b == b')')
+                .and_then(|i| stat.get(i + 2));
+            // Zombies and dead tasks hold no GPU memory: the driver frees it at exit.
+            matches!(state, Some(b'Z' | b'X' | b'x'))
+        }
+    }
 }
 
 #[cfg(test)]

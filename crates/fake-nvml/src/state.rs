@@ -15,7 +15,7 @@ use nvml_wrapper_sys::bindings::{nvmlDevice_st, nvmlDevice_t};
 use crate::clock::{Clock, ClockEnv};
 use crate::codes::{self, Ret};
 use crate::func::Func;
-use crate::process_dir::{DirProcess, ProcessDir};
+use crate::process_dir::{DirProcess, ProcessDir, real_process_gone};
 use crate::scenario::{
     Gpu, MemoryInfoFault, MigInstance, NO_INSTANCE, Process, ProcessKind, Scenario,
 };
@@ -282,24 +282,6 @@ impl ProcessList {
                 ProcessKind::Graphics | ProcessKind::ComputeGraphics
             ) | (ProcessList::Mps, ProcessKind::Mps)
         )
-    }
-}
-
-/// A process's state on a real host. Only `real = true` processes and those of
-/// `FAKE_NVML_PROCESS_DIR` are looked up.
-pub(crate) fn real_process_gone(pid: u32) -> bool {
-    match std::fs::read(format!("/proc/{pid}/stat")) {
-        // Not there (or dying: reading a vanishing task's stat fails with ESRCH).
-        Err(e) => e.kind() != std::io::ErrorKind::PermissionDenied,
-        Ok(stat) => {
-            // "pid (comm) S ...": the state follows the last ')', comm may contain ')'.
-            let state = stat
-                .iter()
-                .rposition(|b| *b == b')')
-                .and_then(|i| stat.get(i + 2));
-            // Zombies and dead tasks hold no GPU memory: the driver frees it at exit.
-            matches!(state, Some(b'Z' | b'X' | b'x'))
-        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod diff;
 pub mod model;
 pub mod pickle;
 pub mod replay;
+mod size_text;
 pub mod summary;
 pub mod timeline;
 pub mod top;

@@ -466,10 +466,10 @@ impl<R: BufRead> Read for BoundedGz<R> {
                 format!(
                     "the gzip stream decompresses to more than {} ({} times its {} compressed, \
                      or {}): a gzip bomb or not a snapshot; refused (docs/snapshot.md, limits)",
-                    crate::summary::human(bound_bytes),
+                    crate::size_text::human(bound_bytes),
                     self.limits.max_gzip_ratio,
-                    crate::summary::human(compressed_bytes),
-                    crate::summary::human(self.limits.gzip_allowance_bytes),
+                    crate::size_text::human(compressed_bytes),
+                    crate::size_text::human(self.limits.gzip_allowance_bytes),
                 ),
             ));
         }

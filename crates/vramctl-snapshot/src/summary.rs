@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::model::{Action, BlockState, Pool, Segment, Snapshot};
 use crate::replay::{self, Replay};
+pub use crate::size_text::human;
 
 /// Sums over a set of segments.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -425,22 +426,6 @@ fn advise(snap: &Snapshot, devices: &[DeviceSummary], oom: &[OomEvent]) -> Vec<A
         }
     }
     out
-}
-
-/// Binary units with two decimals, as PyTorch's `format_size` prints them.
-#[allow(clippy::cast_precision_loss)]
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.2} {}", UNITS[unit])
 }
 
 fn pool_name(pool: Pool, pool_id: (i64, i64)) -> String {

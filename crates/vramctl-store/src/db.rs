@@ -10,7 +10,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use crate::error::StoreError;
 use crate::model::{DeviceMeta, Metric};
 use crate::schema;
-use crate::writer::Writer;
+use crate::write_state::Writer;
 
 /// How a database is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +69,7 @@ pub struct Store {
     /// An import's transaction is open (`writer.rs`).
     pub(crate) import_tx: bool,
     /// Ticks [`Store::append`] could not write since the last it did (`writer.rs`).
-    pub(crate) unwritten: Option<crate::writer::Unwritten>,
+    pub(crate) unwritten: Option<crate::write_state::Unwritten>,
     /// What [`Store::set_max_page_count`] set, applied again if the connection is reopened.
     max_page_count: Option<u64>,
 }

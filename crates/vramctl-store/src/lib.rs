@@ -85,6 +85,7 @@ mod retention;
 mod schema;
 mod snapshot;
 mod timebase;
+mod write_state;
 mod writer;
 
 pub use audit_table::AuditRow;

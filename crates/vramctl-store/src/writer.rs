@@ -11,88 +11,12 @@ use crate::model::{
     DeviceMeta, DeviceSampleState, Gap, Metric, Observed, ProcessKey, ProcessList, ProcessMeta,
     SessionInfo, TickSample,
 };
+use crate::write_state::{GapKey, Writer};
+pub use crate::write_state::{Unwritten, WRITE_FAILED};
 
 /// How often a key frame (every value, not only the changes) is written by default. A
 /// reader decodes at most this much before its range starts.
 pub const DEFAULT_KEY_INTERVAL_MS: i64 = 60_000;
-
-/// Start of the reason of a gap over ticks that could not be written (`write-failed: disk
-/// full; 12 samples not written`).
-pub const WRITE_FAILED: &str = "write-failed";
-
-/// Ticks [`Store::append`] failed to write since the last one it wrote. They are recorded
-/// as one gap over every device, from the first to the last of them, reason
-/// [`WRITE_FAILED`]`: CAUSE; N samples not written`, in the same transaction as the next
-/// tick written (or by [`Store::record_unwritten_gap`]): the gap is stored exactly when
-/// something after it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unwritten {
-    /// Time of the first tick not written.
-    pub from_ms: i64,
-    /// Time of the last tick not written.
-    pub to_ms: i64,
-    /// How many ticks were not written.
-    pub ticks: u64,
-    /// Why the first of them failed (`disk full`, or the error).
-    pub cause: String,
-}
-
-impl Unwritten {
-    /// The gap to record with a tick written at `t`: all of them when `t` is after them;
-    /// when `t` is one of their times again (a caller retrying a failed tick; the recorder
-    /// never does), only those before it, without a count; none when it retries the first.
-    fn gap_before(&self, t: i64) -> Option<Gap> {
-        if t > self.to_ms {
-            return Some(self.gap());
-        }
-        (self.from_ms < t).then(|| Gap {
-            to_ms: t - 1,
-            reason: format!("{WRITE_FAILED}: {}", self.cause),
-            ..self.gap()
-        })
-    }
-
-    /// The gap these ticks are.
-    pub fn gap(&self) -> Gap {
-        let plural = if self.ticks == 1 { "" } else { "s" };
-        Gap {
-            device_uuid: None,
-            metric: None,
-            from_ms: self.from_ms,
-            to_ms: self.to_ms,
-            open: false,
-            reason: format!(
-                "{WRITE_FAILED}: {}; {} sample{plural} not written",
-                self.cause, self.ticks
-            ),
-        }
-    }
-}
-
-/// Gap scope: (device id or all, metric code or the whole device).
-type GapKey = (Option<i64>, Option<i64>);
-
-/// The writer's memory of what it wrote last.
-#[derive(Debug)]
-pub(crate) struct Writer {
-    pub session_id: i64,
-    pub state: State,
-    pub last_t_ms: Option<i64>,
-    last_key_ms: Option<i64>,
-    key_interval_ms: i64,
-    processes: HashMap<ProcessKey, i64>,
-    /// Process ids of the PIDs on a GPU after the last tick: a tick names a process's
-    /// identity only when it first appears (or its CPU time is read).
-    pids: HashMap<u32, i64>,
-    open_gaps: HashMap<GapKey, (i64, String)>,
-    buf: Vec<u8>,
-    /// Per rollup resolution: the last imported bucket's state and key time.
-    rollups: HashMap<i64, (State, Option<i64>)>,
-    /// What the last written frame holds, when `state` has changed since without a frame
-    /// (a stored frame folded into the next tick of a merge): the next frame's delta is
-    /// encoded against it.
-    pending_base: Option<State>,
-}
 
 impl Store {
     /// Starts a session (a recorder run, an import): the next frame is a key frame, and

@@ -35,7 +35,7 @@ pub const JSONL_ENV: &str = "VRAMCTL_AUDIT_LOG";
 /// The audit sink of every command that signals: `kill`, `reap` and `top`'s kill key call
 /// this (or [`open_log`], the same log with its concrete type), so where audit records go
 /// is decided here once: the history database (`--db` / `VRAMCTL_DB` / the default, as
-/// `cmd::db_path`), created if missing, plus the JSON-lines copy when `VRAMCTL_AUDIT_LOG`
+/// `db_location::db_path`), created if missing, plus the JSON-lines copy when `VRAMCTL_AUDIT_LOG`
 /// is set. `Send`: `top` signals from its action thread.
 ///
 /// # Errors
@@ -51,7 +51,7 @@ pub fn open_sink(global: &GlobalArgs) -> anyhow::Result<Box<dyn AuditSink + Send
 /// # Errors
 /// As [`open_sink`].
 pub fn open_log(global: &GlobalArgs) -> anyhow::Result<AuditLog> {
-    let db = crate::cmd::db_path(global)?;
+    let db = crate::db_location::db_path(global)?;
     let jsonl = std::env::var_os(JSONL_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);

@@ -22,10 +22,11 @@ pub mod run;
 pub mod serve;
 pub mod snapshot;
 pub mod snapshot_timeline;
+mod snapshot_top;
 pub mod status;
 pub mod top;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use vramctl::daemon_socket::client::AskOptions;
 use vramctl::live_loop::LiveSampler;
 use vramctl::live_source::LiveSource;
@@ -71,23 +72,9 @@ pub fn millis(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The history database: `--db` / `VRAMCTL_DB`, else `$XDG_STATE_HOME/vramctl/history.db`,
-/// else `~/.local/state/vramctl/history.db`.
-pub fn db_path(global: &GlobalArgs) -> anyhow::Result<std::path::PathBuf> {
-    if let Some(path) = &global.db {
-        return Ok(path.clone());
-    }
-    let state = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|home| std::path::PathBuf::from(home).join(".local/state"))
-        })
-        .context("cannot find where to keep the history; set --db or VRAMCTL_DB")?;
-    Ok(state.join("vramctl/history.db"))
-}
+/// The history database's path (in its own module so that the audit sink, which the
+/// commands here use, names it without naming this file).
+pub use crate::db_location::db_path;
 
 /// Opens the history for reading (`history`, `export`, `leaks`, `plot`, `history --audit`,
 /// `reap`'s evidence): read-only, whoever owns it; what the user should know about the open

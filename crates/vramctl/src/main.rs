@@ -7,6 +7,7 @@
 mod audit_sink;
 mod cli;
 mod cmd;
+mod db_location;
 mod exit;
 mod exporter;
 mod logging;

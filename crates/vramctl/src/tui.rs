@@ -40,6 +40,13 @@ pub mod theme;
 pub mod verdict;
 pub mod view;
 
+/// Opens the audit sink at the first kill or reclaim (the binary's
+/// `audit_sink::open_sink`, the sink `vramctl kill` writes to); its error is one line.
+/// Here, not in `kill`, so that `reclaim` names it without naming `kill`'s file, which
+/// names `reclaim`'s.
+pub type SinkOpener =
+    Box<dyn FnMut() -> Result<Box<dyn vramctl_core::signal::AuditSink + Send>, String> + Send>;
+
 #[cfg(test)]
 mod fixtures;
 #[cfg(test)]

@@ -12,10 +12,9 @@ use vramctl_core::untrusted::Untrusted;
 
 use crate::cli::{RecordAction, SnapshotAction, SnapshotArgs, SnapshotDiffArgs, TopBy};
 use crate::exit::Exit;
-use vramctl::units;
 
-/// Version of the JSON below (docs/json.md).
-pub(super) const SCHEMA: u32 = 1;
+use super::snapshot_top::{SCHEMA, TopDocument, top_lines};
+use vramctl::units;
 
 #[derive(Serialize)]
 struct Document<'a> {
@@ -100,41 +99,6 @@ struct SummaryDocument<'a> {
     /// With -o: where the flame graph was written.
     #[serde(skip_serializing_if = "Option::is_none")]
     flame_graph: Option<String>,
-}
-
-#[derive(Serialize)]
-pub(super) struct TopDocument {
-    pub(super) by: &'static str,
-    /// Σ live (active) bytes over all groups, the share's denominator.
-    pub(super) live_bytes: u64,
-    pub(super) rows: Vec<vramctl_snapshot::top::TopRow>,
-}
-
-/// `top N by KEY (of X live)[where]:` and a line per group with its share.
-pub(super) fn top_lines(t: &TopDocument, when: &str) -> Vec<String> {
-    let mut out = vec![format!(
-        "top {} by {}{when} (of {} live):",
-        t.rows.len(),
-        t.by,
-        units::bytes(t.live_bytes)
-    )];
-    for r in &t.rows {
-        #[allow(clippy::cast_precision_loss)]
-        let share = if t.live_bytes == 0 {
-            0.0
-        } else {
-            100.0 * r.bytes as f64 / t.live_bytes as f64
-        };
-        out.push(format!(
-            "  {:>10}  {:>5.1}%  {:>5} block{}  {}",
-            units::bytes(r.bytes),
-            share,
-            r.blocks,
-            if r.blocks == 1 { " " } else { "s" },
-            r.key
-        ));
-    }
-    out
 }
 
 /// `vramctl snapshot FILE`.

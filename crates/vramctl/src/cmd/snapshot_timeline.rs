@@ -13,7 +13,7 @@ use vramctl_snapshot::summary::{DeviceSummary, OomEvent};
 use vramctl_snapshot::timeline::{self, DeviceTimeline};
 use vramctl_snapshot::top::{self, By};
 
-use super::snapshot::{SCHEMA, TopDocument, top_lines};
+use super::snapshot_top::{SCHEMA, TopDocument, top_lines};
 use crate::cli::SnapshotTimelineArgs;
 use crate::exit::Exit;
 use crate::output::chart::{Layer, StackedChart, StackedMark, StackedPanel, render_stacked};

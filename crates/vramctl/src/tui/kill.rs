@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use crate::tui::SinkOpener;
 use crate::tui::reclaim::{ReclaimOutcome, ReclaimTarget, Reclaimer};
 use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::clock::SystemClock;
@@ -196,10 +197,6 @@ impl Actions {
         }
     }
 }
-
-/// Opens the audit sink at the first kill (the binary's `audit_sink::open_sink`, the
-/// sink `vramctl kill` writes to); its error is one line.
-pub type SinkOpener = Box<dyn FnMut() -> Result<Box<dyn AuditSink + Send>, String> + Send>;
 
 /// Seconds `top` waits after `SIGTERM` before `SIGKILL` (as `vramctl kill`'s default).
 pub const GRACE: Duration = Duration::from_secs(10);

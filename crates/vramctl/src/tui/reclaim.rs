@@ -14,8 +14,8 @@ use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimRequest, Selection};
 use vramctl_core::signal::{Actor, AuditSink};
 
+use crate::tui::SinkOpener;
 use crate::tui::format;
-use crate::tui::kill::SinkOpener;
 
 /// The process the user chose, as the UI knew it.
 #[derive(Debug, Clone, PartialEq, Eq)]

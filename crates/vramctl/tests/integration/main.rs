@@ -3,6 +3,7 @@
 
 mod agent_series;
 mod allocator_snapshot;
+mod architecture;
 mod clock;
 mod daemon;
 mod disk_full;
