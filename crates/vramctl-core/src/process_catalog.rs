@@ -30,9 +30,12 @@
 //! plus the walk over the process's threads that `/proc/PID/stat` does). While a pidfd is
 //! not readable its PID cannot have been reused, so the identity is proved without reading
 //! /proc. When a pidfd turns
-//! readable, `/proc/PID/stat` is read at once: gone or a different start time is a new
-//! process under the old PID (its facts are read afresh), the same start time is the
-//! exited process itself (a zombie NVML still lists) and stays, no longer pinned.
+//! readable, `/proc/PID/stat` is read at once: a different start time is a new process
+//! under the old PID (its facts are read afresh); the same start time (a zombie) or no
+//! entry at all (reaped, while the driver still lists it for a moment) is the exited
+//! process itself, which keeps its identity, no longer pinned. A PID gone from /proc is
+//! held by no process of our namespace, so nothing says it names another process; a
+//! reuse shows in /proc with another start time at the next check.
 //!
 //! Without a pidfd (a kernel before 5.3, a seccomp filter refusing `pidfd_open`, more than
 //! [`RefreshPolicy::max_pinned`] processes, an exited process), the identity is re-checked
@@ -365,8 +368,9 @@ pub struct CatalogEntry {
     pub previous_stat: Option<StatReading>,
     /// When this identity was first seen (tick time).
     pub first_seen_ms: i64,
-    /// Its pidfd said it exited (it may still be listed, as a zombie or while the driver
-    /// tears its context down).
+    /// Its pidfd said it exited, or its /proc entry vanished (it may still be listed, as a
+    /// zombie or while the driver tears its context down). It keeps its identity and the
+    /// facts read while it ran; `visible` stays as it was read.
     pub exited: bool,
     pin: Option<PinId>,
     /// When the identity was last checked against /proc (unpinned processes).
@@ -576,7 +580,8 @@ impl ProcessCatalog {
                         entry.pin = None;
                         entry.exited = true;
                     }
-                    // Gone or reused: read it again as a new process below.
+                    // Reused: read it again as a new process below. Gone from /proc
+                    // or a zombie: the exited process itself, still listed.
                     if !self.same_process_now(pid, now_ms) {
                         self.forget(pid, &mut out);
                     }
@@ -792,12 +797,18 @@ impl ProcessCatalog {
                 }
             }
             // Gone from /proc: an invisible PID stays as it was (the driver still lists
-            // it); a visible one that vanished is gone for good.
+            // it). A visible one that vanished has exited and been reaped, and no process
+            // of our namespace holds its PID now, so what the driver still lists under it
+            // (for a moment while it tears the context down) is that process: it keeps its
+            // identity, marked exited, rather than becoming a second identity with an
+            // unknown start time. A reuse of the PID shows in /proc with another start
+            // time at the next check (the `Some` arm above).
             None => {
                 if let Some(entry) = self.entries.get_mut(&pid) {
                     entry.checked_ms = now_ms;
+                    entry.exited = true;
                 }
-                !visible
+                true
             }
         }
     }
@@ -1375,11 +1386,72 @@ mod tests {
         assert!(entry.stat.is_some_and(|s| s.is_zombie()));
         assert_eq!(catalog.counters().stat_reads, reads + 1);
         child.wait().expect("reap");
-        // Reaped: gone from /proc, so at its next check it is gone, and read anew (now
-        // invisible) if the driver still lists it.
+        // Reaped: gone from /proc at its next check, while the driver still lists it: the
+        // same exited process, with the identity it had.
         let seen = catalog.observe(&[pid], 1100, &mut no_name);
-        assert_eq!(seen.left, [(pid, entry.start_time_ticks)]);
-        assert_eq!(seen.new, [pid]);
-        assert!(!catalog.get(pid).expect("still listed").visible);
+        assert_eq!(seen, Observed::default());
+        let now = catalog.get(pid).expect("still listed");
+        assert_eq!(now.start_time_ticks, entry.start_time_ticks);
+        assert!(now.exited);
+        assert_eq!(catalog.counters().stat_reads, reads + 2);
+    }
+
+    #[test]
+    fn an_exiting_process_keeps_its_identity_while_nvml_still_lists_it() {
+        let source = scripted(|t| t.set(42, 500, 7, 'S'));
+        let mut catalog = catalog(&source);
+        catalog.observe(&[42], 0, &mut no_name);
+        let before = catalog.identity(42).expect("known");
+        // Between two ticks the process exits and is reaped: its /proc entry is gone, its
+        // pidfd readable, and NVML still lists it while the driver tears its context down.
+        source.remove(42);
+        let mut named = Vec::new();
+        let mut driver = |pid: u32| {
+            named.push(pid);
+            Some("python".to_owned())
+        };
+        for tick in 1..=25 {
+            let seen = catalog.observe(&[42], tick * 100, &mut driver);
+            assert_eq!(seen, Observed::default(), "tick {tick}: no second identity");
+        }
+        assert!(named.is_empty(), "not read again as an invisible process");
+        assert_eq!(catalog.identity(42).as_ref(), Some(&before));
+        let entry = catalog.get(42).expect("still listed");
+        assert!(entry.exited);
+        assert_eq!(entry.facts.command.as_deref(), Some("python job42-500.py"));
+        // Once NVML stops listing it, the identity it had is the one that leaves.
+        let seen = catalog.observe(&[], 2600, &mut no_name);
+        assert_eq!(seen.left, [(42, Some(500))]);
+    }
+
+    #[test]
+    fn a_pid_reused_after_its_process_vanished_is_a_new_process_at_the_next_check() {
+        let source = scripted(|t| t.set(42, 500, 7, 'S'));
+        let mut catalog = catalog(&source);
+        catalog.observe(&[42], 0, &mut no_name);
+        source.remove(42);
+        assert_eq!(
+            catalog.observe(&[42], 100, &mut no_name),
+            Observed::default()
+        );
+        // Another process of our namespace gets the PID: /proc shows its start time.
+        source.set(42, 900, 0, 'R');
+        let seen = catalog.observe(&[42], 1100, &mut no_name);
+        assert_eq!((seen.new, seen.left), (vec![42], vec![(42, Some(500))]));
+        assert_eq!(catalog.get(42).and_then(|e| e.start_time_ticks), Some(900));
+    }
+
+    #[test]
+    fn without_pidfds_a_vanished_process_keeps_its_identity_at_its_check() {
+        let source = scripted(|t| t.set(42, 500, 7, 'S')).without_pidfds();
+        let mut catalog = catalog(&source);
+        catalog.observe(&[42], 0, &mut no_name);
+        source.remove(42);
+        for tick in 1..=20 {
+            let seen = catalog.observe(&[42], tick * 100, &mut no_name);
+            assert_eq!(seen, Observed::default(), "tick {tick}");
+        }
+        assert_eq!(catalog.get(42).and_then(|e| e.start_time_ticks), Some(500));
+        assert!(catalog.get(42).is_some_and(|e| e.exited));
     }
 }

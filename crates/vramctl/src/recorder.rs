@@ -670,6 +670,30 @@ mod tests {
     }
 
     #[test]
+    fn an_exiting_process_keeps_its_identity_while_nvml_still_lists_it() {
+        let source = ScriptedProc::new();
+        source.set(530, 500, 10, 'S');
+        let mut catalog = scripted_catalog(&source);
+        let mut procs = Procs::new();
+        let mut name = |_| Some("python".to_owned());
+        let first = procs.update(&mut catalog, &snapshot(0, &[530]), 0, &mut name);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].meta.key.start_time_ticks, Some(500));
+        // The process exits and is reaped; NVML lists it for a few more ticks while the
+        // driver tears its context down. No second identity (`PID 530 (?)`) may be stored.
+        source.remove(530);
+        for tick in 1..=20 {
+            let sent = procs.update(
+                &mut catalog,
+                &snapshot(tick * 100, &[530]),
+                tick * 100,
+                &mut name,
+            );
+            assert!(sent.is_empty(), "tick {tick}: {sent:?}");
+        }
+    }
+
+    #[test]
     fn thirty_processes_cost_the_recorder_one_poll_a_tick_and_a_stat_read_every_ten_seconds() {
         let source = ScriptedProc::new();
         let pids: Vec<u32> = (2000..2030).collect();
