@@ -39,6 +39,15 @@ publish=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json,sys; print([p["publish"] for p in json.load(sys.stdin)["packages"] if p["name"] == "fake-nvml"][0])')
 [ "$publish" = "[]" ] || fail "fake-nvml is publishable (publish = $publish)"
 
+# The verify build resolves the packed crates through a local registry whose sources cargo
+# unpacks under $CARGO_HOME/registry/src/ and reuses by name and version: an earlier run's
+# vramctl-core 0.1.0 was built instead of this one (a function added since was "not found").
+# So our crates' unpacked copies are removed first; cargo unpacks the new ones.
+version=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json,sys; print([p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "vramctl-core"][0])')
+for crate in "${crates[@]}"; do
+  rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"$crate-$version"
+done
 args=()
 for crate in "${crates[@]}"; do args+=(-p "$crate"); done
 cargo package "${args[@]}" --allow-dirty --locked "${verify[@]}" 2>&1 |
