@@ -20,11 +20,11 @@ use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use vramctl::tui::app::{App, AppConfig};
 use vramctl::tui::event::Event;
-use vramctl::tui::observe::{HostReader, Observation};
 use vramctl::tui::view;
 use vramctl_core::clock::ManualClock;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
+use vramctl_observe::observation::{HostReader, Observation};
 
 /// `n` observations one second apart, as the sampler thread makes them.
 fn observations(n: usize) -> Vec<Arc<Observation>> {

@@ -85,9 +85,9 @@ pub enum BackendArg {
 
 impl GlobalArgs {
     /// Where the GPU sources are, for `live_loop::open_backend`.
-    pub fn backends(&self) -> vramctl::live_loop::BackendOptions {
-        use vramctl::live_loop::BackendChoice;
-        vramctl::live_loop::BackendOptions {
+    pub fn backends(&self) -> vramctl_observe::live_loop::BackendOptions {
+        use vramctl_observe::live_loop::BackendChoice;
+        vramctl_observe::live_loop::BackendOptions {
             choice: match self.backend {
                 BackendArg::Nvml => BackendChoice::Nvml,
                 BackendArg::Drm => BackendChoice::Drm,
@@ -2092,7 +2092,7 @@ fn fit_range(text: &str) -> Result<(u64, u64), String> {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    vramctl::units::parse_bytes(text)
+    vramctl_observe::units::parse_bytes(text)
 }
 
 fn param_count(text: &str) -> Result<u64, String> {
@@ -2127,7 +2127,7 @@ fn gpu_target(text: &str) -> Result<GpuTarget, String> {
     if text.chars().all(|c| c.is_ascii_digit()) {
         return Ok(GpuTarget::Device(text.to_owned()));
     }
-    match vramctl::units::parse_bytes(text) {
+    match vramctl_observe::units::parse_bytes(text) {
         Ok(0) => Err(format!(
             "'{text}' is no memory; give the GPU's size, e.g. 80GiB"
         )),

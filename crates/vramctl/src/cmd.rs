@@ -27,13 +27,13 @@ pub mod status;
 pub mod top;
 
 use anyhow::{anyhow, bail};
-use vramctl::daemon_socket::client::AskOptions;
-use vramctl::live_loop::LiveSampler;
-use vramctl::live_source::LiveSource;
-use vramctl::sample_source::{self, Source, SourceKind, Window};
 use vramctl_core::analysis::LeakConfig;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time;
+use vramctl_history::sample_source::{self, Source, SourceKind, Window};
+use vramctl_observe::daemon_socket::client::AskOptions;
+use vramctl_observe::live_loop::LiveSampler;
+use vramctl_observe::live_source::LiveSource;
 use vramctl_store::format::{Format, ImportOptions};
 
 use crate::cli::{AnalysisArgs, Cli, Command, GlobalArgs, ImportFormat, SourceArgs};
@@ -90,7 +90,7 @@ pub fn open_history(path: &std::path::Path) -> anyhow::Result<vramctl_store::Sto
 /// `--min-idle-mem`, `--idle-for`, `--warmup` over the documented defaults.
 pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
     let cfg = LeakConfig {
-        min_idle_bytes: vramctl::units::parse_bytes(&args.min_idle_mem)
+        min_idle_bytes: vramctl_observe::units::parse_bytes(&args.min_idle_mem)
             .map_err(|e| anyhow!("--min-idle-mem: {e}"))?,
         idle_for: args.idle_for,
         min_warmup: args.warmup,
@@ -111,11 +111,11 @@ pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
 /// Opens the GPU sources (`--backend`, `--nvml-lib`) and enumerates the GPUs (one NVML
 /// session for the whole process).
 pub fn open_sampler(global: &GlobalArgs) -> anyhow::Result<LiveSampler> {
-    vramctl::live_loop::open_sampler(&global.backends())
+    vramctl_observe::live_loop::open_sampler(&global.backends())
 }
 
 /// The devices now for `status` and `ps`: a running daemon's answer unless `no_daemon`
-/// (its socket, `vramctl::daemon_socket`), else NVML here ([`open_sampler`]) — also when no
+/// (its socket, `vramctl_observe::daemon_socket`), else NVML here ([`open_sampler`]) — also when no
 /// daemon answers. `process_stat`: the daemon reads `/proc/PID/stat` too (`ps`).
 pub fn open_live(
     global: &GlobalArgs,
@@ -145,7 +145,7 @@ pub fn import_format(format: ImportFormat) -> Option<Format> {
 }
 
 /// The samples `leaks` and `plot` analyse: the history (`--db`), or the log files given,
-/// read into memory (`vramctl::sample_source`).
+/// read into memory (`vramctl_history::sample_source`).
 pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Source> {
     let tz = wall_time::zone(args.tz.as_deref())?;
     let (store, kind) = if args.files.is_empty() {

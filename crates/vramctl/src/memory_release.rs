@@ -17,8 +17,8 @@ use vramctl_core::types::Snapshot;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_core::{Backend, Sampler};
 
-use crate::gpu_holdings::GpuHolding;
-use crate::units;
+use vramctl_observe::gpu_holdings::GpuHolding;
+use vramctl_observe::units;
 
 /// How often NVML is sampled while waiting for memory to be released.
 const VERIFY_EVERY: Duration = Duration::from_millis(50);

@@ -42,13 +42,13 @@ use vramctl_core::analysis::{
 };
 use vramctl_core::types::Snapshot;
 
-use crate::live_loop::LiveSampler;
 use agent_inject::AgentInjection;
 use child::{ChildEvent, ChildSpec, ExitStatus, Output, SignalForwarder, SpawnError};
 use memory_curve::MemoryCurve;
 use oom::OomSource;
 use scope::JobScope;
 use tree::ProcessTree;
+use vramctl_observe::live_loop::LiveSampler;
 
 /// What to run and how.
 #[derive(Debug, Clone)]

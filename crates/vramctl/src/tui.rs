@@ -4,7 +4,7 @@
 //! do it):
 //!
 //! - [`event`]: one [`Event`](event::Event) enum for everything the UI reacts to — keys,
-//!   mouse, resize, ticks, a new [`Observation`](observe::Observation) from the sampler
+//!   mouse, resize, ticks, a new [`Observation`](vramctl_observe::observation::Observation) from the sampler
 //!   thread, history and replay frames, kill results — and the threads that produce them.
 //!   The sampler thread owns the NVML backend; nothing else calls it.
 //! - [`app`]: the state, changed only by [`App::update`](app::App::update), which returns
@@ -18,9 +18,9 @@
 //!
 //! The seams (see each module): [`memory_series::HistorySource`] (the store's long history for
 //! the charts) and [`replay::ReplaySource`] (a recording to browse), both served by
-//! [`store::StoreSource`] over the history store; [`verdict::Judge`] (leak and idle
-//! verdicts: [`verdict::AnalysisJudge`] runs the live analysis on the sampler thread) and
-//! [`verdict::ReplayJudge`] (verdicts at a replay's cursor); and [`kill::Killer`] (the safe
+//! [`store::StoreSource`] over the history store; [`vramctl_observe::verdict::Judge`] (leak and idle
+//! verdicts: [`vramctl_observe::verdict::AnalysisJudge`] runs the live analysis on the sampler thread) and
+//! [`vramctl_observe::verdict::ReplayJudge`] (verdicts at a replay's cursor); and [`kill::Killer`] (the safe
 //! kill path: [`kill::SignalKiller`], `vramctl kill`'s signalling and audit, on the action
 //! thread).
 
@@ -30,14 +30,12 @@ pub mod format;
 pub mod kill;
 pub mod layout;
 pub mod memory_series;
-pub mod observe;
 pub mod reclaim;
 pub mod replay;
 pub mod store;
 pub mod table;
 pub mod terminal;
 pub mod theme;
-pub mod verdict;
 pub mod view;
 
 /// Opens the audit sink at the first kill or reclaim (the binary's

@@ -8,9 +8,9 @@ use serde::Serialize;
 use vramctl::doctor::{
     self, DriverFacts, Facts, Finding, HolderFacts, NoDriver, Status, collect, python_env,
 };
-use vramctl::gpu_selection::GpuFilter;
 use vramctl_core::InitError;
 use vramctl_core::untrusted::Untrusted;
+use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::open_sampler;
 use crate::cli::{DoctorArgs, GlobalArgs};

@@ -17,7 +17,7 @@ use crate::cli::{
 };
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Version of the JSON below (docs/json.md).
 const SCHEMA: u32 = 1;

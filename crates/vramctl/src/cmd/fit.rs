@@ -15,11 +15,11 @@ use vramctl::fit_search::{
     Conclusion, DeviceMeasure, ModelSummary, Next, Outcome, Reason, Search, SearchSettings,
     Strategy,
 };
-use vramctl::live_loop::LiveSampler;
 use vramctl::supervised_run::child::{Output, SignalForwarder, libc_signal};
 use vramctl::supervised_run::tree::ProcessTree;
 use vramctl::supervised_run::{JobReport, JobSpec, RunError, run_job};
-use vramctl::units::bytes;
+use vramctl_observe::live_loop::LiveSampler;
+use vramctl_observe::units::bytes;
 
 use super::open_sampler;
 use super::run::{STOP_GRACE, wants_agent};
@@ -83,7 +83,7 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
     let until_line = args
         .until_line
         .as_deref()
-        .map(|t| vramctl::pattern::compile_regex("--until-line", t))
+        .map(|t| vramctl_observe::pattern::compile_regex("--until-line", t))
         .transpose()?;
     if !args
         .command
@@ -317,9 +317,9 @@ fn print_trials(trials: &[Trial]) {
             reason_name(t.reason),
             t.outcome,
             bytes(t.peak_nvml_bytes),
-            vramctl::units::opt_bytes(t.peak_reserved_bytes),
-            vramctl::units::opt_bytes(t.peak_allocated_bytes),
-            vramctl::units::seconds(t.wall_s),
+            vramctl_observe::units::opt_bytes(t.peak_reserved_bytes),
+            vramctl_observe::units::opt_bytes(t.peak_allocated_bytes),
+            vramctl_observe::units::seconds(t.wall_s),
         );
     }
 }
@@ -334,18 +334,18 @@ fn summary(report: &FitReport) {
                 .1
                 .map_or_else(|| "-".to_owned(), |b| b.to_string()),
             report.trials.len(),
-            vramctl::units::seconds(report.wall_s)
+            vramctl_observe::units::seconds(report.wall_s)
         ),
         Conclusion::TopOfRange { value } => format!(
             "the top of the range fits: {value}; raise --range to search further · {} trials in {}",
             report.trials.len(),
-            vramctl::units::seconds(report.wall_s)
+            vramctl_observe::units::seconds(report.wall_s)
         ),
         Conclusion::NothingFits => format!(
             "nothing fits: {} ran out of memory already · {} trials in {}",
             report.range.0,
             report.trials.len(),
-            vramctl::units::seconds(report.wall_s)
+            vramctl_observe::units::seconds(report.wall_s)
         ),
     };
     let _ = writeln!(err, "{line}");
@@ -420,14 +420,19 @@ impl Progress {
         self.last_draw = Some(Instant::now());
         let eta = self
             .eta()
-            .map(|s| format!(" · about {} more after this", vramctl::units::seconds(s)))
+            .map(|s| {
+                format!(
+                    " · about {} more after this",
+                    vramctl_observe::units::seconds(s)
+                )
+            })
             .unwrap_or_default();
         self.line = format!(
             "trial {} · value {} ({}) · {} · peak {}{eta}",
             self.n,
             self.value,
             self.reason.map_or("", reason_name),
-            vramctl::units::seconds(running.as_secs_f64()),
+            vramctl_observe::units::seconds(running.as_secs_f64()),
             bytes(peak_bytes),
         );
         let mut err = std::io::stderr().lock();
@@ -455,7 +460,7 @@ impl Progress {
             reason_name(trial.reason),
             trial.outcome,
             bytes(trial.peak_nvml_bytes),
-            vramctl::units::seconds(trial.wall_s),
+            vramctl_observe::units::seconds(trial.wall_s),
         );
     }
 }

@@ -18,15 +18,15 @@ use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{self, When};
 use vramctl_store::{DeviceRecord, Entry, Gap, Metric, ProcessRecord, TimeRange, format::rfc3339};
 
-use vramctl::csv_record::{CsvRecord, write_csv_record};
-use vramctl::gpu_selection::select_devices;
-use vramctl::history_chart::{gpu_label, nice_step};
+use vramctl_history::csv_record::{CsvRecord, write_csv_record};
+use vramctl_history::history_chart::{gpu_label, nice_step};
+use vramctl_observe::gpu_selection::select_devices;
 
 use super::db_path;
 use crate::cli::{GlobalArgs, HistoryArgs, HistoryFormat, Step};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Version of the JSON below.
 pub const SCHEMA: u32 = 1;
@@ -110,7 +110,7 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let range = TimeRange {
         from_ms: match &args.since {
             Some(since) => since.resolve(now, &tz).context("--since")?,
-            None => vramctl::sample_source::default_since_ms(bounds, to_ms),
+            None => vramctl_history::sample_source::default_since_ms(bounds, to_ms),
         },
         to_ms,
     };

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use vramctl::import_notes::print_report_notes;
+use vramctl_history::import_notes::print_report_notes;
 use vramctl_store::format::{ImportOptions, import_files};
 use vramctl_store::{OpenMode, Store};
 

@@ -11,13 +11,13 @@ use anyhow::Context;
 use serde::Serialize;
 use vramctl_core::types::{DeviceDiagnostics, DriverInfo, MigInstanceInfo, Unavailable};
 
-use vramctl::gpu_selection::GpuFilter;
+use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::open_sampler;
 use crate::cli::{GlobalArgs, InfoArgs};
 use crate::exit::Exit;
 use crate::output::style::{Styles, paint};
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Version of the JSON below.
 pub const SCHEMA: u32 = 1;

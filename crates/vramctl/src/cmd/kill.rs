@@ -25,13 +25,13 @@ use crate::audit_sink::open_sink;
 use crate::cli::{GlobalArgs, KillArgs};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
-use vramctl::gpu_holdings::{GpuHolding, holdings, total_bytes};
-use vramctl::gpu_selection::GpuFilter;
 use vramctl::memory_release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, jupyter_note, record_memory_outcomes,
     release_lines, still_held, verify_release,
 };
-use vramctl::units;
+use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
+use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;

@@ -19,14 +19,14 @@ use std::io::Write;
 use anyhow::Context;
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl::leak_scan::{Finding, analyse, device_label, short_command};
-use vramctl::sample_source::{Source, SourceKind};
 use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
     SeriesReport, Steadiness, TrendTest, Verdict, explain,
 };
 use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{self, clock, same_day};
+use vramctl_history::leak_scan::{Finding, analyse, device_label, short_command};
+use vramctl_history::sample_source::{Source, SourceKind};
 use vramctl_store::format::rfc3339;
 
 use super::{leak_config, open_source};
@@ -158,9 +158,9 @@ fn human(source: &Source, findings: &[Finding]) -> Vec<String> {
         if current != Some(f.device.meta.uuid.as_str()) {
             flush(&mut table, &mut lines);
             let name = f.device.meta.name.as_deref().unwrap_or("");
-            let total = f
-                .total_bytes
-                .map_or_else(String::new, |t| format!(", {}", vramctl::units::bytes(t)));
+            let total = f.total_bytes.map_or_else(String::new, |t| {
+                format!(", {}", vramctl_observe::units::bytes(t))
+            });
             let heading = match f.device.meta.index {
                 Some(i) => format!("GPU {i}  {name}{total}  {}", f.device.meta.uuid),
                 None => format!("{}  {name}{total}", f.device.meta.uuid),

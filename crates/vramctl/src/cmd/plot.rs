@@ -13,9 +13,9 @@ use anyhow::{Context, bail};
 use vramctl_core::analysis::{Verdict, human_bytes, human_rate};
 use vramctl_core::wall_time::{clock, same_day, zone_label};
 
-use vramctl::history_chart::plot_panels;
-use vramctl::leak_scan::{Finding, analyse, short_command};
-use vramctl::sample_source::SourceKind;
+use vramctl_history::history_chart::plot_panels;
+use vramctl_history::leak_scan::{Finding, analyse, short_command};
+use vramctl_history::sample_source::SourceKind;
 
 use super::{leak_config, open_source};
 use crate::cli::{GlobalArgs, PlotArgs};

@@ -1,7 +1,7 @@
 //! `vramctl ps`: every process holding GPU memory, across devices, joined with /proc.
 //!
 //! One snapshot says who holds how much on which device (a running daemon's, when one
-//! answers: `vramctl::live_source`; else a sampler tick here); /proc adds who they are (user,
+//! answers: `vramctl_observe::live_source`; else a sampler tick here); /proc adds who they are (user,
 //! command line, age, CPU, RSS, state, parent, container, pod). A PID the driver reports
 //! that this PID namespace cannot see is listed as such; memory that no process accounts for
 //! is a row of its own. `--tree` nests processes under their parents and shows their
@@ -16,24 +16,24 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use regex::Regex;
 use serde::Serialize;
-use vramctl::live_source::ProcessLookup;
 use vramctl_core::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_core::untrusted::Untrusted;
+use vramctl_observe::live_source::ProcessLookup;
 use vramctl_store::format::rfc3339;
 
-use vramctl::gpu_holdings::{GpuHolding, holdings, total_bytes};
-use vramctl::gpu_selection::GpuFilter;
-use vramctl::pattern::compile_regex;
+use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
+use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::pattern::compile_regex;
 
 use super::open_live;
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, wrap};
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;

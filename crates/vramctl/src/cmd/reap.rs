@@ -47,19 +47,19 @@ use super::db_path;
 use crate::audit_sink::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapAction, ReapArgs};
 use crate::exit::Exit;
-use vramctl::gpu_holdings::{GpuHolding, holdings};
-use vramctl::gpu_selection::GpuFilter;
-use vramctl::live_loop::{
-    LiveSampler, clock_of, open_backend, sampler_on, stop_signals, wait_next_tick,
-};
 use vramctl::memory_release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
     still_held, verify_release,
 };
-use vramctl::units;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::zone as time_zone;
 use vramctl_core::wall_time::{clock, same_day};
+use vramctl_observe::gpu_holdings::{GpuHolding, holdings};
+use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::live_loop::{
+    LiveSampler, clock_of, open_backend, sampler_on, stop_signals, wait_next_tick,
+};
+use vramctl_observe::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;

@@ -14,7 +14,7 @@ use super::open_sampler;
 use crate::audit_sink::open_sink;
 use crate::cli::{GlobalArgs, ReclaimArgs};
 use crate::exit::Exit;
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Version of the JSON below (docs/json.md).
 const SCHEMA: u32 = 1;

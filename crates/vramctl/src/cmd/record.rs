@@ -1,7 +1,7 @@
 //! `vramctl record`: the sampler loop feeding the history store.
 //!
 //! Two threads: this one samples on the interval and never waits on the disk; a writer
-//! thread owns the store and commits one transaction per tick (`vramctl::recorder`, shared
+//! thread owns the store and commits one transaction per tick (`vramctl_history::recorder`, shared
 //! with `serve --record`). Between them a bounded channel: if the disk stalls long enough
 //! to fill it, ticks are dropped and recorded as a gap ("writer fell behind") instead of
 //! delaying the samples.
@@ -34,23 +34,25 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
-use vramctl::daemon_socket::server::{self as socket, DaemonSettings, DaemonSocket, SharedSampler};
 use vramctl_core::Backend;
 use vramctl_core::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::process_catalog::FactsSource;
 use vramctl_core::sampler::SessionHealth;
+use vramctl_observe::daemon_socket::server::{
+    self as socket, DaemonSettings, DaemonSocket, SharedSampler,
+};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, add_agent_figures, device_samples};
 
-use vramctl::live_loop::{
+use vramctl_observe::live_loop::{
     LiveSampler, clock_of, open_backend, sampler_on, simulated_clock, stop_signals, wait_next_tick,
 };
 
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
 use crate::exit::Exit;
-use vramctl::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
 use vramctl_core::process_catalog::ProcessCatalog;
+use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
 
 /// NVML init retry backoff.
 const BACKOFF_FIRST_MS: i64 = 1_000;

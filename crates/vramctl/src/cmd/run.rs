@@ -6,11 +6,11 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use vramctl::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
 use vramctl::supervised_run::agent_inject::is_python_command;
 use vramctl::supervised_run::child::{Output, SignalForwarder};
 use vramctl::supervised_run::{DeviceReport, Ending, JobReport, JobSpec, RunError, run_job};
-use vramctl::units::bytes;
+use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
+use vramctl_observe::units::bytes;
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
 
 use super::{db_path, open_sampler};
@@ -268,7 +268,7 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
     };
     out.push_str(&format!(
         "  {ended} after {} · sampled every {} ms · {agent}\n",
-        vramctl::units::seconds(report.wall_s),
+        vramctl_observe::units::seconds(report.wall_s),
         report.interval_ms
     ));
     if report.leftover_processes > 0 {
@@ -300,7 +300,7 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
             "  GPU {} {name}: peak {} at {}{of} · mean {} · device peak {}\n",
             c.index,
             bytes(c.peak_bytes),
-            vramctl::units::seconds(c.peak_at_ms as f64 / 1000.0),
+            vramctl_observe::units::seconds(c.peak_at_ms as f64 / 1000.0),
             bytes(c.mean_bytes),
             bytes(c.device_peak_used_bytes),
         ));
@@ -308,8 +308,8 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
         if let Some(f) = &d.framework {
             out.push_str(&format!(
                 "    framework: allocated peak {} · reserved peak {}\n",
-                vramctl::units::opt_bytes(f.allocated_peak_bytes),
-                vramctl::units::opt_bytes(f.reserved_peak_bytes),
+                vramctl_observe::units::opt_bytes(f.allocated_peak_bytes),
+                vramctl_observe::units::opt_bytes(f.reserved_peak_bytes),
             ));
         }
         if let Some(leak) = &d.leak {
@@ -335,8 +335,8 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
                 p.nvml.pid,
                 gpu,
                 bytes(p.nvml.peak_bytes),
-                vramctl::units::opt_bytes(p.allocated_peak_bytes),
-                vramctl::units::opt_bytes(p.reserved_peak_bytes),
+                vramctl_observe::units::opt_bytes(p.allocated_peak_bytes),
+                vramctl_observe::units::opt_bytes(p.reserved_peak_bytes),
                 p.nvml.command.as_deref().unwrap_or("-"),
             ));
         }
@@ -365,7 +365,7 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
         };
         out.push_str(&format!(
             "  {what} ({source}) at {}{}{}\n",
-            vramctl::units::seconds(oom.at_s),
+            vramctl_observe::units::seconds(oom.at_s),
             if at.is_empty() {
                 String::new()
             } else {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use vramctl::daemon_socket::server::{DaemonSettings, DaemonSocket};
+use vramctl_observe::daemon_socket::server::{DaemonSettings, DaemonSocket};
 use vramctl_store::{OpenMode, Retention, Store};
 
 use super::db_path;
@@ -38,7 +38,7 @@ use crate::exporter::render::RenderOptions;
 use crate::exporter::server::{self, ServerSettings};
 use crate::exporter::webconfig::WebConfig;
 use rustix::process::Rlimit;
-use vramctl::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
@@ -105,7 +105,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             render: RenderOptions {
                 max_process_series: args.max_process_series,
             },
-            simulated_clock: vramctl::live_loop::simulated_clock(
+            simulated_clock: vramctl_observe::live_loop::simulated_clock(
                 args.simulated_clock,
                 &args.simulated_clock_step,
             ),

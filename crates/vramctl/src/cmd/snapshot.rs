@@ -14,7 +14,7 @@ use crate::cli::{RecordAction, SnapshotAction, SnapshotArgs, SnapshotDiffArgs, T
 use crate::exit::Exit;
 
 use super::snapshot_top::{SCHEMA, TopDocument, top_lines};
-use vramctl::units;
+use vramctl_observe::units;
 
 #[derive(Serialize)]
 struct Document<'a> {

@@ -17,7 +17,7 @@ use super::snapshot_top::{SCHEMA, TopDocument, top_lines};
 use crate::cli::SnapshotTimelineArgs;
 use crate::exit::Exit;
 use crate::output::chart::{Layer, StackedChart, StackedMark, StackedPanel, render_stacked};
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Points per device the chart and the JSON carry: about one per pixel of the plot.
 const MAX_POINTS: usize = 2000;

@@ -3,7 +3,7 @@
 //! neither names the other's file (the architecture test forbids file-level cycles).
 
 use serde::Serialize;
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Version of the JSON of `snapshot` and `snapshot timeline` (docs/json.md).
 pub(super) const SCHEMA: u32 = 1;

@@ -2,7 +2,7 @@
 //!
 //! One snapshot, joined with /proc (user, command line), printed as a per-device block or
 //! as JSON (`docs/json.md`, schema 1). The snapshot comes from a running daemon when one
-//! answers (`vramctl::live_source`: no NVML start-up), else from NVML here; `--no-daemon`
+//! answers (`vramctl_observe::live_source`: no NVML start-up), else from NVML here; `--no-daemon`
 //! always reads NVML here. The output is the same either way. `--watch` refreshes in place
 //! (NDJSON with `--json`), asking the daemon each time, or keeping one NVML session.
 //!
@@ -21,8 +21,6 @@ use std::time::Instant;
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl::live_loop::sampler_on;
-use vramctl::live_source::ProcessLookup;
 use vramctl_core::agent_client::{self, AgentMemory, Stats};
 use vramctl_core::agent_poll;
 use vramctl_core::clock::ManualClock;
@@ -32,10 +30,12 @@ use vramctl_core::types::{
 };
 use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
+use vramctl_observe::live_loop::sampler_on;
+use vramctl_observe::live_source::ProcessLookup;
 use vramctl_store::format::rfc3339;
 use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 
-use vramctl::gpu_selection::GpuFilter;
+use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::open_live;
 use crate::cli::{GlobalArgs, StatusArgs};
@@ -43,7 +43,7 @@ use crate::exit::Exit;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, fit_line, wrap};
-use vramctl::units;
+use vramctl_observe::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
@@ -317,7 +317,7 @@ fn print(
 /// Who the processes of a snapshot are.
 enum Holders<'a> {
     /// Now: a daemon's facts or this process's /proc (the driver names what /proc cannot
-    /// see), `vramctl::live_source`.
+    /// see), `vramctl_observe::live_source`.
     Live(&'a mut dyn ProcessLookup),
     /// A recorded moment: who the recorder saw.
     Recorded(&'a RecordedProcesses),

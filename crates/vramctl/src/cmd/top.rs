@@ -23,7 +23,6 @@ use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use vramctl::daemon_socket::client::{AskOptions, ask};
 use vramctl::tui::app::{App, AppConfig, Effect, TICK_MS};
 use vramctl::tui::event::{
     ActionRequest, Event, FirstSample, HistoryRequest, ReplayRequest, spawn_actions, spawn_history,
@@ -33,13 +32,14 @@ use vramctl::tui::kill::{Actions, SignalKiller};
 use vramctl::tui::reclaim::AgentReclaimer;
 use vramctl::tui::store::StoreSource;
 use vramctl::tui::terminal::TerminalGuard;
-use vramctl::tui::verdict::AnalysisJudge;
 use vramctl::tui::view;
 use vramctl_core::procinfo;
 use vramctl_core::types::DeviceInfo;
+use vramctl_observe::daemon_socket::client::{AskOptions, ask};
+use vramctl_observe::verdict::AnalysisJudge;
 use vramctl_store::StoreError;
 
-use vramctl::gpu_selection::GpuFilter;
+use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::{db_path, leak_config, open_sampler};
 use crate::cli::{ColorChoice, GlobalArgs, TopArgs};
@@ -252,7 +252,9 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
 
 /// NVML for `top`, with per-process SM activity (the IDLE column; one more NVML call per
 /// GPU per tick).
-fn open_top_sampler(global: &GlobalArgs) -> anyhow::Result<vramctl::live_loop::LiveSampler> {
+fn open_top_sampler(
+    global: &GlobalArgs,
+) -> anyhow::Result<vramctl_observe::live_loop::LiveSampler> {
     let mut sampler = open_sampler(global)?;
     sampler.backend_mut().set_read_process_activity(true);
     Ok(sampler)

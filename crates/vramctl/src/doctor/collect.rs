@@ -10,8 +10,8 @@ use vramctl_core::types::DeviceState;
 use super::{
     DriverReady, EnvFacts, GpuFacts, GpuIdentity, Holder, HolderFacts, HostFacts, KernelLog, xid,
 };
-use crate::gpu_selection::GpuFilter;
-use crate::live_loop::LiveSampler;
+use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::live_loop::LiveSampler;
 
 /// What NVML says: the versions, every GPU's identity, and the chosen GPUs' facts (one
 /// tick for the readings, `info`'s diagnostics, the health facts).

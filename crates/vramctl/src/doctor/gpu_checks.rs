@@ -4,7 +4,7 @@
 use vramctl_core::types::{ComputeCapability, DeviceDiagnostics, DeviceHealth, Unavailable};
 
 use super::{Finding, GpuFacts, Holder, HolderFacts, Status};
-use crate::units::bytes;
+use vramctl_observe::units::bytes;
 
 /// Used memory that no listed process holds, at or above which `unaccounted_memory` is not
 /// ok. Chosen on the H200 status trace (`testdata/h200/labeled-trace.ndjson.gz`, 3172

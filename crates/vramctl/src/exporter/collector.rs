@@ -61,7 +61,7 @@ pub trait TickConsumer: Send {
 #[derive(Debug, Clone)]
 pub struct CollectorConfig {
     /// `--backend`, `--nvml-lib`.
-    pub backends: vramctl::live_loop::BackendOptions,
+    pub backends: vramctl_observe::live_loop::BackendOptions,
     /// `--interval`.
     pub interval: Duration,
     /// `--peak-window`.
@@ -157,7 +157,7 @@ impl Collector {
     }
 
     /// The sampler, shared with the local socket that answers `status` and `ps`.
-    pub fn shared_sampler(&self) -> vramctl::daemon_socket::server::SharedSampler {
+    pub fn shared_sampler(&self) -> vramctl_observe::daemon_socket::server::SharedSampler {
         self.source.shared_sampler()
     }
 
@@ -344,7 +344,7 @@ mod tests {
 
     fn config() -> CollectorConfig {
         CollectorConfig {
-            backends: vramctl::live_loop::BackendOptions::nvml(Some(
+            backends: vramctl_observe::live_loop::BackendOptions::nvml(Some(
                 "/nonexistent/libnvidia-ml.so.1".into(),
             )),
             interval: Duration::from_secs(1),

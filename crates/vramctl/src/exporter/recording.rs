@@ -1,6 +1,6 @@
 //! `serve --record`: the history recorder as a [`TickConsumer`] of the exporter's sampler.
 //!
-//! The same writer as `vramctl record` (`vramctl::recorder`): each snapshot, with its
+//! The same writer as `vramctl record` (`vramctl_history::recorder`): each snapshot, with its
 //! processes' identity, metadata and CPU time, goes over a bounded channel to a writer
 //! thread that owns the store, so a slow disk never delays the sampler or a scrape; ticks
 //! dropped while the writer is behind become a gap. Ticks in which NVML is down are
@@ -19,7 +19,7 @@ use vramctl_store::{TickSample, add_agent_figures, device_samples};
 use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
 use super::render::ProcessVerdicts;
-use vramctl::recorder::{Procs, StoreFeed, WriterHealth};
+use vramctl_history::recorder::{Procs, StoreFeed, WriterHealth};
 
 /// Records every tick into the history store.
 #[derive(Debug)]

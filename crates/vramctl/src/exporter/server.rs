@@ -48,7 +48,7 @@ use super::connections::{Limits, PeerKey, Registry, Slot};
 use super::render::{Format, render_tail};
 use super::timed_io::TimedIo;
 use super::webconfig::WebConfig;
-use vramctl::recorder::{WriterHealth, WriterStatus};
+use vramctl_history::recorder::{WriterHealth, WriterStatus};
 
 /// Default time a client has for a TLS handshake, for sending a request head (also
 /// bounds an idle keep-alive), and for reading a response.

@@ -17,11 +17,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramctl::daemon_socket::server::{self as socket, SharedSampler};
-use vramctl::live_loop::{BackendOptions, LiveSampler, open_backend, sampler_on};
 use vramctl_core::clock::Clock;
 use vramctl_core::sampler::SessionHealth;
 use vramctl_core::types::Snapshot;
+use vramctl_observe::daemon_socket::server::{self as socket, SharedSampler};
+use vramctl_observe::live_loop::{BackendOptions, LiveSampler, open_backend, sampler_on};
 
 use super::stats::Stats;
 

@@ -51,11 +51,11 @@ use super::event::Event;
 use super::kill::KillTarget;
 use super::layout::{self, Areas};
 use super::memory_series::{Point, SeriesKey};
-use super::observe::Observation;
 use super::reclaim::ReclaimTarget;
 use super::replay::ReplayFrame;
 use super::table::Row;
 use super::theme::Theme;
+use vramctl_observe::observation::Observation;
 
 /// The facts of no process, for a table without an observation.
 static NO_HOSTS: Hosts = Hosts::new();
@@ -562,8 +562,8 @@ mod tests {
     use crate::tui::memory_series::{HistoryChunk, Zoom};
     use crate::tui::replay::{MemoryReplay, Seek, seek_frame};
     use crate::tui::table::{self, Column, Idle};
-    use crate::tui::verdict::{ProcessVerdict, VerdictKind};
     use crate::tui::view;
+    use vramctl_observe::verdict::{ProcessVerdict, VerdictKind};
 
     fn key(code: KeyCode) -> Event {
         Event::Key(KeyEvent {
@@ -770,7 +770,7 @@ mod tests {
 
     #[test]
     fn idle_is_the_analysis_evidence_and_no_activity_report_is_not_idle() {
-        use crate::tui::verdict::{AnalysisJudge, Judge};
+        use vramctl_observe::verdict::{AnalysisJudge, Judge};
         let mut app = live();
         let mut judge = AnalysisJudge::new(vramctl_core::analysis::LeakConfig::default()).unwrap();
         // Two processes on a shared, busy GPU; the driver's per-process list (as NVML's is

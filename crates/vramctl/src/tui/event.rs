@@ -17,10 +17,10 @@ use vramctl_core::{Backend, Sampler};
 
 use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
-use super::observe::{HostReader, Observation};
 use super::reclaim::{ReclaimOutcome, ReclaimTarget};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
-use super::verdict::{Judge, ReplayJudge};
+use vramctl_observe::observation::{HostReader, Observation};
+use vramctl_observe::verdict::{Judge, ReplayJudge};
 
 /// Something the UI reacts to.
 #[derive(Debug, Clone)]
@@ -374,7 +374,7 @@ mod tests {
     /// holds memory at 0 % SM the whole time, so IDLE (the live analysis's idle evidence,
     /// through the same judge as `top` runs) counts up by one second a sample.
     fn idle_across_a_step(step_ms: i64) -> (Option<Idle>, usize) {
-        use crate::tui::verdict::{AnalysisJudge, Judge};
+        use vramctl_observe::verdict::{AnalysisJudge, Judge};
         let mut judge =
             AnalysisJudge::new(vramctl_core::analysis::LeakConfig::default()).expect("judge");
         let mut app = App::new(AppConfig::default());

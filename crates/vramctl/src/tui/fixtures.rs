@@ -13,7 +13,7 @@ use vramctl_core::types::{
 };
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 
-use super::observe::{HostProcess, Observation};
+use vramctl_observe::observation::{HostProcess, Observation};
 
 /// 2025-11-29 21:00:00 UTC: the time of the first fixture sample.
 pub const T0_MS: i64 = 1_764_450_000_000;
@@ -213,7 +213,7 @@ pub fn judged_in(
     observations: &[Arc<Observation>],
     tz: jiff::tz::TimeZone,
 ) -> Vec<Arc<Observation>> {
-    use super::verdict::{AnalysisJudge, Judge};
+    use vramctl_observe::verdict::{AnalysisJudge, Judge};
     let mut judge = AnalysisJudge::new(cfg)
         .expect("valid thresholds")
         .with_time_zone(tz);

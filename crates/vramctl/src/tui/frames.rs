@@ -15,10 +15,10 @@ use super::app::{App, AppConfig};
 use super::event::Event;
 use super::fixtures::from_scenario;
 use super::kill::{KillOutcome, Killer, RecordingKiller};
-use super::observe::Observation;
 use super::replay::{MemoryReplay, seek_frame};
-use super::verdict::{ProcessVerdict, VerdictKind};
 use super::view;
+use vramctl_observe::observation::Observation;
+use vramctl_observe::verdict::{ProcessVerdict, VerdictKind};
 
 fn key(code: KeyCode) -> Event {
     Event::Key(KeyEvent {

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use ratatui::layout::Rect;
 use vramctl_core::types::{DeviceSnapshot, MigInstanceInfo, UnopenedDevice};
 
-use super::observe::Observation;
+use vramctl_observe::observation::Observation;
 
 /// The smallest terminal the screen is laid out for.
 pub const MIN_WIDTH: u16 = 80;

@@ -10,8 +10,8 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::observe::Observation;
-pub use super::observe::Starts;
+use vramctl_observe::observation::Observation;
+pub use vramctl_observe::observation::Starts;
 
 /// Every sample is kept for this long.
 pub const FINE_SPAN_MS: i64 = 15 * 60_000;

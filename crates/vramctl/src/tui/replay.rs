@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::memory_series::{HistoryChunk, HistorySource, Point, SeriesKey, decimate};
-use super::observe::Observation;
+use vramctl_observe::observation::Observation;
 
 /// A recording to browse.
 pub trait ReplaySource: HistorySource {

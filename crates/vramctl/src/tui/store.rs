@@ -24,8 +24,8 @@ use vramctl_store::{
 };
 
 use super::memory_series::{HistoryChunk, HistorySource, Point, SeriesKey, Starts};
-use super::observe::{HostProcess, Observation};
 use super::replay::ReplaySource;
+use vramctl_observe::observation::{HostProcess, Observation};
 
 /// CPU use at a cursor is the average over this long before it (the recorder reads CPU
 /// time every 10 s, so a shorter span would mostly see no change).
@@ -397,10 +397,10 @@ impl Inner {
             }),
             hosts,
             driver_names,
-            verdicts: super::verdict::Verdicts::default(),
+            verdicts: vramctl_observe::verdict::Verdicts::default(),
             // The history keeps the agents' series, not yet read back here: a replay
             // shows no agent figures (absent, not 0).
-            agents: super::observe::AgentFigures::default(),
+            agents: vramctl_observe::observation::AgentFigures::default(),
         }))
     }
 }
@@ -573,8 +573,8 @@ mod tests {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names: obs.driver_names.clone(),
-            verdicts: super::super::verdict::Verdicts::default(),
-            agents: super::super::observe::AgentFigures::default(),
+            verdicts: vramctl_observe::verdict::Verdicts::default(),
+            agents: vramctl_observe::observation::AgentFigures::default(),
         }
     }
 

@@ -4,7 +4,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::observe::HostProcess;
+use vramctl_observe::observation::HostProcess;
 
 /// A column of the process table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -18,10 +18,10 @@ use vramctl_store::{AuditRow, TimeRange};
 use crate::cli::{HistoryArgs, HistoryFormat};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
-use vramctl::csv_record::{CsvRecord, write_csv_record};
-use vramctl::units;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{clock, zone_label};
+use vramctl_history::csv_record::{CsvRecord, write_csv_record};
+use vramctl_observe::units;
 
 /// Version of the JSON below.
 pub const SCHEMA: u32 = 1;

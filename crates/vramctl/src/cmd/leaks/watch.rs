@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use serde::Serialize;
-use vramctl::gpu_selection::GpuFilter;
-use vramctl::live_loop::{clock_of, open_backend, sampler_on, simulated_clock};
 use vramctl_core::Backend;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
 use vramctl_core::analysis::{LeakConfig, Verdict};
 use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, StaticFacts};
+use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::live_loop::{clock_of, open_backend, sampler_on, simulated_clock};
 use vramctl_store::format::rfc3339;
 
 use vramctl_core::wall_time::{DayLines, zone as time_zone};

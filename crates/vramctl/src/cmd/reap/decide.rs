@@ -16,8 +16,8 @@ use vramctl_core::analysis::{Evidence, SeriesReport, Verdict, human_duration};
 use vramctl_core::types::DeviceInfo;
 
 use super::policy::Policy;
-use vramctl::gpu_holdings::{GpuHolding, total_bytes};
-use vramctl::units;
+use vramctl_observe::gpu_holdings::{GpuHolding, total_bytes};
+use vramctl_observe::units;
 
 /// Where a verdict's evidence came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -346,7 +346,7 @@ mod tests {
     use vramctl_core::types::ProcessKind;
 
     use super::*;
-    use vramctl::pattern::compile_regex;
+    use vramctl_observe::pattern::compile_regex;
 
     const GIB: u64 = 1 << 30;
     const T0: i64 = 1_795_984_291_000;

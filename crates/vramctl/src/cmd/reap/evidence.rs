@@ -14,7 +14,7 @@ use anyhow::Context;
 use vramctl_core::analysis::{LeakConfig, SeriesReport};
 use vramctl_store::TimeRange;
 
-use vramctl::leak_scan::analyse;
+use vramctl_history::leak_scan::analyse;
 
 /// Evidence older than this does not speak for now: the analysis's own limit between two
 /// pieces of idle evidence (`LeakConfig::max_evidence_gap`).

@@ -21,8 +21,8 @@ use toml::Spanned;
 use vramctl_core::types::DeviceInfo;
 
 use crate::cli::ReapArgs;
-use vramctl::pattern::compile_regex;
-use vramctl::units::{self, parse_bytes};
+use vramctl_observe::pattern::compile_regex;
+use vramctl_observe::units::{self, parse_bytes};
 
 /// Idle at least this long, unless a policy or `--idle-for` says otherwise (the same
 /// default as `leaks`).
@@ -120,7 +120,8 @@ impl Policy {
 
     /// Whether `device` is one of the policy's GPUs.
     pub fn gpu_ok(&self, device: &DeviceInfo) -> bool {
-        self.gpus.is_empty() || vramctl::gpu_selection::GpuFilter::selects(&self.gpus, device)
+        self.gpus.is_empty()
+            || vramctl_observe::gpu_selection::GpuFilter::selects(&self.gpus, device)
     }
 }
 

@@ -12,12 +12,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use vramctl::tui::observe::Observation;
-use vramctl::tui::verdict::{ReplayJudge, Verdicts, verdict_of};
 use vramctl_core::analysis::LeakConfig;
+use vramctl_observe::observation::Observation;
+use vramctl_observe::verdict::{ReplayJudge, Verdicts, verdict_of};
 use vramctl_store::{Store, TimeRange};
 
-use vramctl::leak_scan::{Finding, analyse, device_label};
+use vramctl_history::leak_scan::{Finding, analyse, device_label};
 
 /// Least span of recording analysed before the cursor.
 const MIN_SPAN_MS: i64 = 3_600_000;
@@ -130,8 +130,8 @@ fn verdicts_at(
 mod tests {
     use std::sync::Arc;
 
-    use vramctl::tui::verdict::VerdictKind;
     use vramctl_core::types::{DriverInfo, Snapshot};
+    use vramctl_observe::verdict::VerdictKind;
     use vramctl_store::{
         DeviceMeta, DeviceSample, DeviceSampleState, Metric, Observed, ProcessKey, ProcessList,
         ProcessMeta, ProcessOnDevice, ProcessSample, TickSample,
@@ -203,7 +203,7 @@ mod tests {
             devices: Vec::new(),
             unopened: Vec::new(),
         });
-        let mut host = vramctl::tui::observe::HostProcess {
+        let mut host = vramctl_observe::observation::HostProcess {
             pid: 1,
             ppid: None,
             user: None,

@@ -284,7 +284,7 @@ fn summary(devices: &[&ChartSeries], ceiling: Option<u64>) -> Option<String> {
             "peak {} of {} ({}%)",
             format_bytes(peak),
             format_bytes(total),
-            vramctl::units::percent(peak, total).unwrap_or(0)
+            vramctl_observe::units::percent(peak, total).unwrap_or(0)
         ),
         Some(total) => format!("peak {} of {}", format_bytes(peak), format_bytes(total)),
         None => format!("peak {}", format_bytes(peak)),

@@ -7,7 +7,7 @@
 use crate::tui::memory_series::{
     HistoryChunk, Point, SeriesKey, SeriesSet, Starts, Zoom, change_per_minute, joined,
 };
-use crate::tui::observe::Observation;
+use vramctl_observe::observation::Observation;
 
 /// The span the table's Δ/MIN column looks back over.
 const DELTA_SPAN_MS: i64 = 60_000;

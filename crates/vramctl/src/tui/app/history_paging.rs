@@ -5,8 +5,8 @@
 
 use super::effect::{Effect, Reply};
 use crate::tui::event::HistoryRequest;
-use crate::tui::observe::Observation;
 use crate::tui::replay::keys_of;
+use vramctl_observe::observation::Observation;
 
 /// Points per series asked for, as many as `top` asks of a replay frame (`cmd/top.rs`).
 const MAX_POINTS: usize = 512;

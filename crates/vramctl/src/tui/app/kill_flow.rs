@@ -12,8 +12,8 @@ use ratatui::layout::{Position, Rect};
 use super::effect::{Effect, Reply};
 use crate::tui::format;
 use crate::tui::kill::{GpuMemory, KillOutcome, KillPlan, KillTarget, READONLY_REASON};
-use crate::tui::observe::Observation;
 use crate::tui::table::Row;
+use vramctl_observe::observation::Observation;
 
 /// Samples to wait, after a process exited, for the driver to stop listing it.
 pub const VERIFY_SAMPLES: u32 = 5;

@@ -13,9 +13,9 @@ use vramctl_core::analysis::IdleState;
 
 use super::effect::Reply;
 use crate::tui::memory_series::SeriesKey;
-use crate::tui::observe::{HostProcess, Observation};
 use crate::tui::table::{self, Column, Flags, Idle, Row, RowKey, TableView};
-use crate::tui::verdict::{ProcessVerdict, VerdictKind};
+use vramctl_observe::observation::{HostProcess, Observation};
+use vramctl_observe::verdict::{ProcessVerdict, VerdictKind};
 
 /// Longest filter text: one longer than any command line is a stuck key.
 const MAX_FILTER_CHARS: usize = 200;

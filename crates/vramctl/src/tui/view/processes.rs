@@ -258,8 +258,8 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
         match verdict {
             Some(v) => {
                 let style = match v.kind {
-                    crate::tui::verdict::VerdictKind::Leak => t.bad(),
-                    crate::tui::verdict::VerdictKind::IdleHolder => t.warn(),
+                    vramctl_observe::verdict::VerdictKind::Leak => t.bad(),
+                    vramctl_observe::verdict::VerdictKind::IdleHolder => t.warn(),
                     _ => t.text(),
                 };
                 lines.push(vec![label("verdict"), (v.kind.as_str().to_owned(), style)]);

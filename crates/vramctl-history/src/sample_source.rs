@@ -11,7 +11,7 @@ use vramctl_core::wall_time::When;
 use vramctl_store::format::{Format, ImportError, ImportOptions, import_files};
 use vramctl_store::{DeviceRecord, Store, TimeRange};
 
-use crate::gpu_selection::select_devices;
+use vramctl_observe::gpu_selection::select_devices;
 
 /// Without `--since`, the history is read over this long before its last sample: by
 /// `leaks`, `plot` and `history` alike, so that one recording shows the same samples in

@@ -15,8 +15,8 @@ use vramctl_core::analysis::{
 };
 use vramctl_core::wall_time;
 
-use super::observe::{HostProcess, Observation};
-pub use super::observe::{ProcessVerdict, VerdictKind, Verdicts};
+use crate::observation::{HostProcess, Observation};
+pub use crate::observation::{ProcessVerdict, VerdictKind, Verdicts};
 
 /// Decides verdicts from the observations it is fed, one at a time, in time order.
 ///

@@ -1,0 +1,18 @@
+//! One observation of the machine and the loop that paces it.
+//!
+//! [`observation::Observation`] is a moment: the GPUs' snapshot joined once with what the
+//! process catalog knows of their processes (identity, user, command), the agents' figures
+//! and the verdicts. [`observation::HostReader`] produces it; [`live_loop`] opens the
+//! backend and paces the ticks on an injected clock; [`live_source`] answers from a running
+//! daemon ([`daemon_socket`]) or from NVML here. [`gpu_selection`] is the one `--gpu`
+//! matcher, [`units`] the one formatter of bytes, rates and durations.
+
+pub mod daemon_socket;
+pub mod gpu_holdings;
+pub mod gpu_selection;
+pub mod live_loop;
+pub mod live_source;
+pub mod observation;
+pub mod pattern;
+pub mod units;
+pub mod verdict;
