@@ -539,8 +539,8 @@ pub struct ServeArgs {
 
     /// Where process labels come from: proc (user, command, container, pod), nvml (the
     /// driver's process name only), none (PID only)
-    #[arg(long, value_enum, value_name = "SOURCE", default_value_t = crate::exporter::metadata::DetailsSource::Proc)]
-    pub process_details: crate::exporter::metadata::DetailsSource,
+    #[arg(long, value_enum, value_name = "SOURCE", default_value_t = ProcessDetails::Proc)]
+    pub process_details: ProcessDetails,
 
     /// How long vramctl_device_memory_used_max_bytes keeps the peak (e.g. 1m; at least the
     /// scrape interval, so no spike falls between scrapes)
@@ -557,12 +557,12 @@ pub struct ServeArgs {
 
     /// Open connections at most; beyond, a new one displaces an idle one (never one being
     /// served); at most the file-descriptor limit less 64
-    #[arg(long = "web.max-connections", value_name = "N", default_value_t = crate::exporter::connections::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long = "web.max-connections", value_name = "N", default_value_t = vramctl_exporter::connections::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
 
     /// Open connections of one peer at most (an IPv4 address, an IPv6 /64; all loopback
     /// addresses are one peer); beyond, its own idle ones give way
-    #[arg(long = "web.max-connections-per-peer", value_name = "N", default_value_t = crate::exporter::connections::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    #[arg(long = "web.max-connections-per-peer", value_name = "N", default_value_t = vramctl_exporter::connections::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub max_connections_per_peer: usize,
 
     /// Test only: the TLS handshake, request head and response write timeout
@@ -651,6 +651,30 @@ pub struct RecordArgs {
     /// full" without a small filesystem
     #[arg(long, hide = true, value_name = "N")]
     pub max_db_pages: Option<u64>,
+}
+
+/// `serve --process-details`: the flag's values, mapped to the exporter's
+/// `vramctl_exporter::metadata::DetailsSource` (the exporter crate does not depend on clap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProcessDetails {
+    /// /proc: user, command line, container and pod; the driver's process name when /proc
+    /// cannot see the process
+    Proc,
+    /// Only the driver's process name (no /proc reads: a container without the host PID
+    /// namespace)
+    Nvml,
+    /// No labels beyond the PID (no user names or command lines leave the host)
+    None,
+}
+
+impl From<ProcessDetails> for vramctl_exporter::metadata::DetailsSource {
+    fn from(details: ProcessDetails) -> Self {
+        match details {
+            ProcessDetails::Proc => Self::Proc,
+            ProcessDetails::Nvml => Self::Nvml,
+            ProcessDetails::None => Self::None,
+        }
+    }
 }
 
 /// Output formats of `history`.

@@ -9,7 +9,6 @@ mod cli;
 mod cmd;
 mod db_location;
 mod exit;
-mod exporter;
 mod logging;
 mod output;
 

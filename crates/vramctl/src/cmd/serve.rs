@@ -1,15 +1,15 @@
-//! `vramctl serve`: the Prometheus exporter daemon (see `exporter` for its shape).
+//! `vramctl serve`: the Prometheus exporter daemon (see `vramctl_exporter` for its shape).
 //!
 //! Publishes a starting exposition, starts the sampler thread and serves HTTP(S) at once,
 //! until SIGTERM or SIGINT: HTTP never waits for NVML, so a hung `nvmlInit` leaves
 //! `/metrics` answering `vramctl_nvml_up 0` (with a growing sample age) and `/healthz`
 //! answering 503 "starting". NVML failing to start is not an error here: the exporter
 //! serves `vramctl_nvml_up 0` and keeps retrying; a session that stops working (driver
-//! reloaded, GPU reset) is reopened (`exporter::source`). Bad flags, an unreadable web
+//! reloaded, GPU reset) is reopened (`vramctl_exporter::source`). Bad flags, an unreadable web
 //! config, an address in use, or with `--record` a history database that cannot be opened
 //! (another recorder holds it, not ours, newer, damaged, unwritable) are errors (exit 2)
 //! before anything is served. With `--record`, the history is flushed before the daemon exits. Every tick also
-//! goes through the live leak and idle analysis (`exporter::live_verdicts`; thresholds as for
+//! goes through the live leak and idle analysis (`vramctl_exporter::live_verdicts`; thresholds as for
 //! `vramctl leaks`), whose verdicts are exported per process.
 //!
 //! Test only (hidden): `--simulated-clock UNIX_MS --ticks N` samples N times without
@@ -29,20 +29,22 @@ use super::db_path;
 use super::leak_config;
 use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
-use crate::exporter::cache::Cache;
-use crate::exporter::collector::{Collector, CollectorConfig};
-use crate::exporter::connections::Limits;
-use crate::exporter::live_verdicts::LiveAnalysis;
-use crate::exporter::recording::HistoryRecorder;
-use crate::exporter::render::RenderOptions;
-use crate::exporter::server::{self, ServerSettings};
-use crate::exporter::webconfig::WebConfig;
+use vramctl_exporter::cache::Cache;
+use vramctl_exporter::collector::{Collector, CollectorConfig};
+use vramctl_exporter::connections::Limits;
+use vramctl_exporter::live_verdicts::LiveAnalysis;
+use vramctl_exporter::metadata::DetailsSource;
+use vramctl_exporter::recording::HistoryRecorder;
+use vramctl_exporter::render::RenderOptions;
+use vramctl_exporter::server::{self, ServerSettings};
+use vramctl_exporter::webconfig::WebConfig;
 use rustix::process::Rlimit;
 use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     let (interval, peak_window) = (args.interval, args.peak_window);
+    let details = DetailsSource::from(args.process_details);
     if peak_window < interval {
         bail!(
             "--peak-window '{}' is shorter than --interval '{}'; make it at least the \
@@ -101,7 +103,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             backends: global.backends(),
             interval,
             peak_window,
-            details: args.process_details,
+            details,
             render: RenderOptions {
                 max_process_series: args.max_process_series,
             },
@@ -124,7 +126,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         collector.shared_sampler(),
         DaemonSettings {
             daemon: "serve",
-            facts: args.process_details.facts_source(),
+            facts: details.facts_source(),
         },
     );
     // Something to serve before NVML has said anything: NVML's first init may hang.

@@ -143,7 +143,7 @@ families! {
 }
 
 /// What the leak and idle analysis says about one process. Filled each tick by the live
-/// analysis (`exporter::live_verdicts::LiveAnalysis`); a process without an entry gets none of
+/// analysis (`crate::live_verdicts::LiveAnalysis`); a process without an entry gets none of
 /// these series.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProcessVerdict {

@@ -17,8 +17,8 @@ use vramctl_core::types::Snapshot;
 /// every series and clutter legends.
 pub const COMMAND_MAX_CHARS: usize = 64;
 
-/// Where process labels come from (`--process-details`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// Where process labels come from (`--process-details`; the binary parses the flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DetailsSource {
     /// /proc: user, command line, container and pod; the driver's process name when /proc
     /// cannot see the process

@@ -152,7 +152,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::connections::{Limits, Registry};
+    use crate::connections::{Limits, Registry};
     use tokio::io::AsyncWriteExt as _;
 
     #[test]

@@ -1,4 +1,14 @@
-//! The Prometheus exporter behind `vramctl serve`.
+//! The Prometheus exporter behind `vramctl serve`: the collector (sampler thread, process
+//! labels, error and peak statistics), the metric rendering, the HTTP(S) server with its web
+//! config (TLS, basic auth) and connection limits, the live leak and idle verdicts, and the
+//! history recording of `serve --record`.
+//!
+//! Main types: [`collector::Collector`] (its [`collector::CollectorConfig`]), [`cache::Cache`]
+//! (what a scrape copies), [`server::serve`]'s [`server::ServerSettings`],
+//! [`webconfig::WebConfig`], [`live_verdicts::LiveAnalysis`], [`recording::HistoryRecorder`].
+//! Built on `vramctl-observe` (the live loop, the daemon's socket) and `vramctl-history` (the
+//! recorder); it must not depend on the `vramctl` package (its command line, clap, exit
+//! codes): `vramctl serve` parses the flags and hands this crate typed settings.
 //!
 //! ```text
 //!  sampler thread (std)                         HTTP thread (tokio, current-thread)
@@ -15,7 +25,7 @@
 //! Prometheus' scrape too), so the sampler runs on its own interval and renders the
 //! exposition text once per tick; a scrape copies cached bytes and appends one dynamic
 //! line, the age of that sample, so a stuck sampler is visible. The async runtime stays in
-//! this module (`server`); the rest of vramctl is threads and channels.
+//! this crate (`server`); the rest of vramctl is threads and channels.
 //!
 //! Consumers of a tick (see [`collector`]): the leak and idle analysis ([`live_verdicts`]: fills
 //! the verdicts the renderer exports) and the history recorder (`serve --record`,

@@ -11,8 +11,8 @@
 //!    per agent and per tick (`vramctl_core::agent_poll`; only with `--process-details
 //!    proc`, which may read /proc): allocated and reserved bytes per (GPU, process);
 //! 5. the [`TickConsumer`]s, in the order added: the leak and idle analysis
-//!    (`exporter::live_verdicts`), which fills the [`ProcessVerdicts`] it is handed before
-//!    rendering, and the history recorder (`serve --record`, `exporter::recording`);
+//!    (`crate::live_verdicts`), which fills the [`ProcessVerdicts`] it is handed before
+//!    rendering, and the history recorder (`serve --record`, `crate::recording`);
 //! 6. [`render`] in both formats, published to the [`Cache`] that scrapes read.
 
 use std::sync::Arc;
