@@ -736,12 +736,19 @@ fn no_file_level_import_cycles_in_any_crate() {
         "expected the workspace's crates under {}",
         crates_dir.display()
     );
-    let vramctl = crate_graph(&crates_dir.join("vramctl"));
+    // The binary's files shrink as its parts move into crates of their own, so the scan is
+    // checked by what it must reach, not by a count: a command file two `mod` levels below
+    // main.rs, and references in a good share of the files.
+    let vramctl_dir = crates_dir.join("vramctl");
+    let vramctl = crate_graph(&vramctl_dir);
+    let deep_file = vramctl_dir.join("src").join("cmd").join("serve.rs");
     assert!(
-        vramctl.files.len() > 100 && vramctl.edges.len() > 50,
-        "the scan must reach the binary's files: {} files, {} with references",
+        vramctl.files.contains(&deep_file) && vramctl.edges.len() * 2 > vramctl.files.len(),
+        "the scan must reach the binary's files: {} files, {} with references, {} reached: {}",
         vramctl.files.len(),
-        vramctl.edges.len()
+        vramctl.edges.len(),
+        deep_file.display(),
+        vramctl.files.contains(&deep_file)
     );
     let found: Vec<String> = dirs.iter().flat_map(|d| describe_cycles(d)).collect();
     assert!(
