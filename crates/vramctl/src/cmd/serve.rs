@@ -29,6 +29,7 @@ use super::db_path;
 use super::leak_config;
 use crate::cli::{GlobalArgs, ServeArgs};
 use crate::exit::Exit;
+use rustix::process::Rlimit;
 use vramctl_exporter::cache::Cache;
 use vramctl_exporter::collector::{Collector, CollectorConfig};
 use vramctl_exporter::connections::Limits;
@@ -38,7 +39,6 @@ use vramctl_exporter::recording::HistoryRecorder;
 use vramctl_exporter::render::RenderOptions;
 use vramctl_exporter::server::{self, ServerSettings};
 use vramctl_exporter::webconfig::WebConfig;
-use rustix::process::Rlimit;
 use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, session};
 
 /// Runs `serve` until a termination signal.
