@@ -1,65 +1,50 @@
-//! `vramctl reap`: policy-driven reclaim of GPU memory from idle holders.
+//! One pass of `reap`: policy-driven reclaim of GPU memory from idle holders.
 //!
-//! A round: sample the GPUs once, join each process holding memory with /proc, find the
+//! A round: on one sample of the GPUs, join each process holding memory with /proc, find the
 //! idle evidence for each of its GPUs (the recorded history through `leaks`' scan, or
-//! `FleetTracker` when `--every` watches live; `reap/evidence.rs`), judge it against each
-//! policy (`reap/decide.rs`, pure), check that the safe path would signal it
-//! (`signal::inspect`), cap the number with `max_kills`, and print the plan with the
-//! evidence for each candidate and the reason for each process left alone. With `--apply`
-//! the candidates go through `signal::execute` as an automatic kill (`Origin::Policy`:
-//! refused without pidfds; action `reap` in the audit log), and `kill`'s release check
-//! (`kill/release.rs`) verifies through NVML that the memory came back.
+//! `FleetTracker` when the binary feeds every live sample to [`Engine::observe`];
+//! [`crate::evidence`]), judge it against each policy ([`crate::decide`], pure), have the
+//! executor prove that the safe path would signal it ([`ReapExecutor::inspect`]), cap the
+//! number with `max_kills`, and report the plan with the evidence for each candidate and the
+//! reason for each process left alone. When applied, the candidates go to
+//! [`ReapExecutor::terminate`] as an automatic kill (`Origin::Policy`: refused without
+//! pidfds; action `reap` in the audit log), which also checks that the memory came back
+//! ([`crate::memory_release`]), or with [`Action::Reclaim`] to their agents
+//! ([`ReapExecutor::reclaim`]).
 //!
-//! Once, or as a loop (`--every`) that samples at `--interval` between rounds and stops
-//! cleanly on SIGINT/SIGTERM (a round in progress, kills included, is finished first).
-//! `docs/reap.md` is the user's guide.
-
-mod decide;
-mod evidence;
-mod policy;
+//! The engine signals nothing and writes no audit record itself: every effect goes through
+//! the executor, and the wall clock it stamps the signal with is injected, so a pass is
+//! tested with a recording executor.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl_core::Backend;
 use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
-use vramctl_core::analysis::{Evidence, LeakConfig, Verdict, human_duration};
-use vramctl_core::clock::{Clock, ManualClock, SystemClock};
+use vramctl_core::analysis::{Evidence, LeakConfig, Verdict};
+use vramctl_core::clock::Clock;
 use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
-use vramctl_core::procinfo::{self, ProcReader};
+use vramctl_core::reclaim::{ReclaimReport, ReclaimRequest};
 use vramctl_core::signal::{
-    self, Actor, Candidate, KillRequest, Origin, Provenance, Target, TargetOutcome, TargetReport,
+    Candidate, KillRequest, Origin, Refusal, Signal, Target, TargetOutcome, TargetReport,
 };
 use vramctl_core::types::{DeviceInfo, Snapshot};
-use vramctl_store::format::rfc3339;
-
-use self::decide::{
-    Context as DecideContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
-};
-use self::evidence::{FRESH, History, read_history};
-use self::policy::{Policy, PolicyJson};
-use super::db_path;
-use crate::audit_sink::{AuditLog, open_log};
-use crate::cli::{GlobalArgs, ReapAction, ReapArgs};
-use crate::exit::Exit;
-use vramctl::memory_release::{
-    DeviceRelease, Outcome, StillHeld, ended_pids, record_memory_outcomes, release_lines,
-    still_held, verify_release,
-};
-use vramctl_core::untrusted::Untrusted;
-use vramctl_core::wall_time::zone as time_zone;
 use vramctl_core::wall_time::{clock, same_day};
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings};
 use vramctl_observe::gpu_selection::GpuFilter;
-use vramctl_observe::live_loop::{
-    LiveSampler, clock_of, open_backend, sampler_on, stop_signals, wait_next_tick,
-};
 use vramctl_observe::units;
+use vramctl_store::format::rfc3339;
+
+use crate::decide::{
+    self, Context as DecideContext, CpuSince, GpuEvidence, GpuNow, Observed, Source, Stage,
+};
+use crate::evidence::{FRESH, History, read_history};
+use crate::memory_release::{DeviceRelease, Outcome, StillHeld};
+use crate::policy::{self, Policy, PolicyJson};
 
 /// Version of the JSON below; bumped on any incompatible change.
 pub const SCHEMA: u32 = 1;
@@ -68,22 +53,61 @@ pub const SCHEMA: u32 = 1;
 /// twice the longest `idle_for` when that is longer.
 const LOOKBACK: Duration = Duration::from_secs(24 * 3600);
 
-/// Runs `reap`.
-pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
-    let policies = policy::resolve(args)?;
-    let (grace, timeout) = (args.grace, args.timeout);
-    if args.max_kills == Some(0) {
-        bail!("--max-kills 0 would never reap; leave --apply out to only see the plan");
+/// What is done to a candidate (`--action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// End it (signal, escalate after the grace period).
+    Kill,
+    /// Ask its agent to release its framework's cache; nobody is signalled.
+    Reclaim,
+}
+
+impl Action {
+    /// `kill`, `reclaim`: the report's `action`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Reclaim => "reclaim",
+        }
     }
-    let every_ms = args.every.map(super::millis);
-    let interval_ms = super::millis(args.interval);
-    let interval_ms = every_ms.map_or(interval_ms, |e| interval_ms.min(e));
-    let tz = time_zone(args.tz.as_deref())?;
-    let longest = policies
-        .iter()
-        .map(|p| p.idle_for)
-        .max()
-        .unwrap_or(policy::DEFAULT_IDLE_FOR);
+}
+
+/// A pass's settings, settled from the command line by the binary.
+#[derive(Debug, Clone)]
+pub struct ReapConfig {
+    /// Tried in order; the first that picks a process is its policy.
+    pub policies: Vec<Policy>,
+    /// The analysis's settings ([`leak_config`]).
+    pub leak: LeakConfig,
+    /// Act (`--apply`); otherwise only the plan.
+    pub apply: bool,
+    pub action: Action,
+    /// At most this many candidates per pass, over all policies (`--max-kills`).
+    pub max_kills: Option<usize>,
+    /// The first signal of a kill.
+    pub signal: Signal,
+    /// How long a target has after the first signal before it is escalated.
+    pub grace: Duration,
+    /// How long to wait for the memory to come back after the kill.
+    pub timeout: Duration,
+    /// The recorded history read for idle evidence.
+    pub db: PathBuf,
+    /// Watch the GPUs live between passes (`--every`): [`Engine::observe`] feeds a tracker.
+    pub live: bool,
+    /// The boot this runs in: the history's processes of other boots are other processes.
+    pub boot_id: Option<String>,
+    /// The zone times are shown in.
+    pub tz: TimeZone,
+    /// Clock ticks per second (`/proc`'s CPU times are in ticks).
+    pub ticks_per_second: u64,
+}
+
+/// The analysis's settings for `policies`: the shortest `idle_for` and the smallest
+/// `min_mem` of any of them, so that the history finds every process one of them may pick.
+///
+/// # Errors
+/// Settings the analysis refuses.
+pub fn leak_config(policies: &[Policy]) -> anyhow::Result<LeakConfig> {
     let cfg = LeakConfig {
         idle_for: policies
             .iter()
@@ -94,122 +118,69 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
         ..LeakConfig::default()
     };
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
-
-    let manual = args.simulated_clock.map(ManualClock::new);
-    let backend = open_backend(&global.backends())?;
-    let mut sampler =
-        sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
-    for p in &policies {
-        GpuFilter::new(&p.gpus, sampler.devices())
-            .with_context(|| format!("policy '{}'", p.name))?;
-    }
-    // Fail closed up front: with --apply, no round starts without a writable audit log.
-    let audit = if args.apply {
-        Some(open_log(global)?)
-    } else {
-        None
-    };
-    let live = match every_ms {
-        Some(_) => Some(Live {
-            fleet: FleetTracker::new(FleetConfig {
-                leak: cfg.clone(),
-                ..FleetConfig::default()
-            })
-            .map_err(|e| anyhow!("{e}"))?,
-            since_unix_ms: None,
-            samples: 0,
-        }),
-        None => None,
-    };
-    let mut runner = Runner {
-        args,
-        policies,
-        actor: Actor::current(),
-        procs: ProcReader::new(),
-        processes: ProcessCatalog::new(FactsSource::Proc),
-        db: db_path(global)?,
-        lookback: LOOKBACK.max(longest.saturating_mul(2)),
-        cfg,
-        audit,
-        grace,
-        timeout,
-        tz,
-        live,
-        ticks_per_second: procfs::ticks_per_second().max(1),
-    };
-    let stdout = std::io::stdout();
-
-    let Some(every_ms) = every_ms else {
-        let snapshot = sampler.tick();
-        let report = runner.round(&mut sampler, &snapshot, 1)?;
-        runner.print(&mut stdout.lock(), &report)?;
-        return Ok(if report.ok {
-            Exit::Ok
-        } else {
-            Exit::ConditionHolds
-        });
-    };
-
-    let signals = stop_signals()?;
-    let started = Instant::now();
-    let mut next_round_ms: Option<i64> = None;
-    let mut rounds: u64 = 0;
-    let mut samples: u64 = 0;
-    loop {
-        let snapshot = sampler.tick();
-        samples += 1;
-        runner.observe(&mut sampler, &snapshot);
-        // Rounds are paced on the monotonic clock: a wall-clock step back must not put
-        // the next one off by the length of the step.
-        let now = snapshot.monotonic_ms;
-        if next_round_ms.is_none_or(|next| now >= next) {
-            rounds += 1;
-            let report = runner.round(&mut sampler, &snapshot, rounds)?;
-            runner.print(&mut stdout.lock(), &report)?;
-            let mut next = next_round_ms.unwrap_or(now).saturating_add(every_ms);
-            // A round that took longer than --every: the next one is the next due time.
-            while next <= now {
-                next = next.saturating_add(every_ms);
-            }
-            next_round_ms = Some(next);
-            if args.rounds.is_some_and(|n| rounds >= n) {
-                break;
-            }
-        }
-        if wait_next_tick(manual.as_ref(), &signals, started, samples, interval_ms) {
-            tracing::info!(rounds, "Stopping on a signal.");
-            break;
-        }
-    }
-    Ok(Exit::Ok)
+    Ok(cfg)
 }
 
-/// What `--every` watches between rounds.
-struct Live {
+/// What a kill did: each target's outcome, each device's memory before and after, and who
+/// still holds what was not released.
+#[derive(Debug, Default)]
+pub struct Terminated {
+    pub outcomes: Vec<TargetReport>,
+    pub devices: Vec<DeviceRelease>,
+    pub still_held: Vec<StillHeld>,
+}
+
+/// What the engine reads from and does to the machine beyond the sample it is given: the
+/// real one signals through `vramctl_core::signal`, reclaims through
+/// `vramctl_core::reclaim` and audits to the binary's audit log; tests record the calls.
+pub trait ReapExecutor {
+    /// The driver's name for a PID /proc cannot see.
+    fn process_name(&mut self, pid: u32) -> Option<String>;
+
+    /// Proves who `pid` is right before it may be signalled (`signal::inspect`); a refusal
+    /// (exited, another process under the PID now, not ours to signal) leaves it alone.
+    ///
+    /// # Errors
+    /// Why the safe path would not signal it.
+    fn inspect(&mut self, pid: u32, start_time_ticks: Option<u64>) -> Result<Candidate, Refusal>;
+
+    /// Where the audit log is, for the report; `None` when none is open, and then nothing
+    /// is done (no effect without its audit record).
+    fn audit_log(&self) -> Option<String>;
+
+    /// Ends the targets, each audited, then waits up to `timeout` for the memory they held
+    /// on `before` (`held_before`, by PID) to come back, and records the bytes freed in
+    /// their audit records.
+    fn terminate(
+        &mut self,
+        request: &KillRequest,
+        before: &Snapshot,
+        held_before: &BTreeMap<u32, Vec<GpuHolding>>,
+        timeout: Duration,
+    ) -> Terminated;
+
+    /// Asks the agent of the process `request` selects to release its cache (audited).
+    fn reclaim(&mut self, request: &ReclaimRequest) -> ReclaimReport;
+}
+
+/// What the engine watches live between passes.
+pub struct Live {
     fleet: FleetTracker,
-    since_unix_ms: Option<i64>,
-    samples: u64,
+    /// The first sample's time.
+    pub since_unix_ms: Option<i64>,
+    /// Samples seen.
+    pub samples: u64,
 }
 
-/// The state kept across rounds.
-struct Runner<'a> {
-    args: &'a ReapArgs,
-    policies: Vec<Policy>,
-    actor: Actor,
-    /// Fresh reads of /proc for the signal path (`signal::inspect` proves who a process is
-    /// right before it is signalled) and the release check.
-    procs: ProcReader,
+/// The state kept across passes.
+pub struct Engine {
+    config: ReapConfig,
     /// What /proc says about the GPU processes: their names, identity and CPU time.
     processes: ProcessCatalog,
-    db: std::path::PathBuf,
     lookback: Duration,
-    cfg: LeakConfig,
-    audit: Option<AuditLog>,
-    grace: Duration,
-    timeout: Duration,
-    tz: TimeZone,
     live: Option<Live>,
-    ticks_per_second: u64,
+    /// Stamps the moment of the signal in the report.
+    clock: Arc<dyn Clock>,
 }
 
 /// One process chosen, with what the plan and the audit log say about it.
@@ -220,23 +191,65 @@ struct Chosen {
     judged: decide::Chosen,
 }
 
-impl Runner<'_> {
+impl Engine {
+    /// An engine for `config`, its wall clock `clock`.
+    ///
+    /// # Errors
+    /// Live-tracking settings the tracker refuses.
+    pub fn new(config: ReapConfig, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        let longest = config
+            .policies
+            .iter()
+            .map(|p| p.idle_for)
+            .max()
+            .unwrap_or(policy::DEFAULT_IDLE_FOR);
+        let live = if config.live {
+            Some(Live {
+                fleet: FleetTracker::new(FleetConfig {
+                    leak: config.leak.clone(),
+                    ..FleetConfig::default()
+                })
+                .map_err(|e| anyhow!("{e}"))?,
+                since_unix_ms: None,
+                samples: 0,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            lookback: LOOKBACK.max(longest.saturating_mul(2)),
+            config,
+            processes: ProcessCatalog::new(FactsSource::Proc),
+            live,
+            clock,
+        })
+    }
+
+    /// The policies, in the order they are tried.
+    pub fn policies(&self) -> &[Policy] {
+        &self.config.policies
+    }
+
+    /// What is watched live, when it is.
+    pub fn live(&self) -> Option<&Live> {
+        self.live.as_ref()
+    }
+
     /// Brings the process catalog up to `snapshot` (monotonic time: the catalog's refresh
     /// policy counts spans).
-    fn observe_processes(&mut self, sampler: &mut LiveSampler, snapshot: &Snapshot) {
-        let backend = sampler.backend_mut();
+    fn observe_processes(&mut self, exec: &mut dyn ReapExecutor, snapshot: &Snapshot) {
         self.processes
             .observe_snapshot(snapshot, snapshot.monotonic_ms, &mut |pid| {
-                backend.process_name(pid)
+                exec.process_name(pid)
             });
     }
 
-    /// Feeds a live sample to the tracker.
-    fn observe(&mut self, sampler: &mut LiveSampler, snapshot: &Snapshot) {
+    /// Feeds a live sample to the tracker (nothing when not watching live).
+    pub fn observe(&mut self, exec: &mut dyn ReapExecutor, snapshot: &Snapshot) {
         if self.live.is_none() {
             return;
         }
-        self.observe_processes(sampler, snapshot);
+        self.observe_processes(exec, snapshot);
         let Some(live) = &mut self.live else { return };
         let (processes, mono) = (&mut self.processes, snapshot.monotonic_ms);
         live.fleet
@@ -245,15 +258,14 @@ impl Runner<'_> {
         live.samples += 1;
     }
 
-    fn time(&self, t: i64, now: i64) -> String {
-        clock(&self.tz, t, !same_day(&self.tz, t, now))
-    }
-
-    /// One round on `snapshot` (module docs).
+    /// One pass on `snapshot`, the `round`th (module docs).
+    ///
+    /// # Errors
+    /// The history cannot be read; applied without an audit log.
     #[allow(clippy::too_many_lines)]
-    fn round(
+    pub fn round(
         &mut self,
-        sampler: &mut LiveSampler,
+        exec: &mut dyn ReapExecutor,
         snapshot: &Snapshot,
         round: u64,
     ) -> anyhow::Result<RoundReport> {
@@ -274,12 +286,12 @@ impl Runner<'_> {
             })
             .flat_map(|(uuid, list)| list.iter().map(move |a| ((uuid, a.pid), a.sm_percent)))
             .collect();
-        self.observe_processes(sampler, snapshot);
+        self.observe_processes(exec, snapshot);
         let by_pid = holdings(snapshot, &GpuFilter::default());
         let pids: Vec<u32> = by_pid.keys().copied().collect();
-        let history = read_history(&self.db, now, self.lookback, &pids, &self.cfg)?;
+        let history = read_history(&self.config.db, now, self.lookback, &pids, &self.config.leak)?;
         // Owns its zone, so the loop below may borrow `self` mutably.
-        let tz = self.tz.clone();
+        let tz = self.config.tz.clone();
         let time = move |t: i64| clock(&tz, t, !same_day(&tz, t, now));
         let mut missing = history.missing(now, &time);
         match &self.live {
@@ -295,7 +307,7 @@ impl Runner<'_> {
             None => missing.push_str("; or run reap with --every to watch the GPUs live"),
         }
         let fresh_ms = i64::try_from(FRESH.as_millis()).unwrap_or(i64::MAX);
-        let boot_id = self.actor.boot_id.clone();
+        let boot_id = self.config.boot_id.clone();
 
         let mut observed: Vec<Observed> = Vec::new();
         for (pid, gpus) in &by_pid {
@@ -367,8 +379,8 @@ impl Runner<'_> {
         }
 
         let ctx = DecideContext {
-            cpu_idle_fraction: self.cfg.cpu_idle_fraction,
-            cpu_slack_ms: 1000 / self.ticks_per_second,
+            cpu_idle_fraction: self.config.leak.cpu_idle_fraction,
+            cpu_slack_ms: 1000 / self.config.ticks_per_second,
             missing: &missing,
             time: &time,
         };
@@ -377,7 +389,7 @@ impl Runner<'_> {
         for p in observed {
             let mut best: Option<(String, decide::Exclusion)> = None;
             let mut pick = None;
-            for policy in &self.policies {
+            for policy in &self.config.policies {
                 match decide::decide(&p, policy, &ctx) {
                     Ok(c) => {
                         pick = Some((policy.name.clone(), c));
@@ -402,13 +414,7 @@ impl Runner<'_> {
                 }
                 continue;
             };
-            match signal::inspect(
-                p.pid,
-                &self.actor,
-                p.start_time_ticks,
-                Provenance::Named,
-                &mut self.procs,
-            ) {
+            match exec.inspect(p.pid, p.start_time_ticks) {
                 Ok(candidate) => chosen.push(Chosen {
                     observed: p,
                     policy,
@@ -436,12 +442,13 @@ impl Runner<'_> {
         let mut kept: Vec<Chosen> = Vec::new();
         for c in chosen {
             let policy_cap = self
+                .config
                 .policies
                 .iter()
                 .find(|p| p.name == c.policy)
                 .and_then(|p| p.max_kills);
             let taken = per_policy.get(&c.policy).copied().unwrap_or(0);
-            let over = match (policy_cap, self.args.max_kills) {
+            let over = match (policy_cap, self.config.max_kills) {
                 (Some(cap), _) if taken >= cap => Some(format!(
                     "over policy '{}''s max_kills ({cap}) this run; next run",
                     c.policy
@@ -471,13 +478,10 @@ impl Runner<'_> {
             schema: SCHEMA,
             at: rfc3339(now),
             round,
-            dry_run: !self.args.apply,
-            action: match self.args.action {
-                ReapAction::Kill => "kill",
-                ReapAction::Reclaim => "reclaim",
-            },
-            policies: self.policies.iter().map(Policy::json).collect(),
-            max_kills: self.args.max_kills,
+            dry_run: !self.config.apply,
+            action: self.config.action.as_str(),
+            policies: self.config.policies.iter().map(Policy::json).collect(),
+            max_kills: self.config.max_kills,
             history: HistoryJson::new(&history),
             live: self.live.as_ref().map(|l| LiveJson {
                 since: l.since_unix_ms.map(rfc3339),
@@ -491,18 +495,17 @@ impl Runner<'_> {
             signalled_at: None,
             audit_log: None,
             ok: kept.is_empty(),
-            #[allow(clippy::used_underscore_binding)]
-            _now: now,
+            now_unix_ms: now,
         };
-        if !self.args.apply || kept.is_empty() {
+        if !self.config.apply || kept.is_empty() {
             return Ok(report);
         }
-        let Some(audit) = self.audit.as_mut() else {
+        let Some(audit_log) = exec.audit_log() else {
             bail!("internal: --apply without an audit log");
         };
-        report.audit_log = Some(audit.database().display().to_string());
-        if self.args.action == ReapAction::Reclaim {
-            reclaim_candidates(sampler, audit, &mut report);
+        report.audit_log = Some(audit_log);
+        if self.config.action == Action::Reclaim {
+            self.reclaim_candidates(exec, &mut report);
             return Ok(report);
         }
         let held_before: BTreeMap<u32, Vec<GpuHolding>> = kept
@@ -513,10 +516,6 @@ impl Runner<'_> {
                 (c.observed.pid, h)
             })
             .collect();
-        let watch: Vec<(u32, u32)> = kept
-            .iter()
-            .flat_map(|c| procinfo::descendants(c.observed.pid))
-            .collect();
         let targets: Vec<Target> = kept
             .iter()
             .map(|c| Target {
@@ -525,19 +524,20 @@ impl Runner<'_> {
             })
             .collect();
         let request = KillRequest {
-            signal: self.args.signal,
-            grace: self.grace,
+            signal: self.config.signal,
+            grace: self.config.grace,
             escalate: true,
             origin: Origin::Policy,
             ..KillRequest::new(targets, "reap")
         };
-        let started = Instant::now();
-        report.signalled_at = Some(rfc3339(SystemClock.now_unix_ms()));
-        let outcomes = signal::execute(&request, &self.actor, audit, &SystemClock);
-        let ended = ended_pids(&outcomes);
-        report.devices = verify_release(sampler, snapshot, &ended, started, self.timeout);
-        record_memory_outcomes(audit, &outcomes, &held_before, &report.devices);
-        report.still_held = still_held(&report.devices, &watch, &mut self.procs);
+        report.signalled_at = Some(rfc3339(self.clock.now_unix_ms()));
+        let Terminated {
+            outcomes,
+            devices,
+            still_held,
+        } = exec.terminate(&request, snapshot, &held_before, self.config.timeout);
+        report.devices = devices;
+        report.still_held = still_held;
         report.freed_bytes = report
             .devices
             .iter()
@@ -561,206 +561,55 @@ impl Runner<'_> {
         Ok(report)
     }
 
-    fn print(&self, out: &mut impl Write, report: &RoundReport) -> anyhow::Result<()> {
-        if self.args.json {
-            serde_json::to_writer(&mut *out, report).context("cannot write JSON")?;
-            writeln!(out).context("cannot write to stdout")?;
-        } else {
-            for line in self.human(report) {
-                writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
-            }
-        }
-        out.flush().context("cannot write to stdout")
-    }
-
-    /// The plan, and with `--apply` what happened.
-    fn human(&self, r: &RoundReport) -> Vec<String> {
-        let now = r._now;
-        let time = |t: i64| self.time(t, now);
-        let mut lines = Vec::new();
-        let round = if self.live.is_some() {
-            format!(" round {}", r.round)
-        } else {
-            String::new()
-        };
-        lines.push(format!(
-            "reap{round} at {}{}",
-            vramctl_core::wall_time::labelled(&self.tz, now),
-            if r.dry_run { " (dry run)" } else { "" }
-        ));
-        for p in &self.policies {
-            lines.push(format!("  policy {}: {}", p.name, p.describe()));
-        }
-        if let Some(cap) = r.max_kills {
-            lines.push(format!("  at most {cap} per run (--max-kills)"));
-        }
-        let history = match (r.history.exists, r.history.last_sample_ms) {
-            (false, _) => format!("none at '{}'", r.history.database),
-            (true, None) => format!("'{}' (no samples)", r.history.database),
-            (true, Some(t)) => format!("'{}' up to {}", r.history.database, time(t)),
-        };
-        let live = self.live.as_ref().map_or_else(
-            || "not watched (--every watches live)".to_owned(),
-            |l| {
+    /// `--action reclaim`: each candidate's agent is asked to release its cache
+    /// (`vramctl_core::reclaim`, audited as `reclaim`); nobody is signalled. `ok` when every
+    /// candidate released something.
+    fn reclaim_candidates(&self, exec: &mut dyn ReapExecutor, report: &mut RoundReport) {
+        let pids: Vec<u32> = report.candidates.iter().map(|c| c.pid).collect();
+        let reasons: Vec<String> = report
+            .candidates
+            .iter()
+            .map(|c| {
                 format!(
-                    "watched since {} ({})",
-                    l.since_unix_ms.map_or_else(|| "now".to_owned(), time),
-                    plural(
-                        usize::try_from(l.samples).unwrap_or(usize::MAX),
-                        "sample",
-                        "samples"
-                    )
-                )
-            },
-        );
-        lines.push(format!("  evidence: history {history}; live {live}"));
-        lines.push(String::new());
-
-        let total: u64 = r.candidates.iter().filter_map(|c| c.used_bytes).sum();
-        if r.candidates.is_empty() {
-            lines.push("nothing to reap".to_owned());
-        } else {
-            lines.push(format!(
-                "{} {} ({}):",
-                if r.dry_run { "would reap" } else { "reaping" },
-                plural(r.candidates.len(), "process", "processes"),
-                units::bytes(total)
-            ));
-        }
-        for c in &r.candidates {
-            lines.push(format!(
-                "  PID {} ({}) {}",
-                c.pid,
-                c.user.as_deref().unwrap_or("?"),
-                c.command.as_deref().unwrap_or("?")
-            ));
-            for g in &c.gpus {
-                lines.push(format!("    {}", g.human(&time)));
-            }
-            lines.push(format!("    why: {} [policy {}]", c.why, c.policy));
-            if let Some(note) = &c.note {
-                lines.push(format!("    note: {note}"));
-            }
-        }
-        if !r.excluded.is_empty() {
-            lines.push(String::new());
-            lines.push("left alone:".to_owned());
-            for e in &r.excluded {
-                lines.push(format!(
-                    "  PID {} ({}, {}): {}",
-                    e.pid,
-                    e.command.as_deref().unwrap_or("?"),
-                    units::opt_bytes(e.used_bytes),
-                    e.reason
-                ));
-            }
-        }
-        lines.push(String::new());
-        if r.dry_run && r.action == "reclaim" {
-            if !r.candidates.is_empty() {
-                lines.push(format!(
-                    "dry run: nothing was asked; --apply would ask the agents of {} to release \
-                     their cache (those without one are left running)",
-                    plural(r.candidates.len(), "process", "processes")
-                ));
-            }
-            return lines;
-        }
-        if r.dry_run {
-            if !r.candidates.is_empty() {
-                lines.push(format!(
-                    "dry run: nothing was signalled; --apply would end {} ({})",
-                    plural(r.candidates.len(), "process", "processes"),
-                    units::bytes(total)
-                ));
-            }
-            return lines;
-        }
-        for c in &r.candidates {
-            lines.push(match c.outcome {
-                "exited" => format!(
-                    "PID {}: ended by {} after {}{}",
-                    c.pid,
-                    c.signals.last().map_or("?", String::as_str),
-                    units::seconds(c.exited_after_s.unwrap_or(0.0)),
-                    if c.escalated { " (escalated)" } else { "" }
-                ),
-                "already_gone" => format!("PID {}: had already exited", c.pid),
-                "reclaimed" | "nothing_reclaimed" => format!(
-                    "PID {}: {}; NVML shows {} returned",
-                    c.pid,
-                    c.detail.as_deref().unwrap_or("?"),
-                    units::opt_bytes(c.freed_bytes)
-                ),
-                other => format!(
-                    "PID {}: {}: {}",
-                    c.pid,
-                    other.replace('_', " "),
-                    c.detail.as_deref().unwrap_or("?")
-                ),
-            });
-        }
-        lines.extend(release_lines(&r.devices, &r.still_held));
-        if !r.candidates.is_empty() {
-            lines.push(format!("freed {} in total", units::bytes(r.freed_bytes)));
-        }
-        if let Some(a) = &self.audit {
-            if r.audit_log.is_some() {
-                lines.push(format!("audit log: {}", a.describe()));
-            }
-        }
-        lines
-    }
-}
-
-/// `--action reclaim`: each candidate's agent is asked to release its cache
-/// (`vramctl_core::reclaim`, audited as `reclaim`); nobody is signalled. `ok` when every
-/// candidate released something.
-fn reclaim_candidates(sampler: &mut LiveSampler, audit: &mut AuditLog, report: &mut RoundReport) {
-    let pids: Vec<u32> = report.candidates.iter().map(|c| c.pid).collect();
-    let reasons: Vec<String> = report
-        .candidates
-        .iter()
-        .map(|c| {
-            format!(
-                "vramctl reap --action reclaim, policy '{}': {}",
-                c.policy, c.why
-            )
-        })
-        .collect();
-    report.signalled_at = Some(rfc3339(SystemClock.now_unix_ms()));
-    let mut results = Vec::new();
-    // One request per candidate, so that each audit record carries its own policy's reason.
-    for (pid, reason) in pids.iter().zip(reasons) {
-        let request = vramctl_core::reclaim::ReclaimRequest {
-            selection: vramctl_core::reclaim::Selection::Pids(vec![*pid]),
-            options: vramctl_core::agent_client::ReclaimOptions::default(),
-            timeouts: vramctl_core::agent_client::Timeouts::default(),
-            reason,
-        };
-        results.extend(vramctl_core::reclaim::reclaim(sampler, &request, audit).processes);
-    }
-    for c in &mut report.candidates {
-        let Some(r) = results.iter().find(|r| r.pid == c.pid) else {
-            continue;
-        };
-        c.outcome = r.status;
-        c.detail = r.error.as_ref().map(|e| e.message.clone()).or_else(|| {
-            r.agent.as_ref().map(|a| {
-                format!(
-                    "the framework released {} of {} cached ({})",
-                    units::bytes(a.released_bytes),
-                    units::bytes(a.cached_before_bytes),
-                    a.outcome.replace('_', " ")
+                    "vramctl reap --action reclaim, policy '{}': {}",
+                    c.policy, c.why
                 )
             })
-        });
-        c.freed_bytes = r.nvml_returned_bytes.map(|n| u64::try_from(n).unwrap_or(0));
+            .collect();
+        report.signalled_at = Some(rfc3339(self.clock.now_unix_ms()));
+        let mut results = Vec::new();
+        // One request per candidate, so that each audit record carries its own policy's reason.
+        for (pid, reason) in pids.iter().zip(reasons) {
+            let request = vramctl_core::reclaim::ReclaimRequest {
+                selection: vramctl_core::reclaim::Selection::Pids(vec![*pid]),
+                options: vramctl_core::agent_client::ReclaimOptions::default(),
+                timeouts: vramctl_core::agent_client::Timeouts::default(),
+                reason,
+            };
+            results.extend(exec.reclaim(&request).processes);
+        }
+        for c in &mut report.candidates {
+            let Some(r) = results.iter().find(|r| r.pid == c.pid) else {
+                continue;
+            };
+            c.outcome = r.status;
+            c.detail = r.error.as_ref().map(|e| e.message.clone()).or_else(|| {
+                r.agent.as_ref().map(|a| {
+                    format!(
+                        "the framework released {} of {} cached ({})",
+                        units::bytes(a.released_bytes),
+                        units::bytes(a.cached_before_bytes),
+                        a.outcome.replace('_', " ")
+                    )
+                })
+            });
+            c.freed_bytes = r.nvml_returned_bytes.map(|n| u64::try_from(n).unwrap_or(0));
+        }
+        report.freed_bytes = report.candidates.iter().filter_map(|c| c.freed_bytes).sum();
+        report.ok = results
+            .iter()
+            .all(|r| r.released_bytes.is_some_and(|b| b > 0));
     }
-    report.freed_bytes = report.candidates.iter().filter_map(|c| c.freed_bytes).sum();
-    report.ok = results
-        .iter()
-        .all(|r| r.released_bytes.is_some_and(|b| b > 0));
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -786,36 +635,37 @@ fn jupyter_note(command: Option<&str>) -> Option<String> {
 
 /// One round's `--json` document (schema in docs/json.md).
 #[derive(Debug, Serialize)]
-struct RoundReport {
-    schema: u32,
-    at: String,
-    round: u64,
-    dry_run: bool,
+pub struct RoundReport {
+    pub schema: u32,
+    pub at: String,
+    pub round: u64,
+    pub dry_run: bool,
     /// `kill` or `reclaim` (`--action`).
-    action: &'static str,
-    policies: Vec<PolicyJson>,
-    max_kills: Option<usize>,
-    history: HistoryJson,
-    live: Option<LiveJson>,
-    candidates: Vec<CandidateJson>,
-    excluded: Vec<ExcludedJson>,
-    devices: Vec<DeviceRelease>,
-    still_held: Vec<StillHeld>,
-    freed_bytes: u64,
-    signalled_at: Option<String>,
-    audit_log: Option<String>,
-    ok: bool,
+    pub action: &'static str,
+    pub policies: Vec<PolicyJson>,
+    pub max_kills: Option<usize>,
+    pub history: HistoryJson,
+    pub live: Option<LiveJson>,
+    pub candidates: Vec<CandidateJson>,
+    pub excluded: Vec<ExcludedJson>,
+    pub devices: Vec<DeviceRelease>,
+    pub still_held: Vec<StillHeld>,
+    pub freed_bytes: u64,
+    pub signalled_at: Option<String>,
+    pub audit_log: Option<String>,
+    pub ok: bool,
+    /// When the round's sample was taken (the plan's times are shown relative to it).
     #[serde(skip)]
-    _now: i64,
+    pub now_unix_ms: i64,
 }
 
 #[derive(Debug, Serialize)]
-struct HistoryJson {
-    database: String,
-    exists: bool,
-    last_sample: Option<String>,
+pub struct HistoryJson {
+    pub database: String,
+    pub exists: bool,
+    pub last_sample: Option<String>,
     #[serde(skip)]
-    last_sample_ms: Option<i64>,
+    pub last_sample_ms: Option<i64>,
 }
 
 impl HistoryJson {
@@ -830,27 +680,27 @@ impl HistoryJson {
 }
 
 #[derive(Debug, Serialize)]
-struct LiveJson {
-    since: Option<String>,
-    samples: u64,
+pub struct LiveJson {
+    pub since: Option<String>,
+    pub samples: u64,
 }
 
 /// A process on one GPU: its memory there and the evidence about it.
 #[derive(Debug, Serialize)]
-struct GpuJson {
-    index: u32,
-    uuid: String,
-    used_bytes: Option<u64>,
-    source: Option<Source>,
-    verdict: Option<Verdict>,
-    idle_since: Option<String>,
-    idle_s: Option<f64>,
-    evidence: Vec<Evidence>,
-    last_active: Option<String>,
-    last_sample: Option<String>,
-    sm_percent_now: Option<u32>,
+pub struct GpuJson {
+    pub index: u32,
+    pub uuid: String,
+    pub used_bytes: Option<u64>,
+    pub source: Option<Source>,
+    pub verdict: Option<Verdict>,
+    pub idle_since: Option<String>,
+    pub idle_s: Option<f64>,
+    pub evidence: Vec<Evidence>,
+    pub last_active: Option<String>,
+    pub last_sample: Option<String>,
+    pub sm_percent_now: Option<u32>,
     #[serde(skip)]
-    idle_since_ms: Option<i64>,
+    pub idle_since_ms: Option<i64>,
 }
 
 impl GpuJson {
@@ -871,51 +721,33 @@ impl GpuJson {
             idle_since_ms: report.and_then(|r| r.idle.idle_since_unix_ms),
         }
     }
-
-    /// `GPU 0: 8.0 GiB, idle since 20:31:32 (2 min) by per-process SM activity [history]`.
-    fn human(&self, time: &dyn Fn(i64) -> String) -> String {
-        let mut line = format!("GPU {}: {}", self.index, units::opt_bytes(self.used_bytes));
-        if let (Some(since), Some(idle_s)) = (self.idle_since_ms, self.idle_s) {
-            let by: Vec<&str> = self.evidence.iter().map(|e| e.describe()).collect();
-            line.push_str(&format!(
-                ", idle since {} ({}) by {}",
-                time(since),
-                human_duration(idle_s),
-                by.join(", ")
-            ));
-        }
-        if let Some(source) = self.source {
-            line.push_str(&format!(" [{}]", source.as_str()));
-        }
-        line
-    }
 }
 
 #[derive(Debug, Serialize)]
-struct CandidateJson {
-    pid: u32,
-    start_time_ticks: u64,
-    user: Option<String>,
-    uid: u32,
-    command: Option<String>,
-    policy: String,
-    used_bytes: Option<u64>,
-    gpus: Vec<GpuJson>,
-    idle_since: String,
-    idle_s: f64,
-    sources: Vec<Source>,
-    why: String,
-    note: Option<String>,
+pub struct CandidateJson {
+    pub pid: u32,
+    pub start_time_ticks: u64,
+    pub user: Option<String>,
+    pub uid: u32,
+    pub command: Option<String>,
+    pub policy: String,
+    pub used_bytes: Option<u64>,
+    pub gpus: Vec<GpuJson>,
+    pub idle_since: String,
+    pub idle_s: f64,
+    pub sources: Vec<Source>,
+    pub why: String,
+    pub note: Option<String>,
     /// `would_signal` (dry run), then as `kill`: `exited`, `already_gone`, `refused`,
     /// `still_running`, `audit_failed`, `signal_failed`; with `--action reclaim` as
     /// `vramctl reclaim`'s `status`: `reclaimed`, `nothing_reclaimed`, `no_agent`, `error`, …
-    outcome: &'static str,
-    detail: Option<String>,
-    signals: Vec<String>,
-    escalated: bool,
-    exited_after_s: Option<f64>,
-    pinned: Option<bool>,
-    freed_bytes: Option<u64>,
+    pub outcome: &'static str,
+    pub detail: Option<String>,
+    pub signals: Vec<String>,
+    pub escalated: bool,
+    pub exited_after_s: Option<f64>,
+    pub pinned: Option<bool>,
+    pub freed_bytes: Option<u64>,
 }
 
 impl CandidateJson {
@@ -977,17 +809,17 @@ impl CandidateJson {
 }
 
 #[derive(Debug, Serialize)]
-struct ExcludedJson {
-    pid: u32,
-    start_time_ticks: Option<u64>,
-    user: Option<String>,
-    command: Option<String>,
-    used_bytes: Option<u64>,
-    gpus: Vec<GpuJson>,
+pub struct ExcludedJson {
+    pub pid: u32,
+    pub start_time_ticks: Option<u64>,
+    pub user: Option<String>,
+    pub command: Option<String>,
+    pub used_bytes: Option<u64>,
+    pub gpus: Vec<GpuJson>,
     /// The policy whose rules it got furthest through.
-    policy: Option<String>,
-    stage: Stage,
-    reason: String,
+    pub policy: Option<String>,
+    pub stage: Stage,
+    pub reason: String,
 }
 
 impl ExcludedJson {
