@@ -28,7 +28,7 @@ use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
 use vramctl_core::analysis::{Evidence, LeakConfig, Verdict};
 use vramctl_core::clock::Clock;
 use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
-use vramctl_core::reclaim::{ReclaimReport, ReclaimRequest};
+use vramctl_core::reclaim::{ProcessReclaim, ReclaimRequest};
 use vramctl_core::signal::{
     Candidate, KillRequest, Origin, Refusal, Signal, Target, TargetOutcome, TargetReport,
 };
@@ -159,8 +159,9 @@ pub trait ReapExecutor {
         timeout: Duration,
     ) -> Terminated;
 
-    /// Asks the agent of the process `request` selects to release its cache (audited).
-    fn reclaim(&mut self, request: &ReclaimRequest) -> ReclaimReport;
+    /// Asks the agent of the process `request` selects to release its cache (audited);
+    /// what each process released.
+    fn reclaim(&mut self, request: &ReclaimRequest) -> Vec<ProcessReclaim>;
 }
 
 /// What the engine watches live between passes.
@@ -586,7 +587,7 @@ impl Engine {
                 timeouts: vramctl_core::agent_client::Timeouts::default(),
                 reason,
             };
-            results.extend(exec.reclaim(&request).processes);
+            results.extend(exec.reclaim(&request));
         }
         for c in &mut report.candidates {
             let Some(r) = results.iter().find(|r| r.pid == c.pid) else {
