@@ -847,7 +847,480 @@ impl ExcludedJson {
 
 #[cfg(test)]
 mod tests {
+    use std::process::{Child, Command};
+
+    use vramctl_core::clock::ManualClock;
+    use vramctl_core::procinfo::ProcessIdentity;
+    use vramctl_core::reclaim::Selection;
+    use vramctl_core::signal::Refusal;
+    use vramctl_core::types::{
+        DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessActivity, ProcessKind,
+        ProcessUsage,
+    };
+
     use super::*;
+
+    const GIB: u64 = 1 << 30;
+    /// 2026-11-29T20:31:31Z.
+    const T0: i64 = 1_795_984_291_000;
+    const MIN: i64 = 60_000;
+    const UUID: &str = "GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2";
+
+    /// A real, idle process (`sleep`), so that /proc knows it; killed when dropped.
+    struct Sleeper(Child);
+
+    impl Sleeper {
+        fn new() -> Self {
+            Self(Command::new("sleep").arg("600").spawn().expect("spawn sleep"))
+        }
+
+        fn pid(&self) -> u32 {
+            self.0.id()
+        }
+    }
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// One GPU with `held`: `(pid, bytes, SM %)`, sampled at `t`.
+    fn snapshot(t: i64, held: &[(u32, u64, u32)]) -> Snapshot {
+        let used: u64 = held.iter().map(|h| h.1).sum();
+        Snapshot {
+            taken_at_unix_ms: t,
+            monotonic_ms: t,
+            driver: Arc::new(DriverInfo::default()),
+            devices: vec![DeviceSnapshot {
+                info: Arc::new(DeviceInfo {
+                    index: 0,
+                    uuid: UUID.into(),
+                    name: None,
+                    pci_bus_id: None,
+                    minor_number: None,
+                    mig_enabled: None,
+                    mig_instances: Vec::new(),
+                }),
+                state: DeviceState::Ok(DeviceReading {
+                    memory: Some(vramctl_core::types::MemoryReading {
+                        total_bytes: 141 * GIB,
+                        used_bytes: used,
+                        reserved_bytes: 0,
+                        free_bytes: 141 * GIB - used,
+                    }),
+                    processes: Some(
+                        held.iter()
+                            .map(|&(pid, bytes, _)| ProcessUsage {
+                                pid,
+                                used_bytes: Some(bytes),
+                                kind: ProcessKind::Compute,
+                                gpu_instance_id: None,
+                                compute_instance_id: None,
+                            })
+                            .collect(),
+                    ),
+                    process_activity: Some(
+                        held.iter()
+                            .map(|&(pid, _, sm_percent)| ProcessActivity {
+                                pid,
+                                sm_percent,
+                                memory_percent: 0,
+                            })
+                            .collect(),
+                    ),
+                    ..DeviceReading::default()
+                }),
+            }],
+            unopened: Vec::new(),
+        }
+    }
+
+    /// What the engine asked for, and what the executor answers.
+    #[derive(Default)]
+    struct Recording {
+        audit_log: Option<String>,
+        /// PIDs `inspect` refuses, and why.
+        refuse: HashMap<u32, Refusal>,
+        /// What `terminate` reports for each target (default: exited).
+        outcome: HashMap<u32, TargetOutcome>,
+        inspected: Vec<u32>,
+        terminated: Vec<KillRequest>,
+        reclaimed: Vec<ReclaimRequest>,
+        /// Bytes each PID's agent releases when asked.
+        released: HashMap<u32, u64>,
+    }
+
+    impl ReapExecutor for Recording {
+        fn process_name(&mut self, _pid: u32) -> Option<String> {
+            None
+        }
+
+        fn inspect(
+            &mut self,
+            pid: u32,
+            start_time_ticks: Option<u64>,
+        ) -> Result<Candidate, Refusal> {
+            self.inspected.push(pid);
+            if let Some(refusal) = self.refuse.get(&pid) {
+                return Err(refusal.clone());
+            }
+            Ok(Candidate {
+                identity: ProcessIdentity {
+                    boot_id: "boot".into(),
+                    pid,
+                    start_time_ticks: start_time_ticks.unwrap_or(0),
+                },
+                uid: 1000,
+                user: Some("alice".into()),
+                command: "sleep 600".into(),
+                state: 'S',
+                ppid: 1,
+                gpu_proof: false,
+                pidfd_id: None,
+            })
+        }
+
+        fn audit_log(&self) -> Option<String> {
+            self.audit_log.clone()
+        }
+
+        fn terminate(
+            &mut self,
+            request: &KillRequest,
+            before: &Snapshot,
+            held_before: &BTreeMap<u32, Vec<GpuHolding>>,
+            _timeout: Duration,
+        ) -> Terminated {
+            self.terminated.push(request.clone());
+            let outcomes: Vec<TargetReport> = request
+                .targets
+                .iter()
+                .map(|t| TargetReport {
+                    candidate: t.candidate.clone(),
+                    outcome: self
+                        .outcome
+                        .get(&t.candidate.identity.pid)
+                        .cloned()
+                        .unwrap_or(TargetOutcome::Exited {
+                            after: Duration::from_millis(200),
+                            escalated: false,
+                        }),
+                    signals: Vec::new(),
+                    pinned: true,
+                })
+                .collect();
+            let ended = crate::memory_release::ended_pids(&outcomes);
+            let freed: u64 = held_before
+                .iter()
+                .filter(|(pid, _)| ended.contains(pid))
+                .flat_map(|(_, h)| h.iter().filter_map(|h| h.used_bytes))
+                .sum();
+            let used = before.devices[0]
+                .reading()
+                .and_then(|r| r.memory.as_ref())
+                .map(|m| m.used_bytes);
+            Terminated {
+                outcomes,
+                devices: vec![DeviceRelease {
+                    index: 0,
+                    uuid: UUID.into(),
+                    held_bytes: Some(freed),
+                    used_before_bytes: used,
+                    used_after_bytes: used.map(|u| u - freed),
+                    freed_bytes: Some(freed),
+                    released: true,
+                    released_after_s: Some(0.2),
+                    pids: ended.iter().copied().collect(),
+                    unaccounted_before: None,
+                    still_listed: Vec::new(),
+                    unlisted_bytes: None,
+                }],
+                still_held: Vec::new(),
+            }
+        }
+
+        /// Every process has no agent, except those in `self.released` (bytes released).
+        fn reclaim(&mut self, request: &ReclaimRequest) -> Vec<ProcessReclaim> {
+            self.reclaimed.push(request.clone());
+            let Selection::Pids(pids) = &request.selection else {
+                return Vec::new();
+            };
+            pids.iter()
+                .map(|&pid| {
+                    let released = self.released.get(&pid).copied();
+                    ProcessReclaim {
+                        pid,
+                        command: None,
+                        user: None,
+                        status: if released.is_some() {
+                            "reclaimed"
+                        } else {
+                            "no_agent"
+                        },
+                        nvml_before_bytes: None,
+                        nvml_after_bytes: None,
+                        nvml_returned_bytes: released.map(|b| i64::try_from(b).unwrap_or(0)),
+                        released_bytes: released,
+                        agent: None,
+                        error: None,
+                    }
+                })
+                .collect()
+        }
+    }
+
+    fn config(apply: bool, max_kills: Option<usize>) -> ReapConfig {
+        let policies = vec![Policy {
+            name: "idle".into(),
+            idle_for: Duration::from_secs(5 * 60),
+            min_mem_bytes: GIB,
+            users: Vec::new(),
+            pattern: None,
+            exclude: Vec::new(),
+            gpus: Vec::new(),
+            max_kills: None,
+        }];
+        ReapConfig {
+            leak: leak_config(&policies).expect("valid analysis settings"),
+            policies,
+            apply,
+            action: Action::Kill,
+            max_kills,
+            signal: Signal::Term,
+            grace: Duration::from_secs(10),
+            timeout: Duration::from_secs(10),
+            db: PathBuf::from("/nonexistent/vramctl-free-test/history.db"),
+            live: true,
+            boot_id: None,
+            tz: TimeZone::UTC,
+            ticks_per_second: 100,
+        }
+    }
+
+    /// Ten minutes watched live at a sample a minute, then one pass on the last sample.
+    fn pass(
+        config: ReapConfig,
+        exec: &mut Recording,
+        held: &[(u32, u64, u32)],
+    ) -> anyhow::Result<RoundReport> {
+        let clock = Arc::new(ManualClock::new(T0 + 11 * MIN));
+        let mut engine = Engine::new(config, clock).expect("engine");
+        let mut last = snapshot(T0, held);
+        for i in 0..=10 {
+            last = snapshot(T0 + i * MIN, held);
+            engine.observe(exec, &last);
+        }
+        engine.round(exec, &last, 2)
+    }
+
+    fn stage_of(report: &RoundReport, pid: u32) -> Option<Stage> {
+        report.excluded.iter().find(|e| e.pid == pid).map(|e| e.stage)
+    }
+
+    #[test]
+    fn a_dry_run_plans_the_idle_holder_and_acts_on_nothing() {
+        let (idle, busy) = (Sleeper::new(), Sleeper::new());
+        let mut exec = Recording::default();
+        let held = [(idle.pid(), 8 * GIB, 0), (busy.pid(), 4 * GIB, 70)];
+        let report = pass(config(false, None), &mut exec, &held).expect("pass");
+        assert!(report.dry_run);
+        let pids: Vec<u32> = report.candidates.iter().map(|c| c.pid).collect();
+        assert_eq!(pids, [idle.pid()]);
+        assert_eq!(report.candidates[0].outcome, "would_signal");
+        assert_eq!(report.candidates[0].sources, [Source::Live]);
+        assert_eq!(stage_of(&report, busy.pid()), Some(Stage::Busy));
+        assert!(exec.terminated.is_empty() && exec.reclaimed.is_empty());
+        assert_eq!(report.signalled_at, None);
+        assert_eq!(report.audit_log, None);
+        assert!(!report.ok, "a plan with candidates is a condition that holds");
+    }
+
+    #[test]
+    fn an_applied_pass_kills_through_the_executor_with_the_policy_as_reason() {
+        let idle = Sleeper::new();
+        let mut exec = Recording {
+            audit_log: Some("/var/lib/vramctl/audit.db".into()),
+            ..Recording::default()
+        };
+        let report =
+            pass(config(true, None), &mut exec, &[(idle.pid(), 8 * GIB, 0)]).expect("pass");
+        assert_eq!(exec.terminated.len(), 1);
+        let request = &exec.terminated[0];
+        assert_eq!(request.origin, Origin::Policy);
+        assert_eq!(request.action, "reap");
+        assert!(request.escalate);
+        assert_eq!(request.targets.len(), 1);
+        assert_eq!(request.targets[0].candidate.identity.pid, idle.pid());
+        assert!(
+            request.targets[0]
+                .reason
+                .starts_with("vramctl reap, policy 'idle': "),
+            "{}",
+            request.targets[0].reason
+        );
+        // Stamped by the injected clock, not the sample's time.
+        assert_eq!(
+            report.signalled_at.as_deref(),
+            Some("2026-11-29T20:42:31.000Z")
+        );
+        assert_eq!(report.audit_log.as_deref(), Some("/var/lib/vramctl/audit.db"));
+        assert_eq!(report.candidates[0].outcome, "exited");
+        assert_eq!(report.candidates[0].freed_bytes, Some(8 * GIB));
+        assert_eq!(report.freed_bytes, 8 * GIB);
+        assert!(report.ok);
+    }
+
+    #[test]
+    fn a_target_refused_at_signal_time_is_reported_refused_and_the_pass_fails() {
+        let idle = Sleeper::new();
+        let mut exec = Recording {
+            audit_log: Some("audit.db".into()),
+            outcome: HashMap::from([(
+                idle.pid(),
+                TargetOutcome::Refused {
+                    refusal: Refusal::NotVisible { pid: idle.pid() },
+                },
+            )]),
+            ..Recording::default()
+        };
+        let report =
+            pass(config(true, None), &mut exec, &[(idle.pid(), 8 * GIB, 0)]).expect("pass");
+        assert_eq!(exec.terminated.len(), 1, "the refusal is the executor's to audit");
+        assert_eq!(report.candidates[0].outcome, "refused");
+        assert_eq!(report.candidates[0].freed_bytes, None);
+        assert!(!report.ok);
+    }
+
+    #[test]
+    fn a_holder_that_exited_or_changed_identity_is_left_alone() {
+        let (gone, changed) = (Sleeper::new(), Sleeper::new());
+        let mut exec = Recording {
+            audit_log: Some("audit.db".into()),
+            refuse: HashMap::from([
+                (gone.pid(), Refusal::NotVisible { pid: gone.pid() }),
+                (
+                    changed.pid(),
+                    Refusal::IdentityMismatch {
+                        pid: changed.pid(),
+                        detail: "start time 1 != 2".into(),
+                    },
+                ),
+            ]),
+            ..Recording::default()
+        };
+        let held = [(gone.pid(), 8 * GIB, 0), (changed.pid(), 4 * GIB, 0)];
+        let report = pass(config(true, None), &mut exec, &held).expect("pass");
+        assert!(report.candidates.is_empty());
+        for pid in [gone.pid(), changed.pid()] {
+            assert!(exec.inspected.contains(&pid));
+            let e = report.excluded.iter().find(|e| e.pid == pid).expect("excluded");
+            assert_eq!(e.stage, Stage::Refused);
+            assert!(e.reason.starts_with("refused: "), "{}", e.reason);
+        }
+        assert!(exec.terminated.is_empty(), "nobody is signalled");
+        assert!(report.ok);
+    }
+
+    #[test]
+    fn max_kills_takes_the_most_memory_first_and_leaves_the_rest_for_the_next_pass() {
+        let (small, big) = (Sleeper::new(), Sleeper::new());
+        let mut exec = Recording {
+            audit_log: Some("audit.db".into()),
+            ..Recording::default()
+        };
+        let held = [(small.pid(), 2 * GIB, 0), (big.pid(), 8 * GIB, 0)];
+        let report = pass(config(true, Some(1)), &mut exec, &held).expect("pass");
+        let pids: Vec<u32> = report.candidates.iter().map(|c| c.pid).collect();
+        assert_eq!(pids, [big.pid()]);
+        let e = report
+            .excluded
+            .iter()
+            .find(|e| e.pid == small.pid())
+            .expect("excluded");
+        assert_eq!(e.stage, Stage::Limit);
+        assert_eq!(e.reason, "over --max-kills 1 this run; next run");
+        assert_eq!(exec.terminated.len(), 1);
+        assert_eq!(exec.terminated[0].targets.len(), 1);
+    }
+
+    #[test]
+    fn a_policys_own_max_kills_caps_its_picks() {
+        let (a, b) = (Sleeper::new(), Sleeper::new());
+        let mut cfg = config(false, None);
+        cfg.policies[0].max_kills = Some(1);
+        let mut exec = Recording::default();
+        let held = [(a.pid(), 4 * GIB, 0), (b.pid(), 6 * GIB, 0)];
+        let report = pass(cfg, &mut exec, &held).expect("pass");
+        assert_eq!(report.candidates.len(), 1);
+        assert_eq!(report.candidates[0].pid, b.pid());
+        let e = report.excluded.iter().find(|e| e.pid == a.pid()).expect("excluded");
+        assert_eq!(
+            e.reason,
+            "over policy 'idle''s max_kills (1) this run; next run"
+        );
+    }
+
+    #[test]
+    fn applied_without_an_audit_log_fails_before_any_effect() {
+        let idle = Sleeper::new();
+        let mut exec = Recording::default();
+        let err = pass(config(true, None), &mut exec, &[(idle.pid(), 8 * GIB, 0)])
+            .expect_err("no audit log");
+        assert!(err.to_string().contains("without an audit log"), "{err}");
+        assert!(exec.terminated.is_empty() && exec.reclaimed.is_empty());
+    }
+
+    #[test]
+    fn the_reclaim_action_asks_each_candidates_agent_and_signals_nobody() {
+        let (a, b) = (Sleeper::new(), Sleeper::new());
+        let mut cfg = config(true, None);
+        cfg.action = Action::Reclaim;
+        let mut exec = Recording {
+            audit_log: Some("audit.db".into()),
+            released: HashMap::from([(b.pid(), 2 * GIB)]),
+            ..Recording::default()
+        };
+        let held = [(a.pid(), 4 * GIB, 0), (b.pid(), 6 * GIB, 0)];
+        let report = pass(cfg, &mut exec, &held).expect("pass");
+        assert_eq!(report.action, "reclaim");
+        let outcome = |pid: u32| {
+            let c = report.candidates.iter().find(|c| c.pid == pid).expect("candidate");
+            (c.outcome, c.freed_bytes)
+        };
+        assert_eq!(outcome(a.pid()), ("no_agent", None));
+        assert_eq!(outcome(b.pid()), ("reclaimed", Some(2 * GIB)));
+        assert_eq!(report.freed_bytes, 2 * GIB);
+        assert!(exec.terminated.is_empty());
+        assert_eq!(exec.reclaimed.len(), 2, "one request per candidate");
+        for r in &exec.reclaimed {
+            assert!(
+                r.reason
+                    .starts_with("vramctl reap --action reclaim, policy 'idle': "),
+                "{}",
+                r.reason
+            );
+        }
+        assert!(!report.ok, "no agent released anything");
+    }
+
+    #[test]
+    fn without_live_watching_or_history_there_is_no_evidence() {
+        let idle = Sleeper::new();
+        let mut cfg = config(true, None);
+        cfg.live = false;
+        let mut exec = Recording {
+            audit_log: Some("audit.db".into()),
+            ..Recording::default()
+        };
+        let report = pass(cfg, &mut exec, &[(idle.pid(), 8 * GIB, 0)]).expect("pass");
+        assert!(report.candidates.is_empty());
+        assert_eq!(stage_of(&report, idle.pid()), Some(Stage::NoEvidence));
+        assert!(!report.history.exists);
+        assert!(report.live.is_none());
+        assert!(exec.inspected.is_empty() && exec.terminated.is_empty());
+    }
 
     #[test]
     fn only_jupyter_kernels_get_the_note() {
