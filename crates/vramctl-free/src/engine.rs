@@ -3,7 +3,7 @@
 //! A round: on one sample of the GPUs, join each process holding memory with /proc, find the
 //! idle evidence for each of its GPUs (the recorded history through `leaks`' scan, or
 //! `FleetTracker` when the binary feeds every live sample to [`Engine::observe`];
-//! [`crate::evidence`]), judge it against each policy ([`crate::decide`], pure), have the
+//! `evidence.rs`), judge it against each policy ([`crate::decide`], pure), have the
 //! executor prove that the safe path would signal it ([`ReapExecutor::inspect`]), cap the
 //! number with `max_kills`, and report the plan with the evidence for each candidate and the
 //! reason for each process left alone. When applied, the candidates go to
@@ -290,7 +290,13 @@ impl Engine {
         self.observe_processes(exec, snapshot);
         let by_pid = holdings(snapshot, &GpuFilter::default());
         let pids: Vec<u32> = by_pid.keys().copied().collect();
-        let history = read_history(&self.config.db, now, self.lookback, &pids, &self.config.leak)?;
+        let history = read_history(
+            &self.config.db,
+            now,
+            self.lookback,
+            &pids,
+            &self.config.leak,
+        )?;
         // Owns its zone, so the loop below may borrow `self` mutably.
         let tz = self.config.tz.clone();
         let time = move |t: i64| clock(&tz, t, !same_day(&tz, t, now));
@@ -871,7 +877,12 @@ mod tests {
 
     impl Sleeper {
         fn new() -> Self {
-            Self(Command::new("sleep").arg("600").spawn().expect("spawn sleep"))
+            Self(
+                Command::new("sleep")
+                    .arg("600")
+                    .spawn()
+                    .expect("spawn sleep"),
+            )
         }
 
         fn pid(&self) -> u32 {
@@ -1116,7 +1127,11 @@ mod tests {
     }
 
     fn stage_of(report: &RoundReport, pid: u32) -> Option<Stage> {
-        report.excluded.iter().find(|e| e.pid == pid).map(|e| e.stage)
+        report
+            .excluded
+            .iter()
+            .find(|e| e.pid == pid)
+            .map(|e| e.stage)
     }
 
     #[test]
@@ -1134,7 +1149,10 @@ mod tests {
         assert!(exec.terminated.is_empty() && exec.reclaimed.is_empty());
         assert_eq!(report.signalled_at, None);
         assert_eq!(report.audit_log, None);
-        assert!(!report.ok, "a plan with candidates is a condition that holds");
+        assert!(
+            !report.ok,
+            "a plan with candidates is a condition that holds"
+        );
     }
 
     #[test]
@@ -1165,7 +1183,10 @@ mod tests {
             report.signalled_at.as_deref(),
             Some("2026-11-29T20:42:31.000Z")
         );
-        assert_eq!(report.audit_log.as_deref(), Some("/var/lib/vramctl/audit.db"));
+        assert_eq!(
+            report.audit_log.as_deref(),
+            Some("/var/lib/vramctl/audit.db")
+        );
         assert_eq!(report.candidates[0].outcome, "exited");
         assert_eq!(report.candidates[0].freed_bytes, Some(8 * GIB));
         assert_eq!(report.freed_bytes, 8 * GIB);
@@ -1187,7 +1208,11 @@ mod tests {
         };
         let report =
             pass(config(true, None), &mut exec, &[(idle.pid(), 8 * GIB, 0)]).expect("pass");
-        assert_eq!(exec.terminated.len(), 1, "the refusal is the executor's to audit");
+        assert_eq!(
+            exec.terminated.len(),
+            1,
+            "the refusal is the executor's to audit"
+        );
         assert_eq!(report.candidates[0].outcome, "refused");
         assert_eq!(report.candidates[0].freed_bytes, None);
         assert!(!report.ok);
@@ -1215,7 +1240,11 @@ mod tests {
         assert!(report.candidates.is_empty());
         for pid in [gone.pid(), changed.pid()] {
             assert!(exec.inspected.contains(&pid));
-            let e = report.excluded.iter().find(|e| e.pid == pid).expect("excluded");
+            let e = report
+                .excluded
+                .iter()
+                .find(|e| e.pid == pid)
+                .expect("excluded");
             assert_eq!(e.stage, Stage::Refused);
             assert!(e.reason.starts_with("refused: "), "{}", e.reason);
         }
@@ -1255,7 +1284,11 @@ mod tests {
         let report = pass(cfg, &mut exec, &held).expect("pass");
         assert_eq!(report.candidates.len(), 1);
         assert_eq!(report.candidates[0].pid, b.pid());
-        let e = report.excluded.iter().find(|e| e.pid == a.pid()).expect("excluded");
+        let e = report
+            .excluded
+            .iter()
+            .find(|e| e.pid == a.pid())
+            .expect("excluded");
         assert_eq!(
             e.reason,
             "over policy 'idle''s max_kills (1) this run; next run"
@@ -1286,7 +1319,11 @@ mod tests {
         let report = pass(cfg, &mut exec, &held).expect("pass");
         assert_eq!(report.action, "reclaim");
         let outcome = |pid: u32| {
-            let c = report.candidates.iter().find(|c| c.pid == pid).expect("candidate");
+            let c = report
+                .candidates
+                .iter()
+                .find(|c| c.pid == pid)
+                .expect("candidate");
             (c.outcome, c.freed_bytes)
         };
         assert_eq!(outcome(a.pid()), ("no_agent", None));

@@ -2,7 +2,7 @@
 //!
 //! - [`policy`]: who `reap` may end (named policies from a TOML file, or the filter flags,
 //!   given as [`policy::PolicyFlags`]);
-//! - [`evidence`]: the idle evidence from the recorded history;
+//! - `evidence` (private): the idle evidence from the recorded history;
 //! - [`decide`]: the pure decision, a process and a policy → a candidate or the rule it fails;
 //! - [`engine`]: one pass of `reap` (observe → evidence → decide → act → audit), its effects
 //!   taken through [`engine::ReapExecutor`] and its wall clock injected, so it is tested
@@ -16,6 +16,6 @@
 
 pub mod decide;
 pub mod engine;
-pub mod evidence;
+mod evidence;
 pub mod memory_release;
 pub mod policy;
