@@ -21,8 +21,25 @@ case "${1:-}" in
   *) echo "usage: scripts/check-crates.sh [--no-verify]" >&2; exit 2 ;;
 esac
 
-# In dependency order: each crate's dependencies are packed before it.
-crates=(vramctl-core vramctl-store vramctl-snapshot vramctl-model vramctl-observe vramctl-history vramctl-exporter vramctl)
+# Every publishable workspace crate, each after the crates it depends on (cargo metadata),
+# so a crate added to the workspace is packed and verified without editing this list.
+mapfile -t crates < <(cargo metadata --format-version 1 --no-deps | python3 -c '
+import json, sys
+meta = json.load(sys.stdin)
+ours = {p["name"]: p for p in meta["packages"] if p.get("publish") != []}
+done, order = set(), []
+def visit(name):
+    if name in done:
+        return
+    done.add(name)
+    for d in ours[name]["dependencies"]:
+        if d["name"] in ours and d["kind"] is None:
+            visit(d["name"])
+    order.append(name)
+for name in sorted(ours):
+    visit(name)
+print(*order, sep=chr(10))')
+[ "${#crates[@]}" -ge 2 ] || fail "cargo metadata listed no publishable crates"
 for crate in "${crates[@]}"; do
   list=$(cargo package -p "$crate" --list --allow-dirty 2>/dev/null)
   if leaked=$(grep -E '^(tests|benches|examples|testdata|fixtures)/|fake|\.(db|pickle|gz)$' <<<"$list"); then

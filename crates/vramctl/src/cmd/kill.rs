@@ -25,7 +25,7 @@ use crate::audit_sink::open_sink;
 use crate::cli::{GlobalArgs, KillArgs};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
-use vramctl::memory_release::{
+use vramctl_free::memory_release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, jupyter_note, record_memory_outcomes,
     release_lines, still_held, verify_release,
 };

@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 use vramctl_core::types::DeviceInfo;
 
-use crate::cli::ReapArgs;
 use vramctl_observe::pattern::compile_regex;
 use vramctl_observe::units::{self, parse_bytes};
 
@@ -184,6 +183,28 @@ pub fn default_path() -> Option<PathBuf> {
         .map(|dir| dir.join("vramctl/reap.toml"))
 }
 
+/// What the command line says about the policies: which file and which of its policies,
+/// and the filter flags (as typed; [`resolve`] checks them).
+#[derive(Debug, Clone, Default)]
+pub struct PolicyFlags {
+    /// `--config PATH`.
+    pub config: Option<PathBuf>,
+    /// `--policy NAME...`.
+    pub policy: Vec<String>,
+    /// `--idle-for`.
+    pub idle_for: Option<Duration>,
+    /// `--min-mem` (a size such as `2GiB`).
+    pub min_mem: Option<String>,
+    /// `--user`.
+    pub user: Vec<String>,
+    /// `--match` (a regex).
+    pub pattern: Option<String>,
+    /// `--exclude` (regexes).
+    pub exclude: Vec<String>,
+    /// `--gpu`.
+    pub gpu: Vec<String>,
+}
+
 /// The filter flags, checked.
 #[derive(Debug, Default)]
 struct Overrides {
@@ -196,7 +217,7 @@ struct Overrides {
 }
 
 impl Overrides {
-    fn from_args(args: &ReapArgs) -> anyhow::Result<Self> {
+    fn from_args(args: &PolicyFlags) -> anyhow::Result<Self> {
         Ok(Self {
             idle_for: args.idle_for,
             min_mem: args
@@ -264,7 +285,7 @@ fn idle_duration(text: &str) -> Result<Duration, String> {
 ///
 /// # Errors
 /// A bad flag, a missing or malformed file (with its file:line), an unknown policy name.
-pub fn resolve(args: &ReapArgs) -> anyhow::Result<Vec<Policy>> {
+pub fn resolve(args: &PolicyFlags) -> anyhow::Result<Vec<Policy>> {
     let overrides = Overrides::from_args(args)?;
     let default = default_path();
     let use_file = args.config.is_some()

@@ -15,7 +15,7 @@ use serde::Serialize;
 use vramctl_core::analysis::{Evidence, SeriesReport, Verdict, human_duration};
 use vramctl_core::types::DeviceInfo;
 
-use super::policy::Policy;
+use crate::policy::Policy;
 use vramctl_observe::gpu_holdings::{GpuHolding, total_bytes};
 use vramctl_observe::units;
 

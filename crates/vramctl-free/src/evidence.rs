@@ -1,5 +1,5 @@
 //! Where `reap`'s idle evidence comes from: the recorded history, analysed by the same scan
-//! as `leaks` (`cmd::leaks::analyse`), or `FleetTracker` fed by `reap --every` itself.
+//! as `leaks` (`vramctl_history::leak_scan::analyse`), or `FleetTracker` fed by `reap --every` itself.
 //!
 //! History evidence counts for a process on a GPU when the history knows that process (same
 //! boot, PID and start time) and its series reaches the present: its last sample is at most
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use vramctl_core::analysis::{LeakConfig, SeriesReport};
+use vramctl_core::untrusted::Untrusted;
 use vramctl_store::TimeRange;
 
 use vramctl_history::leak_scan::analyse;
@@ -110,8 +111,7 @@ pub fn read_history(
     if !history.exists || pids.is_empty() {
         return Ok(history);
     }
-    let mut store =
-        crate::cmd::open_history(path).context("cannot read the history for idle evidence")?;
+    let mut store = open_history(path).context("cannot read the history for idle evidence")?;
     let Some((_, last)) = store.time_bounds()? else {
         return Ok(history);
     };
@@ -142,4 +142,14 @@ pub fn read_history(
             });
     }
     Ok(history)
+}
+
+/// The history read-only, whoever owns it; what the user should know about the open
+/// (as every command that reads the history says it) goes to stderr.
+fn open_history(path: &Path) -> anyhow::Result<vramctl_store::Store> {
+    let store = vramctl_store::Store::open(path, vramctl_store::OpenMode::ReadOnly)?;
+    if let Some(notice) = store.notice() {
+        eprintln!("vramctl: note: {}", Untrusted(notice));
+    }
+    Ok(store)
 }
