@@ -4,7 +4,5 @@
 //! (recording and reading history); ARCHITECTURE.md has the map.
 
 pub mod doctor;
-pub mod fit_search;
 pub mod memory_release;
-pub mod supervised_run;
 pub mod tui;
