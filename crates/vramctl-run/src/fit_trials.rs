@@ -315,8 +315,11 @@ mod tests {
             self.0.push(format!("begin {n} {value}"));
         }
         fn tick(&mut self, running: Duration, peak_bytes: u64) {
-            self.0
-                .push(format!("tick {}ms {}", running.as_millis(), peak_bytes / MIB));
+            self.0.push(format!(
+                "tick {}ms {}",
+                running.as_millis(),
+                peak_bytes / MIB
+            ));
         }
         fn ended(&mut self) {
             self.0.push("ended".to_owned());

@@ -59,10 +59,10 @@ impl TrialRunner for SupervisedTrials<'_> {
             reap_orphans: true,
         };
         let started = Instant::now();
-        let mut on_tick = |_: &vramctl_core::types::Snapshot,
-                           curve: &crate::job::memory_curve::MemoryCurve| {
-            on_tick(started.elapsed(), curve.peak_bytes());
-        };
+        let mut on_tick =
+            |_: &vramctl_core::types::Snapshot, curve: &crate::job::memory_curve::MemoryCurve| {
+                on_tick(started.elapsed(), curve.peak_bytes());
+            };
         let report = run_job(self.sampler, &spec, self.signals, &mut on_tick)?;
         Ok(outcome(&report))
     }

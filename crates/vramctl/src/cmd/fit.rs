@@ -13,8 +13,7 @@ use serde::Serialize;
 use vramctl_observe::units::bytes;
 use vramctl_run::fit_search::{Conclusion, ModelSummary, Reason, Search, SearchSettings, Strategy};
 use vramctl_run::fit_trials::{
-    PLACEHOLDER, StopCause, Stopped, SupervisedTrials, Trial, TrialWatcher, VALUE_ENV,
-    run_trials,
+    PLACEHOLDER, StopCause, Stopped, SupervisedTrials, Trial, TrialWatcher, VALUE_ENV, run_trials,
 };
 use vramctl_run::job::RunError;
 use vramctl_run::job::child::SignalForwarder;

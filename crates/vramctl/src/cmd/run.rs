@@ -6,11 +6,11 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
+use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
+use vramctl_observe::units::bytes;
 use vramctl_run::job::agent_inject::is_python_command;
 use vramctl_run::job::child::{Output, SignalForwarder};
 use vramctl_run::job::{DeviceReport, Ending, JobReport, JobSpec, RunError, run_job};
-use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
-use vramctl_observe::units::bytes;
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
 
 use super::{db_path, open_sampler};
