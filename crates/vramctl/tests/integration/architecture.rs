@@ -737,8 +737,12 @@ fn no_file_level_import_cycles_in_any_crate() {
         crates_dir.display()
     );
     let vramctl = crate_graph(&crates_dir.join("vramctl"));
+    // Reached only through main.rs's `mod cmd;` and cmd.rs's modules; the counts are far
+    // below what the binary has, so moving code into library crates does not trip them.
     assert!(
-        vramctl.files.len() > 100 && vramctl.edges.len() > 50,
+        vramctl.files.iter().any(|f| f.ends_with("src/cmd/run.rs"))
+            && vramctl.files.len() > 30
+            && vramctl.edges.len() > 20,
         "the scan must reach the binary's files: {} files, {} with references",
         vramctl.files.len(),
         vramctl.edges.len()
