@@ -10,7 +10,7 @@
 
 mod supervised;
 
-pub use supervised::{PLACEHOLDER, SupervisedTrials, VALUE_ENV, with_value};
+pub use supervised::{PLACEHOLDER, SupervisedTrials, VALUE_ENV};
 
 use std::time::Duration;
 

@@ -69,7 +69,7 @@ impl TrialRunner for SupervisedTrials<'_> {
 }
 
 /// The command with every `{}` replaced by `value`.
-pub fn with_value(command: &[OsString], value: u64) -> Vec<OsString> {
+fn with_value(command: &[OsString], value: u64) -> Vec<OsString> {
     let v = value.to_string();
     command
         .iter()
