@@ -21,16 +21,13 @@ use crate::exit::Exit;
 use vramctl_core::untrusted::Untrusted;
 
 fn main() -> ExitCode {
-    // The guard of a `run` job's cgroup (`supervised_run::scope`): started by `run` itself,
+    // The guard of a `run` job's cgroup (`vramctl_run::job::scope`): started by `run` itself,
     // never parsed as a command line (it has no options, logs nothing, prints nothing).
     let mut args = std::env::args_os().skip(1);
-    if args.next().as_deref()
-        == Some(std::ffi::OsStr::new(
-            vramctl::supervised_run::scope::GUARD_ARG,
-        ))
+    if args.next().as_deref() == Some(std::ffi::OsStr::new(vramctl_run::job::scope::GUARD_ARG))
         && let (Some(dir), None) = (args.next(), args.next())
     {
-        return vramctl::supervised_run::scope::guard_main(std::path::Path::new(&dir));
+        return vramctl_run::job::scope::guard_main(std::path::Path::new(&dir));
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli.resolved(),

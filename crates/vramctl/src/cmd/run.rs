@@ -1,4 +1,4 @@
-//! `vramctl run -- CMD`: the command under supervision (`vramctl::supervised_run`), then
+//! `vramctl run -- CMD`: the command under supervision (`vramctl_run::job`), then
 //! its report — text on stderr by default, so the command's stdout stays its own — the
 //! budget check, the history and the chart.
 
@@ -6,11 +6,11 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use vramctl::supervised_run::agent_inject::is_python_command;
-use vramctl::supervised_run::child::{Output, SignalForwarder};
-use vramctl::supervised_run::{DeviceReport, Ending, JobReport, JobSpec, RunError, run_job};
 use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
 use vramctl_observe::units::bytes;
+use vramctl_run::job::agent_inject::is_python_command;
+use vramctl_run::job::child::{Output, SignalForwarder};
+use vramctl_run::job::{DeviceReport, Ending, JobReport, JobSpec, RunError, run_job};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, device_samples};
 
 use super::{db_path, open_sampler};

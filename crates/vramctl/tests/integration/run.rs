@@ -380,7 +380,7 @@ fn record_keeps_the_curve_in_the_history_and_plot_draws_it() {
     );
 }
 
-/// The two ways `run` keeps a job (`supervised_run::scope`): the default (a cgroup v2
+/// The two ways `run` keeps a job (`vramctl_run::job::scope`): the default (a cgroup v2
 /// scope where one can be made, as root here) and the subreaper's tree, forced.
 const CONTAINMENTS: [(&str, Option<&str>); 2] = [
     ("default", None),

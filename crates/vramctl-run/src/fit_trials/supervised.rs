@@ -1,0 +1,193 @@
+//! The real trials: the command under `run`'s supervision ([`crate::job::run_job`]) in a
+//! fresh process of its own group, its output kept, the value in its arguments and in
+//! [`VALUE_ENV`].
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use regex::Regex;
+use vramctl_observe::live_loop::LiveSampler;
+
+use super::{Measured, TrialOutcome, TrialRunner};
+use crate::fit_search::DeviceMeasure;
+use crate::job::child::{Output, SignalForwarder, libc_signal};
+use crate::job::tree::ProcessTree;
+use crate::job::{Ending, FrameworkPeaks, JobReport, JobSpec, RunError, run_job};
+
+/// Where the value goes in the command's arguments.
+pub const PLACEHOLDER: &str = "{}";
+/// The variable that carries it too.
+pub const VALUE_ENV: &str = "VRAMCTL_FIT_VALUE";
+/// How long to wait, before a trial, for the last one's memory to come back to the driver.
+const SETTLE_LIMIT: Duration = Duration::from_secs(15);
+
+/// Each trial a supervised job of `command` with its `{}` replaced by the value.
+pub struct SupervisedTrials<'a> {
+    pub sampler: &'a mut LiveSampler,
+    pub signals: &'a SignalForwarder,
+    /// The command, with [`PLACEHOLDER`]s.
+    pub command: Vec<OsString>,
+    /// Inject the agent (the framework's peaks).
+    pub agent: bool,
+    /// A line of output that ends a trial as succeeded.
+    pub until_line: Option<Regex>,
+    /// Longer than this, a trial is stopped and fails.
+    pub timeout: Option<Duration>,
+    pub interval: Duration,
+    /// Between SIGTERM and SIGKILL when a trial is stopped.
+    pub stop_grace: Duration,
+}
+
+impl TrialRunner for SupervisedTrials<'_> {
+    type Error = RunError;
+
+    fn run_trial(
+        &mut self,
+        value: u64,
+        on_tick: &mut dyn FnMut(Duration, u64),
+    ) -> Result<TrialOutcome, RunError> {
+        settle(self.sampler);
+        let spec = JobSpec {
+            argv: with_value(&self.command, value),
+            env: vec![(VALUE_ENV.into(), value.to_string().into())],
+            agent: self.agent,
+            output: Output::Captured,
+            until_line: self.until_line.clone(),
+            timeout: self.timeout,
+            interval: self.interval,
+            stop_grace: self.stop_grace,
+            reap_orphans: true,
+        };
+        let started = Instant::now();
+        let mut on_tick =
+            |_: &vramctl_core::types::Snapshot, curve: &crate::job::memory_curve::MemoryCurve| {
+                on_tick(started.elapsed(), curve.peak_bytes());
+            };
+        let report = run_job(self.sampler, &spec, self.signals, &mut on_tick)?;
+        Ok(outcome(&report))
+    }
+}
+
+/// The command with every `{}` replaced by `value`.
+fn with_value(command: &[OsString], value: u64) -> Vec<OsString> {
+    let v = value.to_string();
+    command
+        .iter()
+        .map(|a| match a.to_str() {
+            Some(s) if s.contains(PLACEHOLDER) => s.replace(PLACEHOLDER, &v).into(),
+            _ => a.clone(),
+        })
+        .collect()
+}
+
+/// Waits until no process of ours is on a GPU any more (the last trial's memory is back
+/// with the driver), at most [`SETTLE_LIMIT`]: the next trial's capacity is measured at its
+/// start.
+fn settle(sampler: &mut LiveSampler) {
+    let deadline = Instant::now() + SETTLE_LIMIT;
+    let mut tree = ProcessTree::new(std::process::id());
+    loop {
+        let snapshot = sampler.tick();
+        let ours = snapshot
+            .devices
+            .iter()
+            .filter_map(|d| d.reading())
+            .flat_map(|r| r.processes.iter().flatten())
+            .any(|p| tree.contains(p.pid));
+        if !ours || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the search and the report need from a finished job.
+fn outcome(report: &JobReport) -> TrialOutcome {
+    let interrupted = report.signals.iter().any(|s| {
+        [
+            libc_signal::SIGINT,
+            libc_signal::SIGTERM,
+            libc_signal::SIGHUP,
+        ]
+        .contains(s)
+    });
+    if interrupted {
+        return TrialOutcome::Interrupted;
+    }
+    if !report.succeeded() && report.oom.is_none() {
+        return failure(report);
+    }
+    let measured = Measured {
+        wall_s: report.wall_s,
+        devices: measures(report),
+        peak_nvml_bytes: report.peak_bytes(),
+        peak_reserved_bytes: highest(report, |f| f.reserved_peak_bytes),
+        peak_allocated_bytes: highest(report, |f| f.allocated_peak_bytes),
+        capacity_bytes: report.used_devices().filter_map(|d| d.capacity_bytes).min(),
+    };
+    if report.succeeded() {
+        TrialOutcome::Succeeded(measured)
+    } else {
+        TrialOutcome::OutOfMemory(measured)
+    }
+}
+
+/// What the search needs from a trial, per GPU it used.
+fn measures(report: &JobReport) -> Vec<DeviceMeasure> {
+    report
+        .used_devices()
+        .filter_map(|d| {
+            Some(DeviceMeasure {
+                uuid: d.curve.uuid.clone(),
+                capacity_bytes: d.capacity_bytes?,
+                nvml_peak_bytes: (d.curve.peak_bytes > 0).then_some(d.curve.peak_bytes),
+                reserved_peak_bytes: d.framework.as_ref().and_then(|f| f.reserved_peak_bytes),
+                allocated_peak_bytes: d.framework.as_ref().and_then(|f| f.allocated_peak_bytes),
+            })
+        })
+        .collect()
+}
+
+fn highest(report: &JobReport, figure: fn(&FrameworkPeaks) -> Option<u64>) -> Option<u64> {
+    report
+        .devices
+        .iter()
+        .filter_map(|d| d.framework.as_ref().and_then(figure))
+        .max()
+}
+
+/// A trial that failed for another reason than memory: how, and its last lines.
+fn failure(report: &JobReport) -> TrialOutcome {
+    let how = match (report.ending, report.exit_code, report.signal) {
+        (Ending::TimedOut, _, _) => "did not finish within --trial-timeout".to_owned(),
+        (_, Some(code), _) => format!("exited {code}"),
+        (_, None, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => "failed".to_owned(),
+    };
+    let stderr_tail = report
+        .stderr_tail
+        .iter()
+        .rev()
+        .take(5)
+        .rev()
+        .cloned()
+        .collect::<Vec<_>>();
+    TrialOutcome::Failed { how, stderr_tail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_gets_the_value() {
+        let cmd: Vec<OsString> = ["python", "t.py", "--batch", "{}", "--name=run-{}"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let got = with_value(&cmd, 48);
+        assert_eq!(got[3], "48");
+        assert_eq!(got[4], "--name=run-48");
+        assert_eq!(got[0], "python");
+    }
+}
