@@ -15,7 +15,7 @@ use vramctl_core::analysis::live::ProcessFacts;
 use vramctl_core::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
 };
-use vramctl_core::procinfo;
+use vramctl_core::procinfo::{self, ProcessDetails};
 use vramctl_core::types::Snapshot;
 
 /// One moment as the UI shows it.
@@ -187,6 +187,28 @@ impl HostProcess {
     /// Exited and waiting for its parent to reap it.
     pub fn is_zombie(&self) -> bool {
         matches!(self.state, Some('Z' | 'X' | 'x'))
+    }
+
+    /// A process as `details` (this /proc read now, or a daemon's answer) describe it:
+    /// what `status` maps, whichever of the two answered. `ticks_per_second` turns its CPU
+    /// ticks into time; no CPU % from one reading.
+    pub fn from_details(details: &ProcessDetails, ticks_per_second: u64) -> Self {
+        Self {
+            pid: details.pid,
+            ppid: details.ppid,
+            user: details
+                .user
+                .clone()
+                .or_else(|| details.uid.map(|u| u.to_string())),
+            command: details.command.clone(),
+            state: details.state,
+            start_time_ticks: details.start_time_ticks,
+            started_at_unix_ms: details.started_at_unix_ms,
+            cpu_percent: None,
+            cpu_time_ms: details.cpu_ticks.and_then(|t| {
+                u64::try_from(u128::from(t) * 1000 / u128::from(ticks_per_second.max(1))).ok()
+            }),
+        }
     }
 
     /// What the live analysis takes from /proc about `host` (`None`: not visible): the
@@ -687,5 +709,35 @@ mod tests {
         let obs = silent.observe(snapshot_with(&[me], 0), |_| None);
         assert!(obs.agents.is_empty());
         assert!(silent.agent_poll().is_none());
+    }
+
+    #[test]
+    fn details_from_a_daemon_or_here_map_to_the_same_host_process() {
+        let details = ProcessDetails {
+            pid: 42,
+            uid: Some(1000),
+            user: None,
+            command: "python train.py".into(),
+            comm: Some("python".into()),
+            ppid: Some(7),
+            state: Some('S'),
+            start_time_ticks: Some(900),
+            started_at_unix_ms: Some(5),
+            cpu_ticks: Some(250),
+            rss_bytes: Some(1 << 30),
+            threads: Some(4),
+            kernel_thread: false,
+            container: vramctl_core::procinfo::ContainerInfo::default(),
+        };
+        let host = HostProcess::from_details(&details, 100);
+        assert_eq!(host.user.as_deref(), Some("1000"), "uid when no user name");
+        assert_eq!(host.command, "python train.py");
+        assert_eq!(host.cpu_time_ms, Some(2_500));
+        assert_eq!(host.cpu_percent, None, "no rate from one reading");
+        assert_eq!((host.ppid, host.state), (Some(7), Some('S')));
+        // Through the daemon's JSON, the same process.
+        let json = serde_json::to_string(&details).expect("encode");
+        let back: ProcessDetails = serde_json::from_str(&json).expect("decode");
+        assert_eq!(HostProcess::from_details(&back, 100), host);
     }
 }
