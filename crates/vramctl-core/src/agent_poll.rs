@@ -87,7 +87,8 @@ pub struct Polled {
 
 struct Entry {
     start_time_ticks: Option<u64>,
-    asked_at: Option<Instant>,
+    /// When it was last asked, in ms on the caller's monotonic time line.
+    asked_at_ms: Option<i64>,
     stats: Option<Stats>,
 }
 
@@ -107,6 +108,8 @@ pub struct RefreshReport {
 /// The last answer of each polled process's agent. See the module docs.
 pub struct AgentPoll {
     limits: PollLimits,
+    /// Where [`refresh`](AgentPoll::refresh)'s `Instant`s start their ms time line.
+    epoch: Instant,
     entries: HashMap<u32, Entry>,
     ask: Box<AskFn>,
 }
@@ -130,6 +133,7 @@ impl AgentPoll {
     pub fn with_ask(limits: PollLimits, ask: Box<AskFn>) -> Self {
         Self {
             limits,
+            epoch: Instant::now(),
             entries: HashMap::new(),
             ask,
         }
@@ -138,6 +142,16 @@ impl AgentPoll {
     /// Brings the poll up to `processes` at `now`: forgets those no longer listed (or
     /// listed with another identity), then asks those due, within the limits.
     pub fn refresh(&mut self, now: Instant, processes: &[Polled]) -> RefreshReport {
+        let now_ms = i64::try_from(now.saturating_duration_since(self.epoch).as_millis())
+            .unwrap_or(i64::MAX);
+        self.refresh_at_ms(now_ms, processes)
+    }
+
+    /// [`refresh`](Self::refresh) at `now_ms` on the caller's monotonic time line (a
+    /// snapshot's `monotonic_ms`): the cadence counts in the caller's time, so an observer
+    /// on an injected clock never reads the real one for it. One poll keeps to one time
+    /// line: either this or `refresh`.
+    pub fn refresh_at_ms(&mut self, now_ms: i64, processes: &[Polled]) -> RefreshReport {
         self.entries.retain(|pid, entry| {
             processes
                 .iter()
@@ -146,18 +160,20 @@ impl AgentPoll {
         for p in processes {
             self.entries.entry(p.pid).or_insert(Entry {
                 start_time_ticks: p.start_time_ticks,
-                asked_at: None,
+                asked_at_ms: None,
                 stats: None,
             });
         }
-        let mut due: Vec<(Option<Instant>, u32)> = self
+        let cadence_ms = i64::try_from(self.limits.cadence.as_millis()).unwrap_or(i64::MAX);
+        let mut due: Vec<(Option<i64>, u32)> = self
             .entries
             .iter()
             .filter(|(_, e)| {
-                e.asked_at
-                    .is_none_or(|at| now.saturating_duration_since(at) >= self.limits.cadence)
+                // A time line that went back (another clock) makes the agent due at once.
+                e.asked_at_ms
+                    .is_none_or(|at| now_ms < at || now_ms.saturating_sub(at) >= cadence_ms)
             })
-            .map(|(pid, e)| (e.asked_at, *pid))
+            .map(|(pid, e)| (e.asked_at_ms, *pid))
             .collect();
         // Never asked first (None < Some), then the oldest answer; ties by PID.
         due.sort_unstable();
@@ -172,7 +188,7 @@ impl AgentPoll {
             report.asked += 1;
             report.answered += usize::from(stats.is_some());
             if let Some(entry) = self.entries.get_mut(pid) {
-                entry.asked_at = Some(now);
+                entry.asked_at_ms = Some(now_ms);
                 entry.stats = stats;
             }
         }
@@ -385,6 +401,20 @@ mod tests {
                 .and_then(|m| m.allocated_bytes),
             Some(7)
         );
+    }
+
+    #[test]
+    fn the_cadence_counts_on_the_callers_time_line_not_the_real_clock() {
+        let (mut poll, asked) = counting_poll(PollLimits::default(), true);
+        // No real time passes between these calls: only the given times decide.
+        poll.refresh_at_ms(1_000, &listed(&[7]));
+        poll.refresh_at_ms(10_999, &listed(&[7]));
+        assert_eq!(asked.lock().expect("lock").len(), 1);
+        poll.refresh_at_ms(11_000, &listed(&[7]));
+        assert_eq!(asked.lock().expect("lock").len(), 2);
+        // A time line that went back (another clock) does not silence the agent.
+        poll.refresh_at_ms(500, &listed(&[7]));
+        assert_eq!(asked.lock().expect("lock").len(), 3);
     }
 
     #[test]

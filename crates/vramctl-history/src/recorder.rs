@@ -23,9 +23,7 @@ use std::time::Instant;
 
 use anyhow::{Context, anyhow};
 use vramctl_core::clock::ClockTime;
-use vramctl_core::process_catalog::{
-    FactsSource, LiveProc, ProcessCatalog, RefreshPolicy, listed_pids,
-};
+use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
 use vramctl_core::procinfo;
 use vramctl_core::types::Snapshot;
 use vramctl_store::{
@@ -294,8 +292,9 @@ impl Drop for StoreFeed {
 /// [`ProcessCatalog`] knows, sent to the store when a process is new (metadata, once per
 /// identity) and its CPU time every [`CPU_EVERY_MS`]. The catalog proves each tick that a
 /// PID still names the same process (a pidfd poll) and reads `/proc/PID/stat` only for
-/// those CPU readings. The catalog is the caller's: `serve --record` shares its own with the
-/// exporter's labels and live analysis, so /proc is read once for all of them.
+/// those CPU readings. The catalog is the caller's observer's (`vramctl_observe::observation::Observer`
+/// in `record` and `run --record`; `serve --record` shares its own with the exporter's labels
+/// and live analysis), so /proc is read once for all of them.
 #[derive(Debug, Default)]
 pub struct Procs {
     /// What was last sent per PID: its identity, and when its CPU time was.
@@ -306,23 +305,6 @@ pub struct Procs {
 struct Sent {
     start_time_ticks: Option<u64>,
     cpu_at_ms: i64,
-}
-
-/// The catalog a recorder reads through: /proc (`read_proc`), or the driver's process names
-/// only (a container without the host's PID namespace, where /proc would describe other
-/// processes under the same numbers).
-pub fn recorder_catalog(read_proc: bool) -> ProcessCatalog {
-    let source = if read_proc {
-        FactsSource::Proc
-    } else {
-        FactsSource::Driver
-    };
-    ProcessCatalog::with_source(
-        source,
-        RefreshPolicy::default(),
-        procinfo::boot_id(),
-        Box::new(LiveProc::new()),
-    )
 }
 
 impl Procs {
@@ -542,7 +524,7 @@ impl UnrecordedGaps {
 mod tests {
     use std::sync::Arc;
 
-    use vramctl_core::process_catalog::ScriptedProc;
+    use vramctl_core::process_catalog::{LiveProc, RefreshPolicy, ScriptedProc};
     use vramctl_core::types::{
         DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessKind,
         ProcessUsage,
@@ -625,7 +607,14 @@ mod tests {
     #[test]
     fn without_proc_only_the_driver_name_is_kept() {
         let me = std::process::id();
-        let mut catalog = recorder_catalog(false);
+        // The driver's process names only: a container without the host's PID namespace,
+        // where /proc would describe other processes under the same numbers.
+        let mut catalog = ProcessCatalog::with_source(
+            FactsSource::Driver,
+            RefreshPolicy::default(),
+            procinfo::boot_id(),
+            Box::new(LiveProc::new()),
+        );
         let mut procs = Procs::new();
         let mut name = |pid: u32| Some(format!("name {pid}"));
         let first = procs.update(&mut catalog, &snapshot(0, &[me]), 0, &mut name);

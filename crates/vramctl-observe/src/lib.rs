@@ -2,9 +2,10 @@
 //!
 //! [`observation::Observation`] is a moment: the GPUs' snapshot joined once with what the
 //! process catalog knows of their processes (identity, user, command), the agents' figures
-//! and the verdicts. [`observation::HostReader`] produces it; [`live_loop`] opens the
-//! backend and paces the ticks on an injected clock; [`live_source`] answers from a running
-//! daemon ([`daemon_socket`]) or from NVML here. [`gpu_selection`] is the one `--gpu`
+//! and the verdicts. The one [`observation::Observer`] produces it (each frontend builds
+//! one, never a process catalog, agent poll or leak tracker of its own); [`live_loop`]
+//! opens the backend and paces the ticks on an injected clock; [`live_source`] answers from
+//! a running daemon ([`daemon_socket`]) or from NVML here. [`gpu_selection`] is the one `--gpu`
 //! matcher, [`units`] the one formatter of bytes, rates and durations.
 
 pub mod daemon_socket;

@@ -6,11 +6,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use vramctl_core::process_catalog::listed_pids;
 use vramctl_core::procinfo::{ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceInfo, DriverInfo, Snapshot};
 use vramctl_core::{Backend, Sampler};
 
 use crate::live_loop::LiveSampler;
+use crate::observation::{HostProcess, Observation};
 
 use crate::daemon_socket::SampleReply;
 use crate::daemon_socket::client::{AskOptions, ask};
@@ -129,6 +131,31 @@ impl LiveSource {
             Some(sampler) => Ok(sampler.tick()),
             None => anyhow::bail!("NVML is not open"),
         }
+    }
+
+    /// `snapshot` (the last one [`sample`](Self::sample) gave) joined with who its listed
+    /// processes are, from the daemon's answer or from here alike: the same
+    /// [`HostProcess`]es either way (no ancestors, no agents, no verdicts), and the
+    /// driver's names of those /proc cannot see.
+    pub fn observe(&mut self, snapshot: Snapshot) -> Observation {
+        let mut observation = Observation::bare(snapshot);
+        let tps = self.procs.ticks_per_second();
+        let mut lookup = self.lookup();
+        for pid in listed_pids(&observation.snapshot) {
+            match lookup.details(pid) {
+                Some(details) => {
+                    observation
+                        .hosts
+                        .insert(pid, HostProcess::from_details(&details, tps));
+                }
+                None => {
+                    if let Some(name) = lookup.driver_name(pid) {
+                        observation.driver_names.insert(pid, name);
+                    }
+                }
+            }
+        }
+        observation
     }
 
     /// Who to ask about the processes of the last snapshot.

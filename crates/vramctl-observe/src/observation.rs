@@ -1,6 +1,6 @@
 //! What the UI shows for one moment: a GPU [`Snapshot`] joined with what /proc says about
 //! its processes (and their parents, for the tree view), plus the verdicts of the
-//! analysis. Built off the UI thread by [`HostReader`] (live, through the process catalog
+//! analysis. Built off the UI thread by the [`Observer`] (live, through the process catalog
 //! every frontend reads) or read from a recording (replay), so drawing never touches /proc
 //! or NVML.
 
@@ -12,7 +12,10 @@ use vramctl_core::agent_client::AgentMemory;
 use vramctl_core::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::analysis::IdleState;
 use vramctl_core::analysis::live::ProcessFacts;
-use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
+use vramctl_core::process_catalog::{
+    FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
+};
+use vramctl_core::procinfo::{self, ProcessDetails};
 use vramctl_core::types::Snapshot;
 
 /// One moment as the UI shows it.
@@ -186,6 +189,28 @@ impl HostProcess {
         matches!(self.state, Some('Z' | 'X' | 'x'))
     }
 
+    /// A process as `details` (this /proc read now, or a daemon's answer) describe it:
+    /// what `status` maps, whichever of the two answered. `ticks_per_second` turns its CPU
+    /// ticks into time; no CPU % from one reading.
+    pub fn from_details(details: &ProcessDetails, ticks_per_second: u64) -> Self {
+        Self {
+            pid: details.pid,
+            ppid: details.ppid,
+            user: details
+                .user
+                .clone()
+                .or_else(|| details.uid.map(|u| u.to_string())),
+            command: details.command.clone(),
+            state: details.state,
+            start_time_ticks: details.start_time_ticks,
+            started_at_unix_ms: details.started_at_unix_ms,
+            cpu_percent: None,
+            cpu_time_ms: details.cpu_ticks.and_then(|t| {
+                u64::try_from(u128::from(t) * 1000 / u128::from(ticks_per_second.max(1))).ok()
+            }),
+        }
+    }
+
     /// What the live analysis takes from /proc about `host` (`None`: not visible): the
     /// facts the observation already read, so the analysis reads nothing twice.
     pub fn live_facts(host: Option<&Self>) -> ProcessFacts {
@@ -197,38 +222,175 @@ impl HostProcess {
     }
 }
 
-/// Joins snapshots with /proc through the process catalog
-/// (`vramctl_core::process_catalog::ProcessCatalog`, the one every frontend reads): the
-/// GPU processes and their ancestors, user and command line once per process identity
-/// (boot, PID, start time), `/proc/PID/stat` (state, parent, CPU time) at most once a
-/// second per process, so hundreds of processes cost a few reads a tick.
+/// Decides verdicts from the observations it is fed, one at a time, in time order.
 ///
-/// It also asks the processes' agents for their memory (`vramctl_core::agent_poll`, the
-/// poll `serve` and `record` use: each agent at most every 10 s, 250 ms per agent and per
-/// tick), here on the sampler's thread, so a slow agent never stalls a frame.
-#[derive(Debug)]
-pub struct HostReader {
-    catalog: ProcessCatalog,
-    agents: AgentPoll,
+/// The analysis-backed implementation (`crate::verdict::AnalysisJudge`) keeps a tracker per
+/// series (it sees every observation) and may read the store for a longer past. Declared
+/// here, beside the [`Observer`] that may own one, so the observation does not import the
+/// analysis' module (`crate::verdict` names it too).
+pub trait Judge: Send {
+    /// The verdicts as of `observation`.
+    fn judge(&mut self, observation: &Observation) -> Verdicts;
 }
 
-impl Default for HostReader {
+/// The one observer of the machine: joins snapshots with /proc through the process
+/// catalog (`vramctl_core::process_catalog::ProcessCatalog`) — the GPU processes and, for
+/// the tree view, their ancestors, user and command line once per process identity (boot,
+/// PID, start time), `/proc/PID/stat` (state, parent, CPU time) at most once per
+/// `stat_every_ms` per process, so hundreds of processes cost a few reads a tick.
+///
+/// It also asks the processes' agents for their memory (`vramctl_core::agent_poll`: each
+/// agent at most every 10 s, 250 ms per agent and per tick), on the caller's thread (the
+/// sampler's, so a slow agent never stalls a frame), and, given a [`Judge`], fills the
+/// verdicts. Every time it counts is the snapshot's (`monotonic_ms`): it never reads a
+/// clock, so a simulated one drives it whole.
+///
+/// Built once per frontend by [`Observer::builder`]; what differs between frontends (where
+/// facts come from, how fresh, agents or not) is the builder's, not a catalog of their own.
+#[derive(Debug)]
+pub struct Observer {
+    catalog: ProcessCatalog,
+    agents: Option<AgentPoll>,
+    judge: Option<Box<dyn Judge>>,
+    ancestors: bool,
+}
+
+impl std::fmt::Debug for dyn Judge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Judge")
+    }
+}
+
+/// The name `top` knows the observer by (`tui::event`), until it is renamed there.
+pub type HostReader = Observer;
+
+impl Default for Observer {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl HostReader {
-    /// A reader of this system's /proc, knowing no process yet.
-    pub fn new() -> Self {
-        Self::with_agents(AgentPoll::new(PollLimits::default()))
+/// How an [`Observer`] reads: see [`Observer::builder`].
+#[derive(Debug)]
+pub struct ObserverBuilder {
+    facts: FactsSource,
+    policy: RefreshPolicy,
+    proc_source: Option<(Option<String>, Box<dyn ProcSource>)>,
+    agents: Option<AgentPoll>,
+    judge: Option<Box<dyn Judge>>,
+    ancestors: bool,
+}
+
+impl ObserverBuilder {
+    /// Where process facts come from (default: /proc).
+    #[must_use]
+    pub fn facts(mut self, facts: FactsSource) -> Self {
+        self.facts = facts;
+        self
     }
 
-    /// A reader asking the processes' agents through `agents` (tests give a stand-in).
+    /// How often what changes is re-read (default: `RefreshPolicy::default()`).
+    #[must_use]
+    pub fn refresh(mut self, policy: RefreshPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Reads processes through `source` on the boot `boot_id` instead of this system's
+    /// /proc (tests script one).
+    #[must_use]
+    pub fn proc_source(mut self, boot_id: Option<String>, source: Box<dyn ProcSource>) -> Self {
+        self.proc_source = Some((boot_id, source));
+        self
+    }
+
+    /// Asks the processes' agents through `agents` (tests give a stand-in); `None`: asks
+    /// none, and the observations carry no agent figures.
+    #[must_use]
+    pub fn agents(mut self, agents: Option<AgentPoll>) -> Self {
+        self.agents = agents;
+        self
+    }
+
+    /// Fills the observations' verdicts with `judge` (default: none, verdicts empty).
+    #[must_use]
+    pub fn judge(mut self, judge: Box<dyn Judge>) -> Self {
+        self.judge = Some(judge);
+        self
+    }
+
+    /// Whether the observations hold the GPU processes' ancestors too (default: yes, for
+    /// the tree view); without, only the listed processes are read.
+    #[must_use]
+    pub fn ancestors(mut self, ancestors: bool) -> Self {
+        self.ancestors = ancestors;
+        self
+    }
+
+    /// The observer, knowing no process yet.
+    pub fn build(self) -> Observer {
+        let (boot_id, proc_source) = self
+            .proc_source
+            .unwrap_or_else(|| (procinfo::boot_id(), Box::new(LiveProc::new())));
+        Observer {
+            // The one place a frontend's process catalog is made.
+            catalog: ProcessCatalog::with_source(self.facts, self.policy, boot_id, proc_source),
+            agents: self.agents,
+            judge: self.judge,
+            ancestors: self.ancestors,
+        }
+    }
+}
+
+impl Observer {
+    /// An observer of this system's /proc, asking agents, without a judge.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// An observer of this system's /proc asking agents through `agents` (tests give a
+    /// stand-in).
     pub fn with_agents(agents: AgentPoll) -> Self {
-        Self {
-            catalog: ProcessCatalog::new(FactsSource::Proc),
-            agents,
+        Self::builder().agents(Some(agents)).build()
+    }
+
+    /// The defaults: /proc, the default refresh policy, the real agents (the one place a
+    /// frontend's agent poll is made), ancestors, no judge.
+    pub fn builder() -> ObserverBuilder {
+        ObserverBuilder {
+            facts: FactsSource::Proc,
+            policy: RefreshPolicy::default(),
+            proc_source: None,
+            agents: Some(AgentPoll::new(PollLimits::default())),
+            judge: None,
+            ancestors: true,
+        }
+    }
+
+    /// The catalog the observations are joined through, for what an [`Observation`] does
+    /// not carry yet (the recorder's CPU ticks and container ids, the daemon socket's
+    /// `ProcessDetails`): they read the observer's catalog, never one of their own.
+    pub fn catalog_mut(&mut self) -> &mut ProcessCatalog {
+        &mut self.catalog
+    }
+
+    /// The boot the observed PIDs and start times belong to.
+    pub fn boot_id(&self) -> Option<&str> {
+        self.catalog.boot_id()
+    }
+
+    /// The agents' poll, when the observer asks agents.
+    pub fn agent_poll(&self) -> Option<&AgentPoll> {
+        self.agents.as_ref()
+    }
+
+    /// Asks the agents of `snapshot`'s processes that are due, at the snapshot's time (the
+    /// catalog must have observed it): what [`observe`](Self::observe) does, for a frontend
+    /// that reads the catalog itself (`record`, outside its sampler's lock).
+    pub fn refresh_agents(&mut self, snapshot: &Snapshot) {
+        if let Some(agents) = self.agents.as_mut() {
+            let polled = agent_poll::polled_processes(snapshot, &self.catalog);
+            agents.refresh_at_ms(snapshot.monotonic_ms, &polled);
         }
     }
 
@@ -243,8 +405,12 @@ impl HostReader {
         // hides it (a step back made every interval look negative) nor dilutes it.
         let at_ms = snapshot.monotonic_ms;
         let gpu_pids = listed_pids(&snapshot);
-        self.catalog
-            .observe_with_ancestors(&gpu_pids, at_ms, &mut driver_name);
+        if self.ancestors {
+            self.catalog
+                .observe_with_ancestors(&gpu_pids, at_ms, &mut driver_name);
+        } else {
+            self.catalog.observe(&gpu_pids, at_ms, &mut driver_name);
+        }
         let tps = self.catalog.ticks_per_second();
         let mut hosts = BTreeMap::new();
         let mut driver_names = BTreeMap::new();
@@ -290,19 +456,25 @@ impl HostReader {
             }
         }
         let agents = self.agent_figures(&snapshot);
-        Observation {
+        let mut observation = Observation {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names,
             verdicts: Verdicts::default(),
             agents,
+        };
+        if let Some(judge) = self.judge.as_mut() {
+            observation.verdicts = judge.judge(&observation);
         }
+        observation
     }
 
     /// Asks the agents that are due, and gives every (process, GPU) figure the poll has.
     fn agent_figures(&mut self, snapshot: &Snapshot) -> AgentFigures {
-        let polled = agent_poll::polled_processes(snapshot, &self.catalog);
-        self.agents.refresh(std::time::Instant::now(), &polled);
+        self.refresh_agents(snapshot);
+        let Some(poll) = self.agents.as_ref() else {
+            return AgentFigures::default();
+        };
         let mut gpus_of: BTreeMap<u32, usize> = BTreeMap::new();
         for pid in snapshot
             .devices
@@ -320,8 +492,7 @@ impl HostReader {
             };
             for p in list {
                 let only_gpu = gpus_of.get(&p.pid) == Some(&1);
-                if let Some(memory) = self
-                    .agents
+                if let Some(memory) = poll
                     .stats(p.pid)
                     .and_then(|s| agent_poll::agent_memory_on(s, &device.info.uuid, only_gpu))
                 {
@@ -381,7 +552,7 @@ mod tests {
     #[test]
     fn our_process_and_its_parents_are_seen() {
         let me = std::process::id();
-        let mut reader = HostReader::new();
+        let mut reader = Observer::new();
         let obs = reader.observe(snapshot_with(&[me], 1_000), |_| None);
         let host = obs.hosts.get(&me).expect("we are visible");
         assert!(!host.command.is_empty());
@@ -401,7 +572,7 @@ mod tests {
     fn invisible_processes_get_the_driver_name() {
         // Above pid_max: never a process here.
         let pid = 4_194_305;
-        let mut reader = HostReader::new();
+        let mut reader = Observer::new();
         let obs = reader.observe(snapshot_with(&[pid], 0), |p| Some(format!("name of {p}")));
         assert!(!obs.hosts.contains_key(&pid));
         assert_eq!(obs.driver_names[&pid], "name of 4194305");
@@ -435,7 +606,7 @@ mod tests {
                 })
             }),
         );
-        let mut reader = HostReader::with_agents(poll);
+        let mut reader = Observer::with_agents(poll);
         let obs = reader.observe(snapshot_with(&[me, stranger], 1_000), |_| None);
         let uuid = "GPU-00000000-0000-0000-0000-000000000000";
         let mine = obs
@@ -450,5 +621,123 @@ mod tests {
             obs.agents.get(stranger, uuid).is_none(),
             "no agent: absent, not 0"
         );
+    }
+
+    /// A judge that marks every listed process a leak on every device: shows the
+    /// observer hands it the joined observation.
+    struct EveryoneLeaks;
+
+    impl Judge for EveryoneLeaks {
+        fn judge(&mut self, observation: &Observation) -> Verdicts {
+            let mut out = Verdicts::default();
+            for device in &observation.snapshot.devices {
+                for p in device
+                    .reading()
+                    .and_then(|r| r.processes.as_ref())
+                    .into_iter()
+                    .flatten()
+                {
+                    // Only what the observation joined: the process's command is known.
+                    if observation.hosts.contains_key(&p.pid) {
+                        out.insert(
+                            p.pid,
+                            &device.info.uuid,
+                            ProcessVerdict {
+                                kind: VerdictKind::Leak,
+                                summary: String::new(),
+                                numbers: Vec::new(),
+                                idle: None,
+                            },
+                        );
+                    }
+                }
+            }
+            out
+        }
+    }
+
+    #[test]
+    fn the_observers_judge_fills_the_verdicts_of_the_joined_observation() {
+        let me = std::process::id();
+        let uuid = "GPU-00000000-0000-0000-0000-000000000000";
+        let mut plain = Observer::builder().agents(None).build();
+        assert!(
+            plain
+                .observe(snapshot_with(&[me], 0), |_| None)
+                .verdicts
+                .is_empty()
+        );
+        let mut judged = Observer::builder()
+            .agents(None)
+            .judge(Box::new(EveryoneLeaks))
+            .build();
+        let obs = judged.observe(snapshot_with(&[me], 0), |_| None);
+        assert_eq!(
+            obs.verdicts.get(me, uuid).map(|v| v.kind),
+            Some(VerdictKind::Leak)
+        );
+    }
+
+    #[test]
+    fn without_ancestors_only_the_listed_processes_are_read() {
+        let me = std::process::id();
+        let mut observer = Observer::builder().agents(None).ancestors(false).build();
+        let obs = observer.observe(snapshot_with(&[me], 0), |_| None);
+        assert_eq!(obs.hosts.keys().copied().collect::<Vec<_>>(), vec![me]);
+    }
+
+    #[test]
+    fn agents_are_asked_on_the_snapshots_time_and_not_at_all_without_a_poll() {
+        use std::sync::Mutex;
+        let me = std::process::id();
+        let asked = Arc::new(Mutex::new(0_u32));
+        let counter = Arc::clone(&asked);
+        let poll = AgentPoll::with_ask(
+            PollLimits::default(),
+            Box::new(move |_, _| {
+                *counter.lock().expect("lock") += 1;
+                None
+            }),
+        );
+        let mut observer = Observer::with_agents(poll);
+        // Three observations within one real instant: 10 s apart on the snapshots' clock.
+        for at_ms in [0, 5_000, 10_000] {
+            observer.observe(snapshot_with(&[me], at_ms), |_| None);
+        }
+        assert_eq!(*asked.lock().expect("lock"), 2, "asked at 0 and at 10 s");
+        let mut silent = Observer::builder().agents(None).build();
+        let obs = silent.observe(snapshot_with(&[me], 0), |_| None);
+        assert!(obs.agents.is_empty());
+        assert!(silent.agent_poll().is_none());
+    }
+
+    #[test]
+    fn details_from_a_daemon_or_here_map_to_the_same_host_process() {
+        let details = ProcessDetails {
+            pid: 42,
+            uid: Some(1000),
+            user: None,
+            command: "python train.py".into(),
+            comm: Some("python".into()),
+            ppid: Some(7),
+            state: Some('S'),
+            start_time_ticks: Some(900),
+            started_at_unix_ms: Some(5),
+            cpu_ticks: Some(250),
+            rss_bytes: Some(1 << 30),
+            threads: Some(4),
+            kernel_thread: false,
+            container: vramctl_core::procinfo::ContainerInfo::default(),
+        };
+        let host = HostProcess::from_details(&details, 100);
+        assert_eq!(host.user.as_deref(), Some("1000"), "uid when no user name");
+        assert_eq!(host.command, "python train.py");
+        assert_eq!(host.cpu_time_ms, Some(2_500));
+        assert_eq!(host.cpu_percent, None, "no rate from one reading");
+        assert_eq!((host.ppid, host.state), (Some(7), Some('S')));
+        // Through the daemon's JSON, the same process.
+        let json = serde_json::to_string(&details).expect("encode");
+        let back: ProcessDetails = serde_json::from_str(&json).expect("decode");
+        assert_eq!(HostProcess::from_details(&back, 100), host);
     }
 }

@@ -8,7 +8,7 @@
 //! empty, and the UI then shows no leak or idle flag: it does not guess.
 
 use jiff::tz::TimeZone;
-use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
+use vramctl_core::analysis::live::{FleetConfig, FleetTracker, TickChanges};
 use vramctl_core::analysis::{
     AnalysisError, Evidence, ExplainStyle, LeakConfig, LeakRule, Phase, SeriesReport, Verdict,
     explain, human_bytes, human_duration, human_rate,
@@ -16,16 +16,7 @@ use vramctl_core::analysis::{
 use vramctl_core::wall_time;
 
 use crate::observation::{HostProcess, Observation};
-pub use crate::observation::{ProcessVerdict, VerdictKind, Verdicts};
-
-/// Decides verdicts from the observations it is fed, one at a time, in time order.
-///
-/// The analysis-backed implementation keeps a tracker per series (it sees every
-/// observation) and may read the store for a longer past.
-pub trait Judge: Send {
-    /// The verdicts as of `observation`.
-    fn judge(&mut self, observation: &Observation) -> Verdicts;
-}
+pub use crate::observation::{Judge, ProcessVerdict, VerdictKind, Verdicts};
 
 /// Decides verdicts at a replay's time cursor, which jumps in both directions: the
 /// analysis of the recording up to the moment on screen. Runs on the replay thread.
@@ -59,11 +50,20 @@ impl AnalysisJudge {
     /// # Errors
     /// [`AnalysisError::InvalidConfig`] for bad thresholds.
     pub fn new(cfg: LeakConfig) -> Result<Self, AnalysisError> {
+        Self::with_fleet_config(FleetConfig {
+            leak: cfg,
+            ..FleetConfig::default()
+        })
+    }
+
+    /// A judge with the whole tracker configuration `cfg` (`leaks --watch` and `reap` set
+    /// more than the thresholds): the one place a frontend's `FleetTracker` is made.
+    ///
+    /// # Errors
+    /// [`AnalysisError::InvalidConfig`] for bad thresholds.
+    pub fn with_fleet_config(cfg: FleetConfig) -> Result<Self, AnalysisError> {
         Ok(Self {
-            fleet: FleetTracker::new(FleetConfig {
-                leak: cfg,
-                ..FleetConfig::default()
-            })?,
+            fleet: FleetTracker::new(cfg)?,
             time_zone: TimeZone::UTC,
         })
     }
@@ -74,14 +74,26 @@ impl AnalysisJudge {
         self.time_zone = tz;
         self
     }
+
+    /// Feeds `observation` to the tracker (each process's start and CPU time as the
+    /// observation's /proc facts give them) and says what changed: `leaks --watch` prints
+    /// the changes, [`Judge::judge`] turns the current reports into verdicts.
+    pub fn track(&mut self, observation: &Observation) -> TickChanges {
+        let hosts = &observation.hosts;
+        self.fleet.observe(&observation.snapshot, |pid| {
+            HostProcess::live_facts(hosts.get(&pid))
+        })
+    }
+
+    /// The tracker: where each series is, and the time line's now.
+    pub fn fleet(&self) -> &FleetTracker {
+        &self.fleet
+    }
 }
 
 impl Judge for AnalysisJudge {
     fn judge(&mut self, observation: &Observation) -> Verdicts {
-        let hosts = &observation.hosts;
-        self.fleet.observe(&observation.snapshot, |pid| {
-            HostProcess::live_facts(hosts.get(&pid))
-        });
+        self.track(observation);
         let mut verdicts = Verdicts::default();
         for (key, place, report) in self.fleet.current() {
             if let Some(report) = report {

@@ -24,7 +24,7 @@ use vramctl::tui::view;
 use vramctl_core::clock::ManualClock;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
-use vramctl_observe::observation::{HostReader, Observation};
+use vramctl_observe::observation::{Observation, Observer};
 
 /// `n` observations one second apart, as the sampler thread makes them.
 fn observations(n: usize) -> Vec<Arc<Observation>> {
@@ -39,7 +39,7 @@ fn observations(n: usize) -> Vec<Arc<Observation>> {
     )
     .expect("devices");
     sampler.backend_mut().set_read_process_activity(true);
-    let mut hosts = HostReader::new();
+    let mut hosts = Observer::new();
     (0..n)
         .map(|_| {
             clock.advance_ms(1000);

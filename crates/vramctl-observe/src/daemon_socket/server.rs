@@ -18,8 +18,8 @@
 //! for the mutex (0.3 ms on an H200 without processes); the /proc facts are gathered after
 //! the mutex is released.
 //!
-//! **/proc facts** come from a [`ProcessCatalog`] of the socket's own (the daemon's
-//! sampling loop keeps its own for the history): static facts once per process identity,
+//! **/proc facts** come from the catalog of an [`Observer`] of the socket's own (the
+//! daemon's sampling loop keeps its own for the history): static facts once per process identity,
 //! the identity proved on every request by the pidfds' one `epoll_wait`, and with
 //! `process_stat` a fresh `/proc/PID/stat` per process (its refresh interval is 0 here).
 //! A daemon that does not read /proc (`serve --process-details nvml|none`) says so and the
@@ -30,13 +30,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::live_loop::LiveSampler;
+use crate::observation::Observer;
 use vramctl_core::Backend;
 use vramctl_core::local_socket::server::{Handler, Server, ServiceConfig};
 use vramctl_core::local_socket::{ErrorReply, Greeting, Peer, error_line, ok_line, own_dir};
-use vramctl_core::process_catalog::{
-    FactsSource, LiveProc, ProcessCatalog, RefreshPolicy, listed_pids,
-};
-use vramctl_core::procinfo::{self, PidNamespace, ProcessDetails};
+use vramctl_core::process_catalog::{FactsSource, RefreshPolicy, listed_pids};
+use vramctl_core::procinfo::{PidNamespace, ProcessDetails};
 use vramctl_core::types::Snapshot;
 
 use super::{
@@ -115,7 +114,7 @@ impl DaemonSocket {
 struct SampleHandler {
     sampler: SharedSampler,
     settings: DaemonSettings,
-    catalog: Mutex<ProcessCatalog>,
+    observer: Mutex<Observer>,
     boot_id: Option<String>,
     pid_namespace: Option<u64>,
     page_size: u64,
@@ -123,23 +122,24 @@ struct SampleHandler {
 
 impl SampleHandler {
     fn new(sampler: SharedSampler, settings: DaemonSettings) -> Self {
-        let boot_id = procinfo::boot_id();
         // Every request re-reads /proc/PID/stat when it wants it: a reply is never older
         // than the request, whatever the loop's cadence.
         let policy = RefreshPolicy {
             stat_every_ms: 0,
             ..RefreshPolicy::default()
         };
-        let catalog = ProcessCatalog::with_source(
-            settings.facts,
-            policy,
-            boot_id.clone(),
-            Box::new(LiveProc::new()),
-        );
+        // Only the listed processes (no tree), and no agents: the reply carries neither.
+        let observer = Observer::builder()
+            .facts(settings.facts)
+            .refresh(policy)
+            .agents(None)
+            .ancestors(false)
+            .build();
+        let boot_id = observer.boot_id().map(str::to_owned);
         Self {
             sampler,
             settings,
-            catalog: Mutex::new(catalog),
+            observer: Mutex::new(observer),
             boot_id,
             pid_namespace: PidNamespace::current().inode,
             page_size: procfs::page_size(),
@@ -188,7 +188,8 @@ impl SampleHandler {
         driver_names: &BTreeMap<u32, String>,
         process_stat: bool,
     ) -> Vec<ProcessDetails> {
-        let mut catalog = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut observer = self.observer.lock().unwrap_or_else(PoisonError::into_inner);
+        let catalog = observer.catalog_mut();
         let listed = listed_pids(snapshot);
         let now = snapshot.monotonic_ms;
         catalog.observe(&listed, now, &mut |pid| driver_names.get(&pid).cloned());

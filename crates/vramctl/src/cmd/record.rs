@@ -35,7 +35,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 use vramctl_core::Backend;
-use vramctl_core::agent_poll::{self, AgentPoll, PollLimits};
+use vramctl_core::agent_poll;
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::process_catalog::FactsSource;
 use vramctl_core::sampler::SessionHealth;
@@ -51,8 +51,8 @@ use vramctl_observe::live_loop::{
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
 use crate::exit::Exit;
-use vramctl_core::process_catalog::ProcessCatalog;
-use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
+use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl_observe::observation::Observer;
 
 /// NVML init retry backoff.
 const BACKOFF_FIRST_MS: i64 = 1_000;
@@ -96,8 +96,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         backoff_ms: BACKOFF_FIRST_MS,
         health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
         procs: Procs::new(),
-        catalog: recorder_catalog(true),
-        agents: AgentPoll::new(PollLimits::default()),
+        observer: Observer::new(),
     };
     // `status`, `ps` and `top` ask this recorder's sampler instead of starting NVML.
     let socket = DaemonSocket::start(
@@ -154,10 +153,10 @@ struct Recorder<'a> {
     /// Whether the NVML session still works.
     health: SessionHealth,
     procs: Procs,
-    /// What /proc says about the GPU processes (read through by `procs`).
-    catalog: ProcessCatalog,
-    /// The processes' agents, asked every 10 s (`vramctl_core::agent_poll`), not every tick.
-    agents: AgentPoll,
+    /// What /proc says about the GPU processes (its catalog read through by `procs`), and
+    /// their agents, asked every 10 s of the snapshots' time (`vramctl_core::agent_poll`),
+    /// not every tick.
+    observer: Observer,
 }
 
 impl Recorder<'_> {
@@ -175,7 +174,7 @@ impl Recorder<'_> {
                 let backend = sampler.backend_mut();
                 // `Procs` paces its /proc reads by differences of this time: monotonic.
                 let processes = self.procs.update(
-                    &mut self.catalog,
+                    self.observer.catalog_mut(),
                     &snapshot,
                     snapshot.monotonic_ms,
                     &mut |pid| backend.process_name(pid),
@@ -221,14 +220,10 @@ impl Recorder<'_> {
         // Outside the sampler's lock: a slow agent must not hold up the local socket.
         drop(slot);
         if let Some(snapshot) = &snapshot {
-            self.agents.refresh(
-                Instant::now(),
-                &agent_poll::polled_processes(snapshot, &self.catalog),
-            );
-            add_agent_figures(
-                &mut sample.devices,
-                &agent_poll::figures(&self.agents, snapshot),
-            );
+            self.observer.refresh_agents(snapshot);
+            if let Some(poll) = self.observer.agent_poll() {
+                add_agent_figures(&mut sample.devices, &agent_poll::figures(poll, snapshot));
+            }
         }
         (sample, at)
     }

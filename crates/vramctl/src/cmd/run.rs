@@ -6,7 +6,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, recorder_catalog, session};
+use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl_observe::observation::Observer;
 use vramctl_observe::units::bytes;
 use vramctl_run::job::agent_inject::is_python_command;
 use vramctl_run::job::child::{Output, SignalForwarder};
@@ -92,13 +93,14 @@ pub fn wants_agent(agent: bool, no_agent: bool, command: &[std::ffi::OsString]) 
 struct Recording {
     feed: StoreFeed,
     procs: Procs,
-    catalog: vramctl_core::process_catalog::ProcessCatalog,
+    /// Its process catalog, read through by `procs` (no agents: `run` asks its job's own).
+    observer: Observer,
 }
 
 impl Recording {
     fn send(&mut self, snapshot: &vramctl_core::types::Snapshot) {
         let processes = self.procs.update(
-            &mut self.catalog,
+            self.observer.catalog_mut(),
             snapshot,
             snapshot.monotonic_ms,
             &mut |_| None,
@@ -142,7 +144,7 @@ fn open_recording(global: &GlobalArgs, interval: Duration) -> anyhow::Result<Opt
     Ok(Some(Recording {
         feed,
         procs: Procs::new(),
-        catalog: recorder_catalog(true),
+        observer: Observer::builder().agents(None).build(),
     }))
 }
 

@@ -31,7 +31,7 @@ use vramctl_core::types::{
 use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
 use vramctl_observe::live_loop::sampler_on;
-use vramctl_observe::live_source::ProcessLookup;
+use vramctl_observe::observation::Observation;
 use vramctl_store::format::rfc3339;
 use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 
@@ -160,11 +160,10 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         let started = Instant::now();
         let snapshot = source.sample()?;
         let sampled = started.elapsed();
-        let mut report = {
-            let mut lookup = source.lookup();
-            build(&snapshot, &filter, &mut Holders::Live(&mut lookup))
-        };
-        ask_agents(&mut report, &snapshot);
+        let observation = source.observe(snapshot);
+        let snapshot = &observation.snapshot;
+        let mut report = build(snapshot, &filter, &mut Holders::Live(&observation));
+        ask_agents(&mut report, snapshot);
         tracing::debug!(
             daemon = source.from_daemon(),
             tick_ms = sampled.as_secs_f64() * 1e3,
@@ -316,9 +315,9 @@ fn print(
 
 /// Who the processes of a snapshot are.
 enum Holders<'a> {
-    /// Now: a daemon's facts or this process's /proc (the driver names what /proc cannot
-    /// see), `vramctl_observe::live_source`.
-    Live(&'a mut dyn ProcessLookup),
+    /// Now: the observation of a daemon's facts or this process's /proc (the driver names
+    /// what /proc cannot see), `vramctl_observe::live_source`.
+    Live(&'a Observation),
     /// A recorded moment: who the recorder saw.
     Recorded(&'a RecordedProcesses),
 }
@@ -328,14 +327,10 @@ impl Holders<'_> {
     /// line; for a process it could not see, the driver's name.
     fn who(&mut self, pid: u32) -> (bool, Option<String>, Option<String>) {
         match self {
-            Self::Live(lookup) => match lookup.details(pid) {
-                Some(d) => (
-                    true,
-                    d.user.clone().or_else(|| d.uid.map(|u| u.to_string())),
-                    Some(d.command.clone()),
-                ),
+            Self::Live(observation) => match observation.hosts.get(&pid) {
+                Some(host) => (true, host.user.clone(), Some(host.command.clone())),
                 // Not in this PID namespace: the driver still knows the name.
-                None => (false, None, lookup.driver_name(pid)),
+                None => (false, None, observation.driver_names.get(&pid).cloned()),
             },
             Self::Recorded(recorded) => match recorded.get(pid) {
                 Some(process) => {

@@ -1,9 +1,10 @@
 //! `vramctl leaks --watch`: the GPUs now, one line whenever a verdict changes.
 //!
-//! One NVML session (per-process SM activity read where the driver has it), the process
-//! catalog (`vramctl_core::process_catalog`: each GPU process's identity and names once,
-//! its CPU time — the idle evidence — at most once a second), and `FleetTracker`
-//! (`vramctl_core::analysis::live`) doing the rest. A series
+//! One NVML session (per-process SM activity read where the driver has it), the observer
+//! (`vramctl_observe::observation::Observer`: each GPU process's identity and names once,
+//! its CPU time — the idle evidence — at most once a second), and the live analysis
+//! (`vramctl_observe::verdict::AnalysisJudge`, the `FleetTracker` of `top`) fed each
+//! observation, doing the rest. A series
 //! whose process has been gone for a minute prints an `ended` line. Stops after `--count`
 //! samples, on a signal, or — with `--fail-on-leak` — at the first leak (exit 1).
 //!
@@ -23,11 +24,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow};
 use serde::Serialize;
 use vramctl_core::Backend;
-use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
+use vramctl_core::analysis::live::{FleetConfig, SeriesKey};
 use vramctl_core::analysis::{LeakConfig, Verdict};
-use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, StaticFacts};
 use vramctl_observe::gpu_selection::GpuFilter;
 use vramctl_observe::live_loop::{clock_of, open_backend, sampler_on, simulated_clock};
+use vramctl_observe::observation::Observer;
+use vramctl_observe::verdict::AnalysisJudge;
 use vramctl_store::format::rfc3339;
 
 use vramctl_core::wall_time::{DayLines, zone as time_zone};
@@ -79,12 +81,13 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     let mut sampler =
         sampler_on(backend, clock_of(manual.as_ref()), true).context("cannot list the GPUs")?;
     let filter = GpuFilter::new(&args.source.gpu, sampler.devices())?;
-    let mut fleet = FleetTracker::new(FleetConfig {
+    let mut judge = AnalysisJudge::with_fleet_config(FleetConfig {
         leak: cfg,
         ..FleetConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;
-    let mut processes = ProcessCatalog::new(FactsSource::Proc);
+    // Neither agents (no column for them here) nor ancestors (no tree).
+    let mut observer = Observer::builder().agents(None).ancestors(false).build();
     let mut known: HashMap<SeriesKey, Known> = HashMap::new();
     let stdout = std::io::stdout();
     let started = Instant::now();
@@ -92,11 +95,11 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     loop {
         let mut snapshot = sampler.tick();
         snapshot.devices.retain(|d| filter.matches(&d.info));
-        // The catalog's time is monotonic: its refresh policy counts spans.
-        let mono = snapshot.monotonic_ms;
         let backend = sampler.backend_mut();
-        processes.observe_snapshot(&snapshot, mono, &mut |pid| backend.process_name(pid));
-        let tick = fleet.observe(&snapshot, |pid| processes.live_facts(pid, mono));
+        let observation = observer.observe(snapshot, |pid| backend.process_name(pid));
+        let tick = judge.track(&observation);
+        let fleet = judge.fleet();
+        let snapshot = &observation.snapshot;
         // The time the tick speaks for, on the tracker's time line (not the wall clock,
         // which may have stepped).
         let now_ms = fleet.now_ms().unwrap_or(snapshot.taken_at_unix_ms);
@@ -111,9 +114,12 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
             let label = place.map_or_else(|| "GPU ?".to_owned(), |p| p.label.clone());
             let entry = known.entry(key.clone()).or_insert_with(|| {
                 // User and command line; the driver's name for a process /proc cannot see.
-                let facts = processes.get(key.pid).map(|e| &e.facts);
-                let user = facts.and_then(StaticFacts::user_or_uid);
-                let command = facts.and_then(|f| f.command.clone());
+                let host = observation.hosts.get(&key.pid);
+                let user = host.and_then(|h| h.user.clone());
+                let command = host
+                    .map(|h| h.command.clone())
+                    .filter(|c| !c.is_empty())
+                    .or_else(|| observation.driver_names.get(&key.pid).cloned());
                 Known {
                     label: label.clone(),
                     user,
