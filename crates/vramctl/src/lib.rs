@@ -7,4 +7,3 @@ pub mod doctor;
 pub mod fit_search;
 pub mod memory_release;
 pub mod supervised_run;
-pub mod tui;
