@@ -7,7 +7,7 @@
 # Checks each published crate's file list (`cargo package --list`): no tests, benchmarks,
 # examples or test data, and what the code compiles in is there (the agent's Python
 # sources in vramctl-core, the chart font and build.rs in vramctl); fake-nvml is never
-# published. Then `cargo package` packs the five crates together (this cargo resolves
+# published. Then `cargo package` packs the crates together (this cargo resolves
 # their dependencies on each other among the packed crates) and, unless --no-verify,
 # builds the packed vramctl as `cargo install vramctl` would build it from crates.io.
 set -euo pipefail
@@ -21,7 +21,9 @@ case "${1:-}" in
   *) echo "usage: scripts/check-crates.sh [--no-verify]" >&2; exit 2 ;;
 esac
 
-crates=(vramctl-core vramctl-store vramctl-snapshot vramctl-model vramctl)
+# The library crates in dependency order, then the binary's package.
+crates=(vramctl-core vramctl-store vramctl-snapshot vramctl-model vramctl-observe vramctl-history
+  vramctl-tui vramctl-doctor vramctl)
 for crate in "${crates[@]}"; do
   list=$(cargo package -p "$crate" --list --allow-dirty 2>/dev/null)
   if leaked=$(grep -E '^(tests|benches|examples|testdata|fixtures)/|fake|\.(db|pickle|gz)$' <<<"$list"); then

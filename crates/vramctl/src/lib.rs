@@ -3,7 +3,6 @@
 //! `vramctl-observe` (one observation of the machine, the live loop) and `vramctl-history`
 //! (recording and reading history); ARCHITECTURE.md has the map.
 
-pub mod doctor;
 pub mod fit_search;
 pub mod memory_release;
 pub mod supervised_run;
