@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use vramctl_core::wall_time::When;
+use vramctl_history::time_window::TimeWindow;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -669,15 +670,8 @@ pub struct HistoryArgs {
     #[command(flatten)]
     pub db: DbArg,
 
-    /// Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a time (RFC 3339
-    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: the 24 hours before the history's
-    /// last sample, as for leaks and plot; with --audit: all]
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub since: Option<When>,
-
-    /// End (same forms as --since); default: now
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub until: Option<When>,
+    #[command(flatten)]
+    pub window: TimeWindowArgs<HistoryWindow>,
 
     /// Only these devices (index or UUID; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "GPU")]
@@ -711,6 +705,72 @@ pub struct HistoryArgs {
     pub audit: bool,
 }
 
+/// `--since`/`--until` of the commands that read the history (history, export, leaks,
+/// plot), settled into one [`TimeWindow`]; `H` words the defaults for each command's help
+/// (the window resolves alike: [`TimeWindow::resolve`]).
+#[derive(Debug, Args)]
+pub struct TimeWindowArgs<H: WindowHelp> {
+    #[arg(long, help = H::SINCE, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
+
+    #[arg(long, help = H::UNTIL, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
+
+    #[arg(skip)]
+    help: std::marker::PhantomData<H>,
+}
+
+impl<H: WindowHelp> TimeWindowArgs<H> {
+    /// The window as typed, to resolve once the command knows "now", the zone and the
+    /// history's bounds.
+    pub fn settle(&self) -> TimeWindow {
+        TimeWindow {
+            since: self.since.clone(),
+            until: self.until.clone(),
+        }
+    }
+}
+
+/// How a command's help words `--since` and `--until` (their defaults differ in wording,
+/// not in how they resolve).
+pub trait WindowHelp: std::fmt::Debug + Clone + Send + Sync + 'static {
+    /// `--since`'s help.
+    const SINCE: &'static str;
+    /// `--until`'s help.
+    const UNTIL: &'static str;
+}
+
+/// `history`'s window.
+#[derive(Debug, Clone)]
+pub struct HistoryWindow;
+
+impl WindowHelp for HistoryWindow {
+    const SINCE: &'static str = "Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a \
+        time (RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: the 24 hours before the \
+        history's last sample, as for leaks and plot; with --audit: all]";
+    const UNTIL: &'static str = "End (same forms as --since); default: now";
+}
+
+/// `export`'s window.
+#[derive(Debug, Clone)]
+pub struct ExportWindow;
+
+impl WindowHelp for ExportWindow {
+    const SINCE: &'static str = "Start (as for history); default: the beginning";
+    const UNTIL: &'static str = "End (as for history); default: now";
+}
+
+/// The window of `leaks` and `plot`, over the history or log files.
+#[derive(Debug, Clone)]
+pub struct SourceWindow;
+
+impl WindowHelp for SourceWindow {
+    const SINCE: &'static str = "Start: a duration back from now (10m, -1h), 'all', 'now', RFC 3339 or \
+        'YYYY-MM-DD HH:MM[:SS]' in --tz; default: for the history, the 24 hours before its \
+        last sample; for files, everything";
+    const UNTIL: &'static str = "End (same forms as --since); default: the last sample";
+}
+
 /// Formats `export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ExportFormat {
@@ -735,13 +795,8 @@ pub struct ExportArgs {
     #[arg(long, conflicts_with = "format")]
     pub json: bool,
 
-    /// Start (as for history); default: the beginning
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub since: Option<When>,
-
-    /// End (as for history); default: now
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub until: Option<When>,
+    #[command(flatten)]
+    pub window: TimeWindowArgs<ExportWindow>,
 
     /// Write here instead of stdout
     #[arg(short, long, value_name = "FILE")]
@@ -872,15 +927,8 @@ pub struct SourceArgs {
     #[arg(long)]
     pub skip_bad_rows: bool,
 
-    /// Start: a duration back from now (10m, -1h), 'all', 'now', RFC 3339 or 'YYYY-MM-DD
-    /// HH:MM[:SS]' in --tz; default: for the history, the 24 hours before its last sample;
-    /// for files, everything
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub since: Option<When>,
-
-    /// End (same forms as --since); default: the last sample
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub until: Option<When>,
+    #[command(flatten)]
+    pub window: TimeWindowArgs<SourceWindow>,
 
     /// Only these devices (index or UUID; repeat or separate with commas); the first is also
     /// the GPU of an apps log without a GPU column
