@@ -16,6 +16,7 @@ use vramctl_observe::gpu_selection::GpuFilter;
 use super::open_sampler;
 use crate::cli::{GlobalArgs, InfoArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use crate::output::style::{Styles, paint};
 use vramctl_observe::units;
 
@@ -122,14 +123,12 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
             .collect(),
     };
     let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report).context("cannot write JSON")?;
-        writeln!(out).context("cannot write to stdout")?;
-    } else {
-        for line in render(&report, &Styles::for_stdout(global.color)) {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
-        }
-    }
+    emit(
+        &mut out,
+        Format::from_json_flag(args.json, Format::JsonPretty),
+        || &report,
+        || Lines::Styled(render(&report, &Styles::for_stdout(global.color))),
+    )?;
     out.flush().context("cannot write to stdout")?;
     Ok(Exit::Ok)
 }

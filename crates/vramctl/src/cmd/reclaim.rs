@@ -8,12 +8,12 @@ use serde::Serialize;
 use vramctl_core::agent_client::{ReclaimOptions, Timeouts};
 use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimReport, ReclaimRequest, Selection};
 use vramctl_core::signal::{AuditSink, MemoryAuditLog};
-use vramctl_core::untrusted::Untrusted;
 
 use super::open_sampler;
 use crate::audit_sink::open_sink;
 use crate::cli::{GlobalArgs, ReclaimArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use vramctl_observe::units;
 
 /// Version of the JSON below (docs/json.md).
@@ -69,20 +69,17 @@ pub fn run(global: &GlobalArgs, args: &ReclaimArgs) -> anyhow::Result<Exit> {
     let ok = report.reclaimed_anything();
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if args.json {
-        let doc = Document {
+    emit(
+        &mut out,
+        Format::from_json_flag(args.json, Format::JsonLine),
+        || Document {
             schema: SCHEMA,
             report: &report,
             audit_log,
             ok,
-        };
-        serde_json::to_writer(&mut out, &doc).context("cannot write JSON")?;
-        writeln!(out).context(io)?;
-    } else {
-        for line in render(&report, args.all) {
-            writeln!(out, "{}", Untrusted(&line)).context(io)?;
-        }
-    }
+        },
+        || Lines::Untrusted(render(&report, args.all)),
+    )?;
     out.flush().context(io)?;
     Ok(if ok { Exit::Ok } else { Exit::ConditionHolds })
 }

@@ -12,6 +12,7 @@ use vramctl_core::untrusted::Untrusted;
 
 use crate::cli::{RecordAction, SnapshotAction, SnapshotArgs, SnapshotDiffArgs, TopBy};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 
 use super::snapshot_top::{SCHEMA, TopDocument, top_lines};
 use vramctl_observe::units;
@@ -66,21 +67,15 @@ pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
     };
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if args.json {
-        serde_json::to_writer(
-            &mut out,
-            &Document {
-                schema: SCHEMA,
-                report: &report,
-            },
-        )
-        .context("cannot write JSON")?;
-        writeln!(out).context(io)?;
-    } else {
-        for line in render(&report) {
-            writeln!(out, "{}", Untrusted(&line)).context(io)?;
-        }
-    }
+    emit(
+        &mut out,
+        Format::from_json_flag(args.json, Format::JsonLine),
+        || Document {
+            schema: SCHEMA,
+            report: &report,
+        },
+        || Lines::Untrusted(render(&report)),
+    )?;
     out.flush().context(io)?;
     Ok(Exit::Ok)
 }
