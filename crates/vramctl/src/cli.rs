@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use vramctl_core::wall_time::When;
 use vramctl_history::time_window::TimeWindow;
 
+use crate::output::emit::Format;
+
 const EXIT_CODES: &str = "\
 Exit codes:
   0  success (a broken pipe also exits 0)
@@ -410,6 +412,32 @@ Examples:
   vramctl plot --since 2h -o memory.png
   vramctl plot gpu.csv apps.csv --tz UTC -o run.svg";
 
+/// `--gpu` of the commands that take the plain form (`status`, `leaks`/`plot`, `reap`,
+/// `ps` and `doctor` still declare their own); the values are settled by
+/// `vramctl_observe::gpu_selection`, one matcher for live and recorded devices.
+#[derive(Debug, Args)]
+pub struct GpuArgs {
+    /// Only these devices (index or UUID; repeat or separate with commas)
+    #[arg(id = "gpu", long = "gpu", value_delimiter = ',', value_name = "GPU")]
+    pub selectors: Vec<String>,
+}
+
+/// `--json` of the commands whose help says only that (the others word a stream or a
+/// format of their own); printed through [`crate::output::emit`].
+#[derive(Debug, Args)]
+pub struct JsonArg {
+    /// Print JSON (schema in docs/json.md)
+    #[arg(id = "json", long = "json")]
+    pub json: bool,
+}
+
+impl JsonArg {
+    /// How to print: JSON in the command's `layout` when `--json` was given, else text.
+    pub fn format(&self, layout: Format) -> Format {
+        Format::from_json_flag(self.json, layout)
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -477,13 +505,11 @@ pub struct InfoArgs {
     #[command(flatten)]
     pub nvml: NvmlArg,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 }
 
 #[derive(Debug, Args)]
@@ -673,9 +699,8 @@ pub struct HistoryArgs {
     #[command(flatten)]
     pub window: TimeWindowArgs<HistoryWindow>,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Only these processes (PIDs; repeat or separate with commas); hides device rows
     #[arg(long, value_delimiter = ',', value_name = "PID")]
@@ -1027,9 +1052,8 @@ pub struct TopArgs {
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = top_interval)]
     pub interval: Duration,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Disable every action (kill); for shared screens
     #[arg(long)]
@@ -1180,9 +1204,8 @@ pub struct KillArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
     pub timeout: Duration,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const RUN_HELP: &str = "\
@@ -1458,9 +1481,8 @@ pub struct ReclaimArgs {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = wait)]
     pub timeout: Duration,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const SNAPSHOT_HELP: &str = "\
@@ -1546,9 +1568,8 @@ pub struct SnapshotTimelineArgs {
     #[arg(long, value_name = "ORDINAL", requires = "at")]
     pub device: Option<i64>,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const SNAPSHOT_TIMELINE_HELP: &str = "\
@@ -1584,9 +1605,8 @@ pub struct SnapshotDiffArgs {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const SNAPSHOT_DIFF_HELP: &str = "\
@@ -1827,9 +1847,8 @@ pub struct SnapshotArgs {
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = wait)]
     pub timeout: Duration,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const REAP_HELP: &str = "\

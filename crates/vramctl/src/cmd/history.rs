@@ -94,7 +94,7 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         return audit_report::run(&db_path(global)?, args, range, &tz);
     }
     let mut store = super::open_history(&db_path(global)?)?;
-    let devices = select_devices(store.devices()?, &args.gpu)?;
+    let devices = select_devices(store.devices()?, &args.gpu.selectors)?;
     let bounds = store.time_bounds()?;
     let range = window.resolve(now, &tz, bounds, SinceDefault::LastSpan)?;
     let step_ms = match args.step {

@@ -62,7 +62,7 @@ struct DeviceInfoReport {
 /// Runs `info`.
 pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let mut sampler = open_sampler(global)?;
-    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let filter = GpuFilter::new(&args.gpu.selectors, sampler.devices())?;
     sampler.read_cuda_driver_version();
     let driver = (**sampler.driver()).clone();
     // As enumerated at start-up: a whole tick (every reading of every GPU) is not needed.
@@ -125,7 +125,7 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let mut out = std::io::stdout().lock();
     emit(
         &mut out,
-        Format::from_json_flag(args.json, Format::JsonPretty),
+        args.print.format(Format::JsonPretty),
         || &report,
         || Lines::Styled(render(&report, &Styles::for_stdout(global.color))),
     )?;

@@ -71,7 +71,7 @@ pub fn run(global: &GlobalArgs, args: &ReclaimArgs) -> anyhow::Result<Exit> {
     let io = "cannot write to stdout";
     emit(
         &mut out,
-        Format::from_json_flag(args.json, Format::JsonLine),
+        args.print.format(Format::JsonLine),
         || Document {
             schema: SCHEMA,
             report: &report,

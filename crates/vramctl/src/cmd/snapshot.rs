@@ -69,7 +69,7 @@ pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
     let io = "cannot write to stdout";
     emit(
         &mut out,
-        Format::from_json_flag(args.json, Format::JsonLine),
+        args.print.format(Format::JsonLine),
         || Document {
             schema: SCHEMA,
             report: &report,
@@ -144,7 +144,7 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
             rows,
         }
     });
-    let json = args.json;
+    let json = args.print.json;
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
     if json {
@@ -271,7 +271,7 @@ fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
     diff.rows.truncate(args.top);
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if args.json {
+    if args.print.json {
         serde_json::to_writer(
             &mut out,
             &DiffDocument {
