@@ -678,7 +678,7 @@ impl Sink for TableSink {
         } else {
             format!(
                 "buckets of {} (USED is the last value, PEAK the highest)",
-                human_ms(step_ms)
+                units::exact_length(step_ms)
             )
         };
         // The zone once per output, at the first time shown (or the range's start).
@@ -732,13 +732,4 @@ impl Sink for TableSink {
         }
         Ok(())
     }
-}
-
-fn human_ms(ms: i64) -> String {
-    for (unit, len) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-        if ms % len == 0 {
-            return format!("{}{unit}", ms / len);
-        }
-    }
-    format!("{ms}ms")
 }

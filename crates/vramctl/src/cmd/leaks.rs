@@ -231,7 +231,7 @@ fn human(source: &Source, findings: &[Finding]) -> Vec<String> {
         clock(tz, first, true),
         clock(tz, last, dated),
         wall_time::zone_label(tz, first),
-        vramctl_core::analysis::human_duration((last - first) as f64 / 1000.0),
+        vramctl_observe::units::sentence_duration((last - first) as f64 / 1000.0),
     ));
     lines
 }

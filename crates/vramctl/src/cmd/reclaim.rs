@@ -114,7 +114,7 @@ fn render(report: &ReclaimReport, all: bool) -> Vec<String> {
     };
     let nvml = match report.nvml_returned_bytes {
         _ if report.dry_run => String::new(),
-        Some(n) => format!("; NVML shows {} returned", signed_bytes(n)),
+        Some(n) => format!("; NVML shows {} returned", units::returned_bytes(n)),
         None => "; NVML lists none of these processes".to_owned(),
     };
     lines.push(format!(
@@ -158,7 +158,7 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
                 "  NVML: {} -> {} ({} returned; the CUDA context and live tensors stay)",
                 units::bytes(b),
                 units::bytes(after),
-                signed_bytes(p.nvml_returned_bytes.unwrap_or(0))
+                units::returned_bytes(p.nvml_returned_bytes.unwrap_or(0))
             ),
             _ => "  NVML: the process is not listed on any GPU (or its memory is not reported)"
                 .to_owned(),
@@ -303,12 +303,4 @@ fn render_deep(a: &vramctl_core::agent_client::ReclaimAnswer) -> Vec<String> {
         ));
     }
     lines
-}
-
-fn signed_bytes(n: i64) -> String {
-    if n < 0 {
-        format!("-{}", units::bytes(n.unsigned_abs()))
-    } else {
-        units::bytes(n.unsigned_abs())
-    }
 }

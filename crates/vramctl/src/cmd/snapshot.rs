@@ -243,15 +243,6 @@ struct DiffDocument<'a> {
     diff: &'a vramctl_snapshot::diff::Diff,
 }
 
-fn signed_bytes(delta: i128) -> String {
-    let magnitude = u64::try_from(delta.unsigned_abs()).unwrap_or(u64::MAX);
-    match delta.signum() {
-        1 => format!("+{}", units::bytes(magnitude)),
-        -1 => format!("-{}", units::bytes(magnitude)),
-        _ => "0 B".to_owned(),
-    }
-}
-
 /// `vramctl snapshot diff A B`.
 fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
     use vramctl_snapshot::diff::Change;
@@ -294,7 +285,7 @@ fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
         diff.a_live_blocks,
         units::bytes(diff.b_live_bytes),
         diff.b_live_blocks,
-        signed_bytes(diff.delta_bytes),
+        units::signed_bytes(diff.delta_bytes),
         changed_stacks,
         if changed_stacks == 1 { "" } else { "s" },
     )
@@ -319,7 +310,7 @@ fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
             out,
             "  {:<9}  {:>11}  {:>10}  {:>10}  {:>13}  {}",
             change,
-            signed_bytes(r.delta_bytes),
+            units::signed_bytes(r.delta_bytes),
             units::bytes(r.a_bytes),
             units::bytes(r.b_bytes),
             format!("{} → {}", r.a_blocks, r.b_blocks),
