@@ -90,10 +90,10 @@ struct SummaryDocument<'a> {
     summary: &'a vramctl_snapshot::Summary,
     /// With --top: the groups, largest first.
     #[serde(skip_serializing_if = "Option::is_none")]
-    top: Option<TopDocument>,
+    top: Option<&'a TopDocument>,
     /// With -o: where the flame graph was written.
     #[serde(skip_serializing_if = "Option::is_none")]
-    flame_graph: Option<String>,
+    flame_graph: Option<&'a str>,
 }
 
 /// `vramctl snapshot FILE`.
@@ -144,40 +144,32 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
             rows,
         }
     });
-    let json = args.print.json;
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if json {
-        serde_json::to_writer(
-            &mut out,
-            &SummaryDocument {
-                schema: SCHEMA,
-                file: file.display().to_string(),
-                format: snap.format,
-                summary: &summary,
-                top,
-                flame_graph,
-            },
-        )
-        .context("cannot write JSON")?;
-        writeln!(out).context(io)?;
-    } else {
-        for line in vramctl_snapshot::summary::table(&summary) {
-            writeln!(out, "{}", Untrusted(&line)).context(io)?;
-        }
-        if let Some(t) = &top {
-            for line in top_lines(t, "") {
-                writeln!(out, "{}", Untrusted(&line)).context(io)?;
+    emit(
+        &mut out,
+        args.print.format(Format::JsonLine),
+        || SummaryDocument {
+            schema: SCHEMA,
+            file: file.display().to_string(),
+            format: snap.format,
+            summary: &summary,
+            top: top.as_ref(),
+            flame_graph: flame_graph.as_deref(),
+        },
+        || {
+            let mut lines = vramctl_snapshot::summary::table(&summary);
+            if let Some(t) = &top {
+                lines.extend(top_lines(t, ""));
             }
-        }
-        if let Some(svg) = &flame_graph {
-            writeln!(
-                out,
-                "flame graph of the live bytes by stack written to '{svg}'"
-            )
-            .context(io)?;
-        }
-    }
+            if let Some(svg) = &flame_graph {
+                lines.push(format!(
+                    "flame graph of the live bytes by stack written to '{svg}'"
+                ));
+            }
+            Lines::Untrusted(lines)
+        },
+    )?;
     out.flush().context(io)?;
     Ok(Exit::Ok)
 }
