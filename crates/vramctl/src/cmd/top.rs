@@ -66,7 +66,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
         Some(db) => {
             let source = StoreSource::open(db, None)
                 .with_context(|| format!("cannot replay '{}'", db.display()))?;
-            let devices = gpu_selection(&args.gpu, || {
+            let devices = gpu_selection(&args.gpu.selectors, || {
                 source
                     .gpus()
                     .map_err(|e| anyhow::anyhow!("cannot replay '{}': {e}", db.display()))
@@ -110,7 +110,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 Some(_) => None,
                 None => Some(open_top_sampler(global)?),
             };
-            let devices = gpu_selection(&args.gpu, || {
+            let devices = gpu_selection(&args.gpu.selectors, || {
                 Ok(match (&first, &sampler) {
                     (Some(first), _) => first
                         .snapshot
