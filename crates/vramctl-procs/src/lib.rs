@@ -9,3 +9,4 @@ pub mod audit_record;
 pub mod process_catalog;
 pub mod procinfo;
 pub mod signal;
+pub mod slurm;
