@@ -6,7 +6,10 @@
 # Besides the Rust toolchain the integration tests drive two programs for real:
 # - promtool and prometheus (Debian's `prometheus` package): the exporter's tests lint its
 #   output and alert rules and scrape it with a real Prometheus;
-# - tmux: the `top` end-to-end test types keys into the real terminal UI.
+# - tmux: the `top` end-to-end test types keys into the real terminal UI;
+# - slurmctld, slurmd, sbatch (Debian's `slurm-wlm`) and munged (`munge`): the Slurm tests
+#   start a one-node cluster as root and run real jobs (they skip themselves, saying so, when
+#   not root or when these are missing, unless VRAMCTL_TEST_STRICT=1).
 # Before them, the in-process agent's tests (python/tests, standard-library unittest, real
 # interpreters with stand-in frameworks; as root they also act as other users) need python3.
 # Both suites run whatever the other's result (exit status 1 if either failed; one summary
@@ -22,9 +25,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian package per program the tests need.
-declare -A package_of=([promtool]=prometheus [prometheus]=prometheus [tmux]=tmux)
+declare -A package_of=([promtool]=prometheus [prometheus]=prometheus [tmux]=tmux
+  [slurmctld]=slurm-wlm [slurmd]=slurm-wlm [sbatch]=slurm-wlm [munged]=munge)
+# slurmctld, slurmd and munged live in /usr/sbin, not on every user's PATH.
+PATH=$PATH:/usr/sbin:/sbin
 missing=()
-for program in promtool prometheus tmux; do
+for program in promtool prometheus tmux slurmctld slurmd sbatch munged; do
   if ! command -v "$program" >/dev/null 2>&1; then
     package=${package_of[$program]}
     [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
@@ -58,6 +64,10 @@ fi
 if ! command -v tmux >/dev/null 2>&1; then
   skip "tmux"
   export VRAMCTL_SKIP_TMUX=1
+fi
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 ||
+  ! command -v sbatch >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+  skip "slurm-wlm/munge"
 fi
 
 # Both suites always run, so that a failure in one never hides the other's result; each

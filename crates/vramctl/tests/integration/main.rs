@@ -29,6 +29,7 @@ mod reclaim_attach;
 mod record;
 mod run;
 mod serve;
+mod slurm;
 mod status;
 mod top;
 mod usage;
