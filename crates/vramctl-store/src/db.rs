@@ -72,6 +72,9 @@ pub struct Store {
     pub(crate) unwritten: Option<crate::write_state::Unwritten>,
     /// What [`Store::set_max_page_count`] set, applied again if the connection is reopened.
     max_page_count: Option<u64>,
+    /// The `process` table has `slurm_job_id` (schema 3+; a reader of an older file, which
+    /// it may not upgrade, reads NULL instead).
+    pub(crate) slurm_column: bool,
 }
 
 /// Files and directories an open created.
@@ -238,6 +241,7 @@ impl Store {
             import_tx: false,
             unwritten: None,
             max_page_count: None,
+            slurm_column: false,
         };
         store.prepare()?;
         Ok(store)
@@ -292,6 +296,7 @@ impl Store {
             import_tx: false,
             unwritten: None,
             max_page_count: None,
+            slurm_column: false,
         };
         store.prepare()?;
         Ok(store)
@@ -341,6 +346,7 @@ impl Store {
             import_tx: false,
             unwritten: None,
             max_page_count: None,
+            slurm_column: false,
         };
         store.prepare()?;
         Ok(store)
@@ -462,6 +468,7 @@ impl Store {
             // A reader reads an older history as it is where every migration since only
             // added what readers do not need (it cannot write the upgrade).
             if !writable && version >= schema::READABLE_FROM {
+                self.slurm_column = version >= schema::SLURM_JOB_FROM;
                 return self.load_catalog();
             }
             if !writable {
@@ -473,6 +480,7 @@ impl Store {
             }
             self.migrate(version)?;
         }
+        self.slurm_column = true;
         self.load_catalog()
     }
 
@@ -866,10 +874,15 @@ mod tests {
         let mut store = Store::open(&path, OpenMode::Append).unwrap();
         store.append(&tick(T0, GIB, &[(7, GIB)])).unwrap();
         store.close().unwrap();
-        // Version 1's tables are version 2's without `metric`: make the file version 1.
+        // Version 1's tables are version 3's without `metric` and the process's job: make
+        // the file version 1.
         let conn = Connection::open(&path).unwrap();
-        conn.execute_batch("DROP TABLE metric; DELETE FROM schema_version WHERE version = 2;")
-            .unwrap();
+        conn.execute_batch(
+            "DROP TABLE metric; DROP INDEX process_slurm_job; \
+             ALTER TABLE process DROP COLUMN slurm_job_id; \
+             DELETE FROM schema_version WHERE version >= 2;",
+        )
+        .unwrap();
         drop(conn);
         // A reader reads it as it is (it may not be allowed to write the upgrade: root's
         // recorder's history, the shipped example), and leaves it version 1.
@@ -879,6 +892,11 @@ mod tests {
             .device_metric(d, Metric::UsedBytes, crate::TimeRange::ALL)
             .unwrap();
         assert_eq!(used.len(), 1);
+        // Its processes are read without a job (the column is not there).
+        let processes = reader.all_processes().unwrap();
+        assert_eq!(processes.len(), 1);
+        assert!(processes.values().all(|p| p.meta.slurm_job_id.is_none()));
+        assert_eq!(reader.job_peaks(1).unwrap(), []);
         drop(reader);
         let conn = Connection::open(&path).unwrap();
         let version: i64 = conn
@@ -896,7 +914,10 @@ mod tests {
         let name: String = conn
             .query_row("SELECT name FROM metric WHERE code = 18", [], |r| r.get(0))
             .unwrap();
-        assert_eq!((version, name.as_str()), (2, "process_allocated_bytes"));
+        assert_eq!(
+            (version, name.as_str()),
+            (schema::CURRENT, "process_allocated_bytes")
+        );
         drop(conn);
         let mut store = Store::open(&path, OpenMode::ReadOnly).unwrap();
         let d = store.devices().unwrap()[0].id;

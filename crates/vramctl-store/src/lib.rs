@@ -78,6 +78,7 @@ mod codec;
 mod db;
 mod error;
 pub mod format;
+mod job_peak;
 mod model;
 mod query;
 pub mod replay;
@@ -92,6 +93,7 @@ pub use audit_table::AuditRow;
 pub use codec::Entry;
 pub use db::{OpenMode, Store};
 pub use error::StoreError;
+pub use job_peak::JobPeak;
 pub use model::{
     AgentBytes, DeviceMeta, DeviceRecord, DeviceSample, DeviceSampleState, Gap, Metric, Observed,
     Point, ProcessKey, ProcessList, ProcessMeta, ProcessOnDevice, ProcessRecord, ProcessSample,

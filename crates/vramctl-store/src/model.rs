@@ -232,6 +232,9 @@ pub struct ProcessMeta {
     pub container_id: Option<String>,
     /// Kubernetes pod UID from its cgroup.
     pub pod_uid: Option<String>,
+    /// Slurm job id (from its cgroup path, else its environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<u32>,
 }
 
 /// A process as a tick saw it.

@@ -536,11 +536,16 @@ impl Store {
     /// # Errors
     /// When SQLite fails.
     pub fn process(&self, id: i64) -> Result<Option<ProcessRecord>, StoreError> {
+        // A file older than schema 3 has no job column (a reader does not upgrade it).
+        let sql = if self.slurm_column {
+            "SELECT id, boot_id, pid, start_time_ticks, uid, user, command, container_id, \
+             pod_uid, first_seen_ms, last_seen_ms, slurm_job_id FROM process WHERE id = ?1"
+        } else {
+            "SELECT id, boot_id, pid, start_time_ticks, uid, user, command, container_id, \
+             pod_uid, first_seen_ms, last_seen_ms, NULL FROM process WHERE id = ?1"
+        };
         self.conn
-            .prepare_cached(
-                "SELECT id, boot_id, pid, start_time_ticks, uid, user, command, container_id, \
-                 pod_uid, first_seen_ms, last_seen_ms FROM process WHERE id = ?1",
-            )
+            .prepare_cached(sql)
             .and_then(|mut s| {
                 s.query_row([id], |r| {
                     Ok(ProcessRecord {
@@ -558,6 +563,7 @@ impl Store {
                             command: r.get(6)?,
                             container_id: r.get(7)?,
                             pod_uid: r.get(8)?,
+                            slurm_job_id: r.get(11)?,
                         },
                         first_seen_ms: r.get(9)?,
                         last_seen_ms: r.get(10)?,

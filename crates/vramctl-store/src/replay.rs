@@ -650,6 +650,7 @@ mod tests {
                         command: Some("python train.py".into()),
                         container_id: None,
                         pod_uid: None,
+                        slurm_job_id: None,
                     },
                     cpu_ticks: Some(t.rem_euclid(1000) as u64),
                 },

@@ -9,16 +9,30 @@
 pub const APPLICATION_ID: i32 = 0x5652_4D43;
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 2;
+pub const CURRENT: i64 = 3;
 
 /// The oldest version a reader (`OpenMode::ReadOnly`) reads without upgrading it: every
 /// migration after it only adds what readers do not use (V2: the `metric` table; its new
-/// metric codes a v1 file simply has no series of). A reader of an older file says to
+/// metric codes a v1 file simply has no series of; V3: a column a reader of an older file
+/// reads as NULL). A reader of an older file says to
 /// upgrade it with a writer. Raise it when a migration changes what readers read.
 pub const READABLE_FROM: i64 = 1;
 
 /// Migration `i` moves version `i` to `i + 1` (version 0 is the empty file).
-pub const MIGRATIONS: [&str; 2] = [V1, V2];
+pub const MIGRATIONS: [&str; 3] = [V1, V2, V3];
+
+/// The first version whose `process` table has `slurm_job_id`: a reader of an older file
+/// (which it may not upgrade) reads every process as of no known job.
+pub const SLURM_JOB_FROM: i64 = 3;
+
+/// Version 3 (issue 31): each process's Slurm job id, read from its cgroup path or
+/// environment when it was first seen (`vramctl_procs::slurm`), so that a job's memory peak
+/// can be read back after the job ended (the epilog's report). NULL: not a job's process,
+/// or not known (an import, a process outside our PID namespace, an older recorder).
+const V3: &str = "
+ALTER TABLE process ADD COLUMN slurm_job_id INTEGER;
+CREATE INDEX process_slurm_job ON process (slurm_job_id);
+";
 
 /// Version 2 (issue 14): series of the in-process agent's figures
 /// (`process_allocated_bytes` 18, `process_reserved_bytes` 19). The tables are unchanged;

@@ -1259,8 +1259,8 @@ fn ensure_process(
         None => {
             conn.prepare_cached(
                 "INSERT INTO process (boot_id, pid, start_time_ticks, uid, user, command, \
-                 container_id, pod_uid, first_seen_ms, last_seen_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+                 container_id, pod_uid, first_seen_ms, last_seen_ms, slurm_job_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
             )?
             .execute(params![
                 key.boot_id,
@@ -1271,7 +1271,8 @@ fn ensure_process(
                 meta.command,
                 meta.container_id,
                 meta.pod_uid,
-                t
+                t,
+                meta.slurm_job_id
             ])?;
             conn.last_insert_rowid()
         }

@@ -260,6 +260,7 @@ pub fn tick_of(obs: &Observation) -> vramctl_store::TickSample {
                         .or_else(|| obs.driver_names.get(&pid).cloned()),
                     container_id: None,
                     pod_uid: None,
+                    slurm_job_id: None,
                 },
                 cpu_ticks: host.and_then(|h| h.cpu_time_ms).map(|ms| ms * tps / 1000),
             }

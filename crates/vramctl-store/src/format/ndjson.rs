@@ -114,7 +114,7 @@ pub fn export(
             declared_series[i] = true;
             if let Some(p) = k.process.filter(|p| declared_processes.insert(*p)) {
                 if let Some(r) = processes.get(&p) {
-                    let v = json!({
+                    let mut v = json!({
                         "type": "process", "ref": r.id, "pid": r.meta.key.pid,
                         "boot_id": r.meta.key.boot_id,
                         "start_time_ticks": r.meta.key.start_time_ticks, "uid": r.meta.uid,
@@ -122,6 +122,10 @@ pub fn export(
                         "container_id": r.meta.container_id, "pod_uid": r.meta.pod_uid,
                         "first_seen_ms": r.first_seen_ms, "last_seen_ms": r.last_seen_ms,
                     });
+                    // Only where known, so that a history without jobs exports as before.
+                    if let (Some(job), Some(object)) = (r.meta.slurm_job_id, v.as_object_mut()) {
+                        object.insert("slurm_job_id".into(), job.into());
+                    }
                     let _ = serde_json::to_writer(&mut buf, &v);
                     buf.push(b'\n');
                 }
@@ -301,6 +305,10 @@ pub(crate) fn import(
                     command: opt_str("command"),
                     container_id: opt_str("container_id"),
                     pod_uid: opt_str("pod_uid"),
+                    slurm_job_id: v
+                        .get("slurm_job_id")
+                        .and_then(Value::as_u64)
+                        .and_then(|j| u32::try_from(j).ok()),
                 };
                 let seen = (
                     v.get("first_seen_ms").and_then(Value::as_i64).unwrap_or(0),
