@@ -362,6 +362,7 @@ impl Procs {
                 meta.command.clone_from(&facts.command);
                 meta.container_id.clone_from(&facts.container.container_id);
                 meta.pod_uid.clone_from(&facts.container.pod_uid);
+                meta.slurm_job_id = facts.slurm.as_ref().map(|job| job.job_id);
             }
             let cpu_ticks = if cpu_due {
                 catalog.stat(pid, now).map(|s| s.cpu_ticks)

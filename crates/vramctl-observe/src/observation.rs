@@ -728,6 +728,7 @@ mod tests {
             threads: Some(4),
             kernel_thread: false,
             container: vramctl_procs::procinfo::ContainerInfo::default(),
+            slurm: None,
         };
         let host = HostProcess::from_details(&details, 100);
         assert_eq!(host.user.as_deref(), Some("1000"), "uid when no user name");

@@ -310,6 +310,9 @@ pub struct StaticFacts {
     pub started_at_unix_ms: Option<i64>,
     /// A kernel thread.
     pub kernel_thread: bool,
+    /// The Slurm job (a process never leaves its job's cgroup, and its environment is what
+    /// it started with).
+    pub slurm: Option<crate::slurm::SlurmJob>,
 }
 
 impl StaticFacts {
@@ -750,6 +753,7 @@ impl ProcessCatalog {
             threads: stat.map(|s| s.threads),
             kernel_thread: facts.kernel_thread,
             container: facts.container.clone(),
+            slurm: facts.slurm.clone(),
         })
     }
 
@@ -868,6 +872,7 @@ impl ProcessCatalog {
                             container: details.container,
                             started_at_unix_ms: self.proc_source.started_at_unix_ms(start),
                             kernel_thread: details.kernel_thread,
+                            slurm: details.slurm,
                         };
                     }
                     _ => {
@@ -1041,6 +1046,7 @@ impl ProcSource for ScriptedProc {
             threads: None,
             kernel_thread: false,
             container: ContainerInfo::default(),
+            slurm: None,
         })
     }
 

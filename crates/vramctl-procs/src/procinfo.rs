@@ -579,6 +579,10 @@ pub struct ProcessDetails {
     pub kernel_thread: bool,
     /// Container id and pod UID from the cgroup path.
     pub container: ContainerInfo,
+    /// The Slurm job it runs in ([`crate::slurm`]), when its cgroup path or environment
+    /// names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<crate::slurm::SlurmJob>,
 }
 
 impl ProcessDetails {
@@ -674,6 +678,7 @@ impl ProcReader {
             threads: stat.as_ref().map(|s| s.threads),
             kernel_thread: stat.as_ref().is_some_and(Stat::is_kernel_thread),
             container,
+            slurm: crate::slurm::job_of(pid),
         })
     }
 

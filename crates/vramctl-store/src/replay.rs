@@ -85,6 +85,8 @@ impl RecordedProcess {
             },
             started_at_unix_ms: None,
             kernel_thread: false,
+            // The history keeps the job id only (not its step, user, partition or source).
+            slurm: None,
         }
     }
 }

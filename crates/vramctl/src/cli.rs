@@ -170,6 +170,7 @@ impl Command {
             Self::Leaks(a) => (db(&a.source.db), nvml(&a.nvml)),
             Self::Plot(a) => (db(&a.source.db), None),
             Self::Run(a) => (db(&a.db), nvml(&a.nvml)),
+            Self::SlurmEpilog(a) => (db(&a.db), None),
             Self::Fit(a) => (None, nvml(&a.nvml)),
             Self::Completions(_) | Self::Man(_) => (None, None),
         }
@@ -260,6 +261,10 @@ pub enum Command {
     /// Draw memory over time per GPU and process as a PNG or SVG chart
     #[command(after_help = PLOT_HELP)]
     Plot(PlotArgs),
+    /// For a Slurm epilog: print a finished job's GPU memory peak per GPU from the history
+    /// (the job from SLURM_JOB_ID, as slurmd sets it for the epilog, or --job)
+    #[command(after_help = SLURM_EPILOG_HELP)]
+    SlurmEpilog(SlurmEpilogArgs),
     /// Run a command and follow its process tree's GPU memory: peak per GPU and process,
     /// out-of-memory errors, a CI budget guard (--max-vram)
     #[command(after_help = RUN_HELP)]
@@ -280,6 +285,31 @@ pub enum Command {
     /// for an installed binary without its package's man pages
     #[command(after_help = MAN_HELP)]
     Man(ManArgs),
+}
+
+const SLURM_EPILOG_HELP: &str = "\
+The peak of a job on a GPU is the most its processes held together at one recorded time
+(NVML's per-process figures, at the recorder's interval), from the processes the recorder
+(vramctl record, serve --record) stored with the job's id: it must run on the node while
+the job does. A job of which the history knows no process prints one line saying so and
+exits 0 (an epilog that fails drains the node).
+
+Example (slurm.conf: Epilog=/etc/slurm/epilog.d/vramctl.sh):
+  #!/bin/sh
+  /usr/bin/vramctl slurm-epilog --db /var/lib/vramctl/history.db >> /var/log/vramctl-jobs.log || true";
+
+#[derive(Debug, Args)]
+pub struct SlurmEpilogArgs {
+    #[command(flatten)]
+    pub db: DbArg,
+
+    /// The job [default: SLURM_JOB_ID of the environment]
+    #[arg(long, value_name = "ID")]
+    pub job: Option<u32>,
+
+    /// Print JSON (schema in docs/json.md)
+    #[arg(long)]
+    pub json: bool,
 }
 
 const COMPLETIONS_HELP: &str = "\

@@ -20,6 +20,7 @@ pub mod reclaim;
 pub mod record;
 pub mod run;
 pub mod serve;
+pub mod slurm_epilog;
 pub mod snapshot;
 pub mod snapshot_timeline;
 mod snapshot_top;
@@ -58,6 +59,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Snapshot(args) => snapshot::run(args),
         Command::Leaks(args) => leaks::run(&cli.global, args),
         Command::Plot(args) => plot::run(&cli.global, args),
+        Command::SlurmEpilog(args) => slurm_epilog::run(&cli.global, args),
         Command::Run(args) => run::run(&cli.global, args),
         Command::Fit(args) => fit::run(&cli.global, args),
         Command::Estimate(args) => estimate::run(&cli.global, args),

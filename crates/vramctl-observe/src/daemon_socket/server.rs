@@ -222,6 +222,7 @@ impl SampleHandler {
                 threads: stat.map(|s| s.threads),
                 kernel_thread: facts.kernel_thread,
                 container: facts.container.clone(),
+                slurm: facts.slurm.clone(),
             });
         }
         out

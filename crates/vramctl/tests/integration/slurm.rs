@@ -135,16 +135,26 @@ impl SlurmCluster {
     /// Starts a cluster with `proctrack/cgroup`, or, where slurmd cannot use cgroups here,
     /// with `proctrack/linuxproc`.
     pub fn start() -> Self {
-        match Self::start_with(Proctrack::Cgroup) {
+        Self::start_with_conf("")
+    }
+
+    fn start_with(proctrack: Proctrack) -> Result<Self, String> {
+        Self::start_configured(proctrack, "")
+    }
+
+    /// As [`start`](Self::start), with `extra` lines in slurm.conf (an `Epilog=`).
+    pub fn start_with_conf(extra: &str) -> Self {
+        match Self::start_configured(Proctrack::Cgroup, extra) {
             Ok(cluster) => cluster,
             Err(why) => {
                 eprintln!("proctrack/cgroup does not work here ({why}); using proctrack/linuxproc");
-                Self::start_with(Proctrack::Linuxproc).unwrap_or_else(|why| panic!("{why}"))
+                Self::start_configured(Proctrack::Linuxproc, extra)
+                    .unwrap_or_else(|why| panic!("{why}"))
             }
         }
     }
 
-    fn start_with(proctrack: Proctrack) -> Result<Self, String> {
+    fn start_configured(proctrack: Proctrack, extra: &str) -> Result<Self, String> {
         use std::sync::atomic::{AtomicUsize, Ordering};
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let programs = Programs::find()?;
@@ -222,7 +232,7 @@ impl SlurmCluster {
              SchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
              MpiDefault=none\nReturnToService=2\nPlugStackConfig={d}/plugstack.conf\n\
              NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n\
-             PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
+             PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n{extra}",
             ctld_port = free_port(),
             slurmd_port = free_port(),
             socket = socket.display(),
@@ -583,4 +593,96 @@ fn every_process_carries_its_job(cluster: &SlurmCluster) {
 fn slurm_of(report: &serde_json::Value, pid: u32) -> serde_json::Value {
     let _ = process(report, pid);
     serde_json::to_value(vramctl_procs::slurm::job_of(pid)).unwrap()
+}
+
+#[test]
+fn the_epilog_prints_the_jobs_peak_per_gpu_from_the_recorders_history() {
+    if skip_without_slurm() {
+        return;
+    }
+    let work = tempfile::tempdir_in("/tmp").expect("a temp dir");
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let db = work.path().join("history.db");
+    let reports = work.path().join("reports");
+    std::fs::create_dir(&reports).expect("mkdir");
+    // The epilog slurmd runs as root when a job ends, with SLURM_JOB_ID set: text and JSON.
+    let epilog = work.path().join("epilog.sh");
+    let vramctl_bin = assert_cmd::cargo::cargo_bin("vramctl");
+    std::fs::write(
+        &epilog,
+        format!(
+            "#!/bin/sh\n\
+             {bin} slurm-epilog --db {db} > {r}/$SLURM_JOB_ID.txt 2>&1\n\
+             {bin} slurm-epilog --db {db} --json > {r}/$SLURM_JOB_ID.json 2>&1\n\
+             exit 0\n",
+            bin = vramctl_bin.display(),
+            db = db.display(),
+            r = reports.display(),
+        ),
+    )
+    .expect("write the epilog");
+    std::fs::set_permissions(&epilog, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cluster = SlurmCluster::start_with_conf(&format!("Epilog={}\n", epilog.display()));
+
+    // The recorder on this node, every 100 ms, sees what the job's processes announce.
+    let procs = shared_dir();
+    let scenario = Scenario::new(1, &[]);
+    let mut recorder = crate::harness::vramctl_std(scenario.path())
+        .env("FAKE_NVML_PROCESS_DIR", procs.path())
+        .args(["record", "--interval", "100ms", "--db"])
+        .arg(&db)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the recorder");
+    struct Stop<'a>(&'a mut Child);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+    let _stop = Stop(&mut recorder);
+
+    // The batch script (2512 MiB) and an srun step (1512 MiB) hold their memory for 4 s
+    // together, then the job ends by itself.
+    let out = shared_dir();
+    let script = job_script(&cluster);
+    let script = script.display();
+    let job = cluster.sbatch(
+        &[("FAKE_NVML_PROCESS_DIR", procs.path())],
+        &[
+            "--export=ALL,JOB_STEPS=1,JOB_STEP_S=4",
+            "--output",
+            &format!("{}/slurm-%j.out", out.path().display()),
+            "--chdir",
+            &out.path().display().to_string(),
+            "--wrap",
+            &format!("srun --quiet {script} 10 & {script} 20; wait"),
+        ],
+    );
+    let text = reports.join(format!("{job}.txt"));
+    let json = reports.join(format!("{job}.json"));
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            std::fs::read_to_string(&json).is_ok_and(|t| t.ends_with('\n'))
+        }),
+        "the epilog wrote no report\n{}",
+        cluster.failure("epilog")
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("read")).expect("JSON");
+    assert_eq!(report["job_id"], job, "{report:#}");
+    let gpus = report["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 1, "{report:#}");
+    // Both processes at once: what they announced, to the byte.
+    assert_eq!(gpus[0]["peak_bytes"], (2512 + 1512) * MIB, "{report:#}");
+    assert_eq!(gpus[0]["processes"], 2, "{report:#}");
+    assert_eq!(gpus[0]["index"], 0, "{report:#}");
+    assert_eq!(
+        std::fs::read_to_string(&text).expect("read"),
+        format!("job {job} peaked at 3.9 GiB on GPU 0\n")
+    );
 }
