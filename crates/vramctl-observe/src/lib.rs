@@ -14,6 +14,7 @@ pub mod gpu_selection;
 pub mod live_loop;
 pub mod live_source;
 pub mod observation;
+pub mod owner_totals;
 pub mod pattern;
 pub mod units;
 pub mod verdict;
