@@ -592,7 +592,7 @@ fn every_process_carries_its_job(cluster: &SlurmCluster) {
 // TEMPORARY until wired
 fn slurm_of(report: &serde_json::Value, pid: u32) -> serde_json::Value {
     let _ = process(report, pid);
-    serde_json::to_value(vramctl_procs::slurm::job_of(pid)).unwrap()
+    serde_json::to_value(vramctl_procs::slurm::job_of(pid)).expect("JSON")
 }
 
 #[test]
