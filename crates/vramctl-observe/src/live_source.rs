@@ -144,9 +144,13 @@ impl LiveSource {
         for pid in listed_pids(&observation.snapshot) {
             match lookup.details(pid) {
                 Some(details) => {
-                    observation
-                        .hosts
-                        .insert(pid, HostProcess::from_details(&details, tps));
+                    let mut host = HostProcess::from_details(&details, tps);
+                    // Read here, whoever answered: the daemon shares our PID namespace, and
+                    // a pidfs id is the kernel's, not the namespace's.
+                    host.pidfd_id = details
+                        .start_time_ticks
+                        .and_then(|start| HostProcess::pidfd_id_of(pid, start));
+                    observation.hosts.insert(pid, host);
                 }
                 None => {
                     if let Some(name) = lookup.driver_name(pid) {

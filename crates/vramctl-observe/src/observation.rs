@@ -161,7 +161,11 @@ impl AgentFigures {
 }
 
 /// A process as /proc described it at the moment of the observation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// The facts after `cpu_time_ms` came later: absent from older recordings (`None` when
+/// read back) and left out of the JSON when unknown, so a recording without them reads as
+/// before.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostProcess {
     /// PID in our namespace.
     pub pid: u32,
@@ -181,6 +185,27 @@ pub struct HostProcess {
     pub cpu_percent: Option<f32>,
     /// Cumulative user + system CPU time (what the idle analysis takes as evidence).
     pub cpu_time_ms: Option<u64>,
+    /// Real user id (`user` may be its name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Resident memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    /// Number of threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// The container's 64-hex-digit id (Docker, containerd, CRI-O, Podman).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The Kubernetes pod UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// The pidfs id of the process (Linux 6.9+), finer than the start time
+    /// (`kill PID@START:ID`). Read by the one-shot observation
+    /// (`crate::live_source::LiveSource::observe`), which pins each process once; the
+    /// [`Observer`] does not pin every process every tick for it, and leaves it `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidfd_id: Option<u64>,
 }
 
 impl HostProcess {
@@ -208,7 +233,24 @@ impl HostProcess {
             cpu_time_ms: details.cpu_ticks.and_then(|t| {
                 u64::try_from(u128::from(t) * 1000 / u128::from(ticks_per_second.max(1))).ok()
             }),
+            uid: details.uid,
+            rss_bytes: details.rss_bytes,
+            threads: details.threads,
+            container_id: details.container.container_id.clone(),
+            pod_uid: details.container.pod_uid.clone(),
+            pidfd_id: None,
         }
+    }
+
+    /// The pidfs id of the process `pid` that started at `start_time_ticks`: pinned first,
+    /// then its start time read again, so the id is not another process's that took the PID
+    /// since. `None` where the kernel has no pidfs ids, or the process is gone.
+    pub fn pidfd_id_of(pid: u32, start_time_ticks: u64) -> Option<u64> {
+        let handle = vramctl_core::signal::PidHandle::pin(pid).ok()?;
+        let same = procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start_time_ticks);
+        (same && !handle.has_exited())
+            .then(|| handle.pidfd_id())
+            .flatten()
     }
 
     /// What the live analysis takes from /proc about `host` (`None`: not visible): the
@@ -444,6 +486,12 @@ impl Observer {
                             started_at_unix_ms: facts.started_at_unix_ms,
                             cpu_percent,
                             cpu_time_ms: Some(stat.cpu_time_ms),
+                            uid: facts.uid,
+                            rss_bytes: Some(stat.rss_bytes),
+                            threads: Some(stat.threads),
+                            container_id: facts.container.container_id.clone(),
+                            pod_uid: facts.container.pod_uid.clone(),
+                            pidfd_id: None,
                         },
                     );
                 }
@@ -559,6 +607,7 @@ mod tests {
         assert!(host.start_time_ticks.is_some());
         assert_eq!(host.cpu_percent, None, "no CPU figure from one reading");
         assert!(host.cpu_time_ms.is_some());
+        assert!(host.uid.is_some() && host.rss_bytes.is_some() && host.threads.is_some());
         // The parent chain is there for the tree view.
         let parent = host.ppid.expect("we have a parent");
         if parent > 1 {
@@ -735,6 +784,10 @@ mod tests {
         assert_eq!(host.cpu_time_ms, Some(2_500));
         assert_eq!(host.cpu_percent, None, "no rate from one reading");
         assert_eq!((host.ppid, host.state), (Some(7), Some('S')));
+        assert_eq!(
+            (host.uid, host.rss_bytes, host.threads),
+            (Some(1000), Some(1 << 30), Some(4))
+        );
         // Through the daemon's JSON, the same process.
         let json = serde_json::to_string(&details).expect("encode");
         let back: ProcessDetails = serde_json::from_str(&json).expect("decode");
