@@ -303,9 +303,6 @@ impl std::fmt::Debug for dyn Judge {
     }
 }
 
-/// The name `top` knows the observer by (`tui::event`), until it is renamed there.
-pub type HostReader = Observer;
-
 impl Default for Observer {
     fn default() -> Self {
         Self::new()

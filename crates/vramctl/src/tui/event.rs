@@ -19,7 +19,7 @@ use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::reclaim::{ReclaimOutcome, ReclaimTarget};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
-use vramctl_observe::observation::{HostReader, Observation};
+use vramctl_observe::observation::{Observation, Observer};
 use vramctl_observe::verdict::{Judge, ReplayJudge};
 
 /// Something the UI reacts to.
@@ -167,7 +167,7 @@ where
     let handle = std::thread::Builder::new()
         .name("top-sampler".into())
         .spawn(move || {
-            let mut hosts = HostReader::new();
+            let mut hosts = Observer::new();
             let mut timeline = Timeline::new();
             let first_at = Instant::now();
             let had_first = first.is_some();
