@@ -26,6 +26,7 @@ use vramctl_core::clock::ClockTime;
 use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
 use vramctl_core::procinfo;
 use vramctl_core::types::Snapshot;
+use vramctl_observe::observation::Observation;
 use vramctl_store::{
     Gap, HistoryClock, ProcessKey, ProcessMeta, ProcessSample, Retention, SessionInfo, Store,
     StoreError, TickSample,
@@ -385,6 +386,81 @@ impl Procs {
     }
 }
 
+impl Procs {
+    /// Samples for processes that are new, reused PIDs, or due a CPU-time reading, as
+    /// `observation` (an `Observer`'s, without reading anything more) describes the
+    /// processes its snapshot lists: what [`update`](Self::update) takes from a catalog.
+    /// `boot_id` and `ticks_per_second` are the observer's; the CPU time goes back to the
+    /// ticks the history stores (exact for the kernel's 100 a second).
+    pub fn update_observed(
+        &mut self,
+        observation: &Observation,
+        boot_id: Option<&str>,
+        ticks_per_second: u64,
+    ) -> Vec<ProcessSample> {
+        let now = observation.snapshot.monotonic_ms;
+        let on_gpu = listed_pids(&observation.snapshot);
+        self.sent.retain(|pid, _| on_gpu.binary_search(pid).is_ok());
+        let mut out = Vec::new();
+        for pid in on_gpu {
+            let host = observation.hosts.get(&pid);
+            let start = host.and_then(|h| h.start_time_ticks);
+            let sent = self.sent.get(&pid).copied();
+            let is_new = sent.is_none_or(|s| s.start_time_ticks != start);
+            // Only /proc's processes have a CPU time (hosts). A clock that went backwards
+            // makes the reading due at once.
+            let cpu_due = host.is_some()
+                && (is_new
+                    || sent.is_none_or(|s| {
+                        now < s.cpu_at_ms || now.saturating_sub(s.cpu_at_ms) >= CPU_EVERY_MS
+                    }));
+            if !is_new && !cpu_due {
+                continue;
+            }
+            let mut meta = ProcessMeta {
+                key: ProcessKey {
+                    boot_id: boot_id.map(str::to_owned),
+                    pid,
+                    start_time_ticks: start,
+                },
+                ..ProcessMeta::default()
+            };
+            if is_new {
+                match host {
+                    Some(h) => {
+                        meta.uid = h.uid;
+                        meta.user = h.user_name().map(str::to_owned);
+                        meta.command = Some(h.command.clone());
+                        meta.container_id.clone_from(&h.container_id);
+                        meta.pod_uid.clone_from(&h.pod_uid);
+                    }
+                    None => meta.command = observation.driver_names.get(&pid).cloned(),
+                }
+            }
+            let cpu_ticks = if cpu_due {
+                host.and_then(|h| h.cpu_time_ms).and_then(|ms| {
+                    u64::try_from(u128::from(ms) * u128::from(ticks_per_second) / 1000).ok()
+                })
+            } else {
+                None
+            };
+            let cpu_at_ms = match (cpu_due, sent) {
+                (true, _) | (false, None) => now,
+                (false, Some(s)) => s.cpu_at_ms,
+            };
+            self.sent.insert(
+                pid,
+                Sent {
+                    start_time_ticks: start,
+                    cpu_at_ms,
+                },
+            );
+            out.push(ProcessSample { meta, cpu_ticks });
+        }
+        out
+    }
+}
+
 /// The writer thread: one transaction per tick, retention once a minute, ticks that cannot
 /// be written kept as a gap (written with the next tick that can be), gaps that cannot be
 /// written kept until they can, and its state in `health`.
@@ -602,6 +678,44 @@ mod tests {
             asked.borrow().is_empty(),
             "the driver is asked only for invisible PIDs"
         );
+    }
+
+    #[test]
+    fn an_observation_records_what_the_catalog_would() {
+        use vramctl_observe::observation::Observer;
+        let me = std::process::id();
+        let mut catalog = ProcessCatalog::with_source(
+            FactsSource::Proc,
+            RefreshPolicy::default(),
+            Some("boot".into()),
+            Box::new(LiveProc::new()),
+        );
+        let mut observer = Observer::builder()
+            .proc_source(Some("boot".into()), Box::new(LiveProc::new()))
+            .agents(None)
+            .ancestors(false)
+            .build();
+        // An invisible PID (above pid_max) named by the driver, beside our own.
+        let stranger = 4_194_305;
+        let mut name = |pid: u32| (pid == stranger).then(|| "driver name".to_owned());
+        let (mut by_catalog, mut by_observation) = (Procs::new(), Procs::new());
+        for at_ms in [0, 5_000, 10_000] {
+            let snap = snapshot(at_ms, &[me, stranger]);
+            let expected = by_catalog.update(&mut catalog, &snap, at_ms, &mut name);
+            let observation = observer.observe(snap, &mut name);
+            let got = by_observation.update_observed(
+                &observation,
+                observer.boot_id(),
+                observer.ticks_per_second(),
+            );
+            // The CPU time may have moved between the two reads; the rest is equal.
+            let strip = |v: Vec<ProcessSample>| {
+                v.into_iter()
+                    .map(|p| (format!("{:?}", p.meta), p.cpu_ticks.is_some()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(strip(got), strip(expected), "at {at_ms} ms");
+        }
     }
 
     #[test]

@@ -209,6 +209,15 @@ pub struct HostProcess {
 }
 
 impl HostProcess {
+    /// The user's name, `None` when the user database knows only the uid (`user` then
+    /// holds the uid as text): what the history and `reap` record as the user.
+    pub fn user_name(&self) -> Option<&str> {
+        let uid_text = self.uid.map(|u| u.to_string());
+        self.user
+            .as_deref()
+            .filter(|name| uid_text.as_deref() != Some(*name))
+    }
+
     /// Exited and waiting for its parent to reap it.
     pub fn is_zombie(&self) -> bool {
         matches!(self.state, Some('Z' | 'X' | 'x'))
@@ -416,6 +425,12 @@ impl Observer {
     /// The boot the observed PIDs and start times belong to.
     pub fn boot_id(&self) -> Option<&str> {
         self.catalog.boot_id()
+    }
+
+    /// Clock ticks per second of the observed /proc (CPU times in ticks, as the history
+    /// stores them, from the observations' milliseconds).
+    pub fn ticks_per_second(&self) -> u64 {
+        self.catalog.ticks_per_second()
     }
 
     /// The agents' poll, when the observer asks agents.

@@ -381,9 +381,9 @@ fn row(
         tree_parent: None,
         agent: None,
         // Exact for the kernel's 100 ticks a second (and any rate dividing 1000).
-        cpu_ticks: host
-            .and_then(|h| h.cpu_time_ms)
-            .and_then(|ms| u64::try_from(u128::from(ms) * u128::from(ticks_per_second) / 1000).ok()),
+        cpu_ticks: host.and_then(|h| h.cpu_time_ms).and_then(|ms| {
+            u64::try_from(u128::from(ms) * u128::from(ticks_per_second) / 1000).ok()
+        }),
     }
 }
 
