@@ -427,6 +427,11 @@ impl Observer {
         self.catalog.boot_id()
     }
 
+    /// What the observer's catalog read so far (its cost, for tests and measurements).
+    pub fn counters(&self) -> vramctl_core::process_catalog::CatalogCounters {
+        self.catalog.counters()
+    }
+
     /// Clock ticks per second of the observed /proc (CPU times in ticks, as the history
     /// stores them, from the observations' milliseconds).
     pub fn ticks_per_second(&self) -> u64 {
@@ -448,9 +453,26 @@ impl Observer {
         }
     }
 
-    /// The snapshot joined with /proc. `driver_name` is asked for GPU processes /proc
-    /// cannot see (it calls the backend, on the sampler's thread), once per process.
+    /// The snapshot joined with /proc, its agents' figures and, given a judge, its
+    /// verdicts. `driver_name` is asked for GPU processes /proc cannot see (it calls the
+    /// backend, on the sampler's thread), once per process.
     pub fn observe(
+        &mut self,
+        snapshot: Snapshot,
+        driver_name: impl FnMut(u32) -> Option<String>,
+    ) -> Observation {
+        let mut observation = self.observe_processes(snapshot, driver_name);
+        observation.agents = self.agent_figures(&observation.snapshot);
+        if let Some(judge) = self.judge.as_mut() {
+            observation.verdicts = judge.judge(&observation);
+        }
+        observation
+    }
+
+    /// The snapshot joined with /proc only: no agent asked, no verdicts. For a frontend that
+    /// asks the agents elsewhere ([`refresh_agents`](Self::refresh_agents): `record`, outside
+    /// its sampler's lock).
+    pub fn observe_processes(
         &mut self,
         snapshot: Snapshot,
         mut driver_name: impl FnMut(u32) -> Option<String>,
@@ -515,18 +537,13 @@ impl Observer {
                 None => {}
             }
         }
-        let agents = self.agent_figures(&snapshot);
-        let mut observation = Observation {
+        Observation {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names,
             verdicts: Verdicts::default(),
-            agents,
-        };
-        if let Some(judge) = self.judge.as_mut() {
-            observation.verdicts = judge.judge(&observation);
+            agents: AgentFigures::default(),
         }
-        observation
     }
 
     /// Asks the agents that are due, and gives every (process, GPU) figure the poll has.
