@@ -206,6 +206,9 @@ pub struct HostProcess {
     /// [`Observer`] does not pin every process every tick for it, and leaves it `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pidfd_id: Option<u64>,
+    /// Its cgroup v2 path (untrusted text: escape it for a terminal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 impl HostProcess {
@@ -248,6 +251,7 @@ impl HostProcess {
             container_id: details.container.container_id.clone(),
             pod_uid: details.container.pod_uid.clone(),
             pidfd_id: None,
+            cgroup: details.container.cgroup.clone(),
         }
     }
 
@@ -526,6 +530,7 @@ impl Observer {
                             container_id: facts.container.container_id.clone(),
                             pod_uid: facts.container.pod_uid.clone(),
                             pidfd_id: None,
+                            cgroup: facts.container.cgroup.clone(),
                         },
                     );
                 }
@@ -637,6 +642,12 @@ mod tests {
         assert_eq!(host.cpu_percent, None, "no CPU figure from one reading");
         assert!(host.cpu_time_ms.is_some());
         assert!(host.uid.is_some() && host.rss_bytes.is_some() && host.threads.is_some());
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").expect("our cgroup");
+        assert_eq!(
+            host.cgroup.as_deref(),
+            cgroup.lines().find_map(|l| l.strip_prefix("0::")),
+            "the cgroup v2 path, as /proc/self/cgroup names it"
+        );
         // The parent chain is there for the tree view.
         let parent = host.ppid.expect("we have a parent");
         if parent > 1 {

@@ -94,6 +94,9 @@ struct PsProcess {
     threads: Option<u32>,
     container_id: Option<String>,
     pod_uid: Option<String>,
+    /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cgroup: Option<String>,
     /// GPU memory summed over devices; `null` when a device reports it unavailable.
     used_bytes: Option<u64>,
     gpus: Vec<GpuHolding>,
@@ -376,6 +379,7 @@ fn row(
         threads: host.and_then(|h| h.threads),
         container_id: host.and_then(|h| h.container_id.clone()),
         pod_uid: host.and_then(|h| h.pod_uid.clone()),
+        cgroup: host.and_then(|h| h.cgroup.clone()),
         used_bytes: total_bytes(&gpus),
         gpus,
         tree_parent: None,
@@ -809,6 +813,7 @@ mod tests {
             threads: Some(12),
             container_id: None,
             pod_uid: None,
+            cgroup: None,
             used_bytes: total_bytes(&gpus),
             gpus,
             tree_parent: None,
