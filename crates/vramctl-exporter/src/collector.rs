@@ -9,7 +9,7 @@
 //!    made from it ([`ProcessMetadata::from_observation`]): user, command, container and
 //!    pod, /proc read once per process identity;
 //! 4. the processes' agents, asked by the observer's agent poll at its own cadence on the
-//!    snapshots' time, within a budget per agent and per tick (`vramctl_core::agent_poll`;
+//!    snapshots' time, within a budget per agent and per tick (`vramctl_agent::agent_poll`;
 //!    only with `--process-details proc`, which may read /proc): allocated and reserved
 //!    bytes per (GPU, process);
 //! 5. the [`TickConsumer`]s, in the order added: the leak and idle analysis
@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use vramctl_core::agent_poll::{self, AgentFigures};
+use vramctl_agent::agent_poll::{self, AgentFigures};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::types::Snapshot;
 use vramctl_observe::observation::{Observation, Observer};

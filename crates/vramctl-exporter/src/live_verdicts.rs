@@ -12,8 +12,8 @@
 //! (`docs/benchmarks.md`, "Live analysis: FleetTracker per tick"); it runs on the sampler
 //! thread, never in a scrape.
 
-use vramctl_core::analysis::live::FleetConfig;
-use vramctl_core::analysis::{
+use vramctl_leaks::analysis::live::FleetConfig;
+use vramctl_leaks::analysis::{
     AnalysisError, Cadence, IdleState, LeakConfig, SeriesReport, Verdict,
 };
 use vramctl_observe::observation::{Observation, Observer};
@@ -171,7 +171,7 @@ mod tests {
         let mut analysis = LiveAnalysis::new(cfg).unwrap();
         // No /proc (as with `--process-details nvml`): the PIDs are made up.
         let mut observer = Observer::builder()
-            .facts(vramctl_core::process_catalog::FactsSource::Driver)
+            .facts(vramctl_procs::process_catalog::FactsSource::Driver)
             .agents(None)
             .ancestors(false)
             .build();

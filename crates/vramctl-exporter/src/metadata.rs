@@ -7,10 +7,10 @@
 
 use std::collections::HashMap;
 
-use vramctl_core::agent_poll::AgentFigures;
+use vramctl_agent::agent_poll::AgentFigures;
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::process_catalog::{FactsSource, listed_pids};
 use vramctl_observe::observation::Observation;
+use vramctl_procs::process_catalog::{FactsSource, listed_pids};
 
 /// Longest `command` label, in characters; longer command lines are shortened. Prometheus'
 /// own default `label_value_length_limit` is unlimited, but long labels cost memory in

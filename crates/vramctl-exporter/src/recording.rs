@@ -121,7 +121,7 @@ mod tests {
     use vramctl_store::{Metric, OpenMode, Retention, Store, TimeRange};
 
     use super::*;
-    use vramctl_core::process_catalog::LiveProc;
+    use vramctl_procs::process_catalog::LiveProc;
 
     fn snapshot(at_ms: i64, used: u64, pid: u32) -> Arc<Snapshot> {
         Arc::new(Snapshot {
@@ -239,7 +239,7 @@ mod tests {
         let mut metadata = ProcessMetadata::default();
         metadata.agents.insert(
             ("GPU-a".into(), me),
-            vramctl_core::agent_poll::DeviceMemory {
+            vramctl_agent::agent_poll::DeviceMemory {
                 allocated_bytes: Some(1 << 20),
                 reserved_bytes: Some(3 << 20),
             },

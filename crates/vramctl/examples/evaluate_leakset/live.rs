@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
-use vramctl_core::analysis::live::{FleetConfig, SeriesKey};
-use vramctl_core::analysis::{Cadence, LeakConfig, SeriesReport, Verdict};
+use vramctl_leaks::analysis::live::{FleetConfig, SeriesKey};
+use vramctl_leaks::analysis::{Cadence, LeakConfig, SeriesReport, Verdict};
 
 use vramctl_observe::observation::{HostProcess, Observation};
 use vramctl_observe::verdict::AnalysisJudge;

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use regex::Regex;
 use serde::Serialize;
-use vramctl_core::agent_client::{self, AgentMemory};
+use vramctl_agent::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::procinfo::{self, PidNamespace, ProcReader};
 use vramctl_core::types::DeviceState;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_observe::observation::{HostProcess, Observation};
+use vramctl_procs::procinfo::{self, PidNamespace, ProcReader};
 use vramctl_store::format::rfc3339;
 
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
