@@ -82,6 +82,8 @@ impl RecordedProcess {
             container: ContainerInfo {
                 container_id: meta.container_id.clone(),
                 pod_uid: meta.pod_uid.clone(),
+                // The history does not keep the cgroup path.
+                cgroup: None,
             },
             started_at_unix_ms: None,
             kernel_thread: false,

@@ -94,17 +94,17 @@ pub fn wants_agent(agent: bool, no_agent: bool, command: &[std::ffi::OsString]) 
 struct Recording {
     feed: StoreFeed,
     procs: Procs,
-    /// Its process catalog, read through by `procs` (no agents: `run` asks its job's own).
+    /// Its processes, observed for `procs` (no agents: `run` asks its job's own).
     observer: Observer,
 }
 
 impl Recording {
     fn send(&mut self, snapshot: &vramctl_core::types::Snapshot) {
-        let processes = self.procs.update(
-            self.observer.catalog_mut(),
-            snapshot,
-            snapshot.monotonic_ms,
-            &mut |_| None,
+        let observation = self.observer.observe(snapshot.clone(), |_| None);
+        let processes = self.procs.update_observed(
+            &observation,
+            self.observer.boot_id(),
+            self.observer.ticks_per_second(),
         );
         let tick = TickSample {
             at_unix_ms: snapshot.taken_at_unix_ms,
@@ -145,7 +145,7 @@ fn open_recording(global: &GlobalArgs, interval: Duration) -> anyhow::Result<Opt
     Ok(Some(Recording {
         feed,
         procs: Procs::new(),
-        observer: Observer::builder().agents(None).build(),
+        observer: super::record::recording_observer().agents(None).build(),
     }))
 }
 
