@@ -22,6 +22,7 @@ use vramctl_core::types::DeviceState;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_observe::observation::{HostProcess, Observation};
 use vramctl_procs::procinfo::{self, PidNamespace, ProcReader};
+use vramctl_procs::slurm::SlurmJob;
 use vramctl_store::format::rfc3339;
 
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
@@ -97,6 +98,9 @@ struct PsProcess {
     /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2).
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup: Option<String>,
+    /// Its Slurm job; absent when it is in none (or not visible).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slurm: Option<SlurmJob>,
     /// GPU memory summed over devices; `null` when a device reports it unavailable.
     used_bytes: Option<u64>,
     gpus: Vec<GpuHolding>,
@@ -380,6 +384,7 @@ fn row(
         container_id: host.and_then(|h| h.container_id.clone()),
         pod_uid: host.and_then(|h| h.pod_uid.clone()),
         cgroup: host.and_then(|h| h.cgroup.clone()),
+        slurm: host.and_then(|h| h.slurm.clone()),
         used_bytes: total_bytes(&gpus),
         gpus,
         tree_parent: None,
@@ -814,6 +819,7 @@ mod tests {
             container_id: None,
             pod_uid: None,
             cgroup: None,
+            slurm: None,
             used_bytes: total_bytes(&gpus),
             gpus,
             tree_parent: None,

@@ -117,6 +117,10 @@ struct ProcessStatus {
     /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2, replayed).
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup: Option<String>,
+    /// Its Slurm job; absent when it is in none (or not visible, or replayed: a history
+    /// keeps only the job id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slurm: Option<vramctl_procs::slurm::SlurmJob>,
     used_bytes: Option<u64>,
     /// What the process's in-process agent says about this GPU (allocated, cached,
     /// releasable), as `ps` shows it; absent for a process without one (docs/agent.md).
@@ -316,8 +320,14 @@ fn print(
     out.flush().context("cannot write to stdout")
 }
 
-/// Whether a process is visible, its user, command line and cgroup.
-type Who = (bool, Option<String>, Option<String>, Option<String>);
+/// Whether a process is visible, its user, command line, cgroup and Slurm job.
+type Who = (
+    bool,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<vramctl_procs::slurm::SlurmJob>,
+);
 
 /// Who the processes of a snapshot are.
 enum Holders<'a> {
@@ -339,12 +349,14 @@ impl Holders<'_> {
                     host.user.clone(),
                     Some(host.command.clone()),
                     host.cgroup.clone(),
+                    host.slurm.clone(),
                 ),
                 // Not in this PID namespace: the driver still knows the name.
                 None => (
                     false,
                     None,
                     observation.driver_names.get(&pid).cloned(),
+                    None,
                     None,
                 ),
             },
@@ -356,9 +368,10 @@ impl Holders<'_> {
                         facts.user_or_uid(),
                         facts.command,
                         facts.container.cgroup,
+                        facts.slurm,
                     )
                 }
-                None => (false, None, None, None),
+                None => (false, None, None, None, None),
             },
         }
     }
@@ -500,13 +513,14 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
 }
 
 fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessStatus {
-    let (visible, user, command, cgroup) = holders.who(process.pid);
+    let (visible, user, command, cgroup, slurm) = holders.who(process.pid);
     ProcessStatus {
         pid: process.pid,
         visible,
         user,
         command,
         cgroup,
+        slurm,
         used_bytes: process.used_bytes,
         agent: None,
         // A history does not keep which list named a process.

@@ -562,7 +562,7 @@ fn every_process_carries_its_job(cluster: &SlurmCluster) {
     };
     eprintln!("Slurm tracks processes with {:?}", cluster.proctrack);
     for (pid, step_name) in [(batch, "batch"), (step, "0")] {
-        let slurm = &slurm_of(&report, pid);
+        let slurm = &process(&report, pid)["slurm"];
         assert_eq!(slurm["job_id"], job, "{pid}: {slurm:#}");
         assert_eq!(slurm["user"], "nobody", "{slurm:#}");
         assert_eq!(slurm["partition"], cluster.partition, "{slurm:#}");
@@ -572,7 +572,19 @@ fn every_process_carries_its_job(cluster: &SlurmCluster) {
             assert_eq!(slurm["step"], step_name, "{slurm:#}");
         }
     }
-    let claimed = &slurm_of(&report, claimant);
+    // status --json names the same job for each GPU's processes.
+    let status = json_of(
+        vramctl(scenario.path())
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .args(["status", "--json"]),
+    );
+    let in_status = status["devices"][0]["processes"]
+        .as_array()
+        .and_then(|list| list.iter().find(|p| p["pid"] == batch))
+        .unwrap_or_else(|| panic!("no process {batch} in {status:#}"));
+    assert_eq!(in_status["slurm"]["job_id"], job, "{in_status:#}");
+    assert_eq!(in_status["slurm"]["source"], source, "{in_status:#}");
+    let claimed = &process(&report, claimant)["slurm"];
     match cluster.proctrack {
         // The cgroup names the real job; the claim is kept aside, its user and partition
         // not used.
@@ -587,12 +599,6 @@ fn every_process_carries_its_job(cluster: &SlurmCluster) {
             assert_eq!(claimed["source"], "environ", "{claimed:#}");
         }
     }
-}
-
-// TEMPORARY until wired
-fn slurm_of(report: &serde_json::Value, pid: u32) -> serde_json::Value {
-    let _ = process(report, pid);
-    serde_json::to_value(vramctl_procs::slurm::job_of(pid)).expect("JSON")
 }
 
 #[test]
