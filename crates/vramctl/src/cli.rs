@@ -177,6 +177,13 @@ impl Command {
     }
 }
 
+/// What `--by` totals by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OwnerKey {
+    /// The Slurm job of each process (docs/owners.md)
+    Job,
+}
+
 /// When to colour output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ColorChoice {
@@ -1151,6 +1158,11 @@ pub struct PsArgs {
     /// Order of the rows (with --tree: of the roots and of each set of siblings)
     #[arg(long, value_enum, default_value_t = PsSort::Mem)]
     pub sort: PsSort,
+
+    /// Totals per owner instead of one row per process: `job` (Slurm job: processes,
+    /// memory per GPU and in all; the processes of no job last)
+    #[arg(long, value_enum, value_name = "KEY", conflicts_with = "tree")]
+    pub by: Option<OwnerKey>,
 
     /// Only processes of these users (name or uid; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "USER")]

@@ -27,10 +27,11 @@ use vramctl_store::format::rfc3339;
 
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
 use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::owner_totals::{Holder, Owner, OwnerKind, OwnerTotal, totals};
 use vramctl_observe::pattern::compile_regex;
 
 use super::open_live;
-use crate::cli::{GlobalArgs, PsArgs, PsSort};
+use crate::cli::{GlobalArgs, OwnerKey, PsArgs, PsSort};
 use crate::exit::Exit;
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, wrap};
@@ -169,6 +170,19 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     source.end_for_exit();
 
     let mut out = std::io::stdout().lock();
+    if let Some(key) = args.by {
+        let by = by_owner(&report, key);
+        if args.json {
+            serde_json::to_writer(&mut out, &by).context("cannot write JSON")?;
+            writeln!(out).context("cannot write to stdout")?;
+        } else {
+            for line in render_by_owner(&by) {
+                writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
+            }
+        }
+        out.flush().context("cannot write to stdout")?;
+        return Ok(Exit::Ok);
+    }
     if args.json {
         serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
         writeln!(out).context("cannot write to stdout")?;
@@ -179,6 +193,88 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     }
     out.flush().context("cannot write to stdout")?;
     Ok(Exit::Ok)
+}
+
+/// `ps --by KEY --json`: the listed processes totalled per owner.
+#[derive(Debug, Serialize)]
+struct ByOwnerReport {
+    schema: u32,
+    taken_at: String,
+    /// `job`.
+    by: &'static str,
+    owners: Vec<OwnerTotal>,
+    /// GPU processes that `--user`, `--match` or `--min-mem` left out.
+    filtered_out: usize,
+}
+
+fn by_owner(report: &PsReport, key: OwnerKey) -> ByOwnerReport {
+    let (kind, by) = match key {
+        OwnerKey::Job => (OwnerKind::Job, "job"),
+    };
+    let gpus: Vec<Vec<(u32, Option<u64>)>> = report
+        .processes
+        .iter()
+        .map(|p| p.gpus.iter().map(|g| (g.index, g.used_bytes)).collect())
+        .collect();
+    let owners = totals(
+        kind,
+        report.processes.iter().zip(&gpus).map(|(p, gpus)| Holder {
+            slurm: p.slurm.as_ref(),
+            gpus,
+        }),
+    );
+    ByOwnerReport {
+        schema: SCHEMA,
+        taken_at: report.taken_at.clone(),
+        by,
+        owners,
+        filtered_out: report.filtered_out,
+    }
+}
+
+/// `JOB  USER  PARTITION  PROCS  GPUS  MEMORY`, one line per owner (escaped by the caller:
+/// the job's user and partition come from a process's environment).
+fn render_by_owner(report: &ByOwnerReport) -> Vec<String> {
+    if report.owners.is_empty() {
+        return vec!["no process holds GPU memory".to_owned()];
+    }
+    let mut table = Table::new(&[
+        ("JOB", Align::Left),
+        ("USER", Align::Left),
+        ("PARTITION", Align::Left),
+        ("PROCS", Align::Right),
+        ("GPUS", Align::Left),
+        ("MEMORY", Align::Right),
+    ]);
+    for total in &report.owners {
+        let (job, user, partition) = match &total.owner {
+            Owner::Job {
+                job_id,
+                user,
+                partition,
+            } => (
+                job_id.to_string(),
+                user.clone().unwrap_or_else(|| "-".into()),
+                partition.clone().unwrap_or_else(|| "-".into()),
+            ),
+            Owner::None => ("(none)".into(), "-".into(), "-".into()),
+        };
+        let gpus: Vec<String> = total.gpus.iter().map(|g| g.index.to_string()).collect();
+        let memory = units::bytes(total.used_bytes);
+        table.push(vec![
+            job,
+            user,
+            partition,
+            total.processes.to_string(),
+            gpus.join(","),
+            if total.incomplete {
+                format!(">= {memory}")
+            } else {
+                memory
+            },
+        ]);
+    }
+    table.render("")
 }
 
 /// One `--user` value: a name the user database knows (with its uid), or a uid.

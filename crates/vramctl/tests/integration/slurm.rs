@@ -584,6 +584,40 @@ fn every_process_carries_its_job(cluster: &SlurmCluster) {
         .unwrap_or_else(|| panic!("no process {batch} in {status:#}"));
     assert_eq!(in_status["slurm"]["job_id"], job, "{in_status:#}");
     assert_eq!(in_status["slurm"]["source"], source, "{in_status:#}");
+    // Totals per job: under cgroup tracking the claimant counts in the job it is in.
+    let by_job = json_of(
+        vramctl(scenario.path())
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .args(["ps", "--by", "job", "--json"]),
+    );
+    let owners = by_job["owners"].as_array().expect("owners");
+    let (in_job, claimed_mib) = match cluster.proctrack {
+        Proctrack::Cgroup => (3, 2512 + 1512 + 1012),
+        Proctrack::Linuxproc => (2, 2512 + 1512),
+    };
+    assert_eq!(owners[0]["owner"]["job_id"], job, "{by_job:#}");
+    assert_eq!(owners[0]["owner"]["user"], "nobody", "{by_job:#}");
+    assert_eq!(owners[0]["processes"], in_job, "{by_job:#}");
+    assert_eq!(owners[0]["used_bytes"], claimed_mib * MIB, "{by_job:#}");
+    assert_eq!(owners[0]["gpus"][0]["index"], 0, "{by_job:#}");
+    let text = crate::harness::stdout_of(
+        vramctl(scenario.path())
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .args(["ps", "--by", "job"]),
+    );
+    let first = text.lines().nth(1).unwrap_or_default();
+    let words: Vec<&str> = first.split_whitespace().collect();
+    assert_eq!(
+        words[..5],
+        [
+            job.to_string().as_str(),
+            "nobody",
+            &cluster.partition,
+            &in_job.to_string(),
+            "0"
+        ],
+        "{text}"
+    );
     let claimed = &process(&report, claimant)["slurm"];
     match cluster.proctrack {
         // The cgroup names the real job; the claim is kept aside, its user and partition
