@@ -508,6 +508,11 @@ pub struct StatusArgs {
     #[arg(long, conflicts_with = "json")]
     pub compact: bool,
 
+    /// After the GPUs, their processes' memory totalled per owner: `job` (Slurm job;
+    /// docs/owners.md)
+    #[arg(long, value_enum, value_name = "KEY", conflicts_with_all = ["compact", "replay"])]
+    pub by: Option<OwnerKey>,
+
     /// Show a recorded moment instead of now: a history database (vramctl record, serve
     /// --record, import); what a history does not keep is shown as not reported
     #[arg(long, value_name = "DB", conflicts_with = "watch")]

@@ -27,12 +27,13 @@ use vramctl_store::format::rfc3339;
 
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
 use vramctl_observe::gpu_selection::GpuFilter;
-use vramctl_observe::owner_totals::{Holder, Owner, OwnerKind, OwnerTotal, totals};
+use vramctl_observe::owner_totals::{Holder, OwnerKind, OwnerTotal, totals};
 use vramctl_observe::pattern::compile_regex;
 
 use super::open_live;
 use crate::cli::{GlobalArgs, OwnerKey, PsArgs, PsSort};
 use crate::exit::Exit;
+use crate::output::owner_table::owner_table;
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, wrap};
 use vramctl_observe::units;
@@ -232,49 +233,13 @@ fn by_owner(report: &PsReport, key: OwnerKey) -> ByOwnerReport {
     }
 }
 
-/// `JOB  USER  PARTITION  PROCS  GPUS  MEMORY`, one line per owner (escaped by the caller:
-/// the job's user and partition come from a process's environment).
+/// The totals as a table (escaped by the caller: a job's user and partition come from a
+/// process's environment).
 fn render_by_owner(report: &ByOwnerReport) -> Vec<String> {
     if report.owners.is_empty() {
         return vec!["no process holds GPU memory".to_owned()];
     }
-    let mut table = Table::new(&[
-        ("JOB", Align::Left),
-        ("USER", Align::Left),
-        ("PARTITION", Align::Left),
-        ("PROCS", Align::Right),
-        ("GPUS", Align::Left),
-        ("MEMORY", Align::Right),
-    ]);
-    for total in &report.owners {
-        let (job, user, partition) = match &total.owner {
-            Owner::Job {
-                job_id,
-                user,
-                partition,
-            } => (
-                job_id.to_string(),
-                user.clone().unwrap_or_else(|| "-".into()),
-                partition.clone().unwrap_or_else(|| "-".into()),
-            ),
-            Owner::None => ("(none)".into(), "-".into(), "-".into()),
-        };
-        let gpus: Vec<String> = total.gpus.iter().map(|g| g.index.to_string()).collect();
-        let memory = units::bytes(total.used_bytes);
-        table.push(vec![
-            job,
-            user,
-            partition,
-            total.processes.to_string(),
-            gpus.join(","),
-            if total.incomplete {
-                format!(">= {memory}")
-            } else {
-                memory
-            },
-        ]);
-    }
-    table.render("")
+    owner_table(&report.owners)
 }
 
 /// One `--user` value: a name the user database knows (with its uid), or a uid.

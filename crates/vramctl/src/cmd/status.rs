@@ -32,14 +32,17 @@ use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
 use vramctl_observe::live_loop::sampler_on;
 use vramctl_observe::observation::Observation;
+use vramctl_observe::owner_totals::{Holder, OwnerKind, OwnerTotal, totals};
+use vramctl_procs::slurm::SlurmJob;
 use vramctl_store::format::rfc3339;
 use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 
 use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::open_live;
-use crate::cli::{GlobalArgs, StatusArgs};
+use crate::cli::{GlobalArgs, OwnerKey, StatusArgs};
 use crate::exit::Exit;
+use crate::output::owner_table::owner_table;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, fit_line, wrap};
@@ -64,6 +67,9 @@ pub struct StatusReport {
     /// Where a replayed moment comes from; absent live.
     #[serde(skip_serializing_if = "Option::is_none")]
     replay: Option<ReplayStatus>,
+    /// `--by job`: the listed processes' memory per owner; absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owners: Option<Vec<OwnerTotal>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -120,7 +126,7 @@ struct ProcessStatus {
     /// Its Slurm job; absent when it is in none (or not visible, or replayed: a history
     /// keeps only the job id).
     #[serde(skip_serializing_if = "Option::is_none")]
-    slurm: Option<vramctl_procs::slurm::SlurmJob>,
+    slurm: Option<SlurmJob>,
     used_bytes: Option<u64>,
     /// What the process's in-process agent says about this GPU (allocated, cached,
     /// releasable), as `ps` shows it; absent for a process without one (docs/agent.md).
@@ -171,6 +177,9 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         let snapshot = &observation.snapshot;
         let mut report = build(snapshot, &filter, &mut Holders::Live(&observation));
         ask_agents(&mut report, snapshot);
+        if let Some(key) = args.by {
+            report.owners = Some(owners(&report, key));
+        }
         tracing::debug!(
             daemon = source.from_daemon(),
             tick_ms = sampled.as_secs_f64() * 1e3,
@@ -316,6 +325,12 @@ fn print(
         for line in lines {
             writeln!(out, "{line}").context("cannot write to stdout")?;
         }
+        if let Some(owners) = report.owners.as_ref().filter(|o| !o.is_empty()) {
+            writeln!(out).context("cannot write to stdout")?;
+            for line in owner_table(owners) {
+                writeln!(out, "{line}").context("cannot write to stdout")?;
+            }
+        }
     }
     out.flush().context("cannot write to stdout")
 }
@@ -326,7 +341,7 @@ type Who = (
     Option<String>,
     Option<String>,
     Option<String>,
-    Option<vramctl_procs::slurm::SlurmJob>,
+    Option<SlurmJob>,
 );
 
 /// Who the processes of a snapshot are.
@@ -434,7 +449,33 @@ fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &mut Holders<'_>) -> 
                 .collect()
         }),
         replay: None,
+        owners: None,
     }
+}
+
+/// `--by KEY`: the processes of the listed devices totalled per owner (a process on two
+/// GPUs counts once).
+fn owners(report: &StatusReport, key: OwnerKey) -> Vec<OwnerTotal> {
+    let kind = match key {
+        OwnerKey::Job => OwnerKind::Job,
+    };
+    type Held<'a> = (Option<&'a SlurmJob>, Vec<(u32, Option<u64>)>);
+    let mut by_pid: BTreeMap<u32, Held<'_>> = BTreeMap::new();
+    for device in &report.devices {
+        for process in device.processes.iter().flatten() {
+            let entry = by_pid
+                .entry(process.pid)
+                .or_insert_with(|| (process.slurm.as_ref(), Vec::new()));
+            entry.1.push((device.index, process.used_bytes));
+        }
+    }
+    totals(
+        kind,
+        by_pid.values().map(|(slurm, gpus)| Holder {
+            slurm: *slurm,
+            gpus,
+        }),
+    )
 }
 
 fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceStatus {

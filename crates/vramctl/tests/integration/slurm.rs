@@ -618,6 +618,26 @@ fn every_process_carries_its_job(cluster: &SlurmCluster) {
         ],
         "{text}"
     );
+    // status --by job: the same totals after the GPUs.
+    let status_by_job = json_of(
+        vramctl(scenario.path())
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .args(["status", "--by", "job", "--json"]),
+    );
+    assert_eq!(
+        status_by_job["owners"], by_job["owners"],
+        "{status_by_job:#}"
+    );
+    let text = crate::harness::stdout_of(
+        vramctl(scenario.path())
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .args(["status", "--by", "job"]),
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("{job} ")) && l.contains("nobody")),
+        "{text}"
+    );
     let claimed = &process(&report, claimant)["slurm"];
     match cluster.proctrack {
         // The cgroup names the real job; the claim is kept aside, its user and partition
