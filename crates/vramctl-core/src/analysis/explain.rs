@@ -134,6 +134,18 @@ fn not_yet(report: &SeriesReport) -> String {
                 "{} of growth since its start, too short to tell a warm-up from a leak",
                 duration(r.duration_sec)
             ),
+            // Steps further apart than a window leave windows without growth whether or
+            // not the growth slows down: a warm-up is claimed only where the steps are
+            // dense enough for the windows to show it (+1 GiB every 60 s was called
+            // "slowing down as a warm-up does", issue 35).
+            Some(st) if c.steady != Some(true) && r.median_rise_gap_sec > st.window_sec => {
+                format!(
+                    "steps every {} are sparser than the windows of {}: too few yet to tell a warm-up from a leak ({})",
+                    duration(r.median_rise_gap_sec),
+                    duration(st.window_sec),
+                    windows(st)
+                )
+            }
             Some(st) if c.steady != Some(true) => {
                 format!("slowing down as a warm-up does ({})", windows(st))
             }
@@ -195,6 +207,16 @@ fn explain_series(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
     });
     match report.verdict {
         Verdict::Leak => match (report.rule, &r.steadiness) {
+            // Equal steps at a steady rhythm are the evidence the windows may not show
+            // (steps sparser than a window): name them rather than a windows count.
+            (Some(LeakRule::SteadyGrowth), Some(_)) if r.regular_steps => {
+                format!(
+                    "leaks {}{since} ({}), from its start in equal steps every {}{full}",
+                    rate(r.slope_bytes_per_sec),
+                    evidence(r),
+                    duration(r.median_rise_gap_sec),
+                )
+            }
             (Some(LeakRule::SteadyGrowth), Some(st)) => format!(
                 "leaks {}{since} ({}), steadily from its start: {}{full}",
                 rate(r.slope_bytes_per_sec),
