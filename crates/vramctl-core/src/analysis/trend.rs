@@ -185,6 +185,14 @@ pub(crate) struct Trend {
     pub time_to_full_sec: Option<f64>,
     /// The windows as scaled to this series.
     pub scale: Scale,
+    /// The growth since the start could fire a rule (material, long enough, still
+    /// growing): what keeps an earlier `leak` verdict on.
+    pub since_start_could_fire: bool,
+    /// The since-start region's stall window, seconds.
+    pub since_start_stall_sec: f64,
+    /// Where the verdict is a `leak` because it was one at this earlier end and the
+    /// floor still rises.
+    pub continued_from_unix_ms: Option<i64>,
 }
 
 /// What the memory analysis needs besides the points.
@@ -431,13 +439,17 @@ impl Series<'_> {
     fn rhythm_step_into(&self, i: usize) -> Option<usize> {
         let level = self.r[i];
         // R is non-decreasing: the points at a level are a run, found by bisection.
-        let into = self.r.partition_point(|&v| v.saturating_add(self.tol) < level);
+        let into = self
+            .r
+            .partition_point(|&v| v.saturating_add(self.tol) < level);
         let next = i + self.r[i..].partition_point(|&v| v <= level.saturating_add(self.eps));
         if into == 0 {
             return None;
         }
         let below = self.r[into - 1];
-        let before = self.r.partition_point(|&v| v.saturating_add(self.tol) < below);
+        let before = self
+            .r
+            .partition_point(|&v| v.saturating_add(self.tol) < below);
         if before == 0 {
             return None;
         }
@@ -652,9 +664,58 @@ impl Series<'_> {
     }
 }
 
+/// Earlier ends of the series at which [`analyze`] asks whether it was a leak already,
+/// spread evenly over the stall window before now (besides the previous point).
+const CONTINUATION_PROBES: i64 = 3;
+
 /// Runs the memory analysis on the points of one series.
-#[allow(clippy::too_many_lines)]
+///
+/// A series that is not a leak by the rules now, but was by the rules at an earlier end
+/// within the stall window and whose retained memory still rises (the growth since the
+/// start could still fire: material, long enough, still growing), stays a `leak`: a
+/// leak verdict ends only on evidence that the floor stopped rising, not because a gate
+/// wavered between two steps (issue 35: 19 flips from `leak` back to `growing` on a 1 s
+/// log). Pure: the earlier ends are prefixes of the same points, so batch and live agree.
 pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
+    let mut trend = analyze_now(points, inputs, cfg);
+    let continues = !matches!(trend.verdict, MemoryVerdict::Leak(_))
+        && trend.since_start_could_fire
+        && points.len() > 2;
+    if !continues {
+        return trend;
+    }
+    let now = points.last().map_or(0, Point::t);
+    let stall_ms = (trend.since_start_stall_sec * 1000.0) as i64;
+    // The previous point first (the rules fired one analysis ago), then ends spread over
+    // the stall window.
+    let ends = std::iter::once(points.len() - 1).chain((1..=CONTINUATION_PROBES).map(|j| {
+        let end = now - stall_ms * j / (CONTINUATION_PROBES + 1);
+        points.partition_point(|p| p.t() <= end)
+    }));
+    for k in ends {
+        if k < 2 || k >= points.len() {
+            continue;
+        }
+        let earlier = analyze_now(&points[..k], inputs, cfg);
+        if matches!(earlier.verdict, MemoryVerdict::Leak(_)) {
+            // The evidence shown is the analysis that made the leak (at most a stall
+            // window old), so the explanation's numbers and gates agree with its verdict.
+            trend.verdict = earlier.verdict;
+            trend.onset_unix_ms = earlier.onset_unix_ms;
+            trend.checks = earlier.checks;
+            trend.time_to_full_sec =
+                time_to_full(inputs.free_bytes, earlier.region.slope_bytes_per_sec);
+            trend.region = earlier.region;
+            trend.continued_from_unix_ms = Some(points[k - 1].t());
+            break;
+        }
+    }
+    trend
+}
+
+/// The rules on the points as they are now (no look back at earlier ends).
+#[allow(clippy::too_many_lines)]
+fn analyze_now(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
     let times: Vec<i64> = points.iter().map(Point::t).collect();
     let n = points.len();
     let now = times.last().copied().unwrap_or(0);
@@ -707,6 +768,8 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
         s.add_tests(&mut whole, whole_onset);
     }
     let whole_checks = since_start_checks(&whole, &s, settled_unix_ms.is_some(), inputs.free_bytes);
+    let since_start_could_fire = could_fire(&whole, cfg);
+    let since_start_stall_sec = whole.stall_window_sec;
     // The current episode: from the last plateau after warm-up on. On a device's total,
     // growth after a plateau may be a process starting: only the since-start rules.
     let episode = settled_unix_ms
@@ -777,6 +840,9 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
         time_to_full_sec,
         region: decision_region,
         scale,
+        since_start_could_fire,
+        since_start_stall_sec,
+        continued_from_unix_ms: None,
     }
 }
 
@@ -831,7 +897,11 @@ fn regular(rises: &[(i64, u64)]) -> bool {
 /// steadiness windows, which are narrower than their period (issue 35).
 fn regular_tail(rises: &[(i64, u64)], coarse_gap_ms: i64) -> bool {
     let steps = merged_steps(rises);
-    let Some(tail) = steps.len().checked_sub(REGULAR_TAIL_STEPS).map(|k| &steps[k..]) else {
+    let Some(tail) = steps
+        .len()
+        .checked_sub(REGULAR_TAIL_STEPS)
+        .map(|k| &steps[k..])
+    else {
         return false;
     };
     let mut gaps: Vec<f64> = tail.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();

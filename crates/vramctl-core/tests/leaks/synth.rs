@@ -737,7 +737,10 @@ pub fn step_leak(
     let label = Label::Leak {
         leak_start_unix_ms: T0 + leak_start.unwrap_or(first_ms),
     };
-    trace("step_leak", series("step_leak", "step-leak", label, sim, false))
+    trace(
+        "step_leak",
+        series("step_leak", "step-leak", label, sim, false),
+    )
 }
 
 /// Issue 35: training whose optimizer is created lazily at `step_at_ms` (one
@@ -815,7 +818,10 @@ pub fn sawtooth_leak(
     } else {
         "sawtooth"
     };
-    trace("sawtooth_leak", series("sawtooth_leak", role, label, sim, false))
+    trace(
+        "sawtooth_leak",
+        series("sawtooth_leak", role, label, sim, false),
+    )
 }
 
 /// Adds Gaussian noise of standard deviation `sigma_bytes` (rounded to MiB, as NVML
