@@ -453,6 +453,16 @@ impl Series<'_> {
         if before == 0 {
             return None;
         }
+        // A staircase keeps the same allocation: the two steps are of a size. With
+        // σ = 256 MiB on every sample the retained memory creeps up in rises of any
+        // size, and chaining those into one episode made a steady training run a `leak`
+        // (noise sweep).
+        let step_into = level.saturating_sub(below) as f64;
+        let step_before = below.saturating_sub(self.r[before - 1]) as f64;
+        if (step_into - step_before).abs() > RHYTHM_STEP_SIZE_TOLERANCE * step_into.max(step_before)
+        {
+            return None;
+        }
         let gap_ms = (self.times[into] - self.times[before]) as f64;
         // Still flat at the end: the pause so far (a beat until it outlasts the rhythm).
         let resumed = self.times.get(next).copied().unwrap_or_else(|| self.now());
@@ -855,6 +865,9 @@ const EPISODE_RHYTHM_FACTOR: f64 = 1.5;
 /// and four steps are five levels, the fewest at which the exact Mann–Kendall test of the
 /// leak rules can reach `alpha` 0.01 (p = 1/5! ≈ 0.0083), as for `MIN_FORECAST_LEVELS`.
 const REGULAR_TAIL_STEPS: usize = 4;
+
+/// Two steps of a staircase's rhythm differ by at most this fraction of the larger.
+const RHYTHM_STEP_SIZE_TOLERANCE: f64 = 0.5;
 
 /// Gaps between steps that make a rhythm the stall window may wait for (one gap is a
 /// coincidence of two steps, not a pace).
