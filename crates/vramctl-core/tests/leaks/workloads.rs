@@ -198,7 +198,7 @@ fn explanations(trace: &LabeledTrace) -> Vec<String> {
         ended: false,
         device_total: false,
     };
-    let mut t = ProcessTracker::new(ctx, cfg()).unwrap();
+    let mut t = ProcessTracker::new(ctx, cfg()).expect("valid config");
     let mut out: Vec<String> = Vec::new();
     for x in &s.samples {
         t.push(*x);
