@@ -190,9 +190,6 @@ pub(crate) struct Trend {
     pub since_start_could_fire: bool,
     /// The since-start region's stall window, seconds.
     pub since_start_stall_sec: f64,
-    /// Where the verdict is a `leak` because it was one at this earlier end and the
-    /// floor still rises.
-    pub continued_from_unix_ms: Option<i64>,
 }
 
 /// What the memory analysis needs besides the points.
@@ -716,7 +713,6 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
             trend.time_to_full_sec =
                 time_to_full(inputs.free_bytes, earlier.region.slope_bytes_per_sec);
             trend.region = earlier.region;
-            trend.continued_from_unix_ms = Some(points[k - 1].t());
             break;
         }
     }
@@ -852,7 +848,6 @@ fn analyze_now(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend
         scale,
         since_start_could_fire,
         since_start_stall_sec,
-        continued_from_unix_ms: None,
     }
 }
 
