@@ -45,7 +45,7 @@ for crate in "${crates[@]}"; do
   if leaked=$(grep -E '^(tests|benches|examples|testdata|fixtures)/|fake|\.(db|pickle|gz)$' <<<"$list"); then
     fail "$crate would publish: $leaked"
   fi
-  grep -q '^src/lib.rs$' <<<"$list" || fail "$crate's list has no src/lib.rs"
+  grep -qE '^src/(lib|main).rs$' <<<"$list" || fail "$crate's list has neither src/lib.rs nor src/main.rs"
   echo "$crate: $(wc -l <<<"$list") files"
 done
 cargo package -p vramctl-core --list --allow-dirty 2>/dev/null | grep -qx 'agent-sources/_ops.py' ||

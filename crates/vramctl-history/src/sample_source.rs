@@ -1,31 +1,19 @@
 //! Where `leaks` and `plot` read their samples from: the history database, or log files
 //! (nvidia-smi CSV, vramctl NDJSON) read by the store's importers into an in-memory
-//! database, so nothing is written anywhere. [`resolve`] settles the time range (by
-//! default the 24 hours before a history's last sample, everything in files) and the GPUs.
+//! database, so nothing is written anywhere. [`resolve`] settles the time range (through
+//! [`TimeWindow`]: by default the 24 hours before a history's last sample, everything in
+//! files) and the GPUs.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::anyhow;
 use jiff::tz::TimeZone;
-use vramctl_core::wall_time::When;
 use vramctl_store::format::{Format, ImportError, ImportOptions, import_files};
 use vramctl_store::{DeviceRecord, Store, TimeRange};
 
 use vramctl_observe::gpu_selection::select_devices;
 
-/// Without `--since`, the history is read over this long before its last sample: by
-/// `leaks`, `plot` and `history` alike, so that one recording shows the same samples in
-/// each ([`default_since_ms`]).
-pub const DEFAULT_SPAN_MS: i64 = 24 * 3_600_000;
-
-/// Where a window without `--since` starts: [`DEFAULT_SPAN_MS`] before the history's last
-/// sample (or before `until_ms`, when that is earlier); `i64::MIN` (everything) for a
-/// history without samples.
-pub fn default_since_ms(bounds: Option<(i64, i64)>, until_ms: i64) -> i64 {
-    bounds.map_or(i64::MIN, |(_, last)| {
-        last.min(until_ms).saturating_sub(DEFAULT_SPAN_MS)
-    })
-}
+use crate::time_window::{SinceDefault, TimeWindow};
 
 /// Where the samples come from.
 #[derive(Debug, Clone)]
@@ -54,10 +42,8 @@ pub struct Source {
 /// What part of the samples is wanted.
 #[derive(Debug, Clone, Copy)]
 pub struct Window<'a> {
-    /// `--since`.
-    pub since: Option<&'a When>,
-    /// `--until`.
-    pub until: Option<&'a When>,
+    /// `--since` and `--until`.
+    pub time: &'a TimeWindow,
     /// `--gpu` selectors.
     pub gpu: &'a [String],
 }
@@ -94,24 +80,19 @@ pub fn resolve(
     window: Window<'_>,
 ) -> anyhow::Result<Source> {
     let bounds = store.time_bounds()?;
-    let now = jiff::Timestamp::now().as_millisecond();
-    let until = match window.until {
-        Some(u) => u.resolve(now, &tz).context("--until")?,
-        None => i64::MAX,
+    let default = match &kind {
+        SourceKind::Store(_) => SinceDefault::LastSpan,
+        SourceKind::Files(_) => SinceDefault::Everything,
     };
-    let since = match window.since {
-        Some(s) => s.resolve(now, &tz).context("--since")?,
-        None => match &kind {
-            SourceKind::Store(_) => default_since_ms(bounds, until),
-            _ => i64::MIN,
-        },
-    };
-    if since > until {
-        bail!(
-            "--since '{}' is after --until",
-            window.since.map(ToString::to_string).unwrap_or_default()
-        );
-    }
+    let TimeRange {
+        from_ms: since,
+        to_ms: until,
+    } = window.time.resolve(
+        jiff::Timestamp::now().as_millisecond(),
+        &tz,
+        bounds,
+        default,
+    )?;
     let range = match bounds {
         Some((lo, hi)) => TimeRange {
             from_ms: since.max(lo),

@@ -1,21 +1,58 @@
-//! Human units. Memory is binary (GiB, as nvidia-smi's MiB); rates are decimal (TB/s, as
-//! vendors quote bandwidth).
+//! Human units: the one place the commands format bytes, rates, durations and ages. Memory
+//! is binary (GiB, as nvidia-smi's MiB); rates are decimal (TB/s, as vendors quote
+//! bandwidth). Where two formats of one quantity exist they differ on purpose (a table
+//! column vs a sentence, a device figure vs a change), each named for where it is used.
+//! The sentence forms are implemented in `vramctl_core::analysis` (below this crate: its
+//! verdicts are written with them) and named here for the commands.
 
-/// `1536` → `1.5 KiB`; bytes below 1 KiB stay whole.
+/// `1536` → `1.5 KiB`; bytes below 1 KiB stay whole. The same text in tables and in the
+/// leak analysis's sentences, so one implementation (the analysis's, in vramctl-core).
 pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
+    vramctl_core::analysis::human_bytes(n)
+}
+
+/// A change in bytes, always signed: `+1.5 GiB`, `-200.0 MiB`, `0 B` (a diff's column,
+/// where the direction is the news).
+pub fn signed_bytes(delta: i128) -> String {
+    let magnitude = u64::try_from(delta.unsigned_abs()).unwrap_or(u64::MAX);
+    match delta.signum() {
+        1 => format!("+{}", bytes(magnitude)),
+        -1 => format!("-{}", bytes(magnitude)),
+        _ => "0 B".to_owned(),
     }
-    // Precision loss above 2^53 bytes is far below the one decimal shown.
-    #[allow(clippy::cast_precision_loss)]
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
+}
+
+/// Bytes given back, signed only when negative: `1.5 GiB`, `-200.0 MiB` (in "NVML shows
+/// 1.5 GiB returned", a `+` would read as noise; a negative amount is the surprise).
+pub fn returned_bytes(n: i64) -> String {
+    if n < 0 {
+        format!("-{}", bytes(n.unsigned_abs()))
+    } else {
+        bytes(n.unsigned_abs())
     }
-    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// A rate in a sentence, two or three significant digits, signed: `38 MB/s`, `-2.5 GB/s`
+/// (a leak's slope); [`rate`] is a device's bandwidth with two decimals.
+pub fn sentence_rate(bytes_per_sec: f64) -> String {
+    vramctl_core::analysis::human_rate(bytes_per_sec)
+}
+
+/// A duration in a sentence: `45 s`, `6 min`, `3 h 2 min`, `2 d 5 h`; [`age`] is the
+/// compact column form (`12m05s`).
+pub fn sentence_duration(secs: f64) -> String {
+    vramctl_core::analysis::human_duration(secs)
+}
+
+/// A length as a flag takes it, in the largest unit that divides it exactly: `10s`, `1m`,
+/// `90s`, `250ms` (echoing `--step`, where `1.5 min` would not be typed back).
+pub fn exact_length(ms: i64) -> String {
+    for (unit, len) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+        if ms % len == 0 {
+            return format!("{}{unit}", ms / len);
+        }
+    }
+    format!("{ms}ms")
 }
 
 /// Optional bytes, `-` when not reported.
@@ -138,6 +175,32 @@ pub fn seconds(secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_are_signed_as_their_place_reads_them() {
+        assert_eq!(signed_bytes(1536), "+1.5 KiB");
+        assert_eq!(signed_bytes(-512), "-512 B");
+        assert_eq!(signed_bytes(0), "0 B");
+        assert_eq!(returned_bytes(1536), "1.5 KiB");
+        assert_eq!(returned_bytes(-1536), "-1.5 KiB");
+        assert_eq!(returned_bytes(0), "0 B");
+    }
+
+    #[test]
+    fn bytes_keep_one_decimal_from_kib_on() {
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1024), "1.0 KiB");
+        assert_eq!(bytes(3 << 29), "1.5 GiB");
+        assert_eq!(bytes(u64::MAX), "16384.0 PiB");
+    }
+
+    #[test]
+    fn exact_lengths_use_the_largest_dividing_unit() {
+        assert_eq!(exact_length(7_200_000), "2h");
+        assert_eq!(exact_length(90_000), "90s");
+        assert_eq!(exact_length(60_000), "1m");
+        assert_eq!(exact_length(250), "250ms");
+    }
 
     #[test]
     fn sizes_parse_as_typed() {

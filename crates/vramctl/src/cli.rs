@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use vramctl_core::wall_time::When;
+use vramctl_history::time_window::TimeWindow;
+
+use crate::output::emit::Format;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -409,6 +412,32 @@ Examples:
   vramctl plot --since 2h -o memory.png
   vramctl plot gpu.csv apps.csv --tz UTC -o run.svg";
 
+/// `--gpu` of the commands that take the plain form (`status`, `leaks`/`plot`, `reap`,
+/// `ps` and `doctor` still declare their own); the values are settled by
+/// `vramctl_observe::gpu_selection`, one matcher for live and recorded devices.
+#[derive(Debug, Args)]
+pub struct GpuArgs {
+    /// Only these devices (index or UUID; repeat or separate with commas)
+    #[arg(id = "gpu", long = "gpu", value_delimiter = ',', value_name = "GPU")]
+    pub selectors: Vec<String>,
+}
+
+/// `--json` of the commands whose help says only that (the others word a stream or a
+/// format of their own); printed through [`crate::output::emit`].
+#[derive(Debug, Args)]
+pub struct JsonArg {
+    /// Print JSON (schema in docs/json.md)
+    #[arg(id = "json", long = "json")]
+    pub json: bool,
+}
+
+impl JsonArg {
+    /// How to print: JSON in the command's `layout` when `--json` was given, else text.
+    pub fn format(&self, layout: Format) -> Format {
+        Format::from_json_flag(self.json, layout)
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -476,13 +505,11 @@ pub struct InfoArgs {
     #[command(flatten)]
     pub nvml: NvmlArg,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 }
 
 #[derive(Debug, Args)]
@@ -693,19 +720,11 @@ pub struct HistoryArgs {
     #[command(flatten)]
     pub db: DbArg,
 
-    /// Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a time (RFC 3339
-    /// or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: the 24 hours before the history's
-    /// last sample, as for leaks and plot; with --audit: all]
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub since: Option<When>,
+    #[command(flatten)]
+    pub window: TimeWindowArgs<HistoryWindow>,
 
-    /// End (same forms as --since); default: now
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub until: Option<When>,
-
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Only these processes (PIDs; repeat or separate with commas); hides device rows
     #[arg(long, value_delimiter = ',', value_name = "PID")]
@@ -735,6 +754,72 @@ pub struct HistoryArgs {
     pub audit: bool,
 }
 
+/// `--since`/`--until` of the commands that read the history (history, export, leaks,
+/// plot), settled into one [`TimeWindow`]; `H` words the defaults for each command's help
+/// (the window resolves alike: [`TimeWindow::resolve`]).
+#[derive(Debug, Args)]
+pub struct TimeWindowArgs<H: WindowHelp> {
+    #[arg(long, help = H::SINCE, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub since: Option<When>,
+
+    #[arg(long, help = H::UNTIL, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
+    pub until: Option<When>,
+
+    #[arg(skip)]
+    help: std::marker::PhantomData<H>,
+}
+
+impl<H: WindowHelp> TimeWindowArgs<H> {
+    /// The window as typed, to resolve once the command knows "now", the zone and the
+    /// history's bounds.
+    pub fn settle(&self) -> TimeWindow {
+        TimeWindow {
+            since: self.since.clone(),
+            until: self.until.clone(),
+        }
+    }
+}
+
+/// How a command's help words `--since` and `--until` (their defaults differ in wording,
+/// not in how they resolve).
+pub trait WindowHelp: std::fmt::Debug + Clone + Send + Sync + 'static {
+    /// `--since`'s help.
+    const SINCE: &'static str;
+    /// `--until`'s help.
+    const UNTIL: &'static str;
+}
+
+/// `history`'s window.
+#[derive(Debug, Clone)]
+pub struct HistoryWindow;
+
+impl WindowHelp for HistoryWindow {
+    const SINCE: &'static str = "Start: a duration back from now (10m, 1h30m, -1h), 'all', 'now', or a \
+        time (RFC 3339 or 'YYYY-MM-DD HH:MM[:SS]' in --tz) [default: the 24 hours before the \
+        history's last sample, as for leaks and plot; with --audit: all]";
+    const UNTIL: &'static str = "End (same forms as --since); default: now";
+}
+
+/// `export`'s window.
+#[derive(Debug, Clone)]
+pub struct ExportWindow;
+
+impl WindowHelp for ExportWindow {
+    const SINCE: &'static str = "Start (as for history); default: the beginning";
+    const UNTIL: &'static str = "End (as for history); default: now";
+}
+
+/// The window of `leaks` and `plot`, over the history or log files.
+#[derive(Debug, Clone)]
+pub struct SourceWindow;
+
+impl WindowHelp for SourceWindow {
+    const SINCE: &'static str = "Start: a duration back from now (10m, -1h), 'all', 'now', RFC 3339 or \
+        'YYYY-MM-DD HH:MM[:SS]' in --tz; default: for the history, the 24 hours before its \
+        last sample; for files, everything";
+    const UNTIL: &'static str = "End (same forms as --since); default: the last sample";
+}
+
 /// Formats `export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ExportFormat {
@@ -759,13 +844,8 @@ pub struct ExportArgs {
     #[arg(long, conflicts_with = "format")]
     pub json: bool,
 
-    /// Start (as for history); default: the beginning
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub since: Option<When>,
-
-    /// End (as for history); default: now
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub until: Option<When>,
+    #[command(flatten)]
+    pub window: TimeWindowArgs<ExportWindow>,
 
     /// Write here instead of stdout
     #[arg(short, long, value_name = "FILE")]
@@ -896,15 +976,8 @@ pub struct SourceArgs {
     #[arg(long)]
     pub skip_bad_rows: bool,
 
-    /// Start: a duration back from now (10m, -1h), 'all', 'now', RFC 3339 or 'YYYY-MM-DD
-    /// HH:MM[:SS]' in --tz; default: for the history, the 24 hours before its last sample;
-    /// for files, everything
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub since: Option<When>,
-
-    /// End (same forms as --since); default: the last sample
-    #[arg(long, value_name = "WHEN", allow_hyphen_values = true, value_parser = when)]
-    pub until: Option<When>,
+    #[command(flatten)]
+    pub window: TimeWindowArgs<SourceWindow>,
 
     /// Only these devices (index or UUID; repeat or separate with commas); the first is also
     /// the GPU of an apps log without a GPU column
@@ -1003,9 +1076,8 @@ pub struct TopArgs {
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = top_interval)]
     pub interval: Duration,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Disable every action (kill); for shared screens
     #[arg(long)]
@@ -1156,9 +1228,8 @@ pub struct KillArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
     pub timeout: Duration,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const RUN_HELP: &str = "\
@@ -1434,9 +1505,8 @@ pub struct ReclaimArgs {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = wait)]
     pub timeout: Duration,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const SNAPSHOT_HELP: &str = "\
@@ -1522,9 +1592,8 @@ pub struct SnapshotTimelineArgs {
     #[arg(long, value_name = "ORDINAL", requires = "at")]
     pub device: Option<i64>,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const SNAPSHOT_TIMELINE_HELP: &str = "\
@@ -1560,9 +1629,8 @@ pub struct SnapshotDiffArgs {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const SNAPSHOT_DIFF_HELP: &str = "\
@@ -1803,9 +1871,8 @@ pub struct SnapshotArgs {
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = wait)]
     pub timeout: Duration,
 
-    /// Print JSON (schema in docs/json.md)
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: JsonArg,
 }
 
 const REAP_HELP: &str = "\

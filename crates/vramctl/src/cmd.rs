@@ -171,8 +171,7 @@ pub fn open_source(global: &GlobalArgs, args: &SourceArgs) -> anyhow::Result<Sou
         kind,
         tz,
         Window {
-            since: args.since.as_ref(),
-            until: args.until.as_ref(),
+            time: &args.window.settle(),
             gpu: &args.gpu,
         },
     )

@@ -1,15 +1,15 @@
-//! `vramctl doctor`: collect the facts, judge them (`vramctl::doctor`), print the findings.
+//! `vramctl doctor`: collect the facts, judge them (`vramctl_doctor`), print the findings.
 
 use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl::doctor::{
-    self, DriverFacts, Facts, Finding, HolderFacts, NoDriver, Status, collect, python_env,
-};
 use vramctl_core::InitError;
 use vramctl_core::untrusted::Untrusted;
+use vramctl_doctor::{
+    DriverFacts, Facts, Finding, HolderFacts, NoDriver, Status, collect, python_env,
+};
 use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::open_sampler;
@@ -87,7 +87,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
         env: collect::env(),
         host: collect::host(),
     };
-    let findings = doctor::judge(&facts);
+    let findings = vramctl_doctor::judge(&facts);
     let no_driver = matches!(facts.driver, DriverFacts::Unusable(_));
     let mut counts = Counts::default();
     for f in &findings {
@@ -99,7 +99,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
         }
     }
     let report = Report {
-        schema: doctor::SCHEMA,
+        schema: vramctl_doctor::SCHEMA,
         driver_usable: !no_driver,
         elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         counts,
@@ -117,7 +117,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
     out.flush().context("cannot write to stdout")?;
     Ok(if no_driver {
         Exit::NoDriver
-    } else if doctor::any_failed(&findings) {
+    } else if vramctl_doctor::any_failed(&findings) {
         Exit::ConditionHolds
     } else {
         Exit::Ok

@@ -1,11 +1,8 @@
 //! `vramctl estimate`: a thin shell over `vramctl_model` — the flags into a `Model` and a
 //! `Job`, the estimate and the largest batch out, as a table or JSON, and the exit code.
 
-use std::io::Write;
-
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::untrusted::Untrusted;
 use vramctl_model::memory_model::{
     self, Attention, Estimate, Job, Lora, Mode, Optimizer, Precision, Quant, Sharding,
 };
@@ -16,6 +13,7 @@ use crate::cli::{
     EstimatePrecision, EstimateQuant, GlobalArgs, GpuTarget,
 };
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use crate::output::table::{Align, Table};
 use vramctl_observe::units;
 
@@ -110,9 +108,10 @@ pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
         largest_seq: memory_model::largest_seq(&model, &job, capacity_bytes),
     });
     let mut out = std::io::stdout().lock();
-    let io = "cannot write to stdout";
-    if args.json {
-        let document = Document {
+    emit(
+        &mut out,
+        Format::from_json_flag(args.json, Format::JsonPretty),
+        || Document {
             schema: SCHEMA,
             model: ModelSummary {
                 model: &model,
@@ -123,14 +122,9 @@ pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
             terms: &estimate.terms,
             total_bytes: estimate.total_bytes,
             gpu: gpu.as_ref(),
-        };
-        serde_json::to_writer_pretty(&mut out, &document).context(io)?;
-        writeln!(out).context(io)?;
-    } else {
-        for line in render(&model, &job, &estimate, gpu.as_ref()) {
-            writeln!(out, "{}", Untrusted(&line)).context(io)?;
-        }
-    }
+        },
+        || Lines::Untrusted(render(&model, &job, &estimate, gpu.as_ref())),
+    )?;
     Ok(match gpu {
         Some(check) if !check.fits => Exit::ConditionHolds,
         _ => Exit::Ok,

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::{Context, anyhow};
 use vramctl_core::wall_time;
-use vramctl_store::TimeRange;
+use vramctl_history::time_window::SinceDefault;
 use vramctl_store::format::{ndjson, smi};
 
 use super::db_path;
@@ -15,17 +15,13 @@ use crate::exit::Exit;
 /// Runs `export`.
 pub fn run(global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<Exit> {
     let tz = wall_time::zone(args.tz.as_deref())?;
-    let now = jiff::Timestamp::now().as_millisecond();
-    let range = TimeRange {
-        from_ms: match &args.since {
-            Some(s) => s.resolve(now, &tz).context("--since")?,
-            None => i64::MIN,
-        },
-        to_ms: match &args.until {
-            Some(u) => u.resolve(now, &tz).context("--until")?,
-            None => i64::MAX,
-        },
-    };
+    // The whole history by default: an export is a copy (import gives it back).
+    let range = args.window.settle().resolve(
+        jiff::Timestamp::now().as_millisecond(),
+        &tz,
+        None,
+        SinceDefault::Everything,
+    )?;
     let style: smi::CsvStyle = args
         .csv_format
         .parse()

@@ -11,15 +11,16 @@ mod audit_report;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use jiff::tz::TimeZone;
 use serde::Serialize;
 use vramctl_core::untrusted::Untrusted;
-use vramctl_core::wall_time::{self, When};
+use vramctl_core::wall_time;
 use vramctl_store::{DeviceRecord, Entry, Gap, Metric, ProcessRecord, TimeRange, format::rfc3339};
 
 use vramctl_history::csv_record::{CsvRecord, write_csv_record};
 use vramctl_history::history_chart::{gpu_label, nice_step};
+use vramctl_history::time_window::SinceDefault;
 use vramctl_observe::gpu_selection::select_devices;
 
 use super::db_path;
@@ -87,42 +88,15 @@ struct AgentLast {
 pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
     let tz = wall_time::zone(args.tz.as_deref())?;
     let now = jiff::Timestamp::now().as_millisecond();
-    let to_ms = match &args.until {
-        Some(u) => u.resolve(now, &tz).context("--until")?,
-        None => i64::MAX,
-    };
+    let window = args.window.settle();
     if args.audit {
-        let since = args.since.clone().unwrap_or(When::All);
-        let range = TimeRange {
-            from_ms: since.resolve(now, &tz).context("--since")?,
-            to_ms,
-        };
-        if range.from_ms > range.to_ms {
-            bail!("--since '{since}' is after --until");
-        }
+        let range = window.resolve(now, &tz, None, SinceDefault::Everything)?;
         return audit_report::run(&db_path(global)?, args, range, &tz);
     }
     let mut store = super::open_history(&db_path(global)?)?;
-    let devices = select_devices(store.devices()?, &args.gpu)?;
+    let devices = select_devices(store.devices()?, &args.gpu.selectors)?;
     let bounds = store.time_bounds()?;
-    // Without --since: the window `leaks` and `plot` read (the 24 hours before the last
-    // sample), not the last hour before now, which an older recording has nothing in.
-    let range = TimeRange {
-        from_ms: match &args.since {
-            Some(since) => since.resolve(now, &tz).context("--since")?,
-            None => vramctl_history::sample_source::default_since_ms(bounds, to_ms),
-        },
-        to_ms,
-    };
-    if range.from_ms > range.to_ms {
-        bail!(
-            "--since '{}' is after --until",
-            args.since
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default()
-        );
-    }
+    let range = window.resolve(now, &tz, bounds, SinceDefault::LastSpan)?;
     let step_ms = match args.step {
         Some(Step::Raw) => 0,
         Some(Step::Every(length)) => super::millis(length),
@@ -704,7 +678,7 @@ impl Sink for TableSink {
         } else {
             format!(
                 "buckets of {} (USED is the last value, PEAK the highest)",
-                human_ms(step_ms)
+                units::exact_length(step_ms)
             )
         };
         // The zone once per output, at the first time shown (or the range's start).
@@ -758,13 +732,4 @@ impl Sink for TableSink {
         }
         Ok(())
     }
-}
-
-fn human_ms(ms: i64) -> String {
-    for (unit, len) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-        if ms % len == 0 {
-            return format!("{}{unit}", ms / len);
-        }
-    }
-    format!("{ms}ms")
 }

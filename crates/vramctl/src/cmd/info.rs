@@ -16,6 +16,7 @@ use vramctl_observe::gpu_selection::GpuFilter;
 use super::open_sampler;
 use crate::cli::{GlobalArgs, InfoArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use crate::output::style::{Styles, paint};
 use vramctl_observe::units;
 
@@ -61,7 +62,7 @@ struct DeviceInfoReport {
 /// Runs `info`.
 pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
     let mut sampler = open_sampler(global)?;
-    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let filter = GpuFilter::new(&args.gpu.selectors, sampler.devices())?;
     sampler.read_cuda_driver_version();
     let driver = (**sampler.driver()).clone();
     // As enumerated at start-up: a whole tick (every reading of every GPU) is not needed.
@@ -122,14 +123,12 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
             .collect(),
     };
     let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report).context("cannot write JSON")?;
-        writeln!(out).context("cannot write to stdout")?;
-    } else {
-        for line in render(&report, &Styles::for_stdout(global.color)) {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
-        }
-    }
+    emit(
+        &mut out,
+        args.print.format(Format::JsonPretty),
+        || &report,
+        || Lines::Styled(render(&report, &Styles::for_stdout(global.color))),
+    )?;
     out.flush().context("cannot write to stdout")?;
     Ok(Exit::Ok)
 }

@@ -282,18 +282,18 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
     };
     let go: Vec<&PlanEntry> = entries.iter().filter(|e| e.verdict.is_ok()).collect();
     let refused = entries.len() - go.len();
-    if !args.json {
+    if !args.print.json {
         for line in render_plan(&report) {
             writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
         }
         out.flush().context("cannot write to stdout")?;
     }
     if args.dry_run || go.is_empty() {
-        if args.dry_run && !args.json {
+        if args.dry_run && !args.print.json {
             writeln!(out, "dry run: nothing was signalled").context("cannot write to stdout")?;
         }
         report.ok = refused == 0 && !go.is_empty();
-        return finish(&mut out, args.json, &report);
+        return finish(&mut out, args.print.json, &report);
     }
     if !args.yes && !confirm(go.len(), args, grace)? {
         for t in &mut report.targets {
@@ -301,10 +301,10 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
                 t.outcome = "not_confirmed";
             }
         }
-        if !args.json {
+        if !args.print.json {
             writeln!(out, "nothing was signalled").context("cannot write to stdout")?;
         }
-        return finish(&mut out, args.json, &report);
+        return finish(&mut out, args.print.json, &report);
     }
 
     let mut audit = open_sink(global)?;
@@ -353,12 +353,12 @@ pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
         .iter()
         .all(|t| matches!(t.outcome, "exited" | "already_gone"));
     report.ok = all_ended && report.devices.iter().all(|d| d.released);
-    if !args.json {
+    if !args.print.json {
         for line in render_results(&report) {
             writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
         }
     }
-    finish(&mut out, args.json, &report)
+    finish(&mut out, args.print.json, &report)
 }
 
 fn finish(out: &mut impl Write, json: bool, report: &KillReport) -> anyhow::Result<Exit> {

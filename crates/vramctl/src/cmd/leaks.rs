@@ -23,7 +23,6 @@ use vramctl_core::analysis::{
     Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
     SeriesReport, Steadiness, TrendTest, Verdict, explain,
 };
-use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_history::leak_scan::{Finding, analyse, device_label, short_command};
 use vramctl_history::sample_source::{Source, SourceKind};
@@ -32,6 +31,7 @@ use vramctl_store::format::rfc3339;
 use super::{leak_config, open_source};
 use crate::cli::{GlobalArgs, LeaksArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 
 /// Version of the JSON below.
 pub const SCHEMA: u32 = 1;
@@ -53,15 +53,12 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs) -> anyhow::Result<Exit> {
     let findings = sorted(findings);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    if args.json {
-        let doc = document(&source, &findings, &cfg);
-        serde_json::to_writer_pretty(&mut out, &doc).context("cannot write JSON")?;
-        writeln!(out).context("cannot write to stdout")?;
-    } else {
-        for line in human(&source, &findings) {
-            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
-        }
-    }
+    emit(
+        &mut out,
+        Format::from_json_flag(args.json, Format::JsonPretty),
+        || document(&source, &findings, &cfg),
+        || Lines::Untrusted(human(&source, &findings)),
+    )?;
     out.flush().context("cannot write to stdout")?;
     let leaking = findings.iter().any(|f| f.report.verdict == Verdict::Leak);
     Ok(if args.fail_on_leak && leaking {
@@ -234,7 +231,7 @@ fn human(source: &Source, findings: &[Finding]) -> Vec<String> {
         clock(tz, first, true),
         clock(tz, last, dated),
         wall_time::zone_label(tz, first),
-        vramctl_core::analysis::human_duration((last - first) as f64 / 1000.0),
+        vramctl_observe::units::sentence_duration((last - first) as f64 / 1000.0),
     ));
     lines
 }

@@ -10,8 +10,9 @@
 use std::io::Write;
 
 use anyhow::{Context, bail};
-use vramctl_core::analysis::{Verdict, human_bytes, human_rate};
+use vramctl_core::analysis::Verdict;
 use vramctl_core::wall_time::{clock, same_day, zone_label};
+use vramctl_observe::units;
 
 use vramctl_history::history_chart::plot_panels;
 use vramctl_history::leak_scan::{Finding, analyse, short_command};
@@ -118,7 +119,10 @@ pub fn run(global: &GlobalArgs, args: &PlotArgs) -> anyhow::Result<Exit> {
             if let (Verdict::Leak, Some(onset)) = (r.verdict, r.onset_unix_ms) {
                 panel.marks.push(ChartMark {
                     at_unix_ms: onset,
-                    label: format!("leak {}: {who}", human_rate(r.slope_bytes_per_sec)),
+                    label: format!(
+                        "leak {}: {who}",
+                        units::sentence_rate(r.slope_bytes_per_sec)
+                    ),
                     kind: MarkKind::LeakOnset,
                 });
                 marks += 1;
@@ -127,7 +131,7 @@ pub fn run(global: &GlobalArgs, args: &PlotArgs) -> anyhow::Result<Exit> {
                 panel.spans.push(ChartSpan {
                     from_unix_ms: period.from_unix_ms,
                     to_unix_ms: period.to_unix_ms,
-                    label: format!("idle: {who} holds {}", human_bytes(r.current_bytes)),
+                    label: format!("idle: {who} holds {}", units::bytes(r.current_bytes)),
                     kind: SpanKind::Idle,
                 });
                 idle_spans += 1;

@@ -649,7 +649,7 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
                 format!("{prefix}{}", command_cell(&report.processes[i], Some(left)))
             }
             Some(_) => cell.to_owned(),
-            None => vramctl::tui::format::fit(cell, room.max(8)),
+            None => vramctl_tui::format::fit(cell, room.max(8)),
         });
     }
     let mut lines = Vec::new();

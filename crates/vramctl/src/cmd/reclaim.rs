@@ -8,12 +8,12 @@ use serde::Serialize;
 use vramctl_core::agent_client::{ReclaimOptions, Timeouts};
 use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimReport, ReclaimRequest, Selection};
 use vramctl_core::signal::{AuditSink, MemoryAuditLog};
-use vramctl_core::untrusted::Untrusted;
 
 use super::open_sampler;
 use crate::audit_sink::open_sink;
 use crate::cli::{GlobalArgs, ReclaimArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use vramctl_observe::units;
 
 /// Version of the JSON below (docs/json.md).
@@ -69,20 +69,17 @@ pub fn run(global: &GlobalArgs, args: &ReclaimArgs) -> anyhow::Result<Exit> {
     let ok = report.reclaimed_anything();
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if args.json {
-        let doc = Document {
+    emit(
+        &mut out,
+        args.print.format(Format::JsonLine),
+        || Document {
             schema: SCHEMA,
             report: &report,
             audit_log,
             ok,
-        };
-        serde_json::to_writer(&mut out, &doc).context("cannot write JSON")?;
-        writeln!(out).context(io)?;
-    } else {
-        for line in render(&report, args.all) {
-            writeln!(out, "{}", Untrusted(&line)).context(io)?;
-        }
-    }
+        },
+        || Lines::Untrusted(render(&report, args.all)),
+    )?;
     out.flush().context(io)?;
     Ok(if ok { Exit::Ok } else { Exit::ConditionHolds })
 }
@@ -117,7 +114,7 @@ fn render(report: &ReclaimReport, all: bool) -> Vec<String> {
     };
     let nvml = match report.nvml_returned_bytes {
         _ if report.dry_run => String::new(),
-        Some(n) => format!("; NVML shows {} returned", signed_bytes(n)),
+        Some(n) => format!("; NVML shows {} returned", units::returned_bytes(n)),
         None => "; NVML lists none of these processes".to_owned(),
     };
     lines.push(format!(
@@ -161,7 +158,7 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
                 "  NVML: {} -> {} ({} returned; the CUDA context and live tensors stay)",
                 units::bytes(b),
                 units::bytes(after),
-                signed_bytes(p.nvml_returned_bytes.unwrap_or(0))
+                units::returned_bytes(p.nvml_returned_bytes.unwrap_or(0))
             ),
             _ => "  NVML: the process is not listed on any GPU (or its memory is not reported)"
                 .to_owned(),
@@ -306,12 +303,4 @@ fn render_deep(a: &vramctl_core::agent_client::ReclaimAnswer) -> Vec<String> {
         ));
     }
     lines
-}
-
-fn signed_bytes(n: i64) -> String {
-    if n < 0 {
-        format!("-{}", units::bytes(n.unsigned_abs()))
-    } else {
-        units::bytes(n.unsigned_abs())
-    }
 }

@@ -12,6 +12,7 @@ use vramctl_core::untrusted::Untrusted;
 
 use crate::cli::{RecordAction, SnapshotAction, SnapshotArgs, SnapshotDiffArgs, TopBy};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 
 use super::snapshot_top::{SCHEMA, TopDocument, top_lines};
 use vramctl_observe::units;
@@ -66,21 +67,15 @@ pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
     };
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if args.json {
-        serde_json::to_writer(
-            &mut out,
-            &Document {
-                schema: SCHEMA,
-                report: &report,
-            },
-        )
-        .context("cannot write JSON")?;
-        writeln!(out).context(io)?;
-    } else {
-        for line in render(&report) {
-            writeln!(out, "{}", Untrusted(&line)).context(io)?;
-        }
-    }
+    emit(
+        &mut out,
+        args.print.format(Format::JsonLine),
+        || Document {
+            schema: SCHEMA,
+            report: &report,
+        },
+        || Lines::Untrusted(render(&report)),
+    )?;
     out.flush().context(io)?;
     Ok(Exit::Ok)
 }
@@ -95,10 +90,10 @@ struct SummaryDocument<'a> {
     summary: &'a vramctl_snapshot::Summary,
     /// With --top: the groups, largest first.
     #[serde(skip_serializing_if = "Option::is_none")]
-    top: Option<TopDocument>,
+    top: Option<&'a TopDocument>,
     /// With -o: where the flame graph was written.
     #[serde(skip_serializing_if = "Option::is_none")]
-    flame_graph: Option<String>,
+    flame_graph: Option<&'a str>,
 }
 
 /// `vramctl snapshot FILE`.
@@ -149,40 +144,32 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
             rows,
         }
     });
-    let json = args.json;
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if json {
-        serde_json::to_writer(
-            &mut out,
-            &SummaryDocument {
-                schema: SCHEMA,
-                file: file.display().to_string(),
-                format: snap.format,
-                summary: &summary,
-                top,
-                flame_graph,
-            },
-        )
-        .context("cannot write JSON")?;
-        writeln!(out).context(io)?;
-    } else {
-        for line in vramctl_snapshot::summary::table(&summary) {
-            writeln!(out, "{}", Untrusted(&line)).context(io)?;
-        }
-        if let Some(t) = &top {
-            for line in top_lines(t, "") {
-                writeln!(out, "{}", Untrusted(&line)).context(io)?;
+    emit(
+        &mut out,
+        args.print.format(Format::JsonLine),
+        || SummaryDocument {
+            schema: SCHEMA,
+            file: file.display().to_string(),
+            format: snap.format,
+            summary: &summary,
+            top: top.as_ref(),
+            flame_graph: flame_graph.as_deref(),
+        },
+        || {
+            let mut lines = vramctl_snapshot::summary::table(&summary);
+            if let Some(t) = &top {
+                lines.extend(top_lines(t, ""));
             }
-        }
-        if let Some(svg) = &flame_graph {
-            writeln!(
-                out,
-                "flame graph of the live bytes by stack written to '{svg}'"
-            )
-            .context(io)?;
-        }
-    }
+            if let Some(svg) = &flame_graph {
+                lines.push(format!(
+                    "flame graph of the live bytes by stack written to '{svg}'"
+                ));
+            }
+            Lines::Untrusted(lines)
+        },
+    )?;
     out.flush().context(io)?;
     Ok(Exit::Ok)
 }
@@ -248,15 +235,6 @@ struct DiffDocument<'a> {
     diff: &'a vramctl_snapshot::diff::Diff,
 }
 
-fn signed_bytes(delta: i128) -> String {
-    let magnitude = u64::try_from(delta.unsigned_abs()).unwrap_or(u64::MAX);
-    match delta.signum() {
-        1 => format!("+{}", units::bytes(magnitude)),
-        -1 => format!("-{}", units::bytes(magnitude)),
-        _ => "0 B".to_owned(),
-    }
-}
-
 /// `vramctl snapshot diff A B`.
 fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
     use vramctl_snapshot::diff::Change;
@@ -276,7 +254,7 @@ fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
     diff.rows.truncate(args.top);
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if args.json {
+    if args.print.json {
         serde_json::to_writer(
             &mut out,
             &DiffDocument {
@@ -299,7 +277,7 @@ fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
         diff.a_live_blocks,
         units::bytes(diff.b_live_bytes),
         diff.b_live_blocks,
-        signed_bytes(diff.delta_bytes),
+        units::signed_bytes(diff.delta_bytes),
         changed_stacks,
         if changed_stacks == 1 { "" } else { "s" },
     )
@@ -324,7 +302,7 @@ fn diff_files(args: &SnapshotDiffArgs) -> anyhow::Result<Exit> {
             out,
             "  {:<9}  {:>11}  {:>10}  {:>10}  {:>13}  {}",
             change,
-            signed_bytes(r.delta_bytes),
+            units::signed_bytes(r.delta_bytes),
             units::bytes(r.a_bytes),
             units::bytes(r.b_bytes),
             format!("{} → {}", r.a_blocks, r.b_blocks),

@@ -100,7 +100,7 @@ pub fn run(args: &SnapshotTimelineArgs) -> anyhow::Result<Exit> {
     };
     let mut out = std::io::stdout().lock();
     let io = "cannot write to stdout";
-    if args.json {
+    if args.print.json {
         serde_json::to_writer(
             &mut out,
             &TimelineDocument {

@@ -970,5 +970,5 @@ const COMPACT_COMMAND_MIN: usize = 12;
 
 /// Memory in `--compact`, as `top` writes it: `20.0G`, `615M`.
 fn short_bytes(n: u64) -> String {
-    vramctl::tui::format::bytes(n)
+    vramctl_tui::format::bytes(n)
 }

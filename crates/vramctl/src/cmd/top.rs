@@ -1,6 +1,6 @@
 //! `vramctl top`: the live terminal UI (and `--replay` of a recording).
 //!
-//! This file wires the pieces of [`vramctl::tui`] together: it checks the flags, opens the
+//! This file wires the pieces of [`vramctl_tui`] together: it checks the flags, opens the
 //! sampler (one NVML session, moved onto the sampler thread; when a running daemon answers
 //! on its socket, its answer is the first frame and NVML opens on the sampler thread
 //! meanwhile) and, when a recorder's
@@ -9,9 +9,9 @@
 //! and runs the loop: wait for an event, update the state, carry out the effects, draw.
 //! Drawing happens once per batch of queued events.
 //!
-//! The seams are filled here: live, `tui::verdict::AnalysisJudge` (the live leak and idle
+//! The seams are filled here: live, `vramctl_observe::verdict::AnalysisJudge` (the live leak and idle
 //! analysis) on the sampler thread; in a replay, `replay_verdicts::StoreJudge` (the batch analysis of
-//! the recording before the cursor) on the replay thread; and `tui::kill::SignalKiller`
+//! the recording before the cursor) on the replay thread; and `vramctl_tui::kill::SignalKiller`
 //! (the signal path and audit sink of `vramctl kill`) on the action thread.
 
 mod replay_verdicts;
@@ -23,21 +23,21 @@ use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use vramctl::tui::app::{App, AppConfig, Effect, TICK_MS};
-use vramctl::tui::event::{
-    ActionRequest, Event, FirstSample, HistoryRequest, ReplayRequest, spawn_actions, spawn_history,
-    spawn_input, spawn_replay, spawn_sampler_after, spawn_signals,
-};
-use vramctl::tui::kill::{Actions, SignalKiller};
-use vramctl::tui::reclaim::AgentReclaimer;
-use vramctl::tui::store::StoreSource;
-use vramctl::tui::terminal::TerminalGuard;
-use vramctl::tui::view;
 use vramctl_core::procinfo;
 use vramctl_core::types::DeviceInfo;
 use vramctl_observe::daemon_socket::client::{AskOptions, ask};
 use vramctl_observe::verdict::AnalysisJudge;
 use vramctl_store::StoreError;
+use vramctl_tui::app::{App, AppConfig, Effect, TICK_MS};
+use vramctl_tui::event::{
+    ActionRequest, Event, FirstSample, HistoryRequest, ReplayRequest, spawn_actions, spawn_history,
+    spawn_input, spawn_replay, spawn_sampler_after, spawn_signals,
+};
+use vramctl_tui::kill::{Actions, SignalKiller};
+use vramctl_tui::reclaim::AgentReclaimer;
+use vramctl_tui::store::StoreSource;
+use vramctl_tui::terminal::TerminalGuard;
+use vramctl_tui::view;
 
 use vramctl_observe::gpu_selection::GpuFilter;
 
@@ -66,7 +66,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
         Some(db) => {
             let source = StoreSource::open(db, None)
                 .with_context(|| format!("cannot replay '{}'", db.display()))?;
-            let devices = gpu_selection(&args.gpu, || {
+            let devices = gpu_selection(&args.gpu.selectors, || {
                 source
                     .gpus()
                     .map_err(|e| anyhow::anyhow!("cannot replay '{}': {e}", db.display()))
@@ -110,7 +110,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 Some(_) => None,
                 None => Some(open_top_sampler(global)?),
             };
-            let devices = gpu_selection(&args.gpu, || {
+            let devices = gpu_selection(&args.gpu.selectors, || {
                 Ok(match (&first, &sampler) {
                     (Some(first), _) => first
                         .snapshot

@@ -736,19 +736,21 @@ fn no_file_level_import_cycles_in_any_crate() {
         "expected the workspace's crates under {}",
         crates_dir.display()
     );
-    // The binary's files shrink as its parts move into crates of their own, so the scan is
-    // checked by what it must reach, not by a count: a command file two `mod` levels below
-    // main.rs, and references in a good share of the files.
+    // The scan must reach the binary's files, or a scanner that lost its way would find no
+    // cycle. Measured against the files on disk rather than a fixed count, because modules
+    // keep moving out of the binary into crates of their own: nearly every file is reached
+    // (a few are test-only modules, which are skipped), and most name another.
     let vramctl_dir = crates_dir.join("vramctl");
+    let on_disk = rs_files_under(&vramctl_dir.join("src"));
     let vramctl = crate_graph(&vramctl_dir);
-    let deep_file = vramctl_dir.join("src").join("cmd").join("serve.rs");
     assert!(
-        vramctl.files.contains(&deep_file) && vramctl.edges.len() * 2 > vramctl.files.len(),
-        "the scan must reach the binary's files: {} files, {} with references, {} reached: {}",
+        on_disk > 20
+            && vramctl.files.len() * 10 >= on_disk * 9
+            && vramctl.edges.len() * 2 >= vramctl.files.len(),
+        "the scan must reach the binary's files: {} of {} files, {} with references",
         vramctl.files.len(),
-        vramctl.edges.len(),
-        deep_file.display(),
-        vramctl.files.contains(&deep_file)
+        on_disk,
+        vramctl.edges.len()
     );
     let found: Vec<String> = dirs.iter().flat_map(|d| describe_cycles(d)).collect();
     assert!(
@@ -756,6 +758,24 @@ fn no_file_level_import_cycles_in_any_crate() {
         "file-level import cycles:\n{}",
         found.join("\n")
     );
+}
+
+/// How many `.rs` files are under `dir`, at any depth.
+fn rs_files_under(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .map(|p| {
+            if p.is_dir() {
+                rs_files_under(&p)
+            } else {
+                usize::from(p.extension().is_some_and(|e| e == "rs"))
+            }
+        })
+        .sum()
 }
 
 /// Writes `files` (relative path, text) under a fresh crate directory.

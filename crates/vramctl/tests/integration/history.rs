@@ -1325,3 +1325,66 @@ fn history_without_since_shows_the_window_leaks_and_plot_read() {
     let leaks = ok(&on_db(&db).args(["leaks", "--json"]).output().expect("runs"));
     assert!(leaks.contains("32701"), "{leaks}");
 }
+
+/// `--since` after `--until` is the same usage error (exit 2) for every command that reads
+/// the history; `export` used to write an empty export and exit 0.
+#[test]
+fn since_after_until_is_a_usage_error_for_every_history_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    ok(&record(&write_scenario(dir.path(), ""), &db, 2));
+    for command in ["export", "history", "leaks", "plot"] {
+        let out = on_db(&db)
+            .args([command, "--since", "1h", "--until", "2h"])
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--since '1h' is after --until"),
+            "{command}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{command} wrote output");
+    }
+}
+
+/// A recorded MIG instance is found by its UUID or a UUID prefix, and selecting its GPU
+/// brings it, as `status` selects live: one matcher for live and recorded devices.
+#[test]
+fn a_recorded_mig_instance_is_selected_as_live() {
+    const MIG: &str = "MIG-5c1f3a9e-8b2d-5e47-a1c6-3d9f0b7e2a41";
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("mig.db");
+    ok(&record(&scenario("mig.toml"), &db, 2));
+    let devices_of = |gpu: &str| -> Vec<String> {
+        let csv = ok(&on_db(&db)
+            .args(["history", "--since", "all", "--format", "csv", "--gpu", gpu])
+            .output()
+            .expect("runs"));
+        let mut uuids: Vec<String> = csv
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split(',').nth(3).map(str::to_owned))
+            .collect();
+        uuids.dedup();
+        uuids
+    };
+    assert_eq!(devices_of(MIG), [MIG]);
+    assert_eq!(devices_of("MIG-5c1f3a9e-8b2d"), [MIG]);
+    let of_gpu_0 = devices_of("0");
+    assert!(of_gpu_0.iter().any(|d| d == MIG), "{of_gpu_0:?}");
+    assert!(
+        of_gpu_0
+            .iter()
+            .all(|d| d != "GPU-93a0e6c2-4f1b-6d8e-b0c7-1e2f3a4b5c6d"),
+        "{of_gpu_0:?}"
+    );
+    // Live, the same short MIG UUID selects the GPU that holds the instance.
+    let live = stdout_of(vramctl(&scenario("mig.toml")).args([
+        "status",
+        "--json",
+        "--gpu",
+        "MIG-5c1f3a9e-8b2d",
+    ]));
+    assert!(live.contains(MIG), "{live}");
+}

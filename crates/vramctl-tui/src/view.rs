@@ -203,7 +203,7 @@ fn draw_footer(app: &App, area: Rect, buf: &mut Buffer) {
     if !app.readonly() && !app.is_replay() {
         keys.push(("K", "kill"));
         // Only where there is something to reclaim through: a process with an agent.
-        if crate::tui::table::agent_columns(&app.table.rows) {
+        if crate::table::agent_columns(&app.table.rows) {
             keys.push(("R", "reclaim"));
         }
     }

@@ -557,12 +557,12 @@ mod tests {
 
     use super::kill_flow::{KillDialog, KillResult, VERIFY_SAMPLES};
     use super::*;
-    use crate::tui::fixtures::{GIB, MIB, T0_MS, gpu, host, obs};
-    use crate::tui::kill::{KillOutcome, Killer, READONLY_REASON};
-    use crate::tui::memory_series::{HistoryChunk, Zoom};
-    use crate::tui::replay::{MemoryReplay, Seek, seek_frame};
-    use crate::tui::table::{self, Column, Idle};
-    use crate::tui::view;
+    use crate::fixtures::{GIB, MIB, T0_MS, gpu, host, obs};
+    use crate::kill::{KillOutcome, Killer, READONLY_REASON};
+    use crate::memory_series::{HistoryChunk, Zoom};
+    use crate::replay::{MemoryReplay, Seek, seek_frame};
+    use crate::table::{self, Column, Idle};
+    use crate::view;
     use vramctl_observe::verdict::{ProcessVerdict, VerdictKind};
 
     fn key(code: KeyCode) -> Event {
@@ -926,7 +926,7 @@ mod tests {
 
     #[test]
     fn the_reclaim_key_asks_for_the_selected_process_and_the_footer_says_the_outcome() {
-        use crate::tui::reclaim::ReclaimOutcome;
+        use crate::reclaim::ReclaimOutcome;
         let mut app = live();
         app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
         let effects = app.update(key(KeyCode::Char('R')));
@@ -957,7 +957,7 @@ mod tests {
         assert_eq!(target.pid, 101);
         assert_eq!(target.memory[0].used_bytes, Some(3 * GIB));
         assert_eq!(target.start_time_ticks, Some(1010));
-        let plan = crate::tui::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
+        let plan = crate::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
             .plan(target)
             .unwrap();
         app.update(Event::KillPlanned(Ok(plan.clone())));
@@ -1026,7 +1026,7 @@ mod tests {
         let mut app = live();
         app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
         app.update(key(KeyCode::Char('K')));
-        let plan = crate::tui::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
+        let plan = crate::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
             .plan(&app.kill_target().unwrap())
             .unwrap();
         app.update(Event::KillPlanned(Ok(plan.clone())));
@@ -1052,7 +1052,7 @@ mod tests {
         let mut app = live();
         app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
         app.update(key(KeyCode::Char('K')));
-        let plan = crate::tui::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
+        let plan = crate::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
             .plan(&app.kill_target().unwrap())
             .unwrap();
         app.update(Event::KillPlanned(Ok(plan.clone())));
@@ -1094,7 +1094,7 @@ mod tests {
         let mut app = live();
         app.update(sample(0, [3 * GIB, 2 * GIB, GIB]));
         app.update(key(KeyCode::Char('K')));
-        let plan = crate::tui::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
+        let plan = crate::kill::RecordingKiller::new(KillOutcome::AlreadyGone)
             .plan(&app.kill_target().unwrap())
             .unwrap();
         app.update(Event::KillPlanned(Ok(plan.clone())));

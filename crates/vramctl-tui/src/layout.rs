@@ -171,7 +171,7 @@ pub fn dialog_buttons(screen: Rect) -> Option<(Rect, Rect)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tui::fixtures::{GIB, gpu, obs};
+    use crate::fixtures::{GIB, gpu, obs};
 
     #[test]
     fn below_the_minimum_only_a_message_fits() {

@@ -3,15 +3,15 @@
 //!
 //! Each part of the state (the process table, the charts' past, the replay transport, the
 //! kill flow) has its own `update` that takes its own events and returns a [`Reply`];
-//! `App::update` routes each [`Event`](crate::tui::event::Event) to the parts it concerns,
+//! `App::update` routes each [`Event`](crate::event::Event) to the parts it concerns,
 //! puts the replies' footer lines on screen and hands the effects to the loop. As gitui's
 //! components answer whether they consumed an event, a reply says when its part did not
 //! take a key ([`Reply::ignored`]), so the next part may.
 
-use crate::tui::event::HistoryRequest;
-use crate::tui::kill::{KillPlan, KillTarget};
-use crate::tui::reclaim::ReclaimTarget;
-use crate::tui::replay::Seek;
+use crate::event::HistoryRequest;
+use crate::kill::{KillPlan, KillTarget};
+use crate::reclaim::ReclaimTarget;
+use crate::replay::Seek;
 
 /// Something the loop must do for the state.
 #[derive(Debug, Clone, PartialEq)]

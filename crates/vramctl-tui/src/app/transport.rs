@@ -8,7 +8,7 @@
 use ratatui::crossterm::event::KeyCode;
 
 use super::effect::{Effect, Reply};
-use crate::tui::replay::Seek;
+use crate::replay::Seek;
 
 /// Time a tick stands for while a replay plays.
 pub const TICK_MS: i64 = 200;

@@ -7,11 +7,11 @@ use ratatui::text::Span;
 use ratatui::widgets::{Block, Clear, Widget};
 
 use super::{put, wrap};
-use crate::tui::app::App;
-use crate::tui::app::kill_flow::{KillDialog, KillResult};
-use crate::tui::format;
-use crate::tui::kill::{GpuMemory, KillPlan, KillTarget};
-use crate::tui::layout::{centered, dialog_area};
+use crate::app::App;
+use crate::app::kill_flow::{KillDialog, KillResult};
+use crate::format;
+use crate::kill::{GpuMemory, KillPlan, KillTarget};
+use crate::layout::{centered, dialog_area};
 
 const HELP: &[(&str, &str)] = &[
     ("↑ ↓  j k", "select a process (PgUp PgDn Home End g G)"),

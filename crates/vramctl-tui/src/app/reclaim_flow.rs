@@ -4,8 +4,8 @@
 //! worker refuses again at the point of action, `tui::kill::Actions`).
 
 use super::effect::{Effect, Reply};
-use crate::tui::kill::READONLY_REASON;
-use crate::tui::reclaim::{ReclaimOutcome, ReclaimTarget};
+use crate::kill::READONLY_REASON;
+use crate::reclaim::{ReclaimOutcome, ReclaimTarget};
 
 /// What the reclaim flow reacts to.
 #[derive(Debug, Clone, PartialEq, Eq)]

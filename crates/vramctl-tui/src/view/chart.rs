@@ -7,9 +7,9 @@ use ratatui::text::Span;
 use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Widget};
 
 use super::put;
-use crate::tui::app::App;
-use crate::tui::format;
-use crate::tui::memory_series::{Point, SeriesKey, decimate};
+use crate::app::App;
+use crate::format;
+use crate::memory_series::{Point, SeriesKey, decimate};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 

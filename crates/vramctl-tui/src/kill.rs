@@ -17,8 +17,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use crate::tui::SinkOpener;
-use crate::tui::reclaim::{ReclaimOutcome, ReclaimTarget, Reclaimer};
+pub use crate::SinkOpener;
+use crate::reclaim::{ReclaimOutcome, ReclaimTarget, Reclaimer};
 use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::clock::SystemClock;
 use vramctl_core::procinfo::ProcReader;

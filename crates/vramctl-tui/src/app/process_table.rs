@@ -1,7 +1,7 @@
 //! The process table's state: its rows, the sort, the text filter (and whether it is being
 //! typed), the tree view, the selection, the scroll position and the detail pane.
 //!
-//! The rows come from each observation ([`rows_of`]); [`crate::tui::table`] holds the
+//! The rows come from each observation ([`rows_of`]); [`crate::table`] holds the
 //! pure parts (columns, sorting, filtering, the tree). The selection follows its row
 //! across refreshes: the same row, else the same PID, else the same place.
 
@@ -12,8 +12,8 @@ use ratatui::layout::{Position, Rect};
 use vramctl_core::analysis::IdleState;
 
 use super::effect::Reply;
-use crate::tui::memory_series::SeriesKey;
-use crate::tui::table::{self, Column, Flags, Idle, Row, RowKey, TableView};
+use crate::memory_series::SeriesKey;
+use crate::table::{self, Column, Flags, Idle, Row, RowKey, TableView};
 use vramctl_observe::observation::{HostProcess, Observation};
 use vramctl_observe::verdict::{ProcessVerdict, VerdictKind};
 
@@ -359,7 +359,7 @@ mod tests {
     use ratatui::crossterm::event::{KeyEventKind, KeyEventState};
 
     use super::*;
-    use crate::tui::fixtures::{GIB, gpu, host, obs};
+    use crate::fixtures::{GIB, gpu, host, obs};
 
     fn row(pid: u32, mem: u64, user: &str, command: &str) -> Row {
         Row {

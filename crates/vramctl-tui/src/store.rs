@@ -493,8 +493,8 @@ mod tests {
     };
 
     use super::*;
-    use crate::tui::fixtures::{T0_MS, from_scenario, recorded};
-    use crate::tui::replay::{Seek, seek_frame};
+    use crate::fixtures::{T0_MS, from_scenario, recorded};
+    use crate::replay::{Seek, seek_frame};
     use vramctl_core::types::{DeviceState, Field, ProcessKind, Unavailable};
 
     /// What a recording cannot give back, removed from an observation: the driver's
@@ -634,7 +634,7 @@ mod tests {
         let observations = from_scenario("h200-training.toml", &times);
         let source = StoreSource::new(recorded(&observations), None);
         let last = &observations[observations.len() - 1];
-        let keys = crate::tui::replay::keys_of(last);
+        let keys = crate::replay::keys_of(last);
         let starts = last.starts();
         let (from, to) = (T0_MS, T0_MS + 120_000);
         let chunk = source.load(&keys, &starts, from, to, 1000);

@@ -3,16 +3,16 @@
 //! and the outcome (in the dialog, or in the footer when the dialog was put away).
 //!
 //! The flow only asks ([`Effect::Plan`], [`Effect::Kill`], [`Effect::MemoryOutcome`]); the
-//! action worker does ([`crate::tui::kill`]). Whether memory was released is judged here,
+//! action worker does ([`crate::kill`]). Whether memory was released is judged here,
 //! from the samples that follow the exit.
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Position, Rect};
 
 use super::effect::{Effect, Reply};
-use crate::tui::format;
-use crate::tui::kill::{GpuMemory, KillOutcome, KillPlan, KillTarget, READONLY_REASON};
-use crate::tui::table::Row;
+use crate::format;
+use crate::kill::{GpuMemory, KillOutcome, KillPlan, KillTarget, READONLY_REASON};
+use crate::table::Row;
 use vramctl_observe::observation::Observation;
 
 /// Samples to wait, after a process exited, for the driver to stop listing it.
@@ -460,9 +460,9 @@ mod tests {
     use ratatui::crossterm::event::{KeyEventKind, KeyEventState, KeyModifiers};
 
     use super::*;
-    use crate::tui::fixtures::{GIB, gpu, host, obs};
-    use crate::tui::kill::{Killer, RecordingKiller};
-    use crate::tui::table::{Flags, RowKey};
+    use crate::fixtures::{GIB, gpu, host, obs};
+    use crate::kill::{Killer, RecordingKiller};
+    use crate::table::{Flags, RowKey};
 
     fn target(pid: u32) -> KillTarget {
         KillTarget {

@@ -19,7 +19,7 @@ use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::reclaim::{ReclaimOutcome, ReclaimTarget};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
-use vramctl_observe::observation::{HostReader, Observation};
+use vramctl_observe::observation::{Observation, Observer};
 use vramctl_observe::verdict::{Judge, ReplayJudge};
 
 /// Something the UI reacts to.
@@ -167,7 +167,7 @@ where
     let handle = std::thread::Builder::new()
         .name("top-sampler".into())
         .spawn(move || {
-            let mut hosts = HostReader::new();
+            let mut hosts = Observer::new();
             let mut timeline = Timeline::new();
             let first_at = Instant::now();
             let had_first = first.is_some();
@@ -364,10 +364,10 @@ fn latest<T>(rx: &Receiver<T>) -> Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tui::app::{App, AppConfig};
-    use crate::tui::fixtures::{GIB, T0_MS, gpu, host};
-    use crate::tui::kill::{KillerCall, RecordingKiller};
-    use crate::tui::table::Idle;
+    use crate::app::{App, AppConfig};
+    use crate::fixtures::{GIB, T0_MS, gpu, host};
+    use crate::kill::{KillerCall, RecordingKiller};
+    use crate::table::Idle;
     use vramctl_core::types::{DeviceState, ProcessActivity};
 
     /// `top` fed samples 1 s apart while the wall clock steps `step_ms` after 30 s: PID 7
@@ -405,7 +405,7 @@ mod tests {
             app.update(Event::Sample(Arc::new(obs)));
         }
         let row = app.table.rows.iter().find(|r| r.key.pid == 7).cloned();
-        let key = crate::tui::memory_series::SeriesKey::Process {
+        let key = crate::memory_series::SeriesKey::Process {
             uuid: format!("GPU-{:08x}-0000-4000-8000-000000000000", 0),
             pid: 7,
         };

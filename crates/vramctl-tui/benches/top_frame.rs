@@ -8,7 +8,7 @@
 //! cargo build --release -p fake-nvml
 //! FAKE_NVML_SCENARIO=$PWD/examples/scenarios/eight-gpus-30-procs.toml \
 //! VRAMCTL_NVML_LIB=$PWD/target/release/libfake_nvml.so \
-//!   cargo bench -p vramctl --bench top_frame
+//!   cargo bench -p vramctl-tui --bench top_frame
 //! ```
 
 use std::hint::black_box;
@@ -18,13 +18,13 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
-use vramctl::tui::app::{App, AppConfig};
-use vramctl::tui::event::Event;
-use vramctl::tui::view;
 use vramctl_core::clock::ManualClock;
 use vramctl_core::sanity::SanityLimits;
 use vramctl_core::{Backend, NvmlBackend, Sampler};
 use vramctl_observe::observation::{Observation, Observer};
+use vramctl_tui::app::{App, AppConfig};
+use vramctl_tui::event::Event;
+use vramctl_tui::view;
 
 /// `n` observations one second apart, as the sampler thread makes them.
 fn observations(n: usize) -> Vec<Arc<Observation>> {

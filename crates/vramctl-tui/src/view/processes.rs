@@ -10,10 +10,10 @@ use vramctl_core::command_line::abbreviate;
 use vramctl_core::untrusted::escape;
 
 use super::{chart, put};
-use crate::tui::app::App;
-use crate::tui::format;
-use crate::tui::memory_series::SeriesKey;
-use crate::tui::table::{Column, Idle, Row, agent_columns, column_spans};
+use crate::app::App;
+use crate::format;
+use crate::memory_series::SeriesKey;
+use crate::table::{Column, Idle, Row, agent_columns, column_spans};
 
 /// The text of one cell in a column `width` characters wide.
 fn cell(row: &Row, column: Column, width: u16) -> String {

@@ -1,11 +1,11 @@
 //! History paging (live): asking the history store for the charts' past, the part of the
 //! zoom window from before `top`'s first sample. What `top` samples from then on is its
 //! own, so the store is asked once, and again only when a zoom reaches further back.
-//! The answer ([`Event::History`](crate::tui::event::Event::History)) goes to the charts.
+//! The answer ([`Event::History`](crate::event::Event::History)) goes to the charts.
 
 use super::effect::{Effect, Reply};
-use crate::tui::event::HistoryRequest;
-use crate::tui::replay::keys_of;
+use crate::event::HistoryRequest;
+use crate::replay::keys_of;
 use vramctl_observe::observation::Observation;
 
 /// Points per series asked for, as many as `top` asks of a replay frame (`cmd/top.rs`).
@@ -95,8 +95,8 @@ impl HistoryPaging {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tui::fixtures::{GIB, T0_MS, gpu, host, obs};
-    use crate::tui::memory_series::Zoom;
+    use crate::fixtures::{GIB, T0_MS, gpu, host, obs};
+    use crate::memory_series::Zoom;
 
     fn at(t_s: i64) -> std::sync::Arc<Observation> {
         obs(

@@ -9,7 +9,7 @@
 //!   costs.
 //!
 //! ```sh
-//! cargo bench -p vramctl --bench top_store
+//! cargo bench -p vramctl-tui --bench top_store
 //! ```
 #![allow(missing_docs, clippy::unwrap_used, clippy::print_stdout)]
 
@@ -17,13 +17,13 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use vramctl::tui::memory_series::HistorySource;
-use vramctl::tui::replay::{Seek, keys_of, seek_frame};
-use vramctl::tui::store::StoreSource;
 use vramctl_store::{
     DeviceMeta, DeviceSample, DeviceSampleState, Metric, Observed, OpenMode, ProcessKey,
     ProcessList, ProcessMeta, ProcessOnDevice, ProcessSample, Store, TickSample,
 };
+use vramctl_tui::memory_series::HistorySource;
+use vramctl_tui::replay::{Seek, keys_of, seek_frame};
+use vramctl_tui::store::StoreSource;
 
 const T0: i64 = 1_795_984_291_000;
 const DAY_S: i64 = 86_400;

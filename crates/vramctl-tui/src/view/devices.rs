@@ -6,10 +6,10 @@ use ratatui::layout::Rect;
 use vramctl_core::types::{DeviceState, Field, MemoryReading};
 
 use super::put;
-use crate::tui::app::App;
-use crate::tui::format;
-use crate::tui::layout::{DeviceLine as Line, device_lines};
-use crate::tui::memory_series::{Point, SeriesKey, decimate};
+use crate::app::App;
+use crate::format;
+use crate::layout::{DeviceLine as Line, device_lines};
+use crate::memory_series::{Point, SeriesKey, decimate};
 
 /// `NVIDIA H200` → `H200`.
 fn short_name(name: Option<&str>) -> String {

@@ -1,4 +1,10 @@
-//! `vramctl top`: the live terminal UI, and the browser of a recording (`--replay`).
+//! `vramctl top`: the live terminal UI, and the browser of a recording (`--replay`): the
+//! state machine ([`app::App`]), the drawing ([`view`]) and the seams the binary fills
+//! (history and replay sources, judges, the killer and the reclaimer).
+//!
+//! It stands on `vramctl-core`, `vramctl-store` and `vramctl-observe` and must not depend on
+//! the `vramctl` package: the binary's `cmd/top.rs` checks the flags, opens the sampler and
+//! the audit sink, and runs the loop over this crate.
 //!
 //! State, events and drawing are kept apart (the ratatui "Elm" pattern, as gitui and bottom
 //! do it):

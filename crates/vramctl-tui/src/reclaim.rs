@@ -14,8 +14,8 @@ use vramctl_core::procinfo::{self, ProcReader};
 use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimRequest, Selection};
 use vramctl_core::signal::{Actor, AuditSink};
 
-use crate::tui::SinkOpener;
-use crate::tui::format;
+use crate::SinkOpener;
+use crate::format;
 
 /// The process the user chose, as the UI knew it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,7 +246,7 @@ mod tests {
     use vramctl_core::signal::{AuditError, AuditId, MemoryAuditLog};
 
     use super::*;
-    use crate::tui::kill::{Actions, KillOutcome, READONLY_REASON, RecordingKiller};
+    use crate::kill::{Actions, KillOutcome, READONLY_REASON, RecordingKiller};
 
     /// An audit log the test reads while the reclaimer owns its box; counts its openings.
     #[derive(Clone, Default)]

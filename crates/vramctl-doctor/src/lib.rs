@@ -14,6 +14,11 @@
 //! The checks that need no driver (`frameworks`, `visible_devices`, `container`,
 //! `process_visibility`, `kernel_log`) are judged even when NVML cannot start: that is when
 //! a user needs them most.
+//!
+//! Its main types are [`Facts`] (what [`collect`] and [`python_env`] gathered) and
+//! [`Finding`] (one check's outcome, from [`judge`]). It stands on `vramctl-core` and
+//! `vramctl-observe` and must not depend on the `vramctl` package: printing and the exit
+//! code are the binary's `cmd/doctor.rs`.
 
 pub mod collect;
 pub mod cuda_compat;

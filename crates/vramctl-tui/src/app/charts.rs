@@ -4,7 +4,7 @@
 //! of the transport; the charts only keep what is drawn, so their `update` asks nothing
 //! of the loop.
 
-use crate::tui::memory_series::{
+use crate::memory_series::{
     HistoryChunk, Point, SeriesKey, SeriesSet, Starts, Zoom, change_per_minute, joined,
 };
 use vramctl_observe::observation::Observation;
@@ -99,7 +99,7 @@ impl Charts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tui::fixtures::{GIB, MIB, T0_MS, gpu, host, obs};
+    use crate::fixtures::{GIB, MIB, T0_MS, gpu, host, obs};
 
     fn device_key() -> SeriesKey {
         SeriesKey::Device(gpu(0, 1, 0, &[]).info.uuid.clone())
