@@ -4,7 +4,7 @@ As a PEP 517 backend (pyproject.toml names it), so that `pip install ./python` w
 no network and no setuptools:
     pip install ./python
 As a command, for a wheel to publish or copy (the `vramctl` binary embeds the same
-sources itself, `vramctl_core::agent_package`):
+sources itself, `vramctl_agent::agent_package`):
     python3 python/build_wheel.py OUTDIR      # prints OUTDIR/vramctl_agent-<v>-py3-none-any.whl
 
 The wheel holds the `vramctl_agent` package and `vramctl_agent.pth` at the root of

@@ -13,7 +13,7 @@
 #   2. vramctl record --interval 1s                         (alone beside the holders)
 #   3. nvidia-smi --query-compute-apps=pid,used_memory --format=csv -lms 100 and -lms 1000,
 #      side by side, and during the first 20 s a recorder at 100 ms with every NVML call
-#      timed (VRAMCTL_LOG=vramctl_core::backend::nvml=trace), to say where the time goes.
+#      timed (VRAMCTL_LOG=vramctl_gpu::backend::nvml=trace), to say where the time goes.
 #      nvidia-smi's figures are for comparison, not a goal, so they share their window.
 #
 # CPU is utime and stime of each process from /proc/PID/stat (fields 14 and 15, user and
@@ -185,7 +185,7 @@ window "${specs[@]}"
 
 # The traced recorder runs in nvidia-smi's window, in the foreground, for TRACE_S.
 during() {
-  VRAMCTL_LOG=vramctl_core::backend::nvml=trace timeout -s TERM $((TRACE_S + 5)) \
+  VRAMCTL_LOG=vramctl_gpu::backend::nvml=trace timeout -s TERM $((TRACE_S + 5)) \
     "$VRAMCTL" --db "$WORK/trace.db" record --interval 100ms --duration "${TRACE_S}s" \
     --log-file "$WORK/trace.log" > /dev/null 2>&1 || true
 }

@@ -10,7 +10,7 @@
 #   cpu.jsonl       CPU time of every labeled PID once a second: {"t", "pid", "cpu_time_ms"}
 #   evaluation.txt  precision, recall and detection delay (when cargo is available)
 # Keep status.ndjson, labels.jsonl and cpu.jsonl (gzip them) as test data under
-# crates/vramctl-core/tests/data/.
+# crates/vramctl-leaks/tests/data/.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 vramctl="${1:-$here/../target/release/vramctl}"
@@ -63,7 +63,7 @@ kill $recorder $cpu_sampler 2>/dev/null || true
 wait $recorder 2>/dev/null || true
 
 if command -v cargo >/dev/null; then
-  (cd "$here/.." && cargo run --release -q -p vramctl-core --example evaluate_leaks -- \
+  (cd "$here/.." && cargo run --release -q -p vramctl-leaks --example evaluate_leaks -- \
     --idle-for 60 "status:$out/status.ndjson:$out/labels.jsonl:$out/cpu.jsonl") \
     | tee "$out/evaluation.txt"
 fi

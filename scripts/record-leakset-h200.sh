@@ -81,7 +81,7 @@ a0=$(ticks $rec100); b0=$(ticks $rec1s); c0=$(ticks $smi100); d0=$(ticks $smi100
 threads $rec100 > "$out/logs/threads-100ms-start.txt"
 sleep 5
 # Where the 100 ms recorder's time goes: 20 s of a third recorder with every NVML call timed.
-VRAMCTL_LOG=vramctl_core::backend::nvml=trace "$vramctl" --db "$out/trace.db" record \
+VRAMCTL_LOG=vramctl_gpu::backend::nvml=trace "$vramctl" --db "$out/trace.db" record \
   --interval 100ms --duration 20s --log-file "$out/logs/trace.log" &
 sleep 55
 a1=$(ticks $rec100); b1=$(ticks $rec1s); c1=$(ticks $smi100); d1=$(ticks $smi1000); t1=$(date +%s.%N)

@@ -4,8 +4,8 @@ use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use vramctl_core::procinfo::{self, ProcError};
 use vramctl_core::types::DeviceState;
+use vramctl_procs::procinfo::{self, ProcError};
 
 use super::{
     DriverReady, EnvFacts, GpuFacts, GpuIdentity, Holder, HolderFacts, HostFacts, KernelLog, xid,

@@ -4,11 +4,11 @@
 //! 1. [`NvmlSource::sample`]: a snapshot, or none while NVML is down (init retried with
 //!    backoff);
 //! 2. [`Stats::observe`]: error counters and the used-memory peak window;
-//! 3. the process catalog (`vramctl_core::process_catalog`) brought up to the snapshot, and
+//! 3. the process catalog (`vramctl_procs::process_catalog`) brought up to the snapshot, and
 //!    the labels made from it ([`ProcessMetadata::from_catalog`]): user, command, container
 //!    and pod, /proc read once per process identity;
 //! 4. the processes' agents, asked by an [`AgentPoll`] at its own cadence within a budget
-//!    per agent and per tick (`vramctl_core::agent_poll`; only with `--process-details
+//!    per agent and per tick (`vramctl_agent::agent_poll`; only with `--process-details
 //!    proc`, which may read /proc): allocated and reserved bytes per (GPU, process);
 //! 5. the [`TickConsumer`]s, in the order added: the leak and idle analysis
 //!    (`crate::live_verdicts`), which fills the [`ProcessVerdicts`] it is handed before
@@ -21,10 +21,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use vramctl_core::agent_poll::{self, AgentFigures, AgentPoll, PollLimits};
+use vramctl_agent::agent_poll::{self, AgentFigures, AgentPoll, PollLimits};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
-use vramctl_core::process_catalog::ProcessCatalog;
 use vramctl_core::types::Snapshot;
+use vramctl_procs::process_catalog::ProcessCatalog;
 
 use super::cache::{Cache, Published};
 use super::metadata::{DetailsSource, ProcessMetadata};

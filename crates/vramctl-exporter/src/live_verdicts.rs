@@ -1,6 +1,6 @@
 //! Leak and idle-holder verdicts in the exporter: the live analysis as a [`TickConsumer`].
 //!
-//! Every snapshot goes into one `FleetTracker` (`vramctl_core::analysis::live`, the same
+//! Every snapshot goes into one `FleetTracker` (`vramctl_leaks::analysis::live`, the same
 //! tracker `leaks --watch` and `top` run), with each process's start and CPU time from the
 //! collector's process catalog (`ProcessCatalog::live_facts`: /proc's stat at most once a
 //! second) as its identity and idle evidence, and the per-process SM
@@ -14,12 +14,12 @@
 
 use std::sync::Arc;
 
-use vramctl_core::analysis::live::{FleetConfig, FleetTracker};
-use vramctl_core::analysis::{
+use vramctl_core::types::Snapshot;
+use vramctl_leaks::analysis::live::{FleetConfig, FleetTracker};
+use vramctl_leaks::analysis::{
     AnalysisError, Cadence, IdleState, LeakConfig, SeriesReport, Verdict,
 };
-use vramctl_core::process_catalog::ProcessCatalog;
-use vramctl_core::types::Snapshot;
+use vramctl_procs::process_catalog::ProcessCatalog;
 
 use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
@@ -170,7 +170,7 @@ mod tests {
         };
         let mut analysis = LiveAnalysis::new(cfg).unwrap();
         // No /proc (as with `--process-details nvml`): the PIDs are made up.
-        let mut catalog = ProcessCatalog::new(vramctl_core::process_catalog::FactsSource::Driver);
+        let mut catalog = ProcessCatalog::new(vramctl_procs::process_catalog::FactsSource::Driver);
         let mut verdicts = ProcessVerdicts::new();
         let metadata = ProcessMetadata::default();
         let key = |pid: u32| ("GPU-a".to_owned(), pid);

@@ -1,16 +1,16 @@
 //! Labels for the processes in a snapshot: who runs them, what they run, and where.
 //!
 //! Made by the sampler thread, never by a scrape, from the collector's
-//! `vramctl_core::process_catalog::ProcessCatalog`, which reads /proc once per process
+//! `vramctl_procs::process_catalog::ProcessCatalog`, which reads /proc once per process
 //! identity (a reused PID is a new process at the next tick) and shares what it read with
 //! the live analysis and `serve --record`.
 
 use std::collections::HashMap;
 
-use vramctl_core::agent_poll::AgentFigures;
+use vramctl_agent::agent_poll::AgentFigures;
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
 use vramctl_core::types::Snapshot;
+use vramctl_procs::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
 
 /// Longest `command` label, in characters; longer command lines are shortened. Prometheus'
 /// own default `label_value_length_limit` is unlimited, but long labels cost memory in

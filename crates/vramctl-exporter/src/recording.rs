@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use vramctl_core::clock::ClockTime;
-use vramctl_core::process_catalog::ProcessCatalog;
 use vramctl_core::types::Snapshot;
+use vramctl_procs::process_catalog::ProcessCatalog;
 use vramctl_store::{TickSample, add_agent_figures, device_samples};
 
 use super::collector::TickConsumer;
@@ -117,7 +117,7 @@ mod tests {
     use vramctl_store::{Metric, OpenMode, Retention, Store, TimeRange};
 
     use super::*;
-    use vramctl_core::process_catalog::{FactsSource, LiveProc, RefreshPolicy};
+    use vramctl_procs::process_catalog::{FactsSource, LiveProc, RefreshPolicy};
 
     fn snapshot(at_ms: i64, used: u64, pid: u32) -> Arc<Snapshot> {
         Arc::new(Snapshot {
@@ -236,7 +236,7 @@ mod tests {
         let mut metadata = ProcessMetadata::default();
         metadata.agents.insert(
             ("GPU-a".into(), me),
-            vramctl_core::agent_poll::DeviceMemory {
+            vramctl_agent::agent_poll::DeviceMemory {
                 allocated_bytes: Some(1 << 20),
                 reserved_bytes: Some(3 << 20),
             },

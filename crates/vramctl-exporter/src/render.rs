@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use vramctl_core::agent_poll::AgentFigures;
+use vramctl_agent::agent_poll::AgentFigures;
 use vramctl_core::types::{DeviceInfo, DeviceState, ProcessUsage, Snapshot};
 
 use super::metadata::{ProcessLabels, ProcessMetadata};
@@ -969,7 +969,7 @@ mod tests {
 
     #[test]
     fn agent_series_appear_only_for_processes_with_an_agent_and_never_as_zero() {
-        use vramctl_core::agent_poll::DeviceMemory;
+        use vramctl_agent::agent_poll::DeviceMemory;
         let list = vec![
             process(10, Some(100)),
             process(11, Some(50)),

@@ -10,7 +10,7 @@
 //! errors (`UNINITIALIZED`, `DRIVER_NOT_LOADED`, or every device failing): the source then
 //! shuts the session down and starts a new one the next tick, which enumerates the devices
 //! again ([`SessionHealth`]: at once for a lost session, after
-//! [`REOPEN_AFTER_FAILING_TICKS`](vramctl_core::sampler::REOPEN_AFTER_FAILING_TICKS) ticks
+//! [`REOPEN_AFTER_FAILING_TICKS`](vramctl_gpu::sampler::REOPEN_AFTER_FAILING_TICKS) ticks
 //! of failing devices, backing off while reopening does not help), counted in
 //! `vramctl_nvml_reopens_total`.
 
@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vramctl_core::clock::Clock;
-use vramctl_core::sampler::SessionHealth;
 use vramctl_core::types::Snapshot;
+use vramctl_gpu::sampler::SessionHealth;
 use vramctl_observe::daemon_socket::server::{self as socket, SharedSampler};
 use vramctl_observe::live_loop::{BackendOptions, LiveSampler, open_backend, sampler_on};
 

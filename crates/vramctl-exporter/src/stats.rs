@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use vramctl_core::sampler::ReopenReason;
 use vramctl_core::types::{DeviceState, Field, Snapshot, Unavailable};
+use vramctl_gpu::sampler::ReopenReason;
 
 /// The kinds of `vramctl_collection_errors_total`. "Not supported" is a capability, not an
 /// error, and is not counted.
@@ -32,7 +32,7 @@ pub struct Stats {
     pub last_snapshot_unix_ms: Option<i64>,
     /// Whether NVML is initialised.
     pub nvml_up: bool,
-    /// Failed NVML init attempts by [`InitError::code`](vramctl_core::InitError::code).
+    /// Failed NVML init attempts by [`InitError::code`](vramctl_gpu::InitError::code).
     pub nvml_init_failures: BTreeMap<&'static str, u64>,
     /// NVML sessions reopened, by [`ReopenReason::as_str`] (every reason from 0, so
     /// `increase()` sees the first).

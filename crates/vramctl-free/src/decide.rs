@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use vramctl_core::analysis::{Evidence, SeriesReport, Verdict, human_duration};
 use vramctl_core::types::DeviceInfo;
+use vramctl_leaks::analysis::{Evidence, SeriesReport, Verdict, human_duration};
 
 use crate::policy::Policy;
 use vramctl_observe::gpu_holdings::{GpuHolding, total_bytes};
@@ -340,10 +340,10 @@ pub fn decide(p: &Observed, policy: &Policy, ctx: &Context<'_>) -> Result<Chosen
 mod tests {
     use std::time::Duration;
 
-    use vramctl_core::analysis::{
+    use vramctl_core::types::ProcessKind;
+    use vramctl_leaks::analysis::{
         ActivityInputs, CpuSample, LeakConfig, Sample, SeriesContext, SmSample, analyze,
     };
-    use vramctl_core::types::ProcessKind;
 
     use super::*;
     use vramctl_observe::pattern::compile_regex;

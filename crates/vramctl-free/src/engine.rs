@@ -24,19 +24,19 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
-use vramctl_core::analysis::{Evidence, LeakConfig, Verdict};
+use vramctl_agent::reclaim::{ProcessReclaim, ReclaimRequest};
 use vramctl_core::clock::Clock;
-use vramctl_core::process_catalog::{FactsSource, ProcessCatalog};
-use vramctl_core::reclaim::{ProcessReclaim, ReclaimRequest};
-use vramctl_core::signal::{
-    Candidate, KillRequest, Origin, Refusal, Signal, Target, TargetOutcome, TargetReport,
-};
 use vramctl_core::types::{DeviceInfo, Snapshot};
 use vramctl_core::wall_time::{clock, same_day};
+use vramctl_leaks::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
+use vramctl_leaks::analysis::{Evidence, LeakConfig, Verdict};
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings};
 use vramctl_observe::gpu_selection::GpuFilter;
 use vramctl_observe::units;
+use vramctl_procs::process_catalog::{FactsSource, ProcessCatalog};
+use vramctl_procs::signal::{
+    Candidate, KillRequest, Origin, Refusal, Signal, Target, TargetOutcome, TargetReport,
+};
 use vramctl_store::format::rfc3339;
 
 use crate::decide::{
@@ -131,8 +131,8 @@ pub struct Terminated {
 }
 
 /// What the engine reads from and does to the machine beyond the sample it is given: the
-/// real one signals through `vramctl_core::signal`, reclaims through
-/// `vramctl_core::reclaim` and audits to the binary's audit log; tests record the calls.
+/// real one signals through `vramctl_procs::signal`, reclaims through
+/// `vramctl_agent::reclaim` and audits to the binary's audit log; tests record the calls.
 pub trait ReapExecutor {
     /// The driver's name for a PID /proc cannot see.
     fn process_name(&mut self, pid: u32) -> Option<String>;
@@ -569,7 +569,7 @@ impl Engine {
     }
 
     /// `--action reclaim`: each candidate's agent is asked to release its cache
-    /// (`vramctl_core::reclaim`, audited as `reclaim`); nobody is signalled. `ok` when every
+    /// (`vramctl_agent::reclaim`, audited as `reclaim`); nobody is signalled. `ok` when every
     /// candidate released something.
     fn reclaim_candidates(&self, exec: &mut dyn ReapExecutor, report: &mut RoundReport) {
         let pids: Vec<u32> = report.candidates.iter().map(|c| c.pid).collect();
@@ -587,10 +587,10 @@ impl Engine {
         let mut results = Vec::new();
         // One request per candidate, so that each audit record carries its own policy's reason.
         for (pid, reason) in pids.iter().zip(reasons) {
-            let request = vramctl_core::reclaim::ReclaimRequest {
-                selection: vramctl_core::reclaim::Selection::Pids(vec![*pid]),
-                options: vramctl_core::agent_client::ReclaimOptions::default(),
-                timeouts: vramctl_core::agent_client::Timeouts::default(),
+            let request = vramctl_agent::reclaim::ReclaimRequest {
+                selection: vramctl_agent::reclaim::Selection::Pids(vec![*pid]),
+                options: vramctl_agent::agent_client::ReclaimOptions::default(),
+                timeouts: vramctl_agent::agent_client::Timeouts::default(),
                 reason,
             };
             results.extend(exec.reclaim(&request));
@@ -855,14 +855,14 @@ impl ExcludedJson {
 mod tests {
     use std::process::{Child, Command};
 
+    use vramctl_agent::reclaim::Selection;
     use vramctl_core::clock::ManualClock;
-    use vramctl_core::procinfo::ProcessIdentity;
-    use vramctl_core::reclaim::Selection;
-    use vramctl_core::signal::Refusal;
     use vramctl_core::types::{
         DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessActivity, ProcessKind,
         ProcessUsage,
     };
+    use vramctl_procs::procinfo::ProcessIdentity;
+    use vramctl_procs::signal::Refusal;
 
     use super::*;
 

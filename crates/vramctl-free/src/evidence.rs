@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use vramctl_core::analysis::{LeakConfig, SeriesReport};
 use vramctl_core::untrusted::Untrusted;
+use vramctl_leaks::analysis::{LeakConfig, SeriesReport};
 use vramctl_store::TimeRange;
 
 use vramctl_history::leak_scan::analyse;

@@ -10,12 +10,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vramctl_core::audit_record::AuditOutcome;
-use vramctl_core::procinfo::{self, ProcError, ProcReader};
-use vramctl_core::signal::{AuditSink, TargetOutcome, TargetReport};
 use vramctl_core::types::Snapshot;
 use vramctl_core::untrusted::Untrusted;
-use vramctl_core::{Backend, Sampler};
+use vramctl_gpu::{Backend, Sampler};
+use vramctl_procs::audit_record::AuditOutcome;
+use vramctl_procs::procinfo::{self, ProcError, ProcReader};
+use vramctl_procs::signal::{AuditSink, TargetOutcome, TargetReport};
 
 use vramctl_observe::gpu_holdings::GpuHolding;
 use vramctl_observe::units;

@@ -86,7 +86,7 @@ impl Policy {
         let mut parts = vec![
             format!(
                 "idle ≥ {}",
-                vramctl_core::analysis::human_duration(self.idle_for.as_secs_f64())
+                vramctl_leaks::analysis::human_duration(self.idle_for.as_secs_f64())
             ),
             format!("holding ≥ {}", units::bytes(self.min_mem_bytes)),
         ];

@@ -17,11 +17,11 @@
 
 use std::collections::HashMap;
 
-use vramctl_core::analysis::{
+use vramctl_core::command_line::abbreviate;
+use vramctl_leaks::analysis::{
     CpuSample, DeviceActivitySample, LeakConfig, Sample, SeriesContext, SeriesFold, SeriesReport,
     SmSample,
 };
-use vramctl_core::command_line::abbreviate;
 use vramctl_store::{DeviceRecord, Metric, ProcessRecord, SeriesRef, Store, TimeRange};
 
 /// CPU time is recorded every [`crate::recorder::CPU_EVERY_MS`] (`record`) and carried
@@ -644,7 +644,7 @@ pub fn short_command(command: &str) -> String {
 mod tests {
     use std::time::Duration;
 
-    use vramctl_core::analysis::{Evidence, Verdict};
+    use vramctl_leaks::analysis::{Evidence, Verdict};
     use vramctl_store::{
         DeviceMeta, DeviceSample, DeviceSampleState, Observed, ProcessKey, ProcessList,
         ProcessMeta, ProcessOnDevice, ProcessSample, TickSample,
@@ -811,7 +811,10 @@ mod tests {
         let findings = analyse(&mut store, range, &devices, &[], &LeakConfig::default()).unwrap();
         let r = &finding(&findings, 7).report;
         assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
-        assert_eq!(r.rule, Some(vramctl_core::analysis::LeakRule::SteadyGrowth));
+        assert_eq!(
+            r.rule,
+            Some(vramctl_leaks::analysis::LeakRule::SteadyGrowth)
+        );
         assert!(r.checks.settled);
         // PID 1 was there when the history began: its start is unknown.
         assert_eq!(finding(&findings, 1).report.verdict, Verdict::Stable);

@@ -23,9 +23,9 @@ use std::time::Instant;
 
 use anyhow::{Context, anyhow};
 use vramctl_core::clock::ClockTime;
-use vramctl_core::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
-use vramctl_core::procinfo;
 use vramctl_core::types::Snapshot;
+use vramctl_procs::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
+use vramctl_procs::procinfo;
 use vramctl_store::{
     Gap, HistoryClock, ProcessKey, ProcessMeta, ProcessSample, Retention, SessionInfo, Store,
     StoreError, TickSample,
@@ -524,11 +524,11 @@ impl UnrecordedGaps {
 mod tests {
     use std::sync::Arc;
 
-    use vramctl_core::process_catalog::{LiveProc, RefreshPolicy, ScriptedProc};
     use vramctl_core::types::{
         DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessKind,
         ProcessUsage,
     };
+    use vramctl_procs::process_catalog::{LiveProc, RefreshPolicy, ScriptedProc};
     use vramctl_store::{OpenMode, TimeRange, device_samples};
 
     use super::*;

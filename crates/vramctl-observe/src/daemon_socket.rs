@@ -1,12 +1,12 @@
 //! The daemon's fast path: a running `vramctl record` or `vramctl serve` answers `status`,
-//! `ps` and `top`'s first frame over a local socket (`vramctl_core::local_socket`, the
+//! `ps` and `top`'s first frame over a local socket (`vramctl_agent::local_socket`, the
 //! convention every vramctl socket follows), so they need not start NVML themselves — the
 //! 15 ms or more of `nvmlInit` and the first touch of each GPU that dominate a one-shot
 //! command.
 //!
 //! The daemon reads the devices *when asked* ([`server`]: one extra tick of its own sampler,
 //! never a cached one), and says what its /proc knows about the processes listed, from a
-//! [`ProcessCatalog`](vramctl_core::process_catalog::ProcessCatalog): what `status` and `ps`
+//! [`ProcessCatalog`](vramctl_procs::process_catalog::ProcessCatalog): what `status` and `ps`
 //! would read themselves. The client ([`client`]) uses an answer only from a daemon on the
 //! same boot and in the same PID namespace (so PIDs and /proc mean the same on both sides)
 //! reading the same NVML library when one was named; otherwise, or when nobody answers in
@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vramctl_core::procinfo::ProcessDetails;
 use vramctl_core::types::Snapshot;
+use vramctl_procs::procinfo::ProcessDetails;
 
 /// The service name in the greeting.
 pub const SERVICE: &str = "vramctl-daemon";

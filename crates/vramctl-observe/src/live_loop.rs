@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use vramctl_core::clock::{Clock, ManualClock, SystemClock, WallStep};
 use vramctl_core::sanity::SanityLimits;
-use vramctl_core::{Backend, CombinedBackend, DrmBackend, InitError, NvmlBackend, Sampler};
+use vramctl_gpu::{Backend, CombinedBackend, DrmBackend, InitError, NvmlBackend, Sampler};
 
 /// The sampler every frontend holds: one per process, over whichever backend was opened.
 pub type LiveSampler = Sampler<Box<dyn Backend>>;
@@ -116,7 +116,7 @@ pub fn sampler_on(
     mut backend: Box<dyn Backend>,
     clock: Box<dyn Clock>,
     process_activity: bool,
-) -> Result<LiveSampler, vramctl_core::DeviceError> {
+) -> Result<LiveSampler, vramctl_gpu::DeviceError> {
     backend.set_read_process_activity(process_activity);
     Sampler::with_clock(backend, clock, SanityLimits::from_system())
 }

@@ -6,10 +6,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use vramctl_core::process_catalog::listed_pids;
-use vramctl_core::procinfo::{ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceInfo, DriverInfo, Snapshot};
-use vramctl_core::{Backend, Sampler};
+use vramctl_gpu::{Backend, Sampler};
+use vramctl_procs::process_catalog::listed_pids;
+use vramctl_procs::procinfo::{ProcReader, ProcessDetails};
 
 use crate::live_loop::LiveSampler;
 use crate::observation::{HostProcess, Observation};

@@ -8,15 +8,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use vramctl_core::agent_client::AgentMemory;
-use vramctl_core::agent_poll::{self, AgentPoll, PollLimits};
-use vramctl_core::analysis::IdleState;
-use vramctl_core::analysis::live::ProcessFacts;
-use vramctl_core::process_catalog::{
+use vramctl_agent::agent_client::AgentMemory;
+use vramctl_agent::agent_poll::{self, AgentPoll, PollLimits};
+use vramctl_core::types::Snapshot;
+use vramctl_leaks::analysis::IdleState;
+use vramctl_procs::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
 };
-use vramctl_core::procinfo::{self, ProcessDetails};
-use vramctl_core::types::Snapshot;
+use vramctl_procs::procinfo::ProcessFacts;
+use vramctl_procs::procinfo::{self, ProcessDetails};
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -234,12 +234,12 @@ pub trait Judge: Send {
 }
 
 /// The one observer of the machine: joins snapshots with /proc through the process
-/// catalog (`vramctl_core::process_catalog::ProcessCatalog`) — the GPU processes and, for
+/// catalog (`vramctl_procs::process_catalog::ProcessCatalog`) — the GPU processes and, for
 /// the tree view, their ancestors, user and command line once per process identity (boot,
 /// PID, start time), `/proc/PID/stat` (state, parent, CPU time) at most once per
 /// `stat_every_ms` per process, so hundreds of processes cost a few reads a tick.
 ///
-/// It also asks the processes' agents for their memory (`vramctl_core::agent_poll`: each
+/// It also asks the processes' agents for their memory (`vramctl_agent::agent_poll`: each
 /// agent at most every 10 s, 250 ms per agent and per tick), on the caller's thread (the
 /// sampler's, so a slow agent never stalls a frame), and, given a [`Judge`], fills the
 /// verdicts. Every time it counts is the snapshot's (`monotonic_ms`): it never reads a
@@ -580,7 +580,7 @@ mod tests {
 
     #[test]
     fn agent_figures_go_only_to_processes_with_an_agent() {
-        use vramctl_core::agent_client::{DeviceStats, Stats};
+        use vramctl_agent::agent_client::{DeviceStats, Stats};
         let me = std::process::id();
         let stranger = 4_194_305;
         let poll = AgentPoll::with_ask(
@@ -727,7 +727,7 @@ mod tests {
             rss_bytes: Some(1 << 30),
             threads: Some(4),
             kernel_thread: false,
-            container: vramctl_core::procinfo::ContainerInfo::default(),
+            container: vramctl_procs::procinfo::ContainerInfo::default(),
         };
         let host = HostProcess::from_details(&details, 100);
         assert_eq!(host.user.as_deref(), Some("1000"), "uid when no user name");

@@ -2,13 +2,13 @@
 //! is binary (GiB, as nvidia-smi's MiB); rates are decimal (TB/s, as vendors quote
 //! bandwidth). Where two formats of one quantity exist they differ on purpose (a table
 //! column vs a sentence, a device figure vs a change), each named for where it is used.
-//! The sentence forms are implemented in `vramctl_core::analysis` (below this crate: its
+//! The sentence forms are implemented in `vramctl_leaks::analysis` (below this crate: its
 //! verdicts are written with them) and named here for the commands.
 
 /// `1536` → `1.5 KiB`; bytes below 1 KiB stay whole. The same text in tables and in the
 /// leak analysis's sentences, so one implementation (the analysis's, in vramctl-core).
 pub fn bytes(n: u64) -> String {
-    vramctl_core::analysis::human_bytes(n)
+    vramctl_leaks::analysis::human_bytes(n)
 }
 
 /// A change in bytes, always signed: `+1.5 GiB`, `-200.0 MiB`, `0 B` (a diff's column,
@@ -35,13 +35,13 @@ pub fn returned_bytes(n: i64) -> String {
 /// A rate in a sentence, two or three significant digits, signed: `38 MB/s`, `-2.5 GB/s`
 /// (a leak's slope); [`rate`] is a device's bandwidth with two decimals.
 pub fn sentence_rate(bytes_per_sec: f64) -> String {
-    vramctl_core::analysis::human_rate(bytes_per_sec)
+    vramctl_leaks::analysis::human_rate(bytes_per_sec)
 }
 
 /// A duration in a sentence: `45 s`, `6 min`, `3 h 2 min`, `2 d 5 h`; [`age`] is the
 /// compact column form (`12m05s`).
 pub fn sentence_duration(secs: f64) -> String {
-    vramctl_core::analysis::human_duration(secs)
+    vramctl_leaks::analysis::human_duration(secs)
 }
 
 /// A length as a flag takes it, in the largest unit that divides it exactly: `10s`, `1m`,

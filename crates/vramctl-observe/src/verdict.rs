@@ -1,6 +1,6 @@
 //! The seam for leak and idle-holder verdicts.
 //!
-//! The analysis (pure functions in `vramctl_core::analysis`) decides; the UI only shows what
+//! The analysis (pure functions in `vramctl_leaks::analysis`) decides; the UI only shows what
 //! it decided, with the numbers behind it. A [`Judge`] runs on the sampler's thread after
 //! each observation (the analysis is not free, and drawing must stay cheap) and fills
 //! [`Verdicts`]. Live, [`AnalysisJudge`] runs the live analysis (`FleetTracker`, the one
@@ -8,12 +8,12 @@
 //! empty, and the UI then shows no leak or idle flag: it does not guess.
 
 use jiff::tz::TimeZone;
-use vramctl_core::analysis::live::{FleetConfig, FleetTracker, TickChanges};
-use vramctl_core::analysis::{
+use vramctl_core::wall_time;
+use vramctl_leaks::analysis::live::{FleetConfig, FleetTracker, TickChanges};
+use vramctl_leaks::analysis::{
     AnalysisError, Evidence, ExplainStyle, LeakConfig, LeakRule, Phase, SeriesReport, Verdict,
     explain, human_bytes, human_duration, human_rate,
 };
-use vramctl_core::wall_time;
 
 use crate::observation::{HostProcess, Observation};
 pub use crate::observation::{Judge, ProcessVerdict, VerdictKind, Verdicts};

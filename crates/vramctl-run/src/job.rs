@@ -36,11 +36,11 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 use serde::Serialize;
-use vramctl_core::agent_client::{self, Stats};
-use vramctl_core::analysis::{
+use vramctl_agent::agent_client::{self, Stats};
+use vramctl_core::types::Snapshot;
+use vramctl_leaks::analysis::{
     self, ActivityInputs, LeakConfig, Sample, SeriesContext, SeriesReport,
 };
-use vramctl_core::types::Snapshot;
 
 use agent_inject::AgentInjection;
 use child::{ChildEvent, ChildSpec, ExitStatus, Output, SignalForwarder, SpawnError};
@@ -691,7 +691,7 @@ fn poll_agents(shared: &Mutex<PollState>, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramctl_core::agent_client::DeviceStats;
+    use vramctl_agent::agent_client::DeviceStats;
 
     fn stats(uuid: &str, alloc: u64, reserved: u64, ooms: u64) -> Stats {
         Stats {

@@ -2,8 +2,8 @@
 //! `kill`/`reap` survives a power cut, not only a crash.
 
 use rusqlite::params;
-use vramctl_core::audit_record::{AuditOutcome, AuditRecord};
-use vramctl_core::procinfo::ProcessIdentity;
+use vramctl_procs::audit_record::{AuditOutcome, AuditRecord};
+use vramctl_procs::procinfo::ProcessIdentity;
 
 use crate::db::{OpenMode, Store};
 use crate::error::StoreError;

@@ -57,7 +57,7 @@
 //! | [`Store::append_audit`], [`Store::set_audit_outcome`], [`Store::audit_rows`] | the audit log of signals (`synchronous=FULL`) |
 //! | [`Store::open_in_memory`] + [`format::import_files`] | analyse a log file without touching the disk |
 //! | [`downsample`] | re-bucket points for display, keeping min/max/last |
-//! | [`Store::moment_at_or_before`], [`replay::ReplayBackend`] | one recorded moment rebuilt (readings, gaps as missing values, who the processes were) and served as a `vramctl_core::Backend` |
+//! | [`Store::moment_at_or_before`], [`replay::ReplayBackend`] | one recorded moment rebuilt (readings, gaps as missing values, who the processes were) and served as a `vramctl_gpu::Backend` |
 //!
 //! Points are dense: one per stored tick while the series is present (a value that did not
 //! change is repeated), none while it is absent. A point with `span_ms > 0` is a bucket.

@@ -5,7 +5,7 @@
 //! activity, MIG instances' memory), the device states (a device lost or unreadable is a
 //! gap with its reason), the missing values with their reasons (gaps again), and who the
 //! processes were (the metadata the recorder stored once per identity). [`ReplayBackend`]
-//! serves that moment through `vramctl_core::Backend`, so a frontend reads a recording
+//! serves that moment through `vramctl_gpu::Backend`, so a frontend reads a recording
 //! exactly as it reads NVML (`vramctl status --replay DB --at TIME`); [`RecordedProcesses`]
 //! answers who a PID was, as the process catalog does live.
 //!
@@ -23,14 +23,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use vramctl_core::backend::{Backend, DeviceError, Enumeration};
-use vramctl_core::process_catalog::StaticFacts;
-use vramctl_core::procinfo::ContainerInfo;
 use vramctl_core::types::{
     DeviceDiagnostics, DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, Field,
     MemoryReading, MigInstanceInfo, MigReading, ProcessActivity, ProcessKind, ProcessUsage,
     Unavailable,
 };
+use vramctl_gpu::backend::{Backend, DeviceError, Enumeration};
+use vramctl_procs::process_catalog::StaticFacts;
+use vramctl_procs::procinfo::ContainerInfo;
 
 use crate::codec::Entry;
 use crate::db::Store;
@@ -494,7 +494,7 @@ pub fn memory_of(metrics: &HashMap<Metric, Entry>) -> Option<MemoryReading> {
 }
 
 /// Who the PIDs of a recorded moment were: the metadata the recorder stored, as the live
-/// process catalog says it (`vramctl_core::process_catalog::StaticFacts`).
+/// process catalog says it (`vramctl_procs::process_catalog::StaticFacts`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecordedProcesses {
     by_pid: BTreeMap<u32, RecordedProcess>,

@@ -1,6 +1,6 @@
 //! From the sampler's [`Snapshot`] to the store's observations.
 
-use vramctl_core::agent_poll::AgentFigures;
+use vramctl_agent::agent_poll::AgentFigures;
 use vramctl_core::types::{DeviceState, Field, Snapshot, Unavailable};
 
 use crate::model::{
@@ -8,7 +8,7 @@ use crate::model::{
     ProcessOnDevice,
 };
 
-/// Puts the agents' figures (`vramctl_core::agent_poll::figures`, by GPU UUID and PID) on
+/// Puts the agents' figures (`vramctl_agent::agent_poll::figures`, by GPU UUID and PID) on
 /// the processes of `devices`; a process without an entry keeps `agent: None` (its
 /// allocated and reserved series stop).
 pub fn add_agent_figures(devices: &mut [DeviceSample], figures: &AgentFigures) {

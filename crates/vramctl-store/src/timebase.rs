@@ -22,8 +22,8 @@
 //! it to the first after it, saying which way and by how much, and how far the history is
 //! then ahead of the wall clock. Nothing is dropped and nothing stops: `docs/clock.md`.
 
-use vramctl_core::analysis::human_duration;
 use vramctl_core::clock::{ClockTime, wall_jump_ms};
+use vramctl_leaks::analysis::human_duration;
 
 use crate::model::Gap;
 

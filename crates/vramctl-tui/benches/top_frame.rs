@@ -20,7 +20,7 @@ use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use vramctl_core::clock::ManualClock;
 use vramctl_core::sanity::SanityLimits;
-use vramctl_core::{Backend, NvmlBackend, Sampler};
+use vramctl_gpu::{Backend, NvmlBackend, Sampler};
 use vramctl_observe::observation::{Observation, Observer};
 use vramctl_tui::app::{App, AppConfig};
 use vramctl_tui::event::Event;

@@ -552,8 +552,8 @@ fn shows(devices: Option<&BTreeSet<String>>, uuid: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use ratatui::crossterm::event::{KeyEventState, MouseEvent};
-    use vramctl_core::analysis::IdleState;
     use vramctl_core::types::{DeviceState, ProcessActivity};
+    use vramctl_leaks::analysis::IdleState;
 
     use super::kill_flow::{KillDialog, KillResult, VERIFY_SAMPLES};
     use super::*;
@@ -772,7 +772,7 @@ mod tests {
     fn idle_is_the_analysis_evidence_and_no_activity_report_is_not_idle() {
         use vramctl_observe::verdict::{AnalysisJudge, Judge};
         let mut app = live();
-        let mut judge = AnalysisJudge::new(vramctl_core::analysis::LeakConfig::default()).unwrap();
+        let mut judge = AnalysisJudge::new(vramctl_leaks::analysis::LeakConfig::default()).unwrap();
         // Two processes on a shared, busy GPU; the driver's per-process list (as NVML's is
         // on an H200) names neither of them: that is no evidence that they are idle.
         let mut with_activity = |t: i64, active: &[u32]| {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ratatui::crossterm::event::{self as term, KeyEvent, MouseEvent};
 use vramctl_core::clock::{ClockTime, Timeline};
 use vramctl_core::types::Snapshot;
-use vramctl_core::{Backend, Sampler};
+use vramctl_gpu::{Backend, Sampler};
 
 use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
@@ -376,7 +376,7 @@ mod tests {
     fn idle_across_a_step(step_ms: i64) -> (Option<Idle>, usize) {
         use vramctl_observe::verdict::{AnalysisJudge, Judge};
         let mut judge =
-            AnalysisJudge::new(vramctl_core::analysis::LeakConfig::default()).expect("judge");
+            AnalysisJudge::new(vramctl_leaks::analysis::LeakConfig::default()).expect("judge");
         let mut app = App::new(AppConfig::default());
         app.update(Event::Resize(120, 40));
         let mut timeline = Timeline::new();

@@ -11,7 +11,7 @@ use vramctl_core::types::{
     DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading, ProcessKind,
     ProcessUsage, Snapshot,
 };
-use vramctl_core::{Backend, NvmlBackend, Sampler};
+use vramctl_gpu::{Backend, NvmlBackend, Sampler};
 
 use vramctl_observe::observation::{HostProcess, Observation};
 
@@ -201,7 +201,7 @@ pub fn from_scenario(name: &str, times_s: &[f64]) -> Vec<Arc<Observation>> {
 /// `observations` with the verdicts of the live analysis (`AnalysisJudge` with `cfg`), each
 /// judged in turn as the sampler thread does.
 pub fn judged(
-    cfg: vramctl_core::analysis::LeakConfig,
+    cfg: vramctl_leaks::analysis::LeakConfig,
     observations: &[Arc<Observation>],
 ) -> Vec<Arc<Observation>> {
     judged_in(cfg, observations, jiff::tz::TimeZone::UTC)
@@ -209,7 +209,7 @@ pub fn judged(
 
 /// [`judged`], the verdicts' times in `tz`.
 pub fn judged_in(
-    cfg: vramctl_core::analysis::LeakConfig,
+    cfg: vramctl_leaks::analysis::LeakConfig,
     observations: &[Arc<Observation>],
     tz: jiff::tz::TimeZone,
 ) -> Vec<Arc<Observation>> {

@@ -174,9 +174,9 @@ fn leak_flagged_with_its_numbers() {
 fn top_shows_times_in_the_zone_it_was_given() {
     // top printed UTC whatever --tz or TZ said; now its header, charts and verdicts speak
     // the zone given, named once in the header.
-    let cfg = vramctl_core::analysis::LeakConfig {
+    let cfg = vramctl_leaks::analysis::LeakConfig {
         idle_for: std::time::Duration::from_secs(300),
-        ..vramctl_core::analysis::LeakConfig::default()
+        ..vramctl_leaks::analysis::LeakConfig::default()
     };
     let paris = jiff::tz::TimeZone::get("Europe/Paris").unwrap();
     let observations = super::fixtures::judged_in(
@@ -205,9 +205,9 @@ fn top_shows_times_in_the_zone_it_was_given() {
 
 #[test]
 fn verdict_flags_from_the_live_analysis() {
-    let cfg = vramctl_core::analysis::LeakConfig {
+    let cfg = vramctl_leaks::analysis::LeakConfig {
         idle_for: std::time::Duration::from_secs(300),
-        ..vramctl_core::analysis::LeakConfig::default()
+        ..vramctl_leaks::analysis::LeakConfig::default()
     };
     let observations =
         super::fixtures::judged(cfg, &from_scenario("h200-training.toml", &every_5s(600)));
@@ -529,7 +529,7 @@ fn no_color_draws_no_colour_and_color_does() {
 /// figures, the second with an agent whose framework cannot say its cache, the third
 /// without an agent, and so on.
 fn with_agents(observations: &[Arc<Observation>]) -> Vec<Arc<Observation>> {
-    use vramctl_core::agent_client::AgentMemory;
+    use vramctl_agent::agent_client::AgentMemory;
     let figures = [
         Some(AgentMemory {
             allocated_bytes: Some(1 << 30),

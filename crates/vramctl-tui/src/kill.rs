@@ -8,7 +8,7 @@
 //! from the samples that follow, not by the killer (the NVML session is the sampler's); the
 //! UI then tells the killer ([`Killer::memory_outcome`]) for the audit record.
 //!
-//! [`SignalKiller`] is the killer of `top`: `vramctl_core::signal` (`inspect`, `execute`)
+//! [`SignalKiller`] is the killer of `top`: `vramctl_procs::signal` (`inspect`, `execute`)
 //! with the audit sink of `vramctl kill`. [`Actions`] wraps the killer and refuses
 //! everything in a `--readonly` session, at the point of action — not only in the key
 //! handling.
@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 pub use crate::SinkOpener;
 use crate::reclaim::{ReclaimOutcome, ReclaimTarget, Reclaimer};
-use vramctl_core::audit_record::AuditOutcome;
 use vramctl_core::clock::SystemClock;
-use vramctl_core::procinfo::ProcReader;
-use vramctl_core::signal::{
+use vramctl_procs::audit_record::AuditOutcome;
+use vramctl_procs::procinfo::ProcReader;
+use vramctl_procs::signal::{
     self, Actor, AuditId, AuditSink, KillRequest, Provenance, Refusal, Target, TargetOutcome,
 };
 
@@ -509,7 +509,7 @@ mod tests {
     impl AuditSink for SharedLog {
         fn before(
             &mut self,
-            record: &vramctl_core::audit_record::AuditRecord,
+            record: &vramctl_procs::audit_record::AuditRecord,
         ) -> Result<AuditId, signal::AuditError> {
             self.0.lock().unwrap().before(record)
         }

@@ -49,7 +49,7 @@ pub mod view;
 /// Here, not in `kill`, so that `reclaim` names it without naming `kill`'s file, which
 /// names `reclaim`'s.
 pub type SinkOpener =
-    Box<dyn FnMut() -> Result<Box<dyn vramctl_core::signal::AuditSink + Send>, String> + Send>;
+    Box<dyn FnMut() -> Result<Box<dyn vramctl_procs::signal::AuditSink + Send>, String> + Send>;
 
 #[cfg(test)]
 mod fixtures;

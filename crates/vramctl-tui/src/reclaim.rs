@@ -1,4 +1,4 @@
-//! Reclaiming the selected process's cache: the seam to `vramctl_core::reclaim`.
+//! Reclaiming the selected process's cache: the seam to `vramctl_agent::reclaim`.
 //!
 //! The UI builds a [`ReclaimTarget`] from what it shows; a [`Reclaimer`] asks the process's
 //! agent to release its framework's cache. It runs on the action worker
@@ -9,10 +9,10 @@
 //! NVML session is the sampler's): the figures it reports are the framework's, from the
 //! agent's answer; NVML's drop shows at the next samples.
 
-use vramctl_core::agent_client::Timeouts;
-use vramctl_core::procinfo::{self, ProcReader};
-use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimRequest, Selection};
-use vramctl_core::signal::{Actor, AuditSink};
+use vramctl_agent::agent_client::Timeouts;
+use vramctl_agent::reclaim::{self, ProcessReclaim, ReclaimRequest, Selection};
+use vramctl_procs::procinfo::{self, ProcReader};
+use vramctl_procs::signal::{Actor, AuditSink};
 
 use crate::SinkOpener;
 use crate::format;
@@ -165,7 +165,7 @@ impl Reclaimer for AgentReclaimer {
         };
         let request = ReclaimRequest {
             selection: Selection::Pids(vec![target.pid]),
-            options: vramctl_core::agent_client::ReclaimOptions::default(),
+            options: vramctl_agent::agent_client::ReclaimOptions::default(),
             timeouts: self.timeouts,
             reason: "vramctl top: reclaim key".to_owned(),
         };
@@ -242,8 +242,8 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use vramctl_core::audit_record::{AuditOutcome, AuditRecord};
-    use vramctl_core::signal::{AuditError, AuditId, MemoryAuditLog};
+    use vramctl_procs::audit_record::{AuditOutcome, AuditRecord};
+    use vramctl_procs::signal::{AuditError, AuditId, MemoryAuditLog};
 
     use super::*;
     use crate::kill::{Actions, KillOutcome, READONLY_REASON, RecordingKiller};

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::audit_record::{AuditOutcome, AuditRecord};
-use vramctl_core::signal::{AuditError, AuditId, AuditSink};
+use vramctl_procs::audit_record::{AuditOutcome, AuditRecord};
+use vramctl_procs::signal::{AuditError, AuditId, AuditSink};
 use vramctl_store::{OpenMode, Store};
 
 use crate::cli::GlobalArgs;
@@ -213,7 +213,7 @@ impl JsonlAuditLog {
 
 #[cfg(test)]
 mod tests {
-    use vramctl_core::procinfo::ProcessIdentity;
+    use vramctl_procs::procinfo::ProcessIdentity;
     use vramctl_store::TimeRange;
 
     use super::*;

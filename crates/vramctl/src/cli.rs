@@ -135,7 +135,7 @@ impl Cli {
         self.global.nvml_lib = nvml
             .or_else(|| self.global.nvml_lib.take())
             .or_else(|| from_env("VRAMCTL_NVML_LIB"));
-        self.global.drm_root = from_env(vramctl_core::backend::drm::ROOT_ENV);
+        self.global.drm_root = from_env(vramctl_gpu::backend::drm::ROOT_ENV);
         // `--json` is the JSON `--format`, where a command has both.
         match &mut self.command {
             Command::History(a) if a.json => a.format = HistoryFormat::Json,
@@ -1195,7 +1195,7 @@ pub struct KillArgs {
     /// Signal to send first (TERM, INT, HUP, QUIT, USR1, USR2, KILL or a number)
     #[arg(short, long, value_name = "SIG", default_value = "TERM",
           value_parser = clap::builder::ValueParser::new(parse_signal))]
-    pub signal: vramctl_core::signal::Signal,
+    pub signal: vramctl_procs::signal::Signal,
 
     /// How long to wait for the process to exit before sending SIGKILL (e.g. 10s, 1m)
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
@@ -1963,7 +1963,7 @@ pub struct ReapArgs {
     /// Signal to send first (TERM, INT, HUP, QUIT, USR1, USR2, KILL or a number)
     #[arg(short, long, value_name = "SIG", default_value = "TERM",
           value_parser = clap::builder::ValueParser::new(parse_signal))]
-    pub signal: vramctl_core::signal::Signal,
+    pub signal: vramctl_procs::signal::Signal,
 
     /// How long to wait for a process to exit before sending SIGKILL (e.g. 10s, 1m)
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = wait)]
@@ -2227,9 +2227,9 @@ fn gpu_target(text: &str) -> Result<GpuTarget, String> {
     }
 }
 
-fn parse_signal(text: &str) -> Result<vramctl_core::signal::Signal, String> {
+fn parse_signal(text: &str) -> Result<vramctl_procs::signal::Signal, String> {
     text.parse()
-        .map_err(|e: vramctl_core::signal::UnknownSignal| e.to_string())
+        .map_err(|e: vramctl_procs::signal::UnknownSignal| e.to_string())
 }
 
 #[cfg(test)]

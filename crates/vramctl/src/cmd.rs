@@ -27,10 +27,10 @@ pub mod status;
 pub mod top;
 
 use anyhow::{anyhow, bail};
-use vramctl_core::analysis::LeakConfig;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time;
 use vramctl_history::sample_source::{self, Source, SourceKind, Window};
+use vramctl_leaks::analysis::LeakConfig;
 use vramctl_observe::daemon_socket::client::AskOptions;
 use vramctl_observe::live_loop::LiveSampler;
 use vramctl_observe::live_source::LiveSource;

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use vramctl_core::InitError;
+use vramctl_gpu::InitError;
 
 /// The documented exit codes (also in `vramctl --help`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

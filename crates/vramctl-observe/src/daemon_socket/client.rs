@@ -8,9 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use vramctl_core::local_socket::client::Client;
-use vramctl_core::local_socket::{Reply, search_dirs};
-use vramctl_core::procinfo::{self, PidNamespace};
+use vramctl_agent::local_socket::client::Client;
+use vramctl_agent::local_socket::{Reply, search_dirs};
+use vramctl_procs::procinfo::{self, PidNamespace};
 
 use super::{
     CLIENT_TIMEOUT, MAX_REPLY_BYTES, PROTOCOL, Request, SERVICE, SOCKET_FILE, SampleReply,

@@ -31,12 +31,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::live_loop::LiveSampler;
 use crate::observation::Observer;
-use vramctl_core::Backend;
-use vramctl_core::local_socket::server::{Handler, Server, ServiceConfig};
-use vramctl_core::local_socket::{ErrorReply, Greeting, Peer, error_line, ok_line, own_dir};
-use vramctl_core::process_catalog::{FactsSource, RefreshPolicy, listed_pids};
-use vramctl_core::procinfo::{PidNamespace, ProcessDetails};
+use vramctl_agent::local_socket::server::{Handler, Server, ServiceConfig};
+use vramctl_agent::local_socket::{ErrorReply, Greeting, Peer, error_line, ok_line, own_dir};
 use vramctl_core::types::Snapshot;
+use vramctl_gpu::Backend;
+use vramctl_procs::process_catalog::{FactsSource, RefreshPolicy, listed_pids};
+use vramctl_procs::procinfo::{PidNamespace, ProcessDetails};
 
 use super::{
     MAX_CONNECTIONS, MAX_REPLY_BYTES, MAX_REQUEST_BYTES, PROTOCOL, Request, SERVER_TIMEOUT,

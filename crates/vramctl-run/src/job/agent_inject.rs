@@ -8,8 +8,8 @@ use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use vramctl_core::agent_client::Stats;
-use vramctl_core::agent_package;
+use vramctl_agent::agent_client::Stats;
+use vramctl_agent::agent_package;
 
 /// The directories of one supervised job; removed when dropped.
 #[derive(Debug)]

@@ -265,7 +265,7 @@ impl MemoryCurve {
 }
 
 fn command_of(pid: u32) -> Option<String> {
-    let command = vramctl_core::procinfo::read_cmdline(pid)?;
+    let command = vramctl_procs::procinfo::read_cmdline(pid)?;
     (!command.is_empty()).then(|| vramctl_core::command_line::abbreviate(&command, 80))
 }
 

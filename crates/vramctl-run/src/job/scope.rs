@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::process::{Pid, PidfdFlags, Signal};
-use vramctl_core::procinfo;
+use vramctl_procs::procinfo;
 
 /// The hidden subcommand of the guard process (`main.rs` dispatches it before the command
 /// line is parsed).

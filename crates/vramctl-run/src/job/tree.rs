@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use vramctl_core::procinfo;
+use vramctl_procs::procinfo;
 
 /// Membership of PIDs in the tree rooted at `root` (the supervisor itself).
 #[derive(Debug)]

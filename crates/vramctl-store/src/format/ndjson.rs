@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use serde_json::{Value, json};
-use vramctl_core::audit_record::AuditRecord;
+use vramctl_procs::audit_record::AuditRecord;
 
 use super::input::Input;
 use super::{ImportError, Rows, rfc3339, shown};

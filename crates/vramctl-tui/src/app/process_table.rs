@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::layout::{Position, Rect};
-use vramctl_core::analysis::IdleState;
+use vramctl_leaks::analysis::IdleState;
 
 use super::effect::Reply;
 use crate::memory_series::SeriesKey;

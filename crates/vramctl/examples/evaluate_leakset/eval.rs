@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::analysis::{LeakConfig, Verdict};
+use vramctl_leaks::analysis::{LeakConfig, Verdict};
 
 use super::batch::Vramctl;
 use super::labels::{Half, HalfArg, Workload};

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
-use vramctl_core::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
-use vramctl_core::analysis::{Cadence, LeakConfig, SeriesReport, Verdict};
+use vramctl_leaks::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
+use vramctl_leaks::analysis::{Cadence, LeakConfig, SeriesReport, Verdict};
 
 use super::replay::{FactsReplay, Recording};
 

@@ -38,7 +38,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use clap::Parser;
 use jiff::tz::TimeZone;
-use vramctl_core::analysis::LeakConfig;
+use vramctl_leaks::analysis::LeakConfig;
 
 use crate::batch::Vramctl;
 use crate::eval::{Report, Settings};

@@ -35,10 +35,10 @@ pub fn gates(change: &Change) -> String {
 /// not pass (what kept it from being a leak).
 fn why(change: &Change) -> String {
     match change.verdict {
-        vramctl_core::analysis::Verdict::Leak => {
+        vramctl_leaks::analysis::Verdict::Leak => {
             format!("rule {}", change.rule.as_deref().unwrap_or("?"))
         }
-        vramctl_core::analysis::Verdict::Growing => gates(change),
+        vramctl_leaks::analysis::Verdict::Growing => gates(change),
         _ => String::new(),
     }
 }

@@ -13,11 +13,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use vramctl_core::analysis::live::ProcessFacts;
 use vramctl_core::types::{
     DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading,
     ProcessActivity, ProcessKind, ProcessUsage, Snapshot,
 };
+use vramctl_procs::procinfo::ProcessFacts;
 use vramctl_store::{
     DeviceRecord, DeviceSample, DeviceSampleState, Metric, Observed, OpenMode, ProcessList,
     ProcessOnDevice, ProcessRecord, ProcessSample, SessionInfo, Store, TickSample, TimeRange,

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use vramctl_core::analysis::Verdict;
+use vramctl_leaks::analysis::Verdict;
 
 use super::labels::{Half, Truth, Workload};
 use super::live::{Change, SeriesId, Timeline};

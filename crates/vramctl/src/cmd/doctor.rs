@@ -5,11 +5,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::InitError;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_doctor::{
     DriverFacts, Facts, Finding, HolderFacts, NoDriver, Status, collect, python_env,
 };
+use vramctl_gpu::InitError;
 use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::open_sampler;

@@ -78,7 +78,7 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
         .map(|(info, result)| {
             let (state, error, diagnostics) = match result {
                 Ok(d) => ("ok", None, Some(d)),
-                Err(vramctl_core::DeviceError::Lost(e)) => ("lost", Some(e), None),
+                Err(vramctl_gpu::DeviceError::Lost(e)) => ("lost", Some(e), None),
                 Err(e) => ("error", Some(e.to_string()), None),
             };
             DeviceInfoReport {
@@ -101,7 +101,7 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
                 diagnostics,
                 mig_instances: info.mig_instances.clone(),
                 amdgpu_memory_bytes: if info.uuid.starts_with("PCI-1002-") {
-                    vramctl_core::backend::drm::amdgpu_extra_memory(&info, &drm_root)
+                    vramctl_gpu::backend::drm::amdgpu_extra_memory(&info, &drm_root)
                         .into_iter()
                         .collect()
                 } else {

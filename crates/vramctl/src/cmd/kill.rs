@@ -2,7 +2,7 @@
 //! their GPU memory was released, and say who still holds it when it was not.
 //!
 //! The signalling itself (refusals, pidfd, identity re-check, audit, escalation) is
-//! `vramctl_core::signal`; `docs/kill.md` is the safety model. This command plans (who, with
+//! `vramctl_procs::signal`; `docs/kill.md` is the safety model. This command plans (who, with
 //! which descendants, what is refused), asks, signals, then samples NVML until every device
 //! shows the memory gone or `--timeout` passes.
 
@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Serialize;
 use vramctl_core::clock::{Clock, SystemClock};
-use vramctl_core::procinfo::{self, ProcReader};
-use vramctl_core::signal::{
+use vramctl_core::untrusted::Untrusted;
+use vramctl_procs::procinfo::{self, ProcReader};
+use vramctl_procs::signal::{
     self, Actor, Candidate, KillRequest, Provenance, Refusal, Target, TargetReport,
 };
-use vramctl_core::untrusted::Untrusted;
 use vramctl_store::format::rfc3339;
 
 use super::open_sampler;

@@ -1,6 +1,6 @@
 //! `vramctl leaks`: leak and idle-holder verdicts per process, with the numbers behind them.
 //!
-//! Three sources, one analysis (`vramctl_core::analysis`, method in `docs/leaks.md`):
+//! Three sources, one analysis (`vramctl_leaks::analysis`, method in `docs/leaks.md`):
 //! - the history database (`--db`): by default the 24 hours before its last sample;
 //! - log files given as arguments (nvidia-smi `--query-gpu` / `--query-compute-apps` CSV,
 //!   vramctl NDJSON): read by the store's importers into an in-memory database, so nothing
@@ -19,13 +19,13 @@ use std::io::Write;
 use anyhow::Context;
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl_core::analysis::{
-    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
-    SeriesReport, Steadiness, TrendTest, Verdict, explain,
-};
 use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_history::leak_scan::{Finding, analyse, device_label, short_command};
 use vramctl_history::sample_source::{Source, SourceKind};
+use vramctl_leaks::analysis::{
+    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
+    SeriesReport, Steadiness, TrendTest, Verdict, explain,
+};
 use vramctl_store::format::rfc3339;
 
 use super::{leak_config, open_source};

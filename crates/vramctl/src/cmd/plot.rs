@@ -10,8 +10,8 @@
 use std::io::Write;
 
 use anyhow::{Context, bail};
-use vramctl_core::analysis::Verdict;
 use vramctl_core::wall_time::{clock, same_day, zone_label};
+use vramctl_leaks::analysis::Verdict;
 use vramctl_observe::units;
 
 use vramctl_history::history_chart::plot_panels;

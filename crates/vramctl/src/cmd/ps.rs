@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use regex::Regex;
 use serde::Serialize;
-use vramctl_core::agent_client::{self, AgentMemory};
+use vramctl_agent::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_core::untrusted::Untrusted;
 use vramctl_observe::live_source::ProcessLookup;
+use vramctl_procs::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
 use vramctl_store::format::rfc3339;
 
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
@@ -345,7 +345,7 @@ fn build(
 /// The pidfs id of the process `pid` that started at `start_time_ticks`: pinned first, then
 /// its start time read again, so the id is not another process's that took the PID since.
 fn pidfd_id_of(pid: u32, start_time_ticks: u64) -> Option<u64> {
-    let handle = vramctl_core::signal::PidHandle::pin(pid).ok()?;
+    let handle = vramctl_procs::signal::PidHandle::pin(pid).ok()?;
     let same = procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start_time_ticks);
     (same && !handle.has_exited())
         .then(|| handle.pidfd_id())

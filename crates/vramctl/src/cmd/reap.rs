@@ -2,8 +2,8 @@
 //!
 //! The command settles its arguments into `vramctl_free`'s `ReapConfig`, runs the engine
 //! (`vramctl_free::engine`: one pass of observe → evidence → decide → act → audit) once or
-//! as a loop, with the real executor below (signals through `vramctl_core::signal`, agents
-//! asked through `vramctl_core::reclaim`, both audited to the audit log), and prints each
+//! as a loop, with the real executor below (signals through `vramctl_procs::signal`, agents
+//! asked through `vramctl_agent::reclaim`, both audited to the audit log), and prints each
 //! pass's report.
 //!
 //! Once, or as a loop (`--every`) that samples at `--interval` between rounds and stops
@@ -17,12 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use jiff::tz::TimeZone;
-use vramctl_core::Backend;
-use vramctl_core::analysis::human_duration;
+use vramctl_agent::reclaim::{ProcessReclaim, ReclaimRequest};
 use vramctl_core::clock::{ManualClock, SystemClock};
-use vramctl_core::procinfo::{self, ProcReader};
-use vramctl_core::reclaim::{ProcessReclaim, ReclaimRequest};
-use vramctl_core::signal::{self, Actor, Candidate, KillRequest, Provenance, Refusal};
 use vramctl_core::types::Snapshot;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::zone as time_zone;
@@ -34,12 +30,16 @@ use vramctl_free::memory_release::{
     ended_pids, record_memory_outcomes, release_lines, still_held, verify_release,
 };
 use vramctl_free::policy::{self, PolicyFlags};
+use vramctl_gpu::Backend;
+use vramctl_leaks::analysis::human_duration;
 use vramctl_observe::gpu_holdings::GpuHolding;
 use vramctl_observe::gpu_selection::GpuFilter;
 use vramctl_observe::live_loop::{
     LiveSampler, clock_of, open_backend, sampler_on, stop_signals, wait_next_tick,
 };
 use vramctl_observe::units;
+use vramctl_procs::procinfo::{self, ProcReader};
+use vramctl_procs::signal::{self, Actor, Candidate, KillRequest, Provenance, Refusal};
 
 use super::db_path;
 use crate::audit_sink::{AuditLog, open_log};
@@ -225,7 +225,7 @@ impl ReapExecutor for Executor {
     fn reclaim(&mut self, request: &ReclaimRequest) -> Vec<ProcessReclaim> {
         match self.audit.as_mut() {
             Some(audit) => {
-                vramctl_core::reclaim::reclaim(&mut self.sampler, request, audit).processes
+                vramctl_agent::reclaim::reclaim(&mut self.sampler, request, audit).processes
             }
             // As in `terminate`: the engine never gets here without the audit log.
             None => Vec::new(),

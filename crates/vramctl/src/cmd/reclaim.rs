@@ -1,13 +1,13 @@
-//! `vramctl reclaim`: a thin shell over `vramctl_core::reclaim` (the agents' client, NVML
+//! `vramctl reclaim`: a thin shell over `vramctl_agent::reclaim` (the agents' client, NVML
 //! before and after, the audit): flags in, the report out as text or JSON, the exit code.
 
 use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::agent_client::{ReclaimOptions, Timeouts};
-use vramctl_core::reclaim::{self, ProcessReclaim, ReclaimReport, ReclaimRequest, Selection};
-use vramctl_core::signal::{AuditSink, MemoryAuditLog};
+use vramctl_agent::agent_client::{ReclaimOptions, Timeouts};
+use vramctl_agent::reclaim::{self, ProcessReclaim, ReclaimReport, ReclaimRequest, Selection};
+use vramctl_procs::signal::{AuditSink, MemoryAuditLog};
 
 use super::open_sampler;
 use crate::audit_sink::open_sink;
@@ -228,7 +228,7 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
 
 /// The agent's outcome in words. A dry run releases nothing, whatever the agent's outcome
 /// names (it sums what `empty_cache` would return as if released): what would happen.
-fn outcome_words(a: &vramctl_core::agent_client::ReclaimAnswer, dry_run: bool) -> String {
+fn outcome_words(a: &vramctl_agent::agent_client::ReclaimAnswer, dry_run: bool) -> String {
     if !dry_run {
         return a.outcome.replace('_', " ");
     }
@@ -245,7 +245,7 @@ fn outcome_words(a: &vramctl_core::agent_client::ReclaimAnswer, dry_run: bool) -
 }
 
 /// What `--deep` dropped from the shell, and what `gc.collect()` found after it.
-fn render_deep(a: &vramctl_core::agent_client::ReclaimAnswer) -> Vec<String> {
+fn render_deep(a: &vramctl_agent::agent_client::ReclaimAnswer) -> Vec<String> {
     let Some(deep) = &a.deep else {
         return Vec::new();
     };

@@ -34,14 +34,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
-use vramctl_core::Backend;
-use vramctl_core::agent_poll;
+use vramctl_agent::agent_poll;
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
-use vramctl_core::process_catalog::FactsSource;
-use vramctl_core::sampler::SessionHealth;
+use vramctl_gpu::Backend;
+use vramctl_gpu::sampler::SessionHealth;
 use vramctl_observe::daemon_socket::server::{
     self as socket, DaemonSettings, DaemonSocket, SharedSampler,
 };
+use vramctl_procs::process_catalog::FactsSource;
 use vramctl_store::{OpenMode, Retention, Store, TickSample, add_agent_figures, device_samples};
 
 use vramctl_observe::live_loop::{
@@ -154,7 +154,7 @@ struct Recorder<'a> {
     health: SessionHealth,
     procs: Procs,
     /// What /proc says about the GPU processes (its catalog read through by `procs`), and
-    /// their agents, asked every 10 s of the snapshots' time (`vramctl_core::agent_poll`),
+    /// their agents, asked every 10 s of the snapshots' time (`vramctl_agent::agent_poll`),
     /// not every tick.
     observer: Observer,
 }

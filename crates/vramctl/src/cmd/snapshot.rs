@@ -1,13 +1,13 @@
 //! `vramctl snapshot`: with FILE, a thin shell over `vramctl_snapshot` (read, summarize,
-//! print); with --pid, over `vramctl_core::allocator_snapshot` (checks of the path, the
+//! print); with --pid, over `vramctl_agent::allocator_snapshot` (checks of the path, the
 //! agent's `snapshot`): flags in, where the file is and its size out, the exit code.
 
 use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::agent_client::HistoryRecord;
-use vramctl_core::allocator_snapshot::{self, SnapshotReport, SnapshotRequest};
+use vramctl_agent::agent_client::HistoryRecord;
+use vramctl_agent::allocator_snapshot::{self, SnapshotReport, SnapshotRequest};
 use vramctl_core::untrusted::Untrusted;
 
 use crate::cli::{RecordAction, SnapshotAction, SnapshotArgs, SnapshotDiffArgs, TopBy};

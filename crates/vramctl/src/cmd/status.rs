@@ -21,8 +21,8 @@ use std::time::Instant;
 use anyhow::{Context, anyhow, bail};
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl_core::agent_client::{self, AgentMemory, Stats};
-use vramctl_core::agent_poll;
+use vramctl_agent::agent_client::{self, AgentMemory, Stats};
+use vramctl_agent::agent_poll;
 use vramctl_core::clock::ManualClock;
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::{

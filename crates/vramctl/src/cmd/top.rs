@@ -23,10 +23,10 @@ use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use vramctl_core::procinfo;
 use vramctl_core::types::DeviceInfo;
 use vramctl_observe::daemon_socket::client::{AskOptions, ask};
 use vramctl_observe::verdict::AnalysisJudge;
+use vramctl_procs::procinfo;
 use vramctl_store::StoreError;
 use vramctl_tui::app::{App, AppConfig, Effect, TICK_MS};
 use vramctl_tui::event::{

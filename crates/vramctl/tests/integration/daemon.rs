@@ -205,7 +205,7 @@ fn status_and_ps_through_a_record_daemon_match_nvml_here_byte_for_byte() {
     let group_exists = std::fs::read_to_string("/etc/group").is_ok_and(|groups| {
         groups
             .lines()
-            .any(|l| l.split(':').next() == Some(vramctl_core::local_socket::SYSTEM_GROUP))
+            .any(|l| l.split(':').next() == Some(vramctl_agent::local_socket::SYSTEM_GROUP))
     });
     let expected = if is_root() && group_exists {
         0o660

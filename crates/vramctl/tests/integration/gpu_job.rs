@@ -137,7 +137,7 @@ fn in_child_mode_the_memory_belongs_to_the_child_pid() {
     };
     let child: u32 = name.parse().expect("a pid");
     assert_ne!(child, parent.pid());
-    let stat = vramctl_core::procinfo::read_stat(child).expect("the child lives");
+    let stat = vramctl_procs::procinfo::read_stat(child).expect("the child lives");
     assert_eq!(stat.ppid, parent.pid());
     assert_eq!(*text, format!("0 {}\n", 612 * MIB));
     // The parent forwards SIGTERM to its child and exits with the child's status.

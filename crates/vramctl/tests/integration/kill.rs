@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-use vramctl_core::audit_record::AuditOutcome;
+use vramctl_procs::audit_record::AuditOutcome;
 
 use crate::harness::{Portable, redactions, vramctl_std};
 use crate::real_processes::{
@@ -251,7 +251,7 @@ fn without_tree_the_children_are_left_alone() {
     let scenario = Scenario::new(1, &[Holder::real(0, t.root.pid(), "4 GiB")]);
     let out = output(&mut kill(&scenario, &["--yes", &t.root.pid().to_string()]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(vramctl_core::signal::PidHandle::pin(t.grandchild).is_ok_and(|h| !h.has_exited()));
+    assert!(vramctl_procs::signal::PidHandle::pin(t.grandchild).is_ok_and(|h| !h.has_exited()));
     // Tidy: the orphans are not our children.
     let _ = Command::new("kill")
         .args([t.middle.to_string(), t.grandchild.to_string()])
@@ -263,7 +263,7 @@ fn refusals_come_first_and_each_has_a_reason() {
     // vramctl's parent is this test process. PID 2 is named only where it is a kernel
     // thread (kthreadd): elsewhere (a container) it may be a process that --yes would end.
     let parent = std::process::id().to_string();
-    let kthreadd = vramctl_core::procinfo::read_stat(2).is_ok_and(|s| s.is_kernel_thread());
+    let kthreadd = vramctl_procs::procinfo::read_stat(2).is_ok_and(|s| s.is_kernel_thread());
     let mut args = vec!["--yes", "0", "1", "4294967295", &parent, "4194304"];
     if kthreadd {
         args.push("2");
@@ -322,7 +322,7 @@ fn vramctl_refuses_itself() {
 fn a_reused_pid_is_refused() {
     let target = sleeper();
     let pid = target.pid();
-    let start = vramctl_core::procinfo::read_stat(pid)
+    let start = vramctl_procs::procinfo::read_stat(pid)
         .unwrap()
         .start_time_ticks;
     let scenario = Scenario::new(1, &[Holder::real(0, pid, "1 GiB")]);
@@ -641,10 +641,10 @@ fn kill_never_signals_a_reused_pid() {
     for _ in 0..50 {
         let mut first = sleeper();
         let pid = first.pid();
-        let start = vramctl_core::procinfo::read_stat(pid)
+        let start = vramctl_procs::procinfo::read_stat(pid)
             .unwrap()
             .start_time_ticks;
-        let id = vramctl_core::signal::PidHandle::pin(pid)
+        let id = vramctl_procs::signal::PidHandle::pin(pid)
             .ok()
             .and_then(|h| h.pidfd_id());
         first.child.kill().expect("kill");
@@ -660,7 +660,7 @@ fn kill_never_signals_a_reused_pid() {
             continue;
         };
         let same_tick =
-            vramctl_core::procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start);
+            vramctl_procs::procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start);
         let done = same_tick || id.is_none();
         case = Some((pid, start, id, bystander, same_tick));
         if done {

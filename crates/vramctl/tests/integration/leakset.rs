@@ -24,7 +24,7 @@ mod sources;
 use std::path::Path;
 use std::time::Duration;
 
-use vramctl_core::analysis::{LeakConfig, Verdict};
+use vramctl_leaks::analysis::{LeakConfig, Verdict};
 use vramctl_store::{
     DeviceMeta, DeviceSample, DeviceSampleState, Metric, Observed, OpenMode, ProcessKey,
     ProcessList, ProcessMeta, ProcessOnDevice, ProcessSample, Store, TickSample,

@@ -159,7 +159,7 @@ fn real_processes_tree() {
     assert_eq!(list[2]["gpus"], serde_json::json!([]));
     assert_eq!(list[3]["tree_parent"], t.middle);
     assert_eq!(list[1]["children"], serde_json::json!([t.middle]));
-    let my_uid = vramctl_core::procinfo::read_status(std::process::id())
+    let my_uid = vramctl_procs::procinfo::read_status(std::process::id())
         .unwrap()
         .uid_real
         .unwrap();
@@ -216,7 +216,7 @@ fn filters_and_sorting() {
     assert_eq!(pids(&ps(&["--min-mem", "2GiB"])), min_mem);
     assert_eq!(pids(&ps(&["--gpu", "1"])), [b]);
     assert_eq!(pids(&ps(&["--match", "^sleep"])), [b, s]);
-    let me = vramctl_core::procinfo::read_status(std::process::id())
+    let me = vramctl_procs::procinfo::read_status(std::process::id())
         .unwrap()
         .uid_real
         .unwrap()
@@ -331,7 +331,7 @@ fn user_filter_lists_another_users_processes_and_counts_the_rest() {
     let Some(user) = TestUser::create(&name) else {
         return;
     };
-    let uid = vramctl_core::procinfo::uid_of_user(&user.0).expect("the new user's uid");
+    let uid = vramctl_procs::procinfo::uid_of_user(&user.0).expect("the new user's uid");
     let hers =
         crate::real_processes::spawn(std::process::Command::new("sleep").arg("600").uid(uid));
     let mine = sleeper();

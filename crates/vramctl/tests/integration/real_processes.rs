@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use vramctl_core::signal::PidHandle;
+use vramctl_procs::signal::PidHandle;
 
 /// A child process that is killed and reaped when dropped, whatever the test did, with
 /// every process it started: each child leads a process group of its own, and dropping it
@@ -113,7 +113,7 @@ pub fn tree() -> Tree {
         }
     }
     let grandchild = grandchild.expect("read above");
-    let middle = vramctl_core::procinfo::read_stat(grandchild)
+    let middle = vramctl_procs::procinfo::read_stat(grandchild)
         .expect("grandchild")
         .ppid;
     Tree {
@@ -219,7 +219,7 @@ pub fn audit_rows(db: &Path) -> Vec<vramctl_store::AuditRow> {
 
 /// Whether this test runs as root (needed to create another user's process).
 pub fn is_root() -> bool {
-    vramctl_core::procinfo::read_status(std::process::id())
+    vramctl_procs::procinfo::read_status(std::process::id())
         .ok()
         .and_then(|s| s.uid_effective)
         == Some(0)
@@ -256,11 +256,11 @@ pub fn unused_pids(n: usize) -> Vec<u32> {
 
 /// This test's user name (or uid), for snapshot filters.
 pub fn my_user() -> String {
-    let uid = vramctl_core::procinfo::read_status(std::process::id())
+    let uid = vramctl_procs::procinfo::read_status(std::process::id())
         .ok()
         .and_then(|s| s.uid_real)
         .expect("our uid");
-    vramctl_core::procinfo::ProcReader::new()
+    vramctl_procs::procinfo::ProcReader::new()
         .user_name(uid)
         .unwrap_or_else(|| uid.to_string())
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-use vramctl_core::audit_record::AuditOutcome;
+use vramctl_procs::audit_record::AuditOutcome;
 
 use crate::harness::{redactions, vramctl_std};
 use crate::real_processes::{Spawned, audit_rows, my_user, sleeper};

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vramctl_core::remote_exec::{elf, helper};
+use vramctl_agent::remote_exec::{elf, helper};
 
 use crate::harness::vramctl_std;
 use crate::reclaim::scenario;

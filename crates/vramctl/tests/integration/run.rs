@@ -401,7 +401,7 @@ fn job_pids(file: &std::path::Path, n: usize) -> Vec<JobPid> {
             return pids
                 .into_iter()
                 .map(|pid| {
-                    let start = vramctl_core::procinfo::read_stat(pid)
+                    let start = vramctl_procs::procinfo::read_stat(pid)
                         .map(|s| s.start_time_ticks)
                         .unwrap_or(0);
                     (pid, start)
@@ -420,7 +420,7 @@ fn job_pids(file: &std::path::Path, n: usize) -> Vec<JobPid> {
 /// Whether the process is still running: there, with its start time, and not a zombie (a
 /// zombie has exited; only its PID is left for its parent, or init, to collect).
 fn still_running(&(pid, start): &JobPid) -> bool {
-    vramctl_core::procinfo::read_stat(pid)
+    vramctl_procs::procinfo::read_stat(pid)
         .is_ok_and(|s| s.start_time_ticks == start && !s.is_zombie())
 }
 
@@ -555,7 +555,7 @@ fn run_killed_with_sigkill_takes_its_job_with_it() {
             .iter()
             .copied()
             .find(|(pid, _)| {
-                vramctl_core::procinfo::read_stat(*pid).is_ok_and(|s| s.ppid == run.id())
+                vramctl_procs::procinfo::read_stat(*pid).is_ok_and(|s| s.ppid == run.id())
             })
             .expect("the command is run's child");
         let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", command.0))

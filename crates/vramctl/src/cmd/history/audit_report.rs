@@ -10,8 +10,8 @@ use std::io::Write;
 use anyhow::Context;
 use jiff::tz::TimeZone;
 use serde::Serialize;
-use vramctl_core::audit_record::AuditOutcome;
-use vramctl_core::procinfo::ProcessIdentity;
+use vramctl_procs::audit_record::AuditOutcome;
+use vramctl_procs::procinfo::ProcessIdentity;
 use vramctl_store::format::rfc3339;
 use vramctl_store::{AuditRow, TimeRange};
 
@@ -249,7 +249,7 @@ fn write(
 
 #[cfg(test)]
 mod tests {
-    use vramctl_core::audit_record::AuditRecord;
+    use vramctl_procs::audit_record::AuditRecord;
 
     use super::*;
 

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use serde::Serialize;
-use vramctl_core::Backend;
-use vramctl_core::analysis::live::{FleetConfig, SeriesKey};
-use vramctl_core::analysis::{LeakConfig, Verdict};
+use vramctl_gpu::Backend;
+use vramctl_leaks::analysis::live::{FleetConfig, SeriesKey};
+use vramctl_leaks::analysis::{LeakConfig, Verdict};
 use vramctl_observe::gpu_selection::GpuFilter;
 use vramctl_observe::live_loop::{clock_of, open_backend, sampler_on, simulated_clock};
 use vramctl_observe::observation::Observer;

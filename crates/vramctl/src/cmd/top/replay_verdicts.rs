@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use vramctl_core::analysis::LeakConfig;
+use vramctl_leaks::analysis::LeakConfig;
 use vramctl_observe::observation::Observation;
 use vramctl_observe::verdict::{ReplayJudge, Verdicts, verdict_of};
 use vramctl_store::{Store, TimeRange};
