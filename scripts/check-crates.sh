@@ -6,7 +6,7 @@
 #
 # Checks each published crate's file list (`cargo package --list`): no tests, benchmarks,
 # examples or test data, and what the code compiles in is there (the agent's Python
-# sources in vramctl-core, the chart font and build.rs in vramctl); fake-nvml is never
+# sources in vramctl-agent, the chart font and build.rs in vramctl); fake-nvml is never
 # published. Then `cargo package` packs the eight crates together (this cargo resolves
 # their dependencies on each other among the packed crates) and, unless --no-verify,
 # builds the packed vramctl as `cargo install vramctl` would build it from crates.io.
@@ -48,8 +48,8 @@ for crate in "${crates[@]}"; do
   grep -qE '^src/(lib|main).rs$' <<<"$list" || fail "$crate's list has neither src/lib.rs nor src/main.rs"
   echo "$crate: $(wc -l <<<"$list") files"
 done
-cargo package -p vramctl-core --list --allow-dirty 2>/dev/null | grep -qx 'agent-sources/_ops.py' ||
-  fail "vramctl-core would publish without the agent's sources (agent-sources/)"
+cargo package -p vramctl-agent --list --allow-dirty 2>/dev/null | grep -qx 'agent-sources/_ops.py' ||
+  fail "vramctl-agent would publish without the agent's sources (agent-sources/)"
 for file in build.rs assets/fonts/DejaVuSans-subset.ttf src/main.rs; do
   cargo package -p vramctl --list --allow-dirty 2>/dev/null | grep -qx "$file" || fail "vramctl would publish without $file"
 done

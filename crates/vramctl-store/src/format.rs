@@ -94,7 +94,7 @@ impl Default for ImportOptions {
         Self {
             format: None,
             strict: false,
-            tz: TimeZone::system(),
+            tz: vramctl_core::wall_time::system_zone(),
             columns: None,
             gpu: None,
         }
