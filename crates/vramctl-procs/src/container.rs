@@ -557,7 +557,10 @@ mod tests {
     const OTHER: &str = "fb586a2034754d4324e01f1a653c99495681c49780cf39389dd3b3fc6c4dc313";
     const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 
-    fn parsed(text: &str) -> (Option<ContainerRuntime>, Option<PodQos>, Option<u32>) {
+    /// Runtime, QoS and rootless owner, as parsed.
+    type Parsed = (Option<ContainerRuntime>, Option<PodQos>, Option<u32>);
+
+    fn parsed(text: &str) -> Parsed {
         let info = parse_cgroup(text);
         (info.runtime, info.pod_qos, info.rootless_uid)
     }
@@ -566,10 +569,7 @@ mod tests {
     fn cgroup_names_give_away_the_runtime_qos_and_rootless_owner() {
         use ContainerRuntime::*;
         let pod = UID.replace('-', "_");
-        let cases: Vec<(
-            String,
-            (Option<ContainerRuntime>, Option<PodQos>, Option<u32>),
-        )> = vec![
+        let cases: Vec<(String, Parsed)> = vec![
             (
                 format!("0::/system.slice/docker-{ID}.scope\n"),
                 (Some(Docker), None, None),
