@@ -108,15 +108,31 @@ pub struct ContainerInfo {
     pub pod_uid: Option<String>,
     /// The runtime the container's cgroup name gives away; `None` for a bare id whose
     /// parent names no runtime (the kubelet's cgroupfs driver under any CRI runtime).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<ContainerRuntime>,
     /// The pod's QoS class, when a pod UID was found.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_qos: Option<PodQos>,
     /// The user whose delegated cgroup subtree (`user@UID.service`) holds the container: a
     /// rootless runtime, whose id and name are that user's word.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootless_uid: Option<u32>,
+    /// The container's name in its runtime's state ([`ContainerNames`]; not from the
+    /// cgroup): untrusted text, the container's creator chose it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ContainerInfo {
+    /// The container's facts, `None` for a process in no container.
+    pub fn facts(&self) -> Option<ContainerFacts> {
+        Some(ContainerFacts {
+            id: self.container_id.clone()?,
+            runtime: self.runtime,
+            name: self.name.clone(),
+            rootless_uid: self.rootless_uid,
+        })
+    }
 }
 
 /// Finds a container id, runtime, pod UID and QoS in the text of `/proc/PID/cgroup`.
@@ -264,7 +280,7 @@ pub struct ContainerFacts {
 }
 
 /// How a user's home directory is found (`getpwuid`'s answer by default).
-type HomeOf = Box<dyn Fn(u32) -> Option<PathBuf> + Send>;
+type HomeOf = Box<dyn Fn(u32) -> Option<PathBuf> + Send + Sync>;
 
 /// The cache's key: a rootless container is looked up in its user's state only, so the
 /// same id under another user (or the system) is another entry.
@@ -330,9 +346,10 @@ impl ContainerNames {
         self.reads
     }
 
-    /// The facts of the container `info` names, its name looked up (cached per container)
-    /// at monotonic time `now_ms`; `None` for a process in no container.
-    pub fn facts(&mut self, info: &ContainerInfo, now_ms: u64) -> Option<ContainerFacts> {
+    /// The name of the container `info` names, looked up (cached per container) at
+    /// monotonic time `now_ms`; `None` for a process in no container or a container whose
+    /// name cannot be read.
+    pub fn name(&mut self, info: &ContainerInfo, now_ms: u64) -> Option<String> {
         let id = info.container_id.clone()?;
         let key = NameKey {
             id: id.clone(),
@@ -343,7 +360,7 @@ impl ContainerNames {
             let fresh = name.is_some() || now_ms.saturating_sub(*read_ms) < RETRY_UNNAMED_MS;
             fresh.then(|| name.clone())
         });
-        let name = match cached {
+        match cached {
             Some(name) => name,
             None => {
                 let name = self.look_up(&key);
@@ -353,13 +370,14 @@ impl ContainerNames {
                 self.names.insert(key, (name.clone(), now_ms));
                 name
             }
-        };
-        Some(ContainerFacts {
-            id,
-            runtime: info.runtime,
-            name,
-            rootless_uid: info.rootless_uid,
-        })
+        }
+    }
+
+    /// `info` with its container's name filled in ([`name`](Self::name)), as facts.
+    pub fn facts(&mut self, info: &ContainerInfo, now_ms: u64) -> Option<ContainerFacts> {
+        let mut info = info.clone();
+        info.name = self.name(&info, now_ms);
+        info.facts()
     }
 
     fn look_up(&mut self, key: &NameKey) -> Option<String> {

@@ -293,6 +293,7 @@ fn proc_io(pid: u32, file: &'static str, source: std::io::Error) -> ProcError {
     }
 }
 
+use crate::container::ContainerNames;
 pub use crate::container::{ContainerInfo, parse_cgroup};
 
 /// CPU use in percent of one core between two readings of a process's
@@ -515,11 +516,15 @@ impl ProcessDetails {
     }
 }
 
-/// Reads /proc, caching user names (a lookup can go through NSS and the network) and the
-/// machine's constants (clock tick rate, page size, boot time).
+/// Reads /proc, caching user names (a lookup can go through NSS and the network), container
+/// names (read from the runtimes' state files) and the machine's constants (clock tick
+/// rate, page size, boot time).
 #[derive(Debug)]
 pub struct ProcReader {
     users: HashMap<u32, Option<String>>,
+    container_names: ContainerNames,
+    /// The origin of the container-name cache's clock (when an unnamed container is retried).
+    created: std::time::Instant,
     ticks_per_second: u64,
     page_size: u64,
     boot_time_secs: Option<u64>,
@@ -532,10 +537,13 @@ impl Default for ProcReader {
 }
 
 impl ProcReader {
-    /// A reader with an empty user cache.
+    /// A reader with empty caches; container state is read under
+    /// [`crate::container::ROOT_ENV`] (`/` by default).
     pub fn new() -> Self {
         Self {
             users: HashMap::new(),
+            container_names: ContainerNames::from_env(),
+            created: std::time::Instant::now(),
             ticks_per_second: procfs::ticks_per_second(),
             page_size: procfs::page_size(),
             boot_time_secs: procfs::boot_time_secs().ok(),
@@ -570,9 +578,11 @@ impl ProcReader {
             Some(command) if !command.is_empty() => command,
             _ => format!("[{}]", stat.as_ref().map_or("?", |s| s.comm.as_str())),
         };
-        let container = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        let mut container = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
             .map(|t| parse_cgroup(&t))
             .unwrap_or_default();
+        let now_ms = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        container.name = self.container_names.name(&container, now_ms);
         Some(ProcessDetails {
             pid,
             uid,

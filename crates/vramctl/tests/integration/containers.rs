@@ -144,7 +144,15 @@ impl Podman {
     /// Starts a container named `name` sleeping; its id and its process's host PID.
     fn start_sleeping(&mut self, image: &str, name: &str) -> (String, u32) {
         let id = self.run(&[
-            "run", "-d", "--network", "none", "--name", name, image, "/bin/busybox", "sleep",
+            "run",
+            "-d",
+            "--network",
+            "none",
+            "--name",
+            name,
+            image,
+            "/bin/busybox",
+            "sleep",
             "600",
         ]);
         self.containers.push(id.clone());
@@ -181,8 +189,11 @@ fn ps_names_a_podman_containers_gpu_process() {
     assert!(cgroup.contains(&format!("libpod-{id}")), "{cgroup}");
 
     let procs = tempfile::tempdir().expect("tempdir");
-    std::fs::write(procs.path().join(host_pid.to_string()), format!("0 {GIB}\n"))
-        .expect("announce");
+    std::fs::write(
+        procs.path().join(host_pid.to_string()),
+        format!("0 {GIB}\n"),
+    )
+    .expect("announce");
     let scenario = Scenario::new(1, &[]);
     let ps = json_of(
         vramctl(&scenario.path)
