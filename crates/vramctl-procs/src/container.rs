@@ -121,6 +121,10 @@ pub struct ContainerInfo {
     /// cgroup): untrusted text, the container's creator chose it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The cgroup v2 path (the `0::` line), e.g. `/user.slice/user-1000.slice/session-3.scope`:
+    /// `None` without cgroup v2. Any process may name its own sub-cgroups: untrusted text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 impl ContainerInfo {
@@ -135,7 +139,8 @@ impl ContainerInfo {
     }
 }
 
-/// Finds a container id, runtime, pod UID and QoS in the text of `/proc/PID/cgroup`.
+/// Finds a container id, runtime, pod UID and QoS, and the cgroup v2 path, in the text of
+/// `/proc/PID/cgroup`.
 ///
 /// Handles the cgroupfs layout (`/docker/<id>`, `/kubepods/burstable/pod<uid>/<id>`,
 /// `/libpod_parent/libpod-<id>`) and the systemd one (`docker-<id>.scope`,
@@ -143,7 +148,13 @@ impl ContainerInfo {
 /// `kubepods-burstable-pod<uid_with_underscores>.slice`), as dcgm-exporter's pod mapper does,
 /// and rootless runtimes under `user.slice/user-UID.slice/user@UID.service/…`.
 pub fn parse_cgroup(text: &str) -> ContainerInfo {
-    let mut info = ContainerInfo::default();
+    let mut info = ContainerInfo {
+        cgroup: text
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .map(str::to_owned),
+        ..ContainerInfo::default()
+    };
     for line in text.lines() {
         // hierarchy-ID:controller-list:path
         let Some(path) = line.splitn(3, ':').nth(2) else {

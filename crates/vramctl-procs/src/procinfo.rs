@@ -1091,6 +1091,17 @@ mod cgroup_tests {
     const ID: &str = "3f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
 
     #[test]
+    fn the_cgroup_v2_path_is_kept_whole() {
+        let text = "12:cpu,cpuacct:/v1/ignored\n0::/user.slice/user-1000.slice/session-3.scope\n";
+        assert_eq!(
+            parse_cgroup(text).cgroup.as_deref(),
+            Some("/user.slice/user-1000.slice/session-3.scope")
+        );
+        // cgroup v1 only: no v2 path.
+        assert_eq!(parse_cgroup("4:memory:/docker/x\n").cgroup, None);
+    }
+
+    #[test]
     fn kubernetes_systemd_driver() {
         let text = format!(
             "0::/kubepods.slice/kubepods-burstable.slice/\

@@ -82,6 +82,7 @@ impl RecordedProcess {
             container: ContainerInfo {
                 container_id: meta.container_id.clone(),
                 pod_uid: meta.pod_uid.clone(),
+                // The history keeps neither the cgroup path nor the runtime or name.
                 ..ContainerInfo::default()
             },
             started_at_unix_ms: None,
