@@ -21,6 +21,7 @@ use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::DeviceState;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_observe::observation::{HostProcess, Observation};
+use vramctl_procs::container::{ContainerFacts, PodQos};
 use vramctl_procs::procinfo::{self, PidNamespace, ProcReader};
 use vramctl_store::format::rfc3339;
 
@@ -97,6 +98,12 @@ struct PsProcess {
     /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2).
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup: Option<String>,
+    /// Its container's id, runtime, name and rootless owner; absent outside a container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<ContainerFacts>,
+    /// Its pod's QoS class; absent outside a Kubernetes pod.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_qos: Option<PodQos>,
     /// GPU memory summed over devices; `null` when a device reports it unavailable.
     used_bytes: Option<u64>,
     gpus: Vec<GpuHolding>,
@@ -380,6 +387,8 @@ fn row(
         container_id: host.and_then(|h| h.container_id.clone()),
         pod_uid: host.and_then(|h| h.pod_uid.clone()),
         cgroup: host.and_then(|h| h.cgroup.clone()),
+        container: host.and_then(|h| h.container.clone()),
+        pod_qos: host.and_then(|h| h.pod_qos),
         used_bytes: total_bytes(&gpus),
         gpus,
         tree_parent: None,
@@ -609,11 +618,13 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
             p.ppid.map_or_else(|| "-".into(), |pp| pp.to_string()),
         ]);
         if with_container {
-            cells.push(
+            // The name when the runtime's state gives one, else the short id.
+            let name = p.container.as_ref().and_then(|c| c.name.clone());
+            cells.push(name.unwrap_or_else(|| {
                 p.container_id
                     .as_deref()
-                    .map_or_else(|| "-".into(), |c| c.chars().take(12).collect()),
-            );
+                    .map_or_else(|| "-".into(), |c| c.chars().take(12).collect())
+            }));
             cells.push(p.pod_uid.clone().unwrap_or_else(|| "-".into()));
         }
         cells.push(format!("{prefix}{}", command_cell(p, None)));
@@ -814,6 +825,8 @@ mod tests {
             container_id: None,
             pod_uid: None,
             cgroup: None,
+            container: None,
+            pod_qos: None,
             used_bytes: total_bytes(&gpus),
             gpus,
             tree_parent: None,
