@@ -9,7 +9,7 @@
 //! what `kill --tree` would reach.
 
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,7 @@ use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::DeviceState;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_observe::observation::{HostProcess, Observation};
+use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
 use vramctl_procs::container::{ContainerFacts, PodQos};
 use vramctl_procs::procinfo::{self, PidNamespace, ProcReader};
 use vramctl_store::format::rfc3339;
@@ -32,6 +33,7 @@ use vramctl_observe::pattern::compile_regex;
 use super::open_live;
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
 use crate::exit::Exit;
+use crate::output::owners::owner_table;
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, wrap};
 use vramctl_observe::units;
@@ -62,6 +64,12 @@ pub struct PsReport {
     /// GPUs the driver counts that could not be opened at all (lost before the first
     /// sample, as `status` reports them).
     unopened: Vec<UnopenedDevice>,
+    /// With `--by`: the key the processes are grouped by, and the groups.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    by: Option<OwnerKey>,
+    /// With `--by`: memory per owner on each GPU (docs/owners.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owners: Option<Vec<OwnerTotal>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -170,11 +178,25 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     measure_cpu(&mut report, cpu_interval, &procs);
     ask_agents(&mut report);
     source.end_for_exit();
+    if let Some(key) = args.by {
+        // The listed processes (after the filters), grouped by who owns them.
+        let listed: BTreeMap<u32, Vec<GpuHolding>> = report
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.gpus.clone()))
+            .collect();
+        report.by = Some(key);
+        report.owners = Some(owners::totals(key, &listed, &observation.hosts));
+    }
 
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
         writeln!(out).context("cannot write to stdout")?;
+    } else if let (Some(key), Some(totals)) = (report.by, &report.owners) {
+        for line in owner_table(key, totals, "", terminal::width()) {
+            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
+        }
     } else {
         for line in render(&report, terminal::width()) {
             writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
@@ -336,6 +358,8 @@ fn build(
         schema: SCHEMA,
         taken_at: rfc3339(now_ms),
         pid_namespace_initial: PidNamespace::current().is_initial(),
+        by: None,
+        owners: None,
         cpu_interval_s: None,
         tree,
         processes: rows,
@@ -895,6 +919,8 @@ mod tests {
             schema: SCHEMA,
             taken_at: "2026-01-01T00:00:00.000Z".into(),
             pid_namespace_initial: true,
+            by: None,
+            owners: None,
             cpu_interval_s: Some(0.2),
             tree: true,
             processes: rows,

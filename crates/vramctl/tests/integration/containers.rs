@@ -214,6 +214,57 @@ fn ps_names_a_podman_containers_gpu_process() {
         "{process:#}"
     );
 
+    // Grouped by container: the container's memory on GPU 0 under its runtime/name, text
+    // and JSON alike, in ps and status.
+    let by_container = json_of(
+        vramctl(&scenario.path)
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .env("VRAMCTL_CONTAINER_ROOT", podman.state_root())
+            .args(["ps", "--json", "--no-daemon", "--by", "container"]),
+    );
+    assert_eq!(by_container["by"], "container");
+    let label = format!("podman/{name}");
+    let owner = by_container["owners"]
+        .as_array()
+        .expect("owners")
+        .iter()
+        .find(|o| o["owner"] == id.as_str())
+        .unwrap_or_else(|| panic!("the container is an owner: {by_container:#}"));
+    assert_eq!(
+        (
+            &owner["gpu"],
+            &owner["label"],
+            &owner["processes"],
+            &owner["used_bytes"]
+        ),
+        (&0.into(), &label.as_str().into(), &1.into(), &GIB.into())
+    );
+    let status = json_of(
+        vramctl(&scenario.path)
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .env("VRAMCTL_CONTAINER_ROOT", podman.state_root())
+            .args(["status", "--json", "--no-daemon", "--by", "container"]),
+    );
+    assert_eq!(
+        status["devices"][0]["owners"][0]["owner"],
+        id.as_str(),
+        "{status:#}"
+    );
+    let text = crate::harness::stdout_of(
+        vramctl(&scenario.path)
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .env("VRAMCTL_CONTAINER_ROOT", podman.state_root())
+            .env("COLUMNS", "80")
+            .args(["ps", "--no-daemon", "--by", "container"]),
+    );
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with('0')
+            && l.contains("1.0 GiB")
+            && l.contains(&label)),
+        "{text}"
+    );
+    assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+
     // The same container named from a state root without Podman's store: id and runtime
     // from the cgroup, no name (never a guess).
     let empty = tempfile::tempdir().expect("tempdir");
@@ -232,4 +283,64 @@ fn ps_names_a_podman_containers_gpu_process() {
         .expect("listed");
     assert_eq!(process["container"]["runtime"], "podman");
     assert_eq!(process["container"]["name"], serde_json::Value::Null);
+}
+
+/// `--by user` needs no container: two real processes of this user on two GPUs, and one the
+/// driver lists that this PID namespace cannot see, counted as "cannot map", never as ours.
+#[test]
+fn by_user_sums_each_gpu_and_says_what_cannot_be_mapped() {
+    use crate::real_processes::{Holder, sleeper};
+    let (a, b) = (sleeper(), sleeper());
+    let ghost = crate::harness::free_pids(1)[0];
+    let holders = [
+        Holder::real(0, a.pid(), "2 GiB"),
+        Holder::real(0, b.pid(), "1 GiB"),
+        Holder::real(1, b.pid(), "4 GiB"),
+        Holder {
+            real: false,
+            ..Holder::real(0, ghost, "8 GiB")
+        },
+    ];
+    let scenario = Scenario::new(2, &holders);
+    let uid = rustix::process::getuid().as_raw();
+    let me = vramctl_procs::procinfo::ProcReader::new()
+        .user_name(uid)
+        .unwrap_or_else(|| uid.to_string());
+    let ps = json_of(vramctl(&scenario.path).args(["ps", "--json", "--no-daemon", "--by", "user"]));
+    let owners: Vec<(u64, Option<String>, bool, u64, u64)> = ps["owners"]
+        .as_array()
+        .expect("owners")
+        .iter()
+        .map(|o| {
+            (
+                o["gpu"].as_u64().expect("gpu"),
+                o["owner"].as_str().map(str::to_owned),
+                o["mapped"].as_bool().expect("mapped"),
+                o["processes"].as_u64().expect("processes"),
+                o["used_bytes"].as_u64().expect("bytes"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            (0, None, false, 1, 8 * GIB),
+            (0, Some(me.clone()), true, 2, 3 * GIB),
+            (1, Some(me.clone()), true, 1, 4 * GIB),
+        ],
+        "{ps:#}"
+    );
+    let text = crate::harness::stdout_of(vramctl(&scenario.path).env("COLUMNS", "80").args([
+        "status",
+        "--no-daemon",
+        "--by",
+        "user",
+    ]));
+    assert!(text.contains("(cannot map: not visible here)"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("3.0 GiB") && l.ends_with(me.as_str())),
+        "{text}"
+    );
+    assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
 }
