@@ -193,7 +193,10 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     if args.json {
         serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
         writeln!(out).context("cannot write to stdout")?;
-    } else if let (Some(key), Some(totals)) = (report.by, &report.owners) {
+    } else if let (Some(key), Some(totals)) = (report.by, report.owners.as_ref())
+        // With nothing to group, the usual "no process holds GPU memory" lines.
+        && !totals.is_empty()
+    {
         for line in owner_table(key, totals, "", terminal::width()) {
             writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
         }

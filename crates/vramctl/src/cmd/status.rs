@@ -742,7 +742,8 @@ fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines:
 
     match (&d.processes, d.by.zip(d.owners.as_ref())) {
         (None, _) => lines.push("  processes  not reported".into()),
-        (Some(_), Some((key, totals))) => {
+        // A GPU without processes says so as usual.
+        (Some(_), Some((key, totals))) if !totals.is_empty() => {
             lines.extend(owner_table(key, totals, "  ", width));
             if let Some(unaccounted) = d.unaccounted_bytes.filter(|&u| u > 0) {
                 lines.push(format!(
@@ -751,7 +752,7 @@ fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines:
                 ));
             }
         }
-        (Some(processes), None) => {
+        (Some(processes), _) => {
             // Processes outside any MIG instance first, then each instance with its own.
             let plain: Vec<&ProcessStatus> = processes
                 .iter()
