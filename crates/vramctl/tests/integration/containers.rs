@@ -265,6 +265,35 @@ fn ps_names_a_podman_containers_gpu_process() {
     );
     assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
 
+    // Through a daemon: a `record` that reads Podman's state answers a client whose own
+    // state root is empty, so the name can only come from the daemon's answer.
+    let nowhere = tempfile::tempdir().expect("tempdir");
+    let runtime = nowhere.path().join("run");
+    let mut record = crate::harness::vramctl_std(&scenario.path);
+    record
+        .env("FAKE_NVML_PROCESS_DIR", procs.path())
+        .env("VRAMCTL_CONTAINER_ROOT", podman.state_root())
+        .arg("--db")
+        .arg(nowhere.path().join("history.db"))
+        .args(["record", "--interval", "1s"]);
+    let daemon = crate::daemon::Daemon::start(record, &runtime);
+    let through_daemon = json_of(
+        vramctl(&scenario.path)
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .env("VRAMCTL_CONTAINER_ROOT", nowhere.path())
+            .env("VRAMCTL_RUNTIME_DIR", &runtime)
+            .args(["ps", "--json"]),
+    );
+    daemon.stop();
+    let process = through_daemon["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"] == host_pid)
+        .cloned()
+        .unwrap_or_else(|| panic!("listed: {through_daemon:#}"));
+    assert_eq!(process["container"]["name"], name.as_str(), "{process:#}");
+
     // The same container named from a state root without Podman's store: id and runtime
     // from the cgroup, no name (never a guess).
     let empty = tempfile::tempdir().expect("tempdir");
