@@ -7,6 +7,8 @@
 # - promtool and prometheus (Debian's `prometheus` package): the exporter's tests lint its
 #   output and alert rules and scrape it with a real Prometheus;
 # - tmux: the `top` end-to-end test types keys into the real terminal UI;
+# - podman and runc (with busybox-static for an image built from local files): the container
+#   test runs a real container and checks that `ps` names it; it needs root.
 # - slurmctld, slurmd, sbatch (Debian's `slurm-wlm`) and munged (`munge`): the Slurm tests
 #   start a one-node cluster as root and run real jobs (they skip themselves, saying so, when
 #   not root or when these are missing, unless VRAMCTL_TEST_STRICT=1).
@@ -26,11 +28,12 @@ cd "$(dirname "$0")/.."
 
 # Debian package per program the tests need.
 declare -A package_of=([promtool]=prometheus [prometheus]=prometheus [tmux]=tmux
+  [podman]=podman [runc]=runc [busybox]=busybox-static
   [slurmctld]=slurm-wlm [slurmd]=slurm-wlm [sbatch]=slurm-wlm [munged]=munge)
 # slurmctld, slurmd and munged live in /usr/sbin, not on every user's PATH.
 PATH=$PATH:/usr/sbin:/sbin
 missing=()
-for program in promtool prometheus tmux slurmctld slurmd sbatch munged; do
+for program in promtool prometheus tmux podman runc busybox slurmctld slurmd sbatch munged; do
   if ! command -v "$program" >/dev/null 2>&1; then
     package=${package_of[$program]}
     [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
@@ -65,9 +68,18 @@ if ! command -v tmux >/dev/null 2>&1; then
   skip "tmux"
   export VRAMCTL_SKIP_TMUX=1
 fi
+if ! command -v podman >/dev/null 2>&1 || ! command -v busybox >/dev/null 2>&1; then
+  skip "podman/busybox-static"
+  export VRAMCTL_SKIP_PODMAN=1
+elif [ "$(id -u)" != 0 ]; then
+  # The container test runs rootful Podman; not a missing package, so never an error.
+  echo "scripts/test.sh: skipping the podman test (it needs root)" >&2
+  export VRAMCTL_SKIP_PODMAN=1
+fi
 if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 ||
   ! command -v sbatch >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
   skip "slurm-wlm/munge"
+  export VRAMCTL_SKIP_SLURM=1
 fi
 
 # Both suites always run, so that a failure in one never hides the other's result; each

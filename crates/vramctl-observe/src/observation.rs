@@ -12,6 +12,7 @@ use vramctl_agent::agent_client::AgentMemory;
 use vramctl_agent::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::types::Snapshot;
 use vramctl_leaks::analysis::IdleState;
+use vramctl_procs::container::{ContainerFacts, PodQos};
 use vramctl_procs::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
 };
@@ -213,6 +214,13 @@ pub struct HostProcess {
     /// environment, with the source named); user and partition are untrusted text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<vramctl_procs::slurm::SlurmJob>,
+    /// Its container: id, runtime, name (from the runtime's state; untrusted text) and, for
+    /// a rootless one, the user whose cgroup subtree holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerFacts>,
+    /// Its Kubernetes pod's QoS class, from the cgroup path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_qos: Option<PodQos>,
 }
 
 impl HostProcess {
@@ -257,6 +265,8 @@ impl HostProcess {
             pidfd_id: None,
             cgroup: details.container.cgroup.clone(),
             slurm: details.slurm.clone(),
+            container: details.container.facts(),
+            pod_qos: details.container.pod_qos,
         }
     }
 
@@ -537,6 +547,8 @@ impl Observer {
                             pidfd_id: None,
                             cgroup: facts.container.cgroup.clone(),
                             slurm: facts.slurm.clone(),
+                            container: facts.container.facts(),
+                            pod_qos: facts.container.pod_qos,
                         },
                     );
                 }

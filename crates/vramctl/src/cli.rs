@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use vramctl_core::wall_time::When;
 use vramctl_history::time_window::TimeWindow;
+use vramctl_observe::owners::OwnerKey;
 
 use crate::output::emit::Format;
 
@@ -177,13 +178,6 @@ impl Command {
     }
 }
 
-/// What `--by` totals by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OwnerKey {
-    /// The Slurm job of each process (docs/owners.md)
-    Job,
-}
-
 /// When to colour output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ColorChoice {
@@ -299,11 +293,13 @@ The peak of a job on a GPU is the most its processes held together at one record
 (NVML's per-process figures, at the recorder's interval), from the processes the recorder
 (vramctl record, serve --record) stored with the job's id: it must run on the node while
 the job does. A job of which the history knows no process prints one line saying so and
-exits 0 (an epilog that fails drains the node).
+exits 0 (an epilog that fails drains the node). In an epilog script (slurm.conf:
+Epilog=/etc/slurm/epilog.d/vramctl.sh) end the line with `>> /var/log/vramctl-jobs.log ||
+true`: Slurm discards an epilog's output.
 
-Example (slurm.conf: Epilog=/etc/slurm/epilog.d/vramctl.sh):
-  #!/bin/sh
-  /usr/bin/vramctl slurm-epilog --db /var/lib/vramctl/history.db >> /var/log/vramctl-jobs.log || true";
+Examples:
+  vramctl slurm-epilog --db /var/lib/vramctl/history.db
+  vramctl slurm-epilog --db /var/lib/vramctl/history.db --job 1234 --json";
 
 #[derive(Debug, Args)]
 pub struct SlurmEpilogArgs {
@@ -508,11 +504,6 @@ pub struct StatusArgs {
     #[arg(long, conflicts_with = "json")]
     pub compact: bool,
 
-    /// After the GPUs, their processes' memory totalled per owner: `job` (Slurm job;
-    /// docs/owners.md)
-    #[arg(long, value_enum, value_name = "KEY", conflicts_with_all = ["compact", "replay"])]
-    pub by: Option<OwnerKey>,
-
     /// Show a recorded moment instead of now: a history database (vramctl record, serve
     /// --record, import); what a history does not keep is shown as not reported
     #[arg(long, value_name = "DB", conflicts_with = "watch")]
@@ -540,6 +531,12 @@ pub struct StatusArgs {
     /// local socket (the fast path: no NVML start-up)
     #[arg(long)]
     pub no_daemon: bool,
+
+    /// Memory per owner on each GPU instead of one row per process: user, container
+    /// (runtime/name), pod or job (Slurm job); processes not visible here are counted as
+    /// "cannot map" (docs/owners.md)
+    #[arg(long, value_name = "KEY", value_parser = owner_key, conflicts_with_all = ["replay", "compact"])]
+    pub by: Option<OwnerKey>,
 }
 
 #[derive(Debug, Args)]
@@ -1164,11 +1161,6 @@ pub struct PsArgs {
     #[arg(long, value_enum, default_value_t = PsSort::Mem)]
     pub sort: PsSort,
 
-    /// Totals per owner instead of one row per process: `job` (Slurm job: processes,
-    /// memory per GPU and in all; the processes of no job last)
-    #[arg(long, value_enum, value_name = "KEY", conflicts_with = "tree")]
-    pub by: Option<OwnerKey>,
-
     /// Only processes of these users (name or uid; repeat or separate with commas)
     #[arg(long, value_delimiter = ',', value_name = "USER")]
     pub user: Vec<String>,
@@ -1195,6 +1187,12 @@ pub struct PsArgs {
     /// local socket (the fast path: no NVML start-up)
     #[arg(long)]
     pub no_daemon: bool,
+
+    /// Memory per owner on each GPU instead of one row per process: user, container
+    /// (runtime/name), pod or job (Slurm job), after --user/--match/--min-mem/--gpu;
+    /// processes not visible here are counted as "cannot map" (docs/owners.md)
+    #[arg(long, value_name = "KEY", value_parser = owner_key, conflicts_with = "tree")]
+    pub by: Option<OwnerKey>,
 }
 
 /// `ps --sort`.
@@ -2102,6 +2100,11 @@ fn duration_within(text: &str, min: Duration, max: Duration) -> Result<Duration,
 }
 
 /// A sampling interval of a live loop: 50ms to a day.
+/// `--by`: one of [`OwnerKey::ALL`] by name.
+fn owner_key(text: &str) -> Result<OwnerKey, String> {
+    text.parse()
+}
+
 fn interval(text: &str) -> Result<Duration, String> {
     duration_within(text, MIN_INTERVAL, MAX_WAIT)
 }

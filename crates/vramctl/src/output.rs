@@ -3,7 +3,7 @@
 
 pub mod chart;
 pub mod emit;
-pub mod owner_table;
+pub mod owners;
 pub mod style;
 pub mod table;
 pub mod terminal;

@@ -30,9 +30,11 @@ use vramctl_core::types::{
 };
 use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
+use vramctl_observe::gpu_holdings::holdings;
 use vramctl_observe::live_loop::sampler_on;
 use vramctl_observe::observation::Observation;
-use vramctl_observe::owner_totals::{Holder, OwnerKind, OwnerTotal, totals};
+use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
+use vramctl_procs::container::ContainerFacts;
 use vramctl_procs::slurm::SlurmJob;
 use vramctl_store::format::rfc3339;
 use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
@@ -40,9 +42,9 @@ use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 use vramctl_observe::gpu_selection::GpuFilter;
 
 use super::open_live;
-use crate::cli::{GlobalArgs, OwnerKey, StatusArgs};
+use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
-use crate::output::owner_table::owner_table;
+use crate::output::owners::owner_table;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, fit_line, wrap};
@@ -67,9 +69,9 @@ pub struct StatusReport {
     /// Where a replayed moment comes from; absent live.
     #[serde(skip_serializing_if = "Option::is_none")]
     replay: Option<ReplayStatus>,
-    /// `--by job`: the listed processes' memory per owner; absent without it.
+    /// With `--by`: the key each device's `owners` are grouped by.
     #[serde(skip_serializing_if = "Option::is_none")]
-    owners: Option<Vec<OwnerTotal>>,
+    by: Option<OwnerKey>,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,6 +113,12 @@ struct DeviceStatus {
     missing: BTreeMap<&'static str, String>,
     /// `None`: replayed (a history does not keep them).
     dropped: Option<Vec<DroppedStatus>>,
+    /// With `--by`: the key, for the text (the report says it once).
+    #[serde(skip)]
+    by: Option<OwnerKey>,
+    /// With `--by`: memory per owner on this GPU (docs/owners.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owners: Option<Vec<OwnerTotal>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -127,6 +135,10 @@ struct ProcessStatus {
     /// keeps only the job id).
     #[serde(skip_serializing_if = "Option::is_none")]
     slurm: Option<SlurmJob>,
+    /// Its container's id, runtime, name and rootless owner; absent outside a container
+    /// (a replay knows the id only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<ContainerFacts>,
     used_bytes: Option<u64>,
     /// What the process's in-process agent says about this GPU (allocated, cached,
     /// releasable), as `ps` shows it; absent for a process without one (docs/agent.md).
@@ -178,7 +190,7 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         let mut report = build(snapshot, &filter, &mut Holders::Live(&observation));
         ask_agents(&mut report, snapshot);
         if let Some(key) = args.by {
-            report.owners = Some(owners(&report, key));
+            group_by_owner(&mut report, key, &observation, &filter);
         }
         tracing::debug!(
             daemon = source.from_daemon(),
@@ -207,6 +219,31 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         std::thread::sleep(interval.saturating_sub(started.elapsed()));
     }
     Ok(Exit::Ok)
+}
+
+/// `--by KEY`: each device's processes grouped by owner, in place of its process rows.
+fn group_by_owner(
+    report: &mut StatusReport,
+    key: OwnerKey,
+    observation: &Observation,
+    filter: &GpuFilter,
+) {
+    let totals = owners::totals(
+        key,
+        &holdings(&observation.snapshot, filter),
+        &observation.hosts,
+    );
+    report.by = Some(key);
+    for device in &mut report.devices {
+        device.by = Some(key);
+        device.owners = Some(
+            totals
+                .iter()
+                .filter(|t| t.gpu == device.index)
+                .cloned()
+                .collect(),
+        );
+    }
 }
 
 /// `--replay DB --at TIME`: the recorded moment at or before TIME, through the same sampler
@@ -325,22 +362,17 @@ fn print(
         for line in lines {
             writeln!(out, "{line}").context("cannot write to stdout")?;
         }
-        if let Some(owners) = report.owners.as_ref().filter(|o| !o.is_empty()) {
-            writeln!(out).context("cannot write to stdout")?;
-            for line in owner_table(owners) {
-                writeln!(out, "{line}").context("cannot write to stdout")?;
-            }
-        }
     }
     out.flush().context("cannot write to stdout")
 }
 
-/// Whether a process is visible, its user, command line, cgroup and Slurm job.
+/// Whether a process is visible, its user, command line, cgroup, container and Slurm job.
 type Who = (
     bool,
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<ContainerFacts>,
     Option<SlurmJob>,
 );
 
@@ -364,6 +396,7 @@ impl Holders<'_> {
                     host.user.clone(),
                     Some(host.command.clone()),
                     host.cgroup.clone(),
+                    host.container.clone(),
                     host.slurm.clone(),
                 ),
                 // Not in this PID namespace: the driver still knows the name.
@@ -371,6 +404,7 @@ impl Holders<'_> {
                     false,
                     None,
                     observation.driver_names.get(&pid).cloned(),
+                    None,
                     None,
                     None,
                 ),
@@ -382,11 +416,13 @@ impl Holders<'_> {
                         process.visible(),
                         facts.user_or_uid(),
                         facts.command,
-                        facts.container.cgroup,
+                        facts.container.cgroup.clone(),
+                        // The history keeps the container's id only.
+                        facts.container.facts(),
                         facts.slurm,
                     )
                 }
-                None => (false, None, None, None, None),
+                None => (false, None, None, None, None, None),
             },
         }
     }
@@ -449,33 +485,8 @@ fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &mut Holders<'_>) -> 
                 .collect()
         }),
         replay: None,
-        owners: None,
+        by: None,
     }
-}
-
-/// `--by KEY`: the processes of the listed devices totalled per owner (a process on two
-/// GPUs counts once).
-fn owners(report: &StatusReport, key: OwnerKey) -> Vec<OwnerTotal> {
-    let kind = match key {
-        OwnerKey::Job => OwnerKind::Job,
-    };
-    type Held<'a> = (Option<&'a SlurmJob>, Vec<(u32, Option<u64>)>);
-    let mut by_pid: BTreeMap<u32, Held<'_>> = BTreeMap::new();
-    for device in &report.devices {
-        for process in device.processes.iter().flatten() {
-            let entry = by_pid
-                .entry(process.pid)
-                .or_insert_with(|| (process.slurm.as_ref(), Vec::new()));
-            entry.1.push((device.index, process.used_bytes));
-        }
-    }
-    totals(
-        kind,
-        by_pid.values().map(|(slurm, gpus)| Holder {
-            slurm: *slurm,
-            gpus,
-        }),
-    )
 }
 
 fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceStatus {
@@ -497,6 +508,8 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
         mig_instances: Vec::new(),
         missing: BTreeMap::new(),
         dropped: (!holders.replayed()).then(Vec::new),
+        by: None,
+        owners: None,
     };
     let reading = match &device.state {
         DeviceState::Ok(reading) => reading,
@@ -554,13 +567,14 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
 }
 
 fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessStatus {
-    let (visible, user, command, cgroup, slurm) = holders.who(process.pid);
+    let (visible, user, command, cgroup, container, slurm) = holders.who(process.pid);
     ProcessStatus {
         pid: process.pid,
         visible,
         user,
         command,
         cgroup,
+        container,
         slurm,
         used_bytes: process.used_bytes,
         agent: None,
@@ -736,9 +750,19 @@ fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines:
         lines.extend(wrap(&gauges.join("   "), "  ", width));
     }
 
-    match &d.processes {
-        None => lines.push("  processes  not reported".into()),
-        Some(processes) => {
+    match (&d.processes, d.by.zip(d.owners.as_ref())) {
+        (None, _) => lines.push("  processes  not reported".into()),
+        // A GPU without processes says so as usual.
+        (Some(_), Some((key, totals))) if !totals.is_empty() => {
+            lines.extend(owner_table(key, totals, "  ", width));
+            if let Some(unaccounted) = d.unaccounted_bytes.filter(|&u| u > 0) {
+                lines.push(format!(
+                    "  unaccounted  {} used that no listed process holds",
+                    units::bytes(unaccounted)
+                ));
+            }
+        }
+        (Some(processes), _) => {
             // Processes outside any MIG instance first, then each instance with its own.
             let plain: Vec<&ProcessStatus> = processes
                 .iter()
