@@ -52,7 +52,8 @@ pub enum KubeletError {
 #[derive(Debug, Clone)]
 pub struct PodResourcesQuery {
     pub socket_path: PathBuf,
-    /// 0 on a real node; a test's own uid when it serves the API itself.
+    /// Besides root, whose socket is accepted: the caller's effective uid (0 for root, so
+    /// then only root's).
     pub expected_owner_uid: u32,
     pub timeout: Duration,
     pub max_response_bytes: usize,

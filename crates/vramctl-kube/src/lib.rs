@@ -13,6 +13,7 @@
 //! escaped by the caller before a terminal sees them.
 
 pub mod allocation;
+pub mod attribution;
 pub mod client;
 pub mod pod_logs;
 pub mod socket;
@@ -26,5 +27,6 @@ pub mod podresources_v1 {
 }
 
 pub use allocation::{DeviceId, GpuAllocations, PodContainer};
+pub use attribution::{KubeletView, ProcessPod};
 pub use client::{KubeletError, PodResourcesQuery};
 pub use pod_logs::{PodName, pod_names_by_uid};

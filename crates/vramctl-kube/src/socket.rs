@@ -28,7 +28,7 @@ pub enum SocketRefused {
     Symlink { path: PathBuf },
     #[error("{path}: not a socket")]
     NotASocket { path: PathBuf },
-    #[error("{path}: owned by uid {owner_uid}, expected uid {expected_uid}")]
+    #[error("{path}: owned by uid {owner_uid}, expected root or uid {expected_uid}")]
     WrongOwner {
         path: PathBuf,
         owner_uid: u32,
@@ -52,7 +52,8 @@ impl CheckedSocket {
     }
 }
 
-/// Opens `path` as described in the module docs; `expected_owner_uid` is 0 on a real node.
+/// Opens `path` as described in the module docs. The socket must be root's or
+/// `expected_owner_uid`'s (the caller's own effective uid: 0 for a root daemon).
 pub fn open_checked(path: &Path, expected_owner_uid: u32) -> Result<CheckedSocket, SocketRefused> {
     if !path.is_absolute() {
         return Err(SocketRefused::NotAbsolute {
@@ -112,7 +113,9 @@ pub fn open_checked(path: &Path, expected_owner_uid: u32) -> Result<CheckedSocke
             path: path.to_path_buf(),
         });
     }
-    if stat.st_uid != expected_owner_uid {
+    // Root's socket, or the expected user's own (a user running vramctl may be shown what
+    // their own socket says: they can fool no one but themselves).
+    if stat.st_uid != 0 && stat.st_uid != expected_owner_uid {
         return Err(SocketRefused::WrongOwner {
             path: path.to_path_buf(),
             owner_uid: stat.st_uid,

@@ -383,14 +383,24 @@ fn paths_that_are_not_the_kubelets_socket_are_refused() -> TestResult {
         Err(KubeletError::Refused(SocketRefused::Open { .. }))
     ));
 
-    // A socket that is not the expected owner's.
+    // A socket neither root's nor the expected user's: as root, one given to nobody; as a
+    // user, one's own socket when only root's is accepted.
     let euid = rustix::process::geteuid().as_raw();
     let mut other_owner = server.query();
-    other_owner.expected_owner_uid = if euid == 0 { 65534 } else { 0 };
+    other_owner.expected_owner_uid = 0;
+    if euid == 0 {
+        std::os::unix::fs::lchown(server.socket(), Some(65534), Some(65534))?;
+    }
     assert!(matches!(
         other_owner.list(),
-        Err(KubeletError::Refused(SocketRefused::WrongOwner { .. }))
+        Err(KubeletError::Refused(SocketRefused::WrongOwner { owner_uid, .. })) if owner_uid != 0
     ));
+    if euid == 0 {
+        // Given to the expected user, it is accepted again.
+        other_owner.expected_owner_uid = 65534;
+        assert_eq!(other_owner.list()?.len(), 6);
+        std::os::unix::fs::lchown(server.socket(), Some(0), Some(0))?;
+    }
 
     // A directory on the way that anyone may write to (no sticky bit).
     std::fs::set_permissions(server.dir.path(), std::fs::Permissions::from_mode(0o777))?;
