@@ -17,14 +17,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::allocation::GpuAllocations;
 use crate::client::PodResourcesQuery;
 use crate::pod_logs::{self, PodName};
 
 /// The pod (and, where it can be told, the container) a process runs in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessPod {
     pub namespace: String,
     pub pod: String,
@@ -43,14 +43,25 @@ pub struct KubeletView {
 }
 
 impl KubeletView {
-    /// Asks the kubelet (bounded by `query`) and lists `pod_log_dir`. Neither failure is an
-    /// error of the caller: each leaves its part empty and is logged.
+    /// Asks the kubelet (bounded by `query`) when its socket exists, and lists
+    /// `pod_log_dir`. Neither failure is the caller's error: each leaves its part empty, and
+    /// the kubelet's is said in `allocations_error`.
     pub fn read(query: &PodResourcesQuery, pod_log_dir: &Path) -> KubeletView {
-        let (allocations, allocations_error) = match query.gpu_allocations() {
-            Ok(a) => (Some(a), None),
-            Err(e) => {
-                tracing::debug!("kubelet pod-resources: {e}");
-                (None, Some(e.to_string()))
+        // Only a path that exists is asked (a node without Kubernetes has none), and
+        // `open_checked` then refuses anything but the kubelet's socket.
+        let present = std::fs::symlink_metadata(&query.socket_path).is_ok();
+        let (allocations, allocations_error) = if !present {
+            (
+                None,
+                Some(format!("{}: no such socket", query.socket_path.display())),
+            )
+        } else {
+            match query.gpu_allocations() {
+                Ok(a) => (Some(a), None),
+                Err(e) => {
+                    tracing::debug!("kubelet pod-resources: {e}");
+                    (None, Some(e.to_string()))
+                }
             }
         };
         let names_by_uid = pod_logs::pod_names_by_uid(pod_log_dir).unwrap_or_else(|e| {

@@ -71,6 +71,16 @@ impl Default for PodResourcesQuery {
 }
 
 impl PodResourcesQuery {
+    /// The default socket and bounds, accepting a socket of root or of this process's
+    /// effective user (root: root's only).
+    pub fn for_this_user(socket_path: PathBuf) -> Self {
+        PodResourcesQuery {
+            socket_path,
+            expected_owner_uid: rustix::process::geteuid().as_raw(),
+            ..PodResourcesQuery::default()
+        }
+    }
+
     /// `List`: every pod of the node with its containers' resources.
     pub fn list(&self) -> Result<Vec<PodResources>, KubeletError> {
         let max = self.max_response_bytes;

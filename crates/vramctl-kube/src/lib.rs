@@ -17,6 +17,8 @@ pub mod attribution;
 pub mod client;
 pub mod pod_logs;
 pub mod socket;
+#[cfg(feature = "test-kubelet")]
+pub mod test_kubelet;
 
 /// The Rust made from `proto/podresources/v1/api.proto` by `regen/` (checked in so that a
 /// build needs no protoc; `cargo run --manifest-path crates/vramctl-kube/regen/Cargo.toml`

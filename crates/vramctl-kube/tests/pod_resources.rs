@@ -4,21 +4,14 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
 use vramctl_kube::client::KubeletError;
-use vramctl_kube::podresources_v1::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
 use vramctl_kube::podresources_v1::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, NumaNode, PodResources, TopologyInfo,
+    ContainerDevices, ContainerResources, NumaNode, PodResources, TopologyInfo,
 };
 use vramctl_kube::socket::SocketRefused;
+use vramctl_kube::test_kubelet::{Behaviour, TestKubelet};
 use vramctl_kube::{DeviceId, PodResourcesQuery};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -29,72 +22,10 @@ const GPU2: &str = "GPU-2b7e1f90-1111-4222-8333-944455566677";
 const MIG_A: &str = "MIG-1f2e3d4c-5b6a-5980-a1b2-c3d4e5f60718";
 const MIG_B: &str = "MIG-6a5b4c3d-2e1f-5098-b7a6-0918f7e6d5c4";
 
-#[derive(Clone, Copy)]
-enum Behaviour {
-    Answer,
-    /// List and Get never complete (a hung kubelet).
-    Hang,
-    /// Get is not served, as on a kubelet with the KubeletPodResourcesGet gate off.
-    NoGet,
-}
-
-struct Kubelet {
-    pods: Arc<Vec<PodResources>>,
-    behaviour: Behaviour,
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for Kubelet {
-    async fn list(
-        &self,
-        _request: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        if let Behaviour::Hang = self.behaviour {
-            std::future::pending::<()>().await;
-        }
-        Ok(Response::new(ListPodResourcesResponse {
-            pod_resources: self.pods.as_ref().clone(),
-        }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _request: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used by vramctl"))
-    }
-
-    async fn get(
-        &self,
-        request: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        match self.behaviour {
-            Behaviour::Hang => std::future::pending::<()>().await,
-            Behaviour::NoGet => {
-                return Err(Status::unimplemented(
-                    "PodResources API Get method disabled",
-                ));
-            }
-            Behaviour::Answer => {}
-        }
-        let request = request.into_inner();
-        let pod = self
-            .pods
-            .iter()
-            .find(|p| p.name == request.pod_name && p.namespace == request.pod_namespace)
-            .cloned()
-            .ok_or_else(|| Status::not_found("pod not found"))?;
-        Ok(Response::new(GetPodResourcesResponse {
-            pod_resources: Some(pod),
-        }))
-    }
-}
-
-/// A server on its own thread and runtime; stops when dropped.
+/// The stand-in in a temporary directory of its own.
 struct Server {
+    kubelet: TestKubelet,
     dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -103,53 +34,16 @@ impl Server {
         behaviour: Behaviour,
     ) -> Result<Server, Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("kubelet.sock");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let listener = {
-            let _guard = runtime.enter();
-            tokio::net::UnixListener::bind(&path)?
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let service = PodResourcesListerServer::new(Kubelet {
-            pods: Arc::new(pods),
-            behaviour,
-        });
-        let thread = std::thread::spawn(move || {
-            let serve = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                });
-            if let Err(e) = runtime.block_on(serve) {
-                eprintln!("test kubelet: {e}");
-            }
-        });
-        Ok(Server {
-            dir,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        let kubelet = TestKubelet::start(&dir.path().join("kubelet.sock"), pods, behaviour)?;
+        Ok(Server { kubelet, dir })
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.path().join("kubelet.sock")
+        self.kubelet.socket().to_path_buf()
     }
 
     fn query(&self) -> PodResourcesQuery {
         query_for(&self.socket())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -432,5 +326,36 @@ fn the_call_works_from_inside_an_async_caller() -> TestResult {
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     let count = runtime.block_on(async { query.list().map(|p| p.len()) })?;
     assert_eq!(count, 6);
+    Ok(())
+}
+
+#[test]
+fn a_view_names_processes_by_pod_uid_and_gpus_by_allocation() -> TestResult {
+    let server = Server::start(node(), Behaviour::Answer)?;
+    let logs = tempfile::tempdir()?;
+    let uid = "6f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+    std::fs::create_dir(logs.path().join(format!("ml_train-7f9c_{uid}")))?;
+    let view = vramctl_kube::KubeletView::read(&server.query(), logs.path());
+    assert_eq!(view.allocations_error, None);
+    let pod = view.pod_of_process(Some(uid), &[GPU1]);
+    assert_eq!(
+        pod.map(|p| format!(
+            "{}/{}/{}",
+            p.namespace,
+            p.pod,
+            p.container.unwrap_or_default()
+        )),
+        Some("ml/train-7f9c/trainer".to_string())
+    );
+    assert_eq!(view.allocated_to(MIG_B), ["research/notebook/jupyter"]);
+
+    // No socket there: nothing asked, the pod still named from its UID.
+    let absent = query_for(&logs.path().join("absent.sock"));
+    let view = vramctl_kube::KubeletView::read(&absent, logs.path());
+    assert!(view.allocations.is_none());
+    assert!(view.allocations_error.is_some());
+    let pod = view.pod_of_process(Some(uid), &[GPU1]);
+    assert_eq!(pod.as_ref().map(|p| p.pod.as_str()), Some("train-7f9c"));
+    assert_eq!(pod.and_then(|p| p.container), None);
     Ok(())
 }
