@@ -407,5 +407,4 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("x"), &elsewhere).unwrap();
         assert!(localtime_zone(&elsewhere).is_none());
     }
-
 }

@@ -4,12 +4,14 @@
 //! 1. [`NvmlSource::sample`]: a snapshot, or none while NVML is down (init retried with
 //!    backoff);
 //! 2. [`Stats::observe`]: error counters and the used-memory peak window;
-//! 3. the process catalog (`vramctl_procs::process_catalog`) brought up to the snapshot, and
-//!    the labels made from it ([`ProcessMetadata::from_catalog`]): user, command, container
-//!    and pod, /proc read once per process identity;
-//! 4. the processes' agents, asked by an [`AgentPoll`] at its own cadence within a budget
-//!    per agent and per tick (`vramctl_agent::agent_poll`; only with `--process-details
-//!    proc`, which may read /proc): allocated and reserved bytes per (GPU, process);
+//! 3. the [`Observer`] (`vramctl_observe::observation`, the one every frontend reads
+//!    through) joins the snapshot with /proc into an [`Observation`], and the labels are
+//!    made from it ([`ProcessMetadata::from_observation`]): user, command, container and
+//!    pod, /proc read once per process identity;
+//! 4. the processes' agents, asked by the observer's agent poll at its own cadence on the
+//!    snapshots' time, within a budget per agent and per tick (`vramctl_agent::agent_poll`;
+//!    only with `--process-details proc`, which may read /proc): allocated and reserved
+//!    bytes per (GPU, process);
 //! 5. the [`TickConsumer`]s, in the order added: the leak and idle analysis
 //!    (`crate::live_verdicts`), which fills the [`ProcessVerdicts`] it is handed before
 //!    rendering, and the history recorder (`serve --record`, `crate::recording`);
@@ -21,10 +23,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use vramctl_agent::agent_poll::{self, AgentFigures, AgentPoll, PollLimits};
+use vramctl_agent::agent_poll::{self, AgentFigures};
 use vramctl_core::clock::{Clock, ClockTime, ManualClock, SystemClock};
 use vramctl_core::types::Snapshot;
-use vramctl_procs::process_catalog::ProcessCatalog;
+use vramctl_observe::observation::{Observation, Observer};
 
 use super::cache::{Cache, Published};
 use super::metadata::{DetailsSource, ProcessMetadata};
@@ -36,13 +38,13 @@ use super::stats::Stats;
 /// are known and before the metrics are rendered. Must not block: hand slow work (a
 /// database write) to a thread of its own.
 pub trait TickConsumer: Send {
-    /// Called once per tick in which NVML answered, with the labels and the process catalog
-    /// that already observed `snapshot` (what /proc says, read once for every consumer).
+    /// Called once per tick in which NVML answered, with its observation (what /proc
+    /// says, read once for every consumer), the observer that made it, and the labels.
     fn on_snapshot(
         &mut self,
-        snapshot: &Arc<Snapshot>,
+        observation: &Observation,
+        observer: &Observer,
         metadata: &ProcessMetadata,
-        processes: &mut ProcessCatalog,
         verdicts: &mut ProcessVerdicts,
     );
 
@@ -76,6 +78,20 @@ pub struct CollectorConfig {
     /// Test only (`--ticks`): stop sampling after this many samples, keep serving the last;
     /// `ready` is sent after the last of them.
     pub ticks: Option<u64>,
+}
+
+/// The observer of the processes `details` lets the exporter read: /proc and the agents
+/// with `proc`; only the driver's names otherwise (no agent is asked: asking one reaches
+/// into the process). Only the listed processes: the labels name no ancestors.
+fn observer_for(details: DetailsSource) -> Observer {
+    let builder = Observer::builder()
+        .facts(details.facts_source())
+        .ancestors(false);
+    if details == DetailsSource::Proc {
+        builder.build()
+    } else {
+        builder.agents(None).build()
+    }
 }
 
 /// What one exposition is rendered from.
@@ -114,13 +130,12 @@ pub struct Collector {
     config: CollectorConfig,
     clock: Arc<dyn Clock>,
     source: NvmlSource,
-    /// The processes NVML lists, with what /proc says about them: the labels, the live
-    /// analysis and `serve --record` all read them here.
-    processes: ProcessCatalog,
+    /// The processes NVML lists, with what /proc says about them, and their agents' last
+    /// answers (no agents without `--process-details proc`): the labels, the live analysis
+    /// and `serve --record` all read its observations.
+    observer: Observer,
     stats: Stats,
     verdicts: ProcessVerdicts,
-    /// The agents' last answers (`None` without `--process-details proc`).
-    agents: Option<AgentPoll>,
     consumers: Vec<Box<dyn TickConsumer>>,
     cache: Arc<Cache>,
 }
@@ -145,11 +160,9 @@ impl Collector {
         Self {
             source: NvmlSource::new(config.backends.clone(), config.interval, Arc::clone(&clock)),
             clock,
-            processes: ProcessCatalog::new(config.details.facts_source()),
+            observer: observer_for(config.details),
             stats: Stats::new(config.peak_window),
             verdicts: ProcessVerdicts::new(),
-            agents: (config.details == DetailsSource::Proc)
-                .then(|| AgentPoll::new(PollLimits::default())),
             consumers: Vec::new(),
             cache,
             config,
@@ -169,39 +182,32 @@ impl Collector {
     /// One tick: sample, enrich, hand to the consumers, render, publish.
     pub fn collect_once(&mut self, now: Instant) {
         let started = Instant::now();
-        let snapshot = self.source.sample(now, &mut self.stats).map(Arc::new);
-        let mut metadata = match &snapshot {
-            Some(snapshot) => {
-                self.stats.observe(snapshot);
-                let source = &mut self.source;
-                // The catalog's time is monotonic: its refresh policy counts spans.
-                self.processes
-                    .observe_snapshot(snapshot, snapshot.monotonic_ms, &mut |pid| {
-                        source.process_name(pid)
-                    });
-                ProcessMetadata::from_catalog(snapshot, &self.processes, self.config.details)
+        let observation = self.source.sample(now, &mut self.stats).map(|snapshot| {
+            self.stats.observe(&snapshot);
+            let source = &mut self.source;
+            // The observer's time is the snapshot's, monotonic: its refresh policy and the
+            // agents' cadence count spans of it, so a simulated clock drives them whole.
+            self.observer
+                .observe(snapshot, |pid| source.process_name(pid))
+        });
+        let snapshot = observation.as_ref().map(|o| &o.snapshot);
+        let mut metadata = match &observation {
+            Some(observation) => {
+                ProcessMetadata::from_observation(observation, self.config.details)
             }
             None => ProcessMetadata::default(),
         };
-        metadata.agents = match (&snapshot, &mut self.agents) {
-            (Some(snapshot), Some(poll)) => {
-                // Real time, not the snapshot's: the exchanges take real time, and a
-                // simulated clock must not make every tick ask every agent.
-                poll.refresh(
-                    Instant::now(),
-                    &agent_poll::polled_processes(snapshot, &self.processes),
-                );
-                agent_poll::figures(poll, snapshot)
-            }
+        metadata.agents = match (snapshot, self.observer.agent_poll()) {
+            (Some(snapshot), Some(poll)) => agent_poll::figures(poll, snapshot),
             _ => AgentFigures::new(),
         };
-        match &snapshot {
-            Some(snapshot) => {
+        match &observation {
+            Some(observation) => {
                 for consumer in &mut self.consumers {
                     consumer.on_snapshot(
-                        snapshot,
+                        observation,
+                        &self.observer,
                         &metadata,
-                        &mut self.processes,
                         &mut self.verdicts,
                     );
                 }
@@ -220,7 +226,7 @@ impl Collector {
         publish(
             &self.cache,
             Rendered {
-                snapshot: snapshot.as_deref(),
+                snapshot: snapshot.map(|s| &**s),
                 metadata: &metadata,
                 verdicts: &self.verdicts,
                 agents: &metadata.agents,
@@ -320,12 +326,14 @@ mod tests {
     impl TickConsumer for Forward {
         fn on_snapshot(
             &mut self,
-            snapshot: &Arc<Snapshot>,
+            observation: &Observation,
+            _: &Observer,
             _: &ProcessMetadata,
-            _: &mut ProcessCatalog,
             _: &mut ProcessVerdicts,
         ) {
-            let _ = self.0.send(format!("{} devices", snapshot.devices.len()));
+            let _ = self
+                .0
+                .send(format!("{} devices", observation.snapshot.devices.len()));
         }
 
         fn on_no_snapshot(&mut self, at: ClockTime, reason: &str) {
@@ -405,9 +413,9 @@ mod tests {
     impl TickConsumer for Times {
         fn on_snapshot(
             &mut self,
-            _: &Arc<Snapshot>,
+            _: &Observation,
+            _: &Observer,
             _: &ProcessMetadata,
-            _: &mut ProcessCatalog,
             _: &mut ProcessVerdicts,
         ) {
         }

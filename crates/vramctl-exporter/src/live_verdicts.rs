@@ -1,9 +1,9 @@
 //! Leak and idle-holder verdicts in the exporter: the live analysis as a [`TickConsumer`].
 //!
-//! Every snapshot goes into one `FleetTracker` (`vramctl_leaks::analysis::live`, the same
-//! tracker `leaks --watch` and `top` run), with each process's start and CPU time from the
-//! collector's process catalog (`ProcessCatalog::live_facts`: /proc's stat at most once a
-//! second) as its identity and idle evidence, and the per-process SM
+//! Every observation goes into one `AnalysisJudge` (`vramctl_observe::verdict`: the
+//! `FleetTracker` `leaks --watch` and `top` run), with each process's start and CPU time
+//! from the collector's observation (/proc's stat at most once a second) as its identity
+//! and idle evidence, and the per-process SM
 //! activity the source reads for every GPU. After each tick the [`ProcessVerdicts`] the
 //! renderer reads are rebuilt from the processes listed in that tick, so the verdict series
 //! of a process that ended disappear with its memory series.
@@ -12,14 +12,12 @@
 //! (`docs/benchmarks.md`, "Live analysis: FleetTracker per tick"); it runs on the sampler
 //! thread, never in a scrape.
 
-use std::sync::Arc;
-
-use vramctl_core::types::Snapshot;
-use vramctl_leaks::analysis::live::{FleetConfig, FleetTracker};
+use vramctl_leaks::analysis::live::FleetConfig;
 use vramctl_leaks::analysis::{
     AnalysisError, Cadence, IdleState, LeakConfig, SeriesReport, Verdict,
 };
-use vramctl_procs::process_catalog::ProcessCatalog;
+use vramctl_observe::observation::{Observation, Observer};
+use vramctl_observe::verdict::AnalysisJudge;
 
 use super::collector::TickConsumer;
 use super::metadata::ProcessMetadata;
@@ -28,7 +26,7 @@ use super::render::{ProcessVerdict, ProcessVerdicts};
 /// The live leak and idle analysis of every process the exporter sees.
 #[derive(Debug)]
 pub struct LiveAnalysis {
-    fleet: FleetTracker,
+    judge: AnalysisJudge,
 }
 
 impl LiveAnalysis {
@@ -41,7 +39,7 @@ impl LiveAnalysis {
             // Scraped every 15-60 s: re-analysing each series at most every 10 s keeps
             // the daemon near its 0.5 % CPU goal with 240 processes (every second it grew
             // to 0.8 % of a core after two minutes on the 8 x 30 scenario).
-            fleet: FleetTracker::new(FleetConfig {
+            judge: AnalysisJudge::with_fleet_config(FleetConfig {
                 leak: cfg,
                 cadence: Cadence::SCRAPED,
                 ..FleetConfig::default()
@@ -53,18 +51,16 @@ impl LiveAnalysis {
 impl TickConsumer for LiveAnalysis {
     fn on_snapshot(
         &mut self,
-        snapshot: &Arc<Snapshot>,
+        observation: &Observation,
+        _observer: &Observer,
         _metadata: &ProcessMetadata,
-        processes: &mut ProcessCatalog,
         verdicts: &mut ProcessVerdicts,
     ) {
-        // Outside the host's PID namespace (`--process-details nvml|none`) the catalog reads
+        // Outside the host's PID namespace (`--process-details nvml|none`) the observer reads
         // no /proc, and every process is "not visible".
-        let now = snapshot.monotonic_ms;
-        self.fleet
-            .observe(snapshot, |pid| processes.live_facts(pid, now));
+        self.judge.track(observation);
         verdicts.clear();
-        for (key, _place, report) in self.fleet.current() {
+        for (key, _place, report) in self.judge.fleet().current() {
             if let Some(report) = report {
                 verdicts.insert((key.device_uuid.clone(), key.pid), verdict_of(report));
             }
@@ -96,6 +92,10 @@ mod tests {
         DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading,
         ProcessActivity, ProcessKind, ProcessUsage,
     };
+
+    use std::sync::Arc;
+
+    use vramctl_core::types::Snapshot;
 
     use super::*;
 
@@ -170,12 +170,24 @@ mod tests {
         };
         let mut analysis = LiveAnalysis::new(cfg).unwrap();
         // No /proc (as with `--process-details nvml`): the PIDs are made up.
-        let mut catalog = ProcessCatalog::new(vramctl_procs::process_catalog::FactsSource::Driver);
+        let mut observer = Observer::builder()
+            .facts(vramctl_procs::process_catalog::FactsSource::Driver)
+            .agents(None)
+            .ancestors(false)
+            .build();
+        let mut tick = |t: i64, verdicts: &mut ProcessVerdicts, analysis: &mut LiveAnalysis| {
+            let observation = observer.observe((*snapshot(t)).clone(), |_| None);
+            analysis.on_snapshot(
+                &observation,
+                &observer,
+                &ProcessMetadata::default(),
+                verdicts,
+            );
+        };
         let mut verdicts = ProcessVerdicts::new();
-        let metadata = ProcessMetadata::default();
         let key = |pid: u32| ("GPU-a".to_owned(), pid);
         for t in 0..=50 {
-            analysis.on_snapshot(&snapshot(t), &metadata, &mut catalog, &mut verdicts);
+            tick(t, &mut verdicts, &mut analysis);
         }
         assert_eq!(verdicts.len(), 3);
         let steady = &verdicts[&key(3)];
@@ -184,7 +196,7 @@ mod tests {
         assert_eq!(steady.idle_seconds, Some(0.0), "busy by its SM activity");
         // Past 60 s: PID 3 is gone, and so are its verdicts; the leak and the holder show.
         for t in 51..=120 {
-            analysis.on_snapshot(&snapshot(t), &metadata, &mut catalog, &mut verdicts);
+            tick(t, &mut verdicts, &mut analysis);
         }
         assert_eq!(verdicts.len(), 2, "{verdicts:?}");
         assert!(!verdicts.contains_key(&key(3)));

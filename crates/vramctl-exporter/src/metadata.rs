@@ -1,16 +1,16 @@
 //! Labels for the processes in a snapshot: who runs them, what they run, and where.
 //!
-//! Made by the sampler thread, never by a scrape, from the collector's
-//! `vramctl_procs::process_catalog::ProcessCatalog`, which reads /proc once per process
-//! identity (a reused PID is a new process at the next tick) and shares what it read with
-//! the live analysis and `serve --record`.
+//! Made by the sampler thread, never by a scrape, from the collector's observation
+//! (`vramctl_observe::observation::Observer`, whose catalog reads /proc once per process
+//! identity: a reused PID is a new process at the next tick), which the live analysis and
+//! `serve --record` read too.
 
 use std::collections::HashMap;
 
 use vramctl_agent::agent_poll::AgentFigures;
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::types::Snapshot;
-use vramctl_procs::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
+use vramctl_observe::observation::Observation;
+use vramctl_procs::process_catalog::{FactsSource, listed_pids};
 
 /// Longest `command` label, in characters; longer command lines are shortened. Prometheus'
 /// own default `label_value_length_limit` is unlimited, but long labels cost memory in
@@ -67,27 +67,28 @@ impl ProcessMetadata {
 }
 
 impl ProcessMetadata {
-    /// The labels of the processes listed in `snapshot`, from `catalog` (which observed
-    /// it): user, command, container and pod from /proc; the driver's name for a process
-    /// /proc cannot see or with `nvml`; nothing with `none`.
-    pub fn from_catalog(
-        snapshot: &Snapshot,
-        catalog: &ProcessCatalog,
-        source: DetailsSource,
-    ) -> Self {
+    /// The labels of the processes `observation`'s snapshot lists: user, command,
+    /// container and pod from /proc; the driver's name for a process /proc cannot see or
+    /// with `nvml`; nothing with `none`.
+    pub fn from_observation(observation: &Observation, source: DetailsSource) -> Self {
         let mut by_pid = HashMap::new();
-        for pid in listed_pids(snapshot) {
-            let labels = match (source, catalog.get(pid)) {
-                (DetailsSource::None, _) | (_, None) => ProcessLabels::default(),
-                (_, Some(entry)) => {
-                    let facts = &entry.facts;
-                    ProcessLabels {
-                        command: facts.command.as_deref().map(truncate_command),
-                        user: facts.user_or_uid(),
-                        container: facts.container.container_id.clone(),
-                        pod: facts.container.pod_uid.clone(),
-                    }
-                }
+        for pid in listed_pids(&observation.snapshot) {
+            let host = observation.hosts.get(&pid);
+            let labels = match (source, host) {
+                (DetailsSource::None, _) => ProcessLabels::default(),
+                (_, Some(host)) => ProcessLabels {
+                    command: Some(truncate_command(&host.command)),
+                    user: host.user.clone(),
+                    container: host.container_id.clone(),
+                    pod: host.pod_uid.clone(),
+                },
+                (_, None) => ProcessLabels {
+                    command: observation
+                        .driver_names
+                        .get(&pid)
+                        .map(|name| truncate_command(name)),
+                    ..ProcessLabels::default()
+                },
             };
             by_pid.insert(pid, labels);
         }
@@ -152,7 +153,7 @@ mod tests {
         use std::sync::Arc;
         use vramctl_core::types::{
             DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessKind,
-            ProcessUsage,
+            ProcessUsage, Snapshot,
         };
         let me = std::process::id();
         let snapshot = Snapshot {
@@ -184,9 +185,13 @@ mod tests {
         };
         let mut asked = Vec::new();
         let labels_with = |details: DetailsSource, name: &mut dyn FnMut(u32) -> Option<String>| {
-            let mut catalog = ProcessCatalog::new(details.facts_source());
-            catalog.observe_snapshot(&snapshot, 0, name);
-            ProcessMetadata::from_catalog(&snapshot, &catalog, details)
+            let mut observer = vramctl_observe::observation::Observer::builder()
+                .facts(details.facts_source())
+                .agents(None)
+                .ancestors(false)
+                .build();
+            let observation = observer.observe(snapshot.clone(), name);
+            ProcessMetadata::from_observation(&observation, details)
                 .get(me)
                 .cloned()
                 .expect("labels for our pid")

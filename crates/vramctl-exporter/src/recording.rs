@@ -12,8 +12,7 @@
 use std::sync::Arc;
 
 use vramctl_core::clock::ClockTime;
-use vramctl_core::types::Snapshot;
-use vramctl_procs::process_catalog::ProcessCatalog;
+use vramctl_observe::observation::{Observation, Observer};
 use vramctl_store::{TickSample, add_agent_figures, device_samples};
 
 use super::collector::TickConsumer;
@@ -62,17 +61,20 @@ impl HistoryRecorder {
 impl TickConsumer for HistoryRecorder {
     fn on_snapshot(
         &mut self,
-        snapshot: &Arc<Snapshot>,
+        observation: &Observation,
+        observer: &Observer,
         metadata: &ProcessMetadata,
-        catalog: &mut ProcessCatalog,
         _verdicts: &mut ProcessVerdicts,
     ) {
-        // The collector's catalog observed this snapshot already (and asked the driver to
-        // name what /proc cannot see). `Procs` paces its reads by differences of this time:
-        // monotonic, as the collector's.
-        let processes = self
-            .procs
-            .update(catalog, snapshot, snapshot.monotonic_ms, &mut |_| None);
+        // The collector's observer read /proc for this snapshot already (and asked the driver
+        // to name what /proc cannot see): `Procs` reads nothing more. It paces the CPU
+        // readings by the snapshot's time, monotonic.
+        let snapshot = &observation.snapshot;
+        let processes = self.procs.update_observed(
+            observation,
+            observer.boot_id(),
+            observer.ticks_per_second(),
+        );
         let mut devices = device_samples(snapshot);
         // The agents' figures the collector polled for this tick's rendering.
         add_agent_figures(&mut devices, &metadata.agents);
@@ -110,14 +112,16 @@ impl TickConsumer for HistoryRecorder {
 mod tests {
     use std::collections::BTreeMap;
 
+    use std::sync::Arc;
+
     use vramctl_core::types::{
         DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, MemoryReading,
-        ProcessKind, ProcessUsage,
+        ProcessKind, ProcessUsage, Snapshot,
     };
     use vramctl_store::{Metric, OpenMode, Retention, Store, TimeRange};
 
     use super::*;
-    use vramctl_procs::process_catalog::{FactsSource, LiveProc, RefreshPolicy};
+    use vramctl_procs::process_catalog::LiveProc;
 
     fn snapshot(at_ms: i64, used: u64, pid: u32) -> Arc<Snapshot> {
         Arc::new(Snapshot {
@@ -156,24 +160,24 @@ mod tests {
         })
     }
 
-    /// A history recorder writing to a new history at `path`, and a catalog over this /proc.
-    fn recorder_on(path: &std::path::Path) -> (HistoryRecorder, ProcessCatalog) {
+    /// A history recorder writing to a new history at `path`, and an observer of this /proc
+    /// (no boot id, no agents).
+    fn recorder_on(path: &std::path::Path) -> (HistoryRecorder, Observer) {
         let store = Store::open(path, OpenMode::Append).unwrap();
         let feed = StoreFeed::start(store, Retention::default(), 1000, 8, true).unwrap();
-        let catalog = ProcessCatalog::with_source(
-            FactsSource::Proc,
-            RefreshPolicy::default(),
-            None,
-            Box::new(LiveProc::new()),
-        );
-        (HistoryRecorder::new(feed, Procs::new()), catalog)
+        let observer = Observer::builder()
+            .proc_source(None, Box::new(LiveProc::new()))
+            .agents(None)
+            .ancestors(false)
+            .build();
+        (HistoryRecorder::new(feed, Procs::new()), observer)
     }
 
     #[test]
     fn snapshots_and_nvml_outages_are_recorded_and_flushed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.db");
-        let (mut recorder, mut catalog) = recorder_on(&path);
+        let (mut recorder, mut observer) = recorder_on(&path);
         let me = std::process::id();
         let t0 = 1_764_000_000_000;
         let mut verdicts = ProcessVerdicts::new();
@@ -186,12 +190,11 @@ mod tests {
             "NVML did not start: no driver",
         );
         for i in 1..=3 {
-            recorder.on_snapshot(
-                &snapshot(t0 + i * 1000, (i as u64) << 30, me),
-                &metadata,
-                &mut catalog,
-                &mut verdicts,
+            let observation = observer.observe(
+                (*snapshot(t0 + i * 1000, (i as u64) << 30, me)).clone(),
+                |_| None,
             );
+            recorder.on_snapshot(&observation, &observer, &metadata, &mut verdicts);
         }
         recorder.finish();
 
@@ -230,7 +233,7 @@ mod tests {
     fn serve_record_stores_the_agent_figures_the_collector_polled() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.db");
-        let (mut recorder, mut catalog) = recorder_on(&path);
+        let (mut recorder, mut observer) = recorder_on(&path);
         let me = std::process::id();
         let t0 = 1_764_000_000_000;
         let mut metadata = ProcessMetadata::default();
@@ -241,10 +244,11 @@ mod tests {
                 reserved_bytes: Some(3 << 20),
             },
         );
+        let observation = observer.observe((*snapshot(t0, 1 << 30, me)).clone(), |_| None);
         recorder.on_snapshot(
-            &snapshot(t0, 1 << 30, me),
+            &observation,
+            &observer,
             &metadata,
-            &mut catalog,
             &mut ProcessVerdicts::new(),
         );
         recorder.finish();

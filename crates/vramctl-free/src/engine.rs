@@ -2,7 +2,8 @@
 //!
 //! A round: on one sample of the GPUs, join each process holding memory with /proc, find the
 //! idle evidence for each of its GPUs (the recorded history through `leaks`' scan, or
-//! `FleetTracker` when the binary feeds every live sample to [`Engine::observe`];
+//! the live analysis (`vramctl_observe::verdict::AnalysisJudge`) when the binary feeds
+//! every live sample to [`Engine::observe`];
 //! `evidence.rs`), judge it against each policy ([`crate::decide`], pure), have the
 //! executor prove that the safe path would signal it ([`ReapExecutor::inspect`]), cap the
 //! number with `max_kills`, and report the plan with the evidence for each candidate and the
@@ -28,12 +29,13 @@ use vramctl_agent::reclaim::{ProcessReclaim, ReclaimRequest};
 use vramctl_core::clock::Clock;
 use vramctl_core::types::{DeviceInfo, Snapshot};
 use vramctl_core::wall_time::{clock, same_day};
-use vramctl_leaks::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
+use vramctl_leaks::analysis::live::{FleetConfig, SeriesKey};
 use vramctl_leaks::analysis::{Evidence, LeakConfig, Verdict};
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings};
 use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::observation::{Observation, Observer};
 use vramctl_observe::units;
-use vramctl_procs::process_catalog::{FactsSource, ProcessCatalog};
+use vramctl_observe::verdict::AnalysisJudge;
 use vramctl_procs::signal::{
     Candidate, KillRequest, Origin, Refusal, Signal, Target, TargetOutcome, TargetReport,
 };
@@ -166,7 +168,8 @@ pub trait ReapExecutor {
 
 /// What the engine watches live between passes.
 pub struct Live {
-    fleet: FleetTracker,
+    /// The live analysis of every sample (its tracker's reports are the evidence).
+    judge: AnalysisJudge,
     /// The first sample's time.
     pub since_unix_ms: Option<i64>,
     /// Samples seen.
@@ -177,7 +180,7 @@ pub struct Live {
 pub struct Engine {
     config: ReapConfig,
     /// What /proc says about the GPU processes: their names, identity and CPU time.
-    processes: ProcessCatalog,
+    observer: Observer,
     lookback: Duration,
     live: Option<Live>,
     /// Stamps the moment of the signal in the report.
@@ -206,7 +209,7 @@ impl Engine {
             .unwrap_or(policy::DEFAULT_IDLE_FOR);
         let live = if config.live {
             Some(Live {
-                fleet: FleetTracker::new(FleetConfig {
+                judge: AnalysisJudge::with_fleet_config(FleetConfig {
                     leak: config.leak.clone(),
                     ..FleetConfig::default()
                 })
@@ -220,7 +223,8 @@ impl Engine {
         Ok(Self {
             lookback: LOOKBACK.max(longest.saturating_mul(2)),
             config,
-            processes: ProcessCatalog::new(FactsSource::Proc),
+            // Only the GPU processes, and no agent: `reap` asks an agent only to reclaim.
+            observer: Observer::builder().agents(None).ancestors(false).build(),
             live,
             clock,
         })
@@ -236,13 +240,15 @@ impl Engine {
         self.live.as_ref()
     }
 
-    /// Brings the process catalog up to `snapshot` (monotonic time: the catalog's refresh
-    /// policy counts spans).
-    fn observe_processes(&mut self, exec: &mut dyn ReapExecutor, snapshot: &Snapshot) {
-        self.processes
-            .observe_snapshot(snapshot, snapshot.monotonic_ms, &mut |pid| {
-                exec.process_name(pid)
-            });
+    /// `snapshot` joined with /proc (monotonic time: the observer's refresh policy counts
+    /// spans); the driver names what /proc cannot see.
+    fn observe_processes(
+        &mut self,
+        exec: &mut dyn ReapExecutor,
+        snapshot: &Snapshot,
+    ) -> Observation {
+        self.observer
+            .observe(snapshot.clone(), |pid| exec.process_name(pid))
     }
 
     /// Feeds a live sample to the tracker (nothing when not watching live).
@@ -250,11 +256,9 @@ impl Engine {
         if self.live.is_none() {
             return;
         }
-        self.observe_processes(exec, snapshot);
+        let observation = self.observe_processes(exec, snapshot);
         let Some(live) = &mut self.live else { return };
-        let (processes, mono) = (&mut self.processes, snapshot.monotonic_ms);
-        live.fleet
-            .observe(snapshot, |pid| processes.live_facts(pid, mono));
+        live.judge.track(&observation);
         live.since_unix_ms.get_or_insert(snapshot.taken_at_unix_ms);
         live.samples += 1;
     }
@@ -287,7 +291,7 @@ impl Engine {
             })
             .flat_map(|(uuid, list)| list.iter().map(move |a| ((uuid, a.pid), a.sm_percent)))
             .collect();
-        self.observe_processes(exec, snapshot);
+        let observation = self.observe_processes(exec, snapshot);
         let by_pid = holdings(snapshot, &GpuFilter::default());
         let pids: Vec<u32> = by_pid.keys().copied().collect();
         let history = read_history(
@@ -319,14 +323,13 @@ impl Engine {
         let mut observed: Vec<Observed> = Vec::new();
         for (pid, gpus) in &by_pid {
             // The command line, or the driver's name for a process /proc cannot see.
-            let entry = self.processes.get(*pid);
-            let facts = entry.map(|e| e.facts.clone()).unwrap_or_default();
-            let command = facts.command.clone();
-            let start = entry.and_then(|e| e.start_time_ticks);
-            let cpu_now_ms = self
-                .processes
-                .stat(*pid, snapshot.monotonic_ms)
-                .map(|s| s.cpu_time_ms);
+            let host = observation.hosts.get(pid);
+            let command = host.map_or_else(
+                || observation.driver_names.get(pid).cloned(),
+                |h| Some(h.command.clone()),
+            );
+            let start = host.and_then(|h| h.start_time_ticks);
+            let cpu_now_ms = host.and_then(|h| h.cpu_time_ms);
             let mut cpu_since = None;
             let mut gpus_now = Vec::new();
             for h in gpus {
@@ -348,14 +351,14 @@ impl Engine {
                         })
                     }
                     None => self.live.as_ref().and_then(|live| {
-                        let report = live.fleet.report(&SeriesKey {
+                        let report = live.judge.fleet().report(&SeriesKey {
                             device_uuid: h.uuid.clone(),
                             pid: *pid,
                             start_time_ticks: start,
                         })?;
                         // Fresh by the tracker's own time line, which a wall-clock step
                         // does not move.
-                        let live_now = live.fleet.now_ms().unwrap_or(now);
+                        let live_now = live.judge.fleet().now_ms().unwrap_or(now);
                         (report.last_unix_ms >= live_now.saturating_sub(fresh_ms)).then(|| {
                             GpuEvidence {
                                 source: Source::Live,
@@ -377,8 +380,8 @@ impl Engine {
             observed.push(Observed {
                 pid: *pid,
                 start_time_ticks: start,
-                uid: facts.uid,
-                user: facts.user,
+                uid: host.and_then(|h| h.uid),
+                user: host.and_then(|h| h.user_name().map(str::to_owned)),
                 command,
                 gpus: gpus_now,
                 cpu_since_history: cpu_since,

@@ -23,8 +23,8 @@ use std::time::Instant;
 
 use anyhow::{Context, anyhow};
 use vramctl_core::clock::ClockTime;
-use vramctl_core::types::Snapshot;
-use vramctl_procs::process_catalog::{FactsSource, ProcessCatalog, listed_pids};
+use vramctl_observe::observation::Observation;
+use vramctl_procs::process_catalog::listed_pids;
 use vramctl_procs::procinfo;
 use vramctl_store::{
     Gap, HistoryClock, ProcessKey, ProcessMeta, ProcessSample, Retention, SessionInfo, Store,
@@ -288,13 +288,13 @@ impl Drop for StoreFeed {
     }
 }
 
-/// Identity, metadata and CPU time of GPU processes for the history: what the
-/// [`ProcessCatalog`] knows, sent to the store when a process is new (metadata, once per
-/// identity) and its CPU time every [`CPU_EVERY_MS`]. The catalog proves each tick that a
-/// PID still names the same process (a pidfd poll) and reads `/proc/PID/stat` only for
-/// those CPU readings. The catalog is the caller's observer's (`vramctl_observe::observation::Observer`
-/// in `record` and `run --record`; `serve --record` shares its own with the exporter's labels
-/// and live analysis), so /proc is read once for all of them.
+/// Identity, metadata and CPU time of GPU processes for the history: what the caller's
+/// observations (`vramctl_observe::observation::Observer`) say, sent to the store when a
+/// process is new (metadata, once per identity) and its CPU time every [`CPU_EVERY_MS`].
+/// The observer's catalog proves each tick that a PID still names the same process (a
+/// pidfd poll); `record` and `run --record` have it read `/proc/PID/stat` only as often as
+/// the history stores CPU time, and `serve --record` reads the observation the exporter's
+/// labels and live analysis read, so /proc is read once for all of them.
 #[derive(Debug, Default)]
 pub struct Procs {
     /// What was last sent per PID: its identity, and when its CPU time was.
@@ -313,33 +313,34 @@ impl Procs {
         Self::default()
     }
 
-    /// Samples for processes that are new, reused PIDs, or due a CPU-time reading, from
-    /// `catalog` brought up to `snapshot` first (a catalog that observed it already pays one
-    /// more exit check). `driver_name` names a process /proc cannot see (the driver still
-    /// knows it). `now` paces the CPU readings: the catalog's time, monotonic.
-    pub fn update(
+    /// Samples for processes that are new, reused PIDs, or due a CPU-time reading, as
+    /// `observation` (an `Observer`'s, without reading anything more) describes the
+    /// processes its snapshot lists. `boot_id` and `ticks_per_second` are the observer's;
+    /// the CPU time goes back to the ticks the history stores (exact for the kernel's 100 a
+    /// second). `now` (the snapshot's monotonic time) paces the CPU readings.
+    pub fn update_observed(
         &mut self,
-        catalog: &mut ProcessCatalog,
-        snapshot: &Snapshot,
-        now: i64,
-        driver_name: &mut dyn FnMut(u32) -> Option<String>,
+        observation: &Observation,
+        boot_id: Option<&str>,
+        ticks_per_second: u64,
     ) -> Vec<ProcessSample> {
-        let on_gpu = listed_pids(snapshot);
-        catalog.observe(&on_gpu, now, driver_name);
+        let now = observation.snapshot.monotonic_ms;
+        let on_gpu = listed_pids(&observation.snapshot);
         self.sent.retain(|pid, _| on_gpu.binary_search(pid).is_ok());
-        let boot_id = catalog.boot_id().map(str::to_owned);
-        let with_cpu = catalog.source() == FactsSource::Proc;
         let mut out = Vec::new();
         for pid in on_gpu {
-            let Some(entry) = catalog.get(pid) else {
-                continue;
-            };
-            let start = entry.start_time_ticks;
+            let host = observation.hosts.get(&pid);
             let sent = self.sent.get(&pid).copied();
+            // A process /proc no longer shows (it exited; NVML lists it while the driver
+            // tears its context down) is still the one last sent: no second identity.
+            let start = match host {
+                Some(h) => h.start_time_ticks,
+                None => sent.and_then(|s| s.start_time_ticks),
+            };
             let is_new = sent.is_none_or(|s| s.start_time_ticks != start);
-            // A clock that went backwards makes the reading due at once.
-            let cpu_due = with_cpu
-                && entry.visible
+            // Only /proc's processes have a CPU time (hosts). A clock that went backwards
+            // makes the reading due at once.
+            let cpu_due = host.is_some()
                 && (is_new
                     || sent.is_none_or(|s| {
                         now < s.cpu_at_ms || now.saturating_sub(s.cpu_at_ms) >= CPU_EVERY_MS
@@ -349,22 +350,28 @@ impl Procs {
             }
             let mut meta = ProcessMeta {
                 key: ProcessKey {
-                    boot_id: boot_id.clone(),
+                    boot_id: boot_id.map(str::to_owned),
                     pid,
                     start_time_ticks: start,
                 },
                 ..ProcessMeta::default()
             };
             if is_new {
-                let facts = &entry.facts;
-                meta.uid = facts.uid;
-                meta.user.clone_from(&facts.user);
-                meta.command.clone_from(&facts.command);
-                meta.container_id.clone_from(&facts.container.container_id);
-                meta.pod_uid.clone_from(&facts.container.pod_uid);
+                match host {
+                    Some(h) => {
+                        meta.uid = h.uid;
+                        meta.user = h.user_name().map(str::to_owned);
+                        meta.command = Some(h.command.clone());
+                        meta.container_id.clone_from(&h.container_id);
+                        meta.pod_uid.clone_from(&h.pod_uid);
+                    }
+                    None => meta.command = observation.driver_names.get(&pid).cloned(),
+                }
             }
             let cpu_ticks = if cpu_due {
-                catalog.stat(pid, now).map(|s| s.cpu_ticks)
+                host.and_then(|h| h.cpu_time_ms).and_then(|ms| {
+                    u64::try_from(u128::from(ms) * u128::from(ticks_per_second) / 1000).ok()
+                })
             } else {
                 None
             };
@@ -526,9 +533,12 @@ mod tests {
 
     use vramctl_core::types::{
         DeviceInfo, DeviceReading, DeviceSnapshot, DeviceState, DriverInfo, ProcessKind,
-        ProcessUsage,
+        ProcessUsage, Snapshot,
     };
-    use vramctl_procs::process_catalog::{LiveProc, RefreshPolicy, ScriptedProc};
+    use vramctl_observe::observation::Observer;
+    use vramctl_procs::process_catalog::{
+        FactsSource, LiveProc, ProcSource, RefreshPolicy, ScriptedProc,
+    };
     use vramctl_store::{OpenMode, TimeRange, device_samples};
 
     use super::*;
@@ -567,34 +577,64 @@ mod tests {
         }
     }
 
+    /// An observer as a recorder has one (`record`'s: CPU time read every 10 s, no
+    /// ancestors), without agents, reading `source` on the boot `boot`.
+    fn observer_on(
+        facts: FactsSource,
+        boot: Option<&str>,
+        source: Box<dyn ProcSource>,
+    ) -> Observer {
+        Observer::builder()
+            .facts(facts)
+            .proc_source(boot.map(str::to_owned), source)
+            .refresh(RefreshPolicy {
+                stat_every_ms: CPU_EVERY_MS,
+                ..RefreshPolicy::default()
+            })
+            .agents(None)
+            .ancestors(false)
+            .build()
+    }
+
+    /// What `procs` sends for `snapshot`, observed by `observer`.
+    fn update(
+        procs: &mut Procs,
+        observer: &mut Observer,
+        snapshot: Snapshot,
+        name: &mut dyn FnMut(u32) -> Option<String>,
+    ) -> Vec<ProcessSample> {
+        let observation = observer.observe_processes(snapshot, name);
+        procs.update_observed(
+            &observation,
+            observer.boot_id(),
+            observer.ticks_per_second(),
+        )
+    }
+
     #[test]
     fn our_own_process_gets_its_identity_once_and_cpu_every_ten_seconds() {
         let me = std::process::id();
-        let mut catalog = ProcessCatalog::with_source(
-            FactsSource::Proc,
-            RefreshPolicy::default(),
-            Some("boot".into()),
-            Box::new(LiveProc::new()),
-        );
+        let mut observer = observer_on(FactsSource::Proc, Some("boot"), Box::new(LiveProc::new()));
         let mut procs = Procs::new();
         let asked = std::cell::RefCell::new(Vec::new());
         let mut name = |pid| {
             asked.borrow_mut().push(pid);
             None
         };
-        let first = procs.update(&mut catalog, &snapshot(0, &[me]), 0, &mut name);
+        let first = update(&mut procs, &mut observer, snapshot(0, &[me]), &mut name);
         assert_eq!(first.len(), 1);
         let meta = &first[0].meta;
         assert_eq!(meta.key.boot_id.as_deref(), Some("boot"));
         assert!(meta.key.start_time_ticks.is_some());
         assert!(meta.command.is_some() && meta.user.is_some());
         assert!(first[0].cpu_ticks.is_some());
-        assert!(
-            procs
-                .update(&mut catalog, &snapshot(5_000, &[me]), 5_000, &mut name)
-                .is_empty()
+        assert!(update(&mut procs, &mut observer, snapshot(5_000, &[me]), &mut name).is_empty());
+        let again = update(
+            &mut procs,
+            &mut observer,
+            snapshot(10_000, &[me]),
+            &mut name,
         );
-        let again = procs.update(&mut catalog, &snapshot(10_000, &[me]), 10_000, &mut name);
         assert_eq!(again.len(), 1);
         assert!(again[0].cpu_ticks.is_some());
         assert_eq!(again[0].meta.command, None, "metadata only once");
@@ -609,48 +649,47 @@ mod tests {
         let me = std::process::id();
         // The driver's process names only: a container without the host's PID namespace,
         // where /proc would describe other processes under the same numbers.
-        let mut catalog = ProcessCatalog::with_source(
+        let boot = procinfo::boot_id();
+        let mut observer = observer_on(
             FactsSource::Driver,
-            RefreshPolicy::default(),
-            procinfo::boot_id(),
+            boot.as_deref(),
             Box::new(LiveProc::new()),
         );
         let mut procs = Procs::new();
         let mut name = |pid: u32| Some(format!("name {pid}"));
-        let first = procs.update(&mut catalog, &snapshot(0, &[me]), 0, &mut name);
+        let first = update(&mut procs, &mut observer, snapshot(0, &[me]), &mut name);
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].meta.command, Some(format!("name {me}")));
         assert_eq!(first[0].meta.key.start_time_ticks, None);
         assert_eq!(first[0].meta.user, None);
         assert!(
-            procs
-                .update(&mut catalog, &snapshot(60_000, &[me]), 60_000, &mut name)
-                .is_empty()
+            update(
+                &mut procs,
+                &mut observer,
+                snapshot(60_000, &[me]),
+                &mut name
+            )
+            .is_empty()
         );
     }
 
-    fn scripted_catalog(source: &ScriptedProc) -> ProcessCatalog {
-        ProcessCatalog::with_source(
-            FactsSource::Proc,
-            RefreshPolicy::default(),
-            Some("boot".into()),
-            Box::new(source.clone()),
-        )
+    fn scripted_observer(source: &ScriptedProc) -> Observer {
+        observer_on(FactsSource::Proc, Some("boot"), Box::new(source.clone()))
     }
 
     #[test]
     fn a_reused_pid_is_recorded_as_a_new_process_at_the_next_tick() {
         let source = ScriptedProc::new();
         source.set(42, 500, 10, 'S');
-        let mut catalog = scripted_catalog(&source);
+        let mut observer = scripted_observer(&source);
         let mut procs = Procs::new();
         let mut name = |_| None;
-        let first = procs.update(&mut catalog, &snapshot(0, &[42]), 0, &mut name);
+        let first = update(&mut procs, &mut observer, snapshot(0, &[42]), &mut name);
         assert_eq!(first[0].meta.key.start_time_ticks, Some(500));
         // 100 ms later another process runs under PID 42: the history must not add its
         // memory to the first one's series until the next CPU reading (10 s later).
         source.set(42, 900, 0, 'R');
-        let next = procs.update(&mut catalog, &snapshot(100, &[42]), 100, &mut name);
+        let next = update(&mut procs, &mut observer, snapshot(100, &[42]), &mut name);
         assert_eq!(next.len(), 1);
         let meta = &next[0].meta;
         assert_eq!(meta.key.start_time_ticks, Some(900));
@@ -662,20 +701,20 @@ mod tests {
     fn an_exiting_process_keeps_its_identity_while_nvml_still_lists_it() {
         let source = ScriptedProc::new();
         source.set(530, 500, 10, 'S');
-        let mut catalog = scripted_catalog(&source);
+        let mut observer = scripted_observer(&source);
         let mut procs = Procs::new();
         let mut name = |_| Some("python".to_owned());
-        let first = procs.update(&mut catalog, &snapshot(0, &[530]), 0, &mut name);
+        let first = update(&mut procs, &mut observer, snapshot(0, &[530]), &mut name);
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].meta.key.start_time_ticks, Some(500));
         // The process exits and is reaped; NVML lists it for a few more ticks while the
         // driver tears its context down. No second identity (`PID 530 (?)`) may be stored.
         source.remove(530);
         for tick in 1..=20 {
-            let sent = procs.update(
-                &mut catalog,
-                &snapshot(tick * 100, &[530]),
-                tick * 100,
+            let sent = update(
+                &mut procs,
+                &mut observer,
+                snapshot(tick * 100, &[530]),
                 &mut name,
             );
             assert!(sent.is_empty(), "tick {tick}: {sent:?}");
@@ -689,22 +728,21 @@ mod tests {
         for &pid in &pids {
             source.set(pid, u64::from(pid), 0, 'S');
         }
-        let mut catalog = scripted_catalog(&source);
+        let mut observer = scripted_observer(&source);
         let mut procs = Procs::new();
         let mut name = |_| None;
         // A minute at 100 ms.
         let mut sent = 0;
         for tick in 0..600 {
-            sent += procs
-                .update(
-                    &mut catalog,
-                    &snapshot(tick * 100, &pids),
-                    tick * 100,
-                    &mut name,
-                )
-                .len();
+            sent += update(
+                &mut procs,
+                &mut observer,
+                snapshot(tick * 100, &pids),
+                &mut name,
+            )
+            .len();
         }
-        let c = catalog.counters();
+        let c = observer.counters();
         assert_eq!(c.detail_reads, 30, "static facts once per process");
         // At first sight, then CPU time at 10, 20, ..., 50 s.
         assert_eq!(c.stat_reads, 30 * 6);

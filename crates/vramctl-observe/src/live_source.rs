@@ -1,7 +1,7 @@
 //! Where `status` and `ps` get the devices now, and who they ask about a process: a running
 //! daemon ([`crate::daemon_socket`]: no NVML start-up here) or, when none answers, NVML in
 //! this process with this process's /proc. Both give the same [`Snapshot`] and the same
-//! [`ProcessLookup`] answers, so what is printed does not depend on which one did.
+//! [`Observation`] (`LiveSource::observe`), so what is printed does not depend on which one did.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -16,14 +16,6 @@ use crate::observation::{HostProcess, Observation};
 
 use crate::daemon_socket::SampleReply;
 use crate::daemon_socket::client::{AskOptions, ask};
-
-/// What a command wants to know about a process NVML lists.
-pub trait ProcessLookup {
-    /// What /proc in this PID namespace says about `pid`; `None` when it cannot see it.
-    fn details(&mut self, pid: u32) -> Option<ProcessDetails>;
-    /// The driver's name for a process /proc cannot see.
-    fn driver_name(&mut self, pid: u32) -> Option<String>;
-}
 
 /// Opens NVML here (the command's own `open_sampler`), when no daemon answers.
 pub type OpenNvml = Box<dyn FnMut() -> anyhow::Result<LiveSampler>>;
@@ -144,9 +136,13 @@ impl LiveSource {
         for pid in listed_pids(&observation.snapshot) {
             match lookup.details(pid) {
                 Some(details) => {
-                    observation
-                        .hosts
-                        .insert(pid, HostProcess::from_details(&details, tps));
+                    let mut host = HostProcess::from_details(&details, tps);
+                    // Read here, whoever answered: the daemon shares our PID namespace, and
+                    // a pidfs id is the kernel's, not the namespace's.
+                    host.pidfd_id = details
+                        .start_time_ticks
+                        .and_then(|start| HostProcess::pidfd_id_of(pid, start));
+                    observation.hosts.insert(pid, host);
                 }
                 None => {
                     if let Some(name) = lookup.driver_name(pid) {
@@ -159,7 +155,7 @@ impl LiveSource {
     }
 
     /// Who to ask about the processes of the last snapshot.
-    pub fn lookup(&mut self) -> Lookup<'_> {
+    fn lookup(&mut self) -> Lookup<'_> {
         match (&self.facts, self.sampler.as_mut()) {
             (Some(facts), _) => Lookup::Daemon {
                 facts,
@@ -202,7 +198,7 @@ fn split(reply: SampleReply) -> (Snapshot, DaemonFacts) {
 }
 
 /// Answers about processes from a daemon's facts or from here.
-pub enum Lookup<'a> {
+enum Lookup<'a> {
     /// From the daemon's answer (its /proc is ours: same PID namespace); from our /proc
     /// when the daemon does not read /proc.
     Daemon {
@@ -220,7 +216,8 @@ pub enum Lookup<'a> {
     },
 }
 
-impl ProcessLookup for Lookup<'_> {
+impl Lookup<'_> {
+    /// What /proc in this PID namespace says about `pid`; `None` when it cannot see it.
     fn details(&mut self, pid: u32) -> Option<ProcessDetails> {
         match self {
             Self::Daemon { facts, procs } => match &facts.processes {
@@ -231,6 +228,7 @@ impl ProcessLookup for Lookup<'_> {
         }
     }
 
+    /// The driver's name for a process /proc cannot see.
     fn driver_name(&mut self, pid: u32) -> Option<String> {
         match self {
             Self::Daemon { facts, .. } => facts.driver_names.get(&pid).cloned(),

@@ -161,7 +161,11 @@ impl AgentFigures {
 }
 
 /// A process as /proc described it at the moment of the observation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// The facts after `cpu_time_ms` came later: absent from older recordings (`None` when
+/// read back) and left out of the JSON when unknown, so a recording without them reads as
+/// before.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostProcess {
     /// PID in our namespace.
     pub pid: u32,
@@ -181,9 +185,42 @@ pub struct HostProcess {
     pub cpu_percent: Option<f32>,
     /// Cumulative user + system CPU time (what the idle analysis takes as evidence).
     pub cpu_time_ms: Option<u64>,
+    /// Real user id (`user` may be its name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Resident memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    /// Number of threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// The container's 64-hex-digit id (Docker, containerd, CRI-O, Podman).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The Kubernetes pod UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// The pidfs id of the process (Linux 6.9+), finer than the start time
+    /// (`kill PID@START:ID`). Read by the one-shot observation
+    /// (`crate::live_source::LiveSource::observe`), which pins each process once; the
+    /// [`Observer`] does not pin every process every tick for it, and leaves it `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidfd_id: Option<u64>,
+    /// Its cgroup v2 path (untrusted text: escape it for a terminal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 impl HostProcess {
+    /// The user's name, `None` when the user database knows only the uid (`user` then
+    /// holds the uid as text): what the history and `reap` record as the user.
+    pub fn user_name(&self) -> Option<&str> {
+        let uid_text = self.uid.map(|u| u.to_string());
+        self.user
+            .as_deref()
+            .filter(|name| uid_text.as_deref() != Some(*name))
+    }
+
     /// Exited and waiting for its parent to reap it.
     pub fn is_zombie(&self) -> bool {
         matches!(self.state, Some('Z' | 'X' | 'x'))
@@ -208,7 +245,25 @@ impl HostProcess {
             cpu_time_ms: details.cpu_ticks.and_then(|t| {
                 u64::try_from(u128::from(t) * 1000 / u128::from(ticks_per_second.max(1))).ok()
             }),
+            uid: details.uid,
+            rss_bytes: details.rss_bytes,
+            threads: details.threads,
+            container_id: details.container.container_id.clone(),
+            pod_uid: details.container.pod_uid.clone(),
+            pidfd_id: None,
+            cgroup: details.container.cgroup.clone(),
         }
+    }
+
+    /// The pidfs id of the process `pid` that started at `start_time_ticks`: pinned first,
+    /// then its start time read again, so the id is not another process's that took the PID
+    /// since. `None` where the kernel has no pidfs ids, or the process is gone.
+    pub fn pidfd_id_of(pid: u32, start_time_ticks: u64) -> Option<u64> {
+        let handle = vramctl_procs::signal::PidHandle::pin(pid).ok()?;
+        let same = procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start_time_ticks);
+        (same && !handle.has_exited())
+            .then(|| handle.pidfd_id())
+            .flatten()
     }
 
     /// What the live analysis takes from /proc about `host` (`None`: not visible): the
@@ -260,9 +315,6 @@ impl std::fmt::Debug for dyn Judge {
         f.write_str("Judge")
     }
 }
-
-/// The name `top` knows the observer by (`tui::event`), until it is renamed there.
-pub type HostReader = Observer;
 
 impl Default for Observer {
     fn default() -> Self {
@@ -379,6 +431,17 @@ impl Observer {
         self.catalog.boot_id()
     }
 
+    /// What the observer's catalog read so far (its cost, for tests and measurements).
+    pub fn counters(&self) -> vramctl_procs::process_catalog::CatalogCounters {
+        self.catalog.counters()
+    }
+
+    /// Clock ticks per second of the observed /proc (CPU times in ticks, as the history
+    /// stores them, from the observations' milliseconds).
+    pub fn ticks_per_second(&self) -> u64 {
+        self.catalog.ticks_per_second()
+    }
+
     /// The agents' poll, when the observer asks agents.
     pub fn agent_poll(&self) -> Option<&AgentPoll> {
         self.agents.as_ref()
@@ -394,9 +457,26 @@ impl Observer {
         }
     }
 
-    /// The snapshot joined with /proc. `driver_name` is asked for GPU processes /proc
-    /// cannot see (it calls the backend, on the sampler's thread), once per process.
+    /// The snapshot joined with /proc, its agents' figures and, given a judge, its
+    /// verdicts. `driver_name` is asked for GPU processes /proc cannot see (it calls the
+    /// backend, on the sampler's thread), once per process.
     pub fn observe(
+        &mut self,
+        snapshot: Snapshot,
+        driver_name: impl FnMut(u32) -> Option<String>,
+    ) -> Observation {
+        let mut observation = self.observe_processes(snapshot, driver_name);
+        observation.agents = self.agent_figures(&observation.snapshot);
+        if let Some(judge) = self.judge.as_mut() {
+            observation.verdicts = judge.judge(&observation);
+        }
+        observation
+    }
+
+    /// The snapshot joined with /proc only: no agent asked, no verdicts. For a frontend that
+    /// asks the agents elsewhere ([`refresh_agents`](Self::refresh_agents): `record`, outside
+    /// its sampler's lock).
+    pub fn observe_processes(
         &mut self,
         snapshot: Snapshot,
         mut driver_name: impl FnMut(u32) -> Option<String>,
@@ -444,6 +524,13 @@ impl Observer {
                             started_at_unix_ms: facts.started_at_unix_ms,
                             cpu_percent,
                             cpu_time_ms: Some(stat.cpu_time_ms),
+                            uid: facts.uid,
+                            rss_bytes: Some(stat.rss_bytes),
+                            threads: Some(stat.threads),
+                            container_id: facts.container.container_id.clone(),
+                            pod_uid: facts.container.pod_uid.clone(),
+                            pidfd_id: None,
+                            cgroup: facts.container.cgroup.clone(),
                         },
                     );
                 }
@@ -455,18 +542,13 @@ impl Observer {
                 None => {}
             }
         }
-        let agents = self.agent_figures(&snapshot);
-        let mut observation = Observation {
+        Observation {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names,
             verdicts: Verdicts::default(),
-            agents,
-        };
-        if let Some(judge) = self.judge.as_mut() {
-            observation.verdicts = judge.judge(&observation);
+            agents: AgentFigures::default(),
         }
-        observation
     }
 
     /// Asks the agents that are due, and gives every (process, GPU) figure the poll has.
@@ -559,6 +641,13 @@ mod tests {
         assert!(host.start_time_ticks.is_some());
         assert_eq!(host.cpu_percent, None, "no CPU figure from one reading");
         assert!(host.cpu_time_ms.is_some());
+        assert!(host.uid.is_some() && host.rss_bytes.is_some() && host.threads.is_some());
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").expect("our cgroup");
+        assert_eq!(
+            host.cgroup.as_deref(),
+            cgroup.lines().find_map(|l| l.strip_prefix("0::")),
+            "the cgroup v2 path, as /proc/self/cgroup names it"
+        );
         // The parent chain is there for the tree view.
         let parent = host.ppid.expect("we have a parent");
         if parent > 1 {
@@ -735,6 +824,10 @@ mod tests {
         assert_eq!(host.cpu_time_ms, Some(2_500));
         assert_eq!(host.cpu_percent, None, "no rate from one reading");
         assert_eq!((host.ppid, host.state), (Some(7), Some('S')));
+        assert_eq!(
+            (host.uid, host.rss_bytes, host.threads),
+            (Some(1000), Some(1 << 30), Some(4))
+        );
         // Through the daemon's JSON, the same process.
         let json = serde_json::to_string(&details).expect("encode");
         let back: ProcessDetails = serde_json::from_str(&json).expect("decode");

@@ -300,16 +300,27 @@ pub struct ContainerInfo {
     pub container_id: Option<String>,
     /// The Kubernetes pod UID, with dashes.
     pub pod_uid: Option<String>,
+    /// The cgroup v2 path (the `0::` line), e.g. `/user.slice/user-1000.slice/session-3.scope`:
+    /// `None` without cgroup v2. Any process may name its own sub-cgroups: untrusted text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
-/// Finds a container id and pod UID in the text of `/proc/PID/cgroup`.
+/// Finds a container id and pod UID, and the cgroup v2 path, in the text of
+/// `/proc/PID/cgroup`.
 ///
 /// Handles the cgroupfs layout (`/docker/<id>`, `/kubepods/burstable/pod<uid>/<id>`) and
 /// the systemd one (`docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`,
 /// `libpod-<id>.scope`, `kubepods-burstable-pod<uid_with_underscores>.slice`), as
 /// dcgm-exporter's pod mapper does.
 pub fn parse_cgroup(text: &str) -> ContainerInfo {
-    let mut info = ContainerInfo::default();
+    let mut info = ContainerInfo {
+        cgroup: text
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .map(str::to_owned),
+        ..ContainerInfo::default()
+    };
     for line in text.lines() {
         // hierarchy-ID:controller-list:path
         let Some(path) = line.splitn(3, ':').nth(2) else {
@@ -1161,6 +1172,17 @@ mod cgroup_tests {
     }
 
     const ID: &str = "3f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+
+    #[test]
+    fn the_cgroup_v2_path_is_kept_whole() {
+        let text = "12:cpu,cpuacct:/v1/ignored\n0::/user.slice/user-1000.slice/session-3.scope\n";
+        assert_eq!(
+            parse_cgroup(text).cgroup.as_deref(),
+            Some("/user.slice/user-1000.slice/session-3.scope")
+        );
+        // cgroup v1 only: no v2 path.
+        assert_eq!(parse_cgroup("4:memory:/docker/x\n").cgroup, None);
+    }
 
     #[test]
     fn kubernetes_systemd_driver() {

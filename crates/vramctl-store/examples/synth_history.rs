@@ -3,7 +3,7 @@
 //! store it (one transaction per tick, CPU time every 10 s).
 //!
 //! Per GPU the 30 processes have the shapes of the leak benchmark's mix
-//! (`vramctl-core/benches/leaks.rs`), at sizes that fit a GPU: 20 steady after a warm-up
+//! (`vramctl-leaks/benches/leaks.rs`), at sizes that fit a GPU: 20 steady after a warm-up
 //! of three steps, 3 sawtooth (64 MiB a second for 30 s, then
 //! released), 3 slow leaks (50 kB/s after a minute), 2 staircase leaks (256 MiB every
 //! 10 min), 2 noisy (±32 MiB). GPU utilization varies.

@@ -79,9 +79,12 @@ impl RecordedProcess {
             user: meta.user.clone(),
             command: meta.command.clone(),
             comm: None,
+            // What the history keeps of a process's container; a fact it does not keep
+            // (the cgroup path, ...) stays unknown, so a new fact needs no change here.
             container: ContainerInfo {
                 container_id: meta.container_id.clone(),
                 pod_uid: meta.pod_uid.clone(),
+                ..ContainerInfo::default()
             },
             started_at_unix_ms: None,
             kernel_thread: false,

@@ -72,6 +72,7 @@ pub fn host(pid: u32, ppid: u32, user: &str, command: &str) -> HostProcess {
         started_at_unix_ms: Some(T0_MS - 3_600_000),
         cpu_percent: Some(12.0),
         cpu_time_ms: Some(90_000),
+        ..HostProcess::default()
     }
 }
 

@@ -393,7 +393,7 @@ fn replay_from_the_store_at_a_cursor_and_after_a_step() {
 }
 
 /// A real H200 recording (45 s at 10 Hz, three PyTorch processes: an idle holder, a leak,
-/// a steady trainer; `crates/vramctl-core/tests/data/h200/`) browsed in replay, the cursor
+/// a steady trainer; `crates/vramctl-leaks/tests/data/h200/`) browsed in replay, the cursor
 /// 40 s in, the leaking process selected with its detail pane open.
 #[test]
 fn replay_of_a_real_h200_trace() {
@@ -404,7 +404,7 @@ fn replay_of_a_real_h200_trace() {
 
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../vramctl-core/tests/data/h200/trace-hold-leak-steady.json"
+        "/../vramctl-leaks/tests/data/h200/trace-hold-leak-steady.json"
     );
     let trace: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();

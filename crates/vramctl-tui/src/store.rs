@@ -382,6 +382,7 @@ impl Inner {
                     cpu_percent,
                     cpu_time_ms: cpu_ticks
                         .and_then(|c| u64::try_from(u128::from(c) * 1000 / u128::from(tps)).ok()),
+                    ..HostProcess::default()
                 },
             );
         }

@@ -547,6 +547,7 @@ mod tests {
                 started_at_unix_ms: None,
                 cpu_percent: None,
                 cpu_time_ms: None,
+                ..HostProcess::default()
             },
         )
     }

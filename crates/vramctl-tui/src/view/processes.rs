@@ -213,6 +213,13 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
                 label("state"),
                 (format!("{state}  parent {parent}"), t.text()),
             ]);
+            if let Some(cgroup) = &h.cgroup {
+                // Any process may name its own sub-cgroups: escaped.
+                lines.push(vec![
+                    label("cgroup"),
+                    (escape(cgroup).into_owned(), t.text()),
+                ]);
+            }
         }
         None => {
             let text = "not visible in this PID namespace: /proc has no such process";

@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
-use vramctl_leaks::analysis::live::{FleetConfig, FleetTracker, SeriesKey};
+use vramctl_leaks::analysis::live::{FleetConfig, SeriesKey};
 use vramctl_leaks::analysis::{Cadence, LeakConfig, SeriesReport, Verdict};
+
+use vramctl_observe::observation::{HostProcess, Observation};
+use vramctl_observe::verdict::AnalysisJudge;
 
 use super::replay::{FactsReplay, Recording};
 
@@ -106,7 +109,8 @@ impl LiveCadence {
     }
 }
 
-/// Replays `recording` through one `FleetTracker` with `cfg` at `cadence`: one
+/// Replays `recording` through one `FleetTracker` (the frontends' `AnalysisJudge`) with
+/// `cfg` at `cadence`: one
 /// [`Timeline`] per series.
 ///
 /// # Errors
@@ -116,7 +120,7 @@ pub fn run(
     cfg: &LeakConfig,
     cadence: LiveCadence,
 ) -> anyhow::Result<BTreeMap<SeriesId, Timeline>> {
-    let mut fleet = FleetTracker::new(FleetConfig {
+    let mut judge = AnalysisJudge::with_fleet_config(FleetConfig {
         leak: cfg.clone(),
         // As the frontends keep it: a process gone for a minute is forgotten.
         forget_after: Duration::from_secs(60),
@@ -135,7 +139,21 @@ pub fn run(
             return;
         };
         let now = catalog.facts(tick, &mut facts);
-        let changed = fleet.observe(&snapshot, |pid| now.get(&pid).copied().unwrap_or_default());
+        // The recorded facts as the observation the frontends judge.
+        let mut observation = Observation::bare(snapshot);
+        for (&pid, facts) in &now {
+            observation.hosts.insert(
+                pid,
+                HostProcess {
+                    pid,
+                    start_time_ticks: facts.start_time_ticks,
+                    started_at_unix_ms: facts.started_at_unix_ms,
+                    cpu_time_ms: facts.cpu_time_ms,
+                    ..HostProcess::default()
+                },
+            );
+        }
+        let changed = judge.track(&observation);
         for c in changed.changes {
             let timeline = out.entry(id_of(&c.key)).or_insert_with(|| Timeline {
                 first_ms: c.change.report.first_unix_ms,
@@ -147,7 +165,7 @@ pub fn run(
         }
         // The latest report of every listed series (it may be newer than its last
         // change), and the last time each was seen.
-        for (key, _, report) in fleet.current() {
+        for (key, _, report) in judge.fleet().current() {
             let Some(report) = report else { continue };
             let timeline = out.entry(id_of(key)).or_insert_with(|| Timeline {
                 first_ms: report.first_unix_ms,

@@ -15,6 +15,7 @@ use vramctl_observe::gpu_selection::GpuFilter;
 use super::open_sampler;
 use crate::cli::{DoctorArgs, GlobalArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use crate::output::style::{Styles, paint};
 
 #[derive(Debug, Serialize)]
@@ -106,14 +107,14 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
         checks: &findings,
     };
     let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report).context("cannot write JSON")?;
-        writeln!(out).context("cannot write to stdout")?;
-    } else {
-        for line in render(&report, &Styles::for_stdout(global.color)) {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
-        }
-    }
+    // The findings' lines are styled here; what they quote (paths, process names) was
+    // escaped where each finding was written.
+    emit(
+        &mut out,
+        Format::from_json_flag(args.json, Format::JsonPretty),
+        || &report,
+        || Lines::Styled(render(&report, &Styles::for_stdout(global.color))),
+    )?;
     out.flush().context("cannot write to stdout")?;
     Ok(if no_driver {
         Exit::NoDriver

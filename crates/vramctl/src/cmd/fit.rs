@@ -22,6 +22,7 @@ use super::open_sampler;
 use super::run::{STOP_GRACE, wants_agent};
 use crate::cli::{FitArgs, FitStrategy, GlobalArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 
 /// The whole report (`--json`).
 #[derive(Debug, Serialize)]
@@ -117,16 +118,19 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
         agent,
     };
     let mut stdout = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut stdout, &report)?;
-        writeln!(stdout)?;
-    } else {
+    let format = Format::from_json_flag(args.json, Format::JsonPretty);
+    if format == Format::Text {
+        // The trials and the summary go to stderr; stdout holds only the answer, so that
+        // `BATCH=$(vramctl fit ...)` reads a number.
         print_trials(&report.trials);
         summary(&report);
-        if let Some(a) = answer {
-            writeln!(stdout, "{a}")?;
-        }
     }
+    emit(
+        &mut stdout,
+        format,
+        || &report,
+        || Lines::Styled(answer.into_iter().collect()),
+    )?;
     Ok(if answer.is_some() {
         Exit::Ok
     } else {

@@ -18,10 +18,10 @@ use regex::Regex;
 use serde::Serialize;
 use vramctl_agent::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::types::{DeviceState, Snapshot};
+use vramctl_core::types::DeviceState;
 use vramctl_core::untrusted::Untrusted;
-use vramctl_observe::live_source::ProcessLookup;
-use vramctl_procs::procinfo::{self, PidNamespace, ProcReader, ProcessDetails};
+use vramctl_observe::observation::{HostProcess, Observation};
+use vramctl_procs::procinfo::{self, PidNamespace, ProcReader};
 use vramctl_store::format::rfc3339;
 
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
@@ -94,6 +94,9 @@ struct PsProcess {
     threads: Option<u32>,
     container_id: Option<String>,
     pod_uid: Option<String>,
+    /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cgroup: Option<String>,
     /// GPU memory summed over devices; `null` when a device reports it unavailable.
     used_bytes: Option<u64>,
     gpus: Vec<GpuHolding>,
@@ -139,6 +142,8 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     let mut source = open_live(global, args.no_daemon, true)?;
     let filter = GpuFilter::new(&args.gpu, &source.devices())?;
     let snapshot = source.sample()?;
+    // Who the listed processes are: the daemon's answer or this /proc, the same either way.
+    let observation = source.observe(snapshot);
     // The tree's other processes and CPU % are read here (same PID namespace as a daemon
     // that answered).
     let mut procs = ProcReader::new();
@@ -148,9 +153,8 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         min_bytes: args.min_mem,
     };
     let mut report = build(
-        &snapshot,
+        &observation,
         &filter,
-        &mut source.lookup(),
         &mut procs,
         &selection,
         args.tree,
@@ -248,26 +252,27 @@ impl Selection {
     }
 }
 
-/// Joins a snapshot with /proc into the report (CPU % is measured afterwards).
+/// The observation as the report (CPU % is measured afterwards); with `tree`, the
+/// listed processes' descendants read from `procs`.
 fn build(
-    snapshot: &Snapshot,
+    observation: &Observation,
     filter: &GpuFilter,
-    lookup: &mut dyn ProcessLookup,
     procs: &mut ProcReader,
     selection: &Selection,
     tree: bool,
     sort: PsSort,
 ) -> PsReport {
+    let snapshot = &*observation.snapshot;
     let now_ms = snapshot.taken_at_unix_ms;
+    let tps = procs.ticks_per_second();
     let all: Vec<PsProcess> = holdings(snapshot, filter)
         .into_iter()
         .map(|(pid, gpus)| {
-            let details = lookup.details(pid);
-            let command = details
-                .as_ref()
-                .map(|d| d.command.clone())
-                .or_else(|| lookup.driver_name(pid));
-            row(pid, details.as_ref(), command, gpus, now_ms)
+            let host = observation.hosts.get(&pid);
+            let command = host
+                .map(|h| h.command.clone())
+                .or_else(|| observation.driver_names.get(&pid).cloned());
+            row(pid, host, command, gpus, now_ms, tps)
         })
         .collect();
     let listed = all.len();
@@ -342,56 +347,54 @@ fn build(
     }
 }
 
-/// The pidfs id of the process `pid` that started at `start_time_ticks`: pinned first, then
-/// its start time read again, so the id is not another process's that took the PID since.
-fn pidfd_id_of(pid: u32, start_time_ticks: u64) -> Option<u64> {
-    let handle = vramctl_procs::signal::PidHandle::pin(pid).ok()?;
-    let same = procinfo::read_stat(pid).is_ok_and(|s| s.start_time_ticks == start_time_ticks);
-    (same && !handle.has_exited())
-        .then(|| handle.pidfd_id())
-        .flatten()
-}
-
+/// `pid`'s row: `host` is what the observation says of it (`None`: not visible here);
+/// `ticks_per_second` turns its CPU time back into the ticks the lifetime CPU % counts.
 fn row(
     pid: u32,
-    details: Option<&ProcessDetails>,
+    host: Option<&HostProcess>,
     command: Option<String>,
     gpus: Vec<GpuHolding>,
     now_ms: i64,
+    ticks_per_second: u64,
 ) -> PsProcess {
-    let started_at_ms = details.and_then(|d| d.started_at_unix_ms);
+    let started_at_ms = host.and_then(|h| h.started_at_unix_ms);
     PsProcess {
         pid,
-        visible: details.is_some(),
-        start_time_ticks: details.and_then(|d| d.start_time_ticks),
-        pidfd_id: details.and_then(|d| pidfd_id_of(pid, d.start_time_ticks?)),
-        user: details.and_then(|d| d.user.clone().or_else(|| d.uid.map(|u| u.to_string()))),
-        uid: details.and_then(|d| d.uid),
+        visible: host.is_some(),
+        start_time_ticks: host.and_then(|h| h.start_time_ticks),
+        pidfd_id: host.and_then(|h| h.pidfd_id),
+        user: host.and_then(|h| h.user.clone()),
+        uid: host.and_then(|h| h.uid),
         command,
-        state: details.and_then(|d| d.state).map(String::from),
-        zombie: details.is_some_and(ProcessDetails::is_zombie),
-        ppid: details.and_then(|d| d.ppid),
-        // Only `ps` needs them: one read per thread, so not part of every `details` call.
-        children: details.map(|_| procinfo::children(pid)).unwrap_or_default(),
+        state: host.and_then(|h| h.state).map(String::from),
+        zombie: host.is_some_and(HostProcess::is_zombie),
+        ppid: host.and_then(|h| h.ppid),
+        // Only `ps` needs them: one read per thread, so not part of every observation.
+        children: host.map(|_| procinfo::children(pid)).unwrap_or_default(),
         started_at: started_at_ms.map(rfc3339),
         age_s: started_at_ms
             .and_then(|started| u64::try_from(now_ms.saturating_sub(started) / 1000).ok()),
         cpu_percent: None,
-        rss_bytes: details.and_then(|d| d.rss_bytes),
-        threads: details.and_then(|d| d.threads),
-        container_id: details.and_then(|d| d.container.container_id.clone()),
-        pod_uid: details.and_then(|d| d.container.pod_uid.clone()),
+        rss_bytes: host.and_then(|h| h.rss_bytes),
+        threads: host.and_then(|h| h.threads),
+        container_id: host.and_then(|h| h.container_id.clone()),
+        pod_uid: host.and_then(|h| h.pod_uid.clone()),
+        cgroup: host.and_then(|h| h.cgroup.clone()),
         used_bytes: total_bytes(&gpus),
         gpus,
         tree_parent: None,
         agent: None,
-        cpu_ticks: details.and_then(|d| d.cpu_ticks),
+        // Exact for the kernel's 100 ticks a second (and any rate dividing 1000).
+        cpu_ticks: host.and_then(|h| h.cpu_time_ms).and_then(|ms| {
+            u64::try_from(u128::from(ms) * u128::from(ticks_per_second) / 1000).ok()
+        }),
     }
 }
 
 /// Sets each GPU process's nearest listed ancestor, and adds the descendants of the listed
 /// processes that hold no GPU memory.
 fn add_tree(rows: &mut Vec<PsProcess>, procs: &mut ProcReader, now_ms: i64) {
+    let tps = procs.ticks_per_second();
     let mut listed: HashSet<u32> = rows.iter().map(|r| r.pid).collect();
     let holders: Vec<u32> = rows.iter().filter(|r| r.visible).map(|r| r.pid).collect();
     let mut extra = Vec::new();
@@ -401,13 +404,12 @@ fn add_tree(rows: &mut Vec<PsProcess>, procs: &mut ProcReader, now_ms: i64) {
                 continue;
             }
             if let Some(details) = procs.details(pid) {
-                let mut r = row(
-                    pid,
-                    Some(&details),
-                    Some(details.command.clone()),
-                    Vec::new(),
-                    now_ms,
-                );
+                let mut host = HostProcess::from_details(&details, tps);
+                host.pidfd_id = details
+                    .start_time_ticks
+                    .and_then(|start| HostProcess::pidfd_id_of(pid, start));
+                let command = Some(host.command.clone());
+                let mut r = row(pid, Some(&host), command, Vec::new(), now_ms, tps);
                 r.tree_parent = Some(parent);
                 extra.push(r);
             }
@@ -811,6 +813,7 @@ mod tests {
             threads: Some(12),
             container_id: None,
             pod_uid: None,
+            cgroup: None,
             used_bytes: total_bytes(&gpus),
             gpus,
             tree_parent: None,

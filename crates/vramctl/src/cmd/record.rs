@@ -41,7 +41,7 @@ use vramctl_gpu::sampler::SessionHealth;
 use vramctl_observe::daemon_socket::server::{
     self as socket, DaemonSettings, DaemonSocket, SharedSampler,
 };
-use vramctl_procs::process_catalog::FactsSource;
+use vramctl_procs::process_catalog::{FactsSource, RefreshPolicy};
 use vramctl_store::{OpenMode, Retention, Store, TickSample, add_agent_figures, device_samples};
 
 use vramctl_observe::live_loop::{
@@ -51,8 +51,8 @@ use vramctl_observe::live_loop::{
 use super::db_path;
 use crate::cli::{GlobalArgs, RecordArgs};
 use crate::exit::Exit;
-use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, session};
-use vramctl_observe::observation::Observer;
+use vramctl_history::recorder::{CPU_EVERY_MS, Procs, StoreFeed, channel_capacity, session};
+use vramctl_observe::observation::{Observer, ObserverBuilder};
 
 /// NVML init retry backoff.
 const BACKOFF_FIRST_MS: i64 = 1_000;
@@ -96,7 +96,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         backoff_ms: BACKOFF_FIRST_MS,
         health: SessionHealth::new(interval_ms, BACKOFF_MAX_MS),
         procs: Procs::new(),
-        observer: Observer::new(),
+        observer: recording_observer().build(),
     };
     // `status`, `ps` and `top` ask this recorder's sampler instead of starting NVML.
     let socket = DaemonSocket::start(
@@ -153,10 +153,20 @@ struct Recorder<'a> {
     /// Whether the NVML session still works.
     health: SessionHealth,
     procs: Procs,
-    /// What /proc says about the GPU processes (its catalog read through by `procs`), and
+    /// What /proc says about the GPU processes (its observations mapped by `procs`), and
     /// their agents, asked every 10 s of the snapshots' time (`vramctl_agent::agent_poll`),
     /// not every tick.
     observer: Observer,
+}
+
+/// How a recorder (`record`, `run --record`) reads processes: only the GPU processes (the
+/// history keeps no ancestors), their CPU time read as often as the history stores it
+/// (`CPU_EVERY_MS`), not every second.
+pub fn recording_observer() -> ObserverBuilder {
+    Observer::builder().ancestors(false).refresh(RefreshPolicy {
+        stat_every_ms: CPU_EVERY_MS,
+        ..RefreshPolicy::default()
+    })
 }
 
 impl Recorder<'_> {
@@ -172,13 +182,17 @@ impl Recorder<'_> {
             Some(sampler) => {
                 let snapshot = sampler.tick();
                 let backend = sampler.backend_mut();
-                // `Procs` paces its /proc reads by differences of this time: monotonic.
-                let processes = self.procs.update(
-                    self.observer.catalog_mut(),
-                    &snapshot,
-                    snapshot.monotonic_ms,
-                    &mut |pid| backend.process_name(pid),
+                // The observer and `Procs` pace their /proc reads by differences of this
+                // time: monotonic. The agents are asked below, outside the lock.
+                let observation = self
+                    .observer
+                    .observe_processes(snapshot, |pid| backend.process_name(pid));
+                let processes = self.procs.update_observed(
+                    &observation,
+                    self.observer.boot_id(),
+                    self.observer.ticks_per_second(),
                 );
+                let snapshot = observation.snapshot;
                 let at = ClockTime {
                     unix_ms: snapshot.taken_at_unix_ms,
                     monotonic_ms: snapshot.monotonic_ms,

@@ -18,6 +18,7 @@ use super::{db_path, open_sampler};
 use crate::cli::{Budget, BudgetOf, GlobalArgs, RunArgs};
 use crate::exit::Exit;
 use crate::output::chart::{Chart, ChartSeries, Panel, SeriesKind, render};
+use crate::output::emit::{Format, Lines, emit};
 
 /// How long a stopped job gets between SIGTERM and SIGKILL (`run --grace`'s default; each
 /// `fit` trial's).
@@ -93,17 +94,17 @@ pub fn wants_agent(agent: bool, no_agent: bool, command: &[std::ffi::OsString]) 
 struct Recording {
     feed: StoreFeed,
     procs: Procs,
-    /// Its process catalog, read through by `procs` (no agents: `run` asks its job's own).
+    /// Its processes, observed for `procs` (no agents: `run` asks its job's own).
     observer: Observer,
 }
 
 impl Recording {
     fn send(&mut self, snapshot: &vramctl_core::types::Snapshot) {
-        let processes = self.procs.update(
-            self.observer.catalog_mut(),
-            snapshot,
-            snapshot.monotonic_ms,
-            &mut |_| None,
+        let observation = self.observer.observe(snapshot.clone(), |_| None);
+        let processes = self.procs.update_observed(
+            &observation,
+            self.observer.boot_id(),
+            self.observer.ticks_per_second(),
         );
         let tick = TickSample {
             at_unix_ms: snapshot.taken_at_unix_ms,
@@ -144,7 +145,7 @@ fn open_recording(global: &GlobalArgs, interval: Duration) -> anyhow::Result<Opt
     Ok(Some(Recording {
         feed,
         procs: Procs::new(),
-        observer: Observer::builder().agents(None).build(),
+        observer: super::record::recording_observer().agents(None).build(),
     }))
 }
 
@@ -215,27 +216,34 @@ fn write_report(
     report: &JobReport,
     verdict: Option<&Result<BudgetCheck, String>>,
 ) -> anyhow::Result<()> {
-    let text = if args.json {
-        let mut value = serde_json::to_value(report)?;
-        if let Some(Ok(check)) = verdict {
-            value["budget"] = serde_json::json!({
-                "of": budget_of_name(check.of).to_lowercase(),
-                "over": check.over(),
-                "devices": check.devices.iter().map(|(gpu, peak, limit)| serde_json::json!({
-                    "gpu": gpu, "peak_bytes": peak, "limit_bytes": limit,
-                })).collect::<Vec<_>>(),
-            });
-        }
-        format!("{}\n", serde_json::to_string_pretty(&value)?)
-    } else {
-        render_text(report, verdict.and_then(|v| v.as_ref().ok()))
-    };
+    let mut value = serde_json::to_value(report)?;
+    if let Some(Ok(check)) = verdict {
+        value["budget"] = serde_json::json!({
+            "of": budget_of_name(check.of).to_lowercase(),
+            "over": check.over(),
+            "devices": check.devices.iter().map(|(gpu, peak, limit)| serde_json::json!({
+                "gpu": gpu, "peak_bytes": peak, "limit_bytes": limit,
+            })).collect::<Vec<_>>(),
+        });
+    }
+    let mut text = Vec::new();
+    // The text report's lines are built by render_text, which escapes the command line
+    // and the OOM lines it quotes.
+    emit(
+        &mut text,
+        Format::from_json_flag(args.json, Format::JsonPretty),
+        || &value,
+        || {
+            let rendered = render_text(report, verdict.and_then(|v| v.as_ref().ok()));
+            Lines::Styled(rendered.lines().map(str::to_owned).collect())
+        },
+    )?;
     match &args.report {
-        Some(path) => std::fs::write(path, text)
+        Some(path) => std::fs::write(path, &text)
             .with_context(|| format!("cannot write the report to '{}'", path.display())),
         None => {
             // The command's stderr came first; a closed stderr loses only the report.
-            let _ = std::io::stderr().write_all(text.as_bytes());
+            let _ = std::io::stderr().write_all(&text);
             Ok(())
         }
     }

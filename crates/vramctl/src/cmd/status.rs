@@ -114,6 +114,9 @@ struct ProcessStatus {
     visible: bool,
     user: Option<String>,
     command: Option<String>,
+    /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2, replayed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cgroup: Option<String>,
     used_bytes: Option<u64>,
     /// What the process's in-process agent says about this GPU (allocated, cached,
     /// releasable), as `ps` shows it; absent for a process without one (docs/agent.md).
@@ -313,6 +316,9 @@ fn print(
     out.flush().context("cannot write to stdout")
 }
 
+/// Whether a process is visible, its user, command line and cgroup.
+type Who = (bool, Option<String>, Option<String>, Option<String>);
+
 /// Who the processes of a snapshot are.
 enum Holders<'a> {
     /// Now: the observation of a daemon's facts or this process's /proc (the driver names
@@ -323,21 +329,36 @@ enum Holders<'a> {
 }
 
 impl Holders<'_> {
-    /// Whether /proc (the recorder's, in a replay) showed `pid`, with its user and command
-    /// line; for a process it could not see, the driver's name.
-    fn who(&mut self, pid: u32) -> (bool, Option<String>, Option<String>) {
+    /// Whether /proc (the recorder's, in a replay) showed `pid`, with its user, command
+    /// line and cgroup; for a process it could not see, the driver's name.
+    fn who(&mut self, pid: u32) -> Who {
         match self {
             Self::Live(observation) => match observation.hosts.get(&pid) {
-                Some(host) => (true, host.user.clone(), Some(host.command.clone())),
+                Some(host) => (
+                    true,
+                    host.user.clone(),
+                    Some(host.command.clone()),
+                    host.cgroup.clone(),
+                ),
                 // Not in this PID namespace: the driver still knows the name.
-                None => (false, None, observation.driver_names.get(&pid).cloned()),
+                None => (
+                    false,
+                    None,
+                    observation.driver_names.get(&pid).cloned(),
+                    None,
+                ),
             },
             Self::Recorded(recorded) => match recorded.get(pid) {
                 Some(process) => {
                     let facts = process.facts();
-                    (process.visible(), facts.user_or_uid(), facts.command)
+                    (
+                        process.visible(),
+                        facts.user_or_uid(),
+                        facts.command,
+                        facts.container.cgroup,
+                    )
                 }
-                None => (false, None, None),
+                None => (false, None, None, None),
             },
         }
     }
@@ -479,12 +500,13 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
 }
 
 fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessStatus {
-    let (visible, user, command) = holders.who(process.pid);
+    let (visible, user, command, cgroup) = holders.who(process.pid);
     ProcessStatus {
         pid: process.pid,
         visible,
         user,
         command,
+        cgroup,
         used_bytes: process.used_bytes,
         agent: None,
         // A history does not keep which list named a process.

@@ -531,6 +531,33 @@ fn bad_flags_are_one_line_errors() {
     }
 }
 
+#[test]
+fn our_own_cgroup_is_in_ps_and_status_json() {
+    // The test process itself holds memory: its cgroup is the one /proc/self/cgroup names.
+    let me = std::process::id();
+    let scenario = Scenario::new(1, &[Holder::real(0, me, "1 GiB")]);
+    let text = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+    let expected = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|path| Value::String(path.to_owned()));
+    let report = json_of(vramctl(scenario.path()).args(["ps", "--json", "--cpu-interval", "0"]));
+    let mine = processes(&report)
+        .iter()
+        .find(|p| p["pid"] == me)
+        .expect("our process is listed");
+    assert_eq!(mine.get("cgroup").cloned(), expected, "{mine}");
+    let status = json_of(vramctl(scenario.path()).args(["status", "--json"]));
+    let row = status["devices"][0]["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"] == me)
+        .cloned()
+        .expect("our process in status");
+    assert_eq!(row.get("cgroup").cloned(), expected, "{row}");
+}
+
 /// The backticked names in the first column of the tables under `heading` in docs/json.md,
 /// up to the next `## ` heading.
 pub fn documented_keys(heading: &str) -> Vec<String> {

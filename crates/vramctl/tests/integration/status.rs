@@ -554,7 +554,7 @@ fn without_what_a_history_does_not_keep(mut report: Value) -> Value {
             .flatten()
         {
             let p = p.as_object_mut().expect("a process is an object");
-            for key in ["kind", "gpu_instance_id", "compute_instance_id"] {
+            for key in ["kind", "gpu_instance_id", "compute_instance_id", "cgroup"] {
                 p.remove(key);
             }
         }

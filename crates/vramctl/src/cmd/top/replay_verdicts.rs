@@ -213,6 +213,7 @@ mod tests {
             started_at_unix_ms: None,
             cpu_percent: None,
             cpu_time_ms: None,
+            ..vramctl_observe::observation::HostProcess::default()
         };
         o.hosts.insert(1, host.clone());
         host.pid = 2;
