@@ -11,12 +11,15 @@ use serde::{Deserialize, Serialize};
 use vramctl_agent::agent_client::AgentMemory;
 use vramctl_agent::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::types::Snapshot;
+use vramctl_kube::{PodContainer, ProcessPod};
 use vramctl_leaks::analysis::IdleState;
 use vramctl_procs::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
 };
 use vramctl_procs::procinfo::ProcessFacts;
 use vramctl_procs::procinfo::{self, ProcessDetails};
+
+use crate::kubernetes::KubeletSource;
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,6 +38,11 @@ pub struct Observation {
     /// (empty when no process has an agent, and in a replay).
     #[serde(default)]
     pub agents: AgentFigures,
+    /// GPU UUID → the pod containers the kubelet gave it (or one of its MIG instances),
+    /// whether or not their processes are visible here (`crate::kubernetes`); empty off
+    /// Kubernetes, when the kubelet could not be asked, and in a replay.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kubernetes_gpus: BTreeMap<String, Vec<PodContainer>>,
 }
 
 impl Observation {
@@ -46,6 +54,7 @@ impl Observation {
             driver_names: BTreeMap::new(),
             verdicts: Verdicts::default(),
             agents: AgentFigures::default(),
+            kubernetes_gpus: BTreeMap::new(),
         }
     }
 
@@ -209,6 +218,11 @@ pub struct HostProcess {
     /// Its cgroup v2 path (untrusted text: escape it for a terminal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// The Kubernetes pod (and container) it runs in, where its `pod_uid` names a pod the
+    /// kubelet knows (`crate::kubernetes`; docs/owners.md). Names are the pod creator's
+    /// text: escape them for a terminal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<ProcessPod>,
 }
 
 impl HostProcess {
@@ -252,6 +266,7 @@ impl HostProcess {
             pod_uid: details.container.pod_uid.clone(),
             pidfd_id: None,
             cgroup: details.container.cgroup.clone(),
+            kubernetes: None,
         }
     }
 
@@ -308,6 +323,7 @@ pub struct Observer {
     agents: Option<AgentPoll>,
     judge: Option<Box<dyn Judge>>,
     ancestors: bool,
+    kubelet: Option<KubeletSource>,
 }
 
 impl std::fmt::Debug for dyn Judge {
@@ -331,9 +347,20 @@ pub struct ObserverBuilder {
     agents: Option<AgentPoll>,
     judge: Option<Box<dyn Judge>>,
     ancestors: bool,
+    /// `None`: decided at `build` (`KubeletSource::from_env` on this system's /proc).
+    kubelet: Option<Option<KubeletSource>>,
 }
 
 impl ObserverBuilder {
+    /// Where Kubernetes facts come from (`None`: none). Default: the kubelet's socket and
+    /// pod log directory when either exists on this system, none with a scripted
+    /// `proc_source` (its PIDs are not this system's).
+    #[must_use]
+    pub fn kubelet(mut self, kubelet: Option<KubeletSource>) -> Self {
+        self.kubelet = Some(kubelet);
+        self
+    }
+
     /// Where process facts come from (default: /proc).
     #[must_use]
     pub fn facts(mut self, facts: FactsSource) -> Self {
@@ -381,6 +408,14 @@ impl ObserverBuilder {
 
     /// The observer, knowing no process yet.
     pub fn build(self) -> Observer {
+        let scripted = self.proc_source.is_some();
+        let kubelet = self.kubelet.unwrap_or_else(|| {
+            if scripted {
+                None
+            } else {
+                KubeletSource::from_env()
+            }
+        });
         let (boot_id, proc_source) = self
             .proc_source
             .unwrap_or_else(|| (procinfo::boot_id(), Box::new(LiveProc::new())));
@@ -390,6 +425,7 @@ impl ObserverBuilder {
             agents: self.agents,
             judge: self.judge,
             ancestors: self.ancestors,
+            kubelet,
         }
     }
 }
@@ -416,6 +452,7 @@ impl Observer {
             agents: Some(AgentPoll::new(PollLimits::default())),
             judge: None,
             ancestors: true,
+            kubelet: None,
         }
     }
 
@@ -531,6 +568,7 @@ impl Observer {
                             pod_uid: facts.container.pod_uid.clone(),
                             pidfd_id: None,
                             cgroup: facts.container.cgroup.clone(),
+                            kubernetes: None,
                         },
                     );
                 }
@@ -542,13 +580,19 @@ impl Observer {
                 None => {}
             }
         }
-        Observation {
+        let mut observation = Observation {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names,
             verdicts: Verdicts::default(),
             agents: AgentFigures::default(),
+            kubernetes_gpus: BTreeMap::new(),
+        };
+        if let Some(kubelet) = self.kubelet.as_mut() {
+            // At most every `kubernetes::REFRESH_MS` of the snapshots' time.
+            kubelet.annotate(&mut observation);
         }
+        observation
     }
 
     /// Asks the agents that are due, and gives every (process, GPU) figure the poll has.

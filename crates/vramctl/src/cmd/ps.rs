@@ -97,6 +97,10 @@ struct PsProcess {
     /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2).
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup: Option<String>,
+    /// Its Kubernetes pod and container (docs/owners.md); absent when not in a pod the
+    /// kubelet names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kubernetes: Option<vramctl_kube::ProcessPod>,
     /// GPU memory summed over devices; `null` when a device reports it unavailable.
     used_bytes: Option<u64>,
     gpus: Vec<GpuHolding>,
@@ -380,6 +384,7 @@ fn row(
         container_id: host.and_then(|h| h.container_id.clone()),
         pod_uid: host.and_then(|h| h.pod_uid.clone()),
         cgroup: host.and_then(|h| h.cgroup.clone()),
+        kubernetes: host.and_then(|h| h.kubernetes.clone()),
         used_bytes: total_bytes(&gpus),
         gpus,
         tree_parent: None,
@@ -814,6 +819,7 @@ mod tests {
             container_id: None,
             pod_uid: None,
             cgroup: None,
+            kubernetes: None,
             used_bytes: total_bytes(&gpus),
             gpus,
             tree_parent: None,
