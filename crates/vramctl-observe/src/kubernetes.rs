@@ -1,5 +1,6 @@
-//! Kubernetes facts on an [`Observation`]: which pod (and container) each GPU process runs
+//! Kubernetes facts for an observation: which pod (and container) each GPU process runs
 //! in, and which pod containers the kubelet gave each GPU (`vramctl_kube`; docs/owners.md).
+//! `Observation::add_kubernetes` puts them on it.
 //!
 //! Off unless the kubelet's socket or its pod log directory exists: a machine without
 //! Kubernetes pays one `lstat` per refresh. `VRAMCTL_KUBELET_SOCKET` names another socket
@@ -12,8 +13,6 @@ use vramctl_core::types::Snapshot;
 use vramctl_kube::client::{DEFAULT_SOCKET, PodResourcesQuery};
 use vramctl_kube::pod_logs::DEFAULT_POD_LOG_DIR;
 use vramctl_kube::{KubeletView, PodContainer};
-
-use crate::observation::Observation;
 
 /// Pods come and go in seconds; a live loop asks the kubelet at most this often.
 pub const REFRESH_MS: i64 = 10_000;
@@ -82,51 +81,38 @@ impl KubeletSource {
             .get_or_insert_with(|| (monotonic_ms, KubeletView::default()));
         view
     }
-
-    /// Fills `observation`'s Kubernetes facts from the view at its snapshot's time.
-    pub fn annotate(&mut self, observation: &mut Observation) {
-        let at_ms = observation.snapshot.monotonic_ms;
-        annotate(observation, self.view_at(at_ms));
-    }
 }
 
-/// Puts `view`'s facts on `observation`: each GPU's holders, and each visible process's
-/// pod (only where its cgroup names one; see `vramctl_kube::attribution`).
-pub fn annotate(observation: &mut Observation, view: &KubeletView) {
+/// GPU UUID → the pod containers `view` says hold it or one of its MIG instances (GPUs no
+/// container holds are left out).
+pub fn gpu_holders(snapshot: &Snapshot, view: &KubeletView) -> BTreeMap<String, Vec<PodContainer>> {
     let mut gpus: BTreeMap<String, Vec<PodContainer>> = BTreeMap::new();
-    if let Some(allocations) = &view.allocations {
-        for device in &observation.snapshot.devices {
-            let mut holders: Vec<PodContainer> = Vec::new();
-            let info = &device.info;
-            let uuids = std::iter::once(info.uuid.as_str())
-                .chain(info.mig_instances.iter().map(|m| m.uuid.as_str()));
-            for uuid in uuids {
-                for holder in allocations.holders_of(uuid).0 {
-                    if !holders.contains(holder) {
-                        holders.push(holder.clone());
-                    }
+    let Some(allocations) = &view.allocations else {
+        return gpus;
+    };
+    for device in &snapshot.devices {
+        let mut holders: Vec<PodContainer> = Vec::new();
+        let info = &device.info;
+        let uuids = std::iter::once(info.uuid.as_str())
+            .chain(info.mig_instances.iter().map(|m| m.uuid.as_str()));
+        for uuid in uuids {
+            for holder in allocations.holders_of(uuid).0 {
+                if !holders.contains(holder) {
+                    holders.push(holder.clone());
                 }
             }
-            if !holders.is_empty() {
-                holders.sort();
-                gpus.insert(info.uuid.clone(), holders);
-            }
+        }
+        if !holders.is_empty() {
+            holders.sort();
+            gpus.insert(info.uuid.clone(), holders);
         }
     }
-    observation.kubernetes_gpus = gpus;
-    let uuids_by_pid = gpu_uuids_by_pid(&observation.snapshot);
-    for (pid, host) in &mut observation.hosts {
-        let uuids: Vec<&str> = uuids_by_pid
-            .get(pid)
-            .map(|u| u.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        host.kubernetes = view.pod_of_process(host.pod_uid.as_deref(), &uuids);
-    }
+    gpus
 }
 
 /// The UUIDs each listed process uses: its GPUs', and the MIG instance's its context lives
 /// in (matched by GPU and compute instance ids), which the device plugin names.
-fn gpu_uuids_by_pid(snapshot: &Snapshot) -> BTreeMap<u32, Vec<String>> {
+pub fn gpu_uuids_by_pid(snapshot: &Snapshot) -> BTreeMap<u32, Vec<String>> {
     let mut map: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for device in &snapshot.devices {
         let Some(reading) = device.reading() else {

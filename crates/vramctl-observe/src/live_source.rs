@@ -157,7 +157,7 @@ impl LiveSource {
             }
         }
         if let Some(kubelet) = self.kubelet.as_mut() {
-            kubelet.annotate(&mut observation);
+            observation.add_kubernetes(kubelet.view_at(observation.snapshot.monotonic_ms));
         }
         observation
     }

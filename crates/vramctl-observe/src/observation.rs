@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use vramctl_agent::agent_client::AgentMemory;
 use vramctl_agent::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::types::Snapshot;
-use vramctl_kube::{PodContainer, ProcessPod};
+use vramctl_kube::{KubeletView, PodContainer, ProcessPod};
 use vramctl_leaks::analysis::IdleState;
 use vramctl_procs::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
@@ -19,7 +19,7 @@ use vramctl_procs::process_catalog::{
 use vramctl_procs::procinfo::ProcessFacts;
 use vramctl_procs::procinfo::{self, ProcessDetails};
 
-use crate::kubernetes::KubeletSource;
+use crate::kubernetes::{self, KubeletSource};
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +55,21 @@ impl Observation {
             verdicts: Verdicts::default(),
             agents: AgentFigures::default(),
             kubernetes_gpus: BTreeMap::new(),
+        }
+    }
+
+    /// Puts `view`'s Kubernetes facts on the observation: each GPU's pod containers, and
+    /// each visible process's pod where its cgroup names one the kubelet knows
+    /// (`vramctl_kube::attribution` says why nothing else names a process).
+    pub fn add_kubernetes(&mut self, view: &KubeletView) {
+        self.kubernetes_gpus = kubernetes::gpu_holders(&self.snapshot, view);
+        let uuids_by_pid = kubernetes::gpu_uuids_by_pid(&self.snapshot);
+        for (pid, host) in &mut self.hosts {
+            let uuids: Vec<&str> = uuids_by_pid
+                .get(pid)
+                .map(|u| u.iter().map(String::as_str).collect())
+                .unwrap_or_default();
+            host.kubernetes = view.pod_of_process(host.pod_uid.as_deref(), &uuids);
         }
     }
 
@@ -589,8 +604,8 @@ impl Observer {
             kubernetes_gpus: BTreeMap::new(),
         };
         if let Some(kubelet) = self.kubelet.as_mut() {
-            // At most every `kubernetes::REFRESH_MS` of the snapshots' time.
-            kubelet.annotate(&mut observation);
+            // Read at most every `kubernetes::REFRESH_MS` of the snapshots' time.
+            observation.add_kubernetes(kubelet.view_at(observation.snapshot.monotonic_ms));
         }
         observation
     }
