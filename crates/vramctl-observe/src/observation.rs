@@ -691,6 +691,92 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_facts_name_a_mig_process_by_its_instance_and_each_gpu_by_its_holders() {
+        use vramctl_core::types::MigInstanceInfo;
+        use vramctl_kube::allocation::{Allocation, DeviceId, GpuAllocations};
+        use vramctl_kube::pod_logs::PodName;
+
+        const MIG: &str = "MIG-1f2e3d4c-5b6a-5980-a1b2-c3d4e5f60718";
+        const UID: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+        let mut snapshot = snapshot_with(&[4242, 4343], 1_000);
+        let device = &mut snapshot.devices[0];
+        let mut info = (*device.info).clone();
+        info.mig_instances = vec![MigInstanceInfo {
+            uuid: MIG.into(),
+            name: None,
+            gpu_instance_id: Some(7),
+            compute_instance_id: Some(0),
+        }];
+        device.info = Arc::new(info);
+        if let DeviceState::Ok(reading) = &mut device.state {
+            for p in reading.processes.iter_mut().flatten() {
+                p.gpu_instance_id = Some(7);
+                p.compute_instance_id = Some(0);
+            }
+        }
+        let mut observation = Observation::bare(snapshot);
+        let in_pod = HostProcess {
+            pid: 4242,
+            pod_uid: Some(UID.into()),
+            ..HostProcess::default()
+        };
+        let on_host = HostProcess {
+            pid: 4343,
+            ..HostProcess::default()
+        };
+        observation.hosts.insert(4242, in_pod);
+        observation.hosts.insert(4343, on_host);
+        let owner = PodContainer {
+            namespace: "ml".into(),
+            pod: "infer".into(),
+            container: "server".into(),
+        };
+        let view = KubeletView {
+            allocations: Some(GpuAllocations {
+                allocations: vec![Allocation {
+                    owner: owner.clone(),
+                    resource_name: "nvidia.com/mig-1g.18gb".into(),
+                    device: DeviceId::Mig {
+                        uuid: MIG.into(),
+                        parent_gpu_uuid: None,
+                    },
+                    replica: None,
+                }],
+            }),
+            allocations_error: None,
+            names_by_uid: [(
+                UID.to_string(),
+                PodName {
+                    namespace: "ml".into(),
+                    pod: "infer".into(),
+                },
+            )]
+            .into(),
+        };
+        observation.add_kubernetes(&view);
+        let pod = observation.hosts[&4242]
+            .kubernetes
+            .clone()
+            .expect("in a pod");
+        assert_eq!(
+            pod.container.as_deref(),
+            Some("server"),
+            "named by its MIG instance"
+        );
+        assert_eq!(
+            observation.hosts[&4343].kubernetes, None,
+            "a host process is in no pod"
+        );
+        assert_eq!(
+            observation.kubernetes_gpus["GPU-00000000-0000-0000-0000-000000000000"],
+            [owner]
+        );
+        // Serialised only where known: an observation without them reads as before.
+        let json = serde_json::to_string(&Observation::bare(snapshot_with(&[], 0))).expect("json");
+        assert!(!json.contains("kubernetes"), "{json}");
+    }
+
+    #[test]
     fn our_process_and_its_parents_are_seen() {
         let me = std::process::id();
         let mut reader = Observer::new();
