@@ -6,7 +6,9 @@
 # Besides the Rust toolchain the integration tests drive two programs for real:
 # - promtool and prometheus (Debian's `prometheus` package): the exporter's tests lint its
 #   output and alert rules and scrape it with a real Prometheus;
-# - tmux: the `top` end-to-end test types keys into the real terminal UI.
+# - tmux: the `top` end-to-end test types keys into the real terminal UI;
+# - podman and runc (with busybox-static for an image built from local files): the container
+#   test runs a real container and checks that `ps` names it; it needs root.
 # Before them, the in-process agent's tests (python/tests, standard-library unittest, real
 # interpreters with stand-in frameworks; as root they also act as other users) need python3.
 # Both suites run whatever the other's result (exit status 1 if either failed; one summary
@@ -22,9 +24,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian package per program the tests need.
-declare -A package_of=([promtool]=prometheus [prometheus]=prometheus [tmux]=tmux)
+declare -A package_of=([promtool]=prometheus [prometheus]=prometheus [tmux]=tmux
+  [podman]=podman [runc]=runc [busybox]=busybox-static)
 missing=()
-for program in promtool prometheus tmux; do
+for program in promtool prometheus tmux podman runc busybox; do
   if ! command -v "$program" >/dev/null 2>&1; then
     package=${package_of[$program]}
     [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
@@ -58,6 +61,14 @@ fi
 if ! command -v tmux >/dev/null 2>&1; then
   skip "tmux"
   export VRAMCTL_SKIP_TMUX=1
+fi
+if ! command -v podman >/dev/null 2>&1 || ! command -v busybox >/dev/null 2>&1; then
+  skip "podman/busybox-static"
+  export VRAMCTL_SKIP_PODMAN=1
+elif [ "$(id -u)" != 0 ]; then
+  # The container test runs rootful Podman; not a missing package, so never an error.
+  echo "scripts/test.sh: skipping the podman test (it needs root)" >&2
+  export VRAMCTL_SKIP_PODMAN=1
 fi
 
 # Both suites always run, so that a failure in one never hides the other's result; each

@@ -698,6 +698,67 @@ mod tests {
     }
 
     #[test]
+    fn a_leak_from_the_start_reports_its_own_growth_apart_from_the_start_up() {
+        // 14 MiB, then the context and the model (+886 MiB) at 2 s, then a 10 MB/s leak
+        // from 5 s on: the leak's own growth, not the start-up's, is the evidence.
+        let s = series(900, 100, |t| {
+            if t < 2_000 {
+                14 * MIB
+            } else if t < 5_000 {
+                900 * MIB
+            } else {
+                900 * MIB + granule((t - 5_000) as f64 / 1000.0 * 10e6)
+            }
+        });
+        let r = run(&s);
+        assert_eq!(r.rule, Some(LeakRule::SteadyGrowth), "{}", r.explanation);
+        // The leak grew 10 MB/s for 85 s: about 810 MiB; the start-up was 886 MiB.
+        let leak_bytes = 10e6 * (r.last_unix_ms - T0 - 5_000) as f64 / 1000.0;
+        let shown = |b: f64| format!("+{} in", human_bytes(b as u64));
+        let words: Vec<&str> = r.explanation.split(' ').collect();
+        let own = words
+            .iter()
+            .position(|w| *w == "in")
+            .and_then(|i| words.get(i.checked_sub(2)?..i))
+            .map(|w| w.join(" "))
+            .unwrap_or_default();
+        let own_bytes = parse_binary(&own);
+        assert!(
+            (own_bytes - leak_bytes).abs() < 0.1 * leak_bytes,
+            "{own} against {}: {}",
+            shown(leak_bytes),
+            r.explanation
+        );
+        assert!(
+            r.explanation.contains("of start-up, p"),
+            "{}",
+            r.explanation
+        );
+        // A leak from its first step has no start-up to set apart.
+        let plain = run(&series(900, 100, |t| {
+            GIB + granule(t as f64 / 1000.0 * 20e6)
+        }));
+        assert!(
+            !plain.explanation.contains("start-up"),
+            "{}",
+            plain.explanation
+        );
+    }
+
+    /// `(+770.0, MiB)` as bytes.
+    fn parse_binary(s: &str) -> f64 {
+        let mut it = s.trim_start_matches('(').trim_start_matches('+').split(' ');
+        let value: f64 = it.next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
+        let unit = match it.next() {
+            Some("KiB") => 1024.0,
+            Some("MiB") => MIB as f64,
+            Some("GiB") => GIB as f64,
+            _ => f64::NAN,
+        };
+        value * unit
+    }
+
+    #[test]
     fn steady_growth_from_the_first_step_is_a_leak_within_a_minute() {
         // 20 MB/s from the first sample (a `total_loss += loss` keeping every graph),
         // 100 GiB free: no warm-up to wait for, the growth does not slow down.

@@ -5,7 +5,8 @@
 //! and the verdicts. The one [`observation::Observer`] produces it (each frontend builds
 //! one, never a process catalog, agent poll or leak tracker of its own); [`live_loop`]
 //! opens the backend and paces the ticks on an injected clock; [`live_source`] answers from
-//! a running daemon ([`daemon_socket`]) or from NVML here. [`gpu_selection`] is the one `--gpu`
+//! a running daemon ([`daemon_socket`]) or from NVML here. [`owners`] totals memory per user,
+//! container or pod. [`gpu_selection`] is the one `--gpu`
 //! matcher, [`units`] the one formatter of bytes, rates and durations.
 
 pub mod daemon_socket;
@@ -15,6 +16,7 @@ pub mod kubernetes;
 pub mod live_loop;
 pub mod live_source;
 pub mod observation;
+pub mod owners;
 pub mod pattern;
 pub mod units;
 pub mod verdict;

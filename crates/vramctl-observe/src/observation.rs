@@ -13,6 +13,7 @@ use vramctl_agent::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::types::Snapshot;
 use vramctl_kube::{KubeletView, PodContainer, ProcessPod};
 use vramctl_leaks::analysis::IdleState;
+use vramctl_procs::container::{ContainerFacts, PodQos};
 use vramctl_procs::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
 };
@@ -233,6 +234,13 @@ pub struct HostProcess {
     /// Its cgroup v2 path (untrusted text: escape it for a terminal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// Its container: id, runtime, name (from the runtime's state; untrusted text) and, for
+    /// a rootless one, the user whose cgroup subtree holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerFacts>,
+    /// Its Kubernetes pod's QoS class, from the cgroup path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_qos: Option<PodQos>,
     /// The Kubernetes pod (and container) it runs in, where its `pod_uid` names a pod the
     /// kubelet knows (`crate::kubernetes`; docs/owners.md). Names are the pod creator's
     /// text: escape them for a terminal.
@@ -281,6 +289,8 @@ impl HostProcess {
             pod_uid: details.container.pod_uid.clone(),
             pidfd_id: None,
             cgroup: details.container.cgroup.clone(),
+            container: details.container.facts(),
+            pod_qos: details.container.pod_qos,
             kubernetes: None,
         }
     }
@@ -583,6 +593,8 @@ impl Observer {
                             pod_uid: facts.container.pod_uid.clone(),
                             pidfd_id: None,
                             cgroup: facts.container.cgroup.clone(),
+                            container: facts.container.facts(),
+                            pod_qos: facts.container.pod_qos,
                             kubernetes: None,
                         },
                     );

@@ -293,100 +293,8 @@ fn proc_io(pid: u32, file: &'static str, source: std::io::Error) -> ProcError {
     }
 }
 
-/// Which container and Kubernetes pod a process runs in, as its cgroup path says.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerInfo {
-    /// The 64-hex-digit container id (Docker, containerd, CRI-O, Podman).
-    pub container_id: Option<String>,
-    /// The Kubernetes pod UID, with dashes.
-    pub pod_uid: Option<String>,
-    /// The cgroup v2 path (the `0::` line), e.g. `/user.slice/user-1000.slice/session-3.scope`:
-    /// `None` without cgroup v2. Any process may name its own sub-cgroups: untrusted text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<String>,
-}
-
-/// Finds a container id and pod UID, and the cgroup v2 path, in the text of
-/// `/proc/PID/cgroup`.
-///
-/// Handles the cgroupfs layout (`/docker/<id>`, `/kubepods/burstable/pod<uid>/<id>`) and
-/// the systemd one (`docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`,
-/// `libpod-<id>.scope`, `kubepods-burstable-pod<uid_with_underscores>.slice`), as
-/// dcgm-exporter's pod mapper does.
-pub fn parse_cgroup(text: &str) -> ContainerInfo {
-    let mut info = ContainerInfo {
-        cgroup: text
-            .lines()
-            .find_map(|line| line.strip_prefix("0::"))
-            .map(str::to_owned),
-        ..ContainerInfo::default()
-    };
-    for line in text.lines() {
-        // hierarchy-ID:controller-list:path
-        let Some(path) = line.splitn(3, ':').nth(2) else {
-            continue;
-        };
-        for component in path.split('/').rev() {
-            if info.container_id.is_none() {
-                info.container_id = hex_run(component, 64).map(str::to_owned);
-            }
-            if info.pod_uid.is_none() {
-                info.pod_uid = pod_uid(component);
-            }
-        }
-        if info.container_id.is_some() && info.pod_uid.is_some() {
-            break;
-        }
-    }
-    info
-}
-
-/// A run of exactly `len` lowercase hex digits in `text`, bounded by non-hex characters.
-fn hex_run(text: &str, len: usize) -> Option<&str> {
-    let bytes = text.as_bytes();
-    let mut start = 0;
-    while start < bytes.len() {
-        if !is_lower_hex(bytes[start]) {
-            start += 1;
-            continue;
-        }
-        let end = bytes[start..]
-            .iter()
-            .position(|b| !is_lower_hex(*b))
-            .map_or(bytes.len(), |n| start + n);
-        if end - start == len {
-            return text.get(start..end);
-        }
-        start = end;
-    }
-    None
-}
-
-fn is_lower_hex(b: u8) -> bool {
-    b.is_ascii_digit() || (b'a'..=b'f').contains(&b)
-}
-
-/// `pod<uid>` in a cgroup path component, the UID's `_` (systemd escaping) made `-`.
-fn pod_uid(component: &str) -> Option<String> {
-    let mut rest = component;
-    while let Some(at) = rest.find("pod") {
-        let candidate: String = rest[at + 3..]
-            .chars()
-            .take(36)
-            .map(|c| if c == '_' { '-' } else { c })
-            .collect();
-        let shape_ok = candidate.len() == 36
-            && candidate.char_indices().all(|(i, c)| match i {
-                8 | 13 | 18 | 23 => c == '-',
-                _ => c.is_ascii_hexdigit(),
-            });
-        if shape_ok {
-            return Some(candidate.to_ascii_lowercase());
-        }
-        rest = &rest[at + 3..];
-    }
-    None
-}
+use crate::container::ContainerNames;
+pub use crate::container::{ContainerInfo, parse_cgroup};
 
 /// CPU use in percent of one core between two readings of a process's
 /// [`Stat::cpu_ticks`] taken `elapsed` apart (`ps`: a short interval; the recorder: two
@@ -608,11 +516,15 @@ impl ProcessDetails {
     }
 }
 
-/// Reads /proc, caching user names (a lookup can go through NSS and the network) and the
-/// machine's constants (clock tick rate, page size, boot time).
+/// Reads /proc, caching user names (a lookup can go through NSS and the network), container
+/// names (read from the runtimes' state files) and the machine's constants (clock tick
+/// rate, page size, boot time).
 #[derive(Debug)]
 pub struct ProcReader {
     users: HashMap<u32, Option<String>>,
+    container_names: ContainerNames,
+    /// The origin of the container-name cache's clock (when an unnamed container is retried).
+    created: std::time::Instant,
     ticks_per_second: u64,
     page_size: u64,
     boot_time_secs: Option<u64>,
@@ -625,10 +537,13 @@ impl Default for ProcReader {
 }
 
 impl ProcReader {
-    /// A reader with an empty user cache.
+    /// A reader with empty caches; container state is read under
+    /// [`crate::container::ROOT_ENV`] (`/` by default).
     pub fn new() -> Self {
         Self {
             users: HashMap::new(),
+            container_names: ContainerNames::from_env(),
+            created: std::time::Instant::now(),
             ticks_per_second: procfs::ticks_per_second(),
             page_size: procfs::page_size(),
             boot_time_secs: procfs::boot_time_secs().ok(),
@@ -663,9 +578,11 @@ impl ProcReader {
             Some(command) if !command.is_empty() => command,
             _ => format!("[{}]", stat.as_ref().map_or("?", |s| s.comm.as_str())),
         };
-        let container = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        let mut container = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
             .map(|t| parse_cgroup(&t))
             .unwrap_or_default();
+        let now_ms = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        container.name = self.container_names.name(&container, now_ms);
         Some(ProcessDetails {
             pid,
             uid,

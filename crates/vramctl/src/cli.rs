@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use vramctl_core::wall_time::When;
 use vramctl_history::time_window::TimeWindow;
+use vramctl_observe::owners::OwnerKey;
 
 use crate::output::emit::Format;
 
@@ -498,6 +499,12 @@ pub struct StatusArgs {
     /// local socket (the fast path: no NVML start-up)
     #[arg(long)]
     pub no_daemon: bool,
+
+    /// Memory per owner on each GPU instead of one row per process: user, container
+    /// (runtime/name) or pod; processes not visible here are counted as "cannot map"
+    /// (docs/owners.md)
+    #[arg(long, value_name = "KEY", value_parser = owner_key, conflicts_with_all = ["replay", "compact"])]
+    pub by: Option<OwnerKey>,
 }
 
 #[derive(Debug, Args)]
@@ -1148,6 +1155,12 @@ pub struct PsArgs {
     /// local socket (the fast path: no NVML start-up)
     #[arg(long)]
     pub no_daemon: bool,
+
+    /// Memory per owner on each GPU instead of one row per process: user, container
+    /// (runtime/name) or pod, after --user/--match/--min-mem/--gpu; processes not visible
+    /// here are counted as "cannot map" (docs/owners.md)
+    #[arg(long, value_name = "KEY", value_parser = owner_key, conflicts_with = "tree")]
+    pub by: Option<OwnerKey>,
 }
 
 /// `ps --sort`.
@@ -2055,6 +2068,11 @@ fn duration_within(text: &str, min: Duration, max: Duration) -> Result<Duration,
 }
 
 /// A sampling interval of a live loop: 50ms to a day.
+/// `--by`: one of [`OwnerKey::ALL`] by name.
+fn owner_key(text: &str) -> Result<OwnerKey, String> {
+    text.parse()
+}
+
 fn interval(text: &str) -> Result<Duration, String> {
     duration_within(text, MIN_INTERVAL, MAX_WAIT)
 }

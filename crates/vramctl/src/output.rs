@@ -3,6 +3,7 @@
 
 pub mod chart;
 pub mod emit;
+pub mod owners;
 pub mod style;
 pub mod table;
 pub mod terminal;

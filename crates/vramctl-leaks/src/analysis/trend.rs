@@ -108,7 +108,9 @@ pub struct TrendTest {
     /// from the first rise) to the last step.
     pub growth_span_sec: f64,
     /// The rises, merged when less than a second apart, are equal in size (±10 %) and
-    /// come at a steady rhythm (±25 %): the same allocation kept again and again.
+    /// come at a steady rhythm (±25 %): the same allocation kept again and again. For the
+    /// since-start region: the last four steps are, more than the coarse step gap apart
+    /// (the start-up allocations before them do not count).
     pub regular_steps: bool,
     /// The retained memory rose within the stall window before the last sample.
     pub still_growing: bool,
@@ -183,6 +185,11 @@ pub(crate) struct Trend {
     pub time_to_full_sec: Option<f64>,
     /// The windows as scaled to this series.
     pub scale: Scale,
+    /// The growth since the start could fire a rule (material, long enough, still
+    /// growing): what keeps an earlier `leak` verdict on.
+    pub since_start_could_fire: bool,
+    /// The since-start region's stall window, seconds.
+    pub since_start_stall_sec: f64,
 }
 
 /// What the memory analysis needs besides the points.
@@ -271,7 +278,12 @@ const RELEASE_WINDOW_MS: i64 = 5000;
 /// Drops of at least the release threshold from the highest point of the last
 /// `RELEASE_WINDOW_MS` (a sliding maximum that restarts after each release, so one drop
 /// counts once).
-fn find_releases(points: &[Point], cfg: &LeakConfig) -> Releases {
+fn find_releases(points: &[Point], cfg: &LeakConfig, interval_ms: i64) -> Releases {
+    // At a 10 s interval the 5 s window held no sample before the current one, so no
+    // fall was ever seen and a 45 s sawtooth was judged on its live peaks (a `leak` from
+    // an nvidia-smi log, issue 35): the window reaches back at least to the previous
+    // sample (1.5 intervals, so that jitter does not drop it).
+    let release_window_ms = RELEASE_WINDOW_MS.max(interval_ms.saturating_mul(3) / 2);
     let mut times = Vec::new();
     let mut cycles = Vec::new();
     let mut window: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
@@ -282,7 +294,7 @@ fn find_releases(points: &[Point], cfg: &LeakConfig) -> Releases {
         let t = p.t();
         while window
             .front()
-            .is_some_and(|&j| points[j].t() <= t - RELEASE_WINDOW_MS)
+            .is_some_and(|&j| points[j].t() <= t - release_window_ms)
         {
             window.pop_front();
         }
@@ -416,6 +428,45 @@ impl Series<'_> {
         Some(self.r[i].saturating_sub(self.r[j]) as f64 <= allowed)
     }
 
+    /// Where the plateau ending at point `i` is only a beat of a staircase: the index of
+    /// the step that reached its level, when the flat stretch from that step to the next
+    /// rise (or to now) is at most [`EPISODE_RHYTHM_FACTOR`] times the gap between that step and the
+    /// one before it; `None` when it is a real pause (or there is no step before it to
+    /// set a rhythm).
+    fn rhythm_step_into(&self, i: usize) -> Option<usize> {
+        let level = self.r[i];
+        // R is non-decreasing: the points at a level are a run, found by bisection.
+        let into = self
+            .r
+            .partition_point(|&v| v.saturating_add(self.tol) < level);
+        let next = i + self.r[i..].partition_point(|&v| v <= level.saturating_add(self.eps));
+        if into == 0 {
+            return None;
+        }
+        let below = self.r[into - 1];
+        let before = self
+            .r
+            .partition_point(|&v| v.saturating_add(self.tol) < below);
+        if before == 0 {
+            return None;
+        }
+        // A staircase keeps the same allocation: the two steps are of a size. With
+        // σ = 256 MiB on every sample the retained memory creeps up in rises of any
+        // size, and chaining those into one episode made a steady training run a `leak`
+        // (noise sweep).
+        let step_into = level.saturating_sub(below) as f64;
+        let step_before = below.saturating_sub(self.r[before - 1]) as f64;
+        if (step_into - step_before).abs() > RHYTHM_STEP_SIZE_TOLERANCE * step_into.max(step_before)
+        {
+            return None;
+        }
+        let gap_ms = (self.times[into] - self.times[before]) as f64;
+        // Still flat at the end: the pause so far (a beat until it outlasts the rhythm).
+        let resumed = self.times.get(next).copied().unwrap_or_else(|| self.now());
+        let pause_ms = (resumed - self.times[into]) as f64;
+        (pause_ms <= EPISODE_RHYTHM_FACTOR * gap_ms).then_some(into)
+    }
+
     /// The numbers of the region that starts at point `from`, without the tests
     /// (`add_tests`), and the index of its onset.
     fn region(&self, from: usize, kind: RegionKind) -> (TrendTest, usize) {
@@ -450,8 +501,17 @@ impl Series<'_> {
         let growth_span_ms = last_step.map_or(0, |t| (t - span_from).max(0));
         let mut gaps: Vec<f64> = steps.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
         let median_gap = stats::median_in_place(&mut gaps).unwrap_or(0.0);
+        // The stall window waits for the next step only when there is a rhythm to wait
+        // for: two gaps at least. One gap is the time between a start-up allocation and
+        // a single later step (an optimizer created lazily at 90 s): waiting three times
+        // that kept one step then flat `growing` for 4½ minutes (issue 35).
+        let rhythm_gap = if gaps.len() >= RHYTHM_GAPS {
+            median_gap
+        } else {
+            0.0
+        };
         let stall_ms =
-            (self.scale.plateau_ms as f64).max(self.cfg.stall_factor * median_gap) as i64;
+            (self.scale.plateau_ms as f64).max(self.cfg.stall_factor * rhythm_gap) as i64;
         let recent = index_at(&self.times, now - stall_ms).map_or(onset, |k| k.max(onset));
         let still_growing = self.r[n - 1].saturating_sub(self.r[recent]) > self.tol
             && last_step.is_some_and(|t| now - t <= stall_ms);
@@ -468,7 +528,10 @@ impl Series<'_> {
             rises: u32::try_from(rises.len()).unwrap_or(u32::MAX),
             growth_span_sec: growth_span_ms as f64 / 1000.0,
             median_rise_gap_sec: median_gap / 1000.0,
-            regular_steps: regular(&steps),
+            regular_steps: match kind {
+                RegionKind::Episode => regular(&steps),
+                RegionKind::SinceStart => regular_tail(&steps, self.scale.coarse_gap_ms),
+            },
             still_growing,
             stall_window_sec: stall_ms as f64 / 1000.0,
             releases: u32::try_from(releases).unwrap_or(u32::MAX),
@@ -608,9 +671,57 @@ impl Series<'_> {
     }
 }
 
+/// Earlier ends of the series at which [`analyze`] asks whether it was a leak already,
+/// spread evenly over the stall window before now (besides the previous point).
+const CONTINUATION_PROBES: i64 = 3;
+
 /// Runs the memory analysis on the points of one series.
-#[allow(clippy::too_many_lines)]
+///
+/// A series that is not a leak by the rules now, but was by the rules at an earlier end
+/// within the stall window and whose retained memory still rises (the growth since the
+/// start could still fire: material, long enough, still growing), stays a `leak`: a
+/// leak verdict ends only on evidence that the floor stopped rising, not because a gate
+/// wavered between two steps (issue 35: 19 flips from `leak` back to `growing` on a 1 s
+/// log). Pure: the earlier ends are prefixes of the same points, so batch and live agree.
 pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
+    let mut trend = analyze_now(points, inputs, cfg);
+    let continues = !matches!(trend.verdict, MemoryVerdict::Leak(_))
+        && trend.since_start_could_fire
+        && points.len() > 2;
+    if !continues {
+        return trend;
+    }
+    let now = points.last().map_or(0, Point::t);
+    let stall_ms = (trend.since_start_stall_sec * 1000.0) as i64;
+    // The previous point first (the rules fired one analysis ago), then ends spread over
+    // the stall window.
+    let ends = std::iter::once(points.len() - 1).chain((1..=CONTINUATION_PROBES).map(|j| {
+        let end = now - stall_ms * j / (CONTINUATION_PROBES + 1);
+        points.partition_point(|p| p.t() <= end)
+    }));
+    for k in ends {
+        if k < 2 || k >= points.len() {
+            continue;
+        }
+        let earlier = analyze_now(&points[..k], inputs, cfg);
+        if matches!(earlier.verdict, MemoryVerdict::Leak(_)) {
+            // The evidence shown is the analysis that made the leak (at most a stall
+            // window old), so the explanation's numbers and gates agree with its verdict.
+            trend.verdict = earlier.verdict;
+            trend.onset_unix_ms = earlier.onset_unix_ms;
+            trend.checks = earlier.checks;
+            trend.time_to_full_sec =
+                time_to_full(inputs.free_bytes, earlier.region.slope_bytes_per_sec);
+            trend.region = earlier.region;
+            break;
+        }
+    }
+    trend
+}
+
+/// The rules on the points as they are now (no look back at earlier ends).
+#[allow(clippy::too_many_lines)]
+fn analyze_now(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
     let times: Vec<i64> = points.iter().map(Point::t).collect();
     let n = points.len();
     let now = times.last().copied().unwrap_or(0);
@@ -618,7 +729,7 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
     let scale = Scale::of(&times, cfg);
 
     // 1–3: releases, the floor, the retained memory.
-    let releases = find_releases(points, cfg);
+    let releases = find_releases(points, cfg, scale.interval_ms);
     let ongoing = releases.cycle_ms.filter(|&cycle| {
         let last = releases.times.last().copied().unwrap_or(t0);
         now - last <= 3 * cycle.max(1) + scale.plateau_ms
@@ -663,15 +774,29 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
         s.add_tests(&mut whole, whole_onset);
     }
     let whole_checks = since_start_checks(&whole, &s, settled_unix_ms.is_some(), inputs.free_bytes);
+    let since_start_could_fire = could_fire(&whole, cfg);
+    let since_start_stall_sec = whole.stall_window_sec;
     // The current episode: from the last plateau after warm-up on. On a device's total,
     // growth after a plateau may be a process starting: only the since-start rules.
     let episode = settled_unix_ms
         .filter(|_| !inputs.device_total)
         .and_then(|settled| {
             let since = index_from(settled);
-            (since..n)
+            // The last plateau that is a pause, not a beat of the staircase's rhythm: the
+            // quiet between two steps of a leak that steps every 20–60 s started a new
+            // episode of one step each time, and the verdict fell from `leak` back to
+            // `growing` between steps (issue 35).
+            let mut i = n;
+            while let Some(k) = (since..i)
                 .rev()
-                .find(|&i| quiet[i] == Some(true) && s.times[i] - plateau_ms >= settled)
+                .find(|&k| quiet[k] == Some(true) && s.times[k] - plateau_ms >= settled)
+            {
+                match s.rhythm_step_into(k) {
+                    Some(step) => i = step,
+                    None => return Some(k),
+                }
+            }
+            None
         })
         .filter(|&i| i < n - 1)
         .map(|i| {
@@ -721,8 +846,27 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
         time_to_full_sec,
         region: decision_region,
         scale,
+        since_start_could_fire,
+        since_start_stall_sec,
     }
 }
+
+/// A flat stretch up to this many times the gap between the two steps before it keeps
+/// the staircase's rhythm (a leak stepping every 20 ± 2 s); a longer one is a pause that
+/// may start a new episode.
+const EPISODE_RHYTHM_FACTOR: f64 = 1.5;
+
+/// Steps at the end of the growth since the start that make a leak's staircase: the base
+/// and four steps are five levels, the fewest at which the exact Mann–Kendall test of the
+/// leak rules can reach `alpha` 0.01 (p = 1/5! ≈ 0.0083), as for `MIN_FORECAST_LEVELS`.
+const REGULAR_TAIL_STEPS: usize = 4;
+
+/// Two steps of a staircase's rhythm differ by at most this fraction of the larger.
+const RHYTHM_STEP_SIZE_TOLERANCE: f64 = 0.5;
+
+/// Gaps between steps that make a rhythm the stall window may wait for (one gap is a
+/// coincidence of two steps, not a pace).
+const RHYTHM_GAPS: usize = 2;
 
 /// Rises smaller than this fraction of the median rise are blips, not steps.
 const SMALL_RISE_FRACTION: f64 = 0.25;
@@ -733,9 +877,9 @@ const STEP_SIZE_TOLERANCE: f64 = 0.10;
 /// Gaps between steps within this fraction of their median are a steady rhythm.
 const STEP_RHYTHM_TOLERANCE: f64 = 0.25;
 
-/// Whether the rises form a regular staircase: at least three steps (after merging rises
-/// less than a second apart), equal in size, at a steady rhythm.
-fn regular(rises: &[(i64, u64)]) -> bool {
+/// The rises with those less than a second apart merged (a step can straddle two
+/// samples): (time of the first, total size).
+fn merged_steps(rises: &[(i64, u64)]) -> Vec<(i64, f64)> {
     let mut steps: Vec<(i64, f64)> = Vec::new();
     let mut last_t = i64::MIN;
     for &(t, size) in rises {
@@ -745,6 +889,35 @@ fn regular(rises: &[(i64, u64)]) -> bool {
         }
         last_t = t;
     }
+    steps
+}
+
+/// Whether the rises form a regular staircase: at least three steps (after merging rises
+/// less than a second apart), equal in size, at a steady rhythm.
+fn regular(rises: &[(i64, u64)]) -> bool {
+    regular_merged(&merged_steps(rises))
+}
+
+/// Whether the last [`REGULAR_TAIL_STEPS`] steps since the start are a regular staircase
+/// coarser than `coarse_gap_ms`: a leak that keeps the same big allocation at a steady
+/// rhythm (+1 GiB every 60 s), whatever the start-up allocations before it were. Such
+/// steps do not shrink as a warm-up's new maxima do, and they are too sparse for the
+/// steadiness windows, which are narrower than their period (issue 35).
+fn regular_tail(rises: &[(i64, u64)], coarse_gap_ms: i64) -> bool {
+    let steps = merged_steps(rises);
+    let Some(tail) = steps
+        .len()
+        .checked_sub(REGULAR_TAIL_STEPS)
+        .map(|k| &steps[k..])
+    else {
+        return false;
+    };
+    let mut gaps: Vec<f64> = tail.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
+    stats::median_in_place(&mut gaps).is_some_and(|g| g > coarse_gap_ms as f64)
+        && regular_merged(tail)
+}
+
+fn regular_merged(steps: &[(i64, f64)]) -> bool {
     if steps.len() < 3 {
         return false;
     }
@@ -844,11 +1017,14 @@ fn since_start_checks(
         material,
         persistent: span_ms >= s.scale.min_steady_ms as f64,
         still_growing: region.still_growing,
+        // Steady: the windows reject a warm-up that slows down, or the growth ends in a
+        // regular coarse staircase (equal steps at a steady rhythm do not slow down).
         steady: Some(
             region
                 .steadiness
                 .as_ref()
-                .is_some_and(|st| st.p_value < cfg.alpha),
+                .is_some_and(|st| st.p_value < cfg.alpha)
+                || region.regular_steps,
         ),
         irregular_staircase: false,
         urgent,

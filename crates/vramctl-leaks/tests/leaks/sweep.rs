@@ -9,6 +9,8 @@
 //! | `step` | size of each kept tensor (0.5 MiB–1 GiB) at 20 MB/s, first step or after 60 s | `paced_leak` | detection, delay |
 //! | `noise` | Gaussian noise on the samples (0–256 MiB) | `steady_train` (not a leak) and a 20 MB/s leak after 60 s | false alarms, detection |
 //! | `review` | what the review of issue 4 reported: `dyn_shapes` with a 90/120/150 s ramp (300 s runs); `leak_staircase` at 10 s for 300 and 900 s | | |
+//! | `shapes-choose` | issue 35's shapes: leaks in rare big steps, one step then flat, a slow sawtooth, a leak hidden in a sawtooth | `step_leak`, `one_step_then_flat`, `sawtooth_leak` | the set thresholds are chosen on |
+//! | `shapes-holdout` | the same shapes with other sizes, periods and seeds | | held back: scored, never tuned on |
 //!
 //! Seeds: run `s` of a point uses the seed the suite gives the workload in run `s`
 //! (`workloads_at(.., 1 + 10 s, ..)`: `dyn_shapes` gets `1 + 10 s + 3`), so a point of the
@@ -16,13 +18,21 @@
 #![allow(dead_code)]
 
 use serde::Serialize;
-use vramctl_leaks::analysis::{LeakChecks, LeakConfig};
+use vramctl_leaks::analysis::{LeakChecks, LeakConfig, Verdict};
 
 use super::labeled::{Class, Label, LabeledTrace, Outcome, evaluate};
 use super::synth::{self, GIB, LeakSpec, MIB};
 
 /// The sweeps, in the order `all` runs them.
-pub const SWEEPS: [&str; 5] = ["ramp", "rate", "step", "noise", "review"];
+pub const SWEEPS: [&str; 7] = [
+    "ramp",
+    "rate",
+    "step",
+    "noise",
+    "review",
+    "shapes-choose",
+    "shapes-holdout",
+];
 
 /// One point of a sweep: a curve, a value on it, an interval.
 #[derive(Debug, Clone, Serialize)]
@@ -53,6 +63,14 @@ pub struct PointScore {
     pub found_rules: String,
     /// The gates the missed leaks' last verdicts did not pass (`not settled, not urgent 10`).
     pub missed_because: String,
+    /// Verdict changes away from `leak` after a series' first `leak` (issue 35: a leak
+    /// verdict must not flicker), summed over the runs.
+    pub flips: usize,
+    /// For series that do not leak: when the verdict last changed, seconds from the
+    /// process start, median and max over the runs (how long a one-off step takes to
+    /// settle).
+    pub settled_median_sec: Option<f64>,
+    pub settled_max_sec: Option<f64>,
 }
 
 /// `a 3, b 1`: the values of `items` by how often they occur, most common first.
@@ -265,6 +283,28 @@ fn plan(name: &str, intervals: &[i64], duration_s: Option<i64>) -> Result<Vec<Wo
                 });
             }
         }
+        "shapes-choose" | "shapes-holdout" => {
+            let d = duration_s.unwrap_or(420);
+            let holdout = name == "shapes-holdout";
+            let seed_base = if holdout { HOLDOUT_SEED } else { 0 };
+            for shape in shapes(holdout) {
+                for &iv in intervals {
+                    let shape = shape.clone();
+                    out.push(Work {
+                        sweep: if name == "shapes-holdout" {
+                            "shapes-holdout"
+                        } else {
+                            "shapes-choose"
+                        },
+                        curve: shape.curve(),
+                        value: shape.value(),
+                        interval_ms: iv,
+                        duration_s: d,
+                        make: Box::new(move |s| shape.make(d, seed_base + s, iv)),
+                    });
+                }
+            }
+        }
         other => {
             return Err(format!(
                 "unknown sweep '{other}'; use one of {} or all",
@@ -274,6 +314,162 @@ fn plan(name: &str, intervals: &[i64], duration_s: Option<i64>) -> Result<Vec<Wo
     }
     Ok(out)
 }
+
+/// One of issue 35's shapes, with its parameters.
+#[derive(Debug, Clone)]
+enum Shape {
+    /// `step_bytes` every `period_s`, from the first step or after `start_s`.
+    Steps {
+        step_bytes: u64,
+        period_s: i64,
+        start_s: Option<i64>,
+    },
+    /// One step of `step_bytes` at `at_s`, then flat.
+    OneStep { step_bytes: u64, at_s: i64 },
+    /// A sawtooth of `period_s` up to `kv_bytes`, keeping `leak_bytes` per cycle.
+    Sawtooth {
+        period_s: i64,
+        kv_bytes: u64,
+        leak_bytes: u64,
+    },
+}
+
+impl Shape {
+    fn curve(&self) -> String {
+        match self {
+            Self::Steps { start_s: None, .. } => "step leak from the first step".into(),
+            Self::Steps {
+                start_s: Some(s), ..
+            } => format!("step leak after a {s} s plateau"),
+            Self::OneStep { .. } => "one step then flat (not a leak)".into(),
+            Self::Sawtooth { leak_bytes: 0, .. } => "sawtooth (not a leak)".into(),
+            Self::Sawtooth { .. } => "leak hidden in a sawtooth".into(),
+        }
+    }
+
+    fn value(&self) -> String {
+        match self {
+            Self::Steps {
+                step_bytes,
+                period_s,
+                ..
+            } => format!(
+                "{} / {period_s} s ({:.1} MB/s)",
+                fmt_size(*step_bytes),
+                *step_bytes as f64 / *period_s as f64 / 1e6
+            ),
+            Self::OneStep { step_bytes, at_s } => format!("{} at {at_s} s", fmt_size(*step_bytes)),
+            Self::Sawtooth {
+                period_s,
+                kv_bytes,
+                leak_bytes: 0,
+            } => format!("{period_s} s to {}", fmt_size(*kv_bytes)),
+            Self::Sawtooth {
+                period_s,
+                kv_bytes,
+                leak_bytes,
+            } => format!(
+                "{period_s} s to {}, +{} a cycle ({:.1} MB/s)",
+                fmt_size(*kv_bytes),
+                fmt_size(*leak_bytes),
+                *leak_bytes as f64 / *period_s as f64 / 1e6
+            ),
+        }
+    }
+
+    /// The seed offsets differ between the sets, so no run of the held-back set repeats
+    /// a run of the choosing set.
+    fn make(&self, d: i64, s: u64, iv: i64) -> LabeledTrace {
+        match *self {
+            Self::Steps {
+                step_bytes,
+                period_s,
+                start_s,
+            } => synth::step_leak(
+                d,
+                suite_seed(s, 500),
+                iv,
+                step_bytes,
+                period_s * 1000,
+                start_s.map(|s| s * 1000),
+            ),
+            Self::OneStep { step_bytes, at_s } => {
+                synth::one_step_then_flat(d, suite_seed(s, 600), iv, at_s * 1000, step_bytes)
+            }
+            Self::Sawtooth {
+                period_s,
+                kv_bytes,
+                leak_bytes,
+            } => synth::sawtooth_leak(
+                d,
+                suite_seed(s, 700),
+                iv,
+                period_s * 1000,
+                kv_bytes,
+                leak_bytes,
+            ),
+        }
+    }
+}
+
+/// Issue 35's shapes: the choosing set (`holdout` false), on which thresholds may be
+/// chosen, or the held-back set (other sizes, periods and, through `HOLDOUT_SEED`, seeds).
+fn shapes(holdout: bool) -> Vec<Shape> {
+    let steps = |step_bytes, period_s, start_s| Shape::Steps {
+        step_bytes,
+        period_s,
+        start_s,
+    };
+    let saw = |period_s, kv_bytes, leak_bytes| Shape::Sawtooth {
+        period_s,
+        kv_bytes,
+        leak_bytes,
+    };
+    if holdout {
+        vec![
+            steps(2 * GIB, 75, None),
+            steps(768 * MIB, 40, None),
+            steps(192 * MIB, 50, None),
+            steps(96 * MIB, 40, None),
+            steps(3 * GIB / 2, 70, Some(120)),
+            steps(384 * MIB, 35, Some(120)),
+            Shape::OneStep {
+                step_bytes: 12 * GIB / 5,
+                at_s: 120,
+            },
+            Shape::OneStep {
+                step_bytes: 6 * GIB,
+                at_s: 45,
+            },
+            saw(60, 6 * GIB, 0),
+            saw(30, 3 * GIB, 0),
+            saw(30, 6 * GIB, 96 * MIB),
+            saw(12, 3 * GIB, 32 * MIB),
+        ]
+    } else {
+        vec![
+            steps(GIB, 60, None),
+            steps(512 * MIB, 15, None),
+            steps(256 * MIB, 30, None),
+            steps(128 * MIB, 45, None),
+            steps(GIB, 60, Some(90)),
+            steps(256 * MIB, 30, Some(90)),
+            Shape::OneStep {
+                step_bytes: 16 * GIB / 5,
+                at_s: 90,
+            },
+            Shape::OneStep {
+                step_bytes: GIB,
+                at_s: 30,
+            },
+            saw(45, 4 * GIB, 0),
+            saw(20, 5 * GIB, 64 * MIB),
+        ]
+    }
+}
+
+/// Seed offset of the held-back set's runs (added to the run index).
+const HOLDOUT_SEED: u64 = 5000;
 
 fn rule_name(r: vramctl_leaks::analysis::LeakRule) -> &'static str {
     use vramctl_leaks::analysis::LeakRule;
@@ -312,7 +508,28 @@ fn score(w: &Work, outcomes: &[Outcome]) -> PointScore {
     }
     let mut finals: Vec<(&str, usize)> = finals.into_iter().collect();
     finals.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let flips = outcomes
+        .iter()
+        .map(|o| {
+            let first = o.changes.iter().position(|c| c.1 == Verdict::Leak);
+            first.map_or(0, |i| {
+                o.changes[i..]
+                    .windows(2)
+                    .filter(|p| p[0].1 == Verdict::Leak && p[1].1 != Verdict::Leak)
+                    .count()
+            })
+        })
+        .sum();
+    let mut settled: Vec<f64> = outcomes
+        .iter()
+        .filter(|o| o.label == Label::NotLeak)
+        .filter_map(|o| o.changes.last())
+        .map(|c| (c.0 - synth::T0) as f64 / 1000.0)
+        .collect();
     PointScore {
+        flips,
+        settled_max_sec: settled.iter().copied().max_by(f64::total_cmp),
+        settled_median_sec: median(&mut settled),
         sweep: w.sweep.to_owned(),
         curve: w.curve.clone(),
         value: w.value.clone(),
@@ -490,14 +707,27 @@ pub fn render(points: &[PointScore]) -> String {
                             } else {
                                 format!(" ({})", p.found_rules)
                             };
+                            let flips = if p.flips == 0 {
+                                String::new()
+                            } else {
+                                format!(", {} flips", p.flips)
+                            };
                             format!(
-                                "{}/{}{rules}, {}, {} / {} / {} s{missed}",
+                                "{}/{}{rules}, {}, {} / {} / {} s{missed}{flips}",
                                 p.found,
                                 p.runs,
                                 fa(String::new()),
                                 secs(p.delay_min_sec),
                                 secs(p.delay_median_sec),
                                 secs(p.delay_max_sec)
+                            )
+                        } else if p.sweep.starts_with("shapes") {
+                            format!(
+                                "{}; ends {}; last change at {} / {} s",
+                                fa(format!("/{}", p.runs)),
+                                p.final_verdicts,
+                                secs(p.settled_median_sec),
+                                secs(p.settled_max_sec)
                             )
                         } else {
                             format!("{}; ends {}", fa(format!("/{}", p.runs)), p.final_verdicts)

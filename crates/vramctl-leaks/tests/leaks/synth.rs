@@ -704,6 +704,126 @@ pub fn paced_leak(duration_s: i64, seed: u64, interval_ms: i64, spec: &LeakSpec)
     )
 }
 
+/// Issue 35: a leak in rare big steps. A small model trained every 250 ms keeps one
+/// `step_bytes` tensor every `period_ms` from `start_after_ms` (the first at the start
+/// when `None`), the steps starting at a phase the seed draws within the first period
+/// after the start, so runs do not all step on the same sample. Steps that would leave
+/// less than 2 GiB of an H200 end the process (out of memory).
+pub fn step_leak(
+    duration_s: i64,
+    seed: u64,
+    interval_ms: i64,
+    step_bytes: u64,
+    period_ms: i64,
+    start_after_ms: Option<i64>,
+) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let mut model = Mlp::new(&mut sim, 1024, 4);
+    let phase_ms = sim.rng().range(0, period_ms / 4);
+    let first_ms = start_after_ms.unwrap_or(0) + phase_ms;
+    let mut next_ms = first_ms;
+    let mut kept: Vec<u64> = Vec::new();
+    let mut leak_start: Option<i64> = None;
+    while sim.t_ms < duration_s * 1000 && sim.nvml_bytes() + step_bytes < H200_TOTAL - 2 * GIB {
+        model.train_step(&mut sim, 256);
+        if sim.t_ms >= next_ms {
+            leak_start.get_or_insert(sim.t_ms);
+            kept.push(sim.alloc.alloc(step_bytes));
+            next_ms += period_ms;
+        }
+        sim.wait(250);
+    }
+    let label = Label::Leak {
+        leak_start_unix_ms: T0 + leak_start.unwrap_or(first_ms),
+    };
+    trace(
+        "step_leak",
+        series("step_leak", "step-leak", label, sim, false),
+    )
+}
+
+/// Issue 35: training whose optimizer is created lazily at `step_at_ms` (one
+/// `step_bytes` step), then flat to the end: not a leak.
+pub fn one_step_then_flat(
+    duration_s: i64,
+    seed: u64,
+    interval_ms: i64,
+    step_at_ms: i64,
+    step_bytes: u64,
+) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let mut model = Mlp::new(&mut sim, 1024, 4);
+    let mut state: Option<u64> = None;
+    while sim.t_ms < duration_s * 1000 {
+        model.train_step(&mut sim, 256);
+        if state.is_none() && sim.t_ms >= step_at_ms {
+            state = Some(sim.alloc.alloc(step_bytes));
+        }
+        sim.wait(250);
+    }
+    trace(
+        "one_step_then_flat",
+        series("one_step_then_flat", "one-step", Label::NotLeak, sim, false),
+    )
+}
+
+/// Issue 35: inference with 1 GiB of weights whose per-request KV cache grows to
+/// `kv_bytes` in 64 MiB blocks over the first 60 % of each `period_ms`, is held, then freed
+/// with `empty_cache`; each request also keeps `leak_bytes` (from the first request; none
+/// with 0: a plain sawtooth, not a leak). The period varies by ±10 % with the seed.
+pub fn sawtooth_leak(
+    duration_s: i64,
+    seed: u64,
+    interval_ms: i64,
+    period_ms: i64,
+    kv_bytes: u64,
+    leak_bytes: u64,
+) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let _weights = sim.alloc.alloc(GIB);
+    let mut kept: Vec<u64> = Vec::new();
+    let blocks = (kv_bytes / (64 * MIB)).max(1);
+    let mut leak_start: Option<i64> = None;
+    while sim.t_ms < duration_s * 1000 && sim.nvml_bytes() + kv_bytes < H200_TOTAL - 2 * GIB {
+        let period = period_ms + sim.rng().range(-period_ms / 10, period_ms / 10);
+        let build_ms = period * 6 / 10;
+        let step_ms = (build_ms / blocks as i64).max(1);
+        if leak_bytes > 0 {
+            leak_start.get_or_insert(sim.t_ms);
+            kept.push(sim.alloc.alloc(leak_bytes));
+        }
+        let mut kv = Vec::new();
+        for _ in 0..blocks {
+            kv.push(sim.alloc.alloc(64 * MIB));
+            sim.wait(step_ms);
+        }
+        sim.wait(period / 5);
+        for b in kv {
+            sim.alloc.free(b);
+        }
+        sim.alloc.empty_cache();
+        sim.wait(period - build_ms - period / 5);
+    }
+    let label = match leak_start {
+        Some(t) => Label::Leak {
+            leak_start_unix_ms: T0 + t,
+        },
+        None => Label::NotLeak,
+    };
+    let role = if leak_bytes > 0 {
+        "sawtooth-leak"
+    } else {
+        "sawtooth"
+    };
+    trace(
+        "sawtooth_leak",
+        series("sawtooth_leak", role, label, sim, false),
+    )
+}
+
 /// Adds Gaussian noise of standard deviation `sigma_bytes` (rounded to MiB, as NVML
 /// reports) to every memory sample: what other processes' churn does to a device total.
 pub fn with_noise(mut trace: LabeledTrace, sigma_bytes: f64, seed: u64) -> LabeledTrace {

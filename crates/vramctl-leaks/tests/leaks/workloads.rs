@@ -170,3 +170,120 @@ fn h200_fixture_batch_numbers() {
         }
     }
 }
+
+/// Issue 35's sampling intervals: 100 ms (`leaks --watch`), 1 s (an nvidia-smi log), 10 s.
+const INTERVALS_MS: [i64; 3] = [100, 1000, 10_000];
+
+/// Verdict changes away from `leak` after the first `leak`.
+fn flips(o: &Outcome) -> usize {
+    let Some(first) = o.changes.iter().position(|c| c.1 == Verdict::Leak) else {
+        return 0;
+    };
+    o.changes[first..]
+        .windows(2)
+        .filter(|p| p[0].1 == Verdict::Leak && p[1].1 != Verdict::Leak)
+        .count()
+}
+
+/// Every explanation a tracker's reports gave (it re-analyses at least every 5 s), as
+/// `leaks --watch` and `top` show them.
+fn explanations(trace: &LabeledTrace) -> Vec<String> {
+    use vramctl_leaks::analysis::ProcessTracker;
+    let s = &trace.series[0];
+    let ctx = SeriesContext {
+        capacity_bytes: trace.capacity_bytes,
+        free_bytes: None,
+        process_start_unix_ms: s.process_start_unix_ms,
+        device_label: Some("GPU 0".to_owned()),
+        ended: false,
+        device_total: false,
+    };
+    let mut t = ProcessTracker::new(ctx, cfg()).expect("valid config");
+    let mut out: Vec<String> = Vec::new();
+    for x in &s.samples {
+        t.push(*x);
+        if let Some(r) = t.report() {
+            if out.last() != Some(&r.explanation) {
+                out.push(r.explanation.clone());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_leak_in_rare_big_steps_is_flagged_within_5_minutes() {
+    // +1 GiB every 60 s (18 MB/s): the windows of the steadiness test are narrower than
+    // the period and each step was its own episode; it was never flagged.
+    for iv in INTERVALS_MS {
+        for seed in [3, 4] {
+            let trace = synth::step_leak(420, seed, iv, synth::GIB, 60_000, None);
+            let o = &evaluate(&trace, &cfg())[0];
+            assert_eq!(o.class, Class::Found, "{iv} ms: {}", o.final_explanation);
+            let delay = o.delay_sec.unwrap();
+            assert!(
+                delay <= 300.0,
+                "{iv} ms: flagged {delay} s after the first step"
+            );
+        }
+    }
+}
+
+#[test]
+fn sparse_steps_are_not_called_a_warm_up_slowing_down() {
+    // The windows of the steadiness test see 1 GiB steps every 60 s as growth in few
+    // windows; that is not a warm-up slowing down, and the reason must not say so.
+    let trace = synth::step_leak(420, 3, 1000, synth::GIB, 60_000, None);
+    for e in explanations(&trace) {
+        assert!(!e.contains("slowing down as a warm-up does"), "{e}");
+    }
+}
+
+#[test]
+fn one_step_then_flat_settles_within_a_minute_at_every_interval() {
+    // An optimizer created lazily at 90 s: one +3.2 GiB step, then flat. The stall
+    // window waited three times the single gap before it (270 s).
+    for iv in INTERVALS_MS {
+        let trace = synth::one_step_then_flat(420, 5, iv, 90_000, 16 * synth::GIB / 5);
+        let o = &evaluate(&trace, &cfg())[0];
+        assert_eq!(o.first_leak_unix_ms, None, "{iv} ms: {:?}", o.changes);
+        assert_eq!(o.final_verdict, Some(Verdict::Stable), "{iv} ms");
+        let last_change_sec = (o.changes.last().unwrap().0 - synth::T0) as f64 / 1000.0;
+        assert!(
+            last_change_sec <= 90.0 + 60.0,
+            "{iv} ms: still changing at {last_change_sec} s: {:?}",
+            o.changes
+        );
+    }
+}
+
+#[test]
+fn a_slow_sawtooth_is_a_sawtooth_at_every_interval() {
+    // A 45 s sawtooth: at 10 s the 5 s release window held no earlier sample, so no
+    // release was seen and the live peaks were growth (a leak).
+    for iv in INTERVALS_MS {
+        let trace = synth::sawtooth_leak(420, 7, iv, 45_000, 4 * synth::GIB, 0);
+        let o = &evaluate(&trace, &cfg())[0];
+        assert_eq!(o.first_leak_unix_ms, None, "{iv} ms: {:?}", o.changes);
+        assert_eq!(o.final_verdict, Some(Verdict::Sawtooth), "{iv} ms");
+    }
+}
+
+#[test]
+fn a_leak_verdict_does_not_flicker_while_the_floor_rises() {
+    // 512 MiB every 15 s seen every 10 s (the steadiness windows waver around alpha),
+    // and a leak hidden in a 20 s inference sawtooth seen at 100 ms and 1 s (each
+    // pause between two kept blocks started a new episode of one step).
+    let traces = [
+        synth::step_leak(420, 501, 10_000, 512 * synth::MIB, 15_000, None),
+        synth::step_leak(420, 511, 10_000, 512 * synth::MIB, 15_000, None),
+        synth::step_leak(420, 521, 10_000, 512 * synth::MIB, 15_000, None),
+        synth::sawtooth_leak(420, 701, 100, 20_000, 5 * synth::GIB, 64 * synth::MIB),
+        synth::sawtooth_leak(420, 711, 1000, 20_000, 5 * synth::GIB, 64 * synth::MIB),
+    ];
+    for trace in &traces {
+        let o = &evaluate(trace, &cfg())[0];
+        assert_eq!(o.class, Class::Found, "{}", o.final_explanation);
+        assert_eq!(flips(o), 0, "{:?}", o.changes);
+    }
+}

@@ -9,7 +9,7 @@
 //! what `kill --tree` would reach.
 
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,8 @@ use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::DeviceState;
 use vramctl_core::untrusted::Untrusted;
 use vramctl_observe::observation::{HostProcess, Observation};
+use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
+use vramctl_procs::container::{ContainerFacts, PodQos};
 use vramctl_procs::procinfo::{self, PidNamespace, ProcReader};
 use vramctl_store::format::rfc3339;
 
@@ -31,6 +33,7 @@ use vramctl_observe::pattern::compile_regex;
 use super::open_live;
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
 use crate::exit::Exit;
+use crate::output::owners::owner_table;
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, wrap};
 use vramctl_observe::units;
@@ -61,6 +64,12 @@ pub struct PsReport {
     /// GPUs the driver counts that could not be opened at all (lost before the first
     /// sample, as `status` reports them).
     unopened: Vec<UnopenedDevice>,
+    /// With `--by`: the key the processes are grouped by, and the groups.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    by: Option<OwnerKey>,
+    /// With `--by`: memory per owner on each GPU (docs/owners.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owners: Option<Vec<OwnerTotal>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -97,6 +106,12 @@ struct PsProcess {
     /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2).
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup: Option<String>,
+    /// Its container's id, runtime, name and rootless owner; absent outside a container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<ContainerFacts>,
+    /// Its pod's QoS class; absent outside a Kubernetes pod.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_qos: Option<PodQos>,
     /// Its Kubernetes pod and container (docs/owners.md); absent when not in a pod the
     /// kubelet names.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -167,11 +182,28 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     measure_cpu(&mut report, cpu_interval, &procs);
     ask_agents(&mut report);
     source.end_for_exit();
+    if let Some(key) = args.by {
+        // The listed processes (after the filters), grouped by who owns them.
+        let listed: BTreeMap<u32, Vec<GpuHolding>> = report
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.gpus.clone()))
+            .collect();
+        report.by = Some(key);
+        report.owners = Some(owners::totals(key, &listed, &observation.hosts));
+    }
 
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
         writeln!(out).context("cannot write to stdout")?;
+    } else if let (Some(key), Some(totals)) = (report.by, report.owners.as_ref())
+        // With nothing to group, the usual "no process holds GPU memory" lines.
+        && !totals.is_empty()
+    {
+        for line in owner_table(key, totals, "", terminal::width()) {
+            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
+        }
     } else {
         for line in render(&report, terminal::width()) {
             writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
@@ -333,6 +365,8 @@ fn build(
         schema: SCHEMA,
         taken_at: rfc3339(now_ms),
         pid_namespace_initial: PidNamespace::current().is_initial(),
+        by: None,
+        owners: None,
         cpu_interval_s: None,
         tree,
         processes: rows,
@@ -384,6 +418,8 @@ fn row(
         container_id: host.and_then(|h| h.container_id.clone()),
         pod_uid: host.and_then(|h| h.pod_uid.clone()),
         cgroup: host.and_then(|h| h.cgroup.clone()),
+        container: host.and_then(|h| h.container.clone()),
+        pod_qos: host.and_then(|h| h.pod_qos),
         kubernetes: host.and_then(|h| h.kubernetes.clone()),
         used_bytes: total_bytes(&gpus),
         gpus,
@@ -614,11 +650,13 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
             p.ppid.map_or_else(|| "-".into(), |pp| pp.to_string()),
         ]);
         if with_container {
-            cells.push(
+            // The name when the runtime's state gives one, else the short id.
+            let name = p.container.as_ref().and_then(|c| c.name.clone());
+            cells.push(name.unwrap_or_else(|| {
                 p.container_id
                     .as_deref()
-                    .map_or_else(|| "-".into(), |c| c.chars().take(12).collect()),
-            );
+                    .map_or_else(|| "-".into(), |c| c.chars().take(12).collect())
+            }));
             cells.push(p.pod_uid.clone().unwrap_or_else(|| "-".into()));
         }
         cells.push(format!("{prefix}{}", command_cell(p, None)));
@@ -819,6 +857,8 @@ mod tests {
             container_id: None,
             pod_uid: None,
             cgroup: None,
+            container: None,
+            pod_qos: None,
             kubernetes: None,
             used_bytes: total_bytes(&gpus),
             gpus,
@@ -888,6 +928,8 @@ mod tests {
             schema: SCHEMA,
             taken_at: "2026-01-01T00:00:00.000Z".into(),
             pid_namespace_initial: true,
+            by: None,
+            owners: None,
             cpu_interval_s: Some(0.2),
             tree: true,
             processes: rows,

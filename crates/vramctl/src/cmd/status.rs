@@ -31,8 +31,11 @@ use vramctl_core::types::{
 use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
 use vramctl_kube::{PodContainer, ProcessPod};
+use vramctl_observe::gpu_holdings::holdings;
 use vramctl_observe::live_loop::sampler_on;
 use vramctl_observe::observation::Observation;
+use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
+use vramctl_procs::container::ContainerFacts;
 use vramctl_store::format::rfc3339;
 use vramctl_store::replay::{MomentLookup, RecordedProcesses, ReplayBackend};
 
@@ -41,6 +44,7 @@ use vramctl_observe::gpu_selection::GpuFilter;
 use super::open_live;
 use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
+use crate::output::owners::owner_table;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, fit_line, wrap};
@@ -65,6 +69,9 @@ pub struct StatusReport {
     /// Where a replayed moment comes from; absent live.
     #[serde(skip_serializing_if = "Option::is_none")]
     replay: Option<ReplayStatus>,
+    /// With `--by`: the key each device's `owners` are grouped by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    by: Option<OwnerKey>,
 }
 
 #[derive(Debug, Serialize)]
@@ -110,6 +117,12 @@ struct DeviceStatus {
     missing: BTreeMap<&'static str, String>,
     /// `None`: replayed (a history does not keep them).
     dropped: Option<Vec<DroppedStatus>>,
+    /// With `--by`: the key, for the text (the report says it once).
+    #[serde(skip)]
+    by: Option<OwnerKey>,
+    /// With `--by`: memory per owner on this GPU (docs/owners.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owners: Option<Vec<OwnerTotal>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -122,6 +135,10 @@ struct ProcessStatus {
     /// Its cgroup v2 path; absent when not known (not visible, no cgroup v2, replayed).
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup: Option<String>,
+    /// Its container's id, runtime, name and rootless owner; absent outside a container
+    /// (a replay knows the id only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<ContainerFacts>,
     /// Its Kubernetes pod and container (docs/owners.md); absent when not in a pod the
     /// kubelet names, and replayed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -176,6 +193,9 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         let snapshot = &observation.snapshot;
         let mut report = build(snapshot, &filter, &mut Holders::Live(&observation));
         ask_agents(&mut report, snapshot);
+        if let Some(key) = args.by {
+            group_by_owner(&mut report, key, &observation, &filter);
+        }
         tracing::debug!(
             daemon = source.from_daemon(),
             tick_ms = sampled.as_secs_f64() * 1e3,
@@ -203,6 +223,31 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         std::thread::sleep(interval.saturating_sub(started.elapsed()));
     }
     Ok(Exit::Ok)
+}
+
+/// `--by KEY`: each device's processes grouped by owner, in place of its process rows.
+fn group_by_owner(
+    report: &mut StatusReport,
+    key: OwnerKey,
+    observation: &Observation,
+    filter: &GpuFilter,
+) {
+    let totals = owners::totals(
+        key,
+        &holdings(&observation.snapshot, filter),
+        &observation.hosts,
+    );
+    report.by = Some(key);
+    for device in &mut report.devices {
+        device.by = Some(key);
+        device.owners = Some(
+            totals
+                .iter()
+                .filter(|t| t.gpu == device.index)
+                .cloned()
+                .collect(),
+        );
+    }
 }
 
 /// `--replay DB --at TIME`: the recorded moment at or before TIME, through the same sampler
@@ -326,7 +371,13 @@ fn print(
 }
 
 /// Whether a process is visible, its user, command line and cgroup.
-type Who = (bool, Option<String>, Option<String>, Option<String>);
+type Who = (
+    bool,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<ContainerFacts>,
+);
 
 /// Who the processes of a snapshot are.
 enum Holders<'a> {
@@ -348,12 +399,14 @@ impl Holders<'_> {
                     host.user.clone(),
                     Some(host.command.clone()),
                     host.cgroup.clone(),
+                    host.container.clone(),
                 ),
                 // Not in this PID namespace: the driver still knows the name.
                 None => (
                     false,
                     None,
                     observation.driver_names.get(&pid).cloned(),
+                    None,
                     None,
                 ),
             },
@@ -364,10 +417,12 @@ impl Holders<'_> {
                         process.visible(),
                         facts.user_or_uid(),
                         facts.command,
-                        facts.container.cgroup,
+                        facts.container.cgroup.clone(),
+                        // The history keeps the container's id only.
+                        facts.container.facts(),
                     )
                 }
-                None => (false, None, None, None),
+                None => (false, None, None, None, None),
             },
         }
     }
@@ -450,6 +505,7 @@ fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &mut Holders<'_>) -> 
                 .collect()
         }),
         replay: None,
+        by: None,
     }
 }
 
@@ -474,6 +530,8 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
         allocated_to: holders.allocated_to(&info.uuid),
         missing: BTreeMap::new(),
         dropped: (!holders.replayed()).then(Vec::new),
+        by: None,
+        owners: None,
     };
     let reading = match &device.state {
         DeviceState::Ok(reading) => reading,
@@ -531,13 +589,14 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
 }
 
 fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessStatus {
-    let (visible, user, command, cgroup) = holders.who(process.pid);
+    let (visible, user, command, cgroup, container) = holders.who(process.pid);
     ProcessStatus {
         pid: process.pid,
         visible,
         user,
         command,
         cgroup,
+        container,
         kubernetes: holders.kubernetes(process.pid),
         used_bytes: process.used_bytes,
         agent: None,
@@ -713,9 +772,19 @@ fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines:
         lines.extend(wrap(&gauges.join("   "), "  ", width));
     }
 
-    match &d.processes {
-        None => lines.push("  processes  not reported".into()),
-        Some(processes) => {
+    match (&d.processes, d.by.zip(d.owners.as_ref())) {
+        (None, _) => lines.push("  processes  not reported".into()),
+        // A GPU without processes says so as usual.
+        (Some(_), Some((key, totals))) if !totals.is_empty() => {
+            lines.extend(owner_table(key, totals, "  ", width));
+            if let Some(unaccounted) = d.unaccounted_bytes.filter(|&u| u > 0) {
+                lines.push(format!(
+                    "  unaccounted  {} used that no listed process holds",
+                    units::bytes(unaccounted)
+                ));
+            }
+        }
+        (Some(processes), _) => {
             // Processes outside any MIG instance first, then each instance with its own.
             let plain: Vec<&ProcessStatus> = processes
                 .iter()

@@ -5,6 +5,7 @@ mod agent_series;
 mod allocator_snapshot;
 mod architecture;
 mod clock;
+mod containers;
 mod daemon;
 mod disk_full;
 mod doctor;
