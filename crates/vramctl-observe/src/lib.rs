@@ -12,6 +12,7 @@
 pub mod daemon_socket;
 pub mod gpu_holdings;
 pub mod gpu_selection;
+pub mod kubernetes;
 pub mod live_loop;
 pub mod live_source;
 pub mod observation;

@@ -11,6 +11,7 @@ use vramctl_gpu::{Backend, Sampler};
 use vramctl_procs::process_catalog::listed_pids;
 use vramctl_procs::procinfo::{ProcReader, ProcessDetails};
 
+use crate::kubernetes::KubeletSource;
 use crate::live_loop::LiveSampler;
 use crate::observation::{HostProcess, Observation};
 
@@ -38,6 +39,9 @@ pub struct LiveSource {
     sampler: Option<LiveSampler>,
     open_nvml: OpenNvml,
     procs: ProcReader,
+    /// Kubernetes facts, read here whoever answered (the kubelet's socket is this
+    /// machine's); `None` off Kubernetes.
+    kubelet: Option<KubeletSource>,
 }
 
 impl std::fmt::Debug for LiveSource {
@@ -76,6 +80,7 @@ impl LiveSource {
             sampler,
             open_nvml,
             procs: ProcReader::new(),
+            kubelet: KubeletSource::from_env(),
         })
     }
 
@@ -128,7 +133,7 @@ impl LiveSource {
     /// `snapshot` (the last one [`sample`](Self::sample) gave) joined with who its listed
     /// processes are, from the daemon's answer or from here alike: the same
     /// [`HostProcess`]es either way (no ancestors, no agents, no verdicts), and the
-    /// driver's names of those /proc cannot see.
+    /// driver's names of those /proc cannot see; on Kubernetes, their pods and each GPU's.
     pub fn observe(&mut self, snapshot: Snapshot) -> Observation {
         let mut observation = Observation::bare(snapshot);
         let tps = self.procs.ticks_per_second();
@@ -150,6 +155,9 @@ impl LiveSource {
                     }
                 }
             }
+        }
+        if let Some(kubelet) = self.kubelet.as_mut() {
+            observation.add_kubernetes(kubelet.view_at(observation.snapshot.monotonic_ms));
         }
         observation
     }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use vramctl_agent::agent_client::AgentMemory;
 use vramctl_agent::agent_poll::{self, AgentPoll, PollLimits};
 use vramctl_core::types::Snapshot;
+use vramctl_kube::{KubeletView, PodContainer, ProcessPod};
 use vramctl_leaks::analysis::IdleState;
 use vramctl_procs::container::{ContainerFacts, PodQos};
 use vramctl_procs::process_catalog::{
@@ -18,6 +19,8 @@ use vramctl_procs::process_catalog::{
 };
 use vramctl_procs::procinfo::ProcessFacts;
 use vramctl_procs::procinfo::{self, ProcessDetails};
+
+use crate::kubernetes::{self, KubeletSource};
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +39,11 @@ pub struct Observation {
     /// (empty when no process has an agent, and in a replay).
     #[serde(default)]
     pub agents: AgentFigures,
+    /// GPU UUID → the pod containers the kubelet gave it (or one of its MIG instances),
+    /// whether or not their processes are visible here (`crate::kubernetes`); empty off
+    /// Kubernetes, when the kubelet could not be asked, and in a replay.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kubernetes_gpus: BTreeMap<String, Vec<PodContainer>>,
 }
 
 impl Observation {
@@ -47,6 +55,22 @@ impl Observation {
             driver_names: BTreeMap::new(),
             verdicts: Verdicts::default(),
             agents: AgentFigures::default(),
+            kubernetes_gpus: BTreeMap::new(),
+        }
+    }
+
+    /// Puts `view`'s Kubernetes facts on the observation: each GPU's pod containers, and
+    /// each visible process's pod where its cgroup names one the kubelet knows
+    /// (`vramctl_kube::attribution` says why nothing else names a process).
+    pub fn add_kubernetes(&mut self, view: &KubeletView) {
+        self.kubernetes_gpus = kubernetes::gpu_holders(&self.snapshot, view);
+        let uuids_by_pid = kubernetes::gpu_uuids_by_pid(&self.snapshot);
+        for (pid, host) in &mut self.hosts {
+            let uuids: Vec<&str> = uuids_by_pid
+                .get(pid)
+                .map(|u| u.iter().map(String::as_str).collect())
+                .unwrap_or_default();
+            host.kubernetes = view.pod_of_process(host.pod_uid.as_deref(), &uuids);
         }
     }
 
@@ -221,6 +245,11 @@ pub struct HostProcess {
     /// Its Kubernetes pod's QoS class, from the cgroup path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_qos: Option<PodQos>,
+    /// The Kubernetes pod (and container) it runs in, where its `pod_uid` names a pod the
+    /// kubelet knows (`crate::kubernetes`; docs/owners.md). Names are the pod creator's
+    /// text: escape them for a terminal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<ProcessPod>,
 }
 
 impl HostProcess {
@@ -267,6 +296,7 @@ impl HostProcess {
             slurm: details.slurm.clone(),
             container: details.container.facts(),
             pod_qos: details.container.pod_qos,
+            kubernetes: None,
         }
     }
 
@@ -323,6 +353,7 @@ pub struct Observer {
     agents: Option<AgentPoll>,
     judge: Option<Box<dyn Judge>>,
     ancestors: bool,
+    kubelet: Option<KubeletSource>,
 }
 
 impl std::fmt::Debug for dyn Judge {
@@ -346,9 +377,20 @@ pub struct ObserverBuilder {
     agents: Option<AgentPoll>,
     judge: Option<Box<dyn Judge>>,
     ancestors: bool,
+    /// `None`: decided at `build` (`KubeletSource::from_env` on this system's /proc).
+    kubelet: Option<Option<KubeletSource>>,
 }
 
 impl ObserverBuilder {
+    /// Where Kubernetes facts come from (`None`: none). Default: the kubelet's socket and
+    /// pod log directory when either exists on this system, none with a scripted
+    /// `proc_source` (its PIDs are not this system's).
+    #[must_use]
+    pub fn kubelet(mut self, kubelet: Option<KubeletSource>) -> Self {
+        self.kubelet = Some(kubelet);
+        self
+    }
+
     /// Where process facts come from (default: /proc).
     #[must_use]
     pub fn facts(mut self, facts: FactsSource) -> Self {
@@ -396,6 +438,14 @@ impl ObserverBuilder {
 
     /// The observer, knowing no process yet.
     pub fn build(self) -> Observer {
+        let scripted = self.proc_source.is_some();
+        let kubelet = self.kubelet.unwrap_or_else(|| {
+            if scripted {
+                None
+            } else {
+                KubeletSource::from_env()
+            }
+        });
         let (boot_id, proc_source) = self
             .proc_source
             .unwrap_or_else(|| (procinfo::boot_id(), Box::new(LiveProc::new())));
@@ -405,6 +455,7 @@ impl ObserverBuilder {
             agents: self.agents,
             judge: self.judge,
             ancestors: self.ancestors,
+            kubelet,
         }
     }
 }
@@ -431,6 +482,7 @@ impl Observer {
             agents: Some(AgentPoll::new(PollLimits::default())),
             judge: None,
             ancestors: true,
+            kubelet: None,
         }
     }
 
@@ -549,6 +601,7 @@ impl Observer {
                             slurm: facts.slurm.clone(),
                             container: facts.container.facts(),
                             pod_qos: facts.container.pod_qos,
+                            kubernetes: None,
                         },
                     );
                 }
@@ -560,13 +613,19 @@ impl Observer {
                 None => {}
             }
         }
-        Observation {
+        let mut observation = Observation {
             snapshot: Arc::new(snapshot),
             hosts,
             driver_names,
             verdicts: Verdicts::default(),
             agents: AgentFigures::default(),
+            kubernetes_gpus: BTreeMap::new(),
+        };
+        if let Some(kubelet) = self.kubelet.as_mut() {
+            // Read at most every `kubernetes::REFRESH_MS` of the snapshots' time.
+            observation.add_kubernetes(kubelet.view_at(observation.snapshot.monotonic_ms));
         }
+        observation
     }
 
     /// Asks the agents that are due, and gives every (process, GPU) figure the poll has.
@@ -647,6 +706,92 @@ mod tests {
             }],
             unopened: Vec::new(),
         }
+    }
+
+    #[test]
+    fn kubernetes_facts_name_a_mig_process_by_its_instance_and_each_gpu_by_its_holders() {
+        use vramctl_core::types::MigInstanceInfo;
+        use vramctl_kube::allocation::{Allocation, DeviceId, GpuAllocations};
+        use vramctl_kube::pod_logs::PodName;
+
+        const MIG: &str = "MIG-1f2e3d4c-5b6a-5980-a1b2-c3d4e5f60718";
+        const UID: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+        let mut snapshot = snapshot_with(&[4242, 4343], 1_000);
+        let device = &mut snapshot.devices[0];
+        let mut info = (*device.info).clone();
+        info.mig_instances = vec![MigInstanceInfo {
+            uuid: MIG.into(),
+            name: None,
+            gpu_instance_id: Some(7),
+            compute_instance_id: Some(0),
+        }];
+        device.info = Arc::new(info);
+        if let DeviceState::Ok(reading) = &mut device.state {
+            for p in reading.processes.iter_mut().flatten() {
+                p.gpu_instance_id = Some(7);
+                p.compute_instance_id = Some(0);
+            }
+        }
+        let mut observation = Observation::bare(snapshot);
+        let in_pod = HostProcess {
+            pid: 4242,
+            pod_uid: Some(UID.into()),
+            ..HostProcess::default()
+        };
+        let on_host = HostProcess {
+            pid: 4343,
+            ..HostProcess::default()
+        };
+        observation.hosts.insert(4242, in_pod);
+        observation.hosts.insert(4343, on_host);
+        let owner = PodContainer {
+            namespace: "ml".into(),
+            pod: "infer".into(),
+            container: "server".into(),
+        };
+        let view = KubeletView {
+            allocations: Some(GpuAllocations {
+                allocations: vec![Allocation {
+                    owner: owner.clone(),
+                    resource_name: "nvidia.com/mig-1g.18gb".into(),
+                    device: DeviceId::Mig {
+                        uuid: MIG.into(),
+                        parent_gpu_uuid: None,
+                    },
+                    replica: None,
+                }],
+            }),
+            allocations_error: None,
+            names_by_uid: [(
+                UID.to_string(),
+                PodName {
+                    namespace: "ml".into(),
+                    pod: "infer".into(),
+                },
+            )]
+            .into(),
+        };
+        observation.add_kubernetes(&view);
+        let pod = observation.hosts[&4242]
+            .kubernetes
+            .clone()
+            .expect("in a pod");
+        assert_eq!(
+            pod.container.as_deref(),
+            Some("server"),
+            "named by its MIG instance"
+        );
+        assert_eq!(
+            observation.hosts[&4343].kubernetes, None,
+            "a host process is in no pod"
+        );
+        assert_eq!(
+            observation.kubernetes_gpus["GPU-00000000-0000-0000-0000-000000000000"],
+            [owner]
+        );
+        // Serialised only where known: an observation without them reads as before.
+        let json = serde_json::to_string(&Observation::bare(snapshot_with(&[], 0))).expect("json");
+        assert!(!json.contains("kubernetes"), "{json}");
     }
 
     #[test]

@@ -402,6 +402,8 @@ impl Inner {
             // The history keeps the agents' series, not yet read back here: a replay
             // shows no agent figures (absent, not 0).
             agents: vramctl_observe::observation::AgentFigures::default(),
+            // The history keeps no pod allocations: a replay says none.
+            kubernetes_gpus: std::collections::BTreeMap::new(),
         }))
     }
 }
@@ -576,6 +578,7 @@ mod tests {
             driver_names: obs.driver_names.clone(),
             verdicts: vramctl_observe::verdict::Verdicts::default(),
             agents: vramctl_observe::observation::AgentFigures::default(),
+            kubernetes_gpus: std::collections::BTreeMap::new(),
         }
     }
 

@@ -116,6 +116,10 @@ struct PsProcess {
     /// Its pod's QoS class; absent outside a Kubernetes pod.
     #[serde(skip_serializing_if = "Option::is_none")]
     pod_qos: Option<PodQos>,
+    /// Its Kubernetes pod and container (docs/owners.md); absent when not in a pod the
+    /// kubelet names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kubernetes: Option<vramctl_kube::ProcessPod>,
     /// GPU memory summed over devices; `null` when a device reports it unavailable.
     used_bytes: Option<u64>,
     gpus: Vec<GpuHolding>,
@@ -421,6 +425,7 @@ fn row(
         slurm: host.and_then(|h| h.slurm.clone()),
         container: host.and_then(|h| h.container.clone()),
         pod_qos: host.and_then(|h| h.pod_qos),
+        kubernetes: host.and_then(|h| h.kubernetes.clone()),
         used_bytes: total_bytes(&gpus),
         gpus,
         tree_parent: None,
@@ -860,6 +865,7 @@ mod tests {
             slurm: None,
             container: None,
             pod_qos: None,
+            kubernetes: None,
             used_bytes: total_bytes(&gpus),
             gpus,
             tree_parent: None,

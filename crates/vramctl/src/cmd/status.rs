@@ -30,6 +30,7 @@ use vramctl_core::types::{
 };
 use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
+use vramctl_kube::{PodContainer, ProcessPod};
 use vramctl_observe::gpu_holdings::holdings;
 use vramctl_observe::live_loop::sampler_on;
 use vramctl_observe::observation::Observation;
@@ -110,6 +111,10 @@ struct DeviceStatus {
     unaccounted_bytes: Option<u64>,
     processes: Option<Vec<ProcessStatus>>,
     mig_instances: Vec<MigStatus>,
+    /// The Kubernetes pod containers the kubelet gave this GPU or its MIG instances
+    /// (docs/owners.md); absent off Kubernetes, when none, and replayed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    allocated_to: Vec<PodContainer>,
     missing: BTreeMap<&'static str, String>,
     /// `None`: replayed (a history does not keep them).
     dropped: Option<Vec<DroppedStatus>>,
@@ -139,6 +144,10 @@ struct ProcessStatus {
     /// (a replay knows the id only).
     #[serde(skip_serializing_if = "Option::is_none")]
     container: Option<ContainerFacts>,
+    /// Its Kubernetes pod and container (docs/owners.md); absent when not in a pod the
+    /// kubelet names, and replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kubernetes: Option<ProcessPod>,
     used_bytes: Option<u64>,
     /// What the process's in-process agent says about this GPU (allocated, cached,
     /// releasable), as `ps` shows it; absent for a process without one (docs/agent.md).
@@ -430,6 +439,26 @@ impl Holders<'_> {
     fn replayed(&self) -> bool {
         matches!(self, Self::Recorded(_))
     }
+
+    /// The pod of `pid`, live only (a history does not keep it).
+    fn kubernetes(&self, pid: u32) -> Option<ProcessPod> {
+        match self {
+            Self::Live(observation) => observation.hosts.get(&pid)?.kubernetes.clone(),
+            Self::Recorded(_) => None,
+        }
+    }
+
+    /// Who the kubelet gave the GPU `uuid`, live only.
+    fn allocated_to(&self, uuid: &str) -> Vec<PodContainer> {
+        match self {
+            Self::Live(observation) => observation
+                .kubernetes_gpus
+                .get(uuid)
+                .cloned()
+                .unwrap_or_default(),
+            Self::Recorded(_) => Vec::new(),
+        }
+    }
 }
 
 /// The allocated and cached memory, per GPU, of each visible process that has an agent:
@@ -506,6 +535,8 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
         unaccounted_bytes: None,
         processes: None,
         mig_instances: Vec::new(),
+        // Said for a lost GPU too: the kubelet's allocation does not depend on its state.
+        allocated_to: holders.allocated_to(&info.uuid),
         missing: BTreeMap::new(),
         dropped: (!holders.replayed()).then(Vec::new),
         by: None,
@@ -576,6 +607,7 @@ fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessS
         cgroup,
         container,
         slurm,
+        kubernetes: holders.kubernetes(process.pid),
         used_bytes: process.used_bytes,
         agent: None,
         // A history does not keep which list named a process.

@@ -19,6 +19,7 @@ mod history;
 mod import;
 mod info;
 mod kill;
+mod kubernetes;
 mod leaks;
 mod leakset;
 mod packaging;
