@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use vramctl_core::untrusted::Untrusted;
 use vramctl_leaks::analysis::{LeakConfig, SeriesReport};
 use vramctl_store::TimeRange;
 
@@ -111,7 +110,8 @@ pub fn read_history(
     if !history.exists || pids.is_empty() {
         return Ok(history);
     }
-    let mut store = open_history(path).context("cannot read the history for idle evidence")?;
+    let mut store = vramctl_history::sample_source::open_history(path)
+        .context("cannot read the history for idle evidence")?;
     let Some((_, last)) = store.time_bounds()? else {
         return Ok(history);
     };
@@ -142,14 +142,4 @@ pub fn read_history(
             });
     }
     Ok(history)
-}
-
-/// The history read-only, whoever owns it; what the user should know about the open
-/// (as every command that reads the history says it) goes to stderr.
-fn open_history(path: &Path) -> anyhow::Result<vramctl_store::Store> {
-    let store = vramctl_store::Store::open(path, vramctl_store::OpenMode::ReadOnly)?;
-    if let Some(notice) = store.notice() {
-        eprintln!("vramctl: note: {}", Untrusted(notice));
-    }
-    Ok(store)
 }

@@ -15,6 +15,24 @@ use vramctl_observe::gpu_selection::select_devices;
 
 use crate::time_window::{SinceDefault, TimeWindow};
 
+/// Opens the history for reading (`history`, `export`, `leaks`, `plot`, `history --audit`,
+/// `reap`'s evidence, `slurm-epilog`): read-only, whoever owns it; what the user should know
+/// about the open (the newest samples not readable) goes to stderr, escaped (the notice
+/// quotes the file's own text).
+///
+/// # Errors
+/// The store cannot be opened or is not a vramctl history.
+pub fn open_history(path: &std::path::Path) -> anyhow::Result<Store> {
+    let store = Store::open(path, vramctl_store::OpenMode::ReadOnly)?;
+    if let Some(notice) = store.notice() {
+        eprintln!(
+            "vramctl: note: {}",
+            vramctl_core::untrusted::Untrusted(notice)
+        );
+    }
+    Ok(store)
+}
+
 /// Where the samples come from.
 #[derive(Debug, Clone)]
 pub enum SourceKind {

@@ -28,7 +28,6 @@ pub mod status;
 pub mod top;
 
 use anyhow::{anyhow, bail};
-use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time;
 use vramctl_history::sample_source::{self, Source, SourceKind, Window};
 use vramctl_leaks::analysis::LeakConfig;
@@ -78,16 +77,8 @@ pub fn millis(d: std::time::Duration) -> i64 {
 /// commands here use, names it without naming this file).
 pub use crate::db_location::db_path;
 
-/// Opens the history for reading (`history`, `export`, `leaks`, `plot`, `history --audit`,
-/// `reap`'s evidence): read-only, whoever owns it; what the user should know about the open
-/// (the newest samples not readable) goes to stderr.
-pub fn open_history(path: &std::path::Path) -> anyhow::Result<vramctl_store::Store> {
-    let store = vramctl_store::Store::open(path, vramctl_store::OpenMode::ReadOnly)?;
-    if let Some(notice) = store.notice() {
-        eprintln!("vramctl: note: {}", Untrusted(notice));
-    }
-    Ok(store)
-}
+/// Opens the history for reading; its notice to stderr.
+pub use vramctl_history::sample_source::open_history;
 
 /// `--min-idle-mem`, `--idle-for`, `--warmup` over the documented defaults.
 pub fn leak_config(args: &AnalysisArgs) -> anyhow::Result<LeakConfig> {
