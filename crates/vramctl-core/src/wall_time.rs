@@ -60,8 +60,8 @@ pub fn zone(name: Option<&str>) -> Result<TimeZone, WallTimeError> {
 /// The system's zone: `TZ` when set (jiff reads its every form), else `/etc/localtime`.
 ///
 /// Why not `TimeZone::system()` alone: to name the zone it looks the symlink's target up in
-/// the zone database, whose first use lists every directory of `/usr/share/zoneinfo` — about
-/// 3 ms of a one-shot `vramctl status` that takes 25 ms (strace on this machine). Here the
+/// the zone database, whose first use lists every directory of `/usr/share/zoneinfo` — 2.4 ms
+/// of a one-shot `vramctl status` on the fake NVML here (docs/benchmarks.md). Here the
 /// name comes from the link and the rules from the file it names, read once (TZif files are
 /// a few KiB; more than [`MAX_TZIF_BYTES`] is not a zone file). Anything unexpected — no
 /// link, a target outside a `zoneinfo/` directory, an unreadable file — falls back to jiff.
