@@ -36,9 +36,12 @@ for path in sys.argv[1:]:
             if b["state"] == "inactive":
                 d["free_bytes"] += b["size"]
                 d["largest_free_block_bytes"] = max(d["largest_free_block_bytes"], b["size"])
-                if len(blocks) > 1:
+                # memory_stats() leaves expandable segments out of inactive_split
+                # (CUDACachingAllocator.cpp, free_block: `if (!block->expandable_segment_)`).
+                if len(blocks) > 1 and not s.get("is_expandable", False):
                     d["inactive_split_bytes"] += b["size"]
-        if not any_active:
+        # An expandable segment is not freed whole: empty_cache() unmaps its free pages.
+        if not any_active and not s.get("is_expandable", False):
             d["releasable_bytes"] += s["total_size"]
     d["trace_entries"] = sum(len(t) for t in traces)
     d["oom_requested_bytes"] = [e["size"] for t in traces for e in t if e["action"] == "oom"]

@@ -43,6 +43,8 @@ class RunInjectionTest(unittest.TestCase):
     def reports_written(self) -> dict[int, dict]:
         out = {}
         for name in os.listdir(self.reports):
+            if ".oom." in name:
+                continue  # the OOM observer's record and snapshot (test_oom.py)
             self.assertTrue(name.endswith(".json") and not name.startswith("."), name)
             with open(os.path.join(self.reports, name), encoding="utf-8") as f:
                 report = json.load(f)
@@ -66,6 +68,8 @@ class RunInjectionTest(unittest.TestCase):
         self.assertEqual(device["allocated_peak_bytes"], 3 * GiB)
         self.assertEqual(device["reserved_peak_bytes"], 3 * GiB)
         self.assertGreaterEqual(device["ooms"], 1)
+        # The OOM observer kept its record and snapshot beside the report.
+        self.assertEqual(sorted(n for n in os.listdir(self.reports) if ".oom." in n), [f"{pid}.oom.json", f"{pid}.oom.pickle"])
 
     def test_a_process_that_never_imports_a_framework_writes_nothing(self) -> None:
         done = self.job("print('hello')")

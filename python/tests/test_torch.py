@@ -153,6 +153,18 @@ class ReclaimTest(unittest.TestCase):
             t.run("del small")
             self.assertEqual(client.request(t.pid, "reclaim")["released_bytes"], 8 * GiB)
 
+    def test_history_with_cpp_frames_still_names_the_users_line(self) -> None:
+        # torch's default `_record_memory_history()` records C++ frames first (issue 33:
+        # reclaim named `torch::unwind::unwind() at ??:0`).
+        with Target() as t:
+            t.start_agent()
+            t.run(SETUP + "big = torch.empty(8 * GiB, dtype=torch.uint8, device='cuda')\ndel big")
+            t.run("torch.cuda.memory._record_memory_history()")
+            t.run("def load_batch():\n    return torch.empty(4 * MiB, dtype=torch.uint8, device='cuda')\nsmall = load_batch()")
+            [segment] = device(client.request(t.pid, "reclaim"))["pinned_segments"]
+            [block] = segment["blocks"]
+            self.assertEqual(block["frames"][0], {"filename": "workload.py", "line": 2, "name": "load_batch"})
+
     def test_pinned_blocks_without_recorded_history_have_no_stacks(self) -> None:
         with Target() as t:
             t.start_agent()

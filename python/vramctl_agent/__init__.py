@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-from . import _hook, _ipython, _server, _state, _torch
+from . import _hook, _ipython, _oom, _server, _state, _torch
 from ._ops import AGENT_VERSION
 from ._protocol import PROTOCOL
 from ._server import AgentError
@@ -32,6 +32,7 @@ _start_lock = threading.Lock()
 
 def _guard_when_torch_arrives(name: str, module) -> None:
     _torch.install_capture_guard(module)
+    _oom.arm(module)
 
 
 def start(
@@ -59,11 +60,16 @@ def start(
         agent = _server.Agent(_started_by, **kwargs)
         path = agent.start()
         _state.agent = agent
+        _oom.set_directory(os.path.dirname(path))
         if cleanup_on_signals is None:
             cleanup_on_signals = os.environ.get("VRAMCTL_AGENT_SIGNALS", "1") != "0"
         if cleanup_on_signals:
             _server.install_signal_cleanup()
-        if not _torch.install_capture_guard() and "torch" not in sys.modules:
+        if "torch" in sys.modules:
+            _torch.install_capture_guard()
+            # The OOM observer: attached when the program initializes CUDA, never before.
+            _oom.arm()
+        else:
             _hook.on_import("torch", _guard_when_torch_arrives)
         return path
 

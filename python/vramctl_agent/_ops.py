@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import errno
 import gc
 import json
@@ -13,7 +14,7 @@ import threading
 import time
 
 from . import _frameworks as fw
-from . import _ipython, _torch
+from . import _ipython, _oom, _torch
 from . import _protocol as proto
 from ._protocol import ProtocolViolation
 
@@ -108,6 +109,8 @@ def hello(request: dict, peer: Peer, agent) -> dict:
             "request_timeout_s": agent.request_timeout_s,
             "max_connections": agent.max_connections,
             "max_history_entries": proto.MAX_HISTORY_ENTRIES,
+            "max_oom_snapshot_bytes": proto.MAX_OOM_SNAPSHOT_BYTES,
+            "max_oom_chunk_bytes": proto.MAX_OOM_CHUNK_BYTES,
         },
         "history": dict(_history),
     }
@@ -290,7 +293,35 @@ def reset_peak(request: dict, peer: Peer, agent) -> dict:
     return {"devices": devices, "unsupported": unsupported}
 
 
-HANDLERS = {"hello": hello, "stats": stats, "reclaim": reclaim, "snapshot": snapshot, "reset-peak": reset_peak}
+def oom(request: dict, peer: Peer, agent) -> dict:
+    """The first CUDA OOM of this process (`_oom.py`): its record, and with `offset` a
+    chunk of its snapshot's bytes (base64), so that a client never opens a path an agent
+    names."""
+    response = {"observer_attached": _oom.attached(), "oom": _oom.record()}
+    offset = request.get("offset")
+    if offset is None:
+        return response
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ProtocolViolation(proto.BAD_REQUEST, f"'offset' must be a non-negative integer, not {_show(offset)}")
+    max_bytes = request.get("max_bytes", proto.MAX_OOM_CHUNK_BYTES)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= proto.MAX_OOM_CHUNK_BYTES:
+        raise ProtocolViolation(
+            proto.BAD_REQUEST, f"'max_bytes' must be an integer from 1 to {proto.MAX_OOM_CHUNK_BYTES}, not {_show(max_bytes)}"
+        )
+    try:
+        data, size = _oom.read_snapshot(offset, max_bytes)
+    except OSError as err:
+        raise ProtocolViolation(proto.IO_ERROR, f"the OOM snapshot cannot be read: {err.strerror or err}")
+    response["chunk"] = {
+        "offset": offset,
+        "size_bytes": size,
+        "data_base64": base64.b64encode(data).decode("ascii"),
+        "eof": offset + len(data) >= size,
+    }
+    return response
+
+
+HANDLERS = {"hello": hello, "stats": stats, "reclaim": reclaim, "snapshot": snapshot, "reset-peak": reset_peak, "oom": oom}
 
 
 def answer(request: object, peer: Peer, agent) -> dict:

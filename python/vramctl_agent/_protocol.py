@@ -44,9 +44,16 @@ CLIENT_TIMEOUT_S = {
     "reset-peak": 5.0,
     "reclaim": 60.0,
     "snapshot": 120.0,
+    "oom": 10.0,
 }
 
-OPS = ("hello", "stats", "reclaim", "snapshot", "reset-peak")
+OPS = ("hello", "stats", "reclaim", "snapshot", "reset-peak", "oom")
+
+# The OOM observer (_oom.py): the largest snapshot it keeps (pickled), and the most bytes
+# of it one `oom` answer carries (base64 grows them by 4/3: 512 KiB is ~683 KiB of the
+# 1 MiB response line).
+MAX_OOM_SNAPSHOT_BYTES = 256 * 1024 * 1024
+MAX_OOM_CHUNK_BYTES = 512 * 1024
 
 # Error codes (stable strings; the message is for people).
 BAD_JSON = "bad_json"

@@ -429,3 +429,6 @@ def after_fork_in_child() -> None:
         agent.abandon_after_fork()
     _ops.reset_after_fork()
     _torch.reset_after_fork()
+    from . import _oom
+
+    _oom.reset_after_fork()

@@ -264,16 +264,27 @@ def _clip(text: object) -> object:
     return text
 
 
+def _is_python_frame(frame: dict) -> bool:
+    filename = frame.get("filename")
+    return isinstance(filename, str) and filename.endswith(".py")
+
+
 def _frames(block: dict) -> list[dict]:
     frames = block.get("frames")
     if frames is None:
         # torch <= 2.0 kept the allocation stack in history[0].
         history = block.get("history") or []
         frames = history[0].get("frames") if history and isinstance(history[0], dict) else None
+    frames = [f for f in frames or [] if isinstance(f, dict)]
+    # torch's default `_record_memory_history()` records C++ frames too, innermost first:
+    # `torch::unwind::unwind()`, `CapturedTraceback::gather`, the dispatcher... fill the
+    # first MAX_FRAMES_PER_BLOCK and the cap would keep no line of the user's code
+    # (issue 33). The Python frames are what says which line allocated; keep them alone.
+    python_frames = [f for f in frames if _is_python_frame(f)]
+    if python_frames:
+        frames = python_frames
     out = []
-    for frame in frames or []:
-        if not isinstance(frame, dict):
-            continue
+    for frame in frames:
         out.append(
             {
                 "filename": _clip(frame.get("filename")),

@@ -664,6 +664,63 @@ impl AgentClient {
         self.typed("stats", Map::new(), self.timeouts.quick)
     }
 
+    /// `oom`: the process's first CUDA OOM as its observer recorded it.
+    ///
+    /// # Errors
+    /// See [`AgentError`].
+    pub fn oom(&mut self) -> Result<OomAnswer, AgentError> {
+        self.typed("oom", Map::new(), self.timeouts.quick)
+    }
+
+    /// The OOM's snapshot (a pickle), read over the socket in chunks rather than from the
+    /// path the agent names (hostile); at most `cap_bytes`, within `timeout` in all.
+    ///
+    /// # Errors
+    /// See [`AgentError`]; a snapshot over `cap_bytes`, a chunk that is not base64 or not
+    /// where it was asked for, or a size that changes, is [`AgentError::Malformed`].
+    pub fn oom_snapshot(
+        &mut self,
+        cap_bytes: u64,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, AgentError> {
+        use base64::Engine as _;
+        let deadline = Instant::now() + timeout;
+        let mut data: Vec<u8> = Vec::new();
+        let mut size: Option<u64> = None;
+        loop {
+            let mut fields = Map::new();
+            fields.insert("offset".into(), Value::from(data.len() as u64));
+            let answer: OomChunkAnswer = self.typed("oom", fields, remaining(deadline))?;
+            let chunk = answer.chunk;
+            if chunk.size_bytes > cap_bytes {
+                return Err(self.malformed(
+                    "oom",
+                    format!(
+                        "the snapshot is {} bytes, over {cap_bytes}",
+                        chunk.size_bytes
+                    ),
+                ));
+            }
+            if chunk.offset != data.len() as u64 || size.is_some_and(|s| s != chunk.size_bytes) {
+                return Err(self.malformed("oom", "a chunk not where it was asked for".to_owned()));
+            }
+            size = Some(chunk.size_bytes);
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(chunk.data_base64.as_bytes())
+                .map_err(|e| self.malformed("oom", e.to_string()))?;
+            if bytes.is_empty() && !chunk.eof {
+                return Err(self.malformed("oom", "an empty chunk before the end".to_owned()));
+            }
+            data.extend_from_slice(&bytes);
+            if data.len() as u64 > chunk.size_bytes {
+                return Err(self.malformed("oom", "more bytes than the snapshot's size".to_owned()));
+            }
+            if chunk.eof {
+                return Ok(data);
+            }
+        }
+    }
+
     /// `reclaim`: `gc.collect()` if asked, then `empty_cache`, with what came back and what
     /// stays pinned.
     ///
@@ -859,6 +916,79 @@ pub struct AgentDevice {
     pub uuid: Option<String>,
     /// Its memory.
     pub total_bytes: Option<u64>,
+}
+
+/// What a process's OOM observer recorded at its first CUDA OOM (`oom` op, and
+/// `<pid>.oom.json` under `vramctl run`: `python/vramctl_agent/_oom.py`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OomRecord {
+    /// The process (under `run`: the file's name, not what it says).
+    pub pid: u32,
+    /// When, Unix ms.
+    pub unix_ms: Option<i64>,
+    /// The CUDA device ordinal (as the process saw it).
+    pub device: Option<i64>,
+    /// What the allocator asked the driver for (a segment, or pages): not the request.
+    pub segment_bytes: Option<u64>,
+    /// The per-process limit where one was set, else the device's total.
+    pub allowed_bytes: Option<u64>,
+    /// cudaMemGetInfo's free bytes then.
+    pub device_free_bytes: Option<u64>,
+    /// torch's `total_memory` of the device (cudaMemGetInfo's total).
+    pub device_total_bytes: Option<u64>,
+    /// The per-process memory fraction, where known.
+    pub memory_fraction: Option<f64>,
+    /// `PYTORCH_CUDA_ALLOC_CONF`.
+    pub alloc_conf: Option<String>,
+    /// Limits set outside torch, as the process saw them: `CUDA_VISIBLE_DEVICES`,
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (those set).
+    #[serde(default)]
+    pub limits_env: std::collections::BTreeMap<String, String>,
+    /// `torch.cuda.get_allocator_backend()`.
+    pub allocator_backend: Option<String>,
+    /// `VRAMCTL_OOM_HISTORY=1` recorded allocation history.
+    #[serde(default)]
+    pub history_recorded: bool,
+    /// OOMs the observer saw in the process (only the first is kept).
+    pub ooms: Option<u64>,
+    /// The snapshot kept, where the agent kept one.
+    pub snapshot: Option<KeptSnapshot>,
+    /// Why no snapshot was kept.
+    pub snapshot_error: Option<String>,
+}
+
+/// Where an OOM snapshot was kept: said, never opened by vramctl (an agent's path is
+/// hostile; [`AgentClient::oom_snapshot`] reads the bytes over the socket).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeptSnapshot {
+    /// The agent's file.
+    pub path: Option<String>,
+    /// Its size.
+    pub size_bytes: Option<u64>,
+    /// Seconds taking and pickling it took.
+    pub taken_s: Option<f64>,
+}
+
+/// The answer to `oom` (without `offset`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OomAnswer {
+    /// The observer is attached (false until the program initializes CUDA).
+    pub observer_attached: bool,
+    /// The first OOM's record; None before one.
+    pub oom: Option<OomRecord>,
+}
+
+#[derive(Deserialize)]
+struct OomChunk {
+    offset: u64,
+    size_bytes: u64,
+    data_base64: String,
+    eof: bool,
+}
+
+#[derive(Deserialize)]
+struct OomChunkAnswer {
+    chunk: OomChunk,
 }
 
 /// The answer to `stats`.
@@ -1145,6 +1275,32 @@ pub struct StackFrame {
     pub name: String,
 }
 
+impl StackFrame {
+    /// A Python frame (torch's C++ frames have `??` or a `.cpp`/`.h` file).
+    pub fn is_python(&self) -> bool {
+        self.filename.ends_with(".py")
+    }
+
+    /// A Python frame of user code, not inside the torch package.
+    pub fn is_user_python(&self) -> bool {
+        self.is_python()
+            && !self.filename.contains("/torch/")
+            && !self.filename.starts_with("torch/")
+    }
+}
+
+/// The frame that says which line allocated a block: the first (innermost) Python frame of
+/// user code, else the first Python frame, else the first frame. A stack recorded with
+/// torch's default `_record_memory_history()` starts with C++ frames
+/// (`torch::unwind::unwind()` at `??:0`), which name no line of the program (issue 33).
+pub fn allocation_site(frames: &[StackFrame]) -> Option<&StackFrame> {
+    frames
+        .iter()
+        .find(|f| f.is_user_python())
+        .or_else(|| frames.iter().find(|f| f.is_python()))
+        .or_else(|| frames.first())
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{BufRead, BufReader, Write};
@@ -1399,6 +1555,69 @@ mod tests {
             .unwrap()
     }
 
+    fn chunk_answer(line: &str, offset: u64, size: u64, data: &str, eof: bool) -> Option<String> {
+        Some(format!(
+            "{{\"protocol\": 1, \"ok\": true, \"id\": {}, \"chunk\": {{\"offset\": {offset}, \
+             \"size_bytes\": {size}, \"data_base64\": \"{data}\", \"eof\": {eof}}}}}\n",
+            id_of(line)
+        ))
+    }
+
+    fn offset_of(line: &str) -> u64 {
+        serde_json::from_str::<Value>(line).unwrap()["offset"]
+            .as_u64()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_oom_snapshot_is_read_in_chunks_and_a_lying_agent_is_malformed() {
+        // "hello world" in two chunks: "hello " and "world".
+        fn honest(l: &str) -> Option<String> {
+            match offset_of(l) {
+                0 => chunk_answer(l, 0, 11, "aGVsbG8g", false),
+                _ => chunk_answer(l, 6, 11, "d29ybGQ=", true),
+            }
+        }
+        // The same first chunk again and again: never where it was asked for.
+        fn stuck(l: &str) -> Option<String> {
+            chunk_answer(l, 0, 11, "aGVsbG8g", false)
+        }
+        fn huge(l: &str) -> Option<String> {
+            chunk_answer(l, 0, 1 << 40, "aGVsbG8g", false)
+        }
+        fn too_long(l: &str) -> Option<String> {
+            chunk_answer(l, 0, 3, "aGVsbG8g", true)
+        }
+        fn not_base64(l: &str) -> Option<String> {
+            chunk_answer(l, 0, 3, "!!!", true)
+        }
+        let (_dir, path) = fake_agent(honest);
+        let mut client = AgentClient::connect_at(std::process::id(), &path, quick(2000)).unwrap();
+        let bytes = client
+            .oom_snapshot(1 << 20, Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(bytes, b"hello world");
+        for (answer, needle) in [
+            (
+                stuck as fn(&str) -> Option<String>,
+                "not where it was asked",
+            ),
+            (huge, "over 1048576"),
+            (too_long, "more bytes than"),
+            (not_base64, "Invalid"),
+        ] {
+            let (_dir, path) = fake_agent(answer);
+            let mut client =
+                AgentClient::connect_at(std::process::id(), &path, quick(2000)).unwrap();
+            match client.oom_snapshot(1 << 20, Duration::from_secs(5)) {
+                Err(err @ AgentError::Malformed { .. }) => {
+                    assert!(err.to_string().contains(needle), "{err} lacks {needle}");
+                }
+                other => panic!("{needle}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn an_agent_that_never_answers_costs_the_client_its_deadline() {
         let (_dir, path) = fake_agent(|_| None);
@@ -1622,5 +1841,37 @@ mod tests {
         );
         assert_eq!(xdg_runtime_dir(b"XDG_RUNTIME_DIR=relative\0"), None);
         assert_eq!(xdg_runtime_dir(b""), None);
+    }
+
+    #[test]
+    fn the_allocation_site_skips_cpp_and_torch_frames() {
+        let f = |filename: &str, name: &str| StackFrame {
+            filename: filename.to_owned(),
+            line: Some(1),
+            name: name.to_owned(),
+        };
+        let frames = vec![
+            f("??", "torch::unwind::unwind()"),
+            f("??", "torch::CapturedTraceback::gather(bool, bool, bool)"),
+            f(
+                "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
+                "forward",
+            ),
+            f("train.py", "step"),
+        ];
+        assert_eq!(
+            allocation_site(&frames).map(|s| s.name.as_str()),
+            Some("step")
+        );
+        assert_eq!(
+            allocation_site(&frames[..3]).map(|s| s.name.as_str()),
+            Some("forward"),
+            "only torch's Python: its frame, not C++"
+        );
+        assert_eq!(
+            allocation_site(&frames[..1]).map(|s| s.name.as_str()),
+            Some("torch::unwind::unwind()")
+        );
+        assert!(allocation_site(&[]).is_none());
     }
 }

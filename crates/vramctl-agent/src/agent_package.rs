@@ -43,6 +43,7 @@ pub const FILES: &[AgentFile] = &[
     embed!("_frameworks.py"),
     embed!("_hook.py"),
     embed!("_ipython.py"),
+    embed!("_oom.py"),
     embed!("_ops.py"),
     embed!("_paths.py"),
     embed!("_protocol.py"),

@@ -58,6 +58,8 @@ const ATTACH_MODULES: &[&str] = &[
     "_frameworks.py",
     "_ipython.py",
     "_torch.py",
+    // `_ops` answers the `oom` op from the observer's state (empty in an attached process).
+    "_oom.py",
 ];
 
 /// The files of [`ATTACH_MODULES`], as `(name, text)`.

@@ -25,10 +25,11 @@ pub mod agent_inject;
 pub mod child;
 pub mod memory_curve;
 pub mod oom;
+pub mod oom_verdict;
 pub mod scope;
 pub mod tree;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,6 +100,9 @@ pub struct OomFinding {
     pub device_used_bytes: BTreeMap<String, u64>,
     /// Whether the command failed afterwards (else it caught the error and went on).
     pub fatal: bool,
+    /// Its cause, fix and evidence (`cause`, `fix`, `why`, `from`, `evidence`, ...).
+    #[serde(flatten)]
+    pub verdict: oom_verdict::OomVerdict,
 }
 
 /// The framework's own figures for one device, from the agents of the job's processes.
@@ -290,6 +294,11 @@ pub fn run_job(
     let mut tree = ProcessTree::new(std::process::id());
     let poller = AgentPoller::start(spec.agent);
     let mut oom: Option<SeenOom> = None;
+    // NVML's recent samples, for its view of every process at the moment of an OOM the
+    // agent reports after the fact (the newest RECENT_SAMPLES), and the one of the tick
+    // that saw the OOM line.
+    let mut recent: VecDeque<Snapshot> = VecDeque::with_capacity(RECENT_SAMPLES);
+    let mut at_oom_line: Option<Snapshot> = None;
     let mut ending = Ending::Exited;
     let mut stop_sent: Option<Instant> = None;
     let mut killed = false;
@@ -307,6 +316,7 @@ pub fn run_job(
                     if oom.is_none() {
                         let used = used_at(&curve, started, at);
                         oom = Some((at, Some(source), Some(line), used));
+                        at_oom_line = Some(snapshot.clone());
                     }
                 }
                 ChildEvent::UntilLine { .. } => {
@@ -332,6 +342,10 @@ pub fn run_job(
             scope.kill_all();
             killed = true;
         }
+        if recent.len() == RECENT_SAMPLES {
+            recent.pop_front();
+        }
+        recent.push_back(snapshot);
         if let Some(status) = child.poll_exit() {
             signals.release();
             break status;
@@ -372,10 +386,11 @@ pub fn run_job(
         .unwrap_or_default();
     let figures = FrameworkFigures::merge(&polled, &reported);
     let failed = !matches!(status, ExitStatus::Code(0)) && ending == Ending::Exited;
-    if oom.is_none()
-        && let Some(count) = figures.ooms()
-        && count > 0
-    {
+    let agent_ooms = injection
+        .as_ref()
+        .map(|i| oom_verdict::agent_records(i.reports_dir()))
+        .unwrap_or_default();
+    if oom.is_none() && (figures.ooms().is_some_and(|c| c > 0) || !agent_ooms.is_empty()) {
         let last = curve
             .devices
             .iter()
@@ -387,12 +402,22 @@ pub fn run_job(
             .collect();
         oom = Some((started + wall, None, None, last));
     }
-    let oom = oom.map(|(at, source, line, device_used_bytes)| OomFinding {
-        source,
-        line,
-        at_s: at.saturating_duration_since(started).as_secs_f64(),
-        device_used_bytes,
-        fatal: failed,
+    let oom = oom.map(|(at, source, line, device_used_bytes)| {
+        let verdict = verdict_of(
+            agent_ooms.first(),
+            line.as_deref(),
+            &recent,
+            at_oom_line.as_ref(),
+            &curve,
+        );
+        OomFinding {
+            source,
+            line,
+            at_s: at.saturating_duration_since(started).as_secs_f64(),
+            device_used_bytes,
+            fatal: failed,
+            verdict,
+        }
     });
     let devices = curve
         .devices
@@ -444,6 +469,61 @@ pub fn run_job(
         stdout_tail: child.stdout_lines(20),
         signals: seen_signals,
     })
+}
+
+/// NVML samples kept for the moment of an OOM the agent reports: at the default 100 ms
+/// interval the last 6 s (the observer's record is written before the error is raised, so
+/// the moment is at most one process exit before the end).
+const RECENT_SAMPLES: usize = 64;
+
+/// The verdict on the job's first OOM: from the agent's snapshot where it kept one, else
+/// from the OOM line and NVML (`oom_verdict`).
+fn verdict_of(
+    agent: Option<&(oom_verdict::AgentOomRecord, Option<Vec<u8>>)>,
+    line: Option<&str>,
+    recent: &VecDeque<Snapshot>,
+    at_oom_line: Option<&Snapshot>,
+    curve: &MemoryCurve,
+) -> oom_verdict::OomVerdict {
+    let record = agent.map(|(r, _)| r);
+    let oom_unix_ms = record.and_then(|r| r.unix_ms);
+    // The sample at or before the observer's moment; else the OOM line's tick; else the last.
+    let sample = oom_unix_ms
+        .and_then(|t| {
+            recent
+                .iter()
+                .rev()
+                .find(|s| s.taken_at_unix_ms <= t)
+                .or_else(|| recent.front())
+        })
+        .or(at_oom_line)
+        .or_else(|| recent.back());
+    let job_pid = record.map(|r| r.pid);
+    let in_job = |pid: u32| Some(pid) == job_pid || curve.processes.keys().any(|(p, _)| *p == pid);
+    let command_of = |pid: u32| {
+        vramctl_procs::procinfo::read_cmdline(pid)
+            .filter(|c| !c.is_empty())
+            .map(|c| vramctl_core::command_line::abbreviate(&c, 80))
+    };
+    let nvml = sample.map_or_else(oom_verdict::NvmlAtOom::default, |s| {
+        oom_verdict::NvmlAtOom::from_sample(
+            s,
+            job_pid,
+            record.and_then(|r| r.device),
+            &in_job,
+            &command_of,
+            oom_unix_ms.or_else(|| at_oom_line.map(|s| s.taken_at_unix_ms)),
+        )
+    });
+    if let Some((record, Some(bytes))) = agent
+        && let Some(v) = oom_verdict::from_agent(record, bytes, &nvml)
+    {
+        return v;
+    }
+    if let Some(v) = line.and_then(|l| oom_verdict::from_message(l, &nvml, record)) {
+        return v;
+    }
+    oom_verdict::OomVerdict::unknown(record, &nvml)
 }
 
 fn child_spec<'a>(

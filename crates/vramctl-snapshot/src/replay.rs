@@ -45,6 +45,30 @@ struct ReplaySegment {
     blocks: BTreeMap<u64, LiveBlock>,
 }
 
+/// A segment of a [`Replay`]'s state.
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentView<'r> {
+    pub start: u64,
+    pub end: u64,
+    pub stream: i64,
+    pub pool: Pool,
+    pub pool_id: (i64, i64),
+    pub is_expandable: bool,
+    /// Active blocks by address.
+    pub blocks: &'r BTreeMap<u64, LiveBlock>,
+}
+
+impl SegmentView<'_> {
+    /// Bytes not in an active block.
+    pub fn free_bytes(&self) -> u64 {
+        let live = self
+            .blocks
+            .values()
+            .fold(0u64, |a, b| a.saturating_add(b.size));
+        (self.end - self.start).saturating_sub(live)
+    }
+}
+
 /// What undoing one event changed (for curves kept up to date event by event).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Undone {
@@ -271,9 +295,40 @@ impl<'a> Replay<'a> {
         out
     }
 
+    /// The segments of the state, in address order.
+    pub fn segments(&self) -> impl Iterator<Item = SegmentView<'_>> {
+        self.segs.iter().map(|(&start, s)| SegmentView {
+            start,
+            end: s.end,
+            stream: s.stream,
+            pool: s.pool,
+            pool_id: s.pool_id,
+            is_expandable: s.is_expandable,
+            blocks: &s.blocks,
+        })
+    }
+
     /// The active blocks, in address order.
     pub fn live_blocks(&self) -> impl Iterator<Item = &LiveBlock> {
         self.segs.values().flat_map(|s| s.blocks.values())
+    }
+
+    /// The active blocks with their addresses, in address order.
+    pub fn live_blocks_by_address(&self) -> impl Iterator<Item = (u64, &LiveBlock)> {
+        self.segs
+            .values()
+            .flat_map(|s| s.blocks.iter().map(|(&a, b)| (a, b)))
+    }
+
+    /// How many segments the state has.
+    pub fn segment_count(&self) -> usize {
+        self.segs.len()
+    }
+
+    /// The trace index whose state this is: the state after event `at() - 1` (0: before
+    /// the first event).
+    pub fn at(&self) -> usize {
+        self.at
     }
 
     /// Σ sizes of the active blocks.
@@ -297,13 +352,19 @@ impl<'a> Replay<'a> {
             .fold(0u64, |a, (&start, s)| a.saturating_add(s.end - start))
     }
 
-    /// Free space on one stream, in the pool a request of `pool` goes to: (free bytes,
+    /// Free space on one stream, in the default pool a request of `pool` goes to (private
+    /// pools left out): (free bytes,
     /// the largest contiguous free range, free bytes in segments that also hold an active
     /// block, how many such segments).
     pub fn free_on(&self, stream: i64, pool: Pool) -> (u64, u64, u64, u64) {
         let (mut free, mut largest, mut split, mut split_segments) = (0u64, 0u64, 0u64, 0u64);
         for (&start, s) in &self.segs {
-            if s.stream != stream || (s.pool != pool && s.pool != Pool::Unknown) {
+            // A private pool's (CUDA graph, MemPool) free blocks serve only its own
+            // allocations, not the default pool's.
+            if s.stream != stream
+                || (s.pool != pool && s.pool != Pool::Unknown)
+                || s.pool_id != (0, 0)
+            {
                 continue;
             }
             let mut cursor = start;
@@ -318,7 +379,9 @@ impl<'a> Replay<'a> {
             seg_free = seg_free.saturating_add(tail);
             largest = largest.max(tail);
             free = free.saturating_add(seg_free);
-            if !s.blocks.is_empty() && seg_free > 0 {
+            // memory_stats() leaves expandable segments out of inactive split: their
+            // free whole pages can be unmapped and mapped again where needed.
+            if !s.blocks.is_empty() && seg_free > 0 && !s.is_expandable {
                 split = split.saturating_add(seg_free);
                 split_segments += 1;
             }
@@ -332,14 +395,7 @@ impl<'a> Replay<'a> {
     /// them inactive blocks (the allocator merges neighbouring free blocks, so one gap is
     /// one block).
     pub fn to_snapshot(&self) -> Snapshot {
-        let segments = self
-            .segs
-            .iter()
-            .map(|(&start, s)| match s.original {
-                Some(i) => self.snap.segments[i].clone(),
-                None => rebuilt_segment(self.device, start, s),
-            })
-            .collect();
+        let segments = self.file_segments(usize::MAX);
         Snapshot {
             format: self.snap.format,
             segments,
@@ -351,6 +407,22 @@ impl<'a> Replay<'a> {
             frames: self.snap.frames.clone(),
             stacks: self.snap.stacks.clone(),
         }
+    }
+}
+
+impl Replay<'_> {
+    /// The first `max` segments of the state in address order, as [`Replay::to_snapshot`]
+    /// makes them (the file's own where the undo did not change them), without copying the
+    /// frames and stacks a whole snapshot carries.
+    pub fn file_segments(&self, max: usize) -> Vec<Segment> {
+        self.segs
+            .iter()
+            .take(max)
+            .map(|(&start, s)| match s.original {
+                Some(i) => self.snap.segments[i].clone(),
+                None => rebuilt_segment(self.device, start, s),
+            })
+            .collect()
     }
 }
 

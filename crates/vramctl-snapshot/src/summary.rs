@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{Action, BlockState, Pool, Segment, Snapshot};
+use crate::oom_cause::{self, OomContext, Verdict};
 use crate::replay::{self, Replay};
 pub use crate::size_text::human;
 
@@ -24,8 +25,19 @@ pub struct Totals {
     /// that do not record it, ≤ 1.13).
     pub requested_bytes: Option<u64>,
     /// Σ inactive blocks of segments that also hold other blocks (the allocator cannot
-    /// release them) = `inactive_split_bytes.all.current`.
+    /// release them) = `inactive_split_bytes.all.current`. Blocks of expandable segments
+    /// are left out, as the allocator leaves them out of the statistic (`free_block`:
+    /// "fully free pages of expandable blocks can always be freed"), so this is 0 for
+    /// them whatever their blocks: their free memory is [`Totals::mapped_free_bytes`].
     pub inactive_split_bytes: u64,
+    /// Σ inactive blocks of expandable segments: physical pages mapped but holding no
+    /// tensor. Pages wholly inside such a block are what `empty_cache()` unmaps
+    /// ([`Totals::unmappable_bytes`]); the rest share a page with a live block. Memory
+    /// an expandable segment has unmapped is not reserved and not in the snapshot.
+    pub mapped_free_bytes: u64,
+    /// The whole pages (2 MiB small pool, 20 MiB large) inside inactive blocks of
+    /// expandable segments: what `empty_cache()` would unmap and give back.
+    pub unmappable_bytes: u64,
     /// Σ (size − requested_size) of active blocks: rounding waste.
     pub internal_waste_bytes: Option<u64>,
     /// Σ inactive blocks (reserved but unallocated).
@@ -69,13 +81,21 @@ impl Totals {
             if b.state == BlockState::Inactive {
                 self.free_bytes = self.free_bytes.saturating_add(b.size);
                 self.largest_free_block_bytes = self.largest_free_block_bytes.max(b.size);
-                if split {
+                if s.is_expandable {
+                    self.mapped_free_bytes = self.mapped_free_bytes.saturating_add(b.size);
+                    self.unmappable_bytes = self.unmappable_bytes.saturating_add(whole_pages(
+                        b.address.saturating_sub(s.address),
+                        b.size,
+                        page_of(s.pool),
+                    ));
+                } else if split {
                     self.inactive_split_bytes = self.inactive_split_bytes.saturating_add(b.size);
                     self.inactive_split_blocks += 1;
                 }
             }
         }
-        if !any_active {
+        // An expandable segment's empty pages are counted in `unmappable_bytes` above.
+        if !any_active && !s.is_expandable {
             self.releasable_bytes = self.releasable_bytes.saturating_add(s.total_size);
         }
         self.fragmentation = fragmentation(self.largest_free_block_bytes, self.free_bytes);
@@ -88,6 +108,29 @@ impl Totals {
             ..Self::default()
         }
     }
+}
+
+/// The page an expandable segment maps at a time: 2 MiB for the small pool, 20 MiB for
+/// the large (the allocator's kSmallBuffer and kLargeBuffer, `ExpandableSegment`'s
+/// `segment_size`).
+pub fn page_of(pool: Pool) -> u64 {
+    match pool {
+        Pool::Small => 2 << 20,
+        Pool::Large | Pool::Unknown => 20 << 20,
+    }
+}
+
+/// Bytes of the whole pages inside [offset, offset + size) of a segment (offsets from its
+/// start, which is page-aligned: mapped ranges begin at a page): the part of a free block
+/// of an expandable segment that unmapping can return (`unmap_block` rounds the block's
+/// start up and its end down to the segment's page).
+pub fn whole_pages(address: u64, size: u64, page: u64) -> u64 {
+    if page == 0 {
+        return 0;
+    }
+    let first = address.div_ceil(page).saturating_mul(page);
+    let end = address.saturating_add(size) / page * page;
+    end.saturating_sub(first)
 }
 
 #[allow(clippy::cast_precision_loss)]
@@ -137,6 +180,9 @@ pub struct OomEvent {
     /// The state at the OOM was rebuilt from the final one by undoing the later events;
     /// false when the trace did not allow it (an event names memory the replay lacks).
     pub replayed: bool,
+    /// Its cause, fix and evidence (`cause`, `fix`, `why`, `evidence`).
+    #[serde(flatten)]
+    pub verdict: Verdict,
 }
 
 /// A setting that would have helped, with the numbers that say so.
@@ -187,6 +233,11 @@ fn pool_of_request(size: u64) -> Pool {
 
 /// Summarizes a snapshot.
 pub fn summarize(snap: &Snapshot) -> Summary {
+    summarize_with(snap, OomContext::default())
+}
+
+/// Summarizes a snapshot, with what the file does not say about its GPU.
+pub fn summarize_with(snap: &Snapshot, ctx: OomContext) -> Summary {
     let mut per_device: BTreeMap<i64, (Totals, bool, BTreeMap<PoolKey, Totals>)> = BTreeMap::new();
     for s in &snap.segments {
         let (totals, expandable, pools) = per_device
@@ -234,9 +285,9 @@ pub fn summarize(snap: &Snapshot) -> Summary {
         let skip = events.len().saturating_sub(MAX_OOM_EVENTS_PER_DEVICE);
         oom_events_not_analyzed += skip as u64;
         events.drain(..skip);
-        oom.extend(oom_states(snap, device, &events));
+        oom.extend(oom_states(snap, device, &events, ctx));
     }
-    let advice = advise(snap, &devices, &oom);
+    let advice = advise(&oom);
     Summary {
         trace_entries: snap.device_traces.iter().map(|t| t.len() as u64).sum(),
         alloc_conf: snap
@@ -342,14 +393,21 @@ pub const MAX_OOM_EVENTS_PER_DEVICE: usize = 100;
 /// one [`Replay`] that undoes the trace once, newest first (not once per event, which
 /// would cost the trace's length for each), each measured on the OOM's stream and in the
 /// pool its size goes to.
-fn oom_states(snap: &Snapshot, device: i64, at: &[usize]) -> Vec<OomEvent> {
+fn oom_states(snap: &Snapshot, device: i64, at: &[usize], ctx: OomContext) -> Vec<OomEvent> {
+    if at.is_empty() {
+        return Vec::new();
+    }
+    let start = Replay::after_event(snap, device, None);
     let mut state = Replay::at_end(snap, device);
     let mut out: Vec<OomEvent> = at
         .iter()
         .rev()
-        .map(|&i| {
+        .enumerate()
+        .map(|(k, &i)| {
             state.undo_to(Some(i));
-            oom_at(snap, device, i, &state)
+            let replays = k < oom_cause::MAX_REPLAYED_OOMS_PER_DEVICE;
+            let verdict = oom_cause::classify(snap, device, i, &state, &start, ctx, replays);
+            oom_at(snap, device, i, &state, verdict)
         })
         .collect();
     out.reverse();
@@ -357,7 +415,13 @@ fn oom_states(snap: &Snapshot, device: i64, at: &[usize]) -> Vec<OomEvent> {
 }
 
 /// The OOM event `at` of a device, measured in `state` (the state right after it).
-fn oom_at(snap: &Snapshot, device: i64, at: usize, state: &Replay<'_>) -> OomEvent {
+fn oom_at(
+    snap: &Snapshot,
+    device: i64,
+    at: usize,
+    state: &Replay<'_>,
+    verdict: Verdict,
+) -> OomEvent {
     let e = &replay::trace(snap, device)[at];
     let (free_bytes, largest, inactive_split_bytes, inactive_split_segments) =
         state.free_on(e.stream, pool_of_request(e.size));
@@ -373,59 +437,34 @@ fn oom_at(snap: &Snapshot, device: i64, at: usize, state: &Replay<'_>) -> OomEve
         inactive_split_segments,
         largest_free_block_bytes: largest,
         replayed: state.consistent,
+        verdict,
     }
 }
 
-fn advise(snap: &Snapshot, devices: &[DeviceSummary], oom: &[OomEvent]) -> Vec<Advice> {
-    let expandable = snap
-        .allocator_settings
-        .as_ref()
-        .and_then(|s| s.expandable_segments)
-        .unwrap_or_else(|| devices.iter().any(|d| d.expandable_segments));
-    let mut out = Vec::new();
-    for o in oom {
-        let device_free = o.device_free_bytes.unwrap_or(0);
-        if o.requested_bytes > o.free_bytes.saturating_add(device_free) {
-            out.push(Advice {
-                setting: "none".to_owned(),
-                reason: format!(
-                    "the {} request at event {} of device {} was larger than all free memory \
-                     ({} reserved but unallocated on its stream and pool + {} free on the \
-                     device): a true shortage, no allocator setting makes it fit",
-                    human(o.requested_bytes),
-                    o.event,
-                    o.device,
-                    human(o.free_bytes),
-                    human(device_free),
-                ),
-            });
-        } else if !expandable
-            && o.requested_bytes > o.largest_free_block_bytes
-            && o.requested_bytes <= o.inactive_split_bytes.saturating_add(device_free)
-        {
-            out.push(Advice {
-                setting: "expandable_segments:True".to_owned(),
-                reason: format!(
-                    "would have let the {} request at event {} of device {} succeed: {} \
-                     inactive split across {} segment{} (largest free block {}) + {} free on \
-                     the device",
-                    human(o.requested_bytes),
-                    o.event,
-                    o.device,
-                    human(o.inactive_split_bytes),
-                    o.inactive_split_segments,
-                    if o.inactive_split_segments == 1 {
-                        ""
-                    } else {
-                        "s"
-                    },
-                    human(o.largest_free_block_bytes),
-                    human(device_free),
-                ),
-            });
-        }
+/// One advice per OOM: its verdict's fix (the setting a replay found to work), or `none`.
+fn advise(oom: &[OomEvent]) -> Vec<Advice> {
+    oom.iter().map(advice_for_oom).collect()
+}
+
+/// The advice for one OOM event, from its verdict (`crate::oom_cause`): the setting a
+/// counterfactual replay found to work, `none` where nothing does, or the cause's name for
+/// a fix that is not an allocator setting; the reason is the verdict's.
+pub fn advice_for_oom(o: &OomEvent) -> Advice {
+    Advice {
+        setting: match &o.verdict.fix {
+            None => "none".to_owned(),
+            Some(f) => f
+                .strip_prefix("PYTORCH_CUDA_ALLOC_CONF=")
+                .map_or_else(|| o.verdict.cause.as_str().to_owned(), str::to_owned),
+        },
+        reason: format!(
+            "{} at event {} of device {}: {}",
+            o.verdict.cause.as_str(),
+            o.event,
+            o.device,
+            o.verdict.why
+        ),
     }
-    out
 }
 
 fn pool_name(pool: Pool, pool_id: (i64, i64)) -> String {
@@ -457,6 +496,7 @@ pub fn table(s: &Summary) -> Vec<String> {
             "damaged: {d}: the numbers below are the file's and cannot all be true"
         ));
     }
+    out.extend(verdict_lines(s));
     if s.devices.is_empty() {
         out.push("no segments: the allocator held no memory when the snapshot was taken".into());
     }
@@ -464,10 +504,26 @@ pub fn table(s: &Summary) -> Vec<String> {
         out.extend(device_lines(d));
     }
     out.extend(oom_lines(s));
-    for a in &s.advice {
-        out.push(format!("advice: {}: {}", a.setting, a.reason));
-    }
     out
+}
+
+/// The verdict of each OOM, newest last: cause, fix, why. The text leads with them.
+pub fn verdict_lines(s: &Summary) -> Vec<String> {
+    s.oom
+        .iter()
+        .flat_map(|o| {
+            [
+                format!(
+                    "oom at event {} of device {}: {} — fix: {}",
+                    o.event,
+                    o.device,
+                    o.verdict.cause.as_str(),
+                    o.verdict.fix.as_deref().unwrap_or("none")
+                ),
+                format!("  why: {}", o.verdict.why),
+            ]
+        })
+        .collect()
 }
 
 /// The lines of one device: its totals and its table of streams and pools.
@@ -499,6 +555,14 @@ pub fn device_lines(d: &DeviceSummary) -> Vec<String> {
             human(t.largest_free_block_bytes),
             frag(t.fragmentation),
         ));
+        if d.expandable_segments {
+            out.push(format!(
+                "  expandable: {} mapped but free, of which {} in whole pages that empty_cache() \
+                 would unmap; memory_stats() counts none of it as inactive split",
+                human(t.mapped_free_bytes),
+                human(t.unmappable_bytes),
+            ));
+        }
         out.push(format!(
             "  {} segment{}, {} block{} ({} active); expandable segments: {}",
             t.segments,

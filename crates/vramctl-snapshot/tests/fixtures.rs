@@ -611,3 +611,38 @@ fn the_parallel_reading_gives_what_one_reading_gives() {
         }
     }
 }
+
+/// snapx.pickle was taken with `expandable_segments:True` on the H200: memory_stats() counts
+/// no inactive split there (the allocator leaves expandable segments out of the statistic),
+/// and its free memory is mapped-but-free pages, of which whole pages could be unmapped.
+#[test]
+fn expandable_segments_have_no_inactive_split_and_their_free_memory_is_mapped_free() {
+    let (snap, s) = load("snapx.pickle");
+    assert!(snap.segments.iter().all(|seg| seg.is_expandable));
+    let t = &s.devices[0].totals;
+    assert_eq!(t.inactive_split_bytes, 0);
+    assert_eq!(t.inactive_split_blocks, 0);
+    assert_eq!(t.mapped_free_bytes, t.free_bytes);
+    assert!(t.free_bytes > 0);
+    assert!(t.unmappable_bytes <= t.mapped_free_bytes);
+    // Each free block's whole pages, counted from the blocks here.
+    let mut pages = 0;
+    for seg in &snap.segments {
+        let page = vramctl_snapshot::summary::page_of(seg.pool);
+        for b in seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::Inactive)
+        {
+            let start = (b.address - seg.address).div_ceil(page) * page;
+            let end = (b.address - seg.address + b.size) / page * page;
+            pages += end.saturating_sub(start);
+        }
+    }
+    assert_eq!(t.unmappable_bytes, pages);
+    for o in &s.oom {
+        assert_eq!(o.inactive_split_bytes, 0, "the OOM's figures too");
+    }
+    let text = table(&s).join("\n");
+    assert!(text.contains("mapped but free"), "{text}");
+}

@@ -1,6 +1,8 @@
 //! Writes a synthetic history for benchmarks: 8 GPUs × 30 processes, sampled every
 //! `--interval-ms` (default 1000) for `--hours` (default 24), as `vramctl record` would
-//! store it (one transaction per tick, CPU time every 10 s).
+//! store it (one transaction per tick, CPU time every 10 s), from 2026-11-29T00:00:00Z or,
+//! with `--end-now`, ending now (the web view's benchmark: a day that a live page's
+//! 24-hour zoom covers).
 //!
 //! Per GPU the 30 processes have the shapes of the leak benchmark's mix
 //! (`vramctl-leaks/benches/leaks.rs`), at sizes that fit a GPU: 20 steady after a warm-up
@@ -23,6 +25,9 @@ use vramctl_store::{
 const MIB: u64 = 1 << 20;
 /// 2026-11-29T00:00:00Z.
 const T0: i64 = 1_795_910_400_000;
+
+/// Where the history starts: [`T0`], or `--end-now`'s start.
+static START_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(T0);
 const TOTAL: u64 = 150_754_820_096;
 const RESERVED: u64 = 644_939_776;
 
@@ -118,7 +123,7 @@ fn tick(i: i64, interval_ms: i64) -> TickSample {
         });
     }
     TickSample {
-        at_unix_ms: T0 + ms,
+        at_unix_ms: START_MS.load(std::sync::atomic::Ordering::Relaxed) + ms,
         unavailable: None,
         devices,
         processes,
@@ -129,20 +134,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut out: Option<PathBuf> = None;
     let (mut hours, mut interval_ms) = (24.0_f64, 1000_i64);
+    let mut end_now = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--hours" => hours = args.next().ok_or("--hours needs a value")?.parse()?,
             "--interval-ms" => {
                 interval_ms = args.next().ok_or("--interval-ms needs a value")?.parse()?;
             }
+            "--end-now" => end_now = true,
             path => out = Some(PathBuf::from(path)),
         }
     }
-    let out = out.ok_or("usage: synth_history OUT.db [--hours H] [--interval-ms MS]")?;
+    let out =
+        out.ok_or("usage: synth_history OUT.db [--hours H] [--interval-ms MS] [--end-now]")?;
     if out.exists() {
         return Err(format!("'{}' exists; remove it first", out.display()).into());
     }
     let ticks = (hours * 3_600_000.0 / interval_ms as f64) as i64;
+    if end_now {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as i64;
+        START_MS.store(
+            now_ms - ticks * interval_ms,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
     let started = Instant::now();
     let mut store = Store::open(&out, OpenMode::Append)?;
     for i in 0..ticks {

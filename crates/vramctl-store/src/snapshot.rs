@@ -145,11 +145,7 @@ pub fn device_samples(snapshot: &Snapshot) -> Vec<DeviceSample> {
             state: DeviceSampleState::Read { metrics, processes },
         });
         for mig in &info.mig_instances {
-            let memory = reading
-                .mig
-                .iter()
-                .find(|r| r.uuid == mig.uuid)
-                .and_then(|r| r.memory);
+            let memory = reading.mig_memory(&mig.uuid);
             let why = || why(Field::MigMemory);
             let value =
                 |v: Option<u64>| v.map_or_else(|| Observed::Missing(why()), Observed::Value);

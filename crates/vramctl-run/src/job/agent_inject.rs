@@ -80,6 +80,11 @@ impl AgentInjection {
         out
     }
 
+    /// The directory of the exit reports and the OOM observer's files.
+    pub fn reports_dir(&self) -> &Path {
+        &self.reports
+    }
+
     /// Where the directories are (for the logs).
     pub fn path(&self) -> &Path {
         self.dir.path()

@@ -196,7 +196,7 @@ fn render_process(p: &ProcessReclaim, dry_run: bool) -> Vec<String> {
                 units::bytes(s.free_bytes),
             ));
             for b in &s.blocks {
-                let place = b.frames.first().map_or_else(
+                let place = vramctl_agent::agent_client::allocation_site(&b.frames).map_or_else(
                     || "allocation stack not recorded".to_owned(),
                     |f| match f.line {
                         Some(line) => format!("allocated in {} at {}:{line}", f.name, f.filename),

@@ -281,6 +281,46 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
         vramctl_observe::units::seconds(report.wall_s),
         report.interval_ms
     ));
+    // An OOM leads the report: its cause and fix, then what was seen.
+    if let Some(oom) = &report.oom {
+        for line in vramctl_run::job::oom_verdict::lines(&oom.verdict) {
+            out.push_str(&format!("  {line}\n"));
+        }
+        let source = oom.source.map_or("the framework's counter", |s| s.label());
+        let at: Vec<String> = oom
+            .device_used_bytes
+            .iter()
+            .filter_map(|(uuid, used)| {
+                let d = report.devices.iter().find(|d| &d.curve.uuid == uuid)?;
+                (d.curve.peak_bytes > 0 || used > &0).then(|| {
+                    let total = d
+                        .curve
+                        .total_bytes
+                        .map(|t| format!(" of {}", bytes(t)))
+                        .unwrap_or_default();
+                    format!("GPU {} had {}{total} in use", d.curve.index, bytes(*used))
+                })
+            })
+            .collect();
+        let what = if oom.fatal {
+            "died of an out-of-memory error"
+        } else {
+            "hit an out-of-memory error and went on"
+        };
+        out.push_str(&format!(
+            "  {what} ({source}) at {}{}{}\n",
+            vramctl_observe::units::seconds(oom.at_s),
+            if at.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", at.join(", "))
+            },
+            oom.line
+                .as_ref()
+                .map(|l| format!("\n    {l}"))
+                .unwrap_or_default(),
+        ));
+    }
     if report.leftover_processes > 0 {
         // Said, because a job that leaves processes behind usually did not mean to.
         out.push_str(&format!(
@@ -350,42 +390,6 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
                 p.nvml.command.as_deref().unwrap_or("-"),
             ));
         }
-    }
-    if let Some(oom) = &report.oom {
-        let source = oom.source.map_or("the framework's counter", |s| s.label());
-        let at: Vec<String> = oom
-            .device_used_bytes
-            .iter()
-            .filter_map(|(uuid, used)| {
-                let d = report.devices.iter().find(|d| &d.curve.uuid == uuid)?;
-                (d.curve.peak_bytes > 0 || used > &0).then(|| {
-                    let total = d
-                        .curve
-                        .total_bytes
-                        .map(|t| format!(" of {}", bytes(t)))
-                        .unwrap_or_default();
-                    format!("GPU {} had {}{total} in use", d.curve.index, bytes(*used))
-                })
-            })
-            .collect();
-        let what = if oom.fatal {
-            "died of an out-of-memory error"
-        } else {
-            "hit an out-of-memory error and went on"
-        };
-        out.push_str(&format!(
-            "  {what} ({source}) at {}{}{}\n",
-            vramctl_observe::units::seconds(oom.at_s),
-            if at.is_empty() {
-                String::new()
-            } else {
-                format!("; {}", at.join(", "))
-            },
-            oom.line
-                .as_ref()
-                .map(|l| format!("\n    {l}"))
-                .unwrap_or_default(),
-        ));
     }
     if let Some(check) = budget {
         for (gpu, peak, limit) in &check.devices {

@@ -35,6 +35,7 @@ pub fn run(args: &SnapshotArgs) -> anyhow::Result<Exit> {
         Some(SnapshotAction::Timeline(timeline_args)) => {
             return super::snapshot_timeline::run(timeline_args);
         }
+        Some(SnapshotAction::View(view_args)) => return super::snapshot_view::run(view_args),
         None => {}
     }
     if let Some(file) = &args.file {
@@ -130,7 +131,12 @@ fn summarize_file(file: &std::path::Path, args: &SnapshotArgs) -> anyhow::Result
         out.flush().context(io)?;
         return Ok(Exit::Ok);
     }
-    let summary = vramctl_snapshot::summarize(&snap);
+    let summary = vramctl_snapshot::summary::summarize_with(
+        &snap,
+        vramctl_snapshot::oom_cause::OomContext {
+            device_total_bytes: args.device_memory,
+        },
+    );
     let top = args.top.map(|n| {
         let (by, name) = match args.by {
             TopBy::Stack => (By::Stack, "stack"),

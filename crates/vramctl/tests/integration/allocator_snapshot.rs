@@ -178,8 +178,13 @@ fn snapshot_file_prints_the_summary_of_an_h200_snapshot() {
     let out = tempfile::tempdir().expect("tempdir");
     let (code, stdout, stderr) = snapshot(out.path(), &[&fixture("snap.pickle")]);
     assert_eq!(code, 0, "{stderr}");
+    // The verdict leads (issue 33), then the device.
     assert!(
-        stdout.starts_with("device 0: reserved 146.00 MiB, allocated 113.05 MiB"),
+        stdout.starts_with("oom at event 435 of device 0: shortage — fix: none\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\ndevice 0: reserved 146.00 MiB, allocated 113.05 MiB"),
         "{stdout}"
     );
     assert!(stdout.contains("fragmentation 0.575"), "{stdout}");
@@ -411,6 +416,7 @@ fn snapshot_timeline_at_the_last_event_is_the_plain_summary() {
         // The summary's device lines (all but the oom and advice lines) appear as they are.
         let device_lines: Vec<&str> = plain
             .lines()
+            .skip_while(|l| l.starts_with("oom at ") || l.starts_with("  why: "))
             .take_while(|l| !l.starts_with("oom:"))
             .collect();
         assert!(

@@ -15,6 +15,7 @@ __version__ = "2.11.0+fake"
 
 from . import version  # noqa: E402
 from . import cuda  # noqa: E402
+from . import _C  # noqa: E402,F401
 
 
 class dtype:

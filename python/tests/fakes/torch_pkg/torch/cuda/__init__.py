@@ -77,18 +77,49 @@ class _Fake:
         self.empty_cache_gate = None
         self.recording = None  # {"max_entries", "stacks", "context"} while recording
         self.device_props_calls = 0
+        self.queued_calls = []  # torch.cuda._lazy_call's queue
+        # Memory other processes hold on each device (FAKE_TORCH_OTHERS_BYTES): less free.
+        self.others_bytes = int(os.environ.get("FAKE_TORCH_OTHERS_BYTES", "0"))
+        self.oom_observers = []  # torch._C._cuda_attach_out_of_memory_observer's list
 
     def init(self):
         if not self.initialized:
             self.initialized = True
             self.init_threads.append(threading.current_thread().name)
+            # As torch.cuda._lazy_init: the queued calls run once CUDA is initialized.
+            queued, self.queued_calls = self.queued_calls, []
+            for call in queued:
+                call()
 
 
 _fake = _Fake()
 
 
+# What torch's `_record_memory_history(stacks="all")` (its default) puts before the Python
+# frames, innermost first: C++ frames without debug info, more of them than the agent keeps.
+_CPP_FRAMES = [
+    {"filename": "??", "line": 0, "name": name}
+    for name in (
+        "torch::unwind::unwind()",
+        "torch::CapturedTraceback::gather(bool, bool, bool)",
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(...)",
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(...)",
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+        "at::TensorBase at::detail::_empty_generic<long>(...)",
+        "at::detail::empty_generic(...)",
+        "at::detail::empty_cuda(...)",
+        "at::native::empty_cuda(...)",
+        "at::(anonymous namespace)::wrapper_CUDA_memory_format_empty(...)",
+        "c10::impl::wrap_kernel_functor_unboxed_<...>::call(...)",
+        "at::_ops::empty_memory_format::redispatch(...)",
+        "torch::autograd::THPVariable_empty(_object*, _object*, _object*)",
+        "_PyEval_EvalFrameDefault",
+    )
+]
+
+
 def _stack():
-    frames = []
+    frames = list(_CPP_FRAMES) if (_fake.recording or {}).get("stacks") == "all" else []
     for entry in reversed(traceback.extract_stack()[:-1]):
         if "/torch_pkg/torch/" in (entry.filename or ""):
             continue
@@ -96,7 +127,7 @@ def _stack():
     return frames
 
 
-def _trace(device, action, addr, size):
+def _trace(device, action, addr, size, device_free=None):
     rec = _fake.recording
     if rec is None:
         return
@@ -110,6 +141,10 @@ def _trace(device, action, addr, size):
         "user_metadata": "",
         "frames": _stack() if action in ("alloc", "segment_alloc") else [],
     }
+    if action == "oom":
+        # torch writes the free bytes in place of the address for an oom entry.
+        del entry["addr"]
+        entry["device_free"] = device_free
     device.traces.append(entry)
     if len(device.traces) > rec["max_entries"]:
         del device.traces[: len(device.traces) - rec["max_entries"]]
@@ -166,6 +201,23 @@ def _release_free_segments(device):
 def _malloc(index, nbytes):
     _fake.init()
     device = _fake.devices[index]
+    failed = _malloc_locked(index, device, nbytes)
+    if isinstance(failed, _Block):
+        return failed
+    # As CUDACachingAllocator.cpp: the observers are called with the allocator's lock
+    # released, with (device, the segment size wanted, the allowed or total memory, the
+    # driver's free memory), before OutOfMemoryError is raised.
+    seg_size, device_free = failed
+    for observer in list(_fake.oom_observers):
+        observer(index, seg_size, device.capacity, device_free)
+    raise OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {nbytes / GiB:.2f} GiB. GPU {index} has a total "
+        f"capacity of {device.capacity / GiB:.2f} GiB of which {device_free / GiB:.2f} GiB is free."
+    )
+
+
+def _malloc_locked(index, device, nbytes):
+    """The block, or (segment size, free device memory) when it ran out."""
     with _fake.lock:
         size = _round(nbytes)
         small = size <= K_SMALL_SIZE
@@ -179,16 +231,15 @@ def _malloc(index, nbytes):
         if best is None:
             seg_size = _segment_size(size)
             used = sum(s.size for s in device.segments)
-            if used + seg_size > device.capacity:
+            if used + seg_size + _fake.others_bytes > device.capacity:
                 device.retries += 1
                 _release_free_segments(device)
                 used = sum(s.size for s in device.segments)
-                if used + seg_size > device.capacity:
+                if used + seg_size + _fake.others_bytes > device.capacity:
                     device.ooms += 1
-                    raise OutOfMemoryError(
-                        f"CUDA out of memory. Tried to allocate {nbytes / GiB:.2f} GiB. GPU {index} has a total "
-                        f"capacity of {device.capacity / GiB:.2f} GiB"
-                    )
+                    device_free = device.capacity - used - _fake.others_bytes
+                    _trace(device, "oom", None, size, device_free=device_free)
+                    return seg_size, device_free
             seg = _Segment(index, _fake.next_address, seg_size, small, _stack() if _fake.recording else [])
             _fake.next_address += seg_size + 2 * MiB
             device.segments.append(seg)
@@ -249,6 +300,14 @@ def is_available():
 
 def is_initialized():
     return _fake.initialized
+
+
+def _lazy_call(callable, **kwargs):
+    """As torch.cuda._lazy_call: now when CUDA is initialized, else at its initialization."""
+    if _fake.initialized:
+        callable()
+    else:
+        _fake.queued_calls.append(callable)
 
 
 def init():

@@ -1,0 +1,122 @@
+"""The OOM observer (_oom.py) with the stand-in torch (python/tests/fakes, a test double at
+the PyTorch boundary): attached only when CUDA is initialized, nothing recorded before an
+OOM, one snapshot kept at the first OOM (0600, O_EXCL), the `oom` op answering its record
+and streaming its bytes, and the run report directory's record under `vramctl run`."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import shutil
+import stat
+import tempfile
+import unittest
+
+from harness import Target, client
+
+from vramctl_agent import _protocol as proto
+
+GiB = 1 << 30
+AGAIN = (
+    "try:\n    torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')\n"
+    "except torch.cuda.OutOfMemoryError as err:\n    message = str(err)\n"
+)
+OOM = "import torch\nGiB = 1 << 30\nkeep = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')\n" + AGAIN
+
+
+class OomObserverTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.out = tempfile.mkdtemp(prefix="vramctl-test-oom-")
+
+    def tearDown(self) -> None:
+        shutil.rmtree(self.out, ignore_errors=True)
+
+    def test_nothing_is_attached_or_recorded_before_cuda_is_initialized(self) -> None:
+        with Target() as target:
+            target.start_agent()
+            target.run("import torch")
+            # Attaching would initialize CUDA (a context); the observer waits for the program.
+            self.assertFalse(target.run("", "torch.cuda.is_initialized()"))
+            self.assertEqual(target.run("", "len(torch.cuda._fake.oom_observers)"), 0)
+            answer = client.request(target.pid, "oom")
+            self.assertEqual((answer["observer_attached"], answer["oom"]), (False, None))
+            target.run("x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')")
+            self.assertEqual(target.run("", "len(torch.cuda._fake.oom_observers)"), 1)
+            self.assertTrue(client.request(target.pid, "oom")["observer_attached"])
+            # No history is recorded unless asked.
+            self.assertIsNone(target.run("", "torch.cuda._fake.recording"))
+
+    def test_the_first_oom_keeps_one_snapshot_and_the_op_streams_it(self) -> None:
+        with Target() as target:
+            path = target.start_agent()
+            target.run(OOM)
+            # The program still gets torch's own error.
+            self.assertIn("CUDA out of memory", target.run("", "message"))
+            record = client.request(target.pid, "oom")["oom"]
+            self.assertEqual(record["pid"], target.pid)
+            self.assertEqual(record["device"], 0)
+            self.assertEqual(record["segment_bytes"], 60 * GiB)
+            self.assertEqual(record["allowed_bytes"], record["device_total_bytes"])
+            self.assertEqual(record["device_free_bytes"], record["device_total_bytes"] - 100 * GiB)
+            self.assertEqual(record["allocator_backend"], "native")
+            self.assertIsNone(record["snapshot_error"])
+            kept = record["snapshot"]["path"]
+            self.assertEqual(os.path.dirname(kept), os.path.dirname(path))
+            info = os.lstat(kept)
+            self.assertEqual(stat.S_IMODE(info.st_mode), 0o600)
+            # Streamed in chunks, the bytes are the file's.
+            data, offset = b"", 0
+            while True:
+                chunk = client.request(target.pid, "oom", offset=offset, max_bytes=1000)["chunk"]
+                data += base64.b64decode(chunk["data_base64"])
+                offset = len(data)
+                if chunk["eof"]:
+                    break
+            with open(kept, "rb") as f:
+                self.assertEqual(data, f.read())
+            self.assertEqual(pickle.loads(data)["segments"][0]["total_size"], 100 * GiB)
+            # A second OOM is counted, not kept again.
+            target.run(AGAIN)
+            again = client.request(target.pid, "oom")["oom"]
+            self.assertEqual((again["ooms"], again["snapshot"]["path"]), (2, kept))
+            bad = client.request(target.pid, "oom", check=False, offset=0, max_bytes=proto.MAX_OOM_CHUNK_BYTES + 1)
+            self.assertEqual(bad["error"]["code"], proto.BAD_REQUEST)
+
+    def test_under_run_the_record_and_snapshot_go_to_the_report_directory(self) -> None:
+        os.chmod(self.out, 0o700)
+        env = {"VRAMCTL_RUN_REPORT_DIR": self.out, "VRAMCTL_OOM_HISTORY": "1", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"}
+        with Target(env=env) as target:
+            target.start_agent()
+            target.run(OOM)
+            with open(os.path.join(self.out, f"{target.pid}.oom.json")) as f:
+                record = json.load(f)
+            self.assertTrue(record["history_recorded"])
+            self.assertEqual(record["limits_env"], {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})
+            snapshot = os.path.join(self.out, f"{target.pid}.oom.pickle")
+            self.assertEqual(record["snapshot"]["path"], snapshot)
+            with open(snapshot, "rb") as f:
+                trace = pickle.load(f)["device_traces"][0]
+            # History was recorded from CUDA's initialization: the OOM is in the trace.
+            self.assertEqual(trace[-1]["action"], "oom")
+            self.assertEqual(trace[-1]["device_free"], record["device_free_bytes"])
+
+    def test_a_planted_file_at_the_snapshot_path_is_never_written_through(self) -> None:
+        os.chmod(self.out, 0o700)
+        with Target(env={"VRAMCTL_RUN_REPORT_DIR": self.out}) as target:
+            victim = os.path.join(self.out, "victim")
+            with open(victim, "w") as f:
+                f.write("keep")
+            os.symlink(victim, os.path.join(self.out, f"{target.pid}.oom.pickle"))
+            target.start_agent()
+            target.run(OOM)
+            record = client.request(target.pid, "oom")["oom"]
+            self.assertIsNone(record["snapshot"])
+            self.assertIn("cannot write", record["snapshot_error"])
+            with open(victim) as f:
+                self.assertEqual(f.read(), "keep")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,259 @@
+"""PyTorch's out-of-memory observer: at the process's first CUDA OOM, keep an allocator
+snapshot and the allocator's settings and limits, for `vramctl run` (and any client of the
+`oom` op) to explain the OOM with (docs/agent.md, "Out-of-memory errors").
+
+What it costs before an OOM: nothing on the GPU and nothing per step. The observer is
+attached through `torch.cuda._lazy_call`, i.e. when the program itself initializes CUDA
+(`_cuda_attach_out_of_memory_observer` initializes CUDA when called earlier: a context of
+~0.5 GiB the program may never have wanted). It is a Python function that the caching
+allocator calls only on its OOM path, after it has released its lock
+(c10/cuda/CUDACachingAllocator.cpp: `lock.unlock(); for (obs : observers_local) obs(device,
+alloc_size, set_fraction ? allowed_memory_maximum : device_total, device_free)`), so taking
+`torch.cuda.memory._snapshot()` there is safe. No allocation history is recorded unless
+`VRAMCTL_OOM_HISTORY=1` asks for it (then `_record_memory_history` from the same moment,
+with its cost: stacks gathered on every allocation).
+
+What it writes at an OOM: one snapshot per process (later OOMs are counted, not kept),
+pickled (protocol 4) to `oom-<pid>.pickle`, 0600, created with O_EXCL|O_NOFOLLOW in the
+agent's own 0700 socket directory, or, under `vramctl run`, in the run's report directory
+beside `<pid>.oom.json` (the record below). A pickle over MAX_OOM_SNAPSHOT_BYTES is not
+written; the record says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+
+from . import _protocol as proto
+
+log = logging.getLogger("vramctl_agent")
+
+HISTORY_ENV = "VRAMCTL_OOM_HISTORY"
+# Limits set outside torch that the record keeps as the process saw them: which GPUs it
+# sees, and an MPS client's memory limit and share.
+LIMIT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+RUN_REPORT_ENV = "VRAMCTL_RUN_REPORT_DIR"
+
+_lock = threading.Lock()
+_attached_pid: int | None = None
+_queued_pid: int | None = None
+_record: dict | None = None  # the first OOM's record, once one happened in this process
+_snapshot_file: str | None = None  # where its snapshot is
+_ooms = 0  # observer calls in this process
+_agent_dir: str | None = None  # the agent's own socket directory (set_directory)
+
+
+def set_directory(directory: str | None) -> None:
+    """Where snapshots go outside `vramctl run`: the agent's socket directory, 0700 and its
+    own (the agent sets it when it starts)."""
+    global _agent_dir
+    _agent_dir = directory
+
+
+def reset_after_fork() -> None:
+    """A forked child has neither the parent's observer nor its OOM."""
+    global _lock, _record, _snapshot_file, _ooms
+    _lock = threading.Lock()
+    _record, _snapshot_file, _ooms = None, None, 0
+
+
+def arm(torch=None) -> bool:
+    """Attaches the observer once CUDA is initialized (now if it is, else queued on torch's
+    lazy initialization). True if it is attached or queued."""
+    global _queued_pid
+    torch = torch if torch is not None else sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is None or getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None) is None:
+        return False
+    if _attached_pid == os.getpid() or _queued_pid == os.getpid():
+        return True
+    try:
+        if cuda.is_initialized():
+            return _attach(torch)
+    except Exception:
+        return False
+    lazy_call = getattr(cuda, "_lazy_call", None)
+    if lazy_call is None:
+        return False
+    _queued_pid = os.getpid()
+    lazy_call(lambda: _attach(torch))
+    return True
+
+
+def _attach(torch) -> bool:
+    global _attached_pid
+    if _attached_pid == os.getpid():
+        return True
+    try:
+        torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+    except Exception as err:
+        log.info("vramctl agent: the OOM observer was not attached: %s", err)
+        return False
+    _attached_pid = os.getpid()
+    if os.environ.get(HISTORY_ENV) == "1":
+        try:
+            torch.cuda.memory._record_memory_history(max_entries=proto.DEFAULT_HISTORY_ENTRIES)
+        except Exception as err:
+            log.warning("vramctl agent: %s=1 but history could not be recorded: %s", HISTORY_ENV, err)
+    return True
+
+
+def _on_oom(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes: int) -> None:
+    """Called by the caching allocator before it raises OutOfMemoryError. Never raises: an
+    exception here would replace the program's OutOfMemoryError with ours."""
+    global _record, _snapshot_file, _ooms
+    try:
+        with _lock:
+            _ooms += 1
+            if _record is not None:
+                _record["ooms"] = _ooms
+                _rewrite_run_record()
+                return
+            _record, _snapshot_file = _keep(device, segment_bytes, allowed_bytes, device_free_bytes)
+            _rewrite_run_record()
+    except Exception as err:
+        try:
+            log.warning("vramctl agent: the OOM could not be recorded: %s", err)
+        except Exception:
+            pass
+
+
+def _int(value) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _keep(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes: int) -> tuple[dict, str | None]:
+    torch = sys.modules.get("torch")
+    cuda = torch.cuda
+    record: dict = {
+        "pid": os.getpid(),
+        "unix_ms": int(time.time() * 1000),
+        "device": _int(device),
+        # What the allocator asked the driver for (a segment, or expandable pages), not the
+        # request: the observer is not told the request.
+        "segment_bytes": _int(segment_bytes),
+        # The per-process limit (set_per_process_memory_fraction) where one is set, else
+        # the device's total: the allocator passes one or the other.
+        "allowed_bytes": _int(allowed_bytes),
+        "device_free_bytes": _int(device_free_bytes),
+        "device_total_bytes": None,
+        "memory_fraction": None,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "limits_env": {k: os.environ[k][: proto.MAX_STRING_CHARS] for k in LIMIT_ENV if k in os.environ},
+        "allocator_backend": None,
+        "history_recorded": os.environ.get(HISTORY_ENV) == "1",
+        "ooms": _ooms,
+        "snapshot": None,
+        "snapshot_error": None,
+    }
+    try:
+        record["allocator_backend"] = cuda.get_allocator_backend()
+    except Exception:
+        pass
+    try:
+        total = _int(getattr(cuda.get_device_properties(device), "total_memory", None))
+        record["device_total_bytes"] = total
+    except Exception:
+        total = None
+    getter = getattr(cuda, "get_per_process_memory_fraction", None)  # torch 2.8+
+    if getter is not None:
+        try:
+            record["memory_fraction"] = float(getter(device))
+        except Exception:
+            pass
+    if record["memory_fraction"] is None and total and isinstance(allowed_bytes, int) and allowed_bytes < total:
+        record["memory_fraction"] = allowed_bytes / total
+    started = time.monotonic()
+    try:
+        data = pickle.dumps(cuda.memory._snapshot(), protocol=4)
+    except Exception as err:
+        record["snapshot_error"] = f"torch.cuda.memory._snapshot failed: {str(err)[:300]}"
+        return record, None
+    if len(data) > proto.MAX_OOM_SNAPSHOT_BYTES:
+        record["snapshot_error"] = f"the snapshot is {len(data)} bytes, over the {proto.MAX_OOM_SNAPSHOT_BYTES} kept"
+        return record, None
+    path = os.path.join(_directory(), f"{os.getpid()}.oom.pickle" if _run_dir() else f"oom-{os.getpid()}.pickle")
+    try:
+        _write_new(path, data)
+    except OSError as err:
+        record["snapshot_error"] = f"cannot write '{path}': {err.strerror or err}"
+        return record, None
+    record["snapshot"] = {"path": path, "size_bytes": len(data), "taken_s": round(time.monotonic() - started, 6)}
+    return record, path
+
+
+def _run_dir() -> str | None:
+    directory = os.environ.get(RUN_REPORT_ENV)
+    return directory if directory and os.path.isabs(directory) else None
+
+
+def _directory() -> str:
+    run = _run_dir()
+    if run is not None:
+        return run
+    if _agent_dir is None:
+        raise OSError("no agent directory")
+    return _agent_dir
+
+
+def _write_new(path: str, data: bytes) -> None:
+    """Creates `path` 0600; never follows a symlink or reuses a file already there."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+
+
+def _rewrite_run_record() -> None:
+    """Under `vramctl run`: `<pid>.oom.json`, replaced whole, so the supervisor reads the
+    record even when the process dies right after (or is killed later)."""
+    run = _run_dir()
+    if run is None or _record is None:
+        return
+    final = os.path.join(run, f"{os.getpid()}.oom.json")
+    partial = os.path.join(run, f".{os.getpid()}.oom.json.partial")
+    try:
+        try:
+            os.unlink(partial)
+        except FileNotFoundError:
+            pass
+        _write_new(partial, json.dumps(_record).encode("utf-8"))
+        os.replace(partial, final)
+    except OSError as err:
+        log.warning("vramctl agent: could not write the OOM record %s: %s", final, err)
+
+
+def record() -> dict | None:
+    """The first OOM's record (a copy), or None."""
+    with _lock:
+        return dict(_record) if _record is not None else None
+
+
+def attached() -> bool:
+    return _attached_pid == os.getpid()
+
+
+def read_snapshot(offset: int, max_bytes: int) -> tuple[bytes, int]:
+    """Up to `max_bytes` of the kept snapshot from `offset`, and its size."""
+    path = _snapshot_file
+    if path is None:
+        raise FileNotFoundError("no OOM snapshot was kept")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, max_bytes, offset), size
+    finally:
+        os.close(fd)

@@ -1,0 +1,138 @@
+"""The live OOM path of issue 33 on a real GPU (scripts/oom-live-h200.sh runs it): each case is
+a job under `vramctl run --json`, whose report's `oom` verdict is checked against the cause the
+case makes; the cost of the agent's OOM observer on a training step and on memory; and the
+delay from the failing request to the printed verdict.
+
+    python3 scripts/oom-live-h200.py --bin target/release/vramctl --out DIR
+
+Writes DIR/<case>.json (run's report), DIR/<case>.stderr, DIR/results.json and prints one
+line per check (PASS/FAIL). Nothing here changes a GPU setting: the per-process fraction is
+the job's own.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+GiB = 1 << 30
+
+# Each job writes the time it asks for the memory that fails to $STAMP.
+PRELUDE = "import os, time, torch\nGiB = 1 << 30\ntorch.cuda.init()\n"
+STAMP = "open(os.environ['STAMP'], 'w').write(repr(time.time()))\n"
+CASES = {
+    # Live tensors beyond the whole GPU.
+    "shortage": (PRELUDE + "keep = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
+                 + "more = torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')\n", {}, "shortage"),
+    # The same with history recorded (the verdict then replays fixes).
+    "shortage-history": (PRELUDE + "keep = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
+                         + "more = torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')\n",
+                         {"VRAMCTL_OOM_HISTORY": "1"}, "shortage"),
+    # A per-process fraction: 16 GiB allowed, 12 GiB live, a 6 GiB request (the issue's case).
+    "process-limit": (PRELUDE + "total = torch.cuda.get_device_properties(0).total_memory\n"
+                      "torch.cuda.set_per_process_memory_fraction(16 * GiB / total)\n"
+                      "keep = torch.empty(12 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
+                      + "more = torch.empty(6 * GiB, dtype=torch.uint8, device='cuda')\n", {}, "process-limit"),
+    # Another process holds 100 GiB; the job's 30 + 30 GiB would fit an empty GPU.
+    "other-process": (PRELUDE + "keep = torch.empty(30 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
+                      + "more = torch.empty(30 * GiB, dtype=torch.uint8, device='cuda')\n", {}, "other-process"),
+}
+HOLDER = PRELUDE + "hold = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')\nprint('ready', flush=True)\ntime.sleep(600)\n"
+# A training step: matmuls and an optimizer step, timed over 200 steps after 20 warm-up.
+STEP = PRELUDE + """
+model = torch.nn.Sequential(*[torch.nn.Linear(8192, 8192) for _ in range(8)]).cuda()
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(64, 8192, device='cuda')
+def step():
+    opt.zero_grad(set_to_none=True); model(x).square().mean().backward(); opt.step()
+for _ in range(20): step()
+torch.cuda.synchronize(); t = time.perf_counter()
+for _ in range(200): step()
+torch.cuda.synchronize()
+print(json.dumps({"step_s": (time.perf_counter() - t) / 200, "reserved": torch.cuda.memory_reserved(),
+                  "allocated_peak": torch.cuda.max_memory_allocated()}))
+""".replace("import os, time, torch", "import json, os, time, torch")
+
+
+def run(binary, code, out, name, env=None, flags=()):
+    stamp = os.path.join(out, f"{name}.stamp")
+    environ = dict(os.environ, STAMP=stamp, **(env or {}))
+    report = os.path.join(out, f"{name}.json")
+    done = subprocess.run([binary, "run", *flags, "--json", "--report", report, "--", sys.executable, "-c", code],
+                          env=environ, capture_output=True, text=True, timeout=600)
+    ended = time.time()
+    with open(os.path.join(out, f"{name}.stderr"), "w") as f:
+        f.write(done.stderr)
+    try:
+        with open(report) as f:
+            parsed = json.load(f)
+    except (OSError, ValueError):
+        parsed = None
+    try:
+        with open(stamp) as f:
+            delay = ended - float(f.read())
+    except (OSError, ValueError):
+        delay = None
+    return parsed, delay, done
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    results, failed = {}, 0
+
+    def check(name, ok, detail):
+        nonlocal failed
+        failed += 0 if ok else 1
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+    for name, (code, env, expected) in CASES.items():
+        holder = None
+        if name == "other-process":
+            holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+            holder.stdout.readline()
+        try:
+            report, delay, _ = run(args.bin, code, args.out, name, env)
+        finally:
+            if holder is not None:
+                holder.kill()
+                holder.wait()
+        oom = (report or {}).get("oom") or {}
+        results[name] = {"cause": oom.get("cause"), "fix": oom.get("fix"), "from": oom.get("from"), "delay_s": delay,
+                         "snapshot_bytes": ((oom.get("agent") or {}).get("snapshot") or {}).get("size_bytes")}
+        check(f"{name} cause", oom.get("cause") == expected, f"{oom.get('cause')} (from {oom.get('from')}); fix {oom.get('fix')!r}")
+        check(f"{name} from the agent", oom.get("from") == "agent-snapshot", str(oom.get("from")))
+        check(f"{name} no expandable_segments advice", "expandable_segments" not in str(oom.get("fix")), str(oom.get("fix")))
+        check(f"{name} verdict within 2 s", delay is not None and delay <= 2.0, f"{delay}")
+        if name == "other-process":
+            others = [p["pid"] for p in oom.get("other_processes", [])]
+            check("other-process names the holder", holder is not None and holder.pid in others, f"{others}")
+    # Cost: the same training steps with and without the agent (its observer attached).
+    costs = {}
+    for flags, label in (((), "agent"), (("--no-agent",), "no-agent")):
+        samples = []
+        for i in range(3):
+            done = subprocess.run([args.bin, "run", *flags, "--", sys.executable, "-c", STEP],
+                                  capture_output=True, text=True, timeout=600)
+            samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        costs[label] = samples
+    agent_step = min(s["step_s"] for s in costs["agent"])
+    bare_step = min(s["step_s"] for s in costs["no-agent"])
+    results["cost"] = costs
+    check("step time with the observer within 1 %", agent_step <= bare_step * 1.01,
+          f"{agent_step * 1000:.3f} ms vs {bare_step * 1000:.3f} ms")
+    check("no memory before an OOM", {s["reserved"] for s in costs["agent"]} == {s["reserved"] for s in costs["no-agent"]},
+          f"reserved {[s['reserved'] for s in costs['agent']]} vs {[s['reserved'] for s in costs['no-agent']]}")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"{failed} check(s) failed", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
