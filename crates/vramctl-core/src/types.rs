@@ -255,6 +255,15 @@ pub struct DeviceReading {
 }
 
 impl DeviceReading {
+    /// The memory figures of the MIG instance `uuid` read this tick; `None` when the
+    /// instance was not read or could not report them.
+    pub fn mig_memory(&self, uuid: &str) -> Option<MemoryReading> {
+        self.mig
+            .iter()
+            .find(|m| m.uuid == uuid)
+            .and_then(|m| m.memory)
+    }
+
     /// Memory used on the device that no listed process accounts for.
     ///
     /// `None` when the memory or the process list is unknown, or when a listed process's

@@ -17,6 +17,7 @@ use vramctl_leaks::analysis::{Evidence, SeriesReport, Verdict, human_duration};
 
 use crate::policy::Policy;
 use vramctl_observe::gpu_holdings::{GpuHolding, total_bytes};
+use vramctl_observe::observation::HostProcess;
 use vramctl_observe::units;
 
 /// Where a verdict's evidence came from.
@@ -87,6 +88,9 @@ pub struct Observed {
     pub gpus: Vec<GpuNow>,
     /// CPU time since the history's last reading, for history evidence.
     pub cpu_since_history: Option<CpuSince>,
+    /// What /proc (and the kubelet) said of it: its container, pod and Slurm job for the
+    /// owner filters (`--job`, `--pod`, `--container`); `None` when /proc cannot see it.
+    pub host: Option<HostProcess>,
 }
 
 impl Observed {
@@ -179,6 +183,22 @@ pub fn decide(p: &Observed, policy: &Policy, ctx: &Context<'_>) -> Result<Chosen
         return exclude(
             Stage::Filter,
             format!("{who} is not one of {}", policy.users.join(", ")),
+        );
+    }
+    if let Some(selector) = policy
+        .owners
+        .iter()
+        .find(|s| !p.host.as_ref().is_some_and(|h| s.matches(h)))
+    {
+        return exclude(
+            Stage::Filter,
+            match &p.host {
+                Some(_) => format!("not selected by {}", selector.describe()),
+                None => format!(
+                    "its owner cannot be known here (not visible in this PID namespace), so {} does not select it",
+                    selector.describe()
+                ),
+            },
         );
     }
     if let Some(re) = &policy.pattern {
@@ -362,6 +382,7 @@ mod tests {
             exclude: Vec::new(),
             gpus: Vec::new(),
             max_kills: None,
+            owners: Vec::new(),
         }
     }
 
@@ -392,6 +413,7 @@ mod tests {
 
     fn observed(gpus: Vec<(u64, Option<SeriesReport>)>) -> Observed {
         Observed {
+            host: None,
             pid: 4242,
             start_time_ticks: Some(7),
             uid: Some(1000),
@@ -497,6 +519,42 @@ mod tests {
         let e = run(&p, &policy()).unwrap_err();
         assert_eq!(e.stage, Stage::NoEvidence);
         assert_eq!(e.reason, "no evidence of idleness on GPU 1: no history");
+    }
+
+    #[test]
+    fn owner_selectors_filter_by_what_the_process_is_known_to_belong_to() {
+        use vramctl_observe::owners::OwnerSelector;
+        use vramctl_procs::slurm::{SlurmJob, SlurmSource};
+        let idle = || Some(report(60, 8 * GIB, |_| 0));
+        let mut p = observed(vec![(8 * GIB, idle())]);
+        let mut pol = policy();
+        pol.owners = vec![OwnerSelector::Job(1234)];
+        // Not visible here: its job cannot be known, so it is not selected.
+        assert_eq!(
+            run(&p, &pol).unwrap_err().reason,
+            "its owner cannot be known here (not visible in this PID namespace), so --job 1234 \
+             does not select it"
+        );
+        p.host = Some(HostProcess {
+            pid: p.pid,
+            slurm: Some(SlurmJob {
+                job_id: 1234,
+                step: None,
+                user: None,
+                uid: None,
+                partition: None,
+                source: SlurmSource::Cgroup,
+                environ_conflict: None,
+            }),
+            ..HostProcess::default()
+        });
+        assert!(run(&p, &pol).is_ok());
+        pol.owners.push(OwnerSelector::pod("ml/train-0").unwrap());
+        let e = run(&p, &pol).unwrap_err();
+        assert_eq!(
+            (e.stage, e.reason.as_str()),
+            (Stage::Filter, "not selected by --pod ml/train-0")
+        );
     }
 
     #[test]

@@ -385,6 +385,7 @@ impl Engine {
                 command,
                 gpus: gpus_now,
                 cpu_since_history: cpu_since,
+                host: host.cloned(),
             });
         }
 
@@ -1095,6 +1096,7 @@ mod tests {
             exclude: Vec::new(),
             gpus: Vec::new(),
             max_kills: None,
+            owners: Vec::new(),
         }];
         ReapConfig {
             leak: leak_config(&policies).expect("valid analysis settings"),

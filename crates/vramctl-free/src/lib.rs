@@ -8,7 +8,8 @@
 //!   taken through [`engine::ReapExecutor`] and its wall clock injected, so it is tested
 //!   without GPUs or signals; [`engine::RoundReport`] is what a pass did;
 //! - [`memory_release`]: after a kill or a reclaim, whether the memory came back (shared
-//!   with `kill`).
+//!   with `kill`);
+//! - [`owner_targets`]: `kill --job/--pod/--container`, the processes an owner selects.
 //!
 //! It must not depend on the command line (clap types), on the binary's exit codes or on its
 //! audit log: the binary settles its arguments into [`engine::ReapConfig`] and passes the
@@ -18,4 +19,5 @@ pub mod decide;
 pub mod engine;
 mod evidence;
 pub mod memory_release;
+pub mod owner_targets;
 pub mod policy;

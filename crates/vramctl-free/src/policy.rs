@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 use vramctl_core::types::DeviceInfo;
 
+use vramctl_observe::owners::OwnerSelector;
 use vramctl_observe::pattern::compile_regex;
 use vramctl_observe::units::{self, parse_bytes};
 
@@ -50,6 +51,9 @@ pub struct Policy {
     pub gpus: Vec<String>,
     /// At most this many kills per run (per round with `--every`).
     pub max_kills: Option<usize>,
+    /// Only processes every one of these selects (`--job`, `--pod`, `--container`; not in
+    /// the policy file: a job or pod is a one-off, not a standing policy); empty: any.
+    pub owners: Vec<OwnerSelector>,
 }
 
 /// A policy as `--json` prints it.
@@ -64,6 +68,7 @@ pub struct PolicyJson {
     exclude: Vec<String>,
     gpus: Vec<String>,
     max_kills: Option<usize>,
+    owners: Vec<OwnerSelector>,
 }
 
 impl Policy {
@@ -78,6 +83,7 @@ impl Policy {
             exclude: self.exclude.iter().map(|r| r.as_str().to_owned()).collect(),
             gpus: self.gpus.clone(),
             max_kills: self.max_kills,
+            owners: self.owners.clone(),
         }
     }
 
@@ -101,6 +107,9 @@ impl Policy {
         }
         if !self.gpus.is_empty() {
             parts.push(format!("GPUs {}", self.gpus.join(", ")));
+        }
+        for owner in &self.owners {
+            parts.push(owner.describe());
         }
         if let Some(n) = self.max_kills {
             parts.push(format!("at most {n} per run"));
@@ -203,6 +212,8 @@ pub struct PolicyFlags {
     pub exclude: Vec<String>,
     /// `--gpu`.
     pub gpu: Vec<String>,
+    /// `--job`, `--pod`, `--container`.
+    pub owners: Vec<OwnerSelector>,
 }
 
 /// The filter flags, checked.
@@ -214,6 +225,7 @@ struct Overrides {
     pattern: Option<Regex>,
     exclude: Vec<Regex>,
     gpus: Vec<String>,
+    owners: Vec<OwnerSelector>,
 }
 
 impl Overrides {
@@ -237,6 +249,7 @@ impl Overrides {
                 .map(|t| compile_regex("--exclude", t))
                 .collect::<anyhow::Result<_>>()?,
             gpus: args.gpu.clone(),
+            owners: args.owners.clone(),
         })
     }
 
@@ -247,6 +260,7 @@ impl Overrides {
             || self.pattern.is_some()
             || !self.exclude.is_empty()
             || !self.gpus.is_empty()
+            || !self.owners.is_empty()
     }
 
     /// The flags over `policy`: scalars and lists replace, except `--exclude`, which adds
@@ -268,6 +282,8 @@ impl Overrides {
         if !self.gpus.is_empty() {
             policy.gpus.clone_from(&self.gpus);
         }
+        // Narrows every policy: a selector never widens what may be killed.
+        policy.owners.extend(self.owners.iter().cloned());
         policy
     }
 }
@@ -301,6 +317,7 @@ pub fn resolve(args: &PolicyFlags) -> anyhow::Result<Vec<Policy>> {
             exclude: Vec::new(),
             gpus: Vec::new(),
             max_kills: None,
+            owners: Vec::new(),
         })]);
     }
     let path = match (&args.config, default) {
@@ -436,6 +453,7 @@ pub fn parse(path: &Path, text: &str) -> anyhow::Result<Vec<Policy>> {
                 })
                 .collect(),
             max_kills: spec.max_kills,
+            owners: Vec::new(),
         });
     }
     Ok(out)

@@ -120,6 +120,138 @@ fn job_label(job: &vramctl_procs::slurm::SlurmJob) -> String {
     }
 }
 
+/// A selector of processes by owner, as `kill` and `reap` take them: `--job ID`,
+/// `--pod NAMESPACE/NAME`, `--container ID-OR-NAME`. Matched against the observation's
+/// facts only (a process with no such fact is never selected: "cannot map" is not a
+/// match).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "by", content = "value", rename_all = "lowercase")]
+pub enum OwnerSelector {
+    /// The Slurm job of this id (from the cgroup, or the process's own environment).
+    Job(u32),
+    /// The Kubernetes pod `namespace/name` the kubelet names.
+    Pod {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// A container by its full id, a prefix of at least 12 hex digits, or its exact name.
+    Container(String),
+}
+
+/// The shortest container id prefix taken: Docker's short id.
+pub const CONTAINER_ID_PREFIX_MIN: usize = 12;
+
+impl OwnerSelector {
+    /// `--job ID`: a decimal job id.
+    ///
+    /// # Errors
+    /// Not a job id, in words.
+    pub fn job(text: &str) -> Result<Self, String> {
+        text.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|id| *id > 0)
+            .map(Self::Job)
+            .ok_or_else(|| format!("'{text}' is not a Slurm job id (a number, as squeue shows)"))
+    }
+
+    /// `--pod NAMESPACE/NAME`.
+    ///
+    /// # Errors
+    /// Not `namespace/name`, in words.
+    pub fn pod(text: &str) -> Result<Self, String> {
+        match text.split_once('/') {
+            Some((namespace, name))
+                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+            {
+                Ok(Self::Pod {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                })
+            }
+            _ => Err(format!(
+                "'{text}' is not NAMESPACE/NAME (e.g. ml/train-0, as kubectl get pods -A shows)"
+            )),
+        }
+    }
+
+    /// `--container ID-OR-NAME`.
+    ///
+    /// # Errors
+    /// Empty.
+    pub fn container(text: &str) -> Result<Self, String> {
+        if text.is_empty() {
+            return Err("an empty container id or name".to_owned());
+        }
+        Ok(Self::Container(text.to_owned()))
+    }
+
+    /// The flag as typed, for messages (untrusted only as far as the caller typed it).
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Job(id) => format!("--job {id}"),
+            Self::Pod { namespace, name } => format!("--pod {namespace}/{name}"),
+            Self::Container(c) => format!("--container {c}"),
+        }
+    }
+
+    /// Whether `host` is owned so.
+    pub fn matches(&self, host: &HostProcess) -> bool {
+        match self {
+            Self::Job(id) => host.slurm.as_ref().is_some_and(|j| j.job_id == *id),
+            Self::Pod { namespace, name } => host
+                .kubernetes
+                .as_ref()
+                .is_some_and(|p| &p.namespace == namespace && &p.pod == name),
+            Self::Container(wanted) => host.container.as_ref().is_some_and(|c| {
+                let hex = wanted.len() >= CONTAINER_ID_PREFIX_MIN
+                    && wanted.bytes().all(|b| b.is_ascii_hexdigit());
+                (hex && c.id.starts_with(wanted.as_str()))
+                    || c.name.as_deref() == Some(wanted.as_str())
+            }),
+        }
+    }
+}
+
+/// The processes of `hosts` that every one of `selectors` selects, by PID.
+pub fn select<'a>(
+    selectors: &[OwnerSelector],
+    hosts: &'a BTreeMap<u32, HostProcess>,
+) -> Vec<&'a HostProcess> {
+    hosts
+        .values()
+        .filter(|h| selectors.iter().all(|s| s.matches(h)))
+        .collect()
+}
+
+/// Widest owner cell of a human table, in characters (a pod's `namespace/name` can be
+/// 317): longer ones are cut and end in `…`, so one long name cannot push the command off
+/// the screen.
+pub const OWNER_CELL_MAX_CHARS: usize = 40;
+
+/// A Slurm job as Slurm writes a step: `1234.0`, `1234.batch`; the id alone when the step
+/// is unknown.
+pub fn job_cell(job: &vramctl_procs::slurm::SlurmJob) -> String {
+    match job.step {
+        Some(step) => format!("{}.{step}", job.job_id),
+        None => job.job_id.to_string(),
+    }
+}
+
+/// A pod as `namespace/name` (untrusted: the table escapes it), cut to
+/// [`OWNER_CELL_MAX_CHARS`].
+pub fn pod_cell(pod: &vramctl_kube::ProcessPod) -> String {
+    let text = format!("{}/{}", pod.namespace, pod.pod);
+    if text.chars().count() <= OWNER_CELL_MAX_CHARS {
+        return text;
+    }
+    let mut cut: String = text.chars().take(OWNER_CELL_MAX_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// Who owns a process under one key.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Owner {
@@ -433,5 +565,86 @@ mod tests {
             assert_eq!(key.as_str().parse::<OwnerKey>(), Ok(key));
         }
         assert!("jobs".parse::<OwnerKey>().is_err());
+    }
+
+    #[test]
+    fn selectors_parse_and_select_only_what_the_facts_say() {
+        use vramctl_kube::attribution::ProcessPod;
+        use vramctl_procs::slurm::{SlurmJob, SlurmSource};
+        assert_eq!(OwnerSelector::job("1234"), Ok(OwnerSelector::Job(1234)));
+        assert!(OwnerSelector::job("12x").is_err());
+        assert!(OwnerSelector::job("0").is_err());
+        assert!(OwnerSelector::pod("ml").is_err());
+        assert!(OwnerSelector::pod("ml/a/b").is_err());
+        assert!(OwnerSelector::pod("/a").is_err());
+        assert!(OwnerSelector::container("").is_err());
+        let id = "3f0c2b7a9d8e4f61a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70819";
+        let mut in_job = host(10, "alice", Some((id, Some("trainer"))));
+        in_job.slurm = Some(SlurmJob {
+            job_id: 1234,
+            step: None,
+            user: None,
+            uid: None,
+            partition: None,
+            source: SlurmSource::Cgroup,
+            environ_conflict: None,
+        });
+        in_job.kubernetes = Some(ProcessPod {
+            namespace: "ml".into(),
+            pod: "train-0".into(),
+            container: None,
+            pod_uid: "u".into(),
+        });
+        let hosts = BTreeMap::from([(10, in_job), (11, host(11, "bob", None))]);
+        let pids = |selectors: &[OwnerSelector]| -> Vec<u32> {
+            select(selectors, &hosts).iter().map(|h| h.pid).collect()
+        };
+        assert_eq!(pids(&[OwnerSelector::Job(1234)]), [10]);
+        assert!(pids(&[OwnerSelector::Job(123)]).is_empty());
+        assert_eq!(pids(&[OwnerSelector::pod("ml/train-0").unwrap()]), [10]);
+        assert!(pids(&[OwnerSelector::pod("ml/train-1").unwrap()]).is_empty());
+        assert!(pids(&[OwnerSelector::pod("other/train-0").unwrap()]).is_empty());
+        assert_eq!(pids(&[OwnerSelector::Container("trainer".into())]), [10]);
+        assert_eq!(pids(&[OwnerSelector::Container(id[..12].into())]), [10]);
+        // A short prefix is too ambiguous to kill by.
+        assert!(pids(&[OwnerSelector::Container(id[..6].into())]).is_empty());
+        // Every selector must hold.
+        assert!(
+            pids(&[
+                OwnerSelector::Job(1234),
+                OwnerSelector::Container("web".into())
+            ])
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn table_cells_of_jobs_and_pods() {
+        use vramctl_kube::attribution::ProcessPod;
+        use vramctl_procs::slurm::{SlurmJob, SlurmSource, SlurmStep};
+        let mut job = SlurmJob {
+            job_id: 1234,
+            step: None,
+            user: None,
+            uid: None,
+            partition: None,
+            source: SlurmSource::Cgroup,
+            environ_conflict: None,
+        };
+        assert_eq!(job_cell(&job), "1234");
+        job.step = Some(SlurmStep::Batch);
+        assert_eq!(job_cell(&job), "1234.batch");
+        job.step = Some(SlurmStep::Number(3));
+        assert_eq!(job_cell(&job), "1234.3");
+        let pod = |name: &str| ProcessPod {
+            namespace: "ml".into(),
+            pod: name.into(),
+            container: None,
+            pod_uid: "u".into(),
+        };
+        assert_eq!(pod_cell(&pod("train-0")), "ml/train-0");
+        let long = pod_cell(&pod(&"x".repeat(300)));
+        assert_eq!(long.chars().count(), OWNER_CELL_MAX_CHARS);
+        assert!(long.starts_with("ml/x") && long.ends_with('…'));
     }
 }

@@ -55,7 +55,10 @@ use super::reclaim::ReclaimTarget;
 use super::replay::ReplayFrame;
 use super::table::Row;
 use super::theme::Theme;
+use vramctl_observe::gpu_holdings::holdings;
+use vramctl_observe::gpu_selection::GpuFilter;
 use vramctl_observe::observation::Observation;
+use vramctl_observe::owners::{OwnerKey, OwnerTotal, totals};
 
 /// The facts of no process, for a table without an observation.
 static NO_HOSTS: Hosts = Hosts::new();
@@ -79,6 +82,8 @@ pub struct AppConfig {
     pub analysis: bool,
     /// The zone times are shown in (`--tz`, `TZ`, the system's).
     pub time_zone: jiff::tz::TimeZone,
+    /// `--by`: start with memory per owner instead of one row per process.
+    pub by: Option<OwnerKey>,
 }
 
 impl Default for AppConfig {
@@ -92,6 +97,7 @@ impl Default for AppConfig {
             history_note: None,
             analysis: false,
             time_zone: jiff::tz::TimeZone::UTC,
+            by: None,
         }
     }
 }
@@ -143,6 +149,9 @@ pub struct App {
     pub history_note: Option<String>,
     /// Verdicts come from an analysis.
     pub analysis: bool,
+    /// Memory per owner (`o` cycles: user, container, pod, job, then processes again):
+    /// the table shows `ps --by`'s rows (`vramctl_observe::owners::totals`).
+    pub by: Option<OwnerKey>,
     /// Set once the user asked to leave.
     pub quit: bool,
 }
@@ -173,6 +182,7 @@ impl App {
             devices: config.devices,
             history_note: config.history_note,
             analysis: config.analysis,
+            by: config.by,
             time_zone: config.time_zone,
             quit: false,
         }
@@ -500,6 +510,22 @@ impl App {
                 self.charts.update(ChartsEvent::ZoomOut);
                 self.window_changed()
             }
+            KeyCode::Char('o') => {
+                self.by = next_grouping(self.by);
+                self.message = Some(match self.by {
+                    Some(key) => format!("memory per {} (o: next grouping)", key.as_str()),
+                    None => "one row per process".to_owned(),
+                });
+                Vec::new()
+            }
+            // A grouped table shows no process: a kill or a reclaim would reach one the user
+            // cannot see selected.
+            KeyCode::Char('R' | 'K') | KeyCode::Delete | KeyCode::F(9) if self.by.is_some() => {
+                self.message = Some(
+                    "the table is grouped: press o until processes show, then pick one".to_owned(),
+                );
+                Vec::new()
+            }
             KeyCode::Char('R') => {
                 let target = self.reclaim_target();
                 let reply = self.reclaim.update(ReclaimEvent::Ask(target));
@@ -542,6 +568,34 @@ impl App {
         };
         self.apply(reply)
     }
+}
+
+/// The grouping after `by` in the order `o` cycles: processes, then each key of
+/// [`OwnerKey::ALL`].
+pub fn next_grouping(by: Option<OwnerKey>) -> Option<OwnerKey> {
+    match by {
+        None => OwnerKey::ALL.first().copied(),
+        Some(key) => OwnerKey::ALL
+            .iter()
+            .skip_while(|k| **k != key)
+            .nth(1)
+            .copied(),
+    }
+}
+
+/// Each shown GPU's memory per owner under `key` in `observation`: the one grouping of
+/// `ps --by` and `status --by` (`vramctl_observe::owners::totals`), on the GPUs `--gpu`
+/// chose.
+pub fn owner_totals(
+    key: OwnerKey,
+    observation: &Observation,
+    devices: Option<&BTreeSet<String>>,
+) -> Vec<OwnerTotal> {
+    let held = holdings(&observation.snapshot, &GpuFilter::default());
+    totals(key, &held, &observation.hosts)
+        .into_iter()
+        .filter(|t| shows(devices, &t.uuid))
+        .collect()
 }
 
 /// Whether `devices` (the `--gpu` choice; `None`: all) shows the GPU `uuid`.

@@ -583,3 +583,93 @@ fn agent_figures_in_the_detail_pane() {
     app.update(key(KeyCode::Enter));
     insta::assert_snapshot!("agent_detail", frame(&app));
 }
+
+/// Two GPUs shared by two Slurm jobs, a Docker container with a hostile name, a process
+/// of no job and one not visible here (no host facts).
+fn owners_machine() -> Arc<Observation> {
+    use super::fixtures::{GIB, gpu, host, obs};
+    use vramctl_procs::container::{ContainerFacts, ContainerRuntime};
+    use vramctl_procs::slurm::{SlurmJob, SlurmSource, SlurmStep};
+    let job = |id: u32, user: &str| SlurmJob {
+        job_id: id,
+        step: Some(SlurmStep::Number(0)),
+        user: Some(user.into()),
+        uid: None,
+        partition: Some("gpu".into()),
+        source: SlurmSource::Cgroup,
+        environ_conflict: None,
+    };
+    let in_job = |pid: u32, user: &str, id: u32| {
+        let mut h = host(pid, 1, user, "python train.py");
+        h.slurm = Some(job(id, user));
+        h
+    };
+    let mut contained = host(300, 1, "carol", "python serve.py");
+    contained.container = Some(ContainerFacts {
+        id: "3f0c2b7a9d8e4f61a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70819".into(),
+        runtime: Some(ContainerRuntime::Docker),
+        name: Some("web\u{1b}[2Kforged".into()),
+        rootless_uid: None,
+    });
+    contained.container_id = contained.container.as_ref().map(|c| c.id.clone());
+    obs(
+        0,
+        vec![
+            gpu(
+                0,
+                141 * GIB,
+                60 * GIB,
+                &[
+                    (100, 20 * GIB),
+                    (101, 20 * GIB),
+                    (200, 10 * GIB),
+                    (300, 5 * GIB),
+                    (900, 4 * GIB),
+                ],
+            ),
+            gpu(1, 141 * GIB, 30 * GIB, &[(101, 10 * GIB), (200, 20 * GIB)]),
+        ],
+        vec![
+            in_job(100, "alice", 1234),
+            in_job(101, "alice", 1234),
+            in_job(200, "bob", 77),
+            contained,
+        ],
+    )
+}
+
+/// `o` cycles the table through each owner grouping of `ps --by` and back to processes;
+/// while grouped, a kill is refused (no process is selected on screen).
+#[test]
+fn grouped_by_owner() {
+    let mut app = live(100, 30);
+    feed(&mut app, &[owners_machine()]);
+    app.update(key(KeyCode::Char('o')));
+    assert_eq!(app.by, Some(vramctl_observe::owners::OwnerKey::User));
+    insta::assert_snapshot!("grouped_by_user", frame(&app));
+    app.update(key(KeyCode::Char('o')));
+    insta::assert_snapshot!("grouped_by_container", frame(&app));
+    app.update(key(KeyCode::Char('o')));
+    app.update(key(KeyCode::Char('o')));
+    assert_eq!(app.by, Some(vramctl_observe::owners::OwnerKey::Job));
+    assert!(app.update(key(KeyCode::Char('K'))).is_empty());
+    assert!(!app.kill.shown(), "no kill dialog while grouped");
+    insta::assert_snapshot!("grouped_by_job", frame(&app));
+    app.update(key(KeyCode::Char('o')));
+    assert_eq!(app.by, None, "back to one row per process");
+    let mut started = App::new(AppConfig {
+        by: Some(vramctl_observe::owners::OwnerKey::Job),
+        ..AppConfig::default()
+    });
+    started.update(Event::Resize(100, 30));
+    feed(&mut started, &[owners_machine()]);
+    for _ in 0..4 {
+        app.update(key(KeyCode::Char('o')));
+    }
+    app.message = None;
+    assert_eq!(
+        frame(&started),
+        frame(&app),
+        "top --by job starts where o o o o leads"
+    );
+}

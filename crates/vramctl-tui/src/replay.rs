@@ -148,12 +148,7 @@ impl HistorySource for MemoryReplay {
                     SeriesKey::Device(uuid) if *uuid == device.info.uuid => {
                         reading.memory.map(|m| m.used_bytes)
                     }
-                    SeriesKey::Device(uuid) => reading
-                        .mig
-                        .iter()
-                        .find(|m| m.uuid == *uuid)
-                        .and_then(|m| m.memory)
-                        .map(|m| m.used_bytes),
+                    SeriesKey::Device(uuid) => reading.mig_memory(uuid).map(|m| m.used_bytes),
                     SeriesKey::Process { uuid, pid } if *uuid == device.info.uuid => reading
                         .processes
                         .iter()

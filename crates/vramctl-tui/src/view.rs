@@ -40,10 +40,13 @@ pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
     if let Some(chart) = areas.chart {
         chart::draw_device_chart(app, chart, buf);
     }
-    if let Some(table) = areas.table {
-        processes::draw_table(app, table, buf);
+    match (areas.table, app.by) {
+        (Some(table), Some(key)) => processes::draw_owners(app, key, table, buf),
+        (Some(table), None) => processes::draw_table(app, table, buf),
+        (None, _) => {}
     }
-    if let Some(detail) = areas.detail {
+    // A grouped table has no selected process to detail.
+    if let (Some(detail), None) = (areas.detail, app.by) {
         processes::draw_detail(app, detail, buf);
     }
     draw_footer(app, areas.footer, buf);

@@ -302,12 +302,7 @@ impl FleetTracker {
         });
         let mig_uuid = mig.map(|m| m.uuid.clone());
         let capacity = match &mig_uuid {
-            Some(uuid) => reading
-                .mig
-                .iter()
-                .find(|m| &m.uuid == uuid)
-                .and_then(|m| m.memory)
-                .map(|m| m.total_bytes),
+            Some(uuid) => reading.mig_memory(uuid).map(|m| m.total_bytes),
             None => reading.memory.map(|m| m.total_bytes),
         };
         let label = match process.gpu_instance_id.filter(|_| mig_uuid.is_some()) {
@@ -399,12 +394,7 @@ impl FleetTracker {
 /// The free memory of the process's MIG instance, or of the GPU.
 fn free_bytes(reading: &DeviceReading, mig_uuid: Option<&str>) -> Option<u64> {
     match mig_uuid {
-        Some(uuid) => reading
-            .mig
-            .iter()
-            .find(|m| m.uuid == uuid)
-            .and_then(|m| m.memory)
-            .map(|m| m.free_bytes),
+        Some(uuid) => reading.mig_memory(uuid).map(|m| m.free_bytes),
         None => reading.memory.map(|m| m.free_bytes),
     }
 }

@@ -132,8 +132,7 @@ fn draw_line(
             let x = put(buf, x, y, right, &[(&label, t.dim())]);
             let memory = device
                 .reading()
-                .and_then(|r| r.mig.iter().find(|m| m.uuid == mig.uuid))
-                .and_then(|m| m.memory)
+                .and_then(|r| r.mig_memory(&mig.uuid))
                 .ok_or_else(|| "not reported".to_owned());
             let key = SeriesKey::Device(mig.uuid.clone());
             // No gauges of their own: blank, so the sparklines line up with the GPUs'.

@@ -26,6 +26,7 @@ const HELP: &[(&str, &str)] = &[
     ),
     ("r", "reverse the order"),
     ("t", "tree view: processes under their parents"),
+    ("o", "memory per user, container, pod, Slurm job; processes"),
     ("z  Z", "zoom the charts in / out (1m 5m 15m 1h 6h 24h)"),
     ("K  Del  F9", "kill the selected process (asks first)"),
     (

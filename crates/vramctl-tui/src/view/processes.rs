@@ -10,10 +10,11 @@ use vramctl_core::command_line::abbreviate;
 use vramctl_core::untrusted::escape;
 
 use super::{chart, put};
-use crate::app::App;
+use crate::app::{App, owner_totals};
 use crate::format;
 use crate::memory_series::SeriesKey;
 use crate::table::{Column, Idle, Row, agent_columns, column_spans};
+use vramctl_observe::owners::OwnerKey;
 
 /// The text of one cell in a column `width` characters wide.
 fn cell(row: &Row, column: Column, width: u16) -> String {
@@ -62,6 +63,69 @@ fn aligned(text: &str, width: u16, right: bool) -> String {
         format!("{text:>w$}")
     } else {
         format!("{text:<w$}")
+    }
+}
+
+/// The table grouped by owner (`o`, `top --by`): per GPU and owner the number of processes
+/// and their memory, the rows of `ps --by` (`crate::app::owner_totals`), biggest first
+/// within each GPU; the owner last, escaped and cut to the width.
+pub fn draw_owners(app: &App, key: OwnerKey, area: Rect, buf: &mut Buffer) {
+    let t = app.theme;
+    buf.set_style(Rect::new(area.x, area.y, area.width, 1), t.header());
+    let header = format!(
+        "{:>3} {:>5} {:>10}  {}",
+        "GPU",
+        "PROCS",
+        "MEMORY",
+        key.as_str().to_ascii_uppercase()
+    );
+    put(buf, area.x, area.y, area.right(), &[(&header, t.header())]);
+    let body = Rect::new(
+        area.x,
+        area.y + 1,
+        area.width,
+        area.height.saturating_sub(1),
+    );
+    let Some(observation) = &app.latest else {
+        if body.height > 0 {
+            put(
+                buf,
+                body.x + 1,
+                body.y,
+                body.right(),
+                &[("waiting for the first sample…", t.dim())],
+            );
+        }
+        return;
+    };
+    let rows = owner_totals(key, observation, app.devices.as_ref());
+    if rows.is_empty() && body.height > 0 {
+        put(
+            buf,
+            body.x + 1,
+            body.y,
+            body.right(),
+            &[("no process holds GPU memory", t.dim())],
+        );
+    }
+    for (i, total) in rows.iter().take(usize::from(body.height)).enumerate() {
+        let y = body.y + u16::try_from(i).unwrap_or(0);
+        let numbers = format!(
+            "{:>3} {:>5} {:>10}  ",
+            total.gpu,
+            total.processes,
+            format::opt_bytes(total.used_bytes)
+        );
+        let room = usize::from(body.width).saturating_sub(numbers.chars().count());
+        let label = format::fit(&escape(total.display_label(key)), room);
+        let style = if total.mapped { t.text() } else { t.dim() };
+        put(
+            buf,
+            body.x,
+            y,
+            body.right(),
+            &[(&numbers, t.text()), (&label, style)],
+        );
     }
 }
 

@@ -113,7 +113,14 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
         .all_processes()?
         .into_iter()
         .filter(|(_, p)| args.pid.is_empty() || args.pid.contains(&p.meta.key.pid))
+        .filter(|(_, p)| args.job.is_none_or(|job| p.meta.slurm_job_id == Some(job)))
         .collect();
+    if let (Some(job), true) = (args.job, processes.is_empty()) {
+        eprintln!(
+            "vramctl: no process of job {job} is recorded in this history (the recorder stores \
+             each process's job id since schema 3)"
+        );
+    }
     let gaps: Vec<Gap> = store
         .gaps(range)?
         .into_iter()
@@ -123,7 +130,7 @@ pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> anyhow::Result<Exit> {
                 .is_none_or(|u| devices.iter().any(|d| &d.meta.uuid == u))
         })
         .collect();
-    let show_devices = args.pid.is_empty();
+    let show_devices = args.pid.is_empty() && args.job.is_none();
 
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

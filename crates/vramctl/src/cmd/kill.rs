@@ -29,8 +29,10 @@ use vramctl_free::memory_release::{
     DeviceRelease, Outcome, StillHeld, ended_pids, jupyter_note, record_memory_outcomes,
     release_lines, still_held, verify_release,
 };
+use vramctl_free::owner_targets::select_targets;
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
 use vramctl_observe::gpu_selection::GpuFilter;
+use vramctl_observe::owners::OwnerSelector;
 use vramctl_observe::units;
 
 /// Version of the JSON below; bumped on any incompatible change.
@@ -237,13 +239,35 @@ struct TargetJson {
 /// Runs `kill`.
 pub fn run(global: &GlobalArgs, args: &KillArgs) -> anyhow::Result<Exit> {
     let (grace, timeout) = (args.grace, args.timeout);
-    let named = args
+    let mut named = args
         .targets
         .iter()
         .map(|t| parse_target(t))
         .collect::<anyhow::Result<Vec<Named>>>()?;
     let actor = Actor::current();
     let mut sampler = open_sampler(global)?;
+    let selectors = args.owners.selectors();
+    if !selectors.is_empty() {
+        // Each selected process as a named PID pinned to the start time it was observed
+        // with: the plan below refuses it if the PID has passed to another process since.
+        let selected = select_targets(sampler.tick(), &selectors);
+        if selected.is_empty() {
+            let flags: Vec<String> = selectors.iter().map(OwnerSelector::describe).collect();
+            eprintln!(
+                "vramctl: no GPU process visible here is selected by {}",
+                Untrusted(&flags.join(" "))
+            );
+        }
+        for target in selected {
+            if !named.iter().any(|n| n.pid == target.pid) {
+                named.push(Named {
+                    pid: target.pid,
+                    start_time_ticks: target.start_time_ticks,
+                    pidfd_id: None,
+                });
+            }
+        }
+    }
     let mut procs = ProcReader::new();
     // Who each target is, first; NVML's sample after. A target whose identity is unchanged
     // when it is pinned (`signal::execute`) was that process all along, so what the sample

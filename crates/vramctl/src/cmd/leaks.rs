@@ -50,7 +50,18 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs) -> anyhow::Result<Exit> {
         &args.source.pid,
         &cfg,
     )?;
-    let findings = sorted(findings);
+    let findings = sorted(match args.job {
+        // A job's processes as the history stored them; device-wide series have no job.
+        Some(job) => findings
+            .into_iter()
+            .filter(|f| {
+                f.process
+                    .as_ref()
+                    .is_some_and(|p| p.meta.slurm_job_id == Some(job))
+            })
+            .collect(),
+        None => findings,
+    });
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     emit(

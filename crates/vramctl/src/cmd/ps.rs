@@ -604,6 +604,8 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
         .any(|p| p.container_id.is_some() || p.pod_uid.is_some());
     // Only when some process has an agent: the framework's view beside NVML's.
     let with_agent = report.processes.iter().any(|p| p.agent.is_some());
+    // Only when some process is in a Slurm job: outputs without jobs stay as they were.
+    let with_job = report.processes.iter().any(|p| p.slurm.is_some());
     let mut columns = vec![
         ("PID", Align::Right),
         ("USER", Align::Left),
@@ -624,6 +626,9 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
     if with_container {
         columns.push(("CONTAINER", Align::Left));
         columns.push(("POD", Align::Left));
+    }
+    if with_job {
+        columns.push(("JOB", Align::Left));
     }
     columns.push(("COMMAND", Align::Left));
     let mut table = Table::new(&columns);
@@ -662,7 +667,18 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
                     .as_deref()
                     .map_or_else(|| "-".into(), |c| c.chars().take(12).collect())
             }));
-            cells.push(p.pod_uid.clone().unwrap_or_else(|| "-".into()));
+            // The pod's namespace/name where the kubelet names it, else its UID.
+            cells.push(p.kubernetes.as_ref().map_or_else(
+                || p.pod_uid.clone().unwrap_or_else(|| "-".into()),
+                owners::pod_cell,
+            ));
+        }
+        if with_job {
+            cells.push(
+                p.slurm
+                    .as_ref()
+                    .map_or_else(|| "-".into(), owners::job_cell),
+            );
         }
         cells.push(format!("{prefix}{}", command_cell(p, None)));
         table.push(cells);

@@ -57,6 +57,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
         pattern: args.pattern.clone(),
         exclude: args.exclude.clone(),
         gpu: args.gpu.clone(),
+        owners: args.owners.selectors(),
     })?;
     if args.max_kills == Some(0) {
         bail!("--max-kills 0 would never reap; leave --apply out to only see the plan");

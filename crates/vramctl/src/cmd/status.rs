@@ -576,11 +576,7 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
             name: mig.name.clone(),
             gpu_instance_id: mig.gpu_instance_id,
             compute_instance_id: mig.compute_instance_id,
-            memory: reading
-                .mig
-                .iter()
-                .find(|r| r.uuid == mig.uuid)
-                .and_then(|r| r.memory),
+            memory: reading.mig_memory(&mig.uuid),
         })
         .collect();
     status.missing = reading
@@ -896,6 +892,12 @@ fn render_mig(
 fn process_table(processes: &[&ProcessStatus], indent: &str, width: Option<usize>) -> Vec<String> {
     // Only when some process has an agent: the framework's view beside NVML's, as in `ps`.
     let with_agent = processes.iter().any(|p| p.agent.is_some());
+    // Only when some process is in a pod the kubelet names, or in a Slurm job: outputs
+    // without them stay as they were.
+    let owners = OwnerColumns {
+        pod: processes.iter().any(|p| p.kubernetes.is_some()),
+        job: processes.iter().any(|p| p.slurm.is_some()),
+    };
     let mut columns = vec![
         ("PID", Align::Right),
         ("USER", Align::Left),
@@ -905,10 +907,17 @@ fn process_table(processes: &[&ProcessStatus], indent: &str, width: Option<usize
         columns.push(("ALLOCATED", Align::Right));
         columns.push(("CACHED", Align::Right));
     }
-    columns.extend([("TYPE", Align::Left), ("COMMAND", Align::Left)]);
+    columns.push(("TYPE", Align::Left));
+    if owners.pod {
+        columns.push(("POD", Align::Left));
+    }
+    if owners.job {
+        columns.push(("JOB", Align::Left));
+    }
+    columns.push(("COMMAND", Align::Left));
     let mut table = Table::new(&columns);
     for p in processes {
-        table.push(process_row(p, with_agent));
+        table.push(process_row(p, with_agent, owners));
     }
     let room = width.map(|w| {
         w.saturating_sub(indent.chars().count() + table.width_before_last())
@@ -948,7 +957,14 @@ fn command_cell(p: &ProcessStatus, room: Option<usize>) -> String {
     }
 }
 
-fn process_row(p: &ProcessStatus, with_agent: bool) -> Vec<String> {
+/// Which owner columns a process table has.
+#[derive(Debug, Clone, Copy)]
+struct OwnerColumns {
+    pod: bool,
+    job: bool,
+}
+
+fn process_row(p: &ProcessStatus, with_agent: bool, owners: OwnerColumns) -> Vec<String> {
     let kind = match p.kind {
         Some(ProcessKind::Compute) => "C",
         Some(ProcessKind::Graphics) => "G",
@@ -969,7 +985,22 @@ fn process_row(p: &ProcessStatus, with_agent: bool) -> Vec<String> {
         row.push(units::opt_bytes(agent.allocated_bytes));
         row.push(units::opt_bytes(agent.cached_bytes));
     }
-    row.extend([kind.into(), command_cell(p, None)]);
+    row.push(kind.into());
+    if owners.pod {
+        row.push(
+            p.kubernetes
+                .as_ref()
+                .map_or_else(|| "-".into(), vramctl_observe::owners::pod_cell),
+        );
+    }
+    if owners.job {
+        row.push(
+            p.slurm
+                .as_ref()
+                .map_or_else(|| "-".into(), vramctl_observe::owners::job_cell),
+        );
+    }
+    row.push(command_cell(p, None));
     row
 }
 

@@ -89,6 +89,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 history_note: Some(format!("the recording '{}'", db.display())),
                 analysis: true,
                 time_zone: tz,
+                by: args.by,
             }
         }
         None => {
@@ -150,6 +151,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 history_note: Some(note),
                 analysis: true,
                 time_zone: tz,
+                by: args.by,
             }
         }
     };

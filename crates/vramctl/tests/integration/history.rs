@@ -1388,3 +1388,101 @@ fn a_recorded_mig_instance_is_selected_as_live() {
     ]));
     assert!(live.contains(MIG), "{live}");
 }
+
+/// `history --job` and `leaks --job`: a recording of real processes, two in Slurm job 4242
+/// (their environment) and one in none, announced to the fake NVML; the job's processes
+/// are the ones the recorder stored with its id, device rows are hidden, and a job never
+/// recorded is said on stderr.
+#[test]
+fn history_and_leaks_of_one_job() {
+    use crate::real_processes::{Scenario, sleeper, spawn};
+    let job_sleeper = || {
+        let mut command = std::process::Command::new("sleep");
+        command.arg("600").env("SLURM_JOB_ID", "4242");
+        spawn(&mut command)
+    };
+    let (a, b, plain) = (job_sleeper(), job_sleeper(), sleeper());
+    let procs = tempfile::tempdir().expect("tempdir");
+    for (p, mib) in [(&a, 300), (&b, 200), (&plain, 100)] {
+        std::fs::write(
+            procs.path().join(p.pid().to_string()),
+            format!("0 {}\n", mib * MIB),
+        )
+        .expect("announce");
+    }
+    let scenario = Scenario::new(1, &[]);
+    let db = scenario.dir.path().join("history.db");
+    let run = |args: &[&str]| {
+        vramctl_std(&scenario.path)
+            .env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .arg("--db")
+            .arg(&db)
+            .args(args)
+            .output()
+            .expect("run vramctl")
+    };
+    let out = run(&[
+        "record",
+        "--interval",
+        "1s",
+        "--ticks",
+        "5",
+        "--simulated-clock",
+        &T0.to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = |args: &[&str]| -> Value {
+        let out = run(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let pids = |list: &Value| -> Vec<u64> {
+        let mut pids: Vec<u64> = list
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(|p| p["pid"].as_u64())
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    };
+    let mut want = vec![u64::from(a.pid()), u64::from(b.pid())];
+    want.sort_unstable();
+    let history = json(&["history", "--job", "4242", "--json", "--since", "all"]);
+    assert_eq!(pids(&history["processes"]), want, "{history:#}");
+    assert_eq!(
+        history["devices"],
+        serde_json::json!([]),
+        "device rows hidden"
+    );
+    let all = json(&["history", "--json", "--since", "all"]);
+    assert_eq!(pids(&all["processes"]).len(), 3, "{all:#}");
+
+    let leaks = json(&["leaks", "--job", "4242", "--json", "--since", "all"]);
+    assert_eq!(pids(&leaks["series"]), want, "{leaks:#}");
+    assert!(
+        leaks["series"]
+            .as_array()
+            .expect("series")
+            .iter()
+            .all(|s| !s["pid"].is_null()),
+        "no device-wide series: {leaks:#}"
+    );
+
+    let none = run(&["history", "--job", "999", "--json", "--since", "all"]);
+    assert!(none.status.success());
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no process of job 999 is recorded"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
+}

@@ -703,3 +703,102 @@ fn kill_never_signals_a_reused_pid() {
     assert!(bystander.alive(), "the bystander was signalled");
     assert!(!listed.db().exists() && !unlisted.db().exists());
 }
+
+/// A `sleep` whose environment says it runs in Slurm job `job` (as slurmstepd sets it; the
+/// cgroup path is tested on a real Slurm in `slurm::`).
+fn job_sleeper(job: u32) -> crate::real_processes::Spawned {
+    let mut command = Command::new("sleep");
+    command
+        .arg("600")
+        .env("SLURM_JOB_ID", job.to_string())
+        .env("SLURM_JOB_USER", "alice");
+    crate::real_processes::spawn(&mut command)
+}
+
+/// `kill --job`: the job's GPU processes, each through the same plan and safe path as a
+/// PID typed by hand (`--dry-run` lists them and sends nothing); another job's process and
+/// a process of no job are left alone; a job with no GPU process says so and exits 1.
+#[test]
+fn kill_by_job_ends_that_jobs_gpu_processes_only() {
+    let mut a = job_sleeper(4242);
+    let mut b = job_sleeper(4242);
+    let other = job_sleeper(4343);
+    let plain = sleeper();
+    let scenario = Scenario::new(
+        2,
+        &[
+            Holder::real(0, a.pid(), "4 GiB"),
+            Holder::real(1, b.pid(), "2 GiB"),
+            Holder::real(0, other.pid(), "1 GiB"),
+            Holder::real(1, plain.pid(), "1 GiB"),
+        ],
+    );
+    let dry = output(&mut kill(
+        &scenario,
+        &["--job", "4242", "--dry-run", "--json"],
+    ));
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    let report = json(&dry);
+    let mut pids: Vec<u64> = report["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|t| {
+            assert_eq!(t["outcome"], "would_signal", "{t}");
+            t["pid"].as_u64().expect("pid")
+        })
+        .collect();
+    pids.sort_unstable();
+    let mut want = vec![u64::from(a.pid()), u64::from(b.pid())];
+    want.sort_unstable();
+    assert_eq!(pids, want);
+    assert!(a.alive() && b.alive(), "a dry run sends nothing");
+
+    let out = output(&mut kill(&scenario, &["--job", "4242", "--yes", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json(&out)["ok"], true);
+    assert_eq!(a.killed_by(), Some(15));
+    assert_eq!(b.killed_by(), Some(15));
+    assert!(other.alive() && plain.alive(), "only job 4242's processes");
+
+    let none = output(&mut kill(&scenario, &["--job", "999", "--yes"]));
+    assert_eq!(none.status.code(), Some(1), "{}", stderr(&none));
+    assert!(
+        stderr(&none).contains("no GPU process visible here is selected by --job 999"),
+        "{}",
+        stderr(&none)
+    );
+    // Bad selectors are usage errors.
+    for bad in [["--job", "12x"], ["--pod", "no-slash"]] {
+        let out = output(&mut kill(&scenario, &bad));
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+    }
+}
+
+/// `--job` and PIDs add up; neither a PID nor a selector is a usage error.
+#[test]
+fn kill_by_job_combines_with_pids_and_needs_some_target() {
+    let a = job_sleeper(5151);
+    let plain = sleeper();
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, a.pid(), "4 GiB"),
+            Holder::real(0, plain.pid(), "1 GiB"),
+        ],
+    );
+    let plain_pid = plain.pid().to_string();
+    let out = output(&mut kill(
+        &scenario,
+        &["--job", "5151", &plain_pid, "--dry-run", "--json"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json(&out)["targets"].as_array().map(Vec::len), Some(2));
+    let out = output(&mut kill(&scenario, &["--yes"]));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "no PID and no selector: {}",
+        stderr(&out)
+    );
+}

@@ -183,6 +183,38 @@ fn ps_and_status_name_the_pod_of_a_process_and_the_pods_of_each_gpu() {
         "{status}"
     );
 
+    // The tables name the pod as namespace/name: ps in its POD column, status in one it
+    // has only when a process is in a named pod; the host process shows "-".
+    let text = |args: &[&str]| {
+        crate::harness::stdout_of(
+            vramctl(&scenario.path)
+                .env("VRAMCTL_KUBELET_SOCKET", kubelet.socket())
+                .env("VRAMCTL_POD_LOG_DIR", &logs)
+                .env("COLUMNS", "250")
+                .args(args),
+        )
+    };
+    for args in [["ps", "--no-daemon"], ["status", "--no-daemon"]] {
+        let out = text(&args);
+        let row = |pid: u32| {
+            out.lines()
+                .find(|l| l.split_whitespace().next() == Some(pid.to_string().as_str()))
+                .unwrap_or_else(|| panic!("{args:?}: no row for {pid}:\n{out}"))
+                .to_owned()
+        };
+        assert!(out.lines().any(|l| l.contains(" POD ")), "{args:?}:\n{out}");
+        assert!(
+            row(in_pod.pid())
+                .split_whitespace()
+                .any(|w| w == "ml/train-0"),
+            "{args:?}:\n{out}"
+        );
+        assert!(
+            !row(on_host.pid()).contains("ml/train-0"),
+            "{args:?}:\n{out}"
+        );
+    }
+
     // Without the kubelet's socket and log directory, nothing changes in the output.
     let plain = json_of(
         vramctl(&scenario.path)
@@ -191,6 +223,51 @@ fn ps_and_status_name_the_pod_of_a_process_and_the_pods_of_each_gpu() {
             .args(["ps", "--json", "--no-daemon"]),
     );
     assert!(!plain.to_string().contains("kubernetes"), "{plain}");
+
+    // kill --pod (with --container by the id's first 12 digits): the pod's process only,
+    // through kill's safe path; the host process on the same GPU keeps running.
+    let kill = |args: &[&str]| {
+        let out = crate::harness::vramctl_std(&scenario.path)
+            .env("VRAMCTL_KUBELET_SOCKET", kubelet.socket())
+            .env("VRAMCTL_POD_LOG_DIR", &logs)
+            .env("VRAMCTL_DB", scenario.db())
+            .stdin(std::process::Stdio::null())
+            .args(["kill", "--json"])
+            .args(args)
+            .output()
+            .expect("run vramctl kill");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), report)
+    };
+    let (code, plan) = kill(&[
+        "--pod",
+        "ml/train-0",
+        "--container",
+        &CONTAINER_ID[..12],
+        "--dry-run",
+    ]);
+    assert_eq!(code, Some(0), "{plan:#}");
+    let planned: Vec<&serde_json::Value> = plan["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|t| &t["pid"])
+        .collect();
+    assert_eq!(planned, [&serde_json::json!(in_pod.pid())], "{plan:#}");
+    let (code, report) = kill(&["--pod", "ml/train-0", "--yes"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(
+        crate::real_processes::ends(in_pod.pid()),
+        "the pod's process ended"
+    );
+    assert!(on_host.alive(), "the host process is left alone");
+    let (code, _) = kill(&["--pod", "serving/infer", "--yes"]);
+    assert_eq!(
+        code,
+        Some(1),
+        "a pod with no visible process: nothing to kill"
+    );
 
     // The processes end before their cgroup is removed.
     drop(in_pod);

@@ -604,3 +604,56 @@ fn json_keys_are_the_documented_ones() {
         assert!(documented.iter().any(|d| d == key), "{key}");
     }
 }
+
+/// The tables name each process's Slurm job as Slurm writes a step (`4242.0`) in a JOB
+/// column that appears only when some listed process is in a job, so outputs without jobs
+/// are byte for byte as before (the other tests' snapshots).
+#[test]
+fn ps_and_status_tables_name_the_job_of_a_process() {
+    use crate::real_processes::{Holder, Scenario, sleeper, spawn};
+    let mut command = std::process::Command::new("sleep");
+    command
+        .arg("600")
+        .env("SLURM_JOB_ID", "4242")
+        .env("SLURM_STEP_ID", "0");
+    let in_job = spawn(&mut command);
+    let plain = sleeper();
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, in_job.pid(), "2 GiB"),
+            Holder::real(0, plain.pid(), "1 GiB"),
+        ],
+    );
+    let text = |args: &[&str]| {
+        crate::harness::stdout_of(
+            crate::harness::vramctl(&scenario.path)
+                .env("COLUMNS", "200")
+                .args(args),
+        )
+    };
+    for args in [["ps", "--no-daemon"], ["status", "--no-daemon"]] {
+        let out = text(&args);
+        let header = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("PID "))
+            .unwrap_or_else(|| panic!("{args:?}: no header:\n{out}"));
+        assert!(header.contains(" JOB "), "{args:?}:\n{out}");
+        let cells = |pid: u32| -> Vec<String> {
+            out.lines()
+                .find(|l| l.split_whitespace().next() == Some(pid.to_string().as_str()))
+                .unwrap_or_else(|| panic!("{args:?}: no row for {pid}:\n{out}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        assert!(cells(in_job.pid()).contains(&"4242.0".to_owned()), "{out}");
+        assert!(cells(plain.pid()).contains(&"-".to_owned()), "{out}");
+    }
+    // Only the process of no job: no JOB column.
+    drop(in_job);
+    let alone = Scenario::new(1, &[Holder::real(0, plain.pid(), "1 GiB")]);
+    let out =
+        crate::harness::stdout_of(crate::harness::vramctl(&alone.path).args(["ps", "--no-daemon"]));
+    assert!(!out.contains(" JOB "), "{out}");
+}

@@ -638,3 +638,49 @@ fn action_reclaim_releases_an_idle_holders_cache_and_leaves_it_running() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert_eq!(json(&out)["candidates"][0]["outcome"], "nothing_reclaimed");
 }
+
+/// `reap --job`: only the job's idle holders are candidates (a dry run lists them); two
+/// other idle holders of the same size are left alone at the filter, with the selector as
+/// the reason; `--apply` ends the job's and no other.
+#[test]
+fn reap_by_job_takes_only_that_jobs_idle_holders() {
+    let job_sleeper = |job: &str| {
+        let mut command = Command::new("sleep");
+        command.arg("600").env("SLURM_JOB_ID", job);
+        crate::real_processes::spawn(&mut command)
+    };
+    let (mut in_job, other_job, no_job) = (job_sleeper("4242"), job_sleeper("4343"), sleeper());
+    let setup = Setup::new(&[
+        Held {
+            process: &in_job,
+            memory: "8 GiB",
+            sm_percent: 0,
+        },
+        Held {
+            process: &other_job,
+            memory: "8 GiB",
+            sm_percent: 0,
+        },
+        Held {
+            process: &no_job,
+            memory: "8 GiB",
+            sm_percent: 0,
+        },
+    ]);
+    setup.record();
+    let out = setup.reap(&["--idle-for", "1m", "--job", "4242", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report = json(&out);
+    assert_eq!(pids(&report["candidates"]), [u64::from(in_job.pid())]);
+    for p in [&other_job, &no_job] {
+        assert_eq!(
+            stage_of(&report, p.pid()),
+            ("filter".to_owned(), "not selected by --job 4242".to_owned())
+        );
+    }
+    assert!(in_job.alive(), "a dry run sends nothing");
+    let out = setup.reap(&["--idle-for", "1m", "--job", "4242", "--apply"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(in_job.killed_by(), Some(15));
+    assert!(other_job.alive() && no_job.alive());
+}

@@ -759,3 +759,79 @@ fn the_epilog_prints_the_jobs_peak_per_gpu_from_the_recorders_history() {
         format!("job {job} peaked at 3.9 GiB on GPU 0\n")
     );
 }
+
+/// `kill --job ID` on a real job: its batch script and its `srun` step (each a GPU process
+/// announced to the fake NVML) are planned and ended through kill's safe path; a process of
+/// no job on the same GPU is left running.
+#[test]
+fn kill_by_job_ends_a_real_jobs_gpu_processes() {
+    if skip_without_slurm() {
+        return;
+    }
+    let cluster = SlurmCluster::start();
+    let procs = shared_dir();
+    let out = shared_dir();
+    let script = job_script(&cluster);
+    let script = script.display();
+    let wrap = format!("srun --quiet {script} 10 & exec {script} 20");
+    let job = cluster.sbatch(
+        &[("FAKE_NVML_PROCESS_DIR", procs.path())],
+        &[
+            "--export=ALL,JOB_STEPS=1,JOB_STEP_S=600",
+            "--output",
+            &format!("{}/slurm-%j.out", out.path().display()),
+            "--chdir",
+            &out.path().display().to_string(),
+            "--wrap",
+            &wrap,
+        ],
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || announced(procs.path()).len()
+            == 2),
+        "the job's two processes did not announce themselves: {:?}\n{}",
+        announced(procs.path()),
+        cluster.failure("job")
+    );
+    let in_job: Vec<u32> = announced(procs.path())
+        .iter()
+        .map(|(pid, _)| *pid)
+        .collect();
+    let bystander = crate::real_processes::sleeper();
+    std::fs::write(
+        procs.path().join(bystander.pid().to_string()),
+        format!("0 {}\n", 100 * MIB),
+    )
+    .expect("announce");
+    let scenario = Scenario::new(1, &[]);
+    let job_text = job.to_string();
+    let kill = |extra: &[&str]| {
+        let mut cmd = crate::harness::vramctl_std(scenario.path());
+        cmd.env("FAKE_NVML_PROCESS_DIR", procs.path())
+            .env("VRAMCTL_DB", scenario.db())
+            .stdin(Stdio::null())
+            .args(["kill", "--json", "--job", &job_text, "--timeout", "30s"])
+            .args(extra);
+        let output = cmd.output().expect("run vramctl kill");
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)));
+        (output.status.code(), report)
+    };
+    let (code, plan) = kill(&["--dry-run"]);
+    let mut planned: Vec<u64> = plan["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|t| t["pid"].as_u64().expect("pid"))
+        .collect();
+    planned.sort_unstable();
+    let mut want: Vec<u64> = in_job.iter().map(|p| u64::from(*p)).collect();
+    want.sort_unstable();
+    assert_eq!((code, planned), (Some(0), want), "{plan:#}");
+    let (code, report) = kill(&["--yes"]);
+    assert_eq!(code, Some(0), "{report:#}\n{}", cluster.failure("kill"));
+    for pid in &in_job {
+        assert!(crate::real_processes::ends(*pid), "{pid} still runs");
+    }
+    assert!(bystander.alive(), "a process of no job is left alone");
+}
