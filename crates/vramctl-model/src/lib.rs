@@ -13,8 +13,10 @@
 
 pub mod architecture;
 pub mod caching_allocator;
+pub mod fit_check;
 pub mod gguf;
 pub mod hf_config;
+pub mod limited_allocator;
 pub mod memory_model;
 pub mod model;
 pub mod safetensors_header;

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use serde::Serialize;
+use vramctl_model::fit_check::{self, FitCheck, WeightsFit};
 use vramctl_model::memory_model::{
     self, Attention, Estimate, Job, Lora, Mode, Optimizer, Precision, Quant, Sharding,
 };
@@ -20,7 +21,8 @@ use vramctl_observe::units;
 /// Version of the JSON below (docs/json.md).
 const SCHEMA: u32 = 1;
 
-/// Does the job fit the GPU given with `--gpu`, and what would.
+/// Does the job fit the GPU given with `--gpu`, and what would (`vramctl_model::fit_check`),
+/// in the JSON's flat shape: the values as before, each with the margin it leaves beside it.
 #[derive(Debug, Serialize)]
 struct GpuCheck {
     /// What the job may use: the size given, or the device's usable memory now.
@@ -28,10 +30,33 @@ struct GpuCheck {
     /// The device `--gpu INDEX|NAME` chose; `None` for a size.
     device: Option<GpuDevice>,
     fits: bool,
-    /// The largest batch at the job's sequence length; `None` when not even 1 fits.
+    /// Capacity − the estimate; negative when it does not fit.
+    margin_bytes: i64,
+    /// The largest batch at the job's sequence length (for generation: the most concurrent
+    /// sequences); `None` when not even 1 fits.
     largest_batch: Option<u64>,
+    largest_batch_margin_bytes: Option<u64>,
     /// The largest sequence at the job's batch; `None` when not even 1 token fits.
     largest_seq: Option<u64>,
+    largest_seq_margin_bytes: Option<u64>,
+    /// The most precise weight format that fits at the job's batch and sequence.
+    weights_that_fit: Option<WeightsFit>,
+}
+
+impl GpuCheck {
+    fn new(check: FitCheck, device: Option<GpuDevice>) -> Self {
+        Self {
+            capacity_bytes: check.capacity_bytes,
+            device,
+            fits: check.fits,
+            margin_bytes: check.margin_bytes,
+            largest_batch: check.largest_batch.map(|f| f.value),
+            largest_batch_margin_bytes: check.largest_batch.map(|f| f.margin_bytes),
+            largest_seq: check.largest_seq.map(|f| f.value),
+            largest_seq_margin_bytes: check.largest_seq.map(|f| f.margin_bytes),
+            weights_that_fit: check.weights,
+        }
+    }
 }
 
 /// The GPU `--gpu INDEX|NAME` resolved to, and how its usable memory was counted.
@@ -100,12 +125,8 @@ pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
             Some((device.usable_bytes(), Some(device)))
         }
     }
-    .map(|(capacity_bytes, device)| GpuCheck {
-        capacity_bytes,
-        device,
-        fits: estimate.total_bytes <= capacity_bytes,
-        largest_batch: memory_model::largest_batch(&model, &job, capacity_bytes),
-        largest_seq: memory_model::largest_seq(&model, &job, capacity_bytes),
+    .map(|(capacity_bytes, device)| {
+        GpuCheck::new(fit_check::check(&model, &job, capacity_bytes), device)
     });
     let mut out = std::io::stdout().lock();
     emit(
@@ -362,14 +383,55 @@ fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>)
     lines.extend(table.render(""));
     if let Some(check) = gpu {
         lines.push(String::new());
-        let verdict = if check.fits { "fits" } else { "does not fit" };
+        let verdict = if check.fits {
+            format!(
+                "fits ({} to spare)",
+                units::bytes(check.margin_bytes.unsigned_abs())
+            )
+        } else {
+            format!(
+                "does not fit ({} short)",
+                units::bytes(check.margin_bytes.unsigned_abs())
+            )
+        };
+        let spare = |margin: Option<u64>| {
+            margin.map_or_else(String::new, |m| format!(" ({} to spare)", units::bytes(m)))
+        };
+        // For generation the batch is the number of sequences decoded together.
+        let (batch_word, seq_word) = match job.mode {
+            Mode::Infer => ("concurrent sequences", "prompt"),
+            Mode::Train => ("batch", "seq"),
+        };
         let batch = match check.largest_batch {
-            Some(b) => format!("largest batch {b} at seq {}", job.seq),
-            None => format!("no batch fits at seq {}", job.seq),
+            Some(b) => format!(
+                "largest {batch_word} {b} at seq {}{}",
+                job.seq,
+                spare(check.largest_batch_margin_bytes)
+            ),
+            None => match job.mode {
+                Mode::Infer => format!("not even one sequence fits at seq {}", job.seq),
+                Mode::Train => format!("no batch fits at seq {}", job.seq),
+            },
         };
         let seq = match check.largest_seq {
-            Some(s) => format!("largest seq {s} at batch {}", job.batch),
-            None => format!("no seq fits at batch {}", job.batch),
+            Some(s) => format!(
+                "longest {seq_word} {s} at batch {}{}",
+                job.batch,
+                spare(check.largest_seq_margin_bytes)
+            ),
+            None => format!("no {seq_word} fits at batch {}", job.batch),
+        };
+        let weights = match &check.weights_that_fit {
+            Some(w) if !w.changed => None,
+            Some(w) => Some(format!(
+                "       weights that fit at this batch and seq: {} ({} to spare)",
+                weight_format_text(w, job),
+                units::bytes(w.margin_bytes)
+            )),
+            None if check.fits => None,
+            None => {
+                Some("       no lighter weight format fits at this batch and seq either".to_owned())
+            }
         };
         match &check.device {
             None => lines.push(format!(
@@ -395,10 +457,37 @@ fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>)
                 lines.push(format!("       {verdict}; {batch}; {seq}"));
             }
         }
+        lines.extend(weights);
     }
     lines.push(String::new());
     lines.push(
         "Measured on an H200 (docs/estimate.md): 17 cases held back from tuning within 3.1 % of nvidia-smi's peak, the 40 it was tuned on within 5.1 %; sharded training (--gpus) is not measured.".to_owned(),
     );
     lines
+}
+
+/// `bf16 weights`, `int4 weights (bf16 otherwise)`, `amp-bf16`, `LoRA on an int4 base`.
+fn weight_format_text(w: &WeightsFit, job: &Job) -> String {
+    let precision = match w.format.precision {
+        Precision::Fp32 => "fp32",
+        Precision::Fp16 => "fp16",
+        Precision::Bf16 => "bf16",
+        Precision::AmpBf16 => "amp-bf16",
+        Precision::AmpFp16 => "amp-fp16",
+    };
+    let quant = |q: Quant| match q {
+        Quant::Int8 => "int8",
+        Quant::Int4 => "int4",
+        Quant::Fp8 => "fp8",
+    };
+    match (job.lora.is_some(), w.format.quant) {
+        (true, Some(q)) => format!("LoRA on an {} base (--quant-base {})", quant(q), quant(q)),
+        (true, None) => format!("LoRA on a {precision} base"),
+        (false, Some(q)) => format!(
+            "{} weights (--quant {}), {precision} otherwise",
+            quant(q),
+            quant(q)
+        ),
+        (false, None) => format!("--precision {precision}"),
+    }
 }

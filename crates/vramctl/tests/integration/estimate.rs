@@ -142,8 +142,11 @@ fn not_fitting_the_gpu_is_exit_1_with_the_largest_batch_that_does() {
     .expect("run");
     assert_eq!(output.status.code(), Some(1));
     let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("72.0 GiB: does not fit ("), "{out}");
+    assert!(out.contains(" short); no batch fits at seq 512"), "{out}");
+    // bf16 is the lightest format full training has: nothing lighter is offered.
     assert!(
-        out.contains("72.0 GiB: does not fit; no batch fits at seq 512"),
+        out.contains("no lighter weight format fits at this batch and seq either"),
         "{out}"
     );
     let lora = estimate(&[
@@ -356,4 +359,52 @@ fn h200_truth_set_estimates_stay_within_their_measured_error() {
         cases += 1;
     }
     assert!(cases >= 57, "the truth set has {cases} cases");
+}
+
+/// `--gpu` answers the inverse questions with the margin each leaves, and each answer is
+/// the forward estimate of the job changed that way: the weights format offered, run as
+/// a job of its own, totals what the check said and fits.
+#[test]
+fn a_gpu_check_offers_the_most_precise_weights_that_fit_with_their_margin() {
+    let path = model("configs/llama-3-8b.json");
+    let path = path.to_str().expect("utf-8");
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![path, "--infer", "--batch", "4", "--seq", "8192", "--json"];
+        args.extend_from_slice(extra);
+        let output = estimate(&args).output().expect("run");
+        serde_json::from_slice(&output.stdout).expect("json")
+    };
+    let alone = json(&[])["total_bytes"].as_u64().unwrap();
+    // 1 MiB short of the job as given in bf16.
+    let capacity = alone - (1 << 20);
+    let checked = json(&["--gpu", &format!("{capacity}B")]);
+    let gpu = &checked["gpu"];
+    assert_eq!(gpu["fits"], false);
+    assert_eq!(gpu["margin_bytes"], -(1 << 20));
+    let weights = &gpu["weights_that_fit"];
+    assert_eq!(weights["quant"], "int8", "{gpu}");
+    assert_eq!(weights["changed"], true);
+    let int8 = json(&["--quant", "int8"])["total_bytes"].as_u64().unwrap();
+    assert_eq!(weights["total_bytes"], int8);
+    assert_eq!(weights["margin_bytes"], capacity - int8);
+    // The most concurrent sequences at this prompt, and the next one does not fit.
+    let batch = gpu["largest_batch"].as_u64().unwrap();
+    let at = |b: u64| {
+        let output = estimate(&[
+            path,
+            "--infer",
+            "--batch",
+            &b.to_string(),
+            "--seq",
+            "8192",
+            "--json",
+        ])
+        .output()
+        .expect("run");
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).expect("json")["total_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(gpu["largest_batch_margin_bytes"], capacity - at(batch));
+    assert!(at(batch + 1) > capacity);
 }
