@@ -20,7 +20,7 @@ fn testdata(name: &str) -> PathBuf {
 }
 
 /// `testdata/h200/NAME` (gzip'd) decompressed into `dir/out`.
-fn gunzip_testdata(name: &str, dir: &Path, out: &str) -> PathBuf {
+pub fn gunzip_testdata(name: &str, dir: &Path, out: &str) -> PathBuf {
     let file = std::fs::File::open(testdata(name)).expect("test helper");
     let mut text = String::new();
     flate2::read::GzDecoder::new(file)
@@ -582,6 +582,33 @@ fn watch_prints_a_line_per_verdict_change() {
     assert_eq!(ended["ended"]["pid"], 32702);
     assert_eq!(ended["ended"]["last_verdict"], "stable");
     assert!(!events.iter().any(|e| e["pid"] == 32704), "--gpu 0 only");
+}
+
+#[test]
+fn watch_stopped_by_sigterm_exits_0_like_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = crate::harness::vramctl_std(&write_scenario(dir.path()))
+        .args(["leaks", "--watch", "--interval", "100ms", "--tz", "UTC"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it start and sample a few times, so the signal lands mid-watch.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! (`vramctl_observe::verdict::AnalysisJudge`, the `FleetTracker` of `top`) fed each
 //! observation, doing the rest. A series
 //! whose process has been gone for a minute prints an `ended` line. Stops after `--count`
-//! samples, on a signal, or — with `--fail-on-leak` — at the first leak (exit 1).
+//! samples, on SIGINT or SIGTERM (exit 0, as `record`), or — with `--fail-on-leak` — at the first leak (exit 1).
 //!
 //! Times are the live analysis' time line: the wall clock at the first sample, counted on
 //! by the monotonic clock (`FleetTracker::now_ms`), so a wall-clock step neither freezes
@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, anyhow};
 use serde::Serialize;
@@ -27,7 +27,9 @@ use vramctl_gpu::Backend;
 use vramctl_leaks::analysis::live::{FleetConfig, SeriesKey};
 use vramctl_leaks::analysis::{LeakConfig, Verdict};
 use vramctl_observe::gpu_selection::GpuFilter;
-use vramctl_observe::live_loop::{clock_of, open_backend, sampler_on, simulated_clock};
+use vramctl_observe::live_loop::{
+    clock_of, open_backend, sampler_on, simulated_clock, stop_signals, wait_next_tick,
+};
 use vramctl_observe::observation::Observer;
 use vramctl_observe::verdict::AnalysisJudge;
 use vramctl_store::format::rfc3339;
@@ -90,6 +92,8 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
     let mut observer = Observer::builder().agents(None).ancestors(false).build();
     let mut known: HashMap<SeriesKey, Known> = HashMap::new();
     let stdout = std::io::stdout();
+    // Installed before the first tick, so a SIGTERM at any moment ends the watch with 0.
+    let signals = stop_signals()?;
     let started = Instant::now();
     let mut ticks: u64 = 0;
     loop {
@@ -225,18 +229,9 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
         if args.count.is_some_and(|n| ticks >= n) {
             return Ok(Exit::Ok);
         }
-        match &manual {
-            Some(m) => m.advance_ms(interval_ms),
-            None => {
-                // Deadlines from the start, so the interval does not drift.
-                let next = started
-                    + Duration::from_millis(
-                        u64::try_from(interval_ms)
-                            .unwrap_or(1000)
-                            .saturating_mul(ticks),
-                    );
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-            }
+        if wait_next_tick(manual.as_ref(), &signals, started, ticks, interval_ms) {
+            // A stop asked for is the normal end of a watch, as it is for `record`.
+            return Ok(Exit::Ok);
         }
     }
 }
