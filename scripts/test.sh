@@ -12,6 +12,11 @@
 # - slurmctld, slurmd, sbatch (Debian's `slurm-wlm`) and munged (`munge`): the Slurm tests
 #   start a one-node cluster as root and run real jobs (they skip themselves, saying so, when
 #   not root or when these are missing, unless VRAMCTL_TEST_STRICT=1).
+# - chromium (Debian's `chromium`): the web view's test loads `serve`'s page in a real headless
+#   browser over the DevTools protocol (scripts/web-test/; screenshots in
+#   target/web-screenshots/); it skips itself, saying so, without it unless VRAMCTL_TEST_STRICT=1.
+#   The fleet test renders the fleet view with `chromium --headless --dump-dom` and skips
+#   only that part under VRAMCTL_SKIP_CHROMIUM=1 (set here when chromium is missing).
 # Before them, the in-process agent's tests (python/tests, standard-library unittest, real
 # interpreters with stand-in frameworks; as root they also act as other users) need python3.
 # Both suites run whatever the other's result (exit status 1 if either failed; one summary
@@ -29,11 +34,12 @@ cd "$(dirname "$0")/.."
 # Debian package per program the tests need.
 declare -A package_of=([promtool]=prometheus [prometheus]=prometheus [tmux]=tmux
   [podman]=podman [runc]=runc [busybox]=busybox-static
-  [slurmctld]=slurm-wlm [slurmd]=slurm-wlm [sbatch]=slurm-wlm [munged]=munge)
+  [slurmctld]=slurm-wlm [slurmd]=slurm-wlm [sbatch]=slurm-wlm [munged]=munge
+  [chromium]=chromium)
 # slurmctld, slurmd and munged live in /usr/sbin, not on every user's PATH.
 PATH=$PATH:/usr/sbin:/sbin
 missing=()
-for program in promtool prometheus tmux podman runc busybox slurmctld slurmd sbatch munged; do
+for program in promtool prometheus tmux podman runc busybox slurmctld slurmd sbatch munged chromium; do
   if ! command -v "$program" >/dev/null 2>&1; then
     package=${package_of[$program]}
     [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
@@ -80,6 +86,11 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1
   ! command -v sbatch >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
   skip "slurm-wlm/munge"
   export VRAMCTL_SKIP_SLURM=1
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+  # The web test skips itself without chromium, and fails under VRAMCTL_TEST_STRICT=1.
+  skip "chromium"
+  export VRAMCTL_SKIP_CHROMIUM=1
 fi
 
 # Both suites always run, so that a failure in one never hides the other's result; each

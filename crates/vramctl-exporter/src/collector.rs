@@ -30,6 +30,7 @@ use vramctl_observe::observation::{Observation, Observer};
 
 use super::cache::{Cache, Published};
 use super::metadata::{DetailsSource, ProcessMetadata};
+use super::owner_series::JobPeaks;
 use super::render::{Format, ProcessVerdicts, RenderOptions, render};
 use super::source::NvmlSource;
 use super::stats::Stats;
@@ -135,7 +136,11 @@ pub struct Collector {
     /// and `serve --record` all read its observations.
     observer: Observer,
     stats: Stats,
+    /// Each Slurm job's peak per GPU since it was first seen (`vramctl_job_memory_used_max_bytes`).
+    job_peaks: JobPeaks,
     verdicts: ProcessVerdicts,
+    /// The agents' OOMs by cause (`vramctl_oom_total`).
+    oom_causes: crate::oom_causes::OomCauses,
     consumers: Vec<Box<dyn TickConsumer>>,
     cache: Arc<Cache>,
 }
@@ -162,7 +167,9 @@ impl Collector {
             clock,
             observer: observer_for(config.details),
             stats: Stats::new(config.peak_window),
+            job_peaks: JobPeaks::new(),
             verdicts: ProcessVerdicts::new(),
+            oom_causes: crate::oom_causes::OomCauses::default(),
             consumers: Vec::new(),
             cache,
             config,
@@ -197,10 +204,21 @@ impl Collector {
             }
             None => ProcessMetadata::default(),
         };
+        if let Some(snapshot) = snapshot {
+            // Monotonic, as every span the exporter measures.
+            self.job_peaks
+                .update(&mut metadata.jobs, snapshot.monotonic_ms);
+        }
         metadata.agents = match (snapshot, self.observer.agent_poll()) {
             (Some(snapshot), Some(poll)) => agent_poll::figures(poll, snapshot),
             _ => AgentFigures::new(),
         };
+        if let (Some(snapshot), Some(poll)) = (snapshot, self.observer.agent_poll()) {
+            self.oom_causes.update(snapshot, poll);
+            self.stats
+                .ooms_by_cause
+                .clone_from(self.oom_causes.totals());
+        }
         match &observation {
             Some(observation) => {
                 for consumer in &mut self.consumers {
@@ -360,6 +378,7 @@ mod tests {
             details: DetailsSource::None,
             render: RenderOptions {
                 max_process_series: 20,
+                dcgm: None,
             },
             simulated_clock: None,
             ticks: None,

@@ -29,7 +29,11 @@
 //!
 //! Consumers of a tick (see [`collector`]): the leak and idle analysis ([`live_verdicts`]: fills
 //! the verdicts the renderer exports) and the history recorder (`serve --record`,
-//! [`recording`]).
+//! [`recording`]); `vramctl serve` adds the web view's live feed (`vramctl-web`).
+//!
+//! Other paths than `/metrics` and `/healthz` are answered through [`routes::Routes`], the
+//! seam a crate above implements (`vramctl-web`: the page, its assets and API, its event
+//! stream); this crate names no page.
 
 pub mod auth;
 pub mod cache;
@@ -37,8 +41,11 @@ pub mod collector;
 pub mod connections;
 pub mod live_verdicts;
 pub mod metadata;
+pub mod oom_causes;
+pub mod owner_series;
 pub mod recording;
 pub mod render;
+pub mod routes;
 pub mod server;
 pub mod source;
 pub mod stats;

@@ -12,6 +12,8 @@ use vramctl_core::command_line::abbreviate;
 use vramctl_observe::observation::Observation;
 use vramctl_procs::process_catalog::{FactsSource, listed_pids};
 
+use crate::owner_series::{self, JobSeries, ProcessOwner};
+
 /// Longest `command` label, in characters; longer command lines are shortened. Prometheus'
 /// own default `label_value_length_limit` is unlimited, but long labels cost memory in
 /// every series and clutter legends.
@@ -42,6 +44,9 @@ pub struct ProcessLabels {
     pub container: Option<String>,
     /// Kubernetes pod UID from the cgroup path.
     pub pod: Option<String>,
+    /// Who owns it, for `vramctl_process_info`: only when /proc was read
+    /// (`--process-details proc`) and could see the process.
+    pub owner: Option<ProcessOwner>,
 }
 
 /// Labels for the PIDs of one snapshot.
@@ -51,6 +56,9 @@ pub struct ProcessMetadata {
     /// What their in-process agents say, by (GPU UUID, PID): filled by the collector from
     /// its `AgentPoll` after the labels, read by the rendering and `serve --record`.
     pub agents: AgentFigures,
+    /// The Slurm jobs holding memory, with their memory per GPU (only with
+    /// `--process-details proc`); the collector fills their peaks.
+    pub jobs: Vec<JobSeries>,
 }
 
 impl ProcessMetadata {
@@ -81,6 +89,7 @@ impl ProcessMetadata {
                     user: host.user.clone(),
                     container: host.container_id.clone(),
                     pod: host.pod_uid.clone(),
+                    owner: (source == DetailsSource::Proc).then(|| ProcessOwner::of(host)),
                 },
                 (_, None) => ProcessLabels {
                     command: observation
@@ -92,9 +101,16 @@ impl ProcessMetadata {
             };
             by_pid.insert(pid, labels);
         }
+        // Job series name users: never with `none`; `nvml` reads no /proc, so knows none.
+        let jobs = if source == DetailsSource::Proc {
+            owner_series::jobs(observation)
+        } else {
+            Vec::new()
+        };
         Self {
             by_pid,
             agents: AgentFigures::new(),
+            jobs,
         }
     }
 }

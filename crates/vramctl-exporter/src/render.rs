@@ -17,7 +17,10 @@ use vramctl_agent::agent_poll::AgentFigures;
 use vramctl_core::types::{DeviceInfo, DeviceState, ProcessUsage, Snapshot};
 
 use super::metadata::{ProcessLabels, ProcessMetadata};
+use super::owner_series::JobGpu;
 use super::stats::{ERROR_KINDS, Stats};
+
+pub mod dcgm;
 
 /// Exposition format of a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +117,7 @@ families! {
     SAMPLE_DURATION = "vramctl_sample_duration_seconds", Gauge, "Time the last collection took (NVML and /proc); a scrape only copies its rendered result.";
     LAST_SAMPLE_TIMESTAMP = "vramctl_last_sample_timestamp_seconds", Gauge, "Unix time of the last GPU snapshot.";
     COLLECTION_ERRORS = "vramctl_collection_errors", Counter, "Errors while reading a device, by kind (gpu_lost, device_error, no_permission, nvml_error, insane_value).";
+    OOMS = "vramctl_oom", Counter, "CUDA out-of-memory errors the processes' in-process agents reported, by cause (shortage, fragmentation, other-process, process-limit, cached-elsewhere, leak: the snapshot classifier on the agent's snapshot at a process's first OOM; unknown: its later OOMs and those that could not be classified). Only with --process-details proc.";
     DRIVER = "vramctl_driver", Info, "Driver, NVML and CUDA driver versions.";
     DEVICE = "vramctl_device", Info, "Static facts about a GPU.";
     DEVICE_UP = "vramctl_device_up", Gauge, "1 when the GPU answered this collection, 0 when it is lost or failed.";
@@ -139,6 +143,10 @@ families! {
     PROCESS_LEAK_SLOPE = "vramctl_process_leak_slope_bytes_per_second", Gauge, "Growth of the process's memory that the leak analysis measured.";
     PROCESS_IDLE_HOLDER = "vramctl_process_idle_holder", Gauge, "1 when the idle analysis judges the process an idle holder (at least --min-idle-mem held without GPU activity for --idle-for), else 0.";
     PROCESS_IDLE = "vramctl_process_idle_seconds", Gauge, "How long the process has held memory without using the GPU, per the idle analysis.";
+    PROCESS_INFO = "vramctl_process", Info, "Who owns a process that has series: user, command, container (id, name, runtime), Kubernetes pod (UID, namespace, name, container), Slurm job and step; join on pid.";
+    JOB_INFO = "vramctl_job", Info, "A Slurm job holding GPU memory: its user and partition; join on slurm_job.";
+    JOB_MEMORY = "vramctl_job_memory_used_bytes", Gauge, "GPU memory the processes of a Slurm job hold on a GPU, all of them (beyond --max-process-series too).";
+    JOB_MEMORY_MAX = "vramctl_job_memory_used_max_bytes", Gauge, "Most GPU memory a Slurm job's processes held together on a GPU at one sample since the exporter first saw the job.";
     LAST_SAMPLE_AGE = "vramctl_last_sample_age_seconds", Gauge, "Seconds since the sampler last published, at the time of this scrape.";
 }
 
@@ -162,10 +170,12 @@ pub struct ProcessVerdict {
 pub type ProcessVerdicts = HashMap<(String, u32), ProcessVerdict>;
 
 /// Settings of the rendering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderOptions {
     /// Per-process series per GPU, biggest holders first.
     pub max_process_series: usize,
+    /// `--metrics-compat dcgm`: also dcgm-exporter's device series ([`dcgm`]).
+    pub dcgm: Option<dcgm::DcgmLabels>,
 }
 
 /// The exposition text of one collection, without the dynamic tail.
@@ -213,6 +223,11 @@ pub fn render(
             for (kind, n) in ERROR_KINDS.iter().zip(counts) {
                 f.row(&[("gpu", &gpu), ("uuid", uuid), ("kind", kind)], *n);
             }
+        }
+    });
+    out.family(&OOMS, |f| {
+        for (cause, n) in &stats.ooms_by_cause {
+            f.row(&[("cause", cause)], *n);
         }
     });
     if let Some(snapshot) = snapshot {
@@ -377,6 +392,9 @@ fn render_devices(
         }
     });
     render_mig(out, devices);
+    if let Some(host) = &options.dcgm {
+        dcgm::render(out, devices, host);
+    }
     let empty = ProcessLabels::default();
     let rows: Vec<ProcessRow<'_>> = exported
         .iter()
@@ -442,6 +460,76 @@ fn render_devices(
             }
         }
     });
+    render_owners(out, &rows, metadata);
+}
+
+/// One info series per process that has series (a process on several GPUs once), and the
+/// Slurm jobs' series (`crate::owner_series`).
+fn render_owners(out: &mut Out, rows: &[ProcessRow<'_>], metadata: &ProcessMetadata) {
+    out.family(&PROCESS_INFO, |f| {
+        let mut seen = std::collections::BTreeSet::new();
+        for row in rows {
+            let Some(owner) = &row.labels.owner else {
+                continue;
+            };
+            if !seen.insert(row.process.pid) {
+                continue;
+            }
+            let text = |v: &Option<String>| v.clone().unwrap_or_default();
+            let labels = row.labels;
+            f.row(
+                &[
+                    ("pid", &row.pid),
+                    ("user", &text(&labels.user)),
+                    ("command", &text(&labels.command)),
+                    ("container", &text(&labels.container)),
+                    ("container_name", &text(&owner.container_name)),
+                    ("runtime", &text(&owner.runtime)),
+                    ("pod", &text(&labels.pod)),
+                    ("kube_namespace", &text(&owner.kube_namespace)),
+                    ("kube_pod", &text(&owner.kube_pod)),
+                    ("kube_container", &text(&owner.kube_container)),
+                    ("slurm_job", &text(&owner.slurm_job)),
+                    ("slurm_step", &text(&owner.slurm_step)),
+                ],
+                1u64,
+            );
+        }
+    });
+    let jobs = &metadata.jobs;
+    out.family(&JOB_INFO, |f| {
+        for job in jobs {
+            f.row(
+                &[
+                    ("slurm_job", &job.job_id),
+                    ("user", job.user.as_deref().unwrap_or("")),
+                    ("partition", job.partition.as_deref().unwrap_or("")),
+                ],
+                1u64,
+            );
+        }
+    });
+    let per_gpu = |pick: fn(&JobGpu) -> Option<u64>| {
+        move |f: &mut Rows<'_>| {
+            for job in jobs {
+                for gpu in &job.gpus {
+                    if let Some(bytes) = pick(gpu) {
+                        let index = gpu.gpu.to_string();
+                        f.row(
+                            &[
+                                ("gpu", &index),
+                                ("uuid", &gpu.uuid),
+                                ("slurm_job", &job.job_id),
+                            ],
+                            bytes,
+                        );
+                    }
+                }
+            }
+        }
+    };
+    out.family(&JOB_MEMORY, per_gpu(|g| g.used_bytes));
+    out.family(&JOB_MEMORY_MAX, per_gpu(|g| g.max_bytes));
 }
 
 fn render_mig(out: &mut Out, devices: &[Device<'_>]) {
@@ -450,12 +538,7 @@ fn render_mig(out: &mut Out, devices: &[Device<'_>]) {
             for d in devices {
                 let Some(reading) = d.reading() else { continue };
                 for instance in &d.info.mig_instances {
-                    let Some(memory) = reading
-                        .mig
-                        .iter()
-                        .find(|m| m.uuid == instance.uuid)
-                        .and_then(|m| m.memory)
-                    else {
+                    let Some(memory) = reading.mig_memory(&instance.uuid) else {
                         continue;
                     };
                     let gi = instance
@@ -731,6 +814,65 @@ mod tests {
     fn options(max: usize) -> RenderOptions {
         RenderOptions {
             max_process_series: max,
+            dcgm: None,
+        }
+    }
+
+    #[test]
+    fn dcgm_compat_adds_dcgm_exporters_series_in_mib_beside_vramctls() {
+        let snap = snapshot(vec![process(10, Some(100))]);
+        let mut with_dcgm = options(20);
+        with_dcgm.dcgm = Some(dcgm::DcgmLabels {
+            hostname: "node-1".into(),
+        });
+        let render_with = |opts: &RenderOptions| {
+            render(
+                Some(&snap),
+                &ProcessMetadata::default(),
+                &ProcessVerdicts::default(),
+                &AgentFigures::default(),
+                &stats(),
+                opts,
+                Format::Prometheus,
+            )
+        };
+        let plain = render_with(&options(20));
+        let compat = render_with(&with_dcgm);
+        assert!(!plain.contains("DCGM_"), "{plain}");
+        // The vramctl series are unchanged: compat only adds.
+        for line in plain.lines() {
+            assert!(compat.contains(line), "{line} is gone");
+        }
+        // 1000 bytes total is 0 whole MiB, as DCGM would report it.
+        assert!(
+            compat.contains(
+                "DCGM_FI_DEV_FB_TOTAL{gpu=\"0\",UUID=\"GPU-a\",device=\"nvidia0\",\
+                 modelName=\"NVIDIA H200\",Hostname=\"node-1\"} 0\n"
+            ),
+            "{compat}"
+        );
+        assert!(
+            compat.contains("# TYPE DCGM_FI_DEV_FB_USED gauge\n"),
+            "{compat}"
+        );
+        assert!(
+            compat.contains(
+                "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\",device=\"nvidia0\",\
+                 modelName=\"NVIDIA H200\",Hostname=\"node-1\"} 45\n"
+            ),
+            "{compat}"
+        );
+        for family in dcgm::DCGM_FAMILIES {
+            assert!(
+                std::fs::read_to_string(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../docs/metrics.md"
+                ))
+                .expect("docs")
+                .contains(&format!("`{}`", family.name)),
+                "{} is not in docs/metrics.md",
+                family.name
+            );
         }
     }
 
@@ -827,6 +969,7 @@ mod tests {
                 user: Some("alice".into()),
                 container: None,
                 pod: None,
+                owner: None,
             },
         );
         let text = render(
@@ -1020,5 +1163,161 @@ mod tests {
         );
         assert!(!text.contains("_bytes{gpu=\"0\",uuid=\"GPU-a\",pid=\"11\"} 0\n"));
         assert_eq!(text.matches("vramctl_process_allocated_bytes{").count(), 2);
+    }
+
+    /// The exposition checked by Prometheus' own parser, when it is installed (Debian's
+    /// `prometheus`; `VRAMCTL_SKIP_PROMETHEUS=1` skips it, as in the integration tests).
+    fn promtool_check_metrics(text: &str) {
+        use std::io::Write as _;
+        use std::process::{Command, Stdio};
+        if std::env::var_os("VRAMCTL_SKIP_PROMETHEUS").is_some_and(|v| v == "1") {
+            eprintln!("promtool skipped: VRAMCTL_SKIP_PROMETHEUS=1");
+            return;
+        }
+        let mut child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool is installed (apt-get install prometheus)");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("feed promtool");
+        let output = child.wait_with_output().expect("promtool");
+        assert!(
+            output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+            "promtool check metrics:\n{}{}\n--- input ---\n{text}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    #[test]
+    fn owners_are_one_info_series_per_process_and_jobs_have_memory_and_peaks() {
+        use crate::owner_series::JobPeaks;
+        use crate::owner_series::tests::{host, hostile, job, snapshot};
+        use vramctl_observe::observation::Observation;
+
+        const GIB: u64 = 1 << 30;
+        let mut peaks = JobPeaks::new();
+        let observed = |listed: &[(u32, u32, Option<u64>)]| {
+            let mut observation = Observation::bare(snapshot(listed));
+            observation.hosts = std::collections::BTreeMap::from([
+                (
+                    10,
+                    host(10, "alice", Some(job(1234, Some("alice"), Some("gpu")))),
+                ),
+                (11, host(11, "alice", Some(job(1234, None, None)))),
+                (12, host(12, "bob", None)),
+                (13, hostile(13)),
+            ]);
+            ProcessMetadata::from_observation(&observation, crate::metadata::DetailsSource::Proc)
+        };
+        // The job held 6 GiB on GPU 0 at the first sample and 5 GiB at the second.
+        let mut first = observed(&[(0, 10, Some(4 * GIB)), (0, 11, Some(2 * GIB))]);
+        peaks.update(&mut first.jobs, 1_000);
+        let listed = [
+            (0, 10, Some(3 * GIB)),
+            (0, 11, Some(2 * GIB)),
+            (1, 11, Some(GIB)),
+            (0, 12, Some(GIB)),
+            // Below the cap of 2 series per GPU: no info series, but its job's memory counts.
+            (0, 13, Some(GIB / 2)),
+            (1, 14, Some(GIB)),
+        ];
+        let mut metadata = observed(&listed);
+        peaks.update(&mut metadata.jobs, 2_000);
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let text = render(
+                Some(&snapshot(&listed)),
+                &metadata,
+                &ProcessVerdicts::new(),
+                &AgentFigures::new(),
+                &stats(),
+                &options(2),
+                format,
+            ) + &render_tail(Duration::ZERO, format);
+            if format == Format::Prometheus {
+                promtool_check_metrics(&text);
+            }
+            let owners: String = text
+                .lines()
+                .filter(|l| {
+                    let name = l
+                        .strip_prefix("# HELP ")
+                        .or_else(|| l.strip_prefix("# TYPE "))
+                        .unwrap_or(l);
+                    ["vramctl_process_info", "vramctl_process ", "vramctl_job"]
+                        .iter()
+                        .any(|p| name.starts_with(p))
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let name = match format {
+                Format::Prometheus => "owner_series_prometheus",
+                Format::OpenMetrics => "owner_series_openmetrics",
+            };
+            insta::assert_snapshot!(name, owners);
+        }
+        // The hostile pod and partition are one line each: nothing forged.
+        let mut hostile_metadata = observed(&[(0, 13, Some(GIB))]);
+        peaks.update(&mut hostile_metadata.jobs, 3_000);
+        let text = render(
+            Some(&snapshot(&[(0, 13, Some(GIB))])),
+            &hostile_metadata,
+            &ProcessVerdicts::new(),
+            &AgentFigures::new(),
+            &stats(),
+            &options(2),
+            Format::Prometheus,
+        );
+        promtool_check_metrics(&text);
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("vramctl_process_info{") || l.starts_with("vramctl_job_info{")
+            })
+            .collect();
+        assert_eq!(info.len(), 2, "{text}");
+        assert!(
+            info.iter()
+                .all(|l| l.ends_with("} 1") && !l.contains('\u{1b}')),
+            "{info:?}"
+        );
+        insta::assert_snapshot!("owner_series_hostile", info.join("\n"));
+    }
+
+    #[test]
+    fn without_proc_details_there_are_no_owner_series() {
+        use crate::owner_series::tests::{host, job, snapshot};
+        use vramctl_observe::observation::Observation;
+        let listed = [(0, 10, Some(1))];
+        let mut observation = Observation::bare(snapshot(&listed));
+        observation.hosts =
+            std::collections::BTreeMap::from([(10, host(10, "alice", Some(job(1, None, None))))]);
+        for details in [
+            crate::metadata::DetailsSource::Nvml,
+            crate::metadata::DetailsSource::None,
+        ] {
+            let text = render(
+                Some(&snapshot(&listed)),
+                &ProcessMetadata::from_observation(&observation, details),
+                &ProcessVerdicts::new(),
+                &AgentFigures::new(),
+                &stats(),
+                &options(2),
+                Format::Prometheus,
+            );
+            assert!(text.contains("vramctl_process_memory_used_bytes{"));
+            assert!(
+                !text.contains("vramctl_process_info"),
+                "{details:?}: {text}"
+            );
+            assert!(!text.contains("vramctl_job"), "{details:?}: {text}");
+        }
     }
 }

@@ -46,6 +46,7 @@ use super::auth::Authenticator;
 use super::cache::Cache;
 use super::connections::{Limits, PeerKey, Registry, Slot};
 use super::render::{Format, render_tail};
+use super::routes::{RouteBody, RouteRequest, Routes};
 use super::timed_io::TimedIo;
 use super::webconfig::WebConfig;
 use vramctl_history::recorder::{WriterHealth, WriterStatus};
@@ -65,8 +66,8 @@ pub const MAX_PENDING_VERIFICATIONS: usize = 4;
 pub const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// Largest request head.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
-/// Threads for bcrypt checks.
-const BLOCKING_THREADS: usize = 2;
+/// Threads for bcrypt checks and the answers of [`Routes`] (history reads).
+const BLOCKING_THREADS: usize = 4;
 
 /// Settings of the HTTP server.
 #[derive(Debug, Clone)]
@@ -83,6 +84,9 @@ pub struct ServerSettings {
     pub limits: Limits,
     /// TLS handshake, request head and response write timeout ([`IO_TIMEOUT`]).
     pub io_timeout: Duration,
+    /// What answers the paths other than `/metrics` and `/healthz` (the web view); `None`:
+    /// `/` is a short text naming the endpoints.
+    pub routes: Option<Arc<dyn Routes>>,
 }
 
 struct State {
@@ -95,6 +99,7 @@ struct State {
     stale_after: Duration,
     recording: Option<Arc<WriterHealth>>,
     io_timeout: Duration,
+    routes: Option<Arc<dyn Routes>>,
 }
 
 /// A place in the bcrypt queue; dropping it frees it.
@@ -137,12 +142,30 @@ impl State {
 }
 
 /// A response body of shared chunks: `/metrics` sends the cached exposition itself (a
-/// reference, not a copy per connection) and then its per-scrape tail.
-pub struct Chunks(VecDeque<Bytes>);
+/// reference, not a copy per connection) and then its per-scrape tail; an event stream of
+/// [`Routes`] sends its chunks as they come, until its senders are gone.
+pub struct Chunks {
+    queue: VecDeque<Bytes>,
+    stream: Option<tokio::sync::mpsc::Receiver<Bytes>>,
+}
 
 impl Chunks {
     fn one(bytes: Bytes) -> Self {
-        Self(VecDeque::from([bytes]))
+        Self::all(VecDeque::from([bytes]))
+    }
+
+    fn all(queue: VecDeque<Bytes>) -> Self {
+        Self {
+            queue,
+            stream: None,
+        }
+    }
+
+    fn stream(receiver: tokio::sync::mpsc::Receiver<Bytes>) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            stream: Some(receiver),
+        }
     }
 }
 
@@ -152,22 +175,29 @@ impl hyper::body::Body for Chunks {
 
     fn poll_frame(
         self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(
-            self.get_mut()
-                .0
-                .pop_front()
-                .map(|bytes| Ok(Frame::data(bytes))),
-        )
+        let this = self.get_mut();
+        if let Some(bytes) = this.queue.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(bytes))));
+        }
+        match &mut this.stream {
+            None => Poll::Ready(None),
+            Some(receiver) => receiver
+                .poll_recv(cx)
+                .map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes)))),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_empty()
+        self.queue.is_empty() && self.stream.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let bytes: usize = self.0.iter().map(Bytes::len).sum();
+        if self.stream.is_some() {
+            return SizeHint::default();
+        }
+        let bytes: usize = self.queue.iter().map(Bytes::len).sum();
         SizeHint::with_exact(u64::try_from(bytes).unwrap_or(u64::MAX))
     }
 }
@@ -238,6 +268,7 @@ async fn accept_loop(
         stale_after: settings.stale_after,
         recording: settings.recording.clone(),
         io_timeout: settings.io_timeout,
+        routes: settings.routes.clone(),
     });
     let tls = settings
         .web
@@ -434,6 +465,9 @@ async fn respond(request: Request<Incoming>, state: &State, peer: PeerKey) -> Re
     match request.uri().path() {
         "/metrics" => metrics(&request, state),
         "/healthz" => health(state),
+        path if state.routes.as_ref().is_some_and(|r| r.serves(path)) => {
+            routed(route_request(&request), state).await
+        }
         "/" => text(
             StatusCode::OK,
             "vramctl exporter\n/metrics  Prometheus metrics\n/healthz  sampler health\n",
@@ -441,6 +475,55 @@ async fn respond(request: Request<Incoming>, state: &State, peer: PeerKey) -> Re
         ),
         _ => text(StatusCode::NOT_FOUND, "not found; try /metrics\n", state),
     }
+}
+
+/// What [`Routes`] are told of `request`.
+fn route_request(request: &Request<Incoming>) -> RouteRequest {
+    let header_text = |name: header::HeaderName| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    RouteRequest {
+        path: request.uri().path().to_owned(),
+        query: request.uri().query().unwrap_or("").to_owned(),
+        head: request.method() == Method::HEAD,
+        if_none_match: header_text(header::IF_NONE_MATCH),
+        last_event_id: header_text(HeaderName::from_static("last-event-id")),
+    }
+}
+
+/// The answer of [`State::routes`], made on the blocking pool.
+async fn routed(asked: RouteRequest, state: &State) -> Response<Chunks> {
+    let Some(routes) = state.routes.clone() else {
+        return text(StatusCode::NOT_FOUND, "not found\n", state);
+    };
+    let Ok(answer) = tokio::task::spawn_blocking(move || routes.respond(&asked)).await else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n", state);
+    };
+    let body = match answer.body {
+        RouteBody::Full(bytes) => Chunks::one(bytes),
+        RouteBody::Stream(receiver) => Chunks::stream(receiver),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() =
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(answer.content_type),
+    );
+    for (name, value) in answer.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    add_headers(&mut response, state);
+    response
 }
 
 fn metrics(request: &Request<Incoming>, state: &State) -> Response<Chunks> {
@@ -461,7 +544,7 @@ fn metrics(request: &Request<Incoming>, state: &State) -> Response<Chunks> {
         Instant::now().saturating_duration_since(published.at),
         format,
     );
-    let body = Chunks(VecDeque::from([cached.clone(), Bytes::from(tail)]));
+    let body = Chunks::all(VecDeque::from([cached.clone(), Bytes::from(tail)]));
     let mut response = Response::new(body);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -556,6 +639,7 @@ mod tests {
             stale_after: Duration::from_secs(10),
             recording: None,
             io_timeout: IO_TIMEOUT,
+            routes: None,
         }
     }
 

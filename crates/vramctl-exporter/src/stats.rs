@@ -39,6 +39,8 @@ pub struct Stats {
     pub nvml_reopens: BTreeMap<&'static str, u64>,
     /// Collection errors per device, indexed like [`ERROR_KINDS`].
     pub errors: BTreeMap<DeviceKey, [u64; ERROR_KINDS.len()]>,
+    /// OOMs the agents reported, by cause (`oom_causes`), every cause from 0.
+    pub ooms_by_cause: BTreeMap<&'static str, u64>,
     peaks: BTreeMap<String, VecDeque<(i64, u64)>>,
     peak_window: Duration,
 }
@@ -54,6 +56,7 @@ impl Stats {
             nvml_init_failures: BTreeMap::new(),
             nvml_reopens: ReopenReason::ALL.iter().map(|r| (r.as_str(), 0)).collect(),
             errors: BTreeMap::new(),
+            ooms_by_cause: crate::oom_causes::CAUSES.iter().map(|c| (*c, 0)).collect(),
             peaks: BTreeMap::new(),
             peak_window,
         }

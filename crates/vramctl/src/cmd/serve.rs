@@ -37,9 +37,13 @@ use vramctl_exporter::live_verdicts::LiveAnalysis;
 use vramctl_exporter::metadata::DetailsSource;
 use vramctl_exporter::recording::HistoryRecorder;
 use vramctl_exporter::render::RenderOptions;
+use vramctl_exporter::render::dcgm::DcgmLabels;
 use vramctl_exporter::server::{self, ServerSettings};
 use vramctl_exporter::webconfig::WebConfig;
+use vramctl_fleet::prom_client::{ClientSettings, PrometheusClient};
 use vramctl_history::recorder::{Procs, StoreFeed, channel_capacity, session};
+use vramctl_web::live_feed::LiveFeed;
+use vramctl_web::{WebSettings, WebView};
 
 /// Runs `serve` until a termination signal.
 pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
@@ -66,7 +70,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     let leak = leak_config(&args.analysis)?;
     // /proc is read only with `--process-details proc` (`DetailsSource::facts_source`): with
     // `nvml` or `none` the daemon may run outside the host's PID namespace.
-    let analysis = LiveAnalysis::new(leak).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let analysis = LiveAnalysis::new(leak.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let web = match &args.web_config_file {
         Some(path) => WebConfig::load(path)?,
         None => WebConfig::plain(),
@@ -74,19 +78,35 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if web.auth.is_some() && web.tls.is_none() {
         tracing::warn!("Basic auth without TLS sends passwords in the clear.");
     }
+    // Snapshot files for the page: read and indexed before anything listens, so a bad one
+    // fails the start.
+    let snapshots = vramctl_web::snapshot_mode::open_files(&args.snapshots)?;
     // The database first: a second recorder is refused before anything listens.
+    let mut history_db = None;
     let recorder = match (&args.record, &args.retain) {
         (Some(db), retain) => Some(open_recorder(
             global,
             db.as_deref(),
             retain.as_deref().unwrap_or(DEFAULT_RETAIN),
             interval,
+            &mut history_db,
         )?),
         (None, Some(retain)) => {
             bail!("--retain '{retain}' applies to recorded history; add --record")
         }
         (None, None) => None,
     };
+    // Checked before anything listens: a bad URL or CA file stops `serve` with exit 2.
+    let prometheus = args
+        .prometheus
+        .as_deref()
+        .map(|url| {
+            let mut settings = ClientSettings::new(url);
+            settings.ca_file.clone_from(&args.prometheus_ca);
+            settings.timeout = args.prometheus_timeout;
+            PrometheusClient::new(settings)
+        })
+        .transpose()?;
     let listener = std::net::TcpListener::bind(args.listen.as_str()).with_context(|| {
         format!(
             "cannot listen on '{}'; choose another address with --listen",
@@ -106,6 +126,9 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
             details,
             render: RenderOptions {
                 max_process_series: args.max_process_series,
+                dcgm: args
+                    .metrics_compat
+                    .map(|crate::cli::MetricsCompat::Dcgm| DcgmLabels::from_environment()),
             },
             simulated_clock: vramctl_observe::live_loop::simulated_clock(
                 args.simulated_clock,
@@ -120,6 +143,21 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
     if let Some(recorder) = recorder {
         collector.add_consumer(Box::new(recorder));
     }
+    // The web view (`/`, `/assets/`, `/api/`): after the analysis, so it sees this tick's
+    // verdicts.
+    let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+    let feed = LiveFeed::new(interval_ms);
+    collector.add_consumer(feed.consumer());
+    let view = WebView::new(
+        &WebSettings {
+            history_db,
+            interval_ms,
+            prometheus,
+            leak,
+            snapshots,
+        },
+        &feed,
+    );
     // `status`, `ps` and `top` ask this daemon's sampler instead of starting NVML; /proc is
     // read for them only as for the labels.
     let socket = DaemonSocket::start(
@@ -144,6 +182,10 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         std::io::stderr(),
         "vramctl: serving {scheme}://{address}/metrics"
     );
+    let _ = writeln!(
+        std::io::stderr(),
+        "vramctl: the web view is at {scheme}://{address}/"
+    );
     std::thread::Builder::new()
         .name("vramctl-ready".into())
         .spawn(move || {
@@ -161,6 +203,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         recording,
         limits,
         io_timeout: args.io_timeout.unwrap_or(server::IO_TIMEOUT),
+        routes: Some(Arc::new(view)),
     };
     let served = server::serve(listener, cache, settings, server::termination());
     drop(socket);
@@ -223,6 +266,7 @@ fn open_recorder(
     db: Option<&std::path::Path>,
     retain: &str,
     interval: Duration,
+    history_db: &mut Option<std::path::PathBuf>,
 ) -> anyhow::Result<HistoryRecorder> {
     let retention: Retention = retain.parse()?;
     let path = match db {
@@ -230,6 +274,7 @@ fn open_recorder(
         None => db_path(global)?,
     };
     let mut store = Store::open(&path, OpenMode::Append)?;
+    *history_db = Some(path.clone());
     let interval_ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
     store.begin_session(&session("serve", interval_ms))?;
     tracing::info!(db = %path.display(), interval_ms, retain, "Recording.");
