@@ -5,6 +5,7 @@
 pub mod completions;
 pub mod doctor;
 pub mod estimate;
+pub mod explain_oom;
 pub mod export;
 pub mod fit;
 pub mod history;
@@ -24,6 +25,7 @@ pub mod slurm_epilog;
 pub mod snapshot;
 pub mod snapshot_timeline;
 mod snapshot_top;
+pub mod snapshot_view;
 pub mod status;
 pub mod top;
 
@@ -56,6 +58,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<Exit> {
         Command::Reap(args) => reap::run(&cli.global, args),
         Command::Reclaim(args) => reclaim::run(&cli.global, args),
         Command::Snapshot(args) => snapshot::run(args),
+        Command::ExplainOom(args) => explain_oom::run(&cli.global, args),
         Command::Leaks(args) => leaks::run(&cli.global, args),
         Command::Plot(args) => plot::run(&cli.global, args),
         Command::SlurmEpilog(args) => slurm_epilog::run(&cli.global, args),

@@ -134,6 +134,7 @@ fn man_writes_a_page_per_command_and_nested_command() {
                 "vramctl",
                 "vramctl-snapshot-diff",
                 "vramctl-snapshot-timeline",
+                "vramctl-snapshot-view",
             ]
             .map(|page| format!("{page}.1")),
         )

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Round 3's checks on a real H200, in as few device calls as the 30-minute budget allows.
+# Each part compares with nvidia-smi, pynvml or PyTorch's own counters in the same run and
+# prints PASS/FAIL lines; the whole is summed up in $OUT/summary.txt, each part's output in
+# $OUT/parts/NAME.log (and its files under $OUT/parts/NAME/).
+#
+#   OUT=/some/dir scripts/check-round3-h200.sh     (binary: $VRAMCTL or .dist/vramctl)
+#   SKIP="oom-kinds leakset" ...                   parts not to run (a second call)
+#
+# Parts (issue: what it settles):
+#   real        scripts/check-real-gpu.sh: status/info against nvidia-smi and pynvml (no
+#               regression from round 3's changes)
+#   bench30     scripts/bench-status-vs-smi-h200.sh: status vs nvidia-smi --query-gpu, ps vs
+#               status with a GPU process, both through a recorder (issue 30's figures)
+#   pidns31     a PyTorch holder in its own PID namespace (unshare): ps on the host names it
+#               with the PID nvidia-smi gives, its user and command; --by user sums it (issue 31)
+#   oom-kinds   scripts/oom-kinds-h200.sh: the eight OOM kinds, each fix re-run (issue 33)
+#   oom-live    scripts/oom-live-h200.sh: the agent's observer, run's verdict, its delay and
+#               cost (issue 33), where the script exists
+#   estimate34  estimate --gpu's inverse answers against a real generation job: the most
+#               concurrent sequences it says fit do, one more is reported not to (issue 34)
+#   web32       serve on the real driver with a PyTorch holder: /api/now's memory and PIDs
+#               against nvidia-smi in the same moment, SSE ticks arrive (issue 32)
+#   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
+#               (issue 35's re-score; long: run it in a call of its own)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VRAMCTL=$(readlink -f "${VRAMCTL:-.dist/vramctl}")
+export VRAMCTL
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT/parts"
+summary="$OUT/summary.txt"
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+fails=0
+pass() { say "PASS $1"; }
+fail() { say "FAIL $1: $2"; fails=$((fails + 1)); }
+
+say "vramctl: $("$VRAMCTL" --version 2>&1 | head -1)"
+say "driver: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+say "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1 | tail -1)"
+
+SKIP=" ${SKIP:-} "
+skipped() { [[ $SKIP == *" $1 "* ]] && say "== $1: skipped (SKIP)"; }
+part() { # part NAME COMMAND...: runs a part, its output kept, its result lines kept
+  local name=$1
+  shift
+  skipped "$name" && return
+  say "== $name"
+  mkdir -p "$OUT/parts/$name"
+  "$@" > "$OUT/parts/$name.log" 2>&1
+  local rc=$?
+  grep -E '^(PASS|FAIL|ok|MISMATCH|score|cause|fix|median|ratio|status|ps |recall|false)' \
+    "$OUT/parts/$name.log" | head -40 | tee -a "$summary"
+  [ "$rc" = 0 ] && pass "$name (exit 0)" || fail "$name" "exit $rc, see parts/$name.log"
+}
+
+part real scripts/check-real-gpu.sh "$VRAMCTL" "$OUT/parts/real"
+part bench30 scripts/bench-status-vs-smi-h200.sh "$VRAMCTL" "$OUT/parts/bench30" 21
+
+# --- pidns31: a holder in its own PID namespace, seen from the host.
+pidns31() {
+  local dir=$OUT/parts/pidns31 ready
+  ready=$(mktemp -u)
+  unshare --pid --fork --mount-proc python3 -c "
+import time, torch
+x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()
+open('$ready', 'w').close(); time.sleep(120)" &
+  local outer=$!
+  for _ in $(seq 300); do [ -e "$ready" ] && break; sleep 0.1; done
+  [ -e "$ready" ] || { echo "FAIL the namespaced holder never got its memory"; kill $outer; return 1; }
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$dir/smi.csv"
+  "$VRAMCTL" ps --json > "$dir/ps.json"
+  "$VRAMCTL" ps --by user --json > "$dir/by-user.json"
+  python3 - "$dir" <<'EOF'
+import json, sys
+d = sys.argv[1]
+smi = {int(l.split(",")[0]): int(l.split(",")[1]) for l in open(f"{d}/smi.csv") if l.strip()}
+ps = json.load(open(f"{d}/ps.json"))
+rows = ps.get("processes", ps) if isinstance(ps, dict) else ps
+seen = {int(p["pid"]): p for p in rows if "pid" in p}
+bad = 0
+for pid, mib in smi.items():
+    p = seen.get(pid)
+    if p is None:
+        print(f"FAIL nvidia-smi's PID {pid} is not in ps"); bad += 1; continue
+    cmd = p.get("command") or ""
+    print(f"ok PID {pid}: nvidia-smi {mib} MiB, ps user={p.get('user')} command={cmd[:60]!r}")
+    if "python3" in cmd and not p.get("user"):
+        print(f"FAIL PID {pid} has no user"); bad += 1
+print("PASS namespaced holder named on the host" if bad == 0 else f"FAIL {bad} mismatches")
+sys.exit(1 if bad else 0)
+EOF
+  local rc=$?
+  kill "$outer" 2> /dev/null
+  wait "$outer" 2> /dev/null
+  rm -f "$ready"
+  return $rc
+}
+part pidns31 pidns31
+
+part oom-kinds scripts/oom-kinds-h200.sh "$OUT/parts/oom-kinds"
+if [ -x scripts/oom-live-h200.sh ]; then
+  part oom-live scripts/oom-live-h200.sh "$OUT/parts/oom-live"
+fi
+
+# --- estimate34: the most concurrent sequences estimate says fit, tried for real.
+estimate34() {
+  local dir=$OUT/parts/estimate34
+  local capacity=$((24 * 1024 * 1024 * 1024))
+  "$VRAMCTL" estimate testdata/model/configs/gpt2.json --infer --batch 1 --seq 1024 --gen 64 \
+    --precision fp32 --gpu "${capacity}B" --json > "$dir/estimate.json" || return 1
+  python3 - "$dir" "$capacity" <<'EOF'
+import json, sys, torch
+from transformers import GPT2Config, GPT2LMHeadModel
+d, capacity = sys.argv[1], int(sys.argv[2])
+e = json.load(open(f"{d}/estimate.json"))
+n = e["gpu"]["largest_batch"]
+print(f"estimate: most concurrent sequences {n}, margin {e['gpu']['largest_batch_margin_bytes']}")
+cfg = GPT2Config.from_json_file("testdata/model/configs/gpt2.json")
+model = GPT2LMHeadModel(cfg).cuda().eval()
+free, total = torch.cuda.mem_get_info()
+# The process may use `capacity` bytes: the rest of the device is out of its reach.
+torch.cuda.set_per_process_memory_fraction(min(1.0, capacity / total))
+def peak(batch):
+    torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    ids = torch.randint(0, cfg.vocab_size, (batch, 1024), device="cuda")
+    try:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=0)
+        return torch.cuda.max_memory_reserved()
+    except torch.OutOfMemoryError:
+        return None
+at_n, at_more = peak(n), peak(n + max(1, n // 10))
+print(f"measured: batch {n} -> {at_n}, batch {n + max(1, n // 10)} -> {at_more}")
+print("PASS the answer runs" if at_n is not None else "FAIL the answer ran out of memory")
+sys.exit(0 if at_n is not None else 1)
+EOF
+}
+part estimate34 estimate34
+
+# --- web32: the page's live API on the real driver, against nvidia-smi.
+web32() {
+  local dir=$OUT/parts/web32 ready port=19835
+  ready=$(mktemp -u)
+  python3 -c "
+import time, torch
+x = torch.empty(3 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()
+open('$ready', 'w').close(); time.sleep(90)" &
+  local holder=$!
+  for _ in $(seq 300); do [ -e "$ready" ] && break; sleep 0.1; done
+  "$VRAMCTL" serve --listen "127.0.0.1:$port" 2> "$dir/serve.log" &
+  local serve=$!
+  sleep 4
+  curl -fsS "http://127.0.0.1:$port/api/now" > "$dir/now.json"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits > "$dir/smi-gpu.csv"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$dir/smi-apps.csv"
+  timeout 5 curl -fsSN "http://127.0.0.1:$port/api/events" > "$dir/events.txt" 2> /dev/null
+  curl -fsS "http://127.0.0.1:$port/" > "$dir/index.html"
+  kill "$serve" "$holder" 2> /dev/null
+  wait "$serve" "$holder" 2> /dev/null
+  rm -f "$ready"
+  python3 - "$dir" <<'EOF'
+import json, sys
+d = sys.argv[1]
+now = json.load(open(f"{d}/now.json"))
+smi = {int(l.split(",")[0]): int(l.split(",")[1]) for l in open(f"{d}/smi-gpu.csv") if l.strip()}
+apps = {int(l.split(",")[0]): int(l.split(",")[1]) for l in open(f"{d}/smi-apps.csv") if l.strip()}
+bad = 0
+for g in now["gpus"]:
+    used_mib = (g["used_bytes"] or 0) / 2**20
+    want = smi.get(g["index"])
+    # The holder is steady: the two readings may differ only by what other processes did.
+    ok = want is not None and abs(used_mib - want) <= max(64, 0.01 * want)
+    print(f"{'ok' if ok else 'MISMATCH'} GPU {g['index']}: page {used_mib:.0f} MiB, nvidia-smi {want} MiB")
+    bad += not ok
+    pids = {p["pid"] for p in g["processes"]}
+    for pid in apps:
+        if pid not in pids:
+            print(f"MISMATCH nvidia-smi's PID {pid} not on the page")
+            bad += 1
+ticks = open(f"{d}/events.txt").read().count("event: tick")
+print(f"ok {ticks} SSE ticks in 5 s" if ticks >= 3 else f"MISMATCH {ticks} SSE ticks in 5 s")
+bad += ticks < 3
+print("PASS the page agrees with nvidia-smi" if bad == 0 else f"FAIL {bad} mismatches")
+sys.exit(1 if bad else 0)
+EOF
+}
+part web32 web32
+
+if ! skipped leakset; then
+  part leakset scripts/record-leakset-h200.sh "$VRAMCTL" "$OUT/parts/leakset" 300
+fi
+
+say "== $fails part(s) failed"
+exit $((fails > 0))
