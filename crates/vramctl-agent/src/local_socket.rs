@@ -157,11 +157,15 @@ impl Peer {
     /// # Errors
     /// When the kernel does not say.
     pub fn of(stream: &UnixStream) -> std::io::Result<Self> {
-        let cred = rustix::net::sockopt::socket_peercred(stream)?;
+        // nix, not rustix: rustix's credentials hold a non-zero PID and fail on the 0 the
+        // kernel gives for a peer in a PID namespace we cannot see (a client in a
+        // container asking a host daemon sees the daemon so).
+        let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+            .map_err(std::io::Error::from)?;
         Ok(Self {
-            pid: u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0),
-            uid: cred.uid.as_raw(),
-            gid: cred.gid.as_raw(),
+            pid: u32::try_from(cred.pid()).unwrap_or(0),
+            uid: cred.uid(),
+            gid: cred.gid(),
         })
     }
 }

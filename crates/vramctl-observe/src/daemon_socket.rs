@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 use vramctl_core::types::Snapshot;
 use vramctl_procs::procinfo::ProcessDetails;
 
+use crate::pid_view::NamespaceView;
+
 /// The service name in the greeting.
 pub const SERVICE: &str = "vramctl-daemon";
 /// The version of the messages below.
@@ -80,6 +82,13 @@ pub struct SampleReply {
     pub processes: Option<Vec<ProcessDetails>>,
     /// The driver's names of the listed processes the daemon's /proc cannot see.
     pub driver_names: BTreeMap<u32, String>,
+    /// Set when the caller runs in another PID namespace than the daemon: the answer was
+    /// made for that namespace ([`crate::pid_view::map_for_namespace`]): `snapshot` lists
+    /// only its processes, under its PIDs, `processes` is `None` and `driver_names` empty
+    /// (the caller reads its own /proc), and the rest is one figure per device. A client
+    /// that does not know the field rejects the answer (`pid_namespace` is not its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapped: Option<NamespaceView>,
 }
 
 #[cfg(test)]
@@ -119,6 +128,7 @@ mod tests {
             nvml_library: "libnvidia-ml.so.1".into(),
             boot_id: Some("b".into()),
             pid_namespace: Some(4_026_531_836),
+            mapped: None,
             snapshot: Snapshot {
                 taken_at_unix_ms: 1,
                 monotonic_ms: 2,

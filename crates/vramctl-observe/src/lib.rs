@@ -18,5 +18,6 @@ pub mod live_source;
 pub mod observation;
 pub mod owners;
 pub mod pattern;
+pub mod pid_view;
 pub mod units;
 pub mod verdict;

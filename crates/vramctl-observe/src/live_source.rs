@@ -17,6 +17,8 @@ use crate::observation::{HostProcess, Observation};
 
 use crate::daemon_socket::SampleReply;
 use crate::daemon_socket::client::{AskOptions, ask};
+use crate::pid_view::{DeviceHolder, PidView, Unmapped};
+use vramctl_procs::procinfo::{GPU_DEVICE_PREFIX, PidNamespace, holders_of};
 
 /// Opens NVML here (the command's own `open_sampler`), when no daemon answers.
 pub type OpenNvml = Box<dyn FnMut() -> anyhow::Result<LiveSampler>>;
@@ -26,6 +28,8 @@ pub type OpenNvml = Box<dyn FnMut() -> anyhow::Result<LiveSampler>>;
 pub struct DaemonFacts {
     processes: Option<HashMap<u32, ProcessDetails>>,
     driver_names: BTreeMap<u32, String>,
+    /// What the answer's PIDs are: ours, or mapped for our namespace by a host daemon.
+    pid_view: PidView,
 }
 
 /// A source of snapshots: a daemon while it answers, NVML here otherwise.
@@ -42,6 +46,8 @@ pub struct LiveSource {
     /// Kubernetes facts, read here whoever answered (the kubelet's socket is this
     /// machine's); `None` off Kubernetes.
     kubelet: Option<KubeletSource>,
+    /// What the last snapshot's PIDs are.
+    pid_view: PidView,
 }
 
 impl std::fmt::Debug for LiveSource {
@@ -81,7 +87,15 @@ impl LiveSource {
             open_nvml,
             procs: ProcReader::new(),
             kubelet: KubeletSource::from_env(),
+            pid_view: PidView::Same,
         })
+    }
+
+    /// What the PIDs of the last snapshot [`sample`](Self::sample) gave are: NVML's and
+    /// ours alike, mapped for our PID namespace by a host daemon, or host PIDs nothing
+    /// here can map (`crate::pid_view`).
+    pub fn pid_view(&self) -> &PidView {
+        &self.pid_view
     }
 
     /// Whether the last snapshot came from a daemon.
@@ -109,11 +123,17 @@ impl LiveSource {
     /// When NVML has to be opened here and cannot be.
     pub fn sample(&mut self) -> anyhow::Result<Snapshot> {
         if let Some(first) = self.first.take() {
+            self.pid_view = self
+                .facts
+                .as_ref()
+                .map(|f| f.pid_view.clone())
+                .unwrap_or_default();
             return Ok(first);
         }
         if let Some(options) = &self.ask {
             if let Some(reply) = ask(options) {
                 let (snapshot, facts) = split(reply);
+                self.pid_view = facts.pid_view.clone();
                 self.facts = Some(facts);
                 return Ok(snapshot);
             }
@@ -121,6 +141,7 @@ impl LiveSource {
             self.ask = None;
         }
         self.facts = None;
+        self.pid_view = local_pid_view();
         if self.sampler.is_none() {
             self.sampler = Some((self.open_nvml)()?);
         }
@@ -136,6 +157,11 @@ impl LiveSource {
     /// driver's names of those /proc cannot see; on Kubernetes, their pods and each GPU's.
     pub fn observe(&mut self, snapshot: Snapshot) -> Observation {
         let mut observation = Observation::bare(snapshot);
+        if !self.pid_view.pids_are_ours() {
+            // Host PIDs: looking them up here would name whatever process of ours happens
+            // to have the same number. Nor does NVML name them (it reads our /proc).
+            return observation;
+        }
         let tps = self.procs.ticks_per_second();
         let mut lookup = self.lookup();
         for pid in listed_pids(&observation.snapshot) {
@@ -201,8 +227,29 @@ fn split(reply: SampleReply) -> (Snapshot, DaemonFacts) {
             .processes
             .map(|list| list.into_iter().map(|d| (d.pid, d)).collect()),
         driver_names: reply.driver_names,
+        pid_view: reply.mapped.map_or(PidView::Same, PidView::Mapped),
     };
     (snapshot, facts)
+}
+
+/// What NVML's PIDs are when NVML is read here: ours where this /proc lists the host's
+/// PIDs; otherwise host PIDs that cannot be mapped, with the processes of this namespace
+/// that hold an NVIDIA device file open (what the namespace can tell by itself).
+fn local_pid_view() -> PidView {
+    let namespace = PidNamespace::current();
+    if namespace.proc_shows_host_pids() {
+        return PidView::Same;
+    }
+    let gpu_device_holders = holders_of(GPU_DEVICE_PREFIX)
+        .into_iter()
+        .map(|(pid, files)| DeviceHolder { pid, files })
+        .collect();
+    PidView::CannotMap(Unmapped {
+        reason: "this PID namespace is not the host's and no host daemon answered for it: NVML \
+                 reports host PIDs, which nothing here maps to this namespace's processes"
+            .into(),
+        gpu_device_holders,
+    })
 }
 
 /// Answers about processes from a daemon's facts or from here.

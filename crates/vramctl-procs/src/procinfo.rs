@@ -462,6 +462,38 @@ impl PidNamespace {
     pub fn is_initial(&self) -> bool {
         self.inode == Some(INITIAL_PID_NAMESPACE_INODE) && self.nspid.len() <= 1
     }
+
+    /// Whether this /proc lists the initial namespace's PIDs, which are what NVML reports:
+    /// in the host namespace, and in a namespace of our own whose /proc is still the
+    /// host's (`unshare --pid --fork` without `--mount-proc`: more than one `NSpid:` entry,
+    /// and /proc's PID 1 is in the initial namespace). Unknown counts as not: NVML's PIDs
+    /// are then not looked up here, which is never a wrong answer.
+    pub fn proc_shows_host_pids(&self) -> bool {
+        self.is_initial()
+            || (self.nspid.len() > 1
+                && pid_namespace_of(1).ok() == Some(INITIAL_PID_NAMESPACE_INODE))
+    }
+
+    /// Whether our /proc is our own namespace's (one `NSpid:` entry): PIDs of this
+    /// namespace are found there under their own numbers.
+    pub fn proc_is_own(&self) -> bool {
+        self.nspid.len() == 1
+    }
+}
+
+/// The inode of `pid`'s PID namespace (`/proc/PID/ns/pid`, as this /proc names `pid`).
+///
+/// # Errors
+/// [`ProcError::NotFound`] for a process that is not there; [`ProcError::Io`] when the link
+/// cannot be read (another user's process, unless we are root).
+pub fn pid_namespace_of(pid: u32) -> Result<u64, ProcError> {
+    if pid == 0 || i32::try_from(pid).is_err() {
+        return Err(ProcError::NotFound { pid });
+    }
+    // The link is the kernel's (nsfs), not a file another user can place.
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .map(|m| m.ino())
+        .map_err(|e| proc_io(pid, "ns/pid", e))
 }
 
 /// A process as /proc describes it.
@@ -1031,6 +1063,19 @@ mod tests {
             nspid: vec![],
         };
         assert!(!unknown.is_initial(), "unknown is not initial");
+        assert!(!unknown.proc_shows_host_pids());
+        assert!(container.proc_is_own() && !nested.proc_is_own());
+        assert!(host.proc_shows_host_pids());
+    }
+
+    #[test]
+    fn our_namespace_is_the_one_proc_names_for_us() {
+        let ours = pid_namespace_of(std::process::id()).expect("we exist");
+        assert_eq!(Some(ours), PidNamespace::current().inode);
+        assert!(matches!(
+            pid_namespace_of(0),
+            Err(ProcError::NotFound { .. })
+        ));
     }
 
     #[test]

@@ -123,6 +123,7 @@ pub fn open_live(
     let ask = (!no_daemon).then(|| AskOptions {
         nvml_library: global.nvml_lib.clone(),
         process_stat,
+        accept_mapped: true,
     });
     let global = global.clone();
     LiveSource::open(ask, Box::new(move || open_sampler(&global)))

@@ -24,6 +24,9 @@ pub struct AskOptions {
     pub nvml_library: Option<PathBuf>,
     /// Ask for `/proc/PID/stat` facts too (`ps`).
     pub process_stat: bool,
+    /// Take an answer a host daemon made for this PID namespace (`crate::pid_view`):
+    /// `status` and `ps` do; `top`, whose later frames read NVML here, does not.
+    pub accept_mapped: bool,
 }
 
 /// The first daemon's answer that holds here, or `None` (then read NVML).
@@ -92,8 +95,27 @@ fn mismatch(reply: &SampleReply, options: &AskOptions) -> Option<String> {
     if reply.boot_id != procinfo::boot_id() {
         return Some("it runs on another boot or machine".into());
     }
-    if reply.pid_namespace != PidNamespace::current().inode {
-        return Some("it runs in another PID namespace".into());
+    let ours = PidNamespace::current();
+    match &reply.mapped {
+        Some(view) => {
+            if !options.accept_mapped {
+                return Some(
+                    "it answered for another PID namespace; this command reads its own".into(),
+                );
+            }
+            if Some(view.pid_namespace) != ours.inode {
+                return Some("it answered for a PID namespace that is not ours".into());
+            }
+            if !ours.proc_is_own() {
+                // Our /proc is an outer namespace's: our namespace's PIDs are not its PIDs.
+                return Some("our /proc is not our PID namespace's".into());
+            }
+        }
+        None => {
+            if reply.pid_namespace != ours.inode {
+                return Some("it runs in another PID namespace".into());
+            }
+        }
     }
     if let Some(wanted) = &options.nvml_library {
         if !same_file(wanted, &reply.nvml_library) {

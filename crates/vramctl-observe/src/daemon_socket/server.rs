@@ -36,7 +36,10 @@ use vramctl_agent::local_socket::{ErrorReply, Greeting, Peer, error_line, ok_lin
 use vramctl_core::types::Snapshot;
 use vramctl_gpu::Backend;
 use vramctl_procs::process_catalog::{FactsSource, RefreshPolicy, listed_pids};
-use vramctl_procs::procinfo::{PidNamespace, ProcessDetails};
+use vramctl_procs::procinfo::{self, PidNamespace, ProcessDetails};
+use vramctl_procs::signal::PidHandle;
+
+use crate::pid_view::{map_for_namespace, members_of};
 
 use super::{
     MAX_CONNECTIONS, MAX_REPLY_BYTES, MAX_REQUEST_BYTES, PROTOCOL, Request, SERVER_TIMEOUT,
@@ -146,28 +149,32 @@ impl SampleHandler {
         }
     }
 
-    fn sample(&self, process_stat: bool) -> Result<SampleReply, ErrorReply> {
-        let (snapshot, driver_names, nvml_library) = {
-            let mut slot = lock(&self.sampler);
-            let Some(sampler) = slot.as_mut() else {
-                return Err(ErrorReply::new(
-                    "nvml_down",
-                    "the daemon's NVML session is not up; read NVML yourself",
-                ));
-            };
-            let (snapshot, names) = read_now(sampler);
-            (
-                snapshot,
-                names,
-                // Always NVML's here (the daemon's sampler is NVML's); empty would only make a
-                // client that named a library read its own.
-                sampler
-                    .backend_mut()
-                    .library()
-                    .map(std::path::Path::to_path_buf)
-                    .unwrap_or_default(),
-            )
+    /// The devices now, with NVML's library path and the driver's names of the listed
+    /// PIDs this /proc cannot see.
+    fn read(&self) -> Result<(Snapshot, BTreeMap<u32, String>, PathBuf), ErrorReply> {
+        let mut slot = lock(&self.sampler);
+        let Some(sampler) = slot.as_mut() else {
+            return Err(ErrorReply::new(
+                "nvml_down",
+                "the daemon's NVML session is not up; read NVML yourself",
+            ));
         };
+        let (snapshot, names) = read_now(sampler);
+        Ok((
+            snapshot,
+            names,
+            // Always NVML's here (the daemon's sampler is NVML's); empty would only make a
+            // client that named a library read its own.
+            sampler
+                .backend_mut()
+                .library()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default(),
+        ))
+    }
+
+    fn sample(&self, process_stat: bool) -> Result<SampleReply, ErrorReply> {
+        let (snapshot, driver_names, nvml_library) = self.read()?;
         let processes = (self.settings.facts == FactsSource::Proc)
             .then(|| self.facts(&snapshot, &driver_names, process_stat));
         Ok(SampleReply {
@@ -178,6 +185,33 @@ impl SampleHandler {
             snapshot,
             processes,
             driver_names,
+            mapped: None,
+        })
+    }
+
+    /// The answer for a caller in the PID namespace `caller` (not ours): only that
+    /// namespace's processes, under its PIDs, and the rest as one figure per device
+    /// (`crate::pid_view`). No /proc facts and no driver's names: the caller reads its own
+    /// /proc, and nothing here may name another namespace's process to it.
+    fn sample_for(&self, caller: u64) -> Result<SampleReply, ErrorReply> {
+        let (mut snapshot, _, nvml_library) = self.read()?;
+        let listed = listed_pids(&snapshot);
+        let members = members_of(
+            &listed,
+            caller,
+            &mut |pid| procinfo::pid_namespace_of(pid).ok(),
+            &mut |pid| procinfo::read_status(pid).ok().map(|s| s.nspid),
+        );
+        let view = map_for_namespace(&mut snapshot, caller, &members);
+        Ok(SampleReply {
+            daemon: self.settings.daemon.into(),
+            nvml_library,
+            boot_id: self.boot_id.clone(),
+            pid_namespace: self.pid_namespace,
+            snapshot,
+            processes: None,
+            driver_names: BTreeMap::new(),
+            mapped: Some(view),
         })
     }
 
@@ -242,7 +276,11 @@ impl Handler for SampleHandler {
         };
         let started = std::time::Instant::now();
         let outcome = match request {
-            Request::Sample { process_stat } => self.sample(process_stat),
+            Request::Sample { process_stat } => match caller_of(peer, self.pid_namespace) {
+                Ok(Caller::Ours) => self.sample(process_stat),
+                Ok(Caller::Other(namespace)) => self.sample_for(namespace),
+                Err(error) => Err(error),
+            },
         };
         let line = match outcome {
             Ok(reply) => ok_line(&reply).unwrap_or_else(|e| {
@@ -279,4 +317,84 @@ fn read_now(sampler: &mut LiveSampler) -> (Snapshot, BTreeMap<u32, String>) {
         }
     }
     (snapshot, names)
+}
+
+/// Where the caller runs, as the daemon sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// In our PID namespace: the full answer, as it was always given.
+    Ours,
+    /// In another one, whose inode this is: the answer made for it.
+    Other(u64),
+}
+
+/// The caller's PID namespace, from its PID as `SO_PEERCRED` gave it (the host's) and the
+/// host's `/proc/PID/ns/pid`. The process is pinned by a pidfd before the read and checked
+/// after it (still running, still the peer's uid), so a PID reused by a process elsewhere
+/// between the two is not read for it. A caller whose namespace cannot be told gets an
+/// error, never the full answer: it could be another container.
+fn caller_of(peer: &Peer, own: Option<u64>) -> Result<Caller, ErrorReply> {
+    let cannot = |why: String| {
+        ErrorReply::new(
+            "cannot_map",
+            format!("{why}: the daemon cannot tell which processes are yours; read NVML yourself"),
+        )
+    };
+    if peer.pid == 0 {
+        return Err(cannot(
+            "you run in a PID namespace this daemon cannot see".into(),
+        ));
+    }
+    let handle = PidHandle::pin(peer.pid)
+        .map_err(|e| cannot(format!("cannot pin your process {}: {e}", peer.pid)))?;
+    let namespace = procinfo::pid_namespace_of(peer.pid)
+        .map_err(|e| cannot(format!("cannot read your PID namespace: {e}")))?;
+    let uid = procinfo::read_status(peer.pid)
+        .ok()
+        .and_then(|s| s.uid_effective);
+    if handle.has_exited() || uid != Some(peer.uid) {
+        return Err(cannot(format!(
+            "process {} is no longer the one that connected",
+            peer.pid
+        )));
+    }
+    Ok(if own == Some(namespace) {
+        Caller::Ours
+    } else {
+        Caller::Other(namespace)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn we_are_in_our_own_namespace_and_a_peer_we_cannot_see_is_refused() {
+        let me = Peer {
+            pid: std::process::id(),
+            uid: procinfo::read_status(std::process::id())
+                .ok()
+                .and_then(|s| s.uid_effective)
+                .expect("our uid"),
+            gid: 0,
+        };
+        let own = PidNamespace::current().inode;
+        assert_eq!(caller_of(&me, own), Ok(Caller::Ours));
+        assert_eq!(
+            caller_of(&me, Some(1)),
+            Ok(Caller::Other(own.expect("our namespace is readable")))
+        );
+        let hidden = Peer { pid: 0, ..me };
+        let error = caller_of(&hidden, own).expect_err("refused");
+        assert_eq!(error.code, "cannot_map");
+        let impostor = Peer {
+            uid: me.uid.wrapping_add(1),
+            ..me
+        };
+        assert_eq!(
+            caller_of(&impostor, own).expect_err("refused").code,
+            "cannot_map"
+        );
+    }
 }

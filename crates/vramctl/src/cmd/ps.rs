@@ -30,6 +30,7 @@ use vramctl_store::format::rfc3339;
 use vramctl_observe::gpu_holdings::{GpuHolding, holdings, total_bytes};
 use vramctl_observe::gpu_selection::GpuFilter;
 use vramctl_observe::pattern::compile_regex;
+use vramctl_observe::pid_view::{OtherHolders, PidView};
 
 use super::open_live;
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
@@ -50,6 +51,18 @@ pub struct PsReport {
     taken_at: String,
     /// Whether this runs in the host PID namespace (else NVML's PIDs may not be ours).
     pid_namespace_initial: bool,
+    /// What the listed PIDs are: `same` (NVML's and this namespace's alike), `mapped` (a
+    /// host daemon answered for this PID namespace), `cannot_map` (NVML's host PIDs).
+    pid_mapping: &'static str,
+    /// Why the PIDs cannot be mapped; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pid_mapping_reason: Option<String>,
+    /// With `mapped`: memory of other containers' or the host's processes, per GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    other_holders: Option<Vec<OtherHolders>>,
+    /// With `cannot_map`: this namespace's processes holding `/dev/nvidia*` open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_device_holders: Option<Vec<LocalHolder>>,
     /// Seconds CPU % was measured over; `null`: averaged over each process's lifetime.
     cpu_interval_s: Option<f64>,
     /// Whether rows are nested (`tree_parent` set, descendants without GPU memory listed).
@@ -73,6 +86,15 @@ pub struct PsReport {
     owners: Option<Vec<OwnerTotal>>,
 }
 
+/// A process of this namespace with NVIDIA device files open (no bytes: NVML's figures
+/// are under host PIDs that cannot be told apart here).
+#[derive(Debug, Clone, Serialize)]
+struct LocalHolder {
+    pid: u32,
+    command: Option<String>,
+    files: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct UnopenedDevice {
     index: u32,
@@ -82,6 +104,9 @@ struct UnopenedDevice {
 #[derive(Debug, Clone, Serialize)]
 struct PsProcess {
     pid: u32,
+    /// NVML's (the host's) PID where it is not `pid` or `pid` cannot be mapped here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_pid: Option<u32>,
     /// Whether /proc in this PID namespace shows it.
     visible: bool,
     /// With the boot id, its identity: `vramctl kill PID@START` insists on it.
@@ -167,6 +192,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     let snapshot = source.sample()?;
     // Who the listed processes are: the daemon's answer or this /proc, the same either way.
     let observation = source.observe(snapshot);
+    let pid_view = source.pid_view().clone();
     // The tree's other processes and CPU % are read here (same PID namespace as a daemon
     // that answered).
     let mut procs = ProcReader::new();
@@ -177,6 +203,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     };
     let mut report = build(
         &observation,
+        &pid_view,
         &filter,
         &mut procs,
         &selection,
@@ -296,6 +323,7 @@ impl Selection {
 /// listed processes' descendants read from `procs`.
 fn build(
     observation: &Observation,
+    pid_view: &PidView,
     filter: &GpuFilter,
     procs: &mut ProcReader,
     selection: &Selection,
@@ -312,7 +340,9 @@ fn build(
             let command = host
                 .map(|h| h.command.clone())
                 .or_else(|| observation.driver_names.get(&pid).cloned());
-            row(pid, host, command, gpus, now_ms, tps)
+            let mut row = row(pid, host, command, gpus, now_ms, tps);
+            row.host_pid = pid_view.host_pid(pid);
+            row
         })
         .collect();
     let listed = all.len();
@@ -348,7 +378,15 @@ fn build(
                         .unwrap_or_else(|| "not reported".into());
                     devices_not_read.push(problem("processes_not_reported", why));
                 }
-                let bytes = reading.unaccounted_bytes().unwrap_or(0);
+                // Memory of other namespaces' processes is theirs, not unaccounted.
+                let others = pid_view
+                    .others_on(info.index)
+                    .and_then(|o| o.used_bytes)
+                    .unwrap_or(0);
+                let bytes = reading
+                    .unaccounted_bytes()
+                    .unwrap_or(0)
+                    .saturating_sub(others);
                 let hidden = !selection.users.is_empty() || selection.pattern.is_some();
                 if bytes > 0 && !hidden && selection.min_bytes.is_none_or(|min| bytes >= min) {
                     unaccounted.push(Unaccounted {
@@ -369,6 +407,39 @@ fn build(
         schema: SCHEMA,
         taken_at: rfc3339(now_ms),
         pid_namespace_initial: PidNamespace::current().is_initial(),
+        pid_mapping: pid_view.mode(),
+        pid_mapping_reason: match pid_view {
+            PidView::CannotMap(u) => Some(u.reason.clone()),
+            _ => None,
+        },
+        other_holders: match pid_view {
+            PidView::Mapped(view) => Some(
+                view.others
+                    .iter()
+                    .filter(|o| {
+                        snapshot
+                            .devices
+                            .iter()
+                            .any(|d| d.info.index == o.index && filter.matches(&d.info))
+                    })
+                    .cloned()
+                    .collect(),
+            ),
+            _ => None,
+        },
+        gpu_device_holders: match pid_view {
+            PidView::CannotMap(u) => Some(
+                u.gpu_device_holders
+                    .iter()
+                    .map(|h| LocalHolder {
+                        pid: h.pid,
+                        command: procinfo::read_cmdline(h.pid),
+                        files: h.files.clone(),
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        },
         by: None,
         owners: None,
         cpu_interval_s: None,
@@ -402,6 +473,7 @@ fn row(
     let started_at_ms = host.and_then(|h| h.started_at_unix_ms);
     PsProcess {
         pid,
+        host_pid: None,
         visible: host.is_some(),
         start_time_ticks: host.and_then(|h| h.start_time_ticks),
         pidfd_id: host.and_then(|h| h.pidfd_id),
@@ -635,7 +707,7 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
     let prefixes = tree_prefixes(report);
     for (p, prefix) in report.processes.iter().zip(&prefixes) {
         let mut cells = vec![
-            p.pid.to_string(),
+            pid_cell(p, report.pid_mapping),
             p.user.clone().unwrap_or_else(|| "-".into()),
             p.gpus.first().map_or_else(|| "-".into(), gpu_cell),
             p.gpus
@@ -699,6 +771,18 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
         cells[columns.len() - 1] = "(unaccounted: used, but no listed process holds it)".into();
         table.push(cells);
     }
+    for o in report.other_holders.iter().flatten() {
+        let mut cells = vec![String::new(); columns.len()];
+        cells[0] = "-".into();
+        cells[1] = "-".into();
+        cells[2] = o.index.to_string();
+        cells[3] = units::opt_bytes(o.used_bytes);
+        cells[columns.len() - 1] = format!(
+            "(other containers/processes: {} outside this PID namespace)",
+            o.processes
+        );
+        table.push(cells);
+    }
 
     if let Some(width) = width {
         let room = width.saturating_sub(table.width_before_last());
@@ -719,7 +803,8 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
         });
     }
     let mut lines = Vec::new();
-    if report.processes.is_empty() && report.unaccounted.is_empty() {
+    let others = report.other_holders.as_ref().is_some_and(|o| !o.is_empty());
+    if report.processes.is_empty() && report.unaccounted.is_empty() && !others {
         // A filter that hides every holder must not read as "the GPUs are free".
         lines.push(match report.filtered_out {
             0 if report.filter_words.is_empty() => "no process holds GPU memory".to_owned(),
@@ -738,8 +823,11 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
         lines.extend(table.render(""));
     }
     let mut notes = Vec::new();
+    if report.pid_mapping == "cannot_map" {
+        notes.extend(cannot_map_notes(report));
+    }
     let hidden = report.processes.iter().filter(|p| !p.visible).count();
-    if hidden > 0 {
+    if hidden > 0 && report.pid_mapping != "cannot_map" {
         notes.push(format!(
             "{hidden} {} not visible in this PID namespace (NVML reports host PIDs); run \
              vramctl in the host PID namespace (e.g. docker run --pid=host) to see and act on {}",
@@ -773,6 +861,49 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
         lines.extend(wrap(&note, "", width));
     }
     lines
+}
+
+/// The PID as shown: a host PID this namespace cannot map is marked `host:`, so that it is
+/// never read as one of ours.
+fn pid_cell(p: &PsProcess, mapping: &str) -> String {
+    if mapping == "cannot_map" {
+        format!("host:{}", p.pid)
+    } else {
+        p.pid.to_string()
+    }
+}
+
+/// What a namespace without a mapping can and cannot say, under the table.
+fn cannot_map_notes(report: &PsReport) -> Vec<String> {
+    let mut notes = vec![
+        "PIDs marked host: are NVML's host PIDs, which this PID namespace cannot map to its \
+         own processes (no host vramctl daemon answered for it); mount the host's \
+         /run/vramctl/daemon.sock into the container (docs/owners.md, \"Inside a container\")"
+            .to_owned(),
+    ];
+    let holders = report.gpu_device_holders.as_deref().unwrap_or_default();
+    if holders.is_empty() {
+        notes.push(
+            "no process here holds /dev/nvidia* open (or none whose files can be read)".into(),
+        );
+    } else {
+        let list: Vec<String> = holders
+            .iter()
+            .map(|h| {
+                let command = h
+                    .command
+                    .as_deref()
+                    .map_or_else(String::new, |c| format!(" ({})", abbreviate(c, 40)));
+                format!("{}{command}", h.pid)
+            })
+            .collect();
+        notes.push(format!(
+            "processes here holding /dev/nvidia* open (which of the rows above each is cannot \
+             be told here): {}",
+            list.join(", ")
+        ));
+    }
+    notes
 }
 
 /// A process's command as shown, in `room` characters when given (interpreter and script
@@ -860,6 +991,7 @@ mod tests {
     fn process(pid: u32, command: &str, gpus: Vec<GpuHolding>) -> PsProcess {
         PsProcess {
             pid,
+            host_pid: None,
             visible: true,
             start_time_ticks: Some(u64::from(pid) * 10),
             pidfd_id: None,
@@ -950,6 +1082,10 @@ mod tests {
             schema: SCHEMA,
             taken_at: "2026-01-01T00:00:00.000Z".into(),
             pid_namespace_initial: true,
+            pid_mapping: "same",
+            pid_mapping_reason: None,
+            other_holders: None,
+            gpu_device_holders: None,
             by: None,
             owners: None,
             cpu_interval_s: Some(0.2),

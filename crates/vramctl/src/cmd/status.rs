@@ -35,6 +35,7 @@ use vramctl_observe::gpu_holdings::holdings;
 use vramctl_observe::live_loop::sampler_on;
 use vramctl_observe::observation::Observation;
 use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
+use vramctl_observe::pid_view::PidView;
 use vramctl_procs::container::ContainerFacts;
 use vramctl_procs::slurm::SlurmJob;
 use vramctl_store::format::rfc3339;
@@ -73,6 +74,9 @@ pub struct StatusReport {
     /// With `--by`: the key each device's `owners` are grouped by.
     #[serde(skip_serializing_if = "Option::is_none")]
     by: Option<OwnerKey>,
+    /// What the listed PIDs are (`ps --json` has the same): `same`, `mapped` (a host
+    /// daemon answered for this PID namespace), `cannot_map` (NVML's host PIDs).
+    pid_mapping: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -118,6 +122,9 @@ struct DeviceStatus {
     missing: BTreeMap<&'static str, String>,
     /// `None`: replayed (a history does not keep them).
     dropped: Option<Vec<DroppedStatus>>,
+    /// With `pid_mapping: mapped`: memory of processes outside this PID namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    other_holders: Option<OtherHoldersStatus>,
     /// With `--by`: the key, for the text (the report says it once).
     #[serde(skip)]
     by: Option<OwnerKey>,
@@ -126,9 +133,19 @@ struct DeviceStatus {
     owners: Option<Vec<OwnerTotal>>,
 }
 
+/// Memory on one GPU of processes of other containers or of the host.
+#[derive(Debug, Serialize)]
+struct OtherHoldersStatus {
+    processes: u32,
+    used_bytes: Option<u64>,
+}
+
 #[derive(Debug, Serialize)]
 struct ProcessStatus {
     pid: u32,
+    /// NVML's (the host's) PID where it is not `pid` or cannot be mapped here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_pid: Option<u32>,
     /// Whether /proc in this PID namespace shows the process.
     visible: bool,
     user: Option<String>,
@@ -197,6 +214,7 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         let observation = source.observe(snapshot);
         let snapshot = &observation.snapshot;
         let mut report = build(snapshot, &filter, &mut Holders::Live(&observation));
+        apply_pid_view(&mut report, source.pid_view());
         ask_agents(&mut report, snapshot);
         if let Some(key) = args.by {
             group_by_owner(&mut report, key, &observation, &filter);
@@ -228,6 +246,27 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
         std::thread::sleep(interval.saturating_sub(started.elapsed()));
     }
     Ok(Exit::Ok)
+}
+
+/// What the PIDs are: each process's host PID where it differs or cannot be mapped, and
+/// with a daemon's mapping the others' memory per GPU (no longer "unaccounted").
+fn apply_pid_view(report: &mut StatusReport, view: &PidView) {
+    report.pid_mapping = view.mode();
+    for device in &mut report.devices {
+        for p in device.processes.iter_mut().flatten() {
+            p.host_pid = view.host_pid(p.pid);
+        }
+        if let Some(others) = view.others_on(device.index) {
+            if let (Some(unaccounted), Some(bytes)) = (device.unaccounted_bytes, others.used_bytes)
+            {
+                device.unaccounted_bytes = Some(unaccounted.saturating_sub(bytes));
+            }
+            device.other_holders = Some(OtherHoldersStatus {
+                processes: others.processes,
+                used_bytes: others.used_bytes,
+            });
+        }
+    }
 }
 
 /// `--by KEY`: each device's processes grouped by owner, in place of its process rows.
@@ -515,6 +554,7 @@ fn build(snapshot: &Snapshot, filter: &GpuFilter, holders: &mut Holders<'_>) -> 
         }),
         replay: None,
         by: None,
+        pid_mapping: "same",
     }
 }
 
@@ -539,6 +579,7 @@ fn device_status(device: &DeviceSnapshot, holders: &mut Holders<'_>) -> DeviceSt
         allocated_to: holders.allocated_to(&info.uuid),
         missing: BTreeMap::new(),
         dropped: (!holders.replayed()).then(Vec::new),
+        other_holders: None,
         by: None,
         owners: None,
     };
@@ -597,6 +638,7 @@ fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessS
     let (visible, user, command, cgroup, container, slurm) = holders.who(process.pid);
     ProcessStatus {
         pid: process.pid,
+        host_pid: None,
         visible,
         user,
         command,
@@ -652,6 +694,16 @@ fn render(
             "{}  {}",
             paint(styles.heading, &heading),
             paint(styles.bad, &text)
+        ));
+    }
+    if report.pid_mapping == "cannot_map" {
+        lines.push(String::new());
+        lines.extend(wrap(
+            "PIDs marked host: are NVML's host PIDs, which this PID namespace cannot map to its \
+             own processes (no host vramctl daemon answered for it); mount the host's \
+             /run/vramctl/daemon.sock into the container (docs/owners.md, \"Inside a container\")",
+            "",
+            width,
         ));
     }
     lines
@@ -814,6 +866,18 @@ fn render_device(d: &DeviceStatus, styles: &Styles, width: Option<usize>, lines:
             }
         }
     }
+    if let Some(others) = &d.other_holders {
+        lines.extend(wrap(
+            &format!(
+                "others  {} held by {} process{} of other containers or the host",
+                units::opt_bytes(others.used_bytes),
+                others.processes,
+                if others.processes == 1 { "" } else { "es" }
+            ),
+            "  ",
+            width,
+        ));
+    }
     for dropped in d.dropped.iter().flatten() {
         for line in wrap(
             &format!("ignored {}: {}", dropped.what, dropped.reason),
@@ -972,7 +1036,11 @@ fn process_row(p: &ProcessStatus, with_agent: bool, owners: OwnerColumns) -> Vec
         None => "-",
     };
     let mut row = vec![
-        p.pid.to_string(),
+        // A host PID this namespace cannot map is marked, never shown as one of ours.
+        match p.host_pid {
+            Some(host) if host == p.pid => format!("host:{host}"),
+            _ => p.pid.to_string(),
+        },
         p.user.clone().unwrap_or_else(|| "-".into()),
         units::opt_bytes(p.used_bytes),
     ];

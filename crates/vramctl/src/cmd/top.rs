@@ -101,6 +101,7 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 ask(&AskOptions {
                     nvml_library: global.nvml_lib.clone(),
                     process_stat: false,
+                    accept_mapped: false,
                 })
                 .map(|reply| FirstSample {
                     snapshot: reply.snapshot,

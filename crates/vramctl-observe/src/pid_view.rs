@@ -1,0 +1,384 @@
+//! What the PIDs of an observation mean, and the host daemon's answer for a caller in
+//! another PID namespace (a container, a pod, an `unshare --pid` shell).
+//!
+//! The driver reports PIDs of the host's (initial) PID namespace, and nothing inside a
+//! container maps them back: the container's /proc lists its own PIDs, and since Linux 4.14
+//! `/proc/PID/sched` shows those too. The host can: its /proc gives every process's PID
+//! namespace (`/proc/PID/ns/pid`) and its PID in each namespace from the host's down to its
+//! own (`NSpid:`), and `SO_PEERCRED` gives the caller's host PID, so its namespace. A host
+//! daemon ([`crate::daemon_socket`]) therefore answers a caller in another namespace with
+//! [`map_for_namespace`]: only the processes whose PID namespace is the caller's, each
+//! under its PID there, and everything else on a device as one figure with no PID, user or
+//! command. Without such a daemon the caller cannot map and says so ([`PidView::CannotMap`]).
+//!
+//! docs/owners.md "Inside a container" says which setups each method works in.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use vramctl_core::types::{DeviceState, Snapshot};
+
+/// What the PIDs of an observation are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum PidView {
+    /// NVML's PIDs are this /proc's: vramctl runs in the host's PID namespace, or its /proc
+    /// is the host's, or a daemon in its own namespace answered.
+    #[default]
+    Same,
+    /// A host daemon answered for this PID namespace: the listed processes are this
+    /// namespace's, under its PIDs; the rest is one figure per device.
+    Mapped(NamespaceView),
+    /// NVML's PIDs are the host's, and nothing here maps them: the processes are listed
+    /// under NVML's PIDs, marked as host PIDs, with no /proc facts.
+    CannotMap(Unmapped),
+}
+
+impl PidView {
+    /// NVML's (the host's) PID of `pid` as listed, where it differs from `pid` or cannot
+    /// be mapped; `None` where `pid` is NVML's and this namespace's alike.
+    pub fn host_pid(&self, pid: u32) -> Option<u32> {
+        match self {
+            Self::Same => None,
+            Self::Mapped(view) => view.host_pids.get(&pid).copied(),
+            Self::CannotMap(_) => Some(pid),
+        }
+    }
+
+    /// Whether the listed PIDs may be looked up in this /proc.
+    pub fn pids_are_ours(&self) -> bool {
+        !matches!(self, Self::CannotMap(_))
+    }
+
+    /// The word JSON uses: `same`, `mapped`, `cannot_map`.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Self::Same => "same",
+            Self::Mapped(_) => "mapped",
+            Self::CannotMap(_) => "cannot_map",
+        }
+    }
+
+    /// Memory of processes outside this namespace on the device `index`, with a mapped view.
+    pub fn others_on(&self, index: u32) -> Option<&OtherHolders> {
+        match self {
+            Self::Mapped(view) => view.others.iter().find(|o| o.index == index),
+            _ => None,
+        }
+    }
+}
+
+/// The daemon's answer for one PID namespace (in the reply as `mapped`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceView {
+    /// The inode of the caller's PID namespace the answer was made for: a client uses the
+    /// answer only when it is its own.
+    pub pid_namespace: u64,
+    /// The namespace's PID → the host's (NVML's) PID, of each process listed.
+    pub host_pids: BTreeMap<u32, u32>,
+    /// Per device where processes outside the namespace hold memory: how many and how much.
+    pub others: Vec<OtherHolders>,
+}
+
+/// Memory held on one device by processes of other containers or of the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OtherHolders {
+    /// The device's index.
+    pub index: u32,
+    /// The device's UUID.
+    pub uuid: String,
+    /// How many processes.
+    pub processes: u32,
+    /// Their memory; `None` when the driver reports any of it "not available".
+    pub used_bytes: Option<u64>,
+}
+
+/// What a namespace sees without a mapping.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unmapped {
+    /// Why no mapping: the words a user reads.
+    pub reason: String,
+    /// The processes of this namespace that hold an NVIDIA device file open (`/dev/nvidia*`),
+    /// with those files: this namespace's GPU users, whose memory NVML lists under host
+    /// PIDs that cannot be told apart here.
+    pub gpu_device_holders: Vec<DeviceHolder>,
+}
+
+/// A process of this namespace with NVIDIA device files open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceHolder {
+    /// Its PID here.
+    pub pid: u32,
+    /// The device files (`/dev/nvidia0`, `/dev/nvidiactl`, …).
+    pub files: Vec<String>,
+}
+
+/// Keeps in `snapshot` only the processes `members` names (host PID → PID in the caller's
+/// namespace), renumbered to the caller's PIDs, and sums every other process per device
+/// into [`OtherHolders`]. Drops what would name another process otherwise: per-process
+/// activity of non-members and the `dropped` notes (which quote PIDs). Device-wide figures
+/// (memory used, utilisation) stay: the caller's own NVML shows them too.
+pub fn map_for_namespace(
+    snapshot: &mut Snapshot,
+    pid_namespace: u64,
+    members: &BTreeMap<u32, u32>,
+) -> NamespaceView {
+    let mut view = NamespaceView {
+        pid_namespace,
+        ..NamespaceView::default()
+    };
+    for device in &mut snapshot.devices {
+        let DeviceState::Ok(reading) = &mut device.state else {
+            continue;
+        };
+        reading.dropped.clear();
+        if let Some(activity) = reading.process_activity.as_mut() {
+            activity.retain(|a| members.contains_key(&a.pid));
+            for a in activity.iter_mut() {
+                a.pid = members.get(&a.pid).copied().unwrap_or(a.pid);
+            }
+        }
+        let Some(processes) = reading.processes.as_mut() else {
+            continue;
+        };
+        let mut other_pids = BTreeSet::new();
+        let mut other_bytes = Some(0_u64);
+        processes.retain(|p| {
+            if members.contains_key(&p.pid) {
+                return true;
+            }
+            other_pids.insert(p.pid);
+            other_bytes = match (other_bytes, p.used_bytes) {
+                (Some(sum), Some(used)) => Some(sum.saturating_add(used)),
+                _ => None,
+            };
+            false
+        });
+        for p in processes.iter_mut() {
+            if let Some(&ns_pid) = members.get(&p.pid) {
+                view.host_pids.insert(ns_pid, p.pid);
+                p.pid = ns_pid;
+            }
+        }
+        if !other_pids.is_empty() {
+            view.others.push(OtherHolders {
+                index: device.info.index,
+                uuid: device.info.uuid.clone(),
+                processes: u32::try_from(other_pids.len()).unwrap_or(u32::MAX),
+                used_bytes: other_bytes,
+            });
+        }
+    }
+    view
+}
+
+/// Who among `listed` (host PIDs) runs in the PID namespace `caller`, with its PID there:
+/// `namespace_of(pid)` is its namespace's inode and `nspid_of(pid)` its `NSpid:` chain as
+/// the host's /proc reads them. A process either cannot be read for is left out (it becomes
+/// part of the others' figure), and so is one nested deeper (a namespace inside the
+/// caller's): telling a nested namespace from a sibling's needs the kernel's namespace
+/// parent, which /proc does not give.
+pub fn members_of(
+    listed: &[u32],
+    caller: u64,
+    namespace_of: &mut dyn FnMut(u32) -> Option<u64>,
+    nspid_of: &mut dyn FnMut(u32) -> Option<Vec<u32>>,
+) -> BTreeMap<u32, u32> {
+    let mut members = BTreeMap::new();
+    for &pid in listed {
+        if namespace_of(pid) != Some(caller) {
+            continue;
+        }
+        // The last entry is the PID in the process's own namespace, which is the caller's.
+        if let Some(&ns_pid) = nspid_of(pid).as_ref().and_then(|chain| chain.last()) {
+            // Read again: a PID reused between the two reads by a process elsewhere must
+            // not lend it its NSpid.
+            if namespace_of(pid) == Some(caller) {
+                members.insert(pid, ns_pid);
+            }
+        }
+    }
+    members
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use vramctl_core::types::{
+        DeviceInfo, DeviceReading, DeviceSnapshot, DriverInfo, MemoryReading, ProcessActivity,
+        ProcessKind, ProcessUsage,
+    };
+
+    use super::*;
+
+    fn usage(pid: u32, bytes: Option<u64>) -> ProcessUsage {
+        ProcessUsage {
+            pid,
+            used_bytes: bytes,
+            kind: ProcessKind::Compute,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    fn snapshot(devices: Vec<Vec<ProcessUsage>>) -> Snapshot {
+        Snapshot {
+            taken_at_unix_ms: 1,
+            monotonic_ms: 1,
+            driver: Arc::new(DriverInfo::default()),
+            devices: devices
+                .into_iter()
+                .enumerate()
+                .map(|(i, processes)| DeviceSnapshot {
+                    info: Arc::new(DeviceInfo {
+                        index: u32::try_from(i).expect("small"),
+                        uuid: format!("GPU-{i}"),
+                        name: None,
+                        pci_bus_id: None,
+                        minor_number: None,
+                        mig_enabled: None,
+                        mig_instances: Vec::new(),
+                    }),
+                    state: DeviceState::Ok(DeviceReading {
+                        memory: Some(MemoryReading {
+                            total_bytes: 1000,
+                            used_bytes: 600,
+                            reserved_bytes: 0,
+                            free_bytes: 400,
+                        }),
+                        process_activity: Some(
+                            processes
+                                .iter()
+                                .map(|p| ProcessActivity {
+                                    pid: p.pid,
+                                    sm_percent: 1,
+                                    memory_percent: 1,
+                                })
+                                .collect(),
+                        ),
+                        processes: Some(processes),
+                        ..DeviceReading::default()
+                    }),
+                })
+                .collect(),
+            unopened: Vec::new(),
+        }
+    }
+
+    fn processes(s: &Snapshot, index: usize) -> Vec<(u32, Option<u64>)> {
+        match &s.devices[index].state {
+            DeviceState::Ok(r) => r
+                .processes
+                .iter()
+                .flatten()
+                .map(|p| (p.pid, p.used_bytes))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_members_stay_under_their_namespace_pids_and_the_rest_is_one_figure() {
+        // Host PIDs 1001, 1002 are the caller's (its PIDs 7 and 9); 2001 another
+        // container's, 3001 the host's.
+        let mut s = snapshot(vec![
+            vec![
+                usage(1001, Some(100)),
+                usage(2001, Some(200)),
+                usage(3001, Some(50)),
+            ],
+            vec![usage(1002, Some(10))],
+            vec![usage(2001, Some(300))],
+        ]);
+        let members = BTreeMap::from([(1001, 7), (1002, 9)]);
+        let view = map_for_namespace(&mut s, 42, &members);
+        assert_eq!(view.pid_namespace, 42);
+        assert_eq!(processes(&s, 0), [(7, Some(100))]);
+        assert_eq!(processes(&s, 1), [(9, Some(10))]);
+        assert_eq!(processes(&s, 2), []);
+        assert_eq!(view.host_pids, BTreeMap::from([(7, 1001), (9, 1002)]));
+        assert_eq!(
+            view.others,
+            [
+                OtherHolders {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                    processes: 2,
+                    used_bytes: Some(250)
+                },
+                OtherHolders {
+                    index: 2,
+                    uuid: "GPU-2".into(),
+                    processes: 1,
+                    used_bytes: Some(300)
+                },
+            ]
+        );
+        // No PID of another process survives anywhere in the answer.
+        let text = serde_json::to_string(&s).expect("json");
+        for pid in ["2001", "3001", "1001", "1002"] {
+            assert!(!text.contains(pid), "{pid} leaked: {text}");
+        }
+    }
+
+    #[test]
+    fn an_unavailable_figure_makes_the_others_sum_unknown_not_smaller() {
+        let mut s = snapshot(vec![vec![usage(5, Some(10)), usage(6, None)]]);
+        let view = map_for_namespace(&mut s, 1, &BTreeMap::new());
+        assert_eq!(view.others[0].used_bytes, None);
+        assert_eq!(view.others[0].processes, 2);
+        assert!(processes(&s, 0).is_empty());
+    }
+
+    #[test]
+    fn a_process_on_two_devices_or_listed_twice_counts_once_per_device() {
+        let mut s = snapshot(vec![vec![usage(5, Some(10)), usage(5, Some(1))]]);
+        let view = map_for_namespace(&mut s, 1, &BTreeMap::new());
+        assert_eq!(view.others[0].processes, 1);
+        assert_eq!(view.others[0].used_bytes, Some(11));
+    }
+
+    #[test]
+    fn members_are_those_of_the_callers_namespace_only() {
+        let ns = BTreeMap::from([(1001, 42), (2001, 43), (3001, 42)]);
+        let nspid = BTreeMap::from([(1001, vec![1001, 7]), (2001, vec![2001, 7])]);
+        let members = members_of(
+            &[1001, 2001, 3001, 4001],
+            42,
+            &mut |pid| ns.get(&pid).copied(),
+            &mut |pid| nspid.get(&pid).cloned(),
+        );
+        // 3001 is in the namespace but its NSpid could not be read: left out, never guessed.
+        assert_eq!(members, BTreeMap::from([(1001, 7)]));
+    }
+
+    #[test]
+    fn a_pid_that_moves_namespace_between_reads_is_left_out() {
+        let mut calls = 0;
+        let members = members_of(
+            &[1001],
+            42,
+            &mut |_| {
+                calls += 1;
+                Some(if calls == 1 { 42 } else { 43 })
+            },
+            &mut |_| Some(vec![1001, 7]),
+        );
+        assert!(members.is_empty());
+    }
+
+    #[test]
+    fn host_pids_follow_the_view() {
+        assert_eq!(PidView::Same.host_pid(5), None);
+        assert_eq!(PidView::CannotMap(Unmapped::default()).host_pid(5), Some(5));
+        let mapped = PidView::Mapped(NamespaceView {
+            pid_namespace: 1,
+            host_pids: BTreeMap::from([(7, 1001)]),
+            others: Vec::new(),
+        });
+        assert_eq!(mapped.host_pid(7), Some(1001));
+        assert!(mapped.pids_are_ours());
+        assert!(!PidView::CannotMap(Unmapped::default()).pids_are_ours());
+    }
+}

@@ -1,0 +1,321 @@
+//! Inside a PID namespace (issue 31): real namespaces made with `unshare --pid --fork
+//! --mount-proc`, their processes announced as GPU processes of the fake NVML under their
+//! host PIDs (what the driver reports), and `vramctl ps --json` run inside one of them with
+//! `nsenter --pid --mount`.
+//!
+//! - With a host daemon (`vramctl record`) whose socket the namespace reaches: the
+//!   namespace's processes under its own PIDs, NVML's bytes, none of the other namespace's,
+//!   and the others' memory as one figure per GPU.
+//! - Without one: NVML's PIDs marked as host PIDs that cannot be mapped, even where a
+//!   process of the namespace has the same number.
+//!
+//! Needs root, `unshare` and `nsenter` (util-linux). Without them the tests say why and
+//! pass, unless `VRAMCTL_TEST_STRICT=1` (CI), where a missing part fails them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::daemon::Daemon;
+use crate::harness::vramctl_std;
+use crate::real_processes::{Holder, Scenario, Spawned, is_root, spawn, unused_pids};
+use vramctl_procs::procinfo;
+
+const GIB: u64 = 1 << 30;
+
+/// Whether to skip: root, `unshare` and `nsenter` are needed.
+fn skip_without_namespaces() -> bool {
+    let have = |program: &str| {
+        Command::new(program)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let missing = if !is_root() {
+        Some("root")
+    } else if !have("unshare") {
+        Some("unshare (util-linux)")
+    } else if !have("nsenter") {
+        Some("nsenter (util-linux)")
+    } else {
+        None
+    };
+    let Some(missing) = missing else {
+        return false;
+    };
+    if std::env::var("VRAMCTL_TEST_STRICT").is_ok_and(|v| v == "1") {
+        panic!("{missing} is missing and VRAMCTL_TEST_STRICT=1");
+    }
+    eprintln!("skipped: PID namespace tests need {missing}");
+    true
+}
+
+/// A PID namespace of its own (`unshare --pid --fork --mount-proc`): a shell (PID 1 there)
+/// and the `sleep`s it started, killed with the namespace when dropped.
+struct Namespace {
+    _unshare: Spawned,
+    /// The shell's host PID: `nsenter --target` it.
+    init: u32,
+    /// Each sleep: (host PID, PID in the namespace).
+    sleepers: Vec<(u32, u32)>,
+}
+
+impl Namespace {
+    /// A namespace running `script` (which starts sleeps) and then printing `ready`.
+    fn start(script: &str) -> Self {
+        let mut unshare = spawn(Command::new("unshare").args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "sh",
+            "-c",
+            &format!("{script}\necho ready\nwait"),
+        ]));
+        while unshare.line() != "ready" {}
+        let tree = procinfo::descendants(unshare.pid());
+        let init = tree
+            .iter()
+            .find(|(_, parent)| *parent == unshare.pid())
+            .map(|(pid, _)| *pid)
+            .expect("the namespace's shell");
+        let sleepers = tree
+            .iter()
+            .filter(|(_, parent)| *parent == init)
+            .map(|(pid, _)| {
+                let nspid = procinfo::read_status(*pid).expect("status").nspid;
+                assert_eq!(nspid.len(), 2, "host and namespace PIDs: {nspid:?}");
+                (*pid, nspid[1])
+            })
+            .collect();
+        Self {
+            _unshare: unshare,
+            init,
+            sleepers,
+        }
+    }
+
+    /// `n` sleeps.
+    fn with_sleepers(n: usize) -> Self {
+        let ns = Self::start(&"sleep 600 &\n".repeat(n));
+        assert_eq!(ns.sleepers.len(), n);
+        ns
+    }
+
+    /// `vramctl ARGS` run inside this namespace (its PIDs and its /proc), with the
+    /// environment `vramctl_std` gives, the daemon's runtime directory in `runtime`.
+    fn vramctl(&self, scenario: &Path, runtime: &Path, args: &[&str]) -> Output {
+        let inner = vramctl_std(scenario);
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["--target", &self.init.to_string(), "--pid", "--mount", "--"])
+            .arg(inner.get_program())
+            .args(args)
+            .env_clear();
+        for (key, value) in inner.get_envs() {
+            if let Some(value) = value {
+                cmd.env(key, value);
+            }
+        }
+        cmd.env("VRAMCTL_RUNTIME_DIR", runtime)
+            .env("VRAMCTL_LOG", "vramctl=debug");
+        let out = cmd.output().expect("nsenter");
+        assert!(
+            out.status.success(),
+            "vramctl {args:?} inside the namespace failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// (pid, host_pid, used_bytes, visible) of each process in a `ps --json` document.
+fn rows(doc: &Value) -> BTreeSet<(u64, Option<u64>, u64, bool)> {
+    doc["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .map(|p| {
+            (
+                p["pid"].as_u64().expect("pid"),
+                p["host_pid"].as_u64(),
+                p["used_bytes"].as_u64().expect("bytes"),
+                p["visible"].as_bool().expect("visible"),
+            )
+        })
+        .collect()
+}
+
+/// (gpu, processes, bytes) of `other_holders`.
+fn others(doc: &Value) -> BTreeMap<u64, (u64, u64)> {
+    doc["other_holders"]
+        .as_array()
+        .expect("other_holders")
+        .iter()
+        .map(|o| {
+            (
+                o["index"].as_u64().expect("index"),
+                (
+                    o["processes"].as_u64().expect("processes"),
+                    o["used_bytes"].as_u64().expect("bytes"),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn ps_inside_a_namespace_lists_its_own_processes_under_its_pids_through_the_host_daemon() {
+    if skip_without_namespaces() {
+        return;
+    }
+    // Two namespaces whose sleeps have the same PIDs there (2 and 3), and a host process.
+    let a = Namespace::with_sleepers(2);
+    let b = Namespace::with_sleepers(2);
+    let host = crate::real_processes::sleeper();
+    let (a0, a1) = (a.sleepers[0], a.sleepers[1]);
+    let (b0, b1) = (b.sleepers[0], b.sleepers[1]);
+    assert_eq!(a0.1, b0.1, "the same PID in both namespaces");
+    let scenario = Scenario::new(
+        2,
+        &[
+            Holder::real(0, a0.0, "3 GiB"),
+            Holder::real(1, a1.0, "5 GiB"),
+            Holder::real(0, b0.0, "7 GiB"),
+            Holder::real(1, b1.0, "11 GiB"),
+            Holder::real(0, host.pid(), "13 GiB"),
+        ],
+    );
+    let runtime = scenario.dir.path().join("run");
+    let mut record = vramctl_std(scenario.path());
+    record
+        .arg("--db")
+        .arg(scenario.dir.path().join("history.db"))
+        .args(["record", "--interval", "1s"]);
+    let _daemon = Daemon::start(record, &runtime);
+
+    let out = a.vramctl(scenario.path(), &runtime, &["ps", "--json"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("Answered by the daemon."), "{log}");
+    let doc = json(&out);
+    assert_eq!(doc["pid_mapping"], "mapped", "{doc}");
+    assert_eq!(
+        rows(&doc),
+        BTreeSet::from([
+            (u64::from(a0.1), Some(u64::from(a0.0)), 3 * GIB, true),
+            (u64::from(a1.1), Some(u64::from(a1.0)), 5 * GIB, true),
+        ]),
+        "A's processes, A's PIDs, NVML's bytes: {doc}"
+    );
+    for p in doc["processes"].as_array().expect("processes") {
+        assert!(
+            p["command"].as_str().is_some_and(|c| c.contains("sleep")),
+            "its command from its own /proc: {p}"
+        );
+    }
+    // B's and the host's memory: one figure per GPU, nothing else of theirs.
+    assert_eq!(
+        others(&doc),
+        BTreeMap::from([(0, (2, 20 * GIB)), (1, (1, 11 * GIB))]),
+        "{doc}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for pid in [b0.0, b1.0, host.pid()] {
+        assert!(
+            !text.contains(&format!("\"host_pid\":{pid}"))
+                && !text.contains(&format!("\"pid\":{pid},")),
+            "another namespace's PID {pid} leaked: {text}"
+        );
+    }
+    // The 1 GiB no process holds stays unaccounted; the others' memory is not.
+    let unaccounted: Vec<(u64, u64)> = doc["unaccounted"]
+        .as_array()
+        .expect("unaccounted")
+        .iter()
+        .map(|u| {
+            (
+                u["index"].as_u64().expect("i"),
+                u["bytes"].as_u64().expect("b"),
+            )
+        })
+        .collect();
+    assert_eq!(unaccounted, [(0, GIB)], "{doc}");
+
+    // The same from B: its own, and A's as the others'.
+    let doc = json(&b.vramctl(scenario.path(), &runtime, &["ps", "--json"]));
+    assert_eq!(
+        rows(&doc),
+        BTreeSet::from([
+            (u64::from(b0.1), Some(u64::from(b0.0)), 7 * GIB, true),
+            (u64::from(b1.1), Some(u64::from(b1.0)), 11 * GIB, true),
+        ]),
+        "{doc}"
+    );
+    assert_eq!(
+        others(&doc),
+        BTreeMap::from([(0, (2, 16 * GIB)), (1, (1, 5 * GIB))]),
+        "{doc}"
+    );
+
+    // status inside A: the same mapping, the others' line.
+    let out = a.vramctl(scenario.path(), &runtime, &["status", "--json"]);
+    let doc = json(&out);
+    assert_eq!(doc["pid_mapping"], "mapped", "{doc}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for pid in [b0.0, b1.0, host.pid()] {
+        assert!(
+            !text.contains(&format!("\"host_pid\":{pid}"))
+                && !text.contains(&format!("\"pid\":{pid},")),
+            "another namespace's PID {pid} leaked to status: {text}"
+        );
+    }
+    let table = a.vramctl(scenario.path(), &runtime, &["ps"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("(other containers/processes: 2 outside this PID namespace)"),
+        "{table}"
+    );
+}
+
+#[test]
+fn without_a_daemon_host_pids_are_never_taken_for_the_namespaces_own() {
+    if skip_without_namespaces() {
+        return;
+    }
+    // NVML lists a host PID that, inside the namespace, is the PID of one of its own
+    // processes: the number means another process there, and must not be matched.
+    let pid = unused_pids(1)[0];
+    let ns = Namespace::start(&format!(
+        "echo {} > /proc/sys/kernel/ns_last_pid\nsleep 600 &",
+        pid - 1
+    ));
+    assert_eq!(ns.sleepers.len(), 1);
+    assert_eq!(
+        ns.sleepers[0].1, pid,
+        "the namespace's sleep took PID {pid}"
+    );
+    let scenario = Scenario::new(1, &[Holder::fictional(0, pid, "3 GiB")]);
+    let runtime = scenario.dir.path().join("run");
+    let out = ns.vramctl(scenario.path(), &runtime, &["ps", "--json"]);
+    let doc = json(&out);
+    assert_eq!(doc["pid_mapping"], "cannot_map", "{doc}");
+    assert_eq!(
+        rows(&doc),
+        BTreeSet::from([(u64::from(pid), Some(u64::from(pid)), 3 * GIB, false)]),
+        "{doc}"
+    );
+    let p = &doc["processes"][0];
+    assert!(p["user"].is_null() && p["command"].is_null(), "{p}");
+    assert_eq!(doc["gpu_device_holders"], serde_json::json!([]), "{doc}");
+    let table = ns.vramctl(scenario.path(), &runtime, &["ps"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains(&format!("host:{pid}")), "{table}");
+    assert!(!table.contains("sleep 600"), "{table}");
+}
