@@ -14,6 +14,9 @@
 #               status with a GPU process, both through a recorder (issue 30's figures)
 #   pidns31     a PyTorch holder in its own PID namespace (unshare): ps on the host names it
 #               with the PID nvidia-smi gives, its user and command; --by user sums it (issue 31)
+#   inside31    scripts/inside-namespace-h200.sh: ps inside a PyTorch holder's PID namespace
+#               through a host record daemon: its namespace PID, nvidia-smi's bytes, the
+#               outer holder only as "others"; cannot_map without the daemon (issue 31)
 #   oom-kinds   scripts/oom-kinds-h200.sh: the eight OOM kinds, each fix re-run (issue 33)
 #   oom-live    scripts/oom-live-h200.sh: the agent's observer, run's verdict, its delay and
 #               cost (issue 33), where the script exists
@@ -98,6 +101,7 @@ EOF
   return $rc
 }
 part pidns31 pidns31
+part inside31 env OUT="$OUT/parts/inside31" scripts/inside-namespace-h200.sh
 
 part oom-kinds scripts/oom-kinds-h200.sh "$OUT/parts/oom-kinds"
 if [ -x scripts/oom-live-h200.sh ]; then

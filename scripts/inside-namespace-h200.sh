@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# inside-namespace-h200.sh: `vramctl ps` inside a PID namespace on the real driver (issue 31).
+#
+# A PyTorch process holds 1 GiB inside `unshare --pid --fork --mount-proc`; a second one holds
+# 512 MiB outside it, on the host. A host `vramctl record` answers on its socket. Then, run
+# inside the namespace (`nsenter --target <holder> --pid --mount`):
+#   - `ps --json` through the daemon lists exactly the namespace's holder, under its PID there
+#     (NSpid's last entry), with host_pid = the PID nvidia-smi gives and bytes equal to
+#     nvidia-smi's used_memory for it (MiB, to the MiB); the outer holder is not listed, its
+#     memory is in `other_holders` (the sum of nvidia-smi's other entries on that GPU);
+#   - `ps --json --no-daemon` says `cannot_map` and lists NVML's host PIDs as such, with no
+#     user or command;
+#   - `ps --json` on the host names the namespaced holder with its host PID (python3).
+# Prints PASS/FAIL lines; exit 1 on any FAIL. Needs root (unshare, nsenter), torch, nvidia-smi.
+# Usage: OUT=dir [VRAMCTL=path] scripts/inside-namespace-h200.sh   (about 30 s)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VRAMCTL=$(readlink -f "${VRAMCTL:-.dist/vramctl}")
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+runtime="$work/run"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
+  wait 2> /dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+hold() { # hold MiB READY-FILE: a PyTorch process holding MiB until killed
+  python3 -c "
+import time, torch
+x = torch.empty($1 << 20, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()
+open('$2', 'w').close(); time.sleep(300)"
+}
+export -f hold
+
+unshare --pid --fork --mount-proc bash -c "hold 1024 $work/inner.ready" &
+outer_ns=$!
+pids+=("$outer_ns")
+hold 512 "$work/outer.ready" &
+outer_holder=$!
+pids+=("$outer_holder")
+for _ in $(seq 600); do [ -e "$work/inner.ready" ] && [ -e "$work/outer.ready" ] && break; sleep 0.1; done
+if ! [ -e "$work/inner.ready" ] || ! [ -e "$work/outer.ready" ]; then
+  echo "FAIL the holders never got their memory"
+  exit 1
+fi
+# The namespaced python: unshare's child (bash, PID 1 there) and its child.
+children() { cat /proc/"$1"/task/*/children 2> /dev/null; }
+inner_bash=$(children "$outer_ns" | awk '{print $1}')
+inner=$(children "$inner_bash" | awk '{print $1}')
+[ -z "$inner" ] && inner=$inner_bash # bash may exec python directly
+inner_nspid=$(awk '/^NSpid:/ {print $NF}' /proc/"$inner"/status)
+echo "namespaced holder: host PID $inner, PID $inner_nspid in its namespace; outer holder $outer_holder"
+
+VRAMCTL_RUNTIME_DIR=$runtime VRAMCTL_LOG=info "$VRAMCTL" --db "$work/history.db" record --interval 1s \
+  2> "$OUT/record.log" &
+pids+=("$!")
+for _ in $(seq 100); do grep -q "NVML" "$OUT/record.log" 2> /dev/null && [ -S "$runtime/daemon.sock" ] && break; sleep 0.1; done
+sleep 1
+
+nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits > "$OUT/smi.csv"
+inside() {
+  VRAMCTL_RUNTIME_DIR=$runtime VRAMCTL_LOG=vramctl=debug \
+    nsenter --target "$inner" --pid --mount -- "$VRAMCTL" "$@"
+}
+inside ps --json > "$OUT/inside.json" 2> "$OUT/inside.log"
+inside ps > "$OUT/inside.txt" 2> /dev/null
+inside ps --json --no-daemon > "$OUT/inside-no-daemon.json" 2> /dev/null
+"$VRAMCTL" ps --json --no-daemon > "$OUT/host.json"
+nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits > "$OUT/smi-after.csv"
+cat "$OUT/inside.txt"
+
+python3 - "$OUT" "$inner" "$inner_nspid" "$outer_holder" << 'EOF'
+import json, sys
+out, inner, inner_ns, outer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+MIB = 1 << 20
+smi = {}
+for line in open(f"{out}/smi.csv"):
+    if line.strip():
+        pid, uuid, mib = (x.strip() for x in line.split(","))
+        smi[int(pid)] = (uuid, int(mib))
+bad = 0
+def check(ok, what):
+    global bad
+    print(("PASS " if ok else "FAIL ") + what)
+    bad += 0 if ok else 1
+inside = json.load(open(f"{out}/inside.json"))
+log = open(f"{out}/inside.log").read()
+check("Answered by the daemon." in log, "the host daemon answered the namespace's ps")
+check(inside.get("pid_mapping") == "mapped", f"pid_mapping is mapped ({inside.get('pid_mapping')})")
+rows = inside.get("processes", [])
+check(len(rows) == 1, f"exactly one process listed inside ({[r.get('pid') for r in rows]})")
+row = next((r for r in rows if r.get("pid") == inner_ns), None)
+check(row is not None, f"the holder is listed under its namespace PID {inner_ns}")
+if row is not None and inner in smi:
+    check(row.get("host_pid") == inner, f"host_pid {row.get('host_pid')} = nvidia-smi's PID {inner}")
+    mib = row["used_bytes"] / MIB
+    check(abs(mib - smi[inner][1]) <= 1, f"bytes {mib:.1f} MiB = nvidia-smi {smi[inner][1]} MiB")
+    check("python" in (row.get("command") or ""), f"its command from its own /proc: {row.get('command')!r}")
+check(all(r.get("host_pid") != outer and r.get("pid") != outer for r in rows),
+      f"the outer holder {outer} is not attributed to the namespace")
+uuid = smi.get(inner, ("?", 0))[0]
+others = {o["uuid"]: o for o in inside.get("other_holders", [])}
+expect = sum(m for p, (u, m) in smi.items() if u == uuid and p != inner)
+got = others.get(uuid, {}).get("used_bytes") or 0
+n = sum(1 for p, (u, _) in smi.items() if u == uuid and p != inner)
+check(abs(got / MIB - expect) <= n + 1, f"other_holders {got / MIB:.0f} MiB = nvidia-smi's others {expect} MiB ({n} processes)")
+text = json.dumps(inside)
+check(f'"pid": {outer}' not in text and f'"host_pid": {outer}' not in text, "no PID of the outer holder in the answer")
+nod = json.load(open(f"{out}/inside-no-daemon.json"))
+check(nod.get("pid_mapping") == "cannot_map", f"without the daemon: pid_mapping {nod.get('pid_mapping')}")
+check(all(r.get("host_pid") == r.get("pid") and r.get("user") is None and not r.get("visible")
+          for r in nod.get("processes", [])), "without the daemon: NVML's PIDs marked host PIDs, no user")
+host = json.load(open(f"{out}/host.json"))
+hrow = next((r for r in host.get("processes", []) if r.get("pid") == inner), None)
+check(hrow is not None and "python" in (hrow.get("command") or ""), "the host's ps names the namespaced holder")
+print("PASS inside31" if bad == 0 else f"FAIL inside31: {bad} checks failed")
+sys.exit(1 if bad else 0)
+EOF
