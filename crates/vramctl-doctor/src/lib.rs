@@ -8,11 +8,12 @@
 //! collect::holders ──────┤ (/proc: who has /dev/nvidia* open)
 //! collect::kernel_log ───┼─▶ Facts ─▶ judge ─▶ Vec<Finding> ─▶ cmd/doctor.rs (table, --json)
 //! python_env::collect ───┤ (site-packages: the frameworks' CUDA, never imported)
-//! collect::env / host ───┘ (CUDA_VISIBLE_DEVICES, container, root)
+//! collect::env / host ───┤ (CUDA_VISIBLE_DEVICES, container, root)
+//! container_view::collect┘ (PID and cgroup namespaces, the host daemon, /dev/nvidia-caps)
 //! ```
 //!
 //! The checks that need no driver (`frameworks`, `visible_devices`, `container`,
-//! `process_visibility`, `kernel_log`) are judged even when NVML cannot start: that is when
+//! `pid_namespace`, `cgroup_namespace`, `process_visibility`, `kernel_log`) are judged even when NVML cannot start: that is when
 //! a user needs them most.
 //!
 //! Its main types are [`Facts`] (what [`collect`] and [`python_env`] gathered) and
@@ -21,6 +22,7 @@
 //! code are the binary's `cmd/doctor.rs`.
 
 pub mod collect;
+pub mod container_view;
 pub mod cuda_compat;
 mod gpu_checks;
 mod host_checks;
@@ -132,6 +134,8 @@ pub struct Facts {
     pub env: EnvFacts,
     /// The host: container, device files, root.
     pub host: HostFacts,
+    /// What can be seen from here: PID and cgroup namespaces, the host daemon, MIG devices.
+    pub view: container_view::ViewFacts,
 }
 
 /// The driver stack as far as it answered.
@@ -271,6 +275,9 @@ pub fn judge(facts: &Facts) -> Vec<Finding> {
         &facts.gpus,
     ));
     out.push(host_checks::container(&facts.host, &facts.env));
+    out.push(container_view::pid_namespace(&facts.view));
+    out.push(container_view::cgroup_namespace(&facts.view));
+    out.push(container_view::mig_devices(&facts.view, &facts.gpus));
     out.push(host_checks::process_visibility(&facts.host, &facts.holders));
     out.push(host_checks::kernel_log(&facts.kernel_log, &facts.all_gpus));
     for gpu in &facts.gpus {

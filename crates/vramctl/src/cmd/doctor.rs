@@ -87,6 +87,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
         python: python_env::collect(&sources),
         env: collect::env(),
         host: collect::host(),
+        view: vramctl_doctor::container_view::collect(),
     };
     let findings = vramctl_doctor::judge(&facts);
     let no_driver = matches!(facts.driver, DriverFacts::Unusable(_));

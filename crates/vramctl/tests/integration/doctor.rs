@@ -1,9 +1,11 @@
 //! `vramctl doctor` against fake scenarios, recorded kernel logs and fake Python
 //! environments (`testdata/doctor/`): every check's ok, warn and fail.
 //!
-//! Two checks judge the machine the tests run on and are left out of the snapshots and
-//! the exit-code expectations: `container` (a CI runner may be one) and
-//! `process_visibility` (root or not); their outcomes are unit-tested on hand-built facts.
+//! Some checks judge the machine the tests run on and are left out of the snapshots and
+//! the exit-code expectations: `container`, `pid_namespace`, `cgroup_namespace` (a CI
+//! runner may be a container), `mig_devices` (whether it has `/dev/nvidia-caps`) and
+//! `process_visibility` (root or not); their outcomes are unit-tested on hand-built facts,
+//! and `pid_namespace`/`cgroup_namespace` in real namespaces (`namespaces.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,13 @@ use serde_json::Value;
 use crate::harness::{self, vramctl_on};
 
 /// The checks whose outcome depends on the machine running the tests.
-const HOST_DEPENDENT: &[&str] = &["container", "process_visibility"];
+const HOST_DEPENDENT: &[&str] = &[
+    "container",
+    "pid_namespace",
+    "cgroup_namespace",
+    "mig_devices",
+    "process_visibility",
+];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -106,7 +114,7 @@ fn stable(report: &Value) -> Value {
 fn table_settings() -> insta::Settings {
     let mut settings = harness::redactions();
     settings.add_filter(
-        r"(?m)^\S+ +(container|process_visibility) .*\n( {9}fix: .*\n)?",
+        r"(?m)^\S+ +(container|pid_namespace|cgroup_namespace|mig_devices|process_visibility) .*\n( {9}fix: .*\n)?",
         "",
     );
     settings.add_filter(r"(?m)^\d+ fail, \d+ warn, \d+ ok, \d+ skipped", "[COUNTS]");

@@ -67,14 +67,17 @@ struct Namespace {
 impl Namespace {
     /// A namespace running `script` (which starts sleeps) and then printing `ready`.
     fn start(script: &str) -> Self {
-        let mut unshare = spawn(Command::new("unshare").args([
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "sh",
-            "-c",
-            &format!("{script}\necho ready\nwait"),
-        ]));
+        Self::start_with(&[], script)
+    }
+
+    /// The same, with more `unshare` options (`--cgroup`).
+    fn start_with(options: &[&str], script: &str) -> Self {
+        let mut unshare = spawn(
+            Command::new("unshare")
+                .args(["--pid", "--fork", "--mount-proc"])
+                .args(options)
+                .args(["sh", "-c", &format!("{script}\necho ready\nwait")]),
+        );
         while unshare.line() != "ready" {}
         let tree = procinfo::descendants(unshare.pid());
         let init = tree
@@ -108,20 +111,7 @@ impl Namespace {
     /// `vramctl ARGS` run inside this namespace (its PIDs and its /proc), with the
     /// environment `vramctl_std` gives, the daemon's runtime directory in `runtime`.
     fn vramctl(&self, scenario: &Path, runtime: &Path, args: &[&str]) -> Output {
-        let inner = vramctl_std(scenario);
-        let mut cmd = Command::new("nsenter");
-        cmd.args(["--target", &self.init.to_string(), "--pid", "--mount", "--"])
-            .arg(inner.get_program())
-            .args(args)
-            .env_clear();
-        for (key, value) in inner.get_envs() {
-            if let Some(value) = value {
-                cmd.env(key, value);
-            }
-        }
-        cmd.env("VRAMCTL_RUNTIME_DIR", runtime)
-            .env("VRAMCTL_LOG", "vramctl=debug");
-        let out = cmd.output().expect("nsenter");
+        let out = self.vramctl_any(scenario, runtime, args);
         assert!(
             out.status.success(),
             "vramctl {args:?} inside the namespace failed ({}): {}",
@@ -129,6 +119,31 @@ impl Namespace {
             String::from_utf8_lossy(&out.stderr)
         );
         out
+    }
+
+    /// The same, whatever its exit code.
+    fn vramctl_any(&self, scenario: &Path, runtime: &Path, args: &[&str]) -> Output {
+        let inner = vramctl_std(scenario);
+        let mut cmd = Command::new("nsenter");
+        cmd.args([
+            "--target",
+            &self.init.to_string(),
+            "--pid",
+            "--mount",
+            "--cgroup",
+            "--",
+        ])
+        .arg(inner.get_program())
+        .args(args)
+        .env_clear();
+        for (key, value) in inner.get_envs() {
+            if let Some(value) = value {
+                cmd.env(key, value);
+            }
+        }
+        cmd.env("VRAMCTL_RUNTIME_DIR", runtime)
+            .env("VRAMCTL_LOG", "vramctl=debug");
+        cmd.output().expect("nsenter")
     }
 }
 
@@ -318,4 +333,63 @@ fn without_a_daemon_host_pids_are_never_taken_for_the_namespaces_own() {
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains(&format!("host:{pid}")), "{table}");
     assert!(!table.contains("sleep 600"), "{table}");
+}
+
+/// The finding `id` of a `doctor --json` document.
+fn finding(doc: &Value, id: &str) -> Value {
+    doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {id} in {doc}"))
+}
+
+#[test]
+fn doctor_inside_a_namespace_says_what_it_cannot_see_and_how_to_fix_it() {
+    if skip_without_namespaces() {
+        return;
+    }
+    let ns = Namespace::start_with(&["--cgroup"], "sleep 600 &");
+    let scenario = Scenario::new(1, &[Holder::real(0, ns.sleepers[0].0, "3 GiB")]);
+    let runtime = scenario.dir.path().join("run");
+    // No daemon: host PIDs nobody maps, the socket to mount named; a cgroup namespace of
+    // its own, owners unreadable.
+    let doc = json(&ns.vramctl_any(scenario.path(), &runtime, &["doctor", "--json"]));
+    let pid = finding(&doc, "pid_namespace");
+    assert_eq!(pid["status"], "warn", "{pid}");
+    assert_eq!(pid["facts"]["daemon"]["state"], "no_socket", "{pid}");
+    assert!(
+        pid["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("daemon.sock")),
+        "{pid}"
+    );
+    let cgroup = finding(&doc, "cgroup_namespace");
+    assert_eq!(cgroup["status"], "warn", "{cgroup}");
+
+    // With the host daemon answering for the namespace: ok.
+    let mut record = vramctl_std(scenario.path());
+    record
+        .arg("--db")
+        .arg(scenario.dir.path().join("history.db"))
+        .args(["record", "--interval", "1s"]);
+    let _daemon = Daemon::start(record, &runtime);
+    let doc = json(&ns.vramctl_any(scenario.path(), &runtime, &["doctor", "--json"]));
+    let pid = finding(&doc, "pid_namespace");
+    assert_eq!(pid["status"], "ok", "{pid}");
+    assert_eq!(pid["facts"]["daemon"]["state"], "mapped", "{pid}");
+
+    // On the host (the tests' own namespace): the PIDs are the host's.
+    let host = json(
+        &vramctl_std(scenario.path())
+            .args(["doctor", "--json"])
+            .output()
+            .expect("doctor"),
+    );
+    let pid = finding(&host, "pid_namespace");
+    if vramctl_procs::procinfo::PidNamespace::current().proc_shows_host_pids() {
+        assert_eq!(pid["status"], "ok", "{pid}");
+    }
 }
