@@ -1,6 +1,6 @@
 //! Who owns the memory, as series of their own: one `vramctl_process_info` per exported
 //! process (its user, container, pod, Slurm job) and, per Slurm job, one `vramctl_job_info`
-//! and its memory and peak per GPU.
+//! and one peak (the most it held on any one GPU; the peak is kept per GPU here).
 //!
 //! Why series of their own and not labels on every byte series: a label multiplies into
 //! every family a process has (memory, agent figures, four verdicts), and a label whose

@@ -17,7 +17,6 @@ use vramctl_agent::agent_poll::AgentFigures;
 use vramctl_core::types::{DeviceInfo, DeviceState, ProcessUsage, Snapshot};
 
 use super::metadata::{ProcessLabels, ProcessMetadata};
-use super::owner_series::JobGpu;
 use super::stats::{ERROR_KINDS, Stats};
 
 pub mod dcgm;
@@ -145,8 +144,7 @@ families! {
     PROCESS_IDLE = "vramctl_process_idle_seconds", Gauge, "How long the process has held memory without using the GPU, per the idle analysis.";
     PROCESS_INFO = "vramctl_process", Info, "Who owns a process that has series: user, command, container (id, name, runtime), Kubernetes pod (UID, namespace, name, container), Slurm job and step; join on pid.";
     JOB_INFO = "vramctl_job", Info, "A Slurm job holding GPU memory: its user and partition; join on slurm_job.";
-    JOB_MEMORY = "vramctl_job_memory_used_bytes", Gauge, "GPU memory the processes of a Slurm job hold on a GPU, all of them (beyond --max-process-series too).";
-    JOB_MEMORY_MAX = "vramctl_job_memory_used_max_bytes", Gauge, "Most GPU memory a Slurm job's processes held together on a GPU at one sample since the exporter first saw the job.";
+    JOB_MEMORY_MAX = "vramctl_job_memory_used_max_bytes", Gauge, "Most GPU memory a Slurm job's processes held together on any one GPU at one sample since the exporter first saw the job (per GPU: vramctl_process_memory_used_bytes joined with vramctl_process_info).";
     LAST_SAMPLE_AGE = "vramctl_last_sample_age_seconds", Gauge, "Seconds since the sampler last published, at the time of this scrape.";
 }
 
@@ -509,27 +507,16 @@ fn render_owners(out: &mut Out, rows: &[ProcessRow<'_>], metadata: &ProcessMetad
             );
         }
     });
-    let per_gpu = |pick: fn(&JobGpu) -> Option<u64>| {
-        move |f: &mut Rows<'_>| {
-            for job in jobs {
-                for gpu in &job.gpus {
-                    if let Some(bytes) = pick(gpu) {
-                        let index = gpu.gpu.to_string();
-                        f.row(
-                            &[
-                                ("gpu", &index),
-                                ("uuid", &gpu.uuid),
-                                ("slurm_job", &job.job_id),
-                            ],
-                            bytes,
-                        );
-                    }
-                }
+    // One series per job (the bound: at most 2 per job with its info series): its
+    // highest peak on any one GPU, since a job's limit is each GPU's memory. What it holds
+    // now, and on which GPU, is the process series joined with `vramctl_process_info`.
+    out.family(&JOB_MEMORY_MAX, |f| {
+        for job in jobs {
+            if let Some(bytes) = job.gpus.iter().filter_map(|g| g.max_bytes).max() {
+                f.row(&[("slurm_job", &job.job_id)], bytes);
             }
         }
-    };
-    out.family(&JOB_MEMORY, per_gpu(|g| g.used_bytes));
-    out.family(&JOB_MEMORY_MAX, per_gpu(|g| g.max_bytes));
+    });
 }
 
 fn render_mig(out: &mut Out, devices: &[Device<'_>]) {
@@ -1197,7 +1184,7 @@ mod tests {
     }
 
     #[test]
-    fn owners_are_one_info_series_per_process_and_jobs_have_memory_and_peaks() {
+    fn owners_are_one_info_series_per_process_and_one_peak_per_job() {
         use crate::owner_series::JobPeaks;
         use crate::owner_series::tests::{host, hostile, job, snapshot};
         use vramctl_observe::observation::Observation;

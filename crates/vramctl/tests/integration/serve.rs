@@ -1765,13 +1765,24 @@ fn owner_series_are_info_series_joined_by_pid_and_job() {
                 .to_owned(),
         ]
     );
-    let memory = lines("vramctl_job_memory_used_bytes{");
-    assert_eq!(memory.len(), 3, "{memory:#?}");
-    assert!(memory.contains(&format!(
-        "vramctl_job_memory_used_bytes{{gpu=\"0\",uuid=\"GPU-00000000-1111-2222-3333-444444444444\",slurm_job=\"4242\"}} {}",
-        300 * MIB
-    )));
-    assert_eq!(lines("vramctl_job_memory_used_max_bytes{").len(), 3);
+    // Two series per job at most: its info and its peak, the highest on any one GPU (4242
+    // holds 300 MiB on GPU 0 and 10 MiB on GPU 1); no per-GPU job series.
+    assert!(lines("vramctl_job_memory_used_bytes{").is_empty(), "{text}");
+    let peaks = lines("vramctl_job_memory_used_max_bytes{");
+    assert_eq!(
+        peaks,
+        [
+            format!(
+                "vramctl_job_memory_used_max_bytes{{slurm_job=\"4242\"}} {}",
+                300 * MIB
+            ),
+            format!(
+                "vramctl_job_memory_used_max_bytes{{slurm_job=\"4343\"}} {}",
+                50 * MIB
+            ),
+        ],
+        "{text}"
+    );
     // The byte series carry no job: owners are joined, not multiplied.
     assert!(
         lines("vramctl_process_memory_used_bytes{")
@@ -1780,12 +1791,13 @@ fn owner_series_are_info_series_joined_by_pid_and_job() {
         "{text}"
     );
     // What the owner series cost (`nvml` has none, and the same series otherwise): one per
-    // process (4), one per job (2), and two per GPU each job holds memory on (3 × 2).
+    // process (4) and two per job (2 × 2), whatever GPUs the job holds memory on (issue
+    // 31's bound: at most 1 per process and 2 per job).
     let count = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
     let without = scrape("nvml");
     assert_eq!(
         count(&text) - count(&without),
-        4 + 2 + 3 * 2,
+        4 + 2 * 2,
         "{text}\n---\n{without}"
     );
 }
