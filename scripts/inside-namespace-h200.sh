@@ -36,7 +36,7 @@ open('$2', 'w').close(); time.sleep(300)"
 }
 export -f hold
 
-unshare --pid --fork --mount-proc bash -c "hold 1024 $work/inner.ready" &
+unshare --pid --fork --mount-proc --kill-child bash -c "hold 1024 $work/inner.ready" &
 outer_ns=$!
 pids+=("$outer_ns")
 hold 512 "$work/outer.ready" &
