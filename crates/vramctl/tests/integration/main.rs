@@ -24,6 +24,7 @@ mod kill;
 mod kubernetes;
 mod leaks;
 mod leakset;
+mod live_oom;
 mod packaging;
 mod ps;
 mod real_processes;
