@@ -2,8 +2,9 @@
 with the agent (history recorded) keeps 100 GiB, asks for 60 GiB more (an OOM on an H200,
 cause `shortage`), catches it and keeps running. Checks, in the same run:
 
-- `vramctl ps --json` gives the process an `oom` object with a cause within 15 s of the OOM;
-- `vramctl serve --process-details proc`'s `/api/now` does too, within 15 s;
+- `vramctl serve --process-details proc`, started before the OOM (so its agent poll, every
+  10 s, has to notice it), gives the process's `/api/now` entry a cause within 15 s of it;
+- `vramctl ps --json`, asked from the OOM on, does too;
 - that cause is the one `vramctl snapshot FILE --json` gives on the snapshot the agent kept
   (the same file, its allocator's own `oom` event), and the one the case makes (`shortage`);
 - the process is the one nvidia-smi lists, and `ps`'s memory for it is nvidia-smi's.
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -31,6 +33,8 @@ vramctl_agent.start()
 GiB = 1 << 30
 keep = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')
 torch.cuda.synchronize()
+print(json.dumps({"ready": True}), flush=True)
+sys.stdin.readline()  # the go: serve is watching by now
 at = time.time()
 try:
     more = torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')
@@ -71,11 +75,11 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     results = []
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), VRAMCTL_OOM_HISTORY="1")
-    proc = subprocess.Popen([sys.executable, "-c", PROCESS], env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", PROCESS], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     serve = None
     try:
-        told = json.loads(proc.stdout.readline())
-        oom_at = told["oom_at"]
+        assert json.loads(proc.stdout.readline())["ready"]
         pid = proc.pid
         serve = subprocess.Popen([args.bin, "serve", "--listen", "127.0.0.1:0", "--interval", "1s",
                                   "--process-details", "proc"], stderr=subprocess.PIPE, text=True)
@@ -85,36 +89,58 @@ def main():
             if m:
                 addr = m.group(1)
                 break
-
-        # ps --json, asked until it names a cause.
-        ps_oom, ps_entry, ps_after = None, None, None
-        while time.time() - oom_at < 60:
-            ps_oom, ps_entry = oom_of_ps(args.bin, pid)
-            if ps_oom and ps_oom.get("state") == "classified":
-                ps_after = time.time() - oom_at
-                break
-            time.sleep(0.5)
-        with open(os.path.join(args.out, "ps-oom.json"), "w") as f:
-            json.dump({"oom": ps_oom, "after_s": ps_after}, f, indent=1)
-        line(ps_after is not None and ps_after <= LIMIT_S,
-             f"ps --json: cause {ps_oom and ps_oom.get('cause')} {ps_after if ps_after is None else round(ps_after, 2)} s after the OOM (limit {LIMIT_S} s)", results)
-
-        # serve's /api/now, asked until its entry names a cause.
-        now_oom, now_after = None, None
-        while addr and time.time() - oom_at < 60:
+        # Its log keeps coming: drained, so serve never blocks on the pipe.
+        threading.Thread(target=lambda: [None for _ in serve.stderr], daemon=True).start()
+        # serve has polled the agent (no OOM yet) before the OOM happens.
+        started = time.time()
+        while addr and time.time() - started < 30:
             try:
                 now = json.load(urllib.request.urlopen(f"http://{addr}/api/now", timeout=5))
+                if any(p["pid"] == pid for g in now["gpus"] for p in g["processes"]):
+                    break
             except OSError:
-                now = {"gpus": []}
-            entry = next((p for g in now["gpus"] for p in g["processes"] if p["pid"] == pid), None)
-            if entry and entry.get("oom", {}).get("state") == "classified":
-                now_oom, now_after = entry["oom"], time.time() - oom_at
-                break
+                pass
             time.sleep(0.5)
-        with open(os.path.join(args.out, "api-now-oom.json"), "w") as f:
-            json.dump({"oom": now_oom, "after_s": now_after}, f, indent=1)
+        time.sleep(2)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        told = json.loads(proc.stdout.readline())
+        oom_at = told["oom_at"]
+        found = {}
+
+        def watch_ps():
+            while time.time() - oom_at < 60:
+                ps_oom, ps_entry = oom_of_ps(args.bin, pid)
+                if ps_oom and ps_oom.get("state") == "classified":
+                    found["ps"] = (ps_oom, ps_entry, time.time() - oom_at)
+                    return
+                time.sleep(0.5)
+
+        def watch_serve():
+            while addr and time.time() - oom_at < 60:
+                try:
+                    now = json.load(urllib.request.urlopen(f"http://{addr}/api/now", timeout=5))
+                except OSError:
+                    now = {"gpus": []}
+                entry = next((p for g in now["gpus"] for p in g["processes"] if p["pid"] == pid), None)
+                if entry and (entry.get("oom") or {}).get("state") == "classified":
+                    found["serve"] = (entry["oom"], time.time() - oom_at)
+                    return
+                time.sleep(0.25)
+
+        threads = [threading.Thread(target=watch_ps), threading.Thread(target=watch_serve)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ps_oom, ps_entry, ps_after = found.get("ps", (None, None, None))
+        now_oom, now_after = found.get("serve", (None, None))
+        with open(os.path.join(args.out, "live-oom.json"), "w") as f:
+            json.dump({"ps": {"oom": ps_oom, "after_s": ps_after}, "serve": {"oom": now_oom, "after_s": now_after}}, f, indent=1)
         line(now_after is not None and now_after <= LIMIT_S,
              f"serve /api/now: cause {now_oom and now_oom.get('cause')} {now_after if now_after is None else round(now_after, 2)} s after the OOM (limit {LIMIT_S} s)", results)
+        line(ps_after is not None and ps_after <= LIMIT_S,
+             f"ps --json: cause {ps_oom and ps_oom.get('cause')} {ps_after if ps_after is None else round(ps_after, 2)} s after the OOM (limit {LIMIT_S} s)", results)
 
         # The same file through `vramctl snapshot`.
         file_cause = None
@@ -142,6 +168,8 @@ def main():
         want = apps.get(pid)
         line(want is not None and ps_mib is not None and abs(ps_mib - want) <= max(64, 0.01 * want),
              f"ps's memory for PID {pid}: {ps_mib if ps_mib is None else round(ps_mib)} MiB, nvidia-smi {want} MiB", results)
+    except (OSError, ValueError, KeyError, AssertionError, subprocess.SubprocessError) as err:
+        line(False, f"the check could not run: {type(err).__name__}: {err}", results)
     finally:
         for p in (serve, proc):
             if p is not None:
