@@ -20,6 +20,8 @@
 #   oom-kinds   scripts/oom-kinds-h200.sh: the eight OOM kinds, each fix re-run (issue 33)
 #   oom-live    scripts/oom-live-h200.sh: the agent's observer, run's verdict, its delay and
 #               cost (issue 33), where the script exists
+#   oom-top     scripts/oom-top-h200.sh: a running process's OOM in ps --json and serve's
+#               /api/now within 15 s, the cause vramctl snapshot gives on the kept file (issue 33)
 #   estimate34  estimate --gpu's inverse answers against a real generation job: the most
 #               concurrent sequences it says fit do, one more is reported not to (issue 34)
 #   web32       serve on the real driver with a PyTorch holder: /api/now's memory and PIDs
@@ -107,6 +109,7 @@ part oom-kinds scripts/oom-kinds-h200.sh "$OUT/parts/oom-kinds"
 if [ -x scripts/oom-live-h200.sh ]; then
   part oom-live scripts/oom-live-h200.sh "$OUT/parts/oom-live"
 fi
+part oom-top scripts/oom-top-h200.sh "$OUT/parts/oom-top"
 
 # --- estimate34: the most concurrent sequences estimate says fit, tried for real.
 estimate34() {

@@ -213,8 +213,8 @@ impl Collector {
             (Some(snapshot), Some(poll)) => agent_poll::figures(poll, snapshot),
             _ => AgentFigures::new(),
         };
-        if let (Some(snapshot), Some(poll)) = (snapshot, self.observer.agent_poll()) {
-            self.oom_causes.update(snapshot, poll);
+        if let (Some(observation), Some(_)) = (&observation, self.observer.agent_poll()) {
+            self.oom_causes.update(&observation.ooms);
             self.stats
                 .ooms_by_cause
                 .clone_from(self.oom_causes.totals());

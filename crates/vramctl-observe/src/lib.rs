@@ -9,6 +9,7 @@
 //! container or pod. [`gpu_selection`] is the one `--gpu`
 //! matcher, [`units`] the one formatter of bytes, rates and durations.
 
+pub mod agent_ooms;
 pub mod daemon_socket;
 pub mod gpu_holdings;
 pub mod gpu_selection;

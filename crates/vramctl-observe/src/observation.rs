@@ -20,6 +20,7 @@ use vramctl_procs::process_catalog::{
 use vramctl_procs::procinfo::ProcessFacts;
 use vramctl_procs::procinfo::{self, ProcessDetails};
 
+use crate::agent_ooms::{AgentOoms, ClassifyFn, OomWatch};
 use crate::kubernetes::{self, KubeletSource};
 
 /// One moment as the UI shows it.
@@ -44,6 +45,10 @@ pub struct Observation {
     /// Kubernetes, when the kubelet could not be asked, and in a replay.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kubernetes_gpus: BTreeMap<String, Vec<PodContainer>>,
+    /// The OOMs the processes' agents reported, with the first one's cause and fix
+    /// (`crate::agent_ooms`), by PID; empty without agents, and in a replay.
+    #[serde(default, skip_serializing_if = "AgentOoms::is_empty")]
+    pub ooms: AgentOoms,
 }
 
 impl Observation {
@@ -56,6 +61,7 @@ impl Observation {
             verdicts: Verdicts::default(),
             agents: AgentFigures::default(),
             kubernetes_gpus: BTreeMap::new(),
+            ooms: AgentOoms::default(),
         }
     }
 
@@ -354,6 +360,8 @@ pub struct Observer {
     judge: Option<Box<dyn Judge>>,
     ancestors: bool,
     kubelet: Option<KubeletSource>,
+    /// The agents' OOMs and their causes (only with agents).
+    oom_watch: OomWatch,
 }
 
 impl std::fmt::Debug for dyn Judge {
@@ -379,6 +387,8 @@ pub struct ObserverBuilder {
     ancestors: bool,
     /// `None`: decided at `build` (`KubeletSource::from_env` on this system's /proc).
     kubelet: Option<Option<KubeletSource>>,
+    /// `None`: classifies through the agents (`agent_ooms::classify_through_agent`).
+    oom_watch: Option<OomWatch>,
 }
 
 impl ObserverBuilder {
@@ -436,6 +446,14 @@ impl ObserverBuilder {
         self
     }
 
+    /// Classifies the agents' first OOMs with `classify` instead of asking the agents
+    /// (tests give a stand-in).
+    #[must_use]
+    pub fn oom_classifier(mut self, classify: Box<ClassifyFn>) -> Self {
+        self.oom_watch = Some(OomWatch::with_classifier(classify));
+        self
+    }
+
     /// The observer, knowing no process yet.
     pub fn build(self) -> Observer {
         let scripted = self.proc_source.is_some();
@@ -456,6 +474,7 @@ impl ObserverBuilder {
             judge: self.judge,
             ancestors: self.ancestors,
             kubelet,
+            oom_watch: self.oom_watch.unwrap_or_default(),
         }
     }
 }
@@ -483,6 +502,7 @@ impl Observer {
             judge: None,
             ancestors: true,
             kubelet: None,
+            oom_watch: None,
         }
     }
 
@@ -534,6 +554,12 @@ impl Observer {
     ) -> Observation {
         let mut observation = self.observe_processes(snapshot, driver_name);
         observation.agents = self.agent_figures(&observation.snapshot);
+        if let Some(poll) = self.agents.as_ref() {
+            // Never blocks: the snapshots are read by the watch's own thread.
+            observation.ooms =
+                self.oom_watch
+                    .update(&observation.snapshot, poll, &observation.starts());
+        }
         if let Some(judge) = self.judge.as_mut() {
             observation.verdicts = judge.judge(&observation);
         }
@@ -620,6 +646,7 @@ impl Observer {
             verdicts: Verdicts::default(),
             agents: AgentFigures::default(),
             kubernetes_gpus: BTreeMap::new(),
+            ooms: AgentOoms::default(),
         };
         if let Some(kubelet) = self.kubelet.as_mut() {
             // Read at most every `kubernetes::REFRESH_MS` of the snapshots' time.

@@ -673,3 +673,89 @@ fn grouped_by_owner() {
         "top --by job starts where o o o o leads"
     );
 }
+
+/// The trainer (24101) of h200-training with the OOMs its agent reported, in `state`
+/// (what `Observer` puts on each observation once it has seen them).
+fn with_an_oom(
+    observations: &[Arc<Observation>],
+    state: vramctl_observe::agent_ooms::OomState,
+) -> Vec<Arc<Observation>> {
+    use vramctl_observe::agent_ooms::{OomState, ProcessOoms};
+    let classified = state == OomState::Classified;
+    let oom = ProcessOoms {
+        count: 3,
+        seen_at_unix_ms: 1_764_450_010_000,
+        state,
+        cause: classified.then(|| "fragmentation".to_owned()),
+        fix: classified.then(|| "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".to_owned()),
+        why: classified.then(|| {
+            "2.00 GiB asked; 3.10 GiB reserved is free but the largest free block is 1.50 GiB"
+                .to_owned()
+        }),
+        oom_at_unix_ms: classified.then_some(1_764_450_008_000),
+        device: Some(0),
+    };
+    let mut out: Vec<Arc<Observation>> = observations.to_vec();
+    if let Some(last) = out.last_mut() {
+        let mut o = (**last).clone();
+        o.ooms.insert(24101, oom);
+        *last = Arc::new(o);
+    }
+    out
+}
+
+/// At 80 columns a process that hit an OOM is flagged `O` in its row.
+#[test]
+fn oom_flagged_at_80x24() {
+    use vramctl_observe::agent_ooms::OomState;
+    let mut app = live(80, 24);
+    feed(
+        &mut app,
+        &with_an_oom(
+            &from_scenario("h200-training.toml", &every_10s(240)),
+            OomState::Classified,
+        ),
+    );
+    let flags = |pid| {
+        app.table
+            .rows
+            .iter()
+            .find(|r| r.key.pid == pid)
+            .map(|r| r.flags.text())
+    };
+    assert_eq!(flags(24101).as_deref(), Some("O"));
+    assert_eq!(flags(24210).as_deref(), Some(""));
+    insta::assert_snapshot!("oom_flagged_80x24", frame(&app));
+}
+
+/// The detail pane says how many OOMs, the first one's cause, its fix and why; while
+/// the snapshot is being read, that it is.
+#[test]
+fn oom_cause_and_fix_in_the_detail_pane() {
+    use vramctl_observe::agent_ooms::OomState;
+    let observations = from_scenario("h200-training.toml", &every_10s(70));
+    let (before, last) = observations.split_at(observations.len() - 1);
+    let mut app = live(120, 40);
+    feed(&mut app, &with_an_oom(before, OomState::Classifying));
+    // The selection follows its process as rows reorder: move from where it is.
+    let trainer = app
+        .table
+        .rows
+        .iter()
+        .position(|r| r.key.pid == 24101)
+        .unwrap();
+    let at = app.table.selected_index().unwrap_or(0);
+    for _ in trainer..at {
+        app.update(key(KeyCode::Up));
+    }
+    for _ in at..trainer {
+        app.update(key(KeyCode::Down));
+    }
+    app.update(key(KeyCode::Enter));
+    assert_eq!(app.selected_row().map(|r| r.key.pid), Some(24101));
+    let screen = format!("{:?}", frame(&app));
+    assert!(screen.contains("classifying…"), "{screen}");
+    // The next observation has its cause.
+    feed(&mut app, &with_an_oom(last, OomState::Classified));
+    insta::assert_snapshot!("oom_detail", frame(&app));
+}

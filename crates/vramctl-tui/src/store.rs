@@ -404,6 +404,7 @@ impl Inner {
             agents: vramctl_observe::observation::AgentFigures::default(),
             // The history keeps no pod allocations: a replay says none.
             kubernetes_gpus: std::collections::BTreeMap::new(),
+            ooms: vramctl_observe::agent_ooms::AgentOoms::default(),
         }))
     }
 }
@@ -579,6 +580,7 @@ mod tests {
             verdicts: vramctl_observe::verdict::Verdicts::default(),
             agents: vramctl_observe::observation::AgentFigures::default(),
             kubernetes_gpus: std::collections::BTreeMap::new(),
+            ooms: vramctl_observe::agent_ooms::AgentOoms::default(),
         }
     }
 

@@ -187,6 +187,8 @@ impl Idle {
 pub struct Flags {
     /// The analysis calls it a leak.
     pub leak: bool,
+    /// Its agent reported a CUDA out-of-memory error (the detail pane says its cause).
+    pub oom: bool,
     /// The analysis calls it an idle holder.
     pub idle_holder: bool,
     /// A zombie (exited, not reaped).
@@ -196,11 +198,13 @@ pub struct Flags {
 }
 
 impl Flags {
-    /// `L` leak, `I` idle holder, `Z` zombie, `H` hidden (not visible here).
+    /// `L` leak, `O` out of memory, `I` idle holder, `Z` zombie, `H` hidden (not
+    /// visible here).
     pub fn text(self) -> String {
         let mut s = String::new();
         for (on, c) in [
             (self.leak, 'L'),
+            (self.oom, 'O'),
             (self.idle_holder, 'I'),
             (self.zombie, 'Z'),
             (self.hidden, 'H'),
@@ -213,7 +217,8 @@ impl Flags {
     }
 
     fn weight(self) -> u8 {
-        u8::from(self.leak) * 8
+        u8::from(self.oom) * 16
+            + u8::from(self.leak) * 8
             + u8::from(self.idle_holder) * 4
             + u8::from(self.zombie) * 2
             + u8::from(self.hidden)

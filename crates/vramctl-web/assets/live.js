@@ -250,6 +250,27 @@
     return p.verdict + (p.reason ? ": " + p.reason : "");
   }
 
+  // A process's OOMs (its agent's count, the first one's cause): "" when it had none.
+  function oomText(p) {
+    const o = p.oom;
+    if (!o) return "";
+    const n = o.count === 1 ? "1 OOM" : o.count + " OOMs";
+    if (o.state === "classifying") return n + ": classifying…";
+    if (o.state === "classified" && o.cause) return n + ": " + o.cause;
+    return n + ": cause unknown";
+  }
+
+  // The detail's sentences on them: cause, fix (or that none works), why.
+  function oomDetail(p) {
+    const o = p.oom;
+    if (!o) return null;
+    const at = new Date(o.oom_at_unix_ms || o.seen_at_unix_ms).toLocaleTimeString();
+    const parts = ["Out of memory: " + oomText(p) + " (first at " + at + ")."];
+    if (o.state === "classified") parts.push("Fix: " + (o.fix || "none — nothing the process can set avoids it") + ".");
+    if (o.why) parts.push(o.why);
+    return el("p", { class: "oom", text: parts.join(" ") });
+  }
+
   const HEAD = [["PID", "num"], ["User", ""], ["Command", ""], ["Container / pod / job", "wide"], ["Memory", "num"], ["Allocated", "num wide"], ["Cached", "num wide"], ["Verdict", ""]];
 
   // Columns after the PID: [text, class].
@@ -261,7 +282,8 @@
       [bytes(p.used_bytes), "num"],
       [bytes(p.allocated_bytes), "num wide"],
       [bytes(p.cached_bytes), "num wide"],
-      [verdictText(p), p.verdict ? "verdict-" + p.verdict : ""],
+      // A process's OOMs beside its verdict: no column that is empty for everyone else.
+      [verdictText(p) + (p.oom ? " · " + oomText(p) : ""), p.oom ? "oom" : p.verdict ? "verdict-" + p.verdict : ""],
     ];
   }
 
@@ -351,7 +373,8 @@
     const facts = el("p", { text: p ? "User " + (p.user || "—") + " · " + where(p) + " · memory " + bytes(p.used_bytes) + " · allocated " + bytes(p.allocated_bytes) + " · cached " + bytes(p.cached_bytes) + " · " + verdictText(p) : "Not on the GPU now." });
     const chart = el("div", { class: "chart", role: "img", "aria-label": "Memory of process " + pid });
     const close = el("button", { type: "button", onclick: () => { box.hidden = true; S.selected = null; if (S.detail) S.detail.destroy(); S.detail = null; } }, "Close");
-    box.replaceChildren(heading, facts, chart, el("div", { class: "controls" }, close));
+    const oom = p ? oomDetail(p) : null;
+    box.replaceChildren(...[heading, facts, oom, chart, el("div", { class: "controls" }, close)].filter(Boolean));
     heading.focus();
     let t = g ? g.t : [], used = g && g.procs.get(String(pid)) ? g.procs.get(String(pid)).vals : [];
     let allocated = null, reserved = null;

@@ -25,6 +25,7 @@ use vramctl_core::types::DeviceState;
 use vramctl_exporter::collector::TickConsumer;
 use vramctl_exporter::metadata::ProcessMetadata;
 use vramctl_exporter::render::{ProcessVerdict, ProcessVerdicts};
+use vramctl_observe::agent_ooms::ProcessOoms;
 use vramctl_observe::observation::{Observation, Observer};
 
 /// Event streams open at most.
@@ -70,6 +71,10 @@ pub struct TickProcess {
     /// Why, in words (the measured growth, the idle time).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The CUDA out-of-memory errors its agent reported: how many, the first one's cause
+    /// and fix (`vramctl_observe::agent_ooms`, the fields `ps --json` has too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom: Option<ProcessOoms>,
 }
 
 /// One GPU in a tick.
@@ -399,6 +404,7 @@ pub fn tick_of(
                                     .map(|(r, a)| r.saturating_sub(a)),
                                 verdict,
                                 reason,
+                                oom: observation.ooms.get(usage.pid).cloned(),
                             }
                         })
                         .collect()
@@ -556,5 +562,84 @@ mod tests {
         assert_eq!(onsets.len(), 1);
         assert_eq!((onsets[0].t_ms, onsets[0].pid), (2_000, 7));
         assert!(feed.onsets(2_500, 10_000).is_empty());
+    }
+
+    #[test]
+    fn a_process_s_oom_is_in_its_tick_entry_with_its_cause_and_fix() {
+        use vramctl_core::types::{
+            DeviceInfo, DeviceReading, DeviceSnapshot, DriverInfo, ProcessKind, ProcessUsage,
+            Snapshot,
+        };
+        use vramctl_observe::agent_ooms::OomState;
+        let usage = |pid| ProcessUsage {
+            pid,
+            used_bytes: Some(1 << 30),
+            kind: ProcessKind::Compute,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        };
+        let snapshot = Snapshot {
+            taken_at_unix_ms: 5_000,
+            monotonic_ms: 5_000,
+            driver: Arc::new(DriverInfo::default()),
+            devices: vec![DeviceSnapshot {
+                info: Arc::new(DeviceInfo {
+                    index: 0,
+                    uuid: "GPU-a".into(),
+                    name: None,
+                    pci_bus_id: None,
+                    minor_number: None,
+                    mig_enabled: None,
+                    mig_instances: Vec::new(),
+                }),
+                state: DeviceState::Ok(DeviceReading {
+                    processes: Some(vec![usage(10), usage(20)]),
+                    ..DeviceReading::default()
+                }),
+            }],
+            unopened: Vec::new(),
+        };
+        let mut observation = Observation::bare(snapshot);
+        observation.ooms.insert(
+            10,
+            ProcessOoms {
+                count: 2,
+                seen_at_unix_ms: 4_000,
+                state: OomState::Classified,
+                cause: Some("fragmentation".into()),
+                fix: Some("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into()),
+                why: Some("no free block holds 2.00 GiB".into()),
+                oom_at_unix_ms: Some(3_900),
+                device: Some(0),
+            },
+        );
+        let (tick, _) = tick_of(
+            &observation,
+            &ProcessMetadata::default(),
+            &ProcessVerdicts::default(),
+            1000,
+        );
+        let json = serde_json::to_value(&tick).expect("json");
+        let processes = json["gpus"][0]["processes"].as_array().expect("processes");
+        let by_pid = |pid: u64| {
+            processes
+                .iter()
+                .find(|p| p["pid"] == pid)
+                .expect("listed")
+                .clone()
+        };
+        let oom = &by_pid(10)["oom"];
+        assert_eq!(oom["count"], 2);
+        assert_eq!(oom["state"], "classified");
+        assert_eq!(oom["cause"], "fragmentation");
+        assert_eq!(
+            oom["fix"],
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        );
+        assert_eq!(oom["seen_at_unix_ms"], 4_000);
+        assert!(
+            by_pid(20).get("oom").is_none(),
+            "no OOM reported: no field, {processes:?}"
+        );
     }
 }

@@ -324,6 +324,7 @@ pub fn rows_of(
                 idle: idle_of(verdict, now),
                 flags: Flags {
                     leak: verdict.is_some_and(|v| v.kind == VerdictKind::Leak),
+                    oom: obs.ooms.get(p.pid).is_some(),
                     idle_holder: verdict.is_some_and(|v| v.kind == VerdictKind::IdleHolder),
                     zombie: host.is_some_and(HostProcess::is_zombie),
                     hidden: host.is_none(),

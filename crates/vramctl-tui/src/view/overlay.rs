@@ -45,7 +45,7 @@ const HELP: &[(&str, &str)] = &[
     ("", ""),
     (
         "flags:",
-        "L leak  I idle holder  Z zombie  H not visible here",
+        "L leak  O OOM  I idle holder  Z zombie  H not visible here",
     ),
     (
         "Δ/MIN:",

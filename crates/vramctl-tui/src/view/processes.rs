@@ -14,6 +14,7 @@ use crate::app::{App, owner_totals};
 use crate::format;
 use crate::memory_series::SeriesKey;
 use crate::table::{Column, Idle, Row, agent_columns, column_spans};
+use vramctl_observe::agent_ooms::{OomState, ProcessOoms};
 use vramctl_observe::owners::OwnerKey;
 
 /// The text of one cell in a column `width` characters wide.
@@ -196,7 +197,7 @@ pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
 fn cell_style(app: &App, row: &Row, column: Column, base: Style) -> Style {
     let t = app.theme;
     match column {
-        Column::Flags if row.flags.leak || row.flags.zombie => t.bad(),
+        Column::Flags if row.flags.leak || row.flags.oom || row.flags.zombie => t.bad(),
         Column::Flags if row.flags.idle_holder => t.warn(),
         Column::Delta => match row.delta_per_min {
             Some(d) if d > 0 => t.warn(),
@@ -321,6 +322,9 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
                 ),
             ]);
         }
+        if let Some(oom) = obs.ooms.get(pid) {
+            oom_lines(app, oom, usize::from(inner.width), &mut lines);
+        }
         let verdict = row
             .key
             .uuid
@@ -357,5 +361,51 @@ pub fn draw_detail(app: &App, area: Rect, buf: &mut Buffer) {
         let y = inner.y + u16::try_from(i).unwrap_or(0);
         let segments: Vec<(&str, Style)> = line.iter().map(|(s, st)| (s.as_str(), *st)).collect();
         put(buf, inner.x, y, inner.right(), &segments);
+    }
+}
+
+/// The detail pane's lines of a process's OOMs: how many, since when, the first one's
+/// cause and fix (or that it is being classified, or why it cannot be), its reason.
+fn oom_lines(app: &App, oom: &ProcessOoms, width: usize, lines: &mut Vec<Vec<(String, Style)>>) {
+    let t = app.theme;
+    let label = |s: &str| (format!("{s:<8} "), t.dim());
+    let times = if oom.count == 1 {
+        "1 OOM".to_owned()
+    } else {
+        format!("{} OOMs", oom.count)
+    };
+    let at = format::clock(
+        &app.time_zone,
+        oom.oom_at_unix_ms.unwrap_or(oom.seen_at_unix_ms),
+    );
+    let (cause, style) = match (oom.state, oom.cause.as_deref()) {
+        (OomState::Classified, Some(cause)) => (cause.to_owned(), t.bad()),
+        (OomState::Classifying, _) => ("classifying…".to_owned(), t.dim()),
+        _ => ("cause unknown".to_owned(), t.warn()),
+    };
+    lines.push(vec![
+        label("oom"),
+        (format!("{times}, first at {at}: "), t.text()),
+        (cause, style),
+    ]);
+    if oom.state == OomState::Classified {
+        // The fix is the classifier's text, built from the process's own snapshot: `wrap`
+        // escapes it.
+        let fix = oom.fix.as_deref().map_or_else(
+            || "none: nothing the process can set avoids it".to_owned(),
+            str::to_owned,
+        );
+        let mut wrapped = super::wrap(&fix, width.saturating_sub(9)).into_iter();
+        if let Some(first) = wrapped.next() {
+            lines.push(vec![label("fix"), (first, t.text())]);
+        }
+        for line in wrapped {
+            lines.push(vec![(format!("{:9}{line}", ""), t.text())]);
+        }
+    }
+    if let Some(why) = &oom.why {
+        for line in super::wrap(why, width) {
+            lines.push(vec![(line, t.dim())]);
+        }
     }
 }

@@ -20,6 +20,7 @@ use vramctl_agent::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::DeviceState;
 use vramctl_core::untrusted::Untrusted;
+use vramctl_observe::agent_ooms::{self, OomState, ProcessOoms};
 use vramctl_observe::observation::{HostProcess, Observation};
 use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
 use vramctl_procs::container::{ContainerFacts, PodQos};
@@ -154,6 +155,10 @@ struct PsProcess {
     /// for a process without one (docs/agent.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     agent: Option<AgentMemory>,
+    /// The CUDA out-of-memory errors its agent reported, with the first one's cause and
+    /// fix (docs/json.md); absent when it has no agent or had none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oom: Option<ProcessOoms>,
     #[serde(skip)]
     cpu_ticks: Option<u64>,
 }
@@ -211,7 +216,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         args.sort,
     );
     measure_cpu(&mut report, cpu_interval, &procs);
-    ask_agents(&mut report);
+    ask_agents(&mut report, observation.taken_at_unix_ms());
     source.end_for_exit();
     if let Some(key) = args.by {
         // The listed processes (after the filters), grouped by who owns them.
@@ -502,6 +507,7 @@ fn row(
         gpus,
         tree_parent: None,
         agent: None,
+        oom: None,
         // Exact for the kernel's 100 ticks a second (and any rate dividing 1000).
         cpu_ticks: host.and_then(|h| h.cpu_time_ms).and_then(|ms| {
             u64::try_from(u128::from(ms) * u128::from(ticks_per_second) / 1000).ok()
@@ -652,15 +658,42 @@ fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcRe
     }
 }
 
-/// The allocated and cached memory of each visible process that has an agent.
-fn ask_agents(report: &mut PsReport) {
+/// The allocated and cached memory of each visible process that has an agent, and its
+/// OOMs (the first one classified here, on the snapshot its agent kept: bounded as
+/// `agent_ooms` bounds it), as seen at `at_unix_ms`.
+fn ask_agents(report: &mut PsReport, at_unix_ms: i64) {
     for p in report
         .processes
         .iter_mut()
         .filter(|p| p.visible && !p.zombie)
     {
         p.agent = agent_client::memory_of(p.pid, agent_client::MEMORY_TIMEOUT);
+        if p.agent.is_some() {
+            p.oom = agent_ooms::ask_now(p.pid, at_unix_ms);
+        }
     }
+}
+
+/// One line on a process's OOMs: how many, the first one's cause and fix.
+fn oom_note(pid: u32, oom: &ProcessOoms) -> String {
+    let times = if oom.count == 1 {
+        "an out-of-memory error".to_owned()
+    } else {
+        format!("{} out-of-memory errors", oom.count)
+    };
+    let verdict = match (oom.state, oom.cause.as_deref()) {
+        (OomState::Classified, Some(cause)) => format!(
+            "the first: {cause}; fix: {}",
+            oom.fix
+                .as_deref()
+                .unwrap_or("none (nothing the process can set avoids it)")
+        ),
+        _ => format!(
+            "the first could not be classified: {}",
+            oom.why.as_deref().unwrap_or("no reason given")
+        ),
+    };
+    format!("PID {pid} had {times}; {verdict}")
 }
 
 fn round1(x: f64) -> f64 {
@@ -838,6 +871,11 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
             },
             if hidden == 1 { "it" } else { "them" },
         ));
+    }
+    for p in &report.processes {
+        if let Some(oom) = &p.oom {
+            notes.push(oom_note(p.pid, oom));
+        }
     }
     for p in report.processes.iter().filter(|p| p.zombie) {
         notes.push(format!(
@@ -1018,6 +1056,7 @@ mod tests {
             gpus,
             tree_parent: None,
             agent: None,
+            oom: None,
             cpu_ticks: None,
         }
     }

@@ -31,6 +31,7 @@ use vramctl_core::types::{
 use vramctl_core::untrusted::escape;
 use vramctl_core::wall_time::{self, When};
 use vramctl_kube::{PodContainer, ProcessPod};
+use vramctl_observe::agent_ooms::{self, ProcessOoms};
 use vramctl_observe::gpu_holdings::holdings;
 use vramctl_observe::live_loop::sampler_on;
 use vramctl_observe::observation::Observation;
@@ -170,6 +171,10 @@ struct ProcessStatus {
     /// releasable), as `ps` shows it; absent for a process without one (docs/agent.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     agent: Option<AgentMemory>,
+    /// The CUDA out-of-memory errors its agent reported (all its GPUs), with the first
+    /// one's cause and fix, as `ps --json` has them; absent without an agent or an OOM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oom: Option<ProcessOoms>,
     /// `None`: replayed (a history does not keep it).
     kind: Option<ProcessKind>,
     gpu_instance_id: Option<u32>,
@@ -515,6 +520,7 @@ fn ask_agents(report: &mut StatusReport, snapshot: &Snapshot) {
         *gpus_of.entry(pid).or_default() += 1;
     }
     let mut stats: HashMap<u32, Option<Stats>> = HashMap::new();
+    let mut ooms: HashMap<u32, Option<ProcessOoms>> = HashMap::new();
     for device in &mut report.devices {
         for p in device.processes.iter_mut().flatten().filter(|p| p.visible) {
             let answer = stats
@@ -524,6 +530,18 @@ fn ask_agents(report: &mut StatusReport, snapshot: &Snapshot) {
             p.agent = answer
                 .as_ref()
                 .and_then(|s| agent_poll::agent_memory_on(s, &device.uuid, only_gpu));
+            // Asked only of an agent whose counters say it had an OOM.
+            let had_oom = answer
+                .as_ref()
+                .is_some_and(|s| s.devices.iter().any(|d| d.ooms.is_some_and(|n| n > 0)));
+            p.oom = ooms
+                .entry(p.pid)
+                .or_insert_with(|| {
+                    had_oom
+                        .then(|| agent_ooms::ask_now(p.pid, snapshot.taken_at_unix_ms))
+                        .flatten()
+                })
+                .clone();
         }
     }
 }
@@ -648,6 +666,7 @@ fn process_status(process: &ProcessUsage, holders: &mut Holders<'_>) -> ProcessS
         kubernetes: holders.kubernetes(process.pid),
         used_bytes: process.used_bytes,
         agent: None,
+        oom: None,
         // A history does not keep which list named a process.
         kind: (!holders.replayed()).then_some(process.kind),
         gpu_instance_id: process.gpu_instance_id,

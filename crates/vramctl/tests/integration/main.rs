@@ -24,6 +24,7 @@ mod kill;
 mod kubernetes;
 mod leaks;
 mod leakset;
+mod live_oom;
 mod namespaces;
 mod packaging;
 mod ps;

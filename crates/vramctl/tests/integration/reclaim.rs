@@ -29,6 +29,11 @@ pub(crate) struct Py {
 
 impl Py {
     pub(crate) fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with `env` added to its environment.
+    pub(crate) fn start_with(env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("clock"), "0").expect("clock file");
         let python = repo().join("python");
@@ -46,6 +51,7 @@ impl Py {
             )
             .env("XDG_RUNTIME_DIR", dir.path())
             .env("PYTHONDONTWRITEBYTECODE", "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -197,7 +197,7 @@ fn launch_with(dir: &Path, scenario: &str, args: &str) -> Tmux {
 }
 
 /// [`launch_with`] with `env` (`NAME='value' ...`) in vramctl's environment.
-fn launch_env(dir: &Path, scenario: &str, env: &str, args: &str) -> Tmux {
+pub(crate) fn launch_env(dir: &Path, scenario: &str, env: &str, args: &str) -> Tmux {
     let scenario_path = dir.join("scenario.toml");
     std::fs::write(&scenario_path, scenario).expect("write scenario");
     let binary = assert_cmd::cargo::cargo_bin("vramctl");

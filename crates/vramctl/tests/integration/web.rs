@@ -234,7 +234,7 @@ fn the_event_stream_pushes_each_tick_replays_what_a_reconnect_missed_and_is_boun
     drop(open);
 }
 
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
         .into_iter()
         .map(PathBuf::from)
