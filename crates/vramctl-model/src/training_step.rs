@@ -1627,7 +1627,7 @@ impl Graph {
                 let frozen = cx.lora.is_none();
                 top.insert("embed", self.register(v * h, p, frozen, 0));
                 let phi3 = cx.family == Family::Phi3;
-                let gemma2 = cx.family == Family::Gemma2;
+                let gemma2 = matches!(cx.family, Family::Gemma2 | Family::Gemma3);
                 let qb = if cx.qkv_bias { 1 } else { 0 };
                 for _ in 0..cx.layers {
                     let mut l = LayerParams::default();
@@ -1808,10 +1808,10 @@ impl Graph {
         let cx = g.cx.clone();
         let (t, h, i, q, kv) = (cx.t, cx.h, cx.i, cx.q, cx.kv);
         let style = match cx.family {
-            Family::Gemma | Family::Gemma2 => NormStyle::Gemma,
+            Family::Gemma | Family::Gemma2 | Family::Gemma3 => NormStyle::Gemma,
             _ => NormStyle::Llama,
         };
-        let gemma2 = cx.family == Family::Gemma2;
+        let gemma2 = matches!(cx.family, Family::Gemma2 | Family::Gemma3);
         let n1 = g.rms_norm(x, h, t, style);
         let (qe, ke, vv, qt, kt) = if cx.family == Family::Phi3 {
             let qkv = g.linear(n1, g.lp(l, "qkv"), q + 2 * kv);
@@ -2078,7 +2078,7 @@ impl Graph {
         let cx = self.cx.clone();
         let embed = self.tp("embed");
         let mut emb = self.embedding(embed, cx.vocab);
-        if matches!(cx.family, Family::Gemma | Family::Gemma2) {
+        if matches!(cx.family, Family::Gemma | Family::Gemma2 | Family::Gemma3) {
             let sc = self.constant(0, cx.p, false);
             emb = self.rebind(emb, |g, x| g.mul(x, sc, 0));
         }
@@ -2086,7 +2086,7 @@ impl Graph {
         self.rotary_embedding();
         let x = self.keep(emb);
         let x = self.blocks(Graph::llama_block, 0..cx.layers, x);
-        let style = if matches!(cx.family, Family::Gemma | Family::Gemma2) {
+        let style = if matches!(cx.family, Family::Gemma | Family::Gemma2 | Family::Gemma3) {
             NormStyle::Gemma
         } else {
             NormStyle::Llama
