@@ -193,9 +193,10 @@ impl Moe {
 /// `kv_lora_rank` compression of the hidden state, queries (with `q_lora_rank` > 0) from a
 /// rank-`q_lora_rank` one. Each head's key is `qk_nope_head_dim` from the decompression and
 /// `qk_rope_head_dim` of rotary key shared by the heads; its value is `v_head_dim`.
-/// transformers caches the decompressed per-head keys and values, not the latent
-/// (`modeling_deepseek_v3.py`: `past_key_values.update(key_states, value_states, ...)`
-/// after `torch.cat((k_pass, k_rot))`).
+/// transformers ≥ 5.15 caches the compressed latent and the shared rotary key, one "head"
+/// each (`modeling_deepseek_v3.py`: `kv_nope, k_rot = cache.update(kv_nope, k_rot, ...)`,
+/// "Cache read / write is performed while latent KV is still compressed"); up to 5.14 it
+/// cached the decompressed per-head keys and values, (nope + rope + v) × heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Mla {
     /// 0 where the config's `q_lora_rank` is null (a plain `q_proj`, DeepSeek-V2-Lite).
@@ -315,9 +316,12 @@ impl Architecture {
     /// Elements one token adds to one layer's KV cache: its keys and values as
     /// transformers' cache layers store them (`[batch, kv heads, seq, head dim]` each).
     /// GQA/MQA store the KV heads only; partial rotary (Phi, GPT-NeoX) changes no width;
-    /// MLA stores the decompressed keys (nope + rope per head) and values.
+    /// MLA (transformers ≥ 5.15) stores the latent and the shared rotary key.
     pub fn kv_cache_width(&self) -> u64 {
-        self.kv_dim() + self.v_dim()
+        match self.mla {
+            Some(mla) => mla.kv_lora_rank + mla.qk_rope_head_dim,
+            None => 2 * self.kv_dim(),
+        }
     }
 
     /// Parameters of the per-head or per-projection q/k norms of one attention.

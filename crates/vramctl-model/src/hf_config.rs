@@ -1031,7 +1031,8 @@ mod tests {
         let mla = a.mla.expect("mla");
         assert_eq!(mla.q_lora_rank, 1536);
         assert_eq!((a.head_dim, a.kv_heads, a.v_dim()), (192, 128, 128 * 128));
-        assert_eq!(a.kv_cache_width(), 128 * 192 + 128 * 128);
+        // The latent and the rotary key are cached, not the 128 heads' keys and values.
+        assert_eq!(a.kv_cache_width(), 512 + 64);
         let moe = a.moe.expect("experts");
         assert_eq!((moe.experts, moe.top_k, moe.dense_layers), (256, 8, 3));
         let plain_q = arch_of(&format!(r#"{{{base},"q_lora_rank":null}}"#));

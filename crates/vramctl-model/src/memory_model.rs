@@ -956,8 +956,8 @@ fn infer(model: &Model, job: &Job) -> Estimate {
             arch.kv_heads, arch.head_dim
         ),
         Some(mla) => format!(
-            "{} heads × ({} key + {} value dims, MLA's decompressed keys and values)",
-            arch.heads, arch.head_dim, mla.v_head_dim
+            "({} latent + {} rotary key) dims (MLA's compressed cache)",
+            mla.kv_lora_rank, mla.qk_rope_head_dim
         ),
     };
     let note = match arch.sliding_window {
@@ -1591,8 +1591,9 @@ mod tests {
     /// GPT-NeoX and Phi rotate part of each head (rotary_pct, partial_rotary_factor) and
     /// cache whole heads; Falcon-7B's multi_query caches one K and one V head; StarCoder2's
     /// and Llama 4's windows (4096, 8192) are wider than the context; DeepSeek caches the
-    /// decompressed per-head keys (qk_nope + qk_rope = 192) and values (v_head_dim 128)
-    /// (modeling_deepseek_v3.py: `key_states = torch.cat((k_pass, k_rot))`).
+    /// compressed latent (kv_lora_rank 512) and the shared rotary key (qk_rope_head_dim 64)
+    /// as one head each (transformers ≥ 5.15, modeling_deepseek_v3.py: `kv_nope, k_rot =
+    /// cache.update(kv_nope, k_rot, ...)`), checked against transformers 5.25 on a CPU.
     #[test]
     fn new_families_cache_what_transformers_cache_layers_store() {
         let cases: [(&str, u64, u64); 12] = [
@@ -1604,8 +1605,8 @@ mod tests {
             ("starcoder2-3b.json", 30, 2 * 128 + 2 * 128),
             ("olmo-1b.json", 16, 16 * 128 + 16 * 128),
             ("olmo-2-1b.json", 16, 16 * 128 + 16 * 128),
-            ("deepseek-v2-lite.json", 27, 16 * (128 + 64) + 16 * 128),
-            ("deepseek-v3.json", 61, 128 * (128 + 64) + 128 * 128),
+            ("deepseek-v2-lite.json", 27, 512 + 64),
+            ("deepseek-v3.json", 61, 512 + 64),
             ("llama-4-scout-text.json", 48, 8 * 128 + 8 * 128),
             ("mistral-7b.json", 32, 8 * 128 + 8 * 128),
             ("llama-3-8b.json", 32, 8 * 128 + 8 * 128),
