@@ -1654,6 +1654,40 @@ mod tests {
         );
     }
 
+    /// The plain-MLP families without a program of their own are replayed as the Llama
+    /// program with a gated MLP of their parameter count: the replay's peak allocated stays
+    /// within 3 % of the estimate's own tensors at the peak (a gated MLP of their width put
+    /// Falcon-7B's replay at 139 % of them).
+    #[test]
+    fn plain_mlp_families_replay_their_own_parameter_bytes() {
+        for config in [
+            "pythia-1b.json",
+            "opt-1.3b.json",
+            "falcon-7b.json",
+            "phi-2.json",
+            "starcoder2-3b.json",
+        ] {
+            let m = model(config);
+            let job = Job {
+                precision: Precision::AmpBf16,
+                ..train_job(2, 1024)
+            };
+            let e = estimate(&m, &job);
+            let tensors: u64 = e
+                .terms
+                .iter()
+                .filter(|t| t.at_peak && !matches!(t.name, "allocator overhead" | "CUDA context"))
+                .map(|t| t.bytes)
+                .sum();
+            let r = replay_of(&m, &job);
+            let ratio = r.peak_allocated as f64 / tensors as f64;
+            assert!(
+                (0.97..1.03).contains(&ratio),
+                "{config}: replay/tensors {ratio:.3}"
+            );
+        }
+    }
+
     /// Part 1 listed `"optimizer": "adamw"` for generation, which has none.
     #[test]
     fn an_inference_job_lists_no_optimizer_and_training_keeps_its_fields_in_order() {

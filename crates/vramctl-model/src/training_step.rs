@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::architecture::{Architecture, Family};
+use crate::architecture::{Architecture, Family, Mlp};
 use crate::caching_allocator::{BlockId, CachingAllocator};
 
 /// cuBLAS keeps a 32 MiB workspace per thread (the main thread's from the first matmul, the
@@ -263,7 +263,16 @@ impl Graph {
             seq: job.seq,
             t: job.batch * job.seq,
             h: arch.hidden,
-            i: arch.intermediate,
+            // The plain-MLP decoders without a program of their own (GPT-NeoX, OPT, Falcon,
+            // Phi, StarCoder2) run the Llama program with a gated MLP of the same parameter
+            // count (3 × h × 2i/3 = 2 × h × i), so the replayed weights, gradients and
+            // states are the model's bytes; their op-level order is approximate.
+            i: match (arch.mlp, arch.family) {
+                (Mlp::Plain, Family::Gpt2 | Family::Bert | Family::T5) | (Mlp::Gated, _) => {
+                    arch.intermediate
+                }
+                (Mlp::Plain, _) => arch.intermediate * 2 / 3,
+            },
             q: arch.q_dim(),
             kv: arch.kv_dim(),
             heads: arch.heads,
