@@ -25,7 +25,7 @@ random weights from the config (`AutoModelForCausalLM.from_config`, no download)
     FAMILIES="phi-2 gemma-3-1b" ...                          a subset
     DEVICE=cpu OUT=dir python3 scripts/estimate-families-h200.py
         a dry run without a GPU: (a) and (b) on shrunken configs (2–7 layers, smaller
-        widths, vocabularies and windows for the largest), no (c); about 8 minutes on 2 cores
+        widths, vocabularies and windows for the largest), no (c); about 4 minutes on 2 cores
 
 Writes $OUT/families34.jsonl (one row per family) and prints PASS/FAIL lines; exits 1 when
 any (a) or (b) fails.
