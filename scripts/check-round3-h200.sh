@@ -24,6 +24,10 @@
 #               /api/now within 15 s, the cause vramctl snapshot gives on the kept file (issue 33)
 #   estimate34  estimate --gpu's inverse answers against a real generation job: the most
 #               concurrent sequences it says fit do, one more is reported not to (issue 34)
+#   families34  scripts/estimate-families-h200.sh: the families estimate reads since issue 34
+#               (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2, gemma3_text,
+#               deepseek_v2/v3, llama4_text) built from their configs: parameters and KV cache
+#               bytes exact against transformers, a training step's peak as a figure
 #   web32       serve on the real driver with a PyTorch holder: /api/now's memory and PIDs
 #               against nvidia-smi in the same moment, SSE ticks arrive (issue 32)
 #   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
@@ -55,7 +59,7 @@ part() { # part NAME COMMAND...: runs a part, its output kept, its result lines 
   mkdir -p "$OUT/parts/$name"
   "$@" > "$OUT/parts/$name.log" 2>&1
   local rc=$?
-  grep -E '^(PASS|FAIL|ok|MISMATCH|score|cause|fix|median|ratio|status|ps |recall|false)' \
+  grep -E '^(PASS|FAIL|ok|MISMATCH|score|cause|fix|median|ratio|status|ps |recall|false|figure)' \
     "$OUT/parts/$name.log" | head -40 | tee -a "$summary"
   [ "$rc" = 0 ] && pass "$name (exit 0)" || fail "$name" "exit $rc, see parts/$name.log"
 }
@@ -145,6 +149,8 @@ sys.exit(0 if at_n is not None else 1)
 EOF
 }
 part estimate34 estimate34
+
+part families34 env OUT="$OUT/parts/families34" scripts/estimate-families-h200.sh
 
 # --- web32: the page's live API on the real driver, against nvidia-smi.
 web32() {

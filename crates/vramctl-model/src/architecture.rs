@@ -21,11 +21,26 @@ pub enum Family {
     T5,
     Mixtral,
     Qwen2Moe,
+    /// Pythia, GPT-NeoX-20B.
+    GptNeox,
+    Opt,
+    Falcon,
+    /// phi-1, phi-1.5, phi-2 (`model_type: phi`; Phi-3 is `phi3`).
+    Phi,
+    Starcoder2,
+    Olmo,
+    Olmo2,
+    /// Gemma 3's text model (`gemma3_text`).
+    Gemma3,
+    DeepseekV2,
+    DeepseekV3,
+    /// Llama 4's text model (`llama4_text`).
+    Llama4,
 }
 
 impl Family {
     /// Every family, in the order the docs and errors list them.
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; 23] = [
         Family::Gpt2,
         Family::Llama,
         Family::Mistral,
@@ -38,6 +53,17 @@ impl Family {
         Family::T5,
         Family::Mixtral,
         Family::Qwen2Moe,
+        Family::GptNeox,
+        Family::Opt,
+        Family::Falcon,
+        Family::Phi,
+        Family::Starcoder2,
+        Family::Olmo,
+        Family::Olmo2,
+        Family::Gemma3,
+        Family::DeepseekV2,
+        Family::DeepseekV3,
+        Family::Llama4,
     ];
 
     /// The `model_type` of its `config.json`.
@@ -55,6 +81,17 @@ impl Family {
             Family::T5 => "t5",
             Family::Mixtral => "mixtral",
             Family::Qwen2Moe => "qwen2_moe",
+            Family::GptNeox => "gpt_neox",
+            Family::Opt => "opt",
+            Family::Falcon => "falcon",
+            Family::Phi => "phi",
+            Family::Starcoder2 => "starcoder2",
+            Family::Olmo => "olmo",
+            Family::Olmo2 => "olmo2",
+            Family::Gemma3 => "gemma3_text",
+            Family::DeepseekV2 => "deepseek_v2",
+            Family::DeepseekV3 => "deepseek_v3",
+            Family::Llama4 => "llama4_text",
         }
     }
 
@@ -125,13 +162,49 @@ pub enum Mlp {
 }
 
 /// Mixture of experts: each MoE layer holds `experts` gated MLPs of `expert_intermediate`,
-/// a token goes to `top_k` of them; Qwen-MoE adds a shared expert to every token.
+/// a token goes to `top_k` of them; Qwen-MoE, DeepSeek and Llama 4 add a shared expert to
+/// every token (Qwen-MoE's behind a sigmoid gate of its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Moe {
     pub experts: u64,
     pub top_k: u64,
     pub expert_intermediate: u64,
     pub shared_expert_intermediate: u64,
+    /// Blocks with a dense MLP of the architecture's `intermediate` instead of experts
+    /// (DeepSeek's `first_k_dense_replace`, Llama 4's layers between `moe_layers`).
+    pub dense_layers: u64,
+    /// The shared expert's output is scaled by a learned gate (`h × 1`, Qwen-MoE).
+    pub shared_expert_gate: bool,
+}
+
+impl Moe {
+    /// Experts-free, for bounds checks of dense models.
+    pub const NONE: Moe = Moe {
+        experts: 0,
+        top_k: 0,
+        expert_intermediate: 0,
+        shared_expert_intermediate: 0,
+        dense_layers: 0,
+        shared_expert_gate: false,
+    };
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3): keys and values come from a rank-
+/// `kv_lora_rank` compression of the hidden state, queries (with `q_lora_rank` > 0) from a
+/// rank-`q_lora_rank` one. Each head's key is `qk_nope_head_dim` from the decompression and
+/// `qk_rope_head_dim` of rotary key shared by the heads; its value is `v_head_dim`.
+/// transformers ≥ 5.15 caches the compressed latent and the shared rotary key, one "head"
+/// each (`modeling_deepseek_v3.py`: `kv_nope, k_rot = cache.update(kv_nope, k_rot, ...)`,
+/// "Cache read / write is performed while latent KV is still compressed"); up to 5.14 it
+/// cached the decompressed per-head keys and values, (nope + rope + v) × heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Mla {
+    /// 0 where the config's `q_lora_rank` is null (a plain `q_proj`, DeepSeek-V2-Lite).
+    pub q_lora_rank: u64,
+    pub kv_lora_rank: u64,
+    pub qk_nope_head_dim: u64,
+    pub qk_rope_head_dim: u64,
+    pub v_head_dim: u64,
 }
 
 /// The shape of a model, as read from its files or synthesised.
@@ -176,6 +249,11 @@ pub struct Architecture {
     /// Sliding-window attention (Mistral's `sliding_window`, Gemma 2's local layers);
     /// `None` when every layer attends to the whole context.
     pub sliding_window: Option<SlidingWindow>,
+    /// Multi-head latent attention (DeepSeek); `None` for q/k/v projections per head.
+    /// With it `heads` = `kv_heads` and `head_dim` is the query/key head width
+    /// (`qk_nope_head_dim + qk_rope_head_dim`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mla: Option<Mla>,
 }
 
 /// Layers that attend only to the last `tokens` tokens, whose KV cache therefore stops
@@ -222,9 +300,45 @@ impl Architecture {
         self.heads.saturating_mul(self.head_dim)
     }
 
-    /// Width of the keys (and of the values) of all KV heads together.
+    /// Width of the keys (and, without MLA, of the values) of all KV heads together.
     pub fn kv_dim(&self) -> u64 {
         self.kv_heads * self.head_dim
+    }
+
+    /// Width of the values of all KV heads together (MLA: heads × `v_head_dim`).
+    pub fn v_dim(&self) -> u64 {
+        match self.mla {
+            Some(mla) => self.heads * mla.v_head_dim,
+            None => self.kv_dim(),
+        }
+    }
+
+    /// Elements one token adds to one layer's KV cache: its keys and values as
+    /// transformers' cache layers store them (`[batch, kv heads, seq, head dim]` each).
+    /// GQA/MQA store the KV heads only; partial rotary (Phi, GPT-NeoX) changes no width;
+    /// MLA (transformers ≥ 5.15) stores the latent and the shared rotary key.
+    pub fn kv_cache_width(&self) -> u64 {
+        match self.mla {
+            Some(mla) => mla.kv_lora_rank + mla.qk_rope_head_dim,
+            None => 2 * self.kv_dim(),
+        }
+    }
+
+    /// Parameters of the per-head or per-projection q/k norms of one attention.
+    fn qk_norm_params(&self) -> u64 {
+        if !self.qk_norm {
+            return 0;
+        }
+        match self.family {
+            // RMSNorm over all heads together (Olmo2Attention's q_norm, k_norm).
+            Family::Olmo2 => self.q_dim() + self.kv_dim(),
+            // Llama4TextL2Norm has no weight.
+            Family::Llama4 => 0,
+            // PhiAttention's q_layernorm and k_layernorm: LayerNorm(head_dim), with bias.
+            Family::Phi => 4 * self.head_dim,
+            // Per head, shared by the heads (Qwen3, Gemma 3).
+            _ => 2 * self.head_dim,
+        }
     }
 
     /// Every block of the model, decoder and encoder together.
@@ -257,48 +371,84 @@ impl Architecture {
         };
         // Attention: q, k, v, o (T5 decoders have a second, cross-attention, set).
         let attention_sets = self.layers + 2 * self.decoder_layers;
-        matrix(&mut inv, h, self.q_dim(), attention_sets);
-        matrix(&mut inv, h, self.kv_dim(), 2 * attention_sets);
-        matrix(&mut inv, self.q_dim(), h, attention_sets);
-        if self.linear_bias {
-            inv.vector_params += (self.q_dim() + 2 * self.kv_dim() + h) * attention_sets;
-        } else if self.qkv_bias {
-            inv.vector_params += (self.q_dim() + 2 * self.kv_dim()) * attention_sets;
+        match self.mla {
+            Some(mla) => {
+                // DeepseekV3Attention: q_proj (or q_a_proj, q_a_layernorm, q_b_proj),
+                // kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj.
+                if mla.q_lora_rank == 0 {
+                    matrix(&mut inv, h, self.q_dim(), attention_sets);
+                } else {
+                    matrix(&mut inv, h, mla.q_lora_rank, attention_sets);
+                    matrix(&mut inv, mla.q_lora_rank, self.q_dim(), attention_sets);
+                    inv.vector_params += mla.q_lora_rank * attention_sets;
+                }
+                let kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim;
+                matrix(&mut inv, h, kv_a, attention_sets);
+                inv.vector_params += mla.kv_lora_rank * attention_sets;
+                let kv_b = self.heads * (mla.qk_nope_head_dim + mla.v_head_dim);
+                matrix(&mut inv, mla.kv_lora_rank, kv_b, attention_sets);
+                matrix(&mut inv, self.v_dim(), h, attention_sets);
+                if self.qkv_bias {
+                    // attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj.
+                    let q_a = if mla.q_lora_rank == 0 {
+                        0
+                    } else {
+                        mla.q_lora_rank
+                    };
+                    inv.vector_params += (q_a + kv_a + h) * attention_sets;
+                }
+            }
+            None => {
+                matrix(&mut inv, h, self.q_dim(), attention_sets);
+                matrix(&mut inv, h, self.kv_dim(), 2 * attention_sets);
+                matrix(&mut inv, self.q_dim(), h, attention_sets);
+                if self.linear_bias {
+                    inv.vector_params += (self.q_dim() + 2 * self.kv_dim() + h) * attention_sets;
+                } else if self.qkv_bias {
+                    inv.vector_params += (self.q_dim() + 2 * self.kv_dim()) * attention_sets;
+                }
+            }
         }
-        if self.qk_norm {
-            inv.vector_params += 2 * self.head_dim * attention_sets;
-        }
+        inv.vector_params += self.qk_norm_params() * attention_sets;
         // MLP per block.
         let blocks = self.total_layers();
+        let dense_mlp = |inv: &mut Inventory, count_blocks: u64| {
+            let count = match self.mlp {
+                Mlp::Plain => 2,
+                Mlp::Gated => 3,
+            };
+            matrix(inv, h, self.intermediate, count * count_blocks);
+            if self.linear_bias {
+                inv.vector_params += (self.intermediate + h) * count_blocks;
+            }
+        };
         match self.moe {
             Some(moe) => {
+                let dense = moe.dense_layers.min(blocks);
+                let moe_blocks = blocks - dense;
+                dense_mlp(&mut inv, dense);
                 matrix(
                     &mut inv,
                     h,
                     moe.expert_intermediate,
-                    3 * moe.experts * blocks,
+                    3 * moe.experts * moe_blocks,
                 );
-                matrix(&mut inv, h, moe.experts, blocks); // router
+                matrix(&mut inv, h, moe.experts, moe_blocks); // router
                 if moe.shared_expert_intermediate > 0 {
-                    matrix(&mut inv, h, moe.shared_expert_intermediate, 3 * blocks);
-                    matrix(&mut inv, h, 1, blocks); // the shared expert's gate
+                    matrix(&mut inv, h, moe.shared_expert_intermediate, 3 * moe_blocks);
+                    if moe.shared_expert_gate {
+                        matrix(&mut inv, h, 1, moe_blocks);
+                    }
                 }
             }
-            None => {
-                let count = match self.mlp {
-                    Mlp::Plain => 2,
-                    Mlp::Gated => 3,
-                };
-                matrix(&mut inv, h, self.intermediate, count * blocks);
-                if self.linear_bias {
-                    inv.vector_params += (self.intermediate + h) * blocks;
-                }
-            }
+            None => dense_mlp(&mut inv, blocks),
         }
         // Norms: per block, T5's decoder a third one for cross-attention, a final one per stack.
-        let norm_vectors = match self.norm {
-            Norm::LayerNorm => 2,
-            Norm::RmsNorm => 1,
+        let norm_vectors = match (self.norm, self.family) {
+            // OlmoLayerNorm is F.layer_norm without weight or bias.
+            (_, Family::Olmo) => 0,
+            (Norm::LayerNorm, _) => 2,
+            (Norm::RmsNorm, _) => 1,
         };
         let stacks = if self.decoder_layers > 0 { 2 } else { 1 };
         let norms = self.norms_per_layer * blocks + self.decoder_layers + stacks;
@@ -308,6 +458,10 @@ impl Architecture {
         inv.factored_state_elements += self.vocab + h;
         if self.learned_positions {
             inv.embedding_params += self.max_positions.unwrap_or(0) * h;
+            if self.family == Family::Opt {
+                // OPTLearnedPositionalEmbedding keeps 2 rows beyond the positions (offset 2).
+                inv.embedding_params += 2 * h;
+            }
         }
         match self.family {
             Family::Bert => {
@@ -327,6 +481,10 @@ impl Architecture {
         if !self.tied_embeddings {
             inv.lm_head_params += self.vocab * h;
             inv.factored_state_elements += self.vocab + h;
+        }
+        if self.family == Family::Phi {
+            // PhiForCausalLM's lm_head has a bias.
+            inv.vector_params += self.vocab;
         }
         inv
     }
@@ -405,6 +563,37 @@ fn conventions(family: Family) -> Conventions {
             ..decoder(256_000, true)
         },
         Family::Phi3 => decoder(32_064, false),
+        Family::Olmo => decoder(50_304, true),
+        Family::Olmo2 => decoder(100_352, false),
+        Family::DeepseekV2 => decoder(102_400, false),
+        Family::DeepseekV3 => decoder(129_280, false),
+        Family::Llama4 => decoder(202_048, false),
+        Family::Gemma3 => Conventions {
+            head_dim: 256,
+            activation: "gelu_pytorch_tanh",
+            ..decoder(262_144, true)
+        },
+        // The plain-MLP, LayerNorm decoders with biases.
+        Family::GptNeox | Family::Opt | Family::Falcon | Family::Phi | Family::Starcoder2 => {
+            let (head_dim, vocab, activation, tied, bias, max_positions) = match family {
+                Family::GptNeox => (128, 50_304, "gelu", false, true, 2048),
+                Family::Opt => (64, 50_272, "relu", true, true, 2048),
+                Family::Falcon => (64, 65_024, "gelu", true, false, 2048),
+                Family::Phi => (80, 51_200, "gelu_new", false, true, 2048),
+                _ => (128, 49_152, "gelu_pytorch_tanh", true, true, 16_384),
+            };
+            Conventions {
+                head_dim,
+                vocab,
+                mlp: Mlp::Plain,
+                norm: Norm::LayerNorm,
+                activation,
+                tied,
+                learned_positions: family == Family::Opt,
+                linear_bias: bias,
+                max_positions: Some(max_positions),
+            }
+        }
     }
 }
 
@@ -440,7 +629,11 @@ pub fn synthesize(params: u64, family: Family) -> Architecture {
             max_positions: conv.max_positions,
             learned_positions: conv.learned_positions,
             norm: conv.norm,
-            norms_per_layer: if family == Family::Gemma2 { 4 } else { 2 },
+            norms_per_layer: match family {
+                Family::Gemma2 | Family::Gemma3 => 4,
+                Family::Phi | Family::Falcon => 1,
+                _ => 2,
+            },
             mlp: conv.mlp,
             activation: conv.activation.to_owned(),
             linear_bias: conv.linear_bias,
@@ -450,6 +643,7 @@ pub fn synthesize(params: u64, family: Family) -> Architecture {
             attention_dropout: matches!(family, Family::Gpt2 | Family::Bert),
             dtype: None,
             sliding_window: None,
+            mla: None,
         }
     };
     // 1,024 blocks of 131,072 wide is far above any model; the loop ends well before.
@@ -527,6 +721,6 @@ mod tests {
         for family in Family::ALL {
             assert_eq!(Family::from_model_type(family.model_type()), Some(family));
         }
-        assert_eq!(Family::from_model_type("falcon"), None);
+        assert_eq!(Family::from_model_type("mamba"), None);
     }
 }

@@ -16,6 +16,22 @@ use serde::Serialize;
 use crate::architecture::{Architecture, Family, Mlp, Moe, Norm};
 use crate::safetensors_header::WeightsInfo;
 
+/// The families whose GGUF metadata this reads (llama.cpp's names equal the `model_type`s).
+const GGUF_FAMILIES: [Family; 12] = [
+    Family::Gpt2,
+    Family::Llama,
+    Family::Mistral,
+    Family::Qwen2,
+    Family::Qwen3,
+    Family::Gemma,
+    Family::Gemma2,
+    Family::Phi3,
+    Family::Bert,
+    Family::T5,
+    Family::Mixtral,
+    Family::Qwen2Moe,
+];
+
 /// More tensors than this is not a model (a 405B GGUF has about 1,100).
 pub const MAX_TENSORS: u64 = 1_000_000;
 /// More key-values than this is not a model's metadata (real files have 20–60).
@@ -399,12 +415,16 @@ impl GgufInfo {
         let family = match (name, experts) {
             ("llama", Some(_)) => Family::Mixtral,
             ("qwen2moe", _) => Family::Qwen2Moe,
-            (other, _) => Family::from_model_type(other).ok_or_else(|| {
-                format!(
-                    "its architecture '{other}' is not modelled (supported: {})",
-                    Family::supported_list()
-                )
-            })?,
+            // The families added for config.json (issue 34) have GGUF metadata of their
+            // own shape (fused QKV, MLA ranks, expert strides) that is not read here.
+            (other, _) => Family::from_model_type(other)
+                .filter(|f| GGUF_FAMILIES.contains(f))
+                .ok_or_else(|| {
+                    format!(
+                        "its architecture '{other}' is not modelled from GGUF metadata (supported: {})",
+                        GGUF_FAMILIES.map(Family::model_type).join(", ")
+                    )
+                })?,
         };
         let key = |suffix: &str| format!("{name}.{suffix}");
         let need = |suffix: &str| {
@@ -437,6 +457,8 @@ impl GgufInfo {
                 shared_expert_intermediate: self
                     .meta_u64(&key("expert_shared_feed_forward_length"))
                     .unwrap_or(0),
+                dense_layers: 0,
+                shared_expert_gate: family == Family::Qwen2Moe,
             }),
             None => None,
         };
@@ -473,6 +495,7 @@ impl GgufInfo {
             attention_dropout: false,
             dtype: None,
             sliding_window: None,
+            mla: None,
         };
         crate::hf_config::check(&architecture).map_err(|e| format!("its metadata: {e}"))?;
         Ok(architecture)

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::architecture::{Architecture, Dtype, Family, Mlp, Moe, Norm, SlidingWindow};
+use crate::architecture::{Architecture, Dtype, Family, Mla, Mlp, Moe, Norm, SlidingWindow};
 
 /// A config larger than this is not a config (real ones are a few KiB; some carry
 /// quantisation tables of a few hundred KiB).
@@ -23,6 +23,16 @@ pub enum ConfigError {
         list = Family::supported_list()
     )]
     UnsupportedModelType(String),
+    #[error(
+        "model_type '{0}' is a vision-language config; its text model is model_type '{1}' \
+         (save its text_config as a config.json of its own), or give --params N --arch A"
+    )]
+    VisionLanguage(String, &'static str),
+    #[error("field '{field}': {why}, which is not modelled; give --params N --arch A instead")]
+    NotModelled {
+        field: &'static str,
+        why: &'static str,
+    },
     #[error("field '{0}' is missing or not a positive whole number")]
     Field(&'static str),
     #[error("field '{field}' is {value}, which does not fit the model ({why})")]
@@ -46,6 +56,21 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
         .get("model_type")
         .and_then(Value::as_str)
         .ok_or(ConfigError::NoModelType)?;
+    match model_type {
+        "gemma3" => {
+            return Err(ConfigError::VisionLanguage(
+                model_type.to_owned(),
+                "gemma3_text",
+            ));
+        }
+        "llama4" => {
+            return Err(ConfigError::VisionLanguage(
+                model_type.to_owned(),
+                "llama4_text",
+            ));
+        }
+        _ => {}
+    }
     let family = Family::from_model_type(model_type)
         .ok_or_else(|| ConfigError::UnsupportedModelType(model_type.to_owned()))?;
     let c = Fields(config);
@@ -85,6 +110,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 attention_dropout: c.positive("attn_pdrop", 0.1),
                 dtype,
                 sliding_window: None,
+                mla: None,
             }
         }
         Family::Bert => {
@@ -115,6 +141,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 attention_dropout: c.positive("attention_probs_dropout_prob", 0.1),
                 dtype,
                 sliding_window: None,
+                mla: None,
             }
         }
         Family::T5 => {
@@ -146,8 +173,13 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 attention_dropout: c.positive("dropout_rate", 0.1),
                 dtype,
                 sliding_window: None,
+                mla: None,
             }
         }
+        Family::GptNeox | Family::Opt | Family::Falcon | Family::Phi | Family::Starcoder2 => {
+            plain_decoder(family, &c, dtype)?
+        }
+        Family::DeepseekV2 | Family::DeepseekV3 => deepseek(family, &c, dtype)?,
         _ => decoder(family, &c, dtype)?,
     };
     check(&arch)?;
@@ -170,33 +202,58 @@ fn decoder(
     };
     // transformers' defaults for tie_word_embeddings: Gemma ties, the others do not
     // unless their config says so (Qwen2-0.5B does).
-    let tied_default = matches!(family, Family::Gemma | Family::Gemma2);
+    let tied_default = matches!(family, Family::Gemma | Family::Gemma2 | Family::Gemma3);
+    let layers = c.int("num_hidden_layers")?;
     let moe = match family {
         Family::Mixtral => Some(Moe {
             experts: c.int("num_local_experts")?,
             top_k: c.int("num_experts_per_tok")?,
             expert_intermediate: c.int("intermediate_size")?,
             shared_expert_intermediate: 0,
+            dense_layers: 0,
+            shared_expert_gate: false,
         }),
         Family::Qwen2Moe => Some(Moe {
             experts: c.int("num_experts")?,
             top_k: c.int("num_experts_per_tok")?,
             expert_intermediate: c.int("moe_intermediate_size")?,
             shared_expert_intermediate: c.opt_int("shared_expert_intermediate_size").unwrap_or(0),
+            dense_layers: 0,
+            shared_expert_gate: true,
         }),
+        // Llama4TextMoe: experts and a shared expert of intermediate_size, a router
+        // without bias; the layers not in moe_layers have a dense Llama4TextMLP of
+        // intermediate_size_mlp (configuration_llama4.py, modeling_llama4.py).
+        Family::Llama4 => {
+            let width = c.opt_int("intermediate_size").unwrap_or(8192);
+            Some(Moe {
+                experts: c.opt_int("num_local_experts").unwrap_or(16),
+                top_k: c.opt_int("num_experts_per_tok").unwrap_or(1),
+                expert_intermediate: width,
+                shared_expert_intermediate: width,
+                dense_layers: layers.saturating_sub(llama4_moe_layers(c, layers)?),
+                shared_expert_gate: false,
+            })
+        }
         _ => None,
     };
+    let intermediate = match (family, moe) {
+        (Family::Llama4, Some(m)) if m.dense_layers > 0 => {
+            c.opt_int("intermediate_size_mlp").unwrap_or(16_384)
+        }
+        (Family::Llama4, Some(m)) => m.expert_intermediate,
+        _ => c.int("intermediate_size")?,
+    };
     let default_act = match family {
-        Family::Gemma | Family::Gemma2 => "gelu_pytorch_tanh",
+        Family::Gemma | Family::Gemma2 | Family::Gemma3 => "gelu_pytorch_tanh",
         _ => "silu",
     };
-    let layers = c.int("num_hidden_layers")?;
     Ok(Architecture {
         family,
         layers,
         decoder_layers: 0,
         hidden,
-        intermediate: c.int("intermediate_size")?,
+        intermediate,
         heads,
         kv_heads,
         head_dim,
@@ -205,8 +262,17 @@ fn decoder(
         moe,
         max_positions: c.opt_int("max_position_embeddings"),
         learned_positions: false,
-        norm: Norm::RmsNorm,
-        norms_per_layer: if family == Family::Gemma2 { 4 } else { 2 },
+        // OLMo's LayerNorm has no parameters (counted as such in the inventory).
+        norm: if family == Family::Olmo {
+            Norm::LayerNorm
+        } else {
+            Norm::RmsNorm
+        },
+        norms_per_layer: if matches!(family, Family::Gemma2 | Family::Gemma3) {
+            4
+        } else {
+            2
+        },
         mlp: Mlp::Gated,
         activation: c
             .text("hidden_act")
@@ -216,12 +282,275 @@ fn decoder(
         linear_bias: false,
         qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe)
             || c.flag("attention_bias").unwrap_or(false),
-        qk_norm: family == Family::Qwen3,
+        qk_norm: match family {
+            Family::Qwen3 | Family::Gemma3 | Family::Olmo2 => true,
+            Family::Llama4 => c.flag("use_qk_norm").unwrap_or(true),
+            _ => false,
+        },
         // Decoders train without dropout by default (attention_dropout 0.0).
         hidden_dropout: false,
         attention_dropout: c.positive("attention_dropout", 0.0),
         dtype,
         sliding_window: sliding_window(family, c, layers)?,
+        mla: None,
+    })
+}
+
+/// How many of Llama 4's layers hold experts: `moe_layers` as written, else
+/// Llama4TextConfig's `range(step - 1, layers, step)` with `interleave_moe_layer_step`.
+fn llama4_moe_layers(c: &Fields<'_>, layers: u64) -> Result<u64, ConfigError> {
+    if let Some(list) = c.0.get("moe_layers").and_then(Value::as_array) {
+        let inside = list
+            .iter()
+            .filter(|v| v.as_u64().is_some_and(|i| i < layers))
+            .count();
+        return Ok(u64::try_from(inside).unwrap_or(u64::MAX));
+    }
+    let step = c.opt_int("interleave_moe_layer_step").unwrap_or(1);
+    if step > layers {
+        return Err(ConfigError::Inconsistent {
+            field: "interleave_moe_layer_step",
+            value: step,
+            why: "it is larger than the number of layers",
+        });
+    }
+    Ok((layers - step + 1).div_ceil(step))
+}
+
+/// The plain-MLP, LayerNorm decoders with their own field names: GPT-NeoX (Pythia), OPT,
+/// Falcon, Phi (phi-1/1.5/2) and StarCoder2, with the defaults of their config classes.
+fn plain_decoder(
+    family: Family,
+    c: &Fields<'_>,
+    dtype: Option<Dtype>,
+) -> Result<Architecture, ConfigError> {
+    let hidden = c.int("hidden_size")?;
+    let heads = c
+        .opt_int("num_attention_heads")
+        .or_else(|| c.opt_int("n_head"))
+        .ok_or(ConfigError::Field("num_attention_heads"))?;
+    let layers = c
+        .opt_int("num_hidden_layers")
+        .or_else(|| c.opt_int("n_layer"))
+        .ok_or(ConfigError::Field("num_hidden_layers"))?;
+    let head_dim = per_head(hidden, heads)?;
+    let mut arch = Architecture {
+        family,
+        layers,
+        decoder_layers: 0,
+        hidden,
+        intermediate: 0,
+        heads,
+        kv_heads: heads,
+        head_dim,
+        vocab: c.int("vocab_size")?,
+        tied_embeddings: false,
+        moe: None,
+        max_positions: Some(c.opt_int("max_position_embeddings").unwrap_or(2048)),
+        learned_positions: false,
+        norm: Norm::LayerNorm,
+        norms_per_layer: 2,
+        mlp: Mlp::Plain,
+        activation: String::new(),
+        linear_bias: true,
+        qkv_bias: false,
+        qk_norm: false,
+        hidden_dropout: false,
+        attention_dropout: c.positive("attention_dropout", 0.0),
+        dtype,
+        sliding_window: None,
+        mla: None,
+    };
+    let act = |key: &str, default: &str| c.text(key).unwrap_or(default).to_owned();
+    match family {
+        // GPTNeoXConfig: fused query_key_value and dense with bias (attention_bias), the
+        // MLP with bias, two LayerNorms per layer (parallel residual or not), an untied
+        // embed_out. rotary_pct rotates part of each head; the cache keeps whole heads.
+        Family::GptNeox => {
+            if c.flag("attention_bias") == Some(false) {
+                return Err(ConfigError::NotModelled {
+                    field: "attention_bias",
+                    why: "GPT-NeoX without attention biases",
+                });
+            }
+            arch.intermediate = c.int("intermediate_size")?;
+            arch.tied_embeddings = c.flag("tie_word_embeddings").unwrap_or(false);
+            arch.activation = act("hidden_act", "gelu");
+            arch.hidden_dropout = c.positive("hidden_dropout", 0.0);
+        }
+        // OPTConfig: q, k, v, out_proj, fc1, fc2 with bias (enable_bias), learned
+        // positions with 2 extra rows, embeddings tied to lm_head.
+        Family::Opt => {
+            if c.opt_int("word_embed_proj_dim")
+                .is_some_and(|w| w != hidden)
+            {
+                return Err(ConfigError::NotModelled {
+                    field: "word_embed_proj_dim",
+                    why: "OPT's projected embeddings (opt-350m) differ from hidden_size",
+                });
+            }
+            if c.flag("do_layer_norm_before") == Some(false)
+                || c.flag("_remove_final_layer_norm") == Some(true)
+                || c.flag("layer_norm_elementwise_affine") == Some(false)
+            {
+                return Err(ConfigError::NotModelled {
+                    field: "do_layer_norm_before",
+                    why: "OPT without its final or affine LayerNorm",
+                });
+            }
+            arch.intermediate = c.int("ffn_dim")?;
+            arch.tied_embeddings = c.flag("tie_word_embeddings").unwrap_or(true);
+            arch.learned_positions = true;
+            arch.activation = act("activation_function", "relu");
+            arch.linear_bias = c.flag("enable_bias").unwrap_or(true);
+            arch.hidden_dropout = c.positive("dropout", 0.1);
+        }
+        // FalconConfig / FalconAttention: num_kv_heads is config.num_kv_heads with the new
+        // decoder architecture or without multi_query, else 1 (one shared K and V head:
+        // query_key_value is h → h + 2 × head_dim); layer norms: ln_attn and ln_mlp with
+        // the new architecture (num_ln_in_parallel_attn 2, its default), else
+        // input_layernorm, and post_attention_layernorm unless parallel_attn.
+        Family::Falcon => {
+            let new_arch = c.flag("new_decoder_architecture").unwrap_or(false);
+            let multi_query = c.flag("multi_query").unwrap_or(true);
+            let parallel = c.flag("parallel_attn").unwrap_or(true);
+            let config_kv = c
+                .opt_int("num_kv_heads")
+                .or_else(|| c.opt_int("n_head_kv"))
+                .unwrap_or(heads);
+            arch.kv_heads = match (new_arch, multi_query) {
+                (true, _) => config_kv,
+                (false, true) => 1,
+                (false, false) => heads,
+            };
+            arch.norms_per_layer =
+                if new_arch && c.opt_int("num_ln_in_parallel_attn").unwrap_or(2) == 2 {
+                    2
+                } else if parallel {
+                    1
+                } else {
+                    2
+                };
+            arch.intermediate = c.opt_int("ffn_hidden_size").unwrap_or(4 * hidden);
+            arch.tied_embeddings = c.flag("tie_word_embeddings").unwrap_or(true);
+            arch.activation = act("activation", "gelu");
+            arch.linear_bias = c.flag("bias").unwrap_or(false);
+            arch.hidden_dropout = c.positive("hidden_dropout", 0.0);
+        }
+        // PhiConfig: q, k, v, dense, fc1, fc2 with bias; one LayerNorm per layer (attention
+        // and MLP in parallel); lm_head with bias; partial_rotary_factor rotates part of
+        // each head (the cache keeps whole heads); qk_layernorm optional.
+        Family::Phi => {
+            arch.kv_heads = c.opt_int("num_key_value_heads").unwrap_or(heads);
+            arch.intermediate = c.int("intermediate_size")?;
+            arch.tied_embeddings = c.flag("tie_word_embeddings").unwrap_or(false);
+            arch.norms_per_layer = 1;
+            arch.activation = act("hidden_act", "gelu_new");
+            arch.qk_norm = c.flag("qk_layernorm").unwrap_or(false);
+            arch.hidden_dropout = c.positive("resid_pdrop", 0.0);
+        }
+        // Starcoder2Config: GQA, biases everywhere (use_bias), LayerNorms, c_fc/c_proj,
+        // tied embeddings, a sliding window on every layer when set.
+        _ => {
+            arch.kv_heads = c.opt_int("num_key_value_heads").unwrap_or(2);
+            arch.intermediate = c.int("intermediate_size")?;
+            arch.tied_embeddings = c.flag("tie_word_embeddings").unwrap_or(true);
+            arch.max_positions = Some(c.opt_int("max_position_embeddings").unwrap_or(4096));
+            arch.activation = act("hidden_act", "gelu_pytorch_tanh");
+            arch.linear_bias = c.flag("use_bias").unwrap_or(true);
+            arch.hidden_dropout = c.positive("residual_dropout", 0.0);
+            arch.sliding_window = sliding_window(family, c, layers)?;
+        }
+    }
+    Ok(arch)
+}
+
+/// DeepSeek-V2/V3 (`modeling_deepseek_v3.py`, `modular_deepseek_v2.py`): MLA attention, the
+/// first `first_k_dense_replace` layers with a dense SwiGLU of `intermediate_size`, the
+/// others with `n_routed_experts` experts of `moe_intermediate_size` and shared experts of
+/// `moe_intermediate_size × n_shared_experts` (no gate); the router is a bias-free
+/// h × experts weight (V3's `e_score_correction_bias` is a buffer, not a parameter).
+/// Defaults are each config class's (V2: DeepSeek-V2-Lite's, V3: DeepSeek-V3's).
+fn deepseek(
+    family: Family,
+    c: &Fields<'_>,
+    dtype: Option<Dtype>,
+) -> Result<Architecture, ConfigError> {
+    let v3 = family == Family::DeepseekV3;
+    let hidden = c.int("hidden_size")?;
+    let heads = c.int("num_attention_heads")?;
+    let layers = c.int("num_hidden_layers")?;
+    let q_lora_rank = match c.0.get("q_lora_rank") {
+        None => 1536,
+        Some(Value::Null) => 0,
+        Some(_) => c.int("q_lora_rank")?,
+    };
+    let mla = Mla {
+        q_lora_rank,
+        kv_lora_rank: c.opt_int("kv_lora_rank").unwrap_or(512),
+        qk_nope_head_dim: c.opt_int("qk_nope_head_dim").unwrap_or(128),
+        qk_rope_head_dim: c.opt_int("qk_rope_head_dim").unwrap_or(64),
+        v_head_dim: c.opt_int("v_head_dim").unwrap_or(128),
+    };
+    let moe = match c.0.get("n_routed_experts") {
+        Some(Value::Null) => None,
+        _ => {
+            let expert = c
+                .opt_int("moe_intermediate_size")
+                .unwrap_or(if v3 { 2048 } else { 1407 });
+            let shared = match c.0.get("n_shared_experts") {
+                Some(Value::Null) => 0,
+                _ => c
+                    .opt_int("n_shared_experts")
+                    .unwrap_or(if v3 { 1 } else { 2 }),
+            };
+            let dense = match c.0.get("first_k_dense_replace").and_then(Value::as_u64) {
+                Some(k) => k,
+                None if v3 => 3,
+                None => 0,
+            };
+            Some(Moe {
+                experts: c
+                    .opt_int("n_routed_experts")
+                    .unwrap_or(if v3 { 256 } else { 64 }),
+                top_k: match c.opt_int("num_experts_per_tok") {
+                    Some(k) => k,
+                    None if v3 => 8,
+                    None => return Err(ConfigError::Field("num_experts_per_tok")),
+                },
+                expert_intermediate: expert,
+                shared_expert_intermediate: expert.saturating_mul(shared),
+                dense_layers: dense.min(layers),
+                shared_expert_gate: false,
+            })
+        }
+    };
+    Ok(Architecture {
+        family,
+        layers,
+        decoder_layers: 0,
+        hidden,
+        intermediate: c.int("intermediate_size")?,
+        heads,
+        kv_heads: heads,
+        head_dim: mla.qk_nope_head_dim.saturating_add(mla.qk_rope_head_dim),
+        vocab: c.int("vocab_size")?,
+        tied_embeddings: c.flag("tie_word_embeddings").unwrap_or(false),
+        moe,
+        max_positions: c.opt_int("max_position_embeddings"),
+        learned_positions: false,
+        norm: Norm::RmsNorm,
+        norms_per_layer: 2,
+        mlp: Mlp::Gated,
+        activation: c.text("hidden_act").unwrap_or("silu").to_owned(),
+        linear_bias: false,
+        qkv_bias: c.flag("attention_bias").unwrap_or(false),
+        qk_norm: false,
+        hidden_dropout: false,
+        attention_dropout: c.positive("attention_dropout", 0.0),
+        dtype,
+        sliding_window: None,
+        mla: Some(mla),
     })
 }
 
@@ -229,7 +558,12 @@ fn decoder(
 /// (and Mixtral, the same attention) window every layer when `sliding_window` is set
 /// (MistralConfig's default is 4096, an explicit `null` turns it off; Mixtral's default is
 /// off); Gemma 2 windows every other layer from the first (`layer_types`, or
-/// Gemma2Config's default: layer i is local when i is even, window 4096). A config's own
+/// Gemma2Config's default: layer i is local when i is even, window 4096); Gemma 3 five of
+/// every six (Gemma3TextConfig: layer i is local unless (i + 1) % `sliding_window_pattern`
+/// is 0, window 4096 by default); StarCoder2 every layer when `sliding_window` is set; Llama
+/// 4 its RoPE layers (`chunked_attention`: all but every `no_rope_layer_interval`-th), whose
+/// cache DynamicCache keeps as sliding-window layers of `attention_chunk_size` tokens
+/// (`cache_utils.py`: `sliding_window or attention_chunk_size`). A config's own
 /// `layer_types` list is counted as written. Qwen2's `use_sliding_window` is not read:
 /// transformers itself warns that its SDPA path ignores it.
 fn sliding_window(
@@ -237,37 +571,64 @@ fn sliding_window(
     c: &Fields<'_>,
     layers: u64,
 ) -> Result<Option<SlidingWindow>, ConfigError> {
-    const GEMMA2_AND_MISTRAL_DEFAULT_WINDOW: u64 = 4096;
-    let default = match family {
-        Family::Mistral | Family::Gemma2 => Some(GEMMA2_AND_MISTRAL_DEFAULT_WINDOW),
-        Family::Mixtral => None,
+    const DEFAULT_WINDOW: u64 = 4096;
+    const LLAMA4_DEFAULT_CHUNK: u64 = 8192;
+    let (key, default) = match family {
+        Family::Mistral | Family::Gemma2 | Family::Gemma3 => {
+            ("sliding_window", Some(DEFAULT_WINDOW))
+        }
+        Family::Mixtral | Family::Starcoder2 => ("sliding_window", None),
+        Family::Llama4 => ("attention_chunk_size", Some(LLAMA4_DEFAULT_CHUNK)),
         _ => return Ok(None),
     };
-    let tokens = match c.0.get("sliding_window") {
+    let tokens = match c.0.get(key) {
         None => default,
         Some(Value::Null) => None,
-        Some(_) => Some(c.int("sliding_window")?),
+        Some(_) => Some(c.int(key)?),
     };
     let Some(tokens) = tokens else {
         return Ok(None);
     };
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     let windowed = match c.0.get("layer_types").and_then(Value::as_array) {
         Some(types) => {
-            if u64::try_from(types.len()).ok() != Some(layers) {
+            if count(types.len()) != layers {
                 return Err(ConfigError::Inconsistent {
                     field: "layer_types",
-                    value: u64::try_from(types.len()).unwrap_or(u64::MAX),
+                    value: count(types.len()),
                     why: "it must name one type per hidden layer",
                 });
             }
-            let sliding = types
-                .iter()
-                .filter(|t| t.as_str() == Some("sliding_attention"))
-                .count();
-            u64::try_from(sliding).unwrap_or(u64::MAX)
+            count(
+                types
+                    .iter()
+                    .filter(|t| {
+                        matches!(t.as_str(), Some("sliding_attention" | "chunked_attention"))
+                    })
+                    .count(),
+            )
         }
         // Gemma 2: layers 0, 2, 4, ... are local.
         None if family == Family::Gemma2 => layers.div_ceil(2),
+        None if family == Family::Gemma3 => {
+            let pattern = c.opt_int("sliding_window_pattern").unwrap_or(6);
+            layers - layers / pattern
+        }
+        None if family == Family::Llama4 => {
+            match c.0.get("no_rope_layers").and_then(Value::as_array) {
+                // 1 = the layer uses RoPE (and chunked attention).
+                Some(list) if !list.is_empty() => count(
+                    list.iter()
+                        .take(usize::try_from(layers).unwrap_or(usize::MAX))
+                        .filter(|v| v.as_u64() == Some(1))
+                        .count(),
+                ),
+                _ => {
+                    let interval = c.opt_int("no_rope_layer_interval").unwrap_or(4);
+                    layers - layers / interval
+                }
+            }
+        }
         None => layers,
     };
     Ok((windowed > 0).then_some(SlidingWindow {
@@ -314,11 +675,13 @@ pub fn check(arch: &Architecture) -> Result<(), ConfigError> {
     // experts × blocks) is 2^60 and the ten-odd terms of the count add below 2^64.
     // Real models stay far inside (Llama-3-405B: h 16,384, MLP 53,248, 126 blocks).
     const WIDTH: u64 = 1 << 18;
-    let moe = arch.moe.unwrap_or(Moe {
-        experts: 0,
-        top_k: 0,
-        expert_intermediate: 0,
-        shared_expert_intermediate: 0,
+    let moe = arch.moe.unwrap_or(Moe::NONE);
+    let mla = arch.mla.unwrap_or(Mla {
+        q_lora_rank: 0,
+        kv_lora_rank: 0,
+        qk_nope_head_dim: 0,
+        qk_rope_head_dim: 0,
+        v_head_dim: 0,
     });
     for (field, value, limit) in [
         ("hidden_size", arch.hidden, WIDTH),
@@ -337,6 +700,15 @@ pub fn check(arch: &Architecture) -> Result<(), ConfigError> {
             WIDTH,
         ),
         ("num_experts", moe.experts, 1 << 10),
+        ("q_lora_rank", mla.q_lora_rank, WIDTH),
+        ("kv_lora_rank", mla.kv_lora_rank, WIDTH),
+        ("qk_rope_head_dim", mla.qk_rope_head_dim, WIDTH),
+        ("v_head_dim", mla.v_head_dim, WIDTH),
+        (
+            "value width (heads × v_head_dim)",
+            arch.heads.saturating_mul(mla.v_head_dim),
+            WIDTH,
+        ),
         (
             "num_hidden_layers",
             arch.layers
@@ -398,9 +770,10 @@ mod tests {
 
     #[test]
     fn an_unknown_model_type_names_the_supported_ones_and_the_fallback() {
-        let err = parse_config(r#"{"model_type": "falcon"}"#).unwrap_err();
+        let err = parse_config(r#"{"model_type": "mamba"}"#).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("'falcon'"), "{text}");
+        assert!(text.contains("'mamba'"), "{text}");
+        assert!(text.contains("gpt_neox, opt, falcon, phi"), "{text}");
         assert!(text.contains("gpt2, llama"), "{text}");
         assert!(text.contains("--params N --arch A"), "{text}");
     }
@@ -517,5 +890,154 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn arch_of(text: &str) -> Architecture {
+        parse_config(text).expect("config")
+    }
+
+    /// Falcon's KV heads as FalconAttention sets num_kv_heads: the config's with the new
+    /// decoder architecture or without multi_query, else 1; its layer norms per layer.
+    #[test]
+    fn falcon_kv_heads_and_norms_follow_multi_query_and_the_new_architecture() {
+        let base = r#""model_type":"falcon","hidden_size":8192,"num_attention_heads":128,
+            "num_hidden_layers":2,"vocab_size":65024"#;
+        let cfg = |extra: &str| format!("{{{base}{extra}}}");
+        let mq = arch_of(&cfg(""));
+        assert_eq!((mq.kv_heads, mq.head_dim, mq.norms_per_layer), (1, 64, 1));
+        let mha = arch_of(&cfg(r#","multi_query":false,"parallel_attn":false"#));
+        assert_eq!((mha.kv_heads, mha.norms_per_layer), (128, 2));
+        // Falcon-40B: new_decoder_architecture, num_kv_heads 8, ln_attn and ln_mlp.
+        let new = arch_of(&cfg(r#","new_decoder_architecture":true,"num_kv_heads":8"#));
+        assert_eq!((new.kv_heads, new.norms_per_layer), (8, 2));
+        let one_ln = arch_of(&cfg(
+            r#","new_decoder_architecture":true,"num_kv_heads":8,"num_ln_in_parallel_attn":1"#,
+        ));
+        assert_eq!(one_ln.norms_per_layer, 1);
+        // The legacy RefinedWeb names transformers maps.
+        let legacy = arch_of(
+            r#"{"model_type":"falcon","hidden_size":4544,"n_head":71,"n_layer":32,"vocab_size":65024}"#,
+        );
+        assert_eq!((legacy.heads, legacy.layers), (71, 32));
+    }
+
+    /// Gemma 3: (i + 1) % sliding_window_pattern ≠ 0 is local, or layer_types as written;
+    /// Llama 4: RoPE layers are chunked (all but every 4th), or no_rope_layers' 1s;
+    /// StarCoder2: every layer when sliding_window is set.
+    #[test]
+    fn hybrid_layers_are_counted_as_the_config_classes_derive_them() {
+        let w = |tokens, layers| Some(SlidingWindow { tokens, layers });
+        let gemma3 = r#""model_type":"gemma3_text","hidden_size":1152,"num_attention_heads":4,
+            "num_key_value_heads":1,"head_dim":256,"num_hidden_layers":26,
+            "intermediate_size":6912,"vocab_size":262144"#;
+        assert_eq!(window_of(&format!("{{{gemma3}}}")), w(4096, 22));
+        assert_eq!(
+            window_of(&format!(
+                r#"{{{gemma3},"sliding_window":512,"sliding_window_pattern":2}}"#
+            )),
+            w(512, 13)
+        );
+        let types: Vec<&str> = (0..26)
+            .map(|i| {
+                if i < 20 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        let listed = format!(
+            r#"{{{gemma3},"sliding_window":512,"layer_types":{}}}"#,
+            serde_json::to_string(&types).expect("json")
+        );
+        assert_eq!(window_of(&listed), w(512, 20));
+        let llama4 = r#""model_type":"llama4_text","hidden_size":5120,"num_attention_heads":40,
+            "num_key_value_heads":8,"num_hidden_layers":48,"vocab_size":202048"#;
+        assert_eq!(window_of(&format!("{{{llama4}}}")), w(8192, 36));
+        assert_eq!(
+            window_of(&format!(
+                r#"{{{llama4},"attention_chunk_size":1024,"no_rope_layers":[1,0,1,1]}}"#
+            )),
+            w(1024, 3)
+        );
+        assert_eq!(
+            window_of(&format!(r#"{{{llama4},"attention_chunk_size":null}}"#)),
+            None
+        );
+        let sc2 = r#""model_type":"starcoder2","hidden_size":3072,"num_attention_heads":24,
+            "num_key_value_heads":2,"num_hidden_layers":30,"intermediate_size":12288,
+            "vocab_size":49152"#;
+        assert_eq!(window_of(&format!("{{{sc2}}}")), None);
+        assert_eq!(
+            window_of(&format!(r#"{{{sc2},"sliding_window":4096}}"#)),
+            w(4096, 30)
+        );
+    }
+
+    /// Llama 4 Maverick's interleaved experts: moe_layers = range(1, 48, 2), the other 24
+    /// layers dense of intermediate_size_mlp.
+    #[test]
+    fn llama4_interleaved_experts_leave_dense_layers_of_the_mlp_width() {
+        let a = arch_of(
+            r#"{"model_type":"llama4_text","hidden_size":5120,"num_attention_heads":40,
+            "num_key_value_heads":8,"num_hidden_layers":48,"vocab_size":202048,
+            "num_local_experts":128,"interleave_moe_layer_step":2,
+            "intermediate_size":8192,"intermediate_size_mlp":16384}"#,
+        );
+        let moe = a.moe.expect("experts");
+        assert_eq!((moe.experts, moe.dense_layers), (128, 24));
+        assert_eq!(a.intermediate, 16384);
+        // From modeling_llama4.py: 24 MoE layers (128 experts + shared expert + router),
+        // 24 dense layers of 3 · 5120 · 16,384; attention and norms on all 48.
+        let attention = 2 * 5120 * 5120 + 2 * 5120 * 1024 + 2 * 5120;
+        let moe_layer = 128 * 3 * 5120 * 8192 + 3 * 5120 * 8192 + 128 * 5120;
+        let dense_layer = 3 * 5120 * 16_384;
+        assert_eq!(
+            a.params(),
+            48 * attention + 24 * moe_layer + 24 * dense_layer + 2 * 202_048 * 5120 + 5120
+        );
+        assert_eq!(a.params(), 400_711_848_960);
+    }
+
+    #[test]
+    fn vision_language_configs_and_unmodelled_variants_are_refused_by_name() {
+        let err = parse_config(r#"{"model_type":"gemma3"}"#).unwrap_err();
+        assert!(err.to_string().contains("'gemma3_text'"), "{err}");
+        let err = parse_config(r#"{"model_type":"llama4"}"#).unwrap_err();
+        assert!(err.to_string().contains("'llama4_text'"), "{err}");
+        // opt-350m projects 512-wide embeddings to 1024.
+        let err = parse_config(
+            r#"{"model_type":"opt","hidden_size":1024,"num_attention_heads":16,
+            "num_hidden_layers":24,"ffn_dim":4096,"vocab_size":50272,"word_embed_proj_dim":512}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            err,
+            ConfigError::NotModelled {
+                field: "word_embed_proj_dim",
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("--params N --arch A"), "{err}");
+    }
+
+    /// DeepSeek's MLA: the query/key head is nope + rope wide, the value v_head_dim; a
+    /// null q_lora_rank is a plain q_proj, an absent one the config class's 1536.
+    #[test]
+    fn deepseek_mla_fields_and_defaults() {
+        let base = r#""model_type":"deepseek_v3","hidden_size":7168,"num_attention_heads":128,
+            "num_hidden_layers":4,"intermediate_size":18432,"vocab_size":129280"#;
+        let a = arch_of(&format!("{{{base}}}"));
+        let mla = a.mla.expect("mla");
+        assert_eq!(mla.q_lora_rank, 1536);
+        assert_eq!((a.head_dim, a.kv_heads, a.v_dim()), (192, 128, 128 * 128));
+        // The latent and the rotary key are cached, not the 128 heads' keys and values.
+        assert_eq!(a.kv_cache_width(), 512 + 64);
+        let moe = a.moe.expect("experts");
+        assert_eq!((moe.experts, moe.top_k, moe.dense_layers), (256, 8, 3));
+        let plain_q = arch_of(&format!(r#"{{{base},"q_lora_rank":null}}"#));
+        assert_eq!(plain_q.mla.expect("mla").q_lora_rank, 0);
+        let dense = arch_of(&format!(r#"{{{base},"n_routed_experts":null}}"#));
+        assert_eq!(dense.moe, None);
     }
 }

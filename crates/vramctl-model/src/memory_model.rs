@@ -516,7 +516,7 @@ fn autocast_extra_casts_per_token(arch: &Architecture, job: &Job) -> f64 {
     let a = job.precision.compute_bytes();
     let h = f(arch.hidden);
     let qkv = match arch.family {
-        Family::Gpt2 | Family::Phi3 => 0.0,
+        Family::Gpt2 | Family::Phi3 | Family::GptNeox | Family::Falcon => 0.0,
         _ => 2.0 * a * h,
     };
     let up = match (arch.family, arch.mlp, arch.moe) {
@@ -948,15 +948,35 @@ fn infer(model: &Model, job: &Job) -> Estimate {
     b.add("weights", weights, Phase::Always, note);
     let kv_bytes = job.kv_dtype.map_or(a, Dtype::bytes);
     let cache = kv_cache_layer_tokens(arch, job.seq, job.generated);
-    let note = match arch.sliding_window {
+    // Per token and layer: "2 × kv heads × head dim" (keys and values alike), or MLA's
+    // decompressed keys and values of every head.
+    let width = match arch.mla {
         None => format!(
-            "2 × {} layers × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} tokens",
-            arch.kv_cache_layers(),
-            arch.kv_heads,
-            arch.head_dim,
-            job.batch,
-            job.seq + job.generated
+            "2 × {} kv heads × {} head dim",
+            arch.kv_heads, arch.head_dim
         ),
+        Some(mla) => format!(
+            "({} latent + {} rotary key) dims (MLA's compressed cache)",
+            mla.kv_lora_rank, mla.qk_rope_head_dim
+        ),
+    };
+    let note = match arch.sliding_window {
+        None => match arch.mla {
+            None => format!(
+                "2 × {} layers × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} tokens",
+                arch.kv_cache_layers(),
+                arch.kv_heads,
+                arch.head_dim,
+                job.batch,
+                job.seq + job.generated
+            ),
+            Some(_) => format!(
+                "{} layers × {width} × {kv_bytes} B × {} sequences × {} tokens",
+                arch.kv_cache_layers(),
+                job.batch,
+                job.seq + job.generated
+            ),
+        },
         Some(w) => {
             let why = if cache.prefill_bound {
                 "the prompt is longer than the window, and right after the prefill every layer still holds all of it (DynamicSlidingWindowLayer keeps a view of the prompt's keys)".to_owned()
@@ -971,9 +991,7 @@ fn infer(model: &Model, job: &Job) -> Estimate {
                 )
             };
             format!(
-                "2 × {} kv heads × {} head dim × {kv_bytes} B × {} sequences × {} layer-tokens: window {}, {why}",
-                arch.kv_heads,
-                arch.head_dim,
+                "{width} × {kv_bytes} B × {} sequences × {} layer-tokens: window {}, {why}",
                 job.batch,
                 grouped(cache.layer_tokens),
                 w.tokens
@@ -982,7 +1000,7 @@ fn infer(model: &Model, job: &Job) -> Estimate {
     };
     b.add(
         "KV cache",
-        2.0 * f(arch.kv_dim()) * kv_bytes * batch * f(cache.layer_tokens),
+        f(arch.kv_cache_width()) * kv_bytes * batch * f(cache.layer_tokens),
         Phase::Always,
         note,
     );
@@ -1565,6 +1583,109 @@ mod tests {
             kv_cache_layer_tokens(llama, 6000, 100).layer_tokens,
             32 * 6100
         );
+    }
+
+    /// The KV cache of every family added in issue 34, against the shapes transformers'
+    /// cache layers store (`[batch, kv heads, seq, head dim]` for keys and for values, per
+    /// layer; cache_utils.py DynamicLayer), 2 sequences × (1000 + 24) tokens in bf16:
+    /// GPT-NeoX and Phi rotate part of each head (rotary_pct, partial_rotary_factor) and
+    /// cache whole heads; Falcon-7B's multi_query caches one K and one V head; StarCoder2's
+    /// and Llama 4's windows (4096, 8192) are wider than the context; DeepSeek caches the
+    /// compressed latent (kv_lora_rank 512) and the shared rotary key (qk_rope_head_dim 64)
+    /// as one head each (transformers ≥ 5.15, modeling_deepseek_v3.py: `kv_nope, k_rot =
+    /// cache.update(kv_nope, k_rot, ...)`), checked against transformers 5.25 on a CPU.
+    #[test]
+    fn new_families_cache_what_transformers_cache_layers_store() {
+        let cases: [(&str, u64, u64); 12] = [
+            // (config, layers, elements per token per layer: keys + values)
+            ("pythia-1b.json", 16, 8 * 256 + 8 * 256),
+            ("opt-1.3b.json", 24, 32 * 64 + 32 * 64),
+            ("falcon-7b.json", 32, 64 + 64),
+            ("phi-2.json", 32, 32 * 80 + 32 * 80),
+            ("starcoder2-3b.json", 30, 2 * 128 + 2 * 128),
+            ("olmo-1b.json", 16, 16 * 128 + 16 * 128),
+            ("olmo-2-1b.json", 16, 16 * 128 + 16 * 128),
+            ("deepseek-v2-lite.json", 27, 512 + 64),
+            ("deepseek-v3.json", 61, 512 + 64),
+            ("llama-4-scout-text.json", 48, 8 * 128 + 8 * 128),
+            ("mistral-7b.json", 32, 8 * 128 + 8 * 128),
+            ("llama-3-8b.json", 32, 8 * 128 + 8 * 128),
+        ];
+        let job = Job {
+            batch: 2,
+            seq: 1000,
+            generated: 24,
+            precision: Precision::Bf16,
+            ..default_job(Mode::Infer)
+        };
+        for (config, layers, per_layer) in cases {
+            let m = model(config);
+            assert_eq!(m.architecture.kv_cache_width(), per_layer, "{config}");
+            assert_eq!(
+                estimate(&m, &job).term("KV cache"),
+                2 * 2 * 1024 * layers * per_layer,
+                "{config}"
+            );
+        }
+    }
+
+    /// Gemma-3-1B (26 layers, (i + 1) % 6 ≠ 0 local with window 512; 1 kv head × 256):
+    /// prompt 256 + 768 generated ends with 4 global layers × 1024 tokens and 22 local
+    /// layers × 512 (DynamicSlidingWindowLayer keeps window − 1 as a view of the last
+    /// concatenation, window tokens of storage); a 2000-token prompt is held whole by every
+    /// layer right after the prefill.
+    #[test]
+    fn gemma3_hybrid_cache_holds_the_window_on_five_layers_of_six() {
+        let gemma3 = model("gemma-3-1b.json");
+        let w = gemma3.architecture.sliding_window.expect("window");
+        assert_eq!((w.tokens, w.layers), (512, 22));
+        let job = Job {
+            seq: 256,
+            generated: 768,
+            precision: Precision::Bf16,
+            ..default_job(Mode::Infer)
+        };
+        let e = estimate(&gemma3, &job);
+        assert_eq!(e.term("KV cache"), 2 * 256 * 2 * (4 * 1024 + 22 * 512));
+        let long = Job { seq: 2000, ..job };
+        assert_eq!(
+            estimate(&gemma3, &long).term("KV cache"),
+            2 * 256 * 2 * 26 * 2000
+        );
+    }
+
+    /// The plain-MLP families without a program of their own are replayed as the Llama
+    /// program with a gated MLP of their parameter count: the replay's peak allocated stays
+    /// within 3 % of the estimate's own tensors at the peak (a gated MLP of their width put
+    /// Falcon-7B's replay at 139 % of them).
+    #[test]
+    fn plain_mlp_families_replay_their_own_parameter_bytes() {
+        for config in [
+            "pythia-1b.json",
+            "opt-1.3b.json",
+            "falcon-7b.json",
+            "phi-2.json",
+            "starcoder2-3b.json",
+        ] {
+            let m = model(config);
+            let job = Job {
+                precision: Precision::AmpBf16,
+                ..train_job(2, 1024)
+            };
+            let e = estimate(&m, &job);
+            let tensors: u64 = e
+                .terms
+                .iter()
+                .filter(|t| t.at_peak && !matches!(t.name, "allocator overhead" | "CUDA context"))
+                .map(|t| t.bytes)
+                .sum();
+            let r = replay_of(&m, &job);
+            let ratio = r.peak_allocated as f64 / tensors as f64;
+            assert!(
+                (0.97..1.03).contains(&ratio),
+                "{config}: replay/tensors {ratio:.3}"
+            );
+        }
     }
 
     /// Part 1 listed `"optimizer": "adamw"` for generation, which has none.

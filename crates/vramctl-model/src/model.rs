@@ -245,6 +245,56 @@ mod tests {
             ("t5-small.json", Family::T5, 60_506_624),
             ("mixtral-8x7b.json", Family::Mixtral, 46_702_792_704),
             ("qwen1.5-moe-a2.7b.json", Family::Qwen2Moe, 14_315_784_192),
+            // The counts below are transformers' `model.num_parameters()` of each
+            // *ForCausalLM built from the config, written from the modeling files
+            // (src/transformers/models/<family>/modeling_<family>.py) term by term:
+            // GPTNeoXForCausalLM: 16 × (2 LayerNorms 4·2048 + query_key_value 2048·6144 +
+            // 6144 + dense 2048² + 2048 + MLP 2·2048·8192 + 8192 + 2048) + embed_in and
+            // embed_out 2 · 50,304 · 2048 + final LayerNorm 4096 (the Pythia paper's
+            // 1,011,781,632).
+            ("pythia-1b.json", Family::GptNeox, 1_011_781_632),
+            // OPTForCausalLM: 24 × (q, k, v, out_proj with bias 4 · (2048² + 2048) + fc1,
+            // fc2 2 · 2048 · 8192 + 8192 + 2048 + 2 LayerNorms) + embed_tokens 50,272 · 2048
+            // (lm_head tied) + embed_positions (2048 + 2) · 2048 + final_layer_norm.
+            ("opt-1.3b.json", Family::Opt, 1_315_758_080),
+            // FalconForCausalLM, multi_query: 32 × (input_layernorm 2 · 4544 +
+            // query_key_value 4544 · (4544 + 2 · 64) + dense 4544² + MLP 2 · 4544 · 18,176),
+            // no biases, + word_embeddings 65,024 · 4544 (tied) + ln_f.
+            ("falcon-7b.json", Family::Falcon, 6_921_720_704),
+            // PhiForCausalLM: 32 × (input_layernorm + q, k, v, dense with bias + fc1, fc2
+            // with bias) + embed_tokens + lm_head 51,200 · 2560 with its bias 51,200 +
+            // final_layernorm.
+            ("phi-2.json", Family::Phi, 2_779_683_840),
+            // Starcoder2ForCausalLM: 30 × (q, o 3072² + 3072, k, v 3072 · 256 + 256, c_fc,
+            // c_proj with bias, 2 LayerNorms) + embed_tokens (tied) + norm.
+            ("starcoder2-3b.json", Family::Starcoder2, 3_030_371_328),
+            // OlmoForCausalLM: OlmoLayerNorm has no parameters; 16 × (4 · 2048² +
+            // 3 · 2048 · 8192) + embed_tokens 50,304 · 2048 (tied).
+            ("olmo-1b.json", Family::Olmo, 1_176_764_416),
+            // Olmo2ForCausalLM: 16 × (4 · 2048² + 3 · 2048 · 8192 + post_attention and
+            // post_feedforward RMSNorms 2 · 2048 + q_norm, k_norm 2 · 2048) + embed_tokens
+            // and lm_head 2 · 100,352 · 2048 + norm.
+            ("olmo-2-1b.json", Family::Olmo2, 1_484_916_736),
+            // Gemma3ForCausalLM: 26 × (q 1152 · 1024, k, v 1152 · 256, o 1024 · 1152,
+            // q_norm, k_norm 2 · 256, MLP 3 · 1152 · 6912, 4 RMSNorms) + embed_tokens
+            // 262,144 · 1152 (tied) + norm.
+            ("gemma-3-1b.json", Family::Gemma3, 999_885_952),
+            // DeepseekV2ForCausalLM (modular_deepseek_v2.py), q_lora_rank null: 27 ×
+            // (q_proj 2048 · 16 · 192 + kv_a_proj_with_mqa 2048 · 576 + kv_a_layernorm 512 +
+            // kv_b_proj 512 · 16 · 256 + o_proj 2048 · 2048 + 2 RMSNorms) + layer 0's dense
+            // MLP 3 · 2048 · 10,944 + 26 × (64 experts 3 · 2048 · 1408 + shared experts
+            // 3 · 2048 · 2816 + gate 64 · 2048) + embed_tokens, lm_head + norm.
+            ("deepseek-v2-lite.json", Family::DeepseekV2, 15_706_484_224),
+            // DeepseekV3ForCausalLM (modeling_deepseek_v3.py): q_a_proj, q_a_layernorm,
+            // q_b_proj; 3 dense layers, 58 of 256 experts + 1 shared expert. The router's
+            // e_score_correction_bias is a buffer, so this is the published 671,026,419,200
+            // less 58 × 256; the multi-token-prediction layer 61 is not built.
+            ("deepseek-v3.json", Family::DeepseekV3, 671_026_404_352),
+            // Llama4ForCausalLM (modeling_llama4.py): 48 × (q, o 5120², k, v 5120 · 1024,
+            // 2 RMSNorms; Llama4TextL2Norm has no weight; 16 experts 3 · 5120 · 8192 in
+            // gate_up_proj and down_proj + shared_expert 3 · 5120 · 8192 + router 16 · 5120)
+            // + embed_tokens, lm_head 2 · 202,048 · 5120 + norm.
+            ("llama-4-scout-text.json", Family::Llama4, 107_769_861_120),
         ];
         assert_eq!(cases.len(), Family::ALL.len(), "one case per family");
         for (file, family, params) in cases {

@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::architecture::{Architecture, Family};
+use crate::architecture::{Architecture, Family, Mlp};
 use crate::caching_allocator::{BlockId, CachingAllocator};
 
 /// cuBLAS keeps a 32 MiB workspace per thread (the main thread's from the first matmul, the
@@ -263,7 +263,16 @@ impl Graph {
             seq: job.seq,
             t: job.batch * job.seq,
             h: arch.hidden,
-            i: arch.intermediate,
+            // The plain-MLP decoders without a program of their own (GPT-NeoX, OPT, Falcon,
+            // Phi, StarCoder2) run the Llama program with a gated MLP of the same parameter
+            // count (3 × h × 2i/3 = 2 × h × i), so the replayed weights, gradients and
+            // states are the model's bytes; their op-level order is approximate.
+            i: match (arch.mlp, arch.family) {
+                (Mlp::Plain, Family::Gpt2 | Family::Bert | Family::T5) | (Mlp::Gated, _) => {
+                    arch.intermediate
+                }
+                (Mlp::Plain, _) => arch.intermediate * 2 / 3,
+            },
             q: arch.q_dim(),
             kv: arch.kv_dim(),
             heads: arch.heads,
@@ -1627,7 +1636,7 @@ impl Graph {
                 let frozen = cx.lora.is_none();
                 top.insert("embed", self.register(v * h, p, frozen, 0));
                 let phi3 = cx.family == Family::Phi3;
-                let gemma2 = cx.family == Family::Gemma2;
+                let gemma2 = matches!(cx.family, Family::Gemma2 | Family::Gemma3);
                 let qb = if cx.qkv_bias { 1 } else { 0 };
                 for _ in 0..cx.layers {
                     let mut l = LayerParams::default();
@@ -1808,10 +1817,10 @@ impl Graph {
         let cx = g.cx.clone();
         let (t, h, i, q, kv) = (cx.t, cx.h, cx.i, cx.q, cx.kv);
         let style = match cx.family {
-            Family::Gemma | Family::Gemma2 => NormStyle::Gemma,
+            Family::Gemma | Family::Gemma2 | Family::Gemma3 => NormStyle::Gemma,
             _ => NormStyle::Llama,
         };
-        let gemma2 = cx.family == Family::Gemma2;
+        let gemma2 = matches!(cx.family, Family::Gemma2 | Family::Gemma3);
         let n1 = g.rms_norm(x, h, t, style);
         let (qe, ke, vv, qt, kt) = if cx.family == Family::Phi3 {
             let qkv = g.linear(n1, g.lp(l, "qkv"), q + 2 * kv);
@@ -2078,7 +2087,7 @@ impl Graph {
         let cx = self.cx.clone();
         let embed = self.tp("embed");
         let mut emb = self.embedding(embed, cx.vocab);
-        if matches!(cx.family, Family::Gemma | Family::Gemma2) {
+        if matches!(cx.family, Family::Gemma | Family::Gemma2 | Family::Gemma3) {
             let sc = self.constant(0, cx.p, false);
             emb = self.rebind(emb, |g, x| g.mul(x, sc, 0));
         }
@@ -2086,7 +2095,7 @@ impl Graph {
         self.rotary_embedding();
         let x = self.keep(emb);
         let x = self.blocks(Graph::llama_block, 0..cx.layers, x);
-        let style = if matches!(cx.family, Family::Gemma | Family::Gemma2) {
+        let style = if matches!(cx.family, Family::Gemma | Family::Gemma2 | Family::Gemma3) {
             NormStyle::Gemma
         } else {
             NormStyle::Llama

@@ -171,18 +171,25 @@ fn not_fitting_the_gpu_is_exit_1_with_the_largest_batch_that_does() {
 #[test]
 fn bad_models_are_one_line_errors_with_exit_2() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let falcon = dir.path().join("config.json");
-    std::fs::write(&falcon, r#"{"model_type": "falcon"}"#).expect("write");
-    let output = estimate(&[falcon.to_str().expect("utf-8")])
+    let mamba = dir.path().join("config.json");
+    std::fs::write(&mamba, r#"{"model_type": "mamba"}"#).expect("write");
+    let output = estimate(&[mamba.to_str().expect("utf-8")])
         .output()
         .expect("run");
     assert_eq!(output.status.code(), Some(2));
     let line = stderr_line(&output);
     assert!(
-        line.contains("model_type 'falcon' is not supported"),
+        line.contains("model_type 'mamba' is not supported"),
         "{line}"
     );
     assert!(line.contains("--params N --arch A"), "{line}");
+    // A vision-language config names its text model's model_type.
+    std::fs::write(&mamba, r#"{"model_type": "gemma3"}"#).expect("write");
+    let output = estimate(&[mamba.to_str().expect("utf-8")])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr_line(&output).contains("'gemma3_text'"));
 
     // A hostile header: 2^64 − 1 bytes declared in a 10-byte file.
     let huge = dir.path().join("huge.safetensors");
@@ -407,4 +414,152 @@ fn a_gpu_check_offers_the_most_precise_weights_that_fit_with_their_margin() {
     };
     assert_eq!(gpu["largest_batch_margin_bytes"], capacity - at(batch));
     assert!(at(batch + 1) > capacity);
+}
+
+/// The KV cache term of `doc`.
+fn kv_bytes(doc: &serde_json::Value) -> u64 {
+    doc["terms"]
+        .as_array()
+        .expect("terms")
+        .iter()
+        .find(|t| t["name"] == "KV cache")
+        .and_then(|t| t["bytes"].as_u64())
+        .expect("a KV term")
+}
+
+/// Every family added in issue 34, from a real checkpoint's config.json: `--json` gives
+/// the parameter count transformers builds (crates/vramctl-model/src/model.rs derives each
+/// from the modeling code) and the KV cache its cache layers store, 4 sequences × (1000 +
+/// 24) tokens in bf16; training estimates too, with the replay's allocator term. Both
+/// figures were checked against transformers 5.25's models built from shrunken configs on
+/// a CPU; scripts/estimate-families-h200.py checks them at size on the H200.
+#[test]
+fn every_new_family_estimates_its_parameters_and_kv_cache_exactly() {
+    // (config, family in the JSON, params, KV bytes = layer-tokens × per-token width × 2 B × 4)
+    let cases: [(&str, &str, u64, u64); 11] = [
+        (
+            "pythia-1b.json",
+            "gpt_neox",
+            1_011_781_632,
+            16 * 1024 * 4096,
+        ),
+        ("opt-1.3b.json", "opt", 1_315_758_080, 24 * 1024 * 4096),
+        ("falcon-7b.json", "falcon", 6_921_720_704, 32 * 1024 * 128),
+        ("phi-2.json", "phi", 2_779_683_840, 32 * 1024 * 5120),
+        (
+            "starcoder2-3b.json",
+            "starcoder2",
+            3_030_371_328,
+            30 * 1024 * 512,
+        ),
+        ("olmo-1b.json", "olmo", 1_176_764_416, 16 * 1024 * 4096),
+        ("olmo-2-1b.json", "olmo2", 1_484_916_736, 16 * 1024 * 4096),
+        // The 1000-token prompt is longer than the 512 window: right after the prefill every
+        // layer holds all of it (more than 4 global × 1024 + 22 local × 512 at the end).
+        ("gemma-3-1b.json", "gemma3", 999_885_952, 26 * 1000 * 512),
+        // MLA: the 512-wide latent and the 64-wide rotary key (transformers ≥ 5.15).
+        (
+            "deepseek-v2-lite.json",
+            "deepseek_v2",
+            15_706_484_224,
+            27 * 1024 * 576,
+        ),
+        (
+            "deepseek-v3.json",
+            "deepseek_v3",
+            671_026_404_352,
+            61 * 1024 * 576,
+        ),
+        (
+            "llama-4-scout-text.json",
+            "llama4",
+            107_769_861_120,
+            48 * 1024 * 2048,
+        ),
+    ];
+    for (config, family, params, layer_token_elements) in cases {
+        let path = model(&format!("configs/{config}"));
+        let path = path.to_str().expect("utf-8");
+        let infer = json_of(&mut estimate(&[
+            path,
+            "--infer",
+            "--batch",
+            "4",
+            "--seq",
+            "1000",
+            "--gen",
+            "24",
+            "--precision",
+            "bf16",
+            "--json",
+        ]));
+        assert_eq!(infer["model"]["architecture"]["family"], family, "{config}");
+        assert_eq!(infer["model"]["params"], params, "{config}");
+        assert_eq!(kv_bytes(&infer), 2 * 4 * layer_token_elements, "{config}");
+        let weights = infer["terms"][0]["bytes"].as_u64().expect("weights");
+        assert_eq!(weights, 2 * params, "{config}: bf16 weights");
+        let train = json_of(&mut estimate(&[
+            path,
+            "--train",
+            "--batch",
+            "1",
+            "--seq",
+            "512",
+            "--precision",
+            "amp-bf16",
+            "--json",
+        ]));
+        let total = train["total_bytes"].as_u64().expect("total");
+        // fp32 weights, gradients and two AdamW states at least.
+        assert!(total > 16 * params, "{config}: {total}");
+        let replayed = train["terms"]
+            .as_array()
+            .expect("terms")
+            .iter()
+            .find(|t| t["name"] == "allocator overhead")
+            .expect("an allocator term");
+        assert!(
+            replayed["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("replayed")),
+            "{config}: {replayed}"
+        );
+    }
+}
+
+/// The tables of a hybrid-attention, an MLA and an MQA model: the KV note says how the
+/// cache is counted.
+#[test]
+fn new_family_tables_say_how_their_kv_cache_is_counted() {
+    for (name, config, extra) in [
+        (
+            "estimate_gemma3_infer_table",
+            "configs/gemma-3-1b.json",
+            &["--infer", "--batch", "8", "--seq", "256", "--gen", "768"][..],
+        ),
+        (
+            "estimate_deepseek_v2_lite_infer_table",
+            "configs/deepseek-v2-lite.json",
+            &["--infer", "--batch", "4", "--seq", "2048", "--gen", "256"][..],
+        ),
+        (
+            "estimate_falcon_7b_train_table",
+            "configs/falcon-7b.json",
+            &[
+                "--train",
+                "--batch",
+                "2",
+                "--seq",
+                "1024",
+                "--precision",
+                "amp-bf16",
+            ][..],
+        ),
+    ] {
+        let path = model(config);
+        let mut args = vec![path.to_str().expect("utf-8")];
+        args.extend_from_slice(extra);
+        let out = stdout_of(&mut estimate(&args));
+        redactions().bind(|| insta::assert_snapshot!(name, out));
+    }
 }
