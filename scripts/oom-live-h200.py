@@ -119,8 +119,17 @@ def main():
         for i in range(3):
             done = subprocess.run([args.bin, "run", *flags, "--", sys.executable, "-c", STEP],
                                   capture_output=True, text=True, timeout=600)
-            samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            lines = done.stdout.strip().splitlines()
+            if not lines:
+                # The first H200 run (2026-12-05) ended here with nothing on stdout: say why.
+                tail = " | ".join(done.stderr.strip().splitlines()[-5:])
+                check(f"cost run {label} {i} printed its figures", False, f"exit {done.returncode}: {tail}")
+                continue
+            samples.append(json.loads(lines[-1]))
         costs[label] = samples
+    if not costs["agent"] or not costs["no-agent"]:
+        print(f"{failed} check(s) failed", flush=True)
+        sys.exit(1)
     agent_step = min(s["step_s"] for s in costs["agent"])
     bare_step = min(s["step_s"] for s in costs["no-agent"])
     results["cost"] = costs
