@@ -235,7 +235,7 @@ fn split(reply: SampleReply) -> (Snapshot, DaemonFacts) {
 /// What NVML's PIDs are when NVML is read here: ours where this /proc lists the host's
 /// PIDs; otherwise host PIDs that cannot be mapped, with the processes of this namespace
 /// that hold an NVIDIA device file open (what the namespace can tell by itself).
-fn local_pid_view() -> PidView {
+pub fn local_pid_view() -> PidView {
     let namespace = PidNamespace::current();
     if namespace.proc_shows_host_pids() {
         return PidView::Same;

@@ -22,6 +22,7 @@ use vramctl_procs::procinfo::{self, ProcessDetails};
 
 use crate::agent_ooms::{AgentOoms, ClassifyFn, OomWatch};
 use crate::kubernetes::{self, KubeletSource};
+use crate::pid_view::PidView;
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,6 +50,11 @@ pub struct Observation {
     /// (`crate::agent_ooms`), by PID; empty without agents, and in a replay.
     #[serde(default, skip_serializing_if = "AgentOoms::is_empty")]
     pub ooms: AgentOoms,
+    /// What the snapshot's PIDs are (`crate::pid_view`): this /proc's, mapped for this PID
+    /// namespace by a host daemon (with the others' memory per GPU), or host PIDs that
+    /// nothing here maps — then no process was looked up in this /proc.
+    #[serde(default, skip_serializing_if = "PidView::is_same")]
+    pub pid_view: PidView,
 }
 
 impl Observation {
@@ -62,6 +68,7 @@ impl Observation {
             agents: AgentFigures::default(),
             kubernetes_gpus: BTreeMap::new(),
             ooms: AgentOoms::default(),
+            pid_view: PidView::Same,
         }
     }
 
@@ -647,6 +654,7 @@ impl Observer {
             agents: AgentFigures::default(),
             kubernetes_gpus: BTreeMap::new(),
             ooms: AgentOoms::default(),
+            pid_view: PidView::Same,
         };
         if let Some(kubelet) = self.kubelet.as_mut() {
             // Read at most every `kubernetes::REFRESH_MS` of the snapshots' time.

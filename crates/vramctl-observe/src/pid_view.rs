@@ -45,6 +45,11 @@ impl PidView {
         }
     }
 
+    /// Whether the PIDs are NVML's and this /proc's alike (serde's `skip_serializing_if`).
+    pub fn is_same(&self) -> bool {
+        matches!(self, Self::Same)
+    }
+
     /// Whether the listed PIDs may be looked up in this /proc.
     pub fn pids_are_ours(&self) -> bool {
         !matches!(self, Self::CannotMap(_))

@@ -526,6 +526,17 @@ impl App {
                 );
                 Vec::new()
             }
+            // A host PID that nothing here maps may be any process's number in this PID
+            // namespace: a signal or a reclaim request would reach that one.
+            KeyCode::Char('R' | 'K') | KeyCode::Delete | KeyCode::F(9)
+                if self.selected_row().is_some_and(|r| r.flags.host_pid) =>
+            {
+                self.message = Some(
+                    "a host PID that cannot be mapped here: kill or reclaim it from the host"
+                        .to_owned(),
+                );
+                Vec::new()
+            }
             KeyCode::Char('R') => {
                 let target = self.reclaim_target();
                 let reply = self.reclaim.update(ReclaimEvent::Ask(target));

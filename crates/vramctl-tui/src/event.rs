@@ -19,7 +19,9 @@ use super::kill::{Actions, KillOutcome, KillPlan, KillTarget};
 use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::reclaim::{ReclaimOutcome, ReclaimTarget};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
+use vramctl_observe::live_source;
 use vramctl_observe::observation::{Observation, Observer};
+use vramctl_observe::pid_view::PidView;
 use vramctl_observe::verdict::{Judge, ReplayJudge};
 
 /// Something the UI reacts to.
@@ -146,7 +148,14 @@ pub struct FirstSample {
     pub snapshot: Snapshot,
     /// Names for the PIDs this /proc cannot see.
     pub driver_names: std::collections::BTreeMap<u32, String>,
+    /// What the snapshot's PIDs are: the daemon's and ours alike, or mapped for our PID
+    /// namespace by a host daemon (`vramctl_observe::pid_view`).
+    pub pid_view: PidView,
 }
+
+/// Asks the daemon again for each frame; `None` once it does not answer (then NVML is
+/// read here from that frame on).
+pub type AskDaemon = Box<dyn FnMut() -> Option<FirstSample> + Send>;
 
 /// As [`spawn_sampler`], with `first` (when given) observed and sent as the first
 /// [`Event::Sample`] before the sampler is opened with `open` on this thread, so the first
@@ -154,6 +163,60 @@ pub struct FirstSample {
 /// later. When `open` fails, [`Event::SamplerStopped`] says why.
 pub fn spawn_sampler_after<B, F>(
     first: Option<FirstSample>,
+    open: F,
+    interval: Duration,
+    judge: Box<dyn Judge>,
+    tx: Sender<Event>,
+) -> std::io::Result<(Sender<()>, JoinHandle<()>)>
+where
+    B: Backend + 'static,
+    F: FnOnce() -> Result<Sampler<B>, String> + Send + 'static,
+{
+    spawn_frames(first, None, open, interval, judge, tx)
+}
+
+/// As [`spawn_sampler_after`], with every frame from `daemon` while it answers: `top` in a
+/// container, whose host daemon maps each frame to the container's PIDs — NVML read here
+/// would give host PIDs. When the daemon stops answering, NVML is opened with `open` and
+/// its PIDs are taken for what they are here (`live_source::local_pid_view`: host PIDs
+/// that cannot be mapped are never looked up in this /proc).
+pub fn spawn_sampler_from_daemon<B, F>(
+    first: FirstSample,
+    daemon: AskDaemon,
+    open: F,
+    interval: Duration,
+    judge: Box<dyn Judge>,
+    tx: Sender<Event>,
+) -> std::io::Result<(Sender<()>, JoinHandle<()>)>
+where
+    B: Backend + 'static,
+    F: FnOnce() -> Result<Sampler<B>, String> + Send + 'static,
+{
+    spawn_frames(Some(first), Some(daemon), open, interval, judge, tx)
+}
+
+/// Joins one frame with this /proc (only when its PIDs are this /proc's), judges it.
+fn observe_frame(
+    hosts: &mut Observer,
+    judge: &mut dyn Judge,
+    snapshot: Snapshot,
+    pid_view: PidView,
+    name: impl FnMut(u32) -> Option<String>,
+) -> Observation {
+    let mut obs = if pid_view.pids_are_ours() {
+        hosts.observe(snapshot, name)
+    } else {
+        // Host PIDs: a lookup here would name whichever process of ours has the number.
+        Observation::bare(snapshot)
+    };
+    obs.pid_view = pid_view;
+    obs.verdicts = judge.judge(&obs);
+    obs
+}
+
+fn spawn_frames<B, F>(
+    first: Option<FirstSample>,
+    mut daemon: Option<AskDaemon>,
     open: F,
     interval: Duration,
     mut judge: Box<dyn Judge>,
@@ -169,43 +232,66 @@ where
         .spawn(move || {
             let mut hosts = Observer::new();
             let mut timeline = Timeline::new();
-            let first_at = Instant::now();
-            let had_first = first.is_some();
-            if let Some(first) = first {
-                let snapshot = on_top_timeline(&mut timeline, first.snapshot);
-                let names = first.driver_names;
-                let mut obs = hosts.observe(snapshot, |pid| names.get(&pid).cloned());
-                obs.verdicts = judge.judge(&obs);
-                if tx.send(Event::Sample(Arc::new(obs))).is_err() {
-                    return;
-                }
-            }
-            let mut sampler = match open() {
-                Ok(sampler) => sampler,
-                Err(why) => {
-                    let _ = tx.send(Event::SamplerStopped(why));
-                    return;
-                }
-            };
-            if had_first {
-                // The sampler's own first tick comes an interval after the first frame.
-                match stop_rx.recv_timeout(interval.saturating_sub(first_at.elapsed())) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-                }
-            }
+            let mut next = first;
+            let mut open = Some(open);
+            let mut sampler: Option<(Sampler<B>, PidView)> = None;
             loop {
                 let started = Instant::now();
-                let snapshot = on_top_timeline(&mut timeline, sampler.tick());
-                let mut obs =
-                    hosts.observe(snapshot, |pid| sampler.backend_mut().process_name(pid));
-                obs.verdicts = judge.judge(&obs);
+                if next.is_none() && sampler.is_none() {
+                    next = daemon.as_mut().and_then(|ask| ask());
+                }
+                let obs = if let Some(frame) = next.take() {
+                    let snapshot = on_top_timeline(&mut timeline, frame.snapshot);
+                    let names = frame.driver_names;
+                    observe_frame(
+                        &mut hosts,
+                        judge.as_mut(),
+                        snapshot,
+                        frame.pid_view,
+                        |pid| names.get(&pid).cloned(),
+                    )
+                } else {
+                    if daemon.take().is_some() {
+                        tracing::debug!("The daemon stopped answering; top reads NVML here.");
+                    }
+                    if sampler.is_none() {
+                        let Some(open) = open.take() else { return };
+                        match open() {
+                            Ok(opened) => {
+                                sampler = Some((opened, live_source::local_pid_view()));
+                            }
+                            Err(why) => {
+                                let _ = tx.send(Event::SamplerStopped(why));
+                                return;
+                            }
+                        }
+                    }
+                    let Some((sampler, view)) = sampler.as_mut() else {
+                        return;
+                    };
+                    let snapshot = on_top_timeline(&mut timeline, sampler.tick());
+                    observe_frame(&mut hosts, judge.as_mut(), snapshot, view.clone(), |pid| {
+                        sampler.backend_mut().process_name(pid)
+                    })
+                };
                 tracing::trace!(
                     ms = started.elapsed().as_secs_f64() * 1e3,
                     "Sampled for top."
                 );
                 if tx.send(Event::Sample(Arc::new(obs))).is_err() {
                     return;
+                }
+                if daemon.is_none() && sampler.is_none() {
+                    // The first frame was a daemon's in our own namespace: NVML opens here
+                    // now, while that frame is on screen, and ticks an interval after it.
+                    let Some(open) = open.take() else { return };
+                    match open() {
+                        Ok(opened) => sampler = Some((opened, live_source::local_pid_view())),
+                        Err(why) => {
+                            let _ = tx.send(Event::SamplerStopped(why));
+                            return;
+                        }
+                    }
                 }
                 match stop_rx.recv_timeout(interval.saturating_sub(started.elapsed())) {
                     Err(RecvTimeoutError::Timeout) => {}

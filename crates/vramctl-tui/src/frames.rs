@@ -759,3 +759,76 @@ fn oom_cause_and_fix_in_the_detail_pane() {
     feed(&mut app, &with_an_oom(last, OomState::Classified));
     insta::assert_snapshot!("oom_detail", frame(&app));
 }
+
+/// Inside a container, as a host daemon answered for its PID namespace: its processes
+/// under its own PIDs, and under each GPU one line for the memory of processes outside it
+/// (no row: nothing to select, kill or reclaim).
+#[test]
+fn container_view_with_the_others_line() {
+    use std::collections::BTreeMap;
+
+    use super::fixtures::{GIB, gpu, host, obs};
+    use vramctl_observe::pid_view::{NamespaceView, OtherHolders, PidView};
+
+    let mut app = live(80, 24);
+    let mut o = (*obs(
+        0,
+        vec![
+            gpu(0, 140 * GIB, 24 * GIB, &[(7, 3 * GIB)]),
+            gpu(1, 140 * GIB, 16 * GIB, &[(9, 5 * GIB)]),
+        ],
+        vec![
+            host(7, 1, "alice", "python train.py"),
+            host(9, 1, "alice", "python eval.py"),
+        ],
+    ))
+    .clone();
+    o.pid_view = PidView::Mapped(NamespaceView {
+        pid_namespace: 4_026_532_000,
+        host_pids: BTreeMap::from([(7, 1007), (9, 1009)]),
+        others: vec![
+            OtherHolders {
+                index: 0,
+                uuid: o.snapshot.devices[0].info.uuid.clone(),
+                processes: 2,
+                used_bytes: Some(20 * GIB),
+            },
+            OtherHolders {
+                index: 1,
+                uuid: o.snapshot.devices[1].info.uuid.clone(),
+                processes: 1,
+                used_bytes: Some(11 * GIB),
+            },
+        ],
+    });
+    feed(&mut app, &[Arc::new(o)]);
+    let pids: Vec<u32> = app.table.rows.iter().map(|r| r.key.pid).collect();
+    assert_eq!(pids.len(), 2);
+    assert!(pids.contains(&7) && pids.contains(&9), "{pids:?}");
+    insta::assert_snapshot!("container_view_with_the_others_line", frame(&app));
+}
+
+/// Without a daemon, inside a container: NVML's PIDs as `host:PID`, and the kill and
+/// reclaim keys refuse them (the number may be any process's in this namespace).
+#[test]
+fn host_pids_that_cannot_be_mapped_are_neither_killed_nor_reclaimed() {
+    use super::fixtures::{GIB, gpu, obs};
+    use vramctl_observe::pid_view::{PidView, Unmapped};
+
+    let mut app = live(80, 24);
+    let mut o = (*obs(
+        0,
+        vec![gpu(0, 140 * GIB, 4 * GIB, &[(4_100_123, 3 * GIB)])],
+        vec![],
+    ))
+    .clone();
+    o.pid_view = PidView::CannotMap(Unmapped::default());
+    feed(&mut app, &[Arc::new(o)]);
+    assert!(app.table.rows.iter().all(|r| r.flags.host_pid));
+    for code in [KeyCode::Char('K'), KeyCode::Char('R'), KeyCode::Delete] {
+        assert!(app.update(key(code)).is_empty(), "{code:?}");
+        assert!(!app.kill.shown(), "{code:?} opened the kill dialog");
+    }
+    let screen = frame(&app);
+    insta::assert_snapshot!("host_pids_cannot_map", screen);
+}

@@ -11,6 +11,7 @@ use ratatui::layout::Rect;
 use vramctl_core::types::{DeviceSnapshot, MigInstanceInfo, UnopenedDevice};
 
 use vramctl_observe::observation::Observation;
+use vramctl_observe::pid_view::OtherHolders;
 
 /// The smallest terminal the screen is laid out for.
 pub const MIN_WIDTH: u16 = 80;
@@ -107,6 +108,10 @@ pub enum DeviceLine<'a> {
     Mig(&'a DeviceSnapshot, &'a MigInstanceInfo),
     /// A GPU the driver lists but that could not be opened.
     Unopened(&'a UnopenedDevice),
+    /// The memory processes outside this PID namespace hold on the GPU above, as a host
+    /// daemon answered for the namespace (`vramctl_observe::pid_view`): one figure, no
+    /// process, so nothing to select, kill or reclaim.
+    Others(&'a OtherHolders),
 }
 
 /// The device lines of `obs`: each GPU `devices` selects (all when `None`) with its MIG
@@ -128,6 +133,9 @@ pub fn device_lines<'a>(
             for mig in &device.info.mig_instances {
                 out.push(DeviceLine::Mig(device, mig));
             }
+        }
+        if let Some(others) = obs.pid_view.others_on(device.info.index) {
+            out.push(DeviceLine::Others(others));
         }
     }
     if devices.is_none() {

@@ -405,6 +405,7 @@ impl Inner {
             // The history keeps no pod allocations: a replay says none.
             kubernetes_gpus: std::collections::BTreeMap::new(),
             ooms: vramctl_observe::agent_ooms::AgentOoms::default(),
+            pid_view: vramctl_observe::pid_view::PidView::Same,
         }))
     }
 }
@@ -581,6 +582,7 @@ mod tests {
             agents: vramctl_observe::observation::AgentFigures::default(),
             kubernetes_gpus: std::collections::BTreeMap::new(),
             ooms: vramctl_observe::agent_ooms::AgentOoms::default(),
+            pid_view: vramctl_observe::pid_view::PidView::Same,
         }
     }
 

@@ -151,10 +151,29 @@ pub fn agent_columns(rows: &[Row]) -> bool {
 /// `(x offset, width)` of each shown column in a table `width` cells wide (`agents`: with
 /// the agent's columns); one space between columns, the command gets the rest.
 pub fn column_spans(width: u16, agents: bool) -> Vec<(Column, u16, u16)> {
+    spans(width, agents, false)
+}
+
+/// The columns of `rows` laid out in `width`: the agent's when a row has a figure, and a
+/// PID column wide enough for `host:PID` when a row's PID is an unmapped host PID.
+pub fn column_spans_of(width: u16, rows: &[Row]) -> Vec<(Column, u16, u16)> {
+    spans(
+        width,
+        agent_columns(rows),
+        rows.iter().any(|r| r.flags.host_pid),
+    )
+}
+
+fn spans(width: u16, agents: bool, host_pids: bool) -> Vec<(Column, u16, u16)> {
     let mut x = 0u16;
     let mut out = Vec::with_capacity(Column::ALL.len());
     for column in Column::shown(agents) {
-        let w = column.width().unwrap_or_else(|| width.saturating_sub(x));
+        let own = match column {
+            // `host:` and seven digits (Linux's largest PID, 4194304).
+            Column::Pid if host_pids => Some(12),
+            _ => column.width(),
+        };
+        let w = own.unwrap_or_else(|| width.saturating_sub(x));
         let w = w.min(width.saturating_sub(x));
         out.push((column, x, w));
         x = x.saturating_add(w).saturating_add(1);
@@ -195,6 +214,10 @@ pub struct Flags {
     pub zombie: bool,
     /// Not visible in this PID namespace.
     pub hidden: bool,
+    /// Its PID is the host's (NVML's) and nothing here maps it to this PID namespace: shown
+    /// as `host:PID`, and neither killed nor reclaimed from here (the number may be any
+    /// process's here).
+    pub host_pid: bool,
 }
 
 impl Flags {

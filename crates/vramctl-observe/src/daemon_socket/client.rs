@@ -25,7 +25,7 @@ pub struct AskOptions {
     /// Ask for `/proc/PID/stat` facts too (`ps`).
     pub process_stat: bool,
     /// Take an answer a host daemon made for this PID namespace (`crate::pid_view`):
-    /// `status` and `ps` do; `top`, whose later frames read NVML here, does not.
+    /// `status`, `ps` and `top` (which then asks again for every frame) do.
     pub accept_mapped: bool,
 }
 

@@ -256,10 +256,9 @@ impl ProcessTable {
         }
         if at.y == area.y {
             let x = at.x - area.x;
-            if let Some((column, _, _)) =
-                table::column_spans(area.width, table::agent_columns(&self.rows))
-                    .into_iter()
-                    .find(|&(_, start, w)| x >= start && x < start + w.max(1) + 1)
+            if let Some((column, _, _)) = table::column_spans_of(area.width, &self.rows)
+                .into_iter()
+                .find(|&(_, start, w)| x >= start && x < start + w.max(1) + 1)
             {
                 self.view.sort_by(column);
                 self.arrange(hosts);
@@ -299,10 +298,13 @@ pub fn rows_of(
                 pid: p.pid,
             };
             let command = host.map(|h| h.command.clone()).unwrap_or_else(|| {
-                obs.driver_names
-                    .get(&p.pid)
-                    .cloned()
-                    .unwrap_or_else(|| "(not visible in this PID namespace)".to_owned())
+                obs.driver_names.get(&p.pid).cloned().unwrap_or_else(|| {
+                    if obs.pid_view.pids_are_ours() {
+                        "(not visible in this PID namespace)".to_owned()
+                    } else {
+                        "(host PID: cannot map to this PID namespace)".to_owned()
+                    }
+                })
             });
             let gpu = match p.gpu_instance_id {
                 Some(gi) => format!("{}/g{gi}", device.info.index),
@@ -328,6 +330,7 @@ pub fn rows_of(
                     idle_holder: verdict.is_some_and(|v| v.kind == VerdictKind::IdleHolder),
                     zombie: host.is_some_and(HostProcess::is_zombie),
                     hidden: host.is_none(),
+                    host_pid: !obs.pid_view.pids_are_ours(),
                 },
                 command,
                 tree_prefix: String::new(),

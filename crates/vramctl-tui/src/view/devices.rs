@@ -118,6 +118,21 @@ fn draw_line(
                 }
             }
         }
+        Line::Others(others) => {
+            let text = format!(
+                "{} held by {} process{} of other containers or the host",
+                format::opt_bytes(others.used_bytes),
+                others.processes,
+                if others.processes == 1 { "" } else { "es" }
+            );
+            put(
+                buf,
+                x,
+                y,
+                right,
+                &[(" └ others      ", t.dim()), (&text, t.text())],
+            );
+        }
         Line::Mig(device, mig) => {
             // `g2 3g.71gb`: the instance as the GPU column names it, and its profile.
             let gi = mig

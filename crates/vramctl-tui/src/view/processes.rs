@@ -13,13 +13,14 @@ use super::{chart, put};
 use crate::app::{App, owner_totals};
 use crate::format;
 use crate::memory_series::SeriesKey;
-use crate::table::{Column, Idle, Row, agent_columns, column_spans};
+use crate::table::{Column, Idle, Row, column_spans_of};
 use vramctl_observe::agent_ooms::{OomState, ProcessOoms};
 use vramctl_observe::owners::OwnerKey;
 
 /// The text of one cell in a column `width` characters wide.
 fn cell(row: &Row, column: Column, width: u16) -> String {
     match column {
+        Column::Pid if row.flags.host_pid => format!("host:{}", row.key.pid),
         Column::Pid => row.key.pid.to_string(),
         Column::User => row.user.clone().unwrap_or_else(|| "-".to_owned()),
         Column::Gpu => row.gpu.clone(),
@@ -132,7 +133,7 @@ pub fn draw_owners(app: &App, key: OwnerKey, area: Rect, buf: &mut Buffer) {
 
 pub fn draw_table(app: &App, area: Rect, buf: &mut Buffer) {
     let t = app.theme;
-    let spans = column_spans(area.width, agent_columns(&app.table.rows));
+    let spans = column_spans_of(area.width, &app.table.rows);
     // Header, with the sort column marked.
     buf.set_style(Rect::new(area.x, area.y, area.width, 1), t.header());
     for &(column, x, w) in &spans {

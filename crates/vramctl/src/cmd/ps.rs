@@ -674,8 +674,9 @@ fn ask_agents(report: &mut PsReport, at_unix_ms: i64) {
     }
 }
 
-/// One line on a process's OOMs: how many, the first one's cause and fix.
-fn oom_note(pid: u32, oom: &ProcessOoms) -> String {
+/// One line on a process's OOMs: how many, the first one's cause and fix (`status` says
+/// the same).
+pub(super) fn oom_note(pid: u32, oom: &ProcessOoms) -> String {
     let times = if oom.count == 1 {
         "an out-of-memory error".to_owned()
     } else {

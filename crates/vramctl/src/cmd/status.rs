@@ -715,6 +715,24 @@ fn render(
             paint(styles.bad, &text)
         ));
     }
+    // A running process that hit an OOM: one note each (a process on several GPUs once),
+    // worded as `ps` words it.
+    let mut noted = std::collections::BTreeSet::new();
+    let mut oom_lines = Vec::new();
+    for p in report
+        .devices
+        .iter()
+        .filter_map(|d| d.processes.as_ref())
+        .flatten()
+    {
+        if let Some(oom) = p.oom.as_ref().filter(|_| noted.insert(p.pid)) {
+            oom_lines.extend(wrap(&super::ps::oom_note(p.pid, oom), "", width));
+        }
+    }
+    if !oom_lines.is_empty() {
+        lines.push(String::new());
+        lines.extend(oom_lines);
+    }
     if report.pid_mapping == "cannot_map" {
         lines.push(String::new());
         lines.extend(wrap(

@@ -3,7 +3,8 @@
 //! This file wires the pieces of [`vramctl_tui`] together: it checks the flags, opens the
 //! sampler (one NVML session, moved onto the sampler thread; when a running daemon answers
 //! on its socket, its answer is the first frame and NVML opens on the sampler thread
-//! meanwhile) and, when a recorder's
+//! meanwhile; when that daemon is the host's answering for our PID namespace, a container's,
+//! it answers every frame, and NVML opens here only once it stops) and, when a recorder's
 //! database is there, the history thread over it — or for `--replay DB` only the replay
 //! thread over that database; starts the input and action threads, takes the terminal,
 //! and runs the loop: wait for an event, update the state, carry out the effects, draw.
@@ -24,14 +25,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use vramctl_core::types::DeviceInfo;
+use vramctl_observe::daemon_socket::SampleReply;
 use vramctl_observe::daemon_socket::client::{AskOptions, ask};
+use vramctl_observe::pid_view::PidView;
 use vramctl_observe::verdict::AnalysisJudge;
 use vramctl_procs::procinfo;
 use vramctl_store::StoreError;
 use vramctl_tui::app::{App, AppConfig, Effect, TICK_MS};
 use vramctl_tui::event::{
     ActionRequest, Event, FirstSample, HistoryRequest, ReplayRequest, spawn_actions, spawn_history,
-    spawn_input, spawn_replay, spawn_sampler_after, spawn_signals,
+    spawn_input, spawn_replay, spawn_sampler_after, spawn_sampler_from_daemon, spawn_signals,
 };
 use vramctl_tui::kill::{Actions, SignalKiller};
 use vramctl_tui::reclaim::AgentReclaimer;
@@ -94,20 +97,22 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
         }
         None => {
             // The first frame from a running daemon when one answers (no wait for NVML to
-            // start: it starts on the sampler thread meanwhile), else from NVML here.
+            // start: it starts on the sampler thread meanwhile), else from NVML here. A host
+            // daemon answering for our PID namespace (a container's) gives every frame:
+            // NVML here would list host PIDs.
+            let ask_options = AskOptions {
+                nvml_library: global.nvml_lib.clone(),
+                process_stat: false,
+                accept_mapped: true,
+            };
             let first = if args.no_daemon || !global.backends().daemon_may_answer() {
                 None
             } else {
-                ask(&AskOptions {
-                    nvml_library: global.nvml_lib.clone(),
-                    process_stat: false,
-                    accept_mapped: false,
-                })
-                .map(|reply| FirstSample {
-                    snapshot: reply.snapshot,
-                    driver_names: reply.driver_names,
-                })
+                ask(&ask_options).map(first_sample)
             };
+            let mapped = first
+                .as_ref()
+                .is_some_and(|f| matches!(f.pid_view, PidView::Mapped(_)));
             let sampler = match first {
                 Some(_) => None,
                 None => Some(open_top_sampler(global)?),
@@ -139,10 +144,27 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
                 Some(sampler) => Ok(sampler),
                 None => open_top_sampler(&open_global).map_err(|e| format!("{e:#}")),
             };
-            sampler_thread = Some(
-                spawn_sampler_after(first, open, interval, Box::new(judge), tx.clone())
-                    .context("cannot start the sampler thread")?,
-            );
+            let spawned = match first {
+                Some(first) if mapped => {
+                    // Asked again for each frame; an answer that no longer is a mapping for
+                    // us (the daemon was replaced by one in our namespace) ends it too.
+                    let daemon = Box::new(move || {
+                        ask(&ask_options)
+                            .map(first_sample)
+                            .filter(|f| matches!(f.pid_view, PidView::Mapped(_)))
+                    });
+                    spawn_sampler_from_daemon(
+                        first,
+                        daemon,
+                        open,
+                        interval,
+                        Box::new(judge),
+                        tx.clone(),
+                    )
+                }
+                first => spawn_sampler_after(first, open, interval, Box::new(judge), tx.clone()),
+            };
+            sampler_thread = Some(spawned.context("cannot start the sampler thread")?);
             AppConfig {
                 live_interval: Some(interval),
                 readonly: args.readonly,
@@ -251,6 +273,15 @@ pub fn run(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<Exit> {
     drop(guard);
     drop(sampler_thread);
     Ok(Exit::Ok)
+}
+
+/// A daemon's answer as a frame of `top`.
+fn first_sample(reply: SampleReply) -> FirstSample {
+    FirstSample {
+        snapshot: reply.snapshot,
+        driver_names: reply.driver_names,
+        pid_view: reply.mapped.map_or(PidView::Same, PidView::Mapped),
+    }
 }
 
 /// NVML for `top`, with per-process SM activity (the IDLE column; one more NVML call per

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::harness::vramctl_std;
+use crate::harness::{vramctl_on, vramctl_std};
 use crate::reclaim::Py;
 
 /// A process that keeps 8 GiB live and asks for 200 GiB twice (more than the H200 has:
@@ -120,6 +120,49 @@ fn ps_and_status_show_a_running_process_s_ooms_with_the_kept_snapshot_s_cause() 
     assert_eq!(listed["pid"], py.pid());
     assert_eq!(listed["oom"]["cause"], cause.as_str(), "{status:#}");
     assert_eq!(listed["oom"]["count"], 2);
+}
+
+/// `status`'s table says it too: one note for the process, as `ps` words it, wrapped
+/// within the 80 columns `COLUMNS` gives.
+#[test]
+fn status_text_notes_a_running_process_s_ooms_within_80_columns() {
+    let (py, scenario) = oom_twice();
+    let out = vramctl_std(&scenario)
+        .env("COLUMNS", "80")
+        .args(["status", "--no-daemon"])
+        .output()
+        .expect("vramctl status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "wider than 80: {line:?}\n{text}"
+        );
+    }
+    // The note, joined back from its wrapped lines.
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let note = format!(
+        "PID {} had 2 out-of-memory errors; the first: shortage; fix: none",
+        py.pid()
+    );
+    assert_eq!(joined.matches(&note).count(), 1, "{text}");
+
+    // A process without OOMs gets no note.
+    let quiet = vramctl_on("h200-training.toml")
+        .env("COLUMNS", "80")
+        .arg("status")
+        .output()
+        .expect("vramctl status");
+    assert!(
+        !String::from_utf8_lossy(&quiet.stdout).contains("out-of-memory"),
+        "{}",
+        String::from_utf8_lossy(&quiet.stdout)
+    );
 }
 
 /// `/api/now` until the process's entry has a classified OOM, at most `limit`.

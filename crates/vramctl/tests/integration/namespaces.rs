@@ -393,3 +393,130 @@ fn doctor_inside_a_namespace_says_what_it_cannot_see_and_how_to_fix_it() {
         assert_eq!(pid["status"], "ok", "{pid}");
     }
 }
+
+/// `top` inside namespace A, through the host daemon, frame after frame: A's processes
+/// under A's PIDs (a process A starts later shows up under its PID too), B's and the
+/// host's only as the others' line; when the daemon goes, NVML's PIDs as `host:PID`,
+/// never matched against A's /proc, and the kill key refuses them.
+#[test]
+fn top_inside_a_namespace_shows_its_own_processes_on_every_frame() {
+    use crate::top::{Tmux, skip_without_tmux, table_rows};
+
+    if skip_without_namespaces() || skip_without_tmux() {
+        return;
+    }
+    let a = Namespace::with_sleepers(2);
+    let b = Namespace::with_sleepers(2);
+    let host = crate::real_processes::sleeper();
+    let (a0, a1) = (a.sleepers[0], a.sleepers[1]);
+    let (b0, b1) = (b.sleepers[0], b.sleepers[1]);
+    let holders = [
+        (0, a0.0, "3 GiB"),
+        (0, b0.0, "7 GiB"),
+        (1, b1.0, "11 GiB"),
+        (0, host.pid(), "13 GiB"),
+    ];
+    let scenario = Scenario::new(
+        2,
+        &holders.map(|(gpu, pid, bytes)| Holder::real(gpu, pid, bytes)),
+    );
+    // top's own NVML inside A: the same GPUs and host PIDs (fictional: A's /proc has none
+    // of them), read only once the daemon is gone.
+    let inside = Scenario::new(
+        2,
+        &holders.map(|(gpu, pid, bytes)| Holder::fictional(gpu, pid, bytes)),
+    );
+    // A's second process becomes a GPU process after top started (the fake's process dir).
+    let announced = scenario.dir.path().join("procs");
+    std::fs::create_dir(&announced).expect("procs dir");
+    let runtime = scenario.dir.path().join("run");
+    let mut record = vramctl_std(scenario.path());
+    record
+        .env("FAKE_NVML_PROCESS_DIR", &announced)
+        .arg("--db")
+        .arg(scenario.dir.path().join("history.db"))
+        .args(["record", "--interval", "1s"]);
+    let daemon = Daemon::start(record, &runtime);
+
+    let binary = assert_cmd::cargo::cargo_bin("vramctl");
+    let script = format!(
+        "nsenter --target {} --pid --mount -- env -i PATH=\"$PATH\" TERM=\"$TERM\" \
+         VRAMCTL_NVML_LIB='{}' FAKE_NVML_SCENARIO='{}' FAKE_NVML_TIME=0 NO_COLOR=1 \
+         XDG_STATE_HOME='{}' VRAMCTL_RUNTIME_DIR='{}' '{}' top --interval 0.2\n\
+         echo \"vramctl exited $?\"\nread _\n",
+        a.init,
+        crate::harness::fake_library().display(),
+        inside.path().display(),
+        scenario.dir.path().join("state").display(),
+        runtime.display(),
+        binary.display(),
+    );
+    let script_path = scenario.dir.path().join("top.sh");
+    std::fs::write(&script_path, script).expect("write script");
+    let tmux = Tmux::start(
+        scenario.dir.path(),
+        &format!("sh '{}'", script_path.display()),
+        120,
+        40,
+    );
+    let pids = |s: &str| -> BTreeSet<u32> { table_rows(s).into_iter().map(|(p, _)| p).collect() };
+    let not_theirs = |screen: &str| {
+        for pid in [a0.0, a1.0, b0.0, b1.0, host.pid()] {
+            assert!(
+                !screen.contains(&pid.to_string()),
+                "host PID {pid} on A's screen:\n{screen}"
+            );
+        }
+        for bytes in ["7.0G", "11.0G", "13.0G"] {
+            assert!(
+                !table_rows(screen).iter().any(|(_, l)| l.contains(bytes)),
+                "{screen}"
+            );
+        }
+    };
+    let screen = tmux.wait_for("A's first process and the others' line", |s| {
+        pids(s) == BTreeSet::from([a0.1]) && s.contains("held by 2 processes of other")
+    });
+    not_theirs(&screen);
+    assert!(
+        screen.contains("sleep"),
+        "A's command from A's /proc:\n{screen}"
+    );
+    assert!(
+        screen.contains("held by 1 process of other containers"),
+        "GPU 1's others:\n{screen}"
+    );
+
+    // A later frame: A's second process, under A's PID.
+    std::fs::write(announced.join(a1.0.to_string()), format!("1 {}\n", 5 * GIB)).expect("announce");
+    let screen = tmux.wait_for("A's second process on a later frame", |s| {
+        pids(s) == BTreeSet::from([a0.1, a1.1])
+    });
+    not_theirs(&screen);
+
+    // The daemon goes: top reads NVML in A, whose PIDs are the host's and unmapped.
+    daemon.stop();
+    let host_a0 = format!("host:{}", a0.0);
+    let screen = tmux.wait_for("host PIDs once the daemon is gone", |s| {
+        s.contains(&host_a0)
+    });
+    assert!(
+        !screen.contains("sleep 600"),
+        "a host PID matched A's /proc:\n{screen}"
+    );
+    assert!(
+        !screen.contains("held by"),
+        "no others' line without a mapping:\n{screen}"
+    );
+    tmux.keys(&["K"]);
+    let screen = tmux.wait_for("the kill key refused", |s| {
+        s.contains("cannot be mapped here")
+    });
+    assert!(
+        !screen.contains(" kill: ") && !screen.contains("kill this process"),
+        "{screen}"
+    );
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
+    assert!(screen.contains("vramctl exited 0"), "{screen}");
+}

@@ -131,7 +131,7 @@ fn tmux_available() -> bool {
 }
 
 /// The rows of the process table on `screen`: `(pid, rest of the line)`.
-fn table_rows(screen: &str) -> Vec<(u32, String)> {
+pub(crate) fn table_rows(screen: &str) -> Vec<(u32, String)> {
     let mut lines = screen.lines().skip_while(|l| !l.contains("COMMAND"));
     lines.next();
     lines
