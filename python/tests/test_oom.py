@@ -101,6 +101,10 @@ class OomObserverTest(unittest.TestCase):
             # History was recorded from CUDA's initialization: the OOM is in the trace.
             self.assertEqual(trace[-1]["action"], "oom")
             self.assertEqual(trace[-1]["device_free"], record["device_free_bytes"])
+            # Python frames only: C++ frames cost a symbolization at the snapshot.
+            frames = [f for entry in trace for f in entry.get("frames", [])]
+            self.assertTrue(frames, "the trace carries stacks")
+            self.assertFalse([f for f in frames if f["filename"] == "??"], "no C++ frame recorded")
 
     def test_a_planted_file_at_the_snapshot_path_is_never_written_through(self) -> None:
         os.chmod(self.out, 0o700)

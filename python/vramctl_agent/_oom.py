@@ -98,7 +98,13 @@ def _attach(torch) -> bool:
     _attached_pid = os.getpid()
     if os.environ.get(HISTORY_ENV) == "1":
         try:
-            torch.cuda.memory._record_memory_history(max_entries=proto.DEFAULT_HISTORY_ENTRIES)
+            # Python frames only: the verdict needs the first user frame, and torch's
+            # default (`stacks="all"`) symbolizes every C++ frame when the snapshot is taken,
+            # which is the likely part of the 5.6 s the H200 measured from the failing
+            # request to run's verdict with history (docs/benchmarks.md, issue 33).
+            torch.cuda.memory._record_memory_history(
+                max_entries=proto.DEFAULT_HISTORY_ENTRIES, stacks="python"
+            )
         except Exception as err:
             log.warning("vramctl agent: %s=1 but history could not be recorded: %s", HISTORY_ENV, err)
     return True
