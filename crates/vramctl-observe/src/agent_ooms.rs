@@ -20,7 +20,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vramctl_agent::agent_client::{AgentClient, OomRecord, Timeouts};
+use vramctl_agent::agent_client::{AgentClient, OomRecord, Stats, Timeouts};
 use vramctl_agent::agent_poll::AgentPoll;
 use vramctl_core::types::Snapshot;
 use vramctl_procs::process_catalog::listed_pids;
@@ -318,8 +318,17 @@ impl OomWatch {
     }
 }
 
+/// `pid`'s agent's OOMs, for a one-shot command (`ps`, `status`) that already has the
+/// agent's `stats`: asked and classified on the caller's thread (bounded as the worker is)
+/// only when its counters show an OOM, as the observer asks, so an agent without one costs
+/// no second connection. `None`: no OOM counted, or no record.
+pub fn ask_if_counted(pid: u32, stats: &Stats, seen_at_unix_ms: i64) -> Option<ProcessOoms> {
+    let counted = stats.devices.iter().any(|d| d.ooms.is_some_and(|n| n > 0));
+    counted.then(|| ask_now(pid, seen_at_unix_ms)).flatten()
+}
+
 /// `pid`'s agent's OOMs now, asked and classified on the caller's thread (bounded as the
-/// worker is): for a one-shot command (`ps`). `None`: no agent answered, or no OOM.
+/// worker is). `None`: no agent answered, or no OOM.
 pub fn ask_now(pid: u32, seen_at_unix_ms: i64) -> Option<ProcessOoms> {
     let mut client = AgentClient::connect(pid, quick()).ok()?;
     let record = client.oom().ok()?.oom?;

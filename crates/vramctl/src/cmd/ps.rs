@@ -667,10 +667,11 @@ fn ask_agents(report: &mut PsReport, at_unix_ms: i64) {
         .iter_mut()
         .filter(|p| p.visible && !p.zombie)
     {
-        p.agent = agent_client::memory_of(p.pid, agent_client::MEMORY_TIMEOUT);
-        if p.agent.is_some() {
-            p.oom = agent_ooms::ask_now(p.pid, at_unix_ms);
-        }
+        let Some(stats) = agent_client::stats_of(p.pid, agent_client::MEMORY_TIMEOUT) else {
+            continue;
+        };
+        p.agent = Some(stats.memory());
+        p.oom = agent_ooms::ask_if_counted(p.pid, &stats, at_unix_ms);
     }
 }
 

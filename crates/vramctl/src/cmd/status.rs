@@ -530,16 +530,12 @@ fn ask_agents(report: &mut StatusReport, snapshot: &Snapshot) {
             p.agent = answer
                 .as_ref()
                 .and_then(|s| agent_poll::agent_memory_on(s, &device.uuid, only_gpu));
-            // Asked only of an agent whose counters say it had an OOM.
-            let had_oom = answer
-                .as_ref()
-                .is_some_and(|s| s.devices.iter().any(|d| d.ooms.is_some_and(|n| n > 0)));
             p.oom = ooms
                 .entry(p.pid)
                 .or_insert_with(|| {
-                    had_oom
-                        .then(|| agent_ooms::ask_now(p.pid, snapshot.taken_at_unix_ms))
-                        .flatten()
+                    answer.as_ref().and_then(|s| {
+                        agent_ooms::ask_if_counted(p.pid, s, snapshot.taken_at_unix_ms)
+                    })
                 })
                 .clone();
         }
