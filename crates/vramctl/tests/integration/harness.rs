@@ -81,8 +81,37 @@ pub fn vramctl_on(name: &str) -> Command {
 }
 
 /// Stdout of a successful run, as text.
+///
+/// A shipped scenario's fictional processes have PIDs that a real process of this machine
+/// may hold at that moment (pid_max is 32768 on many kernels, and the test run itself starts
+/// thousands of processes: a Chromium of the web tests once held 30101 and 30102 while
+/// `status` ran on `mig.toml`, and the snapshot showed its command line). A run during which
+/// one of them was alive is repeated, for up to 30 s, until none was; past that, the test
+/// fails saying which process holds which PID. (Scenarios a test writes choose their PIDs
+/// themselves, some of them real on purpose: a zombie, a process of another user.)
 pub fn stdout_of(cmd: &mut Command) -> String {
-    let output = cmd.output().expect("run vramctl");
+    let fictional = cmd
+        .get_envs()
+        .find(|(key, _)| *key == "FAKE_NVML_SCENARIO")
+        .and_then(|(_, value)| value.map(PathBuf::from))
+        .filter(|path| path.starts_with(scenario("")))
+        .map(|path| fictional_pids(&path))
+        .unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let output = loop {
+        let held_before = held_pids(&fictional);
+        let output = cmd.output().expect("run vramctl");
+        let mut held = held_pids(&fictional);
+        held.extend(held_before);
+        if held.is_empty() {
+            break output;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scenario's fictional PIDs are held by real processes here for 30 s: {held:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
     assert!(
         output.status.success(),
         "vramctl failed ({}): {}",
@@ -90,6 +119,39 @@ pub fn stdout_of(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).expect("utf-8 stdout")
+}
+
+/// The PIDs of a scenario's processes that are not marked `real = true`: processes the fake
+/// NVML reports and no real process should answer for in /proc.
+pub fn fictional_pids(scenario_path: &Path) -> Vec<u32> {
+    let Ok(text) = std::fs::read_to_string(scenario_path) else {
+        return Vec::new();
+    };
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let processes = table
+        .get("gpu")
+        .and_then(|gpus| gpus.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|gpu| gpu.get("process")?.as_array())
+        .flatten();
+    processes
+        .filter(|p| p.get("real").and_then(|r| r.as_bool()) != Some(true))
+        .filter_map(|p| u32::try_from(p.get("pid")?.as_integer()?).ok())
+        .filter(|pid| *pid > 0)
+        .collect()
+}
+
+/// Which of `pids` a live process holds now, each with its command name.
+fn held_pids(pids: &[u32]) -> Vec<(u32, String)> {
+    pids.iter()
+        .filter_map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            Some((*pid, comm.trim().to_string()))
+        })
+        .collect()
 }
 
 /// Parsed JSON stdout of a successful run.

@@ -864,3 +864,11 @@ fn status_header_time_is_in_the_asked_zone_and_labelled() {
         stdout_of(vramctl_on("h200-idle.toml").args(["status", "--json", "--tz", "Asia/Tokyo"]));
     assert!(json.contains("Z\""), "the JSON keeps RFC 3339 UTC: {json}");
 }
+
+#[test]
+fn the_harness_knows_a_shipped_scenario_s_fictional_pids() {
+    // stdout_of repeats a run while one of these is a real process here (a Chromium of the
+    // web tests once held 30101 while `status` ran on mig.toml).
+    let pids = crate::harness::fictional_pids(&crate::harness::scenario("mig.toml"));
+    assert_eq!(pids, vec![30101, 30102, 30201, 30901, 31001]);
+}
