@@ -171,19 +171,23 @@ impl Peer {
 }
 
 /// Who may talk to a socket: its owner, root, and with `group` the members of that group
-/// (as the file mode already says: `0600`, or `0660` with the group).
+/// (as the file mode already says: `0600`, or `0660` with the group); or, for a service
+/// whose every answer is one any local user may have (`everyone`, mode `0666`), anyone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
     /// The uid the server runs as.
     pub owner_uid: u32,
     /// The group whose members may connect too.
     pub group_gid: Option<u32>,
+    /// Every local user may connect; the handler decides what each may have.
+    pub everyone: bool,
 }
 
 impl Access {
     /// Whether `peer` may talk to this socket.
     pub fn allows(&self, peer: &Peer) -> bool {
-        peer.uid == 0
+        self.everyone
+            || peer.uid == 0
             || peer.uid == self.owner_uid
             || self.group_gid.is_some_and(|g| {
                 // The supplementary groups are not in SO_PEERCRED; /proc has them. A peer
@@ -519,6 +523,7 @@ mod tests {
         let access = Access {
             owner_uid: 1000,
             group_gid: None,
+            everyone: false,
         };
         let peer = |uid, gid| Peer { pid: 0, uid, gid };
         assert!(access.allows(&peer(1000, 1000)));
@@ -530,5 +535,11 @@ mod tests {
         };
         assert!(grouped.allows(&peer(1001, 998)));
         assert!(!grouped.allows(&peer(1001, 1001)));
+        let open = Access {
+            everyone: true,
+            ..access
+        };
+        assert!(open.allows(&peer(1001, 1001)));
+        assert!(open.allows(&peer(65534, 65534)));
     }
 }

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use serde::Serialize;
 use vramctl_agent::local_socket::search_dirs;
-use vramctl_observe::daemon_socket::SOCKET_FILE;
 use vramctl_observe::daemon_socket::client::{AskOptions, ask};
+use vramctl_observe::daemon_socket::{CONTAINERS_SOCKET_FILE, SOCKET_FILE};
 use vramctl_procs::procinfo::PidNamespace;
 
 use super::{Finding, GpuFacts, Status};
@@ -94,7 +94,7 @@ fn daemon_seen() -> DaemonSeen {
     }
     let sockets: Vec<String> = dirs
         .iter()
-        .map(|d| d.join(SOCKET_FILE))
+        .flat_map(|d| [d.join(SOCKET_FILE), d.join(CONTAINERS_SOCKET_FILE)])
         .filter(|p| std::fs::symlink_metadata(p).is_ok())
         .map(|p| p.display().to_string())
         .collect();
@@ -147,7 +147,7 @@ pub fn pid_namespace(view: &ViewFacts) -> Finding {
             ),
         )
         .fix(
-            "check that the daemon on the host runs (not one inside another container) and that this uid may connect (root, its uid, or the vramctl group: docs/socket.md); VRAMCTL_LOG=debug vramctl ps says why",
+            "check that the daemon on the host runs (not one inside another container) and that this uid may connect to daemon.sock (root, its uid, or the vramctl group: docs/socket.md), or start the daemon with --containers-socket and mount /run/vramctl/containers.sock, which every uid may ask; VRAMCTL_LOG=debug vramctl ps says why",
         ),
     }
 }

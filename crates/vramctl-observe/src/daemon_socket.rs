@@ -35,6 +35,15 @@ pub const SERVICE: &str = "vramctl-daemon";
 pub const PROTOCOL: u32 = 1;
 /// The socket's file name in its directory (`/run/vramctl/daemon.sock` for root's daemon).
 pub const SOCKET_FILE: &str = "daemon.sock";
+/// The second socket, beside [`SOCKET_FILE`], that a daemon started with
+/// `--containers-socket` opens to every user: it answers only callers in another PID
+/// namespace, each with its own processes (`crate::pid_view`), so that a container whose
+/// user is neither root nor in the `vramctl` group can map its PIDs (docs/owners.md).
+pub const CONTAINERS_SOCKET_FILE: &str = "containers.sock";
+/// The shortest time between two NVML reads made for [`CONTAINERS_SOCKET_FILE`]: anyone may
+/// connect there, and a loop of requests must not keep the sampler (which the recording
+/// loop shares) busy. 16 waiting connections take 1.6 s, inside [`SERVER_TIMEOUT`].
+pub const CONTAINERS_MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest request: requests are a few dozen bytes.
 pub const MAX_REQUEST_BYTES: usize = 4096;
 /// Longest reply. 8 GPUs with 30 processes each, with their /proc facts, take 39 KB

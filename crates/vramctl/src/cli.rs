@@ -643,6 +643,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = positive_duration, requires = "prometheus")]
     pub prometheus_timeout: Duration,
 
+    /// Also answer on containers.sock beside daemon.sock, open to every user: a caller in
+    /// another PID namespace (a container with the socket mounted in) gets its own GPU
+    /// processes under its own PIDs and one figure for everything else; callers here are
+    /// refused there (docs/owners.md)
+    #[arg(long)]
+    pub containers_socket: bool,
+
     /// TLS and basic auth settings, in Prometheus exporter-toolkit's web config format
     #[arg(long = "web.config.file", value_name = "PATH")]
     pub web_config_file: Option<PathBuf>,
@@ -728,6 +735,13 @@ pub struct RecordArgs {
     /// Append logs to this file instead of stderr
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
+
+    /// Also answer on containers.sock beside daemon.sock, open to every user: a caller in
+    /// another PID namespace (a container with the socket mounted in) gets its own GPU
+    /// processes under its own PIDs and one figure for everything else; callers here are
+    /// refused there (docs/owners.md)
+    #[arg(long)]
+    pub containers_socket: bool,
 
     /// Test only: stop after N samples
     #[arg(long, hide = true, value_name = "N")]

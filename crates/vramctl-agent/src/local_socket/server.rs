@@ -75,6 +75,9 @@ pub struct ServiceConfig {
     pub timeout: Duration,
     /// Connections served at once; more are told `busy`.
     pub max_connections: usize,
+    /// Every local user may connect (mode `0666`, [`Access::everyone`]): only for a service
+    /// whose handler gives each peer nothing it could not read itself.
+    pub open_to_everyone: bool,
 }
 
 /// A listening service: one thread accepts, one thread per connection serves. Stopping it
@@ -119,7 +122,15 @@ impl Server {
         } else {
             None
         };
-        let mode = if group_gid.is_some() { 0o660 } else { 0o600 };
+        let everyone = config.open_to_everyone;
+        let group_gid = group_gid.filter(|_| !everyone);
+        let mode = if everyone {
+            0o666
+        } else if group_gid.is_some() {
+            0o660
+        } else {
+            0o600
+        };
         if let Some(gid) = group_gid {
             std::os::unix::fs::chown(&path, None, Some(gid)).map_err(io)?;
         }
@@ -130,6 +141,7 @@ impl Server {
         let access = Access {
             owner_uid: me,
             group_gid,
+            everyone,
         };
         let thread_wake = Arc::clone(&wake);
         let thread = std::thread::Builder::new()
@@ -418,6 +430,7 @@ mod tests {
             max_reply_bytes: 1024,
             timeout: Duration::from_secs(2),
             max_connections: 4,
+            open_to_everyone: false,
         }
     }
 
@@ -447,6 +460,21 @@ mod tests {
         server.stop();
         assert!(!path.exists(), "the socket is removed");
         assert!(!sockets.exists(), "the directory it made is removed");
+    }
+
+    #[test]
+    fn a_socket_open_to_everyone_is_0666_and_never_takes_the_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ServiceConfig {
+            open_to_everyone: true,
+            ..config()
+        };
+        let server = Server::start(dir.path(), config, Arc::new(Echo)).unwrap();
+        let meta = std::fs::metadata(server.path()).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o666, "the socket's mode");
+        assert_eq!(meta.gid(), rustix::process::getegid().as_raw());
+        let reply = ask(server.path(), &serde_json::json!({"a": 1})).unwrap();
+        assert!(matches!(reply, Reply::Ok(_)), "{reply:?}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The client's side: ask the first daemon that answers, in the directories of
-//! `local_socket::search_dirs` (`$XDG_RUNTIME_DIR/vramctl/`, then `/run/vramctl/`), and
+//! `local_socket::search_dirs` (`$XDG_RUNTIME_DIR/vramctl/`, then `/run/vramctl/`; in each
+//! `daemon.sock`, then `containers.sock` for the commands that take a mapped answer), and
 //! keep its answer only when it means the same here. Every way of not getting one (no
 //! socket, a stale one — removed —, a refusal, a timeout, another boot or PID namespace,
 //! another NVML library) is logged at debug level and is otherwise silent: the caller
@@ -13,7 +14,8 @@ use vramctl_agent::local_socket::{Reply, search_dirs};
 use vramctl_procs::procinfo::{self, PidNamespace};
 
 use super::{
-    CLIENT_TIMEOUT, MAX_REPLY_BYTES, PROTOCOL, Request, SERVICE, SOCKET_FILE, SampleReply,
+    CLIENT_TIMEOUT, CONTAINERS_SOCKET_FILE, MAX_REPLY_BYTES, PROTOCOL, Request, SERVICE,
+    SOCKET_FILE, SampleReply,
 };
 
 /// What to ask and what the answer must match.
@@ -36,8 +38,17 @@ pub fn ask(options: &AskOptions) -> Option<SampleReply> {
     let request = Request::Sample {
         process_stat: options.process_stat,
     };
-    for dir in search_dirs() {
-        let path = dir.join(SOCKET_FILE);
+    // A daemon's own socket first; then, for a command that takes an answer made for its
+    // namespace, the one open to every user that only such answers come from.
+    let files: &[&str] = if options.accept_mapped {
+        &[SOCKET_FILE, CONTAINERS_SOCKET_FILE]
+    } else {
+        &[SOCKET_FILE]
+    };
+    let paths = search_dirs()
+        .into_iter()
+        .flat_map(|dir| files.iter().map(move |file| dir.join(file)));
+    for path in paths {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             tracing::debug!(

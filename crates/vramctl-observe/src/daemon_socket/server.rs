@@ -42,8 +42,8 @@ use vramctl_procs::signal::PidHandle;
 use crate::pid_view::{map_for_namespace, members_of};
 
 use super::{
-    MAX_CONNECTIONS, MAX_REPLY_BYTES, MAX_REQUEST_BYTES, PROTOCOL, Request, SERVER_TIMEOUT,
-    SERVICE, SOCKET_FILE, SampleReply,
+    CONTAINERS_MIN_INTERVAL, CONTAINERS_SOCKET_FILE, MAX_CONNECTIONS, MAX_REPLY_BYTES,
+    MAX_REQUEST_BYTES, PROTOCOL, Request, SERVER_TIMEOUT, SERVICE, SOCKET_FILE, SampleReply,
 };
 
 /// A daemon's sampler, shared by its sampling loop and the socket: `None` while NVML is
@@ -63,12 +63,16 @@ pub struct DaemonSettings {
     pub daemon: &'static str,
     /// Where process facts come from: `Proc` reads /proc; otherwise the reply carries none.
     pub facts: FactsSource,
+    /// Also answer on [`CONTAINERS_SOCKET_FILE`], open to every user, for callers in other
+    /// PID namespaces only (`--containers-socket`).
+    pub containers_socket: bool,
 }
 
-/// The listening socket of a daemon; stops (and removes its file) when dropped.
+/// The listening sockets of a daemon; they stop (and remove their files) when dropped.
 #[derive(Debug)]
 pub struct DaemonSocket {
     server: Server,
+    containers: Option<Server>,
 }
 
 impl DaemonSocket {
@@ -96,21 +100,61 @@ impl DaemonSocket {
             max_reply_bytes: MAX_REPLY_BYTES,
             timeout: SERVER_TIMEOUT,
             max_connections: MAX_CONNECTIONS,
+            open_to_everyone: false,
         };
-        let handler = SampleHandler::new(sampler, settings);
-        match Server::start(&dir, config, Arc::new(handler)) {
-            Ok(server) => Some(Self { server }),
+        let containers_socket = settings.containers_socket;
+        let handler = Arc::new(SampleHandler::new(sampler, settings));
+        let own = Arc::new(SocketHandler {
+            samples: Arc::clone(&handler),
+            containers_only: None,
+        });
+        let server = match Server::start(&dir, config.clone(), own) {
+            Ok(server) => server,
             Err(err) => {
                 tracing::warn!(error = %err, "Not answering status and ps on a local socket.");
-                None
+                return None;
             }
-        }
+        };
+        let containers = containers_socket.then(|| {
+            let config = ServiceConfig {
+                file_name: CONTAINERS_SOCKET_FILE.into(),
+                open_to_everyone: true,
+                ..config
+            };
+            let open = Arc::new(SocketHandler {
+                samples: handler,
+                containers_only: Some(Mutex::new(None)),
+            });
+            Server::start(&dir, config, open)
+                .inspect_err(|err| {
+                    tracing::warn!(error = %err, "Not answering containers on a local socket.");
+                })
+                .ok()
+        });
+        Some(Self {
+            server,
+            containers: containers.flatten(),
+        })
     }
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
         self.server.path()
     }
+
+    /// The containers' socket's path, when it listens.
+    pub fn containers_path(&self) -> Option<&Path> {
+        self.containers.as_ref().map(Server::path)
+    }
+}
+
+/// One socket's door to the shared [`SampleHandler`].
+struct SocketHandler {
+    samples: Arc<SampleHandler>,
+    /// `Some` on [`CONTAINERS_SOCKET_FILE`]: callers in our PID namespace are refused, and
+    /// NVML is read at most once per [`CONTAINERS_MIN_INTERVAL`] for it (the time of the
+    /// last read, held while reading so that requests queue).
+    containers_only: Option<Mutex<Option<std::time::Instant>>>,
 }
 
 /// Answers [`Request::Sample`].
@@ -263,8 +307,25 @@ impl SampleHandler {
     }
 }
 
-impl Handler for SampleHandler {
+impl Handler for SocketHandler {
     fn handle(&self, peer: &Peer, request: &[u8]) -> Vec<u8> {
+        let Some(gate) = &self.containers_only else {
+            return self.samples.handle(peer, request, false);
+        };
+        let mut last = gate.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = *last {
+            std::thread::sleep(CONTAINERS_MIN_INTERVAL.saturating_sub(at.elapsed()));
+        }
+        let line = self.samples.handle(peer, request, true);
+        *last = Some(std::time::Instant::now());
+        line
+    }
+}
+
+impl SampleHandler {
+    /// The reply line to `request`; with `containers_only`, a caller in our own PID
+    /// namespace is refused (the full answer is `daemon.sock`'s, behind its modes).
+    fn handle(&self, peer: &Peer, request: &[u8], containers_only: bool) -> Vec<u8> {
         let request: Request = match serde_json::from_slice(request) {
             Ok(request) => request,
             Err(e) => {
@@ -277,6 +338,13 @@ impl Handler for SampleHandler {
         let started = std::time::Instant::now();
         let outcome = match request {
             Request::Sample { process_stat } => match caller_of(peer, self.pid_namespace) {
+                Ok(Caller::Ours) if containers_only => Err(ErrorReply::new(
+                    "refused",
+                    format!(
+                        "{CONTAINERS_SOCKET_FILE} answers processes in other PID namespaces \
+                         (containers) only; ask {SOCKET_FILE} (root or the vramctl group)"
+                    ),
+                )),
                 Ok(Caller::Ours) => self.sample(process_stat),
                 Ok(Caller::Other(namespace)) => self.sample_for(namespace),
                 Err(error) => Err(error),

@@ -104,6 +104,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<Exit> {
         DaemonSettings {
             daemon: "record",
             facts: FactsSource::Proc,
+            containers_socket: args.containers_socket,
         },
     );
     let started = Instant::now();

@@ -165,6 +165,7 @@ pub fn run(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Exit> {
         DaemonSettings {
             daemon: "serve",
             facts: details.facts_source(),
+            containers_socket: args.containers_socket,
         },
     );
     // Something to serve before NVML has said anything: NVML's first init may hang.

@@ -335,6 +335,106 @@ fn without_a_daemon_host_pids_are_never_taken_for_the_namespaces_own() {
     assert!(!table.contains("sleep 600"), "{table}");
 }
 
+#[test]
+fn a_caller_neither_root_nor_in_the_group_maps_its_pids_through_the_containers_socket() {
+    if skip_without_namespaces() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    // A container whose user is nobody (uid 65534): root's daemon.sock is closed to it
+    // (0600 without a vramctl group, 0660 with one it is not in); the containers' socket,
+    // open to everyone, answers it with its own namespace's processes only.
+    let ns = Namespace::with_sleepers(1);
+    let host = crate::real_processes::sleeper();
+    let (own, others_pid) = (ns.sleepers[0], host.pid());
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, own.0, "3 GiB"),
+            Holder::real(0, others_pid, "7 GiB"),
+        ],
+    );
+    let portable = crate::harness::Portable::new(scenario.path());
+    let runtime = portable.dir.path().join("run");
+    let mut record = portable.command();
+    record
+        .arg("--db")
+        .arg(portable.dir.path().join("history.db"))
+        .args(["record", "--interval", "1s", "--containers-socket"]);
+    let _daemon = Daemon::start(record, &runtime);
+    let mode = |file: &str| {
+        std::fs::metadata(runtime.join(file))
+            .expect("socket")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("containers.sock"), 0o666);
+    assert_ne!(
+        mode("daemon.sock") & 0o006,
+        0o006,
+        "daemon.sock stays closed"
+    );
+
+    let as_nobody = |inside: bool, args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        let inner = portable.command();
+        let mut cmd = if inside {
+            let mut cmd = Command::new("nsenter");
+            cmd.args(["--target", &ns.init.to_string(), "--pid", "--mount"])
+                .args(["--setuid", "65534", "--setgid", "65534", "--"])
+                .arg(inner.get_program());
+            cmd
+        } else {
+            let mut cmd = Command::new(inner.get_program());
+            cmd.uid(65534).gid(65534);
+            cmd
+        };
+        cmd.args(args).env_clear();
+        for (key, value) in inner.get_envs() {
+            if let Some(value) = value {
+                cmd.env(key, value);
+            }
+        }
+        cmd.env("VRAMCTL_RUNTIME_DIR", &runtime)
+            .env("VRAMCTL_LOG", "vramctl=debug")
+            .current_dir("/");
+        let out = cmd.output().expect("nsenter");
+        assert!(
+            out.status.success(),
+            "vramctl {args:?} as nobody failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let out = as_nobody(true, &["ps", "--json"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("containers.sock"), "{log}");
+    assert!(log.contains("Answered by the daemon."), "{log}");
+    let doc = json(&out);
+    assert_eq!(doc["pid_mapping"], "mapped", "{doc}");
+    assert_eq!(
+        rows(&doc),
+        BTreeSet::from([(u64::from(own.1), Some(u64::from(own.0)), 3 * GIB, true)]),
+        "{doc}"
+    );
+    assert_eq!(others(&doc), BTreeMap::from([(0, (1, 7 * GIB))]), "{doc}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains(&others_pid.to_string()),
+        "the host's PID leaked"
+    );
+
+    // Nobody on the host (our PID namespace) gets nothing there: refused, NVML read here.
+    let out = as_nobody(false, &["ps", "--json"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("answers processes in other PID namespaces"),
+        "{log}"
+    );
+    assert!(!log.contains("Answered by the daemon."), "{log}");
+    assert_eq!(json(&out)["pid_mapping"], "same");
+}
+
 /// The finding `id` of a `doctor --json` document.
 fn finding(doc: &Value, id: &str) -> Value {
     doc["checks"]
