@@ -27,6 +27,7 @@ pub mod memory_curve;
 pub mod oom;
 pub mod oom_verdict;
 pub mod scope;
+pub mod ticks;
 pub mod tree;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -48,7 +49,9 @@ use child::{ChildEvent, ChildSpec, ExitStatus, Output, SignalForwarder, SpawnErr
 use memory_curve::MemoryCurve;
 use oom::OomSource;
 use scope::JobScope;
+use ticks::{JobTicks, PidMapping};
 use tree::ProcessTree;
+use vramctl_observe::daemon_socket::client::AskOptions;
 use vramctl_observe::live_loop::LiveSampler;
 
 /// What to run and how.
@@ -73,6 +76,9 @@ pub struct JobSpec {
     pub stop_grace: Duration,
     /// `run` made itself a child subreaper, so it reaps every child (see [`tree`]).
     pub reap_orphans: bool,
+    /// Inside a PID namespace that is not the host's, a host daemon asked this way maps
+    /// NVML's PIDs to this namespace's at each tick ([`ticks`]); `None`: never asked.
+    pub daemon: Option<AskOptions>,
 }
 
 /// How the job ended.
@@ -182,6 +188,12 @@ pub struct JobReport {
     pub oom: Option<OomFinding>,
     /// How the job's processes were kept: `cgroup` or `subreaper` (`docs/run.md`).
     pub containment: &'static str,
+    /// What NVML's PIDs were to the job ([`ticks`]): `same`, `mapped` by a host daemon, or
+    /// `cannot_map` (inside a PID namespace, `unmapped_ticks` ticks had host PIDs only, and
+    /// their processes were not attributed).
+    pub pid_mapping: PidMapping,
+    /// Ticks whose processes could not be attributed (see `pid_mapping`).
+    pub unmapped_ticks: u64,
     /// The job's processes still running when its command exited (or was stopped), which
     /// `run` then stopped.
     pub leftover_processes: usize,
@@ -274,7 +286,8 @@ pub fn run_job(
         let existing = std::env::var_os("PYTHONPATH");
         env.extend(inj.environment(existing.as_deref()));
     }
-    let first = sampler.tick();
+    let mut ticks = JobTicks::new(sampler, spec.daemon.clone());
+    let first = ticks.tick().snapshot;
     let mut curve = MemoryCurve::starting_from(&first);
     let started = Instant::now();
     let started_unix_ms = first.taken_at_unix_ms;
@@ -305,9 +318,10 @@ pub fn run_job(
     let mut seen_signals = Vec::new();
     let mut n: u32 = 0;
     let status = loop {
-        let snapshot = sampler.tick();
+        let tick = ticks.tick();
         let t_ms = elapsed_ms(started);
-        let pids = curve.observe(&snapshot, t_ms, &mut tree);
+        let pids = curve.observe(&tick.attributable(), t_ms, &mut tree);
+        let snapshot = tick.snapshot;
         poller.watch(&pids);
         on_tick(&snapshot, &curve);
         for event in child.drain().into_iter().chain(signals.drain()) {
@@ -368,6 +382,7 @@ pub fn run_job(
         );
     }
     let containment = scope.kind().as_str();
+    let (pid_mapping, unmapped_ticks) = ticks.mapping();
     scope.close();
     // The streams end when the last holder exits; a descendant still running keeps them.
     child.finish_streams(Duration::from_millis(500));
@@ -463,6 +478,8 @@ pub fn run_job(
         processes,
         oom,
         containment,
+        pid_mapping,
+        unmapped_ticks,
         leftover_processes,
         unkillable_processes,
         stderr_tail: child.stderr_lines(20),

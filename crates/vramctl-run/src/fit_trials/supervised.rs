@@ -6,11 +6,13 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use regex::Regex;
+use vramctl_observe::daemon_socket::client::AskOptions;
 use vramctl_observe::live_loop::LiveSampler;
 
 use super::{Measured, TrialOutcome, TrialRunner};
 use crate::fit_search::DeviceMeasure;
 use crate::job::child::{Output, SignalForwarder, libc_signal};
+use crate::job::ticks::JobTicks;
 use crate::job::tree::ProcessTree;
 use crate::job::{Ending, FrameworkPeaks, JobReport, JobSpec, RunError, run_job};
 
@@ -36,6 +38,9 @@ pub struct SupervisedTrials<'a> {
     pub interval: Duration,
     /// Between SIGTERM and SIGKILL when a trial is stopped.
     pub stop_grace: Duration,
+    /// Inside a PID namespace of its own, how to ask a host daemon for this namespace's
+    /// PIDs ([`crate::job::ticks`]).
+    pub daemon: Option<AskOptions>,
 }
 
 impl TrialRunner for SupervisedTrials<'_> {
@@ -46,7 +51,7 @@ impl TrialRunner for SupervisedTrials<'_> {
         value: u64,
         on_tick: &mut dyn FnMut(Duration, u64),
     ) -> Result<TrialOutcome, RunError> {
-        settle(self.sampler);
+        settle(self.sampler, self.daemon.clone());
         let spec = JobSpec {
             argv: with_value(&self.command, value),
             env: vec![(VALUE_ENV.into(), value.to_string().into())],
@@ -57,6 +62,7 @@ impl TrialRunner for SupervisedTrials<'_> {
             interval: self.interval,
             stop_grace: self.stop_grace,
             reap_orphans: true,
+            daemon: self.daemon.clone(),
         };
         let started = Instant::now();
         let mut on_tick =
@@ -83,12 +89,14 @@ fn with_value(command: &[OsString], value: u64) -> Vec<OsString> {
 /// Waits until no process of ours is on a GPU any more (the last trial's memory is back
 /// with the driver), at most [`SETTLE_LIMIT`]: the next trial's capacity is measured at its
 /// start.
-fn settle(sampler: &mut LiveSampler) {
+fn settle(sampler: &mut LiveSampler, daemon: Option<AskOptions>) {
     let deadline = Instant::now() + SETTLE_LIMIT;
     let mut tree = ProcessTree::new(std::process::id());
+    let mut ticks = JobTicks::new(sampler, daemon);
     loop {
-        let snapshot = sampler.tick();
-        let ours = snapshot
+        let tick = ticks.tick();
+        let ours = tick
+            .attributable()
             .devices
             .iter()
             .filter_map(|d| d.reading())

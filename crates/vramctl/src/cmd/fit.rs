@@ -84,6 +84,11 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
         timeout: args.trial_timeout,
         interval: args.watch.interval,
         stop_grace: STOP_GRACE,
+        daemon: Some(vramctl_observe::daemon_socket::client::AskOptions {
+            nvml_library: global.nvml_lib.clone(),
+            process_stat: false,
+            accept_mapped: true,
+        }),
     };
     let done = match run_trials(&mut search, &mut runner, &mut progress) {
         Ok(done) => done,

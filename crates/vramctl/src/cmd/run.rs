@@ -49,6 +49,11 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<Exit> {
         interval: args.watch.interval,
         stop_grace: args.grace,
         reap_orphans: true,
+        daemon: Some(vramctl_observe::daemon_socket::client::AskOptions {
+            nvml_library: global.nvml_lib.clone(),
+            process_stat: false,
+            accept_mapped: true,
+        }),
     };
     let mut on_tick = |snapshot: &vramctl_core::types::Snapshot, _: &_| {
         if let Some(r) = recording.as_mut() {
@@ -319,6 +324,15 @@ pub fn render_text(report: &JobReport, budget: Option<&BudgetCheck>) -> String {
                 .as_ref()
                 .map(|l| format!("\n    {l}"))
                 .unwrap_or_default(),
+        ));
+    }
+    if report.pid_mapping == vramctl_run::job::ticks::PidMapping::CannotMap {
+        // Said, because the per-process figures are missing for a reason the user can fix.
+        out.push_str(&format!(
+            "  inside a PID namespace: {} sample(s) had only NVML's host PIDs (no host daemon \
+             mapped them), so no process was attributed to the job in them; the device's \
+             figures stay (docs/owners.md: mount a host daemon's socket)\n",
+            report.unmapped_ticks
         ));
     }
     if report.leftover_processes > 0 {

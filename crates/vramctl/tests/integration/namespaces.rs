@@ -435,6 +435,130 @@ fn a_caller_neither_root_nor_in_the_group_maps_its_pids_through_the_containers_s
     assert_eq!(json(&out)["pid_mapping"], "same");
 }
 
+/// The host PID of the process whose PID in the namespace of `ns_init` is `nspid`.
+fn host_pid_of(ns_init: u32, nspid: u32) -> Option<u32> {
+    let namespace = procinfo::pid_namespace_of(ns_init).ok()?;
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            procinfo::pid_namespace_of(*pid).ok() == Some(namespace)
+                && procinfo::read_status(*pid)
+                    .is_ok_and(|s| s.nspid.last() == Some(&nspid) && s.nspid.len() == 2)
+        })
+}
+
+/// `vramctl run --json` inside `ns` on a job that waits until the fake NVML lists it (in
+/// its process directory `procs`), as PID `listed_as(host PID, namespace PID)`, holding
+/// 3 GiB; the report and the job's (host, namespace) PIDs.
+fn run_inside(
+    ns: &Namespace,
+    scenario: &Path,
+    runtime: &Path,
+    procs: &Path,
+    listed_as: fn(u32, u32) -> u32,
+) -> (Value, (u32, u32)) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let report = work.path().join("report.json");
+    let inner = vramctl_std(scenario);
+    let mut cmd = Command::new("nsenter");
+    cmd.args(["--target", &ns.init.to_string(), "--pid", "--mount", "--"])
+        .arg(inner.get_program())
+        .args(["run", "--interval", "50ms", "--json", "--report"])
+        .arg(&report)
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > {dir}/nspid; while [ ! -e {dir}/go ]; do sleep 0.05; done; sleep 1",
+            dir = work.path().display()
+        ))
+        .env_clear();
+    for (key, value) in inner.get_envs() {
+        if let Some(value) = value {
+            cmd.env(key, value);
+        }
+    }
+    cmd.env("VRAMCTL_RUNTIME_DIR", runtime)
+        .env("FAKE_NVML_PROCESS_DIR", procs)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("nsenter vramctl run");
+    let nspid_file = work.path().join("nspid");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let nspid = loop {
+        if let Some(pid) = std::fs::read_to_string(&nspid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            break pid;
+        }
+        if std::time::Instant::now() > deadline || child.try_wait().is_ok_and(|s| s.is_some()) {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("run");
+            panic!(
+                "the job never started: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let host = host_pid_of(ns.init, nspid).expect("the job's host PID");
+    // The fake NVML's process directory: a file per PID, `GPU BYTES`.
+    let listed = listed_as(host, nspid);
+    std::fs::write(procs.join(listed.to_string()), format!("0 {}\n", 3 * GIB)).expect("announce");
+    std::fs::write(work.path().join("go"), "").expect("go");
+    let out = child.wait_with_output().expect("run");
+    assert!(
+        out.status.success(),
+        "run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = std::fs::read(&report).expect("report");
+    (
+        serde_json::from_slice(&report).expect("JSON report"),
+        (host, nspid),
+    )
+}
+
+#[test]
+fn run_inside_a_namespace_follows_its_job_through_the_host_daemon_and_never_guesses() {
+    if skip_without_namespaces() {
+        return;
+    }
+    // A sleep keeps the namespace's shell (its PID 1) waiting, so the namespace lives.
+    let ns = Namespace::with_sleepers(1);
+    let scenario = Scenario::new(1, &[]);
+    // A host daemon: the job, listed by NVML under its host PID, is the job's under its
+    // PID here.
+    let procs = scenario.dir.path().join("procs");
+    std::fs::create_dir(&procs).expect("procs dir");
+    let runtime = scenario.dir.path().join("run");
+    let mut record = vramctl_std(scenario.path());
+    record
+        .env("FAKE_NVML_PROCESS_DIR", &procs)
+        .arg("--db")
+        .arg(scenario.dir.path().join("history.db"))
+        .args(["record", "--interval", "1s"]);
+    let _daemon = Daemon::start(record, &runtime);
+    let (report, (_, nspid)) = run_inside(&ns, scenario.path(), &runtime, &procs, |host, _| host);
+    assert_eq!(report["pid_mapping"], "mapped", "{report}");
+    assert_eq!(report["unmapped_ticks"], 0, "{report}");
+    let processes = report["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1, "{report}");
+    assert_eq!(processes[0]["pid"], u64::from(nspid), "{report}");
+    assert_eq!(processes[0]["peak_bytes"], 3 * GIB, "{report}");
+
+    // No daemon, and NVML lists a "host PID" that is the job's own number here: another
+    // process, as far as anyone here can tell. Nothing is attributed; the report says why.
+    let alone = scenario.dir.path().join("no-daemon");
+    let others = scenario.dir.path().join("procs-alone");
+    std::fs::create_dir(&others).expect("procs dir");
+    let (report, _) = run_inside(&ns, scenario.path(), &alone, &others, |_, nspid| nspid);
+    assert_eq!(report["pid_mapping"], "cannot_map", "{report}");
+    assert!(report["unmapped_ticks"].as_u64() > Some(0), "{report}");
+    assert_eq!(report["processes"], serde_json::json!([]), "{report}");
+    assert_eq!(report["devices"][0]["peak_bytes"], 0, "{report}");
+}
+
 /// The finding `id` of a `doctor --json` document.
 fn finding(doc: &Value, id: &str) -> Value {
     doc["checks"]
