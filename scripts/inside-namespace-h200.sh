@@ -10,9 +10,12 @@
 #     memory is in `other_holders` (the sum of nvidia-smi's other entries on that GPU);
 #   - `ps --json --no-daemon` says `cannot_map` and lists NVML's host PIDs as such, with no
 #     user or command;
-#   - `ps --json` on the host names the namespaced holder with its host PID (python3).
+#   - `ps --json` on the host names the namespaced holder with its host PID (python3);
+#   - `ps --json` as uid 65534 inside: mapped through containers.sock (record --containers-socket);
+#   - `run` inside on a 768 MiB job: with the daemon its peak equals nvidia-smi's for the job;
+#     without one, `cannot_map` and nothing attributed.
 # Prints PASS/FAIL lines; exit 1 on any FAIL. Needs root (unshare, nsenter), torch, nvidia-smi.
-# Usage: OUT=dir [VRAMCTL=path] scripts/inside-namespace-h200.sh   (about 30 s)
+# Usage: OUT=dir [VRAMCTL=path] scripts/inside-namespace-h200.sh   (about 45 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VRAMCTL=$(readlink -f "${VRAMCTL:-.dist/vramctl}")
@@ -55,7 +58,7 @@ inner=$(children "$inner_bash" | awk '{print $1}')
 inner_nspid=$(awk '/^NSpid:/ {print $NF}' /proc/"$inner"/status)
 echo "namespaced holder: host PID $inner, PID $inner_nspid in its namespace; outer holder $outer_holder"
 
-VRAMCTL_RUNTIME_DIR=$runtime VRAMCTL_LOG=info "$VRAMCTL" --db "$work/history.db" record --interval 1s \
+VRAMCTL_RUNTIME_DIR=$runtime VRAMCTL_LOG=info "$VRAMCTL" --db "$work/history.db" record --interval 1s --containers-socket \
   2> "$OUT/record.log" &
 pids+=("$!")
 for _ in $(seq 100); do grep -q "NVML" "$OUT/record.log" 2> /dev/null && [ -S "$runtime/daemon.sock" ] && break; sleep 0.1; done
@@ -70,6 +73,22 @@ inside ps --json > "$OUT/inside.json" 2> "$OUT/inside.log"
 inside ps > "$OUT/inside.txt" 2> /dev/null
 inside ps --json --no-daemon > "$OUT/inside-no-daemon.json" 2> /dev/null
 "$VRAMCTL" ps --json --no-daemon > "$OUT/host.json"
+# As nobody (uid 65534) inside the namespace: daemon.sock is closed to it, containers.sock not.
+VRAMCTL_RUNTIME_DIR=$runtime VRAMCTL_LOG=vramctl=debug \
+  nsenter --target "$inner" --pid --mount --setuid 65534 --setgid 65534 -- "$VRAMCTL" ps --json \
+  > "$OUT/inside-nobody.json" 2> "$OUT/inside-nobody.log"
+# `run` inside the namespace on a job holding 768 MiB for 3 s, with the host daemon and without
+# one; nvidia-smi polled meanwhile for the job's own figure.
+job='import time, torch; x = torch.empty(768 << 20, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize(); time.sleep(3)'
+for mode in daemon alone; do
+  rt=$runtime; [ "$mode" = alone ] && rt="$work/no-daemon"
+  ( for _ in $(seq 40); do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits; sleep 0.25; done ) \
+    > "$OUT/run-$mode-smi.csv" 2> /dev/null &
+  poll=$!
+  VRAMCTL_RUNTIME_DIR=$rt nsenter --target "$inner" --pid --mount -- \
+    "$VRAMCTL" run --no-agent --json --report "$OUT/run-$mode.json" -- python3 -c "$job" 2> "$OUT/run-$mode.log"
+  kill "$poll" 2> /dev/null; wait "$poll" 2> /dev/null
+done
 nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits > "$OUT/smi-after.csv"
 cat "$OUT/inside.txt"
 
@@ -117,6 +136,33 @@ check(all(r.get("host_pid") == r.get("pid") and r.get("user") is None and not r.
 host = json.load(open(f"{out}/host.json"))
 hrow = next((r for r in host.get("processes", []) if r.get("pid") == inner), None)
 check(hrow is not None and "python" in (hrow.get("command") or ""), "the host's ps names the namespaced holder")
+nobody = json.load(open(f"{out}/inside-nobody.json"))
+check(nobody.get("pid_mapping") == "mapped"
+      and [r.get("pid") for r in nobody.get("processes", [])] == [inner_ns],
+      f"as uid 65534 through containers.sock: {nobody.get('pid_mapping')}, "
+      f"{[r.get('pid') for r in nobody.get('processes', [])]}")
+def job_smi_peak(mode):
+    peak = 0
+    for line in open(f"{out}/run-{mode}-smi.csv"):
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[1].isdigit() and int(parts[0]) not in (inner, outer):
+            peak = max(peak, int(parts[1]))
+    return peak
+for mode in ("daemon", "alone"):
+    try:
+        rep = json.load(open(f"{out}/run-{mode}.json"))
+    except Exception as e:
+        check(False, f"run inside ({mode}): no report ({e})")
+        continue
+    procs = rep.get("processes", [])
+    peak = max((p.get("peak_bytes", 0) for p in procs), default=0) / MIB
+    if mode == "daemon":
+        check(rep.get("pid_mapping") == "mapped", f"run inside with the daemon: pid_mapping {rep.get('pid_mapping')}")
+        check(len(procs) == 1 and abs(peak - job_smi_peak(mode)) <= 1,
+              f"run inside: the job's peak {peak:.0f} MiB = nvidia-smi's {job_smi_peak(mode)} MiB")
+    else:
+        check(rep.get("pid_mapping") == "cannot_map" and not procs,
+              f"run inside without a daemon: {rep.get('pid_mapping')}, {len(procs)} processes attributed (none)")
 print("PASS inside31" if bad == 0 else f"FAIL inside31: {bad} checks failed")
 sys.exit(1 if bad else 0)
 EOF
