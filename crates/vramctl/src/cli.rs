@@ -450,13 +450,21 @@ Examples:
   vramctl plot --since 2h -o memory.png
   vramctl plot gpu.csv apps.csv --tz UTC -o run.svg";
 
-/// `--gpu` of the commands that take the plain form (`status`, `leaks`/`plot`, `reap`,
-/// `ps` and `doctor` still declare their own); the values are settled by
-/// `vramctl_observe::gpu_selection`, one matcher for live and recorded devices.
+/// `--gpu` (`-i`/`--id` as in nvidia-smi) of every command that selects devices, live or
+/// recorded (the leaks source declares its own: its first value also names the GPU of an
+/// apps log); the values are settled by `vramctl_observe::gpu_selection`, one matcher for
+/// live and recorded devices.
 #[derive(Debug, Args)]
 pub struct GpuArgs {
     /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(id = "gpu", long = "gpu", value_delimiter = ',', value_name = "GPU")]
+    #[arg(
+        id = "gpu",
+        long = "gpu",
+        short = 'i',
+        visible_alias = "id",
+        value_delimiter = ',',
+        value_name = "GPU"
+    )]
     pub selectors: Vec<String>,
 }
 
@@ -494,15 +502,8 @@ pub struct StatusArgs {
     #[arg(long, value_name = "N", requires = "watch")]
     pub count: Option<u64>,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(
-        long,
-        short = 'i',
-        visible_alias = "id",
-        value_delimiter = ',',
-        value_name = "GPU"
-    )]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// One line per GPU (index, name, temperature, utilization, memory, and the holders
     /// as user:command(memory)), as gpustat prints them
@@ -565,9 +566,8 @@ pub struct DoctorArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// A Python interpreter, environment prefix or site-packages directory whose
     /// frameworks to check (repeat); replaces the ones found otherwise (VIRTUAL_ENV,
@@ -1229,9 +1229,8 @@ pub struct PsArgs {
     #[arg(long, value_delimiter = ',', value_name = "USER")]
     pub user: Vec<String>,
 
-    /// Only these devices (index or UUID; repeat or separate with commas)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Only processes whose command line matches this regular expression
     #[arg(long = "match", value_name = "REGEX")]
@@ -2186,9 +2185,8 @@ pub struct ReapArgs {
     #[arg(long, value_name = "REGEX")]
     pub exclude: Vec<String>,
 
-    /// Only processes holding memory on these devices (index or UUID)
-    #[arg(long, value_delimiter = ',', value_name = "GPU")]
-    pub gpu: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 
     /// Only the processes these select (added to every policy's filters)
     #[command(flatten)]

@@ -42,7 +42,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
     let started = Instant::now();
     let (driver, all_gpus, gpus) = match open_sampler(global) {
         Ok(mut sampler) => {
-            let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+            let filter = GpuFilter::new(&args.gpu.selectors, sampler.devices())?;
             let (ready, all, gpus) = collect::nvml(&mut sampler, &filter);
             (DriverFacts::Ready(ready), all, gpus)
         }

@@ -193,7 +193,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         .map(|u| resolve_user(u))
         .collect::<anyhow::Result<Vec<UserSpec>>>()?;
     let mut source = open_live(global, args.no_daemon, true)?;
-    let filter = GpuFilter::new(&args.gpu, &source.devices())?;
+    let filter = GpuFilter::new(&args.gpu.selectors, &source.devices())?;
     let snapshot = source.sample()?;
     // Who the listed processes are: the daemon's answer or this /proc, the same either way.
     let observation = source.observe(snapshot);

@@ -56,7 +56,7 @@ pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
         user: args.user.clone(),
         pattern: args.pattern.clone(),
         exclude: args.exclude.clone(),
-        gpu: args.gpu.clone(),
+        gpu: args.gpu.selectors.clone(),
         owners: args.owners.selectors(),
     })?;
     if args.max_kills == Some(0) {

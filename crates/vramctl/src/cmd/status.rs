@@ -204,7 +204,7 @@ pub fn run(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<Exit> {
     let interval = args.watch;
     let tz = wall_time::zone(args.tz.as_deref())?;
     let mut source = open_live(global, args.no_daemon, false)?;
-    let filter = GpuFilter::new(&args.gpu, &source.devices())?;
+    let filter = GpuFilter::new(&args.gpu.selectors, &source.devices())?;
     let styles = Styles::for_stdout(global.color);
     let stdout = std::io::stdout();
     let refresh_in_place = !args.json && stdout.is_terminal();
@@ -362,7 +362,7 @@ fn replay(global: &GlobalArgs, db: &Path, args: &StatusArgs) -> anyhow::Result<E
         false,
     )
     .context("cannot list the recorded GPUs")?;
-    let filter = GpuFilter::new(&args.gpu, sampler.devices())?;
+    let filter = GpuFilter::new(&args.gpu.selectors, sampler.devices())?;
     let snapshot = sampler.tick();
     let mut report = build(&snapshot, &filter, &mut Holders::Recorded(&holders));
     report.replay = Some(ReplayStatus {
