@@ -19,7 +19,6 @@ use serde::Serialize;
 use vramctl_agent::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::DeviceState;
-use vramctl_core::untrusted::Untrusted;
 use vramctl_observe::agent_ooms::{self, OomState, ProcessOoms};
 use vramctl_observe::observation::{HostProcess, Observation};
 use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
@@ -36,6 +35,7 @@ use vramctl_observe::pid_view::{OtherHolders, PidView};
 use super::open_live;
 use crate::cli::{GlobalArgs, PsArgs, PsSort};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use crate::output::owners::owner_table;
 use crate::output::table::{Align, Table};
 use crate::output::terminal::{self, wrap};
@@ -230,21 +230,18 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
     }
 
     let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer(&mut out, &report).context("cannot write JSON")?;
-        writeln!(out).context("cannot write to stdout")?;
-    } else if let (Some(key), Some(totals)) = (report.by, report.owners.as_ref())
-        // With nothing to group, the usual "no process holds GPU memory" lines.
-        && !totals.is_empty()
-    {
-        for line in owner_table(key, totals, "", terminal::width()) {
-            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
-        }
-    } else {
-        for line in render(&report, terminal::width()) {
-            writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
-        }
-    }
+    emit(
+        &mut out,
+        Format::from_json_flag(args.json, Format::JsonLine),
+        || &report,
+        || match (report.by, report.owners.as_ref()) {
+            // With nothing to group, the usual "no process holds GPU memory" lines.
+            (Some(key), Some(totals)) if !totals.is_empty() => {
+                Lines::Untrusted(owner_table(key, totals, "", terminal::width()))
+            }
+            _ => Lines::Untrusted(render(&report, terminal::width())),
+        },
+    )?;
     out.flush().context("cannot write to stdout")?;
     Ok(Exit::Ok)
 }

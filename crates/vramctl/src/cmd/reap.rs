@@ -20,7 +20,6 @@ use jiff::tz::TimeZone;
 use vramctl_agent::reclaim::{ProcessReclaim, ReclaimRequest};
 use vramctl_core::clock::{ManualClock, SystemClock};
 use vramctl_core::types::Snapshot;
-use vramctl_core::untrusted::Untrusted;
 use vramctl_core::wall_time::zone as time_zone;
 use vramctl_core::wall_time::{clock, same_day};
 use vramctl_free::engine::{
@@ -45,6 +44,7 @@ use super::db_path;
 use crate::audit_sink::{AuditLog, open_log};
 use crate::cli::{GlobalArgs, ReapAction, ReapArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 
 /// Runs `reap`.
 pub fn run(global: &GlobalArgs, args: &ReapArgs) -> anyhow::Result<Exit> {
@@ -252,14 +252,12 @@ impl Printer {
         audit: Option<&AuditLog>,
         report: &RoundReport,
     ) -> anyhow::Result<()> {
-        if self.json {
-            serde_json::to_writer(&mut *out, report).context("cannot write JSON")?;
-            writeln!(out).context("cannot write to stdout")?;
-        } else {
-            for line in self.human(engine, audit, report) {
-                writeln!(out, "{}", Untrusted(&line)).context("cannot write to stdout")?;
-            }
-        }
+        emit(
+            &mut *out,
+            Format::from_json_flag(self.json, Format::JsonLine),
+            || report,
+            || Lines::Untrusted(self.human(engine, audit, report)),
+        )?;
         out.flush().context("cannot write to stdout")
     }
 

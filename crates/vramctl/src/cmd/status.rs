@@ -47,6 +47,7 @@ use vramctl_observe::gpu_selection::GpuFilter;
 use super::open_live;
 use crate::cli::{GlobalArgs, StatusArgs};
 use crate::exit::Exit;
+use crate::output::emit::{Format, Lines, emit};
 use crate::output::owners::owner_table;
 use crate::output::style::{Styles, paint};
 use crate::output::table::{Align, Table};
@@ -403,19 +404,19 @@ fn print(
     tz: &TimeZone,
     width: Option<usize>,
 ) -> anyhow::Result<()> {
-    if args.json {
-        serde_json::to_writer(&mut *out, report).context("cannot write JSON")?;
-        writeln!(out).context("cannot write to stdout")?;
-    } else {
-        let lines = if args.compact {
-            render_compact(report, styles, tz, width)
-        } else {
-            render(report, styles, tz, width)
-        };
-        for line in lines {
-            writeln!(out, "{line}").context("cannot write to stdout")?;
-        }
-    }
+    // Styled: the renderers escape what processes chose where they format it.
+    emit(
+        &mut *out,
+        Format::from_json_flag(args.json, Format::JsonLine),
+        || report,
+        || {
+            Lines::Styled(if args.compact {
+                render_compact(report, styles, tz, width)
+            } else {
+                render(report, styles, tz, width)
+            })
+        },
+    )?;
     out.flush().context("cannot write to stdout")
 }
 
