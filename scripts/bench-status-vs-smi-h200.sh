@@ -37,6 +37,9 @@ none = dict(os.environ, VRAMCTL_RUNTIME_DIR=f"{work}/none")
 daemon = dict(os.environ, VRAMCTL_RUNTIME_DIR=f"{work}/run")
 cmds = {
     "smi": (["nvidia-smi", "--query-gpu=memory.used", "--format=csv"], None),
+    # The floor of any vramctl command: exec, relocations, clap (no NVML).
+    "version": ([vramctl, "--version"], none),
+    "smi-version": (["nvidia-smi", "--version"], None),
     "status": ([vramctl, "status", "--json"], none),
     "status-text": ([vramctl, "status"], none),
     "ps": ([vramctl, "ps", "--json"], none),
@@ -61,7 +64,28 @@ print(f"ratio status-text/smi {med['status-text']/med['smi']:.2f}")
 print(f"ratio ps/status {med['ps']/med['status']:.2f}")
 print(f"ratio status-daemon/smi {med['status-daemon']/med['smi']:.3f}")
 print(f"ratio ps-daemon/smi {med['ps-daemon']/med['smi']:.3f}")
+print(f"start-up floor: vramctl --version {med['version']*1e3:.1f} ms, nvidia-smi --version {med['smi-version']*1e3:.1f} ms; "
+      f"status less its floor {(med['status']-med['version'])*1e3:.1f} ms, smi less its floor {(med['smi']-med['smi-version'])*1e3:.1f} ms")
 PY
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >> "$OUT/results.txt"
 VRAMCTL_RUNTIME_DIR="$work/none" VRAMCTL_LOG=trace "$VRAMCTL" status --json > /dev/null 2> "$OUT/trace.txt" || true
+# Where that status's time went: every NVML call is logged with its time at trace level.
+python3 - "$OUT/trace.txt" > "$OUT/trace-top.txt" <<'PY' || true
+import re, sys
+from datetime import datetime
+calls, stamps = [], []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"(\S+Z) ", line)
+    if m:
+        stamps.append(datetime.fromisoformat(m.group(1).replace("Z", "+00:00")))
+    c = re.search(r'call="([^"]+)" us=(\d+)', line)
+    if c:
+        calls.append((int(c.group(2)), c.group(1)))
+total = sum(us for us, _ in calls)
+span = (stamps[-1] - stamps[0]).total_seconds() * 1e6 if len(stamps) > 1 else 0
+print(f"NVML calls: {len(calls)}, {total / 1e3:.2f} ms in all; first to last log line {span / 1e3:.2f} ms")
+for us, name in sorted(calls, reverse=True)[:20]:
+    print(f"{us:8d} us  {name}")
+PY
+echo "--- where status's time went (trace-top.txt):"; cat "$OUT/trace-top.txt"
 cat "$OUT/results.txt"
