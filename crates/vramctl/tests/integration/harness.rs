@@ -83,34 +83,23 @@ pub fn vramctl_on(name: &str) -> Command {
 /// Stdout of a successful run, as text.
 ///
 /// A shipped scenario's fictional processes have PIDs that a real process of this machine
-/// may hold at that moment (pid_max is 32768 on many kernels, and the test run itself starts
-/// thousands of processes: a Chromium of the web tests once held 30101 and 30102 while
-/// `status` ran on `mig.toml`, and the snapshot showed its command line). A run during which
-/// one of them was alive is repeated, for up to 30 s, until none was; past that, the test
-/// fails saying which process holds which PID. (Scenarios a test writes choose their PIDs
-/// themselves, some of them real on purpose: a zombie, a process of another user.)
+/// may hold (pid_max is 32768 on many kernels, and the test run itself starts thousands of
+/// processes: a Chromium of the web tests once held 30101 and 30102 while `status` ran on
+/// `mig.toml`, and the snapshot showed its command line; rustc processes of a build beside
+/// the tests held them for minutes; the vramctl under test can itself be given one). So the
+/// run is made on a copy of the scenario whose fictional PIDs are moved to free PIDs of the
+/// same width that the kernel will hand out last ([`stand_ins`]), and the output is given
+/// back with the original PIDs. (Scenarios a test writes choose their PIDs themselves, some
+/// of them real on purpose: a zombie, a process of another user; they are run as they are.)
 pub fn stdout_of(cmd: &mut Command) -> String {
-    let fictional = cmd
+    let shipped = cmd
         .get_envs()
         .find(|(key, _)| *key == "FAKE_NVML_SCENARIO")
         .and_then(|(_, value)| value.map(PathBuf::from))
-        .filter(|path| path.starts_with(scenario("")))
-        .map(|path| fictional_pids(&path))
-        .unwrap_or_default();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let output = loop {
-        let held_before = held_pids(&fictional);
-        let output = cmd.output().expect("run vramctl");
-        let mut held = held_pids(&fictional);
-        held.extend(held_before);
-        if held.is_empty() {
-            break output;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the scenario's fictional PIDs are held by real processes here for 30 s: {held:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        .filter(|path| path.starts_with(scenario("")));
+    let output = match shipped {
+        Some(path) => output_on_free_pids(cmd, &path),
+        None => cmd.output().expect("run vramctl"),
     };
     assert!(
         output.status.success(),
@@ -119,6 +108,67 @@ pub fn stdout_of(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).expect("utf-8 stdout")
+}
+
+/// `cmd`'s output on the shipped scenario `path` with its fictional PIDs moved to free ones,
+/// the output's PIDs moved back ([`stdout_of`]).
+fn output_on_free_pids(cmd: &mut Command, path: &Path) -> std::process::Output {
+    let moves = stand_ins(&fictional_pids(path));
+    let mut text = std::fs::read_to_string(path).expect("the scenario");
+    for (from, to) in &moves {
+        text = text.replace(&format!("pid = {from}\n"), &format!("pid = {to}\n"));
+    }
+    let copy = tempfile::tempdir().expect("tempdir");
+    let file = copy.path().join(path.file_name().expect("a file name"));
+    std::fs::write(&file, text).expect("write the moved scenario");
+    cmd.env("FAKE_NVML_SCENARIO", &file);
+    let mut output = cmd.output().expect("run vramctl");
+    cmd.env("FAKE_NVML_SCENARIO", path);
+    let mut out = String::from_utf8_lossy(&output.stdout).into_owned();
+    for (from, to) in &moves {
+        let back = regex::Regex::new(&format!(r"\b{to}\b")).expect("a regex");
+        out = back
+            .replace_all(&out, from.to_string().as_str())
+            .into_owned();
+    }
+    output.stdout = out.into_bytes();
+    output
+}
+
+/// For each of `fictional`, a PID of the same number of digits that no process has now,
+/// none of `fictional`, and as far ahead of the kernel's last PID (`ns_last_pid`) as there
+/// is: PIDs are handed out upwards from it, wrapping at pid_max, so the free ones just
+/// below it are the last to be handed out again — not during a test.
+fn stand_ins(fictional: &[u32]) -> Vec<(u32, u32)> {
+    let read =
+        |path: &str| -> Option<u32> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    let pid_max = read("/proc/sys/kernel/pid_max").unwrap_or(32_768);
+    let last = read("/proc/sys/kernel/ns_last_pid").unwrap_or(0);
+    let ahead = |p: u32| (p + pid_max - last - 1) % pid_max;
+    let mut taken: std::collections::HashSet<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    taken.extend(fictional);
+    fictional
+        .iter()
+        // A PID past pid_max (a scenario's absurd one, on purpose) can never be real.
+        .filter(|&&from| from < pid_max)
+        .map(|&from| {
+            let digits = from.to_string().len() as u32;
+            let low = 10u32.pow(digits - 1).max(300);
+            let high = 10u32.saturating_pow(digits).min(pid_max);
+            let mut candidates: Vec<u32> = (low..high).filter(|p| !taken.contains(p)).collect();
+            candidates.sort_by_key(|p| std::cmp::Reverse(ahead(*p)));
+            // /proc lists processes only; a thread's id opens as /proc/TID too.
+            let to = candidates
+                .into_iter()
+                .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+                .expect("a free PID of the same width");
+            taken.insert(to);
+            (from, to)
+        })
+        .collect()
 }
 
 /// The PIDs of a scenario's processes that are not marked `real = true`: processes the fake
@@ -141,16 +191,6 @@ pub fn fictional_pids(scenario_path: &Path) -> Vec<u32> {
         .filter(|p| p.get("real").and_then(|r| r.as_bool()) != Some(true))
         .filter_map(|p| u32::try_from(p.get("pid")?.as_integer()?).ok())
         .filter(|pid| *pid > 0)
-        .collect()
-}
-
-/// Which of `pids` a live process holds now, each with its command name.
-fn held_pids(pids: &[u32]) -> Vec<(u32, String)> {
-    pids.iter()
-        .filter_map(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-            Some((*pid, comm.trim().to_string()))
-        })
         .collect()
 }
 

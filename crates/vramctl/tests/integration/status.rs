@@ -866,6 +866,46 @@ fn status_header_time_is_in_the_asked_zone_and_labelled() {
 }
 
 #[test]
+fn a_real_process_on_a_fictional_pid_does_not_change_what_the_tests_see() {
+    // stdout_of moves a shipped scenario's PID that a real process holds, and gives the
+    // output back with the original: the status table of mig.toml is the same whoever
+    // holds 30101 here. Getting PID 30101 takes root (ns_last_pid); elsewhere, skipped.
+    if !crate::real_processes::is_root() {
+        eprintln!("skipped: only root can choose a PID");
+        return;
+    }
+    let plain = stdout_of(vramctl_on("mig.toml").arg("status"));
+    let mut holder = None;
+    for _ in 0..20 {
+        if std::fs::write("/proc/sys/kernel/ns_last_pid", "30100").is_err() {
+            break;
+        }
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        if child.id() == 30101 {
+            holder = Some(child);
+            break;
+        }
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let Some(mut holder) = holder else {
+        eprintln!("skipped: PID 30101 could not be taken here");
+        return;
+    };
+    let out = stdout_of(vramctl_on("mig.toml").arg("status"));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    // The header's clock aside.
+    let body = |s: &str| s.lines().skip(1).collect::<Vec<_>>().join("\n");
+    assert_eq!(body(&out), body(&plain));
+    assert!(!out.contains("sleep"), "{out}");
+}
+
+#[test]
 fn the_harness_knows_a_shipped_scenario_s_fictional_pids() {
     // stdout_of repeats a run while one of these is a real process here (a Chromium of the
     // web tests once held 30101 while `status` ran on mig.toml).
