@@ -69,7 +69,8 @@ pub struct GrowingSite {
 pub struct LeakWhere {
     /// The process.
     pub pid: u32,
-    /// When snapshots A and B were taken (wall clock, ms).
+    /// When snapshots A and B were asked for, on the caller's time line (the watch's: the
+    /// wall clock until it steps), ms.
     pub from_unix_ms: i64,
     /// See `from_unix_ms`.
     pub to_unix_ms: i64,
@@ -140,13 +141,14 @@ enum Done {
         pid: u32,
         stage: Stage,
         snapshot: Box<vramctl_snapshot::Snapshot>,
-        at_unix_ms: i64,
         agent_ms: u64,
     },
     Failed {
         pid: u32,
         reason: String,
     },
+    /// The recording a probe started was stopped (or could not be: nothing more to do).
+    Stopped,
 }
 
 /// One probe's progress.
@@ -155,6 +157,8 @@ struct Probe {
     /// worker).
     due_ms: Option<i64>,
     next: Option<Stage>,
+    /// When the step under way was sent, on the caller's time line.
+    sent_at_ms: i64,
     started_recording: bool,
     agent_ms: u64,
     a: Option<(Box<vramctl_snapshot::Snapshot>, i64)>,
@@ -222,6 +226,7 @@ impl WhereProbes {
                 Probe {
                     due_ms: None,
                     next: Some(Stage::A),
+                    sent_at_ms: 0,
                     started_recording: false,
                     agent_ms: 0,
                     a: None,
@@ -247,6 +252,7 @@ impl WhereProbes {
                 && let Some(stage) = probe.next
             {
                 probe.due_ms = None;
+                probe.sent_at_ms = now_ms;
                 if self.jobs.send(Job::Take { pid, stage }).is_err() {
                     self.finished.push_back(Outcome::Failed {
                         pid,
@@ -258,19 +264,13 @@ impl WhereProbes {
         self.finished.drain(..).collect()
     }
 
-    /// Waits up to `deadline` for the probes under way to end, stepping their time on
-    /// the wall clock (the watch is ending: no more ticks).
-    pub fn finish(&mut self, deadline: Duration) -> Vec<Outcome> {
+    /// Waits up to `deadline` for the probes under way to end (the watch is ending: no
+    /// more ticks), their time going on from `now_ms`, the last tick's, on the wall clock:
+    /// a step is sent once its spacing has passed in real time.
+    pub fn finish(&mut self, now_ms: i64, deadline: Duration) -> Vec<Outcome> {
         let started = Instant::now();
         let mut out = Vec::new();
-        // A time line of its own: steps due now are sent at once, later ones after their
-        // spacing in real time.
-        let base = i64::MAX / 2;
-        for p in self.probes.values_mut() {
-            if p.due_ms.is_some() {
-                p.due_ms = Some(base);
-            }
-        }
+        let base = now_ms;
         while self.busy() && started.elapsed() < deadline {
             let now = base + i64::try_from(started.elapsed().as_millis()).unwrap_or(0);
             out.extend(self.poll(now));
@@ -281,6 +281,7 @@ impl WhereProbes {
 
     fn on_done(&mut self, done: Done, now_ms: i64, spacing_ms: i64) {
         match done {
+            Done::Stopped => {}
             Done::Failed { pid, reason } => {
                 if let Some(p) = self.probes.remove(&pid) {
                     if p.started_recording {
@@ -304,12 +305,11 @@ impl WhereProbes {
                 pid,
                 stage: Stage::A,
                 snapshot,
-                at_unix_ms,
                 agent_ms,
             } => {
                 if let Some(p) = self.probes.get_mut(&pid) {
                     p.agent_ms += agent_ms;
-                    p.a = Some((snapshot, at_unix_ms));
+                    p.a = Some((snapshot, p.sent_at_ms));
                     p.next = Some(Stage::B);
                     p.due_ms = Some(now_ms.saturating_add(spacing_ms));
                 }
@@ -318,7 +318,6 @@ impl WhereProbes {
                 pid,
                 stage: Stage::B,
                 snapshot,
-                at_unix_ms,
                 agent_ms,
             } => {
                 let Some(p) = self.probes.remove(&pid) else {
@@ -334,7 +333,7 @@ impl WhereProbes {
                 self.finished.push_back(Outcome::Found(growing_sites(
                     pid,
                     (&a, from_unix_ms),
-                    (&snapshot, at_unix_ms),
+                    (&snapshot, p.sent_at_ms),
                     p.started_recording,
                     p.agent_ms + agent_ms,
                     self.limits.sites,
@@ -405,22 +404,15 @@ fn work(job: Job) -> Done {
                 Err(reason) => Done::Failed { pid, reason },
             }
         }
-        Job::Take { pid, stage } => {
-            let t = Instant::now();
-            let at_unix_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            match take(pid, stage) {
-                Ok(snapshot) => Done::Taken {
-                    pid,
-                    stage,
-                    snapshot: Box::new(snapshot),
-                    at_unix_ms,
-                    agent_ms: elapsed_ms(t),
-                },
-                Err(reason) => Done::Failed { pid, reason },
-            }
-        }
+        Job::Take { pid, stage } => match take(pid, stage) {
+            Ok((snapshot, agent_ms)) => Done::Taken {
+                pid,
+                stage,
+                snapshot: Box::new(snapshot),
+                agent_ms,
+            },
+            Err(reason) => Done::Failed { pid, reason },
+        },
         Job::Stop { pid } => {
             let _ = AgentClient::connect(pid, timeouts()).and_then(|mut c| {
                 c.snapshot(
@@ -431,10 +423,7 @@ fn work(job: Job) -> Done {
                     SNAPSHOT_TIMEOUT,
                 )
             });
-            Done::Failed {
-                pid,
-                reason: String::new(),
-            }
+            Done::Stopped
         }
     }
 }
@@ -470,8 +459,9 @@ fn start_recording(pid: u32) -> Result<bool, String> {
     Ok(true)
 }
 
-/// One snapshot of `pid`, written by its agent under /tmp, read back and removed.
-fn take(pid: u32, stage: Stage) -> Result<vramctl_snapshot::Snapshot, String> {
+/// One snapshot of `pid`, written by its agent under /tmp, read back and removed; with the
+/// time the agent took to write it.
+fn take(pid: u32, stage: Stage) -> Result<(vramctl_snapshot::Snapshot, u64), String> {
     let name = format!(
         "vramctl-where-{pid}-{}-{}.pickle",
         std::process::id(),
@@ -481,6 +471,7 @@ fn take(pid: u32, stage: Stage) -> Result<vramctl_snapshot::Snapshot, String> {
         }
     );
     let path = Path::new(FALLBACK_BASE).join(name);
+    let asked = Instant::now();
     let report = allocator_snapshot::take(&SnapshotRequest {
         pid,
         output: Some(path),
@@ -488,12 +479,13 @@ fn take(pid: u32, stage: Stage) -> Result<vramctl_snapshot::Snapshot, String> {
         timeout: SNAPSHOT_TIMEOUT,
     })
     .map_err(|e| e.to_string())?;
+    let agent_ms = elapsed_ms(asked);
     let local = report.local_path.ok_or("the agent wrote no snapshot")?;
     let read = read_bounded(&local);
     // Removed whatever the read said: the file is ours to clean up (unlink follows no
     // symlink).
     let _ = std::fs::remove_file(&local);
-    read
+    Ok((read?, agent_ms))
 }
 
 /// Reads a snapshot file without following a symlink (the process's user could have put

@@ -153,8 +153,7 @@ fn leaks_watch_without_agents_judges_nvml_and_takes_no_snapshot() {
     let last = |pid: u32| {
         events
             .iter()
-            .filter(|e| e["event"] == "verdict" && e["pid"] == pid)
-            .next_back()
+            .rfind(|e| e["event"] == "verdict" && e["pid"] == pid)
             .cloned()
             .unwrap_or_default()
     };

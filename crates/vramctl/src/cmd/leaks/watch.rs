@@ -308,9 +308,12 @@ pub fn run(global: &GlobalArgs, args: &LeaksArgs, cfg: LeakConfig) -> anyhow::Re
             // still gets its where.
             if let Some(probes) = probes.as_mut() {
                 let mut out = stdout.lock();
-                for outcome in probes.finish(WHERE_FINISH) {
-                    let now = judge.fleet().now_ms().unwrap_or(now_ms);
-                    print_where(&mut out, args.json, &outcome, now, &commands, &days)?;
+                for outcome in probes.finish(now_ms, WHERE_FINISH) {
+                    let at = match &outcome {
+                        Outcome::Found(w) => w.to_unix_ms,
+                        Outcome::Failed { .. } => now_ms,
+                    };
+                    print_where(&mut out, args.json, &outcome, at, &commands, &days)?;
                 }
                 out.flush().context("cannot write to stdout")?;
             }
