@@ -53,7 +53,7 @@ const MAX_HISTORY_ENTRIES: u32 = 100_000;
 /// One allocation site whose live bytes grew.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GrowingSite {
-    /// The first frame of user code (`file:line function`), or the folded stack when
+    /// The first frame of user code (`function (file:line)`), or the folded stack when
     /// there is none.
     pub site: String,
     /// Live bytes it gained from A to B.

@@ -374,7 +374,7 @@ fn print_where(
     .context("cannot write to stdout")
 }
 
-/// `+48.0 MiB of live tensors in 10 s at train.py:12 step (+3 blocks); …`.
+/// `live tensors grew in 10 s: +48.0 MiB at step (train.py:12) (+3 blocks, 80.0 MiB live); …`.
 fn where_text(w: &LeakWhere) -> String {
     let span_ms = u64::try_from(w.to_unix_ms - w.from_unix_ms).unwrap_or(0);
     let span = vramctl_leaks::analysis::human_duration(span_ms as f64 / 1000.0);
