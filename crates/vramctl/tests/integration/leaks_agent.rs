@@ -162,3 +162,57 @@ fn leaks_watch_without_agents_judges_nvml_and_takes_no_snapshot() {
     assert_ne!(last(leaker.pid())["verdict"], "leak");
     assert!(events.iter().all(|e| e["event"] != "where"), "{events:#?}");
 }
+
+#[test]
+fn leaks_on_a_history_judges_the_live_tensors_record_stored() {
+    // `record` asks agents every 10 s (its poll's cadence) and stores their allocated
+    // bytes; `leaks` on that history judges the leaker on them. Each answer of the leaker's
+    // agent here keeps 160 MiB more (16 MiB/s on average, in 10 s steps).
+    let (mut leaker, grower, scenario) = leaker_and_cache_grower();
+    leaker.exec(&format!(
+        "def leaky_step():\n\
+         \x20   kept_leak.append(torch.empty({}, dtype=torch.uint8, device='cuda'))",
+        160 * MIB
+    ));
+    let db = leaker.dir.path().join("history.db");
+    let recorded = vramctl_std(&scenario)
+        .env_remove("FAKE_NVML_TIME")
+        .arg("--db")
+        .arg(&db)
+        .args(["record", "--interval", "1s", "--ticks", "240"])
+        .args(["--simulated-clock", &T0.to_string()])
+        .output()
+        .expect("record runs");
+    assert!(
+        recorded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+    let out = vramctl_std(&scenario)
+        .arg("--db")
+        .arg(&db)
+        .args(["leaks", "--json", "--since", "all"])
+        .output()
+        .expect("leaks runs");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let series = |pid: u32| {
+        json["series"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["pid"] == pid).cloned())
+            .unwrap_or_default()
+    };
+    let leak = series(leaker.pid());
+    assert_eq!(leak["verdict"], "leak", "{json:#}");
+    assert_eq!(leak["basis"], "allocated", "{leak:#}");
+    assert!(
+        leak["explanation"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("judged on live tensors from the agent"),
+        "{leak:#}"
+    );
+    let cache = series(grower.pid());
+    assert_ne!(cache["verdict"], "leak", "{cache:#}");
+    assert_eq!(cache["basis"], "allocated", "{cache:#}");
+    assert_eq!(cache["reserved_verdict"], "leak", "{cache:#}");
+}
