@@ -30,6 +30,10 @@
 #               bytes exact against transformers, a training step's peak as a figure
 #   web32       serve on the real driver with a PyTorch holder: /api/now's memory and PIDs
 #               against nvidia-smi in the same moment, SSE ticks arrive (issue 32)
+#   leak35      scripts/leak35-agent-h200.sh: leaks --watch judges a leak inside a reserved cache
+#               on the agent's live tensors and names its allocation site (--where); a growing
+#               cache over flat tensors is no leak; against the jobs' own torch counters
+#               (issue 35 item 5, ~2.5 min)
 #   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
 #               (issue 35's re-score; long: run it in a call of its own)
 set -uo pipefail
@@ -200,6 +204,8 @@ sys.exit(1 if bad else 0)
 EOF
 }
 part web32 web32
+
+part leak35 env OUT="$OUT/parts/leak35" scripts/leak35-agent-h200.sh
 
 if ! skipped leakset; then
   part leakset scripts/record-leakset-h200.sh "$VRAMCTL" "$OUT/parts/leakset" 300

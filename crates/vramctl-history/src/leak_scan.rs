@@ -57,6 +57,9 @@ enum Role {
     Memory(usize),
     /// A process's SM activity on a device: series index.
     Sm(usize),
+    /// A process's allocated bytes on a device, as its agent said (`record` stores them
+    /// while the agent answers): series index.
+    Allocated(usize),
     /// A process's CPU time: process slot.
     Cpu(usize),
     /// A device metric: device index.
@@ -102,6 +105,8 @@ struct Series {
     /// Current memory (min, max, last) and SM value of each series.
     memory: Vec<Option<(u64, u64, u64)>>,
     sm: Vec<Option<u32>>,
+    /// The agent's allocated bytes of each series, while it answers.
+    allocated: Vec<Option<u64>>,
     index: HashMap<(i64, usize), usize>,
     /// Process slots: row id → slot; current CPU ticks per slot.
     slots: HashMap<i64, usize>,
@@ -121,6 +126,8 @@ struct Cell {
     cpu_ms: u64,
     /// SM activity, or `NONE_U32`.
     sm: u32,
+    /// The agent's allocated bytes, or `NONE_U64`.
+    allocated: u64,
     gap: bool,
 }
 
@@ -128,6 +135,7 @@ const EMPTY: Cell = Cell {
     memory: NONE_U64,
     cpu_ms: NONE_U64,
     sm: NONE_U32,
+    allocated: NONE_U64,
     gap: false,
 };
 
@@ -206,6 +214,10 @@ impl Chunk {
                     sample.max_bytes = Some(self.max[index]);
                 }
                 sample.gap_before = cell.gap;
+                if cell.allocated != NONE_U64 {
+                    // The leak verdict is then judged on live tensors (issue 35).
+                    fold.push_allocated(&Sample::new(t, cell.allocated));
+                }
                 fold.push(&sample);
             }
         }
@@ -329,6 +341,7 @@ pub fn analyse(
         if changed.is_none() {
             series.memory.iter_mut().for_each(|m| *m = None);
             series.sm.iter_mut().for_each(|m| *m = None);
+            series.allocated.iter_mut().for_each(|m| *m = None);
             series.cpu.iter_mut().for_each(|m| *m = None);
             series.others.iter_mut().for_each(|(_, held)| *held = false);
             for d in &mut devs {
@@ -364,6 +377,7 @@ pub fn analyse(
                 Role::Sm(s) => {
                     series.sm[s] = value.map(|v| u32::try_from(v.2).unwrap_or(u32::MAX - 1));
                 }
+                Role::Allocated(s) => series.allocated[s] = value.map(|v| v.2),
                 Role::Cpu(slot) => series.cpu[slot] = value.map(|v| v.2),
                 Role::Other(o) => {
                     let held = &mut series.others[o].1;
@@ -451,6 +465,9 @@ pub fn analyse(
             cell.gap = series.last_frame[s].is_some() && series.last_frame[s] != dev.prev_obs_frame;
             if let Some(sm) = series.sm[s] {
                 cell.sm = sm;
+            }
+            if let Some(allocated) = series.allocated[s] {
+                cell.allocated = allocated;
             }
             if let Some(ticks) = series.cpu[series.slot[s]] {
                 let due = series.cpu_pushed[s].is_none_or(|(at, value)| {
@@ -576,7 +593,11 @@ fn resolve(
     };
     Ok(match (r.metric, r.process_id, device) {
         (Metric::ProcessCpuTicks, Some(p), _) if selected(&p) => Role::Cpu(slot(series, p)),
-        (Metric::ProcessUsedBytes | Metric::ProcessSmPercent, Some(p), Some(d)) if selected(&p) => {
+        (
+            Metric::ProcessUsedBytes | Metric::ProcessSmPercent | Metric::ProcessAllocatedBytes,
+            Some(p),
+            Some(d),
+        ) if selected(&p) => {
             let s = match series.index.get(&(p, d)) {
                 Some(&s) => s,
                 None => {
@@ -589,16 +610,17 @@ fn resolve(
                     series.free_at_last.push(None);
                     series.cpu_pushed.push(None);
                     series.sm.push(None);
+                    series.allocated.push(None);
                     series.memory.push(None);
                     let s = series.process.len() - 1;
                     series.index.insert((p, d), s);
                     s
                 }
             };
-            if r.metric == Metric::ProcessUsedBytes {
-                Role::Memory(s)
-            } else {
-                Role::Sm(s)
+            match r.metric {
+                Metric::ProcessUsedBytes => Role::Memory(s),
+                Metric::ProcessAllocatedBytes => Role::Allocated(s),
+                _ => Role::Sm(s),
             }
         }
         (Metric::ProcessUsedBytes, Some(p), Some(d)) if processes.contains_key(&p) => {
@@ -755,6 +777,60 @@ mod tests {
         assert_eq!(finding(&findings, 1).total_bytes, Some(100 * GIB));
         // Time to full uses the device's free memory at the process's last sample.
         assert_eq!(busy.time_to_full_sec, None);
+    }
+
+    #[test]
+    fn the_recorded_allocated_bytes_judge_the_leak_where_an_agent_answered() {
+        // 300 s at 1 s. PID 1: NVML flat at 20 GiB (the cache reserved), live tensors
+        // growing 16 MiB/s from 60 s. PID 2: NVML growing 16 MiB/s (the cache) over flat
+        // live tensors. PID 3: as PID 1 without an agent (nothing recorded for it).
+        let mut store = Store::open_in_memory().unwrap();
+        for i in 0..300_i64 {
+            let grown = u64::try_from((i - 60).max(0)).unwrap() * (16 << 20);
+            let mut t = tick(
+                T0 + i * 1000,
+                90,
+                &[
+                    (1, 20 * GIB, None),
+                    (2, 4 * GIB + grown, None),
+                    (3, 20 * GIB, None),
+                ],
+            );
+            if let DeviceSampleState::Read {
+                processes: ProcessList::Observed(list),
+                ..
+            } = &mut t.devices[0].state
+            {
+                list[0].agent = Some(vramctl_store::AgentBytes {
+                    allocated_bytes: Some(2 * GIB + grown),
+                    reserved_bytes: Some(19 * GIB),
+                });
+                list[1].agent = Some(vramctl_store::AgentBytes {
+                    allocated_bytes: Some(3 * GIB),
+                    reserved_bytes: Some(3 * GIB + grown),
+                });
+            }
+            store.append(&t).unwrap();
+        }
+        let findings = run(&mut store, &LeakConfig::default());
+        let live = &finding(&findings, 1).report;
+        assert_eq!(live.verdict, Verdict::Leak, "{}", live.explanation);
+        assert_eq!(live.basis, vramctl_leaks::analysis::Basis::Allocated);
+        assert!(
+            live.explanation
+                .contains("judged on live tensors from the agent")
+        );
+        let cache = &finding(&findings, 2).report;
+        assert_ne!(cache.verdict, Verdict::Leak, "{}", cache.explanation);
+        assert_eq!(
+            cache.reserved_verdict,
+            Some(Verdict::Leak),
+            "{}",
+            cache.explanation
+        );
+        let plain = &finding(&findings, 3).report;
+        assert_eq!(plain.basis, vramctl_leaks::analysis::Basis::Reserved);
+        assert_eq!(plain.verdict, Verdict::Stable, "{}", plain.explanation);
     }
 
     #[test]

@@ -117,9 +117,10 @@ pub struct SeriesContext {
 /// (the cache growing to cover the peak) and a leak both raise it. The allocated bytes
 /// tell them apart directly: a leak is retained *allocated* bytes growing; reserve growth
 /// over flat allocated bytes is cache. When `allocated` has samples the leak verdict is
-/// judged on it (`SeriesReport::basis`), the rest (idle, releases) on `memory`. No source
-/// fills it yet: the in-process agent of a later issue will (`agent` in
-/// `docs/leaks.md`).
+/// judged on it (`SeriesReport::basis`), the rest (idle, releases) on `memory`. The
+/// in-process agent fills it (`torch.cuda.memory_allocated()` per device, issue 35): live
+/// through `FleetTracker::observe_with_allocated`, from the history through the recorded
+/// `process_allocated_bytes` series.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SeriesInputs<'a> {
     /// NVML's per-process (or the device's used) memory.
@@ -215,6 +216,10 @@ pub struct SeriesReport {
     /// The verdict NVML's memory alone gives, where it differs from `verdict` because the
     /// allocated bytes said otherwise (`leak` there, `stable` here: the cache grew).
     pub reserved_verdict: Option<Verdict>,
+    /// The last allocated-bytes sample, when the agent stopped answering: more than
+    /// [`AGENT_SILENT_AFTER_MS`] before the last memory sample. `None` while it answers or
+    /// when the process never had one.
+    pub agent_silent_since_unix_ms: Option<i64>,
     /// The series is a device's total memory (all processes): the verdict is per device.
     pub device_total: bool,
 }
@@ -399,6 +404,42 @@ pub fn rate_known(region: &TrendTest) -> bool {
     region.levels as usize >= MIN_FORECAST_LEVELS
 }
 
+/// An agent whose last allocated-bytes sample is this much older than the last memory
+/// sample has stopped answering. Three times the agent poll's default cadence (10 s,
+/// `vramctl_agent::agent_poll::DEFAULT_CADENCE`): a poll or two that missed its 250 ms
+/// deadline is not silence. Not a leak threshold (it decides which series to read, not
+/// what a series says).
+pub const AGENT_SILENT_AFTER_MS: i64 = 30_000;
+
+/// Which trend judges the leak: the allocated bytes' while the agent answers; once it is
+/// silent, NVML's memory for what happened since, but a verdict the agent's figures made
+/// stays until NVML's memory has evidence of its own (issue 35: no flip without evidence).
+/// A `leak` by live tensors is kept unless NVML's memory says `leak` too (inside a
+/// reserved cache NVML's memory is flat while tensors leak: flat is no evidence the leak
+/// stopped); growth of NVML's memory that began before the agent's last answer is the
+/// cache the agent saw, so the agent's verdict is kept; growth that began after it is
+/// new, and NVML's memory judges it.
+fn choose_basis(
+    reserved: &trend::Trend,
+    allocated: Option<(trend::Trend, Option<i64>)>,
+) -> (trend::Trend, Basis) {
+    let Some((alloc, silent_since)) = allocated else {
+        return (reserved.clone(), Basis::Reserved);
+    };
+    let Some(since) = silent_since else {
+        return (alloc, Basis::Allocated);
+    };
+    let reserved_leak = matches!(reserved.verdict, MemoryVerdict::Leak(_));
+    let reserved_grows = reserved_leak || reserved.verdict == MemoryVerdict::Growing;
+    let keep = (matches!(alloc.verdict, MemoryVerdict::Leak(_)) && !reserved_leak)
+        || (reserved_grows && reserved.onset_unix_ms.is_none_or(|onset| onset <= since));
+    if keep {
+        (alloc, Basis::Allocated)
+    } else {
+        (reserved.clone(), Basis::Reserved)
+    }
+}
+
 /// The report for the current state of a series; `None` when it has no sample.
 pub(crate) fn report(
     series: &Tiered,
@@ -418,13 +459,14 @@ pub(crate) fn report(
     let reserved = trend::analyze(&points, inputs, cfg);
     // The allocator's own numbers, where the process reports them, judge the leak: the
     // same analysis on the allocated bytes (a warm-up's cache does not show there).
-    let allocated_trend = allocated
-        .filter(|a| a.accepted >= 2)
-        .map(|a| trend::analyze(&a.points(), inputs, cfg));
-    let (trend, basis) = match allocated_trend {
-        Some(t) => (t, Basis::Allocated),
-        None => (reserved.clone(), Basis::Reserved),
-    };
+    let allocated = allocated.filter(|a| a.accepted >= 2);
+    let silent_since = allocated
+        .and_then(Tiered::last)
+        .map(|p| p.t_last)
+        .filter(|&t| last.t_last.saturating_sub(t) > AGENT_SILENT_AFTER_MS);
+    let allocated_trend =
+        allocated.map(|a| (trend::analyze(&a.points(), inputs, cfg), silent_since));
+    let (trend, basis) = choose_basis(&reserved, allocated_trend);
     let idle_report = idle.report(last.t_last, series.last_change_ms);
     let idle_holder = idle_report
         .idle_sec
@@ -478,8 +520,12 @@ pub(crate) fn report(
         idle: idle_report,
         scale: trend.scale,
         basis,
-        allocated_bytes: allocated.and_then(|a| a.last()).map(|p| p.last),
+        allocated_bytes: allocated
+            .filter(|_| silent_since.is_none())
+            .and_then(Tiered::last)
+            .map(|p| p.last),
         reserved_verdict,
+        agent_silent_since_unix_ms: silent_since,
         device_total: ctx.device_total,
         trend: trend.region,
     };

@@ -14,6 +14,7 @@ pub mod daemon_socket;
 pub mod gpu_holdings;
 pub mod gpu_selection;
 pub mod kubernetes;
+pub mod leak_where;
 pub mod live_loop;
 pub mod live_source;
 pub mod observation;

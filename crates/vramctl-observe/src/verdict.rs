@@ -76,13 +76,18 @@ impl AnalysisJudge {
     }
 
     /// Feeds `observation` to the tracker (each process's start and CPU time as the
-    /// observation's /proc facts give them) and says what changed: `leaks --watch` prints
-    /// the changes, [`Judge::judge`] turns the current reports into verdicts.
+    /// observation's /proc facts give them, and the allocated bytes of each process whose
+    /// agent answered: its leak verdict is then judged on live tensors, issue 35) and says
+    /// what changed: `leaks --watch` prints the changes, [`Judge::judge`] turns the current
+    /// reports into verdicts.
     pub fn track(&mut self, observation: &Observation) -> TickChanges {
         let hosts = &observation.hosts;
-        self.fleet.observe(&observation.snapshot, |pid| {
-            HostProcess::live_facts(hosts.get(&pid))
-        })
+        let agents = &observation.agents;
+        self.fleet.observe_with_allocated(
+            &observation.snapshot,
+            |pid| HostProcess::live_facts(hosts.get(&pid)),
+            |uuid, pid| agents.get(pid, uuid).and_then(|m| m.allocated_bytes),
+        )
     }
 
     /// The tracker: where each series is, and the time line's now.

@@ -52,8 +52,15 @@ pub struct Diff {
 /// The stacks whose live bytes or blocks differ between `a` and `b`; unchanged ones are
 /// left out (a file against itself has no row).
 pub fn diff(a: &Snapshot, b: &Snapshot) -> Diff {
-    let in_a = live_by(a, By::Stack);
-    let in_b = live_by(b, By::Stack);
+    diff_by(a, b, By::Stack)
+}
+
+/// [`diff`] grouped by `by`: `By::Frame` groups live blocks by the first frame of user
+/// code that allocated them (what a leak's "where" names, `vramctl leaks --watch --where`),
+/// so that two call paths into one leaking line add up.
+pub fn diff_by(a: &Snapshot, b: &Snapshot, by: By) -> Diff {
+    let in_a = live_by(a, by);
+    let in_b = live_by(b, by);
     let sum = |m: &HashMap<String, (u64, u64)>| {
         m.values().fold((0u64, 0u64), |acc, v| {
             (acc.0.saturating_add(v.0), acc.1 + v.1)

@@ -1129,6 +1129,24 @@ pub struct LeaksArgs {
     #[arg(long, value_name = "N", requires = "watch")]
     pub count: Option<u64>,
 
+    /// With --watch: for each process judged `leak` whose agent answers, once, record its
+    /// allocation stacks for a while, take two allocator snapshots --where-after apart and
+    /// print the allocation sites whose live bytes grew (the leak's where). Costs the
+    /// process: stacks recorded meanwhile, two snapshots (docs/leaks.md)
+    #[arg(long = "where", requires = "watch")]
+    pub where_: bool,
+
+    /// With --where: time from starting the stack recording to snapshot A, and from A to B
+    /// (1s to 10m)
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        requires = "where_",
+        value_parser = where_after
+    )]
+    pub where_after: Duration,
+
     /// Test only: with --watch, time starts at this Unix time in ms and moves by --interval
     /// per sample, without waiting
     #[arg(long, hide = true, value_name = "UNIX_MS", requires = "watch")]
@@ -2298,6 +2316,11 @@ fn owner_key(text: &str) -> Result<OwnerKey, String> {
 
 fn interval(text: &str) -> Result<Duration, String> {
     duration_within(text, MIN_INTERVAL, MAX_WAIT)
+}
+
+/// `leaks --where-after`: a second (a few steps of a training loop) to 10 minutes.
+fn where_after(text: &str) -> Result<Duration, String> {
+    duration_within(text, Duration::from_secs(1), Duration::from_secs(600))
 }
 
 /// `top --interval`: 100ms (a frame's drawing and /proc reads need it) to an hour.

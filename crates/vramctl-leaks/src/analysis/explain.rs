@@ -196,15 +196,25 @@ fn not_yet(report: &SeriesReport) -> String {
 /// The explanation line of a report.
 pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
     let line = explain_series(report, style);
-    let line = if report.basis == Basis::Allocated {
-        match report.reserved_verdict {
+    let line = match (report.basis, report.agent_silent_since_unix_ms) {
+        // Issue 35: the reason names its source, live tensors or NVML's memory.
+        (Basis::Allocated, None) => match report.reserved_verdict {
             Some(Verdict::Leak | Verdict::Growing) => format!(
-                "{line} (by the allocated bytes; the reserved cache grew: cache, not a leak)"
+                "{line} (judged on live tensors from the agent; NVML's per-process memory grew \
+                 as the allocator's cache did: cache, not a leak)"
             ),
-            _ => format!("{line} (by the allocated bytes)"),
-        }
-    } else {
-        line
+            _ => format!("{line} (judged on live tensors from the agent)"),
+        },
+        (Basis::Allocated, Some(t)) => format!(
+            "{line} (judged on live tensors from the agent until it stopped answering at {}; \
+             NVML's per-process memory has shown nothing else since)",
+            (style.time)(t)
+        ),
+        (Basis::Reserved, Some(t)) => format!(
+            "{line} (judged on NVML's per-process memory: the agent stopped answering at {})",
+            (style.time)(t)
+        ),
+        (Basis::Reserved, None) => line,
     };
     if report.device_total {
         format!("all processes together: {line}")

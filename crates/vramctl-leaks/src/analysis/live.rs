@@ -111,6 +111,8 @@ struct Entry {
     /// Tick number at which the process was last listed with memory.
     last_tick: u64,
     last_seen_ms: i64,
+    /// Tick number of the last allocated-bytes sample (the agent answered).
+    last_allocated_tick: Option<u64>,
 }
 
 /// Live leak and idle-holder analysis of every process on every GPU.
@@ -174,7 +176,23 @@ impl FleetTracker {
     pub fn observe(
         &mut self,
         snapshot: &Snapshot,
+        facts: impl FnMut(u32) -> ProcessFacts,
+    ) -> TickChanges {
+        self.observe_with_allocated(snapshot, facts, |_, _| None)
+    }
+
+    /// [`observe`](Self::observe) with the allocator's allocated bytes of each process
+    /// whose in-process agent answered: `allocated(device_uuid, pid)` is asked once per
+    /// listed process and device (`None`: no agent, or it names no figure for that GPU).
+    /// Where it answers, the leak verdict is judged on live tensors (`Basis::Allocated`),
+    /// immune to the caching allocator's reserve; a process whose agent stops answering
+    /// falls back to NVML's memory without a verdict flipping on that alone
+    /// ([`AGENT_SILENT_AFTER_MS`](super::AGENT_SILENT_AFTER_MS)).
+    pub fn observe_with_allocated(
+        &mut self,
+        snapshot: &Snapshot,
         mut facts: impl FnMut(u32) -> ProcessFacts,
+        mut allocated: impl FnMut(&str, u32) -> Option<u64>,
     ) -> TickChanges {
         let t = self.timeline.place(ClockTime {
             unix_ms: snapshot.taken_at_unix_ms,
@@ -257,6 +275,16 @@ impl FleetTracker {
                     });
                 }
                 tracker.set_free_bytes(free_bytes(reading, entry.place.mig_uuid.as_deref()));
+                if let Some(live) = allocated(&device.info.uuid, process.pid) {
+                    // A tick the agent missed (a poll past its deadline) is a gap in the
+                    // allocated series, as a tick the process was missing is in NVML's.
+                    let mut a = Sample::new(t, live);
+                    a.gap_before = entry
+                        .last_allocated_tick
+                        .is_some_and(|at| at != previous_tick);
+                    entry.last_allocated_tick = Some(tick);
+                    tracker.push_allocated(a);
+                }
                 let mut sample = Sample::new(t, bytes);
                 sample.gap_before = gap_before;
                 if let Some(change) = tracker.push(sample) {
@@ -329,6 +357,7 @@ impl FleetTracker {
             },
             last_tick: 0,
             last_seen_ms: i64::MIN,
+            last_allocated_tick: None,
         })
     }
 
@@ -885,5 +914,136 @@ mod tests {
         let eta = r.time_to_full_sec.unwrap();
         assert!(eta < 1200.0, "{eta}");
         assert!(r.explanation.contains("GPU 0 MIG 3 is full in"));
+    }
+
+    /// 240 s at 1 s of one process on one GPU: NVML's figure `nvml(t_ms)`, the agent's
+    /// allocated bytes `allocated(t_ms)` (`None`: no answer). The fleet, its changes.
+    fn run_with_agent(
+        nvml: impl Fn(i64) -> u64,
+        allocated: impl Fn(i64) -> Option<u64>,
+        secs: i64,
+    ) -> (FleetTracker, Vec<FleetChange>) {
+        let gpu = info(0, "GPU-a");
+        let mut fleet = FleetTracker::new(FleetConfig::default()).unwrap();
+        let mut changes = Vec::new();
+        for i in 0..=secs {
+            let t = T0 + i * 1000;
+            let snap = snapshot(
+                t,
+                vec![ok(&gpu, reading(vec![usage(7, nvml(t - T0))], Some(90)))],
+            );
+            let tick = fleet.observe_with_allocated(&snap, visible(1), |uuid, pid| {
+                assert_eq!((uuid, pid), ("GPU-a", 7));
+                allocated(t - T0)
+            });
+            changes.extend(tick.changes);
+        }
+        (fleet, changes)
+    }
+
+    #[test]
+    fn live_tensors_growing_inside_a_reserved_cache_are_a_leak_named_as_such() {
+        // NVML flat at 20 GiB (the cache reserved at start-up); live tensors from 2 GiB
+        // growing 16 MB/s from 40 s: invisible to NVML, a leak by the agent's figures.
+        let (fleet, changes) =
+            run_with_agent(|_| 20 * GIB, |t| Some(leaking(t, 40, 16) + GIB), 240);
+        let r = fleet.report_for("GPU-a", 7).unwrap();
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.basis, crate::analysis::Basis::Allocated);
+        assert!(
+            r.explanation
+                .contains("judged on live tensors from the agent"),
+            "{}",
+            r.explanation
+        );
+        assert!(changes.iter().any(|c| c.change.to == Verdict::Leak));
+        // Without the agent the same NVML figures are no leak at all.
+        let (plain, _) = run_with_agent(|_| 20 * GIB, |_| None, 240);
+        assert_ne!(plain.report_for("GPU-a", 7).unwrap().verdict, Verdict::Leak);
+    }
+
+    #[test]
+    fn a_growing_cache_over_flat_live_tensors_is_not_a_leak() {
+        // NVML grows 16 MB/s (the cache) while the agent's live tensors stay at 4 GiB.
+        let (fleet, changes) =
+            run_with_agent(|t| leaking(t, 40, 16) + 4 * GIB, |_| Some(4 * GIB), 240);
+        let r = fleet.report_for("GPU-a", 7).unwrap();
+        assert!(
+            !changes.iter().any(|c| c.change.to == Verdict::Leak),
+            "{:?}",
+            changes
+                .iter()
+                .map(|c| &c.change.report.explanation)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(r.reserved_verdict, Some(Verdict::Leak), "{}", r.explanation);
+        assert!(
+            r.explanation.contains("cache, not a leak"),
+            "{}",
+            r.explanation
+        );
+    }
+
+    #[test]
+    fn an_agent_that_stops_answering_flips_no_verdict_on_its_own() {
+        // The leak by live tensors, then the agent is silent from 150 s: NVML stays flat
+        // (the cache still covers it), which is no evidence that the leak stopped.
+        let (fleet, changes) = run_with_agent(
+            |_| 20 * GIB,
+            |t| (t < 150_000).then(|| leaking(t, 40, 16) + GIB),
+            300,
+        );
+        let r = fleet.report_for("GPU-a", 7).unwrap();
+        assert_eq!(r.verdict, Verdict::Leak, "{}", r.explanation);
+        assert_eq!(r.agent_silent_since_unix_ms, Some(T0 + 149_000));
+        assert!(
+            r.explanation.contains("stopped answering"),
+            "{}",
+            r.explanation
+        );
+        let first_leak = changes
+            .iter()
+            .position(|c| c.change.to == Verdict::Leak)
+            .unwrap();
+        assert!(
+            changes[first_leak + 1..].is_empty(),
+            "flipped after the first leak: {:?}",
+            changes[first_leak..]
+                .iter()
+                .map(|c| c.change.to)
+                .collect::<Vec<_>>()
+        );
+        // Cache growth the agent explained stays explained when it goes silent.
+        let (fleet, changes) = run_with_agent(
+            |t| leaking(t, 40, 16) + 4 * GIB,
+            |t| (t < 150_000).then_some(4 * GIB),
+            300,
+        );
+        assert!(!changes.iter().any(|c| c.change.to == Verdict::Leak));
+        let r = fleet.report_for("GPU-a", 7).unwrap();
+        assert!(
+            r.explanation.contains("stopped answering"),
+            "{}",
+            r.explanation
+        );
+        // New growth after the silence is NVML's to judge.
+        let (fleet, _) = run_with_agent(
+            |t| leaking(t, 150, 16) + 4 * GIB,
+            |t| (t < 100_000).then_some(4 * GIB),
+            400,
+        );
+        let r = fleet.report_for("GPU-a", 7).unwrap();
+        assert_eq!(
+            r.basis,
+            crate::analysis::Basis::Reserved,
+            "{}",
+            r.explanation
+        );
+        assert!(
+            r.explanation
+                .contains("judged on NVML's per-process memory"),
+            "{}",
+            r.explanation
+        );
     }
 }

@@ -23,8 +23,8 @@ use vramctl_core::wall_time::{self, clock, same_day};
 use vramctl_history::leak_scan::{Finding, analyse, device_label, short_command};
 use vramctl_history::sample_source::{Source, SourceKind};
 use vramctl_leaks::analysis::{
-    Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase, RegionKind,
-    SeriesReport, Steadiness, TrendTest, Verdict, explain,
+    Basis, Evidence, ExplainStyle, LeakChecks, LeakConfig, LeakRule, MannKendall, Phase,
+    RegionKind, SeriesReport, Steadiness, TrendTest, Verdict, explain,
 };
 use vramctl_store::format::rfc3339;
 
@@ -289,6 +289,18 @@ pub struct SeriesJson {
     command: Option<String>,
     verdict: Verdict,
     explanation: String,
+    /// What the leak verdict was judged on: `reserved` (NVML's per-process memory) or
+    /// `allocated` (live tensors, from the process's agent).
+    basis: Basis,
+    /// The agent's allocated bytes at the last sample, while it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocated_bytes: Option<u64>,
+    /// NVML's memory alone gives another verdict (the cache grew over flat tensors).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reserved_verdict: Option<Verdict>,
+    /// The agent's last answer, when it stopped answering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent_silent_since: Option<String>,
     slope_bytes_per_sec: f64,
     p_value: f64,
     onset: Option<String>,
@@ -395,6 +407,10 @@ impl SeriesJson {
             command: who.command.map(str::to_owned),
             verdict: r.verdict,
             explanation: r.explanation.clone(),
+            basis: r.basis,
+            allocated_bytes: r.allocated_bytes,
+            reserved_verdict: r.reserved_verdict,
+            agent_silent_since: r.agent_silent_since_unix_ms.map(rfc3339),
             slope_bytes_per_sec: r.slope_bytes_per_sec,
             p_value: r.p_value,
             onset: r.onset_unix_ms.map(rfc3339),

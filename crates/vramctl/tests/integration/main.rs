@@ -23,6 +23,7 @@ mod info;
 mod kill;
 mod kubernetes;
 mod leaks;
+mod leaks_agent;
 mod leakset;
 mod live_oom;
 mod namespaces;
