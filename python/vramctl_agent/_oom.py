@@ -96,6 +96,11 @@ def _attach(torch) -> bool:
         log.info("vramctl agent: the OOM observer was not attached: %s", err)
         return False
     _attached_pid = os.getpid()
+    from . import _alloc_trace
+
+    # Under `vramctl fit`, the trial's trace (its recording serves the OOM history too).
+    if _alloc_trace.start(torch):
+        return True
     if os.environ.get(HISTORY_ENV) == "1":
         try:
             # Python frames only: the verdict needs the first user frame, and torch's
