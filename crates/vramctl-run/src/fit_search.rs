@@ -227,6 +227,9 @@ struct Proposal {
 pub struct Search {
     settings: SearchSettings,
     trials: Vec<Trial>,
+    /// The trace predictor's edge ([`Search::set_trace_prediction`]), which replaces the
+    /// line's predictions when set.
+    trace_prediction: Option<u64>,
 }
 
 impl Search {
@@ -259,7 +262,22 @@ impl Search {
         Ok(Search {
             settings,
             trials: Vec::new(),
+            trace_prediction: None,
         })
+    }
+
+    /// The edge the trace predictor found (`crate::fit_trace`, from the allocator traces
+    /// of the calibration trials): from now on the search aims at it instead of the line
+    /// through the NVML peaks (whose extrapolations were 20 % off on the H200), and after
+    /// that one trial only confirms, gallops or bisects — no line refit takes over.
+    pub fn set_trace_prediction(&mut self, value: u64) {
+        self.trace_prediction = Some(value);
+    }
+
+    /// The trace predictor's edge, when one was set.
+    #[must_use]
+    pub fn trace_prediction(&self) -> Option<u64> {
+        self.trace_prediction
     }
 
     /// The settings it runs under.
@@ -572,10 +590,11 @@ impl Search {
     /// One step of `Strategy::Model` with the bracket open: `lo` ok, `bad` (if known) bad.
     fn model_step(&self, lo: u64, bad: Option<u64>) -> Proposal {
         let high = self.settings.high;
-        let aim = self
-            .model()
-            .and_then(|m| m.aim)
-            .filter(|&p| self.inside(p, lo, bad));
+        let aim = match self.trace_prediction {
+            Some(v) => Some(self.aim(v)),
+            None => self.model().and_then(|m| m.aim),
+        }
+        .filter(|&p| self.inside(p, lo, bad));
         let predicted = |value| Proposal {
             value,
             reason: Reason::Predicted,
@@ -645,6 +664,11 @@ impl Search {
             (_, _) => {
                 if let Some(a) = aim {
                     return predicted(a);
+                }
+                // The traces put the edge at (or below) the largest ok: the step above it
+                // settles it.
+                if self.trace_prediction.is_some_and(|v| v <= lo) {
+                    return up(self.up_step(lo), Reason::Confirm);
                 }
                 match bad {
                     Some(b) => self.bisect(lo, b),
@@ -908,6 +932,54 @@ mod tests {
             s.next(),
             Next::Try {
                 value: 91,
+                reason: Reason::Confirm
+            }
+        );
+    }
+
+    #[test]
+    fn a_trace_prediction_replaces_the_line_and_is_confirmed_by_one_step() {
+        let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+        s.record(1, Outcome::Succeeded(measured(11 * GIB)));
+        s.record(3, Outcome::Succeeded(measured(13 * GIB)));
+        // The line says 90; the traces say 70: the aim is the traces' (69, whose step of
+        // 2 passes 70).
+        s.set_trace_prediction(70);
+        assert_eq!(s.trace_prediction(), Some(70));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 69,
+                reason: Reason::Predicted
+            }
+        );
+        s.record(69, Outcome::Succeeded(measured(79 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 71,
+                reason: Reason::Confirm
+            }
+        );
+        // It succeeds too (the traces were low): a gallop, not the line's 90.
+        s.record(71, Outcome::Succeeded(measured(81 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 75,
+                reason: Reason::Gallop
+            }
+        );
+
+        // A prediction at or below the largest ok: the step above it settles it.
+        let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+        s.record(8, Outcome::Succeeded(measured(18 * GIB)));
+        s.record(40, Outcome::Succeeded(measured(50 * GIB)));
+        s.set_trace_prediction(40);
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 41,
                 reason: Reason::Confirm
             }
         );

@@ -350,7 +350,11 @@ pub enum Refusal {
 ///
 /// # Errors
 /// [`Refusal`] when the traces cannot be trusted or matched.
-pub fn predict(a: TracedTrial<'_>, b: TracedTrial<'_>, limits: Limits) -> Result<TracePrediction, Refusal> {
+pub fn predict(
+    a: TracedTrial<'_>,
+    b: TracedTrial<'_>,
+    limits: Limits,
+) -> Result<TracePrediction, Refusal> {
     if a.value >= b.value {
         return Err(Refusal::Values {
             v1: a.value,
@@ -422,7 +426,10 @@ pub fn predict(a: TracedTrial<'_>, b: TracedTrial<'_>, limits: Limits) -> Result
 }
 
 /// Each allocation of `b`'s trace with how its size scales, and the counts by kind.
-fn matched<'t>(a: TracedTrial<'t>, b: TracedTrial<'t>) -> Result<(Vec<Scaling>, TracePrediction), Refusal> {
+fn matched<'t>(
+    a: TracedTrial<'t>,
+    b: TracedTrial<'t>,
+) -> Result<(Vec<Scaling>, TracePrediction), Refusal> {
     let mut in_a: HashMap<(i64, &str), Vec<usize>> = HashMap::new();
     for (i, x) in a.trace.allocs.iter().enumerate() {
         in_a.entry(a.trace.key(x)).or_default().push(i);
@@ -488,9 +495,46 @@ pub(crate) mod synthetic {
     //! activations kept for backward, a temporary per layer, gradients), the sizes as a
     //! job at a value would request them. The test double of a real job's trace.
 
-    use super::DeviceTraceFile;
+    use super::{AllocTrace, DeviceTraceFile, UNLIMITED_BYTES};
 
     const MIB: u64 = 1 << 20;
+
+    /// A synthetic trial: whether the job's own trace fits a pool of `pool_bytes` (the
+    /// allocator's free-and-retry included), and its reserved peak.
+    pub struct Ran {
+        pub fits: bool,
+        pub reserved_peak_bytes: u64,
+    }
+
+    pub fn run(job: Job, value: u64, pool_bytes: u64) -> Ran {
+        let trace = AllocTrace::from_file(&trace(job, value)).expect("synthetic trace");
+        let sizes: Vec<u64> = trace.allocs.iter().map(|a| a.size_bytes).collect();
+        let limited = trace.replay(&sizes, pool_bytes);
+        let reserved_peak_bytes = limited.unwrap_or_else(|| {
+            trace
+                .replay(&sizes, UNLIMITED_BYTES)
+                .unwrap_or(u64::MAX)
+                .min(pool_bytes)
+        });
+        Ran {
+            fits: limited.is_some(),
+            reserved_peak_bytes,
+        }
+    }
+
+    /// The largest value whose trace fits `pool_bytes`, by bisection over whole traces.
+    pub fn true_edge(job: Job, pool_bytes: u64) -> u64 {
+        let (mut lo, mut hi) = (0u64, 1 << 20);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if run(job, mid, pool_bytes).fits {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
 
     /// How a synthetic job's activations grow with the value.
     #[derive(Debug, Clone, Copy)]
@@ -570,7 +614,9 @@ pub(crate) mod synthetic {
             index: 0,
             uuid: Some("00000000-0000-0000-0000-000000000000".to_owned()),
             truncated: false,
-            frames: (0..7).map(|i| format!("train.py:{} f{i}", 10 + i)).collect(),
+            frames: (0..7)
+                .map(|i| format!("train.py:{} f{i}", 10 + i))
+                .collect(),
             events,
         }
     }
@@ -735,10 +781,16 @@ mod tests {
         for f in &mut other.frames {
             f.push_str(" (chunked)");
         }
-        let (t8, t40) = (parsed(job, 8), AllocTrace::from_file(&other).expect("trace"));
+        let (t8, t40) = (
+            parsed(job, 8),
+            AllocTrace::from_file(&other).expect("trace"),
+        );
         let err = predict(trial(&t8, job, 8), trial(&t40, job, 40), limits).expect_err("refused");
         assert!(matches!(err, Refusal::Unmatched { value: 40, .. }), "{err}");
-        assert!(err.to_string().starts_with("the traces do not line up: "), "{err}");
+        assert!(
+            err.to_string().starts_with("the traces do not line up: "),
+            "{err}"
+        );
 
         // torch measured another peak than the trace gives: the trace missed allocations.
         let t40 = parsed(job, 40);
@@ -764,10 +816,18 @@ mod tests {
     fn a_truncated_or_empty_trace_is_refused_and_files_parse_or_say_why() {
         let mut t = trace(Job::gpt_like(), 8);
         t.truncated = true;
-        assert!(AllocTrace::from_file(&t).expect_err("truncated").contains("truncated"));
+        assert!(
+            AllocTrace::from_file(&t)
+                .expect_err("truncated")
+                .contains("truncated")
+        );
         t.truncated = false;
         t.events.clear();
-        assert!(AllocTrace::from_file(&t).expect_err("empty").contains("no allocation"));
+        assert!(
+            AllocTrace::from_file(&t)
+                .expect_err("empty")
+                .contains("no allocation")
+        );
 
         let json = br#"{"version":1,"devices":[{"index":0,"uuid":"abc","truncated":false,
             "frames":["t.py:3 f"],"events":[[0,1024,0,4096,0],[1,1024,0,4096,0],[7,1,0,0,-1]]}]}"#;
@@ -775,9 +835,15 @@ mod tests {
         let t = AllocTrace::from_file(&f.devices[0]).expect("trace");
         assert_eq!(t.allocations(), 1);
         assert_eq!(t.events, vec![Event::Alloc(0), Event::Free(0)]);
-        assert!(TraceFile::parse(br#"{"version":2,"devices":[]}"#)
-            .expect_err("version")
-            .contains("version 2"));
-        assert!(TraceFile::parse(b"[").expect_err("json").starts_with("not a trace file"));
+        assert!(
+            TraceFile::parse(br#"{"version":2,"devices":[]}"#)
+                .expect_err("version")
+                .contains("version 2")
+        );
+        assert!(
+            TraceFile::parse(b"[")
+                .expect_err("json")
+                .starts_with("not a trace file")
+        );
     }
 }
