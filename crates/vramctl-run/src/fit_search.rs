@@ -221,7 +221,12 @@ struct Proposal {
 ///    to say by how much) bisects instead. At every step a refitted
 ///    prediction strictly inside the bracket (new information: a prediction that failed
 ///    and was not refitted is not inside) is used when it moves further than the step.
-/// 6. **Stop** when the bracket closes (`bad − ok ≤ max(1, ceil(tol·ok))`), `high` is ok or `low`
+/// 6. **Traces** (issue 34): once the trial loop has the trace predictor's edge
+///    (`crate::fit_trace`, from the calibration trials' allocator traces) it calls
+///    [`Search::set_trace_prediction`], and steps 2–3's fit is no longer used to aim:
+///    step 4 aims at the traces' edge (an edge at or below the largest ok: its step up),
+///    step 5 follows with no refit taking over.
+/// 7. **Stop** when the bracket closes (`bad − ok ≤ max(1, ceil(tol·ok))`), `high` is ok or `low`
 ///    is bad.
 #[derive(Debug, Clone)]
 pub struct Search {

@@ -74,7 +74,7 @@ impl TrialRunner for SupervisedTrials<'_> {
         let mut outcome = outcome(&report);
         if let TrialOutcome::Succeeded(m) | TrialOutcome::OutOfMemory(m) = &mut outcome {
             m.traces = if !self.agent {
-                Err("the agent is off (--no-agent)".to_owned())
+                Err("the agent is off (--no-agent, or the command is not Python)".to_owned())
             } else if !self.tracing {
                 Err("none was asked for".to_owned())
             } else {
