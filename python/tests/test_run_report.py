@@ -79,7 +79,8 @@ class RunInjectionTest(unittest.TestCase):
             "    b = torch.empty(2 * n, dtype=torch.uint8, device='cuda')\n"
             "    del a\n"
             "    return b\n"
-            "keep = step(3 << 20)\n"
+            "keep = step(12 << 20)\n"
+            "torch.cuda.empty_cache()\n"
             "print(os.getpid())\n"
         )
         done = self.job(code, VRAMCTL_FIT_TRACE="1")
@@ -94,7 +95,8 @@ class RunInjectionTest(unittest.TestCase):
         device = trace["devices"][0]
         self.assertFalse(device["truncated"])
         kinds = [(e[0], e[1]) for e in device["events"]]
-        self.assertEqual(kinds, [(0, 3 << 20), (0, 6 << 20), (1, 3 << 20)])
+        # Two allocations, the first one's free, and empty_cache releasing its segment.
+        self.assertEqual(kinds, [(0, 12 << 20), (0, 24 << 20), (1, 12 << 20), (2, 12 << 20)])
         # Each allocation's first frame outside torch: the job's `step`, two lines apart.
         frames = [device["frames"][e[4]] for e in device["events"] if e[0] == 0]
         self.assertTrue(frames[0].endswith(":3 step") and frames[1].endswith(":4 step"), frames)

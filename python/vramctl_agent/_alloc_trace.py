@@ -5,7 +5,8 @@ Recording starts when the program initializes CUDA (the OOM observer's `_lazy_ca
 allocation of the program comes before it) with Python frames only (`stacks="python"`:
 torch's default symbolizes every C++ frame, which costs seconds at the snapshot); at exit,
 beside the counters' report, `<pid>.trace.json` holds per device the allocations and
-completed frees in order — `[kind, size, stream, address, frame]`, kind 0 alloc, 1 free —
+completed frees in order — `[kind, size, stream, address, frame]`, kind 0 alloc, 1 free, 2
+a segment released (`empty_cache`) —
 and each allocation's first Python frame outside torch (what fit matches allocations by
 between two trials). A ring buffer that filled up (`truncated`) or a file over
 MAX_TRACE_BYTES is reported as truncated with no events: fit then says why it fell back.
@@ -78,7 +79,7 @@ def document(snapshot: dict, torch_dir: str, uuids: dict[int, str | None]) -> di
         events = []
         for e in entries:
             action = e.get("action")
-            kind = 0 if action == "alloc" else 1 if action == "free_completed" else None
+            kind = {"alloc": 0, "free_completed": 1, "segment_free": 2}.get(action)
             if kind is None:
                 continue
             frame = -1

@@ -115,6 +115,12 @@ def _attach(torch) -> bool:
     return True
 
 
+def _alloc_trace_recording() -> bool:
+    from . import _alloc_trace
+
+    return _alloc_trace.recording()
+
+
 def _on_oom(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes: int) -> None:
     """Called by the caching allocator before it raises OutOfMemoryError. Never raises: an
     exception here would replace the program's OutOfMemoryError with ours."""
@@ -158,7 +164,7 @@ def _keep(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "limits_env": {k: os.environ[k][: proto.MAX_STRING_CHARS] for k in LIMIT_ENV if k in os.environ},
         "allocator_backend": None,
-        "history_recorded": os.environ.get(HISTORY_ENV) == "1",
+        "history_recorded": os.environ.get(HISTORY_ENV) == "1" or _alloc_trace_recording(),
         "ooms": _ooms,
         "snapshot": None,
         "snapshot_error": None,

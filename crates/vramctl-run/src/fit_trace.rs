@@ -80,7 +80,8 @@ pub struct DeviceTraceFile {
     #[serde(default)]
     pub frames: Vec<String>,
     /// `[kind, size_bytes, stream, address, frame]`: kind 0 an allocation, 1 a completed
-    /// free; frame −1 when the event had none.
+    /// free, 2 a segment released to the driver (`empty_cache`); frame −1 when the event
+    /// had none.
     pub events: Vec<(u8, u64, i64, u64, i64)>,
 }
 
@@ -112,6 +113,9 @@ struct Alloc {
 enum Event {
     Alloc(usize),
     Free(usize),
+    /// The allocator released its free segments (`torch.cuda.empty_cache()`: the trace's
+    /// `segment_free` entries, one run of them per call).
+    Release,
 }
 
 /// One device's allocations and frees in order, frees paired with their allocation.
@@ -171,6 +175,7 @@ impl AllocTrace {
                         events.push(Event::Free(a));
                     }
                 }
+                2 if events.last() != Some(&Event::Release) => events.push(Event::Release),
                 _ => {}
             }
         }
@@ -215,6 +220,7 @@ impl AllocTrace {
                         allocator.free(h);
                     }
                 }
+                Event::Release => allocator.release_cached(),
             }
         }
         Some(allocator.peak_reserved)
@@ -810,6 +816,38 @@ mod tests {
             predict(trial(&t40, job, 40), trial(&t8, job, 8), limits),
             Err(Refusal::Values { v1: 40, v2: 8 })
         );
+    }
+
+    #[test]
+    fn an_empty_cache_in_the_trace_releases_the_free_segments_in_the_replay() {
+        let file = |release: bool| {
+            let mut events = vec![(0, 100 * MIB, 0, 1 << 40, -1), (1, 0, 0, 1 << 40, -1)];
+            if release {
+                events.push((2, 100 * MIB, 0, 1 << 40, -1));
+                events.push((2, 2 * MIB, 0, 1 << 41, -1));
+            }
+            events.push((0, 60 * MIB, 0, 1 << 42, -1));
+            events.push((0, 60 * MIB, 0, 1 << 43, -1));
+            DeviceTraceFile {
+                index: 0,
+                uuid: None,
+                truncated: false,
+                frames: Vec::new(),
+                events,
+            }
+        };
+        let peak = |release| {
+            let t = AllocTrace::from_file(&file(release)).expect("trace");
+            let sizes: Vec<u64> = t.allocs.iter().map(|a| a.size_bytes).collect();
+            t.replay(&sizes, UNLIMITED_BYTES).expect("unlimited")
+        };
+        // Without it the first 60 MiB splits the cached 100 MiB segment and the second
+        // needs a segment of its own; after it both get new ones.
+        assert_eq!(peak(false), 160 * MIB);
+        assert_eq!(peak(true), 120 * MIB);
+        // One release per run of segment_free entries.
+        let t = AllocTrace::from_file(&file(true)).expect("trace");
+        assert_eq!(t.events.iter().filter(|e| **e == Event::Release).count(), 1);
     }
 
     #[test]
