@@ -235,6 +235,9 @@ pub struct Search {
     /// The trace predictor's edge ([`Search::set_trace_prediction`]), which replaces the
     /// line's predictions when set.
     trace_prediction: Option<u64>,
+    /// The first trial came with an allocator trace: the second calibration is chosen
+    /// safe for memory quadratic in the value ([`Search::set_traced_calibration`]).
+    traced_calibration: bool,
 }
 
 impl Search {
@@ -268,7 +271,19 @@ impl Search {
             settings,
             trials: Vec::new(),
             trace_prediction: None,
+            traced_calibration: false,
         })
+    }
+
+    /// The calibration trials record allocator traces, so the trace predictor, which tells
+    /// sizes ∝ value² from sizes ∝ value, will be used: the second calibration is then the
+    /// value that would use half the usable memory if all of the first trial's memory grew
+    /// with the *square* of the value (`v1·√(0.5·usable/demand₁)`), safe for a
+    /// sequence-length search with eager attention, where the linear rule's value can run
+    /// out of memory and cost a trial. (The line cannot extrapolate a square from two
+    /// points, so without traces the linear rule stays.)
+    pub fn set_traced_calibration(&mut self) {
+        self.traced_calibration = true;
     }
 
     /// The edge the trace predictor found (`crate::fit_trace`, from the allocator traces
@@ -714,10 +729,13 @@ impl Search {
                         clippy::cast_possible_truncation,
                         clippy::cast_sign_loss
                     )]
-                    let v = (lo as f64 * 0.5 * self.usable_bytes(d.capacity_bytes) as f64
-                        / demand as f64)
-                        .floor()
-                        .min(u64::MAX as f64) as u64;
+                    let ratio = 0.5 * self.usable_bytes(d.capacity_bytes) as f64 / demand as f64;
+                    let growth = if self.traced_calibration {
+                        ratio.sqrt()
+                    } else {
+                        ratio
+                    };
+                    let v = (lo as f64 * growth).floor().min(u64::MAX as f64) as u64;
                     Some(v)
                 })
                 .min()

@@ -306,7 +306,10 @@ pub fn run_trials<R: TrialRunner>(
         } = measured;
         if tracing && succeeded {
             match traces {
-                Ok(t) => traced.push((value, t, devices.clone())),
+                Ok(t) => {
+                    traced.push((value, t, devices.clone()));
+                    search.set_traced_calibration();
+                }
                 Err(why) => {
                     tracing = false;
                     predictor.fallback = Some(format!(
@@ -550,6 +553,19 @@ mod tests {
             (Job::gpt_like(), 140 * GIB, 1),
             (seq_len, 8 * GIB, 128),
             (seq_len, 40 * GIB, 128),
+            // Attention scores dominate: the linear rule's second calibration (≈ 233)
+            // would need ~212 GiB of scores alone.
+            (
+                Job {
+                    layers: 12,
+                    act_per_value: 6 * MIB,
+                    scores_per_value2: 4 * MIB,
+                    weight_bytes: 28 * MIB,
+                    small_bytes: 3000,
+                },
+                140 * GIB,
+                8,
+            ),
         ] {
             let truth = true_edge(job, capacity - CONTEXT);
             let mut runner = TracedJob::new(job, capacity);
@@ -571,6 +587,12 @@ mod tests {
             );
             assert!(
                 done.trials.len() <= 4,
+                "{:?} for a truth of {truth}",
+                runner.tried
+            );
+            // Both calibrations fit, quadratic jobs included.
+            assert!(
+                done.trials[..2].iter().all(|t| t.outcome == "succeeded"),
                 "{:?} for a truth of {truth}",
                 runner.tried
             );
