@@ -218,13 +218,18 @@ fn with_the_agent_the_allocator_traces_predict_the_edge_in_four_trials() {
     let python = crate::reclaim::repo().join("python");
     // What the job may reserve: 140 GiB − the driver's 615 MiB − the 512 MiB context.
     let pool_mib: u64 = 140 * 1024 - 615 - 512;
-    let out = crate::harness::vramctl_std(&scenario)
-        .env("FAKE_NVML_PROCESS_DIR", &procs)
-        .env("PYTHONPATH", python.join("tests/fakes/torch_pkg"))
-        .env("FAKE_TORCH_CAPACITY", (pool_mib << 20).to_string())
-        .args(["fit", "--json", "--", "python3", "-c", TRACED_STEP, "{}"])
-        .output()
-        .expect("fit");
+    let fit = |json: bool| {
+        crate::harness::vramctl_std(&scenario)
+            .env("FAKE_NVML_PROCESS_DIR", &procs)
+            .env("PYTHONPATH", python.join("tests/fakes/torch_pkg"))
+            .env("FAKE_TORCH_CAPACITY", (pool_mib << 20).to_string())
+            .arg("fit")
+            .args(json.then_some("--json"))
+            .args(["--", "python3", "-c", TRACED_STEP, "{}"])
+            .output()
+            .expect("fit")
+    };
+    let out = fit(true);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -256,5 +261,15 @@ fn with_the_agent_the_allocator_traces_predict_the_edge_in_four_trials() {
     assert!(
         r["predictor"]["trace"]["linear"].as_u64() >= Some(4),
         "{r:#}"
+    );
+    // The text summary says it too.
+    let out = fit(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "predictor: allocator traces (edge predicted at {predicted}; allocations "
+        )),
+        "{stderr}"
     );
 }
