@@ -103,6 +103,29 @@ class RunInjectionTest(unittest.TestCase):
         # The free names the address of the first allocation.
         self.assertEqual(device["events"][2][3], device["events"][0][3])
 
+    def test_allocations_under_torch_s_convolution_module_are_marked(self) -> None:
+        from vramctl_agent import _alloc_trace
+
+        conv = [{"filename": "/site/torch/nn/modules/conv.py", "line": 549, "name": "_conv_forward"},
+                {"filename": "/home/u/model.py", "line": 7, "name": "forward"}]
+        other = [{"filename": "/home/u/model.py", "line": 9, "name": "forward"}]
+        snapshot = {"device_traces": [[
+            {"action": "alloc", "size": 4096, "stream": 0, "addr": 1, "frames": conv},
+            {"action": "alloc", "size": 1024, "stream": 0, "addr": 2, "frames": other},
+            {"action": "free_requested", "size": 4096, "stream": 0, "addr": 1, "frames": []},
+            {"action": "free_completed", "size": 4096, "stream": 0, "addr": 1, "frames": []},
+            {"action": "alloc", "size": 512, "stream": 7, "addr": 3, "frames": []},
+        ]]}
+        doc = _alloc_trace.document(snapshot, "/site/torch/", {0: "abc"})
+        device = doc["devices"][0]
+        self.assertEqual(device["uuid"], "abc")
+        # The conv's allocation is kind 3 and named by its first frame outside torch.
+        self.assertEqual(device["events"][0], [3, 4096, 0, 1, 0])
+        self.assertEqual(device["frames"], ["/home/u/model.py:7 forward", "/home/u/model.py:9 forward"])
+        self.assertEqual(device["events"][1], [0, 1024, 0, 2, 1])
+        self.assertEqual(device["events"][2], [1, 4096, 0, 1, -1])
+        self.assertEqual(device["events"][3], [0, 512, 7, 3, -1])
+
     def test_without_fit_no_trace_is_recorded(self) -> None:
         done = self.job("import torch\na = torch.empty(1024, device='cuda')\n")
         self.assertEqual(done.returncode, 0, done.stderr)

@@ -6,7 +6,7 @@ allocation of the program comes before it) with Python frames only (`stacks="pyt
 torch's default symbolizes every C++ frame, which costs seconds at the snapshot); at exit,
 beside the counters' report, `<pid>.trace.json` holds per device the allocations and
 completed frees in order — `[kind, size, stream, address, frame]`, kind 0 alloc, 1 free, 2
-a segment released (`empty_cache`) —
+a segment released (`empty_cache`), 3 an allocation under torch's convolution module —
 and each allocation's first Python frame outside torch (what fit matches allocations by
 between two trials). A ring buffer that filled up (`truncated`) or a file over
 MAX_TRACE_BYTES is reported as truncated with no events: fit then says why it fell back.
@@ -70,6 +70,15 @@ def _first_frame(frames, torch_dir: str) -> str | None:
     return first
 
 
+def _in_convolution(frames) -> bool:
+    """Whether the innermost Python frame is torch's convolution module (F.conv*d is
+    called from there; its output and cuDNN's workspace are allocated below it)."""
+    for f in frames or ():
+        if isinstance(f, dict) and f.get("filename") not in (None, "??"):
+            return str(f.get("filename")).replace(os.sep, "/").endswith("torch/nn/modules/conv.py")
+    return False
+
+
 def document(snapshot: dict, torch_dir: str, uuids: dict[int, str | None]) -> dict:
     """The trace file's content from a `torch.cuda.memory._snapshot()`."""
     devices = []
@@ -83,7 +92,10 @@ def document(snapshot: dict, torch_dir: str, uuids: dict[int, str | None]) -> di
             if kind is None:
                 continue
             frame = -1
-            if kind == 0:
+            if kind == 0 and _in_convolution(e.get("frames")):
+                # cuDNN's workspace may be among these: fit lets it give way (fit_trace.rs).
+                kind = 3
+            if kind in (0, 3):
                 name = _first_frame(e.get("frames"), torch_dir)
                 if name is not None:
                     frame = frame_ids.setdefault(name, len(frames))

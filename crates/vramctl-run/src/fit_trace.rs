@@ -80,8 +80,9 @@ pub struct DeviceTraceFile {
     #[serde(default)]
     pub frames: Vec<String>,
     /// `[kind, size_bytes, stream, address, frame]`: kind 0 an allocation, 1 a completed
-    /// free, 2 a segment released to the driver (`empty_cache`); frame −1 when the event
-    /// had none.
+    /// free, 2 a segment released to the driver (`empty_cache`), 3 an allocation made in
+    /// torch's convolution module (`torch/nn/modules/conv.py`, its innermost Python frame);
+    /// frame −1 when the event had none.
     pub events: Vec<(u8, u64, i64, u64, i64)>,
 }
 
@@ -105,8 +106,12 @@ impl TraceFile {
 struct Alloc {
     size_bytes: u64,
     stream: i64,
-    /// Interned frame (per trace).
+    /// Interned frame (per trace); 0: none (the autograd engine's thread).
     frame: u32,
+    /// Made inside torch's convolution module.
+    conv: bool,
+    /// May give way under pressure (see [`AllocTrace::from_file`]).
+    yields: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +136,15 @@ impl AllocTrace {
     /// (allocated before the recording began) is dropped (the reserved-peak check catches
     /// a trace that misses what mattered).
     ///
+    /// An allocation **yields** when it is cuDNN's convolution workspace: freed right after
+    /// it was made (nothing in between), and made by a convolution (or, in a job with
+    /// convolutions, with no Python frame: the autograd thread's backward convolutions).
+    /// PyTorch's cuDNN paths catch the OOM of a workspace and go on with a smaller one
+    /// (aten/src/ATen/native/cudnn/Conv_v8.cpp: the workspace is halved until it fits;
+    /// `try_plans` moves to the next plan), so a replay must not count its failure as the
+    /// job's: it halves the request until it fits, or drops it. This is what made
+    /// ResNet-50's NVML peak flatten near the capacity on the H200 (docs/fit.md).
+    ///
     /// # Errors
     /// The ring buffer wrapped (the trace lacks its beginning) or it has no allocation.
     pub fn from_file(device: &DeviceTraceFile) -> Result<AllocTrace, String> {
@@ -147,7 +161,7 @@ impl AllocTrace {
         let mut events = Vec::new();
         for &(kind, size, stream, addr, frame) in &device.events {
             match kind {
-                0 => {
+                0 | 3 => {
                     let next = u32::try_from(frames.len()).unwrap_or(u32::MAX);
                     let id = if frame < 0 {
                         0
@@ -168,6 +182,8 @@ impl AllocTrace {
                         size_bytes: size,
                         stream,
                         frame: id,
+                        conv: kind == 3,
+                        yields: false,
                     });
                 }
                 1 => {
@@ -181,6 +197,15 @@ impl AllocTrace {
         }
         if allocs.is_empty() {
             return Err(format!("device {}'s trace has no allocation", device.index));
+        }
+        let convolutions = allocs.iter().any(|a| a.conv);
+        for pair in events.windows(2) {
+            if let [Event::Alloc(i), Event::Free(j)] = *pair
+                && i == j
+                && (allocs[i].conv || (convolutions && allocs[i].frame == 0))
+            {
+                allocs[i].yields = true;
+            }
         }
         Ok(AllocTrace {
             allocs,
@@ -213,7 +238,16 @@ impl AllocTrace {
             match *event {
                 Event::Alloc(i) => {
                     let a = &self.allocs[i];
-                    handles[i] = Some(allocator.malloc(a.stream, (0, 0), sizes[i]).ok()?);
+                    let mut size = sizes[i];
+                    handles[i] = loop {
+                        match allocator.malloc(a.stream, (0, 0), size) {
+                            Ok(h) => break Some(h),
+                            // A workspace gives way: halved, then none.
+                            Err(_) if a.yields && size > ROUND_BYTES => size /= 2,
+                            Err(_) if a.yields => break None,
+                            Err(_) => return None,
+                        }
+                    };
                 }
                 Event::Free(i) => {
                     if let Some(h) = handles[i].take() {
@@ -848,6 +882,36 @@ mod tests {
         // One release per run of segment_free entries.
         let t = AllocTrace::from_file(&file(true)).expect("trace");
         assert_eq!(t.events.iter().filter(|e| **e == Event::Release).count(), 1);
+    }
+
+    #[test]
+    fn a_convolution_workspace_gives_way_under_pressure_other_allocations_do_not() {
+        // 1 GiB kept, then a transient 512 MiB (a workspace if made by a convolution),
+        // then a transient 256 MiB from the autograd thread (no frame).
+        let file = |kind: u8| DeviceTraceFile {
+            index: 0,
+            uuid: None,
+            truncated: false,
+            frames: vec!["model.py:3 forward".to_owned()],
+            events: vec![
+                (0, GIB, 0, 1 << 40, 0),
+                (kind, 512 * MIB, 0, 2 << 40, 0),
+                (1, 0, 0, 2 << 40, 0),
+                (0, 256 * MIB, 0, 3 << 40, -1),
+                (1, 0, 0, 3 << 40, -1),
+            ],
+        };
+        let fits = |kind: u8, pool: u64| {
+            let t = AllocTrace::from_file(&file(kind)).expect("trace");
+            let sizes: Vec<u64> = t.allocs.iter().map(|a| a.size_bytes).collect();
+            t.replay(&sizes, pool)
+        };
+        // A convolution's: the job goes on (with a 128 MiB workspace, halved twice).
+        assert_eq!(fits(3, GIB + 200 * MIB), Some(GIB + 128 * MIB));
+        // Any other allocation's OOM is the job's.
+        assert_eq!(fits(0, GIB + 200 * MIB), None);
+        // Without room even for the smallest, the workspace is dropped.
+        assert_eq!(fits(3, GIB), Some(GIB));
     }
 
     #[test]
