@@ -382,7 +382,7 @@ pub enum Refusal {
     },
     #[error("torch's reserved peak of the trial at value {value} is unknown")]
     NoReservedPeak { value: u64 },
-    #[error("the replay at value {value}, which ran, does not fit the capacity")]
+    #[error("the replay at value {value}, which ran, does not fit the capacity (or the margin)")]
     KnownValueDoesNotFit { value: u64 },
 }
 
