@@ -40,8 +40,10 @@ def start(torch) -> bool:
     if not wanted():
         return False
     try:
+        # Stacks for allocations only (`context="alloc"`): fit matches allocations by
+        # frame; a free's stack would only cost.
         torch.cuda.memory._record_memory_history(
-            enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES
+            enabled="all", context="alloc", stacks="python", max_entries=MAX_ENTRIES
         )
     except Exception as err:
         log.warning("vramctl agent: %s=1 but the allocator's trace could not be recorded: %s", ENV, err)
