@@ -304,10 +304,20 @@ pub fn run_trials<R: TrialRunner>(
             capacity_bytes,
             traces,
         } = measured;
-        if tracing && succeeded {
+        // Recorded first, so that the search matches the trial with what it proposed.
+        let traced_devices = (tracing && succeeded).then(|| devices.clone());
+        search.record(
+            value,
+            if succeeded {
+                Outcome::Succeeded(devices)
+            } else {
+                Outcome::OutOfMemory(devices)
+            },
+        );
+        if let Some(devices) = traced_devices {
             match traces {
                 Ok(t) => {
-                    traced.push((value, t, devices.clone()));
+                    traced.push((value, t, devices));
                     search.set_traced_calibration();
                 }
                 Err(why) => {
@@ -330,14 +340,6 @@ pub fn run_trials<R: TrialRunner>(
                 traced.clear();
             }
         }
-        search.record(
-            value,
-            if succeeded {
-                Outcome::Succeeded(devices)
-            } else {
-                Outcome::OutOfMemory(devices)
-            },
-        );
         let ok = search.was_ok(value).unwrap_or(succeeded);
         let trial = Trial {
             n,
