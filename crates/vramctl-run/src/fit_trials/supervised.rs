@@ -228,6 +228,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn traces_are_one_per_gpu_or_the_reason_there_are_none() {
+        let file = |uuid: &str| {
+            TraceFile::parse(
+                format!(
+                    r#"{{"version":1,"devices":[{{"index":0,"uuid":"{uuid}","frames":[],
+                    "events":[[0,1024,0,4096,-1],[1,0,0,4096,-1]]}}]}}"#
+                )
+                .as_bytes(),
+            )
+        };
+        let one = device_traces(vec![(7, file("ABC"))]).expect("a trace");
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].uuid.as_deref(), Some("abc"));
+        assert_eq!(one[0].trace.allocations(), 1);
+        // Two ranks on two GPUs: one trace each.
+        assert_eq!(
+            device_traces(vec![(7, file("a")), (8, file("b"))])
+                .expect("two")
+                .len(),
+            2
+        );
+        // Two processes on one GPU, a file that did not parse, none at all.
+        let why = device_traces(vec![(7, file("a")), (8, file("GPU-a"))]).expect_err("two");
+        assert!(
+            why.starts_with("several processes allocated on GPU a"),
+            "{why}"
+        );
+        let why = device_traces(vec![(9, Err("not a trace file: x".to_owned()))])
+            .expect_err("unreadable");
+        assert_eq!(why, "process 9's trace: not a trace file: x");
+        assert!(
+            device_traces(Vec::new())
+                .expect_err("none")
+                .starts_with("no process wrote one")
+        );
+    }
+
+    #[test]
     fn every_placeholder_gets_the_value() {
         let cmd: Vec<OsString> = ["python", "t.py", "--batch", "{}", "--name=run-{}"]
             .iter()
