@@ -43,8 +43,8 @@ class RunInjectionTest(unittest.TestCase):
     def reports_written(self) -> dict[int, dict]:
         out = {}
         for name in os.listdir(self.reports):
-            if ".oom." in name:
-                continue  # the OOM observer's record and snapshot (test_oom.py)
+            if ".oom." in name or name.endswith(".trace.json"):
+                continue  # the OOM observer's record and snapshot (test_oom.py), fit's trace
             self.assertTrue(name.endswith(".json") and not name.startswith("."), name)
             with open(os.path.join(self.reports, name), encoding="utf-8") as f:
                 report = json.load(f)
@@ -70,6 +70,66 @@ class RunInjectionTest(unittest.TestCase):
         self.assertGreaterEqual(device["ooms"], 1)
         # The OOM observer kept its record and snapshot beside the report.
         self.assertEqual(sorted(n for n in os.listdir(self.reports) if ".oom." in n), [f"{pid}.oom.json", f"{pid}.oom.pickle"])
+
+    def test_under_fit_the_allocator_trace_is_written_at_exit_with_each_allocations_frame(self) -> None:
+        code = (
+            "import os, torch\n"
+            "def step(n):\n"
+            "    a = torch.empty(n, dtype=torch.uint8, device='cuda')\n"
+            "    b = torch.empty(2 * n, dtype=torch.uint8, device='cuda')\n"
+            "    del a\n"
+            "    return b\n"
+            "keep = step(12 << 20)\n"
+            "torch.cuda.empty_cache()\n"
+            "print(os.getpid())\n"
+        )
+        done = self.job(code, VRAMCTL_FIT_TRACE="1")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        pid = int(done.stdout.strip())
+        self.assertIn(pid, self.reports_written())
+        path = os.path.join(self.reports, f"{pid}.trace.json")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        with open(path, encoding="utf-8") as f:
+            trace = json.load(f)
+        self.assertEqual(trace["version"], 1)
+        device = trace["devices"][0]
+        self.assertFalse(device["truncated"])
+        kinds = [(e[0], e[1]) for e in device["events"]]
+        # Two allocations, the first one's free, and empty_cache releasing its segment.
+        self.assertEqual(kinds, [(0, 12 << 20), (0, 24 << 20), (1, 12 << 20), (2, 12 << 20)])
+        # Each allocation's first frame outside torch: the job's `step`, two lines apart.
+        frames = [device["frames"][e[4]] for e in device["events"] if e[0] == 0]
+        self.assertTrue(frames[0].endswith(":3 step") and frames[1].endswith(":4 step"), frames)
+        # The free names the address of the first allocation.
+        self.assertEqual(device["events"][2][3], device["events"][0][3])
+
+    def test_allocations_under_torch_s_convolution_module_are_marked(self) -> None:
+        from vramctl_agent import _alloc_trace
+
+        conv = [{"filename": "/site/torch/nn/modules/conv.py", "line": 549, "name": "_conv_forward"},
+                {"filename": "/home/u/model.py", "line": 7, "name": "forward"}]
+        other = [{"filename": "/home/u/model.py", "line": 9, "name": "forward"}]
+        snapshot = {"device_traces": [[
+            {"action": "alloc", "size": 4096, "stream": 0, "addr": 1, "frames": conv},
+            {"action": "alloc", "size": 1024, "stream": 0, "addr": 2, "frames": other},
+            {"action": "free_requested", "size": 4096, "stream": 0, "addr": 1, "frames": []},
+            {"action": "free_completed", "size": 4096, "stream": 0, "addr": 1, "frames": []},
+            {"action": "alloc", "size": 512, "stream": 7, "addr": 3, "frames": []},
+        ]]}
+        doc = _alloc_trace.document(snapshot, "/site/torch/", {0: "abc"})
+        device = doc["devices"][0]
+        self.assertEqual(device["uuid"], "abc")
+        # The conv's allocation is kind 3 and named by its first frame outside torch.
+        self.assertEqual(device["events"][0], [3, 4096, 0, 1, 0])
+        self.assertEqual(device["frames"], ["/home/u/model.py:7 forward", "/home/u/model.py:9 forward"])
+        self.assertEqual(device["events"][1], [0, 1024, 0, 2, 1])
+        self.assertEqual(device["events"][2], [1, 4096, 0, 1, -1])
+        self.assertEqual(device["events"][3], [0, 512, 7, 3, -1])
+
+    def test_without_fit_no_trace_is_recorded(self) -> None:
+        done = self.job("import torch\na = torch.empty(1024, device='cuda')\n")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual([n for n in os.listdir(self.reports) if "trace" in n], [])
 
     def test_a_process_that_never_imports_a_framework_writes_nothing(self) -> None:
         done = self.job("print('hello')")

@@ -96,6 +96,11 @@ def _attach(torch) -> bool:
         log.info("vramctl agent: the OOM observer was not attached: %s", err)
         return False
     _attached_pid = os.getpid()
+    from . import _alloc_trace
+
+    # Under `vramctl fit`, the trial's trace (its recording serves the OOM history too).
+    if _alloc_trace.start(torch):
+        return True
     if os.environ.get(HISTORY_ENV) == "1":
         try:
             # Python frames only: the verdict needs the first user frame, and torch's
@@ -108,6 +113,12 @@ def _attach(torch) -> bool:
         except Exception as err:
             log.warning("vramctl agent: %s=1 but history could not be recorded: %s", HISTORY_ENV, err)
     return True
+
+
+def _alloc_trace_recording() -> bool:
+    from . import _alloc_trace
+
+    return _alloc_trace.recording()
 
 
 def _on_oom(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes: int) -> None:
@@ -153,7 +164,7 @@ def _keep(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "limits_env": {k: os.environ[k][: proto.MAX_STRING_CHARS] for k in LIMIT_ENV if k in os.environ},
         "allocator_backend": None,
-        "history_recorded": os.environ.get(HISTORY_ENV) == "1",
+        "history_recorded": os.environ.get(HISTORY_ENV) == "1" or _alloc_trace_recording(),
         "ooms": _ooms,
         "snapshot": None,
         "snapshot_error": None,

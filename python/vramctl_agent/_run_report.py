@@ -4,7 +4,8 @@ exit, the framework's counters — their peaks included — go to `DIR/<pid>.jso
 The supervisor asks the agent's socket for `stats` while the process runs, but the last
 allocations (the step that ran out of memory, the final optimizer step) can come after its
 last question; the peak counters are exact only when read after them. So the process says
-them itself, on its way out. Nothing is written on SIGKILL or `os._exit`; the supervisor
+them itself, on its way out (and, under `vramctl fit`, the allocator's trace:
+`_alloc_trace`). Nothing is written on SIGKILL or `os._exit`; the supervisor
 then keeps what it last polled.
 """
 
@@ -52,3 +53,9 @@ def _write() -> None:
         os.replace(partial, final)
     except Exception as err:  # never turn a job's exit into a traceback of ours
         log.warning("vramctl agent: could not write the run report %s: %s", final, err)
+    try:
+        from . import _alloc_trace
+
+        _alloc_trace.write(directory, pid)
+    except Exception as err:
+        log.warning("vramctl agent: could not write the allocator's trace: %s", err)

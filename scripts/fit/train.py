@@ -1,7 +1,11 @@
 """One short training run at a given batch size: the trial command of `vramctl fit` (issue 15).
 
     python3 scripts/fit/train.py --model {gpt2,llama,resnet} --batch N [--steps 2]
-                                 [--seq L] [--checkpointing]
+                                 [--seq L] [--seq-unit U] [--attn {sdpa,eager}] [--checkpointing]
+
+--seq-unit U multiplies --seq by U (a sequence-length search in steps of U tokens: `--seq {}
+--seq-unit 64`); --attn eager materializes the attention scores (memory quadratic in the
+sequence: the sequence-length case of issue 34's held-out check).
 
 Models (random weights, built from a config: the GPU machine has no internet):
   gpt2    transformers GPT2LMHeadModel(GPT2Config()), 124M, seq 1024, labels = input ids
@@ -37,15 +41,21 @@ def parse_args():
     p.add_argument("--batch", required=True, type=int)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seq", type=int, help="sequence length (image side for resnet); default per model")
+    p.add_argument("--seq-unit", type=int, default=1, help="--seq is in units of this many tokens")
+    p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (gpt2, llama)")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (llama, gpt2)")
     args = p.parse_args()
+    if args.seq_unit < 1:
+        p.error(f"--seq-unit must be at least 1, got '{args.seq_unit}'")
+    if args.attn and args.model == "resnet":
+        p.error("--attn is for the transformers models (gpt2, llama), not 'resnet'")
     if args.batch < 1:
         p.error(f"--batch must be at least 1, got '{args.batch}'")
     if args.steps < 1:
         p.error(f"--steps must be at least 1, got '{args.steps}'")
     if args.checkpointing and args.model == "resnet":
         p.error("--checkpointing is for the transformers models (gpt2, llama), not 'resnet'")
-    args.seq = args.seq or DEFAULT_SEQ[args.model]
+    args.seq = args.seq * args.seq_unit if args.seq else DEFAULT_SEQ[args.model]
     return args
 
 
@@ -72,6 +82,8 @@ def build_gpt2(args):
 
     # use_cache off: a training step has no use for the key/value cache.
     config = GPT2Config(n_positions=max(1024, args.seq), use_cache=False)
+    if args.attn:
+        config._attn_implementation = args.attn
     model = GPT2LMHeadModel(config)
     return model, config.vocab_size
 
@@ -93,7 +105,7 @@ def build_llama(args):
     )
     # Set on the config rather than as a constructor keyword: the attribute works across
     # transformers 4.4x-5.x; main() checks the built model really uses it.
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = args.attn or "sdpa"
     model = LlamaForCausalLM(config)
     return model, config.vocab_size
 
@@ -120,8 +132,9 @@ def main():
     model = model.to(dtype=torch.float32)
     model.train()
     attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "-"
-    if args.model == "llama" and attn != "sdpa":
-        raise SystemExit(f"error: llama was built with attention '{attn}', not 'sdpa'")
+    wanted = args.attn or ("sdpa" if args.model == "llama" else None)
+    if wanted and attn != wanted:
+        raise SystemExit(f"error: {args.model} was built with attention '{attn}', not '{wanted}'")
     if args.checkpointing:
         # Non-reentrant: the recommended form, and the same behaviour across transformers versions.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

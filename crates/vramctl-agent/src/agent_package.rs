@@ -39,6 +39,7 @@ macro_rules! embed {
 pub const FILES: &[AgentFile] = &[
     embed!("__init__.py"),
     embed!("__main__.py"),
+    embed!("_alloc_trace.py"),
     embed!("_attach.py"),
     embed!("_frameworks.py"),
     embed!("_hook.py"),

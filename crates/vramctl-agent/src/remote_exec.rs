@@ -60,6 +60,8 @@ const ATTACH_MODULES: &[&str] = &[
     "_torch.py",
     // `_ops` answers the `oom` op from the observer's state (empty in an attached process).
     "_oom.py",
+    // `_oom` starts fit's allocator trace where `VRAMCTL_FIT_TRACE` asks (never when attached).
+    "_alloc_trace.py",
 ];
 
 /// The files of [`ATTACH_MODULES`], as `(name, text)`.

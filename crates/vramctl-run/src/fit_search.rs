@@ -221,12 +221,23 @@ struct Proposal {
 ///    to say by how much) bisects instead. At every step a refitted
 ///    prediction strictly inside the bracket (new information: a prediction that failed
 ///    and was not refitted is not inside) is used when it moves further than the step.
-/// 6. **Stop** when the bracket closes (`bad − ok ≤ max(1, ceil(tol·ok))`), `high` is ok or `low`
+/// 6. **Traces** (issue 34): once the trial loop has the trace predictor's edge
+///    (`crate::fit_trace`, from the calibration trials' allocator traces) it calls
+///    [`Search::set_trace_prediction`], and steps 2–3's fit is no longer used to aim:
+///    step 4 aims at the traces' edge (an edge at or below the largest ok: its step up),
+///    step 5 follows with no refit taking over.
+/// 7. **Stop** when the bracket closes (`bad − ok ≤ max(1, ceil(tol·ok))`), `high` is ok or `low`
 ///    is bad.
 #[derive(Debug, Clone)]
 pub struct Search {
     settings: SearchSettings,
     trials: Vec<Trial>,
+    /// The trace predictor's edge ([`Search::set_trace_prediction`]), which replaces the
+    /// line's predictions when set.
+    trace_prediction: Option<u64>,
+    /// The first trial came with an allocator trace: the second calibration is chosen
+    /// safe for memory quadratic in the value ([`Search::set_traced_calibration`]).
+    traced_calibration: bool,
 }
 
 impl Search {
@@ -259,7 +270,34 @@ impl Search {
         Ok(Search {
             settings,
             trials: Vec::new(),
+            trace_prediction: None,
+            traced_calibration: false,
         })
+    }
+
+    /// The calibration trials record allocator traces, so the trace predictor, which tells
+    /// sizes ∝ value² from sizes ∝ value, will be used: the second calibration is then the
+    /// value that would use half the usable memory if all of the first trial's memory grew
+    /// with the *square* of the value (`v1·√(0.5·usable/demand₁)`), safe for a
+    /// sequence-length search with eager attention, where the linear rule's value can run
+    /// out of memory and cost a trial. (The line cannot extrapolate a square from two
+    /// points, so without traces the linear rule stays.)
+    pub fn set_traced_calibration(&mut self) {
+        self.traced_calibration = true;
+    }
+
+    /// The edge the trace predictor found (`crate::fit_trace`, from the allocator traces
+    /// of the calibration trials): from now on the search aims at it instead of the line
+    /// through the NVML peaks (whose extrapolations were 20 % off on the H200), and after
+    /// that one trial only confirms, gallops or bisects — no line refit takes over.
+    pub fn set_trace_prediction(&mut self, value: u64) {
+        self.trace_prediction = Some(value);
+    }
+
+    /// The trace predictor's edge, when one was set.
+    #[must_use]
+    pub fn trace_prediction(&self) -> Option<u64> {
+        self.trace_prediction
     }
 
     /// The settings it runs under.
@@ -572,10 +610,11 @@ impl Search {
     /// One step of `Strategy::Model` with the bracket open: `lo` ok, `bad` (if known) bad.
     fn model_step(&self, lo: u64, bad: Option<u64>) -> Proposal {
         let high = self.settings.high;
-        let aim = self
-            .model()
-            .and_then(|m| m.aim)
-            .filter(|&p| self.inside(p, lo, bad));
+        let aim = match self.trace_prediction {
+            Some(v) => Some(self.aim(v)),
+            None => self.model().and_then(|m| m.aim),
+        }
+        .filter(|&p| self.inside(p, lo, bad));
         let predicted = |value| Proposal {
             value,
             reason: Reason::Predicted,
@@ -646,6 +685,11 @@ impl Search {
                 if let Some(a) = aim {
                     return predicted(a);
                 }
+                // The traces put the edge at (or below) the largest ok: the step above it
+                // settles it.
+                if self.trace_prediction.is_some_and(|v| v <= lo) {
+                    return up(self.up_step(lo), Reason::Confirm);
+                }
                 match bad {
                     Some(b) => self.bisect(lo, b),
                     None if self.model().is_none_or(|m| {
@@ -685,10 +729,13 @@ impl Search {
                         clippy::cast_possible_truncation,
                         clippy::cast_sign_loss
                     )]
-                    let v = (lo as f64 * 0.5 * self.usable_bytes(d.capacity_bytes) as f64
-                        / demand as f64)
-                        .floor()
-                        .min(u64::MAX as f64) as u64;
+                    let ratio = 0.5 * self.usable_bytes(d.capacity_bytes) as f64 / demand as f64;
+                    let growth = if self.traced_calibration {
+                        ratio.sqrt()
+                    } else {
+                        ratio
+                    };
+                    let v = (lo as f64 * growth).floor().min(u64::MAX as f64) as u64;
                     Some(v)
                 })
                 .min()
@@ -908,6 +955,54 @@ mod tests {
             s.next(),
             Next::Try {
                 value: 91,
+                reason: Reason::Confirm
+            }
+        );
+    }
+
+    #[test]
+    fn a_trace_prediction_replaces_the_line_and_is_confirmed_by_one_step() {
+        let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+        s.record(1, Outcome::Succeeded(measured(11 * GIB)));
+        s.record(3, Outcome::Succeeded(measured(13 * GIB)));
+        // The line says 90; the traces say 70: the aim is the traces' (69, whose step of
+        // 2 passes 70).
+        s.set_trace_prediction(70);
+        assert_eq!(s.trace_prediction(), Some(70));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 69,
+                reason: Reason::Predicted
+            }
+        );
+        s.record(69, Outcome::Succeeded(measured(79 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 71,
+                reason: Reason::Confirm
+            }
+        );
+        // It succeeds too (the traces were low): a gallop, not the line's 90.
+        s.record(71, Outcome::Succeeded(measured(81 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 75,
+                reason: Reason::Gallop
+            }
+        );
+
+        // A prediction at or below the largest ok: the step above it settles it.
+        let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+        s.record(8, Outcome::Succeeded(measured(18 * GIB)));
+        s.record(40, Outcome::Succeeded(measured(50 * GIB)));
+        s.set_trace_prediction(40);
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 41,
                 reason: Reason::Confirm
             }
         );

@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::fit_search::{Conclusion, DeviceMeasure, Next, Outcome, Reason, Search};
+use crate::fit_search::{
+    Conclusion, DeviceMeasure, Next, Outcome, Reason, Search, SearchSettings, Strategy,
+};
+use crate::fit_trace::{self, AllocTrace, Limits, TracePrediction, TracedTrial};
 
 /// What one trial that ran to its end measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +34,17 @@ pub struct Measured {
     pub peak_allocated_bytes: Option<u64>,
     /// The smallest capacity over the GPUs the trial used.
     pub capacity_bytes: Option<u64>,
+    /// The allocator's trace per GPU (when the runner was asked to record it), or why
+    /// there is none.
+    pub traces: Result<Vec<DeviceTrace>, String>,
+}
+
+/// One GPU's allocator trace in a trial.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceTrace {
+    /// The GPU's UUID as the agent gave it (lower case, without NVML's `GPU-`), if known.
+    pub uuid: Option<String>,
+    pub trace: AllocTrace,
 }
 
 /// How a trial ended, as the runner saw it.
@@ -62,6 +76,11 @@ pub trait TrialRunner {
         value: u64,
         on_tick: &mut dyn FnMut(Duration, u64),
     ) -> Result<TrialOutcome, Self::Error>;
+
+    /// Whether the next trials record the allocator's trace ([`Measured::traces`]): the
+    /// loop asks for it until the trace predictor has its two trials, and not after (the
+    /// recording costs host memory and the dump seconds at exit).
+    fn set_tracing(&mut self, _on: bool) {}
 }
 
 /// What the loop tells a display (each method does nothing unless implemented).
@@ -97,6 +116,88 @@ pub struct Trial {
 pub struct Trials {
     pub conclusion: Conclusion,
     pub trials: Vec<Trial>,
+    /// Which predictor chose the trials, and why the traces were not used if they were not.
+    pub predictor: PredictorReport,
+}
+
+/// Which predictor the search used (docs/fit.md, "How the search works").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PredictorReport {
+    /// `trace` (the allocator traces of two trials, replayed), `line` (the fit of NVML's
+    /// peaks: the fallback) or `bisect` (`--strategy bisect`).
+    pub used: &'static str,
+    /// The trace predictor's answer (the binding GPU's), when it made one.
+    pub trace: Option<TracePrediction>,
+    /// Why the traces were not used (`line` only).
+    pub fallback: Option<String>,
+}
+
+/// The calibration trials the trace predictor is fed: value, traces, measures.
+type Traced = (u64, Vec<DeviceTrace>, Vec<DeviceMeasure>);
+
+/// The trace predictor over the two traced trials (smaller value first): per GPU of the
+/// later trial, the smallest prediction over them.
+fn trace_predict(traced: &[Traced], settings: &SearchSettings) -> Result<TracePrediction, String> {
+    let mut two: Vec<&Traced> = traced.iter().collect();
+    two.sort_by_key(|t| t.0);
+    let [a, b] = two[..] else {
+        return Err("fewer than two traced trials".to_owned());
+    };
+    let latest = traced.last().map_or(&b.2, |t| &t.2);
+    if latest.is_empty() {
+        return Err("the trials measured no GPU".to_owned());
+    }
+    let find = |traces: &'_ [DeviceTrace], uuid: &str| -> Option<usize> {
+        let wanted = crate::job::normalize_uuid(uuid);
+        traces
+            .iter()
+            .position(|t| t.uuid.as_deref().map(crate::job::normalize_uuid) == Some(wanted.clone()))
+            .or_else(|| (traces.len() == 1 && latest.len() == 1).then_some(0))
+    };
+    let mut best: Option<TracePrediction> = None;
+    for device in latest {
+        let measure_of = |t: &Traced| t.2.iter().find(|d| d.uuid == device.uuid).cloned();
+        let (Some(ia), Some(ib)) = (find(&a.1, &device.uuid), find(&b.1, &device.uuid)) else {
+            return Err(format!(
+                "no allocator trace for {} in both trials",
+                device.uuid
+            ));
+        };
+        let (ma, mb) = (measure_of(a), measure_of(b));
+        let usable_bytes = (settings.margin > 0.0).then(|| {
+            #[allow(
+                clippy::cast_precision_loss,
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss
+            )]
+            let usable = ((1.0 - settings.margin) * device.capacity_bytes as f64).floor() as u64;
+            usable
+        });
+        let p = fit_trace::predict(
+            TracedTrial {
+                value: a.0,
+                trace: &a.1[ia].trace,
+                reserved_peak_bytes: ma.as_ref().and_then(|m| m.reserved_peak_bytes),
+                nvml_peak_bytes: ma.as_ref().and_then(|m| m.nvml_peak_bytes),
+            },
+            TracedTrial {
+                value: b.0,
+                trace: &b.1[ib].trace,
+                reserved_peak_bytes: mb.as_ref().and_then(|m| m.reserved_peak_bytes),
+                nvml_peak_bytes: mb.as_ref().and_then(|m| m.nvml_peak_bytes),
+            },
+            Limits {
+                capacity_bytes: device.capacity_bytes,
+                usable_bytes,
+                high: settings.high,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        if best.as_ref().is_none_or(|q| p.value < q.value) {
+            best = Some(p);
+        }
+    }
+    best.ok_or_else(|| "the trials measured no GPU".to_owned())
 }
 
 impl Trials {
@@ -155,6 +256,15 @@ pub fn run_trials<R: TrialRunner>(
     watcher: &mut dyn TrialWatcher,
 ) -> Result<Trials, Stopped<R::Error>> {
     let mut trials: Vec<Trial> = Vec::new();
+    let model = search.settings().strategy == Strategy::Model;
+    let mut predictor = PredictorReport {
+        used: if model { "line" } else { "bisect" },
+        trace: None,
+        fallback: None,
+    };
+    // Succeeded trials with traces, until the trace predictor has decided.
+    let mut traced: Vec<Traced> = Vec::new();
+    let mut tracing = model;
     let conclusion = loop {
         let (value, reason) = match search.next() {
             Next::Try { value, reason } => (value, reason),
@@ -162,6 +272,7 @@ pub fn run_trials<R: TrialRunner>(
         };
         let n = trials.len() + 1;
         watcher.begin(n, value, reason);
+        runner.set_tracing(tracing);
         let result = runner.run_trial(value, &mut |running, peak| watcher.tick(running, peak));
         watcher.ended();
         let (measured, succeeded) = match result {
@@ -191,7 +302,10 @@ pub fn run_trials<R: TrialRunner>(
             peak_reserved_bytes,
             peak_allocated_bytes,
             capacity_bytes,
+            traces,
         } = measured;
+        // Recorded first, so that the search matches the trial with what it proposed.
+        let traced_devices = (tracing && succeeded).then(|| devices.clone());
         search.record(
             value,
             if succeeded {
@@ -200,6 +314,32 @@ pub fn run_trials<R: TrialRunner>(
                 Outcome::OutOfMemory(devices)
             },
         );
+        if let Some(devices) = traced_devices {
+            match traces {
+                Ok(t) => {
+                    traced.push((value, t, devices));
+                    search.set_traced_calibration();
+                }
+                Err(why) => {
+                    tracing = false;
+                    predictor.fallback = Some(format!(
+                        "trial {n} (value {value}) has no allocator trace: {why}"
+                    ));
+                }
+            }
+            if traced.len() == 2 {
+                tracing = false;
+                match trace_predict(&traced, search.settings()) {
+                    Ok(p) => {
+                        search.set_trace_prediction(p.value);
+                        predictor.used = "trace";
+                        predictor.trace = Some(p);
+                    }
+                    Err(why) => predictor.fallback = Some(why),
+                }
+                traced.clear();
+            }
+        }
         let ok = search.was_ok(value).unwrap_or(succeeded);
         let trial = Trial {
             n,
@@ -219,7 +359,17 @@ pub fn run_trials<R: TrialRunner>(
         watcher.done(&trial);
         trials.push(trial);
     };
-    Ok(Trials { conclusion, trials })
+    if tracing && model && predictor.fallback.is_none() {
+        predictor.fallback = Some(format!(
+            "the search ended before two trials succeeded with traces ({} did)",
+            traced.len()
+        ));
+    }
+    Ok(Trials {
+        conclusion,
+        trials,
+        predictor,
+    })
 }
 
 #[cfg(test)]
@@ -297,6 +447,7 @@ mod tests {
                 peak_reserved_bytes: None,
                 peak_allocated_bytes: None,
                 capacity_bytes: Some(CAPACITY),
+                traces: Err("scripted without traces".to_owned()),
             };
             Ok(if need > CAPACITY {
                 TrialOutcome::OutOfMemory(measured)
@@ -304,6 +455,198 @@ mod tests {
                 TrialOutcome::Succeeded(measured)
             })
         }
+    }
+
+    /// A job whose allocations are a synthetic trace (`fit_trace::synthetic`): it fits
+    /// when its own trace, replayed under the capacity less a context, does; each trial
+    /// hands over its trace (unless `traced` is off, or `chunk_above` changes the program
+    /// above a value).
+    struct TracedJob {
+        job: crate::fit_trace::synthetic::Job,
+        capacity_bytes: u64,
+        traced: bool,
+        chunk_above: Option<u64>,
+        tried: Vec<u64>,
+        tracing_asked: Vec<bool>,
+    }
+
+    const CONTEXT: u64 = 600 * MIB;
+
+    impl TracedJob {
+        fn new(job: crate::fit_trace::synthetic::Job, capacity_bytes: u64) -> Self {
+            Self {
+                job,
+                capacity_bytes,
+                traced: true,
+                chunk_above: None,
+                tried: Vec::new(),
+                tracing_asked: Vec::new(),
+            }
+        }
+    }
+
+    impl TrialRunner for TracedJob {
+        type Error = String;
+
+        fn run_trial(
+            &mut self,
+            value: u64,
+            _on_tick: &mut dyn FnMut(Duration, u64),
+        ) -> Result<TrialOutcome, String> {
+            use crate::fit_trace::synthetic::{run, trace};
+            self.tried.push(value);
+            let ran = run(self.job, value, self.capacity_bytes - CONTEXT);
+            let nvml = ran.reserved_peak_bytes + CONTEXT;
+            let traces = if !self.traced || !self.tracing_asked.last().copied().unwrap_or(false) {
+                Err("scripted without traces".to_owned())
+            } else {
+                let mut file = trace(self.job, value);
+                if self.chunk_above.is_some_and(|c| value > c) {
+                    for f in &mut file.frames {
+                        f.push_str(" chunked");
+                    }
+                }
+                Ok(vec![DeviceTrace {
+                    uuid: file.uuid.clone(),
+                    trace: AllocTrace::from_file(&file).map_err(|e| e.clone())?,
+                }])
+            };
+            let measured = Measured {
+                wall_s: 10.0,
+                devices: vec![DeviceMeasure {
+                    uuid: "GPU-00000000-0000-0000-0000-000000000000".to_owned(),
+                    capacity_bytes: self.capacity_bytes,
+                    nvml_peak_bytes: Some(nvml),
+                    reserved_peak_bytes: Some(ran.reserved_peak_bytes),
+                    allocated_peak_bytes: None,
+                }],
+                peak_nvml_bytes: nvml,
+                peak_reserved_bytes: Some(ran.reserved_peak_bytes),
+                peak_allocated_bytes: None,
+                capacity_bytes: Some(self.capacity_bytes),
+                traces,
+            };
+            Ok(if ran.fits {
+                TrialOutcome::Succeeded(measured)
+            } else {
+                TrialOutcome::OutOfMemory(measured)
+            })
+        }
+
+        fn set_tracing(&mut self, on: bool) {
+            self.tracing_asked.push(on);
+        }
+    }
+
+    #[test]
+    fn the_trace_predictor_finds_the_edge_in_at_most_four_trials_never_above_it() {
+        use crate::fit_trace::synthetic::{Job, true_edge};
+        const GIB: u64 = 1 << 30;
+        let seq_len = Job {
+            layers: 4,
+            act_per_value: 64 * 1024,
+            scores_per_value2: 32,
+            weight_bytes: 8 * MIB,
+            small_bytes: 1024,
+        };
+        for (job, capacity, low) in [
+            (Job::gpt_like(), 20 * GIB, 1),
+            (Job::gpt_like(), 80 * GIB, 1),
+            (Job::gpt_like(), 140 * GIB, 1),
+            (seq_len, 8 * GIB, 128),
+            (seq_len, 40 * GIB, 128),
+            // Attention scores dominate: the linear rule's second calibration (≈ 233)
+            // would need ~212 GiB of scores alone.
+            (
+                Job {
+                    layers: 12,
+                    act_per_value: 6 * MIB,
+                    scores_per_value2: 4 * MIB,
+                    weight_bytes: 28 * MIB,
+                    small_bytes: 3000,
+                },
+                140 * GIB,
+                8,
+            ),
+        ] {
+            let truth = true_edge(job, capacity - CONTEXT);
+            let mut runner = TracedJob::new(job, capacity);
+            let mut s = Search::new(SearchSettings {
+                low,
+                high: 1 << 20,
+                margin: 0.0,
+                tolerance: 0.02,
+                strategy: Strategy::Model,
+            })
+            .expect("valid");
+            let done = run_trials(&mut s, &mut runner, &mut Events::default()).expect("concludes");
+            let answer = done.answer().expect("fits");
+            assert_eq!(done.predictor.used, "trace", "{:?}", done.predictor);
+            assert!(answer <= truth, "{answer} above the truth {truth}");
+            assert!(
+                (truth - answer) as f64 <= 0.02 * truth as f64,
+                "{answer} more than 2 % under {truth}"
+            );
+            assert!(
+                done.trials.len() <= 4,
+                "{:?} for a truth of {truth}",
+                runner.tried
+            );
+            // Both calibrations fit, quadratic jobs included.
+            assert!(
+                done.trials[..2].iter().all(|t| t.outcome == "succeeded"),
+                "{:?} for a truth of {truth}",
+                runner.tried
+            );
+            // Traces only until the predictor had its two trials.
+            assert_eq!(runner.tracing_asked[..2], [true, true]);
+            assert!(runner.tracing_asked[2..].iter().all(|&on| !on));
+        }
+    }
+
+    #[test]
+    fn without_traces_or_when_they_do_not_line_up_the_line_is_used_and_the_report_says_why() {
+        use crate::fit_trace::synthetic::Job;
+        const GIB: u64 = 1 << 30;
+        let mut runner = TracedJob::new(Job::gpt_like(), 80 * GIB);
+        runner.traced = false;
+        let done = run_trials(
+            &mut search(Strategy::Model, 0.02, 0.0),
+            &mut runner,
+            &mut Events::default(),
+        )
+        .expect("concludes");
+        assert_eq!(done.predictor.used, "line");
+        assert_eq!(
+            done.predictor.fallback.as_deref(),
+            Some("trial 1 (value 8) has no allocator trace: scripted without traces")
+        );
+        assert!(done.answer().is_some());
+        // Tracing stops being asked for once a trial had none.
+        assert!(runner.tracing_asked[1..].iter().all(|&on| !on));
+
+        let mut runner = TracedJob::new(Job::gpt_like(), 80 * GIB);
+        runner.chunk_above = Some(8);
+        let done = run_trials(
+            &mut search(Strategy::Model, 0.02, 0.0),
+            &mut runner,
+            &mut Events::default(),
+        )
+        .expect("concludes");
+        assert_eq!(done.predictor.used, "line");
+        let why = done.predictor.fallback.expect("a reason");
+        assert!(why.starts_with("the traces do not line up: "), "{why}");
+
+        // Bisection never traces and says so.
+        let mut runner = TracedJob::new(Job::gpt_like(), 80 * GIB);
+        let done = run_trials(
+            &mut search(Strategy::Bisect, 0.02, 0.0),
+            &mut runner,
+            &mut Events::default(),
+        )
+        .expect("concludes");
+        assert_eq!(done.predictor.used, "bisect");
+        assert!(runner.tracing_asked.iter().all(|&on| !on));
     }
 
     /// What the watcher was told, in order.

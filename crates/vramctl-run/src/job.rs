@@ -209,6 +209,10 @@ pub struct JobReport {
     /// Signals that came (`SIGINT` to `fit` stops the search).
     #[serde(skip)]
     pub signals: Vec<i32>,
+    /// The allocator traces its processes wrote (`fit` asks for them with
+    /// `VRAMCTL_FIT_TRACE=1`), by PID, or why one could not be read.
+    #[serde(skip)]
+    pub alloc_traces: Vec<(u32, Result<crate::fit_trace::TraceFile, String>)>,
 }
 
 impl JobReport {
@@ -485,6 +489,10 @@ pub fn run_job(
         stderr_tail: child.stderr_lines(20),
         stdout_tail: child.stdout_lines(20),
         signals: seen_signals,
+        alloc_traces: injection
+            .as_ref()
+            .map(|i| alloc_traces(i.reports_dir()))
+            .unwrap_or_default(),
     })
 }
 
@@ -688,8 +696,37 @@ impl FrameworkFigures {
     }
 }
 
+/// The allocator traces in the report directory (`<pid>.trace.json`), each read bounded,
+/// never through a symlink, only when ours (`oom_verdict::read_job_file`).
+fn alloc_traces(dir: &std::path::Path) -> Vec<(u32, Result<crate::fit_trace::TraceFile, String>)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    // The names are bounded by the directory: only the job writes there.
+    for entry in entries.filter_map(Result::ok).take(4096) {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".trace.json"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let file = oom_verdict::read_job_file(
+            dir,
+            &format!("{pid}.trace.json"),
+            crate::fit_trace::MAX_TRACE_BYTES,
+        )
+        .and_then(|b| crate::fit_trace::TraceFile::parse(&b));
+        out.push((pid, file));
+    }
+    out.sort_by_key(|(pid, _)| *pid);
+    out
+}
+
 /// The agent gives UUIDs without NVML's `GPU-` / `MIG-` prefix.
-fn normalize_uuid(uuid: &str) -> String {
+pub(crate) fn normalize_uuid(uuid: &str) -> String {
     uuid.strip_prefix("GPU-")
         .or_else(|| uuid.strip_prefix("MIG-"))
         .unwrap_or(uuid)

@@ -6,6 +6,8 @@
 //!   the framework's peaks; [`job::run_job`] gives a [`job::JobReport`].
 //! - [`fit_search`]: fit's search, a pure state machine choosing the next value from the
 //!   trials' outcomes and peaks.
+//! - [`fit_trace`]: fit's trace predictor, the edge from two trials' allocator traces
+//!   replayed through `vramctl-model`'s allocator at candidate values (pure).
 //! - [`fit_trials`]: fit's trial loop, [`fit_trials::run_trials`], over a
 //!   [`fit_trials::TrialRunner`] (the real one, [`fit_trials::SupervisedTrials`], runs
 //!   each trial as a supervised job), so the loop is tested with scripted trials.
@@ -14,5 +16,6 @@
 //! the command line, the store or any frontend.
 
 pub mod fit_search;
+pub mod fit_trace;
 pub mod fit_trials;
 pub mod job;

@@ -9,8 +9,9 @@ use regex::Regex;
 use vramctl_observe::daemon_socket::client::AskOptions;
 use vramctl_observe::live_loop::LiveSampler;
 
-use super::{Measured, TrialOutcome, TrialRunner};
+use super::{DeviceTrace, Measured, TrialOutcome, TrialRunner};
 use crate::fit_search::DeviceMeasure;
+use crate::fit_trace::{AllocTrace, TRACE_ENV, TraceFile};
 use crate::job::child::{Output, SignalForwarder, libc_signal};
 use crate::job::ticks::JobTicks;
 use crate::job::tree::ProcessTree;
@@ -41,6 +42,8 @@ pub struct SupervisedTrials<'a> {
     /// Inside a PID namespace of its own, how to ask a host daemon for this namespace's
     /// PIDs ([`crate::job::ticks`]).
     pub daemon: Option<AskOptions>,
+    /// Ask the agent for the allocator's trace ([`TrialRunner::set_tracing`]).
+    pub tracing: bool,
 }
 
 impl TrialRunner for SupervisedTrials<'_> {
@@ -52,9 +55,13 @@ impl TrialRunner for SupervisedTrials<'_> {
         on_tick: &mut dyn FnMut(Duration, u64),
     ) -> Result<TrialOutcome, RunError> {
         settle(self.sampler, self.daemon.clone());
+        let mut env: Vec<(OsString, OsString)> = vec![(VALUE_ENV.into(), value.to_string().into())];
+        if self.tracing && self.agent {
+            env.push((TRACE_ENV.into(), "1".into()));
+        }
         let spec = JobSpec {
             argv: with_value(&self.command, value),
-            env: vec![(VALUE_ENV.into(), value.to_string().into())],
+            env,
             agent: self.agent,
             output: Output::Captured,
             until_line: self.until_line.clone(),
@@ -70,8 +77,48 @@ impl TrialRunner for SupervisedTrials<'_> {
                 on_tick(started.elapsed(), curve.peak_bytes());
             };
         let report = run_job(self.sampler, &spec, self.signals, &mut on_tick)?;
-        Ok(outcome(&report))
+        let mut outcome = outcome(&report);
+        if let TrialOutcome::Succeeded(m) | TrialOutcome::OutOfMemory(m) = &mut outcome {
+            m.traces = if !self.agent {
+                Err("the agent is off (--no-agent, or the command is not Python)".to_owned())
+            } else if !self.tracing {
+                Err("none was asked for".to_owned())
+            } else {
+                device_traces(report.alloc_traces)
+            };
+        }
+        Ok(outcome)
     }
+
+    fn set_tracing(&mut self, on: bool) {
+        self.tracing = on;
+    }
+}
+
+/// The job's traces per GPU: one process's per GPU (two processes' allocations on one GPU
+/// are two pools the replay cannot interleave), or why there are none.
+fn device_traces(files: Vec<(u32, Result<TraceFile, String>)>) -> Result<Vec<DeviceTrace>, String> {
+    if files.is_empty() {
+        return Err(
+            "no process wrote one (not PyTorch, or it never allocated on a GPU)".to_owned(),
+        );
+    }
+    let mut out: Vec<DeviceTrace> = Vec::new();
+    for (pid, file) in files {
+        let file = file.map_err(|e| format!("process {pid}'s trace: {e}"))?;
+        for device in &file.devices {
+            let trace = AllocTrace::from_file(device).map_err(|e| format!("process {pid}: {e}"))?;
+            let uuid = device.uuid.as_deref().map(crate::job::normalize_uuid);
+            if out.iter().any(|d| d.uuid == uuid) {
+                return Err(format!(
+                    "several processes allocated on GPU {}: one pool each, not one trace",
+                    uuid.as_deref().unwrap_or("(unknown)")
+                ));
+            }
+            out.push(DeviceTrace { uuid, trace });
+        }
+    }
+    Ok(out)
 }
 
 /// The command with every `{}` replaced by `value`.
@@ -132,6 +179,7 @@ fn outcome(report: &JobReport) -> TrialOutcome {
         peak_reserved_bytes: highest(report, |f| f.reserved_peak_bytes),
         peak_allocated_bytes: highest(report, |f| f.allocated_peak_bytes),
         capacity_bytes: report.used_devices().filter_map(|d| d.capacity_bytes).min(),
+        traces: Err("none was asked for".to_owned()),
     };
     if report.succeeded() {
         TrialOutcome::Succeeded(measured)
@@ -186,6 +234,44 @@ fn failure(report: &JobReport) -> TrialOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traces_are_one_per_gpu_or_the_reason_there_are_none() {
+        let file = |uuid: &str| {
+            TraceFile::parse(
+                format!(
+                    r#"{{"version":1,"devices":[{{"index":0,"uuid":"{uuid}","frames":[],
+                    "events":[[0,1024,0,4096,-1],[1,0,0,4096,-1]]}}]}}"#
+                )
+                .as_bytes(),
+            )
+        };
+        let one = device_traces(vec![(7, file("ABC"))]).expect("a trace");
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].uuid.as_deref(), Some("abc"));
+        assert_eq!(one[0].trace.allocations(), 1);
+        // Two ranks on two GPUs: one trace each.
+        assert_eq!(
+            device_traces(vec![(7, file("a")), (8, file("b"))])
+                .expect("two")
+                .len(),
+            2
+        );
+        // Two processes on one GPU, a file that did not parse, none at all.
+        let why = device_traces(vec![(7, file("a")), (8, file("GPU-a"))]).expect_err("two");
+        assert!(
+            why.starts_with("several processes allocated on GPU a"),
+            "{why}"
+        );
+        let why = device_traces(vec![(9, Err("not a trace file: x".to_owned()))])
+            .expect_err("unreadable");
+        assert_eq!(why, "process 9's trace: not a trace file: x");
+        assert!(
+            device_traces(Vec::new())
+                .expect_err("none")
+                .starts_with("no process wrote one")
+        );
+    }
 
     #[test]
     fn every_placeholder_gets_the_value() {

@@ -92,7 +92,7 @@ impl OomVerdict {
 
 /// Opens `name` in `dir` as the job's file: no symlink followed, a regular file owned by
 /// this process's user, at most `cap` bytes.
-fn read_job_file(dir: &Path, name: &str, cap: u64) -> Result<Vec<u8>, String> {
+pub(crate) fn read_job_file(dir: &Path, name: &str, cap: u64) -> Result<Vec<u8>, String> {
     use rustix::fs::{Mode, OFlags};
     let path = dir.join(name);
     let fd = rustix::fs::open(

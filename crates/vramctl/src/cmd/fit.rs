@@ -13,7 +13,8 @@ use serde::Serialize;
 use vramctl_observe::units::bytes;
 use vramctl_run::fit_search::{Conclusion, ModelSummary, Reason, Search, SearchSettings, Strategy};
 use vramctl_run::fit_trials::{
-    PLACEHOLDER, StopCause, Stopped, SupervisedTrials, Trial, TrialWatcher, VALUE_ENV, run_trials,
+    PLACEHOLDER, PredictorReport, StopCause, Stopped, SupervisedTrials, Trial, TrialWatcher,
+    VALUE_ENV, run_trials,
 };
 use vramctl_run::job::RunError;
 use vramctl_run::job::child::SignalForwarder;
@@ -39,6 +40,8 @@ struct FitReport {
     trials: Vec<Trial>,
     wall_s: f64,
     model: Option<ModelSummary>,
+    /// Which predictor chose the trials, and why the traces were not used.
+    predictor: PredictorReport,
     agent: bool,
 }
 
@@ -89,6 +92,7 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
             process_stat: false,
             accept_mapped: true,
         }),
+        tracing: false,
     };
     let done = match run_trials(&mut search, &mut runner, &mut progress) {
         Ok(done) => done,
@@ -120,6 +124,7 @@ pub fn run(global: &GlobalArgs, args: &FitArgs) -> anyhow::Result<Exit> {
         trials: done.trials,
         wall_s: started.elapsed().as_secs_f64(),
         model: search.model(),
+        predictor: done.predictor,
         agent,
     };
     let mut stdout = std::io::stdout().lock();
@@ -191,6 +196,32 @@ fn summary(report: &FitReport) {
         ),
     };
     let _ = writeln!(err, "{line}");
+    if let Some(p) = predictor_line(&report.predictor) {
+        let _ = writeln!(err, "{p}");
+    }
+}
+
+/// Which predictor chose the trials, in one line (none for `--strategy bisect`).
+fn predictor_line(p: &PredictorReport) -> Option<String> {
+    match (p.used, &p.trace, &p.fallback) {
+        ("trace", Some(t), _) => Some(format!(
+            "predictor: allocator traces (edge predicted at {}; allocations {} fixed, {} ∝ value, \
+             {} ∝ value², {} affine, {} unmatched; {} outside the pool)",
+            t.value,
+            t.fixed,
+            t.linear,
+            t.quadratic,
+            t.affine,
+            t.unmatched,
+            bytes(t.other_bytes)
+        )),
+        ("line", _, Some(why)) => Some(format!(
+            "predictor: line through the NVML peaks, because {}",
+            vramctl_core::untrusted::escape(why)
+        )),
+        ("line", _, None) => Some("predictor: line through the NVML peaks".to_owned()),
+        _ => None,
+    }
 }
 
 fn reason_name(r: Reason) -> &'static str {
