@@ -34,6 +34,11 @@
 #               on the agent's live tensors and names its allocation site (--where); a growing
 #               cache over flat tensors is no leak; against the jobs' own torch counters
 #               (issue 35 item 5, ~2.5 min)
+#   fit34       scripts/fit-h200.sh check: fit's trace predictor on ResNet-50 and a 1.1B Llama
+#               with and without checkpointing (recorded truths where the machine matches);
+#               ~6 min: run it in a call of its own (issue 34)
+#   fit34seq    the same for GPT-2's sequence length (eager attention), bisected for the truth,
+#               then scripts/fit/check34.py over all four (~3 min)
 #   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
 #               (issue 35's re-score; long: run it in a call of its own)
 set -uo pipefail
@@ -206,6 +211,12 @@ EOF
 part web32 web32
 
 part leak35 env OUT="$OUT/parts/leak35" scripts/leak35-agent-h200.sh
+
+part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" "resnet llama llama-ckpt"
+if ! skipped fit34seq; then
+  part fit34seq bash -c 'scripts/fit-h200.sh check "$0" "$1" gpt2-seq &&
+    python3 scripts/fit/check34.py "$1" resnet llama llama-ckpt gpt2-seq' "$VRAMCTL" "$OUT/parts/fit34-run"
+fi
 
 if ! skipped leakset; then
   part leakset scripts/record-leakset-h200.sh "$VRAMCTL" "$OUT/parts/leakset" 300
