@@ -15,6 +15,7 @@
 use serde::Serialize;
 
 use crate::architecture::{Architecture, Dtype, Family, Mlp, Norm};
+use crate::generation_step::{self, GenJob};
 use crate::model::Model;
 use crate::training_step::{self, StepJob, StepReplay};
 
@@ -908,6 +909,9 @@ enum Overhead {
     Replayed(StepReplay),
     /// Sizes past what the replay counts (an absurd job): none added.
     NotReplayed,
+    /// Generation's replay: its peak reserved less the counted tensors (never below zero),
+    /// so the total is the replay's reserved (or the count, when that is higher).
+    Generation(generation_step::GenReplay),
 }
 
 fn infer(model: &Model, job: &Job) -> Estimate {
@@ -1011,6 +1015,9 @@ fn infer(model: &Model, job: &Job) -> Estimate {
         Some(moe) => f(moe.top_k) * (h + 3.0 * f(moe.expert_intermediate)),
         None => match arch.mlp {
             Mlp::Gated => 3.0 * f(arch.intermediate),
+            // GPT-2's gelu_new is Python arithmetic: the fc output and three intermediates
+            // of its width are alive at once (generation_step).
+            Mlp::Plain if arch.activation == "gelu_new" => 4.0 * f(arch.intermediate),
             Mlp::Plain => 2.0 * f(arch.intermediate),
         },
     };
@@ -1035,7 +1042,23 @@ fn infer(model: &Model, job: &Job) -> Estimate {
         Phase::Always,
         "the last position's logits and their fp32 copy (generate keeps one position)",
     );
-    finish(b, job, Overhead::Fraction(ALLOCATOR_OVERHEAD_INFER), 0.0)
+    let overhead = generation_step::replay(
+        arch,
+        &GenJob {
+            batch: job.batch,
+            seq: job.seq,
+            generated: job.generated,
+            act_bytes: a as u64,
+            kv_bytes: kv_bytes as u64,
+            weight_bytes: whole(weights),
+            eager: job.attention == Attention::Eager,
+        },
+    )
+    .map_or(
+        Overhead::Fraction(ALLOCATOR_OVERHEAD_INFER),
+        Overhead::Generation,
+    );
+    finish(b, job, overhead, 0.0)
 }
 
 /// Sequence positions held by the KV cache at its peak, summed over the decoder's layers.
@@ -1140,6 +1163,16 @@ fn finish(mut b: Builder, job: &Job, overhead: Overhead, grad_bytes: f64) -> Est
         Overhead::NotReplayed => (
             0.0,
             "not replayed: the job is past what the replay counts".to_owned(),
+        ),
+        Overhead::Generation(r) => (
+            (f(r.peak_reserved) - tensors).max(0.0),
+            format!(
+                "reserved beyond the tensors counted: generate()'s {} allocations (prefill, the cache's torch.cat per layer and token) replayed through PyTorch's caching allocator ({} reserved, {} allocated at the peak, {} segments)",
+                grouped(r.allocations),
+                grouped(r.peak_reserved),
+                grouped(r.peak_allocated),
+                r.segments
+            ),
         ),
     };
     b.add("allocator overhead", bytes, Phase::Always, note);

@@ -32,6 +32,9 @@ struct GpuCheck {
     fits: bool,
     /// Capacity − the estimate; negative when it does not fit.
     margin_bytes: i64,
+    /// What every inverse answer below keeps free for the model's error (5 % of the
+    /// capacity): each answer's margin is at least this.
+    safety_margin_bytes: u64,
     /// The largest batch at the job's sequence length (for generation: the most concurrent
     /// sequences); `None` when not even 1 fits.
     largest_batch: Option<u64>,
@@ -50,6 +53,7 @@ impl GpuCheck {
             device,
             fits: check.fits,
             margin_bytes: check.margin_bytes,
+            safety_margin_bytes: check.safety_margin_bytes,
             largest_batch: check.largest_batch.map(|f| f.value),
             largest_batch_margin_bytes: check.largest_batch.map(|f| f.margin_bytes),
             largest_seq: check.largest_seq.map(|f| f.value),
@@ -458,6 +462,10 @@ fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>)
             }
         }
         lines.extend(weights);
+        lines.push(format!(
+            "       each answer above keeps {} (5 % of the capacity) for the estimate's own error",
+            units::bytes(check.safety_margin_bytes)
+        ));
     }
     lines.push(String::new());
     lines.push(
