@@ -51,6 +51,9 @@ pub struct GenJob {
     pub weight_bytes: u64,
     /// Eager attention: the scores and their fp32 softmax are materialised.
     pub eager: bool,
+    /// The weights were made in fp32, then cast with `.to()` parameter by parameter: the
+    /// fp32 copy is freed as each cast is made, and stays reserved.
+    pub cast_from_fp32: bool,
 }
 
 /// The replay's outcome.
@@ -197,16 +200,25 @@ impl<'a> Gen<'a> {
         let elements: u64 = v * h + head + layers * per_layer.iter().sum::<u64>();
         let scale = self.job.weight_bytes as f64 / elements.max(1) as f64;
         let bytes = |e: u64| ((e as f64) * scale).ceil() as u64;
-        self.malloc(bytes(v * h));
+        let mut sizes = vec![v * h];
         for _ in 0..layers {
-            for &e in &per_layer {
-                if e > 0 {
-                    self.malloc(bytes(e));
-                }
-            }
+            sizes.extend(per_layer.iter().copied().filter(|&e| e > 0));
         }
         if head > 0 {
-            self.malloc(bytes(head));
+            sizes.push(head);
+        }
+        if self.job.cast_from_fp32 {
+            // Built in fp32 (every parameter), then `.to(dtype)`: each cast allocated, then
+            // its fp32 parameter freed; the fp32 blocks stay in the cache.
+            let fp32: Vec<BlockId> = sizes.iter().map(|&e| self.malloc(e * 4)).collect();
+            for (&e, old) in sizes.iter().zip(fp32) {
+                self.malloc(bytes(e));
+                self.free(old);
+            }
+        } else {
+            for &e in &sizes {
+                self.malloc(bytes(e));
+            }
         }
     }
 
@@ -485,6 +497,7 @@ mod tests {
             kv_bytes: 4,
             weight_bytes: 124_439_808 * 4,
             eager: false,
+            cast_from_fp32: false,
         }
     }
 

@@ -158,6 +158,9 @@ impl Precision {
 #[serde(rename_all = "kebab-case")]
 pub enum Optimizer {
     Adamw,
+    /// `torch.optim.AdamW(fused=True)`, the Trainer's default (`adamw_torch_fused`) since
+    /// torch 2.8: the same states, updated in place by one kernel, no temporary.
+    AdamwFused,
     Adam,
     Sgd,
     SgdMomentum,
@@ -216,6 +219,10 @@ pub struct Job {
     pub precision: Precision,
     pub optimizer: Optimizer,
     pub checkpointing: bool,
+    /// The weights were made in fp32 and cast to the precision with `.to()`: the freed
+    /// fp32 copy stays reserved (the replays allocate it first, then cast parameter by
+    /// parameter).
+    pub cast_from_fp32: bool,
     pub attention: Attention,
     pub lora: Option<Lora>,
     pub quant: Option<Quant>,
@@ -242,6 +249,12 @@ impl Serialize for Job {
             s.serialize_field("optimizer", &self.optimizer)?;
         }
         s.serialize_field("checkpointing", &self.checkpointing)?;
+        // Listed only when set (since issue 34's round 4).
+        if self.cast_from_fp32 {
+            s.serialize_field("cast_from_fp32", &self.cast_from_fp32)?;
+        } else {
+            s.skip_field("cast_from_fp32")?;
+        }
         s.serialize_field("attention", &self.attention)?;
         s.serialize_field("lora", &self.lora)?;
         s.serialize_field("quant", &self.quant)?;
@@ -393,6 +406,13 @@ fn lora_params(arch: &Architecture, rank: u64) -> (f64, f64) {
 fn optimizer_state(opt: Optimizer, state_bytes: f64) -> (f64, bool, &'static str) {
     match opt {
         Optimizer::Adamw | Optimizer::Adam => (2.0 * state_bytes, true, "exp_avg and exp_avg_sq"),
+        // torch's `_fused_adamw_` updates parameters and states in place in one kernel:
+        // no parameter-sized temporary (the foreach path's `torch._foreach_*` results).
+        Optimizer::AdamwFused => (
+            2.0 * state_bytes,
+            false,
+            "exp_avg and exp_avg_sq (fused: updated in place)",
+        ),
         Optimizer::Sgd => (0.0, false, "plain SGD keeps no state"),
         Optimizer::SgdMomentum => (state_bytes, false, "the momentum buffer"),
         // Adafactor is handled from the factored element count by the caller.
@@ -861,6 +881,7 @@ fn train(model: &Model, job: &Job) -> Estimate {
 fn allocator_replay(arch: &Architecture, job: &Job) -> Overhead {
     let (state_copies, step_temporary) = match job.optimizer {
         Optimizer::Adamw | Optimizer::Adam => (2, true),
+        Optimizer::AdamwFused => (2, false),
         Optimizer::SgdMomentum => (1, false),
         // Plain SGD keeps nothing; Adafactor's factored and 8-bit AdamW's states are small
         // beside the parameters and are left out of the replay.
@@ -886,6 +907,7 @@ fn allocator_replay(arch: &Architecture, job: &Job) -> Overhead {
         },
         autocast: job.precision.is_amp(),
         checkpointing: job.checkpointing,
+        cast_from_fp32: job.cast_from_fp32,
         eager: job.attention == Attention::Eager,
         lora: job.lora.map(|l| l.rank),
         state_copies,
@@ -1052,6 +1074,7 @@ fn infer(model: &Model, job: &Job) -> Estimate {
             kv_bytes: kv_bytes as u64,
             weight_bytes: whole(weights),
             eager: job.attention == Attention::Eager,
+            cast_from_fp32: job.cast_from_fp32 && dense < 4.0,
         },
     )
     .map_or(
@@ -1287,6 +1310,7 @@ pub fn default_job(mode: Mode) -> Job {
         },
         optimizer: Optimizer::Adamw,
         checkpointing: false,
+        cast_from_fp32: false,
         attention: Attention::Sdpa,
         lora: None,
         quant: None,
@@ -1309,6 +1333,7 @@ pub fn attention_name(attention: Attention) -> &'static str {
 pub fn optimizer_name(optimizer: Optimizer) -> &'static str {
     match optimizer {
         Optimizer::Adamw => "adamw",
+        Optimizer::AdamwFused => "adamw-fused",
         Optimizer::Adam => "adam",
         Optimizer::Sgd => "sgd",
         Optimizer::SgdMomentum => "sgd-momentum",
@@ -1355,6 +1380,62 @@ mod tests {
             seq,
             ..default_job(Mode::Train)
         }
+    }
+
+    /// Fused AdamW (the Trainer's default since torch 2.8) keeps AdamW's two states but
+    /// updates in place: no step temporary, so a small batch that peaked in the step peaks
+    /// lower (TinyLlama bf16 b1x512: the foreach step's 2 B per parameter is gone).
+    #[test]
+    fn fused_adamw_has_no_step_temporary() {
+        let m = model("tinyllama-1.1b.json");
+        let job = Job {
+            precision: Precision::Bf16,
+            ..train_job(1, 512)
+        };
+        let foreach = estimate(&m, &job);
+        let fused = estimate(
+            &m,
+            &Job {
+                optimizer: Optimizer::AdamwFused,
+                ..job.clone()
+            },
+        );
+        assert_eq!(
+            fused.term("optimizer states"),
+            foreach.term("optimizer states")
+        );
+        assert_eq!(fused.term("optimizer step temporary"), 0);
+        assert!(foreach.term("optimizer step temporary") > 2 * 1_000_000_000);
+        assert!(fused.total_bytes + 2 * 1_000_000_000 < foreach.total_bytes);
+    }
+
+    /// A model built in fp32 and cast to bf16 (`--cast-from-fp32`): the freed fp32 copy
+    /// stays reserved, so a short generation's peak is at least the fp32 weights (the issue
+    /// 34 jobs built that way were 19-30 % above the plain estimate).
+    #[test]
+    fn a_model_cast_from_fp32_keeps_its_fp32_copy_reserved() {
+        let m = model("tinyllama-1.1b.json");
+        let job = Job {
+            precision: Precision::Bf16,
+            seq: 512,
+            generated: 16,
+            ..default_job(Mode::Infer)
+        };
+        let plain = estimate(&m, &job);
+        let cast = estimate(
+            &m,
+            &Job {
+                cast_from_fp32: true,
+                ..job.clone()
+            },
+        );
+        let params = m.params();
+        assert!(plain.total_bytes < 3 * params + (1 << 30));
+        assert!(
+            cast.total_bytes - cast.term("CUDA context") >= 4 * params,
+            "{}",
+            cast.total_bytes
+        );
     }
 
     /// The replay behind a training estimate's allocator term (AdamW, one GPU).

@@ -45,6 +45,9 @@ pub struct StepJob {
     /// fp32 weights under bf16/fp16 autocast.
     pub autocast: bool,
     pub checkpointing: bool,
+    /// The weights were made in fp32, then cast to `param_bytes` with `.to()`, parameter
+    /// by parameter (the new one allocated, then the fp32 one freed).
+    pub cast_from_fp32: bool,
     /// Eager attention (`--attention eager`); otherwise SDPA.
     pub eager: bool,
     /// LoRA rank on q and v (PEFT's default targets), the base frozen.
@@ -2454,12 +2457,28 @@ impl Graph {
     fn run(&mut self) {
         self.build();
         let n = self.params.len();
+        let cast = self.job.cast_from_fp32;
+        let mut fp32 = Vec::new();
+        if cast {
+            for w in 0..n {
+                if self.aliases.contains_key(&w) || self.params[w].es >= 4 {
+                    continue;
+                }
+                let bytes = (self.params[w].numel * 4).div_ceil(self.job.weight_shards.max(1));
+                fp32.push((w, self.alloc(bytes, 1, false)));
+            }
+        }
+        let mut fp32 = fp32.into_iter().peekable();
         for w in 0..n {
             if self.aliases.contains_key(&w) {
                 continue;
             }
             let bytes = self.param_bytes(w);
             self.alloc(bytes, 1, false);
+            // `.to(dtype)`: the cast is made, then the fp32 parameter let go.
+            if let Some((_, old)) = fp32.next_if(|&(o, _)| o == w) {
+                self.drop_ref(old);
+            }
         }
         if self.cx.tied {
             // the output layer is built with its own weight, then tied to the embedding's
@@ -2544,6 +2563,7 @@ mod tests {
             param_bytes: 2,
             autocast: false,
             checkpointing: false,
+            cast_from_fp32: false,
             eager: false,
             lora: None,
             state_copies: 2,

@@ -1855,9 +1855,15 @@ pub struct EstimateArgs {
     #[arg(long, value_enum, default_value_t = EstimateOptimizer::Adamw)]
     pub optimizer: EstimateOptimizer,
 
-    /// Activation checkpointing on every block (--train)
+    /// Activation checkpointing on every block (--train); transformers' default
+    /// (gradient_checkpointing_enable() with no arguments)
     #[arg(long, conflicts_with = "infer")]
     pub checkpointing: bool,
+
+    /// The model was built or loaded in fp32 and cast to --precision with .to() (e.g.
+    /// from_config, then .to(torch.bfloat16)): the freed fp32 copy stays reserved
+    #[arg(long)]
+    pub cast_from_fp32: bool,
 
     /// The attention implementation (eager materialises the scores)
     #[arg(long, value_enum, default_value_t = EstimateAttention::Sdpa)]
@@ -1922,6 +1928,8 @@ pub enum EstimatePrecision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EstimateOptimizer {
     Adamw,
+    /// `AdamW(fused=True)`: the Trainer's default since torch 2.8.
+    AdamwFused,
     Adam,
     Sgd,
     SgdMomentum,

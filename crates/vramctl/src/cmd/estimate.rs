@@ -257,6 +257,7 @@ fn job_of(args: &EstimateArgs, model: &Model) -> Job {
         precision,
         optimizer: match args.optimizer {
             EstimateOptimizer::Adamw => Optimizer::Adamw,
+            EstimateOptimizer::AdamwFused => Optimizer::AdamwFused,
             EstimateOptimizer::Adam => Optimizer::Adam,
             EstimateOptimizer::Sgd => Optimizer::Sgd,
             EstimateOptimizer::SgdMomentum => Optimizer::SgdMomentum,
@@ -264,6 +265,7 @@ fn job_of(args: &EstimateArgs, model: &Model) -> Job {
             EstimateOptimizer::Adamw8bit => Optimizer::Adamw8bit,
         },
         checkpointing: args.checkpointing,
+        cast_from_fp32: args.cast_from_fp32,
         attention: match args.attention {
             EstimateAttention::Sdpa => Attention::Sdpa,
             EstimateAttention::Eager => Attention::Eager,
