@@ -85,6 +85,11 @@ def build(c):
     else:
         cls = transformers.AutoModelForCausalLM
     dtype = DTYPES[c["precision"]]
+    # cast: built in fp32, then `.to(dtype)` (issue 34, round 4): the fp32 copy is freed
+    # parameter by parameter and stays reserved.
+    final = dtype
+    if c.get("cast"):
+        dtype = torch.float32
     # The default dtype makes every parameter in the job's dtype as it is created; the
     # keyword (`dtype` in transformers 5, `torch_dtype` before) is given as well.
     torch.set_default_dtype(dtype)
@@ -96,6 +101,8 @@ def build(c):
                 model = cls.from_config(config, attn_implementation=c["attention"], torch_dtype=dtype)
     finally:
         torch.set_default_dtype(torch.float32)
+    if final is not dtype:
+        model = model.to(final)
     attn = getattr(model.config, "_attn_implementation", None)
     if attn != c["attention"]:
         raise SystemExit(f"error: built with attention '{attn}', not '{c['attention']}'")
@@ -147,7 +154,8 @@ def train(c, model, config):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=1e-4)
+    # fused: AdamW(fused=True), the Trainer's default since torch 2.8 (issue 34, round 4).
+    opt = torch.optim.AdamW(trainable, lr=1e-4, fused=True if c.get("fused") else None)
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     vocab = config.vocab_size
     ids = torch.randint(0, vocab, (c["batch"], c["seq"]), device="cuda", generator=gen)
