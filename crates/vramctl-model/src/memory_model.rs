@@ -1075,6 +1075,7 @@ fn infer(model: &Model, job: &Job) -> Estimate {
             weight_bytes: whole(weights),
             eager: job.attention == Attention::Eager,
             cast_from_fp32: job.cast_from_fp32 && dense < 4.0,
+            cublas_workspace: true,
         },
     )
     .map_or(
