@@ -9,6 +9,8 @@
 
 use serde::Serialize;
 
+#[cfg(test)]
+use crate::memory_model::LoraTargets;
 use crate::memory_model::{self, Job, Lora, Mode, Precision, Quant};
 use crate::model::{Model, SourceKind};
 
@@ -366,6 +368,8 @@ mod tests {
             lora: Some(Lora {
                 rank: 16,
                 quant_base: None,
+                targets: LoraTargets::QV,
+                dropout: false,
             }),
             ..default_job(Mode::Train)
         };

@@ -204,6 +204,50 @@ pub enum Sharding {
 pub struct Lora {
     pub rank: u64,
     pub quant_base: Option<Quant>,
+    /// Listed only when not PEFT's default (q and v).
+    #[serde(skip_serializing_if = "LoraTargets::is_default")]
+    pub targets: LoraTargets,
+    /// `lora_dropout` above 0 (PEFT's default is 0: an identity); listed only when set.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dropout: bool,
+}
+
+/// The linears LoRA adapts (`target_modules`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoraTargets {
+    /// q_proj and v_proj: PEFT's default for these families.
+    #[default]
+    QV,
+    /// `target_modules="all-linear"`: every linear of the blocks (attention's q, k, v, o;
+    /// a dense MLP's up/gate/down), not the output layer; a MoE's experts (fused
+    /// parameters, not `nn.Linear`) and router are left alone.
+    AllLinear,
+}
+
+impl LoraTargets {
+    fn is_default(&self) -> bool {
+        *self == LoraTargets::QV
+    }
+}
+
+/// The adapted linears of one block, as (in, out) features (`lora.targets` on `arch`).
+fn lora_linears(arch: &Architecture, targets: LoraTargets) -> Vec<(u64, u64)> {
+    let (h, q, kv) = (arch.hidden, arch.q_dim(), arch.kv_dim());
+    match targets {
+        LoraTargets::QV => vec![(h, q), (h, kv)],
+        LoraTargets::AllLinear => {
+            let mut v = vec![(h, q), (h, kv), (h, kv), (q, h)];
+            if arch.moe.is_none() {
+                let i = arch.intermediate;
+                match arch.mlp {
+                    Mlp::Gated => v.extend([(h, i), (h, i), (i, h)]),
+                    Mlp::Plain => v.extend([(h, i), (i, h)]),
+                }
+            }
+            v
+        }
+    }
 }
 
 /// The job, as the command line gives it.
@@ -387,17 +431,29 @@ fn params_of(model: &Model) -> Params {
     }
 }
 
-/// LoRA adapter parameters: rank-`r` A and B on q and v of every attention (PEFT's default
-/// `target_modules` for these families).
-fn lora_params(arch: &Architecture, rank: u64) -> (f64, f64) {
-    let sets = f(arch.layers + 2 * arch.decoder_layers);
-    let h = f(arch.hidden);
-    let r = f(rank);
-    let q = r * (h + f(arch.q_dim()));
-    let v = r * (h + f(arch.kv_dim()));
-    // Adafactor factors each adapter matrix: rows + columns of A (r × in) and B (out × r).
-    let factored = sets * 2.0 * (2.0 * r + h) + sets * (f(arch.q_dim()) + f(arch.kv_dim()));
-    (sets * (q + v), factored)
+/// LoRA adapter parameters: rank-`r` A (r × in) and B (out × r) on each adapted linear of
+/// every block ([`lora_linears`]; T5's decoder blocks adapt their cross-attention's too),
+/// and the rows + columns Adafactor keeps of them.
+fn lora_params(arch: &Architecture, lora: Lora) -> (f64, f64) {
+    let r = lora.rank;
+    let linears = lora_linears(arch, lora.targets);
+    let attention = if lora.targets == LoraTargets::QV {
+        2
+    } else {
+        4
+    };
+    let (mut params, mut factored) = (0.0, 0.0);
+    for (k, &(i, o)) in linears.iter().enumerate() {
+        // Attention's are in each block's self-attention and T5's cross-attentions.
+        let sets = if k < attention {
+            arch.layers + 2 * arch.decoder_layers
+        } else {
+            arch.layers + arch.decoder_layers
+        };
+        params += f(sets) * f(r * (i + o));
+        factored += f(sets) * f(2 * r + i + o);
+    }
+    (params, factored)
 }
 
 /// Bytes of optimizer state per trainable parameter held in `state_bytes` (the parameter's
@@ -602,9 +658,39 @@ fn block_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> f64 {
             }
             None => a * f(arch.intermediate),
         };
-        total += if a < 4.0 { 2.0 * 4.0 * h } else { 4.0 * h };
+        total += lora_saved_bytes_per_token(arch, job);
     }
     total
+}
+
+/// What PEFT's `lora.Linear`s of one block save per token: each casts its input to the
+/// adapters' fp32 (`_cast_input_dtype`) and lora_A saves it — a copy per adapter in 16-bit,
+/// the input itself in fp32, where adapters sharing an input share it (and o_proj's is
+/// SDPA's output, kept anyway); with `lora_dropout` > 0 each adapter's dropout makes its own
+/// fp32 output (saved by lora_A) and 1-byte mask; lora_A's output, r × 4 B, for lora_B.
+fn lora_saved_bytes_per_token(arch: &Architecture, job: &Job) -> f64 {
+    let Some(lora) = job.lora else {
+        return 0.0;
+    };
+    let a = job.precision.compute_bytes();
+    let linears = lora_linears(arch, lora.targets);
+    let r = f(lora.rank);
+    let outputs = f(linears.len() as u64) * 4.0 * r;
+    let inputs: f64 = if lora.dropout {
+        linears.iter().map(|&(i, _)| 5.0 * f(i)).sum()
+    } else if a < 4.0 {
+        linears.iter().map(|&(i, _)| 4.0 * f(i)).sum()
+    } else {
+        // fp32: the inputs themselves, once per distinct input (the attention's norm, the
+        // MLP's norm, the down projection's product; o_proj's is SDPA's output).
+        let h = f(arch.hidden);
+        match lora.targets {
+            LoraTargets::QV => 4.0 * h,
+            LoraTargets::AllLinear if arch.moe.is_some() => 4.0 * h,
+            LoraTargets::AllLinear => 8.0 * h + 4.0 * f(arch.intermediate),
+        }
+    };
+    inputs + outputs
 }
 
 /// Bytes per token per vocabulary entry at the loss's peak: transformers' `ForCausalLMLoss`
@@ -636,7 +722,7 @@ fn train(model: &Model, job: &Job) -> Estimate {
     // What is trained, and in which dtype its weights, gradients and states are held.
     let (trainable, trainable_bytes, frozen_bytes, factored) = match job.lora {
         Some(lora) => {
-            let (adapters, factored) = lora_params(arch, lora.rank);
+            let (adapters, factored) = lora_params(arch, lora);
             let base_16 = if job.precision == Precision::Fp32 {
                 4.0
             } else {
@@ -910,6 +996,10 @@ fn allocator_replay(arch: &Architecture, job: &Job) -> Overhead {
         cast_from_fp32: job.cast_from_fp32,
         eager: job.attention == Attention::Eager,
         lora: job.lora.map(|l| l.rank),
+        lora_all_linear: job
+            .lora
+            .is_some_and(|l| l.targets == LoraTargets::AllLinear),
+        lora_dropout: job.lora.is_some_and(|l| l.dropout),
         state_copies,
         step_temporary,
         weight_shards: weights,
@@ -1439,6 +1529,50 @@ mod tests {
         );
     }
 
+    /// LoRA on every linear (`--lora-targets all-linear`) and with `lora_dropout`: the
+    /// adapters PEFT builds (Llama-3-8B, rank 16, all-linear: 41,943,040, as PEFT's
+    /// `print_trainable_parameters` reports it), and the count of saved tensors agrees with
+    /// the replay's allocated peak within 1 % for each variant (each adapter's fp32 input,
+    /// its dropout copy and mask, the down projection's product).
+    #[test]
+    fn lora_on_all_linears_and_with_dropout_counts_what_it_replays() {
+        let m = model("llama-3-8b.json");
+        let lora = |targets, dropout| Job {
+            precision: Precision::Bf16,
+            lora: Some(Lora {
+                rank: 16,
+                quant_base: None,
+                targets,
+                dropout,
+            }),
+            ..train_job(4, 1024)
+        };
+        let all = lora(LoraTargets::AllLinear, false);
+        let (adapters, _) = lora_params(&m.architecture, all.lora.expect("lora"));
+        assert_eq!(whole(adapters), 41_943_040);
+        let (qv, _) = lora_params(
+            &m.architecture,
+            lora(LoraTargets::QV, false).lora.expect("lora"),
+        );
+        assert_eq!(whole(qv), 6_815_744);
+        let mut totals = Vec::new();
+        for (targets, dropout) in [
+            (LoraTargets::QV, false),
+            (LoraTargets::QV, true),
+            (LoraTargets::AllLinear, false),
+            (LoraTargets::AllLinear, true),
+        ] {
+            let job = lora(targets, dropout);
+            let e = estimate(&m, &job);
+            let counted = e.total_bytes - e.term("allocator overhead") - e.term("CUDA context");
+            let r = replay_of(&m, &job);
+            let off = counted.abs_diff(r.peak_allocated) as f64 / counted as f64;
+            assert!(off < 0.01, "{targets:?} {dropout}: {counted} vs {r:?}");
+            totals.push(e.total_bytes);
+        }
+        assert!(totals[0] < totals[1] && totals[1] < totals[2] && totals[2] < totals[3]);
+    }
+
     /// The replay behind a training estimate's allocator term (AdamW, one GPU).
     fn replay_of(model: &Model, job: &Job) -> training_step::StepReplay {
         match allocator_replay(&model.architecture, job) {
@@ -1535,6 +1669,8 @@ mod tests {
                 lora: number("--lora-rank").map(|rank| Lora {
                     rank,
                     quant_base: None,
+                    targets: LoraTargets::QV,
+                    dropout: false,
                 }),
                 ..train_job(
                     number("--batch").expect("batch"),
@@ -1832,6 +1968,8 @@ mod tests {
             lora: Some(Lora {
                 rank: 16,
                 quant_base: Some(Quant::Int4),
+                targets: LoraTargets::QV,
+                dropout: false,
             }),
             ..train_job(1, 512)
         };

@@ -52,6 +52,11 @@ pub struct StepJob {
     pub eager: bool,
     /// LoRA rank on q and v (PEFT's default targets), the base frozen.
     pub lora: Option<u64>,
+    /// LoRA on every linear of the blocks (`all-linear`; Llama-style dense blocks: q, k,
+    /// v, o, gate, up, down), not only q and v.
+    pub lora_all_linear: bool,
+    /// `lora_dropout` > 0: each adapter drops out its fp32 input (a copy and a mask).
+    pub lora_dropout: bool,
     /// Optimizer states per trainable parameter, in units of the parameter's size (AdamW 2).
     pub state_copies: u64,
     /// `step()` makes one parameter-sized temporary per parameter (foreach AdamW).
@@ -186,6 +191,8 @@ struct Cx {
     ckpt: bool,
     eager: bool,
     lora: Option<u64>,
+    lora_all: bool,
+    lora_dropout: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -296,6 +303,8 @@ impl Graph {
             ckpt: job.checkpointing,
             eager: job.eager,
             lora: job.lora,
+            lora_all: job.lora_all_linear,
+            lora_dropout: job.lora_dropout,
         };
         Graph {
             alloc: CachingAllocator::new(),
@@ -1688,14 +1697,29 @@ impl Graph {
                     top.insert("lm_head", self.register(v * h, p, frozen, 0));
                 }
                 if let Some(r) = cx.lora {
-                    // PEFT wraps q_proj and v_proj after the model is built: A then B, fp32
+                    // PEFT wraps its targets after the model is built, in module order: A
+                    // then B, fp32 (q_proj and v_proj, or every linear of a block).
+                    let dense = cx.moe.is_none() && !phi3;
                     for l in &mut layers {
-                        for (name, numel) in [
-                            ("q_lora_a", r * h),
-                            ("q_lora_b", q * r),
-                            ("v_lora_a", r * h),
-                            ("v_lora_b", kv * r),
-                        ] {
+                        let mut adapters = vec![("q_lora_a", r * h), ("q_lora_b", q * r)];
+                        if cx.lora_all {
+                            adapters.extend([("k_lora_a", r * h), ("k_lora_b", kv * r)]);
+                        }
+                        adapters.extend([("v_lora_a", r * h), ("v_lora_b", kv * r)]);
+                        if cx.lora_all {
+                            adapters.extend([("o_lora_a", r * q), ("o_lora_b", h * r)]);
+                        }
+                        if cx.lora_all && dense {
+                            adapters.extend([
+                                ("gate_lora_a", r * h),
+                                ("gate_lora_b", i * r),
+                                ("up_lora_a", r * h),
+                                ("up_lora_b", i * r),
+                                ("down_lora_a", r * i),
+                                ("down_lora_b", h * r),
+                            ]);
+                        }
+                        for (name, numel) in adapters {
                             l.w.insert(name, self.register(numel, 4, true, 0));
                         }
                     }
@@ -1801,7 +1825,11 @@ impl Graph {
     fn lora_linear(&mut self, x: Tid, w: usize, a: usize, b: usize, out_features: u64) -> Tid {
         let r = self.cx.lora.unwrap_or(1);
         let result = self.nn_linear(x, w, out_features);
-        let x32 = self.cast(x, 4);
+        let mut x32 = self.cast(x, 4);
+        if self.cx.lora_dropout {
+            // lora_dropout(x): a new fp32 tensor (saved by lora_A) and its mask.
+            x32 = self.rebind(x32, Graph::dropout);
+        }
         let (amp, ca) = (self.cx.amp, self.cx.a);
         self.cx.amp = false;
         self.cx.a = 4;
@@ -1875,7 +1903,8 @@ impl Graph {
             };
             let qq = lin(g, "q", q, Some(("q_lora_a", "q_lora_b")));
             let qt = to_heads(g, qq, cx.heads);
-            let kk = lin(g, "k", kv, None);
+            let k_lora = cx.lora_all.then_some(("k_lora_a", "k_lora_b"));
+            let kk = lin(g, "k", kv, k_lora);
             let kt = to_heads(g, kk, cx.kv_heads);
             let vv = lin(g, "v", kv, Some(("v_lora_a", "v_lora_b")));
             let qe = g.rope(qt);
@@ -1892,7 +1921,12 @@ impl Graph {
             // the kernel's output has q's layout ([b, heads, s, d] after the cat): a copy
             o = g.rebind(o, Graph::passthrough);
         }
-        let mut oo = g.linear(o, g.lp(l, "o"), h);
+        let mut oo = if cx.lora.is_some() && cx.lora_all && cx.family != Family::Phi3 {
+            let (w, a, b) = (g.lp(l, "o"), g.lp(l, "o_lora_a"), g.lp(l, "o_lora_b"));
+            g.lora_linear(o, w, a, b, h)
+        } else {
+            g.linear(o, g.lp(l, "o"), h)
+        };
         g.drop_all(&[o, qe, ke, vv, n1]);
         if gemma2 {
             oo = g.rebind(oo, |g, x| g.rms_norm(x, h, t, style));
@@ -1910,6 +1944,8 @@ impl Graph {
             let prod = g.mul(parts[1], act, 0);
             g.drop_all(&[parts[0], parts[1], act]);
             g.rebind(prod, |g, x| g.linear(x, g.lp(l, "down"), h))
+        } else if cx.lora.is_some() && cx.lora_all {
+            g.gated_mlp_lora(l, n2, i)
         } else {
             g.gated_mlp(n2, g.lp(l, "gate"), g.lp(l, "up"), g.lp(l, "down"), i)
         };
@@ -1920,6 +1956,29 @@ impl Graph {
         let h2 = g.add(h1, down);
         g.drop_all(&[down, h1]);
         h2
+    }
+
+    /// `down(act(gate(x)) * up(x))` with LoRA on each of the three (`all-linear`).
+    fn gated_mlp_lora(&mut self, l: usize, x: Tid, width: u64) -> Tid {
+        let h = self.cx.h;
+        let w = |g: &Graph, n: &str| g.lp(l, n);
+        let (gw, ga, gb) = (
+            w(self, "gate"),
+            w(self, "gate_lora_a"),
+            w(self, "gate_lora_b"),
+        );
+        let (uw, ua, ub) = (w(self, "up"), w(self, "up_lora_a"), w(self, "up_lora_b"));
+        let (dw, da, db) = (
+            w(self, "down"),
+            w(self, "down_lora_a"),
+            w(self, "down_lora_b"),
+        );
+        let gt = self.lora_linear(x, gw, ga, gb, width);
+        let act = self.rebind(gt, |g, x| g.unary(x, true, false, 0));
+        let u = self.lora_linear(x, uw, ua, ub, width);
+        let prod = self.mul(act, u, 0);
+        self.drop_all(&[act, u]);
+        self.rebind(prod, |g, x| g.lora_linear(x, dw, da, db, h))
     }
 
     /// `down(act(gate(x)) * up(x))`.
@@ -2566,6 +2625,8 @@ mod tests {
             cast_from_fp32: false,
             eager: false,
             lora: None,
+            lora_all_linear: false,
+            lora_dropout: false,
             state_copies: 2,
             step_temporary: true,
             weight_shards: 1,

@@ -1878,6 +1878,16 @@ pub struct EstimateArgs {
     #[arg(long, value_enum, requires = "lora_rank")]
     pub quant_base: Option<EstimateBaseQuant>,
 
+    /// With --lora-rank: the linears adapted (q-v: PEFT's default; all-linear: every
+    /// linear of the blocks, PEFT's target_modules="all-linear")
+    #[arg(long, value_enum, default_value_t = EstimateLoraTargets::QV, requires = "lora_rank")]
+    pub lora_targets: EstimateLoraTargets,
+
+    /// With --lora-rank: lora_dropout above 0 (each adapter's input dropped out: an fp32
+    /// copy and a mask per adapter)
+    #[arg(long, requires = "lora_rank")]
+    pub lora_dropout: bool,
+
     /// With --infer: quantised weights
     #[arg(long, value_enum, requires = "infer")]
     pub quant: Option<EstimateQuant>,
@@ -1944,6 +1954,14 @@ pub enum EstimateAttention {
     Sdpa,
     Eager,
     Flash,
+}
+
+/// `--lora-targets`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimateLoraTargets {
+    #[value(name = "q-v")]
+    QV,
+    AllLinear,
 }
 
 /// `--quant-base`.

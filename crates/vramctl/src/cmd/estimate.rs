@@ -5,13 +5,13 @@ use anyhow::Context;
 use serde::Serialize;
 use vramctl_model::fit_check::{self, FitCheck, WeightsFit};
 use vramctl_model::memory_model::{
-    self, Attention, Estimate, Job, Lora, Mode, Optimizer, Precision, Quant, Sharding,
+    self, Attention, Estimate, Job, Lora, LoraTargets, Mode, Optimizer, Precision, Quant, Sharding,
 };
 use vramctl_model::{Dtype, Model};
 
 use crate::cli::{
-    EstimateArgs, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateOptimizer,
-    EstimatePrecision, EstimateQuant, GlobalArgs, GpuTarget,
+    EstimateArgs, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateLoraTargets,
+    EstimateOptimizer, EstimatePrecision, EstimateQuant, GlobalArgs, GpuTarget,
 };
 use crate::exit::Exit;
 use crate::output::emit::{Format, Lines, emit};
@@ -277,6 +277,11 @@ fn job_of(args: &EstimateArgs, model: &Model) -> Job {
                 EstimateBaseQuant::Int4 => Quant::Int4,
                 EstimateBaseQuant::Int8 => Quant::Int8,
             }),
+            targets: match args.lora_targets {
+                EstimateLoraTargets::QV => LoraTargets::QV,
+                EstimateLoraTargets::AllLinear => LoraTargets::AllLinear,
+            },
+            dropout: args.lora_dropout,
         }),
         quant: args.quant.map(|q| match q {
             EstimateQuant::Int8 => Quant::Int8,
