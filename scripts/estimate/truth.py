@@ -110,35 +110,42 @@ def build(c):
 
 
 class HandLora(torch.nn.Module):
-    """PEFT's LoRA forward (base(x) + B(A(x)) * alpha/r) with fp32 adapters, for machines
-    without PEFT; PEFT casts the input to the adapters' dtype the same way."""
+    """PEFT's LoRA forward (base(x) + B(A(dropout(x))) * alpha/r) with fp32 adapters, for
+    machines without PEFT; PEFT casts the input to the adapters' dtype the same way."""
 
-    def __init__(self, base, r):
+    def __init__(self, base, r, dropout=0.0):
         super().__init__()
         self.base = base
         self.a = torch.nn.Linear(base.in_features, r, bias=False, device=base.weight.device)
         self.b = torch.nn.Linear(r, base.out_features, bias=False, device=base.weight.device)
         torch.nn.init.zeros_(self.b.weight)
+        self.drop = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
         self.scale = 1.0
 
     def forward(self, x):
         out = self.base(x)
-        return out + (self.b(self.a(x.to(self.a.weight.dtype))) * self.scale).to(out.dtype)
+        return out + (self.b(self.a(self.drop(x.to(self.a.weight.dtype)))) * self.scale).to(out.dtype)
 
 
-def add_lora(model, r):
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def add_lora(model, r, targets="q-v", dropout=0.0):
+    """targets: q-v (PEFT's default here) or all-linear (issue 34, round 4)."""
+    names = ("q_proj", "v_proj") if targets == "q-v" else ALL_LINEAR
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         for p in model.parameters():
             p.requires_grad_(False)
         for module in list(model.modules()):
-            for name in ("q_proj", "v_proj"):
+            for name in names:
                 child = getattr(module, name, None)
                 if isinstance(child, torch.nn.Linear):
-                    setattr(module, name, HandLora(child, r))
+                    setattr(module, name, HandLora(child, r, dropout))
         return model, "hand"
-    cfg = LoraConfig(r=r, lora_alpha=r, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+    cfg = LoraConfig(r=r, lora_alpha=r, lora_dropout=dropout,
+                     target_modules=["q_proj", "v_proj"] if targets == "q-v" else "all-linear",
                      task_type="CAUSAL_LM")
     return get_peft_model(model, cfg), "peft"
 
@@ -146,7 +153,8 @@ def add_lora(model, r):
 def train(c, model, config):
     lora_impl = None
     if c["lora"]:
-        model, lora_impl = add_lora(model, c["lora"])
+        model, lora_impl = add_lora(model, c["lora"], c.get("lora_targets", "q-v"),
+                                    0.05 if c.get("lora_dropout") else 0.0)
     if c["ckpt"] == "default":
         # As issue 34's held-out jobs called it: transformers' own default.
         model.gradient_checkpointing_enable()
