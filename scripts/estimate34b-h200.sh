@@ -40,6 +40,7 @@ try:
 except OSError:
     pass
 bad = 0
+errors = []
 for name in cases.ROUND4:
     c = cases.BY_NAME[name]
     e = json.loads(subprocess.run([vramctl, "estimate", *cases.estimate_args(c), "--json"],
@@ -57,9 +58,15 @@ for name in cases.ROUND4:
     rerr = f"{((total - context) - reserved) / reserved * 100:+.1f} %" if reserved else "?"
     ok = abs(err) <= 10
     bad += not ok
+    errors.append((c["set"], abs(err)))
     goal = "within the 5 % goal" if abs(err) <= 5 else "outside the 5 % goal"
     print(f"{'PASS' if ok else 'FAIL'} {name} ({c['set']}): estimate {total / 2**30:.2f} GiB, "
           f"NVML {nvml / 2**30:.2f} GiB, {err:+.1f} % ({goal}); reserved vs estimate less context {rerr}")
+for set_ in ("tuning", "held_back"):
+    e = sorted(x for s_, x in errors if s_ == set_)
+    if e:
+        print(f"SUMMARY {set_}: {len(e)} measured, {sum(x <= 10 for x in e)} within 10 %, "
+              f"{sum(x <= 5 for x in e)} within 5 %, median |error| {e[len(e) // 2]:.1f} %, max {e[-1]:.1f} %")
 sys.exit(1 if bad else 0)
 PY
 rc_cases=$?
