@@ -37,6 +37,10 @@ const EDGE_TOKENS: u64 = 64;
 /// Generated tokens replayed in between, evenly spread.
 const MIDDLE_TOKENS: u64 = 128;
 
+/// The most block forwards (layers × replayed forwards) a replay runs: 126 layers (the
+/// largest Llama) over the 257 forwards of a long generation is 32,382.
+const MAX_LAYER_FORWARDS: u64 = 1_000_000;
+
 /// What the program needs to know of a generation job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenJob {
@@ -81,11 +85,21 @@ pub fn replay(arch: &Architecture, job: &GenJob) -> Option<GenReplay> {
         .max(arch.hidden)
         .max(arch.q_dim_saturating())
         .max(moe_width(arch));
+    let context = job.seq.checked_add(job.generated)?;
+    let forwards = replayed_steps(job.generated.saturating_sub(1)).len() as u64 + 1;
     if tokens == 0
         || arch.layers == 0
         || arch.family == Family::T5
         || tokens.checked_mul(widest)?.checked_mul(16)? > 1 << 60
         || job.batch.checked_mul(arch.vocab)?.checked_mul(16)? > 1 << 60
+        || job
+            .batch
+            .checked_mul(context)?
+            .checked_mul(arch.kv_cache_width().max(8))?
+            .checked_mul(16)?
+            > 1 << 60
+        // Bounded work: a config with absurdly many layers is not replayed.
+        || arch.layers.saturating_mul(forwards) > MAX_LAYER_FORWARDS
     {
         return None;
     }
@@ -508,7 +522,8 @@ fn replayed_steps(steps: u64) -> Vec<u64> {
     let mut out: Vec<u64> = (1..=EDGE_TOKENS).collect();
     let (from, to) = (EDGE_TOKENS, steps - EDGE_TOKENS);
     for k in 1..=MIDDLE_TOKENS {
-        out.push(from + (to - from) * k / (MIDDLE_TOKENS + 1));
+        let spread = u128::from(to - from) * u128::from(k) / u128::from(MIDDLE_TOKENS + 1);
+        out.push(from + u64::try_from(spread).unwrap_or(to - from));
     }
     out.extend(steps - EDGE_TOKENS + 1..=steps);
     out.dedup();
@@ -594,6 +609,22 @@ mod tests {
                 "{config}: {r:?} against {reserved} reserved"
             );
         }
+    }
+
+    /// Sizes past what is counted, or absurdly many layers, are not replayed (the estimate
+    /// falls back to its 5 % allowance) rather than overflowing or running for hours.
+    #[test]
+    fn absurd_jobs_are_not_replayed() {
+        let a = arch("gpt2.json");
+        let mut job = gpt2_fp32(1);
+        job.generated = u64::MAX / 2;
+        assert_eq!(replay(&a, &job), None);
+        job.generated = 64;
+        job.batch = 0;
+        assert_eq!(replay(&a, &job), None);
+        let mut deep = a.clone();
+        deep.layers = 100_000;
+        assert_eq!(replay(&deep, &gpt2_fp32(1)), None);
     }
 
     #[test]
