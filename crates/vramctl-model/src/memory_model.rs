@@ -260,6 +260,8 @@ pub struct Job {
     pub seq: u64,
     /// Tokens generated after the prompt (`--infer`).
     pub generated: u64,
+    /// T5's decoder (target) length when it differs from `seq`, the encoder's (`--train`).
+    pub target_seq: Option<u64>,
     pub precision: Precision,
     pub optimizer: Optimizer,
     pub checkpointing: bool,
@@ -286,6 +288,12 @@ impl Serialize for Job {
         s.serialize_field("batch", &self.batch)?;
         s.serialize_field("seq", &self.seq)?;
         s.serialize_field("generated", &self.generated)?;
+        // Listed only when given (since issue 34's round 4).
+        if let Some(t) = self.target_seq {
+            s.serialize_field("target_seq", &t)?;
+        } else {
+            s.skip_field("target_seq")?;
+        }
         s.serialize_field("precision", &self.precision)?;
         if infer {
             s.skip_field("optimizer")?;
@@ -561,7 +569,14 @@ fn attention_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> f64 {
 /// SDPA's memory-efficient kernel (its bias needs no gradient) keeps q, k, v and the
 /// output; eager attention the scores too. Under autocast k and v cast the encoder's output
 /// each.
-fn cross_attention_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> f64 {
+/// Per encoder token: the queries, output and norm are the decoder's (`dec_ratio` decoder
+/// tokens per encoder token), the keys, values and their casts the encoder output's.
+fn cross_attention_bytes_per_token(
+    arch: &Architecture,
+    job: &Job,
+    seq: u64,
+    dec_ratio: f64,
+) -> f64 {
     if arch.family != Family::T5 {
         return 0.0;
     }
@@ -569,16 +584,16 @@ fn cross_attention_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> 
     let q = f(arch.q_dim());
     let kv = f(arch.kv_dim());
     let attention = if eager_attention(arch, job) {
-        attention_bytes_per_token(arch, job, seq)
+        attention_bytes_per_token(arch, job, seq) * dec_ratio
     } else {
-        a * (q + 2.0 * kv) + a * q
+        a * 2.0 * kv + a * 2.0 * q * dec_ratio
     };
     let casts = if job.precision.is_amp() {
         2.0 * a * f(arch.hidden)
     } else {
         0.0
     };
-    norm_bytes_per_token(arch, job) + attention + casts
+    norm_bytes_per_token(arch, job) * dec_ratio + attention + casts
 }
 
 /// Under autocast every linear casts its input anew (autocast caches only weights): linears
@@ -860,14 +875,27 @@ fn train(model: &Model, job: &Job) -> Estimate {
         );
     }
 
-    // Activations.
+    // Activations. T5 with a target of its own length (`target_seq`): its decoder's blocks,
+    // cross-attentions' queries and the logits are over the target's tokens, the encoder's
+    // blocks and the cross-attentions' keys and values over the input's; written as
+    // per-input-token figures so that one `tokens` multiplies them all.
+    let (dec_ratio, dec_seq) = match (arch.family, job.target_seq) {
+        (Family::T5, Some(t)) => (f(t) / f(job.seq.max(1)), t),
+        _ => (1.0, job.seq),
+    };
+    let enc_blocks = f(arch.total_layers() - arch.decoder_layers);
+    let dec_blocks = f(arch.decoder_layers);
     let blocks = f(arch.total_layers());
-    let block = block_bytes_per_token(arch, job, job.seq);
+    let block_enc = block_bytes_per_token(arch, job, job.seq);
+    let block_dec = block_bytes_per_token(arch, job, dec_seq);
+    let block = block_enc.max(block_dec * dec_ratio);
     let r = job.precision.residual_bytes();
     let h = f(arch.hidden);
     // The embedding's output (and its dropout mask) and the final norm.
     let outside_blocks = r * h + if arch.hidden_dropout { h } else { 0.0 } + (4.0 + r) * h;
-    let cross = f(arch.decoder_layers) * cross_attention_bytes_per_token(arch, job, job.seq);
+    let cross = dec_blocks * cross_attention_bytes_per_token(arch, job, job.seq, dec_ratio);
+    let saved_blocks = enc_blocks * block_enc + dec_blocks * block_dec * dec_ratio;
+    let kept_inputs = r * h * (enc_blocks + dec_blocks * dec_ratio);
     let attention = if eager_attention(arch, job) {
         Attention::Eager
     } else {
@@ -879,7 +907,7 @@ fn train(model: &Model, job: &Job) -> Estimate {
         // gradients appear — two moments, the larger is the peak.
         b.add(
             "activations",
-            tokens * (blocks * r * h + outside_blocks),
+            tokens * (kept_inputs + outside_blocks),
             Phase::BackwardAndRecompute,
             format!(
                 "checkpointed: each of {} blocks keeps its input",
@@ -899,7 +927,7 @@ fn train(model: &Model, job: &Job) -> Estimate {
     } else {
         b.add(
             "activations",
-            tokens * (blocks * block + cross + outside_blocks),
+            tokens * (saved_blocks + cross + outside_blocks),
             Phase::Backward,
             format!(
                 "{} blocks × {} B per token ({} attention){}",
@@ -917,11 +945,11 @@ fn train(model: &Model, job: &Job) -> Estimate {
     let per_vocab = logits_bytes_per_vocab(arch, job);
     b.add(
         "logits and loss",
-        tokens * f(arch.vocab) * per_vocab,
+        tokens * dec_ratio * f(arch.vocab) * per_vocab,
         Phase::Backward,
         format!(
             "{} tokens × vocab {} × {} B ({})",
-            grouped(whole(tokens)),
+            grouped(whole(tokens * dec_ratio)),
             arch.vocab,
             per_vocab,
             if per_vocab == LOGITS_CROSS_ENTROPY_AUTOCAST_BYTES {
@@ -986,6 +1014,7 @@ fn allocator_replay(arch: &Architecture, job: &Job) -> Overhead {
     let step = StepJob {
         batch: job.batch,
         seq: job.seq,
+        target_seq: job.target_seq.filter(|_| arch.family == Family::T5),
         param_bytes: if job.precision.is_amp() || job.precision == Precision::Fp32 {
             4
         } else {
@@ -1394,6 +1423,7 @@ pub fn default_job(mode: Mode) -> Job {
         batch: 1,
         seq: 512,
         generated: 0,
+        target_seq: None,
         precision: if mode == Mode::Train {
             Precision::Fp32
         } else {
@@ -1571,6 +1601,33 @@ mod tests {
             totals.push(e.total_bytes);
         }
         assert!(totals[0] < totals[1] && totals[1] < totals[2] && totals[2] < totals[3]);
+    }
+
+    /// T5 with a target shorter than its input (`--target-seq`): the decoder, its
+    /// cross-attentions' queries and the logits over the target's tokens. The same length
+    /// as the input changes nothing; shorter targets count less, and the count stays within
+    /// 1 % of the replay's allocated peak (its decoder, cross-attention and loss replayed
+    /// at the target's length).
+    #[test]
+    fn t5_with_a_shorter_target_counts_and_replays_its_decoder_at_that_length() {
+        let m = model("t5-small.json");
+        let job = |target| Job {
+            target_seq: target,
+            ..train_job(16, 512)
+        };
+        let same = estimate(&m, &job(None));
+        assert_eq!(estimate(&m, &job(Some(512))), same.clone());
+        let mut last = same.total_bytes;
+        for target in [128, 32] {
+            let j = job(Some(target));
+            let e = estimate(&m, &j);
+            assert!(e.total_bytes < last, "{target}: {}", e.total_bytes);
+            last = e.total_bytes;
+            let counted = e.total_bytes - e.term("allocator overhead") - e.term("CUDA context");
+            let r = replay_of(&m, &j);
+            let off = counted.abs_diff(r.peak_allocated) as f64 / counted as f64;
+            assert!(off < 0.01, "{target}: {counted} vs {r:?}");
+        }
     }
 
     /// The replay behind a training estimate's allocator term (AdamW, one GPU).

@@ -40,6 +40,8 @@ pub const STEPS: usize = 3;
 pub struct StepJob {
     pub batch: u64,
     pub seq: u64,
+    /// T5's decoder length when it differs from `seq` (the encoder's).
+    pub target_seq: Option<u64>,
     /// Bytes of a parameter (4 for fp32 and amp-*, 2 for fp16/bf16).
     pub param_bytes: u64,
     /// fp32 weights under bf16/fp16 autocast.
@@ -241,6 +243,8 @@ struct T5State {
     bias: Option<Tid>,
     cross_bias: Option<Tid>,
     enc_out: Option<Tid>,
+    /// The encoder's sequence length (the cross-attention's keys).
+    enc_seq: u64,
 }
 
 /// The reduction kernel's partial sums when a gradient is summed over the tokens (a bias's,
@@ -2455,7 +2459,7 @@ impl Graph {
                 Some(b) => b,
                 None => {
                     let es = if cx.amp { 4 } else { cx.p };
-                    let b = g.alloc(cx.heads * cx.seq * cx.seq, es, false);
+                    let b = g.alloc(cx.heads * cx.seq * g.t5.enc_seq, es, false);
                     g.t5.cross_bias = Some(b);
                     b
                 }
@@ -2498,6 +2502,11 @@ impl Graph {
         self.t5 = T5State::default();
         let enc = self.t5_stack(0..cx.layers);
         self.t5.enc_out = Some(enc);
+        self.t5.enc_seq = cx.seq;
+        // The decoder, its logits and loss run over the target's tokens.
+        let tgt = self.job.target_seq.unwrap_or(cx.seq);
+        self.cx.seq = tgt;
+        self.cx.t = cx.b * tgt;
         let dec = self.t5_stack(cx.layers..cx.layers + cx.decoder_layers);
         if let Some(b) = self.t5.cross_bias.take() {
             self.drop_ref(b);
@@ -2508,6 +2517,8 @@ impl Graph {
         self.t5.enc_out = None;
         self.autocast_exit();
         let loss = self.cross_entropy_module(logits);
+        self.cx.seq = cx.seq;
+        self.cx.t = cx.t;
         (loss, logits)
     }
 
@@ -2627,6 +2638,7 @@ mod tests {
             lora: None,
             lora_all_linear: false,
             lora_dropout: false,
+            target_seq: None,
             state_copies: 2,
             step_temporary: true,
             weight_shards: 1,

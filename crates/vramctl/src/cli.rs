@@ -1846,6 +1846,11 @@ pub struct EstimateArgs {
           value_parser = clap::value_parser!(u64).range(0..=16_777_216))]
     pub generated: u64,
 
+    /// T5 training: the target (decoder) length when it differs from --seq, the input's
+    #[arg(long, value_name = "N", conflicts_with = "infer",
+          value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    pub target_seq: Option<u64>,
+
     /// Weights and compute: amp-* keeps fp32 weights and autocasts [default: fp32 for
     /// --train, the checkpoint's dtype for --infer]
     #[arg(long, value_enum)]

@@ -119,6 +119,12 @@ pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
         }
         (None, None) => anyhow::bail!("give MODEL, or --params N --arch A"),
     };
+    if args.target_seq.is_some() && model.architecture.family != vramctl_model::Family::T5 {
+        anyhow::bail!(
+            "--target-seq is for an encoder-decoder (t5): a {} model has one sequence, --seq",
+            model.architecture.family.model_type()
+        );
+    }
     let job = job_of(args, &model);
     let estimate = memory_model::estimate(&model, &job);
     let gpu = match &args.gpu {
@@ -254,6 +260,7 @@ fn job_of(args: &EstimateArgs, model: &Model) -> Job {
         batch: args.batch,
         seq: args.seq,
         generated: args.generated,
+        target_seq: args.target_seq,
         precision,
         optimizer: match args.optimizer {
             EstimateOptimizer::Adamw => Optimizer::Adamw,
