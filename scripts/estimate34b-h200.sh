@@ -3,7 +3,7 @@
 #
 #   OUT=DIR [VRAMCTL=.dist/vramctl] scripts/estimate34b-h200.sh
 #
-# 1. The cases of scripts/estimate/cases.py's ROUND4 (2 tuning, 11 held back, all committed
+# 1. The cases of scripts/estimate/cases.py's ROUND4 (2 tuning, 12 held back, all committed
 #    before anything of them was measured), through scripts/estimate-h200.sh (each a fresh
 #    process under `vramctl run`, NVML's per-process peak sampled every 20 ms, torch's
 #    max_memory_reserved on the case's line): one PASS/FAIL line per case, within 10 % of

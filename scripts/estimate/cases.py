@@ -22,7 +22,8 @@ lora (rank, PEFT defaults otherwise: q_proj and v_proj), set; ckpt="default" cal
 transformers 5.x's default is `use_reentrant=False`, 4.x's was `True`), ckpt=True passes
 `use_reentrant=False` explicitly; fused: `AdamW(fused=True)` (`--optimizer adamw-fused`);
 cast: built in fp32, then `.to(dtype)` (`--cast-from-fp32`); lora_targets "q-v" or
-"all-linear" (`--lora-targets`), lora_dropout: PEFT's lora_dropout=0.05 (`--lora-dropout`).
+"all-linear" (`--lora-targets`), lora_dropout: PEFT's lora_dropout=0.05 (`--lora-dropout`);
+target: T5's label length when not `seq` (`--target-seq`).
 """
 
 CONFIGS = "testdata/model/configs"
@@ -31,12 +32,13 @@ SETS = ("tuning", "seen", "held_back")
 
 def case(name, config, mode="train", precision="fp32", batch=1, seq=512, gen=0, ckpt=False,
          attention="sdpa", lora=None, set="tuning", fused=False, cast=False, lora_targets="q-v",
-         lora_dropout=False):
+         lora_dropout=False, target=None):
     if set not in SETS:
         raise ValueError(f"case '{name}': set '{set}' is not one of {', '.join(SETS)}")
     return dict(name=name, config=f"{CONFIGS}/{config}.json", mode=mode, precision=precision,
                 batch=batch, seq=seq, gen=gen, ckpt=ckpt, attention=attention, lora=lora,
-                set=set, fused=fused, cast=cast, lora_targets=lora_targets, lora_dropout=lora_dropout)
+                set=set, fused=fused, cast=cast, lora_targets=lora_targets, lora_dropout=lora_dropout,
+                target=target)
 
 
 CASES = [
@@ -169,6 +171,7 @@ CASES = [
          lora_targets="all-linear", set="held_back"),
     case("tinyllama-lora16all-drop-bf16-b8x1024", "tinyllama-1.1b", precision="bf16", batch=8, seq=1024, lora=16,
          lora_targets="all-linear", lora_dropout=True, set="held_back"),
+    case("t5-small-fp32-b32x1024to128", "t5-small", batch=32, seq=1024, target=128, set="held_back"),
 ]
 
 # The cases of issue 34's round 4 (scripts/estimate34b-h200.sh runs them).
@@ -177,7 +180,7 @@ ROUND4 = ["gpt2-ampbf16-ckptdefault-b8x1024", "gpt2-fp32-infer-b192x1024+64",
           "phi3-mini-ampbf16-ckptdefault-b4x1024", "gpt2-fp32-infer-b96x1024+64",
           "tinyllama-infer-b64x1024+256", "llama3-8b-infer-b32x1024+512", "mistral-7b-infer-b8x4096+256",
           "tinyllama-bf16-fused-b1x512", "qwen2-7b-cast-infer-b1x512+16", "llama3-8b-lora16all-bf16-b4x1024",
-          "tinyllama-lora16all-drop-bf16-b8x1024"]
+          "tinyllama-lora16all-drop-bf16-b8x1024", "t5-small-fp32-b32x1024to128"]
 
 BY_NAME = {c["name"]: c for c in CASES}
 if len(BY_NAME) != len(CASES):
@@ -190,6 +193,8 @@ def estimate_args(c):
             "--batch", str(c["batch"]), "--seq", str(c["seq"]), "--precision", c["precision"]]
     if c["gen"]:
         args += ["--gen", str(c["gen"])]
+    if c.get("target"):
+        args += ["--target-seq", str(c["target"])]
     if c["ckpt"]:
         args.append("--checkpointing")
     if c["attention"] != "sdpa":

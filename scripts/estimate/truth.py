@@ -169,7 +169,9 @@ def train(c, model, config):
     ids = torch.randint(0, vocab, (c["batch"], c["seq"]), device="cuda", generator=gen)
     kwargs = {"input_ids": ids, "labels": ids}
     if config.model_type == "t5":
-        kwargs["labels"] = torch.randint(0, vocab, (c["batch"], c["seq"]), device="cuda", generator=gen)
+        # target: T5's decoder length when it is not the input's (issue 34, round 4)
+        kwargs["labels"] = torch.randint(0, vocab, (c["batch"], c.get("target") or c["seq"]), device="cuda",
+                                         generator=gen)
     amp = c["precision"] == "amp-bf16"
     torch.cuda.synchronize()
     t_ready = time.monotonic()
