@@ -85,6 +85,11 @@ def build(c):
     else:
         cls = transformers.AutoModelForCausalLM
     dtype = DTYPES[c["precision"]]
+    # cast: built in fp32, then `.to(dtype)` (issue 34, round 4): the fp32 copy is freed
+    # parameter by parameter and stays reserved.
+    final = dtype
+    if c.get("cast"):
+        dtype = torch.float32
     # The default dtype makes every parameter in the job's dtype as it is created; the
     # keyword (`dtype` in transformers 5, `torch_dtype` before) is given as well.
     torch.set_default_dtype(dtype)
@@ -96,6 +101,8 @@ def build(c):
                 model = cls.from_config(config, attn_implementation=c["attention"], torch_dtype=dtype)
     finally:
         torch.set_default_dtype(torch.float32)
+    if final is not dtype:
+        model = model.to(final)
     attn = getattr(model.config, "_attn_implementation", None)
     if attn != c["attention"]:
         raise SystemExit(f"error: built with attention '{attn}', not '{c['attention']}'")
@@ -103,35 +110,42 @@ def build(c):
 
 
 class HandLora(torch.nn.Module):
-    """PEFT's LoRA forward (base(x) + B(A(x)) * alpha/r) with fp32 adapters, for machines
-    without PEFT; PEFT casts the input to the adapters' dtype the same way."""
+    """PEFT's LoRA forward (base(x) + B(A(dropout(x))) * alpha/r) with fp32 adapters, for
+    machines without PEFT; PEFT casts the input to the adapters' dtype the same way."""
 
-    def __init__(self, base, r):
+    def __init__(self, base, r, dropout=0.0):
         super().__init__()
         self.base = base
         self.a = torch.nn.Linear(base.in_features, r, bias=False, device=base.weight.device)
         self.b = torch.nn.Linear(r, base.out_features, bias=False, device=base.weight.device)
         torch.nn.init.zeros_(self.b.weight)
+        self.drop = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
         self.scale = 1.0
 
     def forward(self, x):
         out = self.base(x)
-        return out + (self.b(self.a(x.to(self.a.weight.dtype))) * self.scale).to(out.dtype)
+        return out + (self.b(self.a(self.drop(x.to(self.a.weight.dtype)))) * self.scale).to(out.dtype)
 
 
-def add_lora(model, r):
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def add_lora(model, r, targets="q-v", dropout=0.0):
+    """targets: q-v (PEFT's default here) or all-linear (issue 34, round 4)."""
+    names = ("q_proj", "v_proj") if targets == "q-v" else ALL_LINEAR
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         for p in model.parameters():
             p.requires_grad_(False)
         for module in list(model.modules()):
-            for name in ("q_proj", "v_proj"):
+            for name in names:
                 child = getattr(module, name, None)
                 if isinstance(child, torch.nn.Linear):
-                    setattr(module, name, HandLora(child, r))
+                    setattr(module, name, HandLora(child, r, dropout))
         return model, "hand"
-    cfg = LoraConfig(r=r, lora_alpha=r, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+    cfg = LoraConfig(r=r, lora_alpha=r, lora_dropout=dropout,
+                     target_modules=["q_proj", "v_proj"] if targets == "q-v" else "all-linear",
                      task_type="CAUSAL_LM")
     return get_peft_model(model, cfg), "peft"
 
@@ -139,18 +153,25 @@ def add_lora(model, r):
 def train(c, model, config):
     lora_impl = None
     if c["lora"]:
-        model, lora_impl = add_lora(model, c["lora"])
-    if c["ckpt"]:
+        model, lora_impl = add_lora(model, c["lora"], c.get("lora_targets", "q-v"),
+                                    0.05 if c.get("lora_dropout") else 0.0)
+    if c["ckpt"] == "default":
+        # As issue 34's held-out jobs called it: transformers' own default.
+        model.gradient_checkpointing_enable()
+    elif c["ckpt"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=1e-4)
+    # fused: AdamW(fused=True), the Trainer's default since torch 2.8 (issue 34, round 4).
+    opt = torch.optim.AdamW(trainable, lr=1e-4, fused=True if c.get("fused") else None)
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     vocab = config.vocab_size
     ids = torch.randint(0, vocab, (c["batch"], c["seq"]), device="cuda", generator=gen)
     kwargs = {"input_ids": ids, "labels": ids}
     if config.model_type == "t5":
-        kwargs["labels"] = torch.randint(0, vocab, (c["batch"], c["seq"]), device="cuda", generator=gen)
+        # target: T5's decoder length when it is not the input's (issue 34, round 4)
+        kwargs["labels"] = torch.randint(0, vocab, (c["batch"], c.get("target") or c["seq"]), device="cuda",
+                                         generator=gen)
     amp = c["precision"] == "amp-bf16"
     torch.cuda.synchronize()
     t_ready = time.monotonic()

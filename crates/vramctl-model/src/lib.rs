@@ -14,6 +14,7 @@
 pub mod architecture;
 pub mod caching_allocator;
 pub mod fit_check;
+pub mod generation_step;
 pub mod gguf;
 pub mod hf_config;
 pub mod limited_allocator;

@@ -40,15 +40,25 @@ pub const STEPS: usize = 3;
 pub struct StepJob {
     pub batch: u64,
     pub seq: u64,
+    /// T5's decoder length when it differs from `seq` (the encoder's).
+    pub target_seq: Option<u64>,
     /// Bytes of a parameter (4 for fp32 and amp-*, 2 for fp16/bf16).
     pub param_bytes: u64,
     /// fp32 weights under bf16/fp16 autocast.
     pub autocast: bool,
     pub checkpointing: bool,
+    /// The weights were made in fp32, then cast to `param_bytes` with `.to()`, parameter
+    /// by parameter (the new one allocated, then the fp32 one freed).
+    pub cast_from_fp32: bool,
     /// Eager attention (`--attention eager`); otherwise SDPA.
     pub eager: bool,
     /// LoRA rank on q and v (PEFT's default targets), the base frozen.
     pub lora: Option<u64>,
+    /// LoRA on every linear of the blocks (`all-linear`; Llama-style dense blocks: q, k,
+    /// v, o, gate, up, down), not only q and v.
+    pub lora_all_linear: bool,
+    /// `lora_dropout` > 0: each adapter drops out its fp32 input (a copy and a mask).
+    pub lora_dropout: bool,
     /// Optimizer states per trainable parameter, in units of the parameter's size (AdamW 2).
     pub state_copies: u64,
     /// `step()` makes one parameter-sized temporary per parameter (foreach AdamW).
@@ -183,6 +193,8 @@ struct Cx {
     ckpt: bool,
     eager: bool,
     lora: Option<u64>,
+    lora_all: bool,
+    lora_dropout: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -231,6 +243,8 @@ struct T5State {
     bias: Option<Tid>,
     cross_bias: Option<Tid>,
     enc_out: Option<Tid>,
+    /// The encoder's sequence length (the cross-attention's keys).
+    enc_seq: u64,
 }
 
 /// The reduction kernel's partial sums when a gradient is summed over the tokens (a bias's,
@@ -293,6 +307,8 @@ impl Graph {
             ckpt: job.checkpointing,
             eager: job.eager,
             lora: job.lora,
+            lora_all: job.lora_all_linear,
+            lora_dropout: job.lora_dropout,
         };
         Graph {
             alloc: CachingAllocator::new(),
@@ -1685,14 +1701,29 @@ impl Graph {
                     top.insert("lm_head", self.register(v * h, p, frozen, 0));
                 }
                 if let Some(r) = cx.lora {
-                    // PEFT wraps q_proj and v_proj after the model is built: A then B, fp32
+                    // PEFT wraps its targets after the model is built, in module order: A
+                    // then B, fp32 (q_proj and v_proj, or every linear of a block).
+                    let dense = cx.moe.is_none() && !phi3;
                     for l in &mut layers {
-                        for (name, numel) in [
-                            ("q_lora_a", r * h),
-                            ("q_lora_b", q * r),
-                            ("v_lora_a", r * h),
-                            ("v_lora_b", kv * r),
-                        ] {
+                        let mut adapters = vec![("q_lora_a", r * h), ("q_lora_b", q * r)];
+                        if cx.lora_all {
+                            adapters.extend([("k_lora_a", r * h), ("k_lora_b", kv * r)]);
+                        }
+                        adapters.extend([("v_lora_a", r * h), ("v_lora_b", kv * r)]);
+                        if cx.lora_all {
+                            adapters.extend([("o_lora_a", r * q), ("o_lora_b", h * r)]);
+                        }
+                        if cx.lora_all && dense {
+                            adapters.extend([
+                                ("gate_lora_a", r * h),
+                                ("gate_lora_b", i * r),
+                                ("up_lora_a", r * h),
+                                ("up_lora_b", i * r),
+                                ("down_lora_a", r * i),
+                                ("down_lora_b", h * r),
+                            ]);
+                        }
+                        for (name, numel) in adapters {
                             l.w.insert(name, self.register(numel, 4, true, 0));
                         }
                     }
@@ -1725,7 +1756,16 @@ impl Graph {
             g.save_count = 0;
             g.stop_after = Some(n_saves);
             g.recomputing = true;
+            // The recompute runs in autocast's context of its own (torch.utils.checkpoint
+            // re-enters the forward's autocast state), on the autograd thread, whose cast
+            // cache is its own and is cleared when that context exits, block by block: a
+            // recomputed weight cast lives only as long as the block's nodes save it.
+            // Checked with torch 2.15 on a CPU (docs/estimate.md, "Checkpointing under
+            // autocast"): reentrant or not, each block's casts are freed by its backward.
+            let outer_cache = std::mem::take(&mut g.wcache);
             let out2 = f(g, layer, x);
+            g.autocast_exit();
+            g.wcache = outer_cache;
             g.recomputing = false;
             g.phantom = false;
             g.stop_after = None;
@@ -1789,7 +1829,11 @@ impl Graph {
     fn lora_linear(&mut self, x: Tid, w: usize, a: usize, b: usize, out_features: u64) -> Tid {
         let r = self.cx.lora.unwrap_or(1);
         let result = self.nn_linear(x, w, out_features);
-        let x32 = self.cast(x, 4);
+        let mut x32 = self.cast(x, 4);
+        if self.cx.lora_dropout {
+            // lora_dropout(x): a new fp32 tensor (saved by lora_A) and its mask.
+            x32 = self.rebind(x32, Graph::dropout);
+        }
         let (amp, ca) = (self.cx.amp, self.cx.a);
         self.cx.amp = false;
         self.cx.a = 4;
@@ -1863,7 +1907,8 @@ impl Graph {
             };
             let qq = lin(g, "q", q, Some(("q_lora_a", "q_lora_b")));
             let qt = to_heads(g, qq, cx.heads);
-            let kk = lin(g, "k", kv, None);
+            let k_lora = cx.lora_all.then_some(("k_lora_a", "k_lora_b"));
+            let kk = lin(g, "k", kv, k_lora);
             let kt = to_heads(g, kk, cx.kv_heads);
             let vv = lin(g, "v", kv, Some(("v_lora_a", "v_lora_b")));
             let qe = g.rope(qt);
@@ -1880,7 +1925,12 @@ impl Graph {
             // the kernel's output has q's layout ([b, heads, s, d] after the cat): a copy
             o = g.rebind(o, Graph::passthrough);
         }
-        let mut oo = g.linear(o, g.lp(l, "o"), h);
+        let mut oo = if cx.lora.is_some() && cx.lora_all && cx.family != Family::Phi3 {
+            let (w, a, b) = (g.lp(l, "o"), g.lp(l, "o_lora_a"), g.lp(l, "o_lora_b"));
+            g.lora_linear(o, w, a, b, h)
+        } else {
+            g.linear(o, g.lp(l, "o"), h)
+        };
         g.drop_all(&[o, qe, ke, vv, n1]);
         if gemma2 {
             oo = g.rebind(oo, |g, x| g.rms_norm(x, h, t, style));
@@ -1898,6 +1948,8 @@ impl Graph {
             let prod = g.mul(parts[1], act, 0);
             g.drop_all(&[parts[0], parts[1], act]);
             g.rebind(prod, |g, x| g.linear(x, g.lp(l, "down"), h))
+        } else if cx.lora.is_some() && cx.lora_all {
+            g.gated_mlp_lora(l, n2, i)
         } else {
             g.gated_mlp(n2, g.lp(l, "gate"), g.lp(l, "up"), g.lp(l, "down"), i)
         };
@@ -1908,6 +1960,29 @@ impl Graph {
         let h2 = g.add(h1, down);
         g.drop_all(&[down, h1]);
         h2
+    }
+
+    /// `down(act(gate(x)) * up(x))` with LoRA on each of the three (`all-linear`).
+    fn gated_mlp_lora(&mut self, l: usize, x: Tid, width: u64) -> Tid {
+        let h = self.cx.h;
+        let w = |g: &Graph, n: &str| g.lp(l, n);
+        let (gw, ga, gb) = (
+            w(self, "gate"),
+            w(self, "gate_lora_a"),
+            w(self, "gate_lora_b"),
+        );
+        let (uw, ua, ub) = (w(self, "up"), w(self, "up_lora_a"), w(self, "up_lora_b"));
+        let (dw, da, db) = (
+            w(self, "down"),
+            w(self, "down_lora_a"),
+            w(self, "down_lora_b"),
+        );
+        let gt = self.lora_linear(x, gw, ga, gb, width);
+        let act = self.rebind(gt, |g, x| g.unary(x, true, false, 0));
+        let u = self.lora_linear(x, uw, ua, ub, width);
+        let prod = self.mul(act, u, 0);
+        self.drop_all(&[act, u]);
+        self.rebind(prod, |g, x| g.lora_linear(x, dw, da, db, h))
     }
 
     /// `down(act(gate(x)) * up(x))`.
@@ -2384,7 +2459,7 @@ impl Graph {
                 Some(b) => b,
                 None => {
                     let es = if cx.amp { 4 } else { cx.p };
-                    let b = g.alloc(cx.heads * cx.seq * cx.seq, es, false);
+                    let b = g.alloc(cx.heads * cx.seq * g.t5.enc_seq, es, false);
                     g.t5.cross_bias = Some(b);
                     b
                 }
@@ -2427,6 +2502,11 @@ impl Graph {
         self.t5 = T5State::default();
         let enc = self.t5_stack(0..cx.layers);
         self.t5.enc_out = Some(enc);
+        self.t5.enc_seq = cx.seq;
+        // The decoder, its logits and loss run over the target's tokens.
+        let tgt = self.job.target_seq.unwrap_or(cx.seq);
+        self.cx.seq = tgt;
+        self.cx.t = cx.b * tgt;
         let dec = self.t5_stack(cx.layers..cx.layers + cx.decoder_layers);
         if let Some(b) = self.t5.cross_bias.take() {
             self.drop_ref(b);
@@ -2437,6 +2517,8 @@ impl Graph {
         self.t5.enc_out = None;
         self.autocast_exit();
         let loss = self.cross_entropy_module(logits);
+        self.cx.seq = cx.seq;
+        self.cx.t = cx.t;
         (loss, logits)
     }
 
@@ -2445,12 +2527,28 @@ impl Graph {
     fn run(&mut self) {
         self.build();
         let n = self.params.len();
+        let cast = self.job.cast_from_fp32;
+        let mut fp32 = Vec::new();
+        if cast {
+            for w in 0..n {
+                if self.aliases.contains_key(&w) || self.params[w].es >= 4 {
+                    continue;
+                }
+                let bytes = (self.params[w].numel * 4).div_ceil(self.job.weight_shards.max(1));
+                fp32.push((w, self.alloc(bytes, 1, false)));
+            }
+        }
+        let mut fp32 = fp32.into_iter().peekable();
         for w in 0..n {
             if self.aliases.contains_key(&w) {
                 continue;
             }
             let bytes = self.param_bytes(w);
             self.alloc(bytes, 1, false);
+            // `.to(dtype)`: the cast is made, then the fp32 parameter let go.
+            if let Some((_, old)) = fp32.next_if(|&(o, _)| o == w) {
+                self.drop_ref(old);
+            }
         }
         if self.cx.tied {
             // the output layer is built with its own weight, then tied to the embedding's
@@ -2535,8 +2633,12 @@ mod tests {
             param_bytes: 2,
             autocast: false,
             checkpointing: false,
+            cast_from_fp32: false,
             eager: false,
             lora: None,
+            lora_all_linear: false,
+            lora_dropout: false,
+            target_seq: None,
             state_copies: 2,
             step_temporary: true,
             weight_shards: 1,
@@ -2572,6 +2674,36 @@ mod tests {
         for r in [plain, ckpt, lora] {
             assert!(r.peak_reserved >= r.peak_allocated, "{r:?}");
         }
+    }
+
+    /// Under autocast a checkpointed block's recompute casts its weights again, in a cast
+    /// cache of its own that is cleared when the recompute ends (checked with torch 2.15 on a
+    /// CPU, reentrant or not): each block's bf16 copies go with its backward. Kept in the
+    /// forward's cache instead, GPT-2's 85M block weights (170 MB in bf16) piled up over the
+    /// backward, fragmented its segments and put the replay 22 % above the H200's job
+    /// (issue 34: b8×1024 over-predicted by +21.9 %).
+    #[test]
+    fn recomputed_weight_casts_go_with_their_block() {
+        let a = arch("gpt2.json");
+        let amp = |j: &mut StepJob| {
+            j.param_bytes = 4;
+            j.autocast = true;
+            j.checkpointing = true;
+        };
+        let fp32 = |j: &mut StepJob| {
+            j.param_bytes = 4;
+            j.checkpointing = true;
+        };
+        let amp_r = replayed(&a, (8, 1024), amp);
+        let fp32_r = replayed(&a, (8, 1024), fp32);
+        // Replayed with the casts kept: 6,927,647,744 allocated, 8,971,616,256 reserved (29 %
+        // over), above fp32's 8,109,686,784; with each block's casts freed by its backward:
+        // 6,930,793,472 and 7,323,254,784 (5.7 % over).
+        assert!(amp_r.excess() * 10 < amp_r.peak_allocated, "{amp_r:?}");
+        assert!(
+            amp_r.peak_reserved < fp32_r.peak_reserved,
+            "{amp_r:?} {fp32_r:?}"
+        );
     }
 
     /// Sharding the optimizer over 4 GPUs (ZeRO-1) takes three quarters of its two bf16

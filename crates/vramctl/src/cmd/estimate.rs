@@ -5,13 +5,13 @@ use anyhow::Context;
 use serde::Serialize;
 use vramctl_model::fit_check::{self, FitCheck, WeightsFit};
 use vramctl_model::memory_model::{
-    self, Attention, Estimate, Job, Lora, Mode, Optimizer, Precision, Quant, Sharding,
+    self, Attention, Estimate, Job, Lora, LoraTargets, Mode, Optimizer, Precision, Quant, Sharding,
 };
 use vramctl_model::{Dtype, Model};
 
 use crate::cli::{
-    EstimateArgs, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateOptimizer,
-    EstimatePrecision, EstimateQuant, GlobalArgs, GpuTarget,
+    EstimateArgs, EstimateAttention, EstimateBaseQuant, EstimateKvDtype, EstimateLoraTargets,
+    EstimateOptimizer, EstimatePrecision, EstimateQuant, GlobalArgs, GpuTarget,
 };
 use crate::exit::Exit;
 use crate::output::emit::{Format, Lines, emit};
@@ -32,6 +32,9 @@ struct GpuCheck {
     fits: bool,
     /// Capacity − the estimate; negative when it does not fit.
     margin_bytes: i64,
+    /// What every inverse answer below keeps free for the model's error (5 % of the
+    /// capacity): each answer's margin is at least this.
+    safety_margin_bytes: u64,
     /// The largest batch at the job's sequence length (for generation: the most concurrent
     /// sequences); `None` when not even 1 fits.
     largest_batch: Option<u64>,
@@ -50,6 +53,7 @@ impl GpuCheck {
             device,
             fits: check.fits,
             margin_bytes: check.margin_bytes,
+            safety_margin_bytes: check.safety_margin_bytes,
             largest_batch: check.largest_batch.map(|f| f.value),
             largest_batch_margin_bytes: check.largest_batch.map(|f| f.margin_bytes),
             largest_seq: check.largest_seq.map(|f| f.value),
@@ -115,6 +119,12 @@ pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
         }
         (None, None) => anyhow::bail!("give MODEL, or --params N --arch A"),
     };
+    if args.target_seq.is_some() && model.architecture.family != vramctl_model::Family::T5 {
+        anyhow::bail!(
+            "--target-seq is for an encoder-decoder (t5): a {} model has one sequence, --seq",
+            model.architecture.family.model_type()
+        );
+    }
     let job = job_of(args, &model);
     let estimate = memory_model::estimate(&model, &job);
     let gpu = match &args.gpu {
@@ -250,9 +260,11 @@ fn job_of(args: &EstimateArgs, model: &Model) -> Job {
         batch: args.batch,
         seq: args.seq,
         generated: args.generated,
+        target_seq: args.target_seq,
         precision,
         optimizer: match args.optimizer {
             EstimateOptimizer::Adamw => Optimizer::Adamw,
+            EstimateOptimizer::AdamwFused => Optimizer::AdamwFused,
             EstimateOptimizer::Adam => Optimizer::Adam,
             EstimateOptimizer::Sgd => Optimizer::Sgd,
             EstimateOptimizer::SgdMomentum => Optimizer::SgdMomentum,
@@ -260,6 +272,7 @@ fn job_of(args: &EstimateArgs, model: &Model) -> Job {
             EstimateOptimizer::Adamw8bit => Optimizer::Adamw8bit,
         },
         checkpointing: args.checkpointing,
+        cast_from_fp32: args.cast_from_fp32,
         attention: match args.attention {
             EstimateAttention::Sdpa => Attention::Sdpa,
             EstimateAttention::Eager => Attention::Eager,
@@ -271,6 +284,11 @@ fn job_of(args: &EstimateArgs, model: &Model) -> Job {
                 EstimateBaseQuant::Int4 => Quant::Int4,
                 EstimateBaseQuant::Int8 => Quant::Int8,
             }),
+            targets: match args.lora_targets {
+                EstimateLoraTargets::QV => LoraTargets::QV,
+                EstimateLoraTargets::AllLinear => LoraTargets::AllLinear,
+            },
+            dropout: args.lora_dropout,
         }),
         quant: args.quant.map(|q| match q {
             EstimateQuant::Int8 => Quant::Int8,
@@ -458,10 +476,14 @@ fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>)
             }
         }
         lines.extend(weights);
+        lines.push(format!(
+            "       each answer above keeps {} (5 % of the capacity) for the estimate's own error",
+            units::bytes(check.safety_margin_bytes)
+        ));
     }
     lines.push(String::new());
     lines.push(
-        "Measured on an H200 (docs/estimate.md): 17 cases held back from tuning within 3.1 % of nvidia-smi's peak, the 40 it was tuned on within 5.1 %; sharded training (--gpus) is not measured.".to_owned(),
+        "Measured on an H200 (docs/estimate.md): the 57 measured cases within 2.7 % of nvidia-smi's peak (17 of them held back when first run, then within 3.1 %); round 4's changes (checkpointing under autocast, generation's replay, --cast-from-fp32, adamw-fused) await their held-back run; sharded training (--gpus) is not measured.".to_owned(),
     );
     lines
 }

@@ -563,3 +563,66 @@ fn new_family_tables_say_how_their_kv_cache_is_counted() {
         redactions().bind(|| insta::assert_snapshot!(name, out));
     }
 }
+
+/// Issue 34, round 4: the flags for jobs the old ones could not describe reach the JSON
+/// (only when given), and `--target-seq` on a model with one sequence is a usage error.
+#[test]
+fn round4_flags_reach_the_job_and_target_seq_needs_t5() {
+    let t5 = model("configs/t5-small.json");
+    let doc = json_of(&mut estimate(&[
+        t5.to_str().expect("utf-8"),
+        "--train",
+        "--batch",
+        "16",
+        "--seq",
+        "512",
+        "--target-seq",
+        "128",
+        "--optimizer",
+        "adamw-fused",
+        "--json",
+    ]));
+    assert_eq!(doc["job"]["target_seq"], 128);
+    assert_eq!(doc["job"]["optimizer"], "adamw-fused");
+    assert!(
+        doc["terms"]
+            .as_array()
+            .expect("terms")
+            .iter()
+            .all(|t| t["name"] != "optimizer step temporary" || t["bytes"] == 0)
+    );
+    let llama = model("configs/tinyllama-1.1b.json");
+    let doc = json_of(&mut estimate(&[
+        llama.to_str().expect("utf-8"),
+        "--train",
+        "--precision",
+        "bf16",
+        "--lora-rank",
+        "16",
+        "--lora-targets",
+        "all-linear",
+        "--lora-dropout",
+        "--cast-from-fp32",
+        "--json",
+    ]));
+    assert_eq!(doc["job"]["lora"]["targets"], "all-linear");
+    assert_eq!(doc["job"]["lora"]["dropout"], true);
+    assert_eq!(doc["job"]["cast_from_fp32"], true);
+    let plain = json_of(&mut estimate(&[
+        llama.to_str().expect("utf-8"),
+        "--train",
+        "--json",
+    ]));
+    assert!(plain["job"].get("target_seq").is_none());
+    assert!(plain["job"].get("cast_from_fp32").is_none());
+    let out = estimate(&[
+        llama.to_str().expect("utf-8"),
+        "--train",
+        "--target-seq",
+        "128",
+    ])
+    .output()
+    .expect("ran");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_line(&out).contains("--target-seq is for an encoder-decoder"));
+}
