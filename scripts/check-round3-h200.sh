@@ -24,6 +24,9 @@
 #               /api/now within 15 s, the cause vramctl snapshot gives on the kept file (issue 33)
 #   estimate34  estimate --gpu's inverse answers against a real generation job: the most
 #               concurrent sequences it says fit do, one more is reported not to (issue 34)
+#   estimate34b scripts/estimate34b-h200.sh: round 4's 14 cases (2 tuning, 12 held back before
+#               any was measured) against NVML's per-process peak, and two --gpu answers run
+#               for real (issue 34, ~5 min)
 #   families34  scripts/estimate-families-h200.sh: the families estimate reads since issue 34
 #               (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2, gemma3_text,
 #               deepseek_v2/v3, llama4_text) built from their configs: parameters and KV cache
@@ -158,6 +161,7 @@ sys.exit(0 if at_n is not None else 1)
 EOF
 }
 part estimate34 estimate34
+part estimate34b env OUT="$OUT/parts/estimate34b" scripts/estimate34b-h200.sh
 
 part families34 env OUT="$OUT/parts/families34" scripts/estimate-families-h200.sh
 
