@@ -99,6 +99,22 @@ pub struct DeviceInfo {
     pub mig_instances: Vec<MigInstanceInfo>,
 }
 
+impl DeviceInfo {
+    /// A device known only by its index and UUID: what a reader of a recording or a
+    /// driver that answers nothing else has; every other fact not reported.
+    pub fn new(index: u32, uuid: impl Into<String>) -> Self {
+        Self {
+            index,
+            uuid: uuid.into(),
+            name: None,
+            pci_bus_id: None,
+            minor_number: None,
+            mig_enabled: None,
+            mig_instances: Vec::new(),
+        }
+    }
+}
+
 /// Static facts about one MIG instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigInstanceInfo {

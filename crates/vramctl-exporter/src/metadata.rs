@@ -177,15 +177,7 @@ mod tests {
             monotonic_ms: 0,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
-                info: Arc::new(DeviceInfo {
-                    index: 0,
-                    uuid: "GPU-x".into(),
-                    name: None,
-                    pci_bus_id: None,
-                    minor_number: None,
-                    mig_enabled: None,
-                    mig_instances: Vec::new(),
-                }),
+                info: Arc::new(DeviceInfo::new(0, "GPU-x")),
                 state: DeviceState::Ok(DeviceReading {
                     processes: Some(vec![ProcessUsage {
                         pid: me,

@@ -163,15 +163,7 @@ mod tests {
     use super::*;
 
     fn info(index: u32, uuid: &str) -> Arc<DeviceInfo> {
-        Arc::new(DeviceInfo {
-            index,
-            uuid: uuid.into(),
-            name: None,
-            pci_bus_id: None,
-            minor_number: None,
-            mig_enabled: None,
-            mig_instances: Vec::new(),
-        })
+        Arc::new(DeviceInfo::new(index, uuid))
     }
 
     fn snapshot(at_ms: i64, used: u64, missing: &[(Field, Unavailable)]) -> Snapshot {

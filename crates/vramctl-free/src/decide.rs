@@ -434,15 +434,7 @@ mod tests {
                             compute_instance_id: None,
                             mig_uuid: None,
                         },
-                        info: Arc::new(DeviceInfo {
-                            index,
-                            uuid: format!("GPU-{i}"),
-                            name: None,
-                            pci_bus_id: None,
-                            minor_number: None,
-                            mig_enabled: None,
-                            mig_instances: Vec::new(),
-                        }),
+                        info: Arc::new(DeviceInfo::new(index, format!("GPU-{i}"))),
                         sm_percent_now: Some(0),
                         evidence: report.map(|report| GpuEvidence {
                             source: Source::History,

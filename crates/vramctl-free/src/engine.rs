@@ -909,15 +909,7 @@ mod tests {
             monotonic_ms: t,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
-                info: Arc::new(DeviceInfo {
-                    index: 0,
-                    uuid: UUID.into(),
-                    name: None,
-                    pci_bus_id: None,
-                    minor_number: None,
-                    mig_enabled: None,
-                    mig_instances: Vec::new(),
-                }),
+                info: Arc::new(DeviceInfo::new(0, UUID)),
                 state: DeviceState::Ok(DeviceReading {
                     memory: Some(vramctl_core::types::MemoryReading {
                         total_bytes: 141 * GIB,

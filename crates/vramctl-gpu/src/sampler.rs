@@ -291,15 +291,7 @@ mod tests {
     use vramctl_core::types::DeviceReading;
 
     fn tick(monotonic_ms: i64, ok: bool) -> Snapshot {
-        let info = Arc::new(DeviceInfo {
-            index: 0,
-            uuid: "GPU-a".into(),
-            name: None,
-            pci_bus_id: None,
-            minor_number: None,
-            mig_enabled: None,
-            mig_instances: Vec::new(),
-        });
+        let info = Arc::new(DeviceInfo::new(0, "GPU-a"));
         Snapshot {
             taken_at_unix_ms: monotonic_ms,
             monotonic_ms,

@@ -550,15 +550,7 @@ mod tests {
             monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
-                info: Arc::new(DeviceInfo {
-                    index: 0,
-                    uuid: "GPU-a".into(),
-                    name: None,
-                    pci_bus_id: None,
-                    minor_number: None,
-                    mig_enabled: None,
-                    mig_instances: Vec::new(),
-                }),
+                info: Arc::new(DeviceInfo::new(0, "GPU-a")),
                 state: DeviceState::Ok(DeviceReading {
                     processes: Some(
                         pids.iter()

@@ -725,15 +725,10 @@ mod tests {
             monotonic_ms: at_ms,
             driver: Arc::new(DriverInfo::default()),
             devices: vec![DeviceSnapshot {
-                info: Arc::new(DeviceInfo {
-                    index: 0,
-                    uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
-                    name: None,
-                    pci_bus_id: None,
-                    minor_number: None,
-                    mig_enabled: None,
-                    mig_instances: Vec::new(),
-                }),
+                info: Arc::new(DeviceInfo::new(
+                    0,
+                    "GPU-00000000-0000-0000-0000-000000000000",
+                )),
                 state: DeviceState::Ok(DeviceReading {
                     processes: Some(processes),
                     ..DeviceReading::default()

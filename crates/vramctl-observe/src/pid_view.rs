@@ -236,15 +236,10 @@ mod tests {
                 .into_iter()
                 .enumerate()
                 .map(|(i, processes)| DeviceSnapshot {
-                    info: Arc::new(DeviceInfo {
-                        index: u32::try_from(i).expect("small"),
-                        uuid: format!("GPU-{i}"),
-                        name: None,
-                        pci_bus_id: None,
-                        minor_number: None,
-                        mig_enabled: None,
-                        mig_instances: Vec::new(),
-                    }),
+                    info: Arc::new(DeviceInfo::new(
+                        u32::try_from(i).expect("small"),
+                        format!("GPU-{i}"),
+                    )),
                     state: DeviceState::Ok(DeviceReading {
                         memory: Some(MemoryReading {
                             total_bytes: 1000,
