@@ -106,6 +106,23 @@ class OomObserverTest(unittest.TestCase):
             self.assertTrue(frames, "the trace carries stacks")
             self.assertFalse([f for f in frames if f["filename"] == "??"], "no C++ frame recorded")
 
+    def test_a_snapshot_request_neither_restarts_nor_stops_the_observers_history(self) -> None:
+        # leaks --where starts and stops a recording around its two snapshots; with
+        # VRAMCTL_OOM_HISTORY=1 the recording is the observer's, and must outlive the probe.
+        with Target(env={"VRAMCTL_OOM_HISTORY": "1"}) as target:
+            target.start_agent()
+            target.run("import torch\nkeep = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')")
+            observers = target.run("", "torch.cuda._fake.recording")
+            self.assertIsNotNone(observers)
+            hello = client.request(target.pid, "hello")["history"]
+            self.assertEqual((hello["recording"], hello["owner"]), (True, "observer"))
+            started = client.request(target.pid, "snapshot", record="start", max_entries=50)
+            self.assertEqual(started["history"]["owner"], "observer", started)
+            self.assertEqual(target.run("", "torch.cuda._fake.recording"), observers)
+            stopped = client.request(target.pid, "snapshot", record="stop")
+            self.assertTrue(stopped["history"]["recording"], stopped)
+            self.assertEqual(target.run("", "torch.cuda._fake.recording"), observers)
+
     def test_a_planted_file_at_the_snapshot_path_is_never_written_through(self) -> None:
         os.chmod(self.out, 0o700)
         with Target(env={"VRAMCTL_RUN_REPORT_DIR": self.out}) as target:

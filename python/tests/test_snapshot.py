@@ -34,7 +34,7 @@ class SnapshotTest(unittest.TestCase):
     def test_recording_is_bounded_and_the_snapshot_is_the_allocators(self) -> None:
         started = self.snapshot(record="start", max_entries=50)
         self.assertTrue(started["ok"], started)
-        self.assertEqual(started["history"], {"recording": True, "max_entries": 50, "stacks": "python"})
+        self.assertEqual(started["history"], {"recording": True, "max_entries": 50, "stacks": "python", "owner": "request"})
         self.assertEqual(self.target.run("", "torch.cuda._fake.recording"), {"max_entries": 50, "stacks": "python", "context": "all"})
         self.target.run("for _ in range(100):\n    x = torch.empty(MiB, dtype=torch.uint8, device='cuda'); del x")
         path = os.path.join(self.out, "snap.pickle")

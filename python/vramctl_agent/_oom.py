@@ -46,6 +46,7 @@ _queued_pid: int | None = None
 _record: dict | None = None  # the first OOM's record, once one happened in this process
 _snapshot_file: str | None = None  # where its snapshot is
 _ooms = 0  # observer calls in this process
+_history_started = False  # the observer's own allocation history (VRAMCTL_OOM_HISTORY=1) runs
 _agent_dir: str | None = None  # the agent's own socket directory (set_directory)
 
 
@@ -110,9 +111,18 @@ def _attach(torch) -> bool:
             torch.cuda.memory._record_memory_history(
                 max_entries=proto.DEFAULT_HISTORY_ENTRIES, stacks="python"
             )
+            global _history_started
+            _history_started = True
         except Exception as err:
             log.warning("vramctl agent: %s=1 but history could not be recorded: %s", HISTORY_ENV, err)
     return True
+
+
+def records_history() -> bool:
+    """Whether the allocator's history recording is the observer's (VRAMCTL_OOM_HISTORY=1, or
+    fit's trace): a `snapshot` request must neither restart nor stop it (leaks --where
+    would otherwise end the history an OOM verdict needs)."""
+    return (_history_started and _attached_pid == os.getpid()) or _alloc_trace_recording()
 
 
 def _alloc_trace_recording() -> bool:

@@ -112,8 +112,16 @@ def hello(request: dict, peer: Peer, agent) -> dict:
             "max_oom_snapshot_bytes": proto.MAX_OOM_SNAPSHOT_BYTES,
             "max_oom_chunk_bytes": proto.MAX_OOM_CHUNK_BYTES,
         },
-        "history": dict(_history),
+        "history": _history_now(),
     }
+
+
+def _history_now() -> dict:
+    """What the allocator records: `_history` as the `snapshot` op set it, or the OOM
+    observer's own recording (`owner: "observer"`), which no request changes."""
+    if _oom.records_history():
+        return {"recording": True, "max_entries": None, "stacks": "python", "owner": "observer"}
+    return dict(_history, owner="request" if _history["recording"] else None)
 
 
 def current_stats() -> dict:
@@ -267,15 +275,17 @@ def snapshot(request: dict, peer: Peer, agent) -> dict:
             except Exception as err:
                 raise ProtocolViolation(proto.FRAMEWORK_ERROR, f"torch: {str(err)[:300]}")
         try:
-            if record == "start":
+            # The observer's recording is left as it is: a start would reset its settings,
+            # a stop would end the history its OOM verdict needs.
+            if record == "start" and not _oom.records_history():
                 _torch.start_history(max_entries, stacks)
                 _history.update(recording=True, max_entries=max_entries, stacks=stacks)
-            elif record == "stop":
+            elif record == "stop" and not _oom.records_history():
                 _torch.stop_history()
                 _history.update(recording=False, max_entries=None, stacks=None)
         except Exception as err:
             raise ProtocolViolation(proto.FRAMEWORK_ERROR, f"torch: _record_memory_history failed: {str(err)[:300]}")
-        response["history"] = dict(_history)
+        response["history"] = _history_now()
         return response
     finally:
         _act_lock.release()

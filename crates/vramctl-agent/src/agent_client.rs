@@ -833,6 +833,10 @@ pub struct HistoryState {
     pub max_entries: Option<u64>,
     /// `python` or `all`, while recording.
     pub stacks: Option<String>,
+    /// Whose recording it is: `request` (a `snapshot` request's) or `observer` (the OOM
+    /// observer's own, which requests leave alone); absent from older agents.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 fn remaining(deadline: Instant) -> Duration {
