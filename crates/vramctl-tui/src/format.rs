@@ -66,13 +66,8 @@ pub fn watts(mw: u32) -> String {
     format!("{}W", (mw + 500) / 1000)
 }
 
-/// `used / total` as a whole percentage; `None` when total is 0.
-pub fn percent(used: u64, total: u64) -> Option<u64> {
-    (total > 0).then(|| {
-        let pct = u128::from(used) * 100 / u128::from(total);
-        u64::try_from(pct).unwrap_or(u64::MAX)
-    })
-}
+/// `used / total` as a whole percentage; `None` when total is 0 (the one every view uses).
+pub use vramctl_observe::units::percent;
 
 /// `text` cut to at most `width` characters, with `…` when cut.
 pub fn fit(text: &str, width: usize) -> String {
