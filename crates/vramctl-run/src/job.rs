@@ -699,20 +699,8 @@ impl FrameworkFigures {
 /// The allocator traces in the report directory (`<pid>.trace.json`), each read bounded,
 /// never through a symlink, only when ours (`oom_verdict::read_job_file`).
 fn alloc_traces(dir: &std::path::Path) -> Vec<(u32, Result<crate::fit_trace::TraceFile, String>)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
     let mut out = Vec::new();
-    // The names are bounded by the directory: only the job writes there.
-    for entry in entries.filter_map(Result::ok).take(4096) {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".trace.json"))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in oom_verdict::job_file_pids(dir, ".trace.json") {
         let file = oom_verdict::read_job_file(
             dir,
             &format!("{pid}.trace.json"),

@@ -123,23 +123,31 @@ pub(crate) fn read_job_file(dir: &Path, name: &str, cap: u64) -> Result<Vec<u8>,
     Ok(bytes)
 }
 
-/// The observers' records in the report directory, oldest OOM first, each with its
-/// snapshot's bytes when one was kept and can be read.
-pub fn agent_records(dir: &Path) -> Vec<(AgentOomRecord, Option<Vec<u8>>)> {
+/// The PIDs of the files `<pid><suffix>` in the report directory (the agent writes one per
+/// process), at most 4096 entries read: only the job writes there, but it may write many.
+pub fn job_file_pids(dir: &Path, suffix: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
+    entries
+        .filter_map(Result::ok)
+        .take(4096)
+        .filter_map(|entry| {
+            entry
+                .file_name()
+                .to_str()?
+                .strip_suffix(suffix)?
+                .parse::<u32>()
+                .ok()
+        })
+        .collect()
+}
+
+/// The observers' records in the report directory, oldest OOM first, each with its
+/// snapshot's bytes when one was kept and can be read.
+pub fn agent_records(dir: &Path) -> Vec<(AgentOomRecord, Option<Vec<u8>>)> {
     let mut out = Vec::new();
-    // The names are bounded by the directory: only the job writes there.
-    for entry in entries.filter_map(Result::ok).take(4096) {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".oom.json"))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in job_file_pids(dir, ".oom.json") {
         let record = read_job_file(dir, &format!("{pid}.oom.json"), MAX_RECORD_BYTES)
             .and_then(|b| serde_json::from_slice::<AgentOomRecord>(&b).map_err(|e| e.to_string()));
         let mut record = match record {
