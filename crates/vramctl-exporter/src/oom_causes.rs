@@ -111,6 +111,7 @@ mod tests {
             why: None,
             oom_at_unix_ms: None,
             device: None,
+            others_when_seen: Vec::new(),
         }
     }
 

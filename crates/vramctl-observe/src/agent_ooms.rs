@@ -88,6 +88,49 @@ pub struct ProcessOoms {
     pub oom_at_unix_ms: Option<i64>,
     /// The CUDA device ordinal, as the process numbers its devices.
     pub device: Option<i64>,
+    /// The other processes NVML listed on the process's GPUs in the sample that first saw
+    /// the OOM (at most [`MAX_OTHERS`], most memory first): who else held the GPU, for an
+    /// `other-process` cause above all. Empty when none did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub others_when_seen: Vec<HeldBeside>,
+}
+
+/// Another process on the GPU of a process that ran out of memory: its PID as NVML lists
+/// it and its bytes on those GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldBeside {
+    pub pid: u32,
+    pub used_bytes: u64,
+}
+
+/// How many of the others a process's OOM names.
+pub const MAX_OTHERS: usize = 5;
+
+/// The processes other than `pid` on the GPUs `snapshot` lists `pid` on, with their bytes
+/// there, most first (at most [`MAX_OTHERS`]).
+pub fn others_beside(snapshot: &Snapshot, pid: u32) -> Vec<HeldBeside> {
+    let mut bytes: BTreeMap<u32, u64> = BTreeMap::new();
+    for reading in snapshot.devices.iter().filter_map(|d| d.reading()) {
+        let Some(processes) = reading.processes.as_ref() else {
+            continue;
+        };
+        if !processes.iter().any(|p| p.pid == pid) {
+            continue;
+        }
+        for p in processes.iter().filter(|p| p.pid != pid) {
+            if let Some(used) = p.used_bytes {
+                let entry = bytes.entry(p.pid).or_default();
+                *entry = entry.saturating_add(used);
+            }
+        }
+    }
+    let mut out: Vec<HeldBeside> = bytes
+        .into_iter()
+        .map(|(pid, used_bytes)| HeldBeside { pid, used_bytes })
+        .collect();
+    out.sort_by(|a, b| b.used_bytes.cmp(&a.used_bytes).then(a.pid.cmp(&b.pid)));
+    out.truncate(MAX_OTHERS);
+    out
 }
 
 impl ProcessOoms {
@@ -101,6 +144,7 @@ impl ProcessOoms {
             why: None,
             oom_at_unix_ms: None,
             device: None,
+            others_when_seen: Vec::new(),
         }
     }
 
@@ -279,6 +323,7 @@ impl OomWatch {
             let job = self.next_job;
             self.next_job += 1;
             let mut ooms = ProcessOoms::classifying(count, snapshot.taken_at_unix_ms);
+            ooms.others_when_seen = others_beside(snapshot, pid);
             match self.worker().map(|w| w.queue.try_send((job, pid))) {
                 Some(Ok(())) => {}
                 Some(Err(TrySendError::Full(_))) => {
@@ -322,9 +367,13 @@ impl OomWatch {
 /// agent's `stats`: asked and classified on the caller's thread (bounded as the worker is)
 /// only when its counters show an OOM, as the observer asks, so an agent without one costs
 /// no second connection. `None`: no OOM counted, or no record.
-pub fn ask_if_counted(pid: u32, stats: &Stats, seen_at_unix_ms: i64) -> Option<ProcessOoms> {
+pub fn ask_if_counted(pid: u32, stats: &Stats, snapshot: &Snapshot) -> Option<ProcessOoms> {
     let counted = stats.devices.iter().any(|d| d.ooms.is_some_and(|n| n > 0));
-    counted.then(|| ask_now(pid, seen_at_unix_ms)).flatten()
+    let mut ooms = counted
+        .then(|| ask_now(pid, snapshot.taken_at_unix_ms))
+        .flatten()?;
+    ooms.others_when_seen = others_beside(snapshot, pid);
+    Some(ooms)
 }
 
 /// `pid`'s agent's OOMs now, asked and classified on the caller's thread (bounded as the
@@ -541,6 +590,20 @@ mod tests {
             ),
             (3, OomState::Classifying, None, 2000)
         );
+        // Who else the sample that saw it listed on its GPU.
+        assert_eq!(
+            ten.others_when_seen,
+            [
+                HeldBeside {
+                    pid: 20,
+                    used_bytes: 1
+                },
+                HeldBeside {
+                    pid: 30,
+                    used_bytes: 1
+                }
+            ]
+        );
         drop(held);
         let out = rig.tick(&mut watch, &pids, settled);
         let ten = out.get(10).expect("10");
@@ -579,6 +642,35 @@ mod tests {
         // A process no longer listed is forgotten.
         let out = rig.tick(&mut watch, &[20, 30], |_| true);
         assert!(out.get(10).is_none() && out.get(20).is_some());
+    }
+
+    #[test]
+    fn the_others_are_those_on_the_process_s_gpus_most_memory_first() {
+        let mut snapshot = listing(&[10, 20, 30, 40, 50, 60, 70], 0);
+        let mut second = snapshot.devices[0].clone();
+        second.info = Arc::new(DeviceInfo::new(1, "GPU-b"));
+        if let DeviceState::Ok(reading) = &mut snapshot.devices[0].state {
+            for p in reading.processes.iter_mut().flatten() {
+                p.used_bytes = Some(u64::from(p.pid));
+            }
+        }
+        if let DeviceState::Ok(reading) = &mut second.state {
+            // 99 holds memory on GPU 1 only, where 10 is not: not 10's other.
+            reading.processes = Some(vec![ProcessUsage {
+                pid: 99,
+                used_bytes: Some(1 << 40),
+                kind: ProcessKind::Compute,
+                gpu_instance_id: None,
+                compute_instance_id: None,
+            }]);
+        }
+        snapshot.devices.push(second);
+        let others: Vec<u32> = others_beside(&snapshot, 10).iter().map(|o| o.pid).collect();
+        assert_eq!(others, [70, 60, 50, 40, 30], "at most five, most first");
+        assert!(
+            others_beside(&snapshot, 12345).is_empty(),
+            "not listed: none"
+        );
     }
 
     #[test]

@@ -603,6 +603,7 @@ mod tests {
                 why: Some("no free block holds 2.00 GiB".into()),
                 oom_at_unix_ms: Some(3_900),
                 device: Some(0),
+                others_when_seen: Vec::new(),
             },
         );
         let (tick, _) = tick_of(

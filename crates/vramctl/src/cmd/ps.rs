@@ -18,7 +18,7 @@ use regex::Regex;
 use serde::Serialize;
 use vramctl_agent::agent_client::{self, AgentMemory};
 use vramctl_core::command_line::abbreviate;
-use vramctl_core::types::DeviceState;
+use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_observe::agent_ooms::{self, OomState, ProcessOoms};
 use vramctl_observe::observation::{HostProcess, Observation};
 use vramctl_observe::owners::{self, OwnerKey, OwnerTotal};
@@ -216,7 +216,7 @@ pub fn run(global: &GlobalArgs, args: &PsArgs) -> anyhow::Result<Exit> {
         args.sort,
     );
     measure_cpu(&mut report, cpu_interval, &procs);
-    ask_agents(&mut report, observation.taken_at_unix_ms());
+    ask_agents(&mut report, &observation.snapshot);
     source.end_for_exit();
     if let Some(key) = args.by {
         // The listed processes (after the filters), grouped by who owns them.
@@ -657,8 +657,8 @@ fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcRe
 
 /// The allocated and cached memory of each visible process that has an agent, and its
 /// OOMs (the first one classified here, on the snapshot its agent kept: bounded as
-/// `agent_ooms` bounds it), as seen at `at_unix_ms`.
-fn ask_agents(report: &mut PsReport, at_unix_ms: i64) {
+/// `agent_ooms` bounds it, with the others NVML lists beside it in `snapshot`).
+fn ask_agents(report: &mut PsReport, snapshot: &Snapshot) {
     for p in report
         .processes
         .iter_mut()
@@ -668,7 +668,7 @@ fn ask_agents(report: &mut PsReport, at_unix_ms: i64) {
             continue;
         };
         p.agent = Some(stats.memory());
-        p.oom = agent_ooms::ask_if_counted(p.pid, &stats, at_unix_ms);
+        p.oom = agent_ooms::ask_if_counted(p.pid, &stats, snapshot);
     }
 }
 
@@ -692,7 +692,17 @@ pub(super) fn oom_note(pid: u32, oom: &ProcessOoms) -> String {
             oom.why.as_deref().unwrap_or("no reason given")
         ),
     };
-    format!("PID {pid} had {times}; {verdict}")
+    let others: Vec<String> = oom
+        .others_when_seen
+        .iter()
+        .map(|o| format!("PID {} {}", o.pid, units::bytes(o.used_bytes)))
+        .collect();
+    let beside = if others.is_empty() {
+        String::new()
+    } else {
+        format!("; on its GPU when it was seen: {}", others.join(", "))
+    };
+    format!("PID {pid} had {times}; {verdict}{beside}")
 }
 
 fn round1(x: f64) -> f64 {

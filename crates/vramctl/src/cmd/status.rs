@@ -534,9 +534,9 @@ fn ask_agents(report: &mut StatusReport, snapshot: &Snapshot) {
             p.oom = ooms
                 .entry(p.pid)
                 .or_insert_with(|| {
-                    answer.as_ref().and_then(|s| {
-                        agent_ooms::ask_if_counted(p.pid, s, snapshot.taken_at_unix_ms)
-                    })
+                    answer
+                        .as_ref()
+                        .and_then(|s| agent_ooms::ask_if_counted(p.pid, s, snapshot))
                 })
                 .clone();
         }

@@ -120,6 +120,47 @@ fn ps_and_status_show_a_running_process_s_ooms_with_the_kept_snapshot_s_cause() 
     assert_eq!(listed["pid"], py.pid());
     assert_eq!(listed["oom"]["cause"], cause.as_str(), "{status:#}");
     assert_eq!(listed["oom"]["count"], 2);
+    assert!(
+        listed["oom"].get("others_when_seen").is_none(),
+        "alone on its GPU"
+    );
+
+    // Another process on its GPU: named beside the OOM, with NVML's bytes.
+    let other = crate::real_processes::sleeper();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shared = crate::reclaim::scenario(
+        dir.path(),
+        &[
+            (py.pid(), "9 GiB", "9 GiB"),
+            (other.pid(), "3 GiB", "3 GiB"),
+        ],
+    );
+    let ps = json_of(vramctl_std(&shared).args(["ps", "--json", "--no-daemon"]));
+    let oom = ps["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"] == py.pid())
+        .map(|p| p["oom"].clone())
+        .expect("listed");
+    assert_eq!(
+        oom["others_when_seen"],
+        serde_json::json!([{"pid": other.pid(), "used_bytes": 3u64 << 30}]),
+        "{oom:#}"
+    );
+    let out = vramctl_std(&shared)
+        .args(["status", "--no-daemon"])
+        .env("COLUMNS", "200")
+        .output()
+        .expect("vramctl status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "on its GPU when it was seen: PID {} 3.0 GiB",
+            other.pid()
+        )),
+        "{text}"
+    );
 }
 
 /// `status`'s table says it too: one note for the process, as `ps` words it, wrapped
