@@ -694,7 +694,10 @@ fn with_an_oom(
         }),
         oom_at_unix_ms: classified.then_some(1_764_450_008_000),
         device: Some(0),
-        others_when_seen: Vec::new(),
+        others_when_seen: vec![vramctl_observe::agent_ooms::HeldBeside {
+            pid: 24150,
+            used_bytes: 12 << 30,
+        }],
     };
     let mut out: Vec<Arc<Observation>> = observations.to_vec();
     if let Some(last) = out.last_mut() {

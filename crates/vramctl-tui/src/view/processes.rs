@@ -409,4 +409,15 @@ fn oom_lines(app: &App, oom: &ProcessOoms, width: usize, lines: &mut Vec<Vec<(St
             lines.push(vec![(line, t.dim())]);
         }
     }
+    if !oom.others_when_seen.is_empty() {
+        let others: Vec<String> = oom
+            .others_when_seen
+            .iter()
+            .map(|o| format!("PID {} {}", o.pid, format::bytes(o.used_bytes)))
+            .collect();
+        let text = format!("beside it then: {}", others.join(", "));
+        for line in super::wrap(&text, width) {
+            lines.push(vec![(line, t.dim())]);
+        }
+    }
 }
