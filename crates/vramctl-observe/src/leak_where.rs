@@ -518,53 +518,17 @@ fn read_bounded(path: &PathBuf) -> Result<vramctl_snapshot::Snapshot, String> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use vramctl_snapshot::model::{Block, BlockState, Format, Frame, Pool, Segment, Snapshot};
+    use vramctl_snapshot::model::Snapshot;
 
     use super::*;
 
     /// One segment of live blocks `(size, stack)`: stack 1 allocated at `train.py:12`,
     /// stack 2 at `data.py:40`, stack 0 before the recording (no stack).
     fn snap(blocks: &[(u64, u32)]) -> Snapshot {
-        let frame = |f: &str, line| Frame {
-            filename: Arc::from(f),
-            line,
-            name: Arc::from("step"),
-        };
-        Snapshot {
-            format: Format::SegmentsOnly,
-            trace_stacks: vramctl_snapshot::TraceStacks::Read,
-            parallel_parts: 0,
-            negative_sizes: 0,
-            segments: vec![Segment {
-                device: 0,
-                address: 0,
-                total_size: blocks.iter().map(|b| b.0).sum(),
-                allocated_size: 0,
-                active_size: 0,
-                requested_size: None,
-                stream: 0,
-                pool: Pool::Large,
-                pool_id: (0, 0),
-                is_expandable: false,
-                blocks: blocks
-                    .iter()
-                    .map(|&(size, stack)| Block {
-                        address: 0,
-                        size,
-                        requested_size: Some(size),
-                        state: BlockState::ActiveAllocated,
-                        stack,
-                    })
-                    .collect(),
-                stack: 0,
-            }],
-            device_traces: Vec::new(),
-            allocator_settings: None,
-            frames: vec![frame("/w/train.py", 12), frame("/w/data.py", 40)],
-            stacks: vec![vec![], vec![0], vec![1]],
-        }
+        vramctl_snapshot::testing::live_blocks(
+            blocks,
+            &[("/w/train.py", 12, "step"), ("/w/data.py", 40, "step")],
+        )
     }
 
     #[test]

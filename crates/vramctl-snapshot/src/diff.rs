@@ -117,57 +117,20 @@ pub fn diff_by(a: &Snapshot, b: &Snapshot, by: By) -> Diff {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::model::{Block, BlockState, Format, Frame, Pool, Segment};
 
     /// One segment whose blocks are (size, stack id); stack n ≥ 1 is one frame of user
     /// code (`a.py`, `b.py`, `c.py`, `d.py`), stack 0 none.
     fn snap(blocks: &[(u64, u32)]) -> Snapshot {
-        let frame = |f: &str, line| Frame {
-            filename: Arc::from(f),
-            line,
-            name: Arc::from("f"),
-        };
-        Snapshot {
-            format: Format::SegmentsOnly,
-            trace_stacks: crate::model::TraceStacks::Read,
-            parallel_parts: 0,
-            negative_sizes: 0,
-            segments: vec![Segment {
-                device: 0,
-                address: 0,
-                total_size: blocks.iter().map(|b| b.0).sum(),
-                allocated_size: 0,
-                active_size: 0,
-                requested_size: None,
-                stream: 0,
-                pool: Pool::Large,
-                pool_id: (0, 0),
-                is_expandable: false,
-                blocks: blocks
-                    .iter()
-                    .map(|&(size, stack)| Block {
-                        address: 0,
-                        size,
-                        requested_size: Some(size),
-                        state: BlockState::ActiveAllocated,
-                        stack,
-                    })
-                    .collect(),
-                stack: 0,
-            }],
-            device_traces: Vec::new(),
-            allocator_settings: None,
-            frames: vec![
-                frame("/a.py", 1),
-                frame("/b.py", 2),
-                frame("/c.py", 3),
-                frame("/d.py", 4),
+        crate::testing::live_blocks(
+            blocks,
+            &[
+                ("/a.py", 1, "f"),
+                ("/b.py", 2, "f"),
+                ("/c.py", 3, "f"),
+                ("/d.py", 4, "f"),
             ],
-            stacks: vec![vec![], vec![0], vec![1], vec![2], vec![3]],
-        }
+        )
     }
 
     #[test]

@@ -15,6 +15,8 @@ pub mod pickle;
 pub mod replay;
 mod size_text;
 pub mod summary;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 pub mod timeline;
 pub mod top;
 pub mod view;
