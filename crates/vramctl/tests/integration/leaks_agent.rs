@@ -27,6 +27,13 @@ fn leaker_and_cache_grower() -> (Py, Py, std::path::PathBuf) {
         16 * MIB
     ));
     let grower = Py::agent(0, 3 * GIB);
+    let scenario = two_holders(&leaker, &grower);
+    (leaker, grower, scenario)
+}
+
+/// The scenario of both tests: `leaker` flat at 22 GiB on NVML, `grower` rising 16 MiB a
+/// second from 4 GiB (one step a second of the fake's clock), both busy.
+fn two_holders(leaker: &Py, grower: &Py) -> std::path::PathBuf {
     let growing: Vec<String> = (0..400)
         .map(|i| format!("\"{} MiB\"", 4096 + 16 * i))
         .collect();
@@ -43,7 +50,7 @@ fn leaker_and_cache_grower() -> (Py, Py, std::path::PathBuf) {
     );
     let scenario = leaker.dir.path().join("scenario.toml");
     std::fs::write(&scenario, text).expect("scenario");
-    (leaker, grower, scenario)
+    scenario
 }
 
 fn watch(scenario: &std::path::Path, extra: &[&str]) -> Vec<serde_json::Value> {
@@ -133,22 +140,7 @@ fn leaks_watch_without_agents_judges_nvml_and_takes_no_snapshot() {
     // leaker is flat.
     let leaker = Py::start();
     let grower = Py::start();
-    let growing: Vec<String> = (0..400)
-        .map(|i| format!("\"{} MiB\"", 4096 + 16 * i))
-        .collect();
-    let text = format!(
-        "[clock]\nmode = \"step\"\nstep_s = 1.0\n\n\
-         [[gpu]]\nname = \"NVIDIA H200\"\nuuid = \"GPU-8cca1523-521a-59dd-48fa-95c44bc1b100\"\n\
-         memory_total = \"140 GiB\"\nmemory_reserved = \"615 MiB\"\nutilization_gpu = 80\n\
-         [[gpu.process]]\npid = {}\nreal = true\nmemory = \"22 GiB\"\nsm_util = 50\n\
-         [[gpu.process]]\npid = {}\nreal = true\nsm_util = 50\n\
-         memory = {{ steps = {{ values = [{}], every_s = 1.0 }} }}\n",
-        leaker.pid(),
-        grower.pid(),
-        growing.join(", ")
-    );
-    let scenario = leaker.dir.path().join("scenario.toml");
-    std::fs::write(&scenario, text).expect("scenario");
+    let scenario = two_holders(&leaker, &grower);
     let events = watch(&scenario, &["--where"]);
     let last = |pid: u32| {
         events

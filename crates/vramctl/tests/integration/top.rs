@@ -89,7 +89,7 @@ impl Tmux {
         what: &str,
         ready: impl Fn(&str) -> bool,
     ) -> String {
-        let started = Instant::now();
+        let deadline = Instant::now() + PATIENCE;
         loop {
             self.run(&[
                 "resize-window",
@@ -100,17 +100,13 @@ impl Tmux {
                 "-y",
                 &y.to_string(),
             ]);
-            let round = Instant::now();
-            while round.elapsed() < Duration::from_secs(5) {
-                let screen = self.screen();
-                if ready(&screen) {
-                    return screen;
-                }
-                assert!(
-                    started.elapsed() < PATIENCE,
+            let round = (Instant::now() + Duration::from_secs(5)).min(deadline);
+            match self.poll(&ready, round) {
+                Ok(screen) => return screen,
+                Err(screen) => assert!(
+                    Instant::now() < deadline,
                     "timed out waiting for {what}; the screen was:\n{screen}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
+                ),
             }
         }
     }
@@ -118,16 +114,23 @@ impl Tmux {
     /// The screen once `ready` holds for it; fails with the last screen after
     /// [`PATIENCE`].
     pub(crate) fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
-        let started = Instant::now();
+        self.poll(&ready, Instant::now() + PATIENCE)
+            .unwrap_or_else(|screen| {
+                panic!("timed out waiting for {what}; the screen was:\n{screen}")
+            })
+    }
+
+    /// The screen once `ready` holds for it, looked at every 50 ms until `until`; past it,
+    /// the last screen as the error.
+    fn poll(&self, ready: &impl Fn(&str) -> bool, until: Instant) -> Result<String, String> {
         loop {
             let screen = self.screen();
             if ready(&screen) {
-                return screen;
+                return Ok(screen);
             }
-            assert!(
-                started.elapsed() < PATIENCE,
-                "timed out waiting for {what}; the screen was:\n{screen}"
-            );
+            if Instant::now() >= until {
+                return Err(screen);
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
