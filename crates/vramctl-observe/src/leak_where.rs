@@ -488,22 +488,24 @@ fn take(pid: u32, stage: Stage) -> Result<(vramctl_snapshot::Snapshot, u64), Str
     Ok((read?, agent_ms))
 }
 
-/// Reads a snapshot file without following a symlink (the process's user could have put
-/// one in its place: the file opened must be the regular file `lstat` saw), within
-/// [`MAX_SNAPSHOT_BYTES`].
+/// Reads a snapshot file without following a symlink and without waiting on what is not a
+/// regular file (the process's user could put a symlink or a FIFO in its place: opened with
+/// `O_NOFOLLOW | O_NONBLOCK`, then checked a regular file), within [`MAX_SNAPSHOT_BYTES`].
 fn read_bounded(path: &PathBuf) -> Result<vramctl_snapshot::Snapshot, String> {
-    use std::os::unix::fs::MetadataExt;
+    use rustix::fs::{FileType, Mode, OFlags};
     let cannot =
         |e: &dyn std::fmt::Display| format!("cannot read the snapshot '{}': {e}", path.display());
-    let seen = std::fs::symlink_metadata(path).map_err(|e| cannot(&e))?;
-    if !seen.file_type().is_file() {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| cannot(&e))?;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| cannot(&e))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
         return Err(cannot(&"not a regular file"));
     }
-    let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
-    let opened = file.metadata().map_err(|e| cannot(&e))?;
-    if (opened.dev(), opened.ino()) != (seen.dev(), seen.ino()) {
-        return Err(cannot(&"the file changed while it was opened"));
-    }
+    let file = std::fs::File::from(fd);
     let limits = vramctl_snapshot::Limits {
         max_total_bytes: MAX_SNAPSHOT_BYTES,
         ..vramctl_snapshot::Limits::default()
