@@ -415,14 +415,16 @@ fn confirm(count: usize, args: &KillArgs, grace: Duration) -> anyhow::Result<boo
             units::seconds(grace.as_secs_f64())
         )
     };
-    let mut err = std::io::stderr().lock();
-    write!(
-        err,
+    // One write: stderr is unbuffered, so a formatted write reaches the terminal piece by
+    // piece, and a reader (a person or a script watching the screen) could see half a question.
+    let question = format!(
         "send {} to {count} {}{escalation}? [y/N] ",
         args.signal.name(),
         if count == 1 { "process" } else { "processes" }
-    )
-    .context("cannot write to stderr")?;
+    );
+    let mut err = std::io::stderr().lock();
+    err.write_all(question.as_bytes())
+        .context("cannot write to stderr")?;
     err.flush().context("cannot write to stderr")?;
     let mut answer = String::new();
     stdin

@@ -140,8 +140,11 @@ fn kill_plan_escapes_a_forged_command_line_before_the_prompt_in_a_terminal() {
         200,
         20,
     );
+    // The forged command line holds a fake question of its own: wait for the real one, a
+    // whole line of its own.
     let screen = tmux.wait_for("the question", |s| {
-        s.contains("? [y/N]") && s.contains("send ")
+        s.lines()
+            .any(|l| l.starts_with("send ") && l.trim_end().ends_with("? [y/N]"))
     });
     let lines: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(
