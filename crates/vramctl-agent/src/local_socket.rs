@@ -24,9 +24,11 @@ pub mod client;
 pub mod server;
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -141,7 +143,7 @@ pub fn error_line(error: &ErrorReply) -> Vec<u8> {
 }
 
 /// The process at the other end of a connection, as the kernel recorded it at `connect`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Peer {
     /// Its PID (in the server's PID namespace; 0 when it is in none the server can see).
     pub pid: u32,
@@ -149,24 +151,68 @@ pub struct Peer {
     pub uid: u32,
     /// Effective gid.
     pub gid: u32,
+    /// The connected process itself (`SO_PEERPIDFD`, Linux 6.5), taken by the kernel at
+    /// `connect` like the credentials. What is read about the peer from `/proc/PID` is its
+    /// own only while this process still runs: once it has exited, the PID may name another
+    /// process. `None` on older kernels (and for a peer known only by its credentials).
+    pub pidfd: Option<Arc<OwnedFd>>,
 }
 
 impl Peer {
-    /// `SO_PEERCRED` of `stream`.
+    /// A peer known by its credentials alone (no process pinned).
+    pub fn from_credentials(pid: u32, uid: u32, gid: u32) -> Self {
+        Self {
+            pid,
+            uid,
+            gid,
+            pidfd: None,
+        }
+    }
+
+    /// `SO_PEERCRED` of `stream`, and `SO_PEERPIDFD` where the kernel has it.
     ///
     /// # Errors
-    /// When the kernel does not say.
+    /// When the kernel does not say, or says the peer has already gone.
     pub fn of(stream: &UnixStream) -> std::io::Result<Self> {
         // nix, not rustix: rustix's credentials hold a non-zero PID and fail on the 0 the
         // kernel gives for a peer in a PID namespace we cannot see (a client in a
         // container asking a host daemon sees the daemon so).
         let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
             .map_err(std::io::Error::from)?;
+        let pidfd = match nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerPidfd)
+        {
+            Ok(fd) => Some(Arc::new(fd)),
+            // Kernels before 6.5 do not know the option; a peer in a namespace we cannot
+            // see has no pidfd for us either (its PID is 0 and every /proc read is refused).
+            Err(nix::errno::Errno::ENOPROTOOPT | nix::errno::Errno::EINVAL) => None,
+            Err(nix::errno::Errno::ESRCH) if cred.pid() == 0 => None,
+            Err(e) => return Err(std::io::Error::from(e)),
+        };
         Ok(Self {
             pid: u32::try_from(cred.pid()).unwrap_or(0),
             uid: cred.uid(),
             gid: cred.gid(),
+            pidfd,
         })
+    }
+
+    /// Whether the process that connected still runs: `Some(false)` once it has exited (a
+    /// zombie counts: its PID is about to be free), `None` without a pidfd to tell. Call it
+    /// *after* reading `/proc/PID`: `Some(true)` then means what was read was the peer's.
+    pub fn still_running(&self) -> Option<bool> {
+        let fd = self.pidfd.as_deref()?;
+        let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        let now = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // A pidfd polls readable once its process has terminated.
+        match rustix::event::poll(&mut fds, Some(&now)) {
+            Ok(0) => Some(true),
+            Ok(_) => Some(false),
+            // Cannot tell: the caller treats it as gone, the safe answer.
+            Err(_) => Some(false),
+        }
     }
 }
 
@@ -191,8 +237,11 @@ impl Access {
             || peer.uid == self.owner_uid
             || self.group_gid.is_some_and(|g| {
                 // The supplementary groups are not in SO_PEERCRED; /proc has them. A peer
-                // that exited in between is refused, which is the safe answer.
-                peer.gid == g || supplementary_groups(peer.pid).contains(&g)
+                // that exited before or during the read is refused, the safe answer: its
+                // PID may name another process by then.
+                peer.gid == g
+                    || (supplementary_groups(peer.pid).contains(&g)
+                        && peer.still_running() != Some(false))
             })
     }
 }
@@ -525,7 +574,7 @@ mod tests {
             group_gid: None,
             everyone: false,
         };
-        let peer = |uid, gid| Peer { pid: 0, uid, gid };
+        let peer = |uid, gid| Peer::from_credentials(0, uid, gid);
         assert!(access.allows(&peer(1000, 1000)));
         assert!(access.allows(&peer(0, 0)));
         assert!(!access.allows(&peer(1001, 1001)));

@@ -196,8 +196,8 @@ impl Client {
     }
 
     /// Who the server is (uid, pid).
-    pub fn server(&self) -> Peer {
-        self.server
+    pub fn server(&self) -> &Peer {
+        &self.server
     }
 
     /// Sends `request` and reads the reply (at most `max_reply_bytes`) before the deadline

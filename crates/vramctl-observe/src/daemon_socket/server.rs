@@ -397,10 +397,12 @@ enum Caller {
 }
 
 /// The caller's PID namespace, from its PID as `SO_PEERCRED` gave it (the host's) and the
-/// host's `/proc/PID/ns/pid`. The process is pinned by a pidfd before the read and checked
-/// after it (still running, still the peer's uid), so a PID reused by a process elsewhere
-/// between the two is not read for it. A caller whose namespace cannot be told gets an
-/// error, never the full answer: it could be another container.
+/// host's `/proc/PID/ns/pid`. What is read must be the caller's own: the process the kernel
+/// pinned at `connect` (`SO_PEERPIDFD`, Linux 6.5) must still run after the read, so its PID
+/// named it throughout. On older kernels the PID is pinned here, after `connect`, and the
+/// uid checked, which leaves a window in which the caller's PID may already name another
+/// process of the same user. A caller whose namespace cannot be told gets an error, never
+/// the full answer: it could be another container.
 fn caller_of(peer: &Peer, own: Option<u64>) -> Result<Caller, ErrorReply> {
     let cannot = |why: String| {
         ErrorReply::new(
@@ -413,14 +415,25 @@ fn caller_of(peer: &Peer, own: Option<u64>) -> Result<Caller, ErrorReply> {
             "you run in a PID namespace this daemon cannot see".into(),
         ));
     }
-    let handle = PidHandle::pin(peer.pid)
-        .map_err(|e| cannot(format!("cannot pin your process {}: {e}", peer.pid)))?;
+    let pinned_here = if peer.pidfd.is_some() {
+        None
+    } else {
+        Some(
+            PidHandle::pin(peer.pid)
+                .map_err(|e| cannot(format!("cannot pin your process {}: {e}", peer.pid)))?,
+        )
+    };
     let namespace = procinfo::pid_namespace_of(peer.pid)
         .map_err(|e| cannot(format!("cannot read your PID namespace: {e}")))?;
     let uid = procinfo::read_status(peer.pid)
         .ok()
         .and_then(|s| s.uid_effective);
-    if handle.has_exited() || uid != Some(peer.uid) {
+    let exited = match (peer.still_running(), &pinned_here) {
+        (Some(running), _) => !running,
+        (None, Some(handle)) => handle.has_exited(),
+        (None, None) => true,
+    };
+    if exited || uid != Some(peer.uid) {
         return Err(cannot(format!(
             "process {} is no longer the one that connected",
             peer.pid
@@ -439,21 +452,24 @@ mod tests {
 
     #[test]
     fn we_are_in_our_own_namespace_and_a_peer_we_cannot_see_is_refused() {
-        let me = Peer {
-            pid: std::process::id(),
-            uid: procinfo::read_status(std::process::id())
+        let me = Peer::from_credentials(
+            std::process::id(),
+            procinfo::read_status(std::process::id())
                 .ok()
                 .and_then(|s| s.uid_effective)
                 .expect("our uid"),
-            gid: 0,
-        };
+            0,
+        );
         let own = PidNamespace::current().inode;
         assert_eq!(caller_of(&me, own), Ok(Caller::Ours));
         assert_eq!(
             caller_of(&me, Some(1)),
             Ok(Caller::Other(own.expect("our namespace is readable")))
         );
-        let hidden = Peer { pid: 0, ..me };
+        let hidden = Peer {
+            pid: 0,
+            ..me.clone()
+        };
         let error = caller_of(&hidden, own).expect_err("refused");
         assert_eq!(error.code, "cannot_map");
         let impostor = Peer {
@@ -464,5 +480,81 @@ mod tests {
             caller_of(&impostor, own).expect_err("refused").code,
             "cannot_map"
         );
+    }
+
+    /// A caller that connected and exited is refused, even once its PID names another
+    /// process of the same user: the kernel's pidfd of the connected process says it is
+    /// gone. (Pinning the PID after `connect` would have pinned the newcomer.)
+    #[test]
+    fn a_caller_that_exited_is_refused_even_when_its_pid_is_taken_again() {
+        use std::io::Write as _;
+        use std::os::unix::net::UnixListener;
+        use std::process::{Command, Stdio};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        // A client that connects and waits for its stdin to close.
+        let mut client = Command::new("python3")
+            .args([
+                "-c",
+                "import socket, sys\n\
+                 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n\
+                 print('connected', flush=True); sys.stdin.read()",
+            ])
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let (stream, _) = listener.accept().expect("accept");
+        let peer = Peer::of(&stream).expect("peer");
+        assert_eq!(peer.pid, client.id());
+        if peer.pidfd.is_none() {
+            eprintln!("SO_PEERPIDFD unsupported here (kernel before 6.5): nothing to check");
+            let _ = client.kill();
+            let _ = client.wait();
+            return;
+        }
+        let own = PidNamespace::current().inode;
+        assert_eq!(caller_of(&peer, own), Ok(Caller::Ours));
+        assert_eq!(peer.still_running(), Some(true));
+        let pid = client.id();
+        drop(client.stdin.take());
+        client.wait().expect("wait");
+        assert_eq!(peer.still_running(), Some(false));
+        assert_eq!(
+            caller_of(&peer, own).expect_err("refused").code,
+            "cannot_map"
+        );
+        // As root, hand the PID to a new process of ours (same uid), as a racing user would.
+        let mut newcomer = None;
+        for _ in 0..20 {
+            if std::fs::OpenOptions::new()
+                .write(true)
+                .open("/proc/sys/kernel/ns_last_pid")
+                .and_then(|mut f| write!(f, "{}", pid - 1))
+                .is_err()
+            {
+                break;
+            }
+            let child = Command::new("sleep").arg("30").spawn().expect("sleep");
+            if child.id() == pid {
+                newcomer = Some(child);
+                break;
+            }
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(mut newcomer) = newcomer {
+            assert_eq!(
+                caller_of(&peer, own).expect_err("refused").code,
+                "cannot_map",
+                "the PID now names a newcomer of the same uid"
+            );
+            let _ = newcomer.kill();
+            let _ = newcomer.wait();
+        }
+        drop(stream);
     }
 }
