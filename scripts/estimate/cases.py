@@ -24,21 +24,54 @@ transformers 5.x's default is `use_reentrant=False`, 4.x's was `True`), ckpt=Tru
 cast: built in fp32, then `.to(dtype)` (`--cast-from-fp32`); lora_targets "q-v" or
 "all-linear" (`--lora-targets`), lora_dropout: PEFT's lora_dropout=0.05 (`--lora-dropout`);
 target: T5's label length when not `seq` (`--target-seq`).
+
+Sharded training (issue 36) is a list of its own, SHARDED, so that every single-GPU path
+(estimate-h200.sh's default and --held-back, compare.py, the Rust regression test) keeps
+reading CASES alone. A sharded case adds gpus (the ranks, one per GPU, `--batch` per rank)
+and sharding:
+
+  ddp   torch DistributedDataParallel with its defaults (bucket_cap_mb 25,
+        gradient_as_bucket_view=False, which `estimate` assumes): `--gpus N`;
+  fsdp  torch FSDP2 `fully_shard` (full sharding: weights, gradients and AdamW states
+        divided by N), one unit per transformer block (the model's `_no_split_modules`,
+        as accelerate's FSDP wraps a transformers model) and the root; built on the meta
+        device and materialised shard by shard, so no rank ever holds the whole model:
+        `--gpus N --fsdp`.
+
+No ZeRO stage or FSDP SHARD_GRAD_OP case: `--zero S` models DeepSpeed (16-bit weights with
+fp32 master weights, gradients and states, no DDP buckets), which is not installed on the
+GPU machine; torch's nearest kin are not the same job (SHARD_GRAD_OP holds the sharded
+weights and the whole unsharded model from the forward to the end of the backward;
+ZeroRedundancyOptimizer under DDP is ZeRO-1 plus DDP's buckets). And no fsdp case with
+amp-bf16: under torch.autocast FSDP gathers fp32 weights, while `--fsdp` counts the
+gathered unit in the 16-bit compute dtype, so the two are not one job either.
 """
 
 CONFIGS = "testdata/model/configs"
 SETS = ("tuning", "seen", "held_back")
 
 
+SHARDINGS = ("ddp", "fsdp")
+
+
 def case(name, config, mode="train", precision="fp32", batch=1, seq=512, gen=0, ckpt=False,
          attention="sdpa", lora=None, set="tuning", fused=False, cast=False, lora_targets="q-v",
-         lora_dropout=False, target=None):
+         lora_dropout=False, target=None, gpus=1, sharding=None):
     if set not in SETS:
         raise ValueError(f"case '{name}': set '{set}' is not one of {', '.join(SETS)}")
+    if (gpus > 1) != (sharding is not None):
+        raise ValueError(f"case '{name}': a sharding needs gpus > 1 and gpus > 1 a sharding")
+    if sharding is not None:
+        if sharding not in SHARDINGS:
+            raise ValueError(f"case '{name}': sharding '{sharding}' is not one of {', '.join(SHARDINGS)}")
+        if mode != "train" or lora or cast or target:
+            raise ValueError(f"case '{name}': a sharded case is plain training (no LoRA, cast or target)")
+        if sharding == "fsdp" and precision.startswith("amp"):
+            raise ValueError(f"case '{name}': fsdp with autocast is not what `--fsdp` counts (cases.py)")
     return dict(name=name, config=f"{CONFIGS}/{config}.json", mode=mode, precision=precision,
                 batch=batch, seq=seq, gen=gen, ckpt=ckpt, attention=attention, lora=lora,
                 set=set, fused=fused, cast=cast, lora_targets=lora_targets, lora_dropout=lora_dropout,
-                target=target)
+                target=target, gpus=gpus, sharding=sharding)
 
 
 CASES = [
@@ -182,8 +215,34 @@ ROUND4 = ["gpt2-ampbf16-ckptdefault-b8x1024", "gpt2-fp32-infer-b192x1024+64",
           "tinyllama-bf16-fused-b1x512", "qwen2-7b-cast-infer-b1x512+16", "llama3-8b-lora16all-bf16-b4x1024",
           "tinyllama-lora16all-drop-bf16-b8x1024", "t5-small-fp32-b32x1024to128"]
 
-BY_NAME = {c["name"]: c for c in CASES}
-if len(BY_NAME) != len(CASES):
+# Issue 36: sharded training on 2 GPUs (scripts/estimate-sharded-h200x2.sh runs them, each
+# under torchrun, one rank per GPU). Chosen and committed on 2026-12-05 before anything of
+# them was measured; no sharded case has ever run. Each is transformers' default training
+# step as CASES trains (loss on all tokens, foreach AdamW, zero_grad(set_to_none), 3 steps),
+# `batch` per rank, and fits one H200 (141 GB) per rank by the estimate of this commit;
+# mistral-7b-fsdp-fp32 fits only sharded (its single-GPU estimate is over 141 GB).
+SHARDED = [
+    # Tuning: may correct the derived terms (DDP's gradient buckets, FSDP's gathered unit
+    # and its reduce-scatter, the NCCL communicator).
+    case("gpt2-ddp-fp32-b8x1024", "gpt2", batch=8, seq=1024, gpus=2, sharding="ddp"),
+    case("tinyllama-fsdp-bf16-b4x2048", "tinyllama-1.1b", precision="bf16", batch=4, seq=2048,
+         gpus=2, sharding="fsdp"),
+    # Held back: never used to set a constant or a rule, only to check the model.
+    case("gpt2-ddp-ampbf16-b16x1024", "gpt2", precision="amp-bf16", batch=16, seq=1024, gpus=2,
+         sharding="ddp", set="held_back"),
+    case("tinyllama-ddp-bf16-b4x2048", "tinyllama-1.1b", precision="bf16", batch=4, seq=2048, gpus=2,
+         sharding="ddp", set="held_back"),
+    case("phi3-mini-ddp-bf16-ckpt-b8x1024", "phi-3-mini", precision="bf16", batch=8, seq=1024, ckpt=True,
+         gpus=2, sharding="ddp", set="held_back"),
+    case("gpt2-fsdp-fp32-b8x1024", "gpt2", batch=8, seq=1024, gpus=2, sharding="fsdp", set="held_back"),
+    case("phi3-mini-fsdp-bf16-ckpt-b8x1024", "phi-3-mini", precision="bf16", batch=8, seq=1024, ckpt=True,
+         gpus=2, sharding="fsdp", set="held_back"),
+    case("mistral-7b-fsdp-fp32-b1x1024", "mistral-7b", batch=1, seq=1024, gpus=2, sharding="fsdp",
+         set="held_back"),
+]
+
+BY_NAME = {c["name"]: c for c in CASES + SHARDED}
+if len(BY_NAME) != len(CASES) + len(SHARDED):
     raise ValueError("two cases share a name")
 
 
@@ -209,4 +268,8 @@ def estimate_args(c):
         args += ["--optimizer", "adamw-fused"]
     if c.get("cast"):
         args.append("--cast-from-fp32")
+    if c.get("gpus", 1) > 1:
+        args += ["--gpus", str(c["gpus"])]
+        if c["sharding"] == "fsdp":
+            args.append("--fsdp")
     return args

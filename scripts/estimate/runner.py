@@ -24,38 +24,64 @@ is written to OUTDIR/plan.txt as well when it runs. --unprofiled-training takes 
 training case that is not held back and has no phase profile in testdata/h200/estimate/
 yet (round 2's phase run). --held-back takes every held-back case and refuses to run if
 testdata/h200/estimate/ holds a measurement of one already (the one evaluation run).
+
+--sharded (issue 36) takes the cases of cases.SHARDED instead (all of them, the CASEs named,
+or with --held-back the held-back ones, refused once truth-sharded.jsonl in testdata holds
+one), one at a time, each on all its GPUs:
+
+    BINARY run --json --report OUTDIR/runs/CASE.json --interval 20ms --
+        python3 -m torch.distributed.run --standalone --nproc_per_node GPUS scripts/estimate/truth.py CASE
+
+(killed with its process group after --case-timeout-s, default 150, or when --deadline-s
+from the start has passed: a case that cannot start before it gets a line that says so;
+SIGTERM to the runner ends the case running with its ranks first). Held-back cases run
+first, so that a run cut short has measured the judged ones. Its line in
+OUTDIR/NAME (default truth-sharded.jsonl with --sharded): {"case", "set", "gpus",
+"sharding", "exit_code", "timed_out", "wall_s", "estimate_bytes", "nvml_peak_bytes" (the
+max over ranks of each rank's own NVML per-process peak), "ranks" (each rank's NVML and
+torch figures, truth.py's record), "run_devices" and "run_processes" (`vramctl run`'s peaks
+per GPU and per PID, a second view of the same processes), "torch" (rank 0's line)}.
+--smoke runs them as truth.py's TRUTH_SMOKE=1 (2 blocks, batch 1 x 32) without `vramctl run`
+(TRUTH_DEVICE=cpu in the environment: on the CPU over gloo): the path, not a measurement.
 """
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from cases import BY_NAME, CASES, estimate_args  # noqa: E402
+from cases import BY_NAME, CASES, SHARDED, estimate_args  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DATA = os.path.join(ROOT, "testdata/h200/estimate")
 # Files of testdata/h200/estimate whose lines have a phase profile.
 PROFILED = ("truth-phases.jsonl", "truth-phases-round2.jsonl")
 MEASURED = ("truth-raw.jsonl", "truth-phases.jsonl", "truth-phases-round2.jsonl")
+MEASURED_SHARDED = ("truth-sharded.jsonl",)
 ASSUMED_WALL_S = 20.0
+CASE_TIMEOUT_S = 150.0
 GB = 1e9
 
 
 def estimate_bytes(binary, c):
-    out = subprocess.run([binary, "estimate", *estimate_args(c), "--json"], check=True,
-                         capture_output=True, text=True, cwd=ROOT).stdout
-    return json.loads(out)["total_bytes"]
+    done = subprocess.run([binary, "estimate", *estimate_args(c), "--json"], capture_output=True, text=True,
+                          cwd=ROOT)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise SystemExit(f"error: vramctl estimate failed for {c['name']}: {why}")
+    return json.loads(done.stdout)["total_bytes"]
 
 
 def lines_of(name):
     path = os.path.join(DATA, name)
     if not os.path.exists(path):
         return []
-    return [json.loads(line) for line in open(path) if line.strip()]
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def unprofiled_training():
@@ -66,10 +92,10 @@ def unprofiled_training():
             if c["mode"] == "train" and c["set"] != "held_back" and c["name"] not in profiled]
 
 
-def held_back():
+def held_back(cases=CASES, measured=MEASURED):
     """Every held-back case; an error if one has a measurement in testdata already."""
-    names = [c["name"] for c in CASES if c["set"] == "held_back"]
-    seen = sorted({r["case"] for name in MEASURED for r in lines_of(name)} & set(names))
+    names = [c["name"] for c in cases if c["set"] == "held_back"]
+    seen = sorted({r["case"] for name in measured for r in lines_of(name)} & set(names))
     if seen:
         raise SystemExit(f"error: held-back case(s) measured already: {', '.join(seen)}")
     return names
@@ -158,6 +184,121 @@ def record(out, name, c, rc, t0, t1, estimate, alongside):
             f.write(f"{c} exit {rc}\n" + "\n".join(tail) + "\n")
 
 
+def sharded_command(binary, out, c, smoke=False):
+    """The command line of sharded case `c`: torchrun (as `python3 -m torch.distributed.run`,
+    with this interpreter, the one that has torch) under `vramctl run`, or alone for --smoke."""
+    job = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node", str(c["gpus"]), "scripts/estimate/truth.py", c["name"]]
+    if smoke:
+        return job
+    return [binary, "run", "--json", "--report", f"{out}/runs/{c['name']}.json", "--interval", "20ms",
+            "--", *job]
+
+
+def record_sharded(out, name, c, rc, timed_out, wall_s, estimate):
+    rec = {"case": c["name"], "set": c["set"], "gpus": c["gpus"], "sharding": c["sharding"],
+           "exit_code": rc, "timed_out": timed_out, "wall_s": round(wall_s, 2), "estimate_bytes": estimate}
+    try:
+        with open(f"{out}/runs/{c['name']}.json") as f:
+            run = json.load(f)
+        rec["run_devices"] = [{k: d.get(k) for k in ("index", "uuid", "peak_bytes", "used_at_start_bytes")}
+                              for d in run.get("devices") or []]
+        rec["run_processes"] = [{k: p.get(k) for k in ("pid", "uuid", "peak_bytes", "command")}
+                                for p in run.get("processes") or []]
+        rec["oom"] = run.get("oom")
+    except (OSError, ValueError) as e:  # --smoke, or a run that left no report: the line still comes
+        rec["run_error"] = repr(e)
+    with open(f"{out}/runs/{c['name']}.out") as f:
+        lines = [line for line in f.read().splitlines() if line.startswith("{")]
+    line = json.loads(lines[-1]) if lines else None
+    rec["torch"] = line
+    rec["nvml_peak_bytes"] = line.get("nvml_peak_bytes") if line else None
+    rec["ranks"] = line.get("ranks") if line else None
+    if not lines or rc != 0:
+        with open(f"{out}/runs/{c['name']}.err") as f:
+            tail = f.read().splitlines()[-15:]
+        rec["stderr_tail"] = "\n".join(tail)[-1500:]
+        with open(os.path.join(out, "failures.log"), "a") as f:
+            f.write(f"{c['name']} exit {rc}{' (timed out)' if timed_out else ''}\n" + "\n".join(tail) + "\n")
+    with open(os.path.join(out, name), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    return rec
+
+
+def stop_group(proc):
+    """SIGTERM to the case's process group (vramctl run, torchrun and every rank), SIGKILL
+    10 s later; its exit status."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+    except ProcessLookupError:
+        return proc.wait()
+
+
+def run_sharded(binary, out, names, record_name, sizes, smoke, timeout_s, dry_run, deadline_s=None):
+    """The sharded cases one after the other (each takes every GPU it names), held-back
+    ones first."""
+    started = time.time()
+    names = sorted(names, key=lambda n: BY_NAME[n]["set"] != "held_back")
+    lines = [f"plan: {len(names)} sharded cases, one at a time, held back first, each killed after "
+             f"{timeout_s:.0f} s" + (f", none started after {deadline_s:.0f} s" if deadline_s else "")]
+    for n in names:
+        c = BY_NAME[n]
+        command = " ".join(sharded_command(binary, out, c, smoke))
+        lines.append(f"{c['set']:9} {sizes[n] / GB:6.1f} GB per GPU  {command}")
+    text = "\n".join(lines)
+    print(text, file=sys.stderr, flush=True)
+    if dry_run:
+        return 0
+    os.makedirs(f"{out}/runs", exist_ok=True)
+    with open(os.path.join(out, "plan.txt"), "w") as f:
+        f.write(text + "\n")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    if smoke:
+        env["TRUTH_SMOKE"] = "1"
+    failed = 0
+    running = []
+
+    def terminate(signum, _frame):
+        for proc in running:
+            stop_group(proc)
+        raise SystemExit(f"error: stopped by signal {signum} during {n}")
+
+    signal.signal(signal.SIGTERM, terminate)
+    for n in names:
+        c = BY_NAME[n]
+        t0 = time.time()
+        left = timeout_s if not deadline_s else min(timeout_s, deadline_s - (t0 - started))
+        if left <= 0:
+            with open(os.path.join(out, record_name), "a") as f:
+                f.write(json.dumps({"case": n, "set": c["set"], "gpus": c["gpus"], "sharding": c["sharding"],
+                                    "exit_code": None, "skipped": f"the runner's deadline of {deadline_s:.0f} s "
+                                    "had passed", "estimate_bytes": sizes[n]}) + "\n")
+            print(f"{n} skipped: deadline", file=sys.stderr, flush=True)
+            failed += 1
+            continue
+        with open(f"{out}/runs/{n}.out", "w") as so, open(f"{out}/runs/{n}.err", "w") as se:
+            # A session of its own, so that a case past its time is killed with every rank.
+            proc = subprocess.Popen(sharded_command(binary, out, c, smoke), stdout=so, stderr=se, cwd=ROOT,
+                                    env=env, start_new_session=True)
+            running.append(proc)
+            timed_out = False
+            try:
+                rc = proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                rc = stop_group(proc)
+            running.remove(proc)
+        rec = record_sharded(out, record_name, c, rc, timed_out, time.time() - t0, sizes[n])
+        ok = rc == 0 and rec["torch"] is not None
+        failed += not ok
+        print(f"{n} rc={rc}{' timed out' if timed_out else ''} {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("binary")
@@ -170,9 +311,27 @@ def main():
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--unprofiled-training", action="store_true")
     ap.add_argument("--held-back", action="store_true")
+    ap.add_argument("--sharded", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--case-timeout-s", type=float, default=CASE_TIMEOUT_S)
+    ap.add_argument("--deadline-s", type=float, default=None)
     a = ap.parse_intermixed_args()
     binary = os.path.realpath(a.binary)
     out = os.path.realpath(a.outdir)
+    if a.sharded:
+        if a.held_back:
+            names = held_back(SHARDED, MEASURED_SHARDED)
+        else:
+            names = a.cases or [c["name"] for c in SHARDED]
+        unknown = [n for n in names if n not in BY_NAME or BY_NAME[n].get("gpus", 1) == 1]
+        if unknown:
+            raise SystemExit(f"error: not sharded case(s) {', '.join(unknown)} (cases.SHARDED lists them)")
+        record_name = a.record if a.record != "truth-raw.jsonl" else "truth-sharded.jsonl"
+        sizes = {n: estimate_bytes(binary, BY_NAME[n]) for n in names}
+        sys.exit(run_sharded(binary, out, names, record_name, sizes, a.smoke, a.case_timeout_s, a.dry_run,
+                             a.deadline_s))
+    if a.smoke:
+        raise SystemExit("error: --smoke is for --sharded")
     if a.held_back:
         names = held_back()
     elif a.cases or not a.unprofiled_training:
@@ -182,6 +341,9 @@ def main():
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise SystemExit(f"error: unknown case(s) {', '.join(unknown)} (cases.py lists them)")
+    sharded = [n for n in names if BY_NAME[n].get("gpus", 1) > 1]
+    if sharded:
+        raise SystemExit(f"error: sharded case(s) {', '.join(sharded)} run with --sharded")
     if a.jobs < 1:
         raise SystemExit(f"error: --jobs '{a.jobs}' must be at least 1")
     budget = a.budget_gb * GB

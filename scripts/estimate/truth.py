@@ -20,6 +20,20 @@ Prints one JSON line on stdout: the case, torch's max_memory_allocated / max_mem
 the parameter count, versions, times. NVML's per-process peak comes from `vramctl run`, which
 runs this script (scripts/estimate-h200.sh).
 
+A sharded case (cases.SHARDED, issue 36) runs under `torchrun --nproc_per_node GPUS`, one
+rank per GPU (LOCAL_RANK), NCCL, the same step with `batch` per rank and each rank's own
+inputs: ddp wraps the model built on the rank's GPU in DistributedDataParallel with its
+defaults; fsdp builds it on the meta device, applies FSDP2's `fully_shard` to every block
+(the model's `_no_split_modules`) and then the root, and materialises only the rank's shards
+(`to_empty`, weights drawn again, the buffers - RoPE's inv_freq and the like, computed by
+the constructors - copied from a one-block build on the CPU). Each rank samples NVML's
+per-process figure for its own PID every 20 ms on a thread (nvml_peak.py: the figure
+nvidia-smi shows; on its own GPU, and apart on any other, where a stray context would show), beside torch's
+max_memory_allocated/reserved; rank 0 gathers the ranks' records and prints one line with
+"ranks": [...] and the max over ranks. TRUTH_SMOKE=1 shrinks the model to 2 blocks and a
+512-token vocabulary at batch 1 x 32 (the path, not a measurement: the line says "smoke"),
+TRUTH_DEVICE=cpu runs on the CPU over gloo (no NVML): what can be checked without GPUs.
+
 Environment (training cases; none of it allocates GPU memory or changes what is allocated):
 
   TRUTH_PHASES=1  mark every phase of every step: after zero_grad ("start"), the forward,
@@ -49,6 +63,12 @@ import time
 
 T_START = time.monotonic()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# NVLink multicast stays off whatever environment this was started with (the GPU machines'
+# rule: a program using it can put a host's shared GPUs out of service); NCCL reads these
+# when a sharded case's process group starts.
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -71,9 +91,34 @@ STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free",
          "reserved_bytes.large_pool.current", "reserved_bytes.small_pool.current")
 
 
-def build(c):
+LAYER_KEYS = ("n_layer", "num_hidden_layers")
+TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def shrink(raw, layers, vocab):
+    """The config with `layers` blocks and a `vocab`-token vocabulary (widths unchanged);
+    special token ids past the new vocabulary point at its last token."""
+    raw = dict(raw)
+    for key in LAYER_KEYS:
+        if key in raw:
+            raw[key] = layers
+    raw["vocab_size"] = vocab
+    for key in TOKEN_ID_KEYS:
+        ids = raw.get(key)
+        if isinstance(ids, int) and ids >= vocab:
+            raw[key] = vocab - 1
+        elif isinstance(ids, list):
+            raw[key] = [min(i, vocab - 1) for i in ids]
+    return raw
+
+
+def build(c, device="cuda", layers=None, vocab=None):
+    """The case's model with random weights, built on `device` ("meta": no memory at all);
+    layers/vocab shrink it (the sharded cases' buffer donor and smoke run)."""
     with open(c["config"]) as f:
         raw = json.load(f)
+    if layers is not None:
+        raw = shrink(raw, layers, vocab)
     model_type = raw.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **raw)
     if c["mode"] == "train":
@@ -94,7 +139,7 @@ def build(c):
     # keyword (`dtype` in transformers 5, `torch_dtype` before) is given as well.
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("cuda"):
+        with torch.device(device):
             try:
                 model = cls.from_config(config, attn_implementation=c["attention"], dtype=dtype)
             except TypeError:
@@ -150,7 +195,13 @@ def add_lora(model, r, targets="q-v", dropout=0.0):
     return get_peft_model(model, cfg), "peft"
 
 
-def train(c, model, config):
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(c, model, config, device=torch.device("cuda"), wrap=None, seed=SEED):
+    """wrap: a sharded case's DDP or FSDP, applied once checkpointing is set on the model."""
     lora_impl = None
     if c["lora"]:
         model, lora_impl = add_lora(model, c["lora"], c.get("lora_targets", "q-v"),
@@ -160,27 +211,29 @@ def train(c, model, config):
         model.gradient_checkpointing_enable()
     elif c["ckpt"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if wrap is not None:
+        model = wrap(model)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     # fused: AdamW(fused=True), the Trainer's default since torch 2.8 (issue 34, round 4).
     opt = torch.optim.AdamW(trainable, lr=1e-4, fused=True if c.get("fused") else None)
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    gen = torch.Generator(device=device).manual_seed(seed)
     vocab = config.vocab_size
-    ids = torch.randint(0, vocab, (c["batch"], c["seq"]), device="cuda", generator=gen)
+    ids = torch.randint(0, vocab, (c["batch"], c["seq"]), device=device, generator=gen)
     kwargs = {"input_ids": ids, "labels": ids}
     if config.model_type == "t5":
         # target: T5's decoder length when it is not the input's (issue 34, round 4)
-        kwargs["labels"] = torch.randint(0, vocab, (c["batch"], c.get("target") or c["seq"]), device="cuda",
+        kwargs["labels"] = torch.randint(0, vocab, (c["batch"], c.get("target") or c["seq"]), device=device,
                                          generator=gen)
     amp = c["precision"] == "amp-bf16"
-    torch.cuda.synchronize()
+    synchronize(device)
     t_ready = time.monotonic()
     marks = []
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
         if PHASES:
             marks.append(mark("start", step))
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             out = model(**kwargs)
         loss = out.loss
         if PHASES:
@@ -196,7 +249,7 @@ def train(c, model, config):
         opt.step()
         if PHASES:
             marks.append(mark("step", step))
-    torch.cuda.synchronize()
+    synchronize(device)
     if not torch.isfinite(loss.detach()).item():
         raise SystemExit(f"error: loss is not finite ('{loss.item()}')")
     del loss
@@ -370,10 +423,172 @@ def infer(c, model, config):
     return t_ready, {"generated": made, "cache": cache}
 
 
+SMOKE = os.environ.get("TRUTH_SMOKE") == "1"
+SMOKE_LAYERS, SMOKE_VOCAB, SMOKE_BATCH, SMOKE_SEQ = 2, 512, 1, 32
+# The donor of a meta-built model's buffers: one block, a small vocabulary.
+DONOR_LAYERS, DONOR_VOCAB = 1, 512
+DDP_DEFAULTS = {"bucket_cap_mb": 25, "gradient_as_bucket_view": False, "find_unused_parameters": False}
+
+
+def layer_pattern(name):
+    return re.sub(r"\.\d+(?=\.|$)", ".*", name)
+
+
+def donor_buffers(c):
+    """The model's buffers (RoPE's inv_freq, masks): its constructors compute them from the
+    config, so a model built on the meta device has none. One block of the same config built
+    on the CPU has them all, named with block indices as '*'."""
+    donor, _ = build(c, "cpu", layers=DONOR_LAYERS, vocab=DONOR_VOCAB)
+    return {layer_pattern(n): b.detach().clone() for n, b in donor.named_buffers()}
+
+
+def draw_weights(model, gen):
+    """Random weights for a model materialised by `to_empty` (values do not matter to memory,
+    only a finite loss does): N(0, 0.02) for matrices, norms' weights 1, biases 0, each rank
+    drawing its own shard."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.dim() >= 2:
+                local.normal_(0.0, 0.02, generator=gen)
+            elif name.endswith("bias"):
+                local.zero_()
+            else:
+                local.fill_(1.0)
+
+
+def fsdp_wrap(c, device, world, rank):
+    """FSDP2 as cases.py describes it: every block (`_no_split_modules`) a unit, then the
+    root; the block units reshard after the forward (the root keeps FSDP2's own default),
+    no mixed-precision policy (weights are gathered in their own dtype)."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch before 2.6
+        from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+
+    buffers = donor_buffers(c)
+
+    def wrap(model):
+        mesh = init_device_mesh(device.type, (world,))
+        kinds = set(getattr(model, "_no_split_modules", None) or ())
+        units = [m for m in model.modules() if type(m).__name__ in kinds]
+        if not units:
+            raise SystemExit(f"error: {type(model).__name__} names no block to shard (_no_split_modules)")
+        for unit in units:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device=device)
+        draw_weights(model, torch.Generator(device=device).manual_seed(SEED + rank))
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                src = buffers.get(layer_pattern(name))
+                if src is None or src.shape != b.shape:
+                    raise SystemExit(f"error: no buffer '{name}' {tuple(b.shape)} in the one-block build")
+                b.copy_(src)
+        wrap.units = len(units)
+        return model
+
+    return wrap
+
+
+def sharded_main(c):
+    import torch.distributed as dist
+
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if world != c["gpus"]:
+        raise SystemExit(f"error: case '{c['name']}' is for {c['gpus']} ranks, torchrun started {world}")
+    if PHASES or TRACE:
+        raise SystemExit("error: TRUTH_PHASES and TRUTH_TRACE are single-GPU only")
+    if SMOKE:
+        c = {**c, "batch": SMOKE_BATCH, "seq": SMOKE_SEQ}
+    on_cpu = os.environ.get("TRUTH_DEVICE") == "cpu"
+    nvml = None
+    if on_cpu:
+        device = torch.device("cpu")
+        uuid = None
+    else:
+        if torch.cuda.device_count() < world:
+            raise SystemExit(f"error: {world} ranks need {world} GPUs, {torch.cuda.device_count()} visible")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        uuid = "GPU-" + str(torch.cuda.get_device_properties(local_rank).uuid)
+        from nvml_peak import NvmlPeak
+        nvml = NvmlPeak(uuid)
+        nvml.start()
+    dist.init_process_group(backend="gloo" if on_cpu else "nccl")
+    torch.manual_seed(SEED)
+    shrunk = {"layers": SMOKE_LAYERS, "vocab": SMOKE_VOCAB} if SMOKE else {}
+    if c["sharding"] == "ddp":
+        model, config = build(c, device, **shrunk)
+
+        def wrap(m):
+            from torch.nn.parallel import DistributedDataParallel
+            return DistributedDataParallel(m, device_ids=None if on_cpu else [local_rank], **DDP_DEFAULTS)
+    else:
+        model, config = build(c, "meta", **shrunk)
+        wrap = fsdp_wrap(c, device, world, rank)
+    params = sum(p.numel() for p in model.parameters())
+    t_ready, extra = train(c, model, config, device=device, wrap=wrap, seed=SEED + rank)
+    model = extra.pop("model")
+    t_end = time.monotonic()
+    mine = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "pid": os.getpid(),
+        "gpu_uuid": uuid,
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if not on_cpu else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if not on_cpu else None,
+        "local_params": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()),
+        "init_s": round(t_ready - T_START, 2),
+        "work_s": round(t_end - t_ready, 2),
+    }
+    # NVML's sampling ends before the gather, whose buffers are not the job's.
+    if nvml is not None:
+        mine.update(nvml.stop())
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+    if rank == 0:
+        def most(key):
+            values = [r[key] for r in ranks if r.get(key) is not None]
+            return max(values) if len(values) == len(ranks) else None
+
+        line = {
+            "case": c["name"],
+            "gpus": world,
+            "sharding": c["sharding"],
+            "backend": dist.get_backend(),
+            "wrapper": ({"ddp": {"class": "DistributedDataParallel", **DDP_DEFAULTS}}
+                        if c["sharding"] == "ddp" else
+                        {"fsdp": {"api": "fully_shard", "units": getattr(wrap, "units", None) + 1,
+                                  "reshard_after_forward": "blocks True, root default"}}),
+            "nvml_peak_bytes": most("nvml_peak_bytes"),
+            "peak_allocated_bytes": most("peak_allocated_bytes"),
+            "peak_reserved_bytes": most("peak_reserved_bytes"),
+            "params": params,
+            "ranks": ranks,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if not on_cpu else None,
+            "transformers": transformers.__version__,
+            **({"smoke": True, "smoke_shape": {**shrunk, "batch": SMOKE_BATCH, "seq": SMOKE_SEQ}} if SMOKE else {}),
+            **extra,
+        }
+        print(json.dumps(line), flush=True)
+    dist.destroy_process_group()
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in BY_NAME:
         raise SystemExit(f"usage: truth.py CASE (one of: {', '.join(BY_NAME)})")
     c = BY_NAME[sys.argv[1]]
+    if c.get("gpus", 1) > 1:
+        if "LOCAL_RANK" not in os.environ:
+            raise SystemExit(f"error: case '{c['name']}' is sharded over {c['gpus']} GPUs: run it under "
+                             f"torchrun --nproc_per_node {c['gpus']} (scripts/estimate/runner.py --sharded does)")
+        return sharded_main(c)
     torch.manual_seed(SEED)
     torch.cuda.set_device(0)
     if TRACE:
