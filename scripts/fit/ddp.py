@@ -12,7 +12,8 @@ much, the larger one on rank 1's GPU. DDP averages the gradients whatever the lo
 After the steps every rank keeps its memory for --hold-s seconds (PyTorch's cache would keep
 it until exit anyway; the hold makes the peak last long enough for nvidia-smi's 200 ms samples
 to see it beside `run`'s), then each prints on stdout:
-    ok rank=R local_rank=L gpu_uuid=GPU-... batch=SAMPLES peak_allocated=BYTES peak_reserved=BYTES
+    ok rank=R local_rank=L pid=PID gpu_uuid=GPU-... batch=SAMPLES peak_allocated=BYTES peak_reserved=BYTES
+(`pid` ties the line to the rank's entry in `vramctl run`'s report.)
 """
 import argparse
 import os
@@ -81,7 +82,7 @@ def main():
 
     uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
     print(
-        f"ok rank={rank} local_rank={local_rank} gpu_uuid={'GPU-' + str(uuid) if uuid else '-'} "
+        f"ok rank={rank} local_rank={local_rank} pid={os.getpid()} gpu_uuid={'GPU-' + str(uuid) if uuid else '-'} "
         f"batch={batch} peak_allocated={torch.cuda.max_memory_allocated(dev)} "
         f"peak_reserved={torch.cuda.max_memory_reserved(dev)}",
         flush=True,

@@ -273,6 +273,32 @@ pub fn agent_memory_on(stats: &Stats, nvml_uuid: &str, only_gpu: bool) -> Option
     })
 }
 
+/// [`agent_memory_on`] summed over some of the GPUs a process holds memory on (more than
+/// one, so a device without a UUID never counts): what `ps --gpu` shows beside the memory
+/// of the GPUs it lists, not the agent's sum over every device. `None` when none of them
+/// matches the agent's devices.
+pub fn agent_memory_over<'a>(
+    stats: &Stats,
+    nvml_uuids: impl IntoIterator<Item = &'a str>,
+) -> Option<AgentMemory> {
+    let each: Vec<AgentMemory> = nvml_uuids
+        .into_iter()
+        .filter_map(|uuid| agent_memory_on(stats, uuid, false))
+        .collect();
+    let add = |pick: fn(&AgentMemory) -> Option<u64>| {
+        each.iter()
+            .filter_map(pick)
+            .fold(None, |acc: Option<u64>, v| {
+                Some(acc.unwrap_or(0).saturating_add(v))
+            })
+    };
+    (!each.is_empty()).then(|| AgentMemory {
+        allocated_bytes: add(|m| m.allocated_bytes),
+        cached_bytes: add(|m| m.cached_bytes),
+        releasable_bytes: add(|m| m.releasable_bytes),
+    })
+}
+
 /// The agent's devices that are the GPU `nvml_uuid` (see [`memory_on`]); `None` if none.
 fn matching<'a>(stats: &'a Stats, nvml_uuid: &str, only_gpu: bool) -> Option<Vec<&'a DeviceStats>> {
     let bare = nvml_uuid
@@ -363,6 +389,25 @@ mod tests {
                 reserved_bytes: None
             })
         );
+    }
+
+    #[test]
+    fn a_sum_over_some_gpus_leaves_the_others_out() {
+        let s = stats(vec![
+            device(Some("aaaa"), 10, Some(30)),
+            device(Some("bbbb"), 1, Some(2)),
+            device(Some("cccc"), 100, Some(100)),
+            device(None, 1000, Some(1000)),
+        ]);
+        let over = agent_memory_over(&s, ["GPU-aaaa", "GPU-bbbb"]).expect("two match");
+        assert_eq!(over.allocated_bytes, Some(11));
+        assert_eq!(over.cached_bytes, Some(21));
+        assert_eq!(
+            agent_memory_over(&s, ["GPU-cccc"]).and_then(|m| m.allocated_bytes),
+            Some(100)
+        );
+        assert_eq!(agent_memory_over(&s, ["GPU-dddd"]), None);
+        assert_eq!(agent_memory_over(&s, []), None);
     }
 
     fn counting_poll(limits: PollLimits, answer: bool) -> (AgentPoll, Arc<Mutex<Vec<u32>>>) {

@@ -17,6 +17,7 @@ use anyhow::{Context, bail};
 use regex::Regex;
 use serde::Serialize;
 use vramctl_agent::agent_client::{self, AgentMemory};
+use vramctl_agent::agent_poll;
 use vramctl_core::command_line::abbreviate;
 use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_observe::agent_ooms::{self, OomState, ProcessOoms};
@@ -658,7 +659,10 @@ fn measure_cpu(report: &mut PsReport, interval: Option<Duration>, procs: &ProcRe
 /// The allocated and cached memory of each visible process that has an agent, and its
 /// OOMs (the first one classified here, on the snapshot its agent kept: bounded as
 /// `agent_ooms` bounds it, with the others NVML lists beside it in `snapshot`).
+/// A row that `--gpu` left some of the process's GPUs out of shows the agent's figures of
+/// the GPUs it lists, as its memory is theirs alone.
 fn ask_agents(report: &mut PsReport, snapshot: &Snapshot) {
+    let on_gpus = holdings(snapshot, &GpuFilter::default());
     for p in report
         .processes
         .iter_mut()
@@ -667,7 +671,12 @@ fn ask_agents(report: &mut PsReport, snapshot: &Snapshot) {
         let Some(stats) = agent_client::stats_of(p.pid, agent_client::MEMORY_TIMEOUT) else {
             continue;
         };
-        p.agent = Some(stats.memory());
+        let held_on = on_gpus.get(&p.pid).map_or(0, Vec::len);
+        p.agent = if p.gpus.len() < held_on {
+            agent_poll::agent_memory_over(&stats, p.gpus.iter().map(|g| g.uuid.as_str()))
+        } else {
+            Some(stats.memory())
+        };
         p.oom = agent_ooms::ask_if_counted(p.pid, &stats, snapshot);
     }
 }

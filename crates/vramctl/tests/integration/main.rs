@@ -41,5 +41,6 @@ mod slurm;
 mod snapshot_view;
 mod status;
 mod top;
+mod two_gpus;
 mod usage;
 mod web;
