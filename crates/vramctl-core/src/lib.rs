@@ -2,7 +2,8 @@
 //! processes; a value a device cannot report is `None`, never 0), time ([`clock`]: wall
 //! and monotonic read together and injected, so nothing needs a wall clock in tests;
 //! [`duration`] and [`wall_time`] as people type and read them), and text other users
-//! control ([`untrusted`], [`command_line`]). [`sanity`] drops what a driver cannot mean.
+//! control ([`untrusted`], [`command_line`]). [`sanity`] drops what a driver cannot mean;
+//! [`topology`] is how GPUs connect (NVLinks, PCIe path, P2P).
 //! No I/O beyond reading the clocks; every other vramctl crate depends on this one.
 #![warn(missing_docs)]
 #![deny(clippy::print_stdout, clippy::print_stderr)]
@@ -11,6 +12,7 @@ pub mod clock;
 pub mod command_line;
 pub mod duration;
 pub mod sanity;
+pub mod topology;
 pub mod types;
 pub mod untrusted;
 pub mod wall_time;

@@ -409,6 +409,9 @@ pub struct DeviceHealth {
     pub missing: BTreeMap<String, Unavailable>,
 }
 
+/// The key of [`DeviceDiagnostics::nvlinks`] in its `missing`.
+pub const NVLINKS_KEY: &str = "nvlinks";
+
 /// Hardware diagnostics of one device (`vramctl info`), read on demand.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceDiagnostics {
@@ -488,11 +491,26 @@ pub struct DeviceDiagnostics {
     pub temperature_memory_max_c: Option<u32>,
     /// Performance state `P0`..`P15`.
     pub performance_state: Option<String>,
+    /// The GPU's NVLinks, each link index NVML knows. `None` with no reason in `missing`: the
+    /// GPU has no NVLink (NVML answers NOT_SUPPORTED, as on a PCIe-only card); left out of
+    /// JSON then, so a GPU without NVLink reads as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlinks: Option<Vec<crate::topology::NvLink>>,
     /// Why each absent field is absent, keyed by field name.
     pub missing: BTreeMap<String, Unavailable>,
 }
 
 impl DeviceDiagnostics {
+    /// The GPU's NVLinks as far as known: its links, none for a GPU without NVLink (NVML
+    /// said NOT_SUPPORTED), `None` when NVML failed to say (its reason in `missing`).
+    pub fn nvlinks_known(&self) -> Option<&[crate::topology::NvLink]> {
+        match &self.nvlinks {
+            Some(links) => Some(links),
+            None if self.missing.contains_key(NVLINKS_KEY) => None,
+            None => Some(&[]),
+        }
+    }
+
     /// Theoretical peak memory bandwidth: double data rate × clock × bus width.
     ///
     /// An H200 reads 6016 bits × 3201 MHz → 2 × 3201e6 × 6016 / 8 = 4.814 TB/s. The factor 2

@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use vramctl_core::clock::ClockTime;
+use vramctl_core::topology::PairFacts;
 use vramctl_core::types::{
     DeviceDiagnostics, DeviceHealth, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice,
 };
@@ -171,6 +172,21 @@ pub trait Backend: Send {
         Ok(None)
     }
 
+    /// How two devices connect: their PCIe path and P2P support (`vramctl info`, `doctor`);
+    /// `None` from a backend that has no such facts (the default) or for two devices it
+    /// cannot relate. Each device's own NVLinks are in its [`diagnostics`](Backend::diagnostics).
+    ///
+    /// # Errors
+    /// When either device as a whole cannot be reached.
+    fn gpu_pair(
+        &mut self,
+        first: &DeviceInfo,
+        second: &DeviceInfo,
+    ) -> Result<Option<PairFacts>, DeviceError> {
+        let _ = (first, second);
+        Ok(None)
+    }
+
     /// The process name the driver knows for `pid`, used when /proc cannot see the process.
     fn process_name(&mut self, _pid: u32) -> Option<String> {
         None
@@ -244,6 +260,14 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn health(&mut self, device: &DeviceInfo) -> Result<Option<DeviceHealth>, DeviceError> {
         (**self).health(device)
+    }
+
+    fn gpu_pair(
+        &mut self,
+        first: &DeviceInfo,
+        second: &DeviceInfo,
+    ) -> Result<Option<PairFacts>, DeviceError> {
+        (**self).gpu_pair(first, second)
     }
 
     fn process_name(&mut self, pid: u32) -> Option<String> {

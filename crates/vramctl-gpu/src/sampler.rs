@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, DeviceError, Enumeration};
 use vramctl_core::clock::{Clock, SystemClock};
 use vramctl_core::sanity::{SanityLimits, sanitize};
+use vramctl_core::topology::{GpuPair, nvlinks_between};
 use vramctl_core::types::{
     DeviceDiagnostics, DeviceInfo, DeviceSnapshot, DeviceState, DriverInfo, Field, Snapshot,
     Unavailable, UnopenedDevice,
@@ -171,6 +172,52 @@ impl<B: Backend> Sampler<B> {
             out.push((Arc::clone(info), result));
         }
         out
+    }
+
+    /// How every two of the given devices connect (`vramctl info`'s matrix, `doctor`), lower
+    /// index first, from their [`diagnostics`](Self::diagnostics): the backend's
+    /// [`gpu_pair`](Backend::gpu_pair) facts and the NVLinks between them counted from the
+    /// first one's links. A pair the backend has no facts for, or with a device it cannot
+    /// reach (that device's own state says why), is left out; so is everything with fewer
+    /// than two devices.
+    pub fn gpu_pairs(
+        &mut self,
+        devices: &[(Arc<DeviceInfo>, Result<DeviceDiagnostics, DeviceError>)],
+    ) -> Vec<GpuPair> {
+        let mut sorted: Vec<&(Arc<DeviceInfo>, Result<DeviceDiagnostics, DeviceError>)> =
+            devices.iter().collect();
+        sorted.sort_by_key(|(info, _)| info.index);
+        let mut pairs = Vec::new();
+        for (i, (first, first_diag)) in sorted.iter().enumerate() {
+            for (second, _) in sorted.iter().skip(i + 1) {
+                let facts = match self.backend.gpu_pair(first, second) {
+                    Ok(Some(facts)) => facts,
+                    Ok(None) => continue,
+                    Err(err) => {
+                        tracing::debug!(
+                            first = first.index,
+                            second = second.index,
+                            error = %err,
+                            "No topology facts for a pair of GPUs."
+                        );
+                        continue;
+                    }
+                };
+                let links = first_diag
+                    .as_ref()
+                    .ok()
+                    .and_then(DeviceDiagnostics::nvlinks_known);
+                let nvlinks =
+                    nvlinks_between(links, second.pci_bus_id.as_deref(), facts.p2p_nvlink);
+                pairs.push(GpuPair {
+                    gpus: [first.index, second.index],
+                    uuids: [first.uuid.clone(), second.uuid.clone()],
+                    facts,
+                    nvlinks,
+                });
+            }
+        }
+        pairs
     }
 }
 

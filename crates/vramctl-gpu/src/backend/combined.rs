@@ -10,6 +10,7 @@ use std::path::Path;
 
 use super::{Backend, DeviceError, Enumeration};
 use vramctl_core::clock::ClockTime;
+use vramctl_core::topology::PairFacts;
 use vramctl_core::types::{
     DeviceDiagnostics, DeviceHealth, DeviceInfo, DeviceReading, DriverInfo, UnopenedDevice,
 };
@@ -155,6 +156,25 @@ impl Backend for CombinedBackend {
     fn health(&mut self, device: &DeviceInfo) -> Result<Option<DeviceHealth>, DeviceError> {
         let (backend, inner) = self.route(device)?;
         backend.health(&inner)
+    }
+
+    fn gpu_pair(
+        &mut self,
+        first: &DeviceInfo,
+        second: &DeviceInfo,
+    ) -> Result<Option<PairFacts>, DeviceError> {
+        // Two devices of different backends (an NVIDIA card and an Intel iGPU) have no
+        // facts in common.
+        let (Some((a, first)), Some((b, second))) = (
+            self.routes.get(&first.uuid).cloned(),
+            self.routes.get(&second.uuid).cloned(),
+        ) else {
+            return Ok(None);
+        };
+        match self.parts.get_mut(a) {
+            Some(part) if a == b => part.gpu_pair(&first, &second),
+            _ => Ok(None),
+        }
     }
 
     fn process_name(&mut self, pid: u32) -> Option<String> {

@@ -42,11 +42,14 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::{Backend, DeviceError, Enumeration, InitError};
 use vramctl_core::clock::{ClockTime, wall_jump_ms};
+use vramctl_core::topology::PairFacts;
 use vramctl_core::types::{
     ComputeCapability, DeviceDiagnostics, DeviceHealth, DeviceInfo, DeviceReading, DriverInfo,
     Field, MemoryReading, MigInstanceInfo, MigReading, ProcessActivity, ProcessKind, ProcessUsage,
     Unavailable, UnopenedDevice,
 };
+
+mod links;
 
 /// The library name the driver installs (the unversioned `.so` needs the -dev package).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -718,6 +721,7 @@ impl Backend for NvmlBackend {
         )?;
         d.performance_state = diag(m, "performance_state", device.performance_state())?
             .map(|p| format!("P{}", p.as_c()));
+        d.nvlinks = links::read_links(&self.nvml, &device, m)?;
         Ok(d)
     }
 
@@ -775,6 +779,18 @@ impl Backend for NvmlBackend {
             timed("nvmlDeviceGetFieldValues", || recovery_action(&device)),
         )?;
         Ok(Some(h))
+    }
+
+    fn gpu_pair(
+        &mut self,
+        first: &DeviceInfo,
+        second: &DeviceInfo,
+    ) -> Result<Option<PairFacts>, DeviceError> {
+        let device = self
+            .nvml
+            .device_by_index(first.index)
+            .map_err(device_error)?;
+        links::read_pair(&self.nvml, &device, second.index).map(Some)
     }
 
     fn process_name(&mut self, pid: u32) -> Option<String> {
@@ -1215,6 +1231,28 @@ mod raw {
         let status = super::timed(name, || unsafe { call(device.handle(), &mut reasons) });
         nvml_try(status)?;
         Ok(reasons)
+    }
+
+    /// `nvmlDeviceGetNvLinkRemoteDeviceType`: what is at the far end of `link`, the header's
+    /// `nvmlIntNvLinkDeviceType_t`. nvml-wrapper 0.13's `NvLink::remote_device_type` hands
+    /// the driver a pointer to a temporary and always answers "unknown", hence this.
+    pub(super) fn nvlink_remote_device_type(
+        nvml: &Nvml,
+        device: &Device<'_>,
+        link: u32,
+    ) -> Result<u32, NvmlError> {
+        let call = nvml
+            .lib()
+            .nvmlDeviceGetNvLinkRemoteDeviceType
+            .as_ref()
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let mut kind: c_uint = nvml_wrapper_sys::bindings::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+        // SAFETY: `call` is this session's symbol with the header's signature; the handle
+        // comes from a live `Device` of this `Nvml` session; `kind` is a local valid for
+        // writing for the duration of the call.
+        let status = unsafe { call(device.handle(), link, &mut kind) };
+        nvml_try(status)?;
+        Ok(kind)
     }
 
     /// `nvmlDeviceGetGpuInstanceId` on a MIG device handle.
