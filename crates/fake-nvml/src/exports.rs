@@ -17,6 +17,7 @@
 mod control;
 mod device;
 mod health;
+mod links;
 mod mig;
 mod readings;
 mod system;

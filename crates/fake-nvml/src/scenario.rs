@@ -45,6 +45,10 @@ pub struct Scenario {
     errors: BTreeMap<Spanned<String>, Spanned<String>>,
     #[serde(default, rename = "gpu")]
     gpu_tables: Vec<Spanned<Gpu>>,
+    /// `[topology]`: what two GPUs' common ancestor and P2P calls answer (all of them
+    /// NOT_SUPPORTED without it).
+    #[serde(default)]
+    pub topology: Option<Topology>,
 
     /// Per-call faults of the system-scope functions.
     #[serde(skip)]
@@ -218,6 +222,9 @@ pub struct Gpu {
     pub processes_appear_between_calls: u32,
 
     pub mig: Option<Mig>,
+    /// The GPU's NVLinks (`nvmlDeviceGetNvLink*`); without it the GPU has none
+    /// (NOT_SUPPORTED, as a PCIe-only card answers).
+    pub nvlink: Option<NvLinkSpec>,
     #[serde(default, rename = "mig_instance")]
     mig_instance_tables: Vec<Spanned<MigInstance>>,
     #[serde(default, rename = "process")]
@@ -350,6 +357,107 @@ fn default_max_mig() -> u32 {
     7
 }
 
+/// `nvlink = { ... }`: a GPU's NVLinks. Either `links` of them all going `to` one place
+/// (`"switch"`, or a GPU's index), or `peers`: for each link in turn the GPU index at its
+/// far end.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvLinkSpec {
+    pub links: Option<u32>,
+    pub to: Option<LinkEnd>,
+    pub peers: Option<Vec<u32>>,
+    /// What `nvmlDeviceGetNvLinkVersion` answers for every link (NOT_SUPPORTED without).
+    pub version: Option<u32>,
+    /// Link indices that are down.
+    #[serde(default)]
+    pub inactive: Vec<u32>,
+    /// The PCI bus id NVML gives for the far end of a link to an NVSwitch (NOT_SUPPORTED
+    /// without).
+    switch_pci_bus_id: Option<String>,
+
+    /// Per link, its far end (checked).
+    #[serde(skip)]
+    pub ends: Vec<LinkEnd>,
+    #[serde(skip)]
+    pub switch_pci: Option<PciAddress>,
+}
+
+/// The far end of an NVLink: `"switch"` or a GPU's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum LinkEnd {
+    Gpu(u32),
+    Named(Named),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Named {
+    Switch,
+}
+
+/// `[topology]`: every pair's answers, and `[[topology.pair]]` for one pair. A value
+/// neither gives answers NOT_SUPPORTED; `p2p` sets read and write both.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    pub level: Option<TopologyLevel>,
+    pub p2p: Option<P2pStatus>,
+    pub p2p_read: Option<P2pStatus>,
+    pub p2p_write: Option<P2pStatus>,
+    pub p2p_nvlink: Option<P2pStatus>,
+    #[serde(default, rename = "pair")]
+    pub pairs: Vec<PairSpec>,
+}
+
+/// `[[topology.pair]]`: two GPUs (either order) and their answers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairSpec {
+    pub gpus: [u32; 2],
+    pub level: Option<TopologyLevel>,
+    pub p2p: Option<P2pStatus>,
+    pub p2p_read: Option<P2pStatus>,
+    pub p2p_write: Option<P2pStatus>,
+    pub p2p_nvlink: Option<P2pStatus>,
+}
+
+/// What the pair functions answer for one pair (`None`: NOT_SUPPORTED).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PairAnswers {
+    pub level: Option<TopologyLevel>,
+    pub p2p_read: Option<P2pStatus>,
+    pub p2p_write: Option<P2pStatus>,
+    pub p2p_nvlink: Option<P2pStatus>,
+}
+
+impl Topology {
+    /// The answers for GPUs `a` and `b` (either order): the pair's own, then every pair's.
+    pub fn answers(&self, a: usize, b: usize) -> PairAnswers {
+        let own = self.pairs.iter().find(|p| {
+            let [x, y] = p.gpus.map(|g| g as usize);
+            (x, y) == (a, b) || (x, y) == (b, a)
+        });
+        let pick = |own: Option<P2pStatus>, both: Option<P2pStatus>, all: Option<P2pStatus>| {
+            own.or(both).or(all).or(self.p2p)
+        };
+        PairAnswers {
+            level: own.and_then(|p| p.level).or(self.level),
+            p2p_read: pick(
+                own.and_then(|p| p.p2p_read),
+                own.and_then(|p| p.p2p),
+                self.p2p_read,
+            ),
+            p2p_write: pick(
+                own.and_then(|p| p.p2p_write),
+                own.and_then(|p| p.p2p),
+                self.p2p_write,
+            ),
+            p2p_nvlink: own.and_then(|p| p.p2p_nvlink).or(self.p2p_nvlink),
+        }
+    }
+}
+
 /// What the memory-info calls answer instead of the truth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -421,6 +529,31 @@ c_enum! {
         Hopper = NVML_DEVICE_ARCH_HOPPER,
         Blackwell = NVML_DEVICE_ARCH_BLACKWELL,
         Unknown = NVML_DEVICE_ARCH_UNKNOWN,
+    }
+}
+
+c_enum! {
+    /// `nvmlGpuTopologyLevel_t`.
+    TopologyLevel {
+        Internal = nvmlGpuLevel_enum_NVML_TOPOLOGY_INTERNAL,
+        Single = nvmlGpuLevel_enum_NVML_TOPOLOGY_SINGLE,
+        Multiple = nvmlGpuLevel_enum_NVML_TOPOLOGY_MULTIPLE,
+        HostBridge = nvmlGpuLevel_enum_NVML_TOPOLOGY_HOSTBRIDGE,
+        Node = nvmlGpuLevel_enum_NVML_TOPOLOGY_NODE,
+        System = nvmlGpuLevel_enum_NVML_TOPOLOGY_SYSTEM,
+    }
+}
+
+c_enum! {
+    /// `nvmlGpuP2PStatus_t`.
+    P2pStatus {
+        Ok = nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_OK,
+        ChipsetNotSupported = nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED,
+        GpuNotSupported = nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_GPU_NOT_SUPPORTED,
+        IohTopologyNotSupported = nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED,
+        DisabledByRegkey = nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_DISABLED_BY_REGKEY,
+        NotSupported = nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_NOT_SUPPORTED,
+        Unknown = nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_UNKNOWN,
     }
 }
 
@@ -669,6 +802,30 @@ impl Scenario {
                 })?;
             self.gpus.push(gpu);
         }
+        self.check_links()
+    }
+
+    /// NVLink peers and topology pairs name GPUs that exist; needs every GPU loaded.
+    fn check_links(&mut self) -> Result<(), Invalid> {
+        let count = self.gpus.len();
+        for (index, gpu) in self.gpus.iter_mut().enumerate() {
+            if let Some(spec) = &mut gpu.nvlink {
+                spec.check(index, count)
+                    .map_err(|Invalid { span, message }| Invalid {
+                        span,
+                        message: format!("gpu {index}: nvlink: {message}"),
+                    })?;
+            }
+        }
+        for pair in self.topology.iter().flat_map(|t| &t.pairs) {
+            let [a, b] = pair.gpus;
+            if a == b || a as usize >= count || b as usize >= count {
+                return invalid(
+                    None,
+                    format!("topology.pair gpus = [{a}, {b}]: two different GPUs of the {count}"),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -771,6 +928,50 @@ fn fault_table(
         }
     }
     Ok(table)
+}
+
+impl NvLinkSpec {
+    fn check(&mut self, own: usize, gpus: usize) -> Result<(), Invalid> {
+        let max = NVML_NVLINK_MAX_LINKS;
+        self.ends = match (self.links, self.to, &self.peers) {
+            (Some(n), Some(to), None) => vec![to; n as usize],
+            (None, None, Some(peers)) => peers.iter().map(|p| LinkEnd::Gpu(*p)).collect(),
+            _ => return invalid(None, "give either links and to, or peers"),
+        };
+        if self.ends.is_empty() || self.ends.len() > max as usize {
+            return invalid(None, format!("between 1 and {max} links"));
+        }
+        for end in &self.ends {
+            if let LinkEnd::Gpu(peer) = end {
+                if *peer as usize == own || *peer as usize >= gpus {
+                    return invalid(
+                        None,
+                        format!("GPU {peer} is not another of the {gpus} GPUs"),
+                    );
+                }
+            }
+        }
+        if let Some(link) = self
+            .inactive
+            .iter()
+            .find(|l| **l as usize >= self.ends.len())
+        {
+            return invalid(None, format!("inactive link {link} does not exist"));
+        }
+        if let Some(bus_id) = &self.switch_pci_bus_id {
+            self.switch_pci = Some(PciAddress::parse(bus_id).or_else(|m| invalid(None, m))?);
+        }
+        Ok(())
+    }
+
+    /// Link `link`'s far end; `None` for an index the GPU does not have.
+    pub fn end(&self, link: u32) -> Option<LinkEnd> {
+        self.ends.get(link as usize).copied()
+    }
+
+    pub fn active(&self, link: u32) -> bool {
+        !self.inactive.contains(&link)
+    }
 }
 
 impl Gpu {
@@ -967,6 +1168,52 @@ mod tests {
 
     fn error(text: &str) -> LoadError {
         parse(text).expect_err("should be rejected")
+    }
+
+    #[test]
+    fn nvlink_and_topology_keys_are_checked() {
+        let two = |extra: &str| format!("[[gpu]]\n{extra}\n[[gpu]]\n");
+        let s = parse(&two(
+            "nvlink = { links = 18, to = \"switch\", inactive = [3] }",
+        ))
+        .expect("valid");
+        let spec = s.gpus[0].nvlink.as_ref().expect("nvlink");
+        assert_eq!(spec.ends.len(), 18);
+        assert_eq!(spec.end(17), Some(LinkEnd::Named(Named::Switch)));
+        assert_eq!(spec.end(18), None);
+        assert!(!spec.active(3) && spec.active(4));
+        for (bad, why) in [
+            (
+                "nvlink = { links = 2 }",
+                "give either links and to, or peers",
+            ),
+            ("nvlink = { links = 19, to = 1 }", "between 1 and 18 links"),
+            (
+                "nvlink = { peers = [0] }",
+                "GPU 0 is not another of the 2 GPUs",
+            ),
+            (
+                "nvlink = { peers = [1], inactive = [1] }",
+                "inactive link 1 does not exist",
+            ),
+        ] {
+            let e = error(&two(bad));
+            assert!(e.message.contains(why), "{bad}: {e}");
+            assert!(e.message.starts_with("gpu 0: nvlink: "), "{e}");
+        }
+        let e = error("[topology]\n[[topology.pair]]\ngpus = [0, 0]\n[[gpu]]\n[[gpu]]\n");
+        assert!(e.message.contains("two different GPUs of the 2"), "{e}");
+        let s = parse(
+            "[topology]\nlevel = \"node\"\np2p = \"ok\"\n[[topology.pair]]\ngpus = [1, 0]\np2p_write = \"disabled_by_regkey\"\n[[gpu]]\n[[gpu]]\n[[gpu]]\n",
+        )
+        .expect("valid");
+        let t = s.topology.as_ref().expect("topology");
+        let pair = t.answers(0, 1);
+        assert_eq!(pair.level, Some(TopologyLevel::Node));
+        assert_eq!(pair.p2p_read, Some(P2pStatus::Ok));
+        assert_eq!(pair.p2p_write, Some(P2pStatus::DisabledByRegkey));
+        assert_eq!(pair.p2p_nvlink, None);
+        assert_eq!(t.answers(2, 0).p2p_write, Some(P2pStatus::Ok));
     }
 
     #[test]

@@ -1231,6 +1231,11 @@ fn exports_exactly_the_intended_symbols() {
         "nvmlDeviceGetMigMode",
         "nvmlDeviceGetMinorNumber",
         "nvmlDeviceGetName",
+        "nvmlDeviceGetNvLinkRemoteDeviceType",
+        "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetNvLinkVersion",
+        "nvmlDeviceGetP2PStatus",
         "nvmlDeviceGetPciInfo_v3",
         "nvmlDeviceGetPcieLinkMaxSpeed",
         "nvmlDeviceGetPerformanceState",
@@ -1248,6 +1253,7 @@ fn exports_exactly_the_intended_symbols() {
         "nvmlDeviceGetSupportedClocksThrottleReasons",
         "nvmlDeviceGetTemperature",
         "nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetTopologyCommonAncestor",
         "nvmlDeviceGetTotalEccErrors",
         "nvmlDeviceGetUUID",
         "nvmlDeviceGetUtilizationRates",
@@ -1438,4 +1444,123 @@ fn health_facts_answer_from_the_scenario_and_absent_tables_are_not_supported() {
         assert_eq!(reasons(hopper.handle(), &mut bits), 0);
         assert_eq!(bits, 0x24);
     }
+}
+
+#[test]
+fn nvlinks_topology_and_p2p_answer_from_the_scenario() {
+    use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TopologyLevel};
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("links.toml");
+    std::fs::write(
+        &path,
+        r#"# three GPUs: 0 and 1 bridged by two links (one down), 2 on PCIe only
+[topology]
+level = "system"
+p2p = "chipset_not_supported"
+[[topology.pair]]
+gpus = [1, 0]
+level = "single"
+p2p_read = "ok"
+p2p_nvlink = "ok"
+[[gpu]]
+pci_bus_id = "00000000:18:00.0"
+nvlink = { peers = [1, 1], version = 4, inactive = [1] }
+[[gpu]]
+pci_bus_id = "00000000:19:00.0"
+nvlink = { links = 2, to = 0 }
+[[gpu]]
+pci_bus_id = "00000000:1A:00.0"
+"#,
+    )
+    .expect("write");
+    let nvml = init_ok(&path);
+    let gpus: Vec<_> = (0..3)
+        .map(|i| nvml.device_by_index(i).expect("handle"))
+        .collect();
+    let link0 = gpus[0].link_wrapper_for(0);
+    assert!(link0.is_active().expect("state"));
+    assert_eq!(link0.version().expect("version"), 4);
+    assert_eq!(
+        link0.remote_pci_info().expect("remote").bus_id,
+        "00000000:19:00.0"
+    );
+    let link1 = gpus[0].link_wrapper_for(1);
+    assert!(!link1.is_active().expect("state"));
+    assert!(matches!(
+        link1.remote_pci_info(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        gpus[0].link_wrapper_for(2).is_active(),
+        Err(NvmlError::InvalidArg)
+    ));
+    assert!(matches!(
+        gpus[1].link_wrapper_for(0).version(),
+        Err(NvmlError::NotSupported)
+    ));
+    // A GPU without `nvlink`: a PCIe-only card.
+    assert!(matches!(
+        gpus[2].link_wrapper_for(0).is_active(),
+        Err(NvmlError::NotSupported)
+    ));
+
+    // The pair's own answers, in either order, fall back to every pair's.
+    let second = nvml.device_by_index(1).expect("handle");
+    assert_eq!(
+        gpus[0].topology_common_ancestor(second).expect("level"),
+        TopologyLevel::Single
+    );
+    let first = nvml.device_by_index(0).expect("handle");
+    assert_eq!(
+        gpus[1].topology_common_ancestor(first).expect("level"),
+        TopologyLevel::Single
+    );
+    let status = |a: usize, b: usize, index| gpus[a].p2p_status(&gpus[b], index);
+    assert_eq!(
+        status(0, 1, P2pCapabilitiesIndex::Read).ok(),
+        Some(P2pStatus::Ok)
+    );
+    assert_eq!(
+        status(0, 1, P2pCapabilitiesIndex::Write).ok(),
+        Some(P2pStatus::ChipsetNotSupported)
+    );
+    assert_eq!(
+        status(1, 0, P2pCapabilitiesIndex::NvLink).ok(),
+        Some(P2pStatus::Ok)
+    );
+    assert!(matches!(
+        status(0, 2, P2pCapabilitiesIndex::NvLink),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        status(0, 0, P2pCapabilitiesIndex::Read),
+        Err(NvmlError::InvalidArg)
+    ));
+    let third = nvml.device_by_index(2).expect("handle");
+    assert_eq!(
+        gpus[0].topology_common_ancestor(third).expect("level"),
+        TopologyLevel::System
+    );
+    drop(gpus);
+    drop(nvml);
+
+    // A scenario without these keys answers NOT_SUPPORTED everywhere.
+    let nvml = init_ok(&example("fault-not-supported.toml"));
+    let (a, b) = (
+        nvml.device_by_index(0).expect("handle"),
+        nvml.device_by_index(1).expect("handle"),
+    );
+    assert!(matches!(
+        a.link_wrapper_for(0).is_active(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        a.p2p_status(&b, P2pCapabilitiesIndex::Read),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        a.topology_common_ancestor(b),
+        Err(NvmlError::NotSupported)
+    ));
 }

@@ -10,7 +10,7 @@ use nvml_wrapper_sys::bindings::*;
 
 use super::{device_out, device_string, fact};
 use crate::codes::{self, Ret};
-use crate::ffi::{Out, fill_array, guard};
+use crate::ffi::{Out, guard};
 use crate::func::Func;
 use crate::state::{as_u32, with_device};
 
@@ -108,18 +108,11 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
         device_out(Func::nvmlDeviceGetPciInfo_v3, device, pci, |d| {
             let g = d.whole_gpu()?;
             let address = g.pci.ok_or(codes::NOT_SUPPORTED)?;
-            let mut info = nvmlPciInfo_t {
-                busIdLegacy: [0; 16],
-                domain: address.domain,
-                bus: address.bus,
-                device: address.device,
-                pciDeviceId: g.pci_device_id.unwrap_or(0),
-                pciSubSystemId: g.pci_subsystem_id.unwrap_or(0),
-                busId: [0; 32],
-            };
-            fill_array(&mut info.busIdLegacy, &address.bus_id_legacy());
-            fill_array(&mut info.busId, &address.bus_id());
-            Ok(info)
+            Ok(super::links::pci_info(
+                address,
+                g.pci_device_id.unwrap_or(0),
+                g.pci_subsystem_id.unwrap_or(0),
+            ))
         })
     }
 }
