@@ -1,9 +1,11 @@
 //! The collectors: one per source of facts. Each reads and returns data; none judges.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use vramctl_core::topology::GpuPair;
 use vramctl_core::types::DeviceState;
 use vramctl_procs::procinfo::{self, ProcError};
 
@@ -13,12 +15,12 @@ use super::{
 use vramctl_observe::gpu_selection::GpuFilter;
 use vramctl_observe::live_loop::LiveSampler;
 
-/// What NVML says: the versions, every GPU's identity, and the chosen GPUs' facts (one
-/// tick for the readings, `info`'s diagnostics, the health facts).
+/// What NVML says: the versions, every GPU's identity, the chosen GPUs' facts (one tick
+/// for the readings, `info`'s diagnostics, the health facts) and how they connect.
 pub fn nvml(
     sampler: &mut LiveSampler,
     filter: &GpuFilter,
-) -> (DriverReady, Vec<GpuIdentity>, Vec<GpuFacts>) {
+) -> (DriverReady, Vec<GpuIdentity>, Vec<GpuFacts>, Vec<GpuPair>) {
     sampler.read_cuda_driver_version();
     let driver = sampler.driver();
     let ready = DriverReady {
@@ -45,10 +47,13 @@ pub fn nvml(
         .collect();
     let snapshot = sampler.tick();
     let mut gpus = Vec::new();
-    for (info, diagnostics) in sampler.diagnostics() {
-        if !filter.matches(&info) {
-            continue;
-        }
+    let chosen: Vec<_> = sampler
+        .diagnostics()
+        .into_iter()
+        .filter(|(info, _)| filter.matches(info))
+        .collect();
+    let pairs = sampler.gpu_pairs(&chosen);
+    for (info, diagnostics) in chosen {
         let reading = snapshot
             .devices
             .iter()
@@ -74,7 +79,17 @@ pub fn nvml(
             reading,
         });
     }
-    (ready, all, gpus)
+    (ready, all, gpus, pairs)
+}
+
+/// The parent PID of each process the GPUs list, where /proc has it. Only meaningful in
+/// NVML's PID namespace (the host's); the caller decides.
+pub fn parents(gpus: &[GpuFacts]) -> BTreeMap<u32, u32> {
+    gpus.iter()
+        .filter_map(|g| g.reading.as_ref())
+        .flat_map(|r| r.processes.iter().flatten().map(|p| p.pid))
+        .filter_map(|pid| procinfo::read_stat(pid).ok().map(|s| (pid, s.ppid)))
+        .collect()
 }
 
 /// The loaded kernel module's version from `/proc/driver/nvidia/version` (`None`: the

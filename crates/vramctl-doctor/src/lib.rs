@@ -4,10 +4,11 @@
 //! hand-built facts, and the command only wires them:
 //!
 //! ```text
-//! collect::nvml ─────────┐ (driver, per GPU: diagnostics, health, one reading)
+//! collect::nvml ─────────┐ (driver, per GPU: diagnostics, health, one reading; pairs)
 //! collect::holders ──────┤ (/proc: who has /dev/nvidia* open)
 //! collect::kernel_log ───┼─▶ Facts ─▶ judge ─▶ Vec<Finding> ─▶ cmd/doctor.rs (table, --json)
 //! python_env::collect ───┤ (site-packages: the frameworks' CUDA, never imported)
+//! collect::parents ──────┤ (/proc: the parent of each listed process, for `p2p`)
 //! collect::env / host ───┤ (CUDA_VISIBLE_DEVICES, container, root)
 //! container_view::collect┘ (PID and cgroup namespaces, the host daemon, /dev/nvidia-caps)
 //! ```
@@ -26,12 +27,14 @@ pub mod container_view;
 pub mod cuda_compat;
 mod gpu_checks;
 mod host_checks;
+mod link_checks;
 pub mod python_env;
 pub mod xid;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use vramctl_core::topology::GpuPair;
 use vramctl_core::types::{DeviceDiagnostics, DeviceHealth, DeviceReading};
 
 /// Version of the `--json` document (`docs/json.md`).
@@ -136,6 +139,11 @@ pub struct Facts {
     pub host: HostFacts,
     /// What can be seen from here: PID and cgroup namespaces, the host daemon, MIG devices.
     pub view: container_view::ViewFacts,
+    /// How every two chosen GPUs connect (PCIe path, P2P, NVLinks between them).
+    pub pairs: Vec<GpuPair>,
+    /// The parent PID of each process NVML lists, where /proc shows it (the host's PID
+    /// namespace only): ranks of one launcher are one job to the `p2p` check.
+    pub parents: BTreeMap<u32, u32>,
 }
 
 /// The driver stack as far as it answered.
@@ -282,6 +290,13 @@ pub fn judge(facts: &Facts) -> Vec<Finding> {
     out.push(host_checks::kernel_log(&facts.kernel_log, &facts.all_gpus));
     for gpu in &facts.gpus {
         out.extend(gpu_checks::all(gpu, &facts.holders));
+        if let Ok(diag) = &gpu.diagnostics {
+            let subject = format!("GPU {}", gpu.id.index);
+            out.extend(link_checks::nvlink(diag, &subject, gpu.id.index));
+        }
+    }
+    for pair in &facts.pairs {
+        out.extend(link_checks::p2p(pair, &facts.gpus, &facts.parents));
     }
     out
 }

@@ -40,11 +40,11 @@ struct Counts {
 /// Runs `doctor`.
 pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
     let started = Instant::now();
-    let (driver, all_gpus, gpus) = match open_sampler(global) {
+    let (driver, all_gpus, gpus, pairs) = match open_sampler(global) {
         Ok(mut sampler) => {
             let filter = GpuFilter::new(&args.gpu.selectors, sampler.devices())?;
-            let (ready, all, gpus) = collect::nvml(&mut sampler, &filter);
-            (DriverFacts::Ready(ready), all, gpus)
+            let (ready, all, gpus, pairs) = collect::nvml(&mut sampler, &filter);
+            (DriverFacts::Ready(ready), all, gpus, pairs)
         }
         Err(err) => match err.chain().find_map(|c| c.downcast_ref::<InitError>()) {
             // No driver: diagnose it and go on with the checks that need none.
@@ -55,6 +55,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
                     hint: init.hint(),
                     kernel_module_version: collect::kernel_module_version(),
                 }),
+                Vec::new(),
                 Vec::new(),
                 Vec::new(),
             ),
@@ -74,15 +75,24 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<Exit> {
             ..python_env::PythonSources::default()
         }
     };
+    let holders = if cfg!(target_os = "linux") {
+        collect::holders()
+    } else {
+        HolderFacts::default()
+    };
+    // NVML's PIDs are the host's: their parents mean something only there.
+    let parents = if holders.initial_pid_namespace {
+        collect::parents(&gpus)
+    } else {
+        Default::default()
+    };
     let facts = Facts {
         driver,
         gpus,
         all_gpus,
-        holders: if cfg!(target_os = "linux") {
-            collect::holders()
-        } else {
-            HolderFacts::default()
-        },
+        holders,
+        pairs,
+        parents,
         kernel_log: collect::kernel_log(args.kernel_log.as_deref()),
         python: python_env::collect(&sources),
         env: collect::env(),

@@ -9,7 +9,10 @@ use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::types::{DeviceDiagnostics, DriverInfo, MigInstanceInfo, Unavailable};
+use vramctl_core::topology::{GpuPair, NvLinkRemote, active_count, same_bus_id};
+use vramctl_core::types::{
+    DeviceDiagnostics, DriverInfo, MigInstanceInfo, NVLINKS_KEY, Unavailable,
+};
 
 use vramctl_observe::gpu_selection::GpuFilter;
 
@@ -29,6 +32,18 @@ struct InfoReport {
     driver: DriverInfo,
     devices: Vec<DeviceInfoReport>,
     unopened: Vec<UnopenedInfo>,
+    /// Every two devices shown, lower index first (none with fewer than two: left out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    topology: Vec<PairReport>,
+}
+
+/// Two GPUs as `nvidia-smi topo -m` and `topo -p2p` see them.
+#[derive(Debug, Serialize)]
+struct PairReport {
+    #[serde(flatten)]
+    pair: GpuPair,
+    /// `nvidia-smi topo -m`'s cell: `NV18`, `PIX`, `PXB`, `PHB`, `NODE`, `SYS`.
+    smi_label: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -71,10 +86,21 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
         .drm_root
         .clone()
         .unwrap_or_else(|| std::path::PathBuf::from("/"));
-    let devices = sampler
+    let chosen: Vec<_> = sampler
         .diagnostics()
         .into_iter()
         .filter(|(info, _)| filter.matches(info))
+        .collect();
+    let topology = sampler
+        .gpu_pairs(&chosen)
+        .into_iter()
+        .map(|pair| PairReport {
+            smi_label: pair.smi_label(),
+            pair,
+        })
+        .collect();
+    let devices = chosen
+        .into_iter()
         .map(|(info, result)| {
             let (state, error, diagnostics) = match result {
                 Ok(d) => ("ok", None, Some(d)),
@@ -121,6 +147,7 @@ pub fn run(global: &GlobalArgs, args: &InfoArgs) -> anyhow::Result<Exit> {
                 reason: u.reason.to_string(),
             })
             .collect(),
+        topology,
     };
     let mut out = std::io::stdout().lock();
     emit(
@@ -354,6 +381,8 @@ fn render(report: &InfoReport, styles: &Styles) -> Vec<String> {
             &["pcie_gen_max", "pcie_width_max"],
         );
 
+        nvlink_section(&mut f, d, report, styles);
+
         f.section("Modes", styles);
         f.opt(
             "Persistence",
@@ -424,6 +453,7 @@ fn render(report: &InfoReport, styles: &Styles) -> Vec<String> {
         lines.append(&mut f.lines);
         lines.push(String::new());
     }
+    lines.extend(topology_lines(report, styles));
     for unopened in &report.unopened {
         lines.push(paint(
             styles.bad,
@@ -441,5 +471,133 @@ fn render(report: &InfoReport, styles: &Styles) -> Vec<String> {
         v(&report.driver.nvml_version),
         v(&report.driver.cuda_driver_version)
     ));
+    lines
+}
+
+/// The GPU's NVLinks, where NVML reports any (a GPU without NVLink has no section): how many
+/// are active, which are not, and where the active ones go.
+fn nvlink_section(f: &mut Fields<'_>, d: &DeviceDiagnostics, report: &InfoReport, styles: &Styles) {
+    let links = match &d.nvlinks {
+        Some(links) if !links.is_empty() => links,
+        Some(_) => return,
+        None => {
+            if d.missing.contains_key(NVLINKS_KEY) {
+                f.section("NVLink", styles);
+                f.opt("Links", None, &[NVLINKS_KEY]);
+            }
+            return;
+        }
+    };
+    f.section("NVLink", styles);
+    let active = active_count(links);
+    let down: Vec<String> = links
+        .iter()
+        .filter(|l| !l.active)
+        .map(|l| l.link.to_string())
+        .collect();
+    let mut text = format!("{active} of {} active", links.len());
+    if !down.is_empty() && active > 0 {
+        text.push_str(&format!(", inactive: {}", down.join(", ")));
+    }
+    f.row("Links", text);
+    // Where the active links go, in link order: "18 to NVSwitch", "4 to GPU 1".
+    let mut ends: Vec<(String, usize)> = Vec::new();
+    for link in links.iter().filter(|l| l.active) {
+        let end = match (link.remote_device, link.remote_pci_bus_id.as_deref()) {
+            (Some(NvLinkRemote::Switch), _) => "NVSwitch".to_owned(),
+            (_, Some(bus)) => report
+                .devices
+                .iter()
+                .find(|g| g.pci_bus_id.as_deref().is_some_and(|b| same_bus_id(b, bus)))
+                .map_or_else(|| bus.to_owned(), |g| format!("GPU {}", g.index)),
+            (Some(NvLinkRemote::Gpu), None) => "a GPU".to_owned(),
+            (Some(NvLinkRemote::IbmNpu), None) => "an IBM NPU".to_owned(),
+            _ => "not reported".to_owned(),
+        };
+        match ends.iter_mut().find(|(e, _)| *e == end) {
+            Some((_, n)) => *n += 1,
+            None => ends.push((end, 1)),
+        }
+    }
+    if !ends.is_empty() {
+        let to: Vec<String> = ends.iter().map(|(e, n)| format!("{n} to {e}")).collect();
+        f.row("Connected", to.join(", "));
+    }
+    let mut versions: Vec<u32> = links.iter().filter_map(|l| l.version).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    if !versions.is_empty() {
+        let v: Vec<String> = versions.iter().map(ToString::to_string).collect();
+        f.row("Version (NVML)", v.join(", "));
+    }
+}
+
+/// `nvidia-smi topo -m`'s matrix for the GPUs shown, and each pair's P2P support, where
+/// NVML answered anything about them (nothing is printed otherwise).
+fn topology_lines(report: &InfoReport, styles: &Styles) -> Vec<String> {
+    let pairs = &report.topology;
+    if pairs.iter().all(|p| p.smi_label.is_none()) {
+        return Vec::new();
+    }
+    let mut indices: Vec<u32> = pairs.iter().flat_map(|p| p.pair.gpus).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    let cell = |a: u32, b: u32| -> String {
+        if a == b {
+            return "X".to_owned();
+        }
+        pairs
+            .iter()
+            .find(|p| p.pair.gpus == [a.min(b), a.max(b)])
+            .and_then(|p| p.smi_label.clone())
+            .unwrap_or_else(|| "?".to_owned())
+    };
+    let names: Vec<String> = indices.iter().map(|i| format!("GPU{i}")).collect();
+    let width = pairs
+        .iter()
+        .filter_map(|p| p.smi_label.as_ref().map(String::len))
+        .chain(names.iter().map(String::len))
+        .max()
+        .unwrap_or(4)
+        + 2;
+    let mut lines = vec![paint(styles.heading, "Topology (nvidia-smi topo -m)")];
+    let header: String = names.iter().map(|n| format!("{n:<width$}")).collect();
+    lines.push(format!("  {:<width$}{}", "", header.trim_end()));
+    for (row, name) in indices.iter().zip(&names) {
+        let cells: String = indices
+            .iter()
+            .map(|col| format!("{:<width$}", cell(*row, *col)))
+            .collect();
+        lines.push(format!("  {name:<width$}{}", cells.trim_end()));
+    }
+    lines.push(
+        "  NV#: # NVLinks · PIX: at most one PCIe bridge · PXB: several bridges · PHB: a host bridge"
+            .to_owned(),
+    );
+    lines.push("  NODE: host bridges within a NUMA node · SYS: across NUMA nodes".to_owned());
+    let answered: Vec<&PairReport> = pairs
+        .iter()
+        .filter(|p| p.pair.facts.p2p_read.is_some() || p.pair.facts.p2p_write.is_some())
+        .collect();
+    if !answered.is_empty() {
+        lines.push(format!(
+            "  {}",
+            paint(styles.heading, "P2P (nvidia-smi topo -p2p r, w, n)")
+        ));
+        for p in answered {
+            let [a, b] = p.pair.gpus;
+            let say = |s: Option<vramctl_core::topology::P2pStatus>| {
+                s.map_or("not reported", |s| s.describe())
+            };
+            let between = format!("GPU {a} - GPU {b}");
+            lines.push(format!(
+                "    {between:<22}read {}, write {}, NVLink {}",
+                say(p.pair.facts.p2p_read),
+                say(p.pair.facts.p2p_write),
+                say(p.pair.facts.p2p_nvlink)
+            ));
+        }
+    }
+    lines.push(String::new());
     lines
 }

@@ -41,6 +41,7 @@ mod slurm;
 mod snapshot_view;
 mod status;
 mod top;
+mod topology;
 mod two_gpus;
 mod usage;
 mod web;
