@@ -11,40 +11,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+// The link types live beside `DeviceDiagnostics`, which holds them; named here too.
 use crate::types::Unavailable;
+pub use crate::types::{NvLink, NvLinkRemote};
 
 /// NVML's `NVML_NVLINK_MAX_LINKS`: link indices a GPU may have (0..18). Bounds the reads.
 pub const NVLINK_MAX_LINKS: u32 = 18;
-
-/// One NVLink of a GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NvLink {
-    /// Link index, 0..[`NVLINK_MAX_LINKS`].
-    pub link: u32,
-    /// `nvmlDeviceGetNvLinkState`: the link is up.
-    pub active: bool,
-    /// `nvmlDeviceGetNvLinkVersion` as NVML answers it (active links only).
-    pub version: Option<u32>,
-    /// The PCI bus id of the device at the other end (active links only): another GPU's,
-    /// or an NVSwitch's.
-    pub remote_pci_bus_id: Option<String>,
-    /// What is at the other end (active links only).
-    pub remote_device: Option<NvLinkRemote>,
-}
-
-/// `nvmlIntNvLinkDeviceType_t`: what an NVLink connects to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NvLinkRemote {
-    /// Another GPU, directly (a bridge or a board's own wiring).
-    Gpu,
-    /// An IBM POWER NPU.
-    IbmNpu,
-    /// An NVSwitch (HGX boards): every GPU on the switches is reachable.
-    Switch,
-    /// NVML does not know.
-    Unknown,
-}
 
 /// `nvmlGpuTopologyLevel_t`: the closest common ancestor of two GPUs on the PCIe tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

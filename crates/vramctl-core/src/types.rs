@@ -409,6 +409,36 @@ pub struct DeviceHealth {
     pub missing: BTreeMap<String, Unavailable>,
 }
 
+/// One NVLink of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLink {
+    /// Link index, 0..[`NVLINK_MAX_LINKS`](crate::topology::NVLINK_MAX_LINKS).
+    pub link: u32,
+    /// `nvmlDeviceGetNvLinkState`: the link is up.
+    pub active: bool,
+    /// `nvmlDeviceGetNvLinkVersion` as NVML answers it (active links only).
+    pub version: Option<u32>,
+    /// The PCI bus id of the device at the other end (active links only): another GPU's,
+    /// or an NVSwitch's.
+    pub remote_pci_bus_id: Option<String>,
+    /// What is at the other end (active links only).
+    pub remote_device: Option<NvLinkRemote>,
+}
+
+/// `nvmlIntNvLinkDeviceType_t`: what an NVLink connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NvLinkRemote {
+    /// Another GPU, directly (a bridge or a board's own wiring).
+    Gpu,
+    /// An IBM POWER NPU.
+    IbmNpu,
+    /// An NVSwitch (HGX boards): every GPU on the switches is reachable.
+    Switch,
+    /// NVML does not know.
+    Unknown,
+}
+
 /// The key of [`DeviceDiagnostics::nvlinks`] in its `missing`.
 pub const NVLINKS_KEY: &str = "nvlinks";
 
@@ -495,7 +525,7 @@ pub struct DeviceDiagnostics {
     /// GPU has no NVLink (NVML answers NOT_SUPPORTED, as on a PCIe-only card); left out of
     /// JSON then, so a GPU without NVLink reads as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nvlinks: Option<Vec<crate::topology::NvLink>>,
+    pub nvlinks: Option<Vec<NvLink>>,
     /// Why each absent field is absent, keyed by field name.
     pub missing: BTreeMap<String, Unavailable>,
 }
@@ -503,7 +533,7 @@ pub struct DeviceDiagnostics {
 impl DeviceDiagnostics {
     /// The GPU's NVLinks as far as known: its links, none for a GPU without NVLink (NVML
     /// said NOT_SUPPORTED), `None` when NVML failed to say (its reason in `missing`).
-    pub fn nvlinks_known(&self) -> Option<&[crate::topology::NvLink]> {
+    pub fn nvlinks_known(&self) -> Option<&[NvLink]> {
         match &self.nvlinks {
             Some(links) => Some(links),
             None if self.missing.contains_key(NVLINKS_KEY) => None,
