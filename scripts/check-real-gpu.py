@@ -1,6 +1,7 @@
 """Compares vramctl's JSON with nvidia-smi's CSV and pynvml; prints one line per check."""
 import csv
 import json
+import os
 import sys
 
 import pynvml
@@ -64,6 +65,21 @@ for row in smi:
             check(f"GPU {index} pid {pid} memory (MiB)", ours[pid] // MiB, m, abs(ours[pid] // MiB - m) <= 1)
     nv = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
     check(f"GPU {index} PIDs (pynvml)", sorted(ours), sorted(nv), set(ours) == set(nv))
+
+# NVLinks: the same comparison as the two-GPU check (scripts/two_gpu/checks.py), link by link.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "two_gpu"))
+import checks as two_gpu_checks  # noqa: E402
+
+links = two_gpu_checks.Report()
+try:
+    nvlink_text = open(f"{out}/nvlink.txt").read()
+except OSError:
+    nvlink_text = None
+if nvlink_text is None:
+    check("nvidia-smi nvlink -s captured", False, True, False)
+else:
+    two_gpu_checks.compare_nvlinks(links, info, nvlink_text)
+    failures += links.bad
 
 check("holder PID listed", holder in {p["pid"] for d in status["devices"] for p in d["processes"] or []}, True,
       holder in {p["pid"] for d in status["devices"] for p in d["processes"] or []})

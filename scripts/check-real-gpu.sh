@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compare `vramctl status --json` and `vramctl info --json` with nvidia-smi and pynvml on a
 # machine with an NVIDIA GPU, while a PyTorch process holds a few GiB. Exit 0 when memory,
-# PIDs and hardware facts agree (MiB rounding aside).
+# PIDs, hardware facts and NVLink states (`nvidia-smi nvlink -s`) agree (MiB rounding aside).
 #
 #   scripts/check-real-gpu.sh [path/to/vramctl] [output-dir]
 set -euo pipefail
@@ -29,4 +29,7 @@ sleep 0.5
 nvidia-smi --query-gpu=index,uuid,name,serial,vbios_version,pci.bus_id,memory.total,memory.reserved,memory.used,memory.free,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,ecc.mode.current,persistence_mode,compute_mode,mig.mode.current,power.limit,driver_version \
   --format=csv,noheader,nounits > "$out/smi-gpu.csv"
 nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits > "$out/smi-apps.csv"
+# info's NVLinks against nvidia-smi's (an H200 SXM has 18 even alone; an NVL or PCIe card
+# may list none): scripts/two_gpu/checks.py's comparison.
+nvidia-smi nvlink -s > "$out/nvlink.txt" 2>&1 || true
 python3 "$here/check-real-gpu.py" "$out" "$holder"

@@ -30,12 +30,16 @@
 #                 (headless, scripts/two_gpu/pty_screen.py), serve's /api/now, each between
 #                 two nvidia-smi readings; -i 0, -i 1, --gpu UUID and --gpu UUID-prefix on
 #                 status, ps and top; doctor --json (and --gpu 1), info --json; nvidia-smi
-#                 topo -m and nvlink -s beside them. Then history and leaks on the recording
+#                 topo -m, nvlink -s and topo -p2p r/w/n beside them, and info --json timed
+#                 (5 runs). Then history and leaks on the recording
 #                 (whole, --gpu 1, --gpu 0), /api/now again. scripts/two_gpu/checks.py views:
 #                 every figure within max(64 MiB, 1 %) of the nvidia-smi range around it,
 #                 exactly nvidia-smi's PIDs per GPU, only the selected GPU under a selection,
 #                 the agent's allocated bytes = the holder's torch counter, the leak only on
-#                 GPU 1 (the grower) and nothing leaking on GPU 0. ~90 s.
+#                 GPU 1 (the grower) and nothing leaking on GPU 0; and (checks.py
+#                 topology) info's NVLinks per GPU = nvidia-smi nvlink -s link by link,
+#                 its matrix cell = topo -m's (NV18, NODE, ...), P2P read/write/NVLink ok
+#                 exactly where topo -p2p r/w/n says OK. ~90 s.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 # Lines that are an index only: a driver that fails prints its complaint on stdout.
@@ -175,6 +179,16 @@ views() {
   "$VRAMCTL" doctor --json --gpu 1 > "$d/doctor-i1.json" 2> "$d/doctor-i1.err"
   nvidia-smi topo -m > "$d/topo.txt" 2>&1
   nvidia-smi nvlink -s > "$d/nvlink.txt" 2>&1
+  for flag in r w n; do nvidia-smi topo -p2p "$flag" > "$d/p2p-$flag.txt" 2>&1; done
+  # info's cost with its NVLink and pair reads (72 NVML calls per GPU with 18 active links,
+  # 4 per pair): the median of 5 runs.
+  local runs=() t
+  for _ in 1 2 3 4 5; do
+    t=$(date +%s%N)
+    "$VRAMCTL" info --json > /dev/null 2>&1
+    runs+=($((($(date +%s%N) - t) / 1000000)))
+  done
+  echo "figure info --json on $(nvidia-smi -L | grep -c '^GPU') GPUs: median $(printf '%s\n' "${runs[@]}" | sort -n | sed -n 3p) ms of ${runs[*]} ms"
   echo "captures took $((SECONDS - t0)) s"
 
   wait "$rec"

@@ -164,11 +164,52 @@ class FakeViews:
             ]
         self.write("doctor.json", json.dumps({"schema": 1, "checks": [{"id": "driver", "gpu": None}] + checks_}))
         self.write("doctor-i1.json", json.dumps({"schema": 1, "checks": [c for c in checks_ if c["gpu"] == 1]}))
-        info = [{"index": i, "uuid": u, "pci_bus_id": f"00000000:{18 + i:02X}:00.0", "memory": {"total_bytes": 143771 * MiB}}
-                for i, u in enumerate((UUID0, UUID1))]
-        self.write("info.json", json.dumps({"devices": info}))
+        info = [{"index": i, "uuid": u, "pci_bus_id": f"00000000:{18 + i:02X}:00.0", "memory": {"total_bytes": 143771 * MiB},
+                 "nvlinks": nvlinks()} for i, u in enumerate((UUID0, UUID1))]
+        self.write("info.json", json.dumps({"devices": info, "topology": [pair()]}))
         self.smi("doctor", "after")
-        self.write("topo.txt", "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n")
+        write_topology_captures(self.write)
+
+
+def nvlinks(down=()):
+    """info --json's nvlinks of an HGX H200: 18 links to the NVSwitches."""
+    return [{"link": i, "active": i not in down, "version": 4, "remote_pci_bus_id": None,
+             "remote_device": None if i in down else "switch"} for i in range(18)]
+
+
+def pair(**facts):
+    p = {"gpus": [0, 1], "uuids": [UUID0, UUID1], "level": "node", "p2p_read": "ok", "p2p_write": "ok",
+         "p2p_nvlink": "ok", "missing": {}, "nvlinks": 18, "smi_label": "NV18"}
+    p.update(facts)
+    return p
+
+
+def smi_nvlink(down=(), gpus=(UUID0, UUID1)):
+    """`nvidia-smi nvlink -s` as a driver of the 580 branch prints it (made up)."""
+    out = []
+    for i, u in enumerate(gpus):
+        out.append(f"GPU {i}: NVIDIA H200 (UUID: {u})")
+        out += [f"\t Link {k}: <inactive>" if (i, k) in down else f"\t Link {k}: 26.562 GB/s" for k in range(18)]
+    return "\n".join(out) + "\n"
+
+
+def smi_p2p(cell):
+    return (" \tGPU0\tGPU1\t\n GPU0\tX\t{c}\t\n GPU1\t{c}\tX\t\n\nLegend:\n\n  X    = Self\n  OK   = Status Ok\n"
+            "  CNS  = Chipset not supported\n  NS   = Not supported\n  U    = Unknown\n").format(c=cell)
+
+
+def smi_topo(cell):
+    return ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+            f"GPU0\t X \t{cell}\t0-47\t0\t\tN/A\nGPU1\t{cell}\t X \t0-47\t0\t\tN/A\n\n"
+            "Legend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect\n"
+            "  NV#  = Connection traversing a bonded set of # NVLinks\n")
+
+
+def write_topology_captures(write, topo="NV18", p2p="OK", nvlink_down=()):
+    write("topo.txt", smi_topo(topo))
+    write("nvlink.txt", smi_nvlink(nvlink_down))
+    for flag in "rwn":
+        write(f"p2p-{flag}.txt", smi_p2p(p2p))
 
 
 class ViewsChecks(unittest.TestCase):
@@ -194,9 +235,9 @@ class ViewsChecks(unittest.TestCase):
         self.v.finish()
         bad, lines = self.views()
         self.assertEqual(bad, 0, "\n".join(lines))
-        for subject in ("status", "status-i1", "ps-i1", "top", "top-i1", "now-end", "history", "leaks", "doctor"):
+        for subject in ("status", "status-i1", "ps-i1", "top", "top-i1", "now-end", "history", "leaks", "doctor", "topology"):
             self.assertIn(f"PASS {subject}", lines)
-        self.assertIn("figure vramctl reports no NVLink/P2P facts (doctor, info); nvidia-smi topo -m: GPU0\t X \tNV18", lines)
+        self.assertIn("ok topology: GPU 0-1 vramctl NV18, nvidia-smi topo -m NV18", lines)
 
     def test_a_process_under_the_wrong_gpu_fails(self):
         doc = self.v.status()
@@ -265,6 +306,81 @@ class ViewsChecks(unittest.TestCase):
         shown = checks.devices_of_top(self.v.top(1))
         self.assertEqual(sorted(shown), ["index:1"])
         self.assertEqual(sorted(shown["index:1"]["processes"]), [H1, GROW])
+
+
+class TopologyChecks(unittest.TestCase):
+    """info --json's NVLinks, matrix and P2P against made-up nvidia-smi captures."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="vramctl-topology-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def write(self, name, text):
+        with open(os.path.join(self.dir, name), "w") as f:
+            f.write(text)
+
+    def run_check(self, info, **captures):
+        self.write("info.json", json.dumps(info))
+        write_topology_captures(self.write, **captures)
+        return run_quiet(checks.check_topology_only, self.dir)
+
+    def info(self, down=(), **facts):
+        devices = [{"index": i, "uuid": u, "nvlinks": nvlinks(down if i == 1 else ())} for i, u in enumerate((UUID0, UUID1))]
+        return {"devices": devices, "topology": [pair(**facts)]}
+
+    def test_agreeing_captures_pass(self):
+        bad, lines = self.run_check(self.info())
+        self.assertEqual(bad, 0, "\n".join(lines))
+        self.assertIn("PASS topology", lines)
+        self.assertIn("ok topology: GPU 0-1 p2p_read vramctl ok, nvidia-smi topo -p2p r OK", lines)
+        self.assertIn("ok info: GPU 1 NVLinks active " + str(list(range(18))) + " of 18; nvidia-smi nvlink -s active "
+                      + str(list(range(18))) + " of 18", lines)
+
+    def test_a_link_state_nvidia_smi_does_not_share_fails(self):
+        bad, lines = self.run_check(self.info(down=(7,)))
+        self.assertEqual(bad, 1, "\n".join(lines))
+        self.assertTrue(any(ln.startswith("MISMATCH info: GPU 1 NVLinks active") for ln in lines), lines)
+        bad, lines = self.run_check(self.info(down=(7,)), nvlink_down=((1, 7),))
+        self.assertEqual(bad, 0, "\n".join(lines))
+
+    def test_another_matrix_cell_or_p2p_answer_fails(self):
+        bad, lines = self.run_check(self.info(smi_label="NODE", nvlinks=0))
+        self.assertEqual(bad, 1, "\n".join(lines))
+        self.assertIn("MISMATCH topology: GPU 0-1 vramctl NODE, nvidia-smi topo -m NV18", lines)
+        bad, lines = self.run_check(self.info(p2p_write="chipset_not_supported"))
+        self.assertEqual(bad, 1, "\n".join(lines))
+        self.assertIn("MISMATCH topology: GPU 0-1 p2p_write vramctl chipset_not_supported, nvidia-smi topo -p2p w OK", lines)
+
+    def test_not_supported_alike_passes_and_a_differing_reason_is_only_shown(self):
+        info = self.info(p2p_read="chipset_not_supported", p2p_write="not_supported", p2p_nvlink="not_supported",
+                         smi_label="SYS", nvlinks=0, level="system")
+        for d in info["devices"]:
+            d.pop("nvlinks")
+        self.write("info.json", json.dumps(info))
+        self.write("topo.txt", smi_topo("SYS"))
+        self.write("nvlink.txt", "GPU 0: NVIDIA L40S (UUID: %s)\nNVML: Unable to retrieve NVLink information as all links are inActive\n" % UUID0)
+        for flag in "rwn":
+            self.write(f"p2p-{flag}.txt", smi_p2p("CNS"))
+        bad, lines = run_quiet(checks.check_topology_only, self.dir)
+        self.assertEqual(bad, 0, "\n".join(lines))
+        self.assertIn("figure topology: GPU 0-1 p2p_write: vramctl's reason not_supported, nvidia-smi's CNS", lines)
+
+    def test_a_missing_pair_or_capture_fails(self):
+        info = self.info()
+        info["topology"] = []
+        bad, lines = self.run_check(info)
+        self.assertIn("MISMATCH topology: GPU 0-1 in info --json", lines)
+        os.remove(os.path.join(self.dir, "topo.txt"))
+        bad, lines = run_quiet(checks.check_topology_only, self.dir)
+        self.assertTrue(any(ln.startswith("MISMATCH topology: nvidia-smi topo -m read") for ln in lines), lines)
+
+    def test_the_matrix_parser_reads_nvidia_smis_layouts(self):
+        self.assertEqual(checks.parse_smi_matrix(smi_topo("NV18")),
+                         {(0, 0): "X", (0, 1): "NV18", (1, 0): "NV18", (1, 1): "X"})
+        one = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-47\t0\t\tN/A\n"
+        self.assertEqual(checks.parse_smi_matrix(one), {(0, 0): "X"})
+        self.assertEqual(checks.parse_smi_matrix(smi_p2p("NS"))[(1, 0)], "NS")
+        self.assertEqual(checks.parse_smi_matrix("No devices were found\n"), {})
 
 
 class DdpChecks(unittest.TestCase):

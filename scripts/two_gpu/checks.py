@@ -3,6 +3,7 @@ so that python/tests/test_two_gpu_checks.py runs them on a CPU over made-up capt
 
     python3 checks.py ddp OUTDIR     scripts/run-ddp-h200.sh's files (issue 36 item 2)
     python3 checks.py views DIR      the views part's captures (issue 36 item 3)
+    python3 checks.py topology DIR   info.json against nvidia-smi nvlink -s, topo -m, topo -p2p
 
 Prints `ok ...`, `MISMATCH ...` and `figure ...` lines, then one `PASS`/`FAIL` line per
 subject; exit status 1 when any MISMATCH was printed.
@@ -356,6 +357,7 @@ def check_views(d):
     check_history(r, d, holders)
     check_leaks(r, d, holders)
     check_doctor(r, d)
+    check_topology(r, d)
     return r.bad
 
 
@@ -481,35 +483,131 @@ def check_doctor(r, d):
     if r.check(sel is not None, "doctor --gpu 1 was read"):
         gpus = {c.get("gpu") for c in sel.get("checks", []) if c.get("gpu") is not None}
         r.check(gpus == {1}, f"doctor --gpu 1: per-GPU checks on GPU(s) {sorted(gpus)}")
-    # NVLink / P2P: what vramctl says of the link between the GPUs, if anything.
-    words = re.compile(r"nvlink|p2p|peer|topolog", re.I)
-    said = sorted({k for k in keys_of(doc) | keys_of(info) if words.search(k)})
-    try:
-        with open(os.path.join(d, "topo.txt")) as f:
-            topo = [ln.rstrip() for ln in f if ln.startswith("GPU")]
-    except OSError:
-        topo = []
-    smi_link = topo[0] if topo else "not read"
-    if said:
-        r.figure(f"vramctl's topology keys {said}; nvidia-smi topo -m: {smi_link}")
-    else:
-        r.figure(f"vramctl reports no NVLink/P2P facts (doctor, info); nvidia-smi topo -m: {smi_link}")
     r.verdict("doctor")
 
 
-def keys_of(doc):
-    keys = set()
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            keys.add(str(k))
-            keys |= keys_of(v)
-        ids = doc.get("id")
-        if isinstance(ids, str):
-            keys.add(ids)
-    elif isinstance(doc, list):
-        for v in doc:
-            keys |= keys_of(v)
-    return keys
+# --- topology: info's NVLinks, matrix and P2P against nvidia-smi ---------------------------
+
+GPU_NAME = re.compile(r"^GPU(\d+)$")
+# vramctl's P2P status -> nvidia-smi topo -p2p's cell (its legend: OK, CNS, GNS, TNS, NS, U).
+P2P_SMI = {
+    "ok": "OK", "chipset_not_supported": "CNS", "gpu_not_supported": "GNS",
+    "ioh_topology_not_supported": "TNS", "disabled_by_regkey": "NS", "not_supported": "NS", "unknown": "U",
+}
+
+
+def parse_smi_matrix(text):
+    """`nvidia-smi topo -m` or `topo -p2p X`: {(row, column): cell} over the GPUs. The header
+    is the first line starting with GPU0 that is not GPU0's row (whose next word is X, self);
+    its leading GPUn words are the columns. A row starts with GPUn and its first cells are the
+    GPU columns (CPU/NUMA affinity and NIC columns follow and are left)."""
+    columns, cells = None, {}
+    for line in (text or "").splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if columns is None:
+            if words[0] == "GPU0" and (len(words) == 1 or words[1] != "X"):
+                columns = []
+                for w in words:
+                    m = GPU_NAME.match(w)
+                    if not m:
+                        break
+                    columns.append(int(m.group(1)))
+            continue
+        m = GPU_NAME.match(words[0])
+        if not m:
+            continue
+        row = int(m.group(1))
+        for col, cell in zip(columns, words[1:1 + len(columns)]):
+            cells[(row, col)] = cell
+    return cells
+
+
+def parse_smi_nvlink(text):
+    """`nvidia-smi nvlink -s`: {uuid: {"index": n, "links": {link: active}}}. A GPU whose links
+    are all down may list no link (\"all links are inActive\")."""
+    gpus, cur = {}, None
+    for line in (text or "").splitlines():
+        m = re.match(r"^GPU (\d+): .*\(UUID: (GPU-[^)]+)\)", line)
+        if m:
+            cur = gpus.setdefault(m.group(2), {"index": int(m.group(1)), "links": {}})
+            continue
+        m = re.match(r"^\s+Link (\d+): (.*)$", line)
+        if m and cur is not None:
+            cur["links"][int(m.group(1))] = "inactive" not in m.group(2).lower()
+    return gpus
+
+
+def compare_nvlinks(r, info, nvlink_text, where="info"):
+    """Each GPU's NVLinks in info --json against nvidia-smi nvlink -s: the same link indices,
+    each active or not alike. A GPU nvidia-smi lists no active link for must have no NVLink
+    in vramctl either, or only inactive ones."""
+    smi = parse_smi_nvlink(nvlink_text)
+    devices = {d.get("uuid"): d for d in (info or {}).get("devices", [])}
+    if not r.check(bool(devices), f"{where}: devices listed"):
+        return
+    for uuid, dev in devices.items():
+        idx = dev.get("index")
+        ours = {l["link"]: bool(l["active"]) for l in dev.get("nvlinks") or []}
+        theirs = (smi.get(uuid) or {}).get("links", {})
+        up = sorted(k for k, v in ours.items() if v)
+        if theirs:
+            r.check(ours == theirs, f"{where}: GPU {idx} NVLinks active {up} of {len(ours)}; "
+                                    f"nvidia-smi nvlink -s active {sorted(k for k, v in theirs.items() if v)} of {len(theirs)}")
+        else:
+            r.check(not up, f"{where}: GPU {idx} NVLinks active {up}; nvidia-smi nvlink -s lists none active")
+        why = (dev.get("missing") or {}).get("nvlinks")
+        if why:
+            r.figure(f"{where}: GPU {idx} NVLinks not reported: {why}")
+
+
+def compare_topology(r, info, topo_text, p2p_texts):
+    """info --json's pairs against nvidia-smi: topo -m's cell (NV#, PIX, PXB, PHB, NODE, SYS)
+    equal to smi_label; for P2P read, write and NVLink, OK exactly where vramctl says ok (the
+    reason of a not-OK cell is shown beside, not judged: NVML's wording and nvidia-smi's
+    abbreviations are not one-to-one)."""
+    topo = parse_smi_matrix(topo_text)
+    gpus = sorted({a for a, _ in topo})
+    pairs = {tuple(p.get("gpus") or ()): p for p in (info or {}).get("topology", [])}
+    if not r.check(len(gpus) >= 2, f"topology: nvidia-smi topo -m read, GPUs {gpus}"):
+        return
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            pair = pairs.get((a, b))
+            if not r.check(pair is not None, f"topology: GPU {a}-{b} in info --json"):
+                continue
+            cell = topo.get((a, b))
+            r.check(pair.get("smi_label") == cell, f"topology: GPU {a}-{b} vramctl {pair.get('smi_label')}, nvidia-smi topo -m {cell}")
+            for key, flag in (("p2p_read", "r"), ("p2p_write", "w"), ("p2p_nvlink", "n")):
+                text = p2p_texts.get(flag)
+                if text is None:
+                    continue
+                smi_cell = parse_smi_matrix(text).get((a, b))
+                ours = pair.get(key)
+                r.check(smi_cell is not None and (ours == "ok") == (smi_cell == "OK"),
+                        f"topology: GPU {a}-{b} {key} vramctl {ours}, nvidia-smi topo -p2p {flag} {smi_cell}")
+                if ours not in (None, "ok") and smi_cell not in (None, "OK") and P2P_SMI.get(ours) != smi_cell:
+                    r.figure(f"topology: GPU {a}-{b} {key}: vramctl's reason {ours}, nvidia-smi's {smi_cell}")
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def check_topology(r, d):
+    """DIR's info.json against nvlink.txt (nvidia-smi nvlink -s), topo.txt (topo -m) and
+    p2p-r.txt, p2p-w.txt, p2p-n.txt (topo -p2p r, w, n); one verdict."""
+    info = load_json(os.path.join(d, "info.json"))
+    if r.check(info is not None, "topology: info --json was read"):
+        compare_nvlinks(r, info, read_text(os.path.join(d, "nvlink.txt")) or "")
+        p2p = {f: read_text(os.path.join(d, f"p2p-{f}.txt")) for f in "rwn"}
+        compare_topology(r, info, read_text(os.path.join(d, "topo.txt")), {k: v for k, v in p2p.items() if v is not None})
+    r.verdict("topology")
 
 
 # --- the ddp-run part -------------------------------------------------------------------
@@ -620,8 +718,14 @@ def check_ddp(out):
     return r.bad
 
 
+def check_topology_only(d):
+    r = Report()
+    check_topology(r, d)
+    return r.bad
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("ddp", "views"):
-        sys.exit("usage: checks.py {ddp|views} DIR")
-    bad = (check_ddp if sys.argv[1] == "ddp" else check_views)(sys.argv[2])
-    sys.exit(1 if bad else 0)
+    modes = {"ddp": check_ddp, "views": check_views, "topology": check_topology_only}
+    if len(sys.argv) != 3 or sys.argv[1] not in modes:
+        sys.exit("usage: checks.py {ddp|views|topology} DIR")
+    sys.exit(1 if modes[sys.argv[1]](sys.argv[2]) else 0)
