@@ -92,29 +92,28 @@ pub(super) fn read_pair(
     let second = nvml
         .device_by_index(second_index)
         .map_err(super::device_error)?;
-    let mut facts = PairFacts::default();
-    let indexes = [
-        ("p2p_read", P2pCapabilitiesIndex::Read),
-        ("p2p_write", P2pCapabilitiesIndex::Write),
-        ("p2p_nvlink", P2pCapabilitiesIndex::NvLink),
-    ];
-    for (key, index) in indexes {
+    let mut missing = BTreeMap::new();
+    let mut p2p = |key: &str, index| -> Result<Option<P2pStatus>, DeviceError> {
         let answer = timed("nvmlDeviceGetP2PStatus", || {
             first.p2p_status(&second, index)
         });
-        let status = value(&mut facts.missing, key, answer)?.map(p2p_status);
-        match key {
-            "p2p_read" => facts.p2p_read = status,
-            "p2p_write" => facts.p2p_write = status,
-            _ => facts.p2p_nvlink = status,
-        }
-    }
+        Ok(value(&mut missing, key, answer)?.map(p2p_status))
+    };
+    let p2p_read = p2p("p2p_read", P2pCapabilitiesIndex::Read)?;
+    let p2p_write = p2p("p2p_write", P2pCapabilitiesIndex::Write)?;
+    let p2p_nvlink = p2p("p2p_nvlink", P2pCapabilitiesIndex::NvLink)?;
     // nvml-wrapper takes the second device by value here; it is the last use.
     let level = timed("nvmlDeviceGetTopologyCommonAncestor", || {
         first.topology_common_ancestor(second)
     });
-    facts.level = value(&mut facts.missing, "level", level)?.map(topology_level);
-    Ok(facts)
+    let level = value(&mut missing, "level", level)?.map(topology_level);
+    Ok(PairFacts {
+        level,
+        p2p_read,
+        p2p_write,
+        p2p_nvlink,
+        missing,
+    })
 }
 
 /// An NVML error, sorted: a device or session failure ends the read (`Err`); the rest is
