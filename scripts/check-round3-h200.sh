@@ -49,32 +49,11 @@ cd "$(dirname "$0")/.."
 VRAMCTL=$(readlink -f "${VRAMCTL:-.dist/vramctl}")
 export VRAMCTL
 OUT=${OUT:?set OUT}
-mkdir -p "$OUT/parts"
-summary="$OUT/summary.txt"
-: > "$summary"
-say() { echo "$*" | tee -a "$summary"; }
-fails=0
-pass() { say "PASS $1"; }
-fail() { say "FAIL $1: $2"; fails=$((fails + 1)); }
+. scripts/lib-check-parts.sh
 
 say "vramctl: $("$VRAMCTL" --version 2>&1 | head -1)"
 say "driver: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 say "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1 | tail -1)"
-
-SKIP=" ${SKIP:-} "
-skipped() { [[ $SKIP == *" $1 "* ]] && say "== $1: skipped (SKIP)"; }
-part() { # part NAME COMMAND...: runs a part, its output kept, its result lines kept
-  local name=$1
-  shift
-  skipped "$name" && return
-  say "== $name"
-  mkdir -p "$OUT/parts/$name"
-  "$@" > "$OUT/parts/$name.log" 2>&1
-  local rc=$?
-  grep -E '^(PASS|FAIL|ok|MISMATCH|score|cause|fix|median|ratio|status|ps |recall|false|figure)' \
-    "$OUT/parts/$name.log" | head -40 | tee -a "$summary"
-  [ "$rc" = 0 ] && pass "$name (exit 0)" || fail "$name" "exit $rc, see parts/$name.log"
-}
 
 part real scripts/check-real-gpu.sh "$VRAMCTL" "$OUT/parts/real"
 part bench30 scripts/bench-status-vs-smi-h200.sh "$VRAMCTL" "$OUT/parts/bench30" 21

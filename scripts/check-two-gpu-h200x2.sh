@@ -53,34 +53,12 @@ export VRAMCTL
 OUT=${OUT:?set OUT}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUDA_DEVICE_ORDER=PCI_BUS_ID PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-mkdir -p "$OUT/parts"
-summary="$OUT/summary.txt"
-: > "$summary"
-say() { echo "$*" | tee -a "$summary"; }
-fails=0
-pass() { say "PASS $1"; }
-fail() { say "FAIL $1: $2"; fails=$((fails + 1)); }
+PART_RESULT_LINES='^(PASS|FAIL|MISMATCH|figure)'
+. scripts/lib-check-parts.sh
 
 say "vramctl: $("$VRAMCTL" --version 2>&1 | head -1)"
 say "driver: $(nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tr '\n' ';')"
 say "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.device_count(), "GPUs")' 2>&1 | tail -1)"
-
-SKIP=" ${SKIP:-} "
-skipped() { [[ $SKIP == *" $1 "* ]] && say "== $1: skipped (SKIP)"; }
-part() { # part NAME COMMAND...: runs a part, its output kept, its result lines and time kept
-  local name=$1 t0 rc
-  shift
-  skipped "$name" && return
-  say "== $name"
-  mkdir -p "$OUT/parts/$name"
-  t0=$(date +%s%N)
-  "$@" > "$OUT/parts/$name.log" 2>&1
-  rc=$?
-  grep -E '^(PASS|FAIL|MISMATCH|figure)' "$OUT/parts/$name.log" | head -60 | tee -a "$summary"
-  local ms=$((($(date +%s%N) - t0) / 1000000))
-  say "time $name: $((ms / 1000)).$((ms % 1000 / 100)) s"
-  if [ "$rc" = 0 ]; then pass "$name (exit 0)"; else fail "$name" "exit $rc, see parts/$name.log"; fi
-}
 
 # --- ddp-run (item 2) -------------------------------------------------------------------
 # shellcheck disable=SC2329  # called through part

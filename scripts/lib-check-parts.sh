@@ -1,0 +1,38 @@
+# shellcheck shell=bash
+# The part runner the real-GPU check scripts share (sourced; needs $OUT): each part's output
+# goes to $OUT/parts/NAME.log, its result lines and time to $OUT/summary.txt, and $fails
+# counts the parts that failed. SKIP="a b" names parts not to run.
+#
+#   . scripts/lib-check-parts.sh
+#   part NAME COMMAND...     runs COMMAND as part NAME (skipped if SKIP names it)
+#   skipped NAME             true (and says so) when SKIP names NAME
+#   say TEXT / pass WHAT / fail WHAT WHY
+mkdir -p "$OUT/parts"
+summary="$OUT/summary.txt"
+: > "$summary"
+fails=0
+SKIP=" ${SKIP:-} "
+# The lines of a part's log that the summary keeps.
+PART_RESULT_LINES=${PART_RESULT_LINES:-'^(PASS|FAIL|ok|MISMATCH|score|cause|fix|median|ratio|status|ps |recall|false|figure)'}
+
+say() { echo "$*" | tee -a "$summary"; }
+pass() { say "PASS $1"; }
+fail() {
+  say "FAIL $1: $2"
+  fails=$((fails + 1))
+}
+skipped() { [[ $SKIP == *" $1 "* ]] && say "== $1: skipped (SKIP)"; }
+part() {
+  local name=$1 t0 rc ms
+  shift
+  skipped "$name" && return
+  say "== $name"
+  mkdir -p "$OUT/parts/$name"
+  t0=$(date +%s%N)
+  "$@" > "$OUT/parts/$name.log" 2>&1
+  rc=$?
+  grep -E "$PART_RESULT_LINES" "$OUT/parts/$name.log" | head -60 | tee -a "$summary"
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  say "time $name: $((ms / 1000)).$((ms % 1000 / 100)) s"
+  if [ "$rc" = 0 ]; then pass "$name (exit 0)"; else fail "$name" "exit $rc, see parts/$name.log"; fi
+}
