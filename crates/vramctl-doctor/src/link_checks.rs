@@ -104,17 +104,12 @@ pub fn p2p(pair: &GpuPair, gpus: &[GpuFacts], parents: &BTreeMap<u32, u32>) -> O
             format!("{what}{path}; no job uses both GPUs now"),
         ));
     }
-    let pids = shared
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
     Some(
         finding(
             Status::Warn,
             format!(
-                "{what}{path}, and a job uses both GPUs (PID {pids}): its transfers between \
-                 them go through host memory"
+                "{what}{path}, and {}: its transfers between them go through host memory",
+                evidence(pair, gpus, parents, &shared)
             ),
         )
         .fix(
@@ -122,6 +117,53 @@ pub fn p2p(pair: &GpuPair, gpus: &[GpuFacts], parents: &BTreeMap<u32, u32>) -> O
              reason above is NVML's",
         ),
     )
+}
+
+/// What says one job uses both GPUs, in words: a process listed on both, or processes of
+/// one parent split over them (which is how `torchrun`'s ranks look, but also two jobs one
+/// shell started: said as "likely").
+fn evidence(
+    pair: &GpuPair,
+    gpus: &[GpuFacts],
+    parents: &BTreeMap<u32, u32>,
+    shared: &[u32],
+) -> String {
+    let join = |pids: &[u32]| {
+        pids.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let listed_on = |index: u32, pid: u32| {
+        gpus.iter()
+            .filter(|g| g.id.index == index)
+            .filter_map(|g| g.reading.as_ref())
+            .any(|r| r.processes.iter().flatten().any(|p| p.pid == pid))
+    };
+    let (on_both, siblings): (Vec<u32>, Vec<u32>) = shared
+        .iter()
+        .partition(|&&pid| listed_on(pair.gpus[0], pid) && listed_on(pair.gpus[1], pid));
+    let mut parts = Vec::new();
+    if !on_both.is_empty() {
+        let noun = if on_both.len() == 1 { "PID" } else { "PIDs" };
+        parts.push(format!(
+            "a job uses both GPUs ({noun} {} on both)",
+            join(&on_both)
+        ));
+    }
+    let mut by_parent: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for pid in siblings {
+        if let Some(&parent) = parents.get(&pid) {
+            by_parent.entry(parent).or_default().push(pid);
+        }
+    }
+    for (parent, pids) in by_parent {
+        parts.push(format!(
+            "PIDs {} on the two GPUs are children of PID {parent}, likely ranks of one job",
+            join(&pids)
+        ));
+    }
+    parts.join("; ")
 }
 
 /// The listed PIDs by which a job spans both GPUs of `pair`: a PID on both, or on either
@@ -264,7 +306,7 @@ mod tests {
         assert_eq!(
             f.summary,
             "P2P read ok, write not supported (chipset), path SYS, and a job uses both GPUs \
-             (PID 100): its transfers between them go through host memory"
+             (PID 100 on both): its transfers between them go through host memory"
         );
         assert_eq!(f.facts["shared_pids"], serde_json::json!([100]));
     }
@@ -279,6 +321,12 @@ mod tests {
         let f = p2p(&p, &gpus, &parents).expect("a finding");
         assert_eq!(f.status, Status::Warn);
         assert_eq!(f.facts["shared_pids"], serde_json::json!([101, 102]));
+        assert_eq!(
+            f.summary,
+            "P2P read and write not supported, path SYS, and PIDs 101, 102 on the two GPUs \
+             are children of PID 50, likely ranks of one job: its transfers between them go \
+             through host memory"
+        );
         let strangers = BTreeMap::from([(101, 50), (102, 51)]);
         let f = p2p(&p, &gpus, &strangers).expect("a finding");
         assert_eq!(f.status, Status::Ok);
