@@ -113,26 +113,53 @@ pub fn stdout_of(cmd: &mut Command) -> String {
 /// `cmd`'s output on the shipped scenario `path` with its fictional PIDs moved to free ones,
 /// the output's PIDs moved back ([`stdout_of`]).
 fn output_on_free_pids(cmd: &mut Command, path: &Path) -> std::process::Output {
-    let moves = stand_ins(&fictional_pids(path));
-    let mut text = std::fs::read_to_string(path).expect("the scenario");
-    for (from, to) in &moves {
-        text = text.replace(&format!("pid = {from}\n"), &format!("pid = {to}\n"));
-    }
+    let moves = MovedPids::new(&fictional_pids(path));
+    let text = std::fs::read_to_string(path).expect("the scenario");
     let copy = tempfile::tempdir().expect("tempdir");
     let file = copy.path().join(path.file_name().expect("a file name"));
-    std::fs::write(&file, text).expect("write the moved scenario");
+    std::fs::write(&file, moves.scenario(&text)).expect("write the moved scenario");
     cmd.env("FAKE_NVML_SCENARIO", &file);
     let mut output = cmd.output().expect("run vramctl");
     cmd.env("FAKE_NVML_SCENARIO", path);
-    let mut out = String::from_utf8_lossy(&output.stdout).into_owned();
-    for (from, to) in &moves {
-        let back = regex::Regex::new(&format!(r"\b{to}\b")).expect("a regex");
-        out = back
-            .replace_all(&out, from.to_string().as_str())
-            .into_owned();
-    }
-    output.stdout = out.into_bytes();
+    output.stdout = moves
+        .back(&String::from_utf8_lossy(&output.stdout))
+        .into_bytes();
     output
+}
+
+/// A scenario's fictional PIDs moved to free ones ([`stand_ins`]): a scenario a test writes
+/// itself uses [`MovedPids::scenario`] on its text and reads every output through
+/// [`MovedPids::back`], so its assertions keep the PIDs it chose while no real process
+/// (another test's, a build's) can stand on them during the run — on a busy machine with
+/// pid_max 32768 one did, and a recording saw the process change identity.
+pub struct MovedPids(Vec<(u32, u32)>);
+
+impl MovedPids {
+    /// Free stand-ins for `fictional`, chosen now.
+    pub fn new(fictional: &[u32]) -> Self {
+        Self(stand_ins(fictional))
+    }
+
+    /// `text` (a scenario) with each `pid = N` line moved to its stand-in.
+    pub fn scenario(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (from, to) in &self.0 {
+            text = text.replace(&format!("pid = {from}\n"), &format!("pid = {to}\n"));
+        }
+        text
+    }
+
+    /// `text` (an output) with each stand-in given back its fictional PID.
+    pub fn back(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (from, to) in &self.0 {
+            let back = regex::Regex::new(&format!(r"\b{to}\b")).expect("a regex");
+            text = back
+                .replace_all(&text, from.to_string().as_str())
+                .into_owned();
+        }
+        text
+    }
 }
 
 /// For each of `fictional`, a PID of the same number of digits that no process has now,

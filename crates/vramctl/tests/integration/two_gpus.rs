@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::harness::{vramctl, vramctl_std};
+use crate::harness::{MovedPids, vramctl, vramctl_std};
 use crate::reclaim::{GIB, Py};
 use crate::serve::{get, serve};
 
@@ -26,8 +26,9 @@ const MIB32: u64 = 32 << 20;
 const T0: i64 = 1_795_984_291_000;
 
 /// The two GPUs on the fake's step clock (one second per sample): the trainer holds 2 GiB
-/// on GPU 0 throughout and on GPU 1 4 GiB that, from 30 s, grows 32 MiB a second.
-fn scenario(dir: &Path) -> PathBuf {
+/// on GPU 0 throughout and on GPU 1 4 GiB that, from 30 s, grows 32 MiB a second. Its
+/// PIDs are moved to free ones; read every output through the [`MovedPids`] returned.
+fn scenario(dir: &Path) -> (PathBuf, MovedPids) {
     let growth: Vec<String> = (0..=200)
         .map(|t: u32| format!("[{t}.0, \"{} MiB\"]", 4096 + 32 * t.saturating_sub(30)))
         .collect();
@@ -77,19 +78,21 @@ sm_util = 30
 "#,
         growth.join(", ")
     );
+    let moved = MovedPids::new(&[TRAINER, STEADY1, STEADY0].map(|p| p as u32));
     let path = dir.join("two-gpus.toml");
-    std::fs::write(&path, text).expect("scenario");
-    path
+    std::fs::write(&path, moved.scenario(&text)).expect("scenario");
+    (path, moved)
 }
 
-fn json_of(cmd: &mut assert_cmd::Command) -> Value {
+/// A successful run's JSON, its PIDs given back as the scenario chose them.
+fn json_of(moved: &MovedPids, cmd: &mut assert_cmd::Command) -> Value {
     let out = cmd.output().expect("vramctl runs");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    serde_json::from_str(&moved.back(&String::from_utf8_lossy(&out.stdout))).expect("JSON")
 }
 
 /// `(GPU UUID, PID, bytes)` of every process a `status --json` shows, in order.
@@ -134,7 +137,7 @@ fn ps_rows(report: &Value) -> Vec<(u64, u64, Vec<String>)> {
 #[test]
 fn selection_by_index_uuid_and_prefix_shows_that_gpus_processes_and_share() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = scenario(dir.path());
+    let (path, moved) = scenario(dir.path());
     let on0 = vec![
         (UUID0.to_owned(), STEADY0, 3 * GIB),
         (UUID0.to_owned(), TRAINER, 2 * GIB),
@@ -145,6 +148,7 @@ fn selection_by_index_uuid_and_prefix_shows_that_gpus_processes_and_share() {
     ];
     let status = |sel: &[&str]| {
         status_rows(&json_of(
+            &moved,
             vramctl(&path).args(["status", "--json"]).args(sel),
         ))
     };
@@ -160,6 +164,7 @@ fn selection_by_index_uuid_and_prefix_shows_that_gpus_processes_and_share() {
     // ps: a process on both GPUs counts, under a selection, that GPU's memory alone.
     let ps = |sel: &[&str]| {
         ps_rows(&json_of(
+            &moved,
             vramctl(&path)
                 .args(["ps", "--json", "--cpu-interval", "0"])
                 .args(sel),
@@ -220,7 +225,7 @@ fn verdicts(report: &Value) -> Vec<(u64, String, String)> {
 #[test]
 fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_when_recorded() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = scenario(dir.path());
+    let (path, moved) = scenario(dir.path());
     let db = dir.path().join("history.db");
     let out = stepping(&path)
         .arg("--db")
@@ -236,6 +241,7 @@ fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_when_recorde
     );
     let leaks = |sel: &[&str]| {
         verdicts(&json_of(
+            &moved,
             vramctl(&path)
                 .arg("--db")
                 .arg(&db)
@@ -262,6 +268,7 @@ fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_when_recorde
     // The history keeps the trainer's two GPUs apart: flat on GPU 0, rising on GPU 1.
     let history = |gpu: &str| {
         json_of(
+            &moved,
             vramctl(&path)
                 .arg("--db")
                 .arg(&db)
@@ -306,7 +313,7 @@ fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_when_recorde
 #[test]
 fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_live() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = scenario(dir.path());
+    let (path, moved) = scenario(dir.path());
 
     // leaks --watch: the leak event names GPU 1; nothing on GPU 0 becomes a leak.
     let out = stepping(&path)
@@ -327,7 +334,8 @@ fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_live() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let leaks: Vec<(u64, String)> = String::from_utf8_lossy(&out.stdout)
+    let leaks: Vec<(u64, String)> = moved
+        .back(&String::from_utf8_lossy(&out.stdout))
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).expect("NDJSON"))
         .filter(|e| e["event"] == "verdict" && e["verdict"] == "leak")
@@ -356,7 +364,8 @@ fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_live() {
             "150",
         ],
     );
-    let now: Value = serde_json::from_str(&get(served.addr, "/api/now", &[]).body).expect("JSON");
+    let now: Value =
+        serde_json::from_str(&moved.back(&get(served.addr, "/api/now", &[]).body)).expect("JSON");
     let gpus = now["gpus"].as_array().expect("gpus");
     let seen: Vec<NowGpu<'_>> = gpus
         .iter()
@@ -410,7 +419,7 @@ fn a_leak_on_one_gpu_of_a_process_on_two_is_judged_on_that_gpu_only_live() {
             .sum();
         assert_eq!(g["used_bytes"].as_u64(), Some(listed), "{g}");
     }
-    let metrics = get(served.addr, "/metrics", &[]).body;
+    let metrics = moved.back(&get(served.addr, "/metrics", &[]).body);
     for (gpu, uuid, leak) in [("0", UUID0, "0"), ("1", UUID1, "1")] {
         let series =
             format!("vramctl_process_leak{{gpu=\"{gpu}\",uuid=\"{uuid}\",pid=\"{TRAINER}\"");
@@ -491,7 +500,8 @@ fn top_under_a_selection_shows_that_gpu_and_its_rows_only() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let text = std::fs::read_to_string(scenario(dir.path())).expect("scenario");
+    let (path, moved) = scenario(dir.path());
+    let text = std::fs::read_to_string(path).expect("scenario");
     for (sel, gpu, rows) in [
         ("-i 1", "1", [(STEADY1, "7.0G"), (TRAINER, "4.0G")]),
         (
@@ -508,7 +518,8 @@ fn top_under_a_selection_shows_that_gpu_and_its_rows_only() {
             &format!("VRAMCTL_RUNTIME_DIR='{}'", runtime.display()),
             &format!("top --interval 0.2 {sel}"),
         );
-        let screen = tmux.wait_for("the table", |s| crate::top::table_rows(s).len() == 2);
+        let screen =
+            moved.back(&tmux.wait_for("the table", |s| crate::top::table_rows(s).len() == 2));
         let shown: Vec<(u64, String, String)> = crate::top::table_rows(&screen)
             .into_iter()
             .map(|(pid, line)| {
