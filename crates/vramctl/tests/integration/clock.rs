@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::harness::{stdout_of, vramctl};
+use crate::harness::{MovedPids, stdout_of, vramctl};
 
 /// 2026-11-29T20:31:31Z: simulated recordings start here.
 const T0: i64 = 1_795_984_291_000;
@@ -19,8 +19,10 @@ const HOUR_MS: i64 = 3_600_000;
 
 /// One GPU on the fake's step clock (sample k sees t = k + 1): PID 31001 holds 4 GiB until
 /// t = 90 and then leaks 64 MiB/s; PID 31002 holds 12 GiB at 0 % SM from the start. The
-/// driver's wall clock steps `step_s` at t = `at_s`.
-fn scenario(dir: &Path, at_s: u32, step_s: i64) -> PathBuf {
+/// driver's wall clock steps `step_s` at t = `at_s`. The PIDs are moved to free ones (a
+/// real process on one mid-record was seen as a second series): read every output through
+/// the [`MovedPids`] returned.
+fn scenario(dir: &Path, at_s: u32, step_s: i64) -> (PathBuf, MovedPids) {
     let leak: Vec<String> = (0..=400)
         .map(|t: u32| format!("[{t}.0, \"{} MiB\"]", 4096 + 64 * t.saturating_sub(90)))
         .collect();
@@ -52,9 +54,10 @@ sm_util = 0
 "#,
         leak = leak.join(", ")
     );
+    let moved = MovedPids::new(&[31001, 31002]);
     let path = dir.join("step.toml");
-    std::fs::write(&path, text).expect("scenario");
-    path
+    std::fs::write(&path, moved.scenario(&text)).expect("scenario");
+    (path, moved)
 }
 
 /// `record` of `ticks` samples 1 s apart from `start`, its wall clock stepping `step_ms`
@@ -78,12 +81,12 @@ fn record(scenario: &Path, db: &Path, start: i64, ticks: u64, at_ms: i64, step_m
     );
 }
 
-fn history_json(db: &Path) -> Value {
+fn history_json(db: &Path, moved: &MovedPids) -> Value {
     let mut cmd = vramctl(&crate::harness::scenario("h200-idle.toml"));
     cmd.arg("--db")
         .arg(db)
         .args(["history", "--since", "all", "--format", "json"]);
-    serde_json::from_str(&stdout_of(&mut cmd)).expect("history JSON")
+    serde_json::from_str(&moved.back(&stdout_of(&mut cmd))).expect("history JSON")
 }
 
 /// The stored times of the device's samples.
@@ -123,7 +126,7 @@ fn clock_steps(history: &Value) -> Vec<(i64, i64, String)> {
         .collect()
 }
 
-fn leaks_json(db: &Path) -> Value {
+fn leaks_json(db: &Path, moved: &MovedPids) -> Value {
     let mut cmd = vramctl(&crate::harness::scenario("h200-idle.toml"));
     cmd.arg("--db").arg(db).args([
         "leaks",
@@ -135,7 +138,7 @@ fn leaks_json(db: &Path) -> Value {
         "--tz",
         "UTC",
     ]);
-    serde_json::from_str(&stdout_of(&mut cmd)).expect("leaks JSON")
+    serde_json::from_str(&moved.back(&stdout_of(&mut cmd))).expect("leaks JSON")
 }
 
 fn series(json: &Value, pid: u64) -> &Value {
@@ -155,15 +158,9 @@ fn record_keeps_real_spacing_across_a_wall_clock_step_and_marks_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("h.db");
         // The step comes after 100 s: samples 0..=99 before it, 100..=299 after.
-        record(
-            &scenario(dir.path(), 101, step_ms / 1000),
-            &db,
-            T0,
-            300,
-            100_000,
-            step_ms,
-        );
-        let history = history_json(&db);
+        let (scenario, moved) = scenario(dir.path(), 101, step_ms / 1000);
+        record(&scenario, &db, T0, 300, 100_000, step_ms);
+        let history = history_json(&db, &moved);
         let times = sample_times(&history);
         assert_eq!(times.len(), 300, "step {step_ms}: every sample is kept");
         let spacing: Vec<i64> = times.windows(2).map(|w| w[1] - w[0]).collect();
@@ -186,7 +183,7 @@ fn record_keeps_real_spacing_across_a_wall_clock_step_and_marks_it() {
         assert!(reason.contains(direction), "{reason}");
 
         // The leak is judged at its real rate; the idle holder stays one.
-        let leaks = leaks_json(&db);
+        let leaks = leaks_json(&db, &moved);
         let leaker = series(&leaks, 31001);
         assert_eq!(leaker["verdict"], "leak", "step {step_ms}: {leaker}");
         let rate = leaker["slope_bytes_per_sec"].as_f64().expect("slope") / f64::from(64 << 20);
@@ -208,11 +205,11 @@ fn record_keeps_real_spacing_across_a_wall_clock_step_and_marks_it() {
 fn record_starts_on_a_history_whose_last_sample_is_in_the_future() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("h.db");
-    let scenario = scenario(dir.path(), 1000, 0);
+    let (scenario, moved) = scenario(dir.path(), 1000, 0);
     record(&scenario, &db, T0, 10, 0, 0);
     // The clock now says an hour earlier than the last sample.
     record(&scenario, &db, T0 - HOUR_MS, 10, 0, 0);
-    let history = history_json(&db);
+    let history = history_json(&db, &moved);
     let times = sample_times(&history);
     assert_eq!(times.len(), 20, "{times:?}");
     let second: Vec<i64> = times[10..].iter().map(|t| t - T0).collect();
@@ -256,7 +253,7 @@ fn leaks_watch_neither_freezes_nor_invents_verdicts_across_a_wall_clock_step() {
     for step_ms in [-HOUR_MS, HOUR_MS] {
         let dir = tempfile::tempdir().expect("tempdir");
         // The step comes after 60 s (sample 60, fake t = 61).
-        let scenario = scenario(dir.path(), 61, step_ms / 1000);
+        let (scenario, moved) = scenario(dir.path(), 61, step_ms / 1000);
         let mut cmd = vramctl(&scenario);
         cmd.env_remove("FAKE_NVML_TIME").args([
             "leaks",
@@ -273,7 +270,7 @@ fn leaks_watch_neither_freezes_nor_invents_verdicts_across_a_wall_clock_step() {
             "--simulated-clock-step",
             &format!("60000:{step_ms}"),
         ]);
-        let out = stdout_of(&mut cmd);
+        let out = moved.back(&stdout_of(&mut cmd));
         let idle = watch_events(&out, 31002);
         let became_idle: Vec<i64> = idle
             .iter()

@@ -149,6 +149,16 @@ impl MovedPids {
         text
     }
 
+    /// The stand-in of `fictional` (itself if it was not moved: past pid_max, or not given
+    /// to [`MovedPids::new`]), for a command-line argument that names the process (`--pid`)
+    /// or an input the test writes.
+    pub fn to(&self, fictional: u32) -> u32 {
+        self.0
+            .iter()
+            .find(|(from, _)| *from == fictional)
+            .map_or(fictional, |(_, to)| *to)
+    }
+
     /// `text` (an output) with each stand-in given back its fictional PID.
     pub fn back(&self, text: &str) -> String {
         let mut text = text.to_owned();
@@ -165,7 +175,9 @@ impl MovedPids {
 /// For each of `fictional`, a PID of the same number of digits that no process has now,
 /// none of `fictional`, and as far ahead of the kernel's last PID (`ns_last_pid`) as there
 /// is: PIDs are handed out upwards from it, wrapping at pid_max, so the free ones just
-/// below it are the last to be handed out again — not during a test.
+/// below it are the last to be handed out again — not during a test. The stand-ins keep
+/// the fictional PIDs' order, so an output sorted by PID keeps its rows' order once given
+/// back.
 fn stand_ins(fictional: &[u32]) -> Vec<(u32, u32)> {
     let read =
         |path: &str| -> Option<u32> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
@@ -177,12 +189,16 @@ fn stand_ins(fictional: &[u32]) -> Vec<(u32, u32)> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     taken.extend(fictional);
-    fictional
+    // A PID past pid_max (a scenario's absurd one, on purpose) can never be real; one on
+    // two GPUs is listed twice and gets one stand-in.
+    let mut fictional: Vec<u32> = fictional.iter().copied().filter(|&p| p < pid_max).collect();
+    fictional.sort_unstable();
+    fictional.dedup();
+    let digits = |pid: u32| pid.to_string().len() as u32;
+    let mut moves: Vec<(u32, u32)> = fictional
         .iter()
-        // A PID past pid_max (a scenario's absurd one, on purpose) can never be real.
-        .filter(|&&from| from < pid_max)
         .map(|&from| {
-            let digits = from.to_string().len() as u32;
+            let digits = digits(from);
             let low = 10u32.pow(digits - 1).max(300);
             let high = 10u32.saturating_pow(digits).min(pid_max);
             let mut candidates: Vec<u32> = (low..high).filter(|p| !taken.contains(p)).collect();
@@ -195,7 +211,23 @@ fn stand_ins(fictional: &[u32]) -> Vec<(u32, u32)> {
             taken.insert(to);
             (from, to)
         })
-        .collect()
+        .collect();
+    // The free PIDs are picked from the kernel's last one downwards; handed out in the
+    // fictional PIDs' (ascending) order, smallest first, within each width.
+    let mut picked: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for (from, to) in &moves {
+        picked.entry(digits(*from)).or_default().push(*to);
+    }
+    for tos in picked.values_mut() {
+        tos.sort_unstable_by(|a, b| b.cmp(a));
+    }
+    for (from, to) in &mut moves {
+        *to = picked
+            .get_mut(&digits(*from))
+            .and_then(Vec::pop)
+            .expect("one stand-in per fictional PID");
+    }
+    moves
 }
 
 /// The PIDs of a scenario's processes that are not marked `real = true`: processes the fake

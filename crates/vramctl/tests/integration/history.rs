@@ -8,7 +8,7 @@ use std::process::{Child, Stdio};
 use serde_json::Value;
 use vramctl_store::{OpenMode, Store, TimeRange};
 
-use crate::harness::{redactions, scenario, stdout_of, vramctl, vramctl_std};
+use crate::harness::{MovedPids, redactions, scenario, stdout_of, vramctl, vramctl_std};
 
 /// 2026-11-29T20:31:31Z: simulated recordings start here.
 const T0: i64 = 1_795_984_291_000;
@@ -20,8 +20,10 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A one-GPU scenario on the fake's step clock (t = 0, 1, 2 … per sample).
-fn write_scenario(dir: &Path, extra_gpu: &str) -> PathBuf {
+/// A one-GPU scenario on the fake's step clock (t = 0, 1, 2 … per sample). Its PIDs are
+/// moved to free ones (a real process on one mid-record was seen as a second series):
+/// read every output that names them through the [`MovedPids`] returned.
+fn write_scenario(dir: &Path, extra_gpu: &str) -> (PathBuf, MovedPids) {
     let text = format!(
         r#"driver_version = "580.159.04"
 [clock]
@@ -50,9 +52,10 @@ memory = "6 GiB"
 end_s = 3.0
 {extra_gpu}"#
     );
+    let moved = MovedPids::new(&[32701, 32702]);
     let path = dir.join("scenario.toml");
-    std::fs::write(&path, text).expect("write the scenario");
-    path
+    std::fs::write(&path, moved.scenario(&text)).expect("write the scenario");
+    (path, moved)
 }
 
 /// `record` for `ticks` samples on simulated time; the fake's own step clock moves too
@@ -101,9 +104,11 @@ fn on_db(db: &Path) -> assert_cmd::Command {
 fn record_then_export_gives_the_scenario_values() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    ok(&record(&write_scenario(dir.path(), ""), &db, 5));
+    let (sc, moved) = write_scenario(dir.path(), "");
+    ok(&record(&sc, &db, 5));
+    let leak = moved.to(32701).to_string();
 
-    let apps = stdout_of(on_db(&db).args([
+    let apps = moved.back(&stdout_of(on_db(&db).args([
         "export",
         "--format",
         "smi-apps",
@@ -111,7 +116,7 @@ fn record_then_export_gives_the_scenario_values() {
         "UTC",
         "--query",
         "timestamp,pid,used_gpu_memory",
-    ]));
+    ])));
     // The fake's step clock counts the enumeration's device-count call too, so sample k
     // sees t = k + 1: the leak at 2..6 GiB, the holder until t = 3.
     let expected = "\
@@ -149,15 +154,13 @@ timestamp, pid, used_gpu_memory [MiB]
     );
 
     let table =
-        stdout_of(on_db(&db).args(["history", "--since", "all", "--tz", "UTC", "--step", "raw"]));
-    // The fictional PIDs are near pid_max so that no real process has them; if one does,
-    // its user and command would show, so only then is the snapshot left out.
-    if !Path::new("/proc/32701").exists() && !Path::new("/proc/32702").exists() {
-        redactions().bind(|| insta::assert_snapshot!("history_record_round_trip", table));
-    }
+        moved.back(&stdout_of(on_db(&db).args([
+            "history", "--since", "all", "--tz", "UTC", "--step", "raw",
+        ])));
+    redactions().bind(|| insta::assert_snapshot!("history_record_round_trip", table));
 
     let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args([
-        "history", "--since", "all", "--format", "json", "--pid", "32701",
+        "history", "--since", "all", "--format", "json", "--pid", &leak,
     ])))
     .unwrap();
     assert_eq!(json["schema"], 1);
@@ -175,7 +178,7 @@ timestamp, pid, used_gpu_memory [MiB]
 
     // 2 s buckets keep last, min and max of each bucket.
     let csv = stdout_of(on_db(&db).args([
-        "history", "--since", "all", "--format", "csv", "--pid", "32701", "--step", "2s",
+        "history", "--since", "all", "--format", "csv", "--pid", &leak, "--step", "2s",
     ]));
     let buckets: Vec<(String, String, String, String)> = csv
         .lines()
@@ -227,7 +230,7 @@ uuid = "GPU-93a0e6c2-4f1b-6d8e-b0c7-1e2f3a4b5c6d"
 memory_total = 150754820096
 lost_at_s = 2.0
 "#;
-    ok(&record(&write_scenario(dir.path(), lost), &db, 5));
+    ok(&record(&write_scenario(dir.path(), lost).0, &db, 5));
     let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args([
         "history", "--since", "all", "--format", "json", "--gpu", "1",
     ])))
@@ -372,7 +375,7 @@ fn sigkill_50_times_loses_nothing_committed_and_never_corrupts() {
 fn a_second_recorder_on_the_same_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    let sc = write_scenario(dir.path(), "");
+    let (sc, _moved) = write_scenario(dir.path(), "");
     let mut first = spawn_recorder(&sc, &db, T0, "1s");
     wait_for_commits(&mut first, 1).expect("first recorder runs");
     let second = record(&sc, &db, 1);
@@ -391,7 +394,7 @@ fn a_second_recorder_on_the_same_database_is_refused() {
 fn sigterm_flushes_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    let mut child = spawn_recorder(&write_scenario(dir.path(), ""), &db, T0, "1s");
+    let mut child = spawn_recorder(&write_scenario(dir.path(), "").0, &db, T0, "1s");
     let last = wait_for_commits(&mut child, 3).unwrap();
     nix_kill(child.id(), "TERM");
     // Drain stderr so the recorder never blocks on a full pipe.
@@ -477,7 +480,7 @@ fn make_immutable(path: &Path) -> bool {
 fn a_read_only_database_is_a_clear_error_and_stays_intact() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    let sc = write_scenario(dir.path(), "");
+    let (sc, _moved) = write_scenario(dir.path(), "");
     ok(&record(&sc, &db, 3));
     let before = std::fs::read(&db).unwrap();
     let mut cmd = vramctl(&sc);
@@ -600,7 +603,7 @@ fn nvidia_smi_logs_import_and_export_back_identically() {
 fn ndjson_export_is_lossless() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    ok(&record(&write_scenario(dir.path(), ""), &a, 5));
+    ok(&record(&write_scenario(dir.path(), "").0, &a, 5));
     ok(&on_db(&a)
         .args(["import", "--tz", "UTC"])
         .arg(fixture("smi-apps-h200.csv"))
@@ -628,7 +631,7 @@ fn ndjson_export_is_lossless() {
 fn status_watch_output_imports() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    let sc = write_scenario(dir.path(), "");
+    let (sc, moved) = write_scenario(dir.path(), "");
     let watch = stdout_of(
         vramctl(&sc)
             .env_remove("FAKE_NVML_TIME")
@@ -640,7 +643,13 @@ fn status_watch_output_imports() {
     ok(&output);
     assert!(String::from_utf8_lossy(&output.stderr).contains("(status-json)"));
     let csv = stdout_of(on_db(&db).args([
-        "history", "--since", "all", "--format", "csv", "--pid", "32701",
+        "history",
+        "--since",
+        "all",
+        "--format",
+        "csv",
+        "--pid",
+        &moved.to(32701).to_string(),
     ]));
     let bytes: Vec<&str> = csv
         .lines()
@@ -790,7 +799,7 @@ fn history_of_a_missing_database_says_how_to_start() {
 #[test]
 fn default_database_follows_xdg_state_home() {
     let dir = tempfile::tempdir().unwrap();
-    let sc = write_scenario(dir.path(), "");
+    let (sc, _moved) = write_scenario(dir.path(), "");
     let output = vramctl(&sc)
         .env("XDG_STATE_HOME", dir.path())
         .args([
@@ -854,7 +863,7 @@ fn the_recorder_downsamples_and_prunes_by_retention() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
     // 5 simulated minutes at 1 s, raw kept 2 minutes, 1-minute buckets forever.
-    let output = vramctl(&write_scenario(dir.path(), ""))
+    let output = vramctl(&write_scenario(dir.path(), "").0)
         .env_remove("FAKE_NVML_TIME")
         .arg("--db")
         .arg(&db)
@@ -898,7 +907,7 @@ fn the_recorder_downsamples_and_prunes_by_retention() {
 fn a_truncated_export_is_rejected_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    ok(&record(&write_scenario(dir.path(), ""), &a, 5));
+    ok(&record(&write_scenario(dir.path(), "").0, &a, 5));
     let full = stdout_of(on_db(&a).arg("export"));
     // Cut in the middle of the last frame line.
     let cut = &full[..full.rfind("{\"type\":\"frame\"").unwrap() + 30];
@@ -978,7 +987,7 @@ fn readers_open_a_history_they_cannot_write() {
     use std::os::unix::fs::PermissionsExt;
     let root = crate::real_processes::is_root();
     let dir = tempfile::tempdir().unwrap();
-    let portable = crate::harness::Portable::new(&write_scenario(dir.path(), ""));
+    let portable = crate::harness::Portable::new(&write_scenario(dir.path(), "").0);
     let mode =
         |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
     // A history recorded by its owner (root in CI), in a directory the reader may enter.
@@ -1040,7 +1049,7 @@ fn readers_open_a_history_they_cannot_write() {
 fn a_history_that_cannot_be_read_says_read_not_write() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let portable = crate::harness::Portable::new(&write_scenario(dir.path(), ""));
+    let portable = crate::harness::Portable::new(&write_scenario(dir.path(), "").0);
     let place = portable.dir.path().join("state");
     std::fs::create_dir(&place).unwrap();
     let db = place.join("history.db");
@@ -1076,7 +1085,7 @@ fn a_history_that_cannot_be_read_says_read_not_write() {
 #[test]
 fn a_directory_given_as_db_is_a_clear_error_and_nothing_is_left_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = write_scenario(dir.path(), "");
+    let (scenario, _moved) = write_scenario(dir.path(), "");
     for args in [
         &["history"][..],
         &["export"],
@@ -1139,7 +1148,7 @@ fn a_closed_stderr_does_not_stop_the_recorder() {
     // panicked (exit 101) before the first frame.
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    let status = vramctl_std(&write_scenario(dir.path(), ""))
+    let status = vramctl_std(&write_scenario(dir.path(), "").0)
         .env_remove("FAKE_NVML_TIME")
         .env("VRAMCTL_LOG", "debug")
         .arg("--db")
@@ -1156,7 +1165,7 @@ fn a_closed_stderr_does_not_stop_the_recorder() {
 
 fn record_stderr(dir: &Path, extra: &[&str]) -> String {
     let db = dir.join(format!("h{}.db", extra.len()));
-    let output = vramctl(&write_scenario(dir, ""))
+    let output = vramctl(&write_scenario(dir, "").0)
         .env_remove("FAKE_NVML_TIME")
         .env_remove("NO_COLOR")
         .arg("--db")
@@ -1279,7 +1288,7 @@ fn history_without_since_shows_the_window_leaks_and_plot_read() {
     // week said "no samples in this range" where `leaks` and `plot` (the 24 hours before
     // the recording's last sample) showed its data. One default for all three now.
     let dir = tempfile::tempdir().expect("tempdir");
-    let scenario = write_scenario(dir.path(), "");
+    let (scenario, moved) = write_scenario(dir.path(), "");
     let db = dir.path().join("h.db");
     ok(&record(&scenario, &db, 6));
     let text = ok(&on_db(&db)
@@ -1322,7 +1331,10 @@ fn history_without_since_shows_the_window_leaks_and_plot_read() {
         "{hour}"
     );
     // leaks reads the same window: it judges the processes of that recording.
-    let leaks = ok(&on_db(&db).args(["leaks", "--json"]).output().expect("runs"));
+    let leaks = moved.back(&ok(&on_db(&db)
+        .args(["leaks", "--json"])
+        .output()
+        .expect("runs")));
     assert!(leaks.contains("32701"), "{leaks}");
 }
 
@@ -1332,7 +1344,7 @@ fn history_without_since_shows_the_window_leaks_and_plot_read() {
 fn since_after_until_is_a_usage_error_for_every_history_reader() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    ok(&record(&write_scenario(dir.path(), ""), &db, 2));
+    ok(&record(&write_scenario(dir.path(), "").0, &db, 2));
     for command in ["export", "history", "leaks", "plot"] {
         let out = on_db(&db)
             .args([command, "--since", "1h", "--until", "2h"])

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::harness::{scenario, stdout_of, vramctl, vramctl_std};
+use crate::harness::{MovedPids, scenario, stdout_of, vramctl, vramctl_std};
 
 /// 2026-11-29T20:31:31Z.
 const T0: i64 = 1_795_984_291_000;
@@ -56,9 +56,13 @@ fn export(db: &Path, format: &str) -> String {
 fn smi_apps_export_reimports_command_lines_with_commas_quotes_and_newlines() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("scenario.toml");
+    // The fictional PIDs moved to free ones: a real process on one mid-record would be
+    // recorded with its own command line.
+    let moved = MovedPids::new(&[32701, 32702]);
     std::fs::write(
         &scenario,
-        r#"[clock]
+        moved.scenario(
+            r#"[clock]
 mode = "step"
 step_s = 1.0
 
@@ -78,6 +82,7 @@ pid = 32702
 name = "bash -c 'echo one\necho two'"
 memory = "2 GiB"
 "#,
+        ),
     )
     .unwrap();
     let (a, b) = (dir.path().join("a.db"), dir.path().join("b.db"));
@@ -795,9 +800,12 @@ fn export_and_import_again_keeps_every_sample_and_every_verdict() {
     // still on the GPU ("GPU 0 is full in …"), since an export cannot write a loop that
     // found no process — the importer now reads such a pause in the apps log as that loop.
     let scenario = dir.path().join("ended.toml");
+    // Its PID moved to a free one, as for every recording of a fictional process.
+    let moved = MovedPids::new(&[4242]);
     std::fs::write(
         &scenario,
-        r#"[clock]
+        moved.scenario(
+            r#"[clock]
 mode = "step"
 step_s = 1.0
 
@@ -812,6 +820,7 @@ name = "python leak.py"
 end_s = 40
 memory = { ramp = { from = "1 GiB", rate_per_s = "200 MiB" } }
 "#,
+        ),
     )
     .unwrap();
     let recorded = dir.path().join("recorded.db");
@@ -825,7 +834,7 @@ memory = { ramp = { from = "1 GiB", rate_per_s = "200 MiB" } }
         .unwrap());
     let leaks = leaks_json(&recorded);
     let series = leaks["series"].as_array().unwrap();
-    let leak = series.iter().find(|s| s["pid"] == 4242).unwrap();
+    let leak = series.iter().find(|s| s["pid"] == moved.to(4242)).unwrap();
     assert_eq!(leak["time_to_full_sec"], serde_json::Value::Null, "{leak}");
     let round = dir.path().join("round");
     std::fs::create_dir(&round).unwrap();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::harness::{redactions, stdout_of, vramctl, vramctl_on};
+use crate::harness::{MovedPids, redactions, stdout_of, vramctl, vramctl_on};
 
 /// 2026-11-29T20:31:31Z: simulated recordings start here.
 const T0: i64 = 1_795_984_291_000;
@@ -343,8 +343,10 @@ fn json_snapshot_of_one_series() {
 
 /// A two-GPU scenario on the fake's step clock: on GPU 0 a process that leaks 20 MiB/s
 /// after 40 s beside a busy steady one and an idle one (SM 0 %); on GPU 1 a lone holder on
-/// an idle GPU.
-fn write_scenario(dir: &Path) -> PathBuf {
+/// an idle GPU. Its PIDs are moved to free ones (a real process on one mid-record was seen
+/// as a second series): read every output that names them through the [`MovedPids`]
+/// returned.
+fn write_scenario(dir: &Path) -> (PathBuf, MovedPids) {
     let mut steps = vec!["\"1 GiB\"".to_owned(); 40];
     steps.extend((1..200).map(|i| format!("\"{} MiB\"", 1024 + 20 * i)));
     let text = format!(
@@ -393,9 +395,10 @@ memory = "3 GiB"
 "#,
         steps.join(", ")
     );
+    let moved = MovedPids::new(&[32701, 32702, 32703, 32704]);
     let path = dir.join("scenario.toml");
-    std::fs::write(&path, text).expect("test helper");
-    path
+    std::fs::write(&path, moved.scenario(&text)).expect("test helper");
+    (path, moved)
 }
 
 fn record(scenario: &Path, db: &Path, ticks: u64) {
@@ -424,16 +427,17 @@ fn on_db(db: &Path) -> assert_cmd::Command {
 fn a_recorded_history_gives_leaks_and_idle_holders_with_their_evidence() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    record(&write_scenario(dir.path()), &db, 150);
+    let (scenario, moved) = write_scenario(dir.path());
+    record(&scenario, &db, 150);
 
     // Default range: the 24 hours before the last sample (the recording is from 2026).
-    let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args([
+    let json: Value = serde_json::from_str(&moved.back(&stdout_of(on_db(&db).args([
         "--json",
         "--idle-for",
         "1m",
         "--tz",
         "UTC",
-    ])))
+    ]))))
     .unwrap();
     assert_eq!(json["source"], "store");
     let v = verdicts(&json);
@@ -466,7 +470,12 @@ fn a_recorded_history_gives_leaks_and_idle_holders_with_their_evidence() {
     assert!((37_000..=41_000).contains(&onset), "{onset}");
     assert_eq!(series(32701)["samples"], 150);
 
-    let text = stdout_of(on_db(&db).args(["--idle-for", "1m", "--tz", "UTC"]));
+    let text = moved.back(&stdout_of(on_db(&db).args([
+        "--idle-for",
+        "1m",
+        "--tz",
+        "UTC",
+    ])));
     redactions().bind(|| insta::assert_snapshot!("leaks_recorded", text));
 
     // The same history exported as vramctl NDJSON and analysed as a file: the same lines.
@@ -478,23 +487,26 @@ fn a_recorded_history_gives_leaks_and_idle_holders_with_their_evidence() {
             .arg("export"),
     );
     std::fs::write(&export, ndjson).unwrap();
-    let from_file = stdout_of(
-        leaks()
-            .arg(&export)
-            .args(["--idle-for", "1m", "--tz", "UTC"]),
-    );
+    let from_file = moved.back(&stdout_of(leaks().arg(&export).args([
+        "--idle-for",
+        "1m",
+        "--tz",
+        "UTC",
+    ])));
     assert_eq!(from_file, text);
 
     // --gpu, --pid and --since narrow it; --fail-on-leak.
     let json: Value =
-        serde_json::from_str(&stdout_of(on_db(&db).args(["--json", "--gpu", "1"]))).unwrap();
+        serde_json::from_str(&moved.back(&stdout_of(on_db(&db).args(["--json", "--gpu", "1"]))))
+            .unwrap();
     assert_eq!(
         verdicts(&json).keys().copied().collect::<Vec<_>>(),
         vec![32704]
     );
     on_db(&db).args(["--fail-on-leak"]).assert().code(1);
     on_db(&db)
-        .args(["--fail-on-leak", "--pid", "32702,32703"])
+        .args(["--fail-on-leak", "--pid"])
+        .arg(format!("{},{}", moved.to(32702), moved.to(32703)))
         .assert()
         .code(0);
     // The first 30 s: before the leak, nothing leaks.
@@ -518,7 +530,7 @@ fn a_recorded_history_gives_leaks_and_idle_holders_with_their_evidence() {
 #[test]
 fn watch_prints_a_line_per_verdict_change() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = write_scenario(dir.path());
+    let (scenario, moved) = write_scenario(dir.path());
     let run = |extra: &[&str]| {
         vramctl(&scenario)
             .env_remove("FAKE_NVML_TIME")
@@ -534,7 +546,7 @@ fn watch_prints_a_line_per_verdict_change() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = moved.back(&String::from_utf8(out.stdout).unwrap());
     redactions().bind(|| insta::assert_snapshot!("leaks_watch", text));
     let lines: Vec<&str> = text.lines().collect();
     // The leak is flagged within 30 s of its start (20:32:11 on the fake's clock).
@@ -565,8 +577,8 @@ fn watch_prints_a_line_per_verdict_change() {
     // --json: one event per line.
     let out = run(&["--count", "200", "--json", "--gpu", "0"]);
     assert!(out.status.success());
-    let events: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
+    let events: Vec<Value> = moved
+        .back(&String::from_utf8(out.stdout).unwrap())
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -587,7 +599,7 @@ fn watch_prints_a_line_per_verdict_change() {
 #[test]
 fn watch_stopped_by_sigterm_exits_0_like_record() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = crate::harness::vramctl_std(&write_scenario(dir.path()))
+    let mut child = crate::harness::vramctl_std(&write_scenario(dir.path()).0)
         .args(["leaks", "--watch", "--interval", "100ms", "--tz", "UTC"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -797,7 +809,8 @@ fn plot_of_the_h200_recording_marks_the_leaks() {
 fn plot_of_a_recorded_history_shades_idle_periods_and_gaps() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    record(&write_scenario(dir.path()), &db, 150);
+    let (scenario, moved) = write_scenario(dir.path());
+    record(&scenario, &db, 150);
     let svg_path = dir.path().join("h.svg");
     let out = stdout_of(
         vramctl_on("h200-idle.toml")
@@ -810,7 +823,7 @@ fn plot_of_a_recorded_history_shades_idle_periods_and_gaps() {
         out.ends_with(": 2 GPUs, 1 leak onset, 2 idle periods\n"),
         "{out}"
     );
-    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let svg = moved.back(&std::fs::read_to_string(&svg_path).unwrap());
     for needle in [
         "idle: python notebook.py [32703] holds 6.0 GiB",
         "idle: python hold.py [32704] holds 3.0 GiB",
@@ -824,7 +837,14 @@ fn plot_of_a_recorded_history_shades_idle_periods_and_gaps() {
         vramctl_on("h200-idle.toml")
             .arg("--db")
             .arg(&db)
-            .args(["plot", "--gpu", "1", "--pid", "32704", "-o"])
+            .args([
+                "plot",
+                "--gpu",
+                "1",
+                "--pid",
+                &moved.to(32704).to_string(),
+                "-o",
+            ])
             .arg(&svg_path),
     );
     assert!(out.contains(": 1 GPU,"), "{out}");
@@ -855,9 +875,12 @@ fn plot_draws_a_lost_gpu_as_a_gap() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
     let lost = dir.path().join("lost.toml");
+    // The PID moved to a free one, as for every recording of a fictional process.
+    let moved = MovedPids::new(&[25002]);
     std::fs::write(
         &lost,
-        r#"[clock]
+        moved.scenario(
+            r#"[clock]
 mode = "step"
 step_s = 1.0
 
@@ -872,6 +895,7 @@ pid = 25002
 name = "python train.py --rank 1"
 memory = "30 GiB"
 "#,
+        ),
     )
     .unwrap();
     record(&lost, &db, 20);
@@ -896,7 +920,7 @@ fn since_takes_a_negative_duration_as_that_long_ago() {
     // flag. It means an hour ago, as `1h` does, on every command that takes --since.
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    record(&write_scenario(dir.path()), &db, 150);
+    record(&write_scenario(dir.path()).0, &db, 150);
     let leaks_of = |since: &str| {
         let json: Value = serde_json::from_str(&stdout_of(on_db(&db).args([
             "--json",
@@ -932,7 +956,7 @@ fn since_takes_a_negative_duration_as_that_long_ago() {
 fn the_tz_variable_is_honoured_and_the_zone_named() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db");
-    record(&write_scenario(dir.path()), &db, 150);
+    record(&write_scenario(dir.path()).0, &db, 150);
     let text = stdout_of(
         on_db(&db)
             .env("TZ", "Europe/Paris")

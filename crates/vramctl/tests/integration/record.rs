@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use vramctl_store::{Metric, OpenMode, ProcessRecord, Store, TimeRange};
 
-use crate::harness::{vramctl, vramctl_std};
+use crate::harness::{MovedPids, vramctl, vramctl_std};
 use crate::real_processes::{Holder, Scenario, sleeper};
 
 /// 2026-11-29T20:31:31Z: simulated recordings start here.
@@ -17,12 +17,17 @@ const T0: i64 = 1_795_984_291_000;
 fn record_reopens_nvml_after_the_driver_went_away() {
     let dir = tempfile::tempdir().expect("tempdir");
     let scenario = dir.path().join("reload.toml");
+    // The fictional PID moved to a free one: a real process on it mid-record would be
+    // recorded as that process.
+    let moved = MovedPids::new(&[31031]);
     std::fs::write(
         &scenario,
-        "driver_version = \"580.159.04\"\n[clock]\nmode = \"step\"\nstep_s = 1.0\n\
+        moved.scenario(
+            "driver_version = \"580.159.04\"\n[clock]\nmode = \"step\"\nstep_s = 1.0\n\
          [driver_reload]\nat_s = 5.0\ninit_failures = 1\n\
          [[gpu]]\nuuid = \"GPU-7778da7f-089f-2a6e-e610-62d0c1b76bc2\"\nmemory_total = \"8 GiB\"\n\
          [[gpu.process]]\npid = 31031\nname = \"python train.py\"\nmemory = \"2 GiB\"\n",
+        ),
     )
     .expect("scenario");
     let db = dir.path().join("h.db");

@@ -5,7 +5,9 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-use crate::harness::{json_of, redactions, scenario, stdout_of, vramctl, vramctl_on, vramctl_std};
+use crate::harness::{
+    MovedPids, json_of, redactions, scenario, stdout_of, vramctl, vramctl_on, vramctl_std,
+};
 
 fn devices(report: &Value) -> &Vec<Value> {
     report["devices"].as_array().expect("devices array")
@@ -456,12 +458,15 @@ const REPLAY_T0: i64 = 1_795_984_291_000;
 /// Three GPUs on the fake's step clock (sample k of a session sees t = k + 1): GPU 0 with
 /// memory, utilization and temperature that change every sample, a real process (`sleeper`),
 /// a fictional one and one that ends at t = 3; GPU 1 lost from t = 3.5; GPU 2 that reports
-/// nothing but memory.
+/// nothing but memory. The fictional PIDs are moved to free ones (a real process on one
+/// while recording would be recorded as itself, and the replay and the live view differ);
+/// no assertion names them.
 fn replay_scenario(dir: &std::path::Path, sleeper: u32) -> std::path::PathBuf {
     let path = dir.join("replay.toml");
+    let moved = MovedPids::new(&[32702, 25002]);
     std::fs::write(
         &path,
-        format!(
+        moved.scenario(&format!(
             r#"driver_version = "580.159.04"
 nvml_version = "13.580.159.04"
 [clock]
@@ -517,7 +522,7 @@ uuid = "GPU-0000000a-1111-2222-3333-444444444444"
 memory_total = 150754820096
 memory_reserved = 644939776
 "#
-        ),
+        )),
     )
     .expect("write the scenario");
     path
