@@ -22,10 +22,21 @@ VRAMCTL=$(readlink -f "${VRAMCTL:-.dist/vramctl}")
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
 work=$(mktemp -d)
+# mktemp's 0700 would keep uid 65534 from the sockets under it (the containers.sock check
+# below failed so on the first GPU run, 2026-12-05): the runtime directory must be reachable
+# as it is on a real host (/run/vramctl).
+chmod 755 "$work"
 runtime="$work/run"
 pids=()
+# A process and everything under it, with SIGKILL: util-linux's unshare may outlive a SIGTERM
+# or leave its child running, and a holder left sleeping made `wait` take its whole 300 s.
+kill_tree() {
+  local child
+  for child in $(cat /proc/"$1"/task/*/children 2> /dev/null); do kill_tree "$child"; done
+  kill -KILL "$1" 2> /dev/null
+}
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
+  for p in "${pids[@]}"; do kill_tree "$p"; done
   wait 2> /dev/null
   rm -rf "$work"
 }
@@ -141,6 +152,12 @@ check(nobody.get("pid_mapping") == "mapped"
       and [r.get("pid") for r in nobody.get("processes", [])] == [inner_ns],
       f"as uid 65534 through containers.sock: {nobody.get('pid_mapping')}, "
       f"{[r.get('pid') for r in nobody.get('processes', [])]}")
+if nobody.get("pid_mapping") != "mapped":
+    # The files under $OUT may not all come back from a device call: say here what was seen.
+    for r in nobody.get("processes", []):
+        print(f"  nobody's row: {json.dumps(r)[:300]}")
+    for line in open(f"{out}/inside-nobody.log").read().splitlines()[-8:]:
+        print(f"  nobody's log: {line[:220]}")
 def job_smi_peak(mode):
     peak = 0
     for line in open(f"{out}/run-{mode}-smi.csv"):

@@ -22,26 +22,38 @@ GiB = 1 << 30
 # Each job writes the time it asks for the memory that fails to $STAMP.
 PRELUDE = "import os, time, torch\nGiB = 1 << 30\ntorch.cuda.init()\n"
 STAMP = "open(os.environ['STAMP'], 'w').write(repr(time.time()))\n"
-CASES = {
-    # Live tensors beyond the whole GPU.
-    "shortage": (PRELUDE + "keep = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
-                 + "more = torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')\n", {}, "shortage"),
-    # The same with history recorded (the verdict then replays fixes).
-    "shortage-history": (PRELUDE + "keep = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
-                         + "more = torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')\n",
-                         {"VRAMCTL_OOM_HISTORY": "1"}, "shortage"),
-    # A per-process fraction: 16 GiB allowed, 12 GiB live, a 6 GiB request (the issue's case).
-    "process-limit": (PRELUDE + "total = torch.cuda.get_device_properties(0).total_memory\n"
-                      "torch.cuda.set_per_process_memory_fraction(16 * GiB / total)\n"
-                      "keep = torch.empty(12 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
-                      + "more = torch.empty(6 * GiB, dtype=torch.uint8, device='cuda')\n", {}, "process-limit"),
-    # Another process holds 100 GiB; the job's 30 + 30 GiB would fit an empty GPU.
-    "other-process": (PRELUDE + "keep = torch.empty(30 * GiB, dtype=torch.uint8, device='cuda')\n" + STAMP
-                      + "more = torch.empty(30 * GiB, dtype=torch.uint8, device='cuda')\n", {}, "other-process"),
-}
-HOLDER = PRELUDE + "hold = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')\nprint('ready', flush=True)\ntime.sleep(600)\n"
+def cases(total_gib):
+    """The cases, sized to a GPU of `total_gib` (the first H200 sizes, 100 + 60 GiB and a
+    100 GiB holder, did not fit an H100's 79 GiB: the first request failed before its stamp,
+    and the holder itself ran out of memory, 2026-12-05)."""
+    def alloc(name, gib):
+        return f"{name} = torch.empty({gib} * GiB, dtype=torch.uint8, device='cuda')\n"
+    whole, beyond = int(total_gib * 0.70), int(total_gib * 0.45)
+    # Another process holds 60 %; the job's 25 + 25 % would fit an empty GPU.
+    held, part = int(total_gib * 0.60), int(total_gib * 0.25)
+    return {
+        # Live tensors beyond the whole GPU.
+        "shortage": (PRELUDE + alloc("keep", whole) + STAMP + alloc("more", beyond), {}, "shortage"),
+        # The same with history recorded (the verdict then replays fixes).
+        "shortage-history": (PRELUDE + alloc("keep", whole) + STAMP + alloc("more", beyond),
+                             {"VRAMCTL_OOM_HISTORY": "1"}, "shortage"),
+        # A per-process fraction: 16 GiB allowed, 12 GiB live, a 6 GiB request (the issue's case).
+        "process-limit": (PRELUDE + "total = torch.cuda.get_device_properties(0).total_memory\n"
+                          "torch.cuda.set_per_process_memory_fraction(16 * GiB / total)\n"
+                          + alloc("keep", 12) + STAMP + alloc("more", 6), {}, "process-limit"),
+        "other-process": (PRELUDE + alloc("keep", part) + STAMP + alloc("more", part), {}, "other-process"),
+    }, PRELUDE + alloc("hold", held) + "print('ready', flush=True)\ntime.sleep(600)\n"
+
+
+def device_total_gib():
+    """GPU 0's memory as nvidia-smi reports it, in GiB."""
+    out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0]) / 1024
+
+
 # A training step: matmuls and an optimizer step, timed over 200 steps after 20 warm-up.
-STEP = PRELUDE + """
+STEP = (PRELUDE + """
 model = torch.nn.Sequential(*[torch.nn.Linear(8192, 8192) for _ in range(8)]).cuda()
 opt = torch.optim.AdamW(model.parameters())
 x = torch.randn(64, 8192, device='cuda')
@@ -53,7 +65,7 @@ for _ in range(200): step()
 torch.cuda.synchronize()
 print(json.dumps({"step_s": (time.perf_counter() - t) / 200, "reserved": torch.cuda.memory_reserved(),
                   "allocated_peak": torch.cuda.max_memory_allocated()}))
-""".replace("import os, time, torch", "import json, os, time, torch")
+""").replace("import os, time, torch", "import json, os, time, torch")
 
 
 def run(binary, code, out, name, env=None, flags=()):
@@ -91,10 +103,13 @@ def main():
         failed += 0 if ok else 1
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
 
-    for name, (code, env, expected) in CASES.items():
+    total_gib = device_total_gib()
+    print(f"GPU 0: {total_gib:.1f} GiB", flush=True)
+    jobs, holder_code = cases(total_gib)
+    for name, (code, env, expected) in jobs.items():
         holder = None
         if name == "other-process":
-            holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+            holder = subprocess.Popen([sys.executable, "-c", holder_code], stdout=subprocess.PIPE, text=True)
             holder.stdout.readline()
         try:
             report, delay, _ = run(args.bin, code, args.out, name, env)
@@ -121,7 +136,7 @@ def main():
                                   capture_output=True, text=True, timeout=600)
             lines = done.stdout.strip().splitlines()
             if not lines:
-                # The first H200 run (2026-12-05) ended here with nothing on stdout: say why.
+                # The first runs (2026-12-05) ended here: STEP's `import json` was missing.
                 tail = " | ".join(done.stderr.strip().splitlines()[-5:])
                 check(f"cost run {label} {i} printed its figures", False, f"exit {done.returncode}: {tail}")
                 continue

@@ -7,8 +7,9 @@
 #
 #   scripts/oom-live-h200.sh [OUTDIR]      (default: $OUT/oom-live; binary: $VRAMCTL or .dist/vramctl)
 #
-# Needs python3 with torch (CUDA) and one free GPU; a few minutes. Not run yet (written
-# without a GPU): its first run is the check.
+# Needs python3 with torch (CUDA) and one free GPU; about 3 minutes. First run on an H100
+# (2026-12-05): process-limit passed; the cases were sized for an H200 and the cost part's job
+# lacked `import json` (both fixed since, not yet re-run). Sizes now follow the GPU's memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:?set OUT or give OUTDIR}/oom-live}"
