@@ -1,8 +1,9 @@
 //! OOM causes on generated snapshots (scripts/oom-snapshots.py: a test double at the
 //! PyTorch boundary, files in torch's exact pickle structure made by an independent small
-//! allocator; no real OOM snapshots exist here, the H200 set is scripts/oom-kinds-h200.py's).
+//! allocator), and on six real OOMs made on an H100 by scripts/oom-kinds-h200.py.
 //! The leak thresholds were chosen on seeds 1-20 (the choosing set); the scores asserted
-//! here are on seeds 101-140 (the checking set), which the choice never saw.
+//! here are on seeds 101-140 (the checking set) and on the H100 files, which the choice
+//! never saw.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -171,4 +172,37 @@ fn choosing_set() {
     for ((want, got), n) in &s.confusion {
         eprintln!("  {want} -> {got}: {n}");
     }
+}
+
+/// Real OOMs made on an H100 (testdata/h100/oom-kinds, held out: made after every rule was
+/// fixed): each file's cause, and a fix that the H100's re-run showed to work.
+#[test]
+fn real_h100_oom_snapshots_get_their_cause_and_a_fix_that_worked() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/h100/oom-kinds");
+    let truth: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("truth.json")).expect("truth"))
+            .expect("json");
+    // torch's total for the H100 80GB HBM3 (79.18 GiB in its OOM message).
+    let ctx = OomContext {
+        device_total_bytes: Some(85_017_755_648),
+    };
+    let mut wrong = Vec::new();
+    for (name, t) in truth.as_object().expect("object") {
+        let snap = open(&dir.join(name), Limits::default()).expect(name);
+        let summary = summarize_with(&snap, ctx);
+        let o = summary.oom.last().expect("an OOM");
+        let fix = o.verdict.fix.as_deref().unwrap_or("");
+        let fix_worked = t["fixes"].as_array().expect("fixes").iter().any(|want| {
+            let want = want.as_str().expect("a fix");
+            match want.strip_prefix("words:") {
+                Some(words) => fix.contains(words),
+                None => fix == format!("PYTORCH_CUDA_ALLOC_CONF={want}"),
+            }
+        });
+        if o.verdict.cause.as_str() != t["cause"] || !fix_worked {
+            wrong.push(format!("{name}: {} / {fix:?}", o.verdict.cause.as_str()));
+        }
+    }
+    assert_eq!(truth.as_object().map(|o| o.len()), Some(6));
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
