@@ -12,6 +12,9 @@
 #               regression from round 3's changes)
 #   bench30     scripts/bench-status-vs-smi-h200.sh: status vs nvidia-smi --query-gpu, ps vs
 #               status with a GPU process, both through a recorder (issue 30's figures)
+#   nvml30      scripts/nvml-parallel-probe.py: whether the driver answers status's slow NVML
+#               queries (utilization, power, MIG mode, process lists) faster at once than one
+#               after another, with pynvml (issue 30's next lever; ~5 s)
 #   pidns31     a PyTorch holder in its own PID namespace (unshare): ps on the host names it
 #               with the PID nvidia-smi gives, its user and command; --by user sums it (issue 31)
 #   inside31    scripts/inside-namespace-h200.sh: ps inside a PyTorch holder's PID namespace
@@ -57,6 +60,7 @@ say "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.c
 
 part real scripts/check-real-gpu.sh "$VRAMCTL" "$OUT/parts/real"
 part bench30 scripts/bench-status-vs-smi-h200.sh "$VRAMCTL" "$OUT/parts/bench30" 21
+part nvml30 python3 scripts/nvml-parallel-probe.py 101
 
 # --- pidns31: a holder in its own PID namespace, seen from the host.
 pidns31() {
