@@ -102,6 +102,16 @@ for mode in daemon alone; do
 done
 nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits > "$OUT/smi-after.csv"
 cat "$OUT/inside.txt"
+# Which numbering NVML itself gives inside the namespace, with no vramctl in between. The open
+# kernel modules' RM converts each process's PID into the *caller's* PID namespace and leaves
+# out processes not in it (gpu_rmapi.c: _gpuConvertPid -> os_find_ns_pid -> pid_vnr); if this
+# driver does, NVML's PIDs inside are the namespace's own and `cannot_map`'s "host PID" label
+# is wrong. As root and as uid 65534, beside the host's answer.
+nvml_pids='import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); print(sorted(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)))'
+echo "figure nvml-pids host: $(python3 -c "$nvml_pids" 2>&1 | tail -1)"
+echo "figure nvml-pids inside root: $(nsenter --target "$inner" --pid --mount -- python3 -c "$nvml_pids" 2>&1 | tail -1)"
+echo "figure nvml-pids inside nobody: $(cd / && nsenter --target "$inner" --pid --mount --setuid 65534 --setgid 65534 -- python3 -c "$nvml_pids" 2>&1 | tail -1)"
+echo "figure NVML numbering inside: the holder is $inner on the host and $inner_nspid in its namespace; the outer holder $outer_holder is not in it"
 
 python3 - "$OUT" "$inner" "$inner_nspid" "$outer_holder" << 'EOF'
 import json, sys
@@ -144,6 +154,9 @@ nod = json.load(open(f"{out}/inside-no-daemon.json"))
 check(nod.get("pid_mapping") == "cannot_map", f"without the daemon: pid_mapping {nod.get('pid_mapping')}")
 check(all(r.get("host_pid") == r.get("pid") and r.get("user") is None and not r.get("visible")
           for r in nod.get("processes", [])), "without the daemon: NVML's PIDs marked host PIDs, no user")
+# The label is only true if the driver gave host PIDs: they must be nvidia-smi's on the host.
+nod_pids = sorted(r.get("pid") for r in nod.get("processes", []))
+check(nod_pids == sorted(smi), f"without the daemon: the PIDs marked host PIDs {nod_pids} are the host's {sorted(smi)}")
 host = json.load(open(f"{out}/host.json"))
 hrow = next((r for r in host.get("processes", []) if r.get("pid") == inner), None)
 check(hrow is not None and "python" in (hrow.get("command") or ""), "the host's ps names the namespaced holder")
