@@ -48,7 +48,8 @@
 #   fit34seq    the same for GPT-2's sequence length (eager attention), bisected for the truth,
 #               then scripts/fit/check34.py over all four (~3 min)
 #   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
-#               (issue 35's re-score; long: run it in a call of its own)
+#               (issue 35's re-score; long: run it in a call of its own). On a smaller GPU
+#               than the H200 the set's sizes scale (0.314 on an H100: the script says why)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VRAMCTL=$(readlink -f "${VRAMCTL:-.dist/vramctl}")
