@@ -206,14 +206,15 @@ part web32 web32
 
 part leak35 env OUT="$OUT/parts/leak35" scripts/leak35-agent-h200.sh
 
-if scripts/fit-h200.sh reuse > /dev/null 2>&1; then
+fit_reuse=$(scripts/fit-h200.sh reuse 2>&1)
+if [ "$fit_reuse" = yes ]; then
   part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" "resnet llama llama-ckpt"
 else
   # No recorded truth applies (not the recorded H200 and torch 2.11): each case bisects
   # before its fit, ~14 trials of 11-25 s, so 4-8 min a case and 15-20 min for the three,
   # past a 10-minute device call (the first H100 run's call limit). One part a case, each
   # in a call of its own; check34.py judges each, and fit34seq all four.
-  say "fit34: $(scripts/fit-h200.sh reuse 2>&1): one part per case, each bisected"
+  say "fit34: recorded truths do not apply ($fit_reuse): one part per case, each bisected"
   part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" resnet
   part fit34llama scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" llama
   part fit34ckpt scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" llama-ckpt
