@@ -42,11 +42,14 @@
 #               (issue 35 item 5, ~2.5 min)
 #   fit34       scripts/fit-h200.sh check: fit's trace predictor on ResNet-50 and a 1.1B Llama
 #               with and without checkpointing (recorded truths where the machine matches);
-#               ~6 min: run it in a call of its own (issue 34)
+#               ~6 min: run it in a call of its own (issue 34). Elsewhere (an H100) each case
+#               is bisected for its truth: three parts, fit34 (resnet), fit34llama (llama)
+#               and fit34ckpt (llama-ckpt), ~4-8 min each, each in a call of its own
 #   fit34seq    the same for GPT-2's sequence length (eager attention), bisected for the truth,
 #               then scripts/fit/check34.py over all four (~3 min)
 #   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
-#               (issue 35's re-score; long: run it in a call of its own)
+#               (issue 35's re-score; long: run it in a call of its own). On a smaller GPU
+#               than the H200 the set's sizes scale (0.314 on an H100: the script says why)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VRAMCTL=$(readlink -f "${VRAMCTL:-.dist/vramctl}")
@@ -203,7 +206,19 @@ part web32 web32
 
 part leak35 env OUT="$OUT/parts/leak35" scripts/leak35-agent-h200.sh
 
-part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" "resnet llama llama-ckpt"
+fit_reuse=$(scripts/fit-h200.sh reuse 2>&1)
+if [ "$fit_reuse" = yes ]; then
+  part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" "resnet llama llama-ckpt"
+else
+  # No recorded truth applies (not the recorded H200 and torch 2.11): each case bisects
+  # before its fit, ~14 trials of 11-25 s, so 4-8 min a case and 15-20 min for the three,
+  # past a 10-minute device call (the first H100 run's call limit). One part a case, each
+  # in a call of its own; check34.py judges each, and fit34seq all four.
+  say "fit34: recorded truths do not apply ($fit_reuse): one part per case, each bisected"
+  part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" resnet
+  part fit34llama scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" llama
+  part fit34ckpt scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" llama-ckpt
+fi
 if ! skipped fit34seq; then
   part fit34seq bash -c 'scripts/fit-h200.sh check "$0" "$1" gpt2-seq &&
     python3 scripts/fit/check34.py "$1" resnet llama llama-ckpt gpt2-seq' "$VRAMCTL" "$OUT/parts/fit34-run"

@@ -40,8 +40,34 @@
 # recorded truth: its bisection always runs. Then scripts/fit/check34.py prints PASS/FAIL per
 # case for trials <= 4, within 2 %, never above, time <= 0.40 x bisection, trace predictor used.
 # Cases can be run in separate calls into one OUTDIR; check34.py judges the cases given.
+# Where the recorded truths do not apply (an H100, another torch) each case bisects first:
+# about 14 trials of 11-25 s, so 4-8 minutes a case with its `fit`, 15-20 minutes for the
+# three: run one case per device call there (check-round3-h200.sh's fit34 parts do).
+#
+#   scripts/fit-h200.sh reuse       prints `yes` (exit 0) when the recorded truths apply here,
+#                                   else `no: why` (exit 1); needs no binary
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+
+# Whether the truths recorded on the H200 apply to this machine: the same GPU memory and
+# torch, and no FIT_BISECT=1. Prints `yes` or `no: why`.
+reuse_verdict() {
+  local total torch_version
+  total="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | tr -d ' ')"
+  torch_version="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+  if [ "$total" = 143771 ] && [ "${torch_version#2.11}" != "$torch_version" ] && [ "${FIT_BISECT:-0}" != 1 ]; then
+    echo yes
+  else
+    echo "no: GPU memory.total '$total' MiB, torch '$torch_version', FIT_BISECT=${FIT_BISECT:-0} (recorded: 143771, 2.11, 0)"
+  fi
+}
+
+if [ "${1:-}" = reuse ]; then
+  verdict="$(reuse_verdict)"
+  echo "$verdict"
+  [ "$verdict" = yes ]
+  exit
+fi
 mode=search
 if [ "${1:-}" = check ]; then
   mode=check
@@ -114,13 +140,7 @@ search() {
 }
 
 if [ "$mode" = check ]; then
-  total="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | tr -d ' ')"
-  torch_version="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
-  if [ "$total" = 143771 ] && [ "${torch_version#2.11}" != "$torch_version" ] && [ "${FIT_BISECT:-0}" != 1 ]; then
-    echo yes > "$out/reuse.txt"
-  else
-    echo "no: GPU memory.total '$total' MiB, torch '$torch_version', FIT_BISECT=${FIT_BISECT:-0} (recorded: 143771, 2.11, 0)" > "$out/reuse.txt"
-  fi
+  reuse_verdict > "$out/reuse.txt"
   echo "reuse the recorded truths: $(cat "$out/reuse.txt")" >&2
   for c in $cases; do
     if ! train_args "$c" > /dev/null; then

@@ -1,6 +1,8 @@
 """A running PyTorch process's OOM, live (issue 33: `top`, the web view, `ps`): a process
 with the agent (history recorded) keeps 100 GiB, asks for 60 GiB more (an OOM on an H200,
-cause `shortage`), catches it and keeps running. Checks, in the same run:
+cause `shortage`), catches it and keeps running. On another GPU both sizes scale with its
+memory (sizes()): 57 + 34 GiB on an H100 80GB, where 100 GiB alone did not fit. Checks, in
+the same run:
 
 - `vramctl serve --process-details proc`, started before the OOM (so its agent poll, every
   10 s, has to notice it), gives the process's `/api/now` entry a cause within 15 s of it;
@@ -26,18 +28,19 @@ import urllib.request
 
 GiB = 1 << 30
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The job; KEEP_GIB and MORE_GIB come from sizes() through its environment.
 PROCESS = """
 import json, os, sys, time, torch, vramctl_agent
 from vramctl_agent import _oom
 vramctl_agent.start()
 GiB = 1 << 30
-keep = torch.empty(100 * GiB, dtype=torch.uint8, device='cuda')
+keep = torch.empty(int(os.environ['KEEP_GIB']) * GiB, dtype=torch.uint8, device='cuda')
 torch.cuda.synchronize()
 print(json.dumps({"ready": True}), flush=True)
 sys.stdin.readline()  # the go: serve is watching by now
 at = time.time()
 try:
-    more = torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')
+    more = torch.empty(int(os.environ['MORE_GIB']) * GiB, dtype=torch.uint8, device='cuda')
 except torch.cuda.OutOfMemoryError:
     pass
 print(json.dumps({"oom_at": at, "snapshot": _oom._snapshot_file}), flush=True)
@@ -50,6 +53,25 @@ while time.time() < end:
     time.sleep(0.05)
 """
 LIMIT_S = 15.0
+# The H200 this was written for: nvidia-smi's memory.total, MiB.
+H200_TOTAL_MIB = 143771
+
+
+def sizes(total_mib):
+    """(keep, more) in GiB for a GPU of `total_mib`: the H200's 100 + 60 GiB, scaled by the
+    GPU's memory against the H200's (so exactly 100 + 60 there). keep alone fits (0.71 of
+    the GPU), keep + more do not (1.14 of it): the OOM stays a `shortage` on any GPU. An
+    H100 80GB (81559 MiB) gets 57 + 34 GiB; its first run would have failed at the 100 GiB
+    keep, before any OOM of the case."""
+    scale = total_mib / H200_TOTAL_MIB
+    return round(100 * scale), round(60 * scale)
+
+
+def device_total_mib():
+    """GPU 0's memory as nvidia-smi reports it, in MiB."""
+    out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    return int(out.split()[0])
 
 
 def line(ok, text, results):
@@ -74,7 +96,15 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = []
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), VRAMCTL_OOM_HISTORY="1")
+    try:
+        total_mib = device_total_mib()
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError) as err:
+        print(f"FAIL the check could not run: nvidia-smi gave no memory.total: {err}", flush=True)
+        return 1
+    keep_gib, more_gib = sizes(total_mib)
+    print(f"GPU 0: {total_mib} MiB; the job keeps {keep_gib} GiB and asks for {more_gib} GiB more", flush=True)
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), VRAMCTL_OOM_HISTORY="1",
+               KEEP_GIB=str(keep_gib), MORE_GIB=str(more_gib))
     proc = subprocess.Popen([sys.executable, "-c", PROCESS], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     serve = None

@@ -17,12 +17,30 @@
 # and of `nvidia-smi --query-compute-apps -lms 100` / `-lms 1000` over the same 60 s window
 # (from 30 s to 90 s after the workloads start), with the number of GPU processes then.
 # OUTDIR gets gzip'd copies and logs.tar.gz (every workload's stderr, the recorders' logs).
+#
+# The set was sized for one H200 (143771 MiB), where it peaked at 111.7 GiB: on an H100 80GB
+# it would run out of memory for real, and workloads that are no leak would crash. On a GPU
+# smaller than that the set's own sizes (each leak's cap, the idle holders, the KV cache)
+# scale so that its peak stays at 80 % of the GPU, as on the H200 (leakset.py's
+# scale_for_gpu: 1 on an H200, 0.314 on an H100; LEAKSET_MEMORY_SCALE overrides); rates
+# and timings stay, so a capped leak ends sooner (the fastest after ~7 s instead of ~20 s).
+# memory-scale.txt and the `start` labels say the scale; a GPU under ~70 GiB is refused.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 vramctl=$(realpath "$1"); out=$(realpath -m "$2")
 export DURATION="${3:-540}"
 extra="${4:-6}"
 mkdir -p "$out/logs"
+total_mib=$(nvidia-smi -i 0 --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -1 | tr -d ' ')
+if [ -z "${LEAKSET_MEMORY_SCALE:-}" ]; then
+  LEAKSET_MEMORY_SCALE=$(cd "$here/workloads" && python3 leakset.py --scale-for-mib "$total_mib") || {
+    echo "FAIL the leak set cannot run on this GPU (memory.total '$total_mib' MiB)"
+    exit 2
+  }
+fi
+export LEAKSET_MEMORY_SCALE
+echo "figure leakset memory scale $LEAKSET_MEMORY_SCALE (GPU 0: $total_mib MiB; 1 = the H200 set's sizes)" |
+  tee "$out/memory-scale.txt"
 export LABELS="$out/labels.jsonl"
 : > "$LABELS"
 

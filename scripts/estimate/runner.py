@@ -1,7 +1,8 @@
 """Run cases of the `vramctl estimate` truth set under `vramctl run`, several at once (issue 16).
 
     python3 scripts/estimate/runner.py BINARY OUTDIR [--jobs J] [--budget-gb G]
-        [--record NAME] [--trace] [--dry-run] (CASE... | --unprofiled-training | --held-back)
+        [--record NAME] [--trace] [--dry-run] [--gpu-total-bytes N]
+        (CASE... | --unprofiled-training | --held-back)
 
 Each case is a fresh `python3 scripts/estimate/truth.py CASE` under
 
@@ -12,6 +13,10 @@ the process tree's own, so cases running at the same time do not see each other'
 what they share is the GPU's capacity. So cases start largest first (by `BINARY estimate`'s
 total) while at most J run and the sum of their estimates stays within G GB (default 120,
 of the H200's 141: the largest error of round 1 was 12 % under); a case above G runs alone.
+A case whose estimate is above GPU 0's whole memory (nvidia-smi's memory.total, or
+--gpu-total-bytes) is not run: it prints `skip CASE: needs N GiB, this GPU has M` and gets a
+line with "skipped" and "exit_code": null (not run, neither a pass nor a failure). No case of
+cases.py is that large for an H200; on an H100 80GB (79.6 GiB) some are.
 
 Appends one JSON line per case to OUTDIR/NAME (default truth-raw.jsonl) as it ends, in the
 format of round 1 ({"case", "exit_code", "wall_s", "nvml_peak_bytes", "run_device", "oom",
@@ -65,6 +70,7 @@ MEASURED_SHARDED = ("truth-sharded.jsonl",)
 ASSUMED_WALL_S = 20.0
 CASE_TIMEOUT_S = 150.0
 GB = 1e9
+GiB = 1 << 30
 
 
 def estimate_bytes(binary, c):
@@ -74,6 +80,34 @@ def estimate_bytes(binary, c):
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         raise SystemExit(f"error: vramctl estimate failed for {c['name']}: {why}")
     return json.loads(done.stdout)["total_bytes"]
+
+
+def device_total_bytes():
+    """GPU 0's memory as nvidia-smi reports it (memory.total), or None where there is no
+    nvidia-smi or it gives no number (then nothing is skipped for its size)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=60)
+        return int(done.stdout.split()[0]) << 20 if done.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def too_large(names, sizes, total_bytes):
+    """{case: the line that says why it is not run} for the cases whose estimate is above
+    the GPU's whole memory: such a case cannot fit, so its run would only measure the GPU."""
+    if not total_bytes:
+        return {}
+    return {n: f"skip {n}: needs {sizes[n] / GiB:.1f} GiB, this GPU has {total_bytes / GiB:.1f}"
+            for n in names if sizes[n] > total_bytes}
+
+
+def record_skipped(out, name, c, why, estimate, total_bytes):
+    """The line of a case not run for its size: no exit code, so no reader takes it for a
+    measurement or a failure."""
+    with open(os.path.join(out, name), "a") as f:
+        f.write(json.dumps({"case": c, "exit_code": None, "skipped": why, "estimate_bytes": estimate,
+                            "gpu_total_bytes": total_bytes}) + "\n")
 
 
 def lines_of(name):
@@ -95,7 +129,8 @@ def unprofiled_training():
 def held_back(cases=CASES, measured=MEASURED):
     """Every held-back case; an error if one has a measurement in testdata already."""
     names = [c["name"] for c in cases if c["set"] == "held_back"]
-    seen = sorted({r["case"] for name in measured for r in lines_of(name)} & set(names))
+    # A line of a case skipped for its size (too_large) is no measurement.
+    seen = sorted({r["case"] for name in measured for r in lines_of(name) if not r.get("skipped")} & set(names))
     if seen:
         raise SystemExit(f"error: held-back case(s) measured already: {', '.join(seen)}")
     return names
@@ -315,6 +350,8 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--case-timeout-s", type=float, default=CASE_TIMEOUT_S)
     ap.add_argument("--deadline-s", type=float, default=None)
+    ap.add_argument("--gpu-total-bytes", type=int, default=None,
+                    help="GPU 0's memory, for the size skip (default: nvidia-smi's, none with --dry-run)")
     a = ap.parse_intermixed_args()
     binary = os.path.realpath(a.binary)
     out = os.path.realpath(a.outdir)
@@ -348,14 +385,18 @@ def main():
         raise SystemExit(f"error: --jobs '{a.jobs}' must be at least 1")
     budget = a.budget_gb * GB
     sizes = {n: estimate_bytes(binary, BY_NAME[n]) for n in names}
-    order = sorted(names, key=lambda n: -sizes[n])
-    text = plan_text(order, sizes, a.jobs, budget, past_wall_s(names))
+    total = a.gpu_total_bytes if a.gpu_total_bytes is not None else None if a.dry_run else device_total_bytes()
+    skipped = too_large(names, sizes, total)
+    order = sorted((n for n in names if n not in skipped), key=lambda n: -sizes[n])
+    text = "\n".join([*skipped.values(), plan_text(order, sizes, a.jobs, budget, past_wall_s(order))])
     print(text, file=sys.stderr, flush=True)
     if a.dry_run:
         return
     os.makedirs(f"{out}/runs", exist_ok=True)
     with open(os.path.join(out, "plan.txt"), "w") as f:
         f.write(text + "\n")
+    for n, why in skipped.items():
+        record_skipped(out, a.record, n, why, sizes[n], total)
 
     pending = list(order)
     running = {}  # case -> (process, t0, alongside)

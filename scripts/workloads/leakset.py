@@ -30,6 +30,44 @@ from common import blob, label, mib
 
 DURATION_S = float(os.environ.get("DURATION", "540"))
 DEV = "cuda"
+# The set was sized for one H200 (143771 MiB), where all 31 side by side peaked at 111.7 GiB.
+# On a smaller GPU scripts/record-leakset-h200.sh sets LEAKSET_MEMORY_SCALE below 1 (0.31 on
+# an H100 80GB) and every size the set chooses scales by it: each leak's cap (the stand-in for
+# the GPU running out), the idle holders' 6 and 4 GiB and kv-fixed's 3 GiB. Rates, timings,
+# shapes and mechanisms stay; a capped leak ends (`oom-cap`) sooner, as on a smaller GPU.
+# The `start` label carries the scale when it is not 1.
+try:
+    MEMORY_SCALE = float(os.environ.get("LEAKSET_MEMORY_SCALE", "1"))
+except ValueError:
+    MEMORY_SCALE = -1.0
+if not 0 < MEMORY_SCALE <= 1:
+    print(f"leakset.py: error: LEAKSET_MEMORY_SCALE '{os.environ.get('LEAKSET_MEMORY_SCALE')}' "
+          "is not a number in (0, 1]", file=sys.stderr)
+    sys.exit(2)
+
+
+def scaled_mib(n):
+    """n MiB of the H200 set, at this run's memory scale."""
+    return mib(n * MEMORY_SCALE)
+
+
+# The H200 recording (testdata/h200/leakset, smi-apps.csv replayed with the caps scaled):
+# ~43 GiB of its peak does not scale (37 CUDA contexts, the models and activations,
+# cudnn-autotune's ~15 GiB), ~66 GiB does (leaks up to their caps, idle holders, the KV
+# cache); its peak was 80 % of the GPU (111.7 of 140.4 GiB). Below a scale of 0.2 (a GPU
+# under ~70 GiB) the capped leaks would end within seconds: not the same set any more.
+PEAK_SHARE = 0.8
+FIXED_GIB = 43.0
+SCALED_GIB = 66.0
+MIN_SCALE = 0.2
+
+
+def scale_for_gpu(total_mib):
+    """The memory scale that keeps the set's peak at 80 % of a GPU of `total_mib` (nvidia-smi's
+    memory.total): 1 on an H200 (143771 MiB gives 1.05, so 1), 0.314 on an H100 80GB (81559
+    MiB: a peak of ~67 GiB of 79.6). None below MIN_SCALE."""
+    scale = min(1.0, round((PEAK_SHARE * total_mib / 1024 - FIXED_GIB) / SCALED_GIB, 3))
+    return scale if scale >= MIN_SCALE else None
 
 
 class Run:
@@ -38,8 +76,10 @@ class Run:
     def __init__(self, name, half, mechanism, leaks, rate_mb_s=None, cap_gib=None, **extra):
         self.name = name
         self.t0 = time.monotonic()
-        self.cap_bytes = int(cap_gib * 2**30) if cap_gib else None
+        self.cap_bytes = int(cap_gib * MEMORY_SCALE * 2**30) if cap_gib else None
         self.base_allocated = 0
+        if MEMORY_SCALE != 1:
+            extra["memory_scale"] = MEMORY_SCALE
         label(name, "start", half=half, mechanism=mechanism, leaks=leaks,
               rate_mb_s=rate_mb_s, **extra)
 
@@ -374,9 +414,10 @@ def cudnn_autotune():
 
 
 def idle_holder_tune():
-    """Holds 6 GiB after a short computation and sleeps (a forgotten notebook)."""
+    """Holds 6 GiB (at the memory scale) after a short computation and sleeps (a forgotten
+    notebook)."""
     run = Run("idle-holder-a", "tune", "idle holder", False, idle=True)
-    held = blob(mib(6 * 1024))
+    held = blob(scaled_mib(6 * 1024))
     a = torch.randn(4096, 4096, device=DEV)
     for _ in range(20):
         a = (a @ a).tanh()
@@ -573,11 +614,12 @@ def dyn_pareto():
 
 
 def kv_fixed():
-    """A KV cache that fills as requests arrive, up to 3 GiB over about 45 s, then evicts
-    the oldest entries: memory rises steadily and then stays."""
+    """A KV cache that fills as requests arrive, up to 3 GiB over about 45 s (at the memory
+    scale: 1 GiB over 15 s at 0.31), then evicts the oldest entries: memory rises steadily and
+    then stays."""
     run = Run("kv-fixed", "holdout", "KV cache filling to a fixed size", False)
     block = mib(16)
-    capacity = 3 * 1024 // 16
+    capacity = int(3 * 1024 * MEMORY_SCALE) // 16
     cache = []
     while run.running():
         cache.append(blob(block))
@@ -676,10 +718,10 @@ def rare_big_batch():
 
 
 def idle_then_exit():
-    """Holds 4 GiB idle for most of the run, then exits a minute before the end: its idle
-    span must survive its exit in the batch verdict."""
+    """Holds 4 GiB (at the memory scale) idle for most of the run, then exits a minute before
+    the end: its idle span must survive its exit in the batch verdict."""
     run = Run("idle-then-exit", "holdout", "idle holder that exits", False, idle=True)
-    held = blob(mib(4 * 1024))
+    held = blob(scaled_mib(4 * 1024))
     torch.cuda.synchronize()
     label(run.name, "idle_start")
     while run.elapsed() < DURATION_S - 60:
@@ -698,8 +740,22 @@ WORKLOADS = {f.__name__.replace("_", "-"): f for f in [
 ]}
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--scale-for-mib":
+        # record-leakset-h200.sh's question: the scale for GPU 0's memory.total.
+        try:
+            total = int(sys.argv[2])
+        except ValueError:
+            print(f"leakset.py: error: memory.total '{sys.argv[2]}' is not a number of MiB", file=sys.stderr)
+            sys.exit(2)
+        scale = scale_for_gpu(total)
+        if scale is None:
+            print(f"leakset.py: error: a GPU of '{sys.argv[2]}' MiB is too small for the leak set "
+                  f"(its memory scale would be under {MIN_SCALE}; about 70 GiB is the least)", file=sys.stderr)
+            sys.exit(2)
+        print(scale)
+        sys.exit(0)
     if len(sys.argv) != 2 or sys.argv[1] not in WORKLOADS:
-        print("usage: leakset.py NAME; names: " + " ".join(WORKLOADS), file=sys.stderr)
+        print("usage: leakset.py NAME | --scale-for-mib MIB; names: " + " ".join(WORKLOADS), file=sys.stderr)
         sys.exit(2)
     torch.manual_seed(0)
     random.seed(0)
