@@ -6,6 +6,7 @@
 #
 #   OUT=/some/dir scripts/check-round3-h200.sh     (binary: $VRAMCTL or .dist/vramctl)
 #   SKIP="oom-kinds leakset" ...                   parts not to run (a second call)
+#   ONLY="pidns31 inside31" ...                    the only parts to run (safer in a device call)
 #
 # Parts (issue: what it settles):
 #   real        scripts/check-real-gpu.sh: status/info against nvidia-smi and pynvml (no
@@ -206,15 +207,19 @@ part web32 web32
 
 part leak35 env OUT="$OUT/parts/leak35" scripts/leak35-agent-h200.sh
 
-fit_reuse=$(scripts/fit-h200.sh reuse 2>&1)
-if [ "$fit_reuse" = yes ]; then
+# Asked only when a fit part may run (it imports torch); SKIP naming fit34 skips all three.
+if is_skipped fit34 && is_skipped fit34llama && is_skipped fit34ckpt; then
+  say "== fit34, fit34llama, fit34ckpt: skipped"
+elif [[ $SKIP == *" fit34 "* ]]; then
+  say "== fit34, fit34llama, fit34ckpt: skipped (SKIP names fit34)"
+elif [ "$(scripts/fit-h200.sh reuse 2>&1)" = yes ]; then
   part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" "resnet llama llama-ckpt"
 else
   # No recorded truth applies (not the recorded H200 and torch 2.11): each case bisects
   # before its fit, ~14 trials of 11-25 s, so 4-8 min a case and 15-20 min for the three,
   # past a 10-minute device call (the first H100 run's call limit). One part a case, each
   # in a call of its own; check34.py judges each, and fit34seq all four.
-  say "fit34: recorded truths do not apply ($fit_reuse): one part per case, each bisected"
+  say "fit34: recorded truths do not apply ($(scripts/fit-h200.sh reuse 2>&1)): one part per case, each bisected"
   part fit34 scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" resnet
   part fit34llama scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" llama
   part fit34ckpt scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-run" llama-ckpt

@@ -3,15 +3,20 @@
 # goes to $OUT/parts/NAME.log, its result lines and time to $OUT/summary.txt, and $fails
 # counts the parts that failed. SKIP="a b" names parts not to run.
 #
+#   ONLY="a b" names the only parts to run (the others are skipped), safer for a device call
+#   than a SKIP list that a newly added part is missing from.
+#
 #   . scripts/lib-check-parts.sh
 #   part NAME COMMAND...     runs COMMAND as part NAME (skipped if SKIP names it)
-#   skipped NAME             true (and says so) when SKIP names NAME
+#   skipped NAME             true (and says so) when SKIP names NAME or ONLY leaves it out
+#   is_skipped NAME          the same, silently
 #   say TEXT / pass WHAT / fail WHAT WHY
 mkdir -p "$OUT/parts"
 summary="$OUT/summary.txt"
 : > "$summary"
 fails=0
 SKIP=" ${SKIP:-} "
+ONLY=" ${ONLY:-} "
 # The lines of a part's log that the summary keeps.
 # (skip: a case a smaller GPU cannot run, counted as not run; SUMMARY: estimate34b's totals.)
 PART_RESULT_LINES=${PART_RESULT_LINES:-'^(PASS|FAIL|ok|MISMATCH|score|cause|fix|median|ratio|status|ps |recall|false|figure|skip|SUMMARY)'}
@@ -22,7 +27,17 @@ fail() {
   say "FAIL $1: $2"
   fails=$((fails + 1))
 }
-skipped() { [[ $SKIP == *" $1 "* ]] && say "== $1: skipped (SKIP)"; }
+# True when SKIP names NAME or ONLY leaves it out; says nothing.
+is_skipped() { [[ $SKIP == *" $1 "* ]] || [[ $ONLY != "  " && $ONLY != *" $1 "* ]]; }
+skipped() {
+  if [[ $SKIP == *" $1 "* ]]; then
+    say "== $1: skipped (SKIP)"
+  elif [[ $ONLY != "  " && $ONLY != *" $1 "* ]]; then
+    say "== $1: skipped (not in ONLY)"
+  else
+    return 1
+  fi
+}
 part() {
   local name=$1 t0 rc ms
   shift
