@@ -744,3 +744,80 @@ fn top_inside_a_namespace_shows_its_own_processes_on_every_frame() {
     let screen = tmux.wait_for("top to exit", |s| s.contains("vramctl exited"));
     assert!(screen.contains("vramctl exited 0"), "{screen}");
 }
+
+#[test]
+fn top_as_a_user_neither_root_nor_in_the_group_shows_its_namespace_through_the_containers_socket() {
+    use crate::top::{Tmux, skip_without_tmux, table_rows};
+    use std::os::unix::fs::PermissionsExt;
+
+    if skip_without_namespaces() || skip_without_tmux() {
+        return;
+    }
+    // ps as uid 65534 is tested above; top asks the same socket through its own live loop,
+    // every frame, so it gets its own check: the namespace's process under its PID there,
+    // the host's only as the others' line, on a later frame as on the first.
+    let ns = Namespace::with_sleepers(1);
+    let host = crate::real_processes::sleeper();
+    let own = ns.sleepers[0];
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, own.0, "3 GiB"),
+            Holder::real(0, host.pid(), "7 GiB"),
+        ],
+    );
+    let portable = crate::harness::Portable::new(scenario.path());
+    let runtime = portable.dir.path().join("run");
+    let mut record = portable.command();
+    record
+        .arg("--db")
+        .arg(portable.dir.path().join("history.db"))
+        .args(["record", "--interval", "1s", "--containers-socket"]);
+    let _daemon = Daemon::start(record, &runtime);
+    // top keeps its state (the zoom, the sort) where uid 65534 may write.
+    let state = portable.dir.path().join("state");
+    std::fs::create_dir(&state).expect("state dir");
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+
+    let inner = portable.command();
+    let env: Vec<String> = inner
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}='{}'", k.to_str()?, v?.to_str()?)))
+        .collect();
+    let script = format!(
+        "cd / && nsenter --target {} --pid --mount --setuid 65534 --setgid 65534 -- \
+         env -i TERM=\"$TERM\" {} XDG_STATE_HOME='{}' VRAMCTL_RUNTIME_DIR='{}' '{}' top --interval 0.2\n\
+         echo \"vramctl exited $?\"\nread _\n",
+        ns.init,
+        env.join(" "),
+        state.display(),
+        runtime.display(),
+        inner.get_program().to_string_lossy(),
+    );
+    let script_path = portable.dir.path().join("top.sh");
+    std::fs::write(&script_path, script).expect("write script");
+    let tmux = Tmux::start(
+        portable.dir.path(),
+        &format!("sh '{}'", script_path.display()),
+        120,
+        40,
+    );
+    let pids = |s: &str| -> BTreeSet<u32> { table_rows(s).into_iter().map(|(p, _)| p).collect() };
+    let ours =
+        |s: &str| pids(s) == BTreeSet::from([own.1]) && s.contains("held by 1 process of other");
+    tmux.wait_for("its own process, the others as one line", ours);
+    // Five frames later (0.2 s each), still so: every frame asks the socket again.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let screen = tmux.wait_for("the same on a later frame", ours);
+    for pid in [own.0, host.pid()] {
+        assert!(
+            !screen.contains(&pid.to_string()),
+            "host PID {pid} on the screen:\n{screen}"
+        );
+    }
+    assert!(
+        !table_rows(&screen).iter().any(|(_, l)| l.contains("7.0G")),
+        "the host's process as a row:\n{screen}"
+    );
+    assert!(screen.contains("sleep"), "its command:\n{screen}");
+}
