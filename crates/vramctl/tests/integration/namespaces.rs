@@ -347,21 +347,7 @@ fn a_caller_neither_root_nor_in_the_group_maps_its_pids_through_the_containers_s
     let ns = Namespace::with_sleepers(1);
     let host = crate::real_processes::sleeper();
     let (own, others_pid) = (ns.sleepers[0], host.pid());
-    let scenario = Scenario::new(
-        1,
-        &[
-            Holder::real(0, own.0, "3 GiB"),
-            Holder::real(0, others_pid, "7 GiB"),
-        ],
-    );
-    let portable = crate::harness::Portable::new(scenario.path());
-    let runtime = portable.dir.path().join("run");
-    let mut record = portable.command();
-    record
-        .arg("--db")
-        .arg(portable.dir.path().join("history.db"))
-        .args(["record", "--interval", "1s", "--containers-socket"]);
-    let _daemon = Daemon::start(record, &runtime);
+    let (portable, runtime, _daemon) = behind_the_containers_socket(own.0, others_pid);
     let mode = |file: &str| {
         std::fs::metadata(runtime.join(file))
             .expect("socket")
@@ -624,7 +610,7 @@ fn doctor_inside_a_namespace_says_what_it_cannot_see_and_how_to_fix_it() {
 /// never matched against A's /proc, and the kill key refuses them.
 #[test]
 fn top_inside_a_namespace_shows_its_own_processes_on_every_frame() {
-    use crate::top::{Tmux, skip_without_tmux, table_rows};
+    use crate::top::{skip_without_tmux, table_rows};
 
     if skip_without_namespaces() || skip_without_tmux() {
         return;
@@ -675,15 +661,7 @@ fn top_inside_a_namespace_shows_its_own_processes_on_every_frame() {
         runtime.display(),
         binary.display(),
     );
-    let script_path = scenario.dir.path().join("top.sh");
-    std::fs::write(&script_path, script).expect("write script");
-    let tmux = Tmux::start(
-        scenario.dir.path(),
-        &format!("sh '{}'", script_path.display()),
-        120,
-        40,
-    );
-    let pids = |s: &str| -> BTreeSet<u32> { table_rows(s).into_iter().map(|(p, _)| p).collect() };
+    let tmux = top_in_tmux(scenario.dir.path(), &script);
     let not_theirs = |screen: &str| {
         for pid in [a0.0, a1.0, b0.0, b1.0, host.pid()] {
             assert!(
@@ -747,7 +725,7 @@ fn top_inside_a_namespace_shows_its_own_processes_on_every_frame() {
 
 #[test]
 fn top_as_a_user_neither_root_nor_in_the_group_shows_its_namespace_through_the_containers_socket() {
-    use crate::top::{Tmux, skip_without_tmux, table_rows};
+    use crate::top::{skip_without_tmux, table_rows};
     use std::os::unix::fs::PermissionsExt;
 
     if skip_without_namespaces() || skip_without_tmux() {
@@ -759,21 +737,7 @@ fn top_as_a_user_neither_root_nor_in_the_group_shows_its_namespace_through_the_c
     let ns = Namespace::with_sleepers(1);
     let host = crate::real_processes::sleeper();
     let own = ns.sleepers[0];
-    let scenario = Scenario::new(
-        1,
-        &[
-            Holder::real(0, own.0, "3 GiB"),
-            Holder::real(0, host.pid(), "7 GiB"),
-        ],
-    );
-    let portable = crate::harness::Portable::new(scenario.path());
-    let runtime = portable.dir.path().join("run");
-    let mut record = portable.command();
-    record
-        .arg("--db")
-        .arg(portable.dir.path().join("history.db"))
-        .args(["record", "--interval", "1s", "--containers-socket"]);
-    let _daemon = Daemon::start(record, &runtime);
+    let (portable, runtime, _daemon) = behind_the_containers_socket(own.0, host.pid());
     // top keeps its state (the zoom, the sort) where uid 65534 may write.
     let state = portable.dir.path().join("state");
     std::fs::create_dir(&state).expect("state dir");
@@ -794,15 +758,7 @@ fn top_as_a_user_neither_root_nor_in_the_group_shows_its_namespace_through_the_c
         runtime.display(),
         inner.get_program().to_string_lossy(),
     );
-    let script_path = portable.dir.path().join("top.sh");
-    std::fs::write(&script_path, script).expect("write script");
-    let tmux = Tmux::start(
-        portable.dir.path(),
-        &format!("sh '{}'", script_path.display()),
-        120,
-        40,
-    );
-    let pids = |s: &str| -> BTreeSet<u32> { table_rows(s).into_iter().map(|(p, _)| p).collect() };
+    let tmux = top_in_tmux(portable.dir.path(), &script);
     let ours =
         |s: &str| pids(s) == BTreeSet::from([own.1]) && s.contains("held by 1 process of other");
     tmux.wait_for("its own process, the others as one line", ours);
@@ -820,4 +776,44 @@ fn top_as_a_user_neither_root_nor_in_the_group_shows_its_namespace_through_the_c
         "the host's process as a row:\n{screen}"
     );
     assert!(screen.contains("sleep"), "its command:\n{screen}");
+}
+
+/// `script` (a shell script that starts `top`) run in a 120×40 tmux session in `dir`.
+fn top_in_tmux(dir: &Path, script: &str) -> crate::top::Tmux {
+    let script_path = dir.join("top.sh");
+    std::fs::write(&script_path, script).expect("write script");
+    crate::top::Tmux::start(dir, &format!("sh '{}'", script_path.display()), 120, 40)
+}
+
+/// The PIDs of the table's rows on a `top` screen.
+fn pids(screen: &str) -> BTreeSet<u32> {
+    crate::top::table_rows(screen)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// One GPU where `own` (a process of a namespace, by its host PID) holds 3 GiB and `other`
+/// 7 GiB, copied where uid 65534 may run it ([`crate::harness::Portable`]), and a host
+/// `record --containers-socket` answering in the returned runtime directory.
+fn behind_the_containers_socket(
+    own: u32,
+    other: u32,
+) -> (crate::harness::Portable, std::path::PathBuf, Daemon) {
+    let scenario = Scenario::new(
+        1,
+        &[
+            Holder::real(0, own, "3 GiB"),
+            Holder::real(0, other, "7 GiB"),
+        ],
+    );
+    let portable = crate::harness::Portable::new(scenario.path());
+    let runtime = portable.dir.path().join("run");
+    let mut record = portable.command();
+    record
+        .arg("--db")
+        .arg(portable.dir.path().join("history.db"))
+        .args(["record", "--interval", "1s", "--containers-socket"]);
+    let daemon = Daemon::start(record, &runtime);
+    (portable, runtime, daemon)
 }
