@@ -99,6 +99,11 @@ impl P2pStatus {
     }
 }
 
+/// [`P2pStatus::describe`] of a status NVML may not have reported: `not reported` then.
+pub fn describe_p2p(status: Option<P2pStatus>) -> &'static str {
+    status.map_or("not reported", P2pStatus::describe)
+}
+
 impl fmt::Display for P2pStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.describe())
@@ -204,6 +209,11 @@ pub fn same_bus_id(a: &str, b: &str) -> bool {
 /// How many of `links` are active.
 pub fn active_count(links: &[NvLink]) -> usize {
     links.iter().filter(|l| l.active).count()
+}
+
+/// The indices of the links of `links` that are not active, in link order.
+pub fn inactive_links(links: &[NvLink]) -> Vec<u32> {
+    links.iter().filter(|l| !l.active).map(|l| l.link).collect()
 }
 
 #[cfg(test)]

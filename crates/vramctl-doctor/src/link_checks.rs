@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use vramctl_core::topology::{GpuPair, P2pStatus, active_count};
+use vramctl_core::topology::{GpuPair, P2pStatus, active_count, describe_p2p, inactive_links};
 use vramctl_core::types::{DeviceDiagnostics, NVLINKS_KEY};
 
 use super::{Finding, GpuFacts, Status};
@@ -25,7 +25,7 @@ pub fn nvlink(diag: &DeviceDiagnostics, subject: &str, index: u32) -> Option<Fin
         return None;
     }
     let active = active_count(links);
-    let down: Vec<u32> = links.iter().filter(|l| !l.active).map(|l| l.link).collect();
+    let down = inactive_links(links);
     let total = links.len();
     let finding = |status, summary| {
         Finding::new(id, subject, status, summary)
@@ -89,11 +89,14 @@ pub fn p2p(pair: &GpuPair, gpus: &[GpuFacts], parents: &BTreeMap<u32, u32>) -> O
             .fact("nvlinks", pair.nvlinks)
             .fact("shared_pids", &shared)
     };
-    let say = |s: Option<P2pStatus>| s.map_or("not reported", P2pStatus::describe);
     let what = if read == write {
-        format!("P2P read and write {}", say(read))
+        format!("P2P read and write {}", describe_p2p(read))
     } else {
-        format!("P2P read {}, write {}", say(read), say(write))
+        format!(
+            "P2P read {}, write {}",
+            describe_p2p(read),
+            describe_p2p(write)
+        )
     };
     if read == Some(P2pStatus::Ok) && write == Some(P2pStatus::Ok) {
         return Some(finding(Status::Ok, format!("{what}{path}")));
@@ -134,15 +137,10 @@ fn evidence(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let listed_on = |index: u32, pid: u32| {
-        gpus.iter()
-            .filter(|g| g.id.index == index)
-            .filter_map(|g| g.reading.as_ref())
-            .any(|r| r.processes.iter().flatten().any(|p| p.pid == pid))
-    };
+    let (on_a, on_b) = (listed(gpus, pair.gpus[0]), listed(gpus, pair.gpus[1]));
     let (on_both, siblings): (Vec<u32>, Vec<u32>) = shared
         .iter()
-        .partition(|&&pid| listed_on(pair.gpus[0], pid) && listed_on(pair.gpus[1], pid));
+        .partition(|pid| on_a.contains(pid) && on_b.contains(pid));
     let mut parts = Vec::new();
     if !on_both.is_empty() {
         let noun = if on_both.len() == 1 { "PID" } else { "PIDs" };
@@ -169,14 +167,7 @@ fn evidence(
 /// The listed PIDs by which a job spans both GPUs of `pair`: a PID on both, or on either
 /// GPU a PID whose parent also has a child on the other.
 fn shared_jobs(pair: &GpuPair, gpus: &[GpuFacts], parents: &BTreeMap<u32, u32>) -> Vec<u32> {
-    let listed = |index: u32| -> BTreeSet<u32> {
-        gpus.iter()
-            .filter(|g| g.id.index == index)
-            .filter_map(|g| g.reading.as_ref())
-            .flat_map(|r| r.processes.iter().flatten().map(|p| p.pid))
-            .collect()
-    };
-    let (on_a, on_b) = (listed(pair.gpus[0]), listed(pair.gpus[1]));
+    let (on_a, on_b) = (listed(gpus, pair.gpus[0]), listed(gpus, pair.gpus[1]));
     // Parent 0 is outside our namespace, 1 is init: neither makes two processes one job.
     let parent = |pid: &u32| parents.get(pid).copied().filter(|p| *p > 1);
     let parents_a: BTreeSet<u32> = on_a.iter().filter_map(parent).collect();
@@ -187,6 +178,15 @@ fn shared_jobs(pair: &GpuPair, gpus: &[GpuFacts], parents: &BTreeMap<u32, u32>) 
             (on_a.contains(pid) && on_b.contains(pid))
                 || parent(pid).is_some_and(|p| parents_a.contains(&p) && parents_b.contains(&p))
         })
+        .collect()
+}
+
+/// The PIDs NVML lists on the GPU of `index`.
+fn listed(gpus: &[GpuFacts], index: u32) -> BTreeSet<u32> {
+    gpus.iter()
+        .filter(|g| g.id.index == index)
+        .filter_map(|g| g.reading.as_ref())
+        .flat_map(|r| r.processes.iter().flatten().map(|p| p.pid))
         .collect()
 }
 

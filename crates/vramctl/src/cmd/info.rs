@@ -9,7 +9,9 @@ use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
-use vramctl_core::topology::{GpuPair, NvLinkRemote, active_count, same_bus_id};
+use vramctl_core::topology::{
+    GpuPair, NvLinkRemote, active_count, describe_p2p, inactive_links, same_bus_id,
+};
 use vramctl_core::types::{
     DeviceDiagnostics, DriverInfo, MigInstanceInfo, NVLINKS_KEY, Unavailable,
 };
@@ -490,10 +492,9 @@ fn nvlink_section(f: &mut Fields<'_>, d: &DeviceDiagnostics, report: &InfoReport
     };
     f.section("NVLink", styles);
     let active = active_count(links);
-    let down: Vec<String> = links
+    let down: Vec<String> = inactive_links(links)
         .iter()
-        .filter(|l| !l.active)
-        .map(|l| l.link.to_string())
+        .map(ToString::to_string)
         .collect();
     let mut text = format!("{active} of {} active", links.len());
     if !down.is_empty() && active > 0 {
@@ -586,15 +587,12 @@ fn topology_lines(report: &InfoReport, styles: &Styles) -> Vec<String> {
         ));
         for p in answered {
             let [a, b] = p.pair.gpus;
-            let say = |s: Option<vramctl_core::topology::P2pStatus>| {
-                s.map_or("not reported", |s| s.describe())
-            };
             let between = format!("GPU {a} - GPU {b}");
             lines.push(format!(
                 "    {between:<22}read {}, write {}, NVLink {}",
-                say(p.pair.facts.p2p_read),
-                say(p.pair.facts.p2p_write),
-                say(p.pair.facts.p2p_nvlink)
+                describe_p2p(p.pair.facts.p2p_read),
+                describe_p2p(p.pair.facts.p2p_write),
+                describe_p2p(p.pair.facts.p2p_nvlink)
             ));
         }
     }
