@@ -1280,16 +1280,14 @@ pub struct StackFrame {
 }
 
 impl StackFrame {
-    /// A Python frame (torch's C++ frames have `??` or a `.cpp`/`.h` file).
+    /// A Python frame (the one rule the snapshot reader also uses: `.py`, `<stdin>`, …).
     pub fn is_python(&self) -> bool {
-        self.filename.ends_with(".py")
+        vramctl_snapshot::top::is_python_file(&self.filename)
     }
 
     /// A Python frame of user code, not inside the torch package.
     pub fn is_user_python(&self) -> bool {
-        self.is_python()
-            && !self.filename.contains("/torch/")
-            && !self.filename.starts_with("torch/")
+        vramctl_snapshot::top::is_user_python_file(&self.filename)
     }
 }
 

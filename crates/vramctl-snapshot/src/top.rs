@@ -32,11 +32,26 @@ pub const NO_STACK: &str = "[no stack: allocated before recording started]";
 /// Label of stacks without a user frame.
 pub const NO_USER_FRAME: &str = "[torch: no Python frame of user code]";
 
-/// A frame of user code: Python, not inside the torch package.
+/// Whether a frame's file is Python source: a `.py` file, or code Python names in angle
+/// brackets — `<stdin>` (`python3 - <<EOF`), `<string>` (`python -c`, `exec`),
+/// `<ipython-input-3-…>` (older notebooks; newer ones name a `.py` file). Torch's C++ frames
+/// have `??` or a `.cpp`/`.h` file. Frozen standard-library modules (`<frozen runpy>`) are
+/// Python but never the program's own code, so they do not count.
+pub fn is_python_file(filename: &str) -> bool {
+    filename.ends_with(".py")
+        || (filename.starts_with('<')
+            && filename.ends_with('>')
+            && !filename.starts_with("<frozen "))
+}
+
+/// Whether a frame's file is Python code of the user's program: Python, not inside the torch
+/// package (the allocation's line in the program, not the kernel torch called for it).
+pub fn is_user_python_file(filename: &str) -> bool {
+    is_python_file(filename) && !filename.contains("/torch/") && !filename.starts_with("torch/")
+}
+
 fn is_user_frame(f: &Frame) -> bool {
-    f.filename.ends_with(".py")
-        && !f.filename.contains("/torch/")
-        && !f.filename.starts_with("torch/")
+    is_user_python_file(&f.filename)
 }
 
 fn frame_label(f: &Frame) -> String {
@@ -238,6 +253,37 @@ mod tests {
         assert!(
             rows.iter()
                 .any(|r| r.key == "step (/home/u/train.py:42)" && r.bytes == 3)
+        );
+    }
+
+    #[test]
+    fn code_from_stdin_a_string_or_a_notebook_cell_is_the_programs_own() {
+        // leak35 on the H200 ran its workload as `python3 - <<PY`: every frame was `<stdin>`,
+        // and the leak's site came out as "no Python frame of user code".
+        for user in [
+            "<stdin>",
+            "<string>",
+            "<ipython-input-3-5d1f2a>",
+            "/tmp/ipykernel_7/1.py",
+        ] {
+            assert!(is_user_python_file(user), "{user}");
+        }
+        for not_user in [
+            "??",
+            "/pytorch/c10/cuda/CUDACachingAllocator.cpp",
+            "<frozen runpy>",
+            "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
+            "torch/_tensor.py",
+        ] {
+            assert!(!is_user_python_file(not_user), "{not_user}");
+        }
+        let mut snap = snapshot();
+        snap.frames[2] = frame("<stdin>", 42, "leaky_step");
+        let (rows, _) = top(&snap, By::Frame, 10);
+        assert!(
+            rows.iter()
+                .any(|r| r.key == "leaky_step (<stdin>:42)" && r.bytes == 3),
+            "{rows:?}"
         );
     }
 
