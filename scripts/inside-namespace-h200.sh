@@ -8,12 +8,15 @@
 #     (NSpid's last entry), with host_pid = the PID nvidia-smi gives and bytes equal to
 #     nvidia-smi's used_memory for it (MiB, to the MiB); the outer holder is not listed, its
 #     memory is in `other_holders` (the sum of nvidia-smi's other entries on that GPU);
-#   - `ps --json --no-daemon` says `cannot_map` and lists NVML's host PIDs as such, with no
-#     user or command;
+#   - `ps --json --no-daemon`: where the driver numbers NVML's PIDs in the caller's namespace
+#     (driver 580 does; the script asks NVML itself inside), `driver_numbered` with exactly
+#     the holder under its namespace PID, its command and nvidia-smi's bytes; otherwise
+#     `cannot_map` with NVML's host PIDs as such, with no user or command;
 #   - `ps --json` on the host names the namespaced holder with its host PID (python3);
 #   - `ps --json` as uid 65534 inside: mapped through containers.sock (record --containers-socket);
 #   - `run` inside on a 768 MiB job: with the daemon its peak equals nvidia-smi's for the job;
-#     without one, `cannot_map` and nothing attributed.
+#     without one, `driver_numbered` and the same peak where the driver numbers PIDs here,
+#     else `cannot_map` and nothing attributed.
 # Prints PASS/FAIL lines; exit 1 on any FAIL. Needs root (unshare, nsenter), torch, nvidia-smi.
 # Usage: OUT=dir [VRAMCTL=path] scripts/inside-namespace-h200.sh   (about 45 s)
 set -uo pipefail
@@ -109,7 +112,8 @@ cat "$OUT/inside.txt"
 # is wrong. As root and as uid 65534, beside the host's answer.
 nvml_pids='import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); print(sorted(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)))'
 echo "figure nvml-pids host: $(python3 -c "$nvml_pids" 2>&1 | tail -1)"
-echo "figure nvml-pids inside root: $(nsenter --target "$inner" --pid --mount -- python3 -c "$nvml_pids" 2>&1 | tail -1)"
+nsenter --target "$inner" --pid --mount -- python3 -c "$nvml_pids" 2>&1 | tail -1 > "$OUT/nvml-inside-root.txt"
+echo "figure nvml-pids inside root: $(cat "$OUT/nvml-inside-root.txt")"
 echo "figure nvml-pids inside nobody: $(cd / && nsenter --target "$inner" --pid --mount --setuid 65534 --setgid 65534 -- python3 -c "$nvml_pids" 2>&1 | tail -1)"
 echo "figure NVML numbering inside: the holder is $inner on the host and $inner_nspid in its namespace; the outer holder $outer_holder is not in it"
 
@@ -151,12 +155,31 @@ check(abs(got / MIB - expect) <= n + 1, f"other_holders {got / MIB:.0f} MiB = nv
 text = json.dumps(inside)
 check(f'"pid": {outer}' not in text and f'"host_pid": {outer}' not in text, "no PID of the outer holder in the answer")
 nod = json.load(open(f"{out}/inside-no-daemon.json"))
-check(nod.get("pid_mapping") == "cannot_map", f"without the daemon: pid_mapping {nod.get('pid_mapping')}")
-check(all(r.get("host_pid") == r.get("pid") and r.get("user") is None and not r.get("visible")
-          for r in nod.get("processes", [])), "without the daemon: NVML's PIDs marked host PIDs, no user")
-# The label is only true if the driver gave host PIDs: they must be nvidia-smi's on the host.
 nod_pids = sorted(r.get("pid") for r in nod.get("processes", []))
-check(nod_pids == sorted(smi), f"without the daemon: the PIDs marked host PIDs {nod_pids} are the host's {sorted(smi)}")
+# Which numbering this driver gives inside, as NVML itself answered (driver 580 on the H200,
+# 2026-12-05: the namespace's own PIDs, others left out).
+try:
+    nvml_inside = json.loads(open(f"{out}/nvml-inside-root.txt").read().strip())
+except Exception:
+    nvml_inside = None
+driver_numbers_here = nvml_inside == [inner_ns]
+print(f"figure driver numbering inside: {'the namespace' if driver_numbers_here else 'not the namespace'} (NVML inside: {nvml_inside})")
+if driver_numbers_here:
+    check(nod.get("pid_mapping") == "driver_numbered",
+          f"without the daemon, the driver numbering here: pid_mapping {nod.get('pid_mapping')} (driver_numbered)")
+    nrow = next((r for r in nod.get("processes", []) if r.get("pid") == inner_ns), None)
+    check(nod_pids == [inner_ns] and nrow is not None and nrow.get("visible")
+          and "python" in (nrow.get("command") or ""),
+          f"without the daemon: exactly the holder under its namespace PID {inner_ns}, with its command ({nod_pids})")
+    if nrow is not None and inner in smi:
+        mib = nrow["used_bytes"] / MIB
+        check(abs(mib - smi[inner][1]) <= 1, f"without the daemon: bytes {mib:.1f} MiB = nvidia-smi {smi[inner][1]} MiB")
+else:
+    check(nod.get("pid_mapping") == "cannot_map", f"without the daemon: pid_mapping {nod.get('pid_mapping')}")
+    check(all(r.get("host_pid") == r.get("pid") and r.get("user") is None and not r.get("visible")
+              for r in nod.get("processes", [])), "without the daemon: NVML's PIDs marked host PIDs, no user")
+    # The label is only true if the driver gave host PIDs: they must be nvidia-smi's on the host.
+    check(nod_pids == sorted(smi), f"without the daemon: the PIDs marked host PIDs {nod_pids} are the host's {sorted(smi)}")
 host = json.load(open(f"{out}/host.json"))
 hrow = next((r for r in host.get("processes", []) if r.get("pid") == inner), None)
 check(hrow is not None and "python" in (hrow.get("command") or ""), "the host's ps names the namespaced holder")
@@ -190,6 +213,11 @@ for mode in ("daemon", "alone"):
         check(rep.get("pid_mapping") == "mapped", f"run inside with the daemon: pid_mapping {rep.get('pid_mapping')}")
         check(len(procs) == 1 and abs(peak - job_smi_peak(mode)) <= 1,
               f"run inside: the job's peak {peak:.0f} MiB = nvidia-smi's {job_smi_peak(mode)} MiB")
+    elif driver_numbers_here:
+        check(rep.get("pid_mapping") == "driver_numbered" and len(procs) == 1
+              and abs(peak - job_smi_peak(mode)) <= 1,
+              f"run inside without a daemon, the driver numbering here: {rep.get('pid_mapping')}, "
+              f"job's peak {peak:.0f} MiB = nvidia-smi's {job_smi_peak(mode)} MiB")
     else:
         check(rep.get("pid_mapping") == "cannot_map" and not procs,
               f"run inside without a daemon: {rep.get('pid_mapping')}, {len(procs)} processes attributed (none)")

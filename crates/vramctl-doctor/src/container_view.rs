@@ -131,12 +131,12 @@ pub fn pid_namespace(view: &ViewFacts) -> Finding {
         ),
         DaemonSeen::SameNamespace | DaemonSeen::NotAsked => base(
             Status::Warn,
-            "a PID namespace of its own; a daemon in this namespace answers, but NVML's PIDs are the host's: ps and status show them as host PIDs that cannot be mapped",
+            "a PID namespace of its own; a daemon in this namespace answers, but it cannot map NVML's PIDs for it: ps and status use them only where the driver numbers them in this namespace and every row checks out (driver 580 does), else show them as host PIDs that cannot be mapped",
         )
         .fix(FIX),
         DaemonSeen::NoSocket { .. } => base(
             Status::Warn,
-            "a PID namespace of its own and no host daemon socket: NVML reports host PIDs, which nothing here maps; ps and status show them as host:PID with no user or command",
+            "a PID namespace of its own and no host daemon socket: ps and status use NVML's PIDs only where the driver numbers them in this namespace and every row checks out as a process here holding that GPU open (driver 580 does; other containers' processes are then not listed at all), else show them as host:PID with no user or command",
         )
         .fix(FIX),
         DaemonSeen::NoAnswer { sockets } => base(

@@ -1,15 +1,21 @@
 //! What the PIDs of an observation mean, and the host daemon's answer for a caller in
 //! another PID namespace (a container, a pod, an `unshare --pid` shell).
 //!
-//! The driver reports PIDs of the host's (initial) PID namespace, and nothing inside a
-//! container maps them back: the container's /proc lists its own PIDs, and since Linux 4.14
-//! `/proc/PID/sched` shows those too. The host can: its /proc gives every process's PID
+//! Drivers differ in how NVML numbers processes for a caller in another PID namespace. The
+//! peers' reports (up to driver 550) say host PIDs, which nothing inside a container maps
+//! back: the container's /proc lists its own PIDs, and since Linux 4.14 `/proc/PID/sched`
+//! shows those too. Driver 580 numbers them in the caller's namespace and leaves out the
+//! others' (measured on an H200, docs/owners.md). Which one a driver does is checked, not
+//! assumed: [`rows_held_here`] accepts NVML's rows as this namespace's only when each is a
+//! process here holding that GPU's device file open ([`PidView::DriverNumbered`]).
+//!
+//! The host can always map: its /proc gives every process's PID
 //! namespace (`/proc/PID/ns/pid`) and its PID in each namespace from the host's down to its
 //! own (`NSpid:`), and `SO_PEERCRED` gives the caller's host PID, so its namespace. A host
 //! daemon ([`crate::daemon_socket`]) therefore answers a caller in another namespace with
 //! [`map_for_namespace`]: only the processes whose PID namespace is the caller's, each
 //! under its PID there, and everything else on a device as one figure with no PID, user or
-//! command. Without such a daemon the caller cannot map and says so ([`PidView::CannotMap`]).
+//! command. Without either the caller cannot map and says so ([`PidView::CannotMap`]).
 //!
 //! docs/owners.md "Inside a container" says which setups each method works in.
 
@@ -29,8 +35,16 @@ pub enum PidView {
     /// A host daemon answered for this PID namespace: the listed processes are this
     /// namespace's, under its PIDs; the rest is one figure per device.
     Mapped(NamespaceView),
-    /// NVML's PIDs are the host's, and nothing here maps them: the processes are listed
-    /// under NVML's PIDs, marked as host PIDs, with no /proc facts.
+    /// No daemon answered, and the driver numbered NVML's rows in this namespace: every PID
+    /// NVML lists is a process here holding that GPU's device file open ([`rows_held_here`]).
+    /// Driver 580 does this (measured on an H200: inside an `unshare --pid` namespace NVML
+    /// listed the holder as PID 2 and left out the host's processes); the check, not the
+    /// driver's version, decides. Other namespaces' processes are not listed at all, so
+    /// there is no "others" figure.
+    DriverNumbered(DriverNumbered),
+    /// NVML's PIDs could not be matched with this namespace's processes, and no daemon
+    /// mapped them: the processes are listed under NVML's PIDs, marked as host PIDs, with
+    /// no /proc facts.
     CannotMap(Unmapped),
 }
 
@@ -41,6 +55,7 @@ impl PidView {
         match self {
             Self::Same => None,
             Self::Mapped(view) => view.host_pids.get(&pid).copied(),
+            Self::DriverNumbered(_) => None,
             Self::CannotMap(_) => Some(pid),
         }
     }
@@ -55,11 +70,12 @@ impl PidView {
         !matches!(self, Self::CannotMap(_))
     }
 
-    /// The word JSON uses: `same`, `mapped`, `cannot_map`.
+    /// The word JSON uses: `same`, `mapped`, `driver_numbered`, `cannot_map`.
     pub fn mode(&self) -> &'static str {
         match self {
             Self::Same => "same",
             Self::Mapped(_) => "mapped",
+            Self::DriverNumbered(_) => "driver_numbered",
             Self::CannotMap(_) => "cannot_map",
         }
     }
@@ -96,6 +112,65 @@ pub struct OtherHolders {
     pub processes: u32,
     /// Their memory; `None` when the driver reports any of it "not available".
     pub used_bytes: Option<u64>,
+}
+
+/// What showed that the driver numbered NVML's rows in this namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverNumbered {
+    /// The rows checked: each a process here with its GPU's device file open.
+    pub rows_checked: u32,
+}
+
+/// Whether NVML's rows in `snapshot` can be this namespace's processes, from what this
+/// namespace sees by itself: `holders` (PID here → the NVIDIA device files it has open,
+/// as [`vramctl_procs::procinfo::holders_of`] reads them). `Ok(rows)` when every PID NVML
+/// lists on a device is a process here holding that device's `/dev/nvidia<minor>` open;
+/// `Err(why)` for the first row that is not, or when nothing can be checked (no rows, a
+/// device whose minor number NVML does not give).
+///
+/// Why this is evidence and not a guess: a driver that reports host PIDs passes only if
+/// every host PID it lists happens to be the number, here, of a process holding that same
+/// GPU open. A process that holds the device but has no context (a forked DataLoader worker
+/// inherits the descriptors) does not matter: only NVML's rows are checked, not the
+/// holders. A holder whose descriptors cannot be read (another user's, for a caller that is
+/// not root) fails the check, so the answer falls back to "cannot map".
+pub fn rows_held_here(
+    snapshot: &Snapshot,
+    holders: &BTreeMap<u32, Vec<String>>,
+) -> Result<u32, String> {
+    let mut rows = 0_u32;
+    for device in &snapshot.devices {
+        let DeviceState::Ok(reading) = &device.state else {
+            continue;
+        };
+        let Some(processes) = reading.processes.as_ref().filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        let Some(minor) = device.info.minor_number else {
+            return Err(format!(
+                "NVML gives no minor number for GPU {}, so its device file is unknown",
+                device.info.index
+            ));
+        };
+        let file = format!("/dev/nvidia{minor}");
+        for p in processes {
+            if !holders
+                .get(&p.pid)
+                .is_some_and(|files| files.contains(&file))
+            {
+                return Err(format!(
+                    "NVML lists PID {} on GPU {}, and no process here with that PID holds {file} \
+                     open (or its descriptors cannot be read)",
+                    p.pid, device.info.index
+                ));
+            }
+            rows = rows.saturating_add(1);
+        }
+    }
+    if rows == 0 {
+        return Err("NVML lists no process here to check".into());
+    }
+    Ok(rows)
 }
 
 /// What a namespace sees without a mapping.
@@ -368,6 +443,59 @@ mod tests {
         assert!(members.is_empty());
     }
 
+    /// `snapshot` with each device's minor number = its index (as on most single-board
+    /// machines: GPU 0 is /dev/nvidia0).
+    fn with_minors(mut s: Snapshot) -> Snapshot {
+        for d in &mut s.devices {
+            let mut info = (*d.info).clone();
+            info.minor_number = Some(info.index);
+            d.info = Arc::new(info);
+        }
+        s
+    }
+
+    fn holders(list: &[(u32, &[&str])]) -> BTreeMap<u32, Vec<String>> {
+        list.iter()
+            .map(|(pid, files)| (*pid, files.iter().map(|f| (*f).to_owned()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn rows_are_this_namespaces_only_when_each_holds_its_own_gpu_open() {
+        // As driver 580 answered inside a namespace on the H200: the holder as PID 2.
+        let snap = with_minors(snapshot(vec![
+            vec![usage(2, Some(1 << 30))],
+            vec![usage(7, None)],
+        ]));
+        let ctl = "/dev/nvidiactl";
+        let ok = holders(&[
+            (2, &[ctl, "/dev/nvidia0"]),
+            (7, &[ctl, "/dev/nvidia1"]),
+            (9, &[ctl]),
+        ]);
+        assert_eq!(rows_held_here(&snap, &ok), Ok(2));
+        // A host PID that happens to be a process here holding another GPU, or only the
+        // control device (nvidia-smi), or nothing: not this namespace's row.
+        for wrong in [
+            holders(&[(2, &[ctl, "/dev/nvidia1"]), (7, &[ctl, "/dev/nvidia1"])]),
+            holders(&[(2, &[ctl]), (7, &[ctl, "/dev/nvidia1"])]),
+            holders(&[(7, &[ctl, "/dev/nvidia1"])]),
+        ] {
+            let why = rows_held_here(&snap, &wrong).expect_err("must not map");
+            assert!(why.contains("PID 2 on GPU 0"), "{why}");
+        }
+        // Nothing to check, or no minor number to name the device file: no claim.
+        assert!(rows_held_here(&with_minors(snapshot(vec![vec![]])), &ok).is_err());
+        assert!(rows_held_here(&snapshot(vec![vec![usage(2, None)]]), &ok).is_err());
+        // A forked worker holding the device with no context is not a row: it changes nothing.
+        let with_worker = holders(&[
+            (2, &[ctl, "/dev/nvidia0"]),
+            (3, &[ctl, "/dev/nvidia0"]),
+            (7, &[ctl, "/dev/nvidia1"]),
+        ]);
+        assert_eq!(rows_held_here(&snap, &with_worker), Ok(2));
+    }
+
     #[test]
     fn host_pids_follow_the_view() {
         assert_eq!(PidView::Same.host_pid(5), None);
@@ -380,5 +508,11 @@ mod tests {
         assert_eq!(mapped.host_pid(7), Some(1001));
         assert!(mapped.pids_are_ours());
         assert!(!PidView::CannotMap(Unmapped::default()).pids_are_ours());
+        let numbered = PidView::DriverNumbered(DriverNumbered { rows_checked: 1 });
+        assert!(numbered.pids_are_ours());
+        assert_eq!(
+            (numbered.host_pid(2), numbered.mode()),
+            (None, "driver_numbered")
+        );
     }
 }

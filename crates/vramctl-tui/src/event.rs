@@ -234,7 +234,7 @@ where
             let mut timeline = Timeline::new();
             let mut next = first;
             let mut open = Some(open);
-            let mut sampler: Option<(Sampler<B>, PidView)> = None;
+            let mut sampler: Option<Sampler<B>> = None;
             loop {
                 let started = Instant::now();
                 if next.is_none() && sampler.is_none() {
@@ -257,20 +257,21 @@ where
                     if sampler.is_none() {
                         let Some(open) = open.take() else { return };
                         match open() {
-                            Ok(opened) => {
-                                sampler = Some((opened, live_source::local_pid_view()));
-                            }
+                            Ok(opened) => sampler = Some(opened),
                             Err(why) => {
                                 let _ = tx.send(Event::SamplerStopped(why));
                                 return;
                             }
                         }
                     }
-                    let Some((sampler, view)) = sampler.as_mut() else {
+                    let Some(sampler) = sampler.as_mut() else {
                         return;
                     };
                     let snapshot = on_top_timeline(&mut timeline, sampler.tick());
-                    observe_frame(&mut hosts, judge.as_mut(), snapshot, view.clone(), |pid| {
+                    // Each frame: whether the driver's rows are this namespace's can change
+                    // as processes come and go.
+                    let view = live_source::local_pid_view(&snapshot);
+                    observe_frame(&mut hosts, judge.as_mut(), snapshot, view, |pid| {
                         sampler.backend_mut().process_name(pid)
                     })
                 };
@@ -286,7 +287,7 @@ where
                     // now, while that frame is on screen, and ticks an interval after it.
                     let Some(open) = open.take() else { return };
                     match open() {
-                        Ok(opened) => sampler = Some((opened, live_source::local_pid_view())),
+                        Ok(opened) => sampler = Some(opened),
                         Err(why) => {
                             let _ = tx.send(Event::SamplerStopped(why));
                             return;

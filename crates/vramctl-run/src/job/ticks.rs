@@ -2,19 +2,24 @@
 //! job's process tree.
 //!
 //! On the host (or wherever this /proc shows the host's PIDs) NVML is read here and its
-//! PIDs are this /proc's. Inside a container or PID namespace of its own, NVML reports host
-//! PIDs, which mean nothing here: a host PID can even be the number of one of the job's own
-//! processes in this namespace, and matching it would attribute another container's memory
-//! to the job. There a host daemon (`record`/`serve`, its socket mounted in: docs/owners.md)
-//! is asked at each tick for the answer it makes for this namespace (its processes under
-//! their PIDs here); a tick it does not answer is read from NVML here and its processes are
-//! not matched with the tree at all — the device's own figures stay, nothing is guessed.
+//! PIDs are this /proc's. Inside a container or PID namespace of its own, drivers differ:
+//! some report host PIDs, which mean nothing here (a host PID can even be the number of one
+//! of the job's own processes in this namespace, and matching it would attribute another
+//! container's memory to the job); driver 580 numbers them in this namespace. So there a
+//! host daemon (`record`/`serve`, its socket mounted in: docs/owners.md) is asked at each
+//! tick for the answer it makes for this namespace (its processes under their PIDs here);
+//! a tick it does not answer is read from NVML here, and its processes are matched with the
+//! tree only when each row checks out as a process here holding that GPU open
+//! (`pid_view::rows_held_here`); otherwise they are not matched at all — the device's own
+//! figures stay, nothing is guessed.
 
 use std::time::{Duration, Instant};
 
 use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_observe::daemon_socket::client::{AskOptions, ask};
 use vramctl_observe::live_loop::LiveSampler;
+use vramctl_observe::live_source;
+use vramctl_observe::pid_view::PidView;
 use vramctl_procs::procinfo::PidNamespace;
 
 /// After a tick the daemon did not answer, how long to read NVML here before asking again:
@@ -27,8 +32,12 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 pub enum PidMapping {
     /// NVML's PIDs are this /proc's.
     Same,
-    /// Inside a PID namespace, a host daemon mapped every tick.
+    /// Inside a PID namespace, a host daemon mapped every tick (or some, and the driver's
+    /// own numbering checked out on the rest).
     Mapped,
+    /// Inside a PID namespace with no daemon, the driver numbered every tick's processes in
+    /// this namespace (checked per tick: `pid_view::rows_held_here`).
+    DriverNumbered,
     /// Inside a PID namespace, some ticks (`unmapped_ticks`) had NVML's host PIDs only:
     /// their processes were not attributed to the job.
     CannotMap,
@@ -61,6 +70,14 @@ impl Tick {
     }
 }
 
+/// Whether any device of `snapshot` lists a process.
+fn lists_a_process(snapshot: &Snapshot) -> bool {
+    snapshot.devices.iter().any(|d| match &d.state {
+        DeviceState::Ok(reading) => reading.processes.as_ref().is_some_and(|p| !p.is_empty()),
+        _ => false,
+    })
+}
+
 /// The job's ticks.
 pub struct JobTicks<'a> {
     nvml: &'a mut LiveSampler,
@@ -72,6 +89,10 @@ pub struct JobTicks<'a> {
     retry_at: Option<Instant>,
     /// Ticks whose PIDs were not ours.
     unmapped_ticks: u64,
+    /// Ticks whose PIDs the driver numbered here (checked).
+    driver_numbered_ticks: u64,
+    /// Ticks a daemon mapped.
+    daemon_ticks: u64,
 }
 
 impl<'a> JobTicks<'a> {
@@ -90,6 +111,8 @@ impl<'a> JobTicks<'a> {
             daemon,
             retry_at: None,
             unmapped_ticks: 0,
+            driver_numbered_ticks: 0,
+            daemon_ticks: 0,
         }
     }
 
@@ -106,6 +129,7 @@ impl<'a> JobTicks<'a> {
             match ask(options) {
                 Some(reply) if reply.mapped.is_some() => {
                     self.retry_at = None;
+                    self.daemon_ticks += 1;
                     return Tick {
                         snapshot: reply.snapshot,
                         pids_are_ours: true,
@@ -121,10 +145,28 @@ impl<'a> JobTicks<'a> {
                 }
             }
         }
-        self.unmapped_ticks += 1;
-        Tick {
-            snapshot: self.nvml.tick(),
-            pids_are_ours: false,
+        let snapshot = self.nvml.tick();
+        match live_source::local_pid_view(&snapshot) {
+            PidView::DriverNumbered(_) => {
+                self.driver_numbered_ticks += 1;
+                Tick {
+                    snapshot,
+                    pids_are_ours: true,
+                }
+            }
+            // A tick with no process anywhere has nothing to attribute; it is no evidence
+            // either way.
+            _ if !lists_a_process(&snapshot) => Tick {
+                snapshot,
+                pids_are_ours: true,
+            },
+            _ => {
+                self.unmapped_ticks += 1;
+                Tick {
+                    snapshot,
+                    pids_are_ours: false,
+                }
+            }
         }
     }
 
@@ -132,9 +174,12 @@ impl<'a> JobTicks<'a> {
     pub fn mapping(&self) -> (PidMapping, u64) {
         let mapping = if !self.foreign {
             PidMapping::Same
-        } else if self.unmapped_ticks == 0 {
+        } else if self.unmapped_ticks == 0 && self.daemon_ticks > 0 {
             PidMapping::Mapped
+        } else if self.unmapped_ticks == 0 && self.driver_numbered_ticks > 0 {
+            PidMapping::DriverNumbered
         } else {
+            // Unmapped ticks, or none that showed a mapping either way (no process listed).
             PidMapping::CannotMap
         };
         (mapping, self.unmapped_ticks)

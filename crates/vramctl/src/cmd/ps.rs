@@ -413,6 +413,12 @@ fn build(
         pid_mapping: pid_view.mode(),
         pid_mapping_reason: match pid_view {
             PidView::CannotMap(u) => Some(u.reason.clone()),
+            PidView::DriverNumbered(d) => Some(format!(
+                "no host daemon answered for this PID namespace; the driver numbers NVML's \
+                 processes in it: each of the {} row(s) is a process here holding that GPU's \
+                 device file open",
+                d.rows_checked
+            )),
             _ => None,
         },
         other_holders: match pid_view {
@@ -877,6 +883,9 @@ fn render(report: &PsReport, width: Option<usize>) -> Vec<String> {
     if report.pid_mapping == "cannot_map" {
         notes.extend(cannot_map_notes(report));
     }
+    if report.pid_mapping == "driver_numbered" {
+        notes.push(DRIVER_NUMBERED_NOTE.to_owned());
+    }
     let hidden = report.processes.iter().filter(|p| !p.visible).count();
     if hidden > 0 && report.pid_mapping != "cannot_map" {
         notes.push(format!(
@@ -929,14 +938,23 @@ fn pid_cell(p: &PsProcess, mapping: &str) -> String {
     }
 }
 
+/// Under `ps`'s and `status`'s tables when NVML's PIDs could not be mapped.
+pub(crate) const CANNOT_MAP_NOTE: &str = "PIDs marked host: are NVML's as it gives them (the \
+     host's, on drivers that number processes in the host's PID namespace), which nothing \
+     here matched with this namespace's processes (no host vramctl daemon answered for it); \
+     mount the host's /run/vramctl/daemon.sock into the container (docs/owners.md, \"Inside a \
+     container\")";
+
+/// Under `ps`'s and `status`'s tables when the driver numbered NVML's PIDs in this namespace.
+pub(crate) const DRIVER_NUMBERED_NOTE: &str = "PIDs are this namespace's: the driver numbers \
+     NVML's processes in the caller's PID namespace (each row checked: a process here holding \
+     that GPU open); other containers' and the host's processes are not listed, their memory \
+     is only in the GPU's used figure (a host vramctl daemon's socket adds them as one figure: \
+     docs/owners.md)";
+
 /// What a namespace without a mapping can and cannot say, under the table.
 fn cannot_map_notes(report: &PsReport) -> Vec<String> {
-    let mut notes = vec![
-        "PIDs marked host: are NVML's host PIDs, which this PID namespace cannot map to its \
-         own processes (no host vramctl daemon answered for it); mount the host's \
-         /run/vramctl/daemon.sock into the container (docs/owners.md, \"Inside a container\")"
-            .to_owned(),
-    ];
+    let mut notes = vec![CANNOT_MAP_NOTE.to_owned()];
     let holders = report.gpu_device_holders.as_deref().unwrap_or_default();
     if holders.is_empty() {
         notes.push(

@@ -77,7 +77,8 @@ pub struct StatusReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     by: Option<OwnerKey>,
     /// What the listed PIDs are (`ps --json` has the same): `same`, `mapped` (a host
-    /// daemon answered for this PID namespace), `cannot_map` (NVML's host PIDs).
+    /// daemon answered for this PID namespace), `driver_numbered` (the driver numbered them in
+    /// this namespace, checked), `cannot_map` (NVML's PIDs, unmatched).
     pid_mapping: &'static str,
 }
 
@@ -730,15 +731,14 @@ fn render(
         lines.push(String::new());
         lines.extend(oom_lines);
     }
-    if report.pid_mapping == "cannot_map" {
+    let note = match report.pid_mapping {
+        "cannot_map" => Some(super::ps::CANNOT_MAP_NOTE),
+        "driver_numbered" => Some(super::ps::DRIVER_NUMBERED_NOTE),
+        _ => None,
+    };
+    if let Some(note) = note {
         lines.push(String::new());
-        lines.extend(wrap(
-            "PIDs marked host: are NVML's host PIDs, which this PID namespace cannot map to its \
-             own processes (no host vramctl daemon answered for it); mount the host's \
-             /run/vramctl/daemon.sock into the container (docs/owners.md, \"Inside a container\")",
-            "",
-            width,
-        ));
+        lines.extend(wrap(note, "", width));
     }
     lines
 }

@@ -7,7 +7,8 @@
 //!   namespace's processes under its own PIDs, NVML's bytes, none of the other namespace's,
 //!   and the others' memory as one figure per GPU.
 //! - Without one: NVML's PIDs marked as host PIDs that cannot be mapped, even where a
-//!   process of the namespace has the same number.
+//!   process of the namespace has the same number; taken as the namespace's own only when
+//!   each is a process there holding that GPU's device file open (driver 580 numbers them so).
 //!
 //! Needs root, `unshare` and `nsenter` (util-linux). Without them the tests say why and
 //! pass, unless `VRAMCTL_TEST_STRICT=1` (CI), where a missing part fails them.
@@ -333,6 +334,79 @@ fn without_a_daemon_host_pids_are_never_taken_for_the_namespaces_own() {
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains(&format!("host:{pid}")), "{table}");
     assert!(!table.contains("sleep 600"), "{table}");
+}
+
+#[test]
+fn without_a_daemon_rows_the_driver_numbered_here_are_taken_only_when_each_holds_its_gpu_open() {
+    if skip_without_namespaces() {
+        return;
+    }
+    // Driver 580 numbers NVML's rows in the caller's namespace (the H200, 2026-12-05). Here
+    // the namespace gets a /dev of its own with an `nvidia0` file: one sleep holds it open
+    // as a CUDA process holds its GPU, the other only `nvidiactl`, as nvidia-smi does.
+    let ns = Namespace::start(
+        "d=$(mktemp -d) && mount -t tmpfs none \"$d\" && \
+         for f in null zero full random urandom; do touch \"$d/$f\" && mount --bind \"/dev/$f\" \"$d/$f\"; done && \
+         touch \"$d/nvidia0\" \"$d/nvidiactl\" && mount --move \"$d\" /dev\n\
+         sh -c 'exec 3</dev/nvidia0 4</dev/nvidiactl; exec sleep 600' &\n\
+         h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done\n\
+         sh -c 'exec 4</dev/nvidiactl; exec sleep 600' &\n\
+         h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done",
+    );
+    assert_eq!(ns.sleepers.len(), 2, "{:?}", ns.sleepers);
+    let holder = ns
+        .sleepers
+        .iter()
+        .map(|&(host, inside)| (inside, procinfo::gpu_device_files(host).unwrap_or_default()))
+        .find(|(_, files)| files.iter().any(|f| f == "/dev/nvidia0"))
+        .map(|(inside, _)| inside)
+        .expect("the sleep holding /dev/nvidia0");
+    let idle = ns
+        .sleepers
+        .iter()
+        .map(|s| s.1)
+        .find(|&p| p != holder)
+        .expect("the other sleep");
+    // The fake lists what it is told under the number it is told: the namespace's PID, as
+    // driver 580 does. GPU 0 is /dev/nvidia0 (NVML's minor number).
+    let scenario = |pid: u32| {
+        let scenario = Scenario::new(1, &[Holder::real(0, pid, "3 GiB")]);
+        let text = std::fs::read_to_string(scenario.path()).expect("scenario");
+        let text = text.replacen("memory_reserved", "minor_number = 0\nmemory_reserved", 1);
+        std::fs::write(scenario.path(), text).expect("scenario");
+        scenario
+    };
+    let numbered = scenario(holder);
+    let runtime = numbered.dir.path().join("run");
+    let doc = json(&ns.vramctl(numbered.path(), &runtime, &["ps", "--json"]));
+    assert_eq!(doc["pid_mapping"], "driver_numbered", "{doc}");
+    assert_eq!(
+        rows(&doc),
+        BTreeSet::from([(u64::from(holder), None, 3 * GIB, true)]),
+        "{doc}"
+    );
+    assert!(
+        doc["processes"][0]["command"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("sleep 600")),
+        "its command from its own /proc: {doc}"
+    );
+    let table = ns.vramctl(numbered.path(), &runtime, &["ps"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(!table.contains("host:"), "{table}");
+    assert!(table.contains("PIDs are this namespace's"), "{table}");
+    // The same number on a process that holds no GPU's file: not taken, whatever the driver.
+    let unheld = scenario(idle);
+    let runtime = unheld.dir.path().join("run");
+    let doc = json(&ns.vramctl(unheld.path(), &runtime, &["ps", "--json"]));
+    assert_eq!(doc["pid_mapping"], "cannot_map", "{doc}");
+    assert!(doc["processes"][0]["command"].is_null(), "{doc}");
+    assert!(
+        doc["pid_mapping_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("PID {idle} on GPU 0"))),
+        "{doc}"
+    );
 }
 
 #[test]
