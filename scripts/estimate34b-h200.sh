@@ -123,7 +123,7 @@ except torch.OutOfMemoryError:
     print("OOM", torch.cuda.max_memory_reserved())
 '''
 bad = 0
-for config, dtype, seq, gen, gib, set_ in [("testdata/model/configs/gpt2.json", "fp32", 1024, 64, 24, "tuning"),
+for config, dtype, seq, gen, gib, set_ in [("testdata/model/configs/gpt2.json", "fp32", 960, 64, 24, "tuning"),
                                          ("testdata/model/configs/tinyllama-1.1b.json", "bf16", 1024, 256, 16, "held back")]:
     cap = gib << 30
     e = json.loads(subprocess.run([vramctl, "estimate", config, "--infer", "--batch", "1", "--seq", str(seq),

@@ -107,7 +107,8 @@ struct ModelSummary<'a> {
 /// Runs `vramctl estimate`.
 ///
 /// # Errors
-/// The model's files cannot be read or are malformed (exit 2), no GPU matches `--gpu`
+/// The model's files cannot be read or are malformed (exit 2), a job longer than a learned
+/// position table (exit 2), no GPU matches `--gpu`
 /// (exit 2), NVML cannot be opened for `--gpu INDEX|NAME` (exit 3), stdout closed.
 pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
     let model = match (&args.model, args.params) {
@@ -126,6 +127,26 @@ pub fn run(global: &GlobalArgs, args: &EstimateArgs) -> anyhow::Result<Exit> {
         );
     }
     let job = job_of(args, &model);
+    if let Some(max) = model
+        .architecture
+        .max_positions
+        .filter(|_| model.architecture.learned_positions)
+    {
+        // A learned position table has no row past its end: such a job stops with an
+        // index error (on a GPU, a device-side assert), it never reaches its memory peak.
+        // Found on the H200: GPT-2 generating 64 tokens after a 1024-token prompt.
+        let tokens = job.seq.saturating_add(job.generated);
+        if tokens > max {
+            anyhow::bail!(
+                "a {} model has {max} learned positions: --seq {} + --gen {} = {tokens} tokens \
+                 cannot run (no position embedding past {max}); keep the prompt and the generated \
+                 tokens within {max}",
+                model.architecture.family.model_type(),
+                job.seq,
+                job.generated
+            );
+        }
+    }
     let estimate = memory_model::estimate(&model, &job);
     let gpu = match &args.gpu {
         None => None,

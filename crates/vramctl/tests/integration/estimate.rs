@@ -217,6 +217,44 @@ fn bad_models_are_one_line_errors_with_exit_2() {
     assert!(stderr_line(&output).contains("'0GiB' is no memory"));
 }
 
+#[test]
+fn a_job_past_a_learned_position_table_is_refused_not_estimated() {
+    // The H200 run of 2026-12-05 asked GPT-2 (1024 learned positions) for 1024 + 64 tokens:
+    // the job itself died on a device-side assert. RoPE models have no such table.
+    let gpt2 = model("configs/gpt2.json");
+    let gpt2 = gpt2.to_str().expect("utf-8");
+    let output = estimate(&[
+        gpt2, "--infer", "--batch", "96", "--seq", "1024", "--gen", "64",
+    ])
+    .output()
+    .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+    let line = stderr_line(&output);
+    assert!(
+        line.contains("1024 learned positions") && line.contains("= 1088 tokens"),
+        "{line}"
+    );
+    for fits in [
+        &["--seq", "960", "--gen", "64"][..],
+        &["--seq", "1024", "--gen", "0"][..],
+    ] {
+        let mut args = vec![gpt2, "--infer", "--batch", "96"];
+        args.extend_from_slice(fits);
+        estimate(&args).assert().success();
+    }
+    let llama = model("configs/llama-3-8b.json");
+    estimate(&[
+        llama.to_str().expect("utf-8"),
+        "--infer",
+        "--seq",
+        "8192",
+        "--gen",
+        "64",
+    ])
+    .assert()
+    .success();
+}
+
 /// The idle H200 of h200-idle.toml: 150,754,820,096 total − 644,939,776 driver reserved −
 /// 0 in use = 150,109,880,320 usable.
 const H200_IDLE_USABLE_BYTES: u64 = 150_754_820_096 - 644_939_776;
