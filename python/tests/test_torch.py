@@ -165,6 +165,18 @@ class ReclaimTest(unittest.TestCase):
             [block] = segment["blocks"]
             self.assertEqual(block["frames"][0], {"filename": "workload.py", "line": 2, "name": "load_batch"})
 
+    def test_code_from_stdin_or_a_string_counts_as_the_users_python(self) -> None:
+        # leak35 on the H200 ran its workload as `python3 - <<PY`: every user frame was
+        # `<stdin>`, and with `.py` alone the kept stack was C++ frames only.
+        from vramctl_agent import _torch
+
+        cpp = {"filename": "??", "line": 0, "name": "torch::unwind::unwind()"}
+        for user in ("<stdin>", "<string>", "<ipython-input-3-5d1f>"):
+            frames = _torch._frames({"frames": [cpp, {"filename": user, "line": 7, "name": "leaky_step"}]})
+            self.assertEqual(frames, [{"filename": user, "line": 7, "name": "leaky_step"}], user)
+        frozen = {"filename": "<frozen runpy>", "line": 88, "name": "_run_code"}
+        self.assertEqual(_torch._frames({"frames": [cpp, frozen]})[0]["filename"], "??")
+
     def test_pinned_blocks_without_recorded_history_have_no_stacks(self) -> None:
         with Target() as t:
             t.start_agent()

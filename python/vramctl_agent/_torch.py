@@ -265,8 +265,17 @@ def _clip(text: object) -> object:
 
 
 def _is_python_frame(frame: dict) -> bool:
+    """A Python frame: a `.py` file, or code Python names in angle brackets (`<stdin>` for
+    `python3 - <<EOF`, `<string>` for `python -c`, `<ipython-input-…>` for older notebook
+    cells); frozen standard-library modules do not count. The same rule as vramctl's
+    (`vramctl_snapshot::top::is_python_file`): with `.py` alone, a job run from stdin kept
+    only C++ frames and its leak's site named no line (leak35 on the H200, 2026-12-05)."""
     filename = frame.get("filename")
-    return isinstance(filename, str) and filename.endswith(".py")
+    if not isinstance(filename, str):
+        return False
+    if filename.endswith(".py"):
+        return True
+    return filename.startswith("<") and filename.endswith(">") and not filename.startswith("<frozen ")
 
 
 def _frames(block: dict) -> list[dict]:
