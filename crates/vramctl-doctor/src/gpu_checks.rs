@@ -159,13 +159,14 @@ fn unaccounted_memory(gpu: &GpuFacts, holders: &HolderFacts, subject: &str) -> F
             device_file.as_deref().unwrap_or("the device"),
             names.join(", ")
         );
-        // NVML names host PIDs; from another PID namespace none of ours match, so a holder
-        // is not evidence of a dead context, only of who uses the GPU here.
+        // From another PID namespace NVML's list is not the GPU's whole: host PIDs that
+        // match none of ours, or (driver 580) only this namespace's processes. Either way a
+        // holder is not evidence of a dead context, only of who uses the GPU here.
         if !holders.initial_pid_namespace {
             return base(
                 Status::Warn,
                 format!(
-                    "{} used is held by no listed process; NVML lists host PIDs, which this PID namespace does not show, and {holding}",
+                    "{} used is held by no listed process; from this PID namespace NVML does not list the whole GPU (host PIDs this namespace does not show, or — driver 580 — none of other namespaces' processes), and {holding}",
                     bytes(unaccounted)
                 ),
             )
@@ -186,7 +187,7 @@ fn unaccounted_memory(gpu: &GpuFacts, holders: &HolderFacts, subject: &str) -> F
         });
     }
     let fix = if !holders.initial_pid_namespace {
-        "run vramctl doctor on the host: NVML's processes live in another PID namespace"
+        "run vramctl doctor on the host: the memory may be held by processes of another PID namespace, which NVML does not name here"
     } else if holders.unreadable > 0 {
         "run as root to see other users' processes holding the GPU"
     } else {
@@ -849,7 +850,7 @@ mod tests {
             f.summary
         );
         assert!(f.fix.as_deref().is_some_and(|x| x.contains("GPU reset")));
-        // From a container's PID namespace NVML's host PIDs never match ours: the holders
+        // From a container's PID namespace NVML's list is not the GPU's whole: the holders
         // are who uses the GPU here, not evidence of a dead context.
         let in_container = HolderFacts {
             initial_pid_namespace: false,
@@ -857,7 +858,7 @@ mod tests {
         };
         let f = unaccounted_memory(&gpu(10 << 30, 4 << 30), &in_container, "GPU 0");
         assert_eq!(f.status, Status::Warn);
-        assert!(f.summary.contains("host PIDs"), "{}", f.summary);
+        assert!(f.summary.contains("does not list the whole GPU"), "{}", f.summary);
     }
 
     #[test]
