@@ -712,10 +712,13 @@ impl Search {
         // The one move down from a failed prediction `b` whose success closes the
         // bracket; a refitted prediction inside the bracket wins.
         let down = |b: u64| -> Proposal {
-            if let Some(a) = aim {
+            let target = self.down_target(lo, b);
+            // A prediction whose success would close the bracket anyway settles no more
+            // than the lowest such value, which also settles every edge between the two
+            // (after a settling aim above the prediction failed).
+            if let Some(a) = aim.filter(|&a| !self.closes(a, b) || a < target) {
                 return predicted(a);
             }
-            let target = self.down_target(lo, b);
             Proposal {
                 value: target,
                 reason: Reason::Confirm,
