@@ -65,7 +65,7 @@ pub(super) fn device_bound(points: &[Point], limit_bytes: u64) -> Option<u64> {
     };
     let (lower, upper) = (&sorted[n - 2], &sorted[n - 1]);
     let top = slope(lower, upper);
-    if !(top > 0.0) {
+    if top.is_nan() || top <= 0.0 {
         return None;
     }
     if n >= 3 && top < (1.0 - MAX_RELATIVE_RESIDUAL) * slope(&sorted[n - 3], lower) {
