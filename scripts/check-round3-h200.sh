@@ -48,6 +48,11 @@
 #               and fit34ckpt (llama-ckpt), ~4-8 min each, each in a call of its own
 #   fit34seq    the same for GPT-2's sequence length (eager attention), bisected for the truth,
 #               then scripts/fit/check34.py over all four (~3 min)
+#   fit34cnx    fit's allocated-bound stop rule on a held-out CNN (torchvision convnext_tiny
+#               batch size, bf16 autocast): bisected for its truth, then fit, judged by
+#               check34.py (trials <= 4, within 2 %, never above, <= 0.40 x bisection's
+#               time); ~4-6 min, a call of its own
+#   fit34vit    the same for a ViT (torchvision vit_b_16), held out too (~4-6 min)
 #   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
 #               (issue 35's re-score; long: run it in a call of its own). On a smaller GPU
 #               than the H200 the set's sizes scale (0.314 on an H100: the script says why)
@@ -228,6 +233,11 @@ if ! skipped fit34seq; then
   part fit34seq bash -c 'scripts/fit-h200.sh check "$0" "$1" gpt2-seq &&
     python3 scripts/fit/check34.py "$1" resnet llama llama-ckpt gpt2-seq' "$VRAMCTL" "$OUT/parts/fit34-run"
 fi
+
+# Held out for fit's allocated-bound stop rule (ResNet-50 tuned it): each case bisected for
+# its truth, then fit; a directory of their own, apart from the tuning case.
+part fit34cnx scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout" convnext
+part fit34vit scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout" vit
 
 if ! skipped leakset; then
   part leakset scripts/record-leakset-h200.sh "$VRAMCTL" "$OUT/parts/leakset" 300

@@ -40,6 +40,10 @@
 # recorded truth: its bisection always runs. Then scripts/fit/check34.py prints PASS/FAIL per
 # case for trials <= 4, within 2 %, never above, time <= 0.40 x bisection, trace predictor used.
 # Cases can be run in separate calls into one OUTDIR; check34.py judges the cases given.
+# convnext (torchvision convnext_tiny) and vit (vit_b_16), batch size over 1..4096, bf16
+# autocast, are the held-out cases of the allocated-bound stop rule (ResNet-50 of 2026-12-05
+# tuned it, docs/fit.md): no recorded truth, so each bisects first (~14 trials) then fits;
+# about 4-6 minutes a case on an H200 or H100: one case per call.
 # Where the recorded truths do not apply (an H100, another torch) each case bisects first:
 # about 14 trials of 11-25 s, so 4-8 minutes a case with its `fit`, 15-20 minutes for the
 # three: run one case per device call there (check-round3-h200.sh's fit34 parts do).
@@ -102,6 +106,8 @@ train_args() {
     llama) echo "--model llama --batch {}" ;;
     llama-ckpt) echo "--model llama --checkpointing --batch {}" ;;
     resnet) echo "--model resnet --batch {}" ;;
+    convnext) echo "--model convnext --batch {}" ;;
+    vit) echo "--model vit --batch {}" ;;
     gpt2-seq) echo "--model gpt2 --attn eager --batch 4 --seq-unit 64 --seq {}" ;;
     *) return 1 ;;
   esac
@@ -144,7 +150,7 @@ if [ "$mode" = check ]; then
   echo "reuse the recorded truths: $(cat "$out/reuse.txt")" >&2
   for c in $cases; do
     if ! train_args "$c" > /dev/null; then
-      echo "$(date -Is) unknown case '$c' (resnet, llama, llama-ckpt, gpt2-seq, gpt2): skipped" | tee -a "$out/failures.log" >&2
+      echo "$(date -Is) unknown case '$c' (resnet, llama, llama-ckpt, gpt2-seq, gpt2, convnext, vit): skipped" | tee -a "$out/failures.log" >&2
       continue
     fi
     r="$(case_range "$c")"

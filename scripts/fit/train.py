@@ -1,6 +1,6 @@
 """One short training run at a given batch size: the trial command of `vramctl fit` (issue 15).
 
-    python3 scripts/fit/train.py --model {gpt2,llama,resnet} --batch N [--steps 2]
+    python3 scripts/fit/train.py --model {gpt2,llama,resnet,convnext,vit} --batch N [--steps 2]
                                  [--seq L] [--seq-unit U] [--attn {sdpa,eager}] [--checkpointing]
 
 --seq-unit U multiplies --seq by U (a sequence-length search in steps of U tokens: `--seq {}
@@ -13,6 +13,10 @@ Models (random weights, built from a config: the GPU machine has no internet):
           5632, 22 layers, 32 heads, 4 kv heads, vocab 32000), seq 2048, attention sdpa;
           --checkpointing turns on gradient checkpointing
   resnet  torchvision resnet50(), 224x224 random images, 1000 classes, cross-entropy
+  convnext torchvision convnext_tiny(), the same images and loss (held out for issue 34's
+          stop rule: added after ResNet-50 tuned it)
+  vit     torchvision vit_b_16(), the same images (--seq sets the image side) and loss
+          (held out as convnext)
 Every model: fp32 weights built directly on the GPU, bf16 autocast, AdamW, --steps optimizer
 steps (default 2: the optimizer state appears at the first step(), so step 0 alone is not the
 peak), random data made on the GPU, seed 0.
@@ -32,7 +36,9 @@ T_START = time.monotonic()
 import torch  # noqa: E402  (after T_START so init_s includes the import)
 
 SEED = 0
-DEFAULT_SEQ = {"gpt2": 1024, "llama": 2048, "resnet": 224}
+DEFAULT_SEQ = {"gpt2": 1024, "llama": 2048, "resnet": 224, "convnext": 224, "vit": 224}
+# Image classifiers: random images of side --seq, 1000 classes, cross-entropy.
+IMAGE_MODELS = ("resnet", "convnext", "vit")
 
 
 def parse_args():
@@ -47,14 +53,14 @@ def parse_args():
     args = p.parse_args()
     if args.seq_unit < 1:
         p.error(f"--seq-unit must be at least 1, got '{args.seq_unit}'")
-    if args.attn and args.model == "resnet":
-        p.error("--attn is for the transformers models (gpt2, llama), not 'resnet'")
+    if args.attn and args.model in IMAGE_MODELS:
+        p.error(f"--attn is for the transformers models (gpt2, llama), not '{args.model}'")
     if args.batch < 1:
         p.error(f"--batch must be at least 1, got '{args.batch}'")
     if args.steps < 1:
         p.error(f"--steps must be at least 1, got '{args.steps}'")
-    if args.checkpointing and args.model == "resnet":
-        p.error("--checkpointing is for the transformers models (gpt2, llama), not 'resnet'")
+    if args.checkpointing and args.model in IMAGE_MODELS:
+        p.error(f"--checkpointing is for the transformers models (gpt2, llama), not '{args.model}'")
     args.seq = args.seq * args.seq_unit if args.seq else DEFAULT_SEQ[args.model]
     return args
 
@@ -116,6 +122,27 @@ def build_resnet(_args):
     return resnet50(num_classes=1000), 1000
 
 
+def build_convnext(_args):
+    from torchvision.models import convnext_tiny
+
+    return convnext_tiny(num_classes=1000), 1000
+
+
+def build_vit(args):
+    from torchvision.models import vit_b_16
+
+    return vit_b_16(num_classes=1000, image_size=args.seq), 1000
+
+
+BUILDERS = {
+    "gpt2": build_gpt2,
+    "llama": build_llama,
+    "resnet": build_resnet,
+    "convnext": build_convnext,
+    "vit": build_vit,
+}
+
+
 def main():
     args = parse_args()
     torch.manual_seed(SEED)
@@ -127,7 +154,7 @@ def main():
     with torch.device("cuda"):
         warm_up_library_handles()
         # Built on the GPU directly: a 1.1B init on the CPU alone takes ~10 s.
-        model, classes = {"gpt2": build_gpt2, "llama": build_llama, "resnet": build_resnet}[args.model](args)
+        model, classes = BUILDERS[args.model](args)
     # fp32 master weights under bf16 autocast (a no-op when the config already gave fp32).
     model = model.to(dtype=torch.float32)
     model.train()
@@ -143,7 +170,7 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    if args.model == "resnet":
+    if args.model in IMAGE_MODELS:
         inputs = torch.randn(args.batch, 3, args.seq, args.seq, device="cuda", generator=gen)
         targets = torch.randint(0, classes, (args.batch,), device="cuda", generator=gen)
         loss_fn = torch.nn.CrossEntropyLoss()

@@ -16,7 +16,10 @@
 //! and [`Strategy::Model`], which fits how each device's memory grows with the value and
 //! aims at the predicted edge, then confirms it with one trial (see [`Search`]).
 
+mod bound;
 mod model;
+#[cfg(test)]
+mod recorded;
 #[cfg(test)]
 mod simulation;
 
@@ -118,6 +121,9 @@ pub enum Next {
 pub enum Conclusion {
     /// The largest value that was ok; the bracket closed above it.
     Found { value: u64 },
+    /// The largest value that was ok; no value above `bound` can fit by the allocated
+    /// peaks (`fit_search::bound`), and `bound` is within the tolerance of it.
+    Bounded { value: u64, bound: u64 },
     /// `high` itself was ok.
     TopOfRange { value: u64 },
     /// `low` was out of memory (or over the margin).
@@ -134,6 +140,9 @@ pub struct ModelSummary {
     pub prediction: Option<u64>,
     /// The value the search aims at for that prediction (a little below it).
     pub aim: Option<u64>,
+    /// The largest value that can fit by the allocated peaks (`fit_search::bound`; with
+    /// the agent), an upper bound rather than a prediction.
+    pub allocated_bound: Option<u64>,
 }
 
 /// Settings the search cannot work with.
@@ -226,8 +235,14 @@ struct Proposal {
 ///    [`Search::set_trace_prediction`], and steps 2–3's fit is no longer used to aim:
 ///    step 4 aims at the traces' edge (an edge at or below the largest ok: its step up),
 ///    step 5 follows with no refit taking over.
+///    With the agent's figures the first predicted trial may go higher instead, to the
+///    value from which two trials settle every truth up to the allocated bound
+///    ([`Search::allocated_bound`], `fit_search::bound`), when that still covers the
+///    prediction (`settling_aim`).
 /// 7. **Stop** when the bracket closes (`bad − ok ≤ max(1, ceil(tol·ok))`), `high` is ok or `low`
-///    is bad.
+///    is bad — or, with the agent's figures, when the allocated bound closes it: every
+///    value above the bound runs out of memory by its live tensors alone, so
+///    `bound + 1` counts as bad ([`Conclusion::Bounded`]; issue 34).
 #[derive(Debug, Clone)]
 pub struct Search {
     settings: SearchSettings,
@@ -384,7 +399,45 @@ impl Search {
             devices,
             prediction,
             aim: prediction.map(|v| self.aim(v)),
+            allocated_bound: self.allocated_bound(),
         })
+    }
+
+    /// The largest value that can fit by the allocated peaks of the succeeded trials (the
+    /// minimum over devices: the job fits only where it fits on each); `None` without the
+    /// agent's figures on two values (`fit_search::bound`).
+    #[must_use]
+    pub fn allocated_bound(&self) -> Option<u64> {
+        let mut uuids: Vec<&str> = Vec::new();
+        for t in self.trials.iter().filter(|t| t.succeeded) {
+            for d in &t.devices {
+                if !uuids.contains(&d.uuid.as_str()) {
+                    uuids.push(&d.uuid);
+                }
+            }
+        }
+        uuids
+            .into_iter()
+            .filter_map(|uuid| {
+                let points: Vec<bound::Point> = self
+                    .trials
+                    .iter()
+                    .filter(|t| t.succeeded)
+                    .filter_map(|t| {
+                        let d = t.devices.iter().find(|d| d.uuid == uuid)?;
+                        bound::Point::of(t.value, d)
+                    })
+                    .collect();
+                // The latest trial's capacity, as for the fits.
+                let capacity = self
+                    .trials
+                    .iter()
+                    .rev()
+                    .find_map(|t| t.devices.iter().find(|d| d.uuid == uuid))?
+                    .capacity_bytes;
+                bound::device_bound(&points, self.usable_bytes(capacity))
+            })
+            .min()
     }
 
     fn within_margin(&self, devices: &[DeviceMeasure]) -> bool {
@@ -579,6 +632,15 @@ impl Search {
         if bad.is_some_and(|b| self.closes(lo, b)) {
             return Decision::Done(Conclusion::Found { value: lo });
         }
+        // The allocated peaks rule out every value above the bound: when the first of them
+        // closes the bracket above `lo`, no trial is needed to see it fail (step 7).
+        if s.strategy == Strategy::Model {
+            if let Some(bound) = self.allocated_bound().filter(|&u| u >= lo) {
+                if self.closes(lo, bound.saturating_add(1)) {
+                    return Decision::Done(Conclusion::Bounded { value: lo, bound });
+                }
+            }
+        }
         let proposal = match s.strategy {
             Strategy::Bisect => match bad {
                 None => Proposal {
@@ -650,10 +712,13 @@ impl Search {
         // The one move down from a failed prediction `b` whose success closes the
         // bracket; a refitted prediction inside the bracket wins.
         let down = |b: u64| -> Proposal {
-            if let Some(a) = aim {
+            let target = self.down_target(lo, b);
+            // A prediction whose success would close the bracket anyway settles no more
+            // than the lowest such value, which also settles every edge between the two
+            // (after a settling aim above the prediction failed).
+            if let Some(a) = aim.filter(|&a| !self.closes(a, b) || a < target) {
                 return predicted(a);
             }
-            let target = self.down_target(lo, b);
             Proposal {
                 value: target,
                 reason: Reason::Confirm,
@@ -683,7 +748,7 @@ impl Search {
             // After calibration (or a trial the search did not propose).
             (_, _) => {
                 if let Some(a) = aim {
-                    return predicted(a);
+                    return predicted(self.settling_aim(lo, bad, a).unwrap_or(a));
                 }
                 // The traces put the edge at (or below) the largest ok: the step above it
                 // settles it.
@@ -703,6 +768,45 @@ impl Search {
                 }
             }
         }
+    }
+
+    /// Where the first predicted trial goes when the allocated bound `U` is known (the
+    /// type's docs, step 4): `a_U`, the smallest value above `lo` whose confirmation
+    /// `c = a_U + step` closes the bracket against `U` if it succeeds (`c + step(c) > U`).
+    /// The two trials from `a_U` then settle every truth in `[down_target(a_U), U]`: a
+    /// failure at `a_U` is followed by the value whose success closes below it, a success
+    /// by `c`, whose failure closes and whose success meets the bound. Used instead of
+    /// `aim` (just under the prediction `P`) when it goes higher and that window still
+    /// holds `P` — the truths it gives up lie further below `P` than the ones it gains lie
+    /// above, and above `P` there is nothing past `U` to lose — or when `aim` lies above
+    /// `U`, where the bound says it cannot fit.
+    fn settling_aim(&self, lo: u64, bad: Option<u64>, aim: u64) -> Option<u64> {
+        if bad.is_some() {
+            return None;
+        }
+        let bound = self.allocated_bound()?;
+        let prediction = self
+            .trace_prediction
+            .or_else(|| self.model().and_then(|m| m.prediction))?;
+        let reaches = |a: u64| {
+            let c = a.saturating_add(self.up_step(a));
+            c.saturating_add(self.up_step(c)) > bound
+        };
+        let (mut lo_a, mut hi_a) = (lo + 1, bound.max(lo + 1));
+        while lo_a < hi_a {
+            let mid = lo_a + (hi_a - lo_a) / 2;
+            if reaches(mid) {
+                hi_a = mid;
+            } else {
+                lo_a = mid + 1;
+            }
+        }
+        let a_u = lo_a;
+        if !self.inside(a_u, lo, bad) {
+            return None;
+        }
+        let holds_prediction = self.down_target(lo, a_u.max(lo + 2)) <= prediction;
+        ((a_u > aim && holds_prediction) || aim > bound).then_some(a_u)
     }
 
     /// Trial 1: `low` for bisection; for the model, [`FIRST_MODEL_VALUE`] when the range

@@ -204,7 +204,9 @@ impl Trials {
     /// The largest value that succeeded (and stayed under the margin), if any.
     pub fn answer(&self) -> Option<u64> {
         match self.conclusion {
-            Conclusion::Found { value } | Conclusion::TopOfRange { value } => Some(value),
+            Conclusion::Found { value }
+            | Conclusion::Bounded { value, .. }
+            | Conclusion::TopOfRange { value } => Some(value),
             Conclusion::NothingFits => None,
         }
     }

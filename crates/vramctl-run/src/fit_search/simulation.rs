@@ -249,7 +249,9 @@ fn drive(job: &Job, strategy: Strategy, tolerance: f64) -> (Conclusion, Vec<(u64
         match next {
             Next::Done(c) => {
                 match c {
-                    Conclusion::Found { value } | Conclusion::TopOfRange { value } => {
+                    Conclusion::Found { value }
+                    | Conclusion::Bounded { value, .. }
+                    | Conclusion::TopOfRange { value } => {
                         assert!(
                             tried.iter().any(|t| t.0 == value),
                             "{}: {value} never tried",
@@ -296,7 +298,9 @@ fn drive(job: &Job, strategy: Strategy, tolerance: f64) -> (Conclusion, Vec<(u64
 
 fn value_of(c: Conclusion) -> Option<u64> {
     match c {
-        Conclusion::Found { value } | Conclusion::TopOfRange { value } => Some(value),
+        Conclusion::Found { value }
+        | Conclusion::Bounded { value, .. }
+        | Conclusion::TopOfRange { value } => Some(value),
         Conclusion::NothingFits => None,
     }
 }

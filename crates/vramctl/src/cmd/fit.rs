@@ -183,6 +183,12 @@ fn summary(report: &FitReport) {
             report.trials.len(),
             vramctl_observe::units::seconds(report.wall_s)
         ),
+        Conclusion::Bounded { value, bound } => format!(
+            "largest value that fits: {value} (none above {bound} can: the allocated peaks \
+             alone would not fit) · {} trials in {}",
+            report.trials.len(),
+            vramctl_observe::units::seconds(report.wall_s)
+        ),
         Conclusion::TopOfRange { value } => format!(
             "the top of the range fits: {value}; raise --range to search further · {} trials in {}",
             report.trials.len(),
