@@ -19,15 +19,24 @@ import time
 
 GiB = 1 << 30
 
-# Each job writes the time it asks for the memory that fails to $STAMP.
+# Each job writes the time it asks for the memory that fails to $STAMP, and the time the
+# error reached its code (after the observer) to $RAISED, then dies of it.
 PRELUDE = "import os, time, torch\nGiB = 1 << 30\ntorch.cuda.init()\n"
 STAMP = "open(os.environ['STAMP'], 'w').write(repr(time.time()))\n"
+
+
+def failing(line):
+    """`line` (the failing request) with the moment its error is raised written down."""
+    return ("try:\n    " + line + "except BaseException:\n"
+            "    open(os.environ['RAISED'], 'w').write(repr(time.time()))\n    raise\n")
+
 def cases(total_gib):
     """The cases, sized to a GPU of `total_gib` (the first H200 sizes, 100 + 60 GiB and a
     100 GiB holder, did not fit an H100's 79 GiB: the first request failed before its stamp,
     and the holder itself ran out of memory, 2026-12-05)."""
     def alloc(name, gib):
-        return f"{name} = torch.empty({gib} * GiB, dtype=torch.uint8, device='cuda')\n"
+        line = f"{name} = torch.empty({gib} * GiB, dtype=torch.uint8, device='cuda')\n"
+        return failing(line) if name == "more" else line
     whole, beyond = int(total_gib * 0.70), int(total_gib * 0.45)
     # Another process holds 60 %; the job's 25 + 25 % would fit an empty GPU.
     held, part = int(total_gib * 0.60), int(total_gib * 0.25)
@@ -70,7 +79,8 @@ print(json.dumps({"step_s": (time.perf_counter() - t) / 200, "reserved": torch.c
 
 def run(binary, code, out, name, env=None, flags=()):
     stamp = os.path.join(out, f"{name}.stamp")
-    environ = dict(os.environ, STAMP=stamp, **(env or {}))
+    raised = os.path.join(out, f"{name}.raised")
+    environ = dict(os.environ, STAMP=stamp, RAISED=raised, **(env or {}))
     report = os.path.join(out, f"{name}.json")
     done = subprocess.run([binary, "run", *flags, "--json", "--report", report, "--", sys.executable, "-c", code],
                           env=environ, capture_output=True, text=True, timeout=600)
@@ -87,7 +97,54 @@ def run(binary, code, out, name, env=None, flags=()):
             delay = ended - float(f.read())
     except (OSError, ValueError):
         delay = None
+    stages(name, parsed, stamp, raised, ended)
     return parsed, delay, done
+
+
+def _read_time(path):
+    try:
+        with open(path) as f:
+            return float(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def stages(name, report, stamp_path, raised_path, ended):
+    """`figure <case> <stage> <seconds>` lines: where the delay from the failing request to
+    run's exit went (issue 33's 6.4 s with history on the H200, 2026-12-05): to the
+    observer's start, its snapshot, pickling and write (the agent's record), to the error
+    reaching the job's code, to the job's exit (as run saw it: its report's start and
+    wall time, at run's tick), run's verdict (reading and classifying), and run's exit."""
+    asked = _read_time(stamp_path)
+    raised = _read_time(raised_path)
+    oom = (report or {}).get("oom") or {}
+    record = oom.get("agent") or {}
+    kept = record.get("snapshot") or {}
+    figures = []
+    observer_at = record.get("unix_ms") / 1000 if isinstance(record.get("unix_ms"), (int, float)) else None
+    if asked is not None and observer_at is not None:
+        figures.append(("request_to_observer_s", observer_at - asked))
+    for key in ("snapshot_s", "pickle_s", "write_s"):
+        if isinstance(kept.get(key), (int, float)):
+            figures.append((f"observer_{key}", kept[key]))
+    if observer_at is not None and raised is not None and isinstance(kept.get("taken_s"), (int, float)):
+        figures.append(("observer_end_to_raised_s", raised - observer_at - kept["taken_s"]))
+    exited = None
+    if report and isinstance(report.get("started_unix_ms"), (int, float)) and isinstance(report.get("wall_s"), (int, float)):
+        exited = report["started_unix_ms"] / 1000 + report["wall_s"]
+        if raised is not None:
+            figures.append(("raised_to_job_exit_s", exited - raised))
+    if isinstance(oom.get("verdict_ms"), (int, float)):
+        figures.append(("run_verdict_s", oom["verdict_ms"] / 1000))
+    if exited is not None:
+        figures.append(("job_exit_to_run_exit_s", ended - exited))
+    if asked is not None:
+        figures.append(("total_s", ended - asked))
+    for stage, seconds in figures:
+        print(f"figure {name} {stage} {seconds:.3f}", flush=True)
+    for key in ("size_bytes", "trace_entries", "trace_entries_dropped"):
+        if kept.get(key) is not None:
+            print(f"figure {name} snapshot_{key} {kept[key]}", flush=True)
 
 
 def main():

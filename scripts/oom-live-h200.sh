@@ -7,7 +7,8 @@
 #
 #   scripts/oom-live-h200.sh [OUTDIR]      (default: $OUT/oom-live; binary: $VRAMCTL or .dist/vramctl)
 #
-# Needs python3 with torch (CUDA) and one free GPU; about 3 minutes. First run on an H100
+# Needs python3 with torch (CUDA) and one free GPU; about 3.5 minutes (the probe of the
+# history case at the end: 30 s). First run on an H100
 # (2026-12-05): process-limit passed; the cases were sized for an H200 and the cost part's job
 # lacked `import json` (both fixed since, not yet re-run). Sizes now follow the GPU's memory.
 set -euo pipefail
@@ -21,3 +22,7 @@ python3 -c 'import torch; assert torch.cuda.is_available(); print(torch.__versio
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$out/versions.txt" || true
 set -o pipefail
 python3 scripts/oom-live-h200.py --bin "$bin" --out "$out" 2>&1 | tee "$out/summary.txt"
+# Where the history case's time goes inside the process, without vramctl (figure lines only,
+# no PASS/FAIL): torch's own recording against the agent's observer (about 30 s).
+python3 scripts/oom-history-probe.py --out "$out/probe" \
+  --cases agent-history,agent,plain-history,bare,plain-history-inprocess 2>&1 | tee "$out/probe.txt" || true

@@ -106,6 +106,30 @@ class OomObserverTest(unittest.TestCase):
             self.assertTrue(frames, "the trace carries stacks")
             self.assertFalse([f for f in frames if f["filename"] == "??"], "no C++ frame recorded")
 
+    def test_the_record_times_each_stage_and_the_kept_trace_is_bounded_to_its_newest_entries(self) -> None:
+        os.chmod(self.out, 0o700)
+        env = {"VRAMCTL_RUN_REPORT_DIR": self.out, "VRAMCTL_OOM_HISTORY": "1"}
+        with Target(env=env) as target:
+            target.start_agent()
+            # A bound of 5 stands in for the 100,000 (the same code path, a small trace).
+            target.run("import vramctl_agent._oom as _o\n_o.MAX_OOM_TRACE_ENTRIES = 5")
+            target.run(
+                "import torch\nfor _ in range(10):\n    x = torch.empty(1 << 20, dtype=torch.uint8, device='cuda')\n"
+                "    del x\n" + OOM
+            )
+            with open(os.path.join(self.out, f"{target.pid}.oom.json")) as f:
+                record = json.load(f)
+            kept = record["snapshot"]
+            for stage in ("snapshot_s", "pickle_s", "write_s", "taken_s"):
+                self.assertGreaterEqual(kept[stage], 0.0, stage)
+            self.assertGreaterEqual(kept["taken_s"], kept["snapshot_s"])
+            with open(kept["path"], "rb") as f:
+                trace = pickle.load(f)["device_traces"][0]
+            # The newest entries: the OOM is the last of them.
+            self.assertEqual(len(trace), 5)
+            self.assertEqual(trace[-1]["action"], "oom")
+            self.assertEqual((kept["trace_entries"], kept["trace_entries_dropped"] > 0), (5, True))
+
     def test_a_snapshot_request_neither_restarts_nor_stops_the_observers_history(self) -> None:
         # leaks --where starts and stops a recording around its two snapshots; with
         # VRAMCTL_OOM_HISTORY=1 the recording is the observer's, and must outlive the probe.

@@ -40,6 +40,10 @@ HISTORY_ENV = "VRAMCTL_OOM_HISTORY"
 LIMIT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 RUN_REPORT_ENV = "VRAMCTL_RUN_REPORT_DIR"
 
+# The most trace entries per device an OOM snapshot keeps (the newest): as many as the
+# observer's own history records.
+MAX_OOM_TRACE_ENTRIES = proto.DEFAULT_HISTORY_ENTRIES
+
 _lock = threading.Lock()
 _attached_pid: int | None = None
 _queued_pid: int | None = None
@@ -198,10 +202,18 @@ def _keep(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes
         record["memory_fraction"] = allowed_bytes / total
     started = time.monotonic()
     try:
-        data = pickle.dumps(cuda.memory._snapshot(), protocol=4)
+        snapshot = cuda.memory._snapshot()
     except Exception as err:
         record["snapshot_error"] = f"torch.cuda.memory._snapshot failed: {str(err)[:300]}"
         return record, None
+    taken = time.monotonic()
+    entries, dropped = _bound_traces(snapshot)
+    try:
+        data = pickle.dumps(snapshot, protocol=4)
+    except Exception as err:
+        record["snapshot_error"] = f"the snapshot could not be pickled: {str(err)[:300]}"
+        return record, None
+    pickled = time.monotonic()
     if len(data) > proto.MAX_OOM_SNAPSHOT_BYTES:
         record["snapshot_error"] = f"the snapshot is {len(data)} bytes, over the {proto.MAX_OOM_SNAPSHOT_BYTES} kept"
         return record, None
@@ -211,8 +223,43 @@ def _keep(device: int, segment_bytes: int, allowed_bytes: int, device_free_bytes
     except OSError as err:
         record["snapshot_error"] = f"cannot write '{path}': {err.strerror or err}"
         return record, None
-    record["snapshot"] = {"path": path, "size_bytes": len(data), "taken_s": round(time.monotonic() - started, 6)}
+    written = time.monotonic()
+    # Each stage's seconds, so that a slow verdict says where its time went (issue 33:
+    # scripts/oom-live-h200.py prints them as `figure` lines).
+    record["snapshot"] = {
+        "path": path,
+        "size_bytes": len(data),
+        "taken_s": round(written - started, 6),
+        "snapshot_s": round(taken - started, 6),
+        "pickle_s": round(pickled - taken, 6),
+        "write_s": round(written - pickled, 6),
+        "trace_entries": entries,
+        "trace_entries_dropped": dropped,
+    }
     return record, path
+
+
+def _bound_traces(snapshot) -> tuple[int, int]:
+    """Keeps the newest MAX_OOM_TRACE_ENTRIES entries of each device's trace (the entries
+    kept and dropped, over all devices). The observer's own history (VRAMCTL_OOM_HISTORY=1)
+    never holds more: torch's ring buffer is that size. Under `vramctl fit` the recording
+    keeps up to 10x more for fit's trace (written at exit from its own snapshot, not this
+    one), and pickling and reading those would cost seconds at every OOM of a trial
+    (docs/benchmarks.md, issue 33). The newest entries are the ones the verdict reads:
+    vramctl rebuilds the state before the first kept entry from the segments, so a
+    replay from there is one the observer's own history would have given."""
+    kept = dropped = 0
+    traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
+    if not isinstance(traces, list):
+        return 0, 0
+    for i, trace in enumerate(traces):
+        if not isinstance(trace, list):
+            continue
+        if len(trace) > MAX_OOM_TRACE_ENTRIES:
+            dropped += len(trace) - MAX_OOM_TRACE_ENTRIES
+            traces[i] = trace = trace[-MAX_OOM_TRACE_ENTRIES:]
+        kept += len(trace)
+    return kept, dropped
 
 
 def _run_dir() -> str | None:

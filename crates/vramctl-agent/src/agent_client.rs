@@ -969,8 +969,24 @@ pub struct KeptSnapshot {
     pub path: Option<String>,
     /// Its size.
     pub size_bytes: Option<u64>,
-    /// Seconds taking and pickling it took.
+    /// Seconds taking, pickling and writing it took.
     pub taken_s: Option<f64>,
+    /// Of those, `torch.cuda.memory._snapshot()`'s (absent from agents before the stages
+    /// were timed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_s: Option<f64>,
+    /// The pickling's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pickle_s: Option<f64>,
+    /// The write's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_s: Option<f64>,
+    /// Trace entries kept (the newest 100,000 per device at most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_entries: Option<u64>,
+    /// The oldest entries dropped over that bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_entries_dropped: Option<u64>,
 }
 
 /// The answer to `oom` (without `offset`).

@@ -405,6 +405,7 @@ pub fn run_job(
         .unwrap_or_default();
     let figures = FrameworkFigures::merge(&polled, &reported);
     let failed = !matches!(status, ExitStatus::Code(0)) && ending == Ending::Exited;
+    let verdict_started = Instant::now();
     let agent_ooms = injection
         .as_ref()
         .map(|i| oom_verdict::agent_records(i.reports_dir()))
@@ -422,13 +423,14 @@ pub fn run_job(
         oom = Some((started + wall, None, None, last));
     }
     let oom = oom.map(|(at, source, line, device_used_bytes)| {
-        let verdict = verdict_of(
+        let mut verdict = verdict_of(
             agent_ooms.first(),
             line.as_deref(),
             &recent,
             at_oom_line.as_ref(),
             &curve,
         );
+        verdict.verdict_ms = Some(verdict_started.elapsed().as_secs_f64() * 1000.0);
         OomFinding {
             source,
             line,

@@ -206,3 +206,47 @@ fn real_h100_oom_snapshots_get_their_cause_and_a_fix_that_worked() {
     assert_eq!(truth.as_object().map(|o| o.len()), Some(6));
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// The agent keeps the newest 100,000 trace entries of an OOM snapshot (torch's own ring of
+/// the observer's history holds no more): the classifier reads a suffix of the trace, from
+/// the state it rebuilds before the suffix's first entry. On the real H100 leak (1,848
+/// entries) a suffix that still spans the growth keeps the verdict and its stack; one that
+/// does not (the newest 400) no longer sees the leak — what a trace cut too short costs
+/// (docs/benchmarks.md, issue 33), so the bound must stay far above a step's entries.
+#[test]
+fn a_trace_cut_to_its_newest_entries_keeps_the_leak_while_it_spans_the_growth() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/h100/oom-kinds");
+    let whole = open(&dir.join("leak.pickle"), Limits::default()).expect("leak.pickle");
+    let ctx = OomContext {
+        device_total_bytes: Some(85_017_755_648),
+    };
+    // The cause and the stack that grew most (the fix names it; the bytes it grew by
+    // depend on where the windows fall).
+    let of = |snap: &vramctl_snapshot::Snapshot| {
+        let o = summarize_with(snap, ctx)
+            .oom
+            .last()
+            .expect("an OOM")
+            .verdict
+            .clone();
+        (o.cause, o.evidence.grew.first().map(|g| g.stack.clone()))
+    };
+    let verdict = |keep: usize| {
+        let mut snap = whole.clone();
+        let entries: Vec<_> = snap.device_traces[0].iter().cloned().collect();
+        assert!(entries.len() > keep, "{}", entries.len());
+        snap.device_traces[0] = entries[entries.len() - keep..].to_vec().into();
+        of(&snap)
+    };
+    let (cause, stack) = of(&whole);
+    assert_eq!(cause, Cause::Leak);
+    assert!(stack.is_some());
+    for keep in [1800, 1000, 700] {
+        assert_eq!(
+            verdict(keep),
+            (cause, stack.clone()),
+            "newest {keep} entries"
+        );
+    }
+    assert_ne!(verdict(400).0, Cause::Leak, "a suffix without the growth");
+}

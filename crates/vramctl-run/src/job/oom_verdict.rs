@@ -67,6 +67,9 @@ pub struct OomVerdict {
     pub device_total_bytes: Option<u64>,
     /// Milliseconds from the NVML sample used to the OOM (negative: before it).
     pub nvml_sample_offset_ms: Option<i64>,
+    /// Milliseconds `run` spent on the verdict once the job had ended: reading the
+    /// observer's files and classifying (issue 33's "within 2 s", stage by stage).
+    pub verdict_ms: Option<f64>,
 }
 
 impl OomVerdict {
@@ -86,6 +89,7 @@ impl OomVerdict {
             other_processes: nvml.others.clone(),
             device_total_bytes: nvml.device_total_bytes,
             nvml_sample_offset_ms: nvml.sample_offset_ms,
+            verdict_ms: None,
         }
     }
 }
@@ -262,6 +266,7 @@ pub fn from_agent(
         other_processes: nvml.others.clone(),
         device_total_bytes: nvml.device_total_bytes,
         nvml_sample_offset_ms: nvml.sample_offset_ms,
+        verdict_ms: None,
     })
 }
 
@@ -300,6 +305,7 @@ pub fn from_message(
         other_processes: nvml.others.clone(),
         device_total_bytes: nvml.device_total_bytes,
         nvml_sample_offset_ms: nvml.sample_offset_ms,
+        verdict_ms: None,
     })
 }
 

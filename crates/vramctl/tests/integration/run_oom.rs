@@ -165,6 +165,24 @@ fn history_asked_for_is_recorded_from_cuda_s_start_and_read() {
     let oom = &r["oom"];
     assert_eq!(oom["agent"]["history_recorded"], true, "{oom:#}");
     assert_eq!(oom["cause"], "shortage", "{oom:#}");
+    // Each stage's time, for the H200's "within 2 s" (issue 33): the observer's snapshot,
+    // pickling and write, the trace it kept, and run's own verdict.
+    let kept = &oom["agent"]["snapshot"];
+    for stage in ["snapshot_s", "pickle_s", "write_s", "taken_s"] {
+        assert!(
+            kept[stage].as_f64().is_some_and(|s| s >= 0.0),
+            "{stage}: {kept:#}"
+        );
+    }
+    assert_eq!(kept["trace_entries_dropped"], 0, "{kept:#}");
+    assert!(
+        kept["trace_entries"].as_u64().is_some_and(|n| n >= 2),
+        "{kept:#}"
+    );
+    assert!(
+        oom["verdict_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{oom:#}"
+    );
 }
 
 #[test]
