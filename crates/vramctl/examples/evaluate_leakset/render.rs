@@ -133,21 +133,21 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(s, "\n## Precision, recall and delay\n");
     let _ = writeln!(
         s,
-        "Delays from the leak's labeled start. Idle holders: found / labeled (median delay from idle start).\n"
+        "Delays from the leak's labeled start. Flips: changes from `leak` to another verdict on a leak while it runs (issue 35). Idle holders: found / labeled (median delay from idle start).\n"
     );
     let _ = writeln!(
         s,
-        "| half | source | path | found / leaks | missed | false alarms | precision | recall | delay min / median / max (s) | idle |"
+        "| half | source | path | found / leaks | missed | false alarms | flips | precision | recall | delay min / median / max (s) | idle |"
     );
     let _ = writeln!(
         s,
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for src in &report.sources {
         for m in &src.summaries {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} / {} | {} | {} | {:.2} | {:.2} | {} / {} / {} | {} / {} ({}) |",
+                "| {} | {} | {} | {} / {} | {} | {} | {} | {:.2} | {:.2} | {} / {} / {} | {} / {} ({}) |",
                 m.half.as_str(),
                 m.source,
                 m.path,
@@ -163,6 +163,11 @@ pub fn markdown(report: &Report) -> String {
                 } else {
                     format!("{}: {}", m.false_alarms, m.false_alarm_roles.join(", "))
                 },
+                if m.flipped_roles.is_empty() {
+                    "0".to_owned()
+                } else {
+                    format!("{}: {}", m.flips, m.flipped_roles.join(", "))
+                },
                 m.precision,
                 m.recall,
                 secs(m.delay_min_sec),
@@ -174,7 +179,7 @@ pub fn markdown(report: &Report) -> String {
             );
         }
     }
-    let _ = writeln!(s, "\n## Goals of issue 13\n");
+    let _ = writeln!(s, "\n## Goals of issues 13 and 35\n");
     let _ = writeln!(
         s,
         "Each cell: met or NOT MET (workloads checked), then those failing, and those the recording cannot decide.\n"

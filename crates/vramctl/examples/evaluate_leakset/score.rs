@@ -11,7 +11,8 @@
 //! - an idle holder is found at its first `idle-holder` verdict at or after its idle start.
 //!
 //! Precision = found / (found + false alarms), recall = found / (found + missed): per half,
-//! source and path.
+//! source and path. A **flip** (issue 35) is a change from `leak` to another verdict while
+//! the process still runs: a leak's verdict must not go back without the floor stopping.
 
 use std::collections::BTreeMap;
 
@@ -73,7 +74,29 @@ pub struct Outcome {
     pub leak_start_ms: Option<i64>,
     /// The series' last sample.
     pub last_ms: Option<i64>,
+    /// Changes from `leak` to another verdict (issue 35's flicker), with when they came.
+    pub flips: Vec<Flip>,
     pub timeline: Vec<Change>,
+}
+
+/// One change away from `leak`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Flip {
+    pub t_ms: i64,
+    /// The verdict it went to.
+    pub to: Verdict,
+}
+
+/// The changes of `changes` from `leak` to another verdict.
+pub fn flips(changes: &[Change]) -> Vec<Flip> {
+    changes
+        .windows(2)
+        .filter(|pair| pair[0].verdict == Verdict::Leak && pair[1].verdict != Verdict::Leak)
+        .map(|pair| Flip {
+            t_ms: pair[1].t_ms,
+            to: pair[1].verdict,
+        })
+        .collect()
 }
 
 impl Outcome {
@@ -128,6 +151,7 @@ pub fn outcome(w: &Workload, timelines: &BTreeMap<SeriesId, Timeline>) -> Outcom
         start_ms,
         leak_start_ms: w.leak_start_ms,
         last_ms: found.map(|(_, t)| t.last_ms),
+        flips: flips(&changes),
         timeline: changes.clone(),
     };
     if found.is_none() {
@@ -178,6 +202,10 @@ pub struct Summary {
     pub idle_delay_median_sec: Option<f64>,
     pub missed_roles: Vec<String>,
     pub false_alarm_roles: Vec<String>,
+    /// Flips after the first `leak`, summed over the leaks (a false alarm's are part of
+    /// its false alarm), and the leaks that flipped.
+    pub flips: usize,
+    pub flipped_roles: Vec<String>,
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -218,6 +246,11 @@ pub fn summary(half: Half, source: &str, path: &str, outcomes: &[&Outcome]) -> S
             .map(|o| o.role.clone())
             .collect()
     };
+    let leak_flips = || {
+        outcomes
+            .iter()
+            .filter(|o| o.truth == Truth::Leak && !o.flips.is_empty())
+    };
     Summary {
         half,
         source: source.to_owned(),
@@ -241,6 +274,8 @@ pub fn summary(half: Half, source: &str, path: &str, outcomes: &[&Outcome]) -> S
         idle_delay_median_sec: median(&mut idle_delays),
         missed_roles: roles(Class::Missed),
         false_alarm_roles: roles(Class::FalseAlarm),
+        flips: leak_flips().map(|o| o.flips.len()).sum(),
+        flipped_roles: leak_flips().map(|o| o.role.clone()).collect(),
     }
 }
 
@@ -325,6 +360,11 @@ const DELAY_GOALS: [DelayGoal; 4] = [
 
 /// The goal about false alarms.
 pub const NO_FALSE_ALARM: &str = "no false alarm on any workload (every interval)";
+/// Issue 35: a leak's verdict stays `leak` once said.
+pub const NO_FLIP: &str = "no flip from `leak` after a leak's first `leak` (every interval)";
+/// Issue 35: the median delay of the fast leaks at 100 ms.
+pub const FAST_MEDIAN: &str = "median delay <= 30 s from their start for leaks >= 10 MB/s (100 ms)";
+const FAST_MEDIAN_LIMIT_SEC: f64 = 30.0;
 
 /// The goals of issue 13 that apply at `interval` on `outcomes` (one half, source and
 /// path).
@@ -378,6 +418,10 @@ pub fn goals(interval: IntervalClass, outcomes: &[&Outcome]) -> Vec<GoalCheck> {
         }
         out.push(check);
     }
+    out.push(no_flip(outcomes));
+    if interval == IntervalClass::Fast {
+        out.push(fast_median(outcomes));
+    }
     let mut fa = GoalCheck {
         goal: NO_FALSE_ALARM,
         checked: Vec::new(),
@@ -402,6 +446,83 @@ pub fn goals(interval: IntervalClass, outcomes: &[&Outcome]) -> Vec<GoalCheck> {
     }
     out.push(fa);
     out
+}
+
+/// Issue 35: no leak goes back from `leak` while it runs.
+fn no_flip(outcomes: &[&Outcome]) -> GoalCheck {
+    let mut check = GoalCheck {
+        goal: NO_FLIP,
+        checked: Vec::new(),
+        failing: Vec::new(),
+        undecided: Vec::new(),
+        pass: None,
+    };
+    for o in outcomes
+        .iter()
+        .filter(|o| o.truth == Truth::Leak && o.first_leak_ms.is_some())
+    {
+        check.checked.push(o.role.clone());
+        if !o.flips.is_empty() {
+            let at: Vec<String> = o
+                .flips
+                .iter()
+                .map(|f| match o.start_ms {
+                    Some(s) => format!(
+                        "{} at {:+.1} s",
+                        f.to.as_str(),
+                        (f.t_ms - s) as f64 / 1000.0
+                    ),
+                    None => f.to.as_str().to_owned(),
+                })
+                .collect();
+            check.failing.push(format!(
+                "{}: {} flips ({})",
+                o.role,
+                o.flips.len(),
+                at.join(", ")
+            ));
+        }
+    }
+    if !check.checked.is_empty() {
+        check.pass = Some(check.failing.is_empty());
+    }
+    check
+}
+
+/// Issue 35: the median delay from the leak's start of the leaks of >= 10 MB/s, a leak
+/// never flagged counting as failing (its delay is unbounded).
+fn fast_median(outcomes: &[&Outcome]) -> GoalCheck {
+    let mut check = GoalCheck {
+        goal: FAST_MEDIAN,
+        checked: Vec::new(),
+        failing: Vec::new(),
+        undecided: Vec::new(),
+        pass: None,
+    };
+    let fast: Vec<&&Outcome> = outcomes
+        .iter()
+        .filter(|o| {
+            o.truth == Truth::Leak
+                && o.class != Class::Absent
+                && o.rate_mb_s.is_some_and(|r| r >= 10.0)
+        })
+        .collect();
+    let mut delays = Vec::new();
+    for o in &fast {
+        check.checked.push(o.role.clone());
+        match (o.class, o.delay_from_leak_start_sec) {
+            (Class::Found, Some(d)) => delays.push(d),
+            (Class::FalseAlarm, _) => check.failing.push(format!("{}: false alarm", o.role)),
+            _ => check.failing.push(format!("{}: not flagged", o.role)),
+        }
+    }
+    if let Some(m) = median(&mut delays).filter(|m| *m > FAST_MEDIAN_LIMIT_SEC) {
+        check.failing.push(format!("median {m:.1} s"));
+    }
+    if !check.checked.is_empty() {
+        check.pass = Some(check.failing.is_empty());
+    }
+    check
 }
 
 #[cfg(test)]
@@ -542,6 +663,105 @@ mod tests {
         assert_eq!(first.failing, vec!["c: not flagged"]);
         assert_eq!(first.pass, Some(false));
         assert_eq!(g.last().unwrap().failing, vec!["d at +7.0 s"]);
+    }
+
+    #[test]
+    fn flips_count_each_change_away_from_leak_and_fail_the_goal() {
+        use Verdict::*;
+        let leak = w("a", Truth::Leak, Some(1_000), Some(20.0));
+        let steady = w("b", Truth::Leak, Some(1_000), Some(20.0));
+        let o = outcome(
+            &leak,
+            &timelines(
+                0,
+                600_000,
+                &[
+                    (100, Growing),
+                    (20_000, Leak),
+                    (30_000, Growing),
+                    (40_000, Leak),
+                    (50_000, Stable),
+                ],
+            ),
+        );
+        assert_eq!(
+            o.flips,
+            vec![
+                Flip {
+                    t_ms: 30_000,
+                    to: Growing
+                },
+                Flip {
+                    t_ms: 50_000,
+                    to: Stable
+                }
+            ]
+        );
+        let p = outcome(
+            &steady,
+            &timelines(0, 600_000, &[(100, Growing), (25_000, Leak)]),
+        );
+        assert!(p.flips.is_empty());
+        // A not-leak's flips are part of its false alarm, not of the flip count.
+        let nl = outcome(
+            &w("c", Truth::NotLeak, None, None),
+            &timelines(0, 600_000, &[(5_000, Leak), (9_000, Stable)]),
+        );
+        let refs = [&o, &p, &nl];
+        let s = summary(Half::Tune, "100ms", "batch", &refs);
+        assert_eq!(
+            (s.flips, s.flipped_roles.clone()),
+            (2, vec!["a".to_owned()])
+        );
+        let g = goals(IntervalClass::Slow, &refs);
+        let flip = g.iter().find(|g| g.goal == NO_FLIP).unwrap();
+        assert_eq!(flip.checked, vec!["a", "b"]);
+        assert_eq!(
+            flip.failing,
+            vec!["a: 2 flips (growing at +30.0 s, stable at +50.0 s)"]
+        );
+        assert_eq!(flip.pass, Some(false));
+        // The median goal is a 100 ms goal only.
+        assert!(g.iter().all(|g| g.goal != FAST_MEDIAN));
+    }
+
+    #[test]
+    fn the_fast_median_goal_takes_the_median_of_the_leaks_of_10_mb_s_and_more() {
+        use Verdict::*;
+        let leak = |role: &str, rate: f64| w(role, Truth::Leak, Some(1_000), Some(rate));
+        let found = |role: &str, rate: f64, at_ms: i64| {
+            outcome(&leak(role, rate), &timelines(0, 600_000, &[(at_ms, Leak)]))
+        };
+        // 11, 31 and 41 s: median 31 s, over the goal; the 2 MB/s leak is not counted.
+        let slow = found("a", 20.0, 32_000);
+        let list = [
+            found("f", 20.0, 12_000),
+            slow.clone(),
+            found("g", 500.0, 42_000),
+            found("s", 2.0, 300_000),
+        ];
+        let refs: Vec<&Outcome> = list.iter().collect();
+        let g = goals(IntervalClass::Fast, &refs);
+        let m = g.iter().find(|g| g.goal == FAST_MEDIAN).unwrap();
+        assert_eq!(m.checked, vec!["f", "a", "g"]);
+        assert_eq!(m.failing, vec!["median 31.0 s"]);
+        // 11, 21 and 41 s: median 21 s, met.
+        let list = [
+            found("f", 20.0, 12_000),
+            found("a", 20.0, 22_000),
+            found("g", 500.0, 42_000),
+        ];
+        let refs: Vec<&Outcome> = list.iter().collect();
+        let g = goals(IntervalClass::Fast, &refs);
+        assert_eq!(
+            g.iter().find(|g| g.goal == FAST_MEDIAN).unwrap().pass,
+            Some(true)
+        );
+        // A leak never flagged fails it, whatever the median of the others.
+        let missed = outcome(&leak("m", 50.0), &timelines(0, 600_000, &[(100, Growing)]));
+        let g = goals(IntervalClass::Fast, &[&list[0], &missed]);
+        let m = g.iter().find(|g| g.goal == FAST_MEDIAN).unwrap();
+        assert_eq!(m.failing, vec!["m: not flagged"]);
     }
 
     #[test]
