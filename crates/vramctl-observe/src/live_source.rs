@@ -17,8 +17,7 @@ use crate::observation::{HostProcess, Observation};
 
 use crate::daemon_socket::SampleReply;
 use crate::daemon_socket::client::{AskOptions, ask};
-use crate::pid_view::{DeviceHolder, DriverNumbered, PidView, Unmapped, rows_held_here};
-use vramctl_procs::procinfo::{GPU_DEVICE_PREFIX, PidNamespace, holders_of};
+use crate::pid_view::{PidView, local_pid_view};
 
 /// Opens NVML here (the command's own `open_sampler`), when no daemon answers.
 pub type OpenNvml = Box<dyn FnMut() -> anyhow::Result<LiveSampler>>;
@@ -233,36 +232,6 @@ fn split(reply: SampleReply) -> (Snapshot, DaemonFacts) {
         pid_view: reply.mapped.map_or(PidView::Same, PidView::Mapped),
     };
     (snapshot, facts)
-}
-
-/// What the PIDs of `snapshot`, read from NVML here, are: ours where this /proc lists the
-/// host's PIDs; this namespace's where the driver numbered them so (each row a process here
-/// holding that GPU open: [`rows_held_here`]); otherwise PIDs that cannot be mapped, with
-/// the processes of this namespace that hold an NVIDIA device file open (what the
-/// namespace can tell by itself). Asked at each tick: the rows change.
-pub fn local_pid_view(snapshot: &Snapshot) -> PidView {
-    let namespace = PidNamespace::current();
-    if namespace.proc_shows_host_pids() {
-        return PidView::Same;
-    }
-    let holders: BTreeMap<u32, Vec<String>> = holders_of(GPU_DEVICE_PREFIX).into_iter().collect();
-    let why = match rows_held_here(snapshot, &holders) {
-        Ok(rows_checked) => return PidView::DriverNumbered(DriverNumbered { rows_checked }),
-        Err(why) => why,
-    };
-    let gpu_device_holders = holders
-        .into_iter()
-        .map(|(pid, files)| DeviceHolder { pid, files })
-        .collect();
-    PidView::CannotMap(Unmapped {
-        reason: format!(
-            "this PID namespace is not the host's, no host daemon answered for it, and NVML's \
-             PIDs could not be checked against this namespace's processes ({why}): they are \
-             shown as NVML gives them (host PIDs on drivers that number processes in the \
-             host's namespace)"
-        ),
-        gpu_device_holders,
-    })
 }
 
 /// Answers about processes from a daemon's facts or from here.

@@ -18,7 +18,7 @@ use vramctl_procs::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
 };
 use vramctl_procs::procinfo::ProcessFacts;
-use vramctl_procs::procinfo::{self, ProcessDetails};
+use vramctl_procs::procinfo::{self, PidNamespace, ProcessDetails};
 
 use crate::agent_ooms::{AgentOoms, ClassifyFn, OomWatch};
 use crate::kubernetes::{self, KubeletSource};
@@ -369,6 +369,9 @@ pub struct Observer {
     kubelet: Option<KubeletSource>,
     /// The agents' OOMs and their causes (only with agents).
     oom_watch: OomWatch,
+    /// This /proc is not the host's and the observer decides what NVML's PIDs are, per
+    /// snapshot (`ObserverBuilder::pids_decided_by_caller`).
+    check_pids: bool,
 }
 
 impl std::fmt::Debug for dyn Judge {
@@ -396,9 +399,25 @@ pub struct ObserverBuilder {
     kubelet: Option<Option<KubeletSource>>,
     /// `None`: classifies through the agents (`agent_ooms::classify_through_agent`).
     oom_watch: Option<OomWatch>,
+    /// Whether the caller decides what the snapshots' PIDs are (see
+    /// [`ObserverBuilder::pids_decided_by_caller`]).
+    pids_decided_by_caller: bool,
 }
 
 impl ObserverBuilder {
+    /// The caller decides whether a snapshot's PIDs are this /proc's and observes only
+    /// those that are (`top`, whose frames come from a host daemon's mapped answer or from
+    /// NVML here). By default the observer decides itself, at every snapshot, when this
+    /// /proc is not the host's (a container): NVML's rows are looked up here only when
+    /// they check out as this namespace's (`pid_view::rows_held_here`), else the
+    /// observation is bare — `record` and `serve` inside a container never name a process
+    /// of theirs after a host PID.
+    #[must_use]
+    pub fn pids_decided_by_caller(mut self) -> Self {
+        self.pids_decided_by_caller = true;
+        self
+    }
+
     /// Where Kubernetes facts come from (`None`: none). Default: the kubelet's socket and
     /// pod log directory when either exists on this system, none with a scripted
     /// `proc_source` (its PIDs are not this system's).
@@ -474,9 +493,14 @@ impl ObserverBuilder {
         let (boot_id, proc_source) = self
             .proc_source
             .unwrap_or_else(|| (procinfo::boot_id(), Box::new(LiveProc::new())));
+        // A scripted /proc has no namespace of ours to check against.
+        let check_pids = !scripted
+            && !self.pids_decided_by_caller
+            && !PidNamespace::current().proc_shows_host_pids();
         Observer {
             // The one place a frontend's process catalog is made.
             catalog: ProcessCatalog::with_source(self.facts, self.policy, boot_id, proc_source),
+            check_pids,
             agents: self.agents,
             judge: self.judge,
             ancestors: self.ancestors,
@@ -510,6 +534,7 @@ impl Observer {
             ancestors: true,
             kubelet: None,
             oom_watch: None,
+            pids_decided_by_caller: false,
         }
     }
 
@@ -560,6 +585,10 @@ impl Observer {
         driver_name: impl FnMut(u32) -> Option<String>,
     ) -> Observation {
         let mut observation = self.observe_processes(snapshot, driver_name);
+        if !observation.pid_view.pids_are_ours() {
+            // NVML's numbers name no process here: no agent is asked by them either.
+            return observation;
+        }
         observation.agents = self.agent_figures(&observation.snapshot);
         if let Some(poll) = self.agents.as_ref() {
             // Never blocks: the snapshots are read by the watch's own thread.
@@ -581,6 +610,17 @@ impl Observer {
         snapshot: Snapshot,
         mut driver_name: impl FnMut(u32) -> Option<String>,
     ) -> Observation {
+        let pid_view = if self.check_pids {
+            crate::pid_view::local_pid_view(&snapshot)
+        } else {
+            PidView::Same
+        };
+        if !pid_view.pids_are_ours() {
+            // Host PIDs: a lookup here would name whichever process of ours has the number.
+            let mut observation = Observation::bare(snapshot);
+            observation.pid_view = pid_view;
+            return observation;
+        }
         // CPU % is a rate: measured on the monotonic clock, so a wall-clock step neither
         // hides it (a step back made every interval look negative) nor dilutes it.
         let at_ms = snapshot.monotonic_ms;
@@ -654,7 +694,7 @@ impl Observer {
             agents: AgentFigures::default(),
             kubernetes_gpus: BTreeMap::new(),
             ooms: AgentOoms::default(),
-            pid_view: PidView::Same,
+            pid_view,
         };
         if let Some(kubelet) = self.kubelet.as_mut() {
             // Read at most every `kubernetes::REFRESH_MS` of the snapshots' time.

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use vramctl_core::types::{DeviceState, Snapshot};
+use vramctl_procs::procinfo::{GPU_DEVICE_PREFIX, PidNamespace, holders_of};
 
 /// What the PIDs of an observation are.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +172,36 @@ pub fn rows_held_here(
         return Err("NVML lists no process here to check".into());
     }
     Ok(rows)
+}
+
+/// What the PIDs of `snapshot`, read from NVML here, are: ours where this /proc lists the
+/// host's PIDs; this namespace's where the driver numbered them so (each row a process here
+/// holding that GPU open: [`rows_held_here`]); otherwise PIDs that cannot be mapped, with
+/// the processes of this namespace that hold an NVIDIA device file open (what the
+/// namespace can tell by itself). Asked at each tick: the rows change.
+pub fn local_pid_view(snapshot: &Snapshot) -> PidView {
+    let namespace = PidNamespace::current();
+    if namespace.proc_shows_host_pids() {
+        return PidView::Same;
+    }
+    let holders: BTreeMap<u32, Vec<String>> = holders_of(GPU_DEVICE_PREFIX).into_iter().collect();
+    let why = match rows_held_here(snapshot, &holders) {
+        Ok(rows_checked) => return PidView::DriverNumbered(DriverNumbered { rows_checked }),
+        Err(why) => why,
+    };
+    let gpu_device_holders = holders
+        .into_iter()
+        .map(|(pid, files)| DeviceHolder { pid, files })
+        .collect();
+    PidView::CannotMap(Unmapped {
+        reason: format!(
+            "this PID namespace is not the host's, no host daemon answered for it, and NVML's \
+             PIDs could not be checked against this namespace's processes ({why}): they are \
+             shown as NVML gives them (host PIDs on drivers that number processes in the \
+             host's namespace)"
+        ),
+        gpu_device_holders,
+    })
 }
 
 /// What a namespace sees without a mapping.

@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_observe::daemon_socket::client::{AskOptions, ask};
 use vramctl_observe::live_loop::LiveSampler;
-use vramctl_observe::live_source;
-use vramctl_observe::pid_view::PidView;
+use vramctl_observe::pid_view::{self, PidView};
 use vramctl_procs::procinfo::PidNamespace;
 
 /// After a tick the daemon did not answer, how long to read NVML here before asking again:
@@ -146,7 +145,7 @@ impl<'a> JobTicks<'a> {
             }
         }
         let snapshot = self.nvml.tick();
-        match live_source::local_pid_view(&snapshot) {
+        match pid_view::local_pid_view(&snapshot) {
             PidView::DriverNumbered(_) => {
                 self.driver_numbered_ticks += 1;
                 Tick {

@@ -410,6 +410,85 @@ fn without_a_daemon_rows_the_driver_numbered_here_are_taken_only_when_each_holds
 }
 
 #[test]
+fn record_inside_a_namespace_stores_no_command_under_an_unchecked_pid() {
+    if skip_without_namespaces() {
+        return;
+    }
+    // `record` observes through the one observer, which checks NVML's rows itself when this
+    // /proc is not the host's: a host PID that is also the number of a sleep here is stored
+    // with no user or command; the same PID on a process holding the GPU's file is the
+    // namespace's own (the driver-580 numbering) and is stored with its command.
+    let ns = Namespace::start(
+        "d=$(mktemp -d) && mount -t tmpfs none \"$d\" && \
+         for f in null zero full random urandom; do touch \"$d/$f\" && mount --bind \"/dev/$f\" \"$d/$f\"; done && \
+         touch \"$d/nvidia0\" \"$d/nvidiactl\" && mount --move \"$d\" /dev\n\
+         sh -c 'exec 3</dev/nvidia0 4</dev/nvidiactl; exec sleep 600' &\n\
+         h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done\n\
+         sleep 600 &",
+    );
+    assert_eq!(ns.sleepers.len(), 2, "{:?}", ns.sleepers);
+    let holds = |host: u32| {
+        procinfo::gpu_device_files(host)
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == "/dev/nvidia0")
+    };
+    let holder = ns
+        .sleepers
+        .iter()
+        .find(|s| holds(s.0))
+        .expect("the holder")
+        .1;
+    let idle = ns
+        .sleepers
+        .iter()
+        .find(|s| !holds(s.0))
+        .expect("the idle sleep")
+        .1;
+    for (pid, stored_command) in [(idle, false), (holder, true)] {
+        let scenario = Scenario::new(1, &[Holder::real(0, pid, "3 GiB")]);
+        let text = std::fs::read_to_string(scenario.path()).expect("scenario");
+        let text = text.replacen("memory_reserved", "minor_number = 0\nmemory_reserved", 1);
+        std::fs::write(scenario.path(), text).expect("scenario");
+        let runtime = scenario.dir.path().join("run");
+        let db = scenario.dir.path().join("inside.db");
+        let db_arg = db.to_str().expect("utf-8");
+        ns.vramctl(
+            scenario.path(),
+            &runtime,
+            &[
+                "--db",
+                db_arg,
+                "record",
+                "--interval",
+                "100ms",
+                "--duration",
+                "1s",
+            ],
+        );
+        let store = vramctl_store::Store::open(&db, vramctl_store::OpenMode::ReadOnly)
+            .expect("the recording");
+        let stored = store.processes_with_pid(pid).expect("processes");
+        assert!(!stored.is_empty(), "PID {pid} recorded");
+        for record in &stored {
+            assert_eq!(
+                record
+                    .meta
+                    .command
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("sleep 600")),
+                stored_command,
+                "PID {pid}: {:?}",
+                record.meta
+            );
+            if !stored_command {
+                assert!(record.meta.user.is_none(), "{:?}", record.meta);
+            }
+        }
+    }
+}
+
+#[test]
 fn a_caller_neither_root_nor_in_the_group_maps_its_pids_through_the_containers_socket() {
     if skip_without_namespaces() {
         return;
