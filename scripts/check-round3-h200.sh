@@ -15,12 +15,14 @@
 #               status with a GPU process, both through a recorder (issue 30's figures)
 #   nvml30      scripts/nvml-parallel-probe.py: whether the driver answers status's slow NVML
 #               queries (utilization, power, MIG mode, process lists) faster at once than one
-#               after another, with pynvml (issue 30's next lever; ~5 s)
+#               after another, with pynvml, warm and (since its first run) as first calls in
+#               fresh processes (issue 30's next lever; ~20 s)
 #   pidns31     a PyTorch holder in its own PID namespace (unshare): ps on the host names it
 #               with the PID nvidia-smi gives, its user and command; --by user sums it (issue 31)
 #   inside31    scripts/inside-namespace-h200.sh: ps inside a PyTorch holder's PID namespace
 #               through a host record daemon: its namespace PID, nvidia-smi's bytes, the
-#               outer holder only as "others"; cannot_map without the daemon (issue 31)
+#               outer holder only as "others"; without the daemon `driver_numbered` where NVML
+#               numbers PIDs in the caller's namespace (driver 580), else cannot_map (issue 31)
 #   oom-kinds   scripts/oom-kinds-h200.sh: the eight OOM kinds, each fix re-run (issue 33)
 #   oom-live    scripts/oom-live-h200.sh: the agent's observer, run's verdict, its delay and
 #               cost (issue 33), where the script exists
@@ -244,4 +246,8 @@ if ! skipped leakset; then
 fi
 
 say "== $fails part(s) failed"
+# A device call brings back only so many files from $OUT (the leak set's nvidia-smi logs and
+# most of oom-live's answers were left out on 2026-12-05): one archive of every part's files
+# comes back whatever their number.
+tar czf "$OUT/parts.tar.gz" -C "$OUT" parts 2> /dev/null || say "could not archive $OUT/parts"
 exit $((fails > 0))
