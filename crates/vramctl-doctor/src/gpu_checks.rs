@@ -858,7 +858,11 @@ mod tests {
         };
         let f = unaccounted_memory(&gpu(10 << 30, 4 << 30), &in_container, "GPU 0");
         assert_eq!(f.status, Status::Warn);
-        assert!(f.summary.contains("does not list the whole GPU"), "{}", f.summary);
+        assert!(
+            f.summary.contains("does not list the whole GPU"),
+            "{}",
+            f.summary
+        );
     }
 
     #[test]
