@@ -727,9 +727,16 @@ impl Search {
 
         // A move up from `lo` by `step` (capped at `high`; a midpoint when it would cross
         // the middle of a known bracket), unless a refitted prediction goes further.
+        // Where a gallop up must stop: the smallest bad, else the first value the allocated
+        // bound rules out (no value above it can fit, so it halves as a failure would).
+        let ceiling = bad.or_else(|| {
+            self.allocated_bound()
+                .map(|u| u.saturating_add(1).min(high.saturating_add(1)))
+                .filter(|&c| c > lo + 1)
+        });
         let up = |step: u64, reason: Reason| -> Proposal {
             let target = lo.saturating_add(step).min(high);
-            let mut p = match bad {
+            let mut p = match ceiling {
                 Some(b) if target > lo + (b - lo) / 2 && reason == Reason::Gallop => {
                     self.bisect(lo, b)
                 }
@@ -769,14 +776,17 @@ impl Search {
         // `2·log2(w)` trials (the doubling steps down to it, then halving it), bisecting
         // the whole bracket `N` steps wide about `log2(N)`, so a step down is taken only
         // while it still saves a trial where it finds the truth, `2·log2(w) + 1 ≤ log2(N)`,
-        // i.e. `2w² ≤ N` (and never past the middle). Argued, not fitted; a large miss
+        // i.e. `2w² ≤ N` (and never past the middle). The first step (two steps wide,
+        // settled by two trials) is taken whenever it stays above the middle: at small
+        // values, where a bracket is a handful of steps, the logarithms round against it.
+        // Argued, not fitted; a large miss
         // (the line's, 4–33 % on the H200) then costs one or two trials more than
         // bisecting from the start would.
-        let down_gallop = |b: u64, width: u64| -> Proposal {
+        let down_gallop = |b: u64, width: u64, first: bool| -> Proposal {
             let target = b.saturating_sub(width);
             #[allow(clippy::cast_precision_loss)]
             let pays = 2.0 * (width as f64).powi(2) <= (b - lo) as f64 * self.up_step(b) as f64;
-            if target <= lo + (b - lo) / 2 || !pays {
+            if target <= lo + (b - lo) / 2 || !(first || pays) {
                 return self.bisect(lo, b);
             }
             Proposal {
@@ -803,12 +813,12 @@ impl Search {
             // every edge below it (it, then one step up), so a miss of up to about twice the
             // tolerance costs two trials; a failure there doubles the step (below).
             (Some((Reason::Confirm, Direction::Down)), Some(b)) if !last_ok => {
-                down_gallop(b, b - self.two_trial_floor(lo, b))
+                down_gallop(b, b - self.two_trial_floor(lo, b), true)
             }
             // A step down that failed too: double it, so a larger miss costs trials in
             // proportion to its logarithm, not to its size.
             (Some((Reason::Gallop, Direction::Down)), Some(b)) if !last_ok => {
-                down_gallop(b, from.map_or(1, |p| p.step).saturating_mul(2))
+                down_gallop(b, from.map_or(1, |p| p.step).saturating_mul(2), false)
             }
             // A step down that succeeded: halve the window it found, by the value that
             // settles it either way where one does (the first step leaves two steps).

@@ -324,7 +324,8 @@ fn trials_per_recorded_h200_job() {
 
 /// Where a job's synthetic edges lie: from 5 % below the prediction the search aims from
 /// (the trace predictor's edge; without traces, the line's after the two calibrations) up
-/// to the allocated bound after them (with no bound, 5 % above the prediction). The
+/// to the allocated bound after them (with no bound, 5 % above the prediction), less the
+/// edges the figures themselves rule out. The
 /// calibration trials succeed for every edge in it, so both figures are those of every
 /// replay in the sweep.
 fn sweep_edges(case: &Case) -> std::ops::RangeInclusive<u64> {
@@ -359,7 +360,50 @@ fn sweep_edges(case: &Case) -> std::ops::RangeInclusive<u64> {
         (prediction as f64 * 0.95).floor() as u64,
         (prediction as f64 * 1.05).ceil() as u64,
     );
-    from..=s.allocated_bound().unwrap_or(above)
+    // An edge its own figures rule out (their allocated peak + outside-the-pool memory over
+    // the capacity: the bound through the trials just under it falls below it) cannot be a
+    // job's: the top is the largest edge still consistent with them.
+    let consistent = |t: u64| {
+        let pts: Vec<bound::Point> = [t - 1, t]
+            .iter()
+            .map(|&v| {
+                let Outcome::Succeeded(d) = trial(&Case { truth: t, ..*case }, &points, v, true)
+                else {
+                    unreachable!("at or below the truth")
+                };
+                bound::Point::of(v, &d[0]).expect("all three figures")
+            })
+            .collect();
+        bound::device_bound(&pts, at(&points, t).capacity).is_none_or(|u| u >= t)
+    };
+    // Nor can an edge above the bound of two recorded trials (measured, not interpolated).
+    let recorded_bound = points
+        .iter()
+        .enumerate()
+        .flat_map(|(i, a)| points[i + 1..].iter().map(move |b| (a, b)))
+        .filter_map(|(a, b)| {
+            let pts: Vec<bound::Point> = [a, b]
+                .iter()
+                .map(|f| {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    bound::Point {
+                        value: f.value,
+                        allocated_bytes: f.allocated as u64,
+                        outside_pool_bytes: (f.nvml - f.reserved).max(0.0) as u64,
+                    }
+                })
+                .collect();
+            bound::device_bound(&pts, b.capacity)
+        })
+        .min();
+    let mut top = s
+        .allocated_bound()
+        .unwrap_or(above)
+        .min(recorded_bound.unwrap_or(u64::MAX));
+    while top > from && !consistent(top) {
+        top -= 1;
+    }
+    from..=top
 }
 
 /// The rule is not tied to the recorded edges: with each recorded job's figures and its
