@@ -226,9 +226,10 @@ struct Proposal {
 ///    `ok + max(1, ceil(tol·ok))` — a failure there closes the bracket; after a bad one,
 ///    the smallest value whose success closes it, about `bad / (1 + tol)`. An upward
 ///    confirmation that succeeds is followed by steps that double; one that would cross
-///    the middle of a known bracket, a direction reversed, or a downward confirmation
-///    that fails too (the model is off by more than the tolerance and has no new point
-///    to say by how much) bisects instead. At every step a refitted
+///    the middle of a known bracket (or of `[ok, allocated bound]`), or a direction
+///    reversed, bisects instead. A downward confirmation that fails too steps down from
+///    that failure to the lowest value two trials settle below it, doubling the step
+///    while that still saves a trial over bisection (`2w² ≤ N`), then bisects. At every step a refitted
 ///    prediction strictly inside the bracket (new information: a prediction that failed
 ///    and was not refitted is not inside) is used when it moves further than the step.
 /// 6. **Traces** (issue 34): once the trial loop has the trace predictor's edge
