@@ -101,7 +101,8 @@ pub enum Reason {
     /// One step past the last ok (or below the last bad) that closes the bracket if the
     /// model was right.
     Confirm,
-    /// A step doubled after a confirmation that did not close the bracket.
+    /// A step doubled after a confirmation that did not close the bracket: up from the
+    /// largest ok after successes, down from the smallest bad after failures.
     Gallop,
     /// The midpoint of the bracket.
     Bisect,
@@ -225,9 +226,10 @@ struct Proposal {
 ///    `ok + max(1, ceil(tol·ok))` — a failure there closes the bracket; after a bad one,
 ///    the smallest value whose success closes it, about `bad / (1 + tol)`. An upward
 ///    confirmation that succeeds is followed by steps that double; one that would cross
-///    the middle of a known bracket, a direction reversed, or a downward confirmation
-///    that fails too (the model is off by more than the tolerance and has no new point
-///    to say by how much) bisects instead. At every step a refitted
+///    the middle of a known bracket (or of `[ok, allocated bound]`), or a direction
+///    reversed, bisects instead. A downward confirmation that fails too steps down from
+///    that failure to the lowest value two trials settle below it, doubling the step
+///    while that still saves a trial over bisection (`2w² ≤ N`), then bisects. At every step a refitted
 ///    prediction strictly inside the bracket (new information: a prediction that failed
 ///    and was not refitted is not inside) is used when it moves further than the step.
 /// 6. **Traces** (issue 34): once the trial loop has the trace predictor's edge
@@ -607,6 +609,42 @@ impl Search {
         lo
     }
 
+    /// The lowest value above `ok` from which two trials settle every edge below `bad`:
+    /// `v`, then `c = v + step(v)` — a failure at `c` closes `[v, c)`, a success closes
+    /// `[c, bad)`. About `bad / (1 + tol)²`.
+    fn two_trial_floor(&self, ok: u64, bad: u64) -> u64 {
+        let settles = |v: u64| {
+            let c = v.saturating_add(self.up_step(v));
+            c >= bad || self.closes(c, bad)
+        };
+        let (mut lo, mut hi) = (ok + 1, bad - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if settles(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    }
+
+    /// The model's bisection of an open bracket `[ok, bad)`: the value one step above `ok`
+    /// when both its outcomes close the bracket, else the midpoint.
+    fn settle_or_bisect(&self, ok: u64, bad: u64) -> Proposal {
+        let step = self.up_step(ok);
+        let c = ok.saturating_add(step);
+        if c < bad && self.closes(c, bad) {
+            return Proposal {
+                value: c,
+                reason: Reason::Confirm,
+                direction: Direction::Up,
+                step,
+            };
+        }
+        self.bisect(ok, bad)
+    }
+
     /// Whether `v` may be proposed: in range, strictly inside the bracket.
     fn inside(&self, v: u64, ok: u64, bad: Option<u64>) -> bool {
         v > ok && v <= self.settings.high && bad.is_none_or(|b| v < b)
@@ -690,9 +728,16 @@ impl Search {
 
         // A move up from `lo` by `step` (capped at `high`; a midpoint when it would cross
         // the middle of a known bracket), unless a refitted prediction goes further.
+        // Where a gallop up must stop: the smallest bad, else the first value the allocated
+        // bound rules out (no value above it can fit, so it halves as a failure would).
+        let ceiling = bad.or_else(|| {
+            self.allocated_bound()
+                .map(|u| u.saturating_add(1).min(high.saturating_add(1)))
+                .filter(|&c| c > lo + 1)
+        });
         let up = |step: u64, reason: Reason| -> Proposal {
             let target = lo.saturating_add(step).min(high);
-            let mut p = match bad {
+            let mut p = match ceiling {
                 Some(b) if target > lo + (b - lo) / 2 && reason == Reason::Gallop => {
                     self.bisect(lo, b)
                 }
@@ -727,6 +772,31 @@ impl Search {
             }
         };
         let bisect_or_aim = |b: u64| aim.map_or_else(|| self.bisect(lo, b), predicted);
+        // A step down from the smallest bad `b` by `width`, or bisection of `[lo, b)` once
+        // the step is too wide to pay: a truth found in a window `w` steps wide costs about
+        // `2·log2(w)` trials (the doubling steps down to it, then halving it), bisecting
+        // the whole bracket `N` steps wide about `log2(N)`, so a step down is taken only
+        // while it still saves a trial where it finds the truth, `2·log2(w) + 1 ≤ log2(N)`,
+        // i.e. `2w² ≤ N` (and never past the middle). The first step (two steps wide,
+        // settled by two trials) is taken whenever it stays above the middle: at small
+        // values, where a bracket is a handful of steps, the logarithms round against it.
+        // Argued, not fitted; a large miss
+        // (the line's, 4–33 % on the H200) then costs one or two trials more than
+        // bisecting from the start would.
+        let down_gallop = |b: u64, width: u64, first: bool| -> Proposal {
+            let target = b.saturating_sub(width);
+            #[allow(clippy::cast_precision_loss)]
+            let pays = 2.0 * (width as f64).powi(2) <= (b - lo) as f64 * self.up_step(b) as f64;
+            if target <= lo + (b - lo) / 2 || !(first || pays) {
+                return self.bisect(lo, b);
+            }
+            Proposal {
+                value: target,
+                reason: Reason::Gallop,
+                direction: Direction::Down,
+                step: width,
+            }
+        };
 
         match (from.map(|p| (p.reason, p.direction)), bad) {
             // After a prediction: the one trial that settles it.
@@ -737,11 +807,26 @@ impl Search {
                 let step = from.map_or(1, |p| p.step).saturating_mul(2).max(1);
                 up(step, Reason::Gallop)
             }
-            // A confirmation below a failed prediction that failed too, a reversed
-            // direction, or bisecting already: bisect on. (Not a doubling step down: the
-            // failed confirmation shows the model off by more than the tolerance, and with
-            // no new point it cannot say by how much, so halving the bracket is the
-            // search whose cost does not depend on where the truth lies.)
+            // A confirmation below a failed prediction that failed too: the model is off by
+            // more than the tolerance, but by little — the truth lies just under a value
+            // that failed, far above the calibration values a bisection would start from.
+            // Step down from the failure to the lowest value from which two trials settle
+            // every edge below it (it, then one step up), so a miss of up to about twice the
+            // tolerance costs two trials; a failure there doubles the step (below).
+            (Some((Reason::Confirm, Direction::Down)), Some(b)) if !last_ok => {
+                down_gallop(b, b - self.two_trial_floor(lo, b), true)
+            }
+            // A step down that failed too: double it, so a larger miss costs trials in
+            // proportion to its logarithm, not to its size.
+            (Some((Reason::Gallop, Direction::Down)), Some(b)) if !last_ok => {
+                down_gallop(b, from.map_or(1, |p| p.step).saturating_mul(2), false)
+            }
+            // A step down that succeeded: halve the window it found, by the value that
+            // settles it either way where one does (the first step leaves two steps).
+            (Some((Reason::Gallop, Direction::Down)), Some(b)) => {
+                aim.map_or_else(|| self.settle_or_bisect(lo, b), predicted)
+            }
+            // A reversed direction, or bisecting already: bisect on.
             (Some((Reason::Confirm | Reason::Gallop | Reason::Bisect, _)), Some(b)) => {
                 bisect_or_aim(b)
             }
@@ -1108,6 +1193,48 @@ mod tests {
             Next::Try {
                 value: 41,
                 reason: Reason::Confirm
+            }
+        );
+    }
+
+    #[test]
+    fn a_prediction_and_its_step_down_that_both_fail_step_down_to_a_two_trial_window() {
+        let start = || {
+            let mut s = Search::new(settings(Strategy::Model)).expect("valid");
+            s.record(8, Outcome::Succeeded(measured(18 * GIB)));
+            s.record(40, Outcome::Succeeded(measured(50 * GIB)));
+            s.set_trace_prediction(100);
+            let try_at = |value, reason| Next::Try { value, reason };
+            assert_eq!(s.next(), try_at(99, Reason::Predicted));
+            s.record(99, Outcome::OutOfMemory(measured(100 * GIB)));
+            // 97's success would close [97, 99).
+            assert_eq!(s.next(), try_at(97, Reason::Confirm));
+            s.record(97, Outcome::OutOfMemory(measured(100 * GIB)));
+            // Not a bisection from 40: 93, from which 95 settles every edge below 97.
+            assert_eq!(s.next(), try_at(93, Reason::Gallop));
+            s
+        };
+        let mut s = start();
+        s.record(93, Outcome::Succeeded(measured(99 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 95,
+                reason: Reason::Confirm
+            }
+        );
+        s.record(95, Outcome::OutOfMemory(measured(100 * GIB)));
+        assert_eq!(s.next(), Next::Done(Conclusion::Found { value: 93 }));
+
+        // 93 fails too: the next step (8 wide) would not save a trial over bisecting
+        // [40, 93) (2·8² > 53·2), so it bisects.
+        let mut s = start();
+        s.record(93, Outcome::OutOfMemory(measured(100 * GIB)));
+        assert_eq!(
+            s.next(),
+            Next::Try {
+                value: 66,
+                reason: Reason::Bisect
             }
         );
     }

@@ -26,6 +26,7 @@ struct Figures {
     capacity: u64,
 }
 
+#[derive(Clone, Copy)]
 struct Case {
     name: &'static str,
     truth: u64,
@@ -321,27 +322,129 @@ fn trials_per_recorded_h200_job() {
     insta::assert_snapshot!(table);
 }
 
-/// The rule is not tied to ResNet-50's recorded edge: with the same figures and an edge
-/// anywhere from 5 % below the trace prediction up to the allocated bound (3326), the
-/// answer is a value that fit, within 2 %, and the trials it takes are counted (with the
-/// bound, without it).
-#[test]
-fn resnet_s_figures_with_any_edge_up_to_the_bound_stay_within_two_percent() {
-    // Trials → how many edges took that many, with the bound and without it.
-    let mut counts = std::collections::BTreeMap::<usize, u64>::new();
-    let mut before = std::collections::BTreeMap::<usize, u64>::new();
-    for truth in 3050..=3326 {
-        let case = Case {
-            truth,
-            ..cases().swap_remove(0)
+/// Where a job's synthetic edges lie: from 5 % below the prediction the search aims from
+/// (the trace predictor's edge; without traces, the line's after the two calibrations) up
+/// to the allocated bound after them (with no bound, 5 % above the prediction), less the
+/// edges the figures themselves rule out. The
+/// calibration trials succeed for every edge in it, so both figures are those of every
+/// replay in the sweep.
+fn sweep_edges(case: &Case) -> std::ops::RangeInclusive<u64> {
+    let points = figures(case);
+    let mut s = Search::new(SearchSettings {
+        low: case.low,
+        high: case.high,
+        margin: 0.0,
+        tolerance: 0.02,
+        strategy: Strategy::Model,
+    })
+    .expect("settings");
+    for _ in 0..2 {
+        let Next::Try { value, .. } = s.next() else {
+            panic!("{}: a calibration trial", case.name);
         };
-        let (c, tried) = replay(&case, true);
-        let got = answer(c).expect("an answer");
-        #[allow(clippy::cast_precision_loss)]
-        let within = got <= truth && (truth - got) as f64 <= 0.02 * truth as f64;
-        assert!(within, "edge {truth}: {got}: {tried:?}");
-        *counts.entry(tried.len()).or_default() += 1;
-        *before.entry(replay(&case, false).1.len()).or_default() += 1;
+        if case.trace_prediction.is_some() {
+            s.set_traced_calibration();
+        }
+        s.record(value, trial(case, &points, value, true));
     }
-    insta::assert_debug_snapshot!((counts, before));
+    let prediction = case
+        .trace_prediction
+        .or_else(|| s.model().and_then(|m| m.prediction))
+        .expect("a prediction");
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let (from, above) = (
+        (prediction as f64 * 0.95).floor() as u64,
+        (prediction as f64 * 1.05).ceil() as u64,
+    );
+    // An edge its own figures rule out (their allocated peak + outside-the-pool memory over
+    // the capacity: the bound through the trials just under it falls below it) cannot be a
+    // job's: the top is the largest edge still consistent with them.
+    let consistent = |t: u64| {
+        let pts: Vec<bound::Point> = [t - 1, t]
+            .iter()
+            .map(|&v| {
+                let Outcome::Succeeded(d) = trial(&Case { truth: t, ..*case }, &points, v, true)
+                else {
+                    unreachable!("at or below the truth")
+                };
+                bound::Point::of(v, &d[0]).expect("all three figures")
+            })
+            .collect();
+        bound::device_bound(&pts, at(&points, t).capacity).is_none_or(|u| u >= t)
+    };
+    // Nor can an edge above the bound of two recorded trials (measured, not interpolated).
+    let recorded_bound = points
+        .iter()
+        .enumerate()
+        .flat_map(|(i, a)| points[i + 1..].iter().map(move |b| (a, b)))
+        .filter_map(|(a, b)| {
+            let pts: Vec<bound::Point> = [a, b]
+                .iter()
+                .map(|f| {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    bound::Point {
+                        value: f.value,
+                        allocated_bytes: f.allocated as u64,
+                        outside_pool_bytes: (f.nvml - f.reserved).max(0.0) as u64,
+                    }
+                })
+                .collect();
+            bound::device_bound(&pts, b.capacity)
+        })
+        .min();
+    let mut top = s
+        .allocated_bound()
+        .unwrap_or(above)
+        .min(recorded_bound.unwrap_or(u64::MAX));
+    while top > from && !consistent(top) {
+        top -= 1;
+    }
+    from..=top
+}
+
+/// The rule is not tied to the recorded edges: with each recorded job's figures and its
+/// edge moved anywhere from 5 % below the prediction up to the allocated bound, the answer
+/// is a value that fit, within 2 %, and the trials it takes are counted (with the bound,
+/// and without the allocated figure). These are synthetic edges on recorded figures: the
+/// rule for a miss was chosen on them (docs/fit.md), so they are tuning data, not evidence.
+#[test]
+fn every_recorded_job_s_figures_with_any_edge_up_to_the_bound_stay_within_two_percent() {
+    let mut table = String::from(
+        "job             | edges     | trials: edges (with the bound) | without the allocated figure\n",
+    );
+    for base in cases() {
+        let edges = sweep_edges(&base);
+        // Trials → how many edges took that many.
+        let mut counts = std::collections::BTreeMap::<usize, u64>::new();
+        let mut before = std::collections::BTreeMap::<usize, u64>::new();
+        for truth in edges.clone() {
+            let case = Case { truth, ..base };
+            for (agent, tally) in [(true, &mut counts), (false, &mut before)] {
+                let (c, tried) = replay(&case, agent);
+                let got = answer(c).expect("an answer");
+                #[allow(clippy::cast_precision_loss)]
+                let within = got <= truth && (truth - got) as f64 <= 0.02 * truth as f64;
+                assert!(within, "{} edge {truth}: {got}: {tried:?}", case.name);
+                *tally.entry(tried.len()).or_default() += 1;
+            }
+        }
+        let show = |m: &std::collections::BTreeMap<usize, u64>| {
+            m.iter()
+                .map(|(t, n)| format!("{t}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        table.push_str(&format!(
+            "{:<15} | {:<9} | {:<30} | {}\n",
+            base.name,
+            format!("{}-{}", edges.start(), edges.end()),
+            show(&counts),
+            show(&before)
+        ));
+    }
+    insta::assert_snapshot!(table);
 }
