@@ -708,8 +708,7 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
     // The previous point first (the rules fired one analysis ago), then ends back over
     // the stall window, newest first: a dip is usually a second or two old.
     let ends = std::iter::once(points.len() - 1).chain(
-        (1..=stall_ms / grid_ms)
-            .map(|j| points.partition_point(|p| p.t() <= now - j * grid_ms)),
+        (1..=stall_ms / grid_ms).map(|j| points.partition_point(|p| p.t() <= now - j * grid_ms)),
     );
     let mut last_probed = None;
     for k in ends {
