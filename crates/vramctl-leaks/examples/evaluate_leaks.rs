@@ -15,7 +15,9 @@
 //!   `scripts/record-leak-traces.sh` records;
 //! - `FILE.json`: a labeled trace in the documented format (`docs/leaks.md`).
 //!
-//! Options: `--idle-for S` (default 60: the recordings are minutes long), `--json` (one
+//! Options: `--idle-for S` (default 60: the recordings are minutes long),
+//! `--batch-every-ms MS` (also analyse every MS of sample time, as `vramctl leaks --until
+//! T` run every MS would: flips that the tracker's cadence steps over count), `--json` (one
 //! JSON outcome per line), `--write-synthetic DIR` (write the suite as labeled JSON).
 //!
 //! Sweeps (issue 13, `tests/leaks/sweep.rs`): `--sweep ramp|rate|step|noise|review|all`
@@ -106,6 +108,12 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
                 o.idle_for_s = value("--idle-for")?
                     .parse()
                     .map_err(|e| format!("--idle-for: {e}"))?;
+            }
+            "--batch-every-ms" => {
+                let every: i64 = value("--batch-every-ms")?
+                    .parse()
+                    .map_err(|e| format!("--batch-every-ms: {e}"))?;
+                labeled::BATCH_EVERY_MS.store(every.max(0), std::sync::atomic::Ordering::Relaxed);
             }
             "--json" => o.json = true,
             "--write-synthetic" => o.write_synthetic = Some(value("--write-synthetic")?),

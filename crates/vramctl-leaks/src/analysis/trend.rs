@@ -671,9 +671,12 @@ impl Series<'_> {
     }
 }
 
-/// Earlier ends of the series at which [`analyze`] asks whether it was a leak already,
+/// Most earlier ends at which [`analyze`] asks whether the series was a leak already,
 /// spread evenly over the stall window before now (besides the previous point).
-const CONTINUATION_PROBES: i64 = 3;
+const CONTINUATION_PROBES: i64 = 20;
+/// Least spacing of those ends: a second, the finest cadence at which anything analyses a
+/// series (`leaks --watch`, `top`, `vramctl leaks --until` run every second).
+const CONTINUATION_GRID_MS: i64 = 1000;
 
 /// Runs the memory analysis on the points of one series.
 ///
@@ -682,7 +685,12 @@ const CONTINUATION_PROBES: i64 = 3;
 /// start could still fire: material, long enough, still growing), stays a `leak`: a
 /// leak verdict ends only on evidence that the floor stopped rising, not because a gate
 /// wavered between two steps (issue 35: 19 flips from `leak` back to `growing` on a 1 s
-/// log). Pure: the earlier ends are prefixes of the same points, so batch and live agree.
+/// log). The earlier ends are every second (or sample interval, or a twentieth of the
+/// stall window, whichever is longest) back over the stall window: the steadiness test's
+/// windows slide with the series, and an irregular staircase loses significance for a
+/// second or two whenever two steps fall into one window, which three ends a quarter of
+/// the window apart did not bridge (`staircase-eval`, second H200 recording, tune half).
+/// Pure: the earlier ends are prefixes of the same points, so batch and live agree.
 pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
     let mut trend = analyze_now(points, inputs, cfg);
     let continues = !matches!(trend.verdict, MemoryVerdict::Leak(_))
@@ -693,16 +701,21 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
     }
     let now = points.last().map_or(0, Point::t);
     let stall_ms = (trend.since_start_stall_sec * 1000.0) as i64;
-    // The previous point first (the rules fired one analysis ago), then ends spread over
-    // the stall window.
-    let ends = std::iter::once(points.len() - 1).chain((1..=CONTINUATION_PROBES).map(|j| {
-        let end = now - stall_ms * j / (CONTINUATION_PROBES + 1);
-        points.partition_point(|p| p.t() <= end)
-    }));
+    let grid_ms = CONTINUATION_GRID_MS
+        .max(trend.scale.interval_ms)
+        .max(stall_ms / CONTINUATION_PROBES)
+        .max(1);
+    // The previous point first (the rules fired one analysis ago), then ends back over
+    // the stall window, newest first: a dip is usually a second or two old.
+    let ends = std::iter::once(points.len() - 1).chain(
+        (1..=stall_ms / grid_ms).map(|j| points.partition_point(|p| p.t() <= now - j * grid_ms)),
+    );
+    let mut last_probed = None;
     for k in ends {
-        if k < 2 || k >= points.len() {
+        if k < 2 || k >= points.len() || last_probed == Some(k) {
             continue;
         }
+        last_probed = Some(k);
         let earlier = analyze_now(&points[..k], inputs, cfg);
         if matches!(earlier.verdict, MemoryVerdict::Leak(_)) {
             // The evidence shown is the analysis that made the leak (at most a stall

@@ -174,16 +174,38 @@ pub enum Class {
     Quiet,
 }
 
+/// Sample time between forced analyses on top of the tracker's own schedule (0: none):
+/// `vramctl leaks --until T` run every second is the analysis at every second, where the
+/// tracker of `leaks --watch` analyses only when its cadence says so and so may step over
+/// a verdict that lasts a second (issue 35's flips on the batch path). Set once by
+/// `evaluate_leaks --batch-every-ms`.
+pub static BATCH_EVERY_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
 /// Replays one trace through trackers and scores every series.
 pub fn evaluate(trace: &LabeledTrace, cfg: &LeakConfig) -> Vec<Outcome> {
+    evaluate_every(
+        trace,
+        cfg,
+        BATCH_EVERY_MS.load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+/// [`evaluate`], with an analysis forced every `batch_every_ms` of sample time besides the
+/// tracker's own (0: none), as `vramctl leaks --until T` run that often would give.
+pub fn evaluate_every(trace: &LabeledTrace, cfg: &LeakConfig, batch_every_ms: i64) -> Vec<Outcome> {
     trace
         .series
         .iter()
-        .map(|s| evaluate_series(trace, s, cfg))
+        .map(|s| evaluate_series(trace, s, cfg, batch_every_ms))
         .collect()
 }
 
-fn evaluate_series(trace: &LabeledTrace, s: &LabeledSeries, cfg: &LeakConfig) -> Outcome {
+fn evaluate_series(
+    trace: &LabeledTrace,
+    s: &LabeledSeries,
+    cfg: &LeakConfig,
+    batch_every_ms: i64,
+) -> Outcome {
     let ctx = SeriesContext {
         capacity_bytes: trace.capacity_bytes,
         free_bytes: None,
@@ -197,6 +219,7 @@ fn evaluate_series(trace: &LabeledTrace, s: &LabeledSeries, cfg: &LeakConfig) ->
     let (mut i_sm, mut i_dev, mut i_cpu, mut i_free) = (0, 0, 0, 0);
     let mut changes = Vec::new();
     let mut first_leak_rule = None;
+    let mut next_batch_ms = s.samples.first().map_or(0, |x| x.t_unix_ms) + batch_every_ms;
     for sample in &s.samples {
         let t = sample.t_unix_ms;
         while i_sm < s.sm.len() && s.sm[i_sm].t_unix_ms <= t {
@@ -225,6 +248,17 @@ fn evaluate_series(trace: &LabeledTrace, s: &LabeledSeries, cfg: &LeakConfig) ->
                 first_leak_rule = change.report.rule;
             }
             changes.push((change.at_unix_ms, change.to));
+        }
+        if batch_every_ms > 0 && t >= next_batch_ms {
+            next_batch_ms = t + batch_every_ms;
+            if let Some(r) = tracker.analyze_now() {
+                if changes.last().map(|c| c.1) != Some(r.verdict) {
+                    if r.verdict == Verdict::Leak && first_leak_rule.is_none() {
+                        first_leak_rule = r.rule;
+                    }
+                    changes.push((r.last_unix_ms, r.verdict));
+                }
+            }
         }
     }
     let final_report = tracker.analyze_now().cloned();

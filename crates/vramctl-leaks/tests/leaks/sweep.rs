@@ -11,6 +11,7 @@
 //! | `review` | what the review of issue 4 reported: `dyn_shapes` with a 90/120/150 s ramp (300 s runs); `leak_staircase` at 10 s for 300 and 900 s | | |
 //! | `shapes-choose` | issue 35's shapes: leaks in rare big steps, one step then flat, a slow sawtooth, a leak hidden in a sawtooth | `step_leak`, `one_step_then_flat`, `sawtooth_leak` | the set thresholds are chosen on |
 //! | `shapes-holdout` | the same shapes with other sizes, periods and seeds | | held back: scored, never tuned on |
+//! | `irregular` | leaks in irregular steps (sizes and gaps ×0.25–1.75 of their mean), as the leak set's `staircase-eval`; run it with `--batch-every-ms 1000` to count the flips `vramctl leaks` run every second shows | `irregular_step_leak` | the set issue 35's batch flips are chosen on |
 //!
 //! Seeds: run `s` of a point uses the seed the suite gives the workload in run `s`
 //! (`workloads_at(.., 1 + 10 s, ..)`: `dyn_shapes` gets `1 + 10 s + 3`), so a point of the
@@ -24,7 +25,7 @@ use super::labeled::{Class, Label, LabeledTrace, Outcome, evaluate};
 use super::synth::{self, GIB, LeakSpec, MIB};
 
 /// The sweeps, in the order `all` runs them.
-pub const SWEEPS: [&str; 7] = [
+pub const SWEEPS: [&str; 8] = [
     "ramp",
     "rate",
     "step",
@@ -32,6 +33,7 @@ pub const SWEEPS: [&str; 7] = [
     "review",
     "shapes-choose",
     "shapes-holdout",
+    "irregular",
 ];
 
 /// One point of a sweep: a curve, a value on it, an interval.
@@ -301,6 +303,39 @@ fn plan(name: &str, intervals: &[i64], duration_s: Option<i64>) -> Result<Vec<Wo
                         interval_ms: iv,
                         duration_s: d,
                         make: Box::new(move |s| shape.make(d, seed_base + s, iv)),
+                    });
+                }
+            }
+        }
+        "irregular" => {
+            let d = duration_s.unwrap_or(300);
+            for (step_bytes, gap_s) in [
+                (16 * MIB, 2),
+                (32 * MIB, 3),
+                (64 * MIB, 5),
+                (128 * MIB, 8),
+                (256 * MIB, 12),
+            ] {
+                for &iv in intervals {
+                    out.push(Work {
+                        sweep: "irregular",
+                        curve: "leak in irregular steps, from the first step".into(),
+                        value: format!(
+                            "{} / {gap_s} s on average ({:.1} MB/s)",
+                            fmt_size(step_bytes),
+                            step_bytes as f64 / gap_s as f64 / 1e6
+                        ),
+                        interval_ms: iv,
+                        duration_s: d,
+                        make: Box::new(move |s| {
+                            synth::irregular_step_leak(
+                                d,
+                                suite_seed(s, 900),
+                                iv,
+                                step_bytes,
+                                gap_s * 1000,
+                            )
+                        }),
                     });
                 }
             }

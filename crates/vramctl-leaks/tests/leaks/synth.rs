@@ -743,6 +743,49 @@ pub fn step_leak(
     )
 }
 
+/// Issue 35's flips on the batch path: an irregular staircase, as the H200 leak set's
+/// `staircase-eval` (an evaluation pass every few training steps keeps its results).
+/// From the first step, each kept block is `mean_step_bytes` × U(0.25, 1.75) (rounded to
+/// 2 MiB, as the allocator's segments are) and the gap to the next is `mean_gap_ms` ×
+/// U(0.25, 1.75): on average a steady leak, in steps whose size and spacing vary, so that
+/// the steadiness windows see two steps in one window now and then.
+pub fn irregular_step_leak(
+    duration_s: i64,
+    seed: u64,
+    interval_ms: i64,
+    mean_step_bytes: u64,
+    mean_gap_ms: i64,
+) -> LabeledTrace {
+    let mut sim = Sim::new(seed, interval_ms);
+    sim.init_cuda();
+    let mut model = Mlp::new(&mut sim, 1024, 4);
+    let mut next_ms = sim.rng().range(0, mean_gap_ms);
+    let mut kept: Vec<u64> = Vec::new();
+    let mut leak_start: Option<i64> = None;
+    let granule = 2 * MIB;
+    while sim.t_ms < duration_s * 1000
+        && sim.nvml_bytes() + 2 * mean_step_bytes < H200_TOTAL - 2 * GIB
+    {
+        model.train_step(&mut sim, 256);
+        if sim.t_ms >= next_ms {
+            leak_start.get_or_insert(sim.t_ms);
+            let factor = sim.rng().range(250, 1750) as f64 / 1000.0;
+            let bytes = ((mean_step_bytes as f64 * factor) as u64 / granule).max(1) * granule;
+            kept.push(sim.alloc.alloc(bytes));
+            let gap = sim.rng().range(mean_gap_ms / 4, mean_gap_ms * 7 / 4);
+            next_ms = sim.t_ms + gap.max(1);
+        }
+        sim.wait(250);
+    }
+    let label = Label::Leak {
+        leak_start_unix_ms: T0 + leak_start.unwrap_or(next_ms),
+    };
+    trace(
+        "irregular_step_leak",
+        series("irregular_step_leak", "irregular-steps", label, sim, false),
+    )
+}
+
 /// Issue 35: training whose optimizer is created lazily at `step_at_ms` (one
 /// `step_bytes` step), then flat to the end: not a leak.
 pub fn one_step_then_flat(

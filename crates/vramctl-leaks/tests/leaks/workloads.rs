@@ -4,7 +4,9 @@ use vramctl_leaks::analysis::{
     ActivityInputs, LeakConfig, LeakRule, SeriesContext, Verdict, analyze,
 };
 
-use super::labeled::{Class, Label, LabeledTrace, Outcome, evaluate, render, score};
+use super::labeled::{
+    Class, Label, LabeledTrace, Outcome, evaluate, evaluate_every, render, score,
+};
 use super::readers::read_fixture;
 use super::synth;
 
@@ -266,6 +268,30 @@ fn a_slow_sawtooth_is_a_sawtooth_at_every_interval() {
         let o = &evaluate(&trace, &cfg())[0];
         assert_eq!(o.first_leak_unix_ms, None, "{iv} ms: {:?}", o.changes);
         assert_eq!(o.final_verdict, Some(Verdict::Sawtooth), "{iv} ms");
+    }
+}
+
+#[test]
+fn a_leak_verdict_analysed_every_second_does_not_flip_on_an_irregular_staircase() {
+    // `vramctl leaks --until T` run every second on a leak in irregular steps (64 MiB
+    // × 0.25–1.75 every 5 s × 0.25–1.75, as the leak set's `staircase-eval`): the
+    // steadiness windows slide with the series and, when two steps fall into one window,
+    // the test loses significance for a second. Looking back at three ends a quarter of
+    // the stall window apart gave 11 flips on these ten runs at 100 ms and 8 at 1 s
+    // (`evaluate_leaks --sweep irregular --batch-every-ms 1000`, issue 35).
+    for interval_ms in [100, 1000] {
+        for s in 0..10 {
+            let trace = synth::irregular_step_leak(
+                300,
+                1 + s * 10 + 900,
+                interval_ms,
+                64 * synth::MIB,
+                5000,
+            );
+            let o = &evaluate_every(&trace, &cfg(), 1000)[0];
+            assert_eq!(o.class, Class::Found, "{}", o.final_explanation);
+            assert_eq!(flips(o), 0, "{interval_ms} ms, run {s}: {:?}", o.changes);
+        }
     }
 }
 
