@@ -131,6 +131,19 @@ pub enum Conclusion {
     NothingFits,
 }
 
+impl Conclusion {
+    /// The answer: the largest value that succeeded (and stayed under the margin), if any.
+    #[must_use]
+    pub fn value(self) -> Option<u64> {
+        match self {
+            Self::Found { value } | Self::Bounded { value, .. } | Self::TopOfRange { value } => {
+                Some(value)
+            }
+            Self::NothingFits => None,
+        }
+    }
+}
+
 /// The model as fitted now, for the report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSummary {

@@ -203,12 +203,7 @@ fn trace_predict(traced: &[Traced], settings: &SearchSettings) -> Result<TracePr
 impl Trials {
     /// The largest value that succeeded (and stayed under the margin), if any.
     pub fn answer(&self) -> Option<u64> {
-        match self.conclusion {
-            Conclusion::Found { value }
-            | Conclusion::Bounded { value, .. }
-            | Conclusion::TopOfRange { value } => Some(value),
-            Conclusion::NothingFits => None,
-        }
+        self.conclusion.value()
     }
 }
 

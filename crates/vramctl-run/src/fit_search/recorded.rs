@@ -198,15 +198,6 @@ fn replay(case: &Case, agent_allocated: bool) -> (Conclusion, Vec<(u64, Reason)>
     panic!("{}: no conclusion in 40 trials: {tried:?}", case.name);
 }
 
-fn answer(c: Conclusion) -> Option<u64> {
-    match c {
-        Conclusion::Found { value }
-        | Conclusion::Bounded { value, .. }
-        | Conclusion::TopOfRange { value } => Some(value),
-        Conclusion::NothingFits => None,
-    }
-}
-
 #[test]
 fn without_the_allocated_figure_the_replay_makes_the_h200_s_trials() {
     // The seam is faithful: the search of 2026-12-05 on these figures tries what it tried.
@@ -214,7 +205,7 @@ fn without_the_allocated_figure_the_replay_makes_the_h200_s_trials() {
     let (c, tried) = replay(resnet, false);
     let values: Vec<u64> = tried.iter().map(|t| t.0).collect();
     assert_eq!(values, [8, 53, 3179, 3243, 3371, 3307]);
-    assert_eq!(answer(c), Some(3243));
+    assert_eq!(c.value(), Some(3243));
     for case in cases() {
         if let Some(n) = case.h200_trials {
             assert_eq!(replay(&case, false).1.len(), n, "{}", case.name);
@@ -226,7 +217,7 @@ fn without_the_allocated_figure_the_replay_makes_the_h200_s_trials() {
 fn with_the_allocated_bound_every_recorded_fit_is_within_two_percent_in_four_trials() {
     for case in cases() {
         let (c, tried) = replay(&case, true);
-        let got = answer(c).expect("an answer");
+        let got = c.value().expect("an answer");
         assert!(
             got <= case.truth,
             "{}: {got} above {}",
@@ -256,6 +247,22 @@ fn with_the_allocated_bound_every_recorded_fit_is_within_two_percent_in_four_tri
     }
 }
 
+/// The allocated bound from two recorded trials alone (`b` the larger), at `b`'s capacity.
+fn pair_bound(a: &Figures, b: &Figures) -> Option<u64> {
+    let pts: Vec<bound::Point> = [a, b]
+        .iter()
+        .map(|f| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            bound::Point {
+                value: f.value,
+                allocated_bytes: f.allocated as u64,
+                outside_pool_bytes: (f.nvml - f.reserved).max(0.0) as u64,
+            }
+        })
+        .collect();
+    bound::device_bound(&pts, b.capacity)
+}
+
 /// Every recorded figure, every pair: the bound from any two succeeded H200 trials of a job
 /// (the largest at or below the truth) is at or above the truth.
 #[test]
@@ -264,18 +271,7 @@ fn the_allocated_bound_of_any_two_recorded_trials_is_at_or_above_the_truth() {
         let points = figures(&case);
         for (i, a) in points.iter().enumerate() {
             for b in &points[i + 1..] {
-                let pts: Vec<bound::Point> = [a, b]
-                    .iter()
-                    .map(|f| {
-                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                        bound::Point {
-                            value: f.value,
-                            allocated_bytes: f.allocated as u64,
-                            outside_pool_bytes: (f.nvml - f.reserved).max(0.0) as u64,
-                        }
-                    })
-                    .collect();
-                if let Some(u) = bound::device_bound(&pts, b.capacity) {
+                if let Some(u) = pair_bound(a, b) {
                     assert!(
                         u >= case.truth,
                         "{}: {} and {} bound {u} < {}",
@@ -306,7 +302,8 @@ fn trials_per_recorded_h200_job() {
             };
             format!(
                 "{} in {} ({}){kind}",
-                answer(c).map_or_else(|| "none".to_owned(), |v| v.to_string()),
+                c.value()
+                    .map_or_else(|| "none".to_owned(), |v| v.to_string()),
                 tried.len(),
                 values.join(" ")
             )
@@ -381,20 +378,7 @@ fn sweep_edges(case: &Case) -> std::ops::RangeInclusive<u64> {
         .iter()
         .enumerate()
         .flat_map(|(i, a)| points[i + 1..].iter().map(move |b| (a, b)))
-        .filter_map(|(a, b)| {
-            let pts: Vec<bound::Point> = [a, b]
-                .iter()
-                .map(|f| {
-                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                    bound::Point {
-                        value: f.value,
-                        allocated_bytes: f.allocated as u64,
-                        outside_pool_bytes: (f.nvml - f.reserved).max(0.0) as u64,
-                    }
-                })
-                .collect();
-            bound::device_bound(&pts, b.capacity)
-        })
+        .filter_map(|(a, b)| pair_bound(a, b))
         .min();
     let mut top = s
         .allocated_bound()
@@ -425,7 +409,7 @@ fn every_recorded_job_s_figures_with_any_edge_up_to_the_bound_stay_within_two_pe
             let case = Case { truth, ..base };
             for (agent, tally) in [(true, &mut counts), (false, &mut before)] {
                 let (c, tried) = replay(&case, agent);
-                let got = answer(c).expect("an answer");
+                let got = c.value().expect("an answer");
                 #[allow(clippy::cast_precision_loss)]
                 let within = got <= truth && (truth - got) as f64 <= 0.02 * truth as f64;
                 assert!(within, "{} edge {truth}: {got}: {tried:?}", case.name);

@@ -296,15 +296,6 @@ fn drive(job: &Job, strategy: Strategy, tolerance: f64) -> (Conclusion, Vec<(u64
     panic!("{}: no conclusion after 200 trials: {tried:?}", job.name);
 }
 
-fn value_of(c: Conclusion) -> Option<u64> {
-    match c {
-        Conclusion::Found { value }
-        | Conclusion::Bounded { value, .. }
-        | Conclusion::TopOfRange { value } => Some(value),
-        Conclusion::NothingFits => None,
-    }
-}
-
 #[test]
 fn every_strategy_answers_a_value_that_was_tried_and_fits() {
     for job in jobs() {
@@ -315,7 +306,7 @@ fn every_strategy_answers_a_value_that_was_tried_and_fits() {
             (Strategy::Model, 0.0),
         ] {
             let (c, tried) = drive(&job, strategy, tol);
-            let got = value_of(c);
+            let got = c.value();
             match (got, want) {
                 (Some(g), Some(w)) => {
                     assert!(g <= w, "{} {strategy:?}: {g} above the truth {w}", job.name);
@@ -341,7 +332,7 @@ fn every_strategy_answers_a_value_that_was_tried_and_fits() {
 fn bisect_is_exact() {
     for job in jobs() {
         let (c, _) = drive(&job, Strategy::Bisect, 0.0);
-        assert_eq!(value_of(c), truth(&job), "{}", job.name);
+        assert_eq!(c.value(), truth(&job), "{}", job.name);
     }
 }
 
@@ -360,7 +351,7 @@ fn the_model_is_within_two_percent_in_four_trials_on_affine_jobs() {
             job.name,
             tried.len()
         );
-        let (got, want) = (value_of(c), truth(&job));
+        let (got, want) = (c.value(), truth(&job));
         assert!(matches!(c, Conclusion::Found { .. }), "{}: {c:?}", job.name);
         #[allow(clippy::cast_precision_loss)]
         let within = got
@@ -379,7 +370,9 @@ fn trials_per_simulated_job() {
     for job in jobs() {
         let cell = |strategy, tol| {
             let (c, tried) = drive(&job, strategy, tol);
-            let answer = value_of(c).map_or_else(|| "none".to_owned(), |v| v.to_string());
+            let answer = c
+                .value()
+                .map_or_else(|| "none".to_owned(), |v| v.to_string());
             format!("{answer:>5} in {:>2}", tried.len())
         };
         table.push_str(&format!(
@@ -406,7 +399,7 @@ fn the_affine_agent_job_is_predicted_from_nvml_s_figure_and_gallops_up() {
     let (c, tried) = drive(&job, Strategy::Model, TOLERANCE);
     assert_eq!(tried[0], (8, Reason::Calibrate));
     assert_eq!(tried[2].1, Reason::Predicted);
-    let got = value_of(c).expect("found");
+    let got = c.value().expect("found");
     let want = truth(&job).expect("truth");
     assert!(
         got <= want && (want - got) as f64 <= 0.02 * want as f64,

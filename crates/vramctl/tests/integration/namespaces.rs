@@ -109,6 +109,41 @@ impl Namespace {
         ns
     }
 
+    /// A namespace with a /dev of its own holding an `nvidia0` file: one sleep holds it
+    /// open, as a CUDA process holds its GPU, the other only `nvidiactl`, as nvidia-smi
+    /// does. With the holder's PID there and the other sleep's.
+    fn with_a_gpu_file_holder() -> (Self, u32, u32) {
+        let ns = Self::start(
+            "d=$(mktemp -d) && mount -t tmpfs none \"$d\" && \
+             for f in null zero full random urandom; do touch \"$d/$f\" && mount --bind \"/dev/$f\" \"$d/$f\"; done && \
+             touch \"$d/nvidia0\" \"$d/nvidiactl\" && mount --move \"$d\" /dev\n\
+             sh -c 'exec 3</dev/nvidia0 4</dev/nvidiactl; exec sleep 600' &\n\
+             h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done\n\
+             sh -c 'exec 4</dev/nvidiactl; exec sleep 600' &\n\
+             h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done",
+        );
+        assert_eq!(ns.sleepers.len(), 2, "{:?}", ns.sleepers);
+        let holds = |host: u32| {
+            procinfo::gpu_device_files(host)
+                .unwrap_or_default()
+                .iter()
+                .any(|f| f == "/dev/nvidia0")
+        };
+        let holder = ns
+            .sleepers
+            .iter()
+            .find(|s| holds(s.0))
+            .expect("the holder")
+            .1;
+        let idle = ns
+            .sleepers
+            .iter()
+            .find(|s| !holds(s.0))
+            .expect("the other")
+            .1;
+        (ns, holder, idle)
+    }
+
     /// `vramctl ARGS` run inside this namespace (its PIDs and its /proc), with the
     /// environment `vramctl_std` gives, the daemon's runtime directory in `runtime`.
     fn vramctl(&self, scenario: &Path, runtime: &Path, args: &[&str]) -> Output {
@@ -146,6 +181,17 @@ impl Namespace {
             .env("VRAMCTL_LOG", "vramctl=debug");
         cmd.output().expect("nsenter")
     }
+}
+
+/// A scenario with `pid` as a real process holding 3 GiB on GPU 0, whose device file is
+/// `/dev/nvidia0` (NVML's minor number 0). The fake lists it under the number it is given:
+/// a namespace's PID, as driver 580 numbers it.
+fn scenario_on_nvidia0(pid: u32) -> Scenario {
+    let scenario = Scenario::new(1, &[Holder::real(0, pid, "3 GiB")]);
+    let text = std::fs::read_to_string(scenario.path()).expect("scenario");
+    let text = text.replacen("memory_reserved", "minor_number = 0\nmemory_reserved", 1);
+    std::fs::write(scenario.path(), text).expect("scenario");
+    scenario
 }
 
 fn json(out: &Output) -> Value {
@@ -341,42 +387,9 @@ fn without_a_daemon_rows_the_driver_numbered_here_are_taken_only_when_each_holds
     if skip_without_namespaces() {
         return;
     }
-    // Driver 580 numbers NVML's rows in the caller's namespace (the H200, 2026-12-05). Here
-    // the namespace gets a /dev of its own with an `nvidia0` file: one sleep holds it open
-    // as a CUDA process holds its GPU, the other only `nvidiactl`, as nvidia-smi does.
-    let ns = Namespace::start(
-        "d=$(mktemp -d) && mount -t tmpfs none \"$d\" && \
-         for f in null zero full random urandom; do touch \"$d/$f\" && mount --bind \"/dev/$f\" \"$d/$f\"; done && \
-         touch \"$d/nvidia0\" \"$d/nvidiactl\" && mount --move \"$d\" /dev\n\
-         sh -c 'exec 3</dev/nvidia0 4</dev/nvidiactl; exec sleep 600' &\n\
-         h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done\n\
-         sh -c 'exec 4</dev/nvidiactl; exec sleep 600' &\n\
-         h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done",
-    );
-    assert_eq!(ns.sleepers.len(), 2, "{:?}", ns.sleepers);
-    let holder = ns
-        .sleepers
-        .iter()
-        .map(|&(host, inside)| (inside, procinfo::gpu_device_files(host).unwrap_or_default()))
-        .find(|(_, files)| files.iter().any(|f| f == "/dev/nvidia0"))
-        .map(|(inside, _)| inside)
-        .expect("the sleep holding /dev/nvidia0");
-    let idle = ns
-        .sleepers
-        .iter()
-        .map(|s| s.1)
-        .find(|&p| p != holder)
-        .expect("the other sleep");
-    // The fake lists what it is told under the number it is told: the namespace's PID, as
-    // driver 580 does. GPU 0 is /dev/nvidia0 (NVML's minor number).
-    let scenario = |pid: u32| {
-        let scenario = Scenario::new(1, &[Holder::real(0, pid, "3 GiB")]);
-        let text = std::fs::read_to_string(scenario.path()).expect("scenario");
-        let text = text.replacen("memory_reserved", "minor_number = 0\nmemory_reserved", 1);
-        std::fs::write(scenario.path(), text).expect("scenario");
-        scenario
-    };
-    let numbered = scenario(holder);
+    // Driver 580 numbers NVML's rows in the caller's namespace (the H200, 2026-12-05).
+    let (ns, holder, idle) = Namespace::with_a_gpu_file_holder();
+    let numbered = scenario_on_nvidia0(holder);
     let runtime = numbered.dir.path().join("run");
     let doc = json(&ns.vramctl(numbered.path(), &runtime, &["ps", "--json"]));
     assert_eq!(doc["pid_mapping"], "driver_numbered", "{doc}");
@@ -396,7 +409,7 @@ fn without_a_daemon_rows_the_driver_numbered_here_are_taken_only_when_each_holds
     assert!(!table.contains("host:"), "{table}");
     assert!(table.contains("PIDs are this namespace's"), "{table}");
     // The same number on a process that holds no GPU's file: not taken, whatever the driver.
-    let unheld = scenario(idle);
+    let unheld = scenario_on_nvidia0(idle);
     let runtime = unheld.dir.path().join("run");
     let doc = json(&ns.vramctl(unheld.path(), &runtime, &["ps", "--json"]));
     assert_eq!(doc["pid_mapping"], "cannot_map", "{doc}");
@@ -418,38 +431,9 @@ fn record_inside_a_namespace_stores_no_command_under_an_unchecked_pid() {
     // /proc is not the host's: a host PID that is also the number of a sleep here is stored
     // with no user or command; the same PID on a process holding the GPU's file is the
     // namespace's own (the driver-580 numbering) and is stored with its command.
-    let ns = Namespace::start(
-        "d=$(mktemp -d) && mount -t tmpfs none \"$d\" && \
-         for f in null zero full random urandom; do touch \"$d/$f\" && mount --bind \"/dev/$f\" \"$d/$f\"; done && \
-         touch \"$d/nvidia0\" \"$d/nvidiactl\" && mount --move \"$d\" /dev\n\
-         sh -c 'exec 3</dev/nvidia0 4</dev/nvidiactl; exec sleep 600' &\n\
-         h=$!; until [ \"$(cat /proc/$h/comm)\" = sleep ]; do sleep 0.01; done\n\
-         sleep 600 &",
-    );
-    assert_eq!(ns.sleepers.len(), 2, "{:?}", ns.sleepers);
-    let holds = |host: u32| {
-        procinfo::gpu_device_files(host)
-            .unwrap_or_default()
-            .iter()
-            .any(|f| f == "/dev/nvidia0")
-    };
-    let holder = ns
-        .sleepers
-        .iter()
-        .find(|s| holds(s.0))
-        .expect("the holder")
-        .1;
-    let idle = ns
-        .sleepers
-        .iter()
-        .find(|s| !holds(s.0))
-        .expect("the idle sleep")
-        .1;
+    let (ns, holder, idle) = Namespace::with_a_gpu_file_holder();
     for (pid, stored_command) in [(idle, false), (holder, true)] {
-        let scenario = Scenario::new(1, &[Holder::real(0, pid, "3 GiB")]);
-        let text = std::fs::read_to_string(scenario.path()).expect("scenario");
-        let text = text.replacen("memory_reserved", "minor_number = 0\nmemory_reserved", 1);
-        std::fs::write(scenario.path(), text).expect("scenario");
+        let scenario = scenario_on_nvidia0(pid);
         let runtime = scenario.dir.path().join("run");
         let db = scenario.dir.path().join("inside.db");
         let db_arg = db.to_str().expect("utf-8");
