@@ -165,17 +165,22 @@ fn trial(case: &Case, points: &[Figures], v: u64, agent_allocated: bool) -> Outc
     }
 }
 
-/// Runs the search as the trial loop would; the conclusion and the values tried.
-fn replay(case: &Case, agent_allocated: bool) -> (Conclusion, Vec<(u64, Reason)>) {
-    let points = figures(case);
-    let mut s = Search::new(SearchSettings {
+/// A fresh search over `case`'s range as `vramctl fit` sets it up (2 % tolerance, no margin).
+fn search_for(case: &Case) -> Search {
+    Search::new(SearchSettings {
         low: case.low,
         high: case.high,
         margin: 0.0,
         tolerance: 0.02,
         strategy: Strategy::Model,
     })
-    .expect("settings");
+    .expect("settings")
+}
+
+/// Runs the search as the trial loop would; the conclusion and the values tried.
+fn replay(case: &Case, agent_allocated: bool) -> (Conclusion, Vec<(u64, Reason)>) {
+    let points = figures(case);
+    let mut s = search_for(case);
     let mut tried = Vec::new();
     for _ in 0..40 {
         match s.next() {
@@ -230,14 +235,7 @@ fn with_the_allocated_bound_every_recorded_fit_is_within_two_percent_in_four_tri
         assert!(tried.len() <= 4, "{}: {tried:?}", case.name);
         // The bound itself never fell below the truth on any recorded job.
         let points = figures(&case);
-        let mut s = Search::new(SearchSettings {
-            low: case.low,
-            high: case.high,
-            margin: 0.0,
-            tolerance: 0.02,
-            strategy: Strategy::Model,
-        })
-        .expect("settings");
+        let mut s = search_for(&case);
         for &(v, _) in &tried {
             s.record(v, trial(&case, &points, v, true));
             if let Some(u) = s.allocated_bound() {
@@ -327,14 +325,7 @@ fn trials_per_recorded_h200_job() {
 /// replay in the sweep.
 fn sweep_edges(case: &Case) -> std::ops::RangeInclusive<u64> {
     let points = figures(case);
-    let mut s = Search::new(SearchSettings {
-        low: case.low,
-        high: case.high,
-        margin: 0.0,
-        tolerance: 0.02,
-        strategy: Strategy::Model,
-    })
-    .expect("settings");
+    let mut s = search_for(case);
     for _ in 0..2 {
         let Next::Try { value, .. } = s.next() else {
             panic!("{}: a calibration trial", case.name);

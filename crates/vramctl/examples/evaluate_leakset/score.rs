@@ -318,6 +318,19 @@ pub struct GoalCheck {
     pub pass: Option<bool>,
 }
 
+impl GoalCheck {
+    /// `goal`, nothing checked yet.
+    fn new(goal: &'static str) -> Self {
+        Self {
+            goal,
+            checked: Vec::new(),
+            failing: Vec::new(),
+            undecided: Vec::new(),
+            pass: None,
+        }
+    }
+}
+
 /// A delay goal: each leak `pick` selects is flagged within `limit_sec` of `from`.
 struct DelayGoal {
     goal: &'static str,
@@ -374,13 +387,7 @@ pub fn goals(interval: IntervalClass, outcomes: &[&Outcome]) -> Vec<GoalCheck> {
         if !(g.applies)(interval) {
             continue;
         }
-        let mut check = GoalCheck {
-            goal: g.goal,
-            checked: Vec::new(),
-            failing: Vec::new(),
-            undecided: Vec::new(),
-            pass: None,
-        };
+        let mut check = GoalCheck::new(g.goal);
         for o in outcomes
             .iter()
             .filter(|o| o.truth == Truth::Leak && o.class != Class::Absent && (g.pick)(o))
@@ -422,13 +429,7 @@ pub fn goals(interval: IntervalClass, outcomes: &[&Outcome]) -> Vec<GoalCheck> {
     if interval == IntervalClass::Fast {
         out.push(fast_median(outcomes));
     }
-    let mut fa = GoalCheck {
-        goal: NO_FALSE_ALARM,
-        checked: Vec::new(),
-        failing: Vec::new(),
-        undecided: Vec::new(),
-        pass: None,
-    };
+    let mut fa = GoalCheck::new(NO_FALSE_ALARM);
     for o in outcomes.iter().filter(|o| o.class != Class::Absent) {
         fa.checked.push(o.role.clone());
         if o.class == Class::FalseAlarm {
@@ -450,13 +451,7 @@ pub fn goals(interval: IntervalClass, outcomes: &[&Outcome]) -> Vec<GoalCheck> {
 
 /// Issue 35: no leak goes back from `leak` while it runs.
 fn no_flip(outcomes: &[&Outcome]) -> GoalCheck {
-    let mut check = GoalCheck {
-        goal: NO_FLIP,
-        checked: Vec::new(),
-        failing: Vec::new(),
-        undecided: Vec::new(),
-        pass: None,
-    };
+    let mut check = GoalCheck::new(NO_FLIP);
     for o in outcomes
         .iter()
         .filter(|o| o.truth == Truth::Leak && o.first_leak_ms.is_some())
@@ -492,13 +487,7 @@ fn no_flip(outcomes: &[&Outcome]) -> GoalCheck {
 /// Issue 35: the median delay from the leak's start of the leaks of >= 10 MB/s, a leak
 /// never flagged counting as failing (its delay is unbounded).
 fn fast_median(outcomes: &[&Outcome]) -> GoalCheck {
-    let mut check = GoalCheck {
-        goal: FAST_MEDIAN,
-        checked: Vec::new(),
-        failing: Vec::new(),
-        undecided: Vec::new(),
-        pass: None,
-    };
+    let mut check = GoalCheck::new(FAST_MEDIAN);
     let fast: Vec<&&Outcome> = outcomes
         .iter()
         .filter(|o| {
