@@ -144,6 +144,20 @@ impl Conclusion {
     }
 }
 
+/// The smallest value in `[lo, hi]` where `pred` holds, for a `pred` false then true as the
+/// value grows; `hi` when it holds nowhere below (the callers' `hi` always qualifies).
+fn smallest_where(mut lo: u64, mut hi: u64, pred: impl Fn(u64) -> bool) -> u64 {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 /// The model as fitted now, for the report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSummary {
@@ -579,16 +593,7 @@ impl Search {
         )]
         let start = ((v as f64) * (1.0 - tol / 2.0)).floor() as u64;
         // Smallest p in [start, v] with p + up_step(p) > v; p = v always qualifies.
-        let (mut lo, mut hi) = (start.min(v), v);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if mid.saturating_add(self.up_step(mid)) > v {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        lo
+        smallest_where(start.min(v), v, |p| p.saturating_add(self.up_step(p)) > v)
     }
 
     /// `max(1, ceil(tol·ok))`: the widest bracket above `ok` that counts as closed. The
@@ -610,16 +615,7 @@ impl Search {
 
     /// The smallest value in (ok, bad) whose success would close the bracket below `bad`.
     fn down_target(&self, ok: u64, bad: u64) -> u64 {
-        let (mut lo, mut hi) = (ok + 1, bad - 1);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.closes(mid, bad) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        lo
+        smallest_where(ok + 1, bad - 1, |v| self.closes(v, bad))
     }
 
     /// The lowest value above `ok` from which two trials settle every edge below `bad`:
@@ -630,16 +626,7 @@ impl Search {
             let c = v.saturating_add(self.up_step(v));
             c >= bad || self.closes(c, bad)
         };
-        let (mut lo, mut hi) = (ok + 1, bad - 1);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if settles(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        lo
+        smallest_where(ok + 1, bad - 1, settles)
     }
 
     /// The model's bisection of an open bracket `[ok, bad)`: the value one step above `ok`
@@ -890,16 +877,7 @@ impl Search {
             let c = a.saturating_add(self.up_step(a));
             c.saturating_add(self.up_step(c)) > bound
         };
-        let (mut lo_a, mut hi_a) = (lo + 1, bound.max(lo + 1));
-        while lo_a < hi_a {
-            let mid = lo_a + (hi_a - lo_a) / 2;
-            if reaches(mid) {
-                hi_a = mid;
-            } else {
-                lo_a = mid + 1;
-            }
-        }
-        let a_u = lo_a;
+        let a_u = smallest_where(lo + 1, bound.max(lo + 1), reaches);
         if !self.inside(a_u, lo, bad) {
             return None;
         }
