@@ -18,11 +18,11 @@ use vramctl_procs::process_catalog::{
     FactsSource, LiveProc, ProcSource, ProcessCatalog, RefreshPolicy, listed_pids,
 };
 use vramctl_procs::procinfo::ProcessFacts;
-use vramctl_procs::procinfo::{self, PidNamespace, ProcessDetails};
+use vramctl_procs::procinfo::{self, ProcessDetails};
 
 use crate::agent_ooms::{AgentOoms, ClassifyFn, OomWatch};
 use crate::kubernetes::{self, KubeletSource};
-use crate::pid_view::PidView;
+use crate::pid_view::{LocalPids, PidView};
 
 /// One moment as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -369,9 +369,9 @@ pub struct Observer {
     kubelet: Option<KubeletSource>,
     /// The agents' OOMs and their causes (only with agents).
     oom_watch: OomWatch,
-    /// This /proc is not the host's and the observer decides what NVML's PIDs are, per
-    /// snapshot (`ObserverBuilder::pids_decided_by_caller`).
-    check_pids: bool,
+    /// Set when this /proc is not the host's and the observer decides what NVML's PIDs
+    /// are, per snapshot (`ObserverBuilder::pids_decided_by_caller`).
+    local_pids: Option<LocalPids>,
 }
 
 impl std::fmt::Debug for dyn Judge {
@@ -494,13 +494,13 @@ impl ObserverBuilder {
             .proc_source
             .unwrap_or_else(|| (procinfo::boot_id(), Box::new(LiveProc::new())));
         // A scripted /proc has no namespace of ours to check against.
-        let check_pids = !scripted
-            && !self.pids_decided_by_caller
-            && !PidNamespace::current().proc_shows_host_pids();
+        let local_pids = (!scripted && !self.pids_decided_by_caller)
+            .then(LocalPids::here)
+            .filter(|local| !local.is_host());
         Observer {
             // The one place a frontend's process catalog is made.
             catalog: ProcessCatalog::with_source(self.facts, self.policy, boot_id, proc_source),
-            check_pids,
+            local_pids,
             agents: self.agents,
             judge: self.judge,
             ancestors: self.ancestors,
@@ -610,11 +610,9 @@ impl Observer {
         snapshot: Snapshot,
         mut driver_name: impl FnMut(u32) -> Option<String>,
     ) -> Observation {
-        let pid_view = if self.check_pids {
-            crate::pid_view::local_pid_view(&snapshot)
-        } else {
-            PidView::Same
-        };
+        let pid_view = self
+            .local_pids
+            .map_or(PidView::Same, |local| local.view(&snapshot));
         if !pid_view.pids_are_ours() {
             // Host PIDs: a lookup here would name whichever process of ours has the number.
             let mut observation = Observation::bare(snapshot);

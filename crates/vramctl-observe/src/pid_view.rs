@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use vramctl_core::types::{DeviceState, Snapshot};
-use vramctl_procs::procinfo::{GPU_DEVICE_PREFIX, PidNamespace, holders_of};
+use vramctl_procs::procinfo::{self, PidNamespace};
 
 /// What the PIDs of an observation are.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,21 +123,22 @@ pub struct DriverNumbered {
 }
 
 /// Whether NVML's rows in `snapshot` can be this namespace's processes, from what this
-/// namespace sees by itself: `holders` (PID here → the NVIDIA device files it has open,
-/// as [`vramctl_procs::procinfo::holders_of`] reads them). `Ok(rows)` when every PID NVML
-/// lists on a device is a process here holding that device's `/dev/nvidia<minor>` open;
-/// `Err(why)` for the first row that is not, or when nothing can be checked (no rows, a
-/// device whose minor number NVML does not give).
+/// namespace sees by itself: `files_of(pid)` gives the NVIDIA device files the process with
+/// that PID here has open (`None`: no such process, or its descriptors cannot be read).
+/// `Ok(rows)` when every PID NVML lists on a device is a process here holding that device's
+/// `/dev/nvidia<minor>` open; `Err(why)` for the first row that is not, or when nothing can
+/// be checked (no rows, a device whose minor number NVML does not give). Only the listed
+/// PIDs are read.
 ///
 /// Why this is evidence and not a guess: a driver that reports host PIDs passes only if
 /// every host PID it lists happens to be the number, here, of a process holding that same
 /// GPU open. A process that holds the device but has no context (a forked DataLoader worker
 /// inherits the descriptors) does not matter: only NVML's rows are checked, not the
-/// holders. A holder whose descriptors cannot be read (another user's, for a caller that is
-/// not root) fails the check, so the answer falls back to "cannot map".
+/// holders. A process whose descriptors cannot be read (another user's, for a caller that
+/// is not root) fails the check, so the answer falls back to "cannot map".
 pub fn rows_held_here(
     snapshot: &Snapshot,
-    holders: &BTreeMap<u32, Vec<String>>,
+    files_of: &mut dyn FnMut(u32) -> Option<Vec<String>>,
 ) -> Result<u32, String> {
     let mut rows = 0_u32;
     for device in &snapshot.devices {
@@ -155,10 +156,7 @@ pub fn rows_held_here(
         };
         let file = format!("/dev/nvidia{minor}");
         for p in processes {
-            if !holders
-                .get(&p.pid)
-                .is_some_and(|files| files.contains(&file))
-            {
+            if !files_of(p.pid).is_some_and(|files| files.contains(&file)) {
                 return Err(format!(
                     "NVML lists PID {} on GPU {}, and no process here with that PID holds {file} \
                      open (or its descriptors cannot be read)",
@@ -174,34 +172,64 @@ pub fn rows_held_here(
     Ok(rows)
 }
 
-/// What the PIDs of `snapshot`, read from NVML here, are: ours where this /proc lists the
-/// host's PIDs; this namespace's where the driver numbered them so (each row a process here
-/// holding that GPU open: [`rows_held_here`]); otherwise PIDs that cannot be mapped, with
-/// the processes of this namespace that hold an NVIDIA device file open (what the
-/// namespace can tell by itself). Asked at each tick: the rows change.
-pub fn local_pid_view(snapshot: &Snapshot) -> PidView {
-    let namespace = PidNamespace::current();
-    if namespace.proc_shows_host_pids() {
-        return PidView::Same;
+/// What NVML's PIDs are when NVML is read here. Whether this /proc is the host's is read
+/// once ([`LocalPids::here`]); a loop keeps one and asks [`LocalPids::view`] per snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalPids {
+    /// This /proc lists the host's PIDs, which are NVML's.
+    host: bool,
+}
+
+impl LocalPids {
+    /// This process's PID namespace, read now.
+    pub fn here() -> Self {
+        Self {
+            host: PidNamespace::current().proc_shows_host_pids(),
+        }
     }
-    let holders: BTreeMap<u32, Vec<String>> = holders_of(GPU_DEVICE_PREFIX).into_iter().collect();
-    let why = match rows_held_here(snapshot, &holders) {
-        Ok(rows_checked) => return PidView::DriverNumbered(DriverNumbered { rows_checked }),
-        Err(why) => why,
-    };
-    let gpu_device_holders = holders
-        .into_iter()
-        .map(|(pid, files)| DeviceHolder { pid, files })
-        .collect();
-    PidView::CannotMap(Unmapped {
-        reason: format!(
-            "this PID namespace is not the host's, no host daemon answered for it, and NVML's \
-             PIDs could not be checked against this namespace's processes ({why}): they are \
-             shown as NVML gives them (host PIDs on drivers that number processes in the \
-             host's namespace)"
-        ),
-        gpu_device_holders,
-    })
+
+    /// Whether this /proc lists the host's PIDs (then every view is [`PidView::Same`]).
+    pub fn is_host(self) -> bool {
+        self.host
+    }
+
+    /// What the PIDs of `snapshot`, read from NVML here, are: ours where this /proc lists
+    /// the host's PIDs; this namespace's where the driver numbered them so (each row a
+    /// process here holding that GPU open: [`rows_held_here`], which reads only the listed
+    /// PIDs' descriptors); otherwise PIDs that cannot be mapped, with no device holders
+    /// listed ([`local_pid_view`] adds them for a command that shows them).
+    pub fn view(self, snapshot: &Snapshot) -> PidView {
+        if self.host {
+            return PidView::Same;
+        }
+        let mut files_of = |pid: u32| procinfo::gpu_device_files(pid).ok();
+        match rows_held_here(snapshot, &mut files_of) {
+            Ok(rows_checked) => PidView::DriverNumbered(DriverNumbered { rows_checked }),
+            Err(why) => PidView::CannotMap(Unmapped {
+                reason: format!(
+                    "this PID namespace is not the host's, no host daemon answered for it, and \
+                     NVML's PIDs could not be checked against this namespace's processes \
+                     ({why}): they are shown as NVML gives them (host PIDs on drivers that \
+                     number processes in the host's namespace)"
+                ),
+                gpu_device_holders: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// [`LocalPids::view`] for a one-shot command (`ps`, `status`), and where the PIDs cannot
+/// be mapped, the processes of this namespace that hold an NVIDIA device file open (what
+/// the namespace can tell by itself; every process's descriptors are read for it).
+pub fn local_pid_view(snapshot: &Snapshot) -> PidView {
+    let mut view = LocalPids::here().view(snapshot);
+    if let PidView::CannotMap(unmapped) = &mut view {
+        unmapped.gpu_device_holders = procinfo::holders_of(procinfo::GPU_DEVICE_PREFIX)
+            .into_iter()
+            .map(|(pid, files)| DeviceHolder { pid, files })
+            .collect();
+    }
+    view
 }
 
 /// What a namespace sees without a mapping.
@@ -211,7 +239,8 @@ pub struct Unmapped {
     pub reason: String,
     /// The processes of this namespace that hold an NVIDIA device file open (`/dev/nvidia*`),
     /// with those files: this namespace's GPU users, whose memory NVML lists under host
-    /// PIDs that cannot be told apart here.
+    /// PIDs that cannot be told apart here. Listed for a one-shot command that shows them
+    /// ([`local_pid_view`]); empty in a loop's views ([`LocalPids::view`]).
     pub gpu_device_holders: Vec<DeviceHolder>,
 }
 
@@ -504,7 +533,10 @@ mod tests {
             (7, &[ctl, "/dev/nvidia1"]),
             (9, &[ctl]),
         ]);
-        assert_eq!(rows_held_here(&snap, &ok), Ok(2));
+        let check = |snap: &Snapshot, map: &BTreeMap<u32, Vec<String>>| {
+            rows_held_here(snap, &mut |pid| map.get(&pid).cloned())
+        };
+        assert_eq!(check(&snap, &ok), Ok(2));
         // A host PID that happens to be a process here holding another GPU, or only the
         // control device (nvidia-smi), or nothing: not this namespace's row.
         for wrong in [
@@ -512,19 +544,19 @@ mod tests {
             holders(&[(2, &[ctl]), (7, &[ctl, "/dev/nvidia1"])]),
             holders(&[(7, &[ctl, "/dev/nvidia1"])]),
         ] {
-            let why = rows_held_here(&snap, &wrong).expect_err("must not map");
+            let why = check(&snap, &wrong).expect_err("must not map");
             assert!(why.contains("PID 2 on GPU 0"), "{why}");
         }
         // Nothing to check, or no minor number to name the device file: no claim.
-        assert!(rows_held_here(&with_minors(snapshot(vec![vec![]])), &ok).is_err());
-        assert!(rows_held_here(&snapshot(vec![vec![usage(2, None)]]), &ok).is_err());
+        assert!(check(&with_minors(snapshot(vec![vec![]])), &ok).is_err());
+        assert!(check(&snapshot(vec![vec![usage(2, None)]]), &ok).is_err());
         // A forked worker holding the device with no context is not a row: it changes nothing.
         let with_worker = holders(&[
             (2, &[ctl, "/dev/nvidia0"]),
             (3, &[ctl, "/dev/nvidia0"]),
             (7, &[ctl, "/dev/nvidia1"]),
         ]);
-        assert_eq!(rows_held_here(&snap, &with_worker), Ok(2));
+        assert_eq!(check(&snap, &with_worker), Ok(2));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::memory_series::{HistoryChunk, HistorySource, SeriesKey, Starts};
 use super::reclaim::{ReclaimOutcome, ReclaimTarget};
 use super::replay::{ReplayFrame, ReplaySource, Seek, seek_frame};
 use vramctl_observe::observation::{Observation, Observer};
-use vramctl_observe::pid_view::{self, PidView};
+use vramctl_observe::pid_view::{LocalPids, PidView};
 use vramctl_observe::verdict::{Judge, ReplayJudge};
 
 /// Something the UI reacts to.
@@ -177,7 +177,7 @@ where
 /// As [`spawn_sampler_after`], with every frame from `daemon` while it answers: `top` in a
 /// container, whose host daemon maps each frame to the container's PIDs — NVML read here
 /// would give host PIDs. When the daemon stops answering, NVML is opened with `open` and
-/// its PIDs are taken for what they are here (`pid_view::local_pid_view`: host PIDs
+/// its PIDs are taken for what they are here (`pid_view::LocalPids::view`: host PIDs
 /// that cannot be mapped are never looked up in this /proc).
 pub fn spawn_sampler_from_daemon<B, F>(
     first: FirstSample,
@@ -230,8 +230,9 @@ where
         .name("top-sampler".into())
         .spawn(move || {
             // Each frame's PIDs are decided here (a daemon's mapped answer, or NVML's checked
-            // by `local_pid_view`), and only frames whose PIDs are ours are observed.
+            // by `LocalPids::view`), and only frames whose PIDs are ours are observed.
             let mut hosts = Observer::builder().pids_decided_by_caller().build();
+            let local = LocalPids::here();
             let mut timeline = Timeline::new();
             let mut next = first;
             let mut open = Some(open);
@@ -271,7 +272,7 @@ where
                     let snapshot = on_top_timeline(&mut timeline, sampler.tick());
                     // Each frame: whether the driver's rows are this namespace's can change
                     // as processes come and go.
-                    let view = pid_view::local_pid_view(&snapshot);
+                    let view = local.view(&snapshot);
                     observe_frame(&mut hosts, judge.as_mut(), snapshot, view, |pid| {
                         sampler.backend_mut().process_name(pid)
                     })

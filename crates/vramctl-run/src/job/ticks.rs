@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use vramctl_core::types::{DeviceState, Snapshot};
 use vramctl_observe::daemon_socket::client::{AskOptions, ask};
 use vramctl_observe::live_loop::LiveSampler;
-use vramctl_observe::pid_view::{self, PidView};
-use vramctl_procs::procinfo::PidNamespace;
+use vramctl_observe::pid_view::{LocalPids, PidView};
+use vramctl_procs::process_catalog::listed_pids;
 
 /// After a tick the daemon did not answer, how long to read NVML here before asking again:
 /// a daemon that hangs costs its client up to 500 ms, which must not happen at every tick.
@@ -69,20 +69,13 @@ impl Tick {
     }
 }
 
-/// Whether any device of `snapshot` lists a process.
-fn lists_a_process(snapshot: &Snapshot) -> bool {
-    snapshot.devices.iter().any(|d| match &d.state {
-        DeviceState::Ok(reading) => reading.processes.as_ref().is_some_and(|p| !p.is_empty()),
-        _ => false,
-    })
-}
-
 /// The job's ticks.
 pub struct JobTicks<'a> {
     nvml: &'a mut LiveSampler,
-    /// This /proc is not the host's PID namespace: NVML's PIDs are not ours.
-    foreign: bool,
-    /// How to ask a host daemon (only when `foreign`).
+    /// Whether this /proc is the host's PID namespace (else NVML's PIDs are checked per
+    /// tick).
+    local: LocalPids,
+    /// How to ask a host daemon (only outside the host's PID namespace).
     daemon: Option<AskOptions>,
     /// When the daemon may be asked again after a tick it did not answer.
     retry_at: Option<Instant>,
@@ -98,15 +91,17 @@ impl<'a> JobTicks<'a> {
     /// Ticks from `nvml`, and inside a PID namespace of its own from a host daemon asked
     /// with `daemon` (`None`: never asked).
     pub fn new(nvml: &'a mut LiveSampler, daemon: Option<AskOptions>) -> Self {
-        let foreign = !PidNamespace::current().proc_shows_host_pids();
-        let daemon = daemon.filter(|_| foreign).map(|options| AskOptions {
-            accept_mapped: true,
-            process_stat: false,
-            ..options
-        });
+        let local = LocalPids::here();
+        let daemon = daemon
+            .filter(|_| !local.is_host())
+            .map(|options| AskOptions {
+                accept_mapped: true,
+                process_stat: false,
+                ..options
+            });
         Self {
             nvml,
-            foreign,
+            local,
             daemon,
             retry_at: None,
             unmapped_ticks: 0,
@@ -117,7 +112,7 @@ impl<'a> JobTicks<'a> {
 
     /// The next tick.
     pub fn tick(&mut self) -> Tick {
-        if !self.foreign {
+        if self.local.is_host() {
             return Tick {
                 snapshot: self.nvml.tick(),
                 pids_are_ours: true,
@@ -145,7 +140,7 @@ impl<'a> JobTicks<'a> {
             }
         }
         let snapshot = self.nvml.tick();
-        match pid_view::local_pid_view(&snapshot) {
+        match self.local.view(&snapshot) {
             PidView::DriverNumbered(_) => {
                 self.driver_numbered_ticks += 1;
                 Tick {
@@ -155,7 +150,7 @@ impl<'a> JobTicks<'a> {
             }
             // A tick with no process anywhere has nothing to attribute; it is no evidence
             // either way.
-            _ if !lists_a_process(&snapshot) => Tick {
+            _ if listed_pids(&snapshot).is_empty() => Tick {
                 snapshot,
                 pids_are_ours: true,
             },
@@ -171,7 +166,7 @@ impl<'a> JobTicks<'a> {
 
     /// What the job's PIDs were, over the ticks so far, and how many were not mapped.
     pub fn mapping(&self) -> (PidMapping, u64) {
-        let mapping = if !self.foreign {
+        let mapping = if self.local.is_host() {
             PidMapping::Same
         } else if self.unmapped_ticks == 0 && self.daemon_ticks > 0 {
             PidMapping::Mapped
