@@ -612,6 +612,7 @@ impl Observer {
     ) -> Observation {
         let pid_view = self
             .local_pids
+            .as_mut()
             .map_or(PidView::Same, |local| local.view(&snapshot));
         if !pid_view.pids_are_ours() {
             // Host PIDs: a lookup here would name whichever process of ours has the number.

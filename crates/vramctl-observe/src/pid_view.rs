@@ -136,9 +136,18 @@ pub struct DriverNumbered {
 /// inherits the descriptors) does not matter: only NVML's rows are checked, not the
 /// holders. A process whose descriptors cannot be read (another user's, for a caller that
 /// is not root) fails the check, so the answer falls back to "cannot map".
+///
+/// `held_before` are the PIDs an earlier check of the same loop accepted. One of them that
+/// no longer holds any NVIDIA device file here (gone, or exiting with its descriptors
+/// closed) still passes: at exit the kernel closes a process's descriptors, and its parent
+/// may reap it, a tick or two before the driver lets go of its context, so NVML lists it
+/// one last time (measured on an H100, driver 580: `run`'s job was one such tick). Such a
+/// row is this namespace's by the earlier check; a driver that numbers host PIDs never
+/// passed one.
 pub fn rows_held_here(
     snapshot: &Snapshot,
     files_of: &mut dyn FnMut(u32) -> Option<Vec<String>>,
+    held_before: &BTreeSet<u32>,
 ) -> Result<u32, String> {
     let mut rows = 0_u32;
     for device in &snapshot.devices {
@@ -156,7 +165,10 @@ pub fn rows_held_here(
         };
         let file = format!("/dev/nvidia{minor}");
         for p in processes {
-            if !files_of(p.pid).is_some_and(|files| files.contains(&file)) {
+            let files = files_of(p.pid);
+            let departing =
+                held_before.contains(&p.pid) && files.as_ref().is_none_or(|files| files.is_empty());
+            if !departing && !files.is_some_and(|files| files.contains(&file)) {
                 return Err(format!(
                     "NVML lists PID {} on GPU {}, and no process here with that PID holds {file} \
                      open (or its descriptors cannot be read)",
@@ -173,11 +185,15 @@ pub fn rows_held_here(
 }
 
 /// What NVML's PIDs are when NVML is read here. Whether this /proc is the host's is read
-/// once ([`LocalPids::here`]); a loop keeps one and asks [`LocalPids::view`] per snapshot.
-#[derive(Debug, Clone, Copy)]
+/// once ([`LocalPids::here`]); a loop keeps one and asks [`LocalPids::view`] per snapshot,
+/// which remembers the PIDs it last accepted as driver-numbered (so a process's last
+/// listing after its exit is still this namespace's: [`rows_held_here`]).
+#[derive(Debug, Clone)]
 pub struct LocalPids {
     /// This /proc lists the host's PIDs, which are NVML's.
     host: bool,
+    /// The PIDs of the last view accepted as [`PidView::DriverNumbered`].
+    accepted: BTreeSet<u32>,
 }
 
 impl LocalPids {
@@ -185,11 +201,12 @@ impl LocalPids {
     pub fn here() -> Self {
         Self {
             host: PidNamespace::current().proc_shows_host_pids(),
+            accepted: BTreeSet::new(),
         }
     }
 
     /// Whether this /proc lists the host's PIDs (then every view is [`PidView::Same`]).
-    pub fn is_host(self) -> bool {
+    pub fn is_host(&self) -> bool {
         self.host
     }
 
@@ -198,13 +215,18 @@ impl LocalPids {
     /// process here holding that GPU open: [`rows_held_here`], which reads only the listed
     /// PIDs' descriptors); otherwise PIDs that cannot be mapped, with no device holders
     /// listed ([`local_pid_view`] adds them for a command that shows them).
-    pub fn view(self, snapshot: &Snapshot) -> PidView {
+    pub fn view(&mut self, snapshot: &Snapshot) -> PidView {
         if self.host {
             return PidView::Same;
         }
         let mut files_of = |pid: u32| procinfo::gpu_device_files(pid).ok();
-        match rows_held_here(snapshot, &mut files_of) {
-            Ok(rows_checked) => PidView::DriverNumbered(DriverNumbered { rows_checked }),
+        match rows_held_here(snapshot, &mut files_of, &self.accepted) {
+            Ok(rows_checked) => {
+                self.accepted = vramctl_procs::process_catalog::listed_pids(snapshot)
+                    .into_iter()
+                    .collect();
+                PidView::DriverNumbered(DriverNumbered { rows_checked })
+            }
             Err(why) => PidView::CannotMap(Unmapped {
                 reason: format!(
                     "this PID namespace is not the host's, no host daemon answered for it, and \
@@ -534,7 +556,7 @@ mod tests {
             (9, &[ctl]),
         ]);
         let check = |snap: &Snapshot, map: &BTreeMap<u32, Vec<String>>| {
-            rows_held_here(snap, &mut |pid| map.get(&pid).cloned())
+            rows_held_here(snap, &mut |pid| map.get(&pid).cloned(), &BTreeSet::new())
         };
         assert_eq!(check(&snap, &ok), Ok(2));
         // A host PID that happens to be a process here holding another GPU, or only the
@@ -557,6 +579,27 @@ mod tests {
             (7, &[ctl, "/dev/nvidia1"]),
         ]);
         assert_eq!(check(&snap, &with_worker), Ok(2));
+    }
+
+    #[test]
+    fn a_row_accepted_before_passes_once_its_process_has_let_go_of_the_device() {
+        // The H100's `run` inside a namespace: the job exited and was reaped, and NVML
+        // listed it one tick more.
+        let snap = with_minors(snapshot(vec![vec![usage(52, Some(1 << 30))]]));
+        let gone = holders(&[]);
+        let exiting = holders(&[(52, &[])]);
+        let accepted = BTreeSet::from([52]);
+        for here in [&gone, &exiting] {
+            let mut files_of = |pid: u32| here.get(&pid).cloned();
+            assert_eq!(rows_held_here(&snap, &mut files_of, &accepted), Ok(1));
+            // Never accepted before: a host PID missing here proves nothing.
+            let mut files_of = |pid: u32| here.get(&pid).cloned();
+            assert!(rows_held_here(&snap, &mut files_of, &BTreeSet::new()).is_err());
+        }
+        // Accepted before, but now a process here holding only another GPU: not ours.
+        let elsewhere = holders(&[(52, &["/dev/nvidiactl", "/dev/nvidia1"])]);
+        let mut files_of = |pid: u32| elsewhere.get(&pid).cloned();
+        assert!(rows_held_here(&snap, &mut files_of, &accepted).is_err());
     }
 
     #[test]

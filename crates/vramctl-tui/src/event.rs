@@ -232,7 +232,7 @@ where
             // Each frame's PIDs are decided here (a daemon's mapped answer, or NVML's checked
             // by `LocalPids::view`), and only frames whose PIDs are ours are observed.
             let mut hosts = Observer::builder().pids_decided_by_caller().build();
-            let local = LocalPids::here();
+            let mut local = LocalPids::here();
             let mut timeline = Timeline::new();
             let mut next = first;
             let mut open = Some(open);
