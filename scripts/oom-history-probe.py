@@ -10,7 +10,9 @@ cost of recording from the agent's:
 - `plain-history` / `bare`: no agent; the job records history itself
   (`_record_memory_history(max_entries=100000, stacks="python")`, as the agent does) or not;
 - `*-inprocess`: the same, then the job times `_snapshot()`, `pickle.dumps`,
-  `memory_stats()` and a segments-only snapshot again after the OOM, three times each.
+  `memory_stats()` and a segments-only snapshot again after the OOM, three times each;
+- `*-profile`: the job's first `_snapshot()` after the OOM under cProfile (its top 25 by
+  cumulative time printed as `profile` lines), then torch's C++ snapshot alone.
 
 Moments are seconds from the failing request (`stamp`): `observer_in`/`observer_kept` (the
 agent's observer), `snapshot_in`/`snapshot_out` (torch's `_snapshot()` in it), `caught`
@@ -81,6 +83,20 @@ try:
     more = torch.empty(int(total * 0.45) * GiB, dtype=torch.uint8, device='cuda')
 except Exception as e:  # torch.OutOfMemoryError (the stand-in torch raises its own)
     mark('caught')
+    if os.environ.get('PROBE_PROFILE') == '1':
+        # The first snapshot after the OOM under cProfile (a first-call cost shows only
+        # here), then torch's C++ entry alone, again.
+        import cProfile, pstats, io
+        prof = cProfile.Profile()
+        t = time.time(); prof.runcall(torch.cuda.memory._snapshot); times['profiled_snapshot_0'] = time.time() - t
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats('cumulative').print_stats(25)
+        with open(os.environ['PROBE_TIMES'] + '.profile.txt', 'w') as f:
+            f.write(buf.getvalue())
+        try:
+            t = time.time(); torch._C._cuda_memorySnapshot(None); times['cxx_snapshot_1'] = time.time() - t
+        except Exception as err:
+            times['cxx_snapshot_error'] = str(err)[:200]
     if os.environ.get('PROBE_INPROCESS') == '1':
         for i in range(3):
             t = time.time(); s = orig_snap() if 'orig_snap' in dir() else torch.cuda.memory._snapshot(); times[f'again_snapshot_{i}'] = time.time() - t
@@ -94,7 +110,7 @@ except Exception as e:  # torch.OutOfMemoryError (the stand-in torch raises its 
 """
 
 
-def run_case(name, out, agent, history, plain_history=False, inprocess=False):
+def run_case(name, out, agent, history, plain_history=False, inprocess=False, profile=False):
     work = tempfile.mkdtemp(prefix=f"probe-{name}-")
     site = os.path.join(work, "python")
     reports = os.path.join(work, "reports")
@@ -112,6 +128,8 @@ def run_case(name, out, agent, history, plain_history=False, inprocess=False):
         env["PROBE_PLAIN_HISTORY"] = "1"
     if inprocess:
         env["PROBE_INPROCESS"] = "1"
+    if profile:
+        env["PROBE_PROFILE"] = "1"
     t0 = time.time()
     done = subprocess.run([sys.executable, "-c", JOB], env=env, capture_output=True, text=True, timeout=300)
     ended = time.time()
@@ -121,6 +139,11 @@ def run_case(name, out, agent, history, plain_history=False, inprocess=False):
     except (OSError, ValueError):
         print(f"figure {name} failed: {done.stderr[-2000:]}", flush=True)
         return
+    if os.path.exists(times_file + ".profile.txt"):
+        shutil.copy(times_file + ".profile.txt", os.path.join(out, f"{name}.profile.txt"))
+        with open(times_file + ".profile.txt") as f:
+            for line in f.read().splitlines()[:40]:
+                print(f"profile {name} {line}", flush=True)
     stamp = times["stamp"]
     # Moments (seconds from the failing request, in order), then the measured durations.
     moments = sorted((v, k) for k, v in times.items() if isinstance(v, float) and v > 1e9)
@@ -157,6 +180,8 @@ def main():
         "bare": dict(agent=False, history=False),
         "agent-history-inprocess": dict(agent=True, history=True, inprocess=True),
         "plain-history-inprocess": dict(agent=False, history=False, plain_history=True, inprocess=True),
+        "plain-history-profile": dict(agent=False, history=False, plain_history=True, profile=True),
+        "bare-profile": dict(agent=False, history=False, profile=True),
     }
     for name in args.cases.split(","):
         run_case(name, args.out, **cases[name])

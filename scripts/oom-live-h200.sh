@@ -21,8 +21,12 @@ python3 -c 'import torch; assert torch.cuda.is_available(); print(torch.__versio
   > "$out/versions.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$out/versions.txt" || true
 set -o pipefail
-python3 scripts/oom-live-h200.py --bin "$bin" --out "$out" 2>&1 | tee "$out/summary.txt"
+status=0
+python3 scripts/oom-live-h200.py --bin "$bin" --out "$out" 2>&1 | tee "$out/summary.txt" || status=$?
 # Where the history case's time goes inside the process, without vramctl (figure lines only,
 # no PASS/FAIL): torch's own recording against the agent's observer (about 30 s).
 python3 scripts/oom-history-probe.py --out "$out/probe" \
-  --cases agent-history,agent,plain-history,bare,plain-history-inprocess 2>&1 | tee "$out/probe.txt" || true
+  --cases agent-history,agent,plain-history,bare,plain-history-inprocess,plain-history-profile 2>&1 |
+  tee "$out/probe.txt" || true
+# The checks' verdict, after the probe (a failing check used to end the script before it).
+exit "$status"
