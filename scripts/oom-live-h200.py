@@ -46,6 +46,12 @@ def cases(total_gib):
         # The same with history recorded (the verdict then replays fixes).
         "shortage-history": (PRELUDE + alloc("keep", whole) + STAMP + alloc("more", beyond),
                              {"VRAMCTL_OOM_HISTORY": "1"}, "shortage"),
+        # The same OOM 8 s after CUDA's initialization, as a job that loads and steps first:
+        # the agent's import of what torch's snapshot symbolizes frames with (started with
+        # the recording, 5-6 s on the H100) has ended; above, the OOM 0.1 s after it waits
+        # for the rest of that import.
+        "shortage-history-late": (PRELUDE + alloc("keep", whole) + "time.sleep(8)\n" + STAMP
+                                  + alloc("more", beyond), {"VRAMCTL_OOM_HISTORY": "1"}, "shortage"),
         # A per-process fraction: 16 GiB allowed, 12 GiB live, a 6 GiB request (the case).
         "process-limit": (PRELUDE + "total = torch.cuda.get_device_properties(0).total_memory\n"
                           "torch.cuda.set_per_process_memory_fraction(16 * GiB / total)\n"

@@ -106,6 +106,26 @@ class OomObserverTest(unittest.TestCase):
             self.assertTrue(frames, "the trace carries stacks")
             self.assertFalse([f for f in frames if f["filename"] == "??"], "no C++ frame recorded")
 
+    def test_with_history_the_module_torchs_snapshot_imports_is_imported_ahead_on_a_thread(self) -> None:
+        # Real torch imports it at the first snapshot with Python frames (5.2-5.9 s on the
+        # H100): at the OOM, unless the agent imported it when the recording started.
+        module = "torch._inductor.codecache"
+        check = f"__import__('sys').modules.get('{module}') is not None"
+        wait = "__import__('vramctl_agent._oom', fromlist=['_']).wait_for_warm_up(10)"
+        with Target(env={"VRAMCTL_OOM_HISTORY": "1"}) as target:
+            target.start_agent()
+            target.run("import torch")
+            self.assertFalse(target.run("", check), "nothing before CUDA is initialized")
+            target.run("x = torch.empty(1 << 20, dtype=torch.uint8, device='cuda')")
+            self.assertTrue(target.run("", wait))
+            self.assertTrue(target.run("", check))
+        # Without history, no snapshot symbolizes frames at the OOM: nothing to import.
+        with Target() as target:
+            target.start_agent()
+            target.run("import torch\nx = torch.empty(1 << 20, dtype=torch.uint8, device='cuda')")
+            self.assertFalse(target.run("", wait))
+            self.assertFalse(target.run("", check))
+
     def test_the_record_times_each_stage_and_the_kept_trace_is_bounded_to_its_newest_entries(self) -> None:
         os.chmod(self.out, 0o700)
         env = {"VRAMCTL_RUN_REPORT_DIR": self.out, "VRAMCTL_OOM_HISTORY": "1"}

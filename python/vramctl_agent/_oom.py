@@ -105,6 +105,7 @@ def _attach(torch) -> bool:
 
     # Under `vramctl fit`, the trial's trace (its recording serves the OOM history too).
     if _alloc_trace.start(torch):
+        warm_frame_symbolizer()
         return True
     if os.environ.get(HISTORY_ENV) == "1":
         try:
@@ -117,9 +118,50 @@ def _attach(torch) -> bool:
             )
             global _history_started
             _history_started = True
+            warm_frame_symbolizer()
         except Exception as err:
             log.warning("vramctl agent: %s=1 but history could not be recorded: %s", HISTORY_ENV, err)
     return True
+
+
+# The module torch's snapshot imports the first time it symbolizes a Python frame
+# (torch/csrc/profiler/python/combined_traceback.cpp looks up
+# `PyCodeCache.stack_frames_for_code` there, for frames of inductor-generated code). Its
+# import pulls in dynamo, FSDP and sympy: 5.2-5.9 s on the H100 of 2026-12-05 (no .pyc
+# caches there), the whole of the history case's delay from the failing request to run's
+# verdict (scripts/oom-history-probe.py, docs/benchmarks.md); once imported, a snapshot
+# takes 0.3 ms.
+SYMBOLIZER_MODULE = "torch._inductor.codecache"
+_warming: threading.Thread | None = None
+
+
+def warm_frame_symbolizer() -> None:
+    """Imports SYMBOLIZER_MODULE on a thread of its own, once, when a recording with
+    Python frames starts: the OOM's snapshot (and fit's trial trace at exit) would
+    otherwise pay the import at the moment it matters. It costs the program CPU time
+    while it starts (the interpreter's lock, shared with its own start-up), nothing on
+    the GPU. A program that already imported it (torch.compile) pays nothing."""
+    global _warming
+    if _warming is not None or SYMBOLIZER_MODULE in sys.modules:
+        return
+
+    def run() -> None:
+        try:
+            __import__(SYMBOLIZER_MODULE)
+        except Exception as err:  # an older torch, or one without inductor: nothing to warm
+            log.info("vramctl agent: %s not imported ahead: %s", SYMBOLIZER_MODULE, err)
+
+    _warming = threading.Thread(target=run, name="vramctl-agent-warm", daemon=True)
+    _warming.start()
+
+
+def wait_for_warm_up(timeout_s: float) -> bool:
+    """Waits up to `timeout_s` for the warm-up's import to end; whether one ran and ended
+    (for tests and probes)."""
+    if _warming is None:
+        return False
+    _warming.join(timeout_s)
+    return not _warming.is_alive()
 
 
 def records_history() -> bool:

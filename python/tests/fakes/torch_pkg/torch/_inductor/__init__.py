@@ -1,0 +1,1 @@
+"""Stand-in for torch._inductor: only what the agent touches."""
