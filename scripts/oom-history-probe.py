@@ -12,7 +12,9 @@ cost of recording from the agent's:
 - `*-inprocess`: the same, then the job times `_snapshot()`, `pickle.dumps`,
   `memory_stats()` and a segments-only snapshot again after the OOM, three times each;
 - `*-profile`: the job's first `_snapshot()` after the OOM under cProfile (its top 25 by
-  cumulative time printed as `profile` lines), then torch's C++ snapshot alone.
+  cumulative time printed as `profile` lines), then torch's C++ snapshot alone;
+- `plain-history-prewarm-profile`: the same after importing `torch._inductor.codecache`
+  first (what the agent's warm-up imports).
 
 Moments are seconds from the failing request (`stamp`): `observer_in`/`observer_kept` (the
 agent's observer), `snapshot_in`/`snapshot_out` (torch's `_snapshot()` in it), `caught`
@@ -52,6 +54,10 @@ if os.environ.get('PROBE_PLAIN_HISTORY') == '1':
 else:
     torch.cuda.init()
 mark('cuda_init')
+if os.environ.get('PROBE_PREWARM') == '1':
+    # What the agent imports on its own thread when its recording starts.
+    import torch._inductor.codecache
+    mark('prewarmed')
 try:
     import vramctl_agent._oom as o
     orig_keep = o._keep
@@ -110,7 +116,7 @@ except Exception as e:  # torch.OutOfMemoryError (the stand-in torch raises its 
 """
 
 
-def run_case(name, out, agent, history, plain_history=False, inprocess=False, profile=False):
+def run_case(name, out, agent, history, plain_history=False, inprocess=False, profile=False, prewarm=False):
     work = tempfile.mkdtemp(prefix=f"probe-{name}-")
     site = os.path.join(work, "python")
     reports = os.path.join(work, "reports")
@@ -130,6 +136,8 @@ def run_case(name, out, agent, history, plain_history=False, inprocess=False, pr
         env["PROBE_INPROCESS"] = "1"
     if profile:
         env["PROBE_PROFILE"] = "1"
+    if prewarm:
+        env["PROBE_PREWARM"] = "1"
     t0 = time.time()
     done = subprocess.run([sys.executable, "-c", JOB], env=env, capture_output=True, text=True, timeout=300)
     ended = time.time()
@@ -182,6 +190,7 @@ def main():
         "plain-history-inprocess": dict(agent=False, history=False, plain_history=True, inprocess=True),
         "plain-history-profile": dict(agent=False, history=False, plain_history=True, profile=True),
         "bare-profile": dict(agent=False, history=False, profile=True),
+        "plain-history-prewarm-profile": dict(agent=False, history=False, plain_history=True, profile=True, prewarm=True),
     }
     for name in args.cases.split(","):
         run_case(name, args.out, **cases[name])

@@ -26,7 +26,7 @@ python3 scripts/oom-live-h200.py --bin "$bin" --out "$out" 2>&1 | tee "$out/summ
 # Where the history case's time goes inside the process, without vramctl (figure lines only,
 # no PASS/FAIL): torch's own recording against the agent's observer (about 30 s).
 python3 scripts/oom-history-probe.py --out "$out/probe" \
-  --cases agent-history,agent,plain-history,bare,plain-history-inprocess,plain-history-profile 2>&1 |
+  --cases agent-history,agent,plain-history,bare,plain-history-inprocess,plain-history-profile,plain-history-prewarm-profile 2>&1 |
   tee "$out/probe.txt" || true
 # The checks' verdict, after the probe (a failing check used to end the script before it).
 exit "$status"
