@@ -11,8 +11,9 @@
 //!
 //! ResNet-50's run of 2026-12-05 is the **tuning case** of the allocated bound (its
 //! six-trial search is what the rule was built for); the others were replayed as
-//! regression checks after the rule was written, and the held-out check is the next GPU
-//! run's new workloads (docs/fit.md).
+//! regression checks after the rule was written. The held-out check was ConvNeXt-T and
+//! ViT-B/16 on an H100 (testdata/h100/round5, 2026-12-05 evening): 5 and 6 trials. They
+//! are replayed here from then on, as tuning data for the next rule, not evidence for it.
 
 use super::*;
 
@@ -38,6 +39,9 @@ struct Case {
     reports: &'static [&'static str],
     /// Trials `fit` made on the H200 with the same search (2026-12-05), if it ran there.
     h200_trials: Option<usize>,
+    /// Where the search with the allocated bound takes more than four trials today: how
+    /// many (an open miss of issue 34, docs/fit.md "Held out on the H100").
+    over_four: Option<usize>,
 }
 
 const RESNET_FIT: &str = include_str!("../../../../testdata/h200/round4/fit34/resnet-fit.json");
@@ -50,6 +54,13 @@ const SEQ_FIT: &str = include_str!("../../../../testdata/h200/round4/fit34/gpt2-
 const SEQ_BISECT: &str =
     include_str!("../../../../testdata/h200/round4/fit34/gpt2-seq-bisect.json");
 const GPT2_FIT: &str = include_str!("../../../../testdata/h200/fit/gpt2-fit.json");
+const CONVNEXT_FIT: &str =
+    include_str!("../../../../testdata/h100/round5/fit34-heldout/convnext-fit.json");
+const CONVNEXT_BISECT: &str =
+    include_str!("../../../../testdata/h100/round5/fit34-heldout/convnext-bisect.json");
+const VIT_FIT: &str = include_str!("../../../../testdata/h100/round5/fit34-heldout/vit-fit.json");
+const VIT_BISECT: &str =
+    include_str!("../../../../testdata/h100/round5/fit34-heldout/vit-bisect.json");
 
 fn cases() -> Vec<Case> {
     vec![
@@ -61,6 +72,7 @@ fn cases() -> Vec<Case> {
             high: 4096,
             reports: &[RESNET_FIT, RESNET_BISECT],
             h200_trials: Some(6),
+            over_four: None,
         },
         Case {
             name: "llama",
@@ -70,6 +82,7 @@ fn cases() -> Vec<Case> {
             high: 4096,
             reports: &[LLAMA_FIT, LLAMA_FIT_1202],
             h200_trials: Some(4),
+            over_four: None,
         },
         Case {
             name: "llama-ckpt",
@@ -79,6 +92,7 @@ fn cases() -> Vec<Case> {
             high: 4096,
             reports: &[CKPT_FIT, CKPT_FIT_1202],
             h200_trials: Some(4),
+            over_four: None,
         },
         Case {
             name: "gpt2-seq",
@@ -88,6 +102,27 @@ fn cases() -> Vec<Case> {
             high: 1024,
             reports: &[SEQ_FIT, SEQ_BISECT],
             h200_trials: Some(4),
+            over_four: None,
+        },
+        Case {
+            name: "convnext (H100)",
+            truth: 1350,
+            trace_prediction: Some(1284),
+            low: 1,
+            high: 4096,
+            reports: &[CONVNEXT_FIT, CONVNEXT_BISECT],
+            h200_trials: None,
+            over_four: Some(5),
+        },
+        Case {
+            name: "vit (H100)",
+            truth: 1175,
+            trace_prediction: Some(1125),
+            low: 1,
+            high: 4096,
+            reports: &[VIT_FIT, VIT_BISECT],
+            h200_trials: None,
+            over_four: Some(6),
         },
         Case {
             name: "gpt2 (line)",
@@ -97,6 +132,7 @@ fn cases() -> Vec<Case> {
             high: 4096,
             reports: &[GPT2_FIT],
             h200_trials: None,
+            over_four: None,
         },
     ]
 }
@@ -232,13 +268,20 @@ fn with_the_allocated_bound_every_recorded_fit_is_within_two_percent_in_four_tri
         #[allow(clippy::cast_precision_loss)]
         let within = (case.truth - got) as f64 <= 0.02 * case.truth as f64;
         assert!(within, "{}: {got} vs {}: {tried:?}", case.name, case.truth);
-        assert!(tried.len() <= 4, "{}: {tried:?}", case.name);
-        // The bound itself never fell below the truth on any recorded job.
+        match case.over_four {
+            None => assert!(tried.len() <= 4, "{}: {tried:?}", case.name),
+            Some(n) => assert_eq!(tried.len(), n, "{}: {tried:?}", case.name),
+        }
+        // Once a trial near the edge (within 10 % of it) succeeded, the bound never fell
+        // below the truth on any recorded job (before, see the next test).
         let points = figures(&case);
         let mut s = search_for(&case);
         for &(v, _) in &tried {
             s.record(v, trial(&case, &points, v, true));
-            if let Some(u) = s.allocated_bound() {
+            let near = tried
+                .iter()
+                .any(|&(w, _)| s.was_ok(w) == Some(true) && 10 * w >= 9 * case.truth);
+            if let Some(u) = s.allocated_bound().filter(|_| near) {
                 assert!(u >= case.truth, "{}: bound {u} < truth", case.name);
             }
         }
@@ -261,26 +304,61 @@ fn pair_bound(a: &Figures, b: &Figures) -> Option<u64> {
     bound::device_bound(&pts, b.capacity)
 }
 
-/// Every recorded figure, every pair: the bound from any two succeeded H200 trials of a job
-/// (the largest at or below the truth) is at or above the truth.
+/// Every recorded figure, every pair: the bound from two succeeded trials of a job is at or
+/// above the truth when the larger lies within 10 % of it. From two calibration trials far
+/// below the edge it is not always: ConvNeXt-T's and ViT-B/16's allocated peaks grow
+/// slightly less per image at a thousand images than at ten (the per-batch part is shared),
+/// and their calibration pairs bound the edge 1.2 % and 1.5 % too low (1334 for 1350, 1157
+/// for 1175, H100). Such a bound places a trial (`settling_aim`); it stops the search only
+/// once a succeeded trial lies within the tolerance below it, i.e. near the edge, where
+/// the bound is recomputed through that trial. ConvNeXt-T's third trial went to 1282
+/// instead of about 1301 because of it, and took a fifth trial. Pinned: never more than
+/// 2 % low.
 #[test]
-fn the_allocated_bound_of_any_two_recorded_trials_is_at_or_above_the_truth() {
+fn the_allocated_bound_of_two_recorded_trials_is_at_or_above_the_truth_from_near_the_edge() {
+    let mut low = Vec::new();
     for case in cases() {
         let points = figures(&case);
         for (i, a) in points.iter().enumerate() {
             for b in &points[i + 1..] {
-                if let Some(u) = pair_bound(a, b) {
+                let Some(u) = pair_bound(a, b) else { continue };
+                if 10 * b.value >= 9 * case.truth {
                     assert!(
                         u >= case.truth,
-                        "{}: {} and {} bound {u} < {}",
+                        "{}: {} and {} bound {u}",
                         case.name,
                         a.value,
-                        b.value,
-                        case.truth
+                        b.value
                     );
+                } else if u < case.truth {
+                    assert!(
+                        50 * u >= 49 * case.truth,
+                        "{}: {} and {} bound {u}",
+                        case.name,
+                        a.value,
+                        b.value
+                    );
+                    low.push(format!("{} {}+{} {u}", case.name, a.value, b.value));
                 }
             }
         }
+    }
+    assert_eq!(low, ["convnext (H100) 8+37 1334", "vit (H100) 8+30 1157"]);
+}
+
+/// The replay with the allocated figure makes the trials fit made on the H100 (2026-12-05):
+/// the seam is faithful with the bound too. ViT's sixth, 1193, succeeded there although the
+/// bisection saw 1176 and 1184 fail (its edge is not the same from run to run); the replay
+/// calls it a failure.
+#[test]
+fn with_the_allocated_figure_the_replay_makes_the_h100_s_trials() {
+    for (name, expected) in [
+        ("convnext (H100)", &[8_u64, 37, 1282, 1308, 1330][..]),
+        ("vit (H100)", &[8, 30, 1113, 1136, 1169, 1193][..]),
+    ] {
+        let case = cases().into_iter().find(|c| c.name == name).expect("case");
+        let values: Vec<u64> = replay(&case, true).1.iter().map(|t| t.0).collect();
+        assert_eq!(values, expected, "{name}");
     }
 }
 
