@@ -108,6 +108,8 @@ train_args() {
     resnet) echo "--model resnet --batch {}" ;;
     convnext) echo "--model convnext --batch {}" ;;
     vit) echo "--model vit --batch {}" ;;
+    efficientnet) echo "--model efficientnet --batch {}" ;;
+    swin) echo "--model swin --batch {}" ;;
     gpt2-seq) echo "--model gpt2 --attn eager --batch 4 --seq-unit 64 --seq {}" ;;
     *) return 1 ;;
   esac
@@ -150,7 +152,7 @@ if [ "$mode" = check ]; then
   echo "reuse the recorded truths: $(cat "$out/reuse.txt")" >&2
   for c in $cases; do
     if ! train_args "$c" > /dev/null; then
-      echo "$(date -Is) unknown case '$c' (resnet, llama, llama-ckpt, gpt2-seq, gpt2, convnext, vit): skipped" | tee -a "$out/failures.log" >&2
+      echo "$(date -Is) unknown case '$c' (resnet, llama, llama-ckpt, gpt2-seq, gpt2, convnext, vit, efficientnet, swin): skipped" | tee -a "$out/failures.log" >&2
       continue
     fi
     r="$(case_range "$c")"

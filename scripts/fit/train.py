@@ -1,6 +1,6 @@
 """One short training run at a given batch size: the trial command of `vramctl fit` (issue 15).
 
-    python3 scripts/fit/train.py --model {gpt2,llama,resnet,convnext,vit} --batch N [--steps 2]
+    python3 scripts/fit/train.py --model {gpt2,llama,resnet,convnext,vit,efficientnet,swin} --batch N [--steps 2]
                                  [--seq L] [--seq-unit U] [--attn {sdpa,eager}] [--checkpointing]
 
 --seq-unit U multiplies --seq by U (a sequence-length search in steps of U tokens: `--seq {}
@@ -17,6 +17,9 @@ Models (random weights, built from a config: the GPU machine has no internet):
           stop rule: added after ResNet-50 tuned it)
   vit     torchvision vit_b_16(), the same images (--seq sets the image side) and loss
           (held out as convnext)
+  efficientnet torchvision efficientnet_b0(), the same images and loss; swin: torchvision
+          swin_t(), the same (both chosen 2026-12-05, before any change made after the
+          convnext and vit runs, and held out for it)
 Every model: fp32 weights built directly on the GPU, bf16 autocast, AdamW, --steps optimizer
 steps (default 2: the optimizer state appears at the first step(), so step 0 alone is not the
 peak), random data made on the GPU, seed 0.
@@ -36,9 +39,9 @@ T_START = time.monotonic()
 import torch  # noqa: E402  (after T_START so init_s includes the import)
 
 SEED = 0
-DEFAULT_SEQ = {"gpt2": 1024, "llama": 2048, "resnet": 224, "convnext": 224, "vit": 224}
+DEFAULT_SEQ = {"gpt2": 1024, "llama": 2048, "resnet": 224, "convnext": 224, "vit": 224, "efficientnet": 224, "swin": 224}
 # Image classifiers: random images of side --seq, 1000 classes, cross-entropy.
-IMAGE_MODELS = ("resnet", "convnext", "vit")
+IMAGE_MODELS = ("resnet", "convnext", "vit", "efficientnet", "swin")
 
 
 def parse_args():
@@ -134,12 +137,26 @@ def build_vit(args):
     return vit_b_16(num_classes=1000, image_size=args.seq), 1000
 
 
+def build_efficientnet(_args):
+    from torchvision.models import efficientnet_b0
+
+    return efficientnet_b0(num_classes=1000), 1000
+
+
+def build_swin(_args):
+    from torchvision.models import swin_t
+
+    return swin_t(num_classes=1000), 1000
+
+
 BUILDERS = {
     "gpt2": build_gpt2,
     "llama": build_llama,
     "resnet": build_resnet,
     "convnext": build_convnext,
     "vit": build_vit,
+    "efficientnet": build_efficientnet,
+    "swin": build_swin,
 }
 
 
