@@ -114,6 +114,18 @@ fn cases() -> Vec<Case> {
             h200_trials: None,
             over_four: Some(5),
         },
+        // The same figures with the prediction today's predictor makes from the recorded
+        // calibration traces (the backward aligned: fit_trace.rs, `h100_traces`).
+        Case {
+            name: "convnext (aligned)",
+            truth: 1350,
+            trace_prediction: Some(1351),
+            low: 1,
+            high: 4096,
+            reports: &[CONVNEXT_FIT, CONVNEXT_BISECT],
+            h200_trials: None,
+            over_four: None,
+        },
         Case {
             name: "vit (H100)",
             truth: 1175,
@@ -343,7 +355,14 @@ fn the_allocated_bound_of_two_recorded_trials_is_at_or_above_the_truth_from_near
             }
         }
     }
-    assert_eq!(low, ["convnext (H100) 8+37 1334", "vit (H100) 8+30 1157"]);
+    assert_eq!(
+        low,
+        [
+            "convnext (H100) 8+37 1334",
+            "convnext (aligned) 8+37 1334",
+            "vit (H100) 8+30 1157"
+        ]
+    );
 }
 
 /// The replay with the allocated figure makes the trials fit made on the H100 (2026-12-05):
