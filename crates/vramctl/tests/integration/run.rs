@@ -549,13 +549,17 @@ fn run_killed_with_sigkill_takes_its_job_with_it() {
             .spawn()
             .expect("run");
         let pids = job_pids(&dir.path().join("pids"), 3);
-        // The command itself is the one that wrote its PID last (the others are started
-        // before it writes), but which line is whose does not matter: find it by parent.
+        // The command is run's child whose script ends in `wait`. By parent alone it is
+        // ambiguous: in subreaper mode the setsid'd sleeper becomes run's child too once
+        // its `( … & )` subshell exits, and when its line came first the test took it for
+        // the command, which has no death signal (it failed so once in CI under load).
         let command = pids
             .iter()
             .copied()
             .find(|(pid, _)| {
                 vramctl_procs::procinfo::read_stat(*pid).is_ok_and(|s| s.ppid == run.id())
+                    && std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains("wait"))
             })
             .expect("the command is run's child");
         let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", command.0))
