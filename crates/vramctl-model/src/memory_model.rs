@@ -1275,7 +1275,12 @@ fn finish(mut b: Builder, job: &Job, overhead: Overhead, grad_bytes: f64) -> Est
         let backward = sum(Phase::Backward).max(always + grad_bytes);
         let recompute = sum(Phase::Recompute);
         let step = sum(Phase::Step);
-        if step > backward && step >= recompute {
+        // A tie goes to the step: its set holds the gradients, which the backward's set
+        // (activations) leaves out. Fused AdamW has no step temporary, so where the
+        // gradients outweigh the activations the two are equal, and with `>` the peak was
+        // counted without the gradients (TinyLlama bf16 fused b1×512 on the H200: −10.0 %,
+        // while the step's own replay reserved what torch did to 0.02 %).
+        if step >= backward && step >= recompute {
             ("optimizer step", Phase::Step)
         } else if recompute > backward {
             ("backward (recompute)", Phase::Recompute)
@@ -1528,6 +1533,26 @@ mod tests {
         assert_eq!(fused.term("optimizer step temporary"), 0);
         assert!(foreach.term("optimizer step temporary") > 2 * 1_000_000_000);
         assert!(fused.total_bytes + 2 * 1_000_000_000 < foreach.total_bytes);
+        // With the gradients (2.2 GB) heavier than the activations (1.2 GB), the peak holds
+        // them whichever phase it is named by: the step's set ties with the end of backward.
+        // It was counted without them (−10.0 % on the H200's held-back run, 2026-12-05;
+        // found there, so that case is a regression check now, not evidence).
+        assert_eq!(fused.peak_phase, "optimizer step");
+        let at_peak = |name| fused.terms.iter().any(|t| t.name == name && t.at_peak);
+        assert!(at_peak("gradients") && !at_peak("activations"));
+        let job = Job {
+            optimizer: Optimizer::AdamwFused,
+            ..job
+        };
+        let r = replay_of(&m, &job);
+        let tensors =
+            fused.total_bytes - fused.term("allocator overhead") - fused.term("CUDA context");
+        assert!(
+            r.peak_allocated.abs_diff(tensors) * 100 < tensors,
+            "{r:?} vs {tensors}"
+        );
+        // nvidia-smi's peak of that run: 10,284,433,408 B.
+        assert_eq!(fused.total_bytes, 10_274_627_072);
     }
 
     /// A model built in fp32 and cast to bf16 (`--cast-from-fp32`): the freed fp32 copy
