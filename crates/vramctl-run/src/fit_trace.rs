@@ -9,7 +9,9 @@
 //!
 //! 1. **Match** the allocations of the two traces (values `v1 < v2`): the k-th allocation
 //!    from one (stream, first Python frame) in one trace with the k-th from the same
-//!    (stream, frame) in the other. More than [`MAX_UNMATCHED_SHARE`] of either trace's
+//!    (stream, frame) in the other; where the two made different numbers of them (the
+//!    backward's, when cuDNN's algorithms change with the value), the two sequences are
+//!    aligned instead (`align`). More than [`MAX_UNMATCHED_SHARE`] of either trace's
 //!    allocations without a partner: the job is not the same program at both values
 //!    (chunking by the value, another code path), and the predictor refuses.
 //! 2. **Classify** each matched pair of sizes: fixed (equal), `c·v`, `c·v²` (each within
