@@ -1410,10 +1410,11 @@ table), never the weights. --train models one optimizer step of transformers' de
 path (loss on all tokens, SDPA attention); --batch is per GPU. The model, its terms and
 constants, and what each was measured on: docs/estimate.md. Measured on an H200 against
 NVML's per-process peak: 17 of 17 cases held back before measuring within 10 % (max 3.1 %);
-a later held-out run found 20 of 22 within 10 %. Its two misses are modelled since, not yet
-re-measured on a GPU: amp-bf16 with gradient checkpointing (+18-22 %: a recomputed block's
-weight casts are now freed with it) and generation's allocator (was a fixed 5 %, now its
-allocations replayed). --gpu's answers keep 5 % of the capacity for the estimate's error.
+a later held-out run found 20 of 22 within 10 %. Its two misses were modelled since and
+measured again on 11 new held-back cases (H200, 2026-12-05): all 11 within 10 %, 9 within
+5 %, median 1.3 %; amp-bf16 with gradient checkpointing +0.0 to +4.8 % (was +18-22 %);
+generation replayed, but TinyLlama 64 x (1024 + 256) -8.1 % (under); adamw-fused -10.0 %,
+fixed since (-0.1 %). --gpu's answers keep 5 % of the capacity for the estimate's error.
 docs/estimate.md: the error tables, which cases tuned it, and what is unmeasured.
 The families read since issue 34 (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2,
 gemma3_text, deepseek_v2/v3, llama4_text) count parameters and the KV cache as transformers
