@@ -126,6 +126,24 @@ class OomObserverTest(unittest.TestCase):
             self.assertFalse(target.run("", wait))
             self.assertFalse(target.run("", check))
 
+    def test_a_fork_during_the_warm_up_waits_for_its_import(self) -> None:
+        # A child forked mid-import would hold a half-imported module whose lock belongs to
+        # a thread it does not have. The fork waits; the child sees the whole module.
+        fork = (
+            "import os, sys\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    m = sys.modules.get('torch._inductor.codecache')\n"
+            "    os._exit(0 if m is not None and hasattr(m, 'PyCodeCache') else 3)\n"
+            "child_status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
+        )
+        env = {"VRAMCTL_OOM_HISTORY": "1", "FAKE_CODECACHE_IMPORT_S": "1.5"}
+        with Target(env=env) as target:
+            target.start_agent()
+            target.run("import torch\nx = torch.empty(1 << 20, dtype=torch.uint8, device='cuda')")
+            target.run(fork)
+            self.assertEqual(target.run("", "child_status"), 0)
+
     def test_the_record_times_each_stage_and_the_kept_trace_is_bounded_to_its_newest_entries(self) -> None:
         os.chmod(self.out, 0o700)
         env = {"VRAMCTL_RUN_REPORT_DIR": self.out, "VRAMCTL_OOM_HISTORY": "1"}

@@ -153,6 +153,23 @@ def warm_frame_symbolizer() -> None:
 
     _warming = threading.Thread(target=run, name="vramctl-agent-warm", daemon=True)
     _warming.start()
+    # A fork (a DataLoader worker) in the middle of the import would leave the child with
+    # half-imported modules whose import locks belong to a thread it does not have: a child
+    # that imports one of them would wait forever. The fork waits for the import instead
+    # (bounded: a fork made while the forking thread holds a lock the import needs must not
+    # wait forever either).
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_finish_warm_up_before_fork)
+
+
+# How long a fork waits for the warm-up's import (it takes 5-6 s on the H100 of 2026-12-05).
+FORK_WAIT_S = 30.0
+
+
+def _finish_warm_up_before_fork() -> None:
+    warming = _warming
+    if warming is not None and warming.is_alive() and warming is not threading.current_thread():
+        warming.join(FORK_WAIT_S)
 
 
 def wait_for_warm_up(timeout_s: float) -> bool:
