@@ -990,6 +990,10 @@ mod tests {
         }
     }
 
+    fn try_at(value: u64, reason: Reason) -> Next {
+        Next::Try { value, reason }
+    }
+
     fn measured(nvml: u64) -> Vec<DeviceMeasure> {
         vec![DeviceMeasure {
             uuid: "GPU-0".to_owned(),
@@ -1038,29 +1042,11 @@ mod tests {
     #[test]
     fn bisect_tries_low_then_high_then_midpoints() {
         let mut s = Search::new(settings(Strategy::Bisect)).expect("valid");
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 1,
-                reason: Reason::Calibrate
-            }
-        );
+        assert_eq!(s.next(), try_at(1, Reason::Calibrate));
         s.record(1, Outcome::Succeeded(measured(GIB)));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 4096,
-                reason: Reason::Bisect
-            }
-        );
+        assert_eq!(s.next(), try_at(4096, Reason::Bisect));
         s.record(4096, Outcome::OutOfMemory(measured(100 * GIB)));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 2048,
-                reason: Reason::Bisect
-            }
-        );
+        assert_eq!(s.next(), try_at(2048, Reason::Bisect));
     }
 
     #[test]
@@ -1086,13 +1072,7 @@ mod tests {
         s.record(1, Outcome::Succeeded(Vec::new()));
         assert_eq!(s.was_ok(1), Some(true));
         // No figures to scale from: the second value doubles.
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 2,
-                reason: Reason::Gallop
-            }
-        );
+        assert_eq!(s.next(), try_at(2, Reason::Gallop));
     }
 
     #[test]
@@ -1112,32 +1092,14 @@ mod tests {
         s.record(3, Outcome::Succeeded(measured(13 * GIB)));
         // 10 GiB + 1 GiB·v under 100 GiB: the edge at 90; the aim is 89, whose step of
         // ceil(2 % · 89) = 2 passes the edge (89 ok, then 91 closes).
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 89,
-                reason: Reason::Predicted
-            }
-        );
+        assert_eq!(s.next(), try_at(89, Reason::Predicted));
         // The caller ran 50 instead: it counts as a point, and nothing at or below it is
         // proposed again.
         s.record(50, Outcome::Succeeded(measured(60 * GIB)));
         assert_eq!(s.bracket(), (Some(50), None));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 89,
-                reason: Reason::Predicted
-            }
-        );
+        assert_eq!(s.next(), try_at(89, Reason::Predicted));
         s.record(89, Outcome::Succeeded(measured(99 * GIB)));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 91,
-                reason: Reason::Confirm
-            }
-        );
+        assert_eq!(s.next(), try_at(91, Reason::Confirm));
     }
 
     #[test]
@@ -1149,43 +1111,19 @@ mod tests {
         // 2 passes 70).
         s.set_trace_prediction(70);
         assert_eq!(s.trace_prediction(), Some(70));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 69,
-                reason: Reason::Predicted
-            }
-        );
+        assert_eq!(s.next(), try_at(69, Reason::Predicted));
         s.record(69, Outcome::Succeeded(measured(79 * GIB)));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 71,
-                reason: Reason::Confirm
-            }
-        );
+        assert_eq!(s.next(), try_at(71, Reason::Confirm));
         // It succeeds too (the traces were low): a gallop, not the line's 90.
         s.record(71, Outcome::Succeeded(measured(81 * GIB)));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 75,
-                reason: Reason::Gallop
-            }
-        );
+        assert_eq!(s.next(), try_at(75, Reason::Gallop));
 
         // A prediction at or below the largest ok: the step above it settles it.
         let mut s = Search::new(settings(Strategy::Model)).expect("valid");
         s.record(8, Outcome::Succeeded(measured(18 * GIB)));
         s.record(40, Outcome::Succeeded(measured(50 * GIB)));
         s.set_trace_prediction(40);
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 41,
-                reason: Reason::Confirm
-            }
-        );
+        assert_eq!(s.next(), try_at(41, Reason::Confirm));
     }
 
     #[test]
@@ -1195,7 +1133,6 @@ mod tests {
             s.record(8, Outcome::Succeeded(measured(18 * GIB)));
             s.record(40, Outcome::Succeeded(measured(50 * GIB)));
             s.set_trace_prediction(100);
-            let try_at = |value, reason| Next::Try { value, reason };
             assert_eq!(s.next(), try_at(99, Reason::Predicted));
             s.record(99, Outcome::OutOfMemory(measured(100 * GIB)));
             // 97's success would close [97, 99).
@@ -1207,13 +1144,7 @@ mod tests {
         };
         let mut s = start();
         s.record(93, Outcome::Succeeded(measured(99 * GIB)));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 95,
-                reason: Reason::Confirm
-            }
-        );
+        assert_eq!(s.next(), try_at(95, Reason::Confirm));
         s.record(95, Outcome::OutOfMemory(measured(100 * GIB)));
         assert_eq!(s.next(), Next::Done(Conclusion::Found { value: 93 }));
 
@@ -1221,13 +1152,7 @@ mod tests {
         // [40, 93) (2·8² > 53·2), so it bisects.
         let mut s = start();
         s.record(93, Outcome::OutOfMemory(measured(100 * GIB)));
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 66,
-                reason: Reason::Bisect
-            }
-        );
+        assert_eq!(s.next(), try_at(66, Reason::Bisect));
     }
 
     #[test]
@@ -1235,13 +1160,7 @@ mod tests {
         let mut s = Search::new(settings(Strategy::Model)).expect("valid");
         s.record(2, Outcome::Succeeded(measured(10 * GIB)));
         // floor(2 · 0.5 · 100 / 10) = 10.
-        assert_eq!(
-            s.next(),
-            Next::Try {
-                value: 10,
-                reason: Reason::Calibrate
-            }
-        );
+        assert_eq!(s.next(), try_at(10, Reason::Calibrate));
     }
 
     #[test]
