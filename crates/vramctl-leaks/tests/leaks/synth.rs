@@ -704,6 +704,37 @@ pub fn paced_leak(duration_s: i64, seed: u64, interval_ms: i64, spec: &LeakSpec)
     )
 }
 
+/// Trains `model` every 250 ms for `duration_s` and keeps a block from `first_ms` on each
+/// time the next one is due: `step` gives its size and when the one after it is due (called
+/// as the block is kept, so its draws come in that order). Ends early (out of memory) once
+/// a block of `largest_step_bytes` would leave less than 2 GiB of an H200. When the first
+/// block was kept.
+fn train_keeping_steps(
+    sim: &mut Sim,
+    model: &mut Mlp,
+    duration_s: i64,
+    largest_step_bytes: u64,
+    first_ms: i64,
+    mut step: impl FnMut(&mut Sim) -> (u64, i64),
+) -> Option<i64> {
+    let mut next_ms = first_ms;
+    let mut kept: Vec<u64> = Vec::new();
+    let mut leak_start: Option<i64> = None;
+    while sim.t_ms < duration_s * 1000
+        && sim.nvml_bytes() + largest_step_bytes < H200_TOTAL - 2 * GIB
+    {
+        model.train_step(sim, 256);
+        if sim.t_ms >= next_ms {
+            leak_start.get_or_insert(sim.t_ms);
+            let (bytes, next) = step(sim);
+            kept.push(sim.alloc.alloc(bytes));
+            next_ms = next;
+        }
+        sim.wait(250);
+    }
+    leak_start
+}
+
 /// Issue 35: a leak in rare big steps. A small model trained every 250 ms keeps one
 /// `step_bytes` tensor every `period_ms` from `start_after_ms` (the first at the start
 /// when `None`), the steps starting at a phase the seed draws within the first period
@@ -723,17 +754,17 @@ pub fn step_leak(
     let phase_ms = sim.rng().range(0, period_ms / 4);
     let first_ms = start_after_ms.unwrap_or(0) + phase_ms;
     let mut next_ms = first_ms;
-    let mut kept: Vec<u64> = Vec::new();
-    let mut leak_start: Option<i64> = None;
-    while sim.t_ms < duration_s * 1000 && sim.nvml_bytes() + step_bytes < H200_TOTAL - 2 * GIB {
-        model.train_step(&mut sim, 256);
-        if sim.t_ms >= next_ms {
-            leak_start.get_or_insert(sim.t_ms);
-            kept.push(sim.alloc.alloc(step_bytes));
+    let leak_start = train_keeping_steps(
+        &mut sim,
+        &mut model,
+        duration_s,
+        step_bytes,
+        first_ms,
+        |_| {
             next_ms += period_ms;
-        }
-        sim.wait(250);
-    }
+            (step_bytes, next_ms)
+        },
+    );
     let label = Label::Leak {
         leak_start_unix_ms: T0 + leak_start.unwrap_or(first_ms),
     };
@@ -759,26 +790,18 @@ pub fn irregular_step_leak(
     let mut sim = Sim::new(seed, interval_ms);
     sim.init_cuda();
     let mut model = Mlp::new(&mut sim, 1024, 4);
-    let mut next_ms = sim.rng().range(0, mean_gap_ms);
-    let mut kept: Vec<u64> = Vec::new();
-    let mut leak_start: Option<i64> = None;
+    let first_ms = sim.rng().range(0, mean_gap_ms);
     let granule = 2 * MIB;
-    while sim.t_ms < duration_s * 1000
-        && sim.nvml_bytes() + 2 * mean_step_bytes < H200_TOTAL - 2 * GIB
-    {
-        model.train_step(&mut sim, 256);
-        if sim.t_ms >= next_ms {
-            leak_start.get_or_insert(sim.t_ms);
+    let largest = 2 * mean_step_bytes;
+    let leak_start =
+        train_keeping_steps(&mut sim, &mut model, duration_s, largest, first_ms, |sim| {
             let factor = sim.rng().range(250, 1750) as f64 / 1000.0;
             let bytes = ((mean_step_bytes as f64 * factor) as u64 / granule).max(1) * granule;
-            kept.push(sim.alloc.alloc(bytes));
             let gap = sim.rng().range(mean_gap_ms / 4, mean_gap_ms * 7 / 4);
-            next_ms = sim.t_ms + gap.max(1);
-        }
-        sim.wait(250);
-    }
+            (bytes, sim.t_ms + gap.max(1))
+        });
     let label = Label::Leak {
-        leak_start_unix_ms: T0 + leak_start.unwrap_or(next_ms),
+        leak_start_unix_ms: T0 + leak_start.unwrap_or(first_ms),
     };
     trace(
         "irregular_step_leak",
