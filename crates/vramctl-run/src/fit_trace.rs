@@ -493,6 +493,7 @@ fn matched<'t>(
     }
     // b's allocation → its partner in a.
     let mut partner: Vec<Option<usize>> = vec![None; b.trace.allocs.len()];
+    let mut cells_left = MAX_ALIGN_CELLS;
     for (key, ys) in &in_b {
         let Some(xs) = in_a.get(key) else { continue };
         if xs.len() == ys.len() {
@@ -503,7 +504,7 @@ fn matched<'t>(
         }
         let size_a: Vec<u64> = xs.iter().map(|&i| a.trace.allocs[i].size_bytes).collect();
         let size_b: Vec<u64> = ys.iter().map(|&i| b.trace.allocs[i].size_bytes).collect();
-        match align(&size_a, a.value, &size_b, b.value) {
+        match align(&size_a, a.value, &size_b, b.value, &mut cells_left) {
             Some(pairs) => {
                 for (i, j) in pairs {
                     partner[ys[j]] = Some(xs[i]);
@@ -568,8 +569,10 @@ fn matched<'t>(
     Ok((scalings, counts))
 }
 
-/// The most cells an alignment's table may have (two sequences of ~4,500 allocations):
-/// longer ones are paired by position.
+/// The most table cells the alignments of one prediction may fill together (two sequences
+/// of ~4,500 allocations; 80 MB at most at once, a fraction of a second): past it, keys are
+/// paired by position. A budget for all keys, not one per key, so a trace of many keys
+/// with differing counts stays as bounded in time as one.
 const MAX_ALIGN_CELLS: usize = 20_000_000;
 
 /// Aligns one key's allocation sizes at `v1` (`xs`) and `v2` (`ys`): pairs in order in both
@@ -577,12 +580,18 @@ const MAX_ALIGN_CELLS: usize = 20_000_000;
 /// size, `c·v` or `c·v²` does first (weight 2), then pairs that only fit a line `a + b·v`
 /// (weight 1: two sizes fit some line, so such a pair is evidence only where the simple
 /// pairs around it anchor the alignment — cuDNN's workspaces between the same layers);
-/// `None` when the table would exceed [`MAX_ALIGN_CELLS`].
-fn align(xs: &[u64], v1: u64, ys: &[u64], v2: u64) -> Option<Vec<(usize, usize)>> {
+/// `None` when the table would exceed the `cells_left` of the budget ([`MAX_ALIGN_CELLS`]),
+/// which it draws from.
+fn align(
+    xs: &[u64],
+    v1: u64,
+    ys: &[u64],
+    v2: u64,
+    cells_left: &mut usize,
+) -> Option<Vec<(usize, usize)>> {
     let (n, m) = (xs.len(), ys.len());
-    if n.checked_mul(m)? > MAX_ALIGN_CELLS {
-        return None;
-    }
+    let cells = (n + 1).checked_mul(m + 1)?;
+    *cells_left = cells_left.checked_sub(cells)?;
     let weight = |i: usize, j: usize| -> u32 {
         if matches!(Scaling::classify(xs[i], v1, ys[j], v2), Scaling::Affine(..)) {
             1
@@ -1084,14 +1093,21 @@ mod h100_traces {
         let kib = 1024;
         let xs = [2 * kib, 100 * kib, 6 * kib];
         let ys = [4 * kib, 200 * kib, 7 * kib, 12 * kib];
-        assert_eq!(align(&xs, 2, &ys, 4), Some(vec![(0, 0), (1, 1), (2, 3)]));
+        assert_eq!(
+            align(&xs, 2, &ys, 4, &mut 100),
+            Some(vec![(0, 0), (1, 1), (2, 3)])
+        );
         // By position the last two would pair 6 KiB with 7 KiB (a line) and leave 12 KiB.
         // Where nothing scales simply, affine pairs fill in, in order.
         assert_eq!(
-            align(&[3 * kib], 2, &[5 * kib, 9 * kib], 4),
+            align(&[3 * kib], 2, &[5 * kib, 9 * kib], 4, &mut 100),
             Some(vec![(0, 0)])
         );
-        assert_eq!(align(&xs, 2, &ys, 4).map(|p| p.len()), Some(3));
+        // The tables of one prediction share a budget: (3 + 1) × (4 + 1) cells once, then
+        // nothing left for a second.
+        let mut left = 25;
+        assert!(align(&xs, 2, &ys, 4, &mut left).is_some());
+        assert_eq!((left, align(&xs, 2, &ys, 4, &mut left)), (5, None));
     }
 
     #[test]
