@@ -33,6 +33,10 @@
 #   estimate34b scripts/estimate34b-h200.sh: round 4's 14 cases (2 tuning, 12 held back before
 #               any was measured) against NVML's per-process peak, and two --gpu answers run
 #               for real (issue 34, ~5 min)
+#   est5train   the same script with ROUND=5-train: round 5's 8 training cases, held back on
+#               2026-12-05 before any was measured (issue 34, ~3 min)
+#   est5infer   ROUND=5-infer: round 5's 6 generation cases and two --gpu answers, held back
+#               the same day (issue 34, ~3 min)
 #   families34  scripts/estimate-families-h200.sh: the families estimate reads since issue 34
 #               (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2, gemma3_text,
 #               deepseek_v2/v3, llama4_text) built from their configs: parameters and KV cache
@@ -163,6 +167,8 @@ EOF
 }
 part estimate34 estimate34
 part estimate34b env OUT="$OUT/parts/estimate34b" scripts/estimate34b-h200.sh
+part est5train env OUT="$OUT/parts/est5train" ROUND=5-train scripts/estimate34b-h200.sh
+part est5infer env OUT="$OUT/parts/est5infer" ROUND=5-infer scripts/estimate34b-h200.sh
 
 part families34 env OUT="$OUT/parts/families34" scripts/estimate-families-h200.sh
 

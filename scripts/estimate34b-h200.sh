@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Issue 34, round 4: the estimate's two fixes on a real GPU (docs/estimate.md, "Round 4").
 #
-#   OUT=DIR [VRAMCTL=.dist/vramctl] scripts/estimate34b-h200.sh
+#   OUT=DIR [VRAMCTL=.dist/vramctl] [ROUND=4|5|5-train|5-infer] scripts/estimate34b-h200.sh
+#
+# ROUND picks the cases (default 4: cases.ROUND4; 5: cases.ROUND5, held back on 2026-12-05,
+# and its two halves ROUND5_TRAIN, ROUND5_INFER) and the inverse questions of that round.
 #
 # 1. The cases of scripts/estimate/cases.py's ROUND4 (2 tuning, 12 held back, all committed
 #    before anything of them was measured), through scripts/estimate-h200.sh (each a fresh
@@ -30,7 +33,13 @@ VRAMCTL="${VRAMCTL:-.dist/vramctl}"
 : "${OUT:?set OUT to a directory for the results}"
 mkdir -p "$OUT"
 export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
-names=$(python3 -c "import sys; sys.path.insert(0, 'scripts/estimate'); import cases; print(' '.join(cases.ROUND4))")
+ROUND="${ROUND:-4}"
+case "$ROUND" in
+  4) list=ROUND4 ;; 5) list=ROUND5 ;; 5-train) list=ROUND5_TRAIN ;; 5-infer) list=ROUND5_INFER ;;
+  *) echo "ROUND must be 4, 5, 5-train or 5-infer, not '$ROUND'" >&2; exit 2 ;;
+esac
+export ROUND_LIST="$list" ROUND
+names=$(python3 -c "import sys; sys.path.insert(0, 'scripts/estimate'); import cases; print(' '.join(cases.$list))")
 total_mib=$(nvidia-smi -i 0 --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -1 | tr -d ' ')
 case "$total_mib" in '' | *[!0-9]*) total_mib=143771 ;; esac   # no answer: the H200's figures
 # 120 GB of estimates at once on the H200 (143771 MiB), the same share elsewhere.
@@ -41,9 +50,10 @@ timeout 300 scripts/estimate-h200.sh -j 4 --budget-gb "$budget" "$VRAMCTL" "$OUT
   > "$OUT/cases.log" 2>&1
 echo "cases: exit $? (log $OUT/cases.log)"
 python3 - "$VRAMCTL" "$OUT" "$total_mib" <<'PY'
-import json, subprocess, sys
+import json, os, subprocess, sys
 sys.path.insert(0, "scripts/estimate")
 import cases
+ROUND_CASES = getattr(cases, os.environ["ROUND_LIST"])
 vramctl, out, total = sys.argv[1], sys.argv[2], int(sys.argv[3]) << 20
 rows = {}
 try:
@@ -56,7 +66,7 @@ bad = 0
 not_run = 0
 errors = []
 GiB = 1 << 30
-for name in cases.ROUND4:
+for name in ROUND_CASES:
     c = cases.BY_NAME[name]
     e = json.loads(subprocess.run([vramctl, "estimate", *cases.estimate_args(c), "--json"],
                                   capture_output=True, text=True, check=True).stdout)
@@ -96,13 +106,13 @@ for set_ in ("tuning", "held_back"):
         print(f"SUMMARY {set_}: {len(e)} measured, {sum(x <= 10 for x in e)} within 10 %, "
               f"{sum(x <= 5 for x in e)} within 5 %, median |error| {e[len(e) // 2]:.1f} %, max {e[-1]:.1f} %")
 if not_run:
-    print(f"SUMMARY not run: {not_run} of {len(cases.ROUND4)} case(s) too large for this GPU "
+    print(f"SUMMARY not run: {not_run} of {len(ROUND_CASES)} case(s) too large for this GPU "
           f"({total / GiB:.1f} GiB): neither passed nor failed; an H200 runs them")
 sys.exit(1 if bad else 0)
 PY
 rc_cases=$?
 python3 - "$VRAMCTL" "$OUT" <<'PY'
-import json, subprocess, sys
+import json, os, subprocess, sys
 vramctl, out = sys.argv[1], sys.argv[2]
 JOB = r'''
 import sys, torch, transformers
@@ -123,8 +133,15 @@ except torch.OutOfMemoryError:
     print("OOM", torch.cuda.max_memory_reserved())
 '''
 bad = 0
-for config, dtype, seq, gen, gib, set_ in [("testdata/model/configs/gpt2.json", "fp32", 960, 64, 24, "tuning"),
-                                         ("testdata/model/configs/tinyllama-1.1b.json", "bf16", 1024, 256, 16, "held back")]:
+INVERSE = {
+    "4": [("testdata/model/configs/gpt2.json", "fp32", 960, 64, 24, "tuning"),
+          ("testdata/model/configs/tinyllama-1.1b.json", "bf16", 1024, 256, 16, "held back")],
+    # Round 5's, held back on 2026-12-05 with its cases: a 7B with GQA and a plain-MLP 1B.
+    "5": [("testdata/model/configs/llama-3-8b.json", "bf16", 1024, 256, 40, "held back"),
+          ("testdata/model/configs/pythia-1b.json", "bf16", 512, 128, 12, "held back")],
+}
+INVERSE["5-infer"] = INVERSE["5"]
+for config, dtype, seq, gen, gib, set_ in INVERSE.get(os.environ["ROUND"], []):
     cap = gib << 30
     e = json.loads(subprocess.run([vramctl, "estimate", config, "--infer", "--batch", "1", "--seq", str(seq),
                                    "--gen", str(gen), "--precision", dtype, "--gpu", f"{cap}B", "--json"],

@@ -208,6 +208,38 @@ CASES = [
     case("tinyllama-lora16all-drop-bf16-b8x1024", "tinyllama-1.1b", precision="bf16", batch=8, seq=1024, lora=16,
          lora_targets="all-linear", lora_dropout=True, set="held_back"),
     case("t5-small-fp32-b32x1024to128", "t5-small", batch=32, seq=1024, target=128, set="held_back"),
+    # Round 5 (issue 34), added 2026-12-05 before anything of them was measured; round 4's
+    # held-back rows had been seen (the fused-AdamW tie was fixed from one of them). The
+    # families measured only as a 3-step amp-bf16 training step so far (families34), other
+    # precisions, LoRA on a 7B, fused AdamW on Gemma, T5 with a short target, and generation
+    # with plain and gated MLPs, GQA, a window that S + G passes, Gemma 3's hybrid windows
+    # and a cast from fp32. Each fits an H100 (80 GB) by the estimate of this commit.
+    case("pythia-1b-bf16-b8x1024", "pythia-1b", precision="bf16", batch=8, seq=1024, set="held_back"),
+    case("opt-1.3b-ampbf16-b4x1024", "opt-1.3b", precision="amp-bf16", batch=4, seq=1024, set="held_back"),
+    case("olmo2-1b-bf16-ckptdefault-b8x2048", "olmo-2-1b", precision="bf16", batch=8, seq=2048,
+         ckpt="default", set="held_back"),
+    case("qwen2-7b-lora16all-bf16-b2x2048", "qwen2-7b", precision="bf16", batch=2, seq=2048, lora=16,
+         lora_targets="all-linear", set="held_back"),
+    case("gemma-2b-bf16-fused-b2x2048", "gemma-2b", precision="bf16", batch=2, seq=2048, fused=True,
+         set="held_back"),
+    case("phi2-lora16-bf16-ckpt-b8x1024", "phi-2", precision="bf16", batch=8, seq=1024, lora=16, ckpt=True,
+         set="held_back"),
+    case("t5-small-ampbf16-b64x512to64", "t5-small", precision="amp-bf16", batch=64, seq=512, target=64,
+         set="held_back"),
+    case("tinyllama-fp32-ckptdefault-b8x1024", "tinyllama-1.1b", batch=8, seq=1024, ckpt="default",
+         set="held_back"),
+    case("llama3-8b-infer-b8x2048+256", "llama-3-8b", mode="infer", precision="bf16", batch=8, seq=2048,
+         gen=256, set="held_back"),
+    case("qwen2-7b-infer-b32x512+256", "qwen2-7b", mode="infer", precision="bf16", batch=32, seq=512, gen=256,
+         set="held_back"),
+    case("pythia-1b-infer-b32x1024+128", "pythia-1b", mode="infer", precision="bf16", batch=32, seq=1024,
+         gen=128, set="held_back"),
+    case("starcoder2-3b-infer-b8x4096+256", "starcoder2-3b", mode="infer", precision="bf16", batch=8, seq=4096,
+         gen=256, set="held_back"),
+    case("gemma3-1b-infer-b16x2048+256", "gemma-3-1b", mode="infer", precision="bf16", batch=16, seq=2048,
+         gen=256, set="held_back"),
+    case("phi3-mini-cast-infer-b4x1024+64", "phi-3-mini", mode="infer", precision="bf16", batch=4, seq=1024,
+         gen=64, cast=True, set="held_back"),
 ]
 
 # The cases of issue 34's round 4 (scripts/estimate34b-h200.sh runs them).
@@ -217,6 +249,16 @@ ROUND4 = ["gpt2-ampbf16-ckptdefault-b8x1024", "gpt2-fp32-infer-b192x960+64",
           "tinyllama-infer-b64x1024+256", "llama3-8b-infer-b32x1024+512", "mistral-7b-infer-b8x4096+256",
           "tinyllama-bf16-fused-b1x512", "qwen2-7b-cast-infer-b1x512+16", "llama3-8b-lora16all-bf16-b4x1024",
           "tinyllama-lora16all-drop-bf16-b8x1024", "t5-small-fp32-b32x1024to128"]
+
+# Round 5 (scripts/estimate34b-h200.sh with ROUND=5): training and generation apart, so
+# that generation can be measured after a change to its replay without the training rows
+# having been looked at by then, and the other way round.
+ROUND5_TRAIN = ["pythia-1b-bf16-b8x1024", "opt-1.3b-ampbf16-b4x1024", "olmo2-1b-bf16-ckptdefault-b8x2048",
+                "qwen2-7b-lora16all-bf16-b2x2048", "gemma-2b-bf16-fused-b2x2048", "phi2-lora16-bf16-ckpt-b8x1024",
+                "t5-small-ampbf16-b64x512to64", "tinyllama-fp32-ckptdefault-b8x1024"]
+ROUND5_INFER = ["llama3-8b-infer-b8x2048+256", "qwen2-7b-infer-b32x512+256", "pythia-1b-infer-b32x1024+128",
+                "starcoder2-3b-infer-b8x4096+256", "gemma3-1b-infer-b16x2048+256", "phi3-mini-cast-infer-b4x1024+64"]
+ROUND5 = ROUND5_TRAIN + ROUND5_INFER
 
 # Issue 36: sharded training on 2 GPUs (scripts/estimate-sharded-h200x2.sh runs them, each
 # under torchrun, one rank per GPU). Chosen and committed on 2026-12-05 before anything of
