@@ -214,13 +214,24 @@ impl<'a> Gen<'a> {
             arch.q_dim_saturating() * h,
         ];
         per_layer.extend(mlp);
+        // The norms' weights (and LayerNorm's biases), after the MLP as the modules are
+        // made: counted, so that the matrices are not scaled up by what they would hold —
+        // a 1 MiB projection scaled past 1 MiB is cut from the large pool's 20 MiB segments
+        // instead of the small pool's 2 MiB ones (TinyLlama: 88 MiB more reserved).
+        let norm_tensors = arch.norms_per_layer * if arch.norm == Norm::LayerNorm { 2 } else { 1 };
+        per_layer.extend(std::iter::repeat_n(h, norm_tensors as usize));
         let head = if arch.tied_embeddings { 0 } else { v * h };
-        let elements: u64 = v * h + head + layers * per_layer.iter().sum::<u64>();
+        // The final norm.
+        let last_norm = if norm_tensors > 0 { h } else { 0 };
+        let elements: u64 = v * h + head + layers * per_layer.iter().sum::<u64>() + last_norm;
         let scale = self.job.weight_bytes as f64 / elements.max(1) as f64;
         let bytes = |e: u64| ((e as f64) * scale).ceil() as u64;
         let mut sizes = vec![v * h];
         for _ in 0..layers {
             sizes.extend(per_layer.iter().copied().filter(|&e| e > 0));
+        }
+        if last_norm > 0 {
+            sizes.push(last_norm);
         }
         if head > 0 {
             sizes.push(head);
@@ -259,10 +270,7 @@ impl<'a> Gen<'a> {
             x = self.malloc(t * h * a);
         }
         // RoPE's cos and sin for the new positions, alive through the forward.
-        let rope = (!arch.learned_positions).then(|| {
-            let d = arch.head_dim;
-            (self.malloc(t * d * a), self.malloc(t * d * a))
-        });
+        let rope = (!arch.learned_positions).then(|| self.rope_tables(t));
         for layer in 0..arch.layers as usize {
             let out = self.block(layer, new, context);
             if !held.contains(&x) {
@@ -288,6 +296,52 @@ impl<'a> Gen<'a> {
         self.free(logits);
         self.free(copy);
         self.free(tokens);
+    }
+
+    /// cuBLAS's workspace, taken from PyTorch's allocator at the first matmul and never
+    /// given back (training_step::CUBLAS_WORKSPACE_BYTES); not on a CPU.
+    fn first_matmul(&mut self) {
+        if !self.workspace {
+            self.workspace = true;
+            self.malloc(CUBLAS_WORKSPACE_BYTES);
+        }
+    }
+
+    /// The rotary embedding's cos and sin for `t` positions, as transformers' `*RotaryEmbedding.
+    /// forward` makes them in fp32 (autocast off): the positions as floats, `inv_freq @
+    /// positions` (the model's first matmul, so cuBLAS's workspace comes here, before any
+    /// block's tensor), `cat(freqs, freqs)`, `cos()` and `* attention_scaling` (a new tensor
+    /// even at 1.0, the unscaled one let go), the same for sin, each cast to the compute
+    /// dtype (no copy in fp32); the fp32 temporaries are let go and the casts kept through
+    /// the forward. Read from an H200 trace of TinyLlama's `generate()` (2026-12-05): these
+    /// temporaries cut their own small segments before the first block, and the workspace
+    /// its own, which decides how the blocks' tensors share the pool afterwards.
+    fn rope_tables(&mut self, t: u64) -> (BlockId, BlockId) {
+        let (d, a) = (self.arch.head_dim, self.job.act_bytes);
+        let positions = self.malloc(t * 4);
+        let freqs = self.malloc(t * (d / 2).max(1) * 4);
+        self.first_matmul();
+        let emb = self.malloc(t * d * 4);
+        let mut scaled = || {
+            let raw = self.malloc(t * d * 4);
+            let scaled = self.malloc(t * d * 4);
+            self.free(raw);
+            scaled
+        };
+        let (cos, sin) = (scaled(), scaled());
+        let tables = if a == 4 {
+            (cos, sin)
+        } else {
+            (self.malloc(t * d * a), self.malloc(t * d * a))
+        };
+        self.free(positions);
+        self.free(freqs);
+        self.free(emb);
+        if a != 4 {
+            self.free(cos);
+            self.free(sin);
+        }
+        tables
     }
 
     /// A norm's output. RMSNorm as transformers writes it: `x.to(float32)` (a copy unless
@@ -345,12 +399,7 @@ impl<'a> Gen<'a> {
         let named_branches = arch.family == Family::Gpt2;
         // Attention: the norm, q/k/v (one fused projection where the model fuses it).
         let n1 = self.norm(t);
-        if !self.workspace {
-            // cuBLAS's workspace, taken from PyTorch's allocator at the first matmul and
-            // never given back (training_step::CUBLAS_WORKSPACE_BYTES); not on a CPU.
-            self.workspace = true;
-            self.malloc(CUBLAS_WORKSPACE_BYTES);
-        }
+        self.first_matmul();
         let fused = arch.learned_positions;
         let (qkv, parts) = if fused {
             (Some(self.malloc(t * (q + 2 * kv) * a)), None)
@@ -563,9 +612,10 @@ mod tests {
     /// left out (the trace starts after the model is built), GPT-2 fp32 8 × (512 + 64) had
     /// 327,221,348 B live at its peak and replays to 392,167,424 reserved; 32 × (128 + 200)
     /// 327,221,540 and 394,264,576; TinyLlama bf16 8 × (512 + 64) 215,023,704 and
-    /// 297,795,584. The program allocates the same bytes within 8 KiB (its ids, mask and
-    /// 512-B stand-ins for the weights) and reserves the same to the byte for GPT-2, 1.4 %
-    /// less for TinyLlama.
+    /// 297,795,584. The program allocates the same bytes within 16 KiB (its ids, mask and
+    /// 512-B stand-ins for the weights and norms) and reserves the same to the byte for
+    /// GPT-2, 0.7 % (2 MiB) less for TinyLlama (1.4 % before the rotary embedding's fp32
+    /// temporaries were replayed).
     #[test]
     fn the_program_allocates_what_transformers_generate_allocates() {
         let cases = [
@@ -601,7 +651,7 @@ mod tests {
             )
             .expect("replayed");
             assert!(
-                r.peak_allocated.abs_diff(live) < 8 << 10,
+                r.peak_allocated.abs_diff(live) < 16 << 10,
                 "{config}: {r:?} against {live} live"
             );
             assert!(
@@ -609,6 +659,40 @@ mod tests {
                 "{config}: {r:?} against {reserved} reserved"
             );
         }
+    }
+
+    /// TinyLlama bf16 generating 256 tokens after 64 × 1024 on the H200 (2026-12-05, the
+    /// held-back case of round 4 that missed by −8.1 %, so tuning now): torch's
+    /// `max_memory_reserved()` 8,533,311,488 and `max_memory_allocated()` 7,019,355,648;
+    /// its allocator trace (testdata/h200/round5/tinyllama-gen.trace.json.gz, replayed
+    /// through `scripts/estimate/replay_traces.py`'s rules) reserves the same to the byte, and
+    /// its peak is the prefill's, set before the first token is generated. The program
+    /// reserved 7,782,531,072 (−8.8 %) until it replayed the rotary embedding's fp32
+    /// temporaries and cuBLAS's workspace at the model's first matmul (the rotary's), and
+    /// made the projections their exact bytes by counting the norms.
+    #[test]
+    fn tinyllama_generation_reserves_what_torch_reserved_on_the_h200() {
+        let a = arch("tinyllama-1.1b.json");
+        let r = replay(
+            &a,
+            &GenJob {
+                batch: 64,
+                seq: 1024,
+                generated: 256,
+                act_bytes: 2,
+                kv_bytes: 2,
+                weight_bytes: 1_100_048_384 * 2,
+                eager: false,
+                cast_from_fp32: false,
+                cublas_workspace: true,
+            },
+        )
+        .expect("replayed");
+        let within = |got: u64, want: u64, share: f64| {
+            (got as f64 - want as f64).abs() <= want as f64 * share
+        };
+        assert!(within(r.peak_allocated, 7_019_355_648, 0.001), "{r:?}");
+        assert!(within(r.peak_reserved, 8_533_311_488, 0.005), "{r:?}");
     }
 
     /// Sizes past what is counted, or absurdly many layers, are not replayed (the estimate
