@@ -13,6 +13,8 @@
 #               regression from round 3's changes)
 #   bench30     scripts/bench-status-vs-smi-h200.sh: status vs nvidia-smi --query-gpu, ps vs
 #               status with a GPU process, both through a recorder (issue 30's figures)
+#   exit30      scripts/nvml-exit-probe.py: what a one-shot NVML program's exit costs, with and
+#               without nvmlShutdown and the libraries' destructors (issue 30, ~30 s)
 #   nvml30      scripts/nvml-parallel-probe.py: whether the driver answers status's slow NVML
 #               queries (utilization, power, MIG mode, process lists) faster at once than one
 #               after another, with pynvml, warm and (since its first run) as first calls in
@@ -37,6 +39,7 @@
 #               2026-12-05 before any was measured (issue 34, ~3 min)
 #   est5infer   ROUND=5-infer: round 5's 6 generation cases and two --gpu answers, held back
 #               the same day (issue 34, ~3 min)
+#   inv4        ROUND=4-inverse: round 4's two --gpu answers run for real, no case (~1 min)
 #   families34  scripts/estimate-families-h200.sh: the families estimate reads since issue 34
 #               (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2, gemma3_text,
 #               deepseek_v2/v3, llama4_text) built from their configs: parameters and KV cache
@@ -79,6 +82,7 @@ say "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.c
 part real scripts/check-real-gpu.sh "$VRAMCTL" "$OUT/parts/real"
 part bench30 scripts/bench-status-vs-smi-h200.sh "$VRAMCTL" "$OUT/parts/bench30" 21
 part nvml30 python3 scripts/nvml-parallel-probe.py 101
+part exit30 python3 scripts/nvml-exit-probe.py 21
 
 # --- pidns31: a holder in its own PID namespace, seen from the host.
 pidns31() {
@@ -169,6 +173,7 @@ part estimate34 estimate34
 part estimate34b env OUT="$OUT/parts/estimate34b" scripts/estimate34b-h200.sh
 part est5train env OUT="$OUT/parts/est5train" ROUND=5-train scripts/estimate34b-h200.sh
 part est5infer env OUT="$OUT/parts/est5infer" ROUND=5-infer scripts/estimate34b-h200.sh
+part inv4 env OUT="$OUT/parts/inv4" ROUND=4-inverse scripts/estimate34b-h200.sh
 
 part families34 env OUT="$OUT/parts/families34" scripts/estimate-families-h200.sh
 

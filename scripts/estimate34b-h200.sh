@@ -4,7 +4,8 @@
 #   OUT=DIR [VRAMCTL=.dist/vramctl] [ROUND=4|5|5-train|5-infer] scripts/estimate34b-h200.sh
 #
 # ROUND picks the cases (default 4: cases.ROUND4; 5: cases.ROUND5, held back on 2026-12-05,
-# and its two halves ROUND5_TRAIN, ROUND5_INFER) and the inverse questions of that round.
+# and its two halves ROUND5_TRAIN, ROUND5_INFER) and the inverse questions of that round;
+# 4-inverse runs round 4's inverse questions alone (no case).
 #
 # 1. The cases of scripts/estimate/cases.py's ROUND4 (2 tuning, 12 held back, all committed
 #    before anything of them was measured), through scripts/estimate-h200.sh (each a fresh
@@ -36,15 +37,18 @@ export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 ROUND="${ROUND:-4}"
 case "$ROUND" in
   4) list=ROUND4 ;; 5) list=ROUND5 ;; 5-train) list=ROUND5_TRAIN ;; 5-infer) list=ROUND5_INFER ;;
-  *) echo "ROUND must be 4, 5, 5-train or 5-infer, not '$ROUND'" >&2; exit 2 ;;
+  4-inverse) list=NONE ;;
+  *) echo "ROUND must be 4, 5, 5-train, 5-infer or 4-inverse, not '$ROUND'" >&2; exit 2 ;;
 esac
 export ROUND_LIST="$list" ROUND
-names=$(python3 -c "import sys; sys.path.insert(0, 'scripts/estimate'); import cases; print(' '.join(cases.$list))")
+names=$(python3 -c "import sys; sys.path.insert(0, 'scripts/estimate'); import cases; print(' '.join(getattr(cases, '$list', [])))")
 total_mib=$(nvidia-smi -i 0 --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -1 | tr -d ' ')
 case "$total_mib" in '' | *[!0-9]*) total_mib=143771 ;; esac   # no answer: the H200's figures
 # 120 GB of estimates at once on the H200 (143771 MiB), the same share elsewhere.
 budget=$(awk -v m="$total_mib" 'BEGIN { printf "%.0f", 120 * m / 143771 }')
 echo "GPU 0: $total_mib MiB; estimates summed within $budget GB"
+rc_cases=0
+if [ -n "$names" ]; then
 # shellcheck disable=SC2086
 timeout 300 scripts/estimate-h200.sh -j 4 --budget-gb "$budget" "$VRAMCTL" "$OUT/cases" $names \
   > "$OUT/cases.log" 2>&1
@@ -53,7 +57,7 @@ python3 - "$VRAMCTL" "$OUT" "$total_mib" <<'PY'
 import json, os, subprocess, sys
 sys.path.insert(0, "scripts/estimate")
 import cases
-ROUND_CASES = getattr(cases, os.environ["ROUND_LIST"])
+ROUND_CASES = getattr(cases, os.environ["ROUND_LIST"], [])
 vramctl, out, total = sys.argv[1], sys.argv[2], int(sys.argv[3]) << 20
 rows = {}
 try:
@@ -111,6 +115,7 @@ if not_run:
 sys.exit(1 if bad else 0)
 PY
 rc_cases=$?
+fi
 python3 - "$VRAMCTL" "$OUT" <<'PY'
 import json, os, subprocess, sys
 vramctl, out = sys.argv[1], sys.argv[2]
@@ -141,6 +146,7 @@ INVERSE = {
           ("testdata/model/configs/pythia-1b.json", "bf16", 512, 128, 12, "held back")],
 }
 INVERSE["5-infer"] = INVERSE["5"]
+INVERSE["4-inverse"] = INVERSE["4"]
 for config, dtype, seq, gen, gib, set_ in INVERSE.get(os.environ["ROUND"], []):
     cap = gib << 30
     e = json.loads(subprocess.run([vramctl, "estimate", config, "--infer", "--batch", "1", "--seq", str(seq),
