@@ -54,7 +54,7 @@ timeout 300 scripts/estimate-h200.sh -j 4 --budget-gb "$budget" "$VRAMCTL" "$OUT
   > "$OUT/cases.log" 2>&1
 echo "cases: exit $? (log $OUT/cases.log)"
 python3 - "$VRAMCTL" "$OUT" "$total_mib" <<'PY'
-import json, os, subprocess, sys
+import json, os, statistics, subprocess, sys
 sys.path.insert(0, "scripts/estimate")
 import cases
 ROUND_CASES = getattr(cases, os.environ["ROUND_LIST"], [])
@@ -108,7 +108,7 @@ for set_ in ("tuning", "held_back"):
     e = sorted(x for s_, x in errors if s_ == set_)
     if e:
         print(f"SUMMARY {set_}: {len(e)} measured, {sum(x <= 10 for x in e)} within 10 %, "
-              f"{sum(x <= 5 for x in e)} within 5 %, median |error| {e[len(e) // 2]:.1f} %, max {e[-1]:.1f} %")
+              f"{sum(x <= 5 for x in e)} within 5 %, median |error| {statistics.median(e):.1f} %, max {e[-1]:.1f} %")
 if not_run:
     print(f"SUMMARY not run: {not_run} of {len(ROUND_CASES)} case(s) too large for this GPU "
           f"({total / GiB:.1f} GiB): neither passed nor failed; an H200 runs them")
