@@ -39,6 +39,7 @@
 #               2026-12-05 before any was measured (issue 34, ~3 min)
 #   est5infer   ROUND=5-infer: round 5's 6 generation cases and two --gpu answers, held back
 #               the same day (issue 34, ~3 min)
+#   est6        ROUND=6: three OPT training jobs held back for the ReLU count (issue 34, ~1 min)
 #   inv4        ROUND=4-inverse: round 4's two --gpu answers run for real, no case (~1 min)
 #   families34  scripts/estimate-families-h200.sh: the families estimate reads since issue 34
 #               (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2, gemma3_text,
@@ -174,6 +175,7 @@ part estimate34b env OUT="$OUT/parts/estimate34b" scripts/estimate34b-h200.sh
 part est5train env OUT="$OUT/parts/est5train" ROUND=5-train scripts/estimate34b-h200.sh
 part est5infer env OUT="$OUT/parts/est5infer" ROUND=5-infer scripts/estimate34b-h200.sh
 part inv4 env OUT="$OUT/parts/inv4" ROUND=4-inverse scripts/estimate34b-h200.sh
+part est6 env OUT="$OUT/parts/est6" ROUND=6 scripts/estimate34b-h200.sh
 
 part families34 env OUT="$OUT/parts/families34" scripts/estimate-families-h200.sh
 

@@ -5,7 +5,8 @@
 #
 # ROUND picks the cases (default 4: cases.ROUND4; 5: cases.ROUND5, held back on 2026-12-05,
 # and its two halves ROUND5_TRAIN, ROUND5_INFER) and the inverse questions of that round;
-# 4-inverse runs round 4's inverse questions alone (no case).
+# 6: cases.ROUND6, three OPT jobs held back for the ReLU count; 4-inverse runs round 4's
+# inverse questions alone (no case).
 #
 # 1. The cases of scripts/estimate/cases.py's ROUND4 (2 tuning, 12 held back, all committed
 #    before anything of them was measured), through scripts/estimate-h200.sh (each a fresh
@@ -37,8 +38,8 @@ export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 ROUND="${ROUND:-4}"
 case "$ROUND" in
   4) list=ROUND4 ;; 5) list=ROUND5 ;; 5-train) list=ROUND5_TRAIN ;; 5-infer) list=ROUND5_INFER ;;
-  4-inverse) list=NONE ;;
-  *) echo "ROUND must be 4, 5, 5-train, 5-infer or 4-inverse, not '$ROUND'" >&2; exit 2 ;;
+  6) list=ROUND6 ;; 4-inverse) list=NONE ;;
+  *) echo "ROUND must be 4, 5, 5-train, 5-infer, 6 or 4-inverse, not '$ROUND'" >&2; exit 2 ;;
 esac
 export ROUND_LIST="$list" ROUND
 names=$(python3 -c "import sys; sys.path.insert(0, 'scripts/estimate'); import cases; print(' '.join(getattr(cases, '$list', [])))")
