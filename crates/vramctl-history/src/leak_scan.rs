@@ -19,8 +19,8 @@ use std::collections::HashMap;
 
 use vramctl_core::command_line::abbreviate;
 use vramctl_leaks::analysis::{
-    CpuSample, DeviceActivitySample, LeakConfig, Sample, SeriesContext, SeriesFold, SeriesReport,
-    SmSample,
+    CpuSample, DeviceActivitySample, FreeHistory, LeakConfig, Sample, SeriesContext, SeriesFold,
+    SeriesReport, SmSample,
 };
 use vramctl_store::{DeviceRecord, Metric, ProcessRecord, SeriesRef, Store, TimeRange};
 
@@ -82,6 +82,8 @@ struct DevAcc {
     // This frame's values:
     util: Option<u32>,
     free: Option<u64>,
+    /// The free memory at earlier frames, for the look-back of a leak verdict.
+    free_history: FreeHistory,
     used: Option<(u64, u64, u64)>,
     procs_now: u32,
     obs_metrics: bool,
@@ -281,6 +283,7 @@ pub fn analyse(
             prev_obs_frame: None,
             util: None,
             free: None,
+            free_history: FreeHistory::default(),
             used: None,
             procs_now: 0,
             obs_metrics: false,
@@ -482,6 +485,7 @@ pub fn analyse(
             series.free_at_last[s] = dev.free;
         }
         for dev in &mut devs {
+            dev.free_history.push(t, dev.free);
             if dev.obs_procs {
                 dev.prev_obs_frame = Some(frame_no);
             }
@@ -510,6 +514,7 @@ pub fn analyse(
 
     let mut findings = Vec::new();
     let label = device_label;
+    let free_histories: Vec<_> = devs.iter().map(|d| d.free_history.snapshot()).collect();
     for (s, (fold, _)) in folds.iter().enumerate() {
         let dev = &devs[series.device[s]];
         let Some(process) = processes.get(&series.process[s]) else {
@@ -521,6 +526,7 @@ pub fn analyse(
         let ctx = SeriesContext {
             capacity_bytes: dev.total,
             free_bytes: series.free_at_last[s],
+            free_history: free_histories[series.device[s]].clone(),
             process_start_unix_ms: start,
             device_label: Some(label(&dev.record)),
             // The device's process list was read after the series' last sample without
@@ -547,6 +553,7 @@ pub fn analyse(
         let ctx = SeriesContext {
             capacity_bytes: dev.total,
             free_bytes: dev.free,
+            free_history: free_histories[d].clone(),
             process_start_unix_ms: None,
             device_label: Some(label(&dev.record)),
             ended: false,

@@ -63,6 +63,7 @@ fn ctx() -> SeriesContext {
     SeriesContext {
         capacity_bytes: Some(141 * GIB),
         free_bytes: Some(40 * GIB),
+        free_history: Default::default(),
         process_start_unix_ms: Some(T0),
         device_label: Some("GPU 0".to_owned()),
         ended: false,

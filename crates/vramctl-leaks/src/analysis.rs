@@ -37,7 +37,7 @@ pub use explain::{bytes as human_bytes, duration as human_duration, rate as huma
 pub use idle::{
     CpuSample, DeviceActivitySample, Evidence, IdlePeriod, IdleReport, IdleState, SmSample,
 };
-pub use series::Sample;
+pub use series::{FreeHistory, Sample};
 pub use stats::MannKendall;
 pub use tracker::{Cadence, ProcessTracker, VerdictChange};
 pub use trend::{LeakChecks, LeakRule, RegionKind, Scale, Steadiness, TrendTest};
@@ -95,6 +95,10 @@ pub struct SeriesContext {
     pub capacity_bytes: Option<u64>,
     /// The device's free memory now: time to full = free / slope.
     pub free_bytes: Option<u64>,
+    /// The device's free memory at earlier times, oldest first ([`FreeHistory::snapshot`]):
+    /// the look-back of a leak verdict asks with the free memory of then. Empty: `free_bytes`
+    /// stands for every time.
+    pub free_history: std::sync::Arc<[(i64, u64)]>,
     /// When the process started (from /proc, or when the store first saw it). `None`:
     /// assume it started at the first sample, so growth at the start counts as warm-up.
     pub process_start_unix_ms: Option<i64>,
@@ -454,6 +458,7 @@ pub(crate) fn report(
     let inputs = TrendInputs {
         process_start_unix_ms: ctx.process_start_unix_ms,
         free_bytes: ctx.free_bytes,
+        free_history: &ctx.free_history,
         device_total: ctx.device_total,
     };
     let reserved = trend::analyze(&points, inputs, cfg);
@@ -561,6 +566,7 @@ mod tests {
         SeriesContext {
             capacity_bytes: Some(141 * GIB),
             free_bytes: Some(100 * GIB),
+            free_history: Default::default(),
             process_start_unix_ms: Some(T0),
             device_label: Some("GPU 0".to_owned()),
             ended: false,
@@ -743,6 +749,50 @@ mod tests {
             .collect()
     }
 
+    /// A fast leak from its first step is `fills-device` while the device is nearly full;
+    /// when other processes free memory, its forecast lengthens and nothing fires until
+    /// steady-growth's 40 s — the floor still rising. The look-back at earlier ends must
+    /// ask with the free memory of then, else the verdict falls back to `growing`
+    /// (`hook-activations`, second H200 recording: leak +44.5 s, growing +46.5 s, leak
+    /// +47.5 s on `vramctl leaks` run every second; live did not flip).
+    #[test]
+    fn a_leak_stays_a_leak_when_other_processes_free_memory_before_steady_growth_can_fire() {
+        let s = series(360, 100, |t| GIB + granule(t as f64 / 1000.0 * 120e6));
+        let now = s.last().map(|x| x.t_unix_ms).unwrap_or(T0);
+        // 5 GiB free until 30 s (full in about 45 s: urgent), then 100 GiB (15 minutes).
+        let mut history = FreeHistory::default();
+        for x in &s {
+            let t = x.t_unix_ms;
+            history.push(t, Some(if t < T0 + 30_000 { 5 * GIB } else { 100 * GIB }));
+        }
+        let free_now = SeriesContext {
+            free_bytes: Some(100 * GIB),
+            ..ctx()
+        };
+        let cfg = LeakConfig::default();
+        let without = analyze(&s, &ActivityInputs::default(), &free_now, &cfg).unwrap();
+        assert_eq!(without.verdict, Verdict::Growing, "{}", without.explanation);
+        let with = SeriesContext {
+            free_history: history.snapshot(),
+            ..free_now
+        };
+        let kept = analyze(&s, &ActivityInputs::default(), &with, &cfg).unwrap();
+        assert_eq!(kept.verdict, Verdict::Leak, "{}", kept.explanation);
+        assert_eq!(kept.rule, Some(LeakRule::FillsDevice));
+        assert!(now - T0 < 40_000, "before steady-growth could fire");
+        // The history keeps one entry a second, and none older than its span.
+        let mut h = FreeHistory::default();
+        assert!(h.push(0, Some(1)) && !h.push(999, Some(2)) && h.push(1000, Some(3)));
+        assert!(!h.push(2000, None));
+        assert!(h.push(FreeHistory::SPAN_MS + 1000, Some(4)));
+        assert_eq!(
+            &*h.snapshot(),
+            &[(1000, 3), (FreeHistory::SPAN_MS + 1000, 4)][..]
+        );
+        assert_eq!(series::free_at(&h.snapshot(), 500, Some(9)), Some(9));
+        assert_eq!(series::free_at(&h.snapshot(), 1500, Some(9)), Some(3));
+    }
+
     #[test]
     fn a_leak_from_the_start_reports_its_own_growth_apart_from_the_start_up() {
         // 14 MiB, then the context and the model (+886 MiB) at 2 s, then a 10 MB/s leak
@@ -830,6 +880,7 @@ mod tests {
         // The same with 1 GiB free: full long before 40 s, so a leak already.
         let c = SeriesContext {
             free_bytes: Some(GIB),
+            free_history: Default::default(),
             ..ctx()
         };
         let r = analyze(

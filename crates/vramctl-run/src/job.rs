@@ -624,6 +624,7 @@ fn leak_of(curve: &memory_curve::DeviceCurve, started_unix_ms: i64) -> Option<Le
     let ctx = SeriesContext {
         capacity_bytes: curve.total_bytes,
         free_bytes: None,
+        free_history: Default::default(),
         process_start_unix_ms: Some(started_unix_ms),
         device_label: Some(format!("GPU {}", curve.index)),
         ended: true,

@@ -274,7 +274,7 @@ impl FleetTracker {
                         cpu_time_ms: cpu,
                     });
                 }
-                tracker.set_free_bytes(free_bytes(reading, entry.place.mig_uuid.as_deref()));
+                tracker.set_free_bytes(t, free_bytes(reading, entry.place.mig_uuid.as_deref()));
                 if let Some(live) = allocated(&device.info.uuid, process.pid) {
                     // A tick the agent missed (a poll past its deadline) is a gap in the
                     // allocated series, as a tick the process was missing is in NVML's.
@@ -340,6 +340,7 @@ impl FleetTracker {
         let ctx = SeriesContext {
             capacity_bytes: capacity,
             free_bytes: None,
+            free_history: Default::default(),
             process_start_unix_ms: facts.started_at_unix_ms,
             device_label: Some(label.clone()),
             ended: false,

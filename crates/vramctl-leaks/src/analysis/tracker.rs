@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::config::ms;
 use super::idle::IdleFold;
-use super::series::{Sample, Tiered};
+use super::series::{FreeHistory, Sample, Tiered};
 use super::{
     AnalysisError, CpuSample, DeviceActivitySample, LeakConfig, SeriesContext, SeriesReport,
     SmSample, Verdict, report,
@@ -79,6 +79,9 @@ pub struct ProcessTracker {
     last_level: Option<u64>,
     dirty: bool,
     analyses: u64,
+    /// The device's free memory at earlier times, copied into `ctx` when an analysis runs.
+    free_history: FreeHistory,
+    free_history_changed: bool,
 }
 
 impl ProcessTracker {
@@ -105,6 +108,8 @@ impl ProcessTracker {
             last_level: None,
             dirty: false,
             analyses: 0,
+            free_history: FreeHistory::default(),
+            free_history_changed: false,
         })
     }
 
@@ -189,13 +194,18 @@ impl ProcessTracker {
         self.dirty |= self.idle.state_key() != before;
     }
 
-    /// Updates the device's free memory (for the time to full).
-    pub fn set_free_bytes(&mut self, free_bytes: Option<u64>) {
+    /// Updates the device's free memory read at `t_unix_ms` (for the time to full, and
+    /// kept for the look-back at earlier ends: [`FreeHistory`]).
+    pub fn set_free_bytes(&mut self, t_unix_ms: i64, free_bytes: Option<u64>) {
         self.ctx.free_bytes = free_bytes;
+        self.free_history_changed |= self.free_history.push(t_unix_ms, free_bytes);
     }
 
     /// Runs the analysis now, whatever the schedule, and keeps the result.
     pub fn analyze_now(&mut self) -> Option<&SeriesReport> {
+        if std::mem::take(&mut self.free_history_changed) {
+            self.ctx.free_history = self.free_history.snapshot();
+        }
         let r = report(
             &self.series,
             self.allocated.as_ref(),

@@ -30,7 +30,7 @@
 use serde::Serialize;
 
 use super::config::{LeakConfig, ms};
-use super::series::Point;
+use super::series::{Point, free_at};
 use super::stats::{self, MannKendall};
 
 /// Which rule made a leak verdict.
@@ -194,9 +194,11 @@ pub(crate) struct Trend {
 
 /// What the memory analysis needs besides the points.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct TrendInputs {
+pub(crate) struct TrendInputs<'a> {
     pub process_start_unix_ms: Option<i64>,
     pub free_bytes: Option<u64>,
+    /// The device's free memory at earlier times ([`super::series::FreeHistory`]).
+    pub free_history: &'a [(i64, u64)],
     /// The series is a device's total: growth after a plateau may be a new process
     /// starting, so only the since-start rules judge it.
     pub device_total: bool,
@@ -691,7 +693,7 @@ const CONTINUATION_GRID_MS: i64 = 1000;
 /// second or two whenever two steps fall into one window, which three ends a quarter of
 /// the window apart did not bridge (`staircase-eval`, second H200 recording, tune half).
 /// Pure: the earlier ends are prefixes of the same points, so batch and live agree.
-pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
+pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> Trend {
     let mut trend = analyze_now(points, inputs, cfg);
     let continues = !matches!(trend.verdict, MemoryVerdict::Leak(_))
         && trend.since_start_could_fire
@@ -716,7 +718,12 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
             continue;
         }
         last_probed = Some(k);
-        let earlier = analyze_now(&points[..k], inputs, cfg);
+        // With the free memory of then: `fills-device`'s urgency is a forecast from it.
+        let then = TrendInputs {
+            free_bytes: free_at(inputs.free_history, points[k - 1].t(), inputs.free_bytes),
+            ..inputs
+        };
+        let earlier = analyze_now(&points[..k], then, cfg);
         if matches!(earlier.verdict, MemoryVerdict::Leak(_)) {
             // The evidence shown is the analysis that made the leak (at most a stall
             // window old), so the explanation's numbers and gates agree with its verdict.
@@ -734,7 +741,7 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -
 
 /// The rules on the points as they are now (no look back at earlier ends).
 #[allow(clippy::too_many_lines)]
-fn analyze_now(points: &[Point], inputs: TrendInputs, cfg: &LeakConfig) -> Trend {
+fn analyze_now(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> Trend {
     let times: Vec<i64> = points.iter().map(Point::t).collect();
     let n = points.len();
     let now = times.last().copied().unwrap_or(0);

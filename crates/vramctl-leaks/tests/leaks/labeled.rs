@@ -209,6 +209,7 @@ fn evaluate_series(
     let ctx = SeriesContext {
         capacity_bytes: trace.capacity_bytes,
         free_bytes: None,
+        free_history: Default::default(),
         process_start_unix_ms: s.process_start_unix_ms,
         device_label: Some("GPU 0".to_owned()),
         ended: false,
@@ -242,7 +243,7 @@ fn evaluate_series(
             // Without a device record: capacity minus this process (an upper bound).
             None => trace.capacity_bytes.map(|c| c.saturating_sub(sample.bytes)),
         };
-        tracker.set_free_bytes(free_now);
+        tracker.set_free_bytes(t, free_now);
         if let Some(change) = tracker.push(*sample) {
             if change.to == Verdict::Leak && first_leak_rule.is_none() {
                 first_leak_rule = change.report.rule;

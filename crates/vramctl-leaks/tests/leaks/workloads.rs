@@ -139,6 +139,7 @@ fn h200_fixture_batch_numbers() {
         let ctx = SeriesContext {
             capacity_bytes: trace.capacity_bytes,
             free_bytes: free.last().map(|f| f.1),
+            free_history: Default::default(),
             process_start_unix_ms: s.process_start_unix_ms,
             device_label: Some("GPU 0".to_owned()),
             ended: false,
@@ -195,6 +196,7 @@ fn explanations(trace: &LabeledTrace) -> Vec<String> {
     let ctx = SeriesContext {
         capacity_bytes: trace.capacity_bytes,
         free_bytes: None,
+        free_history: Default::default(),
         process_start_unix_ms: s.process_start_unix_ms,
         device_label: Some("GPU 0".to_owned()),
         ended: false,
