@@ -39,6 +39,8 @@
 #               2026-12-05 before any was measured (issue 34, ~3 min)
 #   est5infer   ROUND=5-infer: round 5's 6 generation cases and two --gpu answers, held back
 #               the same day (issue 34, ~3 min)
+#   census34    truth.py's census (TRUTH_PHASES=1) of round 5's Pythia and OPT training rows:
+#               what autograd saves per module, to read (issue 34, ~1.5 min)
 #   est6        ROUND=6: three OPT training jobs held back for the ReLU count (issue 34, ~1 min)
 #   inv4        ROUND=4-inverse: round 4's two --gpu answers run for real, no case (~1 min)
 #   families34  scripts/estimate-families-h200.sh: the families estimate reads since issue 34
@@ -178,6 +180,18 @@ part inv4 env OUT="$OUT/parts/inv4" ROUND=4-inverse scripts/estimate34b-h200.sh
 part est6 env OUT="$OUT/parts/est6" ROUND=6 scripts/estimate34b-h200.sh
 
 part families34 env OUT="$OUT/parts/families34" scripts/estimate-families-h200.sh
+
+# What autograd saves per module (truth.py's census, TRUTH_PHASES=1) for round 5's two
+# training rows that missed most: Pythia (-3.5 %: counted tensors 1 GB under torch's
+# allocated peak) and OPT (+7.1 %, ReLU counted once since), to read, not to judge.
+census34() {
+  local dir=$OUT/parts/census34 c
+  for c in pythia-1b-bf16-b8x1024 opt-1.3b-ampbf16-b4x1024; do
+    HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error TRUTH_PHASES=1 timeout 150 \
+      python3 scripts/estimate/truth.py "$c" > "$dir/$c.jsonl" 2> "$dir/$c.err" || return 1
+  done
+}
+part census34 census34
 
 # --- web32: the page's live API on the real driver, against nvidia-smi.
 web32() {
