@@ -214,6 +214,60 @@ impl Tiered {
     }
 }
 
+/// The device's free memory at earlier times, for the look-back of a leak verdict: whether
+/// a series was a leak at an earlier end is asked with the free memory of then, since
+/// `fills-device`'s urgency is a forecast from it (issue 35: a leak made by `fills-device`
+/// turned `growing` for a second when other processes freed memory, then `leak` again by
+/// `steady-growth`). One entry per [`FreeHistory::STEP_MS`] at most, over the last
+/// [`FreeHistory::SPAN_MS`]: at most 1,800 entries. The batch scan and the live tracker
+/// both keep one, so the two analyses agree.
+#[derive(Debug, Clone, Default)]
+pub struct FreeHistory {
+    entries: VecDeque<(i64, u64)>,
+}
+
+impl FreeHistory {
+    /// The finest spacing kept: the look-back's ends are a second apart at the finest.
+    pub const STEP_MS: i64 = 1000;
+    /// How far back it reaches: past any look-back window but a slow staircase's
+    /// (ends further back take the oldest entry).
+    pub const SPAN_MS: i64 = 30 * 60 * 1000;
+
+    /// Records the free memory read at `t_unix_ms` (`None`: not read then, nothing kept);
+    /// whether it was kept (the last entry is less than a step old: not).
+    pub fn push(&mut self, t_unix_ms: i64, free_bytes: Option<u64>) -> bool {
+        let Some(free) = free_bytes else {
+            return false;
+        };
+        match self.entries.back() {
+            Some(&(last, _)) if t_unix_ms < last.saturating_add(Self::STEP_MS) => return false,
+            _ => self.entries.push_back((t_unix_ms, free)),
+        }
+        while self
+            .entries
+            .front()
+            .is_some_and(|&(t, _)| t < t_unix_ms.saturating_sub(Self::SPAN_MS))
+        {
+            self.entries.pop_front();
+        }
+        true
+    }
+
+    /// The entries, oldest first, as the analysis takes them.
+    pub fn snapshot(&self) -> std::sync::Arc<[(i64, u64)]> {
+        self.entries.iter().copied().collect()
+    }
+}
+
+/// The free memory at `t_unix_ms` by `history` (the last entry at or before it), else
+/// `now` (no entry that old, or no history).
+pub(crate) fn free_at(history: &[(i64, u64)], t_unix_ms: i64, now: Option<u64>) -> Option<u64> {
+    match history.partition_point(|&(t, _)| t <= t_unix_ms) {
+        0 => now,
+        i => Some(history[i - 1].1),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,59 +329,5 @@ mod tests {
             ));
         }
         assert!(t.points().iter().all(|p| p.min >= u64::MAX - 5));
-    }
-}
-
-/// The device's free memory at earlier times, for the look-back of a leak verdict: whether
-/// a series was a leak at an earlier end is asked with the free memory of then, since
-/// `fills-device`'s urgency is a forecast from it (issue 35: a leak made by `fills-device`
-/// turned `growing` for a second when other processes freed memory, then `leak` again by
-/// `steady-growth`). One entry per [`FreeHistory::STEP_MS`] at most, over the last
-/// [`FreeHistory::SPAN_MS`]: at most 1,800 entries. The batch scan and the live tracker
-/// both keep one, so the two analyses agree.
-#[derive(Debug, Clone, Default)]
-pub struct FreeHistory {
-    entries: VecDeque<(i64, u64)>,
-}
-
-impl FreeHistory {
-    /// The finest spacing kept: the look-back's ends are a second apart at the finest.
-    pub const STEP_MS: i64 = 1000;
-    /// How far back it reaches: past any look-back window but a slow staircase's
-    /// (ends further back take the oldest entry).
-    pub const SPAN_MS: i64 = 30 * 60 * 1000;
-
-    /// Records the free memory read at `t_unix_ms` (`None`: not read then, nothing kept);
-    /// whether it was kept (the last entry is less than a step old: not).
-    pub fn push(&mut self, t_unix_ms: i64, free_bytes: Option<u64>) -> bool {
-        let Some(free) = free_bytes else {
-            return false;
-        };
-        match self.entries.back() {
-            Some(&(last, _)) if t_unix_ms < last.saturating_add(Self::STEP_MS) => return false,
-            _ => self.entries.push_back((t_unix_ms, free)),
-        }
-        while self
-            .entries
-            .front()
-            .is_some_and(|&(t, _)| t < t_unix_ms.saturating_sub(Self::SPAN_MS))
-        {
-            self.entries.pop_front();
-        }
-        true
-    }
-
-    /// The entries, oldest first, as the analysis takes them.
-    pub fn snapshot(&self) -> std::sync::Arc<[(i64, u64)]> {
-        self.entries.iter().copied().collect()
-    }
-}
-
-/// The free memory at `t_unix_ms` by `history` (the last entry at or before it), else
-/// `now` (no entry that old, or no history).
-pub(crate) fn free_at(history: &[(i64, u64)], t_unix_ms: i64, now: Option<u64>) -> Option<u64> {
-    match history.partition_point(|&(t, _)| t <= t_unix_ms) {
-        0 => now,
-        i => Some(history[i - 1].1),
     }
 }
