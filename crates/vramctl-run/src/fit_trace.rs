@@ -496,21 +496,27 @@ fn matched<'t>(
     let mut cells_left = MAX_ALIGN_CELLS;
     for (key, ys) in &in_b {
         let Some(xs) = in_a.get(key) else { continue };
-        if xs.len() == ys.len() {
-            for (&x, &y) in xs.iter().zip(ys) {
-                partner[y] = Some(x);
-            }
-            continue;
-        }
-        let size_a: Vec<u64> = xs.iter().map(|&i| a.trace.allocs[i].size_bytes).collect();
-        let size_b: Vec<u64> = ys.iter().map(|&i| b.trace.allocs[i].size_bytes).collect();
-        match align(&size_a, a.value, &size_b, b.value, &mut cells_left) {
+        let aligned = if xs.len() == ys.len() {
+            None
+        } else {
+            let sizes = |t: &AllocTrace, is: &[usize]| -> Vec<u64> {
+                is.iter().map(|&i| t.allocs[i].size_bytes).collect()
+            };
+            align(
+                &sizes(a.trace, xs),
+                a.value,
+                &sizes(b.trace, ys),
+                b.value,
+                &mut cells_left,
+            )
+        };
+        match aligned {
             Some(pairs) => {
                 for (i, j) in pairs {
                     partner[ys[j]] = Some(xs[i]);
                 }
             }
-            // Too long to align: by position, as before.
+            // As many in both, or too long to align: by position.
             None => {
                 for (&x, &y) in xs.iter().zip(ys) {
                     partner[y] = Some(x);
@@ -1043,6 +1049,29 @@ mod tests {
                 .starts_with("not a trace file")
         );
     }
+
+    #[test]
+    fn an_allocation_only_one_trace_made_is_skipped_not_paired_with_the_next() {
+        // At 2 and 4: a workspace (7 KiB) the larger trial's algorithm needed in the middle.
+        let kib = 1024;
+        let xs = [2 * kib, 100 * kib, 6 * kib];
+        let ys = [4 * kib, 200 * kib, 7 * kib, 12 * kib];
+        assert_eq!(
+            align(&xs, 2, &ys, 4, &mut 100),
+            Some(vec![(0, 0), (1, 1), (2, 3)])
+        );
+        // By position the last two would pair 6 KiB with 7 KiB (a line) and leave 12 KiB.
+        // Where nothing scales simply, affine pairs fill in, in order.
+        assert_eq!(
+            align(&[3 * kib], 2, &[5 * kib, 9 * kib], 4, &mut 100),
+            Some(vec![(0, 0)])
+        );
+        // The tables of one prediction share a budget: (3 + 1) × (4 + 1) cells once, then
+        // nothing left for a second.
+        let mut left = 25;
+        assert!(align(&xs, 2, &ys, 4, &mut left).is_some());
+        assert_eq!((left, align(&xs, 2, &ys, 4, &mut left)), (5, None));
+    }
 }
 
 /// The H100's recorded calibration traces (2026-12-05, `scripts/fit/capture-traces.py`,
@@ -1085,29 +1114,6 @@ mod h100_traces {
             limits,
         )
         .expect("a prediction")
-    }
-
-    #[test]
-    fn an_allocation_only_one_trace_made_is_skipped_not_paired_with_the_next() {
-        // At 2 and 4: a workspace (7 KiB) the larger trial's algorithm needed in the middle.
-        let kib = 1024;
-        let xs = [2 * kib, 100 * kib, 6 * kib];
-        let ys = [4 * kib, 200 * kib, 7 * kib, 12 * kib];
-        assert_eq!(
-            align(&xs, 2, &ys, 4, &mut 100),
-            Some(vec![(0, 0), (1, 1), (2, 3)])
-        );
-        // By position the last two would pair 6 KiB with 7 KiB (a line) and leave 12 KiB.
-        // Where nothing scales simply, affine pairs fill in, in order.
-        assert_eq!(
-            align(&[3 * kib], 2, &[5 * kib, 9 * kib], 4, &mut 100),
-            Some(vec![(0, 0)])
-        );
-        // The tables of one prediction share a budget: (3 + 1) × (4 + 1) cells once, then
-        // nothing left for a second.
-        let mut left = 25;
-        assert!(align(&xs, 2, &ys, 4, &mut left).is_some());
-        assert_eq!((left, align(&xs, 2, &ys, 4, &mut left)), (5, None));
     }
 
     #[test]
