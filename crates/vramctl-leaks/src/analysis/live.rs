@@ -21,12 +21,13 @@
 //! /proc itself.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::ms;
 use super::{
-    AnalysisError, Cadence, CpuSample, DeviceActivitySample, LeakConfig, ProcessTracker, Sample,
-    SeriesContext, SeriesReport, SmSample, VerdictChange,
+    AnalysisError, Cadence, CpuSample, DeviceActivitySample, FreeHistory, LeakConfig,
+    ProcessTracker, Sample, SeriesContext, SeriesReport, SmSample, VerdictChange,
 };
 use vramctl_core::clock::{ClockTime, Timeline};
 use vramctl_core::types::{DeviceInfo, DeviceReading, ProcessUsage, Snapshot};
@@ -140,6 +141,9 @@ pub struct FleetTracker {
     tick: u64,
     timeline: Timeline,
     last_t_ms: Option<i64>,
+    /// Each place's (GPU, or MIG instance) free memory at earlier times, kept once for
+    /// all the processes on it, and its latest snapshot, which their trackers share.
+    free: HashMap<(String, Option<String>), (FreeHistory, Arc<[(i64, u64)]>)>,
 }
 
 impl FleetTracker {
@@ -157,6 +161,7 @@ impl FleetTracker {
             tick: 0,
             timeline: Timeline::new(),
             last_t_ms: None,
+            free: HashMap::new(),
         })
     }
 
@@ -274,7 +279,15 @@ impl FleetTracker {
                         cpu_time_ms: cpu,
                     });
                 }
-                tracker.set_free_bytes(t, free_bytes(reading, entry.place.mig_uuid.as_deref()));
+                let free_now = free_bytes(reading, entry.place.mig_uuid.as_deref());
+                let (history, shared) = self
+                    .free
+                    .entry((device.info.uuid.clone(), entry.place.mig_uuid.clone()))
+                    .or_default();
+                if history.push(t, free_now) {
+                    *shared = history.snapshot();
+                }
+                tracker.set_free_bytes(free_now, Arc::clone(shared));
                 if let Some(live) = allocated(&device.info.uuid, process.pid) {
                     // A tick the agent missed (a poll past its deadline) is a gap in the
                     // allocated series, as a tick the process was missing is in NVML's.

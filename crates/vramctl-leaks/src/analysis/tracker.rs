@@ -10,13 +10,14 @@
 //! plateau reached, an idle span long enough) are seen.
 //! `docs/benchmarks.md` (issue 4) has the measured cost per sample.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use super::config::ms;
 use super::idle::IdleFold;
-use super::series::{FreeHistory, Sample, Tiered};
+use super::series::{Sample, Tiered};
 use super::{
     AnalysisError, CpuSample, DeviceActivitySample, LeakConfig, SeriesContext, SeriesReport,
     SmSample, Verdict, report,
@@ -79,9 +80,6 @@ pub struct ProcessTracker {
     last_level: Option<u64>,
     dirty: bool,
     analyses: u64,
-    /// The device's free memory at earlier times, copied into `ctx` when an analysis runs.
-    free_history: FreeHistory,
-    free_history_changed: bool,
 }
 
 impl ProcessTracker {
@@ -108,8 +106,6 @@ impl ProcessTracker {
             last_level: None,
             dirty: false,
             analyses: 0,
-            free_history: FreeHistory::default(),
-            free_history_changed: false,
         })
     }
 
@@ -194,18 +190,16 @@ impl ProcessTracker {
         self.dirty |= self.idle.state_key() != before;
     }
 
-    /// Updates the device's free memory read at `t_unix_ms` (for the time to full, and
-    /// kept for the look-back at earlier ends: [`FreeHistory`]).
-    pub fn set_free_bytes(&mut self, t_unix_ms: i64, free_bytes: Option<u64>) {
+    /// Updates the device's free memory now (for the time to full) and at earlier times
+    /// (for the look-back at earlier ends: [`super::FreeHistory::snapshot`] of the device's
+    /// history, which whoever reads the device keeps once for all its processes).
+    pub fn set_free_bytes(&mut self, free_bytes: Option<u64>, history: Arc<[(i64, u64)]>) {
         self.ctx.free_bytes = free_bytes;
-        self.free_history_changed |= self.free_history.push(t_unix_ms, free_bytes);
+        self.ctx.free_history = history;
     }
 
     /// Runs the analysis now, whatever the schedule, and keeps the result.
     pub fn analyze_now(&mut self) -> Option<&SeriesReport> {
-        if std::mem::take(&mut self.free_history_changed) {
-            self.ctx.free_history = self.free_history.snapshot();
-        }
         let r = report(
             &self.series,
             self.allocated.as_ref(),

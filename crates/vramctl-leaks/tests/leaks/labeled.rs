@@ -16,8 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 use vramctl_leaks::analysis::{
-    CpuSample, DeviceActivitySample, LeakChecks, LeakConfig, LeakRule, ProcessTracker, Sample,
-    SeriesContext, SmSample, Verdict,
+    CpuSample, DeviceActivitySample, FreeHistory, LeakChecks, LeakConfig, LeakRule, ProcessTracker,
+    Sample, SeriesContext, SmSample, Verdict,
 };
 
 /// What a process really did.
@@ -218,6 +218,9 @@ fn evaluate_series(
     let mut tracker = ProcessTracker::new(ctx, cfg.clone()).expect("valid config");
     let free = trace.device_free_bytes.as_deref().unwrap_or(&[]);
     let (mut i_sm, mut i_dev, mut i_cpu, mut i_free) = (0, 0, 0, 0);
+    // The device's free memory at earlier times, as the live tracker keeps it per device.
+    let mut free_history = FreeHistory::default();
+    let mut free_shared = free_history.snapshot();
     let mut changes = Vec::new();
     let mut first_leak_rule = None;
     let mut next_batch_ms = s.samples.first().map_or(0, |x| x.t_unix_ms) + batch_every_ms;
@@ -243,7 +246,10 @@ fn evaluate_series(
             // Without a device record: capacity minus this process (an upper bound).
             None => trace.capacity_bytes.map(|c| c.saturating_sub(sample.bytes)),
         };
-        tracker.set_free_bytes(t, free_now);
+        if free_history.push(t, free_now) {
+            free_shared = free_history.snapshot();
+        }
+        tracker.set_free_bytes(free_now, std::sync::Arc::clone(&free_shared));
         if let Some(change) = tracker.push(*sample) {
             if change.to == Verdict::Leak && first_leak_rule.is_none() {
                 first_leak_rule = change.report.rule;
