@@ -514,7 +514,7 @@ pub fn analyse(
 
     let mut findings = Vec::new();
     let label = device_label;
-    let free_histories: Vec<_> = devs.iter().map(|d| d.free_history.snapshot()).collect();
+    let free_histories: Vec<_> = devs.iter_mut().map(|d| d.free_history.snapshot()).collect();
     for (s, (fold, _)) in folds.iter().enumerate() {
         let dev = &devs[series.device[s]];
         let Some(process) = processes.get(&series.process[s]) else {

@@ -21,7 +21,6 @@
 //! /proc itself.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::ms;
@@ -142,8 +141,8 @@ pub struct FleetTracker {
     timeline: Timeline,
     last_t_ms: Option<i64>,
     /// Each place's (GPU, or MIG instance) free memory at earlier times, kept once for
-    /// all the processes on it, and its latest snapshot, which their trackers share.
-    free: HashMap<(String, Option<String>), (FreeHistory, Arc<[(i64, u64)]>)>,
+    /// all the processes on it.
+    free: HashMap<(String, Option<String>), FreeHistory>,
 }
 
 impl FleetTracker {
@@ -280,14 +279,12 @@ impl FleetTracker {
                     });
                 }
                 let free_now = free_bytes(reading, entry.place.mig_uuid.as_deref());
-                let (history, shared) = self
+                let history = self
                     .free
                     .entry((device.info.uuid.clone(), entry.place.mig_uuid.clone()))
                     .or_default();
-                if history.push(t, free_now) {
-                    *shared = history.snapshot();
-                }
-                tracker.set_free_bytes(free_now, Arc::clone(shared));
+                history.push(t, free_now);
+                tracker.set_free_bytes(free_now, history.snapshot());
                 if let Some(live) = allocated(&device.info.uuid, process.pid) {
                     // A tick the agent missed (a poll past its deadline) is a gap in the
                     // allocated series, as a tick the process was missing is in NVML's.

@@ -224,6 +224,9 @@ impl Tiered {
 #[derive(Debug, Clone, Default)]
 pub struct FreeHistory {
     entries: VecDeque<(i64, u64)>,
+    /// The entries as last handed out, until the next kept entry: every process on the
+    /// device shares one copy.
+    shared: Option<std::sync::Arc<[(i64, u64)]>>,
 }
 
 impl FreeHistory {
@@ -243,6 +246,7 @@ impl FreeHistory {
             Some(&(last, _)) if t_unix_ms < last.saturating_add(Self::STEP_MS) => return false,
             _ => self.entries.push_back((t_unix_ms, free)),
         }
+        self.shared = None;
         while self
             .entries
             .front()
@@ -253,9 +257,14 @@ impl FreeHistory {
         true
     }
 
-    /// The entries, oldest first, as the analysis takes them.
-    pub fn snapshot(&self) -> std::sync::Arc<[(i64, u64)]> {
-        self.entries.iter().copied().collect()
+    /// The entries, oldest first, as the analysis takes them (copied once per kept entry,
+    /// however many ask).
+    pub fn snapshot(&mut self) -> std::sync::Arc<[(i64, u64)]> {
+        let entries = &self.entries;
+        std::sync::Arc::clone(
+            self.shared
+                .get_or_insert_with(|| entries.iter().copied().collect()),
+        )
     }
 }
 

@@ -220,7 +220,6 @@ fn evaluate_series(
     let (mut i_sm, mut i_dev, mut i_cpu, mut i_free) = (0, 0, 0, 0);
     // The device's free memory at earlier times, as the live tracker keeps it per device.
     let mut free_history = FreeHistory::default();
-    let mut free_shared = free_history.snapshot();
     let mut changes = Vec::new();
     let mut first_leak_rule = None;
     let mut next_batch_ms = s.samples.first().map_or(0, |x| x.t_unix_ms) + batch_every_ms;
@@ -246,10 +245,8 @@ fn evaluate_series(
             // Without a device record: capacity minus this process (an upper bound).
             None => trace.capacity_bytes.map(|c| c.saturating_sub(sample.bytes)),
         };
-        if free_history.push(t, free_now) {
-            free_shared = free_history.snapshot();
-        }
-        tracker.set_free_bytes(free_now, std::sync::Arc::clone(&free_shared));
+        free_history.push(t, free_now);
+        tracker.set_free_bytes(free_now, free_history.snapshot());
         if let Some(change) = tracker.push(*sample) {
             if change.to == Verdict::Leak && first_leak_rule.is_none() {
                 first_leak_rule = change.report.rule;
