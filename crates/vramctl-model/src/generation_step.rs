@@ -218,21 +218,27 @@ impl<'a> Gen<'a> {
         // made: counted, so that the matrices are not scaled up by what they would hold —
         // a 1 MiB projection scaled past 1 MiB is cut from the large pool's 20 MiB segments
         // instead of the small pool's 2 MiB ones (TinyLlama: 88 MiB more reserved).
-        let norm_tensors = arch.norms_per_layer * if arch.norm == Norm::LayerNorm { 2 } else { 1 };
-        per_layer.extend(std::iter::repeat_n(h, norm_tensors as usize));
+        let per_norm: usize = if arch.norm == Norm::LayerNorm { 2 } else { 1 };
+        per_layer.extend(std::iter::repeat_n(
+            h,
+            arch.norms_per_layer as usize * per_norm,
+        ));
         let head = if arch.tied_embeddings { 0 } else { v * h };
-        // The final norm.
-        let last_norm = if norm_tensors > 0 { h } else { 0 };
-        let elements: u64 = v * h + head + layers * per_layer.iter().sum::<u64>() + last_norm;
+        // The final norm, as the layers' (none where the layers have none).
+        let last_norm: Vec<u64> = if arch.norms_per_layer > 0 {
+            vec![h; per_norm]
+        } else {
+            Vec::new()
+        };
+        let elements: u64 =
+            v * h + head + layers * per_layer.iter().sum::<u64>() + last_norm.iter().sum::<u64>();
         let scale = self.job.weight_bytes as f64 / elements.max(1) as f64;
         let bytes = |e: u64| ((e as f64) * scale).ceil() as u64;
         let mut sizes = vec![v * h];
         for _ in 0..layers {
             sizes.extend(per_layer.iter().copied().filter(|&e| e > 0));
         }
-        if last_norm > 0 {
-            sizes.push(last_norm);
-        }
+        sizes.extend(last_norm);
         if head > 0 {
             sizes.push(head);
         }
