@@ -88,29 +88,7 @@ for us, name in sorted(calls, reverse=True)[:20]:
     print(f"{us:8d} us  {name}")
 PY
 echo "--- where status's time went (trace-top.txt):"; cat "$OUT/trace-top.txt"
-# Where the time outside the log goes: 21 traced `status --json`, each timed from the spawn
-# to the first log line (exec, loader, clap, logging) and from the last log line to the
-# exit (printing, dropping, the libraries' exit handlers), on the same clock as the log.
-python3 - "$VRAMCTL" "$work" > "$OUT/timeline.txt" <<'PY' || true
-import os, statistics, subprocess, sys, time
-from datetime import datetime
-vramctl, work = sys.argv[1], sys.argv[2]
-env = dict(os.environ, VRAMCTL_RUNTIME_DIR=f"{work}/none", VRAMCTL_LOG="trace")
-pre, post, inside, wall = [], [], [], []
-for _ in range(21):
-    t0 = time.time()
-    p = subprocess.run([vramctl, "status", "--json"], env=env, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE)
-    t1 = time.time()
-    stamps = [datetime.fromisoformat(l.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
-              for l in p.stderr.decode(errors="replace").splitlines() if l[:4].isdigit()]
-    if len(stamps) < 2:
-        continue
-    pre.append(stamps[0] - t0); post.append(t1 - stamps[-1])
-    inside.append(stamps[-1] - stamps[0]); wall.append(t1 - t0)
-for name, v in (("spawn->first log line", pre), ("first->last log line", inside),
-                ("last log line->exit", post), ("wall (traced)", wall)):
-    print(f"{name}: median {statistics.median(v)*1e3:.2f} ms, min {min(v)*1e3:.2f}, max {max(v)*1e3:.2f}, runs {len(v)}")
-PY
+# Where the time outside the log goes (spawn -> first log line, last log line -> exit).
+python3 "$(dirname "$0")/status-timeline.py" "$VRAMCTL" 21 > "$OUT/timeline.txt" || true
 echo "--- spawn/log/exit timeline (timeline.txt):"; cat "$OUT/timeline.txt"
 cat "$OUT/results.txt"
