@@ -11,6 +11,7 @@
 //! | `review` | what the review of issue 4 reported: `dyn_shapes` with a 90/120/150 s ramp (300 s runs); `leak_staircase` at 10 s for 300 and 900 s | | |
 //! | `shapes-choose` | issue 35's shapes: leaks in rare big steps, one step then flat, a slow sawtooth, a leak hidden in a sawtooth | `step_leak`, `one_step_then_flat`, `sawtooth_leak` | the set thresholds are chosen on |
 //! | `shapes-holdout` | the same shapes with other sizes, periods and seeds | | held back: scored, never tuned on |
+//! | `sawtooth-holdout` | leaks hidden in sawtooths and plain sawtooths of other periods, sizes and seeds, for the floor of a coarsely sampled sawtooth (issue 35's 10 s flips) | `sawtooth_leak` | held back (2026-12-05, before that change): scored, never tuned on |
 //! | `irregular` | leaks in irregular steps (sizes and gaps ×0.25–1.75 of their mean), as the leak set's `staircase-eval`; run it with `--batch-every-ms 1000` to count the flips `vramctl leaks` run every second shows | `irregular_step_leak` | the set issue 35's batch flips are chosen on |
 //!
 //! Seeds: run `s` of a point uses the seed the suite gives the workload in run `s`
@@ -25,7 +26,7 @@ use super::labeled::{Class, Label, LabeledTrace, Outcome, evaluate};
 use super::synth::{self, GIB, LeakSpec, MIB};
 
 /// The sweeps, in the order `all` runs them.
-pub const SWEEPS: [&str; 8] = [
+pub const SWEEPS: [&str; 9] = [
     "ramp",
     "rate",
     "step",
@@ -34,6 +35,7 @@ pub const SWEEPS: [&str; 8] = [
     "shapes-choose",
     "shapes-holdout",
     "irregular",
+    "sawtooth-holdout",
 ];
 
 /// One point of a sweep: a curve, a value on it, an interval.
@@ -307,6 +309,22 @@ fn plan(name: &str, intervals: &[i64], duration_s: Option<i64>) -> Result<Vec<Wo
                 }
             }
         }
+        "sawtooth-holdout" => {
+            let d = duration_s.unwrap_or(420);
+            for shape in sawtooth_holdout() {
+                for &iv in intervals {
+                    let shape = shape.clone();
+                    out.push(Work {
+                        sweep: "sawtooth-holdout",
+                        curve: shape.curve(),
+                        value: shape.value(),
+                        interval_ms: iv,
+                        duration_s: d,
+                        make: Box::new(move |s| shape.make(d, SAWTOOTH_HOLDOUT_SEED + s, iv)),
+                    });
+                }
+            }
+        }
         "irregular" => {
             let d = duration_s.unwrap_or(300);
             for (step_bytes, gap_s) in [
@@ -505,6 +523,28 @@ fn shapes(holdout: bool) -> Vec<Shape> {
 
 /// Seed offset of the held-back set's runs (added to the run index).
 const HOLDOUT_SEED: u64 = 5000;
+
+/// Sawtooths held back for the floor of a coarsely sampled sawtooth (issue 35's flips at
+/// 10 s): periods, sizes and seeds neither shapes set has, chosen before that change and
+/// scored only after it was final.
+fn sawtooth_holdout() -> Vec<Shape> {
+    let saw = |period_s, kv_bytes, leak_bytes| Shape::Sawtooth {
+        period_s,
+        kv_bytes,
+        leak_bytes,
+    };
+    vec![
+        saw(15, 4 * GIB, 48 * MIB),
+        saw(25, 8 * GIB, 128 * MIB),
+        saw(40, 2 * GIB, 96 * MIB),
+        saw(18, 6 * GIB, 0),
+        saw(25, 2 * GIB, 0),
+        saw(50, 8 * GIB, 0),
+    ]
+}
+
+/// Seed offset of `sawtooth-holdout`'s runs.
+const SAWTOOTH_HOLDOUT_SEED: u64 = 9000;
 
 fn rule_name(r: vramctl_leaks::analysis::LeakRule) -> &'static str {
     use vramctl_leaks::analysis::LeakRule;
