@@ -305,6 +305,22 @@ mod tests {
         }
     }
 
+    /// The two Pythia sizes held back in round 7 (scripts/estimate/cases.py), written from
+    /// their published values: GPT-NeoX's terms (above) at 24 × 1024 (16 heads, MLP 4096)
+    /// and 32 × 2560 (32 heads, 10240) give Pythia's published 405,334,016 and
+    /// 2,775,208,960, so the configs describe those checkpoints.
+    #[test]
+    fn pythia_410m_and_2_8b_count_their_published_parameters() {
+        for (file, params) in [
+            ("pythia-410m.json", 405_334_016),
+            ("pythia-2.8b.json", 2_775_208_960),
+        ] {
+            let model = read_model(&testdata(&format!("configs/{file}")), None).expect(file);
+            assert_eq!(model.architecture.family, Family::GptNeox, "{file}");
+            assert_eq!(model.params(), params, "{file}");
+        }
+    }
+
     #[test]
     fn config_fields_land_where_the_memory_model_reads_them() {
         let llama = read_model(&testdata("configs/llama-3-8b.json"), None).expect("llama");
