@@ -20,7 +20,7 @@
 //! T` run every MS would: flips that the tracker's cadence steps over count), `--json` (one
 //! JSON outcome per line), `--write-synthetic DIR` (write the suite as labeled JSON).
 //!
-//! Sweeps (issue 13, `tests/leaks/sweep.rs`): `--sweep ramp|rate|step|noise|review|all`
+//! Sweeps (issues 13 and 35, `tests/leaks/sweep.rs`, which names each): `--sweep NAME|all`
 //! varies one parameter of the synthetic workloads at a time, `--seeds N` runs per point
 //! (default 10 for a sweep), each point at `--intervals MS,MS,...` (default
 //! 100,1000,10000), on `--jobs N` threads; prints a Markdown table per curve (or one JSON
