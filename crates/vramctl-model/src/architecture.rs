@@ -231,6 +231,10 @@ pub struct Architecture {
     pub norm: Norm,
     /// Norm layers per block (Gemma 2 has four: pre and post attention and MLP).
     pub norms_per_layer: u64,
+    /// The block's norms all read its input (a parallel residual with a LayerNorm each for
+    /// attention and MLP: GPT-NeoX's `use_parallel_residual`, Falcon's new architecture
+    /// with two), so autograd saves that input once, not once per norm.
+    pub norms_share_input: bool,
     pub mlp: Mlp,
     /// The MLP's activation as the config names it (`gelu_new`, `silu`, `relu`, ...).
     pub activation: String,
@@ -634,6 +638,8 @@ pub fn synthesize(params: u64, family: Family) -> Architecture {
                 Family::Phi | Family::Falcon => 1,
                 _ => 2,
             },
+            // Pythia's (GPT-NeoX's default) parallel residual.
+            norms_share_input: family == Family::GptNeox,
             mlp: conv.mlp,
             activation: conv.activation.to_owned(),
             linear_bias: conv.linear_bias,

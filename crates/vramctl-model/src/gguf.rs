@@ -486,6 +486,7 @@ impl GgufInfo {
                 Norm::RmsNorm
             },
             norms_per_layer: if family == Family::Gemma2 { 4 } else { 2 },
+            norms_share_input: false,
             mlp: if plain { Mlp::Plain } else { Mlp::Gated },
             activation: if plain { "gelu" } else { "silu" }.to_owned(),
             linear_bias: plain,

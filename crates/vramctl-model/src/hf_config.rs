@@ -98,6 +98,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 learned_positions: true,
                 norm: Norm::LayerNorm,
                 norms_per_layer: 2,
+                norms_share_input: false,
                 mlp: Mlp::Plain,
                 activation: c
                     .text("activation_function")
@@ -132,6 +133,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 learned_positions: true,
                 norm: Norm::LayerNorm,
                 norms_per_layer: 2,
+                norms_share_input: false,
                 mlp: Mlp::Plain,
                 activation: c.text("hidden_act").unwrap_or("gelu").to_owned(),
                 linear_bias: true,
@@ -164,6 +166,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 learned_positions: false,
                 norm: Norm::RmsNorm,
                 norms_per_layer: 2,
+                norms_share_input: false,
                 mlp: if gated { Mlp::Gated } else { Mlp::Plain },
                 activation: projection.trim_start_matches("gated-").to_owned(),
                 linear_bias: false,
@@ -273,6 +276,7 @@ fn decoder(
         } else {
             2
         },
+        norms_share_input: false,
         mlp: Mlp::Gated,
         activation: c
             .text("hidden_act")
@@ -350,6 +354,7 @@ fn plain_decoder(
         learned_positions: false,
         norm: Norm::LayerNorm,
         norms_per_layer: 2,
+        norms_share_input: false,
         mlp: Mlp::Plain,
         activation: String::new(),
         linear_bias: true,
@@ -377,6 +382,8 @@ fn plain_decoder(
             arch.tied_embeddings = c.flag("tie_word_embeddings").unwrap_or(false);
             arch.activation = act("hidden_act", "gelu");
             arch.hidden_dropout = c.positive("hidden_dropout", 0.0);
+            // attention(ln1(x)) + mlp(ln2(x)) + x: both norms read x.
+            arch.norms_share_input = c.flag("use_parallel_residual").unwrap_or(true);
         }
         // OPTConfig: q, k, v, out_proj, fc1, fc2 with bias (enable_bias), learned
         // positions with 2 extra rows, embeddings tied to lm_head.
@@ -431,6 +438,8 @@ fn plain_decoder(
                 } else {
                     2
                 };
+            // ln_attn and ln_mlp both read the block's input.
+            arch.norms_share_input = new_arch && arch.norms_per_layer == 2;
             arch.intermediate = c.opt_int("ffn_hidden_size").unwrap_or(4 * hidden);
             arch.tied_embeddings = c.flag("tie_word_embeddings").unwrap_or(true);
             arch.activation = act("activation", "gelu");
@@ -541,6 +550,7 @@ fn deepseek(
         learned_positions: false,
         norm: Norm::RmsNorm,
         norms_per_layer: 2,
+        norms_share_input: false,
         mlp: Mlp::Gated,
         activation: c.text("hidden_act").unwrap_or("silu").to_owned(),
         linear_bias: false,

@@ -621,8 +621,21 @@ fn autocast_extra_casts_per_token(arch: &Architecture, job: &Job) -> f64 {
 fn block_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> f64 {
     let a = job.precision.compute_bytes();
     let h = f(arch.hidden);
-    let norm = norm_bytes_per_token(arch, job) * f(arch.norms_per_layer);
-    let attention = attention_bytes_per_token(arch, job, seq);
+    let mut norm = norm_bytes_per_token(arch, job) * f(arch.norms_per_layer);
+    if arch.norms_share_input && arch.norm == Norm::LayerNorm && arch.norms_per_layer > 1 {
+        // LayerNorm saves its input: one tensor, however many norms read it.
+        norm -= job.precision.residual_bytes() * h * f(arch.norms_per_layer - 1);
+    }
+    let mut attention = attention_bytes_per_token(arch, job, seq);
+    if arch.family == Family::GptNeox && !eager_attention(arch, job) {
+        // GPT-NeoX splits its fused query_key_value output into views and rotates q and k
+        // into new tensors; SDPA saves v as that view, so the whole fused output stays
+        // (already counted as q + 2 kv), beside the rotated q and k and the dense
+        // projection's input, a copy of SDPA's output: what autograd saves for Pythia-1B
+        // (testdata/h100/round6/call1/parts/census34: 6 units in the attention, 1 in
+        // dense, where this counts 4).
+        attention += a * (2.0 * f(arch.q_dim()) + f(arch.kv_dim()));
+    }
     let mlp = match (arch.moe, arch.mlp) {
         (Some(moe), _) => {
             // Router probabilities in fp32; per token-expert pair (transformers' default
@@ -2178,6 +2191,31 @@ mod tests {
             per("gelu"),
             "T5 drops its activation out: both kept"
         );
+    }
+
+    /// What autograd saved per layer for Pythia-1B bf16 b8×1024 on the H100 (census34,
+    /// testdata/h100/round6/call1/parts/census34, per layer over 8,192 tokens of 2048 bf16):
+    /// input_layernorm 1 unit (x), query_key_value 1 (the norm's output), attention 6 (the
+    /// fused output, 3, kept whole by v's view; rotated q and k; SDPA's output), dense 1,
+    /// post_attention_layernorm none (x again: the parallel residual), dense_h_to_4h 1,
+    /// the GELU 4 (its 4h input), dense_4h_to_h 4 (the GELU's output): 18 units, where the
+    /// Llama-shaped count gave 16 (Pythia's training row −3.5 %, round 5, now tuning; round
+    /// 7 holds back five other GPT-NeoX jobs). Without the parallel residual the second
+    /// norm reads its own input: one unit more.
+    #[test]
+    fn gpt_neox_saves_what_autograd_saved_for_pythia() {
+        let pythia = model("pythia-1b.json");
+        let job = Job {
+            precision: Precision::Bf16,
+            ..train_job(8, 1024)
+        };
+        let arch = &pythia.architecture;
+        let unit = 2.0 * arch.hidden as f64;
+        assert!(arch.norms_share_input);
+        assert_eq!(block_bytes_per_token(arch, &job, 1024), 18.0 * unit);
+        let mut serial = arch.clone();
+        serial.norms_share_input = false;
+        assert_eq!(block_bytes_per_token(&serial, &job, 1024), 19.0 * unit);
     }
 
     #[test]
