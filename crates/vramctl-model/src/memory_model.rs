@@ -561,6 +561,14 @@ fn attention_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> f64 {
         if arch.kv_heads == arch.heads {
             attention = 4.0 * (q + 2.0 * kv) + a * q + f(arch.heads) * f(seq) * per_score;
         }
+    } else if arch.family == Family::GptNeox {
+        // GPT-NeoX splits its fused query_key_value output into views and rotates q and k
+        // into new tensors; SDPA saves v as that view, so the whole fused output stays
+        // (counted above as q + 2 kv), beside the rotated q and k and the dense
+        // projection's input, a copy of SDPA's output: what autograd saves for Pythia-1B
+        // (testdata/h100/round6/call1/parts/census34: 6 units in the attention, 1 in
+        // dense, where the lines above count 4).
+        attention += a * (2.0 * q + kv);
     }
     attention
 }
@@ -626,16 +634,7 @@ fn block_bytes_per_token(arch: &Architecture, job: &Job, seq: u64) -> f64 {
         // LayerNorm saves its input: one tensor, however many norms read it.
         norm -= job.precision.residual_bytes() * h * f(arch.norms_per_layer - 1);
     }
-    let mut attention = attention_bytes_per_token(arch, job, seq);
-    if arch.family == Family::GptNeox && !eager_attention(arch, job) {
-        // GPT-NeoX splits its fused query_key_value output into views and rotates q and k
-        // into new tensors; SDPA saves v as that view, so the whole fused output stays
-        // (already counted as q + 2 kv), beside the rotated q and k and the dense
-        // projection's input, a copy of SDPA's output: what autograd saves for Pythia-1B
-        // (testdata/h100/round6/call1/parts/census34: 6 units in the attention, 1 in
-        // dense, where this counts 4).
-        attention += a * (2.0 * f(arch.q_dim()) + f(arch.kv_dim()));
-    }
+    let attention = attention_bytes_per_token(arch, job, seq);
     let mlp = match (arch.moe, arch.mlp) {
         (Some(moe), _) => {
             // Router probabilities in fp32; per token-expert pair (transformers' default
