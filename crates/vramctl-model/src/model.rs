@@ -310,10 +310,13 @@ mod tests {
     /// and 32 × 2560 (32 heads, 10240) give Pythia's published 405,334,016 and
     /// 2,775,208,960, so the configs describe those checkpoints.
     #[test]
-    fn pythia_410m_and_2_8b_count_their_published_parameters() {
+    fn pythia_configs_count_their_published_parameters() {
         for (file, params) in [
             ("pythia-410m.json", 405_334_016),
             ("pythia-2.8b.json", 2_775_208_960),
+            ("pythia-160m.json", 162_322_944),
+            ("pythia-1.4b.json", 1_414_647_808),
+            ("pythia-6.9b.json", 6_857_302_016),
         ] {
             let model = read_model(&testdata(&format!("configs/{file}")), None).expect(file);
             assert_eq!(model.architecture.family, Family::GptNeox, "{file}");
