@@ -258,6 +258,12 @@ pub struct Architecture {
     /// (`qk_nope_head_dim + qk_rope_head_dim`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mla: Option<Mla>,
+    /// The dimensions of each head the rotary embedding turns, where fewer than `head_dim`
+    /// (GPT-NeoX's `rotary_pct`, Phi's `partial_rotary_factor`): the rotary tables and the
+    /// rotation's temporaries are that wide. `None` where every dimension turns or the
+    /// positions are learned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotary_dims: Option<u64>,
 }
 
 /// Layers that attend only to the last `tokens` tokens, whose KV cache therefore stops
@@ -650,6 +656,12 @@ pub fn synthesize(params: u64, family: Family) -> Architecture {
             dtype: None,
             sliding_window: None,
             mla: None,
+            // GPT-NeoX's and Phi's config defaults (rotary_pct 0.25, partial_rotary_factor 0.5).
+            rotary_dims: match family {
+                Family::GptNeox => Some(head_dim / 4),
+                Family::Phi => Some(head_dim / 2),
+                _ => None,
+            },
         }
     };
     // 1,024 blocks of 131,072 wide is far above any model; the loop ends well before.

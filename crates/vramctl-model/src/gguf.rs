@@ -497,6 +497,7 @@ impl GgufInfo {
             dtype: None,
             sliding_window: None,
             mla: None,
+            rotary_dims: None,
         };
         crate::hf_config::check(&architecture).map_err(|e| format!("its metadata: {e}"))?;
         Ok(architecture)

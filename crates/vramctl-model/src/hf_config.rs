@@ -112,6 +112,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 dtype,
                 sliding_window: None,
                 mla: None,
+                rotary_dims: None,
             }
         }
         Family::Bert => {
@@ -144,6 +145,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 dtype,
                 sliding_window: None,
                 mla: None,
+                rotary_dims: None,
             }
         }
         Family::T5 => {
@@ -177,6 +179,7 @@ pub fn parse_config(text: &str) -> Result<Architecture, ConfigError> {
                 dtype,
                 sliding_window: None,
                 mla: None,
+                rotary_dims: None,
             }
         }
         Family::GptNeox | Family::Opt | Family::Falcon | Family::Phi | Family::Starcoder2 => {
@@ -297,6 +300,7 @@ fn decoder(
         dtype,
         sliding_window: sliding_window(family, c, layers)?,
         mla: None,
+        rotary_dims: None,
     })
 }
 
@@ -365,6 +369,7 @@ fn plain_decoder(
         dtype,
         sliding_window: None,
         mla: None,
+        rotary_dims: None,
     };
     let act = |key: &str, default: &str| c.text(key).unwrap_or(default).to_owned();
     match family {
@@ -384,6 +389,12 @@ fn plain_decoder(
             arch.hidden_dropout = c.positive("hidden_dropout", 0.0);
             // attention(ln1(x)) + mlp(ln2(x)) + x: both norms read x.
             arch.norms_share_input = c.flag("use_parallel_residual").unwrap_or(true);
+            // GPTNeoXConfig's default rotary_pct (transformers 5 may write it as
+            // partial_rotary_factor).
+            let pct = c
+                .fraction("partial_rotary_factor")
+                .or_else(|| c.fraction("rotary_pct"));
+            arch.rotary_dims = partial_rotary(arch.head_dim, pct.unwrap_or(0.25));
         }
         // OPTConfig: q, k, v, out_proj, fc1, fc2 with bias (enable_bias), learned
         // positions with 2 extra rows, embeddings tied to lm_head.
@@ -457,6 +468,9 @@ fn plain_decoder(
             arch.activation = act("hidden_act", "gelu_new");
             arch.qk_norm = c.flag("qk_layernorm").unwrap_or(false);
             arch.hidden_dropout = c.positive("resid_pdrop", 0.0);
+            // PhiConfig's default partial_rotary_factor.
+            let pct = c.fraction("partial_rotary_factor").unwrap_or(0.5);
+            arch.rotary_dims = partial_rotary(arch.head_dim, pct);
         }
         // Starcoder2Config: GQA, biases everywhere (use_bias), LayerNorms, c_fc/c_proj,
         // tied embeddings, a sliding window on every layer when set.
@@ -534,6 +548,7 @@ fn deepseek(
             })
         }
     };
+    let head_dim = mla.qk_nope_head_dim.saturating_add(mla.qk_rope_head_dim);
     Ok(Architecture {
         family,
         layers,
@@ -542,7 +557,7 @@ fn deepseek(
         intermediate: c.int("intermediate_size")?,
         heads,
         kv_heads: heads,
-        head_dim: mla.qk_nope_head_dim.saturating_add(mla.qk_rope_head_dim),
+        head_dim,
         vocab: c.int("vocab_size")?,
         tied_embeddings: c.flag("tie_word_embeddings").unwrap_or(false),
         moe,
@@ -560,6 +575,8 @@ fn deepseek(
         attention_dropout: c.positive("attention_dropout", 0.0),
         dtype,
         sliding_window: None,
+        // Only the decoupled rotary part of q and k turns (MLA's `qk_rope_head_dim`).
+        rotary_dims: Some(mla.qk_rope_head_dim).filter(|&r| r < head_dim),
         mla: Some(mla),
     })
 }
@@ -748,6 +765,13 @@ pub fn check(arch: &Architecture) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The dimensions of a `head_dim`-wide head that a `fraction` of rotary turns, as
+/// transformers computes them (`int(head_dim * fraction)`); `None` when that is all of them.
+fn partial_rotary(head_dim: u64, fraction: f64) -> Option<u64> {
+    let dims = (head_dim as f64 * fraction.clamp(0.0, 1.0)) as u64;
+    (dims < head_dim).then_some(dims)
+}
+
 /// Typed access to a config's fields.
 struct Fields<'a>(&'a Map<String, Value>);
 
@@ -768,6 +792,14 @@ impl Fields<'_> {
         self.0.get(key).and_then(Value::as_bool)
     }
 
+    /// A number in [0, 1] (a share of something); `None` when absent or outside.
+    fn fraction(&self, key: &str) -> Option<f64> {
+        self.0
+            .get(key)
+            .and_then(Value::as_f64)
+            .filter(|f| (0.0..=1.0).contains(f))
+    }
+
     /// Whether a probability field (dropout) is above 0, with transformers' default.
     fn positive(&self, key: &str, default: f64) -> bool {
         self.0.get(key).and_then(Value::as_f64).unwrap_or(default) > 0.0
@@ -786,6 +818,29 @@ mod tests {
         assert!(text.contains("gpt_neox, opt, falcon, phi"), "{text}");
         assert!(text.contains("gpt2, llama"), "{text}");
         assert!(text.contains("--params N --arch A"), "{text}");
+    }
+
+    /// The partial rotary's width as transformers computes it (`int(head_dim * fraction)`),
+    /// with each config class's default; absent where every dimension turns.
+    #[test]
+    fn partial_rotary_dims_follow_the_config_and_its_class_default() {
+        let neox = r#""model_type":"gpt_neox","hidden_size":2048,"num_attention_heads":8,
+            "num_hidden_layers":2,"intermediate_size":8192,"vocab_size":50304"#;
+        let dims = |extra: &str| {
+            parse_config(&format!("{{{neox}{extra}}}"))
+                .expect("config")
+                .rotary_dims
+        };
+        assert_eq!(dims(""), Some(64));
+        assert_eq!(dims(r#","rotary_pct":0.5"#), Some(128));
+        assert_eq!(dims(r#","partial_rotary_factor":1.0"#), None);
+        let phi = r#"{"model_type":"phi","hidden_size":2560,"num_attention_heads":32,
+            "num_hidden_layers":2,"intermediate_size":10240,"vocab_size":51200,
+            "partial_rotary_factor":0.4}"#;
+        assert_eq!(parse_config(phi).expect("phi").rotary_dims, Some(32));
+        let llama = r#"{"model_type":"llama","hidden_size":2048,"num_attention_heads":16,
+            "num_hidden_layers":2,"intermediate_size":5632,"vocab_size":32000}"#;
+        assert_eq!(parse_config(llama).expect("llama").rotary_dims, None);
     }
 
     fn window_of(text: &str) -> Option<SlidingWindow> {
