@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 30's figures on a real GPU: `vramctl status` without a daemon against
-# `nvidia-smi --query-gpu=memory.used --format=csv`, `ps` against `status` while a PyTorch
-# process holds memory, and both through a running `vramctl record` daemon.
+# `nvidia-smi --query-gpu=memory.used --format=csv` (and, for context, against nvidia-smi
+# asked for the device facts `status` shows), `ps` against `status` while a PyTorch process
+# holds memory, and both through a running `vramctl record` daemon.
 #
 #   scripts/bench-status-vs-smi-h200.sh path/to/vramctl OUTDIR [N]
 #
@@ -37,6 +38,10 @@ none = dict(os.environ, VRAMCTL_RUNTIME_DIR=f"{work}/none")
 daemon = dict(os.environ, VRAMCTL_RUNTIME_DIR=f"{work}/run")
 cmds = {
     "smi": (["nvidia-smi", "--query-gpu=memory.used", "--format=csv"], None),
+    # The device facts `status` shows, asked of nvidia-smi (its first calls of utilization,
+    # power, temperature and MIG mode pay what status's do): the same work, for context.
+    "smi-facts": (["nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total,"
+                   "utilization.gpu,power.draw,temperature.gpu,mig.mode.current", "--format=csv"], None),
     # The floor of any vramctl command: exec, relocations, clap (no NVML).
     "version": ([vramctl, "--version"], none),
     "smi-version": (["nvidia-smi", "--version"], None),
@@ -61,6 +66,7 @@ for k, v in t.items():
     print(f"{k} median_ms {med[k]*1e3:.1f} min_ms {min(v)*1e3:.1f} max_ms {max(v)*1e3:.1f} runs {len(v)}")
 print(f"ratio status/smi {med['status']/med['smi']:.2f}")
 print(f"ratio status-text/smi {med['status-text']/med['smi']:.2f}")
+print(f"ratio status/smi-facts {med['status']/med['smi-facts']:.2f}")
 print(f"ratio ps/status {med['ps']/med['status']:.2f}")
 print(f"ratio status-daemon/smi {med['status-daemon']/med['smi']:.3f}")
 print(f"ratio ps-daemon/smi {med['ps-daemon']/med['smi']:.3f}")
