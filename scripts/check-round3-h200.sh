@@ -71,6 +71,9 @@
 #   fit34eff    the same for torchvision efficientnet_b0, held out for the change made after
 #               convnext and vit missed (chosen before it; ~4-6 min)
 #   fit34swin   the same for torchvision swin_t (~4-6 min)
+#   fit34neox   the same for a Pythia-410M-shaped GPT-NeoX batch size, held out for fit as it
+#               stands on 2026-12-06 (~4-6 min); fit34neoxckpt with gradient checkpointing;
+#               fit34qseq a Qwen2-0.5B-shaped model's sequence length (batch 2, 256-token units)
 #   leakset     scripts/record-leakset-h200.sh for 300 s, then evaluate_leakset on it
 #               (issue 35's re-score; long: run it in a call of its own). On a smaller GPU
 #               than the H200 the set's sizes scale (0.314 on an H100: the script says why)
@@ -279,6 +282,12 @@ part fit34vit scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout" vi
 # before any such change, never replayed while choosing it.
 part fit34eff scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout2" efficientnet
 part fit34swin scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout2" swin
+# Held out for fit as it stands on 2026-12-06 (the alignment, the allocated bound, the
+# step down after a miss; nothing changed since efficientnet and swin met the goal): two
+# transformer batch searches, with and without checkpointing, and a sequence-length search.
+part fit34neox scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout3" neox
+part fit34neoxckpt scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout3" neox-ckpt
+part fit34qseq scripts/fit-h200.sh check "$VRAMCTL" "$OUT/parts/fit34-heldout3" qwen2-seq
 
 if ! skipped leakset; then
   part leakset scripts/record-leakset-h200.sh "$VRAMCTL" "$OUT/parts/leakset" 300

@@ -44,6 +44,10 @@
 # autocast, are the held-out cases of the allocated-bound stop rule (ResNet-50 of 2026-12-05
 # tuned it, docs/fit.md): no recorded truth, so each bisects first (~14 trials) then fits;
 # about 4-6 minutes a case on an H200 or H100: one case per call.
+# neox, neox-ckpt (a Pythia-410M-shaped GPT-NeoX batch size, without and with gradient
+# checkpointing) and qwen2-seq (a Qwen2-0.5B-shaped model's sequence length at batch 2, in
+# units of 256 tokens over 1..512, i.e. 256 to 131,072 tokens) are held out for fit as it
+# stands on 2026-12-06 (chosen before any of them ran): bisected first, one case per call.
 # Where the recorded truths do not apply (an H100, another torch) each case bisects first:
 # about 14 trials of 11-25 s, so 4-8 minutes a case with its `fit`, 15-20 minutes for the
 # three: run one case per device call there (check-round3-h200.sh's fit34 parts do).
@@ -111,6 +115,9 @@ train_args() {
     efficientnet) echo "--model efficientnet --batch {}" ;;
     swin) echo "--model swin --batch {}" ;;
     gpt2-seq) echo "--model gpt2 --attn eager --batch 4 --seq-unit 64 --seq {}" ;;
+    neox) echo "--model neox --batch {}" ;;
+    neox-ckpt) echo "--model neox --checkpointing --batch {}" ;;
+    qwen2-seq) echo "--model qwen2 --batch 2 --seq-unit 256 --seq {}" ;;
     *) return 1 ;;
   esac
 }
@@ -118,6 +125,7 @@ train_args() {
 case_range() {
   case "$1" in
     gpt2-seq) echo "8..1024" ;;
+    qwen2-seq) echo "1..512" ;;
     *) echo "$range" ;;
   esac
 }
@@ -152,7 +160,7 @@ if [ "$mode" = check ]; then
   echo "reuse the recorded truths: $(cat "$out/reuse.txt")" >&2
   for c in $cases; do
     if ! train_args "$c" > /dev/null; then
-      echo "$(date -Is) unknown case '$c' (resnet, llama, llama-ckpt, gpt2-seq, gpt2, convnext, vit, efficientnet, swin): skipped" | tee -a "$out/failures.log" >&2
+      echo "$(date -Is) unknown case '$c' (resnet, llama, llama-ckpt, gpt2-seq, gpt2, convnext, vit, efficientnet, swin, neox, neox-ckpt, qwen2-seq): skipped" | tee -a "$out/failures.log" >&2
       continue
     fi
     r="$(case_range "$c")"

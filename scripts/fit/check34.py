@@ -41,7 +41,7 @@ RECORDED = {
         "source": "fit's 94 ok / 96 OOM, testdata/h200/fit/llama-ckpt-fit.json, and one trial at 95 now",
     },
 }
-RANGE = {"gpt2-seq": (8, 1024)}
+RANGE = {"gpt2-seq": (8, 1024), "qwen2-seq": (1, 512)}
 DEFAULT_RANGE = (1, 4096)
 
 

@@ -1,6 +1,6 @@
 """One short training run at a given batch size: the trial command of `vramctl fit` (issue 15).
 
-    python3 scripts/fit/train.py --model {gpt2,llama,resnet,convnext,vit,efficientnet,swin} --batch N [--steps 2]
+    python3 scripts/fit/train.py --model {gpt2,llama,neox,qwen2,resnet,convnext,vit,efficientnet,swin} --batch N [--steps 2]
                                  [--seq L] [--seq-unit U] [--attn {sdpa,eager}] [--checkpointing]
 
 --seq-unit U multiplies --seq by U (a sequence-length search in steps of U tokens: `--seq {}
@@ -12,6 +12,13 @@ Models (random weights, built from a config: the GPU machine has no internet):
   llama   transformers LlamaForCausalLM, TinyLlama-1.1B shapes (hidden 2048, intermediate
           5632, 22 layers, 32 heads, 4 kv heads, vocab 32000), seq 2048, attention sdpa;
           --checkpointing turns on gradient checkpointing
+  neox    transformers GPTNeoXForCausalLM, Pythia-410M shapes (hidden 1024, intermediate
+          4096, 24 layers, 16 heads, rotary over a quarter of each head, parallel residual,
+          vocab 50304), seq 1024, attention sdpa; --checkpointing as llama
+  qwen2   transformers Qwen2ForCausalLM, Qwen2-0.5B shapes (hidden 896, intermediate 4864,
+          24 layers, 14 heads, 2 kv heads, q/k/v biases, tied embeddings, vocab 151936),
+          seq 1024, attention sdpa (neox and qwen2 chosen 2026-12-06 as held-out cases for
+          fit as it stands: never run before)
   resnet  torchvision resnet50(), 224x224 random images, 1000 classes, cross-entropy
   convnext torchvision convnext_tiny(), the same images and loss (held out for issue 34's
           stop rule: added after ResNet-50 tuned it)
@@ -39,7 +46,7 @@ T_START = time.monotonic()
 import torch  # noqa: E402  (after T_START so init_s includes the import)
 
 SEED = 0
-DEFAULT_SEQ = {"gpt2": 1024, "llama": 2048, "resnet": 224, "convnext": 224, "vit": 224, "efficientnet": 224, "swin": 224}
+DEFAULT_SEQ = {"gpt2": 1024, "llama": 2048, "neox": 1024, "qwen2": 1024, "resnet": 224, "convnext": 224, "vit": 224, "efficientnet": 224, "swin": 224}
 # Image classifiers: random images of side --seq, 1000 classes, cross-entropy.
 IMAGE_MODELS = ("resnet", "convnext", "vit", "efficientnet", "swin")
 
@@ -51,19 +58,19 @@ def parse_args():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seq", type=int, help="sequence length (image side for resnet); default per model")
     p.add_argument("--seq-unit", type=int, default=1, help="--seq is in units of this many tokens")
-    p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (gpt2, llama)")
-    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (llama, gpt2)")
+    p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (the transformers models)")
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (the transformers models)")
     args = p.parse_args()
     if args.seq_unit < 1:
         p.error(f"--seq-unit must be at least 1, got '{args.seq_unit}'")
     if args.attn and args.model in IMAGE_MODELS:
-        p.error(f"--attn is for the transformers models (gpt2, llama), not '{args.model}'")
+        p.error(f"--attn is for the transformers models (gpt2, llama, neox, qwen2), not '{args.model}'")
     if args.batch < 1:
         p.error(f"--batch must be at least 1, got '{args.batch}'")
     if args.steps < 1:
         p.error(f"--steps must be at least 1, got '{args.steps}'")
     if args.checkpointing and args.model in IMAGE_MODELS:
-        p.error(f"--checkpointing is for the transformers models (gpt2, llama), not '{args.model}'")
+        p.error(f"--checkpointing is for the transformers models (gpt2, llama, neox, qwen2), not '{args.model}'")
     args.seq = args.seq * args.seq_unit if args.seq else DEFAULT_SEQ[args.model]
     return args
 
@@ -119,6 +126,43 @@ def build_llama(args):
     return model, config.vocab_size
 
 
+def build_neox(args):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        rotary_pct=0.25,
+        vocab_size=50304,
+        max_position_embeddings=max(2048, args.seq),
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
+    config._attn_implementation = args.attn or "sdpa"
+    return GPTNeoXForCausalLM(config), config.vocab_size
+
+
+def build_qwen2(args):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=max(32768, args.seq),
+        tie_word_embeddings=True,
+        use_cache=False,
+    )
+    config._attn_implementation = args.attn or "sdpa"
+    return Qwen2ForCausalLM(config), config.vocab_size
+
+
 def build_resnet(_args):
     from torchvision.models import resnet50
 
@@ -152,6 +196,8 @@ def build_swin(_args):
 BUILDERS = {
     "gpt2": build_gpt2,
     "llama": build_llama,
+    "neox": build_neox,
+    "qwen2": build_qwen2,
     "resnet": build_resnet,
     "convnext": build_convnext,
     "vit": build_vit,
@@ -176,7 +222,7 @@ def main():
     model = model.to(dtype=torch.float32)
     model.train()
     attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "-"
-    wanted = args.attn or ("sdpa" if args.model == "llama" else None)
+    wanted = args.attn or ("sdpa" if args.model in ("llama", "neox", "qwen2") else None)
     if wanted and attn != wanted:
         raise SystemExit(f"error: {args.model} was built with attention '{attn}', not '{wanted}'")
     if args.checkpointing:
