@@ -104,63 +104,39 @@ def build_gpt2(args):
     return model, config.vocab_size
 
 
-def build_llama(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        vocab_size=32000,
-        max_position_embeddings=max(2048, args.seq),
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        use_cache=False,
-    )
+def causal_lm(config_class, model_class, args, **shape):
+    """A transformers causal LM of `shape`, no KV cache (a training step has no use for it),
+    attention sdpa unless --attn says otherwise."""
+    config = config_class(**shape, use_cache=False)
     # Set on the config rather than as a constructor keyword: the attribute works across
     # transformers 4.4x-5.x; main() checks the built model really uses it.
     config._attn_implementation = args.attn or "sdpa"
-    model = LlamaForCausalLM(config)
-    return model, config.vocab_size
+    return model_class(config), config.vocab_size
+
+
+def build_llama(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return causal_lm(LlamaConfig, LlamaForCausalLM, args, hidden_size=2048, intermediate_size=5632,
+                     num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                     max_position_embeddings=max(2048, args.seq), rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 
 def build_neox(args):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    config = GPTNeoXConfig(
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        rotary_pct=0.25,
-        vocab_size=50304,
-        max_position_embeddings=max(2048, args.seq),
-        use_parallel_residual=True,
-        tie_word_embeddings=False,
-        use_cache=False,
-    )
-    config._attn_implementation = args.attn or "sdpa"
-    return GPTNeoXForCausalLM(config), config.vocab_size
+    return causal_lm(GPTNeoXConfig, GPTNeoXForCausalLM, args, hidden_size=1024, intermediate_size=4096,
+                     num_hidden_layers=24, num_attention_heads=16, rotary_pct=0.25, vocab_size=50304,
+                     max_position_embeddings=max(2048, args.seq), use_parallel_residual=True,
+                     tie_word_embeddings=False)
 
 
 def build_qwen2(args):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=max(32768, args.seq),
-        tie_word_embeddings=True,
-        use_cache=False,
-    )
-    config._attn_implementation = args.attn or "sdpa"
-    return Qwen2ForCausalLM(config), config.vocab_size
+    return causal_lm(Qwen2Config, Qwen2ForCausalLM, args, hidden_size=896, intermediate_size=4864,
+                     num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                     max_position_embeddings=max(32768, args.seq), tie_word_embeddings=True)
 
 
 def build_resnet(_args):

@@ -692,6 +692,25 @@ mod tests {
         crate::hf_config::parse_config(&text).expect("a config")
     }
 
+    /// A bf16 generation job of a model with `params` parameters, on a GPU.
+    fn bf16_generation(batch: u64, seq: u64, generated: u64, params: u64) -> GenJob {
+        GenJob {
+            batch,
+            seq,
+            generated,
+            act_bytes: 2,
+            kv_bytes: 2,
+            weight_bytes: params * 2,
+            eager: false,
+            cast_from_fp32: false,
+            cublas_workspace: true,
+        }
+    }
+
+    fn within(got: u64, want: u64, share: f64) -> bool {
+        (got as f64 - want as f64).abs() <= want as f64 * share
+    }
+
     fn gpt2_fp32(batch: u64) -> GenJob {
         GenJob {
             batch,
@@ -774,24 +793,7 @@ mod tests {
     #[test]
     fn tinyllama_generation_reserves_what_torch_reserved_on_the_h200() {
         let a = arch("tinyllama-1.1b.json");
-        let r = replay(
-            &a,
-            &GenJob {
-                batch: 64,
-                seq: 1024,
-                generated: 256,
-                act_bytes: 2,
-                kv_bytes: 2,
-                weight_bytes: 1_100_048_384 * 2,
-                eager: false,
-                cast_from_fp32: false,
-                cublas_workspace: true,
-            },
-        )
-        .expect("replayed");
-        let within = |got: u64, want: u64, share: f64| {
-            (got as f64 - want as f64).abs() <= want as f64 * share
-        };
+        let r = replay(&a, &bf16_generation(64, 1024, 256, 1_100_048_384)).expect("replayed");
         assert!(within(r.peak_allocated, 7_019_355_648, 0.001), "{r:?}");
         assert!(within(r.peak_reserved, 8_533_311_488, 0.005), "{r:?}");
     }
@@ -807,25 +809,7 @@ mod tests {
     #[test]
     fn pythia_generation_reserves_what_torch_reserved_on_the_h100() {
         let a = arch("pythia-1b.json");
-        let r = replay(
-            &a,
-            &GenJob {
-                batch: 32,
-                seq: 1024,
-                generated: 128,
-                act_bytes: 2,
-                kv_bytes: 2,
-                weight_bytes: 1_011_781_632 * 2,
-                eager: false,
-                cast_from_fp32: false,
-                cublas_workspace: true,
-            },
-        )
-        .expect("replayed");
-        eprintln!("{r:?}");
-        let within = |got: u64, want: u64, share: f64| {
-            (got as f64 - want as f64).abs() <= want as f64 * share
-        };
+        let r = replay(&a, &bf16_generation(32, 1024, 128, 1_011_781_632)).expect("replayed");
         assert!(within(r.peak_allocated, 7_973_187_072, 0.003), "{r:?}");
         assert!(within(r.peak_reserved, 15_151_923_200, 0.01), "{r:?}");
     }
