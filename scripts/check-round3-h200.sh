@@ -45,6 +45,8 @@
 #   est7        ROUND=7: five GPT-NeoX jobs held back for a program of its own (issue 34, ~2 min)
 #   est8        ROUND=8: six generation jobs (five GPT-NeoX, Phi-2) held back for GPT-NeoX's
 #               generation program (issue 34, ~2 min)
+#   est9        ROUND=9: six generation jobs held back for generation's per-token epilogue
+#               (issue 34, ~2 min)
 #   inv4        ROUND=4-inverse: round 4's two --gpu answers run for real, no case (~1 min)
 #   families34  scripts/estimate-families-h200.sh: the families estimate reads since issue 34
 #               (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2, gemma3_text,
@@ -186,6 +188,7 @@ part inv4 env OUT="$OUT/parts/inv4" ROUND=4-inverse scripts/estimate34b-h200.sh
 part est6 env OUT="$OUT/parts/est6" ROUND=6 scripts/estimate34b-h200.sh
 part est7 env OUT="$OUT/parts/est7" ROUND=7 scripts/estimate34b-h200.sh
 part est8 env OUT="$OUT/parts/est8" ROUND=8 scripts/estimate34b-h200.sh
+part est9 env OUT="$OUT/parts/est9" ROUND=9 scripts/estimate34b-h200.sh
 
 part families34 env OUT="$OUT/parts/families34" scripts/estimate-families-h200.sh
 

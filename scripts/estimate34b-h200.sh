@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 34, round 4: the estimate's two fixes on a real GPU (docs/estimate.md, "Round 4").
 #
-#   OUT=DIR [VRAMCTL=.dist/vramctl] [ROUND=4|5|5-train|5-infer|6|7|8|4-inverse] scripts/estimate34b-h200.sh
+#   OUT=DIR [VRAMCTL=.dist/vramctl] [ROUND=4|5|5-train|5-infer|6|7|8|9|4-inverse] scripts/estimate34b-h200.sh
 #
 # ROUND picks the cases (default 4: cases.ROUND4; 5: cases.ROUND5, held back on 2026-12-05,
 # and its two halves ROUND5_TRAIN, ROUND5_INFER) and the inverse questions of that round;
 # 6: cases.ROUND6, three OPT jobs held back for the ReLU count; 7: cases.ROUND7, five
 # GPT-NeoX jobs held back for a program of its own; 8: cases.ROUND8, six generation jobs
-# (five GPT-NeoX, Phi-2) held back for GPT-NeoX's generation program; 4-inverse runs round 4's
+# (five GPT-NeoX, Phi-2) held back for GPT-NeoX's generation program; 9: cases.ROUND9, six
+# generation jobs held back for generation's per-token epilogue; 4-inverse runs round 4's
 # inverse questions alone (no case).
 #
 # 1. The cases of scripts/estimate/cases.py's ROUND4 (2 tuning, 12 held back, all committed
@@ -40,8 +41,8 @@ export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 ROUND="${ROUND:-4}"
 case "$ROUND" in
   4) list=ROUND4 ;; 5) list=ROUND5 ;; 5-train) list=ROUND5_TRAIN ;; 5-infer) list=ROUND5_INFER ;;
-  6) list=ROUND6 ;; 7) list=ROUND7 ;; 8) list=ROUND8 ;; 4-inverse) list=NONE ;;
-  *) echo "ROUND must be 4, 5, 5-train, 5-infer, 6, 7, 8 or 4-inverse, not '$ROUND'" >&2; exit 2 ;;
+  6) list=ROUND6 ;; 7) list=ROUND7 ;; 8) list=ROUND8 ;; 9) list=ROUND9 ;; 4-inverse) list=NONE ;;
+  *) echo "ROUND must be 4, 5, 5-train, 5-infer, 6, 7, 8, 9 or 4-inverse, not '$ROUND'" >&2; exit 2 ;;
 esac
 export ROUND_LIST="$list" ROUND
 names=$(python3 -c "import sys; sys.path.insert(0, 'scripts/estimate'); import cases; print(' '.join(getattr(cases, '$list', [])))")
