@@ -1336,7 +1336,7 @@ fn finish(mut b: Builder, job: &Job, overhead: Overhead, grad_bytes: f64) -> Est
         Overhead::Generation(r) => (
             (f(r.peak_reserved) - tensors).max(0.0),
             format!(
-                "reserved beyond the tensors counted: generate()'s {} allocations (prefill, the cache's torch.cat per layer and token) replayed through PyTorch's caching allocator ({} reserved, {} allocated at the peak, {} segments)",
+                "reserved beyond the tensors counted: generate()'s {} allocations (prefill, the cache's torch.cat per layer and token, each token's logits, copies and processors) replayed through PyTorch's caching allocator ({} reserved, {} allocated at the peak, {} segments)",
                 grouped(r.allocations),
                 grouped(r.peak_reserved),
                 grouped(r.peak_allocated),
