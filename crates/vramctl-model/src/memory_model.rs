@@ -1200,9 +1200,9 @@ fn infer(model: &Model, job: &Job) -> Estimate {
     b.add("prefill activations", working, Phase::Always, prefill_note);
     b.add(
         "logits",
-        batch * f(arch.vocab) * (a + 4.0),
+        batch * f(arch.vocab) * (a + 8.0),
         Phase::Always,
-        "the last position's logits and their fp32 copy (generate keeps one position)",
+        "the last position's logits, their fp32 copy and the processed scores, both kept until the next token (generate keeps one position)",
     );
     let overhead = generation_step::replay(
         arch,
@@ -1845,7 +1845,8 @@ mod tests {
             e.term("prefill activations"),
             2 * (8192 + 4096 + 2048 + 3 * 14_336) * 4 * 1024
         );
-        assert_eq!(e.term("logits"), 4 * 128_256 * 6);
+        // bf16 logits, their fp32 copy and the fp32 scores.
+        assert_eq!(e.term("logits"), 4 * 128_256 * 10);
         assert_eq!(e.peak_phase, "generation");
         let fp8 = Job {
             kv_dtype: Some(Dtype::F8),
