@@ -330,12 +330,12 @@ impl<'a> Gen<'a> {
     }
 
     /// One forward over `new` tokens per sequence (the prompt, or 1), the cache holding
-    /// `context` tokens after it; returns the last position's logits. The order and lifetimes are those of transformers 5.25's
-    /// modeling code as a CPU allocation trace shows them (`docs/estimate.md`, "The
-    /// allocator (generation)"): the embedding's output is the model's `inputs_embeds`
-    /// (GPT-2: `inputs_embeds` and `position_embeds`, both batch × seq, and their sum), held
-    /// until the model returns; a block's input is held by the caller's loop until the block
-    /// returns.
+    /// `context` tokens after it; returns the last position's logits. The order and
+    /// lifetimes are those of transformers 5.25's modeling code as a CPU allocation trace
+    /// shows them (`docs/estimate.md`, "The allocator (generation)"): the embedding's
+    /// output is the model's `inputs_embeds` (GPT-2: `inputs_embeds` and `position_embeds`,
+    /// both batch × seq, and their sum), held until the model returns; a block's input is
+    /// held by the caller's loop until the block returns.
     fn forward(&mut self, new: u64, context: u64) -> BlockId {
         let arch = self.arch;
         let a = self.job.act_bytes;
