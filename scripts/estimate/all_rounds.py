@@ -5,19 +5,20 @@
 compare.py judges rounds 1-3 (testdata/h200/estimate/); the later rounds were measured by
 scripts/estimate34b-h200.sh into their own directories. This reads the NVML per-process
 peak of each case from all of them (the first measurement of a case wins, in the order of
-TRUTH_FILES), runs `BINARY estimate ... --json` for it with each binary, and prints one line
+TRUTH_FILES), runs `BINARY estimate ... --json` for it with each binary (runner.py's estimate_bytes: a
+failed estimate stops with its error), and prints one line
 per case: its name, where it was measured, its set in cases.py, and each binary's error
 against NVML. Use it to see which measured rows a change moves (two builds side by side).
 """
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import cases  # noqa: E402
+from runner import estimate_bytes  # noqa: E402
 
 TRUTH_FILES = [
     "testdata/h200/estimate/truth-raw.jsonl",
@@ -56,16 +57,11 @@ def main():
         mode = args[i + 1]
         del args[i:i + 2]
     if not args:
-        raise SystemExit(__doc__.strip().splitlines()[2].strip())
+        raise SystemExit("usage: " + __doc__.strip().splitlines()[2].strip())
     for name, (nvml, where) in measured(mode).items():
         errors = []
         for binary in args:
-            out = subprocess.run([binary, "estimate", *cases.estimate_args(cases.BY_NAME[name]), "--json"],
-                                 capture_output=True, text=True, cwd=ROOT)
-            if out.returncode != 0:
-                errors.append("   error")
-                continue
-            total = json.loads(out.stdout)["total_bytes"]
+            total = estimate_bytes(binary, cases.BY_NAME[name])
             errors.append(f"{100 * (total - nvml) / nvml:+7.1f}%")
         print(f"{name:42} {where:48} {cases.BY_NAME[name]['set']:10} {' '.join(errors)}")
 
