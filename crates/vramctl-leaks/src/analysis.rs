@@ -226,6 +226,12 @@ pub struct SeriesReport {
     pub agent_silent_since_unix_ms: Option<i64>,
     /// The series is a device's total memory (all processes): the verdict is per device.
     pub device_total: bool,
+    /// A `leak` kept from an analysis at an earlier end while the memory has not settled
+    /// (the floor of a sawtooth or a noisy series shows only now and then): that end's
+    /// last sample. The rule, onset, slope and growth are as judged then. `None` when
+    /// the rules judged the leak on the series as it is now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judged_unix_ms: Option<i64>,
 }
 
 /// Why no report could be made.
@@ -532,6 +538,9 @@ pub(crate) fn report(
         reserved_verdict,
         agent_silent_since_unix_ms: silent_since,
         device_total: ctx.device_total,
+        judged_unix_ms: trend
+            .judged_unix_ms
+            .filter(|_| matches!(trend.verdict, MemoryVerdict::Leak(_))),
         trend: trend.region,
     };
     let device = ctx.device_label.as_deref().unwrap_or("the device");

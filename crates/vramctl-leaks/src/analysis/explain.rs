@@ -216,6 +216,15 @@ pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
         ),
         (Basis::Reserved, None) => line,
     };
+    // A leak kept from an earlier analysis (the memory has not settled since) shows the
+    // numbers of then, and says so.
+    let line = match report.judged_unix_ms {
+        Some(t) if report.verdict == Verdict::Leak && t < report.last_unix_ms => format!(
+            "{line} (as judged at {}; the memory has not settled since)",
+            (style.time)(t)
+        ),
+        _ => line,
+    };
     if report.device_total {
         format!("all processes together: {line}")
     } else {

@@ -173,6 +173,8 @@ pub(crate) enum MemoryVerdict {
 #[derive(Debug, Clone)]
 pub(crate) struct Trend {
     pub verdict: MemoryVerdict,
+    /// Where a `leak` is kept from an analysis at an earlier end: that end's last sample.
+    pub judged_unix_ms: Option<i64>,
     pub settled_unix_ms: Option<i64>,
     pub region: TrendTest,
     pub onset_unix_ms: Option<i64>,
@@ -188,6 +190,8 @@ pub(crate) struct Trend {
     /// The growth since the start could fire a rule (material, long enough, still
     /// growing): what keeps an earlier `leak` verdict on.
     pub since_start_could_fire: bool,
+    /// The growth since the start is material (`min_growth`).
+    pub since_start_material: bool,
     /// The since-start region's stall window, seconds.
     pub since_start_stall_sec: f64,
 }
@@ -679,6 +683,13 @@ const CONTINUATION_PROBES: i64 = 20;
 /// Least spacing of those ends: a second, the finest cadence at which anything analyses a
 /// series (`leaks --watch`, `top`, `vramctl leaks --until` run every second).
 const CONTINUATION_GRID_MS: i64 = 1000;
+/// How far back a `leak` is remembered past the stall window while the memory has grown
+/// materially since the start and has not settled: the horizon for a leak in rare
+/// steps (flagged within 5 minutes), so a leak whose rules fire once in that time stays one.
+const MEMORY_MS: i64 = 5 * 60 * 1000;
+/// Most earlier ends asked over [`MEMORY_MS`]: a 7.5 s grid, finer than a 10 s log, so at
+/// 10 s every sample is an end; the cost bound is 40 analyses more per series.
+const MEMORY_PROBES: i64 = 40;
 
 /// Runs the memory analysis on the points of one series.
 ///
@@ -692,12 +703,25 @@ const CONTINUATION_GRID_MS: i64 = 1000;
 /// windows slide with the series, and an irregular staircase loses significance for a
 /// second or two whenever two steps fall into one window, which three ends a quarter of
 /// the window apart did not bridge (`staircase-eval`, second H200 recording, tune half).
+///
+/// Past the stall window, a series that is `growing` or `sawtooth` with material growth
+/// since the start also stays a `leak` when the rules made one at an end of the last five
+/// minutes on a grid fixed in absolute time: a leak hidden in a sawtooth and seen every
+/// 10 s, or one under noise, fires only now and then, and between the firings the floor
+/// does not show for longer than the stall window (`shapes-choose`: 16 flips at 10 s).
+/// `stable` ends the memory at once. The verdict's numbers are then those of the end
+/// that judged it, and `judged_unix_ms` says when that was.
 /// Pure: the earlier ends are prefixes of the same points, so batch and live agree.
 pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> Trend {
     let mut trend = analyze_now(points, inputs, cfg);
-    let continues = !matches!(trend.verdict, MemoryVerdict::Leak(_))
-        && trend.since_start_could_fire
-        && points.len() > 2;
+    let fine = trend.since_start_could_fire;
+    let remember = trend.since_start_material
+        && matches!(
+            trend.verdict,
+            MemoryVerdict::Growing | MemoryVerdict::Sawtooth
+        );
+    let continues =
+        !matches!(trend.verdict, MemoryVerdict::Leak(_)) && (fine || remember) && points.len() > 2;
     if !continues {
         return trend;
     }
@@ -709,11 +733,27 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfi
         .max(1);
     // The previous point first (the rules fired one analysis ago), then ends back over
     // the stall window, newest first: a dip is usually a second or two old.
-    let ends = std::iter::once(points.len() - 1).chain(
-        (1..=stall_ms / grid_ms).map(|j| points.partition_point(|p| p.t() <= now - j * grid_ms)),
-    );
+    let fine_probes = if fine { stall_ms / grid_ms } else { 0 };
+    let ends = std::iter::once(points.len() - 1)
+        .chain((1..=fine_probes).map(|j| points.partition_point(|p| p.t() <= now - j * grid_ms)));
+    // Then the memory: ends back over five minutes on a grid fixed in absolute time (its
+    // spacing depends on nothing measured, so a jittery interval does not move it), so
+    // that an end which was a leak stays one of the ends asked at every later analysis
+    // until it is five minutes old. Ends placed relative to now (as above) move with
+    // every analysis and hit a rare raw `leak` at one analysis and miss it at the next,
+    // which makes a noisy leak flicker (tried, docs/leaks.md). Samples further apart
+    // than the grid are each an end.
+    let memory_grid_ms = MEMORY_MS / MEMORY_PROBES;
+    let memory_newest = now.div_euclid(memory_grid_ms) * memory_grid_ms;
+    let memory_probes = if remember {
+        MEMORY_MS / memory_grid_ms
+    } else {
+        0
+    };
+    let memory = (0..memory_probes)
+        .map(|j| points.partition_point(|p| p.t() <= memory_newest - j * memory_grid_ms));
     let mut last_probed = None;
-    for k in ends {
+    for k in ends.chain(memory) {
         if k < 2 || k >= points.len() || last_probed == Some(k) {
             continue;
         }
@@ -728,6 +768,7 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfi
             // The evidence shown is the analysis that made the leak (at most a stall
             // window old), so the explanation's numbers and gates agree with its verdict.
             trend.verdict = earlier.verdict;
+            trend.judged_unix_ms = Some(points[k - 1].t());
             trend.onset_unix_ms = earlier.onset_unix_ms;
             trend.checks = earlier.checks;
             trend.time_to_full_sec =
@@ -795,6 +836,7 @@ fn analyze_now(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> T
     }
     let whole_checks = since_start_checks(&whole, &s, settled_unix_ms.is_some(), inputs.free_bytes);
     let since_start_could_fire = could_fire(&whole, cfg);
+    let since_start_material = at_least(whole.net_growth_bytes, cfg.min_growth_bytes);
     let since_start_stall_sec = whole.stall_window_sec;
     // The current episode: from the last plateau after warm-up on. On a device's total,
     // growth after a plateau may be a process starting: only the since-start rules.
@@ -855,6 +897,7 @@ fn analyze_now(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> T
     };
     Trend {
         verdict,
+        judged_unix_ms: None,
         settled_unix_ms,
         onset_unix_ms,
         checks,
@@ -867,6 +910,7 @@ fn analyze_now(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> T
         region: decision_region,
         scale,
         since_start_could_fire,
+        since_start_material,
         since_start_stall_sec,
     }
 }

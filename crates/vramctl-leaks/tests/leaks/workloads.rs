@@ -298,6 +298,23 @@ fn a_leak_verdict_analysed_every_second_does_not_flip_on_an_irregular_staircase(
 }
 
 #[test]
+fn a_leak_hidden_in_a_sawtooth_seen_every_10_s_stays_a_leak() {
+    // Seen every 10 s, a 20 s sawtooth shows its floor in one sample of two at best: the
+    // rules fire now and then, and between the firings the verdict fell back to `growing`
+    // or `sawtooth` for longer than the stall window (shapes-choose: 16 flips in 20 runs).
+    let mut flipped = Vec::new();
+    for seed in (0..10).map(|i| 9001 + 10 * i) {
+        let trace =
+            synth::sawtooth_leak(420, seed, 10_000, 20_000, 5 * synth::GIB, 64 * synth::MIB);
+        let o = &evaluate(&trace, &cfg())[0];
+        if o.class == Class::Found && flips(o) > 0 {
+            flipped.push((seed, o.changes.clone()));
+        }
+    }
+    assert!(flipped.is_empty(), "{flipped:?}");
+}
+
+#[test]
 fn a_leak_verdict_does_not_flicker_while_the_floor_rises() {
     // 512 MiB every 15 s seen every 10 s (the steadiness windows waver around alpha),
     // and a leak hidden in a 20 s inference sawtooth seen at 100 ms and 1 s (each

@@ -301,6 +301,10 @@ pub struct SeriesJson {
     /// The agent's last answer, when it stopped answering.
     #[serde(skip_serializing_if = "Option::is_none")]
     agent_silent_since: Option<String>,
+    /// A `leak` kept from an earlier analysis while the memory has not settled: when that
+    /// analysis ended (its numbers are as of then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    judged_at: Option<String>,
     slope_bytes_per_sec: f64,
     p_value: f64,
     onset: Option<String>,
@@ -411,6 +415,7 @@ impl SeriesJson {
             allocated_bytes: r.allocated_bytes,
             reserved_verdict: r.reserved_verdict,
             agent_silent_since: r.agent_silent_since_unix_ms.map(rfc3339),
+            judged_at: r.judged_unix_ms.map(rfc3339),
             slope_bytes_per_sec: r.slope_bytes_per_sec,
             p_value: r.p_value,
             onset: r.onset_unix_ms.map(rfc3339),
