@@ -29,6 +29,7 @@ TRUTH_FILES = [
     "testdata/h100/round6/call1/parts/est6/cases/truth-raw.jsonl",
     "testdata/h100/round7/call1/parts/est7/cases/truth-raw.jsonl",
     "testdata/h100/round7/call2/parts/est8/cases/truth-raw.jsonl",
+    "testdata/h100/round8/call1/parts/est9/cases/truth-raw.jsonl",
 ]
 
 

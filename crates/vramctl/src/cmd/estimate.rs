@@ -504,7 +504,7 @@ fn render(model: &Model, job: &Job, estimate: &Estimate, gpu: Option<&GpuCheck>)
     }
     lines.push(String::new());
     lines.push(
-        "Measured on an H200 (docs/estimate.md): the 57 measured cases within 2.7 % of nvidia-smi's peak (17 of them held back when first run, then within 3.1 %); round 4's 11 held-back cases (checkpointing under autocast, generation's replay, --cast-from-fp32, adamw-fused, LoRA on all linears, T5 targets) within 10 %, 9 within 5 % (the two misses fixed since); round 5's 14 held-back jobs 12 within 5 % (Pythia's generation +11.6 %, on an H100, fixed since from its trace); round 6's 3 OPT jobs within 3 %; round 7's 5 GPT-NeoX jobs 4 within 5 % (+5.0 % generation, before that fix); round 8's 6 generation jobs 5 within 5 % (Pythia-160M at batch 128 −23.5 %, fixed since from its trace); sharded training (--gpus) is not measured.".to_owned(),
+        "Measured on an H200 (docs/estimate.md): the 57 measured cases within 2.7 % of nvidia-smi's peak (17 of them held back when first run, then within 3.1 %); round 4's 11 held-back cases (checkpointing under autocast, generation's replay, --cast-from-fp32, adamw-fused, LoRA on all linears, T5 targets) within 10 %, 9 within 5 % (the two misses fixed since); round 5's 14 held-back jobs 12 within 5 % (Pythia's generation +11.6 %, on an H100, fixed since from its trace); round 6's 3 OPT jobs within 3 %; round 7's 5 GPT-NeoX jobs 4 within 5 % (+5.0 % generation, before that fix); round 8's 6 generation jobs 5 within 5 % (Pythia-160M at batch 128 −23.5 %, fixed since from its trace); round 9's 6 generation jobs all within 5 % (median 0.1 %, largest −3.3 %); sharded training (--gpus) is not measured.".to_owned(),
     );
     lines
 }
