@@ -108,7 +108,22 @@ fn bench(c: &mut Criterion) {
     let leak =
         hour_10hz(&|t| GIB + (t.max(60_000) - 60_000) as u64 * 16_000 / (2 * MIB) * (2 * MIB));
     let saw = hour_10hz(&|t| 2 * GIB + if t % 7000 < 4000 { 4 * GIB } else { 0 });
-    for (name, series) in [("flat", &flat), ("leak", &leak), ("sawtooth", &saw)] {
+    // An inference server: the context, a model loaded over 10 s, then a KV-cache
+    // sawtooth. Its growth since the start is material, so while it is `sawtooth` every
+    // analysis also asks the five-minute memory's earlier ends (the costliest shape).
+    let served = hour_10hz(&|t| {
+        if t < 10_000 {
+            GIB / 2 + (t as u64 * 4 * GIB / 10_000) / (2 * MIB) * (2 * MIB)
+        } else {
+            GIB / 2 + 4 * GIB + if t % 7000 < 4000 { 3 * GIB } else { 0 }
+        }
+    });
+    for (name, series) in [
+        ("flat", &flat),
+        ("leak", &leak),
+        ("sawtooth", &saw),
+        ("sawtooth_after_load", &served),
+    ] {
         let mut tracker = ProcessTracker::new(ctx(), cfg.clone()).unwrap();
         for s in series {
             tracker.push(*s);

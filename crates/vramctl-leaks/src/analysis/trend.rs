@@ -192,6 +192,8 @@ pub(crate) struct Trend {
     pub since_start_could_fire: bool,
     /// The growth since the start is material (`min_growth`).
     pub since_start_material: bool,
+    /// The retained memory rose by more than the noise tolerance within [`MEMORY_MS`].
+    pub floor_rose_within_memory: bool,
     /// The since-start region's stall window, seconds.
     pub since_start_stall_sec: f64,
 }
@@ -716,6 +718,7 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfi
     let mut trend = analyze_now(points, inputs, cfg);
     let fine = trend.since_start_could_fire;
     let remember = trend.since_start_material
+        && trend.floor_rose_within_memory
         && matches!(
             trend.verdict,
             MemoryVerdict::Growing | MemoryVerdict::Sawtooth
@@ -837,6 +840,12 @@ fn analyze_now(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> T
     let whole_checks = since_start_checks(&whole, &s, settled_unix_ms.is_some(), inputs.free_bytes);
     let since_start_could_fire = could_fire(&whole, cfg);
     let since_start_material = at_least(whole.net_growth_bytes, cfg.min_growth_bytes);
+    // The retained memory rose within the memory's five minutes: no rise in that time is
+    // the evidence that the floor stopped rising (a server's sawtooth after its load).
+    let floor_rose_within_memory = {
+        let from = index_at(&s.times, s.now() - MEMORY_MS).unwrap_or(0);
+        s.r[n - 1].saturating_sub(s.r[from]) > s.tol
+    };
     let since_start_stall_sec = whole.stall_window_sec;
     // The current episode: from the last plateau after warm-up on. On a device's total,
     // growth after a plateau may be a process starting: only the since-start rules.
@@ -911,6 +920,7 @@ fn analyze_now(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> T
         scale,
         since_start_could_fire,
         since_start_material,
+        floor_rose_within_memory,
         since_start_stall_sec,
     }
 }
