@@ -707,11 +707,12 @@ const MEMORY_PROBES: i64 = 40;
 /// the window apart did not bridge (`staircase-eval`, second H200 recording, tune half).
 ///
 /// Past the stall window, a series that is `growing` or `sawtooth` with material growth
-/// since the start also stays a `leak` when the rules made one at an end of the last five
-/// minutes on a grid fixed in absolute time: a leak hidden in a sawtooth and seen every
-/// 10 s, or one under noise, fires only now and then, and between the firings the floor
-/// does not show for longer than the stall window (`shapes-choose`: 16 flips at 10 s).
-/// `stable` ends the memory at once. The verdict's numbers are then those of the end
+/// since the start and a rise of its retained memory within the last five minutes also
+/// stays a `leak` when the rules made one at an end of those five minutes on a grid fixed
+/// in absolute time: a leak hidden in a sawtooth and seen every 10 s, or one under noise,
+/// fires only now and then, and between the firings the floor does not show for longer
+/// than the stall window (`shapes-choose`: 16 flips at 10 s). `stable`, or five minutes
+/// without a rise, ends the memory. The verdict's numbers are then those of the end
 /// that judged it, and `judged_unix_ms` says when that was.
 /// Pure: the earlier ends are prefixes of the same points, so batch and live agree.
 pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfig) -> Trend {
@@ -768,8 +769,9 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfi
         };
         let earlier = analyze_now(&points[..k], then, cfg);
         if matches!(earlier.verdict, MemoryVerdict::Leak(_)) {
-            // The evidence shown is the analysis that made the leak (at most a stall
-            // window old), so the explanation's numbers and gates agree with its verdict.
+            // The evidence shown is the analysis that made the leak (at most five minutes
+            // old, and said so), so the explanation's numbers and gates agree with its
+            // verdict.
             trend.verdict = earlier.verdict;
             trend.judged_unix_ms = Some(points[k - 1].t());
             trend.onset_unix_ms = earlier.onset_unix_ms;
