@@ -756,12 +756,15 @@ pub(crate) fn analyze(points: &[Point], inputs: TrendInputs<'_>, cfg: &LeakConfi
     };
     let memory = (0..memory_probes)
         .map(|j| points.partition_point(|p| p.t() <= memory_newest - j * memory_grid_ms));
-    let mut last_probed = None;
+    // An end asked once is not asked again: its answer was not a leak (a leak stops the
+    // search). The memory's grid and the stall window's ends meet on the same samples
+    // where samples are far apart (at 10 s, each is an end of both).
+    let mut probed = Vec::new();
     for k in ends.chain(memory) {
-        if k < 2 || k >= points.len() || last_probed == Some(k) {
+        if k < 2 || k >= points.len() || probed.contains(&k) {
             continue;
         }
-        last_probed = Some(k);
+        probed.push(k);
         // With the free memory of then: `fills-device`'s urgency is a forecast from it.
         let then = TrendInputs {
             free_bytes: free_at(inputs.free_history, points[k - 1].t(), inputs.free_bytes),
