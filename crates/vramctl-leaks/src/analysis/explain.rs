@@ -216,11 +216,11 @@ pub fn explain(report: &SeriesReport, style: &ExplainStyle<'_>) -> String {
         ),
         (Basis::Reserved, None) => line,
     };
-    // A leak kept from an earlier analysis (the memory has not settled since) shows the
+    // A leak kept from an earlier analysis (its memory has not settled since) shows the
     // numbers of then, and says so.
     let line = match report.judged_unix_ms {
         Some(t) if report.verdict == Verdict::Leak && t < report.last_unix_ms => format!(
-            "{line} (as judged at {}; the memory has not settled since)",
+            "{line} (as judged at {}; its memory has not settled since)",
             (style.time)(t)
         ),
         _ => line,
