@@ -903,26 +903,30 @@ mod tests {
         assert_eq!(r.rule, Some(LeakRule::FillsDevice));
     }
 
+    /// Dynamic shapes: every 100 ms a batch of a random length (i.i.d., heavy tailed),
+    /// the cache grows to the largest seen so far; `duration_ms` of it sampled every
+    /// `dt_ms`. New maxima come ever more rarely: growth that slows down.
+    fn warm_up_of_new_maxima(duration_ms: i64, dt_ms: i64) -> Vec<Sample> {
+        let mut max = 0.0_f64;
+        (0..duration_ms / dt_ms)
+            .map(|i| {
+                let t = i * dt_ms;
+                for k in 0..(dt_ms / 100).max(1) {
+                    let u = (noise(t / 100 + k) + 1.0) / 2.0;
+                    // Pareto(α = 1.5) lengths, 64 MiB each unit, capped at 16 GiB.
+                    let len = (1.0 - u).max(1e-9).powf(-1.0 / 1.5);
+                    max = max.max((len * 64.0 * MIB as f64).min(16.0 * GIB as f64));
+                }
+                Sample::new(T0 + t, 2 * GIB + granule(max))
+            })
+            .collect()
+    }
+
     #[test]
     fn a_warm_up_of_new_maxima_is_not_a_leak() {
-        // Dynamic shapes: every 200 ms a batch of a random length (i.i.d., heavy tailed),
-        // the cache grows to the largest seen so far. New maxima come ever more rarely:
-        // growth that slows down, never a leak, at 100 ms and at 1 s.
+        // Never a leak, at 100 ms and at 1 s.
         for dt in [100, 1000] {
-            let n = 600_000 / dt;
-            let mut max = 0.0_f64;
-            let s: Vec<Sample> = (0..n)
-                .map(|i| {
-                    let t = i * dt;
-                    for k in 0..(dt / 100).max(1) {
-                        let u = (noise(t / 100 + k) + 1.0) / 2.0;
-                        // Pareto(α = 1.5) lengths, 64 MiB each unit, capped at 16 GiB.
-                        let len = (1.0 - u).max(1e-9).powf(-1.0 / 1.5);
-                        max = max.max((len * 64.0 * MIB as f64).min(16.0 * GIB as f64));
-                    }
-                    Sample::new(T0 + t, 2 * GIB + granule(max))
-                })
-                .collect();
+            let s = warm_up_of_new_maxima(600_000, dt);
             let changes = live_changes(&s, &ctx());
             assert!(
                 changes.iter().all(|c| c.1 != Verdict::Leak),
@@ -943,19 +947,7 @@ mod tests {
             ..ctx()
         };
         for dt in [100, 1000] {
-            let n = 120_000 / dt;
-            let mut max = 0.0_f64;
-            let s: Vec<Sample> = (0..n)
-                .map(|i| {
-                    let t = i * dt;
-                    for k in 0..(dt / 100).max(1) {
-                        let u = (noise(t / 100 + k) + 1.0) / 2.0;
-                        let len = (1.0 - u).max(1e-9).powf(-1.0 / 1.5);
-                        max = max.max((len * 64.0 * MIB as f64).min(16.0 * GIB as f64));
-                    }
-                    Sample::new(T0 + t, 2 * GIB + granule(max))
-                })
-                .collect();
+            let s = warm_up_of_new_maxima(120_000, dt);
             let changes = live_changes(&s, &crowded);
             assert!(
                 changes.iter().all(|c| c.1 != Verdict::Leak),
