@@ -25,7 +25,8 @@
 //! 7. **rules**: `after-plateau` (growth resumed after a plateau, ≥ `min_leak_duration`),
 //!    `steady-growth` (growth since the start that does not slow down, ≥
 //!    `min_steady_duration`), `fills-device` (in warm-up, growth that fills the device
-//!    within `max_forecast_factor` times the time it has been growing).
+//!    within `max_forecast_factor` times the time it has been growing, unless the
+//!    steadiness test sees it thin out as a warm-up's does).
 
 use serde::Serialize;
 
@@ -44,7 +45,8 @@ pub enum LeakRule {
     SteadyGrowth,
     /// In warm-up (no plateau since the start), growth that fills the device within
     /// `max_forecast_factor` times the time it has been growing: too fast to wait for
-    /// `min_steady_duration`.
+    /// `min_steady_duration`. Not where the steadiness test sees the growth thin out as a
+    /// warm-up's does ([`Steadiness::p_value_at_end`]).
     FillsDevice,
 }
 
@@ -163,7 +165,8 @@ pub struct LeakChecks {
     /// `min_irregular_duration`: what holds back `persistent` for an episode.
     pub irregular_staircase: bool,
     /// At this rate the device is full within `max_forecast_factor` times the time the
-    /// growth has lasted (the since-start region; without releases, from enough levels).
+    /// growth has lasted (the since-start region; without releases, from enough levels),
+    /// and the steadiness test does not refute the straight line (`forecast_stands`).
     pub urgent: bool,
 }
 
