@@ -1418,7 +1418,8 @@ adamw-fused -10.0 %, fixed since from their own traces (-0.0 %, -0.1 %). A third
 set (H200, 2026-12-05): 8 training jobs over the new families, 7 within 5 % (OPT +7.1 %,
 +1.7 % since ReLU's output is counted once), median 2.2 %. Four later held-back rounds
 (H100): generation's misses (+11.6 %, -23.5 %) fixed from their allocator traces; the
-last, 6 generation jobs over six families, all within 5 % (median 0.1 %). --gpu's answers keep 5 % of the capacity for the estimate's error.
+last, 6 generation jobs over six families, all within 5 % (median 0.1 %). --gpu's answers
+keep 5 % of the capacity for the estimate's error.
 docs/estimate.md: the error tables, which cases tuned it, and what is unmeasured.
 The families read since issue 34 (gpt_neox, opt, falcon, phi, starcoder2, olmo, olmo2,
 gemma3_text, deepseek_v2/v3, llama4_text) count parameters and the KV cache as transformers
