@@ -177,6 +177,12 @@ pub fn record_window_probability(k: usize, sources: u32) -> f64 {
     1.0 - none.powi(i32::try_from(sources).unwrap_or(i32::MAX))
 }
 
+/// [`record_window_probability`] of windows 2 to `k`: the steadiness test's windows
+/// after the first, under a warm-up of `sources` sequences of new maxima.
+pub fn later_window_probabilities(k: usize, sources: u32) -> impl Iterator<Item = f64> {
+    (2..=k).map(move |j| record_window_probability(j, sources))
+}
+
 /// Sizes of the groups of equal values that have more than one member.
 fn tie_groups(y: &[f64]) -> Vec<usize> {
     let mut sorted = y.to_vec();

@@ -617,9 +617,8 @@ impl Series<'_> {
         } else {
             (2..=k).filter(|&j| grew(j)).count()
         };
-        let probs: Vec<f64> = (2..=k)
-            .map(|j| stats::record_window_probability(j, self.cfg.warmup_record_sources))
-            .collect();
+        let probs: Vec<f64> =
+            stats::later_window_probabilities(k, self.cfg.warmup_record_sources).collect();
         let at_end = if growing == 0 {
             0
         } else {
@@ -1141,9 +1140,8 @@ fn since_start_checks(
 /// H100 leak sets' `dyn-pareto`, growth in 5 of 9 windows, none in the last).
 fn forecast_stands(st: &Steadiness, cfg: &LeakConfig) -> bool {
     let windows = usize::try_from(st.windows).unwrap_or(usize::MAX);
-    let least_p: f64 = (2..=windows)
-        .map(|j| stats::record_window_probability(j, cfg.warmup_record_sources))
-        .product();
+    let least_p: f64 =
+        stats::later_window_probabilities(windows, cfg.warmup_record_sources).product();
     st.p_value < cfg.alpha || st.p_value_at_end < cfg.alpha || least_p >= cfg.alpha
 }
 
